@@ -1,0 +1,1 @@
+"""What both parties must agree on: label domains, mechanism descriptions, debiasing, wire schemas."""

@@ -1,0 +1,167 @@
+"""Finite label randomizers: an input set, an output set and the exact |Y| x |Ŷ| conditional distribution.
+
+A :class:`FiniteRandomizer` cannot exist uncertified: construction quantizes the matrix to the probabilities the
+sampler realizes (:mod:`shared.mechanisms.exact`), computes ``certified_epsilon`` from them, and refuses with
+:class:`~shared.errors.CertificationError` if that exceeds the declared ``epsilon``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from shared.errors import CertificationError, LabelDPError
+from shared.mechanisms import exact
+
+
+def _readonly(array, dtype) -> np.ndarray:
+    array = np.array(array, dtype=dtype, copy=True)
+    array.setflags(write=False)
+    return array
+
+
+def normalized_prior(prior, size: int) -> np.ndarray:
+    """A probability vector of the given length; weights need not be normalized but must be valid."""
+    prior = np.asarray(prior, dtype=np.float64).ravel()
+    if prior.size != size:
+        raise LabelDPError(f"prior has {prior.size} weights for {size} labels", code="invalid_prior")
+    if not np.all(np.isfinite(prior)) or np.any(prior < 0) or prior.sum() <= 0:
+        raise LabelDPError("prior weights must be finite, non-negative and not all zero", code="invalid_prior")
+    return prior / prior.sum()
+
+
+@dataclass(frozen=True, eq=False)
+class FiniteRandomizer:
+    """Pr[output = output_values[j] | label = input_values[i]] = matrix[i, j], exactly as sampled.
+
+    ``epsilon`` is the privacy parameter the mechanism was requested at; ``certified_epsilon`` (≤ epsilon,
+    enforced) is what the realized probabilities actually guarantee. ``parameters`` documents how the mechanism
+    was built (for audit records); it plays no role in sampling.
+    """
+
+    name: str
+    epsilon: float
+    input_values: np.ndarray = field(repr=False)
+    output_values: np.ndarray = field(repr=False)
+    counts: np.ndarray = field(repr=False)  # integer numerators over 2**53, rows sum to exactly 2**53
+    parameters: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), repr=False)
+
+    @classmethod
+    def from_probabilities(cls, name: str, epsilon: float, input_values, output_values, probabilities,
+                           parameters: dict[str, Any] | None = None) -> FiniteRandomizer:
+        probabilities = np.asarray(probabilities, dtype=np.float64)
+        input_values = np.asarray(input_values, dtype=np.float64).ravel()
+        output_values = np.asarray(output_values, dtype=np.float64).ravel()
+        if probabilities.shape != (input_values.size, output_values.size):
+            raise ValueError(f"matrix shape {probabilities.shape} does not match "
+                             f"{input_values.size} inputs x {output_values.size} outputs")
+        if not np.all(np.isfinite(probabilities)) or np.any(probabilities < 0):
+            raise CertificationError(f"{name}: matrix has negative or non-finite entries")
+        row_sums = probabilities.sum(axis=1)
+        if np.any(np.abs(row_sums - 1.0) > 1e-9):
+            raise CertificationError(f"{name}: rows do not sum to 1 (worst {row_sums[np.argmax(np.abs(row_sums - 1))]!r})")
+        return cls(name=name, epsilon=float(epsilon), input_values=input_values, output_values=output_values,
+                   counts=exact.quantize_rows(probabilities), parameters=MappingProxyType(dict(parameters or {})))
+
+    def __post_init__(self):
+        object.__setattr__(self, "input_values", _readonly(self.input_values, np.float64))
+        object.__setattr__(self, "output_values", _readonly(self.output_values, np.float64))
+        object.__setattr__(self, "counts", _readonly(self.counts, np.int64))
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise LabelDPError(f"epsilon must be a positive finite number, got {self.epsilon!r}",
+                               code="invalid_epsilon")
+        if np.any(self.counts < 0) or np.any(self.counts.sum(axis=1) != exact.RESOLUTION):
+            raise CertificationError(f"{self.name}: counts are not a row-stochastic matrix over 2**53")
+        if self.certified_epsilon > self.epsilon:
+            raise CertificationError(f"{self.name}: realized probabilities are {self.certified_epsilon!r}-DP, "
+                                     f"above the requested epsilon {self.epsilon!r}; refusing to build it")
+
+    # -- the distribution ---------------------------------------------------------------------------------------
+    @cached_property
+    def matrix(self) -> np.ndarray:
+        """Exact sampled probabilities (dyadic rationals, exact in float64)."""
+        m = self.counts / float(exact.RESOLUTION)
+        m.setflags(write=False)
+        return m
+
+    @property
+    def num_outputs(self) -> int:
+        """Outputs that can actually occur."""
+        return int(np.count_nonzero(self.counts.max(axis=0)))
+
+    @cached_property
+    def certified_epsilon(self) -> float:
+        """max over outputs of log(max_y Pr[out | y] / min_y Pr[out | y]) on the realized probabilities."""
+        return exact.log_ratio_bound(self.counts)
+
+    # -- utility ---------------------------------------------------------------------------------------------
+    @cached_property
+    def expected_output(self) -> np.ndarray:
+        return self.matrix @ self.output_values
+
+    @property
+    def bias(self) -> np.ndarray:
+        """E[M(y)] - y for every input label."""
+        return self.expected_output - self.input_values
+
+    @property
+    def max_abs_bias(self) -> float:
+        return float(np.max(np.abs(self.bias)))
+
+    @property
+    def conditional_variance(self) -> np.ndarray:
+        """Var[M(y)] for every input label (the extra label noise an unbiased mechanism injects)."""
+        centered = self.output_values[None, :] - self.expected_output[:, None]
+        return np.sum(self.matrix * centered**2, axis=1)
+
+    def squared_loss_per_label(self) -> np.ndarray:
+        """E[½ (M(y) - y)²] for every input label."""
+        diff = self.output_values[None, :] - self.input_values[:, None]
+        return 0.5 * np.sum(self.matrix * diff**2, axis=1)
+
+    def noisy_label_loss(self, prior) -> float:
+        """G(M; P) = E_{y~P, ŷ~M(y)} ½(ŷ - y)² (Definition 4 with the squared loss, as in the paper)."""
+        return float(normalized_prior(prior, self.input_values.size) @ self.squared_loss_per_label())
+
+    def agreement_probability(self, prior) -> float:
+        """Pr[M(y) = y] under the prior (classification utility; outputs and inputs share values)."""
+        same = self.output_values[None, :] == self.input_values[:, None]
+        return float(normalized_prior(prior, self.input_values.size) @ np.sum(self.matrix * same, axis=1))
+
+    # -- sampling ----------------------------------------------------------------------------------------------
+    def row_of(self, labels) -> np.ndarray:
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        idx = np.minimum(np.searchsorted(self.input_values, labels), self.input_values.size - 1)
+        if np.any(self.input_values[idx] != labels):
+            bad = labels[np.argmax(self.input_values[idx] != labels)]
+            raise LabelDPError(f"label {bad!r} is not an input of {self.name}", code="label_out_of_domain")
+        return idx
+
+    def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
+        """Output indices for input row indices (vectorized; exact probabilities of ``matrix``)."""
+        return exact.sample_rows(self.counts, rows, rng)
+
+    def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
+        """Privatized labels (output values) for true labels (input values)."""
+        return self.output_values[self.sample_indices(self.row_of(labels), rng)]
+
+    # -- what the features party receives ------------------------------------------------------------------------
+    def describe(self, include_matrix: bool = True) -> dict[str, Any]:
+        """Public description: all of it is a function of DP outputs (noisy prior) and public parameters."""
+        description = {
+            "mechanism": self.name,
+            "epsilon": self.epsilon,
+            "certified_epsilon": self.certified_epsilon,
+            "input_values": self.input_values.tolist(),
+            "output_values": self.output_values.tolist(),
+            "num_outputs": self.num_outputs,
+            "parameters": dict(self.parameters),
+        }
+        if include_matrix:
+            description["matrix_counts_over_2_53"] = self.counts.tolist()
+        return description
