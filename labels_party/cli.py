@@ -1,0 +1,103 @@
+"""Labels-party subcommands: ``labeldp randomizer solve`` (and later ``labeldp labels ...``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+
+import numpy as np
+
+from labels_party.mechanisms import MECHANISMS, MechanismOptions, build_mechanism, needs_prior
+from shared.domains import parse_label_spec
+from shared.errors import LabelDPError
+from shared.privacy import check_epsilon
+
+
+def register(commands) -> None:
+    randomizer = commands.add_parser("randomizer", help="build and inspect label randomizers")
+    actions = randomizer.add_subparsers(dest="action", required=True, parser_class=type(randomizer))
+    solve = actions.add_parser("solve", help="build one certified randomizer for a known prior and report it")
+    solve.add_argument("--mechanism", required=True, choices=MECHANISMS)
+    solve.add_argument("--epsilon", required=True, type=str)
+    solve.add_argument("--labels", required=True,
+                       help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list")
+    solve.add_argument("--prior-file", help="CSV with columns label,weight (a known prior; no ε spent). "
+                                            "Default: uniform over the labels")
+    solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 4|Y|)")
+    solve.add_argument("--variant", choices=("discrete", "continuous"), help="laplace/staircase noise variant")
+    solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
+    solve.add_argument("--json", action="store_true", help="print one JSON object")
+    solve.add_argument("--show-matrix", action="store_true", help="include outputs and matrix in the JSON")
+    solve.set_defaults(handler=solve_command)
+
+
+def read_prior_file(path: str, values: np.ndarray) -> np.ndarray:
+    """Weights aligned with ``values``; labels absent from the file get weight 0."""
+    weights = np.zeros(values.size)
+    seen = set()
+    try:
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            if reader.fieldnames is None or not {"label", "weight"} <= set(reader.fieldnames):
+                raise LabelDPError(f"{path}: prior file needs a header with columns label,weight",
+                                   code="invalid_prior")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    label, weight = float(row["label"]), float(row["weight"])
+                except (TypeError, ValueError):
+                    raise LabelDPError(f"{path}:{line}: label and weight must be numbers",
+                                       code="invalid_prior") from None
+                if not math.isfinite(weight) or weight < 0:
+                    raise LabelDPError(f"{path}:{line}: weight must be finite and >= 0, got {row['weight']}",
+                                       code="invalid_prior")
+                index = np.searchsorted(values, label)
+                if index >= values.size or values[index] != label:
+                    raise LabelDPError(f"{path}:{line}: label {row['label']} is not in the label domain",
+                                       code="invalid_prior")
+                if label in seen:
+                    raise LabelDPError(f"{path}:{line}: duplicate label {row['label']}", code="invalid_prior")
+                seen.add(label)
+                weights[index] = weight
+    except FileNotFoundError:
+        raise LabelDPError(f"prior file not found: {path}", code="invalid_prior") from None
+    if weights.sum() <= 0:
+        raise LabelDPError(f"{path}: prior is empty or all weights are zero", code="invalid_prior")
+    return weights / weights.sum()
+
+
+def solve_command(args) -> int:
+    epsilon = check_epsilon(args.epsilon)
+    domain = parse_label_spec(args.labels)
+    if args.mesh is not None and args.mesh < 2:
+        raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
+    prior = read_prior_file(args.prior_file, domain.values) if args.prior_file else \
+        np.full(domain.size, 1.0 / domain.size)
+    options = MechanismOptions(mesh=args.mesh, clip=args.clip, variant=args.variant)
+    started = time.perf_counter()
+    mechanism = build_mechanism(args.mechanism, domain, epsilon, prior if needs_prior(args.mechanism) else None,
+                                options)
+    seconds = time.perf_counter() - started
+    report = {
+        "mechanism": mechanism.name,
+        "epsilon": epsilon,
+        "certified_epsilon": mechanism.certified_epsilon,
+        "noisy_label_loss": mechanism.noisy_label_loss(prior),
+        "max_abs_bias": mechanism.max_abs_bias,
+        "num_outputs": mechanism.num_outputs,
+        "solve_seconds": seconds,
+        "num_labels": domain.size,
+        "prior": args.prior_file or "uniform",
+    }
+    if args.mechanism == "opt-unbiased":
+        report["mesh"] = mechanism.parameters["mesh"]
+    if args.show_matrix:
+        report["description"] = mechanism.describe()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        width = max(len(k) for k in report)
+        for key, value in report.items():
+            print(f"{key:<{width}}  {value}")
+    return 0

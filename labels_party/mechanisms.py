@@ -1,0 +1,96 @@
+"""One entry point from (mechanism name, label domain, ε, prior) to a certified mechanism object.
+
+Used by the CLI and, later, the service. Names are the wire/CLI names. Mechanisms that need a prior get one
+that is either known (public) or a DP estimate (see :mod:`labels_party.pipeline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from labels_party.solvers.classification import rr_with_prior
+from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from shared.domains import Classes, ContinuousInterval, FiniteLabels
+from shared.errors import LabelDPError
+from shared.mechanisms import additive
+from shared.mechanisms.randomized_response import debiased_randomized_response, randomized_response
+from shared.mechanisms.rounded import RoundedRandomizer
+from shared.mechanisms.subset import SubsetSelectionRandomizer
+from shared.privacy import check_epsilon
+
+REGRESSION = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
+CLASSIFICATION = ("rr", "rr-with-prior", "subset")
+NEEDS_PRIOR = ("opt-unbiased", "rr-on-bins", "rr-with-prior")
+ADDITIVE = ("laplace", "staircase")
+MECHANISMS = tuple(dict.fromkeys(REGRESSION + CLASSIFICATION))
+
+
+@dataclass(frozen=True)
+class MechanismOptions:
+    """Knobs beyond ε. ``variant`` (additive noise): 'discrete' (integer labels only) or 'continuous';
+    None picks discrete for integer labels. ``clip``: clip additive noise to the label range (biased)."""
+
+    mesh: int | None = None
+    clip: bool = False
+    variant: str | None = None
+
+
+def needs_prior(name: str) -> bool:
+    return name in NEEDS_PRIOR
+
+
+def support(domain) -> FiniteLabels:
+    """The finite labels a mechanism's matrix is indexed by (the grid for continuous domains)."""
+    if isinstance(domain, ContinuousInterval):
+        return domain.grid
+    if isinstance(domain, Classes):
+        return FiniteLabels(np.arange(domain.num_classes, dtype=np.float64))
+    return domain
+
+
+def build_mechanism(name: str, domain, epsilon: float, prior=None, options: MechanismOptions | None = None):
+    options = options or MechanismOptions()
+    epsilon = check_epsilon(epsilon)
+    kind = "classification" if isinstance(domain, Classes) else "regression"
+    allowed = CLASSIFICATION if kind == "classification" else REGRESSION
+    if name not in MECHANISMS:
+        raise LabelDPError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISMS)}",
+                           code="unknown_mechanism")
+    if name not in allowed:
+        raise LabelDPError(f"mechanism {name!r} does not fit {kind} labels; use one of {', '.join(allowed)}",
+                           code="mechanism_domain_mismatch")
+    labels = support(domain)
+    if needs_prior(name) and prior is None:
+        raise LabelDPError(f"mechanism {name!r} needs a label prior", code="prior_required")
+    if options.mesh is not None and name != "opt-unbiased":
+        raise LabelDPError("mesh only applies to opt-unbiased", code="invalid_mesh")
+
+    if name in ADDITIVE:
+        variant = options.variant or ("discrete" if isinstance(domain, FiniteLabels) and domain.is_integer
+                                      else "continuous")
+        if variant not in ("discrete", "continuous"):
+            raise LabelDPError(f"variant must be discrete or continuous, got {variant!r}", code="invalid_variant")
+        if variant == "discrete" and not (isinstance(domain, FiniteLabels) and domain.is_integer):
+            raise LabelDPError("the discrete variant needs integer labels", code="invalid_variant")
+        build = additive.laplace if name == "laplace" else additive.staircase
+        return build(labels.low, labels.high, epsilon, discrete=variant == "discrete", clip=options.clip,
+                     input_values=labels.values)
+    if options.clip or options.variant:
+        raise LabelDPError("clip and variant only apply to laplace and staircase", code="invalid_option")
+
+    if name == "subset":
+        return SubsetSelectionRandomizer.build(domain.num_classes, epsilon)
+    if name == "rr":
+        finite = randomized_response(labels.values, epsilon)
+    elif name == "rr-with-prior":
+        finite = rr_with_prior(prior, epsilon)
+    elif name == "dbrr":
+        finite = debiased_randomized_response(labels.values, epsilon)
+    elif name == "rr-on-bins":
+        finite = solve_rr_on_bins(labels.values, prior, epsilon)
+    else:
+        finite = solve_optimal_unbiased(labels.values, prior, epsilon, mesh=options.mesh)
+    return RoundedRandomizer(domain, finite) if isinstance(domain, ContinuousInterval) else finite

@@ -1,0 +1,136 @@
+"""The optimal unbiased randomizer (optimal-unbiased paper, Algorithms 1–3) on a fixed output grid, via HiGHS.
+
+LP (Algorithm 1) with the compact DP constraints: per output i one variable m_i with
+m_i <= M[y, i] <= e^ε m_i for all y — exact (a column is ε-DP iff max/min <= e^ε) and 2|Y| rows per output
+instead of |Y|² pairwise rows.
+
+The LP solution carries solver tolerance, so it is repaired before it may be sampled (:func:`certify_solution`):
+outputs with negligible mass are merged into their neighbours by unbiased randomized rounding, each column is
+lifted to exact ε-DP, each row is renormalized and re-centered exactly, and finally the matrix is quantized and
+certified by :class:`FiniteRandomizer`. The LP is solved at ε minus a 1e-6 margin so that the repair fits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from labels_party.solvers.highs_lp import solve_lp
+from shared.errors import CertificationError, LabelDPError
+from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
+from shared.privacy import SOLVER_MARGIN, check_epsilon, design_epsilon
+
+MAX_LP_VARIABLES = 2_000_000
+
+
+def feasible_output_set(values, epsilon: float, mesh: int) -> np.ndarray:
+    """Algorithm 2: ``mesh`` evenly spaced outputs between the extreme outputs of ε-dbRR.
+
+    Proposition 7 guarantees the LP at this same ε is feasible. (Algorithm 3 as printed builds the grid with ε₁;
+    feasibility needs the ε the LP uses, ε₂, so callers pass ε₂ — a typo in the paper.)
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if mesh < 2 or int(mesh) != mesh:
+        raise LabelDPError(f"mesh must be an integer >= 2, got {mesh!r}", code="invalid_mesh")
+    e = math.exp(epsilon)
+    low = ((e + values.size - 1) * values[0] - values.sum()) / (e - 1)
+    high = ((e + values.size - 1) * values[-1] - values.sum()) / (e - 1)
+    return np.linspace(low, high, int(mesh))
+
+
+def _build_lp(values, prior, outputs, epsilon):
+    """Columns: M[y, i] (y-major), then m_i. Rows: normalization (k), unbiasedness (k), lower DP (k n), upper
+    DP (k n). Unbiasedness and cost are centered/scaled for conditioning."""
+    k, n = values.size, outputs.size
+    center = 0.5 * (outputs[0] + outputs[-1])
+    scale = max(0.5 * (outputs[-1] - outputs[0]), 1e-12)
+    z = (outputs - center) / scale
+    e = math.exp(epsilon)
+    y_idx = np.repeat(np.arange(k), n)
+    i_idx = np.tile(np.arange(n), k)
+    cell = y_idx * n + i_idx
+    # x columns: 4 nonzeros each, in increasing row order.
+    x_rows = np.stack([y_idx, k + y_idx, 2 * k + cell, 2 * k + k * n + cell], axis=1)
+    x_vals = np.stack([np.ones(k * n), z[i_idx], np.ones(k * n), np.ones(k * n)], axis=1)
+    # m columns: rows lower(y, i) for all y, then upper(y, i) for all y.
+    ys = np.arange(k)
+    m_rows = np.concatenate([2 * k + ys[None, :] * n + np.arange(n)[:, None],
+                             2 * k + k * n + ys[None, :] * n + np.arange(n)[:, None]], axis=1)
+    m_vals = np.concatenate([np.full((n, k), -1.0), np.full((n, k), -e)], axis=1)
+    starts = np.concatenate([np.arange(k * n) * 4, k * n * 4 + np.arange(n + 1) * 2 * k])
+    indices = np.concatenate([x_rows.ravel(), m_rows.ravel()])
+    coefficients = np.concatenate([x_vals.ravel(), m_vals.ravel()])
+    cost = np.concatenate([(prior[:, None] * 0.5 * ((outputs[None, :] - values[:, None]) / scale) ** 2).ravel(),
+                           np.zeros(n)])
+    num_rows = 2 * k + 2 * k * n
+    row_lower = np.concatenate([np.ones(k), (values - center) / scale, np.zeros(k * n), np.full(k * n, -np.inf)])
+    row_upper = np.concatenate([np.ones(k), (values - center) / scale, np.full(k * n, np.inf), np.zeros(k * n)])
+    assert row_lower.size == num_rows
+    num_cols = k * n + n
+    return dict(cost=cost, col_lower=np.zeros(num_cols), col_upper=np.full(num_cols, np.inf),
+                row_lower=row_lower, row_upper=row_upper, starts=starts, indices=indices, values=coefficients)
+
+
+def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float, name: str,
+                     parameters: dict) -> FiniteRandomizer:
+    """Turn an LP solution (with tolerance) into an exactly normalized, unbiased, certified ε-DP randomizer."""
+    values = np.asarray(values, dtype=np.float64)
+    matrix = np.maximum(np.asarray(matrix, dtype=np.float64), 0.0)
+    # 1. Outputs whose column is numerically zero are merged into the nearest kept outputs on either side by
+    #    unbiased randomized rounding: preserves row sums and E[M(y)] exactly, and a sum of ε-DP columns is ε-DP.
+    column_max = matrix.max(axis=0)
+    keep = column_max >= 1e-9
+    keep[np.argmax(column_max)] = True
+    kept = np.flatnonzero(keep)
+    for i in np.flatnonzero(~keep & (column_max > 0)):
+        right = np.searchsorted(outputs[kept], outputs[i])
+        if right == 0 or right == kept.size:
+            keep[i] = True  # an extreme output has no neighbour beyond it; keep it
+            continue
+        a, b = kept[right - 1], kept[right]
+        w = (outputs[b] - outputs[i]) / (outputs[b] - outputs[a])
+        matrix[:, a] += w * matrix[:, i]
+        matrix[:, b] += (1 - w) * matrix[:, i]
+    matrix, outputs = matrix[:, keep], outputs[keep]
+    # 2. Lift every column to exact ε_lp-DP: entries below max·e^-ε_lp are raised to it (tolerance-sized moves).
+    matrix = np.maximum(matrix, matrix.max(axis=0, keepdims=True) * math.exp(-lp_epsilon))
+    # 3. Restore Σ_i M = 1 and Σ_i M ŷ_i = y per row by M[y, i] *= 1 + a_y + b_y z_i (relative moves of the order
+    #    of the solver tolerance, far inside the ε - ε_lp margin).
+    z = (outputs - outputs.mean()) / max(np.ptp(outputs), 1e-12)
+    zc = (values - outputs.mean()) / max(np.ptp(outputs), 1e-12)
+    s0, s1, s2 = matrix.sum(axis=1), matrix @ z, matrix @ (z * z)
+    for _ in range(3):
+        # [s0 s1; s1 s2] [a; b] = [1 - s0; zc - s1]
+        det = s0 * s2 - s1 * s1
+        a = ((1 - s0) * s2 - (zc - s1) * s1) / det
+        b = (s0 * (zc - s1) - s1 * (1 - s0)) / det
+        matrix = matrix * (1 + a[:, None] + b[:, None] * z[None, :])
+        s0, s1, s2 = matrix.sum(axis=1), matrix @ z, matrix @ (z * z)
+    if np.any(matrix < 0):
+        raise CertificationError(f"{name}: repair of the LP solution produced negative probabilities")
+    return FiniteRandomizer.from_probabilities(name, epsilon, values, outputs, matrix,
+                                               {**parameters, "lp_epsilon": lp_epsilon})
+
+
+def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = None, outputs=None,
+                           solver: str = "choose") -> FiniteRandomizer:
+    """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 4|Y|) or on explicit ``outputs``."""
+    epsilon = check_epsilon(epsilon)
+    values = np.asarray(values, dtype=np.float64)
+    prior = normalized_prior(prior, values.size)
+    lp_epsilon = design_epsilon(epsilon, SOLVER_MARGIN)
+    if values.size == 1:
+        return FiniteRandomizer.from_probabilities("opt-unbiased", epsilon, values, values, np.ones((1, 1)),
+                                                   {"mesh": 1})
+    if outputs is None:
+        mesh = 4 * values.size if mesh is None else mesh
+        outputs = feasible_output_set(values, lp_epsilon, mesh)
+    outputs = np.asarray(outputs, dtype=np.float64)
+    if (values.size + 1) * outputs.size > MAX_LP_VARIABLES:
+        raise LabelDPError(f"LP too large: {values.size} labels x {outputs.size} outputs", code="invalid_mesh")
+    lp = solve_lp(**_build_lp(values, prior, outputs, lp_epsilon), solver=solver)
+    matrix = lp.x[: values.size * outputs.size].reshape(values.size, outputs.size)
+    return certify_solution(values, outputs, matrix, epsilon, lp_epsilon, "opt-unbiased",
+                            {"mesh": int(outputs.size), "grid_low": float(outputs[0]),
+                             "grid_high": float(outputs[-1]), "lp_objective": lp.objective})

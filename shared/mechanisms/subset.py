@@ -1,0 +1,84 @@
+"""Subset-selection randomizer for K classes (Chua et al., "Convex Optimization with Local Label DP", eq. (1)).
+
+Each class k is put in the released set S independently, with probability 1/2 if k is the true label and
+1/(e^ε+1) otherwise. Changing the label from y to y' changes only the inclusion probabilities of y and y', so
+the worst likelihood ratio is (p (1-q)) / (q (1-p)) with p = 1/2, q = 1/(e^ε+1), which equals e^ε.
+
+The features party trains with the unbiased weights w_k = 2(e^ε+1)/(e^ε-1) · (1[k∈S] - 1/(e^ε+1)):
+E[w_k | y] = 1[k = y], so Σ_k w_k ℓ(f(x), k) is an unbiased estimate of ℓ(f(x), y) (Algorithm 1, line 10).
+
+Inclusion uses integer thresholds over 2**53 like the finite randomizers, so ``certified_epsilon`` is computed
+from the probabilities actually sampled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.errors import CertificationError
+from shared.mechanisms import exact
+from shared.privacy import check_epsilon, design_epsilon
+
+
+@dataclass(frozen=True)
+class SubsetSelectionRandomizer:
+    name = "subset"
+    num_classes: int
+    epsilon: float
+    design_epsilon: float
+
+    @classmethod
+    def build(cls, num_classes: int, epsilon: float) -> SubsetSelectionRandomizer:
+        epsilon = check_epsilon(epsilon)
+        return cls(int(num_classes), epsilon, design_epsilon(epsilon))
+
+    def __post_init__(self):
+        if self.certified_epsilon > self.epsilon:
+            raise CertificationError(f"subset: realized probabilities are {self.certified_epsilon}-DP")
+
+    @property
+    def true_count(self) -> int:
+        return exact.RESOLUTION // 2
+
+    @property
+    def other_count(self) -> int:
+        return int(round(exact.RESOLUTION / (math.exp(self.design_epsilon) + 1)))
+
+    @property
+    def inclusion_probabilities(self) -> tuple[float, float]:
+        """(Pr[k ∈ S | k = y], Pr[k ∈ S | k ≠ y]) exactly as sampled."""
+        return self.true_count / exact.RESOLUTION, self.other_count / exact.RESOLUTION
+
+    @property
+    def certified_epsilon(self) -> float:
+        p, q = self.true_count, self.other_count
+        n = exact.RESOLUTION
+        return float(np.log(p) + np.log(n - q) - np.log(q) - np.log(n - p)) if self.num_classes > 1 else 0.0
+
+    @property
+    def num_outputs(self) -> int:
+        return 2**self.num_classes
+
+    def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
+        """Boolean (n, K) membership matrix of the released sets."""
+        labels = np.asarray(labels, dtype=np.int64).ravel()
+        draws = rng.integers(0, exact.RESOLUTION, size=(labels.size, self.num_classes), dtype=np.int64)
+        threshold = np.full((labels.size, self.num_classes), self.other_count, dtype=np.int64)
+        threshold[np.arange(labels.size), labels] = self.true_count
+        return draws < threshold
+
+    def unbiased_weights(self, sets) -> np.ndarray:
+        """w_k = (1[k∈S] - q) / (p - q): E[w | y] = one_hot(y) exactly for the sampled p, q.
+
+        With p = 1/2 and q = 1/(e^ε+1) this is the paper's 2(e^ε+1)/(e^ε-1) (1[k∈S] - 1/(e^ε+1)); using the
+        realized p, q keeps it exactly unbiased after rounding."""
+        p, q = self.inclusion_probabilities
+        return (np.asarray(sets, dtype=np.float64) - q) / (p - q)
+
+    def describe(self) -> dict:
+        p, q = self.inclusion_probabilities
+        return {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,
+                "num_classes": self.num_classes, "p_true": p, "p_other": q}

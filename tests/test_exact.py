@@ -1,0 +1,64 @@
+"""Exact sampling: the realized distribution is the quantized matrix, and samples follow it."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from shared.mechanisms import exact
+from shared.mechanisms.finite import FiniteRandomizer
+from shared.errors import CertificationError
+
+
+def test_quantized_rows_sum_exactly_and_stay_within_one_unit():
+    rng = np.random.default_rng(3)
+    probabilities = rng.dirichlet(np.full(37, 0.3), size=11)
+    counts = exact.quantize_rows(probabilities)
+    assert np.all(counts.sum(axis=1) == exact.RESOLUTION)
+    assert np.max(np.abs(counts / exact.RESOLUTION - probabilities)) <= 2.0 / exact.RESOLUTION
+
+
+def test_log_ratio_bound_on_known_counts():
+    counts = np.array([[2, 0, 6], [1, 0, 9]])
+    assert exact.log_ratio_bound(counts) == pytest.approx(np.log(2.0))
+    assert exact.log_ratio_bound(np.array([[1, 3], [0, 4]])) == float("inf")
+
+
+def test_samples_follow_the_exact_matrix_chi_square():
+    rng = np.random.default_rng(20261122)
+    probabilities = rng.dirichlet(np.ones(6), size=4)
+    mechanism = FiniteRandomizer.from_probabilities("t", 50.0, np.arange(4), np.arange(6) * 1.5, probabilities)
+    rows = rng.integers(0, 4, size=1_000_000)
+    outputs = mechanism.sample_indices(rows, np.random.default_rng(7))
+    for row in range(4):
+        observed = np.bincount(outputs[rows == row], minlength=6)
+        expected = mechanism.matrix[row] * observed.sum()
+        assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_sampler_never_emits_a_zero_probability_output():
+    matrix = np.array([[0.5, 0.0, 0.5], [0.25, 0.0, 0.75]])
+    mechanism = FiniteRandomizer.from_probabilities("t", 5.0, [0, 1], [0, 1, 2], matrix)
+    out = mechanism.sample_indices(np.repeat([0, 1], 200_000), np.random.default_rng(1))
+    assert not np.any(out == 1)
+    assert mechanism.num_outputs == 2
+
+
+def test_uncertifiable_matrix_is_refused():
+    matrix = np.array([[0.9, 0.1], [0.1, 0.9]])  # log 9 ≈ 2.197
+    with pytest.raises(CertificationError):
+        FiniteRandomizer.from_probabilities("t", 2.0, [0, 1], [0, 1], matrix)
+    assert FiniteRandomizer.from_probabilities("t", 2.2, [0, 1], [0, 1], matrix).certified_epsilon == \
+        pytest.approx(np.log(9.0), rel=1e-12)
+
+
+def test_matrix_rows_that_do_not_sum_to_one_are_refused():
+    with pytest.raises(CertificationError):
+        FiniteRandomizer.from_probabilities("t", 1.0, [0, 1], [0, 1], [[0.5, 0.5], [0.5, 0.4]])
+
+
+def test_mechanism_is_immutable():
+    mechanism = FiniteRandomizer.from_probabilities("t", 1.0, [0, 1], [0, 1], [[0.6, 0.4], [0.4, 0.6]])
+    with pytest.raises(ValueError):
+        mechanism.counts[0, 0] = 1
+    with pytest.raises(AttributeError):
+        mechanism.epsilon = 3.0
