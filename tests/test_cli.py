@@ -1,0 +1,97 @@
+"""`labeldp randomizer solve`: the JSON contract and one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.cli import main
+
+
+@pytest.fixture()
+def prior_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prior.csv"
+    lines = ["label,weight"] + [f"{y},{(y % 7) + 1}" for y in range(1, 53)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run(capsys, *args):
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("mechanism", ["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr"])
+def test_solve_prints_the_contract_fields(capsys, prior_file, mechanism):
+    args = ["randomizer", "solve", "--mechanism", mechanism, "--epsilon", "1", "--labels", "1:52",
+            "--prior-file", str(prior_file), "--json"]
+    if mechanism == "opt-unbiased":
+        args += ["--mesh", "52"]
+    code, out, err = _run(capsys, *args)
+    assert code == 0, err
+    report = json.loads(out)
+    assert {"mechanism", "epsilon", "certified_epsilon", "noisy_label_loss", "max_abs_bias", "num_outputs",
+            "solve_seconds"} <= set(report)
+    assert report["epsilon"] == 1.0
+    assert 0.999 < report["certified_epsilon"] <= 1.0
+    assert report["noisy_label_loss"] > 0
+    if mechanism in ("opt-unbiased", "dbrr", "laplace", "staircase"):
+        assert report["max_abs_bias"] <= 1e-6
+    if mechanism == "opt-unbiased":
+        assert report["mesh"] == 52 and report["num_outputs"] <= 52
+
+
+def test_opt_unbiased_beats_the_other_unbiased_mechanisms_on_the_same_prior(capsys, prior_file):
+    losses = {}
+    for mechanism in ("opt-unbiased", "laplace", "staircase", "dbrr"):
+        code, out, _ = _run(capsys, "randomizer", "solve", "--mechanism", mechanism, "--epsilon", "2",
+                            "--labels", "1:52", "--prior-file", str(prior_file), "--json")
+        assert code == 0
+        losses[mechanism] = json.loads(out)["noisy_label_loss"]
+    assert losses["opt-unbiased"] < min(losses["laplace"], losses["staircase"], losses["dbrr"])
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    (["--epsilon", "0"], "epsilon"),
+    (["--epsilon", "-1"], "epsilon"),
+    (["--epsilon", "nan"], "epsilon"),
+    (["--epsilon", "inf"], "epsilon"),
+    (["--labels", "3,1,2"], "increasing"),
+    (["--labels", "1,2,2"], "increasing"),
+    (["--mesh", "1"], "mesh"),
+    (["--prior-file", "/nonexistent.csv"], "not found"),
+])
+def test_bad_input_gives_one_line_and_nonzero_exit(capsys, prior_file, extra, fragment):
+    base = {"--epsilon": "1", "--labels": "1:52", "--prior-file": str(prior_file)}
+    for flag, value in zip(extra[::2], extra[1::2]):
+        base[flag] = value
+    args = ["randomizer", "solve", "--mechanism", "opt-unbiased", "--json"]
+    for flag, value in base.items():
+        args += [flag, value]
+    code, out, err = _run(capsys, *args)
+    assert code != 0 and out == ""
+    assert len(err.strip().splitlines()) == 1 and fragment in err
+
+
+@pytest.mark.parametrize("content", ["label,weight\n1,-2\n", "label,weight\n1,0\n2,0\n", "a,b\n1,2\n",
+                                     "label,weight\n99,1\n", "label,weight\n1,1\n1,2\n", "label,weight\n1,x\n"])
+def test_bad_prior_files_are_refused(capsys, tmp_path, content):
+    path = tmp_path / "p.csv"
+    path.write_text(content)
+    code, out, err = _run(capsys, "randomizer", "solve", "--mechanism", "rr-on-bins", "--epsilon", "1",
+                          "--labels", "1:52", "--prior-file", str(path), "--json")
+    assert code != 0 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "prior" in err.lower() or "label" in err.lower()
+
+
+def test_console_script_runs_as_a_process(prior_file):
+    done = subprocess.run([sys.executable, "-m", "shared.cli", "randomizer", "solve", "--mechanism", "dbrr",
+                           "--epsilon", "0.5", "--labels", "1:52", "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["num_outputs"] == 52
+    bad = subprocess.run([sys.executable, "-m", "shared.cli", "randomizer", "solve", "--mechanism", "dbrr",
+                          "--epsilon", "0", "--labels", "1:52"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
