@@ -13,7 +13,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 from realistic_priors import psid_weeks_worked
 
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 from realistic_priors import psid_weeks_worked
 
 from labels_party.mechanisms import MechanismOptions, build_mechanism

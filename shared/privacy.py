@@ -53,6 +53,8 @@ def split_budget(epsilon: float, num_labels: int, num_examples: int,
             raise LabelDPError(f"prior epsilon {prior_epsilon} must be below the total epsilon {epsilon}",
                                code="invalid_epsilon")
         return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon, "override")
+    if num_labels < 1:
+        raise LabelDPError("a prior needs at least one label value", code="invalid_domain")
     if num_examples <= 0:
         raise LabelDPError("cannot estimate a prior from zero labels", code="empty_labels")
     prior_epsilon = min(math.sqrt(num_labels / num_examples), epsilon / 2)

@@ -66,7 +66,7 @@ def test_opt_unbiased_beats_the_other_unbiased_mechanisms_on_the_same_prior(caps
 ])
 def test_bad_input_gives_one_line_and_nonzero_exit(capsys, prior_file, extra, fragment):
     base = {"--epsilon": "1", "--labels": "1:52", "--prior-file": str(prior_file)}
-    for flag, value in zip(extra[::2], extra[1::2]):
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
         base[flag] = value
     args = ["randomizer", "solve", "--mechanism", "opt-unbiased", "--json"]
     for flag, value in base.items():

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from shared.errors import CertificationError
 from shared.mechanisms import exact
 from shared.mechanisms.finite import FiniteRandomizer
-from shared.errors import CertificationError
 
 
 def test_quantized_rows_sum_exactly_and_stay_within_one_unit():

@@ -190,7 +190,8 @@ class DiscreteStaircaseNoise:
         first = level * np.where(np.arange(d) == 0, 1.0, 2.0)  # period 0: offset 0 has one sign only
         p_first = a * first.sum()
         in_first = rng.random(size) < p_first
-        offset = np.where(in_first, rng.choice(d, size, p=first / first.sum()), rng.choice(d, size, p=level / level.sum()))
+        offset = np.where(in_first, rng.choice(d, size, p=first / first.sum()),
+                          rng.choice(d, size, p=level / level.sum()))
         period = np.where(in_first, 0, rng.geometric(1 - b, size))  # P(k) ∝ b^k, k >= 1
         sign = rng.choice(np.array([-1, 1]), size)
         return (sign * (period * d + offset)).astype(np.float64)

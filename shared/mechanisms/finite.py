@@ -64,7 +64,8 @@ class FiniteRandomizer:
             raise CertificationError(f"{name}: matrix has negative or non-finite entries")
         row_sums = probabilities.sum(axis=1)
         if np.any(np.abs(row_sums - 1.0) > 1e-9):
-            raise CertificationError(f"{name}: rows do not sum to 1 (worst {row_sums[np.argmax(np.abs(row_sums - 1))]!r})")
+            worst = row_sums[np.argmax(np.abs(row_sums - 1))]
+            raise CertificationError(f"{name}: rows do not sum to 1 (worst {worst!r})")
         return cls(name=name, epsilon=float(epsilon), input_values=input_values, output_values=output_values,
                    counts=exact.quantize_rows(probabilities), parameters=MappingProxyType(dict(parameters or {})))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared.domains import Classes
 from shared.errors import CertificationError
 from shared.mechanisms import exact
 from shared.privacy import check_epsilon, design_epsilon
@@ -64,7 +65,7 @@ class SubsetSelectionRandomizer:
 
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
         """Boolean (n, K) membership matrix of the released sets."""
-        labels = np.asarray(labels, dtype=np.int64).ravel()
+        labels = Classes(self.num_classes).index_of(labels)
         draws = rng.integers(0, exact.RESOLUTION, size=(labels.size, self.num_classes), dtype=np.int64)
         threshold = np.full((labels.size, self.num_classes), self.other_count, dtype=np.int64)
         threshold[np.arange(labels.size), labels] = self.true_count
