@@ -16,6 +16,7 @@ from shared.privacy import check_epsilon
 
 
 def register(commands) -> None:
+    register_service_commands(commands)
     randomizer = commands.add_parser("randomizer", help="build and inspect label randomizers")
     actions = randomizer.add_subparsers(dest="action", required=True, parser_class=type(randomizer))
     solve = actions.add_parser("solve", help="build one certified randomizer for a known prior and report it")
@@ -101,3 +102,68 @@ def solve_command(args) -> int:
         for key, value in report.items():
             print(f"{key:<{width}}  {value}")
     return 0
+
+
+def register_service_commands(commands) -> None:
+    labels = commands.add_parser("labels", help="run and administer the labels-party service")
+    actions = labels.add_subparsers(dest="action", required=True, parser_class=type(labels))
+    common = {"--database-url": dict(default=None, help="SQLAlchemy URL (default: $LABELDP_DATABASE_URL or "
+                                                        "sqlite:///var/labels.db)"),
+              "--data-dir": dict(default=None, help="label and release files (default: $LABELDP_DATA_DIR or "
+                                                    "var/data)")}
+    serve = actions.add_parser("serve", help="start the HTTP service")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8700)
+    key = actions.add_parser("create-key", help="create an API key (printed once on stdout)")
+    key.add_argument("--org", required=True)
+    key.add_argument("--role", required=True, choices=("admin", "consumer"))
+    verify = actions.add_parser("verify-audit", help="recompute the ledger hash chains and budgets")
+    for sub in (serve, key, verify):
+        for flag, kwargs in common.items():
+            sub.add_argument(flag, **kwargs)
+    serve.set_defaults(handler=serve_command)
+    key.set_defaults(handler=create_key_command)
+    verify.set_defaults(handler=verify_audit_command)
+
+
+def _context(args):
+    import os
+    from pathlib import Path
+
+    from labels_party.service import make_context
+
+    url = args.database_url or os.environ.get("LABELDP_DATABASE_URL") or "sqlite:///var/labels.db"
+    data_dir = args.data_dir or os.environ.get("LABELDP_DATA_DIR") or "var/data"
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    return make_context(url, data_dir)
+
+
+def serve_command(args) -> int:
+    import logging
+
+    import uvicorn
+
+    from labels_party.api import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    uvicorn.run(create_app(_context(args)), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def create_key_command(args) -> int:
+    from labels_party.auth import create_key
+
+    ctx = _context(args)
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, args.org, args.role)
+    print(key)
+    return 0
+
+
+def verify_audit_command(args) -> int:
+    from labels_party.service import verify_audit
+
+    report = verify_audit(_context(args))
+    print(json.dumps(report, indent=2))
+    return 0 if report["valid"] else 1

@@ -177,3 +177,41 @@ def parse_label_spec(spec: str) -> FiniteLabels:
         if isinstance(err, LabelDPError):
             raise
         raise LabelDPError(f"cannot parse label spec {spec!r}: {err}", code="invalid_domain") from None
+
+
+def domain_from_spec(spec: dict):
+    """Rebuild a domain from its ``describe()`` form (also the dataset-creation fields)."""
+    kind = spec.get("kind")
+    if kind == "finite":
+        return FiniteLabels(np.asarray(spec["values"], dtype=np.float64))
+    if kind == "integer":
+        return integer_range(spec["min"], spec["max"])
+    if kind == "continuous":
+        return ContinuousInterval(float(spec["min"]), float(spec["max"]), int(spec.get("grid_size") or 101))
+    if kind == "classes":
+        return Classes(int(spec["num_classes"]))
+    raise LabelDPError(f"unknown label kind {kind!r}", code="invalid_domain")
+
+
+def domain_spec(kind: str, *, values=None, low=None, high=None, num_classes=None, grid_size=None) -> dict:
+    """The canonical stored description of a dataset's label domain (validated by building it)."""
+    if kind == "finite":
+        spec = {"kind": "finite", "values": [float(v) for v in values]}
+    elif kind == "integer":
+        if int(low) != low or int(high) != high:
+            raise LabelDPError("integer label bounds must be integers", code="invalid_domain")
+        spec = {"kind": "integer", "min": int(low), "max": int(high)}
+    elif kind == "continuous":
+        spec = {"kind": "continuous", "min": float(low), "max": float(high), "grid_size": int(grid_size or 101)}
+    else:
+        spec = {"kind": "classes", "num_classes": int(num_classes)}
+    domain_from_spec(spec)
+    return spec
+
+
+def check_labels(domain, labels) -> None:
+    """Raise if any label is outside the domain, NaN or infinite."""
+    if isinstance(domain, ContinuousInterval):
+        domain.check(labels)
+    else:
+        domain.index_of(labels)

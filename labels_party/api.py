@@ -1,0 +1,212 @@
+"""The labels-party HTTP API (FastAPI): thin routers over :mod:`labels_party.service`.
+
+Errors are always JSON ``{"error": {"code", "message"}}`` with a 4xx status for bad input; unexpected failures
+answer 500 with no stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from labels_party import service
+from labels_party.auth import Principal, authenticate
+from labels_party.service import ServiceContext
+from labels_party.uploads import upload_format
+from shared import schemas
+from shared.errors import LabelDPError
+
+log = logging.getLogger("labeldp.labels")
+
+STATUS = {
+    "unauthorized": 401, "forbidden": 403, "not_found": 404, "budget_exceeded": 409,
+    "idempotency_conflict": 409, "dataset_exists": 409, "no_labels": 409, "body_too_large": 413,
+    "unsupported_media_type": 415, "not_acceptable": 406, "invalid_request": 422,
+}
+MAX_JSON_BYTES = 64 << 20
+
+
+def _error(status: int, code: str, message: str, **extra) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, **extra}}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    with request.app.state.ctx.sessions() as session, session.begin():
+        return authenticate(session, authorization)
+
+
+Auth = Annotated[Principal, Depends(_principal)]
+
+
+def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastAPI:
+    app = FastAPI(title="labeldp labels party", version="1", docs_url="/docs", openapi_url="/openapi.json")
+    app.state.ctx = ctx
+
+    @app.exception_handler(LabelDPError)
+    async def _labeldp_error(_request, err: LabelDPError):
+        extra = {"epsilon_remaining": err.remaining} if hasattr(err, "remaining") else {}
+        return _error(STATUS.get(err.code, 400), err.code, str(err), **extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return _error(422, "invalid_request", f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request, err: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
+        return _error(err.status_code, code, str(err.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request, err: Exception):
+        log.exception("internal error")
+        return _error(500, "internal_error", "internal error; the operation did not complete")
+
+    @app.middleware("http")
+    async def _limit_json_bodies(request: Request, call_next):
+        length = request.headers.get("content-length")
+        limit = max_upload_bytes if request.url.path.endswith("/labels") else MAX_JSON_BYTES
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return _error(413, "body_too_large", f"request body over {limit} bytes")
+        return await call_next(request)
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/v1/datasets", status_code=201, response_model=schemas.Dataset)
+    def create_dataset(body: schemas.DatasetCreate, who: Auth):
+        return service.create_dataset(ctx, who, body)
+
+    @app.get("/v1/datasets", response_model=list[schemas.Dataset])
+    def list_datasets(who: Auth):
+        return service.list_datasets(ctx, who)
+
+    @app.get("/v1/datasets/{dataset_id}", response_model=schemas.Dataset)
+    def get_dataset(dataset_id: str, who: Auth):
+        return service.get_dataset(ctx, who, dataset_id)
+
+    @app.put("/v1/datasets/{dataset_id}/labels", response_model=schemas.UploadResult)
+    async def upload_labels(dataset_id: str, request: Request, who: Auth):
+        fmt = upload_format(request.headers.get("content-type"))
+        with tempfile.TemporaryDirectory(prefix="labeldp-upload-") as tmp:
+            path = Path(tmp) / "body"
+            size = 0
+            with open(path, "wb") as handle:  # spool to disk: memory stays bounded whatever the body size
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > max_upload_bytes:
+                        raise LabelDPError(f"upload over {max_upload_bytes} bytes", code="body_too_large")
+                    handle.write(chunk)
+            return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, path, fmt)
+
+    @app.post("/v1/datasets/{dataset_id}/grants", status_code=201, response_model=schemas.Grant)
+    def grant(dataset_id: str, body: schemas.GrantCreate, who: Auth):
+        return service.grant_access(ctx, who, dataset_id, body.org)
+
+    @app.get("/v1/datasets/{dataset_id}/budget", response_model=schemas.Budget)
+    def budget(dataset_id: str, who: Auth):
+        return service.budget(ctx, who, dataset_id)
+
+    @app.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release)
+    def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth,
+                       idempotency_key: Annotated[str | None, Header()] = None):
+        release, created = service.release_labels(ctx, who, dataset_id, body, idempotency_key)
+        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+
+    @app.get("/v1/releases/{release_id}", response_model=schemas.Release)
+    def get_release(release_id: str, who: Auth):
+        return service.get_release(ctx, who, release_id)[0]
+
+    @app.get("/v1/releases/{release_id}/labels")
+    def download(release_id: str, who: Auth, accept: Annotated[str | None, Header()] = None,
+                 offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
+        _, file = service.get_release(ctx, who, release_id)
+        path = ctx.store.path(file)
+        media = _negotiate(accept)
+        if media == "application/json":
+            return _json_page(path, offset, limit)
+        stream = {"text/csv": _csv_stream, "application/x-ndjson": _ndjson_stream,
+                  "application/vnd.apache.parquet": _parquet_stream}[media](path)
+        return StreamingResponse(stream, media_type=media,
+                                 headers={"Content-Disposition": f'attachment; filename="{release_id}"'})
+
+    @app.get("/v1/audit", response_model=schemas.Audit)
+    def audit(who: Auth, dataset: str | None = None):
+        return service.audit(ctx, who, dataset)
+
+    return app
+
+
+def _negotiate(accept: str | None) -> str:
+    offered = ["text/csv", "application/x-ndjson", "application/vnd.apache.parquet", "application/json"]
+    if not accept or "*/*" in accept:
+        return "text/csv"
+    for part in accept.split(","):
+        media = part.split(";")[0].strip().lower()
+        media = {"application/parquet": "application/vnd.apache.parquet", "application/ndjson":
+                 "application/x-ndjson", "application/jsonl": "application/x-ndjson", "text/*": "text/csv"}.get(
+            media, media)
+        if media in offered:
+            return media
+    raise LabelDPError(f"cannot produce {accept!r}; offered: {', '.join(offered)}", code="not_acceptable")
+
+
+def _batches(path: Path) -> Iterator[pa.RecordBatch]:
+    yield from pq.ParquetFile(path).iter_batches(batch_size=1 << 16)
+
+
+def _csv_stream(path: Path) -> Iterator[bytes]:
+    first = True
+    for batch in _batches(path):
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(pa.Table.from_batches([batch]), sink,
+                        write_options=pacsv.WriteOptions(include_header=first, quoting_style="needed"))
+        first = False
+        yield sink.getvalue().to_pybytes()
+
+
+def _ndjson_stream(path: Path) -> Iterator[bytes]:
+    for batch in _batches(path):
+        yield ("\n".join(json.dumps(row) for row in _rows(batch)) + "\n").encode()
+
+
+def _rows(batch: pa.RecordBatch) -> list[dict]:
+    names = batch.schema.names
+    if "label" in names:
+        return batch.to_pylist()
+    ids = batch.column("example_id").to_pylist()
+    sets = [batch.column(n).to_pylist() for n in names if n.startswith("in_class_")]
+    return [{"example_id": ids[i], "label_set": [k for k, col in enumerate(sets) if col[i]]}
+            for i in range(len(ids))]
+
+
+def _parquet_stream(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            yield chunk
+
+
+def _json_page(path: Path, offset: int, limit: int) -> JSONResponse:
+    parquet = pq.ParquetFile(path)
+    total = parquet.metadata.num_rows
+    table = parquet.read().slice(offset, limit)
+    items = _rows(table.combine_chunks().to_batches()[0]) if table.num_rows else []
+    next_offset = offset + len(items) if offset + len(items) < total else None
+    return JSONResponse({"items": items, "offset": offset, "total": total, "next_offset": next_offset})

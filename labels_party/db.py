@@ -1,0 +1,163 @@
+"""Storage of metadata, grants, releases and the privacy ledger (SQLAlchemy 2; SQLite by default, PostgreSQL in
+production). Large arrays (labels, privatized labels, per-example budget vectors) live in files, see
+:mod:`labels_party.storage`; the database points at them and is the single source of truth for what exists.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    func,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Organization(Base):
+    __tablename__ = "organizations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    role: Mapped[str] = mapped_column(String(20))  # admin | consumer
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the 256-bit secret
+    prefix: Mapped[str] = mapped_column(String(16))
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("owner_org_id", "name"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    label_kind: Mapped[str] = mapped_column(String(20))
+    domain_json: Mapped[str] = mapped_column(Text)
+    epsilon_total: Mapped[float] = mapped_column(Float)
+    epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)  # max over examples of summed charges
+    allow_central_training: Mapped[bool] = mapped_column(Boolean, default=False)
+    label_version: Mapped[int] = mapped_column(Integer, default=0)
+    num_examples: Mapped[int] = mapped_column(Integer, default=0)
+    registry_file: Mapped[str | None] = mapped_column(String(300), nullable=True)  # every example id ever seen
+    registry_size: Mapped[int] = mapped_column(Integer, default=0)
+    spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)  # per-example charges
+    ledger_seq: Mapped[int] = mapped_column(Integer, default=0)
+    ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LabelVersion(Base):
+    __tablename__ = "label_versions"
+    __table_args__ = (UniqueConstraint("dataset_id", "version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    version: Mapped[int] = mapped_column(Integer)
+    file: Mapped[str] = mapped_column(String(300))
+    num_examples: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Grant(Base):
+    __tablename__ = "grants"
+    __table_args__ = (UniqueConstraint("dataset_id", "org_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Release(Base):
+    __tablename__ = "releases"
+    __table_args__ = (UniqueConstraint("dataset_id", "idempotency_key"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    requester_org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    idempotency_key: Mapped[str] = mapped_column(String(200))
+    body_hash: Mapped[str] = mapped_column(String(64))
+    mechanism: Mapped[str] = mapped_column(String(50))
+    epsilon: Mapped[float] = mapped_column(Float)
+    certified_epsilon: Mapped[float] = mapped_column(Float)
+    prior_epsilon: Mapped[float] = mapped_column(Float)
+    randomizer_epsilon: Mapped[float] = mapped_column(Float)
+    num_examples: Mapped[int] = mapped_column(Integer)
+    label_version: Mapped[int] = mapped_column(Integer)
+    description_json: Mapped[str] = mapped_column(Text)
+    prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    file: Mapped[str] = mapped_column(String(300))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LedgerEntry(Base):
+    """Append-only. ``record`` is canonical JSON describing the privacy event completely; ``hash`` chains it to
+    the previous entry of the same dataset: sha256(prev_hash || record)."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (UniqueConstraint("dataset_id", "seq"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    release_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    record: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_connection, _record):
+            dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection):
+            # Every transaction takes the write lock up front: SQLite's equivalent of SELECT ... FOR UPDATE, so
+            # budget checks and charges serialize exactly as on PostgreSQL.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    Base.metadata.create_all(engine)
+    return sessionmaker(engine, expire_on_commit=False)

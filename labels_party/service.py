@@ -1,0 +1,410 @@
+"""Labels-party service functions: datasets, uploads, grants, private releases, budget and audit.
+
+Routers call these; these call storage and the mechanism library. Transactions are kept short: the expensive
+work of a release (private prior, solving, sampling, writing the file) happens outside any transaction, and only
+the final check-charge-insert runs under the dataset lock, in one transaction, so a release is charged before it
+is visible and a crash leaves either both or neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from labels_party import db
+from labels_party.auth import Principal
+from labels_party.ledger import BudgetLedger, canonical, mechanism_dp_event, prior_dp_event, event_to_dict, \
+    verify_chain
+from labels_party.mechanisms import MechanismOptions
+from labels_party.pipeline import os_entropy_rng, privatize_labels
+from labels_party.storage import DataStore
+from labels_party.uploads import parse_labels
+from dp_accounting import dp_event
+from shared import schemas
+from shared.domains import domain_from_spec, domain_spec
+from shared.errors import LabelDPError
+
+
+@dataclass(frozen=True)
+class ServiceContext:
+    sessions: sessionmaker
+    store: DataStore
+    ledger: BudgetLedger
+
+
+def make_context(database_url: str, data_dir: str | Path) -> ServiceContext:
+    store = DataStore(data_dir)
+    return ServiceContext(db.make_sessionmaker(db.make_engine(database_url)), store, BudgetLedger(store))
+
+
+def _crash_point(name: str) -> None:
+    """Test hook: LABELDP_CRASH_AT=<name> kills the process here (crash-safety tests only)."""
+    if os.environ.get("LABELDP_CRASH_AT") == name:
+        os._exit(70)
+
+
+def _forbidden() -> LabelDPError:
+    # Same answer whether or not the dataset exists: a key must not reveal other organizations' datasets.
+    return LabelDPError("this key has no access to that dataset", code="forbidden")
+
+
+def _dataset(session: Session, principal: Principal, dataset_id: str, *, admin: bool = False,
+             lock: bool = False) -> db.Dataset:
+    dataset = session.get(db.Dataset, dataset_id, with_for_update=lock)
+    if dataset is None:
+        raise _forbidden()
+    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
+        return dataset
+    if not admin and principal.role == "consumer" and session.scalar(
+            select(db.Grant).where(db.Grant.dataset_id == dataset_id, db.Grant.org_id == principal.org_id)):
+        return dataset
+    raise _forbidden()
+
+
+def _require_admin(principal: Principal) -> None:
+    if principal.role != "admin":
+        raise LabelDPError("this operation needs an admin key", code="forbidden")
+
+
+def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
+    return schemas.Dataset(
+        id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
+        epsilon_total=dataset.epsilon_total, epsilon_spent=dataset.epsilon_spent,
+        epsilon_remaining=max(0.0, dataset.epsilon_total - dataset.epsilon_spent),
+        num_examples=dataset.num_examples, label_version=dataset.label_version, created_at=dataset.created_at)
+
+
+# -- datasets ---------------------------------------------------------------------------------------------------
+
+def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
+    _require_admin(principal)
+    spec = domain_spec(body.label_kind, values=body.values, low=body.min, high=body.max,
+                       num_classes=body.num_classes, grid_size=body.grid_size)
+    with ctx.sessions() as session, session.begin():
+        if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
+                                                   db.Dataset.name == body.name)):
+            raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists")
+        dataset = db.Dataset(owner_org_id=principal.org_id, name=body.name, label_kind=body.label_kind,
+                             domain_json=json.dumps(spec), epsilon_total=body.epsilon_total,
+                             allow_central_training=body.allow_central_training)
+        session.add(dataset)
+        session.flush()
+        return dataset_view(dataset)
+
+
+def get_dataset(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Dataset:
+    with ctx.sessions() as session, session.begin():
+        return dataset_view(_dataset(session, principal, dataset_id))
+
+
+def list_datasets(ctx: ServiceContext, principal: Principal) -> list[schemas.Dataset]:
+    with ctx.sessions() as session, session.begin():
+        if principal.role == "admin":
+            rows = session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id))
+        else:
+            rows = session.scalars(select(db.Dataset).join(db.Grant, db.Grant.dataset_id == db.Dataset.id)
+                                   .where(db.Grant.org_id == principal.org_id))
+        return [dataset_view(d) for d in rows]
+
+
+def grant_access(ctx: ServiceContext, principal: Principal, dataset_id: str, org_name: str) -> schemas.Grant:
+    with ctx.sessions() as session, session.begin():
+        dataset = _dataset(session, principal, dataset_id, admin=True)
+        org = session.scalar(select(db.Organization).where(db.Organization.name == org_name))
+        if org is None:
+            org = db.Organization(name=org_name)
+            session.add(org)
+            session.flush()
+        if not session.scalar(select(db.Grant).where(db.Grant.dataset_id == dataset.id,
+                                                     db.Grant.org_id == org.id)):
+            session.add(db.Grant(dataset_id=dataset.id, org_id=org.id))
+        return schemas.Grant(dataset_id=dataset.id, org=org_name)
+
+
+def budget(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Budget:
+    with ctx.sessions() as session, session.begin():
+        dataset = _dataset(session, principal, dataset_id)
+        return _budget_view(dataset)
+
+
+def _budget_view(dataset: db.Dataset) -> schemas.Budget:
+    return schemas.Budget(dataset_id=dataset.id, epsilon_total=dataset.epsilon_total,
+                          epsilon_spent=dataset.epsilon_spent,
+                          epsilon_remaining=max(0.0, dataset.epsilon_total - dataset.epsilon_spent))
+
+
+# -- uploads ----------------------------------------------------------------------------------------------------
+
+def upload_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, path: Path,
+                  fmt: str) -> schemas.UploadResult:
+    """A new label version. Earlier versions and every release stay untouched; budgets follow example ids."""
+    with ctx.sessions() as session, session.begin():
+        dataset = _dataset(session, principal, dataset_id, admin=True)
+        domain = domain_from_spec(json.loads(dataset.domain_json))
+    ids, labels = parse_labels(path, fmt, domain)
+    with ctx.sessions() as session, session.begin():
+        dataset = _dataset(session, principal, dataset_id, admin=True, lock=True)
+        registry = _registry_ids(ctx, dataset)
+        index = pc.index_in(ids, value_set=registry).to_numpy(zero_copy_only=False)
+        is_new = np.isnan(index) if index.dtype.kind == "f" else np.zeros(index.size, dtype=bool)
+        new_ids = pc.filter(ids, pa.array(is_new))
+        registry_index = np.where(is_new, 0, np.nan_to_num(index)).astype(np.int64)
+        registry_index[is_new] = len(registry) + np.arange(int(is_new.sum()))
+        if len(new_ids):
+            registry = pa.concat_arrays([registry, new_ids.combine_chunks()])
+            dataset.registry_file = ctx.store.write_table(
+                f"datasets/{dataset.id}/examples_{len(registry):010d}.parquet",
+                pa.table({"example_id": registry}))
+            dataset.registry_size = len(registry)
+        order = np.argsort(registry_index)
+        version = dataset.label_version + 1
+        file = ctx.store.write_table(f"datasets/{dataset.id}/labels_v{version:06d}.parquet",
+                                     pa.table({"registry_index": registry_index[order], "label": labels[order]}))
+        session.add(db.LabelVersion(dataset_id=dataset.id, version=version, file=file, num_examples=labels.size))
+        dataset.label_version = version
+        dataset.num_examples = int(labels.size)
+        return schemas.UploadResult(dataset_id=dataset.id, label_version=version, num_examples=int(labels.size),
+                                    new_examples=int(is_new.sum()))
+
+
+def _registry_ids(ctx: ServiceContext, dataset: db.Dataset) -> pa.Array:
+    if not dataset.registry_file:
+        return pa.array([], type=pa.string())
+    return ctx.store.read_table(dataset.registry_file).column("example_id").combine_chunks()
+
+
+# -- releases ---------------------------------------------------------------------------------------------------
+
+def _body_hash(request: schemas.ReleaseRequest) -> str:
+    return hashlib.sha256(canonical(request.model_dump()).encode()).hexdigest()
+
+
+def _existing_release(session: Session, dataset_id: str, key: str, body_hash: str) -> db.Release | None:
+    existing = session.scalar(select(db.Release).where(db.Release.dataset_id == dataset_id,
+                                                       db.Release.idempotency_key == key))
+    if existing is not None and existing.body_hash != body_hash:
+        raise LabelDPError("this Idempotency-Key was already used with a different request body",
+                           code="idempotency_conflict")
+    return existing
+
+
+def release_view(release: db.Release) -> schemas.Release:
+    return schemas.Release(
+        id=release.id, dataset_id=release.dataset_id, mechanism=release.mechanism, epsilon=release.epsilon,
+        certified_epsilon=release.certified_epsilon, prior_epsilon=release.prior_epsilon,
+        randomizer_epsilon=release.randomizer_epsilon, num_examples=release.num_examples,
+        label_version=release.label_version, created_at=release.created_at,
+        idempotency_key=release.idempotency_key, description=json.loads(release.description_json),
+        noisy_prior=json.loads(release.prior_json) if release.prior_json else None)
+
+
+def _covered_rows(ctx: ServiceContext, dataset: db.Dataset, version_index: np.ndarray,
+                  example_ids: list[str] | None) -> np.ndarray:
+    """Rows of the label version to release (all, or the requested ids; unknown ids are an error)."""
+    if example_ids is None:
+        return np.arange(version_index.size)
+    if len(set(example_ids)) != len(example_ids):
+        raise LabelDPError("example_ids contains duplicates", code="duplicate_example_id")
+    registry = _registry_ids(ctx, dataset)
+    index = pc.index_in(pa.array(example_ids, type=pa.string()), value_set=registry)
+    wanted = index.to_numpy(zero_copy_only=False)
+    rows = np.full(len(example_ids), -1, dtype=np.int64)
+    known = ~np.isnan(wanted) if wanted.dtype.kind == "f" else np.ones(len(example_ids), dtype=bool)
+    positions = np.searchsorted(version_index, np.nan_to_num(wanted[known]).astype(np.int64))
+    positions = np.minimum(positions, version_index.size - 1)
+    hit = version_index[positions] == np.nan_to_num(wanted[known]).astype(np.int64)
+    rows[np.flatnonzero(known)[hit]] = positions[hit]
+    if np.any(rows < 0):
+        missing = [example_ids[i] for i in np.flatnonzero(rows < 0)[:3]]
+        raise LabelDPError(f"{int((rows < 0).sum())} example id(s) have no current label, e.g. {missing}",
+                           code="unknown_example_ids")
+    return rows
+
+
+def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, request: schemas.ReleaseRequest,
+                   idempotency_key: str | None) -> tuple[schemas.Release, bool]:
+    """Returns (release, created). A retry with the same key and body returns the stored release unchanged."""
+    if not idempotency_key or len(idempotency_key) > 200:
+        raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
+                           code="idempotency_key_required")
+    body_hash = _body_hash(request)
+    with ctx.sessions() as session, session.begin():
+        dataset = _dataset(session, principal, dataset_id)
+        existing = _existing_release(session, dataset_id, idempotency_key, body_hash)
+        if existing is not None:
+            return release_view(existing), False
+        version = session.scalar(select(db.LabelVersion).where(
+            db.LabelVersion.dataset_id == dataset_id, db.LabelVersion.version == dataset.label_version))
+        if version is None:
+            raise LabelDPError("the dataset has no labels yet", code="no_labels")
+        snapshot = (dataset.domain_json, version.file, version.version)
+
+    # Expensive, label-dependent work: outside any transaction. Nothing here is visible until the charge commits.
+    domain = domain_from_spec(json.loads(snapshot[0]))
+    table = ctx.store.read_table(snapshot[1])
+    version_index = table.column("registry_index").to_numpy()
+    rows = _covered_rows(ctx, dataset, version_index, request.example_ids)
+    labels = table.column("label").to_numpy()[rows]
+    covered = version_index[rows]
+    options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant)
+    with ctx.sessions() as session, session.begin():  # fail fast before solving; re-checked under the lock
+        remaining = ctx.ledger.remaining_for(session.get(db.Dataset, dataset_id), covered)
+    if request.epsilon > remaining + 1e-9:
+        raise _budget_error(request.epsilon, remaining)
+    result = privatize_labels(domain, labels, request.mechanism, request.epsilon, os_entropy_rng(),
+                              prior_epsilon=request.prior_epsilon,
+                              discrete_prior=request.prior_noise == "discrete-laplace", options=options)
+    release_id = db.new_id()
+    registry = _registry_ids(ctx, dataset)
+    example_ids = registry.take(pa.array(covered))
+    noisy = result.noisy_labels
+    columns = {"example_id": example_ids}
+    if noisy.ndim == 2:  # label sets (subset mechanism)
+        columns.update({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])})
+    else:
+        columns["label"] = noisy
+    file = ctx.store.write_table(f"releases/{release_id}.parquet", pa.table(columns))
+
+    description = result.mechanism.describe()
+    events = [mechanism_dp_event(result.mechanism)]
+    if result.prior is not None:
+        events.insert(0, prior_dp_event(result.prior))
+    record = {
+        "event": "label_release", "release_id": release_id, "actor": {"org": principal.org_name,
+                                                                       "role": principal.role},
+        "mechanism": request.mechanism, "request": request.model_dump(exclude={"example_ids"}),
+        "epsilon_requested": request.epsilon, "epsilon_certified": result.certified_epsilon,
+        "prior": result.prior.describe() if result.prior else None,
+        "randomizer": {"epsilon": result.split.randomizer_epsilon,
+                       "certified_epsilon": result.mechanism.certified_epsilon,
+                       "parameters": description.get("parameters", {})},
+        "budget_split_rule": result.split.rule,
+        "dp_event": event_to_dict(dp_event.ComposedDpEvent(events)),
+        "label_version": snapshot[2],
+    }
+    try:
+        with ctx.sessions() as session, session.begin():
+            dataset = _dataset(session, principal, dataset_id, lock=True)
+            existing = _existing_release(session, dataset_id, idempotency_key, body_hash)
+            if existing is not None:  # a concurrent retry won the race
+                ctx.store.remove(file)
+                return release_view(existing), False
+            record["created_at"] = db.utcnow().isoformat()
+            record_json, prev_hash, digest = ctx.ledger.charge(dataset, covered, request.epsilon, record)
+            release = db.Release(
+                id=release_id, dataset_id=dataset_id, requester_org_id=principal.org_id,
+                idempotency_key=idempotency_key, body_hash=body_hash, mechanism=request.mechanism,
+                epsilon=request.epsilon, certified_epsilon=result.certified_epsilon,
+                prior_epsilon=result.split.prior_epsilon, randomizer_epsilon=result.split.randomizer_epsilon,
+                num_examples=int(covered.size), label_version=snapshot[2],
+                description_json=json.dumps(description),
+                prior_json=json.dumps(result.prior.describe()) if result.prior else None, file=file)
+            session.add(release)
+            session.add(db.LedgerEntry(dataset_id=dataset_id, seq=dataset.ledger_seq, release_id=release_id,
+                                       record=record_json, prev_hash=prev_hash, hash=digest))
+            session.flush()
+            _crash_point("before_commit")
+        _crash_point("after_commit")
+    except IntegrityError:
+        ctx.store.remove(file)
+        with ctx.sessions() as session, session.begin():
+            existing = _existing_release(session, dataset_id, idempotency_key, body_hash)
+            if existing is None:
+                raise
+            return release_view(existing), False
+    except LabelDPError as err:
+        ctx.store.remove(file)
+        if err.code == "budget_exceeded":
+            raise _budget_error(request.epsilon, err.remaining) from None
+        raise
+    return release_view(release), True
+
+
+def _budget_error(epsilon: float, remaining: float) -> LabelDPError:
+    error = LabelDPError(f"budget exceeded: this release needs epsilon {epsilon:g}, the covered examples have "
+                         f"{remaining:.6g} left", code="budget_exceeded")
+    error.remaining = remaining
+    return error
+
+
+def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> tuple[schemas.Release, str]:
+    with ctx.sessions() as session, session.begin():
+        release = session.get(db.Release, release_id)
+        if release is None:
+            raise LabelDPError("no such release for this key", code="not_found")
+        try:
+            _dataset(session, principal, release.dataset_id)
+        except LabelDPError:
+            raise LabelDPError("no such release for this key", code="not_found") from None
+        return release_view(release), release.file
+
+
+# -- audit ------------------------------------------------------------------------------------------------------
+
+def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> schemas.Audit:
+    _require_admin(principal)
+    with ctx.sessions() as session, session.begin():
+        if dataset_id is not None:
+            datasets = [_dataset(session, principal, dataset_id, admin=True)]
+        else:
+            datasets = list(session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id)
+                                            .order_by(db.Dataset.created_at)))
+        events, valid = [], True
+        for dataset in datasets:
+            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
+                                           .order_by(db.LedgerEntry.seq)))
+            valid &= verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head)
+            events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=json.loads(e.record),
+                                          prev_hash=e.prev_hash, hash=e.hash) for e in entries]
+        return schemas.Audit(events=events, chain_valid=valid, budgets=[_budget_view(d) for d in datasets])
+
+
+def verify_audit(ctx: ServiceContext) -> dict:
+    """Recompute everything from the stored log: the hash chain of every dataset, each record's ε from its
+    dp_event, and the per-example budget vector from the records' coverage files. Any mismatch is reported."""
+    from labels_party.ledger import event_epsilon, event_from_dict
+
+    report = {"datasets": [], "valid": True}
+    with ctx.sessions() as session, session.begin():
+        for dataset in session.scalars(select(db.Dataset).order_by(db.Dataset.created_at)):
+            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
+                                           .order_by(db.LedgerEntry.seq)))
+            problems = []
+            if not verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head):
+                problems.append("hash chain broken")
+            spent = np.zeros(dataset.registry_size)
+            for entry in entries:
+                record = json.loads(entry.record)
+                epsilon = event_epsilon(event_from_dict(record["dp_event"]))
+                if epsilon > record["charge"] * (1 + 1e-9):
+                    problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
+                coverage = ctx.store.read_array(record["coverage"]["file"])
+                if hashlib.sha256(coverage.tobytes()).hexdigest() != record["coverage"]["sha256"]:
+                    problems.append(f"seq {entry.seq}: coverage file does not match its hash")
+                spent[coverage] += record["charge"]
+                if session.get(db.Release, record["release_id"]) is None:
+                    problems.append(f"seq {entry.seq}: release {record['release_id']} missing")
+            stored = ctx.ledger.spent_vector(dataset)
+            if not np.allclose(spent, stored, rtol=0, atol=1e-12):
+                problems.append("per-example budget vector differs from the ledger")
+            if spent.size and spent.max() > dataset.epsilon_total + 1e-9:
+                problems.append("an example exceeds the dataset's total budget")
+            releases = session.scalar(select(db.func.count()).select_from(db.Release)
+                                      .where(db.Release.dataset_id == dataset.id))
+            if releases != len(entries):
+                problems.append(f"{releases} releases but {len(entries)} ledger entries")
+            report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(entries),
+                                       "epsilon_spent": float(spent.max()) if spent.size else 0.0,
+                                       "problems": problems})
+            report["valid"] &= not problems
+    return report

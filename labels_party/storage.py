@@ -1,0 +1,59 @@
+"""Files under the data directory: label versions, the example registry, per-example budget vectors and
+privatized labels. Every write goes to a temporary file that is fsynced and atomically renamed, and a file only
+counts once a committed database row points at it — a crash leaves at worst an unreferenced file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class DataStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def _atomic(self, relative: str, write) -> str:
+        target = self.path(relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        write(temporary)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return relative
+
+    def write_table(self, relative: str, table: pa.Table) -> str:
+        return self._atomic(relative, lambda p: pq.write_table(table, p, compression="zstd"))
+
+    def read_table(self, relative: str, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(self.path(relative), columns=columns)
+
+    def write_array(self, relative: str, array: np.ndarray) -> str:
+        def write(p):
+            with open(p, "wb") as handle:
+                np.save(handle, array)
+        return self._atomic(relative, write)
+
+    def read_array(self, relative: str) -> np.ndarray:
+        return np.load(self.path(relative))
+
+    def remove(self, relative: str) -> None:
+        try:
+            self.path(relative).unlink()
+        except FileNotFoundError:
+            pass

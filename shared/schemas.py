@@ -1,0 +1,149 @@
+"""Wire schemas shared by the labels-party service and its clients (pydantic v2).
+
+Field names here are the public contract: a created dataset and a release have ``id``; a release has
+``epsilon`` and ``certified_epsilon``; a budget has ``epsilon_total``, ``epsilon_spent``, ``epsilon_remaining``;
+the audit has ``events`` and ``chain_valid``; errors are ``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LabelKind = Literal["finite", "integer", "continuous", "classes"]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def _finite_positive(value: float, name: str) -> float:
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite")
+    return value
+
+
+class DatasetCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    label_kind: LabelKind
+    values: list[float] | None = Field(default=None, max_length=100_000)
+    min: float | None = None
+    max: float | None = None
+    num_classes: int | None = Field(default=None, ge=2, le=100_000)
+    grid_size: int | None = Field(default=None, ge=2, le=10_000)
+    epsilon_total: float
+    allow_central_training: bool = False
+
+    @field_validator("epsilon_total")
+    @classmethod
+    def _epsilon_total(cls, value: float) -> float:
+        return _finite_positive(value, "epsilon_total")
+
+    @model_validator(mode="after")
+    def _domain_fields(self) -> DatasetCreate:
+        needed = {"finite": ("values",), "integer": ("min", "max"), "continuous": ("min", "max"),
+                  "classes": ("num_classes",)}[self.label_kind]
+        for name in needed:
+            if getattr(self, name) is None:
+                raise ValueError(f"label_kind {self.label_kind!r} needs {name!r}")
+        return self
+
+
+class Dataset(BaseModel):
+    id: str
+    name: str
+    label_kind: LabelKind
+    domain: dict[str, Any]
+    epsilon_total: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    num_examples: int
+    label_version: int
+    created_at: datetime
+
+
+class UploadResult(BaseModel):
+    dataset_id: str
+    label_version: int
+    num_examples: int
+    new_examples: int
+
+
+class GrantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    org: str = Field(min_length=1, max_length=200)
+
+
+class Grant(BaseModel):
+    dataset_id: str
+    org: str
+
+
+class ReleaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mechanism: str
+    epsilon: float
+    prior_epsilon: float | None = None
+    prior_noise: Literal["laplace", "discrete-laplace"] = "laplace"
+    mesh: int | None = Field(default=None, ge=2, le=5000)
+    clip: bool = False
+    variant: Literal["discrete", "continuous"] | None = None
+    example_ids: list[str] | None = Field(default=None, min_length=1)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon(cls, value: float) -> float:
+        return _finite_positive(value, "epsilon")
+
+    @field_validator("prior_epsilon")
+    @classmethod
+    def _prior_epsilon(cls, value: float | None) -> float | None:
+        return None if value is None else _finite_positive(value, "prior_epsilon")
+
+
+class Release(BaseModel):
+    id: str
+    dataset_id: str
+    mechanism: str
+    epsilon: float
+    certified_epsilon: float
+    prior_epsilon: float
+    randomizer_epsilon: float
+    num_examples: int
+    label_version: int
+    created_at: datetime
+    idempotency_key: str
+    description: dict[str, Any]
+    noisy_prior: dict[str, Any] | None = None
+
+
+class Budget(BaseModel):
+    dataset_id: str
+    epsilon_total: float
+    epsilon_spent: float
+    epsilon_remaining: float
+
+
+class AuditEvent(BaseModel):
+    seq: int
+    dataset_id: str
+    record: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class Audit(BaseModel):
+    events: list[AuditEvent]
+    chain_valid: bool
+    budgets: list[Budget]
