@@ -9,7 +9,6 @@ import uuid
 from datetime import datetime, timezone
 
 from sqlalchemy import (
-    func,
     Boolean,
     DateTime,
     Float,

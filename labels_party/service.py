@@ -17,19 +17,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from sqlalchemy import select
+from dp_accounting import dp_event
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import db
 from labels_party.auth import Principal
-from labels_party.ledger import BudgetLedger, canonical, mechanism_dp_event, prior_dp_event, event_to_dict, \
-    verify_chain
+from labels_party.ledger import BudgetLedger, canonical, event_to_dict, mechanism_dp_event, prior_dp_event, verify_chain
 from labels_party.mechanisms import MechanismOptions
 from labels_party.pipeline import os_entropy_rng, privatize_labels
 from labels_party.storage import DataStore
 from labels_party.uploads import parse_labels
-from dp_accounting import dp_event
 from shared import schemas
 from shared.domains import domain_from_spec, domain_spec
 from shared.errors import LabelDPError
@@ -399,7 +398,7 @@ def verify_audit(ctx: ServiceContext) -> dict:
                 problems.append("per-example budget vector differs from the ledger")
             if spent.size and spent.max() > dataset.epsilon_total + 1e-9:
                 problems.append("an example exceeds the dataset's total budget")
-            releases = session.scalar(select(db.func.count()).select_from(db.Release)
+            releases = session.scalar(select(func.count()).select_from(db.Release)
                                       .where(db.Release.dataset_id == dataset.id))
             if releases != len(entries):
                 problems.append(f"{releases} releases but {len(entries)} ledger entries")

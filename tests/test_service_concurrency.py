@@ -1,0 +1,61 @@
+"""50 concurrent releases against a budget that admits 10, on a real uvicorn server (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from conftest import running_server
+
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.service import make_context, verify_audit
+
+
+def _setup(base: str, admin: str, epsilon_total: float, n: int = 400) -> str:
+    headers = {"Authorization": f"Bearer {admin}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+        dataset = client.post("/v1/datasets", json={"name": "hours", "label_kind": "integer", "min": 0,
+                                                    "max": 99, "epsilon_total": epsilon_total}).json()["id"]
+        labels = np.random.default_rng(0).integers(0, 100, size=n)
+        body = "example_id,label\n" + "\n".join(f"x{i},{v}" for i, v in enumerate(labels))
+        assert client.put(f"/v1/datasets/{dataset}/labels", content=body,
+                          headers={"Content-Type": "text/csv"}).status_code == 200
+        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner"}).status_code == 201
+    return dataset
+
+
+@pytest.mark.parametrize("mechanism", ["rr", "opt-unbiased"])
+def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mechanism):
+    ctx = make_context(database_url, tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        admin = create_key(session, "owner", "admin")
+        consumer = create_key(session, "partner", "consumer")
+    with running_server(create_app(ctx)) as base:
+        dataset = _setup(base, admin, epsilon_total=1.0)
+        body = {"mechanism": mechanism, "epsilon": 0.1}
+        if mechanism == "opt-unbiased":
+            body["mesh"] = 20
+
+        def attempt(i: int) -> httpx.Response:
+            with httpx.Client(base_url=base, timeout=120) as client:
+                return client.post(f"/v1/datasets/{dataset}/releases", json=body,
+                                   headers={"Authorization": f"Bearer {consumer}", "Idempotency-Key": f"k{i}"})
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            responses = list(pool.map(attempt, range(50)))
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses.count(201) == 10, statuses
+        assert statuses.count(409) == 40
+        assert {r.json()["error"]["code"] for r in responses if r.status_code == 409} == {"budget_exceeded"}
+        charged = sum(r.json()["epsilon"] for r in responses if r.status_code == 201)
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin}"}) as client:
+            budget = client.get(f"/v1/datasets/{dataset}/budget").json()
+            audit = client.get("/v1/audit", params={"dataset": dataset}).json()
+    assert budget["epsilon_spent"] == pytest.approx(charged, abs=1e-12)
+    assert budget["epsilon_spent"] == pytest.approx(1.0, abs=1e-9)
+    assert len(audit["events"]) == 10 and audit["chain_valid"]
+    assert sorted(e["seq"] for e in audit["events"]) == list(range(1, 11))
+    assert verify_audit(ctx)["valid"]

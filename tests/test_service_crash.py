@@ -1,0 +1,88 @@
+"""Crash safety: kill the real server process in the middle of a release, restart it, and check that the release
+either exists and is charged, or neither — and that a retry never re-noises or double-charges."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import free_port
+
+from labels_party.auth import create_key
+from labels_party.service import make_context, verify_audit
+
+
+def _start(database_url: str, data_dir, port: int, crash_at: str | None) -> subprocess.Popen:
+    env = {**os.environ, "LABELDP_CRASH_AT": crash_at or ""}
+    process = subprocess.Popen([sys.executable, "-m", "shared.cli", "labels", "serve", "--port", str(port),
+                                "--database-url", database_url, "--data-dir", str(data_dir)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("server did not start: " + process.stderr.read().decode()[-2000:])
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.mark.parametrize("crash_at", ["before_commit", "after_commit"])
+def test_release_survives_a_crash_all_or_nothing(database_url, tmp_path, crash_at):
+    data_dir = tmp_path / "data"
+    ctx = make_context(database_url, data_dir)
+    with ctx.sessions() as session, session.begin():
+        admin = create_key(session, "owner", "admin")
+    headers = {"Authorization": f"Bearer {admin}"}
+    port = free_port()
+    server = _start(database_url, data_dir, port, crash_at)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        dataset = httpx.post(f"{base}/v1/datasets", headers=headers, json={
+            "name": "visits", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2.0}).json()["id"]
+        body = "example_id,label\n" + "\n".join(f"p{i},{i % 10}" for i in range(300))
+        assert httpx.put(f"{base}/v1/datasets/{dataset}/labels", content=body,
+                         headers={**headers, "Content-Type": "text/csv"}).status_code == 200
+        release = {"mechanism": "opt-unbiased", "epsilon": 1.0, "mesh": 20}
+        with pytest.raises(httpx.TransportError):  # the server dies mid-request
+            httpx.post(f"{base}/v1/datasets/{dataset}/releases", json=release,
+                       headers={**headers, "Idempotency-Key": "retry-me"}, timeout=60)
+        assert server.wait(timeout=30) == 70
+    finally:
+        _stop(server)
+
+    server = _start(database_url, data_dir, port, None)
+    try:
+        budget = httpx.get(f"{base}/v1/datasets/{dataset}/budget", headers=headers).json()
+        events = httpx.get(f"{base}/v1/audit", params={"dataset": dataset}, headers=headers).json()["events"]
+        if crash_at == "before_commit":
+            assert budget["epsilon_spent"] == 0.0 and events == []
+        else:
+            assert budget["epsilon_spent"] == 1.0 and len(events) == 1
+        retry = httpx.post(f"{base}/v1/datasets/{dataset}/releases", json=release,
+                           headers={**headers, "Idempotency-Key": "retry-me"}, timeout=60)
+        assert retry.status_code == (201 if crash_at == "before_commit" else 200)
+        if crash_at == "after_commit":
+            assert retry.json()["id"] == events[0]["record"]["release_id"]  # the stored release, not a new draw
+        first = httpx.get(f"{base}/v1/releases/{retry.json()['id']}/labels", headers=headers).text
+        again = httpx.post(f"{base}/v1/datasets/{dataset}/releases", json=release,
+                           headers={**headers, "Idempotency-Key": "retry-me"}, timeout=60)
+        assert again.status_code == 200 and again.json()["id"] == retry.json()["id"]
+        assert httpx.get(f"{base}/v1/releases/{again.json()['id']}/labels", headers=headers).text == first
+        assert httpx.get(f"{base}/v1/datasets/{dataset}/budget", headers=headers).json()["epsilon_spent"] == 1.0
+    finally:
+        _stop(server)
+    assert verify_audit(make_context(database_url, data_dir))["valid"]
