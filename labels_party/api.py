@@ -45,6 +45,38 @@ def _error(status: int, code: str, message: str, **extra) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class BodyLimit:
+    """Refuse bodies over the limit (413) whether or not they declare a Content-Length. Label uploads get the
+    large limit; every other request is JSON and gets a small one."""
+
+    def __init__(self, app, *, json_limit: int, upload_limit: int):
+        self.app, self.json_limit, self.upload_limit = app, json_limit, upload_limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        upload = scope["method"] == "PUT" and scope["path"].endswith("/labels")
+        limit = self.upload_limit if upload else self.json_limit
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            response = _error(413, "body_too_large", f"request body over {limit} bytes")
+            return await response(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # Routes that parse JSON wrap this in a generic 400; the flag lets the handler say 413.
+                    scope.setdefault("state", {})["body_too_large"] = True
+                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+            return message
+
+        return await self.app(scope, limited_receive, send)
+
+
 def _principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     with request.app.state.ctx.sessions() as session, session.begin():
         return authenticate(session, authorization)
@@ -56,6 +88,7 @@ Auth = Annotated[Principal, Depends(_principal)]
 def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastAPI:
     app = FastAPI(title="labeldp labels party", version="1", docs_url="/docs", openapi_url="/openapi.json")
     app.state.ctx = ctx
+    app.add_middleware(BodyLimit, json_limit=MAX_JSON_BYTES, upload_limit=max_upload_bytes)
 
     @app.exception_handler(LabelDPError)
     async def _labeldp_error(_request, err: LabelDPError):
@@ -69,7 +102,9 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
         return _error(422, "invalid_request", f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request, err: StarletteHTTPException):
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        if getattr(request.state, "body_too_large", False):
+            return _error(413, "body_too_large", "request body too large")
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
         return _error(err.status_code, code, str(err.detail))
 
@@ -77,14 +112,6 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
     async def _internal_error(_request, err: Exception):
         log.exception("internal error")
         return _error(500, "internal_error", "internal error; the operation did not complete")
-
-    @app.middleware("http")
-    async def _limit_json_bodies(request: Request, call_next):
-        length = request.headers.get("content-length")
-        limit = max_upload_bytes if request.url.path.endswith("/labels") else MAX_JSON_BYTES
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return _error(413, "body_too_large", f"request body over {limit} bytes")
-        return await call_next(request)
 
     @app.get("/healthz")
     def healthz() -> dict:
