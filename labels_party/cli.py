@@ -26,7 +26,7 @@ def register(commands) -> None:
                        help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list")
     solve.add_argument("--prior-file", help="CSV with columns label,weight (a known prior; no ε spent). "
                                             "Default: uniform over the labels")
-    solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 4|Y|)")
+    solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 2|Y|)")
     solve.add_argument("--variant", choices=("discrete", "continuous"), help="laplace/staircase noise variant")
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")

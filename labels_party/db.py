@@ -28,6 +28,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """SQLite drops the offset of timezone-aware timestamps; every stored time is UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 

@@ -80,7 +80,8 @@ def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
         epsilon_total=dataset.epsilon_total, epsilon_spent=dataset.epsilon_spent,
         epsilon_remaining=max(0.0, dataset.epsilon_total - dataset.epsilon_spent),
-        num_examples=dataset.num_examples, label_version=dataset.label_version, created_at=dataset.created_at)
+        num_examples=dataset.num_examples, label_version=dataset.label_version,
+        created_at=db.as_utc(dataset.created_at))
 
 
 # -- datasets ---------------------------------------------------------------------------------------------------
@@ -202,7 +203,7 @@ def release_view(release: db.Release) -> schemas.Release:
         id=release.id, dataset_id=release.dataset_id, mechanism=release.mechanism, epsilon=release.epsilon,
         certified_epsilon=release.certified_epsilon, prior_epsilon=release.prior_epsilon,
         randomizer_epsilon=release.randomizer_epsilon, num_examples=release.num_examples,
-        label_version=release.label_version, created_at=release.created_at,
+        label_version=release.label_version, created_at=db.as_utc(release.created_at),
         idempotency_key=release.idempotency_key, description=json.loads(release.description_json),
         noisy_prior=json.loads(release.prior_json) if release.prior_json else None)
 

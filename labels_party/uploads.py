@@ -71,7 +71,7 @@ def parse_labels(path: Path, fmt: str, domain) -> tuple[pa.ChunkedArray, np.ndar
             check_labels(domain, values)
             id_chunks.append(ids)
             label_chunks.append(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
+    except (pa.ArrowException, OSError) as err:  # any Arrow parse/convert/missing-column failure
         message = str(err).splitlines()[0][:300]
         raise LabelDPError(f"cannot parse the {fmt} body: {message}", code="malformed_file") from None
     if not id_chunks or sum(len(c) for c in id_chunks) == 0:

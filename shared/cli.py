@@ -16,11 +16,13 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # The composition root imports both parties; nothing else in shared/ does.
+    from features_party import cli as features_cli
     from labels_party import cli as labels_cli
 
     parser = _Parser(prog="labeldp", description="Label differential privacy for two-party training.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     labels_cli.register(commands)
+    features_cli.register(commands)
     return parser
 
 

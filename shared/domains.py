@@ -195,6 +195,9 @@ def domain_from_spec(spec: dict):
 
 def domain_spec(kind: str, *, values=None, low=None, high=None, num_classes=None, grid_size=None) -> dict:
     """The canonical stored description of a dataset's label domain (validated by building it)."""
+    for bound in (low, high):
+        if bound is not None and not math.isfinite(bound):
+            raise LabelDPError("label bounds must be finite numbers", code="invalid_domain")
     if kind == "finite":
         spec = {"kind": "finite", "values": [float(v) for v in values]}
     elif kind == "integer":

@@ -115,7 +115,8 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
 
 def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = None, outputs=None,
                            solver: str = "choose") -> FiniteRandomizer:
-    """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 4|Y|) or on explicit ``outputs``."""
+    """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 2|Y| — the number of outputs Theorem 6
+    says suffice) or on explicit ``outputs``."""
     epsilon = check_epsilon(epsilon)
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
@@ -124,7 +125,7 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
         return FiniteRandomizer.from_probabilities("opt-unbiased", epsilon, values, values, np.ones((1, 1)),
                                                    {"mesh": 1})
     if outputs is None:
-        mesh = 4 * values.size if mesh is None else mesh
+        mesh = 2 * values.size if mesh is None else mesh
         outputs = feasible_output_set(values, lp_epsilon, mesh)
     outputs = np.asarray(outputs, dtype=np.float64)
     if (values.size + 1) * outputs.size > MAX_LP_VARIABLES:

@@ -1,0 +1,65 @@
+"""Features-party subcommands: ``labeldp features serve``, ``labeldp predict``, ``labeldp demo``."""
+
+from __future__ import annotations
+
+import os
+
+from shared.errors import LabelDPError
+
+
+def register(commands) -> None:
+    features = commands.add_parser("features", help="run the features-party trainer service")
+    actions = features.add_subparsers(dest="action", required=True, parser_class=type(features))
+    serve = actions.add_parser("serve", help="start the trainer HTTP service")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8701)
+    serve.add_argument("--data-dir", default=None, help="default: $LABELDP_TRAINER_DIR or var/trainer")
+    serve.set_defaults(handler=serve_command)
+
+    predict = commands.add_parser("predict", help="predict with a saved model")
+    predict.add_argument("--model", required=True, help="model .npz written by a training job")
+    predict.add_argument("--features", required=True, help="features CSV with an example_id column")
+    predict.add_argument("--out", required=True, help="output CSV (example_id, prediction[, p_class_k...])")
+    predict.set_defaults(handler=predict_command)
+
+    demo = commands.add_parser("demo", help="the two-party demo on real data (both services over HTTP)")
+    demo.add_argument("--out", default="demo-output")
+    demo.add_argument("--epsilons", default="0.5,1,2,4")
+    demo.add_argument("--quick", action="store_true", help="fewer epochs and examples (tests)")
+    demo.set_defaults(handler=demo_command)
+
+
+def serve_command(args) -> int:
+    import logging
+
+    import uvicorn
+
+    from features_party.api import create_app
+    from features_party.train import device_summary
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("labeldp.features").info("JAX devices: %s", device_summary())
+    data_dir = args.data_dir or os.environ.get("LABELDP_TRAINER_DIR") or "var/trainer"
+    uvicorn.run(create_app(data_dir), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def predict_command(args) -> int:
+    from features_party.features import read_features
+    from features_party.jobs import predictions_frame
+
+    if not os.path.exists(args.model):
+        raise LabelDPError(f"model file not found: {args.model}", code="not_found")
+    if not os.path.exists(args.features):
+        raise LabelDPError(f"features file not found: {args.features}", code="not_found")
+    frame = predictions_frame(args.model, read_features(args.features))
+    frame.to_csv(args.out, index=False)
+    print(f"wrote {len(frame)} predictions to {args.out}")
+    return 0
+
+
+def demo_command(args) -> int:
+    from features_party.demo import run_demo
+
+    run_demo(args.out, [float(e) for e in args.epsilons.split(",")], quick=args.quick)
+    return 0

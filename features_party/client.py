@@ -1,0 +1,142 @@
+"""Typed httpx client for the labels-party API, used by the features party (and by the demo as the owner).
+
+Releases are retried on connection errors and 5xx with the *same* Idempotency-Key, so a retry can never
+produce a second draw of noisy labels or a second charge. 401/403/409 become specific exceptions.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from collections.abc import Iterable
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shared import schemas
+
+
+class LabelsPartyError(Exception):
+    def __init__(self, status: int, code: str, message: str, body: dict | None = None):
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.body = status, code, message, body or {}
+
+
+class Unauthorized(LabelsPartyError):
+    pass
+
+
+class Forbidden(LabelsPartyError):
+    pass
+
+
+class Conflict(LabelsPartyError):
+    pass
+
+
+class BudgetExceeded(Conflict):
+    @property
+    def epsilon_remaining(self) -> float | None:
+        return self.body.get("error", {}).get("epsilon_remaining")
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+        code, message = body["error"]["code"], body["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        body, code, message = {}, "http_error", response.text[:200]
+    cls = {401: Unauthorized, 403: Forbidden}.get(response.status_code, LabelsPartyError)
+    if response.status_code == 409:
+        cls = BudgetExceeded if code == "budget_exceeded" else Conflict
+    raise cls(response.status_code, code, message, body)
+
+
+class LabelsPartyClient:
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 300.0, retries: int = 4,
+                 backoff: float = 0.5, transport: httpx.BaseTransport | None = None):
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
+                                  headers={"Authorization": f"Bearer {api_key}"})
+        self.retries, self.backoff = retries, backoff
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> LabelsPartyClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, url: str, *, retry: bool, **kwargs) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(method, url, **kwargs)
+                if response.status_code < 500 or not retry or attempt >= self.retries:
+                    _raise_for(response)
+                    return response
+            except httpx.TransportError:
+                if not retry or attempt >= self.retries:
+                    raise
+            attempt += 1
+            time.sleep(self.backoff * 2 ** (attempt - 1))
+
+    # -- owner operations ----------------------------------------------------------------------------------------
+    def create_dataset(self, **fields) -> schemas.Dataset:
+        body = schemas.DatasetCreate(**fields).model_dump(exclude_none=True)
+        return schemas.Dataset(**self._request("POST", "/v1/datasets", json=body, retry=False).json())
+
+    def upload_labels(self, dataset_id: str, example_ids: Iterable, labels: Iterable) -> schemas.UploadResult:
+        table = pa.table({"example_id": pa.array([str(i) for i in example_ids]), "label": pa.array(labels,
+                                                                                                   pa.float64())})
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        response = self._request("PUT", f"/v1/datasets/{dataset_id}/labels", content=sink.getvalue(),
+                                 headers={"Content-Type": "application/vnd.apache.parquet"}, retry=True)
+        return schemas.UploadResult(**response.json())
+
+    def grant(self, dataset_id: str, org: str) -> schemas.Grant:
+        return schemas.Grant(**self._request("POST", f"/v1/datasets/{dataset_id}/grants", json={"org": org},
+                                             retry=True).json())
+
+    def audit(self, dataset_id: str | None = None) -> schemas.Audit:
+        params = {"dataset": dataset_id} if dataset_id else None
+        return schemas.Audit(**self._request("GET", "/v1/audit", params=params, retry=True).json())
+
+    # -- consumer operations ----------------------------------------------------------------------------------
+    def budget(self, dataset_id: str) -> schemas.Budget:
+        return schemas.Budget(**self._request("GET", f"/v1/datasets/{dataset_id}/budget", retry=True).json())
+
+    def request_release(self, dataset_id: str, request: schemas.ReleaseRequest | dict, *,
+                        idempotency_key: str | None = None) -> schemas.Release:
+        body = request if isinstance(request, schemas.ReleaseRequest) else schemas.ReleaseRequest(**request)
+        key = idempotency_key or uuid.uuid4().hex  # one key for every retry of this logical request
+        response = self._request("POST", f"/v1/datasets/{dataset_id}/releases",
+                                 json=body.model_dump(exclude_none=True), headers={"Idempotency-Key": key},
+                                 retry=True)
+        return schemas.Release(**response.json())
+
+    def download_labels(self, release_id: str) -> pa.Table:
+        """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""
+        attempt = 0
+        while True:
+            try:
+                with self._http.stream("GET", f"/v1/releases/{release_id}/labels",
+                                       headers={"Accept": "application/vnd.apache.parquet"}) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        _raise_for(response)
+                    buffer = io.BytesIO()
+                    for chunk in response.iter_bytes():
+                        buffer.write(chunk)
+                return pq.read_table(io.BytesIO(buffer.getvalue()))
+            except (httpx.TransportError, LabelsPartyError) as err:
+                if isinstance(err, LabelsPartyError) and err.status < 500 or attempt >= self.retries:
+                    raise
+                attempt += 1
+                time.sleep(self.backoff * 2 ** (attempt - 1))

@@ -1,0 +1,94 @@
+"""Feature tables and their preprocessing (fitted on training features only; saved with the model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from shared.errors import LabelDPError
+
+ID = "example_id"
+
+
+def read_features(path: str | Path) -> pd.DataFrame:
+    """A features CSV with an ``example_id`` column and unique ids."""
+    try:
+        frame = pd.read_csv(path, dtype={ID: str}, keep_default_na=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise LabelDPError(f"cannot parse features file: {str(err).splitlines()[0]}", code="malformed_file") from None
+    return check_features(frame)
+
+
+def check_features(frame: pd.DataFrame) -> pd.DataFrame:
+    if ID not in frame.columns:
+        raise LabelDPError(f"features need an {ID!r} column", code="malformed_file")
+    if frame[ID].isna().any():
+        raise LabelDPError("an example_id is missing", code="malformed_file")
+    frame = frame.assign(**{ID: frame[ID].astype(str)})
+    duplicated = frame[ID].duplicated()
+    if duplicated.any():
+        raise LabelDPError(f"duplicate example_id {frame[ID][duplicated].iloc[0]!r} in features",
+                           code="duplicate_example_id")
+    return frame.set_index(ID, drop=False)
+
+
+@dataclass(frozen=True)
+class Preprocessor:
+    """Standardize numeric columns; map categorical values to 1..V (0 = unseen)."""
+
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    means: tuple[float, ...] = ()
+    stds: tuple[float, ...] = ()
+    vocabularies: tuple[tuple[str, ...], ...] = field(default=())
+
+    @classmethod
+    def fit(cls, frame: pd.DataFrame, numeric, categorical) -> Preprocessor:
+        numeric, categorical = tuple(numeric), tuple(categorical)
+        missing = [c for c in numeric + categorical if c not in frame.columns]
+        if missing:
+            raise LabelDPError(f"feature columns not in the features file: {missing}", code="malformed_file")
+        values = _numeric(frame, numeric)
+        means = values.mean(axis=0) if len(frame) else np.zeros(len(numeric))
+        stds = values.std(axis=0) if len(frame) else np.ones(len(numeric))
+        vocabularies = tuple(tuple(sorted(frame[c].astype(str).unique())) for c in categorical)
+        return cls(numeric, categorical, tuple(float(m) for m in means),
+                   tuple(float(s) if s > 0 else 1.0 for s in stds), vocabularies)
+
+    @property
+    def vocab_sizes(self) -> tuple[int, ...]:
+        return tuple(len(v) + 1 for v in self.vocabularies)
+
+    def transform(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        missing = [c for c in self.numeric + self.categorical if c not in frame.columns]
+        if missing:
+            raise LabelDPError(f"feature columns missing: {missing}", code="malformed_file")
+        numeric = (_numeric(frame, self.numeric) - np.array(self.means)) / np.array(self.stds)
+        categorical = np.zeros((len(frame), len(self.categorical)), dtype=np.int32)
+        for i, (column, vocabulary) in enumerate(zip(self.categorical, self.vocabularies, strict=True)):
+            lookup = {value: j + 1 for j, value in enumerate(vocabulary)}
+            categorical[:, i] = frame[column].astype(str).map(lookup).fillna(0).to_numpy(dtype=np.int32)
+        return numeric.astype(np.float32), categorical
+
+    def to_dict(self) -> dict:
+        return {"numeric": list(self.numeric), "categorical": list(self.categorical), "means": list(self.means),
+                "stds": list(self.stds), "vocabularies": [list(v) for v in self.vocabularies]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Preprocessor:
+        return cls(tuple(data["numeric"]), tuple(data["categorical"]), tuple(data["means"]), tuple(data["stds"]),
+                   tuple(tuple(v) for v in data["vocabularies"]))
+
+
+def _numeric(frame: pd.DataFrame, columns) -> np.ndarray:
+    if not columns:
+        return np.zeros((len(frame), 0))
+    values = frame[list(columns)].apply(pd.to_numeric, errors="coerce")
+    bad = values.isna().any()
+    if bad.any():
+        raise LabelDPError(f"non-numeric or missing values in numeric column(s) {list(bad[bad].index)}",
+                           code="malformed_file")
+    return values.to_numpy(dtype=np.float64)
