@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: $(STAMP)
-	$(PY) bench/mechanism_table.py
+	$(VENV)/bin/labeldp demo --out demo-output
 
 test: $(STAMP)
 	$(PY) -m pytest -q

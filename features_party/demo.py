@@ -236,7 +236,10 @@ def _plot(out: Path, frame: pd.DataFrame, baseline: float) -> None:
     left.axhline(baseline, color="black", linestyle="--", label="non-private")
     left.set(xscale="log", xlabel="ε", ylabel="test MSE", title="Test loss vs ε (Ecdat HI, hours/week)")
     right.set(xscale="log", yscale="log", xlabel="ε", ylabel="noisy-label MSE", title="Noisy-label loss vs ε")
+    epsilons = sorted(frame["epsilon"].unique())
     for axis in (left, right):
+        axis.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        axis.minorticks_off()
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.tight_layout()

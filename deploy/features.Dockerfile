@@ -1,0 +1,13 @@
+# The features-party trainer service (FastAPI + JAX). For a GPU host build with: pip install ".[gpu]".
+# Data directory from the environment: LABELDP_TRAINER_DIR (see deploy/features.env.example).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY labels_party ./labels_party
+COPY features_party ./features_party
+RUN pip install --no-cache-dir .
+RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
+USER labeldp
+EXPOSE 8701
+CMD ["labeldp", "features", "serve", "--host", "0.0.0.0", "--port", "8701"]

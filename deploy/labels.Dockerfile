@@ -1,0 +1,13 @@
+# The labels-party service (FastAPI + uvicorn). Database and data directory come from the environment:
+# LABELDP_DATABASE_URL, LABELDP_DATA_DIR (see deploy/labels.env.example).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY labels_party ./labels_party
+COPY features_party ./features_party
+RUN pip install --no-cache-dir .
+RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
+USER labeldp
+EXPOSE 8700
+CMD ["labeldp", "labels", "serve", "--host", "0.0.0.0", "--port", "8700"]
