@@ -3,6 +3,7 @@ party, follow their progress, download models and predictions."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import uuid
@@ -78,8 +79,14 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 
 def create_app(data_dir: str | Path) -> FastAPI:
-    app = FastAPI(title="labeldp features party (trainer)", version="1")
     state = TrainerState(Path(data_dir))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        state.executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="labeldp features party (trainer)", version="1", lifespan=lifespan)
     app.state.trainer = state
 
     @app.exception_handler(LabelDPError)
@@ -176,9 +183,5 @@ def create_app(data_dir: str | Path) -> FastAPI:
             raise LabelDPError(f"job is {job.status}, no model", code="job_not_ready")
         frame = predictions_frame(job.model_path, state.load_features(job.request["features"]))
         return {"example_ids": frame["example_id"].tolist(), "predictions": frame["prediction"].tolist()}
-
-    @app.on_event("shutdown")
-    def _shutdown() -> None:
-        state.executor.shutdown(wait=False, cancel_futures=True)
 
     return app

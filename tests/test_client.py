@@ -1,0 +1,93 @@
+"""The features party's httpx client against a real labels-party server: retries keep the Idempotency-Key (a lost
+response never causes a second draw or charge), and 401/403/409 raise specific exceptions."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from conftest import running_server
+
+from features_party.client import BudgetExceeded, Conflict, Forbidden, LabelsPartyClient, Unauthorized
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.service import make_context
+
+
+class FaultInjector(httpx.HTTPTransport):
+    """Forwards to the real server but injects failures: 'refuse' (connection error before the request),
+    'lose' (the server handles the request, then the response is lost), '503' (a proxy answers 503)."""
+
+    def __init__(self, faults: list[str]):
+        super().__init__()
+        self.faults = faults
+        self.keys: list[str | None] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.keys.append(request.headers.get("Idempotency-Key"))
+        fault = self.faults.pop(0) if self.faults else None
+        if fault == "refuse":
+            raise httpx.ConnectError("injected", request=request)
+        if fault == "503":
+            return httpx.Response(503, json={"error": {"code": "unavailable", "message": "injected"}})
+        response = super().handle_request(request)
+        if fault == "lose":
+            response.read()
+            response.close()
+            raise httpx.ReadError("injected: response lost", request=request)
+        return response
+
+
+@pytest.fixture()
+def service(tmp_path):
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        keys = {"admin": create_key(session, "office", "admin"), "partner": create_key(session, "pub", "consumer"),
+                "stranger": create_key(session, "other", "consumer")}
+    with running_server(create_app(ctx)) as base:
+        with LabelsPartyClient(base, keys["admin"]) as owner:
+            dataset = owner.create_dataset(name="d", label_kind="integer", min=0, max=20, epsilon_total=1.5)
+            labels = np.random.default_rng(1).integers(0, 21, size=500)
+            owner.upload_labels(dataset.id, [f"id{i}" for i in range(500)], labels)
+            owner.grant(dataset.id, "pub")
+        yield base, keys, dataset.id, labels
+
+
+@pytest.mark.parametrize("faults", [["refuse"], ["503", "503"], ["lose"], ["lose", "refuse", "503"]])
+def test_retries_reuse_the_key_and_never_double_charge(service, faults):
+    base, keys, dataset, _ = service
+    transport = FaultInjector(list(faults))
+    with LabelsPartyClient(base, keys["partner"], transport=transport, backoff=0.01) as client:
+        release = client.request_release(dataset, {"mechanism": "rr", "epsilon": 1.0})
+        assert len(set(transport.keys)) == 1 and len(transport.keys) == len(faults) + 1
+        assert client.budget(dataset).epsilon_spent == pytest.approx(1.0)
+    with LabelsPartyClient(base, keys["admin"]) as owner:
+        assert len(owner.audit(dataset).events) == 1
+        assert owner.audit(dataset).events[0].record["release_id"] == release.id
+
+
+def test_download_returns_the_released_labels(service):
+    base, keys, dataset, labels = service
+    with LabelsPartyClient(base, keys["partner"]) as client:
+        release = client.request_release(dataset, {"mechanism": "laplace", "epsilon": 1.0})
+        table = client.download_labels(release.id)
+    assert table.num_rows == 500 and table.column("example_id").to_pylist()[:2] == ["id0", "id1"]
+    noisy = table.column("label").to_numpy()
+    assert not np.array_equal(noisy, labels)
+    assert abs(np.mean(noisy - labels)) < 5 * np.std(noisy - labels) / np.sqrt(500)
+
+
+def test_errors_become_specific_exceptions(service):
+    base, keys, dataset, _ = service
+    with LabelsPartyClient(base, "ldp_wrong_key") as client, pytest.raises(Unauthorized):
+        client.budget(dataset)
+    with LabelsPartyClient(base, keys["stranger"]) as client, pytest.raises(Forbidden):
+        client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.1})
+    with LabelsPartyClient(base, keys["partner"]) as client:
+        client.request_release(dataset, {"mechanism": "rr", "epsilon": 1.0}, idempotency_key="same")
+        with pytest.raises(Conflict) as conflict:
+            client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.2}, idempotency_key="same")
+        assert conflict.value.code == "idempotency_conflict"
+        with pytest.raises(BudgetExceeded) as exceeded:
+            client.request_release(dataset, {"mechanism": "rr", "epsilon": 1.0})
+        assert exceeded.value.epsilon_remaining == pytest.approx(0.5)
