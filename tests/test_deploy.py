@@ -76,7 +76,8 @@ def test_commands_ports_and_dockerfiles_match_the_code(name):
 
 
 def test_every_env_var_is_read_by_the_code_and_credentials_agree():
-    code = "\n".join(p.read_text() for d in ("labels_party", "features_party", "shared") for p in (ROOT / d).rglob("*.py"))
+    sources = [p for d in ("labels_party", "features_party", "shared") for p in (ROOT / d).rglob("*.py")]
+    code = "\n".join(p.read_text() for p in sources)
     for env_name in ("labels", "features"):
         for key in _env_example(env_name):
             assert key.startswith("LABELDP_") and f'"{key}"' in code, key
