@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from labels_party.mechanisms import MECHANISMS, MechanismOptions, build_mechanism, needs_prior
+from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
 from shared.domains import parse_label_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
@@ -27,6 +28,8 @@ def register(commands) -> None:
     solve.add_argument("--prior-file", help="CSV with columns label,weight (a known prior; no ε spent). "
                                             "Default: uniform over the labels")
     solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 2|Y|)")
+    solve.add_argument("--exact", action="store_true",
+                       help="opt-unbiased over continuous outputs (column generation) with a certified gap")
     solve.add_argument("--variant", choices=("discrete", "continuous"), help="laplace/staircase noise variant")
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")
@@ -75,10 +78,17 @@ def solve_command(args) -> int:
         raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
     prior = read_prior_file(args.prior_file, domain.values) if args.prior_file else \
         np.full(domain.size, 1.0 / domain.size)
-    options = MechanismOptions(mesh=args.mesh, clip=args.clip, variant=args.variant)
+    options = MechanismOptions(mesh=args.mesh, clip=args.clip, variant=args.variant, exact=args.exact)
     started = time.perf_counter()
-    mechanism = build_mechanism(args.mechanism, domain, epsilon, prior if needs_prior(args.mechanism) else None,
-                                options)
+    extra = {}
+    if args.exact and args.mechanism == "opt-unbiased" and args.mesh is None:
+        solution = solve_exact_optimal_unbiased(domain.values, prior, epsilon)
+        mechanism = solution.mechanism
+        extra = {"optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
+                 "iterations": solution.iterations}
+    else:
+        mechanism = build_mechanism(args.mechanism, domain, epsilon,
+                                    prior if needs_prior(args.mechanism) else None, options)
     seconds = time.perf_counter() - started
     report = {
         "mechanism": mechanism.name,
@@ -92,7 +102,8 @@ def solve_command(args) -> int:
         "prior": args.prior_file or "uniform",
     }
     if args.mechanism == "opt-unbiased":
-        report["mesh"] = mechanism.parameters["mesh"]
+        report["mesh"] = mechanism.parameters.get("mesh")
+    report.update(extra)
     if args.show_matrix:
         report["description"] = mechanism.describe()
     if args.json:

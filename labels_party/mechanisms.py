@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from labels_party.solvers.classification import rr_with_prior
+from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from shared.domains import Classes, ContinuousInterval, FiniteLabels
@@ -36,6 +37,7 @@ class MechanismOptions:
     mesh: int | None = None
     clip: bool = False
     variant: str | None = None
+    exact: bool = False  # opt-unbiased over continuous outputs by column generation (certified gap)
 
 
 def needs_prior(name: str) -> bool:
@@ -65,8 +67,10 @@ def build_mechanism(name: str, domain, epsilon: float, prior=None, options: Mech
     labels = support(domain)
     if needs_prior(name) and prior is None:
         raise LabelDPError(f"mechanism {name!r} needs a label prior", code="prior_required")
-    if options.mesh is not None and name != "opt-unbiased":
-        raise LabelDPError("mesh only applies to opt-unbiased", code="invalid_mesh")
+    if (options.mesh is not None or options.exact) and name != "opt-unbiased":
+        raise LabelDPError("mesh and exact only apply to opt-unbiased", code="invalid_mesh")
+    if options.mesh is not None and options.exact:
+        raise LabelDPError("choose either a mesh or exact, not both", code="invalid_mesh")
 
     if name in ADDITIVE:
         variant = options.variant or ("discrete" if isinstance(domain, FiniteLabels) and domain.is_integer
@@ -91,6 +95,8 @@ def build_mechanism(name: str, domain, epsilon: float, prior=None, options: Mech
         finite = debiased_randomized_response(labels.values, epsilon)
     elif name == "rr-on-bins":
         finite = solve_rr_on_bins(labels.values, prior, epsilon)
+    elif options.exact:
+        finite = solve_exact_optimal_unbiased(labels.values, prior, epsilon).mechanism
     else:
         finite = solve_optimal_unbiased(labels.values, prior, epsilon, mesh=options.mesh)
     return RoundedRandomizer(domain, finite) if isinstance(domain, ContinuousInterval) else finite

@@ -256,7 +256,7 @@ def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, r
     rows = _covered_rows(ctx, dataset, version_index, request.example_ids)
     labels = table.column("label").to_numpy()[rows]
     covered = version_index[rows]
-    options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant)
+    options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant, exact=request.exact)
     with ctx.sessions() as session, session.begin():  # fail fast before solving; re-checked under the lock
         remaining = ctx.ledger.remaining_for(session.get(db.Dataset, dataset_id), covered)
     if request.epsilon > remaining + 1e-9:

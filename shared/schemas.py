@@ -97,6 +97,7 @@ class ReleaseRequest(BaseModel):
     prior_epsilon: float | None = None
     prior_noise: Literal["laplace", "discrete-laplace"] = "laplace"
     mesh: int | None = Field(default=None, ge=2, le=5000)
+    exact: bool = False
     clip: bool = False
     variant: Literal["discrete", "continuous"] | None = None
     example_ids: list[str] | None = Field(default=None, min_length=1)

@@ -77,3 +77,9 @@ def test_bins_are_contiguous_and_outputs_increase():
     assert np.all(np.diff(bins) >= 0)
     assert np.all(np.diff(mechanism.output_values) > 0)
     assert len(list(itertools.groupby(bins))) == mechanism.num_outputs
+
+
+def test_a_prior_on_one_label_gives_one_output():
+    """Found by hypothesis: with all mass on one label, every split ties at loss 0; the fewest bins win."""
+    mechanism = solve_rr_on_bins([0.125, 1.125], [0.0, 1.0], 0.1)
+    assert mechanism.num_outputs == 1 and mechanism.output_values.tolist() == [1.125]

@@ -39,12 +39,12 @@ def feasible_output_set(values, epsilon: float, mesh: int) -> np.ndarray:
     return np.linspace(low, high, int(mesh))
 
 
-def _build_lp(values, prior, outputs, epsilon):
+def _build_lp(values, prior, outputs, epsilon, center=None, scale=None):
     """Columns: M[y, i] (y-major), then m_i. Rows: normalization (k), unbiasedness (k), lower DP (k n), upper
-    DP (k n). Unbiasedness and cost are centered/scaled for conditioning."""
+    DP (k n). Unbiasedness and cost are centered/scaled for conditioning (by the grid unless given)."""
     k, n = values.size, outputs.size
-    center = 0.5 * (outputs[0] + outputs[-1])
-    scale = max(0.5 * (outputs[-1] - outputs[0]), 1e-12)
+    center = 0.5 * (outputs[0] + outputs[-1]) if center is None else center
+    scale = max(0.5 * (outputs[-1] - outputs[0]), 1e-12) if scale is None else scale
     z = (outputs - center) / scale
     e = math.exp(epsilon)
     y_idx = np.repeat(np.arange(k), n)
@@ -72,6 +72,14 @@ def _build_lp(values, prior, outputs, epsilon):
                 row_lower=row_lower, row_upper=row_upper, starts=starts, indices=indices, values=coefficients)
 
 
+def solve_mesh_lp(values, prior, outputs, epsilon, *, center=0.0, scale=1.0, solver: str = "choose"):
+    """The raw mesh LP: (matrix |Y| x |outputs| with solver tolerance, row duals (α for normalization, β for
+    unbiasedness) in the coordinates (y - center) / scale with cost divided by scale²)."""
+    lp = solve_lp(**_build_lp(values, prior, outputs, epsilon, center, scale), solver=solver)
+    k = values.size
+    return lp.x[: k * outputs.size].reshape(k, outputs.size), lp.row_duals[: 2 * k]
+
+
 def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float, name: str,
                      parameters: dict) -> FiniteRandomizer:
     """Turn an LP solution (with tolerance) into an exactly normalized, unbiased, certified ε-DP randomizer."""
@@ -86,7 +94,9 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
     for i in np.flatnonzero(~keep & (column_max > 0)):
         right = np.searchsorted(outputs[kept], outputs[i])
         if right == 0 or right == kept.size:
-            keep[i] = True  # an extreme output has no neighbour beyond it; keep it
+            # An extreme dust output has no neighbour beyond it: move its (≤1e-9) mass to the nearest kept output;
+            # the small bias this creates is removed exactly in step 3.
+            matrix[:, kept[min(right, kept.size - 1)]] += matrix[:, i]
             continue
         a, b = kept[right - 1], kept[right]
         w = (outputs[b] - outputs[i]) / (outputs[b] - outputs[a])

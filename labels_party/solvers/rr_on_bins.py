@@ -56,7 +56,7 @@ def solve_rr_on_bins(values, prior, epsilon: float) -> FiniteRandomizer:
         best[0] = np.inf
         choices.append(choice)
         loss = best[k] / (e + m - 1)
-        if loss < best_loss * (1 - 1e-12):
+        if loss < best_loss * (1 - 1e-12) - 1e-15:  # ties (within rounding): fewer bins
             best_loss, best_m = loss, m
     # Backtrack the bins for best_m.
     bounds = [k]
