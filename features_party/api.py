@@ -14,17 +14,16 @@ from typing import Any
 import httpx
 import pandas as pd
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.features import Preprocessor, read_features
 from features_party.jobs import Job, predictions_frame, run_job
 from shared import schemas
 from shared.errors import LabelDPError
+from shared.http_errors import install_error_handlers
 
 log = logging.getLogger("labeldp.features")
 MAX_FEATURES_BYTES = 1 << 30
@@ -70,12 +69,7 @@ class TrainerState:
         return self.jobs[job_id]
 
 
-STATUS = {"not_found": 404, "budget_exceeded": 409, "idempotency_conflict": 409, "labels_party_unreachable": 502,
-          "unauthorized": 401, "forbidden": 403, "body_too_large": 413, "job_not_ready": 409}
-
-
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+STATUS = {"labels_party_unreachable": 502, "job_not_ready": 409}
 
 
 def create_app(data_dir: str | Path) -> FastAPI:
@@ -89,24 +83,7 @@ def create_app(data_dir: str | Path) -> FastAPI:
     app = FastAPI(title="labeldp features party (trainer)", version="1", lifespan=lifespan)
     app.state.trainer = state
 
-    @app.exception_handler(LabelDPError)
-    async def _labeldp_error(_request, err: LabelDPError):
-        return _error(STATUS.get(err.code, 400), err.code, str(err))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request, err: RequestValidationError):
-        first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error(422, "invalid_request", f"{where}: {first.get('msg')}")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request, err: StarletteHTTPException):
-        return _error(err.status_code, "not_found" if err.status_code == 404 else "http_error", str(err.detail))
-
-    @app.exception_handler(Exception)
-    async def _internal(_request, err: Exception):
-        log.exception("internal error")
-        return _error(500, "internal_error", "internal error")
+    install_error_handlers(app, STATUS, log)
 
     @app.get("/healthz")
     def healthz() -> dict:

@@ -17,10 +17,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fastapi import Depends, FastAPI, Header, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from labels_party import service
 from labels_party.auth import Principal, authenticate
@@ -28,21 +26,12 @@ from labels_party.service import ServiceContext
 from labels_party.uploads import upload_format
 from shared import schemas
 from shared.errors import LabelDPError
+from shared.http_errors import error_response, install_error_handlers
 
 log = logging.getLogger("labeldp.labels")
 
-STATUS = {
-    "unauthorized": 401, "forbidden": 403, "not_found": 404, "budget_exceeded": 409,
-    "idempotency_conflict": 409, "dataset_exists": 409, "no_labels": 409, "body_too_large": 413,
-    "unsupported_media_type": 415, "not_acceptable": 406, "invalid_request": 422,
-}
+STATUS = {"dataset_exists": 409, "no_labels": 409}
 MAX_JSON_BYTES = 64 << 20
-
-
-def _error(status: int, code: str, message: str, **extra) -> JSONResponse:
-    body = {"error": {"code": code, "message": message, **extra}}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class BodyLimit:
@@ -59,7 +48,7 @@ class BodyLimit:
         limit = self.upload_limit if upload else self.json_limit
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            response = _error(413, "body_too_large", f"request body over {limit} bytes")
+            response = error_response(413, "body_too_large", f"request body over {limit} bytes")
             return await response(scope, receive, send)
         received = 0
 
@@ -90,28 +79,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
     app.state.ctx = ctx
     app.add_middleware(BodyLimit, json_limit=MAX_JSON_BYTES, upload_limit=max_upload_bytes)
 
-    @app.exception_handler(LabelDPError)
-    async def _labeldp_error(_request, err: LabelDPError):
-        extra = {"epsilon_remaining": err.remaining} if hasattr(err, "remaining") else {}
-        return _error(STATUS.get(err.code, 400), err.code, str(err), **extra)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request, err: RequestValidationError):
-        first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error(422, "invalid_request", f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, err: StarletteHTTPException):
-        if getattr(request.state, "body_too_large", False):
-            return _error(413, "body_too_large", "request body too large")
-        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
-        return _error(err.status_code, code, str(err.detail))
-
-    @app.exception_handler(Exception)
-    async def _internal_error(_request, err: Exception):
-        log.exception("internal error")
-        return _error(500, "internal_error", "internal error; the operation did not complete")
+    install_error_handlers(app, STATUS, log)
 
     @app.get("/healthz")
     def healthz() -> dict:
