@@ -34,6 +34,13 @@ def register(commands) -> None:
     utility.add_argument("--quick", action="store_true", help="2 seeds, 2 ε, 1 dataset, few epochs (CI)")
     utility.set_defaults(handler=bench_utility_command)
 
+    classification = bench_actions.add_parser("classification", help="LP-1ST/2ST/3ST and subset on digits")
+    classification.add_argument("--epsilons", default="0.5,1,2,4,8")
+    classification.add_argument("--seeds", type=int, default=3)
+    classification.add_argument("--epochs", type=int, default=40)
+    classification.add_argument("--out", default="bench-output/classification")
+    classification.set_defaults(handler=bench_classification_command)
+
     demo = commands.add_parser("demo", help="the two-party demo on real data (both services over HTTP)")
     demo.add_argument("--out", default="demo-output")
     demo.add_argument("--epsilons", default="0.5,1,2,4")
@@ -89,6 +96,20 @@ def bench_utility_command(args) -> int:
         config = BenchConfig(["psid-weeks"], [1.0, 2.0], 2, mechanisms, epochs=8)
     run_bench(config, args.out)
     print((__import__("pathlib").Path(args.out) / "summary.md").read_text())
+    return 0
+
+
+def bench_classification_command(args) -> int:
+    from pathlib import Path
+
+    from features_party.bench_classification import run_classification_bench
+    from shared.privacy import check_epsilon
+
+    if args.seeds < 1:
+        raise LabelDPError("--seeds must be at least 1", code="usage")
+    run_classification_bench([check_epsilon(e) for e in args.epsilons.split(",")], args.seeds, args.out,
+                             epochs=args.epochs)
+    print((Path(args.out) / "summary.md").read_text())
     return 0
 
 

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterable
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -119,6 +120,20 @@ class LabelsPartyClient:
         response = self._request("POST", f"/v1/datasets/{dataset_id}/releases",
                                  json=body.model_dump(exclude_none=True), headers={"Idempotency-Key": key},
                                  retry=True)
+        return schemas.Release(**response.json())
+
+    def request_prior_release(self, dataset_id: str, example_ids, priors, epsilon: float, *,
+                              idempotency_key: str | None = None) -> schemas.Release:
+        """RRWithPrior with one prior per example; the priors (n x K) travel as a Parquet body."""
+        priors = np.asarray(priors, dtype=np.float64)
+        columns = {"example_id": pa.array([str(i) for i in example_ids])}
+        columns.update({f"p_{k}": pa.array(priors[:, k]) for k in range(priors.shape[1])})
+        sink = io.BytesIO()
+        pq.write_table(pa.table(columns), sink)
+        key = idempotency_key or uuid.uuid4().hex
+        response = self._request("POST", f"/v1/datasets/{dataset_id}/prior-releases", params={"epsilon": epsilon},
+                                 content=sink.getvalue(), retry=True,
+                                 headers={"Content-Type": "application/vnd.apache.parquet", "Idempotency-Key": key})
         return schemas.Release(**response.json())
 
     def download_labels(self, release_id: str) -> pa.Table:

@@ -71,8 +71,9 @@ def device_summary() -> str:
 
 def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
           vocab_sizes: tuple[int, ...], num_classes: int | None = None, metrics_path: str | Path | None = None,
-          progress: bool = False, on_epoch=None) -> TrainResult:
-    """Fit on (features, privatized targets); ``targets`` are labels, class ids, or subset weights (n, K)."""
+          progress: bool = False, on_epoch=None, init_params: dict | None = None) -> TrainResult:
+    """Fit on (features, privatized targets); ``targets`` are labels, class ids, or subset weights (n, K).
+    ``init_params`` continues from an earlier model (multi-stage training)."""
     if config.loss not in losses.LOSSES:
         raise ValueError(f"unknown loss {config.loss!r}")
     rng = np.random.default_rng(config.seed)
@@ -94,7 +95,8 @@ def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, tar
     mesh = Mesh(np.array(devices), ("data",))
     replicated = NamedSharding(mesh, PartitionSpec())
     sharded = NamedSharding(mesh, PartitionSpec("data"))
-    params = jax.device_put(models.init_params(jax.random.PRNGKey(config.seed), spec), replicated)
+    start = init_params if init_params is not None else models.init_params(jax.random.PRNGKey(config.seed), spec)
+    params = jax.device_put(start, replicated)
     opt_state = jax.device_put(optimizer.init(params), replicated)
 
     def objective(p, x_num, x_cat, y):

@@ -44,7 +44,8 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        upload = scope["method"] == "PUT" and scope["path"].endswith("/labels")
+        upload = (scope["method"] == "PUT" and scope["path"].endswith("/labels")) or \
+            scope["path"].endswith("/prior-releases")
         limit = self.upload_limit if upload else self.json_limit
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -123,6 +124,23 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
     def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth,
                        idempotency_key: Annotated[str | None, Header()] = None):
         release, created = service.release_labels(ctx, who, dataset_id, body, idempotency_key)
+        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+
+    @app.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release)
+    async def create_prior_release(dataset_id: str, request: Request, who: Auth,
+                                   epsilon: Annotated[float, Query()],
+                                   idempotency_key: Annotated[str | None, Header()] = None):
+        """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
+        example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
+        already-private stages)."""
+        fmt = upload_format(request.headers.get("content-type"))
+        with tempfile.TemporaryDirectory(prefix="labeldp-priors-") as tmp:
+            path = Path(tmp) / "body"
+            with open(path, "wb") as handle:
+                async for chunk in request.stream():
+                    handle.write(chunk)
+            release, created = await run_in_threadpool(service.release_with_example_priors, ctx, who, dataset_id,
+                                                       epsilon, path, fmt, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.get("/v1/releases/{release_id}", response_model=schemas.Release)

@@ -24,14 +24,24 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import db
 from labels_party.auth import Principal
-from labels_party.ledger import BudgetLedger, canonical, event_to_dict, mechanism_dp_event, prior_dp_event, verify_chain
+from labels_party.ledger import (
+    BudgetLedger,
+    LocalRandomizerDpEvent,
+    canonical,
+    event_to_dict,
+    mechanism_dp_event,
+    prior_dp_event,
+    verify_chain,
+)
 from labels_party.mechanisms import MechanismOptions
 from labels_party.pipeline import os_entropy_rng, privatize_labels
+from labels_party.solvers.classification import rr_with_prior_per_example
 from labels_party.storage import DataStore
-from labels_party.uploads import parse_labels
+from labels_party.uploads import parse_labels, parse_priors
 from shared import schemas
-from shared.domains import domain_from_spec, domain_spec
+from shared.domains import Classes, domain_from_spec, domain_spec
 from shared.errors import LabelDPError
+from shared.privacy import check_epsilon
 
 
 @dataclass(frozen=True)
@@ -231,67 +241,70 @@ def _covered_rows(ctx: ServiceContext, dataset: db.Dataset, version_index: np.nd
     return rows
 
 
-def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, request: schemas.ReleaseRequest,
-                   idempotency_key: str | None) -> tuple[schemas.Release, bool]:
-    """Returns (release, created). A retry with the same key and body returns the stored release unchanged."""
+@dataclass(frozen=True)
+class _Snapshot:
+    dataset: db.Dataset
+    domain: object
+    version: int
+    version_index: np.ndarray  # registry index of each labelled example of the current version
+    labels: np.ndarray
+
+
+def _begin_release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
+                   body_hash: str) -> tuple[schemas.Release | None, _Snapshot | None]:
+    """Access, idempotency and the label snapshot: (stored release to return, None) or (None, snapshot)."""
     if not idempotency_key or len(idempotency_key) > 200:
         raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
                            code="idempotency_key_required")
-    body_hash = _body_hash(request)
     with ctx.sessions() as session, session.begin():
         dataset = _dataset(session, principal, dataset_id)
         existing = _existing_release(session, dataset_id, idempotency_key, body_hash)
         if existing is not None:
-            return release_view(existing), False
+            return release_view(existing), None
         version = session.scalar(select(db.LabelVersion).where(
             db.LabelVersion.dataset_id == dataset_id, db.LabelVersion.version == dataset.label_version))
         if version is None:
             raise LabelDPError("the dataset has no labels yet", code="no_labels")
-        snapshot = (dataset.domain_json, version.file, version.version)
+    table = ctx.store.read_table(version.file)
+    return None, _Snapshot(dataset, domain_from_spec(json.loads(dataset.domain_json)), version.version,
+                           table.column("registry_index").to_numpy(), table.column("label").to_numpy())
 
-    # Expensive, label-dependent work: outside any transaction. Nothing here is visible until the charge commits.
-    domain = domain_from_spec(json.loads(snapshot[0]))
-    table = ctx.store.read_table(snapshot[1])
-    version_index = table.column("registry_index").to_numpy()
-    rows = _covered_rows(ctx, dataset, version_index, request.example_ids)
-    labels = table.column("label").to_numpy()[rows]
-    covered = version_index[rows]
-    options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant, exact=request.exact)
-    with ctx.sessions() as session, session.begin():  # fail fast before solving; re-checked under the lock
+
+def _check_budget(ctx: ServiceContext, dataset_id: str, covered: np.ndarray, epsilon: float) -> None:
+    """Fail fast before the expensive work; the authoritative check runs again under the lock."""
+    with ctx.sessions() as session, session.begin():
         remaining = ctx.ledger.remaining_for(session.get(db.Dataset, dataset_id), covered)
-    if request.epsilon > remaining + 1e-9:
-        raise _budget_error(request.epsilon, remaining)
-    result = privatize_labels(domain, labels, request.mechanism, request.epsilon, os_entropy_rng(),
-                              prior_epsilon=request.prior_epsilon,
-                              discrete_prior=request.prior_noise == "discrete-laplace", options=options)
-    release_id = db.new_id()
-    registry = _registry_ids(ctx, dataset)
-    example_ids = registry.take(pa.array(covered))
-    noisy = result.noisy_labels
-    columns = {"example_id": example_ids}
-    if noisy.ndim == 2:  # label sets (subset mechanism)
-        columns.update({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])})
-    else:
-        columns["label"] = noisy
-    file = ctx.store.write_table(f"releases/{release_id}.parquet", pa.table(columns))
+    if epsilon > remaining + 1e-9:
+        raise _budget_error(epsilon, remaining)
 
-    description = result.mechanism.describe()
-    events = [mechanism_dp_event(result.mechanism)]
-    if result.prior is not None:
-        events.insert(0, prior_dp_event(result.prior))
-    record = {
-        "event": "label_release", "release_id": release_id, "actor": {"org": principal.org_name,
-                                                                       "role": principal.role},
-        "mechanism": request.mechanism, "request": request.model_dump(exclude={"example_ids"}),
-        "epsilon_requested": request.epsilon, "epsilon_certified": result.certified_epsilon,
-        "prior": result.prior.describe() if result.prior else None,
-        "randomizer": {"epsilon": result.split.randomizer_epsilon,
-                       "certified_epsilon": result.mechanism.certified_epsilon,
-                       "parameters": description.get("parameters", {})},
-        "budget_split_rule": result.split.rule,
-        "dp_event": event_to_dict(dp_event.ComposedDpEvent(events)),
-        "label_version": snapshot[2],
-    }
+
+@dataclass(frozen=True)
+class _Draft:
+    """A computed, not yet visible release."""
+
+    mechanism: str
+    epsilon: float
+    certified_epsilon: float
+    prior_epsilon: float
+    randomizer_epsilon: float
+    covered: np.ndarray
+    columns: dict  # privatized labels (without example ids)
+    description: dict
+    prior: dict | None
+    record: dict  # the privacy-event fields of the ledger record
+
+
+def _commit_release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str,
+                    body_hash: str, snapshot: _Snapshot, draft: _Draft) -> tuple[schemas.Release, bool]:
+    """Write the file, then check-charge-insert in one transaction under the dataset lock."""
+    release_id = db.new_id()
+    example_ids = _registry_ids(ctx, snapshot.dataset).take(pa.array(draft.covered))
+    file = ctx.store.write_table(f"releases/{release_id}.parquet",
+                                 pa.table({"example_id": example_ids, **draft.columns}))
+    record = {"event": "label_release", "release_id": release_id,
+              "actor": {"org": principal.org_name, "role": principal.role}, "mechanism": draft.mechanism,
+              "epsilon_requested": draft.epsilon, "epsilon_certified": draft.certified_epsilon,
+              "label_version": snapshot.version, **draft.record}
     try:
         with ctx.sessions() as session, session.begin():
             dataset = _dataset(session, principal, dataset_id, lock=True)
@@ -300,15 +313,15 @@ def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, r
                 ctx.store.remove(file)
                 return release_view(existing), False
             record["created_at"] = db.utcnow().isoformat()
-            record_json, prev_hash, digest = ctx.ledger.charge(dataset, covered, request.epsilon, record)
+            record_json, prev_hash, digest = ctx.ledger.charge(dataset, draft.covered, draft.epsilon, record)
             release = db.Release(
                 id=release_id, dataset_id=dataset_id, requester_org_id=principal.org_id,
-                idempotency_key=idempotency_key, body_hash=body_hash, mechanism=request.mechanism,
-                epsilon=request.epsilon, certified_epsilon=result.certified_epsilon,
-                prior_epsilon=result.split.prior_epsilon, randomizer_epsilon=result.split.randomizer_epsilon,
-                num_examples=int(covered.size), label_version=snapshot[2],
-                description_json=json.dumps(description),
-                prior_json=json.dumps(result.prior.describe()) if result.prior else None, file=file)
+                idempotency_key=idempotency_key, body_hash=body_hash, mechanism=draft.mechanism,
+                epsilon=draft.epsilon, certified_epsilon=draft.certified_epsilon,
+                prior_epsilon=draft.prior_epsilon, randomizer_epsilon=draft.randomizer_epsilon,
+                num_examples=int(draft.covered.size), label_version=snapshot.version,
+                description_json=json.dumps(draft.description),
+                prior_json=json.dumps(draft.prior) if draft.prior else None, file=file)
             session.add(release)
             session.add(db.LedgerEntry(dataset_id=dataset_id, seq=dataset.ledger_seq, release_id=release_id,
                                        record=record_json, prev_hash=prev_hash, hash=digest))
@@ -325,9 +338,81 @@ def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, r
     except LabelDPError as err:
         ctx.store.remove(file)
         if err.code == "budget_exceeded":
-            raise _budget_error(request.epsilon, err.remaining) from None
+            raise _budget_error(draft.epsilon, err.remaining) from None
         raise
     return release_view(release), True
+
+
+def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, request: schemas.ReleaseRequest,
+                   idempotency_key: str | None) -> tuple[schemas.Release, bool]:
+    """Returns (release, created). A retry with the same key and body returns the stored release unchanged."""
+    body_hash = _body_hash(request)
+    stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
+    if stored is not None:
+        return stored, False
+    # Expensive, label-dependent work: outside any transaction. Nothing here is visible until the charge commits.
+    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, request.example_ids)
+    covered = snapshot.version_index[rows]
+    _check_budget(ctx, dataset_id, covered, request.epsilon)
+    options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant, exact=request.exact)
+    result = privatize_labels(snapshot.domain, snapshot.labels[rows], request.mechanism, request.epsilon,
+                              os_entropy_rng(), prior_epsilon=request.prior_epsilon,
+                              discrete_prior=request.prior_noise == "discrete-laplace", options=options)
+    noisy = result.noisy_labels
+    columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
+               else {"label": noisy})
+    description = result.mechanism.describe()
+    events = [mechanism_dp_event(result.mechanism)]
+    if result.prior is not None:
+        events.insert(0, prior_dp_event(result.prior))
+    record = {
+        "request": request.model_dump(exclude={"example_ids"}),
+        "prior": result.prior.describe() if result.prior else None,
+        "randomizer": {"epsilon": result.split.randomizer_epsilon,
+                       "certified_epsilon": result.mechanism.certified_epsilon,
+                       "parameters": description.get("parameters", {})},
+        "budget_split_rule": result.split.rule,
+        "dp_event": event_to_dict(dp_event.ComposedDpEvent(events)),
+    }
+    draft = _Draft(request.mechanism, request.epsilon, result.certified_epsilon, result.split.prior_epsilon,
+                   result.split.randomizer_epsilon, covered, columns, description,
+                   result.prior.describe() if result.prior else None, record)
+    return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
+
+
+def release_with_example_priors(ctx: ServiceContext, principal: Principal, dataset_id: str, epsilon: float,
+                                path: Path, fmt: str, idempotency_key: str | None) -> tuple[schemas.Release, bool]:
+    """RRWithPrior with one prior per example (multi-stage training, group priors). The priors arrive as a
+    columnar body (example_id, p_0..p_{K-1}); they must be computed from features only — they are inputs the
+    features party chooses, like the subset of examples, and are not privacy-relevant as long as they are."""
+    epsilon = check_epsilon(epsilon)
+    body = hashlib.sha256(path.read_bytes()).hexdigest()
+    body_hash = hashlib.sha256(canonical({"epsilon": epsilon, "priors_sha256": body,
+                                          "mechanism": "rr-with-prior"}).encode()).hexdigest()
+    stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
+    if stored is not None:
+        return stored, False
+    if not isinstance(snapshot.domain, Classes):
+        raise LabelDPError("per-example priors need a classes dataset", code="mechanism_domain_mismatch")
+    ids, priors = parse_priors(path, fmt, snapshot.domain.num_classes)
+    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, ids)
+    covered = snapshot.version_index[rows]
+    _check_budget(ctx, dataset_id, covered, epsilon)
+    result = rr_with_prior_per_example(priors, snapshot.labels[rows].astype(np.int64), epsilon, os_entropy_rng())
+    k_histogram = np.bincount(result.k, minlength=snapshot.domain.num_classes + 1)[1:].tolist()
+    description = {"mechanism": "rr-with-prior", "per_example_priors": True, "epsilon": epsilon,
+                   "certified_epsilon": result.certified_epsilon, "k_histogram": k_histogram,
+                   "mean_k": float(result.k.mean()), "priors_sha256": body}
+    record = {"request": {"mechanism": "rr-with-prior", "epsilon": epsilon, "per_example_priors": True},
+              "prior": None, "priors_sha256": body,
+              "randomizer": {"epsilon": epsilon, "certified_epsilon": result.certified_epsilon,
+                             "parameters": {"k_histogram": k_histogram}},
+              "budget_split_rule": "priors come from features: no budget spent on them",
+              "dp_event": event_to_dict(dp_event.ComposedDpEvent([LocalRandomizerDpEvent(
+                  mechanism="rr-with-prior", epsilon=result.certified_epsilon)]))}
+    draft = _Draft("rr-with-prior", epsilon, result.certified_epsilon, 0.0, epsilon, covered,
+                   {"label": result.outputs.astype(np.float64)}, description, None, record)
+    return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
 
 
 def _budget_error(epsilon: float, remaining: float) -> LabelDPError:

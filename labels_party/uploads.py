@@ -82,3 +82,34 @@ def parse_labels(path: Path, fmt: str, domain) -> tuple[pa.ChunkedArray, np.ndar
         duplicate = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
         raise LabelDPError(f"duplicate example_id {duplicate!r}", code="duplicate_example_id")
     return ids, np.concatenate(label_chunks)
+
+
+def parse_priors(path: Path, fmt: str, num_classes: int) -> tuple[list[str], np.ndarray]:
+    """Per-example priors: columns example_id and p_0..p_{K-1} (non-negative, finite, not all zero per row)."""
+    names = [f"p_{k}" for k in range(num_classes)]
+    try:
+        table = pa.concat_tables(pa.Table.from_batches([b]) for b in _batches_any(path, fmt)) \
+            if fmt != "parquet" else pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise LabelDPError(f"cannot parse the priors: {str(err).splitlines()[0][:300]}", code="malformed_file") \
+            from None
+    missing = [c for c in ["example_id", *names] if c not in table.schema.names]
+    if missing:
+        raise LabelDPError(f"priors need columns example_id, p_0..p_{num_classes - 1}; missing {missing[:3]}",
+                           code="malformed_file")
+    if table.num_rows == 0:
+        raise LabelDPError("no priors in the body", code="empty_labels")
+    ids = pc.cast(table.column("example_id"), pa.string()).to_pylist()
+    priors = np.column_stack([pc.cast(table.column(c), pa.float64()).to_numpy(zero_copy_only=False)
+                              for c in names])
+    if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
+        raise LabelDPError("priors must be finite, non-negative and not all zero in a row", code="invalid_prior")
+    return ids, priors
+
+
+def _batches_any(path: Path, fmt: str):
+    if fmt == "csv":
+        yield from pacsv.open_csv(path, convert_options=pacsv.ConvertOptions(
+            column_types={"example_id": pa.string()}))
+    else:
+        yield from pajson.read_json(path).to_batches()

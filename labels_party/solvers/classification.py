@@ -1,11 +1,15 @@
-"""Classification randomizers that need a prior: RRWithPrior ("Deep Learning with Label DP", Algorithm 2)."""
+"""Classification randomizers that need a prior: RRWithPrior ("Deep Learning with Label DP", Algorithm 2), for one
+prior (a finite matrix) or vectorized with one prior per example (multi-stage training, group priors)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from shared.errors import CertificationError, LabelDPError
+from shared.mechanisms import exact
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import rr_top_k
 from shared.privacy import check_epsilon, design_epsilon
@@ -28,3 +32,66 @@ def rr_with_prior(prior, epsilon: float) -> FiniteRandomizer:
     prior = normalized_prior(prior, np.asarray(prior).size)
     order, k = best_top_k(prior, design_epsilon(epsilon))
     return rr_top_k(prior.size, np.sort(order[:k]), epsilon, name="rr-with-prior")
+
+
+@dataclass(frozen=True, eq=False)
+class PerExampleRelease:
+    """Labels privatized by RRWithPrior with one (label-independent) prior per example."""
+
+    outputs: np.ndarray  # released class per example
+    k: np.ndarray  # size of each example's candidate set
+    epsilon: float
+    certified_epsilon: float  # max over the k's used of the exact log-ratio of the sampled probabilities
+
+
+def keep_counts(num_classes: int, epsilon: float) -> np.ndarray:
+    """counts[k] / 2**53 = Pr[report the true label | it is among the k candidates] = e^ε / (e^ε + k − 1)."""
+    e = math.exp(epsilon)
+    k = np.arange(num_classes + 1, dtype=np.float64)
+    counts = np.rint(e / (e + np.maximum(k, 1) - 1) * exact.RESOLUTION).astype(np.int64)
+    counts[1] = exact.RESOLUTION  # one candidate: always reported (and then nothing depends on the label)
+    return counts
+
+
+def rr_top_k_epsilon(k: int, keep: int) -> float:
+    """Exact privacy of RR-Top-k with the sampled keep probability keep/2**53: for an output c, the largest
+    probability is keep (c is the true label), the smallest (1 − keep)/(k − 1) (another candidate); a label outside
+    the candidates gives 1/k, in between."""
+    if k <= 1:
+        return 0.0
+    return float(np.log(keep) + np.log(k - 1) - np.log(exact.RESOLUTION - keep))
+
+
+def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Generator) -> PerExampleRelease:
+    """Vectorized RRWithPrior: each example gets RR-Top-k over the k* most likely classes of *its* prior.
+
+    Each example's randomizer is ε-DP in its own label given its prior, and the priors must not depend on the
+    labels (they come from features), so the release is ε-label-DP per example.
+    """
+    epsilon = check_epsilon(epsilon)
+    priors = np.asarray(priors, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.int64)
+    n, num_classes = priors.shape
+    if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
+        raise LabelDPError("every prior must be finite, non-negative and not all zero", code="invalid_prior")
+    priors = priors / priors.sum(axis=1, keepdims=True)
+    eps = design_epsilon(epsilon)
+    e = math.exp(eps)
+    order = np.argsort(-priors, axis=1, kind="stable")  # ties: smaller class id first
+    ks = np.arange(1, num_classes + 1)
+    correct = e / (e + ks - 1) * np.cumsum(np.take_along_axis(priors, order, axis=1), axis=1)
+    k = np.argmax(correct >= correct.max(axis=1, keepdims=True) * (1 - 1e-12), axis=1) + 1
+    rank = np.argsort(order, axis=1)[np.arange(n), labels]  # position of the true label in its example's order
+    in_top = rank < k
+    counts = keep_counts(num_classes, eps)
+    keep = in_top & (rng.integers(0, exact.RESOLUTION, size=n, dtype=np.int64) < counts[k])
+    # Not kept but a candidate: uniform over the other k − 1 candidates; not a candidate: uniform over all k.
+    other = rng.integers(0, np.maximum(k - 1, 1))
+    other = np.where(other >= rank, other + 1, other)
+    anyone = rng.integers(0, k)
+    position = np.where(keep, rank, np.where(in_top, other, anyone))
+    outputs = order[np.arange(n), np.minimum(position, num_classes - 1)]
+    certified = max(rr_top_k_epsilon(int(kk), int(counts[kk])) for kk in np.unique(k))
+    if certified > epsilon:
+        raise CertificationError(f"rr-with-prior: sampled probabilities are {certified}-DP, above {epsilon}")
+    return PerExampleRelease(outputs, k, epsilon, certified)
