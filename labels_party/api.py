@@ -143,6 +143,14 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                                                        epsilon, path, fmt, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
+    @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)
+    def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Auth,
+                          idempotency_key: Annotated[str | None, Header()] = None):
+        """Test loss of the caller's predictions on true labels, Laplace-noised and charged to those examples;
+        the result is in ``description.value`` (with ``noise_scale`` and ``ci95``)."""
+        release, created = service.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key)
+        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+
     @app.get("/v1/releases/{release_id}", response_model=schemas.Release)
     def get_release(release_id: str, who: Auth):
         return service.get_release(ctx, who, release_id)[0]

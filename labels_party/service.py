@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import db
 from labels_party.auth import Principal
+from labels_party.evaluation import evaluate
 from labels_party.ledger import (
     BudgetLedger,
     LocalRandomizerDpEvent,
@@ -300,7 +301,7 @@ def _commit_release(ctx: ServiceContext, principal: Principal, dataset_id: str, 
     release_id = db.new_id()
     example_ids = _registry_ids(ctx, snapshot.dataset).take(pa.array(draft.covered))
     file = ctx.store.write_table(f"releases/{release_id}.parquet",
-                                 pa.table({"example_id": example_ids, **draft.columns}))
+                                 pa.table({"example_id": example_ids, **draft.columns}))  # columns may be empty
     record = {"event": "label_release", "release_id": release_id,
               "actor": {"org": principal.org_name, "role": principal.role}, "mechanism": draft.mechanism,
               "epsilon_requested": draft.epsilon, "epsilon_certified": draft.certified_epsilon,
@@ -412,6 +413,35 @@ def release_with_example_priors(ctx: ServiceContext, principal: Principal, datas
                   mechanism="rr-with-prior", epsilon=result.certified_epsilon)]))}
     draft = _Draft("rr-with-prior", epsilon, result.certified_epsilon, 0.0, epsilon, covered,
                    {"label": result.outputs.astype(np.float64)}, description, None, record)
+    return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
+
+
+def evaluate_predictions(ctx: ServiceContext, principal: Principal, dataset_id: str,
+                         request: schemas.EvaluationRequest,
+                         idempotency_key: str | None) -> tuple[schemas.Release, bool]:
+    """Private evaluation (see :mod:`labels_party.evaluation`), accounted like a release of the scored examples."""
+    body_hash = hashlib.sha256(canonical(request.model_dump()).encode()).hexdigest()
+    stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
+    if stored is not None:
+        return stored, False
+    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, request.example_ids)
+    covered = snapshot.version_index[rows]
+    _check_budget(ctx, dataset_id, covered, request.epsilon)
+    result = evaluate(request.metric, request.predictions, snapshot.labels[rows], request.epsilon, request.clip,
+                      os_entropy_rng())
+    low, high = result.confidence_interval()
+    description = {"mechanism": "evaluation", "metric": result.metric, "value": result.value,
+                   "noise_scale": result.noise_scale, "clip": result.clip, "num_examples": result.num_examples,
+                   "ci95": [low, high], "epsilon": request.epsilon, "certified_epsilon": request.epsilon}
+    width = result.noise_scale * result.num_examples * request.epsilon  # the clipped loss range, for the record
+    record = {"request": request.model_dump(exclude={"example_ids", "predictions"}), "prior": None,
+              "randomizer": {"epsilon": request.epsilon, "certified_epsilon": request.epsilon,
+                             "parameters": {"loss_range": width, "num_examples": result.num_examples}},
+              "budget_split_rule": "no prior",
+              "dp_event": event_to_dict(dp_event.ComposedDpEvent([dp_event.LaplaceDpEvent(
+                  noise_multiplier=result.noise_scale / (width / result.num_examples))]))}
+    draft = _Draft("evaluation", request.epsilon, request.epsilon, 0.0, request.epsilon, covered, {}, description,
+                   None, record)
     return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
 
 

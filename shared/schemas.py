@@ -113,6 +113,29 @@ class ReleaseRequest(BaseModel):
         return None if value is None else _finite_positive(value, "prior_epsilon")
 
 
+class EvaluationRequest(BaseModel):
+    """Predictions for (test) examples; the labels party answers with a Laplace-noised mean clipped loss."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: Literal["mse", "poisson", "accuracy"]
+    epsilon: float
+    clip: float = 1e4
+    example_ids: list[str] = Field(min_length=1)
+    predictions: list[float] = Field(min_length=1)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon(cls, value: float) -> float:
+        return _finite_positive(value, "epsilon")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> EvaluationRequest:
+        if len(self.example_ids) != len(self.predictions):
+            raise ValueError("example_ids and predictions must have the same length")
+        return self
+
+
 class Release(BaseModel):
     id: str
     dataset_id: str

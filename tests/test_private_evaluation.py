@@ -1,0 +1,107 @@
+"""Private evaluation: the labels party's Laplace-noised test loss and the features party's unbiased estimate
+from privatized labels both agree with the truth within their confidence intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.evaluation import evaluate, unbiased_mse_estimate
+from labels_party.service import make_context, verify_audit
+from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from shared.mechanisms.additive import laplace
+
+
+def test_noisy_loss_is_unbiased_with_the_stated_scale_and_coverage():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 11, size=500).astype(float)
+    predictions = labels + rng.normal(0, 2, size=500)
+    truth = np.mean(np.minimum((predictions - labels) ** 2, 50.0))
+    draws = [evaluate("mse", predictions, labels, 0.5, 50.0, np.random.default_rng(s)) for s in range(4000)]
+    values = np.array([d.value for d in draws])
+    scale = draws[0].noise_scale
+    assert scale == pytest.approx(50.0 / (500 * 0.5))
+    assert abs(values.mean() - truth) < 4 * np.sqrt(2) * scale / np.sqrt(values.size)
+    assert values.var() == pytest.approx(2 * scale**2, rel=0.08)
+    covered = np.mean([low <= truth <= high for low, high in (d.confidence_interval() for d in draws)])
+    assert 0.93 < covered < 0.97
+
+
+def test_accuracy_and_poisson_metrics():
+    labels = np.array([0, 1, 2, 1, 0] * 200, dtype=float)
+    predictions = labels.copy()
+    predictions[:100] = 3  # 10 % wrong
+    result = evaluate("accuracy", predictions, labels, 5.0, 1.0, np.random.default_rng(1))
+    assert result.value == pytest.approx(0.9, abs=6 * result.noise_scale)
+    rates = np.full(1000, 1.0)
+    poisson = evaluate("poisson", rates, labels, 5.0, 10.0, np.random.default_rng(2))
+    assert poisson.value == pytest.approx(np.mean(rates - labels * np.log(rates)), abs=6 * poisson.noise_scale)
+
+
+@pytest.mark.parametrize("mechanism", ["opt-unbiased", "laplace"])
+def test_features_party_unbiased_mse_estimate_from_private_labels(mechanism):
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 11, size=200_000).astype(float)
+    predictions = labels + rng.normal(0, 1.5, size=labels.size)
+    truth = np.mean((predictions - labels) ** 2)
+    prior = np.bincount(labels.astype(int), minlength=11)
+    randomizer = (solve_optimal_unbiased(np.arange(11.0), prior, 2.0, mesh=22) if mechanism == "opt-unbiased"
+                  else laplace(0, 10, 2.0, input_values=np.arange(11.0)))
+    noisy = randomizer.sample(labels, np.random.default_rng(4))
+    estimate, stderr = unbiased_mse_estimate(predictions, noisy, randomizer)
+    assert abs(estimate - truth) < 4 * stderr
+    assert np.mean((predictions - noisy) ** 2) > truth + 20 * stderr  # the naive estimate is far off
+
+
+@pytest.fixture()
+def service(tmp_path):
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, "owner", "admin")
+    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    dataset = client.post("/v1/datasets", json={"name": "t", "label_kind": "integer", "min": 0, "max": 10,
+                                                "epsilon_total": 1.0}).json()["id"]
+    labels = np.arange(1000) % 11
+    client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\n" + "\n".join(
+        f"t{i},{v}" for i, v in enumerate(labels)), headers={"Content-Type": "text/csv"})
+    return ctx, client, dataset, labels
+
+
+def test_evaluation_endpoint_charges_the_scored_examples(service):
+    ctx, client, dataset, labels = service
+    ids = [f"t{i}" for i in range(500)]
+    body = {"metric": "mse", "epsilon": 0.5, "clip": 100.0, "example_ids": ids,
+            "predictions": (labels[:500] + 1.0).tolist()}
+    response = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={"Idempotency-Key": "e"})
+    assert response.status_code == 201
+    description = response.json()["description"]
+    assert description["noise_scale"] == pytest.approx(100.0 / (500 * 0.5))
+    assert description["value"] == pytest.approx(1.0, abs=8 * description["noise_scale"])
+    retry = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={"Idempotency-Key": "e"})
+    assert retry.status_code == 200 and retry.json()["description"]["value"] == description["value"]
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.5
+    # the other 500 examples are untouched: a full-budget evaluation on them still fits
+    other = {**body, "epsilon": 1.0, "example_ids": [f"t{i}" for i in range(500, 1000)]}
+    assert client.post(f"/v1/datasets/{dataset}/evaluations", json=other,
+                       headers={"Idempotency-Key": "f"}).status_code == 201
+    assert verify_audit(ctx)["valid"]
+
+
+@pytest.mark.parametrize(("change", "status", "code"), [
+    ({"predictions": [1.0]}, 422, "invalid_request"),
+    ({"example_ids": ["t1", "ghost"], "predictions": [1.0, 2.0]}, 400, "unknown_example_ids"),
+    ({"epsilon": 0}, 422, "invalid_request"),
+    ({"metric": "auc"}, 422, "invalid_request"),
+    ({"clip": -1.0}, 422, "invalid_request"),
+    ({"epsilon": 2.0}, 409, "budget_exceeded"),
+])
+def test_bad_evaluations_are_refused_and_charge_nothing(service, change, status, code):
+    _, client, dataset, _ = service
+    body = {"metric": "mse", "epsilon": 0.5, "clip": 10.0, "example_ids": ["t1", "t2"],
+            "predictions": [1.0, 2.0], **change}
+    response = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={"Idempotency-Key": "x"})
+    assert response.status_code == status and response.json()["error"]["code"] == code
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
