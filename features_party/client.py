@@ -136,6 +136,19 @@ class LabelsPartyClient:
                                  headers={"Content-Type": "application/vnd.apache.parquet", "Idempotency-Key": key})
         return schemas.Release(**response.json())
 
+    def request_group_release(self, dataset_id: str, example_ids, groups, mechanism: str, epsilon: float,
+                              prior_epsilon: float, *, idempotency_key: str | None = None) -> schemas.Release:
+        """One private prior and randomizer per group (groups computed from features, e.g. k-means)."""
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"example_id": pa.array([str(i) for i in example_ids]),
+                                 "group": pa.array([str(g) for g in groups])}), sink)
+        headers = {"Content-Type": "application/vnd.apache.parquet",
+                   "Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        response = self._request("POST", f"/v1/datasets/{dataset_id}/group-releases", retry=True,
+                                 params={"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon},
+                                 content=sink.getvalue(), headers=headers)
+        return schemas.Release(**response.json())
+
     def download_labels(self, release_id: str) -> pa.Table:
         """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""
         attempt = 0

@@ -45,7 +45,7 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         upload = (scope["method"] == "PUT" and scope["path"].endswith("/labels")) or \
-            scope["path"].endswith("/prior-releases")
+            scope["path"].endswith(("/prior-releases", "/group-releases"))
         limit = self.upload_limit if upload else self.json_limit
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -141,6 +141,23 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                     handle.write(chunk)
             release, created = await run_in_threadpool(service.release_with_example_priors, ctx, who, dataset_id,
                                                        epsilon, path, fmt, idempotency_key)
+        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+
+    @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release)
+    async def create_group_release(dataset_id: str, request: Request, who: Auth,
+                                   mechanism: Annotated[str, Query()], epsilon: Annotated[float, Query()],
+                                   prior_epsilon: Annotated[float, Query()],
+                                   idempotency_key: Annotated[str | None, Header()] = None):
+        """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
+        group, computed from features only (e.g. k-means clusters)."""
+        fmt = upload_format(request.headers.get("content-type"))
+        with tempfile.TemporaryDirectory(prefix="labeldp-groups-") as tmp:
+            path = Path(tmp) / "body"
+            with open(path, "wb") as handle:
+                async for chunk in request.stream():
+                    handle.write(chunk)
+            release, created = await run_in_threadpool(service.release_by_group, ctx, who, dataset_id, mechanism,
+                                                       epsilon, prior_epsilon, path, fmt, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)

@@ -35,10 +35,10 @@ from labels_party.ledger import (
     verify_chain,
 )
 from labels_party.mechanisms import MechanismOptions
-from labels_party.pipeline import os_entropy_rng, privatize_labels
+from labels_party.pipeline import os_entropy_rng, privatize_by_group, privatize_labels
 from labels_party.solvers.classification import rr_with_prior_per_example
 from labels_party.storage import DataStore
-from labels_party.uploads import parse_labels, parse_priors
+from labels_party.uploads import parse_groups, parse_labels, parse_priors
 from shared import schemas
 from shared.domains import Classes, domain_from_spec, domain_spec
 from shared.errors import LabelDPError
@@ -413,6 +413,49 @@ def release_with_example_priors(ctx: ServiceContext, principal: Principal, datas
                   mechanism="rr-with-prior", epsilon=result.certified_epsilon)]))}
     draft = _Draft("rr-with-prior", epsilon, result.certified_epsilon, 0.0, epsilon, covered,
                    {"label": result.outputs.astype(np.float64)}, description, None, record)
+    return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
+
+
+def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str, mechanism: str, epsilon: float,
+                     prior_epsilon: float, path: Path, fmt: str,
+                     idempotency_key: str | None) -> tuple[schemas.Release, bool]:
+    """Group priors: the body assigns each example to a group computed from features (example_id, group); each
+    group gets its own discrete-Laplace prior (ε_p, parallel across the disjoint groups) and its own randomizer
+    at ε − ε_p: RRWithPrior for classes, the optimal unbiased randomizer (or RR-on-Bins) for regression."""
+    epsilon = check_epsilon(epsilon)
+    prior_epsilon = check_epsilon(prior_epsilon, "prior_epsilon")
+    if mechanism not in ("opt-unbiased", "rr-on-bins", "rr-with-prior"):
+        raise LabelDPError("group releases use opt-unbiased, rr-on-bins or rr-with-prior", code="unknown_mechanism")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    body_hash = hashlib.sha256(canonical({"epsilon": epsilon, "prior_epsilon": prior_epsilon, "groups": digest,
+                                          "mechanism": mechanism}).encode()).hexdigest()
+    stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
+    if stored is not None:
+        return stored, False
+    ids, groups = parse_groups(path, fmt)
+    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, ids)
+    covered = snapshot.version_index[rows]
+    _check_budget(ctx, dataset_id, covered, epsilon)
+    result = privatize_by_group(snapshot.domain, snapshot.labels[rows], groups, mechanism, epsilon,
+                                os_entropy_rng(), prior_epsilon=prior_epsilon)
+    per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
+                  "noisy_prior": part.prior.describe(), "certified_epsilon": part.mechanism.certified_epsilon,
+                  "output_values": part.mechanism.describe(include_matrix=False)["output_values"]}
+                 for key, part in zip(result.groups, result.parts, strict=True)]
+    worst = max(part.mechanism.certified_epsilon for part in result.parts)
+    description = {"mechanism": mechanism, "group_priors": True, "epsilon": epsilon, "prior_epsilon": prior_epsilon,
+                   "certified_epsilon": result.certified_epsilon, "groups": per_group, "groups_sha256": digest}
+    record = {"request": {"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon,
+                          "group_priors": True, "num_groups": len(result.groups)},
+              "prior": {"noise": "discrete-laplace", "epsilon": prior_epsilon, "sensitivity": 2,
+                        "per_group": True, "composition": "parallel over disjoint groups"},
+              "randomizer": {"epsilon": epsilon - prior_epsilon, "certified_epsilon": worst, "parameters": {}},
+              "budget_split_rule": "override", "groups_sha256": digest,
+              "dp_event": event_to_dict(dp_event.ComposedDpEvent([
+                  dp_event.DiscreteLaplaceDpEvent(noise_parameter=prior_epsilon / 2, sensitivity=2),
+                  LocalRandomizerDpEvent(mechanism=mechanism, epsilon=worst)]))}
+    draft = _Draft(mechanism, epsilon, result.certified_epsilon, prior_epsilon, epsilon - prior_epsilon, covered,
+                   {"label": result.noisy_labels}, description, None, record)
     return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
 
 

@@ -113,3 +113,21 @@ def _batches_any(path: Path, fmt: str):
             column_types={"example_id": pa.string()}))
     else:
         yield from pajson.read_json(path).to_batches()
+
+
+def parse_groups(path: Path, fmt: str) -> tuple[list[str], np.ndarray]:
+    """Group assignments: columns example_id and group (any strings or integers)."""
+    try:
+        table = pq.read_table(path) if fmt == "parquet" else pa.concat_tables(
+            pa.Table.from_batches([b]) for b in _batches_any(path, fmt))
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise LabelDPError(f"cannot parse the groups: {str(err).splitlines()[0][:300]}", code="malformed_file") \
+            from None
+    if not {"example_id", "group"} <= set(table.schema.names):
+        raise LabelDPError("groups need columns example_id and group", code="malformed_file")
+    if table.num_rows == 0:
+        raise LabelDPError("no group assignments in the body", code="empty_labels")
+    groups = pc.cast(table.column("group"), pa.string())
+    if groups.null_count:
+        raise LabelDPError("a group is missing", code="malformed_file")
+    return pc.cast(table.column("example_id"), pa.string()).to_pylist(), np.array(groups.to_pylist())
