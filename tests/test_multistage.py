@@ -48,9 +48,9 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
 @pytest.mark.slow
 def test_quick_classification_benchmark(tmp_path):
     runs = run_classification_bench([2.0], 1, tmp_path, epochs=12, progress=False)
-    assert set(runs.method) == {"non-private", "rr (LP-1ST)", "LP-2ST", "LP-3ST", "subset"}
+    assert set(runs.method) == {"non-private", "rr (LP-1ST)", "LP-2ST", "LP-3ST", "subset", "cluster priors"}
     assert runs[runs.method == "non-private"].accuracy.iloc[0] > 0.9
     private = runs[runs.method != "non-private"]
     assert (private.certified_epsilon <= 2.0).all() and (private.accuracy > 0.3).all()
-    assert "spent/total, max over examples): 8/8" in (tmp_path / "summary.md").read_text()
+    assert "spent/total, max over examples): 10/10" in (tmp_path / "summary.md").read_text()
     assert "chain valid: True" in (tmp_path / "summary.md").read_text()
