@@ -9,7 +9,7 @@ import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pandas as pd
@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.features import Preprocessor, read_features
-from features_party.jobs import Job, predictions_frame, run_job
+from features_party.jobs import Job, predictions_frame, run_job, run_multistage_job
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.http_errors import install_error_handlers
@@ -41,6 +41,9 @@ class JobRequest(BaseModel):
     categorical: list[str] = Field(default_factory=list)
     num_classes: int | None = None
     train: dict[str, Any] = Field(default_factory=dict)
+    protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
+    stages: int = Field(default=2, ge=1, le=5)
+    temperature: float = Field(default=1.0, gt=0)
 
 
 class TrainerState:
@@ -120,6 +123,21 @@ def create_app(data_dir: str | Path) -> FastAPI:
                                    f"{list(missing[:3])}", code="unknown_example_ids")
         job = Job(id=uuid.uuid4().hex, request=body.model_dump())
         client = LabelsPartyClient(body.labels_url, body.api_key)
+        if body.protocol == "lp-mst":
+            if not body.num_classes:
+                raise LabelDPError("lp-mst needs num_classes", code="invalid_request")
+            state.jobs[job.id] = job
+
+            def multistage():
+                try:
+                    run_multistage_job(job, features, preprocessor, client, body.dataset_id, body.release,
+                                       body.num_classes, body.stages, body.temperature,
+                                       state.data_dir / "jobs" / job.id)
+                finally:
+                    client.close()
+
+            state.executor.submit(multistage)
+            return job.view()
         try:  # refused releases (unknown ids at the labels party, budget, mechanism) surface as 4xx here
             release = client.request_release(body.dataset_id, body.release, idempotency_key=job.id)
         except LabelsPartyError as err:

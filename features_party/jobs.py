@@ -103,6 +103,43 @@ def run_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client
         (workdir / "job.json").write_text(json.dumps(job.view(), default=str))
 
 
+def run_multistage_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client: LabelsPartyClient,
+                       dataset_id: str, release: schemas.ReleaseRequest, num_classes: int, stages: int,
+                       temperature: float, workdir: Path) -> None:
+    """LP-MST as a trainer job: the stages' releases happen inside the job (each stage needs the last model)."""
+    from features_party.multistage import train_multistage
+
+    started = time.perf_counter()
+    with job.lock:
+        job.status = "running"
+    try:
+        ids = pd.Index(release.example_ids) if release.example_ids else features.index
+        frame = features.loc[ids]
+        numeric, categorical = preprocessor.transform(frame)
+        config = TrainConfig.from_dict({**job.request.get("train", {}), "loss": "cross_entropy"})
+        with job.lock:
+            job.epochs, job.num_train_examples = config.epochs * stages, len(frame)
+        result, reports = train_multistage(client, dataset_id, frame.index.to_numpy(), numeric, categorical,
+                                           vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
+                                           epsilon=release.epsilon, stages=stages, config=config,
+                                           temperature=temperature, seed=config.seed)
+        workdir.mkdir(parents=True, exist_ok=True)
+        save_model(workdir / "model.npz", result, preprocessor.to_dict(),
+                   {"protocol": "lp-mst", "stages": [r.__dict__ for r in reports], "epsilon": release.epsilon})
+        with job.lock:
+            job.status, job.model_path, job.device = "succeeded", str(workdir / "model.npz"), result.device
+            job.history = [dict(r.__dict__) for r in reports]
+            job.release = {"stages": [dict(r.__dict__) for r in reports], "epsilon": release.epsilon,
+                           "certified_epsilon": max(r.certified_epsilon for r in reports)}
+    except Exception as err:
+        log.exception("job %s failed", job.id)
+        with job.lock:
+            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+    finally:
+        with job.lock:
+            job.seconds = time.perf_counter() - started
+
+
 def predictions_frame(model_path: str, features: pd.DataFrame) -> pd.DataFrame:
     from features_party.train import load_model
 

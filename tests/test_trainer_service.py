@@ -114,3 +114,39 @@ def test_non_numeric_values_and_unknown_ids_are_4xx(parties):
     assert no_features.status_code == 400 and no_features.json()["error"]["code"] == "unknown_example_ids"
     over_budget = trainer.post("/v1/jobs", json=_job(parties, epsilon=11.0))
     assert over_budget.status_code == 409 and over_budget.json()["error"]["code"] == "budget_exceeded"
+
+
+def test_lp_mst_job_over_http(tmp_path):
+    """The trainer service runs multi-stage RRWithPrior against a real labels-party server."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    ids = [f"d{i}" for i in range(600)]
+    ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
+    with ctx.sessions() as session, session.begin():
+        admin = create_key(session, "office", "admin")
+    with running_server(create_labels(ctx)) as labels_url:
+        owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {admin}"})
+        dataset = owner.post("/v1/datasets", json={"name": "d", "label_kind": "classes", "num_classes": 10,
+                                                   "epsilon_total": 4}).json()["id"]
+        body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, digits.target[:600], strict=True))
+        owner.put(f"/v1/datasets/{dataset}/labels", content=body, headers={"Content-Type": "text/csv"})
+        trainer = TestClient(create_trainer(tmp_path / "trainer"))
+        frame = pd.DataFrame(digits.data[:600] / 16.0, columns=[f"px{j}" for j in range(64)])
+        frame.insert(0, "example_id", ids)
+        assert trainer.put("/v1/features/digits", content=frame.to_csv(index=False)).status_code == 200
+        created = trainer.post("/v1/jobs", json={
+            "features": "digits", "labels_url": labels_url, "api_key": admin, "dataset_id": dataset,
+            "release": {"mechanism": "rr-with-prior", "epsilon": 4.0, "example_ids": ids[:500]},
+            "numeric": [f"px{j}" for j in range(64)], "num_classes": 10, "protocol": "lp-mst", "stages": 2,
+            "train": {"hidden": [32], "epochs": 20, "learning_rate": 0.003, "batch_size": 64, "patience": 20}})
+        assert created.status_code == 202, created.text
+        job = _finish(trainer, created.json()["id"])
+        assert job["status"] == "succeeded", job["error"]
+        assert [s["examples"] for s in job["release"]["stages"]] == [250, 250]
+        assert job["release"]["certified_epsilon"] <= 4.0
+        predictions = trainer.get(f"/v1/jobs/{job['id']}/predictions").json()
+        predicted = pd.Series(predictions["predictions"], index=predictions["example_ids"])
+        held_out = [f"d{i}" for i in range(500, 600)]
+        assert np.mean(predicted[held_out].to_numpy() == digits.target[500:600]) > 0.5  # chance: 0.1
+        assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 4.0
