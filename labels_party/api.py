@@ -30,7 +30,7 @@ from shared.http_errors import error_response, install_error_handlers
 
 log = logging.getLogger("labeldp.labels")
 
-STATUS = {"dataset_exists": 409, "no_labels": 409}
+STATUS = {"dataset_exists": 409, "no_labels": 409, "central_training_disabled": 403}
 MAX_JSON_BYTES = 64 << 20
 
 
@@ -158,6 +158,14 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                     handle.write(chunk)
             release, created = await run_in_threadpool(service.release_by_group, ctx, who, dataset_id, mechanism,
                                                        epsilon, prior_epsilon, path, fmt, idempotency_key)
+        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+
+    @app.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release)
+    def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: Auth,
+                                idempotency_key: Annotated[str | None, Header()] = None):
+        """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back
+        (``description.parameters``). Refused unless the dataset owner enabled central training."""
+        release, created = service.central_training(ctx, who, dataset_id, body, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)

@@ -64,10 +64,17 @@ def prior_dp_event(prior) -> dp_event.DpEvent:
     return dp_event.LaplaceDpEvent(noise_multiplier=prior.scale / 2.0)
 
 
-def event_epsilon(event: dp_event.DpEvent) -> float:
-    """Pure ε of an event built here (composition of pure-DP events adds)."""
+def event_epsilon(event: dp_event.DpEvent, delta: float = 0.0) -> float:
+    """ε of an event built here: pure-DP events add (basic composition); Gaussian (DP-SGD) events get their ε at
+    the recorded δ from dp-accounting's RDP accountant."""
     if isinstance(event, dp_event.ComposedDpEvent):
-        return sum(event_epsilon(e) for e in event.events)
+        return sum(event_epsilon(e, delta) for e in event.events)
+    if isinstance(event, dp_event.SelfComposedDpEvent | dp_event.PoissonSampledDpEvent | dp_event.GaussianDpEvent):
+        from dp_accounting import rdp
+
+        accountant = rdp.RdpAccountant()
+        accountant.compose(event)
+        return float(accountant.get_epsilon(delta))
     if isinstance(event, dp_event.LaplaceDpEvent):
         return 1.0 / event.noise_multiplier
     if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
@@ -81,22 +88,26 @@ def event_epsilon(event: dp_event.DpEvent) -> float:
 
 
 def event_to_dict(event: dp_event.DpEvent) -> dict:
-    """JSON form: {"event": class name, fields...} recursively."""
-    out = {"event": type(event).__name__}
+    """JSON form: {"type": class name, fields...} recursively."""
+    out = {"type": type(event).__name__}
     for field in attr.fields(type(event)):
         value = getattr(event, field.name)
         if isinstance(value, list):
             value = [event_to_dict(v) for v in value]
+        elif isinstance(value, dp_event.DpEvent):
+            value = event_to_dict(value)
         out[field.name] = value
     return out
 
 
 def event_from_dict(data: dict) -> dp_event.DpEvent:
     data = dict(data)
-    name = data.pop("event")
+    name = data.pop("type")
     cls = LocalRandomizerDpEvent if name == "LocalRandomizerDpEvent" else getattr(dp_event, name)
     if "events" in data:
         data["events"] = [event_from_dict(e) for e in data["events"]]
+    if "event" in data and isinstance(data["event"], dict):  # SelfComposed / PoissonSampled wrap one event
+        data["event"] = event_from_dict(data["event"])
     return cls(**data)
 
 

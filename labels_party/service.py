@@ -459,6 +459,58 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
     return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
 
 
+def central_training(ctx: ServiceContext, principal: Principal, dataset_id: str,
+                     request: schemas.CentralTrainingRequest,
+                     idempotency_key: str | None) -> tuple[schemas.Release, bool]:
+    """Train with LabelDP-Pro here and return only the parameters; (ε, δ) is charged to the training examples
+    (their ε adds to the per-example budget; δ is recorded in the ledger)."""
+    from features_party.labeldp_pro import ProConfig, train_labeldp_pro
+    from features_party.labeldp_pro import dp_event as pro_event
+
+    body_hash = hashlib.sha256(canonical(request.model_dump()).encode()).hexdigest()
+    stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
+    if stored is not None:
+        return stored, False
+    if not snapshot.dataset.allow_central_training:
+        raise LabelDPError("central training is not enabled for this dataset by its owner",
+                           code="central_training_disabled")
+    if not isinstance(snapshot.domain, Classes):
+        raise LabelDPError("central training (LabelDP-Pro) needs a classes dataset", code="mechanism_domain_mismatch")
+    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, request.example_ids)
+    covered = snapshot.version_index[rows]
+    _check_budget(ctx, dataset_id, covered, request.epsilon)
+    features = np.asarray(request.features, dtype=np.float32)
+    if not np.all(np.isfinite(features)):
+        raise LabelDPError("features must be finite numbers", code="invalid_request")
+    config = ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=request.delta,
+                       steps=request.steps, batch_size=min(request.batch_size, len(rows)),
+                       learning_rate=request.learning_rate, hidden=tuple(request.hidden),
+                       seed=int(os_entropy_rng().integers(0, 2**31 - 1)))
+    result = train_labeldp_pro(config, features, snapshot.labels[rows].astype(np.int64),
+                               snapshot.domain.num_classes)
+    q = min(1.0, config.batch_size / len(rows))
+    description = {"mechanism": "labeldp-pro", "denoiser": request.denoiser, "epsilon": request.epsilon,
+                   "delta": request.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
+                   "steps": request.steps, "sampling_probability": q,
+                   "parameters": jax_tree_to_lists(result.params), "hidden": request.hidden,
+                   "num_classes": snapshot.domain.num_classes}
+    record = {"request": request.model_dump(exclude={"example_ids", "features"}), "prior": None,
+              "delta": request.delta,
+              "randomizer": {"epsilon": request.epsilon, "certified_epsilon": result.epsilon,
+                             "parameters": {"noise_multiplier": result.sigma, "sampling_probability": q}},
+              "budget_split_rule": "no prior",
+              "dp_event": event_to_dict(pro_event(result.sigma, q, request.steps, request.denoiser))}
+    draft = _Draft("labeldp-pro", request.epsilon, result.epsilon, 0.0, request.epsilon, covered, {}, description,
+                   None, record)
+    return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
+
+
+def jax_tree_to_lists(tree) -> dict:
+    return {"embeddings": [np.asarray(e).tolist() for e in tree["embeddings"]],
+            "layers": [{"w": np.asarray(layer["w"]).tolist(), "b": np.asarray(layer["b"]).tolist()}
+                       for layer in tree["layers"]]}
+
+
 def evaluate_predictions(ctx: ServiceContext, principal: Principal, dataset_id: str,
                          request: schemas.EvaluationRequest,
                          idempotency_key: str | None) -> tuple[schemas.Release, bool]:
@@ -543,7 +595,7 @@ def verify_audit(ctx: ServiceContext) -> dict:
             spent = np.zeros(dataset.registry_size)
             for entry in entries:
                 record = json.loads(entry.record)
-                epsilon = event_epsilon(event_from_dict(record["dp_event"]))
+                epsilon = event_epsilon(event_from_dict(record["dp_event"]), record.get("delta", 0.0))
                 if epsilon > record["charge"] * (1 + 1e-9):
                     problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
                 coverage = ctx.store.read_array(record["coverage"]["file"])

@@ -136,6 +136,34 @@ class EvaluationRequest(BaseModel):
         return self
 
 
+class CentralTrainingRequest(BaseModel):
+    """LabelDP-Pro run at the labels party on features the features party sends (central label DP: the trust
+    model where features may move but labels never do; the owner must enable it per dataset)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon: float
+    delta: float = Field(default=1e-5, gt=0, lt=1e-2)
+    denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
+    steps: int = Field(default=300, ge=1, le=20_000)
+    batch_size: int = Field(default=128, ge=1)
+    learning_rate: float = Field(default=0.5, gt=0)
+    hidden: list[int] = Field(default_factory=lambda: [64], max_length=4)
+    example_ids: list[str] = Field(min_length=2)
+    features: list[list[float]] = Field(min_length=2)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon(cls, value: float) -> float:
+        return _finite_positive(value, "epsilon")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> CentralTrainingRequest:
+        if len(self.example_ids) != len(self.features) or len({len(f) for f in self.features}) != 1:
+            raise ValueError("one feature vector of the same length per example id")
+        return self
+
+
 class Release(BaseModel):
     id: str
     dataset_id: str

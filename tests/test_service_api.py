@@ -839,10 +839,10 @@ def test_audit_events(client, admin, consumer, dataset):
         assert record["epsilon_certified"] == rel["certified_epsilon"] <= record["epsilon_requested"]
         assert record["examples_covered"] == covered
         assert record["actor"] == {"org": "publisher", "role": "consumer"}
-        assert isinstance(record["dp_event"], dict) and record["dp_event"]["event"] == "ComposedDpEvent"
+        assert isinstance(record["dp_event"], dict) and record["dp_event"]["type"] == "ComposedDpEvent"
         assert event["dataset_id"] == dataset
-    assert events[0]["record"]["dp_event"]["events"][0]["event"] in ("LaplaceDpEvent", "DiscreteLaplaceDpEvent")
-    assert events[1]["record"]["dp_event"]["events"][0]["event"] == "RandomizedResponseDpEvent"
+    assert events[0]["record"]["dp_event"]["events"][0]["type"] in ("LaplaceDpEvent", "DiscreteLaplaceDpEvent")
+    assert events[1]["record"]["dp_event"]["events"][0]["type"] == "RandomizedResponseDpEvent"
     # Without ?dataset the admin sees every dataset it owns.
     everything = client.get("/v1/audit", headers=admin).json()
     assert len(everything["events"]) == 2 and everything["chain_valid"] is True

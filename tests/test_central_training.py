@@ -1,0 +1,75 @@
+"""Central label DP (LabelDP-Pro at the labels party): refused unless enabled, charges (ε, δ) to the training
+examples, returns only parameters, and the audit recomputes its ε from the recorded dp-accounting event."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sklearn.datasets import load_digits
+
+from features_party import models
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.service import make_context, verify_audit
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, "hospital", "admin")
+    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    digits = load_digits()
+    ids = [f"p{i}" for i in range(len(digits.target))]
+    body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, digits.target, strict=True))
+    datasets = {}
+    for allowed in (True, False):
+        datasets[allowed] = client.post("/v1/datasets", json={
+            "name": f"d{allowed}", "label_kind": "classes", "num_classes": 10, "epsilon_total": 3.0,
+            "allow_central_training": allowed}).json()["id"]
+        client.put(f"/v1/datasets/{datasets[allowed]}/labels", content=body, headers={"Content-Type": "text/csv"})
+    return ctx, client, datasets, ids, (digits.data / 16.0), digits.target
+
+
+def _request(ids, x, epsilon=2.0):
+    return {"epsilon": epsilon, "denoiser": "noop", "steps": 120, "batch_size": 256, "learning_rate": 0.5,
+            "hidden": [32], "example_ids": ids[:1400], "features": x[:1400].tolist()}
+
+
+def test_central_training_returns_parameters_and_is_accounted(setup):
+    ctx, client, datasets, ids, x, y = setup
+    response = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x),
+                           headers={"Idempotency-Key": "c1"})
+    assert response.status_code == 201, response.text
+    description = response.json()["description"]
+    assert description["certified_epsilon"] <= 2.0 + 1e-3 and description["noise_multiplier"] > 0
+    params = {"embeddings": [], "layers": [{"w": jnp.asarray(layer["w"]), "b": jnp.asarray(layer["b"])}
+                                          for layer in description["parameters"]["layers"]]}
+    logits = models.apply(params, jnp.asarray(x[1400:], jnp.float32), jnp.zeros((len(x) - 1400, 0), jnp.int32))
+    assert np.mean(np.argmax(np.asarray(logits), axis=1) == y[1400:]) > 0.4  # learned (chance: 0.1)
+    budget = client.get(f"/v1/datasets/{datasets[True]}/budget").json()
+    assert budget["epsilon_spent"] == 2.0
+    record = client.get("/v1/audit", params={"dataset": datasets[True]}).json()["events"][0]["record"]
+    assert record["delta"] == 1e-5 and record["dp_event"]["type"] == "SelfComposedDpEvent"
+    assert verify_audit(ctx)["valid"]  # recomputes ε from the recorded event at the recorded δ
+    over = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x, 1.5),
+                       headers={"Idempotency-Key": "c2"})
+    assert over.status_code == 409 and over.json()["error"]["code"] == "budget_exceeded"
+
+
+def test_refused_unless_the_owner_enabled_it(setup):
+    _, client, datasets, ids, x, _ = setup
+    response = client.post(f"/v1/datasets/{datasets[False]}/central-trainings", json=_request(ids, x),
+                           headers={"Idempotency-Key": "c"})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "central_training_disabled"
+    assert client.get(f"/v1/datasets/{datasets[False]}/budget").json()["epsilon_spent"] == 0.0
+
+
+def test_malformed_requests_are_422(setup):
+    _, client, datasets, ids, x, _ = setup
+    bad = {**_request(ids, x), "features": [[0.0, 1.0], [0.0]] + x[2:1400].tolist()}
+    response = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=bad,
+                           headers={"Idempotency-Key": "m"})
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
