@@ -41,6 +41,13 @@ def register(commands) -> None:
     classification.add_argument("--out", default="bench-output/classification")
     classification.set_defaults(handler=bench_classification_command)
 
+    pro = bench_actions.add_parser("labeldp-pro", help="RR, LP-2ST, DP-SGD and LabelDP-Pro at small ε on digits")
+    pro.add_argument("--epsilons", default="0.05,0.1,0.2,0.5,1,2")
+    pro.add_argument("--seeds", type=int, default=3)
+    pro.add_argument("--steps", type=int, default=300)
+    pro.add_argument("--out", default="bench-output/labeldp-pro")
+    pro.set_defaults(handler=bench_pro_command)
+
     demo = commands.add_parser("demo", help="the two-party demo on real data (both services over HTTP)")
     demo.add_argument("--out", default="demo-output")
     demo.add_argument("--epsilons", default="0.5,1,2,4")
@@ -109,6 +116,19 @@ def bench_classification_command(args) -> int:
         raise LabelDPError("--seeds must be at least 1", code="usage")
     run_classification_bench([check_epsilon(e) for e in args.epsilons.split(",")], args.seeds, args.out,
                              epochs=args.epochs)
+    print((Path(args.out) / "summary.md").read_text())
+    return 0
+
+
+def bench_pro_command(args) -> int:
+    from pathlib import Path
+
+    from features_party.bench_pro import run_pro_bench
+    from shared.privacy import check_epsilon
+
+    if args.seeds < 1:
+        raise LabelDPError("--seeds must be at least 1", code="usage")
+    run_pro_bench([check_epsilon(e) for e in args.epsilons.split(",")], args.seeds, args.out, steps=args.steps)
     print((Path(args.out) / "summary.md").read_text())
     return 0
 
