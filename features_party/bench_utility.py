@@ -69,6 +69,11 @@ DATASETS = {
         "percentile, Poisson loss", "Ecdat", "DoctorContacts", "mdu",
         ("lc", "lpi", "fmde", "ndisease", "linc", "lfam", "educdec", "age"),
         ("idp", "physlim", "health", "sex", "child", "black"), "poisson", "integer", clip_quantile=0.95),
+    "hours-worked": BenchDataset(
+        "hours-worked", "weekly hours worked by wives (Ecdat::HI, the `make demo` data), clipped at 60, labels 0..60, "
+        "squared loss", "Ecdat", "HI", "whrswk", ("experience", "kidslt6", "kids618", "husby"),
+        ("hhi", "whi", "hhi2", "education", "race", "hispanic", "region"), "squared", "integer",
+        fixed_range=(0, 60)),
     "cps-wages": BenchDataset(
         "cps-wages", "weekly wage in dollars (CPS 1988, AER::CPS1988), heavy-tailed, clipped at the 95th "
         "percentile (the Criteo recipe), continuous labels on a 41-point grid, squared loss",
