@@ -209,6 +209,16 @@ def _relative(runs: pd.DataFrame) -> pd.DataFrame:
                        / baseline.reindex(key).to_numpy())
 
 
+def resummarize(out: str | Path) -> None:
+    """Rewrite summary.md and plots from an existing runs.csv."""
+    out = Path(out)
+    runs = pd.read_csv(out / "runs.csv").drop(columns=["relative_test_loss"], errors="ignore")
+    epsilons = sorted(runs["epsilon"].dropna().unique())
+    mechanisms = list(dict.fromkeys(runs["mechanism"]))
+    _summarize(runs, BenchConfig(list(dict.fromkeys(runs["dataset"])), epsilons, int(runs["seed"].nunique()),
+                                 mechanisms), out)
+
+
 def _summarize(runs: pd.DataFrame, config: BenchConfig, out: Path) -> None:
     runs = _relative(runs)
     runs.to_csv(out / "runs.csv", index=False)
@@ -221,9 +231,12 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, out: Path) -> None:
         part = runs[runs.dataset == name]
         metric = "relative_test_loss" if dataset.loss == "poisson" else "test_loss"
         baseline = part[part.mechanism == "non-private"]["test_loss"]
+        global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-exact", "rr-on-bins"])]
+        groups_note = (f" Per-group randomizer: {GROUPS} k-means groups, ε_p = ε·{GROUP_PRIOR_SHARE:g}."
+                       if (part.mechanism == "opt-unbiased-groups").any() else "")
         lines += [f"## {name}: {dataset.description}", "",
                   f"Non-private test loss: {baseline.mean():.4g} ± {baseline.std(ddof=0):.2g}. "
-                  f"ε₁ used: {part['prior_epsilon'].max():.3g}.", "",
+                  f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}", "",
                   "| mechanism | " + " | ".join(f"ε={e:g}" for e in config.epsilons) + " |",
                   "|---|" + "---|" * len(config.epsilons)]
         private = part[part.mechanism != "non-private"]
