@@ -52,17 +52,21 @@ def labels_party_server(workdir: Path):
         thread.join(timeout=20)
 
 
-def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path, *, epochs: int = 40,
-                             progress: bool = True) -> pd.DataFrame:
+def load_digits_arrays():
+    """scikit-learn's bundled 8x8 digits: (features in [0, 1], labels, example ids, empty categorical block)."""
     from sklearn.datasets import load_digits
 
+    digits = load_digits()
+    y = digits.target.astype(np.int64)
+    return ((digits.data / 16.0).astype(np.float32), y, np.array([f"d{i}" for i in range(len(y))]),
+            np.zeros((len(y), 0), dtype=np.int32))
+
+
+def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path, *, epochs: int = 40,
+                             progress: bool = True) -> pd.DataFrame:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    ids = np.array([f"d{i}" for i in range(len(y))])
-    no_categorical = np.zeros((len(y), 0), dtype=np.int32)
+    x, y, ids, no_categorical = load_digits_arrays()
     config = TrainConfig(loss="cross_entropy", hidden=(64,), learning_rate=3e-3, l2=1e-4, batch_size=128,
                          epochs=epochs, patience=8)
     rows = []

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from features_party.bench_classification import labels_party_server
+from features_party.bench_classification import labels_party_server, load_digits_arrays
 from features_party.client import LabelsPartyClient
 from features_party.labeldp_pro import ProConfig, train_labeldp_pro
 from features_party.multistage import train_multistage
@@ -23,15 +23,9 @@ METHODS = ["rr (LP-1ST)", "rr-with-prior (LP-2ST)", "dp-sgd (noop)", "labeldp-pr
 
 def run_pro_bench(epsilons: list[float], seeds: int, out: str | Path, *, steps: int = 300,
                   progress: bool = True) -> pd.DataFrame:
-    from sklearn.datasets import load_digits
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    ids = np.array([f"d{i}" for i in range(len(y))])
-    none = np.zeros((len(y), 0), np.int32)
+    x, y, ids, none = load_digits_arrays()
     config = TrainConfig(loss="cross_entropy", hidden=(64,), learning_rate=3e-3, batch_size=128, epochs=40,
                          patience=8)
     rows = []

@@ -133,15 +133,8 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
         """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
         example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
         already-private stages)."""
-        fmt = upload_format(request.headers.get("content-type"))
-        with tempfile.TemporaryDirectory(prefix="labeldp-priors-") as tmp:
-            path = Path(tmp) / "body"
-            with open(path, "wb") as handle:
-                async for chunk in request.stream():
-                    handle.write(chunk)
-            release, created = await run_in_threadpool(service.release_with_example_priors, ctx, who, dataset_id,
-                                                       epsilon, path, fmt, idempotency_key)
-        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+        return await _with_spooled_body(request, lambda path, fmt: service.release_with_example_priors(
+            ctx, who, dataset_id, epsilon, path, fmt, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release)
     async def create_group_release(dataset_id: str, request: Request, who: Auth,
@@ -150,15 +143,8 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                                    idempotency_key: Annotated[str | None, Header()] = None):
         """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
         group, computed from features only (e.g. k-means clusters)."""
-        fmt = upload_format(request.headers.get("content-type"))
-        with tempfile.TemporaryDirectory(prefix="labeldp-groups-") as tmp:
-            path = Path(tmp) / "body"
-            with open(path, "wb") as handle:
-                async for chunk in request.stream():
-                    handle.write(chunk)
-            release, created = await run_in_threadpool(service.release_by_group, ctx, who, dataset_id, mechanism,
-                                                       epsilon, prior_epsilon, path, fmt, idempotency_key)
-        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+        return await _with_spooled_body(request, lambda path, fmt: service.release_by_group(
+            ctx, who, dataset_id, mechanism, epsilon, prior_epsilon, path, fmt, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release)
     def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: Auth,
@@ -198,6 +184,19 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
         return service.audit(ctx, who, dataset)
 
     return app
+
+
+async def _with_spooled_body(request: Request, release) -> JSONResponse:
+    """Stream a columnar body to a temporary file (bounded memory), then run ``release(path, fmt)`` off the event
+    loop; 201 for a new release, 200 for an idempotent retry."""
+    fmt = upload_format(request.headers.get("content-type"))
+    with tempfile.TemporaryDirectory(prefix="labeldp-body-") as tmp:
+        path = Path(tmp) / "body"
+        with open(path, "wb") as handle:
+            async for chunk in request.stream():
+                handle.write(chunk)
+        created_release, created = await run_in_threadpool(release, path, fmt)
+    return JSONResponse(created_release.model_dump(mode="json"), status_code=201 if created else 200)
 
 
 def _negotiate(accept: str | None) -> str:
