@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from labels_party import service
+from labels_party import releases, service
 from labels_party.auth import Principal, authenticate
 from labels_party.service import ServiceContext
 from labels_party.uploads import upload_format
@@ -123,7 +123,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
     @app.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release)
     def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth,
                        idempotency_key: Annotated[str | None, Header()] = None):
-        release, created = service.release_labels(ctx, who, dataset_id, body, idempotency_key)
+        release, created = releases.release_labels(ctx, who, dataset_id, body, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release)
@@ -133,7 +133,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
         """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
         example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
         already-private stages)."""
-        return await _with_spooled_body(request, lambda path, fmt: service.release_with_example_priors(
+        return await _with_spooled_body(request, lambda path, fmt: releases.release_with_example_priors(
             ctx, who, dataset_id, epsilon, path, fmt, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release)
@@ -143,7 +143,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                                    idempotency_key: Annotated[str | None, Header()] = None):
         """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
         group, computed from features only (e.g. k-means clusters)."""
-        return await _with_spooled_body(request, lambda path, fmt: service.release_by_group(
+        return await _with_spooled_body(request, lambda path, fmt: releases.release_by_group(
             ctx, who, dataset_id, mechanism, epsilon, prior_epsilon, path, fmt, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release)
@@ -151,7 +151,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                                 idempotency_key: Annotated[str | None, Header()] = None):
         """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back
         (``description.parameters``). Refused unless the dataset owner enabled central training."""
-        release, created = service.central_training(ctx, who, dataset_id, body, idempotency_key)
+        release, created = releases.central_training(ctx, who, dataset_id, body, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)
@@ -159,17 +159,17 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
                           idempotency_key: Annotated[str | None, Header()] = None):
         """Test loss of the caller's predictions on true labels, Laplace-noised and charged to those examples;
         the result is in ``description.value`` (with ``noise_scale`` and ``ci95``)."""
-        release, created = service.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key)
+        release, created = releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.get("/v1/releases/{release_id}", response_model=schemas.Release)
     def get_release(release_id: str, who: Auth):
-        return service.get_release(ctx, who, release_id)[0]
+        return releases.get_release(ctx, who, release_id)[0]
 
     @app.get("/v1/releases/{release_id}/labels")
     def download(release_id: str, who: Auth, accept: Annotated[str | None, Header()] = None,
                  offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
-        _, file = service.get_release(ctx, who, release_id)
+        _, file = releases.get_release(ctx, who, release_id)
         path = ctx.store.path(file)
         media = _negotiate(accept)
         if media == "application/json":
