@@ -6,6 +6,7 @@ budget, mechanism) synchronously, so the caller can answer 4xx; ``run_job`` does
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -60,12 +61,29 @@ def training_targets(table, release: schemas.Release) -> tuple[np.ndarray, str]:
     return (sets - q) / (p - q), "subset"
 
 
-def run_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client: LabelsPartyClient,
-            release: schemas.Release, workdir: Path, num_classes: int | None) -> None:
+@contextlib.contextmanager
+def job_running(job: Job, workdir: Path):
+    """Marks the job running; on any error records it as failed (the service stays up); always records the
+    duration and writes job.json."""
     started = time.perf_counter()
     with job.lock:
         job.status = "running"
     try:
+        yield
+    except Exception as err:
+        log.exception("job %s failed", job.id)
+        with job.lock:
+            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+    finally:
+        with job.lock:
+            job.seconds = time.perf_counter() - started
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "job.json").write_text(json.dumps(job.view(), default=str))
+
+
+def run_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client: LabelsPartyClient,
+            release: schemas.Release, workdir: Path, num_classes: int | None) -> None:
+    with job_running(job, workdir):
         table = client.download_labels(release.id)
         ids = table.column("example_id").to_pylist()
         present = features.index.intersection(pd.Index(ids))
@@ -93,14 +111,6 @@ def run_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client
                    {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
         with job.lock:
             job.status, job.model_path, job.device = "succeeded", str(workdir / "model.npz"), result.device
-    except Exception as err:  # the job records why it failed; the service stays up
-        log.exception("job %s failed", job.id)
-        with job.lock:
-            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
-    finally:
-        with job.lock:
-            job.seconds = time.perf_counter() - started
-        (workdir / "job.json").write_text(json.dumps(job.view(), default=str))
 
 
 def run_multistage_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client: LabelsPartyClient,
@@ -109,10 +119,7 @@ def run_multistage_job(job: Job, features: pd.DataFrame, preprocessor: Preproces
     """LP-MST as a trainer job: the stages' releases happen inside the job (each stage needs the last model)."""
     from features_party.multistage import train_multistage
 
-    started = time.perf_counter()
-    with job.lock:
-        job.status = "running"
-    try:
+    with job_running(job, workdir):
         ids = pd.Index(release.example_ids) if release.example_ids else features.index
         frame = features.loc[ids]
         numeric, categorical = preprocessor.transform(frame)
@@ -131,13 +138,6 @@ def run_multistage_job(job: Job, features: pd.DataFrame, preprocessor: Preproces
             job.history = [dict(r.__dict__) for r in reports]
             job.release = {"stages": [dict(r.__dict__) for r in reports], "epsilon": release.epsilon,
                            "certified_epsilon": max(r.certified_epsilon for r in reports)}
-    except Exception as err:
-        log.exception("job %s failed", job.id)
-        with job.lock:
-            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
-    finally:
-        with job.lock:
-            job.seconds = time.perf_counter() - started
 
 
 def predictions_frame(model_path: str, features: pd.DataFrame) -> pd.DataFrame:

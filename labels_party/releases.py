@@ -121,6 +121,15 @@ def _begin_release(ctx: ServiceContext, principal: Principal, dataset_id: str, i
                            table.column("registry_index").to_numpy(), table.column("label").to_numpy())
 
 
+def _cover(ctx: ServiceContext, dataset_id: str, snapshot: _Snapshot, example_ids, epsilon: float):
+    """(rows of the label snapshot, their registry indices) for the requested examples — all of them when
+    ``example_ids`` is None — after a fail-fast budget check for ``epsilon``."""
+    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, example_ids)
+    covered = snapshot.version_index[rows]
+    _check_budget(ctx, dataset_id, covered, epsilon)
+    return rows, covered
+
+
 def _check_budget(ctx: ServiceContext, dataset_id: str, covered: np.ndarray, epsilon: float) -> None:
     """Fail fast before the expensive work; the authoritative check runs again under the lock."""
     with ctx.sessions() as session, session.begin():
@@ -202,9 +211,7 @@ def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, r
     if stored is not None:
         return stored, False
     # Expensive, label-dependent work: outside any transaction. Nothing here is visible until the charge commits.
-    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, request.example_ids)
-    covered = snapshot.version_index[rows]
-    _check_budget(ctx, dataset_id, covered, request.epsilon)
+    rows, covered = _cover(ctx, dataset_id, snapshot, request.example_ids, request.epsilon)
     options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant, exact=request.exact)
     result = privatize_labels(snapshot.domain, snapshot.labels[rows], request.mechanism, request.epsilon,
                               os_entropy_rng(), prior_epsilon=request.prior_epsilon,
@@ -246,9 +253,7 @@ def release_with_example_priors(ctx: ServiceContext, principal: Principal, datas
     if not isinstance(snapshot.domain, Classes):
         raise LabelDPError("per-example priors need a classes dataset", code="mechanism_domain_mismatch")
     ids, priors = parse_priors(path, fmt, snapshot.domain.num_classes)
-    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, ids)
-    covered = snapshot.version_index[rows]
-    _check_budget(ctx, dataset_id, covered, epsilon)
+    rows, covered = _cover(ctx, dataset_id, snapshot, ids, epsilon)
     result = rr_with_prior_per_example(priors, snapshot.labels[rows].astype(np.int64), epsilon, os_entropy_rng())
     k_histogram = np.bincount(result.k, minlength=snapshot.domain.num_classes + 1)[1:].tolist()
     description = {"mechanism": "rr-with-prior", "per_example_priors": True, "epsilon": epsilon,
@@ -283,9 +288,7 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
     if stored is not None:
         return stored, False
     ids, groups = parse_groups(path, fmt)
-    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, ids)
-    covered = snapshot.version_index[rows]
-    _check_budget(ctx, dataset_id, covered, epsilon)
+    rows, covered = _cover(ctx, dataset_id, snapshot, ids, epsilon)
     result = privatize_by_group(snapshot.domain, snapshot.labels[rows], groups, mechanism, epsilon,
                                 os_entropy_rng(), prior_epsilon=prior_epsilon)
     per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
@@ -326,9 +329,7 @@ def central_training(ctx: ServiceContext, principal: Principal, dataset_id: str,
                            code="central_training_disabled")
     if not isinstance(snapshot.domain, Classes):
         raise LabelDPError("central training (LabelDP-Pro) needs a classes dataset", code="mechanism_domain_mismatch")
-    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, request.example_ids)
-    covered = snapshot.version_index[rows]
-    _check_budget(ctx, dataset_id, covered, request.epsilon)
+    rows, covered = _cover(ctx, dataset_id, snapshot, request.example_ids, request.epsilon)
     features = np.asarray(request.features, dtype=np.float32)
     if not np.all(np.isfinite(features)):
         raise LabelDPError("features must be finite numbers", code="invalid_request")
@@ -369,9 +370,7 @@ def evaluate_predictions(ctx: ServiceContext, principal: Principal, dataset_id: 
     stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
     if stored is not None:
         return stored, False
-    rows = _covered_rows(ctx, snapshot.dataset, snapshot.version_index, request.example_ids)
-    covered = snapshot.version_index[rows]
-    _check_budget(ctx, dataset_id, covered, request.epsilon)
+    rows, covered = _cover(ctx, dataset_id, snapshot, request.example_ids, request.epsilon)
     result = evaluate(request.metric, request.predictions, snapshot.labels[rows], request.epsilon, request.clip,
                       os_entropy_rng())
     low, high = result.confidence_interval()

@@ -150,3 +150,14 @@ def test_lp_mst_job_over_http(tmp_path):
         held_out = [f"d{i}" for i in range(500, 600)]
         assert np.mean(predicted[held_out].to_numpy() == digits.target[500:600]) > 0.5  # chance: 0.1
         assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 4.0
+
+
+def test_a_failing_job_is_recorded_and_the_error_kept(tmp_path):
+    from features_party.jobs import Job, job_running
+
+    job = Job(id="j", request={})
+    with job_running(job, tmp_path / "j"):
+        raise ValueError("no overlap")
+    view = job.view()
+    assert view["status"] == "failed" and view["error"] == "ValueError: no overlap"
+    assert '"status": "failed"' in (tmp_path / "j" / "job.json").read_text()
