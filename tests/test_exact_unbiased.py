@@ -65,3 +65,12 @@ def test_pricing_is_exact_against_a_dense_search():
     dense = (c.sum(axis=1) + (e - 1) * np.minimum(c, 0).sum(axis=1)).min()
     assert result.best == pytest.approx(dense, abs=1e-8)
     assert result.best <= dense + 1e-12
+
+
+def test_the_certificate_travels_with_the_mechanism():
+    values, prior = _problem(3)
+    solution = solve_exact_optimal_unbiased(values, prior, 1.0)
+    parameters = solution.mechanism.parameters
+    assert parameters["method"] == "exact" and parameters["optimality_gap"] == solution.optimality_gap
+    assert parameters["lower_bound"] == solution.lower_bound
+    assert solution.mechanism.describe()["parameters"]["optimality_gap"] <= 1e-6

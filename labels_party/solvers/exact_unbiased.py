@@ -22,9 +22,11 @@ it certifies the returned loss to the reported relative gap.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import highspy
 import numpy as np
@@ -209,4 +211,7 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
     loss = mechanism.noisy_label_loss(prior)
     lower = lower_bound * scale**2
     gap = max(0.0, (loss - lower) / loss) if loss > 0 else 0.0
+    # The certificate travels with the mechanism (and so into release descriptions and audit records).
+    mechanism = dataclasses.replace(mechanism, parameters=MappingProxyType(
+        {**mechanism.parameters, "optimality_gap": gap, "lower_bound": lower}))
     return ExactSolution(mechanism, lower, gap, iterations, time.perf_counter() - started)
