@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
@@ -25,10 +25,14 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def _finite_positive(value: float, name: str) -> float:
-    if value is None or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be positive and finite")
+def _finite_positive(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be positive and finite")
     return value
+
+
+# A privacy parameter (or budget): positive and finite; NaN and ±inf are refused.
+PositiveFinite = Annotated[float, AfterValidator(_finite_positive)]
 
 
 class DatasetCreate(BaseModel):
@@ -41,13 +45,9 @@ class DatasetCreate(BaseModel):
     max: float | None = None
     num_classes: int | None = Field(default=None, ge=2, le=100_000)
     grid_size: int | None = Field(default=None, ge=2, le=10_000)
-    epsilon_total: float
+    epsilon_total: PositiveFinite
     allow_central_training: bool = False
 
-    @field_validator("epsilon_total")
-    @classmethod
-    def _epsilon_total(cls, value: float) -> float:
-        return _finite_positive(value, "epsilon_total")
 
     @model_validator(mode="after")
     def _domain_fields(self) -> DatasetCreate:
@@ -93,8 +93,8 @@ class ReleaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mechanism: str
-    epsilon: float
-    prior_epsilon: float | None = None
+    epsilon: PositiveFinite
+    prior_epsilon: PositiveFinite | None = None
     prior_noise: Literal["laplace", "discrete-laplace"] = "laplace"
     mesh: int | None = Field(default=None, ge=2, le=5000)
     exact: bool = False
@@ -102,15 +102,7 @@ class ReleaseRequest(BaseModel):
     variant: Literal["discrete", "continuous"] | None = None
     example_ids: list[str] | None = Field(default=None, min_length=1)
 
-    @field_validator("epsilon")
-    @classmethod
-    def _epsilon(cls, value: float) -> float:
-        return _finite_positive(value, "epsilon")
 
-    @field_validator("prior_epsilon")
-    @classmethod
-    def _prior_epsilon(cls, value: float | None) -> float | None:
-        return None if value is None else _finite_positive(value, "prior_epsilon")
 
 
 class EvaluationRequest(BaseModel):
@@ -119,15 +111,11 @@ class EvaluationRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     metric: Literal["mse", "poisson", "accuracy"]
-    epsilon: float
+    epsilon: PositiveFinite
     clip: float = 1e4
     example_ids: list[str] = Field(min_length=1)
     predictions: list[float] = Field(min_length=1)
 
-    @field_validator("epsilon")
-    @classmethod
-    def _epsilon(cls, value: float) -> float:
-        return _finite_positive(value, "epsilon")
 
     @model_validator(mode="after")
     def _aligned(self) -> EvaluationRequest:
@@ -142,7 +130,7 @@ class CentralTrainingRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    epsilon: float
+    epsilon: PositiveFinite
     delta: float = Field(default=1e-5, gt=0, lt=1e-2)
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
     steps: int = Field(default=300, ge=1, le=20_000)
@@ -152,10 +140,6 @@ class CentralTrainingRequest(BaseModel):
     example_ids: list[str] = Field(min_length=2)
     features: list[list[float]] = Field(min_length=2)
 
-    @field_validator("epsilon")
-    @classmethod
-    def _epsilon(cls, value: float) -> float:
-        return _finite_positive(value, "epsilon")
 
     @model_validator(mode="after")
     def _aligned(self) -> CentralTrainingRequest:
