@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 import jax
 import numpy as np
 
-from features_party import models
 from features_party.client import LabelsPartyClient
 from features_party.train import TrainConfig, TrainResult, train
+from shared import models
 
 
 @dataclass

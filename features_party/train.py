@@ -19,7 +19,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from features_party import losses, models
+from features_party import losses
+from shared import models
 
 log = logging.getLogger("labeldp.train")
 

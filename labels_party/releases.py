@@ -317,8 +317,9 @@ def central_training(ctx: ServiceContext, principal: Principal, dataset_id: str,
                      idempotency_key: str | None) -> tuple[schemas.Release, bool]:
     """Train with LabelDP-Pro here and return only the parameters; (ε, δ) is charged to the training examples
     (their ε adds to the per-example budget; δ is recorded in the ledger)."""
-    from features_party.labeldp_pro import ProConfig, train_labeldp_pro
-    from features_party.labeldp_pro import dp_event as pro_event
+    # Imported here so that the labels service only loads JAX when central training is actually used.
+    from labels_party.labeldp_pro import ProConfig, train_labeldp_pro
+    from labels_party.labeldp_pro import dp_event as pro_event
 
     body_hash = hashlib.sha256(canonical(request.model_dump()).encode()).hexdigest()
     stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)

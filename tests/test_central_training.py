@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sklearn.datasets import load_digits
 
-from features_party import models
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.service import make_context, verify_audit
+from shared import models
 
 
 @pytest.fixture()

@@ -11,8 +11,7 @@ import pytest
 from dp_accounting import rdp
 from sklearn.datasets import load_digits
 
-from features_party import models
-from features_party.labeldp_pro import (
+from labels_party.labeldp_pro import (
     ProConfig,
     calibrate_sigma,
     denoise,
@@ -21,6 +20,7 @@ from features_party.labeldp_pro import (
     project_simplex,
     train_labeldp_pro,
 )
+from shared import models
 
 
 def test_accounting_is_dp_accounting_with_the_label_change_sensitivity():

@@ -17,11 +17,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features_party import losses, models
+from features_party import losses
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, TrainResult, device_summary, load_model, save_model, train
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from shared import models
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from dp_accounting import rdp
 
-from features_party import models
+from shared import models
 
 DENOISERS = ("noop", "selfspan", "selfconv", "altconv")
 

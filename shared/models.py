@@ -1,5 +1,6 @@
 """Models as pure functions over explicit parameter pytrees: a linear/GLM model and an MLP, both over numeric
-features plus one embedding table per categorical feature (index 0 = unseen category)."""
+features plus one embedding table per categorical feature (index 0 = unseen category). Shared because the
+parameters of a centrally trained model (LabelDP-Pro at the labels party) are applied by the features party."""
 
 from __future__ import annotations
 
