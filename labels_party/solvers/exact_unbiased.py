@@ -1,23 +1,38 @@
-"""The optimal unbiased randomizer over *continuous* output values, by column generation with exact pricing.
+"""The optimal unbiased randomizer over *continuous* output values: a second-order cone program over interval
+signatures (Clarabel), a HiGHS LP for the vertex solution, and an exact pricing certificate.
 
-Problem (squared loss g(t, y) = ½ (t − y)²). By Claim 12 of the optimal-unbiased paper every ε-DP column is a
-conic combination of staircase vectors, so the semi-infinite LP has one variable w ≥ 0 per (output value t, high
-set S ⊆ Y), with column s_y = e^ε for y ∈ S and 1 otherwise, and only 2|Y| equality rows:
+Problem (squared loss g(t, y) = ½ (t − y)², labels y sorted, prior p). By Claim 12 of the optimal-unbiased paper
+every ε-DP column is a conic combination of staircase vectors, so the problem is a semi-infinite LP with one
+variable w ≥ 0 per (output value t ∈ ℝ, high set S ⊆ Y), column s_y = e^ε for y ∈ S and 1 otherwise, and only
+2|Y| equality rows:
 
     min Σ w Σ_y p_y s_y g(t, y)   s.t.   Σ w s_y = 1,   Σ w s_y t = y      (every y ∈ Y).
 
-Dual variables (α_y, β_y) for the two row families give the reduced cost of a column
+Dual variables (α_y, β_y) give the reduced cost rc(t, S) = Σ_y s_y c_y(t) with c_y(t) = p_y g(t, y) − α_y − β_y t.
 
-    rc(t, S) = Σ_y s_y c_y(t),   c_y(t) = p_y g(t, y) − α_y − β_y t,
+Reformulation. For a fixed signature S the reduced cost is a quadratic in t,
+rc(t, S) = ½ A_S t² − t (P_S + s·β) + D_S − s·α with A_S = Σ s p, P_S = Σ s p y, D_S = ½ Σ s p y², so the
+semi-infinite family of dual constraints {rc(t, S) ≥ 0 for all t} is exactly one rotated second-order cone
 
-which for fixed t is minimized by S = {y : c_y(t) < 0}, and then rc*(t) = Σ_y c_y(t) + (e^ε − 1) Σ_y min(c_y(t), 0)
-is piecewise quadratic with breakpoints at the ≤ 2|Y| roots of the c_y: pricing is exact and closed form, so
-column generation converges to the continuous optimum. HiGHS (highspy) solves the restricted master problem and
-is warm-started as columns are added.
+    (s·β + P_S)² ≤ 2 A_S (D_S − s·α),
 
-Certificate. Every feasible solution has Σ w ≤ 1 (each normalization row has s_y ≥ 1), so for any duals
-LB = Σ_y (α_y + β_y y) + min(0, min_{t,S} rc(t, S)) is a lower bound on the optimum — computed at the requested ε
-it certifies the returned loss to the reported relative gap.
+and its dual variables are the column's weight w_S and first moment u_S = w_S t_S: the output value is optimized
+continuously (the perspective formulation of the issue). Theorem 6 says an optimal randomizer only needs
+*interval* signatures — |Y|(|Y|+1)/2 cones — and that the intervals move monotonically with t; for large |Y| a
+working set of intervals grows around the active path (coarse strides first, then pricing and a band).
+s·α is written with prefix sums of α (the decision variables), so each cone touches at most six of them.
+
+Vertex and certificate. The interior-point solution is spread over near-active signatures; HiGHS (highspy) then
+solves the LP restricted to the active columns at their optimal output values, which returns a vertex with
+≤ 2|Y| outputs and tolerance-level feasibility for the exact repair of :func:`certify_solution`. For any duals,
+every feasible solution has Σ w ≤ 1 (each normalization row has s_y ≥ 1), so
+LB = Σ_y (α_y + β_y y) + min(0, min_{t,S} rc(t, S)) is a lower bound on the optimum over *all* signatures and all
+t ∈ ℝ; min over S is {y : c_y(t) < 0} and min over t is a 1-D piecewise-quadratic problem solved in closed form
+(:func:`price`). The bound is computed at the requested ε, so the reported gap certifies the released mechanism.
+
+Output values are not restricted to the ε-dbRR interval [L, U] of Algorithm 2: that interval is the paper's
+heuristic for its grid, not a property of the optimum (at ε = 8 on the PSID prior the optimum over ℝ puts an
+output below L and is ~5 % better than the best randomizer over [L, U]).
 """
 
 from __future__ import annotations
@@ -28,28 +43,38 @@ import time
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import clarabel
 import highspy
 import numpy as np
+import scipy.sparse as sparse
 
-from labels_party.solvers.opt_unbiased import certify_solution, solve_mesh_lp
+from labels_party.solvers.opt_unbiased import certify_solution
 from shared.errors import LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import debiased_outputs
 from shared.privacy import check_epsilon, design_epsilon
 
-EXACT_SOLVER_MARGIN = 1e-9  # the master LP is tiny and exact to ~1e-12: the repair needs almost no slack
+EXACT_SOLVER_MARGIN = 1e-8  # the vertex LP is feasible to ~1e-10: the exact repair needs little slack
+ALL_INTERVALS_UP_TO = 3000  # cones; above this the intervals are grown as a working set
+COARSE_ENDPOINTS = 48  # endpoints per side of the first working set for large |Y|
+# Interior-point duals are accurate to ~1e-7 relative; the last digits come from the vertex LP and exact pricing.
+CONE_GAP = 2e-7
 
 
 @dataclass(frozen=True)
 class Pricing:
-    t: np.ndarray  # candidate output values (one per piece with negative reduced cost)
+    t: np.ndarray  # candidate output values (one per piece with negative reduced cost), best first
     high: np.ndarray  # (candidates, k) bool: the high set S of each candidate
     reduced_cost: np.ndarray
-    best: float  # min over all t of rc*(t) (may be >= 0)
+    best: float  # min over all t ∈ ℝ of rc*(t) (may be >= 0)
 
 
-def price(values, prior, alpha, beta, e, t_low: float, t_high: float) -> Pricing:
-    """Exact minimization of rc*(t) over t ∈ [t_low, t_high] (in the caller's scaled coordinates)."""
+def price(values, prior, alpha, beta, e) -> Pricing:
+    """Exact minimization over t ∈ ℝ of rc*(t) = Σ_y c_y(t) + (e − 1) Σ_y min(c_y(t), 0).
+
+    rc* is piecewise quadratic with breakpoints at the roots of the c_y; on each piece the high set is fixed and the
+    minimum is closed form. It tends to +∞ at both ends because the prior has positive mass.
+    """
     a = 0.5 * prior
     b = -prior * values - beta
     d = 0.5 * prior * values**2 - alpha
@@ -58,20 +83,144 @@ def price(values, prior, alpha, beta, e, t_low: float, t_high: float) -> Pricing
     ok = disc > 0
     sq, aq, bq = np.sqrt(disc[ok]), a[quadratic][ok], b[quadratic][ok]
     linear = (~quadratic) & (b != 0)
-    roots = np.concatenate([(-bq - sq) / (2 * aq), (-bq + sq) / (2 * aq), -d[linear] / b[linear]])
-    inside = roots[(roots > t_low) & (roots < t_high)]
-    edges = np.unique(np.concatenate([[t_low, t_high], inside]))
-    mids = 0.5 * (edges[:-1] + edges[1:])
+    roots = np.unique(np.concatenate([(-bq - sq) / (2 * aq), (-bq + sq) / (2 * aq), -d[linear] / b[linear]]))
+    lows = np.concatenate([[-np.inf], roots])
+    highs = np.concatenate([roots, [np.inf]])
+    if roots.size:  # one interior sample point per piece decides its high set
+        mids = np.concatenate([[roots[0] - 1.0], 0.5 * (roots[:-1] + roots[1:]), [roots[-1] + 1.0]])
+    else:
+        mids = np.zeros(1)
     negative = (a[None, :] * mids[:, None] ** 2 + b[None, :] * mids[:, None] + d[None, :]) < 0
     weight = 1.0 + (e - 1.0) * negative  # (pieces, k): the best high set on each piece
     qa, qb, qd = weight @ a, weight @ b, weight @ d
-    with np.errstate(divide="ignore", invalid="ignore"):
-        vertex = np.where(qa > 0, -qb / (2 * qa), np.where(qb > 0, -np.inf, np.inf))
-    t = np.clip(vertex, edges[:-1], edges[1:])
+    t = np.clip(-qb / (2 * qa), lows, highs)
     rc = qa * t**2 + qb * t + qd
     order = np.argsort(rc)
     keep = order[rc[order] < 0]
     return Pricing(t[keep], negative[keep], rc[keep], float(rc.min()))
+
+
+def lower_bound(values, prior, alpha, beta, e) -> float:
+    """A certified lower bound on the optimal loss from *any* duals (α, β).
+
+    Lagrangian bound: every feasible solution has Σ w ≤ 1 (each normalization row has s_y ≥ 1), so
+    Σ(α + β·y) + min(0, min rc) ≤ optimum. Interior-point duals violate the constraints of columns with large
+    high sets by amounts that this bound charges in full; lowering every α_y by δ raises rc(t, S) by
+    δ (|Y| + (e − 1)|S|) and costs only δ |Y|, so the bound is also evaluated at the smallest δ that makes the
+    shifted duals feasible (bisection with exact pricing) and the larger of the two is returned.
+    """
+    objective = float(alpha.sum() + beta @ values)
+    worst = price(values, prior, alpha, beta, e).best
+    if worst >= 0:
+        return objective
+    low, high = 0.0, -worst / values.size  # at δ = high the shifted duals are feasible (every s_y >= 1)
+    for _ in range(40):
+        middle = 0.5 * (low + high)
+        if price(values, prior, alpha - middle, beta, e).best >= 0:
+            high = middle
+        else:
+            low = middle
+    return max(objective + worst, objective - values.size * high)
+
+
+@dataclass(frozen=True)
+class ConeSolution:
+    """Solution of the cone program over a set of signatures (scaled coordinates)."""
+    alpha: np.ndarray
+    beta: np.ndarray
+    weights: np.ndarray  # w_S per signature
+    outputs: np.ndarray  # t_S = u_S / w_S (nan where w_S = 0)
+    objective: float  # dual objective Σ α + β·y (equals the primal optimum at convergence)
+
+
+def solve_signature_socp(y, prior, e, masks) -> ConeSolution:
+    """min over {(w_S, t_S)} of the loss with the given high sets, as the dual cone program in (α, β)."""
+    count, k = masks.shape
+    high = masks.astype(np.float64)
+    # Each signature's vector s is divided by A_S = Σ s p (a column's scale is free: its weight absorbs it), so
+    # every cone has A = 1 and entries of order one even when e^ε is in the thousands.
+    scale = 1.0 + (e - 1.0) * (high @ prior)
+    a_s = scale
+    p_s = (prior @ y + (e - 1.0) * (high @ (prior * y))) / scale
+    d_s = 0.5 * (prior @ y**2 + (e - 1.0) * (high @ (prior * y**2))) / scale
+    # s·x = X_k + (e − 1) Σ_j (m_j − m_{j+1}) X_j with X the prefix sums of x: nonzeros only at run boundaries.
+    boundary = (e - 1.0) * (high - np.pad(high[:, 1:], ((0, 0), (0, 1))))
+    boundary[:, -1] += 1.0
+    linear = sparse.csr_matrix(boundary / scale[:, None])
+    a_s = np.ones(count)
+    zero = sparse.csr_matrix((count, k))
+    # Cone i, rows 3i..3i+2: (z + A/2, v, z − A/2) with z = D − s·α, v = s·β + P: v² ≤ 2 A z.
+    rows = sparse.vstack([sparse.hstack([linear, zero]), sparse.hstack([zero, -linear]),
+                          sparse.hstack([linear, zero])]).tocsr()
+    rows = rows[np.arange(3 * count).reshape(3, count).T.ravel()].tocsc()
+    b = np.stack([d_s + 0.5 * a_s, p_s, d_s - 0.5 * a_s], axis=1).ravel()
+    c = np.zeros(2 * k)
+    c[k - 1] = -1.0  # Σ α = X_k
+    c[k:] = -(y - np.append(y[1:], 0.0))  # Σ β_j y_j = Σ_j B_j (y_j − y_{j+1})
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = 1e-10
+    settings.max_iter = 400
+    solution = clarabel.DefaultSolver(sparse.csc_matrix((2 * k, 2 * k)), c, rows, b,
+                                      [clarabel.SecondOrderConeT(3)] * count, settings).solve()
+    if solution.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
+        raise LabelDPError(f"cone program failed: {solution.status}", code="solver_failed")
+    x, z = np.asarray(solution.x), np.asarray(solution.z).reshape(count, 3)
+    z = z / scale[:, None]  # back to the weights of the unscaled vectors s
+    weights = np.maximum(z[:, 0] + z[:, 2], 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        outputs = np.where(weights > 0, -z[:, 1] / weights, np.nan)
+    alpha, beta = np.diff(x[:k], prepend=0.0), np.diff(x[k:], prepend=0.0)
+    return ConeSolution(alpha, beta, weights, outputs, float(alpha.sum() + beta @ y))
+
+
+def interval_masks(k: int, firsts, lasts) -> np.ndarray:
+    """Boolean masks of the intervals [first, last] (0-based, inclusive) of k sorted labels."""
+    labels = np.arange(k)
+    return (labels >= np.asarray(firsts)[:, None]) & (labels <= np.asarray(lasts)[:, None])
+
+
+def initial_signatures(k: int) -> tuple[np.ndarray, int]:
+    """All intervals when that is small, else intervals whose ends lie on a coarse stride; returns (masks, stride)."""
+    if k * (k + 1) // 2 <= ALL_INTERVALS_UP_TO:
+        firsts, lasts = np.triu_indices(k)
+        return interval_masks(k, firsts, lasts), 1
+    stride = math.ceil(k / COARSE_ENDPOINTS)
+    starts = np.arange(0, k, stride)
+    ends = np.unique(np.append(starts[1:] - 1, k - 1))
+    firsts, lasts = np.meshgrid(starts, ends, indexing="ij")
+    ok = firsts <= lasts
+    # Labels inside one stride block would share every column: the singletons (ε-dbRR's signatures) keep the
+    # restricted problem feasible.
+    singletons = np.arange(k)
+    firsts = np.concatenate([firsts[ok], singletons])
+    lasts = np.concatenate([lasts[ok], singletons])
+    return _new_rows(np.zeros((0, k), dtype=bool), interval_masks(k, firsts, lasts)), stride
+
+
+def band_around(masks: np.ndarray, radius: int) -> np.ndarray:
+    """Intervals whose ends are within ``radius`` of an interval signature in ``masks`` (non-intervals skipped)."""
+    k = masks.shape[1]
+    firsts, lasts = masks.argmax(axis=1), k - 1 - masks[:, ::-1].argmax(axis=1)
+    is_interval = masks.sum(axis=1) == lasts - firsts + 1
+    shifts = np.arange(-radius, radius + 1)
+    f = (firsts[is_interval, None, None] + shifts[None, :, None]).ravel()
+    g = (lasts[is_interval, None, None] + shifts[None, None, :]).ravel()
+    ok = (f >= 0) & (g < k) & (f <= g)
+    pairs = np.unique(np.stack([f[ok], g[ok]], axis=1), axis=0)
+    return interval_masks(k, pairs[:, 0], pairs[:, 1])
+
+
+def _new_rows(existing: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    known = {row.tobytes() for row in np.packbits(existing, axis=1)}
+    packed = np.packbits(candidates, axis=1)
+    fresh, seen = [], set()
+    for i, row in enumerate(packed):
+        key = row.tobytes()
+        if key not in known and key not in seen:
+            seen.add(key)
+            fresh.append(i)
+    return candidates[fresh]
 
 
 @dataclass(frozen=True)
@@ -79,15 +228,122 @@ class ExactSolution:
     mechanism: FiniteRandomizer
     lower_bound: float
     optimality_gap: float
-    iterations: int
+    iterations: int  # cone programs solved
     seconds: float
 
 
+class _VertexLP:
+    """HiGHS master over staircase columns at fixed output values; columns can be added (warm start)."""
+
+    def __init__(self, y, prior, e):
+        self.y, self.prior, self.e, self.k = y, prior, e, y.size
+        self.highs = highspy.Highs()
+        self.highs.setOptionValue("output_flag", False)
+        self.highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
+        self.highs.setOptionValue("dual_feasibility_tolerance", 1e-10)
+        targets = np.concatenate([np.ones(self.k), y])
+        self.highs.addRows(2 * self.k, targets, targets, 0, np.array([], np.int32), np.array([], np.int32),
+                           np.array([]))
+        self.outputs: list[float] = []
+        self.vectors: list[np.ndarray] = []  # each column's vector over labels, as passed to HiGHS
+
+    def add(self, outputs, masks):
+        outputs, k = np.asarray(outputs, dtype=np.float64), self.k
+        # Staircase vectors scaled to a maximum of 1 (entries 1 and e^-ε): at large ε, entries e^ε made HiGHS's
+        # 1e-10 feasibility too coarse for the exact repair.
+        vectors = np.where(masks, 1.0, 1.0 / self.e)
+        costs = (vectors * self.prior * 0.5 * (outputs[:, None] - self.y) ** 2).sum(axis=1)
+        coefficients = np.concatenate([vectors, vectors * outputs[:, None]], axis=1)
+        count = outputs.size
+        self.highs.addCols(count, costs, np.zeros(count), np.full(count, highspy.kHighsInf), count * 2 * k,
+                           np.arange(count, dtype=np.int32) * 2 * k,
+                           np.tile(np.arange(2 * k, dtype=np.int32), count), coefficients.ravel())
+        self.outputs.extend(outputs.tolist())
+        self.vectors.extend(vectors)
+
+    def solve(self):
+        """(weights, row duals α‖β, objective, which columns are basic)."""
+        self.highs.run()
+        if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            self.highs.clearSolver()  # a warm start can end "unknown" on a badly scaled basis: solve from scratch
+            self.highs.run()
+        status = self.highs.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise LabelDPError("vertex LP failed: " + self.highs.modelStatusToString(status), code="solver_failed")
+        solution = self.highs.getSolution()
+        basic = np.array([status == highspy.HighsBasisStatus.kBasic for status in self.highs.getBasis().col_status])
+        return (np.array(solution.col_value), np.array(solution.row_dual),
+                float(self.highs.getInfo().objective_function_value), basic)
+
+
+@dataclass(frozen=True)
+class _ScaledSolution:
+    outputs: np.ndarray  # sorted, distinct (scaled coordinates)
+    matrix: np.ndarray  # labels x outputs, solver tolerance
+    lower_bound: float  # valid at the requested ε (scaled loss)
+    cone_programs: int
+    signatures: int
+
+
+def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float, max_rounds: int) -> _ScaledSolution:
+    k = y.size
+    e_lp, e_req = math.exp(lp_epsilon), math.exp(epsilon)
+
+    # 1. Cone programs over a growing set of signatures until exact pricing finds nothing missing. They are solved
+    #    at the requested ε: their duals give the certificate; the vertex below is at ε_lp.
+    masks, radius = initial_signatures(k)
+    rounds, best_bound = 0, -math.inf
+    while True:
+        cone = solve_signature_socp(y, prior, e_req, masks)
+        rounds += 1
+        best_bound = max(best_bound, lower_bound(y, prior, cone.alpha, cone.beta, e_req))
+        if cone.objective - best_bound <= CONE_GAP * abs(cone.objective) or rounds >= max_rounds:
+            break
+        active = cone.weights > 1e-9 * cone.weights.max()
+        pricing = price(y, prior, cone.alpha, cone.beta, e_req)
+        fresh = _new_rows(masks, np.concatenate([pricing.high, band_around(masks[active], radius)]))
+        if not fresh.size:
+            break
+        masks = np.concatenate([masks, fresh])
+        radius = max(1, radius // 2)
+
+    # 2. The vertex: HiGHS over the cone's columns at their optimal output values (all of them: the interior point
+    #    is feasible for this LP, its support alone need not be), then exact-pricing columns until the gap is met.
+    vertex = _VertexLP(y, prior, e_lp)
+    vertex.add(debiased_outputs(y, lp_epsilon), np.eye(k, dtype=bool))  # ε-dbRR: the LP is always feasible
+    positive = cone.weights > 0
+    vertex.add(cone.outputs[positive], masks[positive])
+    for _ in range(max_rounds):
+        weights, duals, upper, basic = vertex.solve()
+        best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
+        pricing = price(y, prior, duals[:k], duals[k:], e_lp)
+        if upper - best_bound <= tolerance * abs(upper) or not pricing.t.size:
+            break
+        vertex.add(pricing.t[:16], pricing.high[:16])
+
+    used = np.flatnonzero(weights > 0)
+    vectors = np.asarray(vertex.vectors)[used]  # (n, k)
+    # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
+    # 1 / Var. In (w, u = w t) the rows are linear and split: S w = 1 and S u = y, each with more columns than
+    # labels, so float64 refinement (min-norm corrections; the output values move by ~1e-10) removes the residual.
+    w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
+    for _ in range(2):
+        w = w + np.linalg.lstsq(vectors.T, 1.0 - vectors.T @ w, rcond=None)[0]
+        u = u + np.linalg.lstsq(vectors.T, y - vectors.T @ u, rcond=None)[0]
+    if not np.all(w > 0):  # refinement would leave the simplex: keep HiGHS's weights and output values
+        w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
+    ts = u / w
+    matrix = (vectors * w[:, None]).T
+    order = np.argsort(ts, kind="stable")
+    ts, matrix = ts[order], matrix[:, order]
+    outputs, first = np.unique(ts, return_index=True)  # equal output values: one output
+    return _ScaledSolution(outputs, np.add.reduceat(matrix, first, axis=1), best_bound, rounds,
+                           int(masks.shape[0]))
+
+
 def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: float = 5e-7,
-                                 max_iterations: int = 5000, columns_per_iteration: int = 16,
-                                 time_limit: float = 120.0, warm_start_mesh: int | None = None,
-                                 initial_smoothing: float = 0.5, max_columns: int | None = None) -> ExactSolution:
-    """Column generation to a certified relative gap ``tolerance`` (lower bound computed at the requested ε)."""
+                                 max_rounds: int = 30) -> ExactSolution:
+    """The optimal unbiased randomizer over output values in ℝ, certified to a relative gap ``tolerance``."""
     started = time.perf_counter()
     epsilon = check_epsilon(epsilon)
     values = np.asarray(values, dtype=np.float64)
@@ -98,120 +354,30 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
                                                         {"method": "exact"})
         return ExactSolution(mechanism, 0.0, 0.0, 0, time.perf_counter() - started)
     lp_epsilon = design_epsilon(epsilon, EXACT_SOLVER_MARGIN)
-    max_columns = max_columns or 16 * k
-    e_lp, e_req = math.exp(lp_epsilon), math.exp(epsilon)
     center, scale = 0.5 * (values[0] + values[-1]), 0.5 * (values[-1] - values[0])
-    y = (values - center) / scale
-
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
-    highs.setOptionValue("dual_feasibility_tolerance", 1e-10)
-    inf = highspy.kHighsInf
-    targets = np.concatenate([np.ones(k), y])
-    highs.addRows(2 * k, targets, targets, 0, np.array([], np.int32), np.array([], np.int32), np.array([]))
-    columns_t: list[float] = []
-    columns: list[np.ndarray] = []  # each column's vector over labels (staircase, or a warm-start LP column)
-
-    def add_columns(ts, vectors):
-        vectors = np.asarray(vectors, dtype=np.float64).reshape(len(ts), k)
-        ts = np.asarray(ts, dtype=np.float64)
-        costs = (vectors * prior * 0.5 * (ts[:, None] - y) ** 2).sum(axis=1)
-        coefficients = np.concatenate([vectors, vectors * ts[:, None]], axis=1)
-        count = len(ts)
-        highs.addCols(count, costs, np.zeros(count), np.full(count, inf), count * 2 * k,
-                      np.arange(count, dtype=np.int32) * 2 * k, np.tile(np.arange(2 * k, dtype=np.int32), count),
-                      coefficients.ravel())
-        columns_t.extend(ts.tolist())
-        columns.extend(vectors)
-
-    # Output values live in [L, U], the extreme outputs of ε-dbRR (Algorithm 2's interval; Lemma 8 compares
-    # grids against the optimum over this same interval). Warm start: the mesh LP on a coarse grid gives columns
-    # within a few percent of the optimum and good duals; debiased RR's columns keep the master feasible.
-    start_t = debiased_outputs(y, lp_epsilon)
-    t_low, t_high = float(start_t.min()), float(start_t.max())
-    add_columns(start_t, np.where(np.eye(k, dtype=bool), e_lp, 1.0) / (e_lp + k - 1))
-    grid = np.linspace(t_low, t_high, warm_start_mesh or min(k, 64))
-    mesh_matrix, mesh_duals = solve_mesh_lp(y, prior, grid, lp_epsilon)
-    mesh_matrix = np.maximum(mesh_matrix, 0.0)
-    used = mesh_matrix.max(axis=0) > 1e-12
-    mesh_matrix = np.maximum(mesh_matrix, mesh_matrix.max(axis=0, keepdims=True) / e_lp)  # exact ε_lp-DP
-    add_columns(grid[used], mesh_matrix[:, used].T)
-
-    def lower_bound_at(duals, e):
-        """Lagrangian bound for any duals: Σ(α + β y) + min(0, min rc) (valid because Σ w <= 1)."""
-        a, b = duals[:k], duals[k:]
-        return float(a.sum() + b @ y) + min(0.0, price(y, prior, a, b, e, t_low, t_high).best)
-
-    # Dual stabilization (Wentges smoothing / in-out): price at a convex combination of the best-bound duals
-    # (the stability center) and the current master duals; the master's duals alone are degenerate and wild early
-    # on (the debiased-RR start has k columns for 2k rows) and make column generation tail off.
-    center_duals, lower_bound = mesh_duals, lower_bound_at(mesh_duals, e_req)
-    smoothing, iterations = initial_smoothing, 0
-    solution_columns = None  # (output values, vectors, weights) of the last master solved to optimality
-    while True:
-        highs.run()
-        if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            highs.clearSolver()  # a warm start can end "unknown" on a badly scaled basis: solve from scratch
-            highs.run()
-        if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            if solution_columns is None:
-                raise LabelDPError("column generation master LP failed: "
-                                   + highs.modelStatusToString(highs.getModelStatus()), code="solver_failed")
-            break  # numerical trouble late in the run: keep the last optimal master; the gap below is honest
-        weights = np.array(highs.getSolution().col_value)
-        used = np.flatnonzero(weights > 0)
-        solution_columns = (np.array(columns_t)[used], np.array(columns)[used], weights[used])
-        current = np.array(highs.getSolution().row_dual)
-        upper = float(highs.getInfo().objective_function_value)
-        iterations += 1
-        while True:
-            trial = smoothing * center_duals + (1 - smoothing) * current
-            # The certificate uses the requested ε: a valid bound for the problem the user asked about.
-            bound = lower_bound_at(trial, e_req)
-            if bound > lower_bound:
-                center_duals, lower_bound = trial, bound
-            pricing = price(y, prior, trial[:k], trial[k:], e_lp, t_low, t_high)
-            if pricing.t.size:  # keep columns that also improve the current master
-                s = np.where(pricing.high, e_lp, 1.0)
-                cost = (s * prior * 0.5 * (pricing.t[:, None] - y) ** 2).sum(axis=1)
-                rc_now = cost - s @ current[:k] - (s * pricing.t[:, None]) @ current[k:]
-                useful = rc_now < -1e-12 * max(1.0, abs(upper))
-            else:
-                useful = np.zeros(0, dtype=bool)
-            if useful.any() or smoothing == 0.0:
-                break
-            smoothing = 0.0 if smoothing < 0.1 else smoothing / 2  # mis-price: move towards the master duals
-        done = upper - lower_bound <= tolerance * abs(upper)
-        if done or not useful.any() or iterations >= max_iterations or time.perf_counter() - started > time_limit:
-            break
-        if len(columns_t) > max_columns:  # column management: drop the least promising non-basic columns
-            solution = highs.getSolution()
-            weights_now, dj = np.array(solution.col_value), np.array(solution.col_dual)
-            removable = np.flatnonzero((weights_now <= 0) & (dj > 0))
-            drop = removable[np.argsort(-dj[removable])][: len(columns_t) - max_columns // 2]
-            if drop.size:
-                highs.deleteCols(drop.size, np.sort(drop).astype(np.int32))
-                keep = np.ones(len(columns_t), dtype=bool)
-                keep[drop] = False
-                columns_t[:] = [t for t, kept in zip(columns_t, keep, strict=True) if kept]
-                columns[:] = [c for c, kept in zip(columns, keep, strict=True) if kept]
-        chosen = np.flatnonzero(useful)[:columns_per_iteration]
-        add_columns(pricing.t[chosen], np.where(pricing.high[chosen], e_lp, 1.0))
-        smoothing = min(0.9, smoothing + 0.1) if smoothing > 0 else initial_smoothing
-
-    ts, vectors, weights = solution_columns
-    matrix = vectors.T * weights[None, :]
-    order = np.argsort(ts, kind="stable")
-    ts, matrix = ts[order], matrix[:, order]
-    unique_t, first = np.unique(ts, return_index=True)  # equal output values: one output
-    merged = np.add.reduceat(matrix, first, axis=1)
-    mechanism = certify_solution(values, center + scale * unique_t, merged, epsilon, lp_epsilon, "opt-unbiased",
-                                 {"method": "exact", "iterations": iterations})
+    # A label with zero prior between two labels with positive prior costs nothing and constrains nothing: the
+    # interpolation of its neighbours' rows is normalized, unbiased for it and inside every column's DP range. So
+    # it is left out of the solve (the optimum is unchanged; its free duals would only blur the certificate).
+    support = np.flatnonzero(prior > 0)
+    interior_zero = (prior == 0) & (np.arange(k) > support[0]) & (np.arange(k) < support[-1])
+    solved = ~interior_zero
+    scaled = _solve_scaled((values[solved] - center) / scale, prior[solved], epsilon, lp_epsilon, tolerance,
+                           max_rounds)
+    matrix = np.empty((k, scaled.outputs.size))
+    matrix[solved] = scaled.matrix
+    kept = np.flatnonzero(solved)
+    for z in np.flatnonzero(interior_zero):
+        right = kept[np.searchsorted(kept, z)]
+        left = kept[np.searchsorted(kept, z) - 1]
+        weight = (values[right] - values[z]) / (values[right] - values[left])
+        matrix[z] = weight * matrix[left] + (1 - weight) * matrix[right]
+    mechanism = certify_solution(values, center + scale * scaled.outputs, matrix, epsilon, lp_epsilon,
+                                 "opt-unbiased", {"method": "exact", "cone_programs": scaled.cone_programs,
+                                                  "signatures": scaled.signatures})
     loss = mechanism.noisy_label_loss(prior)
-    lower = lower_bound * scale**2
+    lower = scaled.lower_bound * scale**2
     gap = max(0.0, (loss - lower) / loss) if loss > 0 else 0.0
     # The certificate travels with the mechanism (and so into release descriptions and audit records).
     mechanism = dataclasses.replace(mechanism, parameters=MappingProxyType(
         {**mechanism.parameters, "optimality_gap": gap, "lower_bound": lower}))
-    return ExactSolution(mechanism, lower, gap, iterations, time.perf_counter() - started)
+    return ExactSolution(mechanism, lower, gap, scaled.cone_programs, time.perf_counter() - started)
