@@ -49,16 +49,16 @@ import numpy as np
 import scipy.sparse as sparse
 
 from labels_party.solvers.opt_unbiased import certify_solution
-from shared.errors import LabelDPError
+from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import debiased_outputs
-from shared.privacy import check_epsilon, design_epsilon
+from shared.privacy import SOLVER_MARGIN, check_epsilon, design_epsilon
 
-EXACT_SOLVER_MARGIN = 1e-8  # the vertex LP is feasible to ~1e-10: the exact repair needs little slack
+EXACT_SOLVER_MARGIN = 2e-9  # the vertex LP is feasible to ~1e-10: the exact repair needs little slack
 ALL_INTERVALS_UP_TO = 3000  # cones; above this the intervals are grown as a working set
-COARSE_ENDPOINTS = 48  # endpoints per side of the first working set for large |Y|
+COARSE_LABELS = 48  # block count of the coarse problem that seeds the working set for large |Y|
 # Interior-point duals are accurate to ~1e-7 relative; the last digits come from the vertex LP and exact pricing.
-CONE_GAP = 2e-7
+CONE_GAP = 1e-7
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,21 @@ def lower_bound(values, prior, alpha, beta, e) -> float:
     return max(objective + worst, objective - values.size * high)
 
 
+def polish_duals(values, prior, e, masks, alpha, beta, steps: int = 3):
+    """Gauss-Newton on the dual optimality conditions of a set of active signatures: for each, min over t of
+    rc(t, S) = D_S − s·α − (P_S + s·β)² / (2 A_S) must be zero. Interior-point duals are ill-determined in the
+    directions of columns with tiny weight (large ε); making the active constraints tight fixes the certificate."""
+    s = np.where(masks, e, 1.0)
+    a_s, p_s, d_s = s @ prior, s @ (prior * values), 0.5 * (s @ (prior * values**2))
+    for _ in range(steps):
+        t = (p_s + s @ beta) / a_s
+        residual = d_s - s @ alpha - 0.5 * a_s * t**2
+        jacobian = np.concatenate([-s, -t[:, None] * s], axis=1)
+        step = np.linalg.lstsq(jacobian, -residual, rcond=None)[0]
+        alpha, beta = alpha + step[: values.size], beta + step[values.size:]
+    return alpha, beta
+
+
 @dataclass(frozen=True)
 class ConeSolution:
     """Solution of the cone program over a set of signatures (scaled coordinates)."""
@@ -180,22 +195,35 @@ def interval_masks(k: int, firsts, lasts) -> np.ndarray:
     return (labels >= np.asarray(firsts)[:, None]) & (labels <= np.asarray(lasts)[:, None])
 
 
-def initial_signatures(k: int) -> tuple[np.ndarray, int]:
-    """All intervals when that is small, else intervals whose ends lie on a coarse stride; returns (masks, stride)."""
+def initial_signatures(y, prior, e) -> tuple[np.ndarray, int]:
+    """The first working set of interval signatures and the band radius for the next round.
+
+    All intervals when there are few. Otherwise the labels are merged into ≤ COARSE_LABELS blocks of s consecutive
+    labels (prior summed, value its prior-weighted mean), that coarse problem is solved over all its intervals,
+    and its active intervals, mapped to label intervals, are widened by a band of radius s/2 + 1: Theorem 6's
+    monotone path of the fine problem runs close to the coarse one.
+    """
+    k = y.size
     if k * (k + 1) // 2 <= ALL_INTERVALS_UP_TO:
         firsts, lasts = np.triu_indices(k)
         return interval_masks(k, firsts, lasts), 1
-    stride = math.ceil(k / COARSE_ENDPOINTS)
-    starts = np.arange(0, k, stride)
-    ends = np.unique(np.append(starts[1:] - 1, k - 1))
-    firsts, lasts = np.meshgrid(starts, ends, indexing="ij")
-    ok = firsts <= lasts
-    # Labels inside one stride block would share every column: the singletons (ε-dbRR's signatures) keep the
-    # restricted problem feasible.
-    singletons = np.arange(k)
-    firsts = np.concatenate([firsts[ok], singletons])
-    lasts = np.concatenate([lasts[ok], singletons])
-    return _new_rows(np.zeros((0, k), dtype=bool), interval_masks(k, firsts, lasts)), stride
+    size = math.ceil(k / COARSE_LABELS)
+    starts = np.arange(0, k, size)
+    mass = np.add.reduceat(prior, starts)
+    midpoints = np.add.reduceat(y, starts) / np.diff(np.append(starts, k))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        coarse_y = np.where(mass > 0, np.add.reduceat(prior * y, starts) / mass, midpoints)
+    coarse_masks, _ = initial_signatures(coarse_y, mass / mass.sum(), e)
+    cone = solve_signature_socp(coarse_y, mass / mass.sum(), e, coarse_masks)
+    active = coarse_masks[cone.weights > 1e-9 * cone.weights.max()]
+    ends = np.append(starts[1:] - 1, k - 1)
+    firsts = starts[active.argmax(axis=1)]
+    lasts = ends[active.shape[1] - 1 - active[:, ::-1].argmax(axis=1)]
+    radius = size // 2 + 1
+    singletons = np.arange(k)  # they keep any working set feasible (ε-dbRR's signatures)
+    masks = np.concatenate([band_around(interval_masks(k, firsts, lasts), radius),
+                            interval_masks(k, singletons, singletons)])
+    return _new_rows(np.zeros((0, k), dtype=bool), masks), 2
 
 
 def band_around(masks: np.ndarray, radius: int) -> np.ndarray:
@@ -204,8 +232,8 @@ def band_around(masks: np.ndarray, radius: int) -> np.ndarray:
     firsts, lasts = masks.argmax(axis=1), k - 1 - masks[:, ::-1].argmax(axis=1)
     is_interval = masks.sum(axis=1) == lasts - firsts + 1
     shifts = np.arange(-radius, radius + 1)
-    f = (firsts[is_interval, None, None] + shifts[None, :, None]).ravel()
-    g = (lasts[is_interval, None, None] + shifts[None, None, :]).ravel()
+    f, g = (part.ravel() for part in np.broadcast_arrays(firsts[is_interval, None, None] + shifts[None, :, None],
+                                                          lasts[is_interval, None, None] + shifts[None, None, :]))
     ok = (f >= 0) & (g < k) & (f <= g)
     pairs = np.unique(np.stack([f[ok], g[ok]], axis=1), axis=0)
     return interval_masks(k, pairs[:, 0], pairs[:, 1])
@@ -233,7 +261,12 @@ class ExactSolution:
 
 
 class _VertexLP:
-    """HiGHS master over staircase columns at fixed output values; columns can be added (warm start)."""
+    """HiGHS master over staircase columns at fixed output values; columns can be added (warm start).
+
+    The rows are differenced (row y minus row y − 1, an invertible change of the equality system): a staircase
+    vector then has nonzeros only at the ends of its high runs, so a column has ~6 entries instead of 2|Y| and the
+    LP stays sparse at |Y| = 400. Duals are mapped back by α = Dᵀ λ.
+    """
 
     def __init__(self, y, prior, e):
         self.y, self.prior, self.e, self.k = y, prior, e, y.size
@@ -241,28 +274,28 @@ class _VertexLP:
         self.highs.setOptionValue("output_flag", False)
         self.highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
         self.highs.setOptionValue("dual_feasibility_tolerance", 1e-10)
-        targets = np.concatenate([np.ones(self.k), y])
+        targets = np.concatenate([np.diff(np.ones(self.k), prepend=0.0), np.diff(y, prepend=0.0)])
         self.highs.addRows(2 * self.k, targets, targets, 0, np.array([], np.int32), np.array([], np.int32),
                            np.array([]))
         self.outputs: list[float] = []
-        self.vectors: list[np.ndarray] = []  # each column's vector over labels, as passed to HiGHS
+        self.vectors: list[np.ndarray] = []  # each column's vector over labels (undifferenced)
 
     def add(self, outputs, masks):
-        outputs, k = np.asarray(outputs, dtype=np.float64), self.k
+        outputs = np.asarray(outputs, dtype=np.float64)
         # Staircase vectors scaled to a maximum of 1 (entries 1 and e^-ε): at large ε, entries e^ε made HiGHS's
         # 1e-10 feasibility too coarse for the exact repair.
         vectors = np.where(masks, 1.0, 1.0 / self.e)
         costs = (vectors * self.prior * 0.5 * (outputs[:, None] - self.y) ** 2).sum(axis=1)
-        coefficients = np.concatenate([vectors, vectors * outputs[:, None]], axis=1)
+        differenced = np.diff(vectors, axis=1, prepend=0.0)
+        columns = sparse.csc_matrix(np.concatenate([differenced, differenced * outputs[:, None]], axis=1).T)
         count = outputs.size
-        self.highs.addCols(count, costs, np.zeros(count), np.full(count, highspy.kHighsInf), count * 2 * k,
-                           np.arange(count, dtype=np.int32) * 2 * k,
-                           np.tile(np.arange(2 * k, dtype=np.int32), count), coefficients.ravel())
+        self.highs.addCols(count, costs, np.zeros(count), np.full(count, highspy.kHighsInf), columns.nnz,
+                           columns.indptr[:-1].astype(np.int32), columns.indices.astype(np.int32), columns.data)
         self.outputs.extend(outputs.tolist())
         self.vectors.extend(vectors)
 
     def solve(self):
-        """(weights, row duals α‖β, objective, which columns are basic)."""
+        """(weights, row duals α‖β of the undifferenced rows, objective)."""
         self.highs.run()
         if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             self.highs.clearSolver()  # a warm start can end "unknown" on a badly scaled basis: solve from scratch
@@ -271,9 +304,9 @@ class _VertexLP:
         if status != highspy.HighsModelStatus.kOptimal:
             raise LabelDPError("vertex LP failed: " + self.highs.modelStatusToString(status), code="solver_failed")
         solution = self.highs.getSolution()
-        basic = np.array([status == highspy.HighsBasisStatus.kBasic for status in self.highs.getBasis().col_status])
-        return (np.array(solution.col_value), np.array(solution.row_dual),
-                float(self.highs.getInfo().objective_function_value), basic)
+        duals = np.array(solution.row_dual).reshape(2, self.k)
+        duals = duals - np.pad(duals[:, 1:], ((0, 0), (0, 1)))  # α = Dᵀ λ: α_y = λ_y − λ_{y+1}
+        return np.array(solution.col_value), duals.ravel(), float(self.highs.getInfo().objective_function_value)
 
 
 @dataclass(frozen=True)
@@ -291,7 +324,7 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
 
     # 1. Cone programs over a growing set of signatures until exact pricing finds nothing missing. They are solved
     #    at the requested ε: their duals give the certificate; the vertex below is at ε_lp.
-    masks, radius = initial_signatures(k)
+    masks, radius = initial_signatures(y, prior, e_req)
     rounds, best_bound = 0, -math.inf
     while True:
         cone = solve_signature_socp(y, prior, e_req, masks)
@@ -301,7 +334,9 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
             break
         active = cone.weights > 1e-9 * cone.weights.max()
         pricing = price(y, prior, cone.alpha, cone.beta, e_req)
-        fresh = _new_rows(masks, np.concatenate([pricing.high, band_around(masks[active], radius)]))
+        # Priced high sets enter as their interval band (non-intervals only arise from inexact duals and would make
+        # the cone rows dense); the certificate prices every set anyway.
+        fresh = _new_rows(masks, band_around(np.concatenate([masks[active], pricing.high]), radius))
         if not fresh.size:
             break
         masks = np.concatenate([masks, fresh])
@@ -314,8 +349,11 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     positive = cone.weights > 0
     vertex.add(cone.outputs[positive], masks[positive])
     for _ in range(max_rounds):
-        weights, duals, upper, basic = vertex.solve()
-        best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
+        weights, duals, upper = vertex.solve()
+        active_masks = np.asarray(vertex.vectors)[weights > 0] == 1.0
+        polished = polish_duals(y, prior, e_req, active_masks, cone.alpha, cone.beta)
+        best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req),
+                         lower_bound(y, prior, *polished, e_req))
         pricing = price(y, prior, duals[:k], duals[k:], e_lp)
         if upper - best_bound <= tolerance * abs(upper) or not pricing.t.size:
             break
@@ -353,7 +391,6 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
         mechanism = FiniteRandomizer.from_probabilities("opt-unbiased", epsilon, values, values, np.ones((1, 1)),
                                                         {"method": "exact"})
         return ExactSolution(mechanism, 0.0, 0.0, 0, time.perf_counter() - started)
-    lp_epsilon = design_epsilon(epsilon, EXACT_SOLVER_MARGIN)
     center, scale = 0.5 * (values[0] + values[-1]), 0.5 * (values[-1] - values[0])
     # A label with zero prior between two labels with positive prior costs nothing and constrains nothing: the
     # interpolation of its neighbours' rows is normalized, unbiased for it and inside every column's DP range. So
@@ -361,19 +398,27 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
     support = np.flatnonzero(prior > 0)
     interior_zero = (prior == 0) & (np.arange(k) > support[0]) & (np.arange(k) < support[-1])
     solved = ~interior_zero
-    scaled = _solve_scaled((values[solved] - center) / scale, prior[solved], epsilon, lp_epsilon, tolerance,
-                           max_rounds)
-    matrix = np.empty((k, scaled.outputs.size))
-    matrix[solved] = scaled.matrix
     kept = np.flatnonzero(solved)
-    for z in np.flatnonzero(interior_zero):
-        right = kept[np.searchsorted(kept, z)]
-        left = kept[np.searchsorted(kept, z) - 1]
-        weight = (values[right] - values[z]) / (values[right] - values[left])
-        matrix[z] = weight * matrix[left] + (1 - weight) * matrix[right]
-    mechanism = certify_solution(values, center + scale * scaled.outputs, matrix, epsilon, lp_epsilon,
-                                 "opt-unbiased", {"method": "exact", "cone_programs": scaled.cone_programs,
-                                                  "signatures": scaled.signatures})
+    # The vertex is computed at ε_lp = ε(1 − margin) so that the exact repair fits; if the repair of a badly
+    # conditioned vertex does not fit, the margin grows (and the certified gap says what that cost).
+    for margin in (EXACT_SOLVER_MARGIN, 1e-7, SOLVER_MARGIN):
+        lp_epsilon = design_epsilon(epsilon, margin)
+        scaled = _solve_scaled((values[solved] - center) / scale, prior[solved], epsilon, lp_epsilon, tolerance,
+                               max_rounds)
+        matrix = np.empty((k, scaled.outputs.size))
+        matrix[solved] = scaled.matrix
+        for z in np.flatnonzero(interior_zero):
+            left, right = kept[np.searchsorted(kept, z) - 1], kept[np.searchsorted(kept, z)]
+            weight = (values[right] - values[z]) / (values[right] - values[left])
+            matrix[z] = weight * matrix[left] + (1 - weight) * matrix[right]
+        try:
+            mechanism = certify_solution(values, center + scale * scaled.outputs, matrix, epsilon, lp_epsilon,
+                                         "opt-unbiased", {"method": "exact", "cone_programs": scaled.cone_programs,
+                                                          "signatures": scaled.signatures})
+            break
+        except CertificationError:
+            if margin == SOLVER_MARGIN:
+                raise
     loss = mechanism.noisy_label_loss(prior)
     lower = scaled.lower_bound * scale**2
     gap = max(0.0, (loss - lower) / loss) if loss > 0 else 0.0
