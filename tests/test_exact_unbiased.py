@@ -1,10 +1,20 @@
-"""Column generation for the optimal unbiased randomizer over continuous outputs: certified, at least as good as
-any mesh LP, equal to a very fine mesh up to the discretization error, and with Theorem 6's structure."""
+"""The optimal unbiased randomizer over continuous outputs (cone program + HiGHS vertex + pricing certificate):
+certified, at least as good as any mesh LP, equal to a very fine mesh up to the discretization error, and with
+Theorem 6's structure."""
+
+import math
 
 import numpy as np
 import pytest
 
-from labels_party.solvers.exact_unbiased import price, solve_exact_optimal_unbiased
+from labels_party.solvers.exact_unbiased import (
+    initial_signatures,
+    interval_masks,
+    lower_bound,
+    price,
+    solve_exact_optimal_unbiased,
+    solve_signature_socp,
+)
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 
 CASES = [(seed, eps) for seed in (2, 3, 5, 7, 9) for eps in (0.5, 2.0)]
@@ -31,12 +41,28 @@ def test_exact_is_certified_and_no_worse_than_the_mesh_lp(seed, epsilon):
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
-def test_exact_matches_a_very_fine_mesh(epsilon):
+def test_exact_matches_a_very_fine_mesh_over_its_output_span(epsilon):
     values, prior = np.array([0.0, 3.0, 4.0]), np.array([0.5, 0.2, 0.3])
-    exact = solve_exact_optimal_unbiased(values, prior, epsilon).mechanism.noisy_label_loss(prior)
-    fine = solve_optimal_unbiased(values, prior, epsilon, mesh=1500).noisy_label_loss(prior)
-    assert exact <= fine * (1 + 1e-9)
-    assert fine == pytest.approx(exact, rel=2e-4)  # Lemma 8: the grid costs at most O(Δ)
+    exact = solve_exact_optimal_unbiased(values, prior, epsilon).mechanism
+    outputs = exact.output_values[exact.counts.max(axis=0) > 0]
+    low, high = outputs.min(), outputs.max()
+    grid = np.linspace(low - 0.05 * (high - low), high + 0.05 * (high - low), 1500)
+    fine = solve_optimal_unbiased(values, prior, epsilon, outputs=grid).noisy_label_loss(prior)
+    loss = exact.noisy_label_loss(prior)
+    assert loss <= fine * (1 + 1e-9)
+    assert fine == pytest.approx(loss, rel=2e-4)  # Lemma 8: the grid costs at most O(Δ)
+
+
+def test_the_optimum_over_the_reals_beats_the_dbrr_interval_of_algorithm_2():
+    # [L, U] is the paper's heuristic range for its grid, not a property of the optimum: here the optimum puts an
+    # output outside it and is 2 % better than the finest grid on [L, U].
+    values, prior = np.array([0.0, 3.0, 4.0]), np.array([0.5, 0.2, 0.3])
+    exact = solve_exact_optimal_unbiased(values, prior, 2.0).mechanism
+    on_interval = solve_optimal_unbiased(values, prior, 2.0, mesh=1500)
+    assert exact.noisy_label_loss(prior) < 0.98 * on_interval.noisy_label_loss(prior)
+    used = exact.output_values[exact.counts.max(axis=0) > 0]
+    grid = on_interval.parameters
+    assert used.min() < grid["grid_low"] or used.max() > grid["grid_high"]
 
 
 @pytest.mark.parametrize(("seed", "epsilon"), CASES)
@@ -57,14 +83,22 @@ def test_pricing_is_exact_against_a_dense_search():
     rng = np.random.default_rng(0)
     y = np.linspace(-1, 1, 6)
     prior = rng.dirichlet(np.ones(6))
-    alpha, beta = rng.normal(size=6), rng.normal(size=6)
     e = np.exp(1.0)
-    result = price(y, prior, alpha, beta, e, -3.0, 3.0)
-    grid = np.linspace(-3, 3, 200_001)
-    c = prior * 0.5 * (grid[:, None] - y) ** 2 - alpha - beta * grid[:, None]
-    dense = (c.sum(axis=1) + (e - 1) * np.minimum(c, 0).sum(axis=1)).min()
-    assert result.best == pytest.approx(dense, abs=1e-8)
-    assert result.best <= dense + 1e-12
+
+    def rc_star(grid, alpha, beta):
+        c = prior * 0.5 * (grid[:, None] - y) ** 2 - alpha - beta * grid[:, None]
+        return c.sum(axis=1) + (e - 1) * np.minimum(c, 0).sum(axis=1)
+
+    for _ in range(5):
+        alpha, beta = rng.normal(size=6), rng.normal(size=6)
+        result = price(y, prior, alpha, beta, e)
+        best_t = result.t[0] if result.t.size else 0.0
+        grid = np.concatenate([np.linspace(-400, 400, 800_001), np.linspace(best_t - 1, best_t + 1, 200_001)])
+        dense = rc_star(grid, alpha, beta).min()
+        assert result.best <= dense + 1e-12  # over all of ℝ: never above any sampled point
+        assert result.best == pytest.approx(dense, rel=1e-7, abs=1e-9)
+        if result.t.size:  # the reported candidates are where the reduced cost is attained
+            assert rc_star(result.t, alpha, beta) == pytest.approx(result.reduced_cost, rel=1e-9, abs=1e-12)
 
 
 def test_the_certificate_travels_with_the_mechanism():
@@ -74,3 +108,75 @@ def test_the_certificate_travels_with_the_mechanism():
     assert parameters["method"] == "exact" and parameters["optimality_gap"] == solution.optimality_gap
     assert parameters["lower_bound"] == solution.lower_bound
     assert solution.mechanism.describe()["parameters"]["optimality_gap"] <= 1e-6
+
+
+def _psid_like(seed, k, zeros):
+    rng = np.random.default_rng(seed)
+    prior = rng.dirichlet(np.ones(k))
+    prior[rng.choice(np.arange(1, k - 1), zeros, replace=False)] = 0.0  # interior labels nobody has
+    prior[0] = 0.0  # and an extreme one
+    return np.arange(1.0, k + 1), prior / prior.sum()
+
+
+@pytest.mark.parametrize("epsilon", [0.25, 1.0, 8.0])
+def test_zero_prior_labels_and_large_epsilon_are_certified(epsilon):
+    values, prior = _psid_like(4, 24, 5)
+    solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+    mechanism = solution.mechanism
+    assert mechanism.certified_epsilon <= epsilon and mechanism.max_abs_bias <= 1e-9
+    assert solution.optimality_gap <= 1e-6
+    mesh = solve_optimal_unbiased(values, prior, epsilon, mesh=4 * values.size)
+    assert mechanism.noisy_label_loss(prior) <= mesh.noisy_label_loss(prior) * (1 + 1e-9)
+
+
+def test_lower_bound_is_valid_for_arbitrary_duals_and_the_shift_only_helps():
+    values, prior = _problem(5)
+    y = (values - values.mean()) / np.ptp(values)
+    optimum = solve_exact_optimal_unbiased(y, prior, 1.0).mechanism.noisy_label_loss(prior)
+    rng = np.random.default_rng(1)
+    e = math.e
+    for _ in range(20):
+        alpha, beta = rng.normal(scale=0.1, size=y.size), rng.normal(scale=0.1, size=y.size)
+        plain = alpha.sum() + beta @ y + min(0.0, price(y, prior, alpha, beta, e).best)
+        bound = lower_bound(y, prior, alpha, beta, e)
+        assert plain - 1e-12 <= bound <= optimum + 1e-9
+
+
+def test_cone_program_over_all_intervals_equals_the_lp_over_its_columns():
+    # The cone program's value is the optimum over interval signatures with free output values; a HiGHS mesh LP
+    # on the cone's own output values (plus a fine grid) cannot beat it by more than solver tolerance.
+    values, prior = _problem(7)
+    y = (values - values.mean()) / np.ptp(values)
+    masks, radius = initial_signatures(y, prior, math.exp(1.0))
+    assert radius == 1 and masks.shape[0] == y.size * (y.size + 1) // 2
+    cone = solve_signature_socp(y, prior, math.exp(1.0), masks)
+    used = cone.outputs[cone.weights > 1e-7 * cone.weights.max()]
+    grid = np.union1d(used, np.linspace(used.min(), used.max(), 400))
+    mesh = solve_optimal_unbiased(y, prior, 1.0, outputs=grid).noisy_label_loss(prior)
+    assert mesh >= cone.objective * (1 - 1e-6)
+    assert mesh == pytest.approx(cone.objective, rel=1e-4)
+
+
+def test_interval_masks_and_the_coarse_working_set_for_large_domains():
+    masks = interval_masks(5, [0, 2], [1, 4])
+    assert masks.tolist() == [[True, True, False, False, False], [False, False, True, True, True]]
+    values = np.arange(1.0, 121.0)
+    prior = np.exp(-0.5 * ((values - 40) / 15) ** 2)
+    prior /= prior.sum()
+    y = (values - 60.5) / 59.5
+    working, radius = initial_signatures(y, prior, math.exp(1.0))
+    assert radius == 2 and working.shape[0] < 120 * 121 // 2  # a band, not every interval
+    assert np.all(working.sum(axis=1) >= 1)
+    singletons = {tuple(np.flatnonzero(row)) for row in working if row.sum() == 1}
+    assert len(singletons) == 120  # ε-dbRR's signatures keep every working set feasible
+
+
+@pytest.mark.slow
+def test_four_hundred_labels_are_solved_to_the_certified_gap():
+    values = np.arange(1.0, 401.0)
+    prior = np.exp(-0.5 * ((np.log(values) - 3.5) / 1.0) ** 2) / values
+    prior[-1] += 0.05 * prior.sum()
+    solution = solve_exact_optimal_unbiased(values, prior, 1.0)
+    assert solution.optimality_gap <= 1e-6
+    assert solution.mechanism.num_outputs <= 2 * values.size
+    assert solution.mechanism.certified_epsilon <= 1.0

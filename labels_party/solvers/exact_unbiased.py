@@ -359,16 +359,21 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
             break
         vertex.add(pricing.t[:16], pricing.high[:16])
 
-    used = np.flatnonzero(weights > 0)
-    vectors = np.asarray(vertex.vectors)[used]  # (n, k)
     # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
     # 1 / Var. In (w, u = w t) the rows are linear and split: S w = 1 and S u = y, each with more columns than
     # labels, so float64 refinement (min-norm corrections; the output values move by ~1e-10) removes the residual.
-    w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
-    for _ in range(2):
-        w = w + np.linalg.lstsq(vectors.T, 1.0 - vectors.T @ w, rcond=None)[0]
-        u = u + np.linalg.lstsq(vectors.T, y - vectors.T @ u, rcond=None)[0]
-    if not np.all(w > 0):  # refinement would leave the simplex: keep HiGHS's weights and output values
+    # It is tried first without the dust columns (weight < 1e-6 of the largest: the vertex uses them only to absorb
+    # the tolerance of the interior point's output values), which then leave the solution.
+    for used in (np.flatnonzero(weights >= 1e-6 * weights.max()), np.flatnonzero(weights > 0)):
+        vectors = np.asarray(vertex.vectors)[used]  # (n, k)
+        w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
+        for _ in range(2):
+            w = w + np.linalg.lstsq(vectors.T, 1.0 - vectors.T @ w, rcond=None)[0]
+            u = u + np.linalg.lstsq(vectors.T, y - vectors.T @ u, rcond=None)[0]
+        exact = max(np.abs(vectors.T @ w - 1.0).max(), np.abs(vectors.T @ u - y).max()) < 1e-13
+        if np.all(w > 0) and exact:
+            break
+    else:  # refinement would leave the simplex: keep HiGHS's weights and output values
         w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
     ts = u / w
     matrix = (vectors * w[:, None]).T
