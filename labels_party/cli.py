@@ -29,7 +29,7 @@ def register(commands) -> None:
                                             "Default: uniform over the labels")
     solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 2|Y|)")
     solve.add_argument("--exact", action="store_true",
-                       help="opt-unbiased over continuous outputs (column generation) with a certified gap")
+                       help="opt-unbiased over continuous outputs (cone program + HiGHS vertex) with a certified gap")
     solve.add_argument("--variant", choices=("discrete", "continuous"), help="laplace/staircase noise variant")
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")

@@ -37,7 +37,7 @@ class MechanismOptions:
     mesh: int | None = None
     clip: bool = False
     variant: str | None = None
-    exact: bool = False  # opt-unbiased over continuous outputs by column generation (certified gap)
+    exact: bool = False  # opt-unbiased over continuous outputs (cone program + HiGHS vertex, certified gap)
 
 
 def needs_prior(name: str) -> bool:
