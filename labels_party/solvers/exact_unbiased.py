@@ -46,6 +46,7 @@ from types import MappingProxyType
 import clarabel
 import highspy
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sparse
 
 from labels_party.solvers.opt_unbiased import certify_solution
@@ -59,6 +60,7 @@ ALL_INTERVALS_UP_TO = 3000  # cones; above this the intervals are grown as a wor
 COARSE_LABELS = 48  # block count of the coarse problem that seeds the working set for large |Y|
 # Interior-point duals are accurate to ~1e-7 relative; the last digits come from the vertex LP and exact pricing.
 CONE_GAP = 1e-7
+COLUMNS_PER_ROUND = 64  # exact-pricing columns added to the vertex LP per round
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def polish_duals(values, prior, e, masks, alpha, beta, steps: int = 3):
         t = (p_s + s @ beta) / a_s
         residual = d_s - s @ alpha - 0.5 * a_s * t**2
         jacobian = np.concatenate([-s, -t[:, None] * s], axis=1)
-        step = np.linalg.lstsq(jacobian, -residual, rcond=None)[0]
+        step = scipy.linalg.lstsq(jacobian, -residual, lapack_driver="gelsy")[0]
         alpha, beta = alpha + step[: values.size], beta + step[values.size:]
     return alpha, beta
 
@@ -325,13 +327,16 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     # 1. Cone programs over a growing set of signatures until exact pricing finds nothing missing. They are solved
     #    at the requested ε: their duals give the certificate; the vertex below is at ε_lp.
     masks, radius = initial_signatures(y, prior, e_req)
-    rounds, best_bound = 0, -math.inf
+    rounds, best_bound, previous = 0, -math.inf, math.inf
     while True:
         cone = solve_signature_socp(y, prior, e_req, masks)
         rounds += 1
         best_bound = max(best_bound, lower_bound(y, prior, cone.alpha, cone.beta, e_req))
         if cone.objective - best_bound <= CONE_GAP * abs(cone.objective) or rounds >= max_rounds:
             break
+        if previous - cone.objective <= CONE_GAP * abs(cone.objective):
+            break  # more signatures no longer move the optimum: what is left is dual accuracy, fixed below
+        previous = cone.objective
         active = cone.weights > 1e-9 * cone.weights.max()
         pricing = price(y, prior, cone.alpha, cone.beta, e_req)
         # Priced high sets enter as their interval band (non-intervals only arise from inexact duals and would make
@@ -342,22 +347,23 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
         masks = np.concatenate([masks, fresh])
         radius = max(1, radius // 2)
 
-    # 2. The vertex: HiGHS over the cone's columns at their optimal output values (all of them: the interior point
-    #    is feasible for this LP, its support alone need not be), then exact-pricing columns until the gap is met.
+    # 2. The vertex: HiGHS over the cone's columns at their optimal output values, then exact-pricing columns until
+    #    the gap is met with room to spare (refinement and the exact repair cost a little).
     vertex = _VertexLP(y, prior, e_lp)
     vertex.add(debiased_outputs(y, lp_epsilon), np.eye(k, dtype=bool))  # ε-dbRR: the LP is always feasible
-    positive = cone.weights > 0
+    positive = cone.weights > 1e-10 * cone.weights.max()  # the rest is interior-point dust
     vertex.add(cone.outputs[positive], masks[positive])
     for _ in range(max_rounds):
         weights, duals, upper = vertex.solve()
-        active_masks = np.asarray(vertex.vectors)[weights > 0] == 1.0
-        polished = polish_duals(y, prior, e_req, active_masks, cone.alpha, cone.beta)
-        best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req),
-                         lower_bound(y, prior, *polished, e_req))
+        best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
+        if upper - best_bound > 0.5 * tolerance * abs(upper):
+            active_masks = np.asarray(vertex.vectors)[weights > 0] == 1.0
+            polished = polish_duals(y, prior, e_req, active_masks, cone.alpha, cone.beta)
+            best_bound = max(best_bound, lower_bound(y, prior, *polished, e_req))
         pricing = price(y, prior, duals[:k], duals[k:], e_lp)
-        if upper - best_bound <= tolerance * abs(upper) or not pricing.t.size:
+        if upper - best_bound <= 0.5 * tolerance * abs(upper) or not pricing.t.size:
             break
-        vertex.add(pricing.t[:16], pricing.high[:16])
+        vertex.add(pricing.t[:COLUMNS_PER_ROUND], pricing.high[:COLUMNS_PER_ROUND])
 
     # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
     # 1 / Var. In (w, u = w t) the rows are linear and split: S w = 1 and S u = y, each with more columns than
