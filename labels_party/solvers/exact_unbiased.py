@@ -276,6 +276,9 @@ class _VertexLP:
         self.highs.setOptionValue("output_flag", False)
         self.highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
         self.highs.setOptionValue("dual_feasibility_tolerance", 1e-10)
+        # Presolve merges the near-parallel columns (a cone column next to the ε-dbRR column it equals up to
+        # 1e-9) and then declares the over-determined remainder infeasible at its tolerance.
+        self.highs.setOptionValue("presolve", "off")
         targets = np.concatenate([np.diff(np.ones(self.k), prepend=0.0), np.diff(y, prepend=0.0)])
         self.highs.addRows(2 * self.k, targets, targets, 0, np.array([], np.int32), np.array([], np.int32),
                            np.array([]))
@@ -350,11 +353,23 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     # 2. The vertex: HiGHS over the cone's columns at their optimal output values, then exact-pricing columns until
     #    the gap is met with room to spare (refinement and the exact repair cost a little).
     vertex = _VertexLP(y, prior, e_lp)
-    vertex.add(debiased_outputs(y, lp_epsilon), np.eye(k, dtype=bool))  # ε-dbRR: the LP is always feasible
-    positive = cone.weights > 1e-10 * cone.weights.max()  # the rest is interior-point dust
+    rr_outputs = debiased_outputs(y, lp_epsilon)
+    vertex.add(rr_outputs, np.eye(k, dtype=bool))  # ε-dbRR: the LP is always feasible
+    # The rest of the cone's columns is interior-point dust; a singleton column at (nearly) ε-dbRR's output value
+    # duplicates a column already there, and near-parallel pairs make the simplex declare infeasibility.
+    positive = cone.weights > 1e-10 * cone.weights.max()
+    singleton = masks.sum(axis=1) == 1
+    duplicate = singleton & (np.abs(cone.outputs - rr_outputs[masks.argmax(axis=1)]) <= 1e-6 * np.abs(rr_outputs).max())
+    positive &= ~duplicate
     vertex.add(cone.outputs[positive], masks[positive])
+    weights, progress = None, []
     for _ in range(max_rounds):
-        weights, duals, upper = vertex.solve()
+        try:
+            weights, duals, upper = vertex.solve()
+        except LabelDPError:
+            if weights is None:
+                raise
+            break  # numerical trouble after columns were added: the last optimal vertex stands (the gap is honest)
         best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
         if upper - best_bound > 0.5 * tolerance * abs(upper):
             active_masks = np.asarray(vertex.vectors)[weights > 0] == 1.0
@@ -363,6 +378,9 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
         pricing = price(y, prior, duals[:k], duals[k:], e_lp)
         if upper - best_bound <= 0.5 * tolerance * abs(upper) or not pricing.t.size:
             break
+        progress.append(upper - best_bound)
+        if len(progress) > 3 and progress[-4] - progress[-1] <= 1e-3 * tolerance * abs(upper):
+            break  # degenerate pivots only: neither bound moves any more (the gap reported is what was reached)
         vertex.add(pricing.t[:COLUMNS_PER_ROUND], pricing.high[:COLUMNS_PER_ROUND])
 
     # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
