@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from shared.mechanisms import exact
@@ -37,6 +38,23 @@ def test_opt_unbiased_is_certified_normalized_unbiased_and_beats_the_two_point_m
     low, high = mechanism.parameters["grid_low"], mechanism.parameters["grid_high"]
     two_point = prior @ (0.5 * (high - values) * (values - low))  # Proposition 7's feasible mechanism
     assert mechanism.noisy_label_loss(prior) <= two_point * (1 + 1e-7) + 1e-12
+
+
+@PROPERTY_SETTINGS
+@given(domains_and_priors(max_labels=9), st.sampled_from([0.25, 1.0, 4.0, 8.0]))
+def test_exact_optimal_unbiased_is_certified_to_its_gap_and_beats_the_mesh_lp(case, epsilon):
+    # Random domains, priors with zeros (the strategy draws weights in [0, 1]) and ε up to 8.
+    values, prior, _ = case
+    solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+    mechanism = solution.mechanism
+    assert mechanism.certified_epsilon <= epsilon
+    assert mechanism.max_abs_bias <= 1e-9 * max(1.0, np.abs(values).max())
+    assert solution.optimality_gap <= 1e-6
+    assert mechanism.num_outputs <= 2 * values.size
+    loss = mechanism.noisy_label_loss(prior)
+    assert solution.lower_bound <= loss
+    mesh = solve_optimal_unbiased(values, prior, epsilon, mesh=3 * values.size)
+    assert loss <= mesh.noisy_label_loss(prior) * (1 + 1e-9) + 1e-12
 
 
 @PROPERTY_SETTINGS

@@ -92,11 +92,15 @@ def price(values, prior, alpha, beta, e) -> Pricing:
         mids = np.concatenate([[roots[0] - 1.0], 0.5 * (roots[:-1] + roots[1:]), [roots[-1] + 1.0]])
     else:
         mids = np.zeros(1)
-    negative = (a[None, :] * mids[:, None] ** 2 + b[None, :] * mids[:, None] + d[None, :]) < 0
-    weight = 1.0 + (e - 1.0) * negative  # (pieces, k): the best high set on each piece
-    qa, qb, qd = weight @ a, weight @ b, weight @ d
-    t = np.clip(-qb / (2 * qa), lows, highs)
-    rc = qa * t**2 + qb * t + qd
+    # A label with a tiny prior has roots far out (|t| ~ 1e150 and beyond): there t² overflows. rc* is dominated by
+    # its positive quadratic term that far out, so such pieces count as +∞.
+    with np.errstate(over="ignore", invalid="ignore"):
+        negative = (a[None, :] * mids[:, None] ** 2 + b[None, :] * mids[:, None] + d[None, :]) < 0
+        weight = 1.0 + (e - 1.0) * negative  # (pieces, k): the best high set on each piece
+        qa, qb, qd = weight @ a, weight @ b, weight @ d
+        t = np.clip(-qb / (2 * qa), lows, highs)
+        rc = qa * t**2 + qb * t + qd
+    rc = np.where(np.isfinite(rc), rc, np.inf)
     order = np.argsort(rc)
     keep = order[rc[order] < 0]
     return Pricing(t[keep], negative[keep], rc[keep], float(rc.min()))
