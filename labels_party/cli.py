@@ -85,7 +85,7 @@ def solve_command(args) -> int:
         solution = solve_exact_optimal_unbiased(domain.values, prior, epsilon)
         mechanism = solution.mechanism
         extra = {"optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
-                 "iterations": solution.iterations}
+                 "cone_programs": solution.cone_programs}
     else:
         mechanism = build_mechanism(args.mechanism, domain, epsilon,
                                     prior if needs_prior(args.mechanism) else None, options)

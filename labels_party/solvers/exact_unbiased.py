@@ -262,7 +262,7 @@ class ExactSolution:
     mechanism: FiniteRandomizer
     lower_bound: float
     optimality_gap: float
-    iterations: int  # cone programs solved
+    cone_programs: int  # cone programs solved (working-set rounds)
     seconds: float
 
 
@@ -366,7 +366,7 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     duplicate = singleton & (np.abs(cone.outputs - rr_outputs[masks.argmax(axis=1)]) <= 1e-6 * np.abs(rr_outputs).max())
     positive &= ~duplicate
     vertex.add(cone.outputs[positive], masks[positive])
-    weights, progress = None, []
+    weights = None
     for _ in range(max_rounds):
         try:
             weights, duals, upper = vertex.solve()
@@ -382,9 +382,6 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
         pricing = price(y, prior, duals[:k], duals[k:], e_lp)
         if upper - best_bound <= 0.5 * tolerance * abs(upper) or not pricing.t.size:
             break
-        progress.append(upper - best_bound)
-        if len(progress) > 3 and progress[-4] - progress[-1] <= 1e-3 * tolerance * abs(upper):
-            break  # degenerate pivots only: neither bound moves any more (the gap reported is what was reached)
         vertex.add(pricing.t[:COLUMNS_PER_ROUND], pricing.high[:COLUMNS_PER_ROUND])
 
     # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
