@@ -109,27 +109,28 @@ def price(values, prior, alpha, beta, e) -> Pricing:
 def lower_bound(values, prior, alpha, beta, e) -> float:
     """A certified lower bound on the optimal loss from *any* duals (α, β).
 
-    Lagrangian bound: every feasible solution has Σ w ≤ 1 (each normalization row has s_y ≥ 1), so
-    Σ(α + β·y) + min(0, min rc) ≤ optimum. Interior-point duals violate the constraints of columns with large
-    high sets by amounts that this bound charges in full; lowering every α_y by δ raises rc(t, S) by
-    δ (|Y| + (e − 1)|S|) and costs only δ |Y|, so the bound is also evaluated at the smallest δ that makes the
-    shifted duals feasible (bisection with exact pricing) and the larger of the two is returned.
+    Lagrangian bound: for every feasible solution Σ_S w_S A_S = Σ_y p_y Σ_S w_S s_{S,y} = Σ_y p_y = 1 (the
+    normalization rows, A_S = Σ_y s_y p_y), so Σ(α + β·y) + min(0, min_{t,S} rc(t, S) / A_S) ≤ optimum. That
+    minimum ratio is −δ* for the smallest δ* ≥ 0 making (α − δ* p, β) dual feasible (rc − δ A_S is the reduced
+    cost at α − δ p), found by bisection with exact pricing. The plain bound with Σ w ≤ 1 (every s_y ≥ 1),
+    Σ(α + β·y) + min(0, min rc), is also valid; the larger of the two is returned. Dividing by A_S matters at
+    large ε, where interior-point duals violate the constraints of columns with A_S ~ e^ε.
     """
     objective = float(alpha.sum() + beta @ values)
     worst = price(values, prior, alpha, beta, e).best
     if worst >= 0:
         return objective
-    low, high = 0.0, -worst / values.size  # at δ = high the shifted duals are feasible (every s_y >= 1)
+    low, high = 0.0, -worst  # A_S >= 1, so δ = −min rc makes every shifted reduced cost nonnegative
     for _ in range(40):
         middle = 0.5 * (low + high)
-        if price(values, prior, alpha - middle, beta, e).best >= 0:
+        if price(values, prior, alpha - middle * prior, beta, e).best >= 0:
             high = middle
         else:
             low = middle
-    return max(objective + worst, objective - values.size * high)
+    return max(objective + worst, objective - high)
 
 
-def polish_duals(values, prior, e, masks, alpha, beta, steps: int = 3):
+def polish_duals(values, prior, e, masks, alpha, beta, steps: int = 2):
     """Gauss-Newton on the dual optimality conditions of a set of active signatures: for each, min over t of
     rc(t, S) = D_S − s·α − (P_S + s·β)² / (2 A_S) must be zero. Interior-point duals are ill-determined in the
     directions of columns with tiny weight (large ε); making the active constraints tight fixes the certificate."""
@@ -354,6 +355,11 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
         masks = np.concatenate([masks, fresh])
         radius = max(1, radius // 2)
 
+    # Gauss-Newton on the cone's active signatures sharpens its ill-determined duals (large ε).
+    significant = cone.weights > 1e-6 * cone.weights.max()
+    polished = polish_duals(y, prior, e_req, masks[significant], cone.alpha, cone.beta)
+    best_bound = max(best_bound, lower_bound(y, prior, *polished, e_req))
+
     # 2. The vertex: HiGHS over the cone's columns at their optimal output values, then exact-pricing columns until
     #    the gap is met with room to spare (refinement and the exact repair cost a little).
     vertex = _VertexLP(y, prior, e_lp)
@@ -375,10 +381,6 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
                 raise
             break  # numerical trouble after columns were added: the last optimal vertex stands (the gap is honest)
         best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
-        if upper - best_bound > 0.5 * tolerance * abs(upper):
-            active_masks = np.asarray(vertex.vectors)[weights > 0] == 1.0
-            polished = polish_duals(y, prior, e_req, active_masks, cone.alpha, cone.beta)
-            best_bound = max(best_bound, lower_bound(y, prior, *polished, e_req))
         pricing = price(y, prior, duals[:k], duals[k:], e_lp)
         if upper - best_bound <= 0.5 * tolerance * abs(upper) or not pricing.t.size:
             break
