@@ -109,25 +109,30 @@ def price(values, prior, alpha, beta, e) -> Pricing:
 def lower_bound(values, prior, alpha, beta, e) -> float:
     """A certified lower bound on the optimal loss from *any* duals (α, β).
 
-    Lagrangian bound: for every feasible solution Σ_S w_S A_S = Σ_y p_y Σ_S w_S s_{S,y} = Σ_y p_y = 1 (the
-    normalization rows, A_S = Σ_y s_y p_y), so Σ(α + β·y) + min(0, min_{t,S} rc(t, S) / A_S) ≤ optimum. That
-    minimum ratio is −δ* for the smallest δ* ≥ 0 making (α − δ* p, β) dual feasible (rc − δ A_S is the reduced
-    cost at α − δ p), found by bisection with exact pricing. The plain bound with Σ w ≤ 1 (every s_y ≥ 1),
-    Σ(α + β·y) + min(0, min rc), is also valid; the larger of the two is returned. Dividing by A_S matters at
+    Lagrangian bound: Σ(α + β·y) + Σ_S w_S rc_S ≥ Σ(α + β·y) + min over feasible w of Σ w_S min(rc_S, 0), and
+    every feasible solution has both Σ_S w_S ≤ 1 (each normalization row has s_y ≥ 1) and Σ_S w_S A_S = 1
+    (A_S = Σ_y s_y p_y; the normalization rows weighted by the prior). Equivalently, shifting the duals to
+    (α − δ d, β) raises rc(t, S) by δ Σ_y s_y d_y and costs δ Σ d: along d = p the raise is δ A_S, along d = 1 it
+    is δ (|Y| + (e − 1)|S|). For each direction the smallest δ making the shifted duals feasible is found by
+    bisection with exact pricing; the best resulting bound (and the plain one) is returned. The shifts matter at
     large ε, where interior-point duals violate the constraints of columns with A_S ~ e^ε.
     """
     objective = float(alpha.sum() + beta @ values)
     worst = price(values, prior, alpha, beta, e).best
     if worst >= 0:
         return objective
-    low, high = 0.0, -worst  # A_S >= 1, so δ = −min rc makes every shifted reduced cost nonnegative
-    for _ in range(40):
-        middle = 0.5 * (low + high)
-        if price(values, prior, alpha - middle * prior, beta, e).best >= 0:
-            high = middle
-        else:
-            low = middle
-    return max(objective + worst, objective - high)
+    best = objective + worst
+    for direction in (prior, np.full(values.size, 1.0 / values.size)):
+        # Every s_y >= 1, so at δ = −min rc / min_S Σ s d the shifted reduced costs are all nonnegative.
+        low, high = 0.0, -worst / max(float(direction.sum()), 1e-300)
+        for _ in range(40):
+            middle = 0.5 * (low + high)
+            if price(values, prior, alpha - middle * direction, beta, e).best >= 0:
+                high = middle
+            else:
+                low = middle
+        best = max(best, objective - high * float(direction.sum()))
+    return best
 
 
 def polish_duals(values, prior, e, masks, alpha, beta, steps: int = 2):
@@ -381,6 +386,10 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
                 raise
             break  # numerical trouble after columns were added: the last optimal vertex stands (the gap is honest)
         best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
+        if upper - best_bound > 0.5 * tolerance * abs(upper):  # polish again on the vertex's support
+            support = np.asarray(vertex.vectors)[weights > 0] == 1.0
+            best_bound = max(best_bound, lower_bound(
+                y, prior, *polish_duals(y, prior, e_req, support, cone.alpha, cone.beta), e_req))
         pricing = price(y, prior, duals[:k], duals[k:], e_lp)
         if upper - best_bound <= 0.5 * tolerance * abs(upper) or not pricing.t.size:
             break
