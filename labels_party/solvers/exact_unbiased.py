@@ -19,16 +19,17 @@ semi-infinite family of dual constraints {rc(t, S) ≥ 0 for all t} is exactly o
 and its dual variables are the column's weight w_S and first moment u_S = w_S t_S: the output value is optimized
 continuously (the perspective formulation of the issue). Theorem 6 says an optimal randomizer only needs
 *interval* signatures — |Y|(|Y|+1)/2 cones — and that the intervals move monotonically with t; for large |Y| a
-working set of intervals grows around the active path (coarse strides first, then pricing and a band).
-s·α is written with prefix sums of α (the decision variables), so each cone touches at most six of them.
+working set of intervals grows around the active path (a coarse problem on label blocks first, then pricing and a
+band). s·α is written with prefix sums of α (the decision variables), so each cone touches at most six of them.
+Clarabel (interior point) solves the cone program.
 
 Vertex and certificate. The interior-point solution is spread over near-active signatures; HiGHS (highspy) then
-solves the LP restricted to the active columns at their optimal output values, which returns a vertex with
-≤ 2|Y| outputs and tolerance-level feasibility for the exact repair of :func:`certify_solution`. For any duals,
-every feasible solution has Σ w ≤ 1 (each normalization row has s_y ≥ 1), so
-LB = Σ_y (α_y + β_y y) + min(0, min_{t,S} rc(t, S)) is a lower bound on the optimum over *all* signatures and all
-t ∈ ℝ; min over S is {y : c_y(t) < 0} and min over t is a 1-D piecewise-quadratic problem solved in closed form
-(:func:`price`). The bound is computed at the requested ε, so the reported gap certifies the released mechanism.
+solves the LP restricted to the cone's columns at their optimal output values, which returns a vertex with
+≤ 2|Y| outputs; a float64 refinement makes it feasible to rounding level for the exact repair of
+:func:`certify_solution`. For any duals, Σ_y (α_y + β_y y) + (a bound on Σ_S w_S rc_S over feasible w) is a lower
+bound on the optimum over *all* signatures and all t ∈ ℝ (:func:`lower_bound`); min over S of rc is attained at
+{y : c_y(t) < 0} and min over t is a 1-D piecewise-quadratic problem solved in closed form (:func:`price`). The
+bound is computed at the requested ε, so the reported gap certifies the released mechanism.
 
 Output values are not restricted to the ε-dbRR interval [L, U] of Algorithm 2: that interval is the paper's
 heuristic for its grid, not a property of the optimum (at ε = 8 on the PSID prior the optimum over ℝ puts an
