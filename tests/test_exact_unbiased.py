@@ -181,3 +181,19 @@ def test_four_hundred_labels_are_solved_to_the_certified_gap(epsilon):
     assert solution.mechanism.num_outputs <= 2 * values.size
     assert solution.mechanism.certified_epsilon <= epsilon
     assert solution.mechanism.max_abs_bias <= 1e-9 * 400
+
+
+def test_pricing_with_a_vanishing_prior_stays_exact():
+    # A prior of 1e-305 puts that label's roots beyond float range; pieces on finite t must still be exact.
+    y = np.linspace(-1, 1, 4)
+    prior = np.array([0.5, 1e-305, 0.3, 0.2])
+    rng = np.random.default_rng(3)
+    e = np.exp(2.0)
+    for _ in range(5):
+        alpha, beta = rng.normal(size=4), rng.normal(size=4)
+        result = price(y, prior, alpha, beta, e)
+        grid = np.linspace(-50, 50, 1_000_001)
+        c = prior * 0.5 * (grid[:, None] - y) ** 2 - alpha - beta * grid[:, None]
+        dense = (c.sum(axis=1) + (e - 1) * np.minimum(c, 0).sum(axis=1)).min()
+        assert np.isfinite(result.best) and result.best <= dense + 1e-12
+        assert result.best == pytest.approx(dense, rel=1e-6, abs=1e-8)

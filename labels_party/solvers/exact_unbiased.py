@@ -86,11 +86,22 @@ def price(values, prior, alpha, beta, e) -> Pricing:
     ok = disc > 0
     sq, aq, bq = np.sqrt(disc[ok]), a[quadratic][ok], b[quadratic][ok]
     linear = (~quadratic) & (b != 0)
-    roots = np.unique(np.concatenate([(-bq - sq) / (2 * aq), (-bq + sq) / (2 * aq), -d[linear] / b[linear]]))
+    # Cancellation-free roots q / a and d / q with q = −(b + sign(b) √disc) / 2: the textbook formula loses the small
+    # root of a label with a tiny prior (b² − 4ad ≈ b²), and a missed breakpoint would make the bound invalid.
+    q = -0.5 * (bq + np.where(bq >= 0, sq, -sq))
+    dq = d[quadratic][ok]
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        roots = np.concatenate([q / aq, dq / q, -d[linear] / b[linear]])
+    # A root that overflows (a label with a prior ~1e-300) means that label's sign never changes on finite t.
+    roots = np.unique(roots[np.isfinite(roots)])
     lows = np.concatenate([[-np.inf], roots])
     highs = np.concatenate([roots, [np.inf]])
-    if roots.size:  # one interior sample point per piece decides its high set
-        mids = np.concatenate([[roots[0] - 1.0], 0.5 * (roots[:-1] + roots[1:]), [roots[-1] + 1.0]])
+    if roots.size:  # one interior sample point per piece decides its high set; it stays near the piece's inner
+        # end, because a label with a tiny prior makes pieces ~1e305 wide and their midpoints overflow t².
+        step = np.maximum(1.0, np.abs(roots))
+        with np.errstate(over="ignore"):  # an outer piece past ±1e308 is +∞ in rc* anyway
+            inner = roots[:-1] + np.minimum(0.5 * np.diff(roots), step[:-1])
+            mids = np.concatenate([[roots[0] - step[0]], inner, [roots[-1] + step[-1]]])
     else:
         mids = np.zeros(1)
     # A label with a tiny prior has roots far out (|t| ~ 1e150 and beyond): there t² overflows. rc* is dominated by
@@ -313,8 +324,16 @@ class _VertexLP:
     def solve(self):
         """(weights, row duals α‖β of the undifferenced rows, objective)."""
         self.highs.run()
-        if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            self.highs.clearSolver()  # a warm start can end "unknown" on a badly scaled basis: solve from scratch
+        # A warm start can end "unknown" on a badly scaled basis: solve from scratch, then with 1e-9 tolerances (the
+        # refinement below restores exact feasibility), then with the interior-point solver and crossover.
+        fallbacks = [{}, {"primal_feasibility_tolerance": 1e-9, "dual_feasibility_tolerance": 1e-9},
+                     {"solver": "ipm"}]
+        for options in fallbacks:
+            if self.highs.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+                break
+            for name, value in options.items():
+                self.highs.setOptionValue(name, value)
+            self.highs.clearSolver()
             self.highs.run()
         status = self.highs.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
@@ -399,8 +418,9 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
     # 1 / Var. In (w, u = w t) the rows are linear and split: S w = 1 and S u = y, each with more columns than
     # labels, so float64 refinement (min-norm corrections; the output values move by ~1e-10) removes the residual.
-    # It is tried first without the dust columns (weight < 1e-6 of the largest: the vertex uses them only to absorb
-    # the tolerance of the interior point's output values), which then leave the solution.
+    # It is tried first without the dust columns (weight < 1e-6 of the largest: the vertex usually needs them only
+    # to absorb the tolerance of the interior point's output values); that is kept only if it costs < 0.1 tolerance
+    # (a label with a tiny prior can need a light column).
     for used in (np.flatnonzero(weights >= 1e-6 * weights.max()), np.flatnonzero(weights > 0)):
         vectors = np.asarray(vertex.vectors)[used]  # (n, k)
         w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
@@ -409,8 +429,11 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
             u = u + np.linalg.lstsq(vectors.T, y - vectors.T @ u, rcond=None)[0]
         exact = max(np.abs(vectors.T @ w - 1.0).max(), np.abs(vectors.T @ u - y).max()) < 1e-13
         if np.all(w > 0) and exact:
-            break
-    else:  # refinement would leave the simplex: keep HiGHS's weights and output values
+            t = u / w
+            loss = float(w @ (vectors * prior * 0.5 * (t[:, None] - y) ** 2).sum(axis=1))
+            if loss <= upper + 0.1 * tolerance * abs(upper):
+                break
+    else:  # refinement would leave the simplex or cost too much: keep HiGHS's weights and output values
         w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
     ts = u / w
     matrix = (vectors * w[:, None]).T

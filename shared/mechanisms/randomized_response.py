@@ -58,7 +58,13 @@ def rr_on_bins(values, bin_of_label, bin_outputs, epsilon: float, name: str = "r
     e = np.exp(design_epsilon(epsilon))
     matrix = np.full((bin_of_label.size, m), 1.0 / (e + m - 1))
     matrix[np.arange(bin_of_label.size), bin_of_label] = e / (e + m - 1)
-    return FiniteRandomizer.from_probabilities(name, epsilon, values, bin_outputs, matrix,
+    # Bins can share an output value (bins holding only zero-prior labels take their neighbours' mean): one output
+    # per value, whose column is the sum of theirs — the same distribution over values, and a sum of ε-DP
+    # columns is ε-DP.
+    outputs, which = np.unique(bin_outputs, return_inverse=True)
+    merged = np.zeros((bin_of_label.size, outputs.size))
+    np.add.at(merged.T, which, matrix.T)
+    return FiniteRandomizer.from_probabilities(name, epsilon, values, outputs, merged,
                                                {"num_bins": m, **(parameters or {})})
 
 
