@@ -1,5 +1,5 @@
-"""Shared fixtures: fresh databases (SQLite always; PostgreSQL when LABELDP_TEST_POSTGRES_URL is set) and a
-real uvicorn server on a loopback port."""
+"""Shared fixtures: fresh databases (SQLite always; PostgreSQL when LABELDP_TEST_POSTGRES_URL is set), a
+labels-party app with an admin client, and a real uvicorn server on a loopback port."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ def fresh_database(kind: str, tmp_path):
 def database_url(request, tmp_path):
     with fresh_database(request.param, tmp_path) as url:
         yield url
+
+
+def admin_client(tmp_path, org: str = "owner"):
+    """A labels-party app on a fresh SQLite database and a TestClient carrying a new admin key of ``org``;
+    returns (context, client)."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.service import make_context
+
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, org, "admin")
+    return ctx, TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
 
 
 def free_port() -> int:

@@ -6,21 +6,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
+from conftest import admin_client
 from sklearn.datasets import load_digits
 
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.service import make_context, verify_audit
+from labels_party.service import verify_audit
 from shared import models
 
 
 @pytest.fixture()
 def setup(tmp_path):
-    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "hospital", "admin")
-    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    ctx, client = admin_client(tmp_path, "hospital")
     digits = load_digits()
     ids = [f"p{i}" for i in range(len(digits.target))]
     body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, digits.target, strict=True))

@@ -9,12 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fastapi.testclient import TestClient
+from conftest import admin_client
 from scipy import stats
 
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.service import make_context
 from labels_party.solvers.classification import best_top_k, rr_with_prior, rr_with_prior_per_example
 
 
@@ -56,10 +53,7 @@ def _parquet(ids, priors) -> bytes:
 
 @pytest.fixture()
 def service(tmp_path):
-    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "owner", "admin")
-    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    _, client = admin_client(tmp_path)
     dataset = client.post("/v1/datasets", json={"name": "c", "label_kind": "classes", "num_classes": 3,
                                                 "epsilon_total": 2.0}).json()["id"]
     labels = np.arange(300) % 3
@@ -112,10 +106,7 @@ def test_bad_prior_bodies_are_refused(service, ids, priors, code):
 
 
 def test_prior_release_needs_a_classes_dataset(tmp_path):
-    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "owner", "admin")
-    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    _, client = admin_client(tmp_path)
     dataset = client.post("/v1/datasets", json={"name": "r", "label_kind": "integer", "min": 0, "max": 2,
                                                 "epsilon_total": 2.0}).json()["id"]
     client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\ne1,1\n",

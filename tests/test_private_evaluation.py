@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
+from conftest import admin_client
 
-from labels_party.api import create_app
-from labels_party.auth import create_key
 from labels_party.evaluation import evaluate, unbiased_mse_estimate
-from labels_party.service import make_context, verify_audit
+from labels_party.service import verify_audit
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from shared.mechanisms.additive import laplace
 
@@ -58,10 +56,7 @@ def test_features_party_unbiased_mse_estimate_from_private_labels(mechanism):
 
 @pytest.fixture()
 def service(tmp_path):
-    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "owner", "admin")
-    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    ctx, client = admin_client(tmp_path)
     dataset = client.post("/v1/datasets", json={"name": "t", "label_kind": "integer", "min": 0, "max": 10,
                                                 "epsilon_total": 1.0}).json()["id"]
     labels = np.arange(1000) % 11
