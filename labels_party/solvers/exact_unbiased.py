@@ -179,20 +179,18 @@ def solve_signature_socp(y, prior, e, masks) -> ConeSolution:
     # Each signature's vector s is divided by A_S = Σ s p (a column's scale is free: its weight absorbs it), so
     # every cone has A = 1 and entries of order one even when e^ε is in the thousands.
     scale = 1.0 + (e - 1.0) * (high @ prior)
-    a_s = scale
     p_s = (prior @ y + (e - 1.0) * (high @ (prior * y))) / scale
     d_s = 0.5 * (prior @ y**2 + (e - 1.0) * (high @ (prior * y**2))) / scale
     # s·x = X_k + (e − 1) Σ_j (m_j − m_{j+1}) X_j with X the prefix sums of x: nonzeros only at run boundaries.
     boundary = (e - 1.0) * (high - np.pad(high[:, 1:], ((0, 0), (0, 1))))
     boundary[:, -1] += 1.0
     linear = sparse.csr_matrix(boundary / scale[:, None])
-    a_s = np.ones(count)
     zero = sparse.csr_matrix((count, k))
-    # Cone i, rows 3i..3i+2: (z + A/2, v, z − A/2) with z = D − s·α, v = s·β + P: v² ≤ 2 A z.
+    # Cone i, rows 3i..3i+2: (z + A/2, v, z − A/2) with z = D − s·α, v = s·β + P: v² ≤ 2 A z (A = 1 here).
     rows = sparse.vstack([sparse.hstack([linear, zero]), sparse.hstack([zero, -linear]),
                           sparse.hstack([linear, zero])]).tocsr()
     rows = rows[np.arange(3 * count).reshape(3, count).T.ravel()].tocsc()
-    b = np.stack([d_s + 0.5 * a_s, p_s, d_s - 0.5 * a_s], axis=1).ravel()
+    b = np.stack([d_s + 0.5, p_s, d_s - 0.5], axis=1).ravel()
     c = np.zeros(2 * k)
     c[k - 1] = -1.0  # Σ α = X_k
     c[k:] = -(y - np.append(y[1:], 0.0))  # Σ β_j y_j = Σ_j B_j (y_j − y_{j+1})
@@ -284,6 +282,11 @@ class ExactSolution:
     seconds: float
 
 
+def _column_costs(vectors, outputs, values, prior) -> np.ndarray:
+    """Loss per unit weight of each column: Σ_y p_y v_y ½ (t − y)²."""
+    return (vectors * prior * 0.5 * (outputs[:, None] - values) ** 2).sum(axis=1)
+
+
 class _VertexLP:
     """HiGHS master over staircase columns at fixed output values; columns can be added (warm start).
 
@@ -312,7 +315,7 @@ class _VertexLP:
         # Staircase vectors scaled to a maximum of 1 (entries 1 and e^-ε): at large ε, entries e^ε made HiGHS's
         # 1e-10 feasibility too coarse for the exact repair.
         vectors = np.where(masks, 1.0, 1.0 / self.e)
-        costs = (vectors * self.prior * 0.5 * (outputs[:, None] - self.y) ** 2).sum(axis=1)
+        costs = _column_costs(vectors, outputs, self.y, self.prior)
         differenced = np.diff(vectors, axis=1, prepend=0.0)
         columns = sparse.csc_matrix(np.concatenate([differenced, differenced * outputs[:, None]], axis=1).T)
         count = outputs.size
@@ -430,7 +433,7 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
         exact = max(np.abs(vectors.T @ w - 1.0).max(), np.abs(vectors.T @ u - y).max()) < 1e-13
         if np.all(w > 0) and exact:
             t = u / w
-            loss = float(w @ (vectors * prior * 0.5 * (t[:, None] - y) ** 2).sum(axis=1))
+            loss = float(w @ _column_costs(vectors, t, y, prior))
             if loss <= upper + 0.1 * tolerance * abs(upper):
                 break
     else:  # refinement would leave the simplex or cost too much: keep HiGHS's weights and output values
