@@ -52,8 +52,8 @@ def run_pro_bench(epsilons: list[float], seeds: int, out: str | Path, *, steps: 
                 else:
                     denoiser = "noop" if "noop" in method else "altconv"
                     result = train_labeldp_pro(ProConfig(denoiser=denoiser, epsilon=epsilon, steps=steps,
-                                                         batch_size=256, learning_rate=0.5, seed=seed),
-                                               x[fit], y[fit], 10)
+                                                         batch_size=256, learning_rate=0.5),
+                                               x[fit], y[fit], 10, np.random.default_rng(seed))
                     predicted = np.argmax(result.predict(x[test]), axis=1)
                     certified, delta = result.epsilon, result.delta
                 rows.append({"method": method, "epsilon": epsilon, "seed": seed, "delta": delta,

@@ -27,6 +27,7 @@ from labels_party.uploads import upload_format
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.http_errors import error_response, install_error_handlers
+from shared.privacy import EPSILON_MAX, EPSILON_MIN
 
 log = logging.getLogger("labeldp.labels")
 
@@ -128,7 +129,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
 
     @app.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release)
     async def create_prior_release(dataset_id: str, request: Request, who: Auth,
-                                   epsilon: Annotated[float, Query()],
+                                   epsilon: Annotated[float, Query(ge=EPSILON_MIN, le=EPSILON_MAX)],
                                    idempotency_key: Annotated[str | None, Header()] = None):
         """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
         example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
@@ -138,8 +139,9 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
 
     @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release)
     async def create_group_release(dataset_id: str, request: Request, who: Auth,
-                                   mechanism: Annotated[str, Query()], epsilon: Annotated[float, Query()],
-                                   prior_epsilon: Annotated[float, Query()],
+                                   mechanism: Annotated[str, Query()],
+                                   epsilon: Annotated[float, Query(ge=EPSILON_MIN, le=EPSILON_MAX)],
+                                   prior_epsilon: Annotated[float, Query(ge=EPSILON_MIN, le=EPSILON_MAX)],
                                    idempotency_key: Annotated[str | None, Header()] = None):
         """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
         group, computed from features only (e.g. k-means clusters)."""
@@ -157,7 +159,7 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
     @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)
     def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Auth,
                           idempotency_key: Annotated[str | None, Header()] = None):
-        """Test loss of the caller's predictions on true labels, Laplace-noised and charged to those examples;
+        """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those examples;
         the result is in ``description.value`` (with ``noise_scale`` and ``ci95``)."""
         release, created = releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key)
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)

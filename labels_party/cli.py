@@ -1,4 +1,4 @@
-"""Labels-party subcommands: ``labeldp randomizer solve`` (and later ``labeldp labels ...``)."""
+"""Labels-party subcommands: ``labeldp randomizer solve|audit`` and ``labeldp labels serve|create-key|verify-audit``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,20 @@ import time
 
 import numpy as np
 
-from labels_party.mechanisms import MECHANISMS, MechanismOptions, build_mechanism, needs_prior
+from labels_party.mechanisms import (
+    CLASSIFICATION,
+    MECHANISMS,
+    REGRESSION,
+    MechanismOptions,
+    build_mechanism,
+    needs_prior,
+)
+from labels_party.privacy_audit import audit
 from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
-from shared.domains import parse_label_spec
+from shared.domains import Classes, parse_label_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
+from shared.randomness import secure_rng
 
 
 def register(commands) -> None:
@@ -30,11 +39,22 @@ def register(commands) -> None:
     solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 2|Y|)")
     solve.add_argument("--exact", action="store_true",
                        help="opt-unbiased over continuous outputs (cone program + HiGHS vertex) with a certified gap")
-    solve.add_argument("--variant", choices=("discrete", "continuous"), help="laplace/staircase noise variant")
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")
     solve.add_argument("--show-matrix", action="store_true", help="include outputs and matrix in the JSON")
     solve.set_defaults(handler=solve_command)
+    audit = actions.add_parser("audit", help="sample a randomizer and report a 95%% lower bound on its epsilon "
+                                             "next to the certified one")
+    audit.add_argument("--mechanism", required=True, choices=MECHANISMS)
+    audit.add_argument("--epsilon", required=True, type=str)
+    audit.add_argument("--labels", required=True,
+                       help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list; classification "
+                            "mechanisms take 0:K-1 as K classes")
+    audit.add_argument("--prior-file", help="CSV with columns label,weight (default: uniform)")
+    audit.add_argument("--samples", type=int, default=1_000_000, help="draws per candidate label (default 10^6)")
+    audit.add_argument("--seed", type=int, help="reproducible draws (default: the cryptographic source)")
+    audit.add_argument("--json", action="store_true", help="print one JSON object")
+    audit.set_defaults(handler=audit_command)
 
 
 def read_prior_file(path: str, values: np.ndarray) -> np.ndarray:
@@ -71,18 +91,52 @@ def read_prior_file(path: str, values: np.ndarray) -> np.ndarray:
     return weights / weights.sum()
 
 
+def _domain(mechanism: str, spec: str):
+    """The label domain a --labels spec declares; classification mechanisms read 0:K-1 as K classes."""
+    labels = parse_label_spec(spec)
+    if mechanism in CLASSIFICATION and mechanism not in REGRESSION:
+        if not np.array_equal(labels.values, np.arange(labels.size)):
+            raise LabelDPError(f"{mechanism} needs classes: --labels 0:K-1", code="mechanism_domain_mismatch")
+        return labels, Classes(labels.size)
+    return labels, labels
+
+
+def _print(report: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report))
+        return
+    width = max(len(k) for k in report)
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}")
+
+
+def audit_command(args) -> int:
+    epsilon = check_epsilon(args.epsilon)
+    labels, domain = _domain(args.mechanism, args.labels)
+    if args.samples < 100:
+        raise LabelDPError(f"--samples must be at least 100, got {args.samples}", code="invalid_request")
+    prior = read_prior_file(args.prior_file, labels.values) if args.prior_file else \
+        np.full(labels.size, 1.0 / labels.size)
+    mechanism = build_mechanism(args.mechanism, domain, epsilon, prior if needs_prior(args.mechanism) else None)
+    rng = np.random.default_rng(args.seed) if args.seed is not None else secure_rng()
+    started = time.perf_counter()
+    result = audit(mechanism, labels.values, args.samples, rng)
+    _print({**result.to_dict(), "epsilon": epsilon, "seconds": time.perf_counter() - started}, args.json)
+    return 0
+
+
 def solve_command(args) -> int:
     epsilon = check_epsilon(args.epsilon)
-    domain = parse_label_spec(args.labels)
+    labels, domain = _domain(args.mechanism, args.labels)
     if args.mesh is not None and args.mesh < 2:
         raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
-    prior = read_prior_file(args.prior_file, domain.values) if args.prior_file else \
-        np.full(domain.size, 1.0 / domain.size)
-    options = MechanismOptions(mesh=args.mesh, clip=args.clip, variant=args.variant, exact=args.exact)
+    prior = read_prior_file(args.prior_file, labels.values) if args.prior_file else \
+        np.full(labels.size, 1.0 / labels.size)
+    options = MechanismOptions(mesh=args.mesh, clip=args.clip, exact=args.exact)
     started = time.perf_counter()
     extra = {}
     if args.exact and args.mechanism == "opt-unbiased" and args.mesh is None:
-        solution = solve_exact_optimal_unbiased(domain.values, prior, epsilon)
+        solution = solve_exact_optimal_unbiased(labels.values, prior, epsilon)
         mechanism = solution.mechanism
         extra = {"optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
                  "cone_programs": solution.cone_programs}
@@ -94,11 +148,11 @@ def solve_command(args) -> int:
         "mechanism": mechanism.name,
         "epsilon": epsilon,
         "certified_epsilon": mechanism.certified_epsilon,
-        "noisy_label_loss": mechanism.noisy_label_loss(prior),
-        "max_abs_bias": mechanism.max_abs_bias,
+        **({"noisy_label_loss": mechanism.noisy_label_loss(prior), "max_abs_bias": mechanism.max_abs_bias}
+           if hasattr(mechanism, "noisy_label_loss") else {}),
         "num_outputs": mechanism.num_outputs,
         "solve_seconds": seconds,
-        "num_labels": domain.size,
+        "num_labels": labels.size,
         "prior": args.prior_file or "uniform",
     }
     if args.mechanism == "opt-unbiased":
@@ -106,12 +160,7 @@ def solve_command(args) -> int:
     report.update(extra)
     if args.show_matrix:
         report["description"] = mechanism.describe()
-    if args.json:
-        print(json.dumps(report))
-    else:
-        width = max(len(k) for k in report)
-        for key, value in report.items():
-            print(f"{key:<{width}}  {value}")
+    _print(report, args.json)
     return 0
 
 

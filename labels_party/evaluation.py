@@ -1,9 +1,12 @@
 """Private evaluation: the labels party scores the features party's predictions against the true labels and
-releases only a Laplace-noised mean of a clipped per-example loss, charged to the scored examples.
+releases only a noisy mean of a clipped per-example loss, charged to the scored examples.
 
-Each per-example loss is clipped to an interval of width W (MSE: [0, C]; Poisson: [−C, C]; 0/1 error: [0, 1]);
-changing one label moves the mean by at most W/n, so Laplace noise of scale W/(n ε) makes the released mean ε-DP
-in the labels. Clipping biases the loss when C is too small; nothing else about the labels is released.
+Each per-example loss is clipped to an interval of width W (MSE: [0, C]; Poisson: [−C, C]; 0/1 error: [0, 1]) and
+rounded to one of 2^20 + 1 evenly spaced levels of it (0/1 errors are already integers), so the sum of the
+losses is an integer S that one label moves by at most 2^20 levels. The release is S + Z with Z discrete Laplace
+(sampled exactly, :mod:`shared.mechanisms.integer_noise`) calibrated to that sensitivity — ε-DP in the labels —
+reported as the mean low + W (S + Z) / (2^20 n). Rounding a loss moves it by at most W / 2^21; clipping biases
+the loss when C is too small; nothing else about the labels is released.
 """
 
 from __future__ import annotations
@@ -14,50 +17,73 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.errors import LabelDPError
-from shared.mechanisms.additive import LaplaceNoise
+from shared.mechanisms.integer_noise import DiscreteLaplace
+from shared.privacy import check_epsilon
 
 METRICS = ("mse", "poisson", "accuracy")
+LOSS_LEVELS = 1 << 20  # levels per clipped loss range (the sum's sensitivity)
 
 
 @dataclass(frozen=True)
 class PrivateEvaluation:
     metric: str
     value: float
-    noise_scale: float
+    noise: DiscreteLaplace  # added to the integer sum of rounded losses
+    unit: float  # value per unit of that sum: W / (levels · n)
+    levels: int  # levels per clipped loss: the sum's sensitivity
     clip: float
     num_examples: int
+    noisy_sum: int  # S + Z, the released integer
+
+    @property
+    def certified_epsilon(self) -> float:
+        return self.noise.certified_epsilon(self.levels)
+
+    @property
+    def noise_scale(self) -> float:
+        """The noise's scale in units of the reported mean (W / (n ε), up to the 2**-31 calibration)."""
+        return self.noise.scale * self.unit
 
     def confidence_interval(self, level: float = 0.95) -> tuple[float, float]:
-        """Interval for the clipped mean accounting for the Laplace noise (its exact quantile)."""
-        half = -self.noise_scale * math.log(1 - level)
+        """Interval for the clipped, rounded mean accounting for the noise: its exact discrete-Laplace quantile,
+        the smallest m with Pr[|Z| <= m] >= level."""
+        alpha = self.noise.alpha
+        m = max(0, math.ceil(math.log((1 - level) * (1 + alpha) / 2) / math.log(alpha)) - 1)
+        half = m * self.unit
         return self.value - half, self.value + half
 
 
-def clipped_losses(metric: str, predictions: np.ndarray, labels: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
-    """(per-example losses clipped to their interval, the interval's width)."""
+def clipped_losses(metric: str, predictions: np.ndarray, labels: np.ndarray,
+                   clip: float) -> tuple[np.ndarray, float, float]:
+    """(per-example losses clipped to their interval, the interval's low end, its width)."""
     if metric == "mse":
-        return np.clip((predictions - labels) ** 2, 0.0, clip), clip
+        return np.clip((predictions - labels) ** 2, 0.0, clip), 0.0, clip
     if metric == "poisson":  # ℓ_Poi with the prediction as the rate; can be negative, so clip on both sides
         rate = np.maximum(predictions, 1e-12)
-        return np.clip(rate - labels * np.log(rate), -clip, clip), 2 * clip
-    return (np.rint(predictions) != labels).astype(np.float64), 1.0
+        return np.clip(rate - labels * np.log(rate), -clip, clip), -clip, 2 * clip
+    return (np.rint(predictions) != labels).astype(np.float64), 0.0, 1.0
 
 
 def evaluate(metric: str, predictions, labels, epsilon: float, clip: float,
              rng: np.random.Generator) -> PrivateEvaluation:
     if metric not in METRICS:
         raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code="invalid_metric")
+    epsilon = check_epsilon(epsilon)
     if metric != "accuracy" and not (math.isfinite(clip) and clip > 0):
         raise LabelDPError("clip must be positive and finite", code="invalid_request")
     predictions = np.asarray(predictions, dtype=np.float64)
     if not np.all(np.isfinite(predictions)):
         raise LabelDPError("predictions must be finite numbers", code="invalid_request")
-    losses, width = clipped_losses(metric, predictions, np.asarray(labels, dtype=np.float64), clip)
-    scale = width / (losses.size * epsilon)
-    value = float(losses.mean() + LaplaceNoise(scale).sample(1, rng)[0])
-    if metric == "accuracy":
-        value = 1.0 - value  # accuracy = 1 − mean 0/1 error; the noise is the same
-    return PrivateEvaluation(metric, value, scale, 1.0 if metric == "accuracy" else clip, int(losses.size))
+    losses, low, width = clipped_losses(metric, predictions, np.asarray(labels, dtype=np.float64), clip)
+    levels = 1 if metric == "accuracy" else LOSS_LEVELS
+    units = np.rint((losses - low) / width * levels).astype(np.int64)  # each in [0, levels]
+    noise = DiscreteLaplace.calibrated(epsilon, levels)
+    noisy_sum = int(units.sum()) + int(noise.sample(1, rng)[0])
+    unit = width / (levels * losses.size)
+    mean = low + noisy_sum * unit
+    value = 1.0 - mean if metric == "accuracy" else mean  # accuracy = 1 − mean 0/1 error; same noise
+    return PrivateEvaluation(metric, float(value), noise, unit, levels, 1.0 if metric == "accuracy" else clip,
+                             int(losses.size), noisy_sum)
 
 
 def unbiased_mse_estimate(predictions, noisy_labels, mechanism) -> tuple[float, float]:
@@ -69,8 +95,8 @@ def unbiased_mse_estimate(predictions, noisy_labels, mechanism) -> tuple[float, 
     Returns (estimate, standard error from the per-example terms)."""
     predictions = np.asarray(predictions, dtype=np.float64)
     noisy_labels = np.asarray(noisy_labels, dtype=np.float64)
-    if hasattr(mechanism, "noise"):  # unclipped additive noise
-        correction = np.full(noisy_labels.size, mechanism.noise.variance)
+    if hasattr(mechanism, "noise_variance"):  # unclipped additive noise (the rounding's variance is ignored)
+        correction = np.full(noisy_labels.size, mechanism.noise_variance)
     else:
         h, *_ = np.linalg.lstsq(mechanism.matrix, mechanism.conditional_variance, rcond=None)
         index = np.searchsorted(mechanism.output_values, noisy_labels)

@@ -8,6 +8,10 @@ The d × nK matrix G of per-class gradients is never materialized: G u is a vect
 Jacobian-vector product of θ ↦ [ℓ(θ, (x_i, κ))]_{i, κ} (jax.vjp / jax.jvp). Convex-hull projection runs projected
 gradient descent on simplex coefficients, then smooths them towards uniform (λ, default 0.75).
 
+Randomness: every draw comes from the generator passed in — a cryptographic one for releases — and the Gaussian
+noise is drawn on the host as Opacus's secure mode draws it (:func:`secure_gaussian`); see the README's "Privacy,
+as implemented" for what floating-point Gaussian noise does and does not guarantee.
+
 Privacy: a label change moves one example's clipped gradient by at most 2C (L2), so accounting uses the Gaussian
 noise multiplier σ/2 (sensitivity 2C) in dp-accounting's RDP accountant: Poisson-subsampled for ``noop`` and
 ``altconv``, without amplification for ``selfspan``/``selfconv`` (their projection depends on which examples
@@ -46,7 +50,6 @@ class ProConfig:
     projection_steps: int = 50
     projection_learning_rate: float = 0.5  # × 1/||G||² (power iteration): the 1/L step of PGD
     hidden: tuple[int, ...] = (64,)
-    seed: int = 0
 
 
 def amplified(denoiser: str) -> bool:
@@ -150,7 +153,25 @@ class ProResult:
                                                       jnp.zeros((len(x), 0), jnp.int32))))
 
 
-def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_classes: int) -> ProResult:
+def secure_gaussian(rng: np.random.Generator, size: int, std: float) -> np.ndarray:
+    """N(0, std²) noise as Opacus's secure mode draws it: the mean of four independent Gaussians, scaled back to
+    std (Holohan & Braghin, "Secure Random Sampling in Differential Privacy", 2021, show that summing several
+    floating-point Gaussian samples defeats the least-significant-bit reconstruction of a single one). With a
+    cryptographic ``rng`` (:func:`shared.randomness.secure_rng`) the bits themselves are unpredictable too."""
+    return rng.standard_normal((4, size)).sum(axis=0) * (std / 2.0)
+
+
+def poisson_sample(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
+    """Indices kept independently with probability q' = floor(q·2**53)/2**53 <= q (integer draws; amplification by
+    subsampling only improves as q' shrinks, so accounting at q stays valid)."""
+    threshold = int(q * (1 << 53))
+    return np.flatnonzero(rng.integers(0, 1 << 53, size=n, dtype=np.int64) < threshold)
+
+
+def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
+                      rng: np.random.Generator) -> ProResult:
+    """``rng`` drives everything random: initialization, Poisson sampling, the alternative batches and the
+    Gaussian noise. Releases pass :func:`shared.randomness.secure_rng`; tests and benchmarks a seeded one."""
     if config.denoiser not in DENOISERS:
         raise ValueError(f"denoiser must be one of {DENOISERS}")
     started = time.perf_counter()
@@ -158,10 +179,10 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
     q = min(1.0, config.batch_size / n)
     sigma = calibrate_sigma(config.epsilon, config.delta, q, config.steps, config.denoiser)
     spec = models.ModelSpec(x.shape[1], (), 4, tuple(config.hidden), num_classes)
-    params = models.init_params(jax.random.PRNGKey(config.seed), spec)
+    params = models.init_params(jax.random.PRNGKey(int(rng.integers(0, 2**63 - 1))), spec)
+    flat_params, unravel = jax.flatten_util.ravel_pytree(params)
     optimizer = optax.sgd(config.learning_rate, momentum=config.momentum)
     opt_state = optimizer.init(params)
-    capacity = int(np.ceil(q * n + 4 * np.sqrt(q * n) + 1))
     xs, ys = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32)
 
     def example_loss(p, xi, yi):
@@ -169,16 +190,13 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
         return -jax.nn.log_softmax(logits)[yi]
 
     @jax.jit
-    def step(p, state, idx, mask, alt_idx, key):
+    def step(p, state, idx, mask, alt_idx, noise):
         grads = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))(p, xs[idx], ys[idx])
         norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)))
         scale = mask / jnp.maximum(1.0, norms / config.clip)
         summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(scale, g, axes=1), grads)
-        leaves, treedef = jax.tree_util.tree_flatten(summed)
-        keys = jax.random.split(key, len(leaves))
-        noisy = jax.tree_util.tree_unflatten(treedef, [
-            (leaf + sigma * config.clip * jax.random.normal(k, leaf.shape)) / config.batch_size
-            for leaf, k in zip(leaves, keys, strict=True)])
+        noisy = jax.tree_util.tree_map(lambda g: g / config.batch_size,
+                                       jax.tree_util.tree_map(jnp.add, summed, unravel(noise)))
         if config.denoiser in ("selfspan", "selfconv"):
             noisy = denoise(p, noisy, xs[idx][: config.batch_size], num_classes, config)
         elif config.denoiser == "altconv":
@@ -186,18 +204,22 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
         updates, state = optimizer.update(noisy, state, p)
         return optax.apply_updates(p, updates), state
 
-    rng = np.random.default_rng(config.seed)  # sampling randomness; the Gaussian noise uses a JAX key
-    key = jax.random.PRNGKey(config.seed + 1)
+    # Padded batch size (a fixed shape for jit). A Poisson batch larger than it grows it — the batch is never
+    # truncated, since truncation would break the subsampling the accountant assumes — at the cost of a retrace.
+    capacity = int(np.ceil(q * n + 4 * np.sqrt(q * n) + 1))
     history = []
     for t in range(config.steps):
-        chosen = np.flatnonzero(rng.random(n) < q)[:capacity]  # Poisson sampling (truncated at a 4σ capacity)
+        chosen = poisson_sample(rng, n, q)
+        if chosen.size > capacity:
+            capacity = int(2 ** np.ceil(np.log2(chosen.size)))
         idx = np.zeros(capacity, dtype=np.int32)
         idx[: chosen.size] = chosen
         mask = np.zeros(capacity, dtype=np.float32)
         mask[: chosen.size] = 1.0
-        alt_idx = rng.choice(n, size=min(config.alt_batch_size, n), replace=False)
-        key, sub = jax.random.split(key)
-        params, opt_state = step(params, opt_state, jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(alt_idx), sub)
+        alt_idx = rng.choice(n, size=min(config.alt_batch_size, n), replace=False)  # features only
+        noise = secure_gaussian(rng, flat_params.size, sigma * config.clip).astype(np.float32)
+        params, opt_state = step(params, opt_state, jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(alt_idx),
+                                 jnp.asarray(noise))
         if (t + 1) % max(1, config.steps // 10) == 0:
             history.append({"step": t + 1})
     epsilon = epsilon_of(sigma, q, config.steps, config.denoiser, config.delta)

@@ -8,8 +8,8 @@ file and moves the pointer inside the same transaction that inserts the release 
 
 Each ledger record documents the event completely, in the spirit of dp-accounting's ``DpEvent``: mechanism and
 parameters, requested and certified ε, the prior's noise, a ``dp_event`` built from dp-accounting's event classes
-(``LaplaceDpEvent`` for the prior, ``RandomizedResponseDpEvent``/``LaplaceDpEvent``/``DiscreteLaplaceDpEvent``
-for mechanisms it knows, :class:`LocalRandomizerDpEvent` for the others) and the covered examples (count and
+(``DiscreteLaplaceDpEvent`` for the prior, ``RandomizedResponseDpEvent``/``DiscreteLaplaceDpEvent`` for
+mechanisms it knows, :class:`LocalRandomizerDpEvent` for the others) and the covered examples (count and
 SHA-256 of their registry indices, stored in a coverage file). :func:`event_epsilon` recomputes ε from the
 ``dp_event`` alone.
 """
@@ -25,8 +25,10 @@ import attr
 import numpy as np
 from dp_accounting import dp_event
 
+from labels_party.prior import HISTOGRAM_SENSITIVITY
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
+from shared.mechanisms.integer_noise import DiscreteLaplace
 
 # Float sums of ε (0.1 + 0.1 + ...) must not refuse the last legitimate release of an exactly divisible budget.
 BUDGET_TOLERANCE = 1e-9
@@ -43,25 +45,21 @@ class LocalRandomizerDpEvent(dp_event.DpEvent):
 
 def mechanism_dp_event(mechanism) -> dp_event.DpEvent:
     name = mechanism.name
-    description = mechanism.describe() if hasattr(mechanism, "describe") else {}
     if name == "rr":
-        k = len(description["input_values"])
+        k = len(mechanism.input_values)
         e = math.exp(mechanism.certified_epsilon)
         return dp_event.RandomizedResponseDpEvent(noise_parameter=k / (e + k - 1), num_buckets=k)
-    noise = description.get("noise", {})
-    span = description.get("high", 0.0) - description.get("low", 0.0)
-    if name == "laplace" and span > 0:
-        return dp_event.LaplaceDpEvent(noise_multiplier=noise["scale"] / span)
-    if name == "laplace-discrete" and span > 0:
-        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / noise["scale"], sensitivity=int(round(span)))
+    noise = getattr(mechanism, "noise", None)
+    if isinstance(noise, DiscreteLaplace):  # laplace, clipped or not (clipping is post-processing)
+        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=noise.s / noise.t,
+                                               sensitivity=int(mechanism.lattice.steps))
     return LocalRandomizerDpEvent(mechanism=name, epsilon=float(mechanism.certified_epsilon))
 
 
 def prior_dp_event(prior) -> dp_event.DpEvent:
-    """Histogram + noise of scale s, ℓ1 sensitivity 2 under a label change."""
-    if prior.noise == "discrete-laplace":
-        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / prior.scale, sensitivity=2)
-    return dp_event.LaplaceDpEvent(noise_multiplier=prior.scale / 2.0)
+    """Histogram + discrete Laplace noise, ℓ1 sensitivity 2 under a label change."""
+    return dp_event.DiscreteLaplaceDpEvent(noise_parameter=prior.noise.s / prior.noise.t,
+                                           sensitivity=HISTOGRAM_SENSITIVITY)
 
 
 def event_epsilon(event: dp_event.DpEvent, delta: float = 0.0) -> float:

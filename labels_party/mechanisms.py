@@ -14,7 +14,7 @@ from labels_party.solvers.classification import rr_with_prior
 from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
-from shared.domains import Classes, ContinuousInterval, FiniteLabels
+from shared.domains import Classes, ContinuousInterval, FiniteLabels, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms import additive
 from shared.mechanisms.randomized_response import debiased_randomized_response, randomized_response
@@ -31,12 +31,11 @@ MECHANISMS = tuple(dict.fromkeys(REGRESSION + CLASSIFICATION))
 
 @dataclass(frozen=True)
 class MechanismOptions:
-    """Knobs beyond ε. ``variant`` (additive noise): 'discrete' (integer labels only) or 'continuous';
-    None picks discrete for integer labels. ``clip``: clip additive noise to the label range (biased)."""
+    """Knobs beyond ε. ``clip``: clip additive noise to the label range (biased). Additive noise is always integer
+    noise on the domain's lattice (see :func:`shared.domains.lattice_of`)."""
 
     mesh: int | None = None
     clip: bool = False
-    variant: str | None = None
     exact: bool = False  # opt-unbiased over continuous outputs (cone program + HiGHS vertex, certified gap)
 
 
@@ -73,17 +72,10 @@ def build_mechanism(name: str, domain, epsilon: float, prior=None, options: Mech
         raise LabelDPError("choose either a mesh or exact, not both", code="invalid_mesh")
 
     if name in ADDITIVE:
-        variant = options.variant or ("discrete" if isinstance(domain, FiniteLabels) and domain.is_integer
-                                      else "continuous")
-        if variant not in ("discrete", "continuous"):
-            raise LabelDPError(f"variant must be discrete or continuous, got {variant!r}", code="invalid_variant")
-        if variant == "discrete" and not (isinstance(domain, FiniteLabels) and domain.is_integer):
-            raise LabelDPError("the discrete variant needs integer labels", code="invalid_variant")
         build = additive.laplace if name == "laplace" else additive.staircase
-        return build(labels.low, labels.high, epsilon, discrete=variant == "discrete", clip=options.clip,
-                     input_values=labels.values)
-    if options.clip or options.variant:
-        raise LabelDPError("clip and variant only apply to laplace and staircase", code="invalid_option")
+        return build(lattice_of(domain), epsilon, clip=options.clip, input_values=labels.values)
+    if options.clip:
+        raise LabelDPError("clip only applies to laplace and staircase", code="invalid_option")
 
     if name == "subset":
         return SubsetSelectionRandomizer.build(domain.num_classes, epsilon)

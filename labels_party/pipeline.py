@@ -29,18 +29,14 @@ class Privatization:
 
     @property
     def certified_epsilon(self) -> float:
-        """ε₁ (Laplace prior, exact by its scale) + the mechanism's certified ε₂."""
-        return (self.prior.epsilon if self.prior else 0.0) + self.mechanism.certified_epsilon
-
-
-def os_entropy_rng() -> np.random.Generator:
-    """A generator seeded from the operating system's entropy pool: the only source for real releases."""
-    return np.random.default_rng(np.random.SeedSequence())
+        """The prior's certified ε₁ (exact rational of its discrete Laplace) + the mechanism's certified ε₂."""
+        return (self.prior.certified_epsilon if self.prior else 0.0) + self.mechanism.certified_epsilon
 
 
 def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.random.Generator, *,
-                     prior_epsilon: float | None = None, discrete_prior: bool = False,
+                     prior_epsilon: float | None = None,
                      options: MechanismOptions | None = None) -> Privatization:
+    """``rng`` is :func:`shared.randomness.secure_rng` for releases; tests and benchmarks pass a seeded one."""
     epsilon = check_epsilon(epsilon)
     labels = np.asarray(labels, dtype=np.float64).ravel()
     if labels.size == 0:
@@ -56,7 +52,7 @@ def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.ran
     if needs_prior(mechanism):
         split = split_budget(epsilon, finite.size, labels.size, prior_epsilon)
         histogram = np.bincount(finite.index_of(labels), minlength=finite.size)
-        prior = estimate_prior(histogram, split.prior_epsilon, rng, discrete=discrete_prior)
+        prior = estimate_prior(histogram, split.prior_epsilon, rng)
     else:
         if prior_epsilon is not None:
             raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",
@@ -97,7 +93,7 @@ def privatize_by_group(domain, labels, groups, mechanism: str, epsilon: float, r
     for index, _key in enumerate(keys):
         members = np.flatnonzero(inverse == index)
         part = privatize_labels(domain, labels[members], mechanism, epsilon, rng, prior_epsilon=prior_epsilon,
-                                discrete_prior=True, options=options)
+                                options=options)
         noisy[members] = part.noisy_labels
         parts.append(part)
     return GroupPrivatization(list(keys), parts, noisy)

@@ -30,7 +30,7 @@ from labels_party.ledger import (
     prior_dp_event,
 )
 from labels_party.mechanisms import MechanismOptions
-from labels_party.pipeline import os_entropy_rng, privatize_by_group, privatize_labels
+from labels_party.pipeline import privatize_by_group, privatize_labels
 from labels_party.service import ServiceContext, accessible_dataset, registry_ids
 from labels_party.solvers.classification import rr_with_prior_per_example
 from labels_party.uploads import parse_groups, parse_priors
@@ -38,6 +38,7 @@ from shared import schemas
 from shared.domains import Classes, domain_from_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
+from shared.randomness import secure_rng
 
 
 def _crash_point(name: str) -> None:
@@ -200,6 +201,9 @@ def _commit_release(ctx: ServiceContext, principal: Principal, dataset_id: str, 
         if err.code == "budget_exceeded":
             raise _budget_error(draft.epsilon, err.remaining) from None
         raise
+    except BaseException:  # nothing references the file unless the transaction committed
+        ctx.store.remove(file)
+        raise
     return release_view(release), True
 
 
@@ -212,10 +216,9 @@ def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, r
         return stored, False
     # Expensive, label-dependent work: outside any transaction. Nothing here is visible until the charge commits.
     rows, covered = _cover(ctx, dataset_id, snapshot, request.example_ids, request.epsilon)
-    options = MechanismOptions(mesh=request.mesh, clip=request.clip, variant=request.variant, exact=request.exact)
+    options = MechanismOptions(mesh=request.mesh, clip=request.clip, exact=request.exact)
     result = privatize_labels(snapshot.domain, snapshot.labels[rows], request.mechanism, request.epsilon,
-                              os_entropy_rng(), prior_epsilon=request.prior_epsilon,
-                              discrete_prior=request.prior_noise == "discrete-laplace", options=options)
+                              secure_rng(), prior_epsilon=request.prior_epsilon, options=options)
     noisy = result.noisy_labels
     columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
                else {"label": noisy})
@@ -254,7 +257,7 @@ def release_with_example_priors(ctx: ServiceContext, principal: Principal, datas
         raise LabelDPError("per-example priors need a classes dataset", code="mechanism_domain_mismatch")
     ids, priors = parse_priors(path, fmt, snapshot.domain.num_classes)
     rows, covered = _cover(ctx, dataset_id, snapshot, ids, epsilon)
-    result = rr_with_prior_per_example(priors, snapshot.labels[rows].astype(np.int64), epsilon, os_entropy_rng())
+    result = rr_with_prior_per_example(priors, snapshot.labels[rows].astype(np.int64), epsilon, secure_rng())
     k_histogram = np.bincount(result.k, minlength=snapshot.domain.num_classes + 1)[1:].tolist()
     description = {"mechanism": "rr-with-prior", "per_example_priors": True, "epsilon": epsilon,
                    "certified_epsilon": result.certified_epsilon, "k_histogram": k_histogram,
@@ -290,7 +293,7 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
     ids, groups = parse_groups(path, fmt)
     rows, covered = _cover(ctx, dataset_id, snapshot, ids, epsilon)
     result = privatize_by_group(snapshot.domain, snapshot.labels[rows], groups, mechanism, epsilon,
-                                os_entropy_rng(), prior_epsilon=prior_epsilon)
+                                secure_rng(), prior_epsilon=prior_epsilon)
     per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
                   "noisy_prior": part.prior.describe(), "certified_epsilon": part.mechanism.certified_epsilon,
                   "output_values": part.mechanism.describe(include_matrix=False)["output_values"]}
@@ -300,12 +303,13 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
                    "certified_epsilon": result.certified_epsilon, "groups": per_group, "groups_sha256": digest}
     record = {"request": {"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon,
                           "group_priors": True, "num_groups": len(result.groups)},
-              "prior": {"noise": "discrete-laplace", "epsilon": prior_epsilon, "sensitivity": 2,
+              "prior": {**{k: v for k, v in result.parts[0].prior.describe().items()
+                           if k not in ("weights", "noisy_counts")},
                         "per_group": True, "composition": "parallel over disjoint groups"},
               "randomizer": {"epsilon": epsilon - prior_epsilon, "certified_epsilon": worst, "parameters": {}},
               "budget_split_rule": "override", "groups_sha256": digest,
               "dp_event": event_to_dict(dp_event.ComposedDpEvent([
-                  dp_event.DiscreteLaplaceDpEvent(noise_parameter=prior_epsilon / 2, sensitivity=2),
+                  prior_dp_event(result.parts[0].prior),  # every group's prior has the same calibration
                   LocalRandomizerDpEvent(mechanism=mechanism, epsilon=worst)]))}
     draft = _Draft(mechanism, epsilon, result.certified_epsilon, prior_epsilon, epsilon - prior_epsilon, covered,
                    {"label": result.noisy_labels}, description, None, record)
@@ -336,10 +340,9 @@ def central_training(ctx: ServiceContext, principal: Principal, dataset_id: str,
         raise LabelDPError("features must be finite numbers", code="invalid_request")
     config = ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=request.delta,
                        steps=request.steps, batch_size=min(request.batch_size, len(rows)),
-                       learning_rate=request.learning_rate, hidden=tuple(request.hidden),
-                       seed=int(os_entropy_rng().integers(0, 2**31 - 1)))
+                       learning_rate=request.learning_rate, hidden=tuple(request.hidden))
     result = train_labeldp_pro(config, features, snapshot.labels[rows].astype(np.int64),
-                               snapshot.domain.num_classes)
+                               snapshot.domain.num_classes, secure_rng())
     q = min(1.0, config.batch_size / len(rows))
     description = {"mechanism": "labeldp-pro", "denoiser": request.denoiser, "epsilon": request.epsilon,
                    "delta": request.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
@@ -373,19 +376,21 @@ def evaluate_predictions(ctx: ServiceContext, principal: Principal, dataset_id: 
         return stored, False
     rows, covered = _cover(ctx, dataset_id, snapshot, request.example_ids, request.epsilon)
     result = evaluate(request.metric, request.predictions, snapshot.labels[rows], request.epsilon, request.clip,
-                      os_entropy_rng())
+                      secure_rng())
     low, high = result.confidence_interval()
+    certified = result.certified_epsilon
     description = {"mechanism": "evaluation", "metric": result.metric, "value": result.value,
                    "noise_scale": result.noise_scale, "clip": result.clip, "num_examples": result.num_examples,
-                   "ci95": [low, high], "epsilon": request.epsilon, "certified_epsilon": request.epsilon}
-    width = result.noise_scale * result.num_examples * request.epsilon  # the clipped loss range, for the record
+                   "ci95": [low, high], "epsilon": request.epsilon, "certified_epsilon": certified,
+                   "noisy_sum": result.noisy_sum, "unit": result.unit, "loss_levels": result.levels,
+                   "noise": result.noise.describe()}
     record = {"request": request.model_dump(exclude={"example_ids", "predictions"}), "prior": None,
-              "randomizer": {"epsilon": request.epsilon, "certified_epsilon": request.epsilon,
-                             "parameters": {"loss_range": width, "num_examples": result.num_examples}},
+              "randomizer": {"epsilon": request.epsilon, "certified_epsilon": certified,
+                             "parameters": {"loss_levels": result.levels, "num_examples": result.num_examples}},
               "budget_split_rule": "no prior",
-              "dp_event": event_to_dict(dp_event.ComposedDpEvent([dp_event.LaplaceDpEvent(
-                  noise_multiplier=result.noise_scale / (width / result.num_examples))]))}
-    draft = _Draft("evaluation", request.epsilon, request.epsilon, 0.0, request.epsilon, covered, {}, description,
+              "dp_event": event_to_dict(dp_event.ComposedDpEvent([dp_event.DiscreteLaplaceDpEvent(
+                  noise_parameter=result.noise.s / result.noise.t, sensitivity=result.levels)]))}
+    draft = _Draft("evaluation", request.epsilon, certified, 0.0, request.epsilon, covered, {}, description,
                    None, record)
     return _commit_release(ctx, principal, dataset_id, idempotency_key, body_hash, snapshot, draft)
 

@@ -77,6 +77,94 @@ class FiniteLabels:
         return {"kind": "finite", "values": self.values.tolist()}
 
 
+# Additive noise is an integer number of lattice steps; beyond this many steps a domain should be declared
+# continuous with an explicit grid_size.
+MAX_LATTICE_STEPS = 1_000_000
+_ROUNDING_BITS = 53
+
+
+def unbiased_round(positions: np.ndarray, top: int, rng: np.random.Generator) -> np.ndarray:
+    """Integers in [0, top] with E[result] = position: floor(position) + Bernoulli(fractional part), the
+    Bernoulli drawn as a uniform 53-bit integer below the fractional part scaled to 2**53 (integer draws only).
+
+    Privacy never depends on this rounding (any mixture of two lattice rows is as private as the rows); only
+    unbiasedness does, to within 2**-53 of a step."""
+    positions = np.clip(np.asarray(positions, dtype=np.float64), 0.0, float(top))
+    lower = np.minimum(np.floor(positions).astype(np.int64), max(top - 1, 0))
+    threshold = np.rint((positions - lower) * (1 << _ROUNDING_BITS)).astype(np.int64)
+    draws = rng.integers(0, 1 << _ROUNDING_BITS, size=positions.size, dtype=np.int64)
+    return lower + (draws < threshold)
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """Evenly spaced label values ``low + step·i`` for i = 0..steps: where additive noise lives.
+
+    Labels are mapped to lattice indices (exactly when they lie on it, by unbiased randomized rounding when they
+    do not), integer noise is added in steps, and a released value is ``low + step·index`` — a function of an
+    integer, so its floating-point bits carry nothing else.
+    """
+
+    low: float
+    step: float
+    steps: int
+
+    def __post_init__(self):
+        if not (math.isfinite(self.low) and math.isfinite(self.step) and self.step > 0):
+            raise LabelDPError("a lattice needs a finite low value and a positive step", code="invalid_domain")
+        if not 1 <= self.steps <= MAX_LATTICE_STEPS:
+            raise LabelDPError(f"additive noise needs a lattice of 1..{MAX_LATTICE_STEPS} steps, this domain needs "
+                               f"{self.steps}; declare a continuous domain with a coarser grid_size",
+                               code="lattice_too_fine")
+
+    @property
+    def high(self) -> float:
+        return self.low + self.step * self.steps
+
+    def positions(self, labels) -> np.ndarray:
+        """(label - low) / step, snapped to the nearest integer when within 1e-9 of it (labels on the lattice)."""
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        bad = ~((labels >= self.low - 1e-9 * self.step) & (labels <= self.high + 1e-9 * self.step))
+        if np.any(bad):
+            raise LabelDPError(f"{int(bad.sum())} label(s) outside [{self.low:g}, {self.high:g}] or not finite, "
+                               f"e.g. {float(labels[np.argmax(bad)])!r}", code="label_out_of_domain")
+        position = (labels - self.low) / self.step
+        nearest = np.rint(position)
+        return np.where(np.abs(position - nearest) <= 1e-9, nearest, position)
+
+    def round(self, labels, rng: np.random.Generator) -> np.ndarray:
+        """Lattice indices with E[value(index)] = label."""
+        return unbiased_round(self.positions(labels), self.steps, rng)
+
+    def value(self, indices) -> np.ndarray:
+        return self.low + self.step * np.asarray(indices, dtype=np.float64)
+
+    def describe(self) -> dict:
+        return {"low": self.low, "step": self.step, "steps": int(self.steps)}
+
+
+def lattice_of(domain) -> Lattice:
+    """The lattice additive noise uses on a regression domain: the domain's grid for a continuous interval; for
+    finite labels the lattice through them when they are evenly spaced (integers: step 1 or their common gap),
+    otherwise the lattice whose step is at most their smallest gap (labels are then rounded onto it)."""
+    if isinstance(domain, ContinuousInterval):
+        return domain.lattice
+    if not isinstance(domain, FiniteLabels):
+        raise LabelDPError("additive noise needs ordered (regression) labels", code="mechanism_domain_mismatch")
+    if domain.size < 2:
+        raise LabelDPError("additive noise needs at least two label values", code="invalid_domain")
+    span = domain.high - domain.low
+    smallest_gap = float(np.min(np.diff(domain.values)))
+    steps = max(1, int(round(span / smallest_gap)))
+    offsets = (domain.values - domain.low) / (span / steps)
+    if np.max(np.abs(offsets - np.rint(offsets))) > 1e-9:  # not evenly spaced: a lattice at least that fine
+        steps = int(math.ceil(span / smallest_gap - 1e-9))
+    if steps > MAX_LATTICE_STEPS:
+        raise LabelDPError(f"additive noise needs a lattice of at most {MAX_LATTICE_STEPS} steps; these labels need "
+                           f"{steps}; declare a continuous domain with a grid_size", code="lattice_too_fine")
+    return Lattice(domain.low, span / steps, steps)
+
+
 def integer_range(low: int, high: int) -> FiniteLabels:
     """Integer labels ``low..high`` inclusive (counts clipped to a known maximum, weeks worked, …)."""
     if int(low) != low or int(high) != high:
@@ -116,13 +204,12 @@ class ContinuousInterval:
 
     def round_to_grid(self, labels, rng: np.random.Generator) -> np.ndarray:
         """Unbiased randomized rounding: returns grid *indices* with E[grid[index]] = label exactly
-        (up to the 53-bit resolution of the uniform draw)."""
-        labels = self.check(labels)
-        step = (self.high - self.low) / (self.grid_size - 1)
-        position = np.clip((labels - self.low) / step, 0.0, self.grid_size - 1)
-        lower = np.minimum(np.floor(position).astype(np.int64), self.grid_size - 2)
-        up_probability = position - lower
-        return lower + (rng.random(labels.size) < up_probability)
+        (up to the 2**-53 resolution of the rounding probability)."""
+        return self.lattice.round(self.check(labels), rng)
+
+    @property
+    def lattice(self) -> Lattice:
+        return Lattice(self.low, (self.high - self.low) / (self.grid_size - 1), int(self.grid_size) - 1)
 
     def describe(self) -> dict:
         return {"kind": "continuous", "min": self.low, "max": self.high, "grid_size": int(self.grid_size)}

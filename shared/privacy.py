@@ -1,4 +1,5 @@
-"""Privacy parameters: validation, the safety margin mechanisms are built with, and the ε₁/ε₂ budget split."""
+"""Privacy parameters: the ε range this library certifies, validation, the design ε mechanisms are built at, and
+the ε₁/ε₂ budget split."""
 
 from __future__ import annotations
 
@@ -13,20 +14,38 @@ from shared.errors import LabelDPError
 EXACT_MARGIN = 1e-9
 SOLVER_MARGIN = 1e-6
 
+# Every mechanism accepts every ε in [EPSILON_MIN, EPSILON_MAX] and either certifies it or refuses with a
+# LabelDPError. Below 1e-6 the widest lattices' noise scales (10^6 steps / ε) leave exact int64 arithmetic;
+# above 50 nothing is private in any useful sense (e^50 ≈ 5e21). A deployment narrows this range (the service's
+# settings); the mechanisms never widen it.
+EPSILON_MIN = 1e-6
+EPSILON_MAX = 50.0
+
+# Finite randomizers are sampled with probabilities on a 2**-53 grid. At ε = 16 their smallest probabilities
+# (~e^-16 / |Y|) are still ~10^9 / |Y| grid units, so quantization cannot push the certified ε above the request;
+# beyond it they would round to zero. Such randomizers are built at min(ε, 16): they are then within ~1e-7 of the
+# identity, so nothing of utility is lost, and the certified ε they report (≤ 16) is what they guarantee.
+SATURATION_EPSILON = 16.0
+
 
 def check_epsilon(epsilon, name: str = "epsilon") -> float:
+    """``epsilon`` as a float in [EPSILON_MIN, EPSILON_MAX], or a LabelDPError naming the problem."""
     try:
         value = float(epsilon)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise LabelDPError(f"{name} must be a number, got {epsilon!r}", code="invalid_epsilon") from None
     if not math.isfinite(value) or value <= 0:
         raise LabelDPError(f"{name} must be positive and finite, got {epsilon!r}", code="invalid_epsilon")
+    if not EPSILON_MIN <= value <= EPSILON_MAX:
+        raise LabelDPError(f"{name} must lie in [{EPSILON_MIN:g}, {EPSILON_MAX:g}], got {value!r}",
+                           code="epsilon_out_of_range")
     return value
 
 
 def design_epsilon(epsilon: float, margin: float = EXACT_MARGIN) -> float:
-    """The ε to construct a mechanism at, so that its certified ε stays ≤ ``epsilon``."""
-    return epsilon - margin * max(1.0, epsilon) if epsilon > 2 * margin else epsilon * (1 - 1e-3)
+    """The ε to construct a finite randomizer at, so that its certified ε stays ≤ ``epsilon``: a relative margin
+    below it (for the 2**-53 quantization and solver tolerances), and at most SATURATION_EPSILON."""
+    return min(epsilon - margin * max(1.0, epsilon), SATURATION_EPSILON)
 
 
 @dataclass(frozen=True)
@@ -52,10 +71,18 @@ def split_budget(epsilon: float, num_labels: int, num_examples: int,
         if prior_epsilon >= epsilon:
             raise LabelDPError(f"prior epsilon {prior_epsilon} must be below the total epsilon {epsilon}",
                                code="invalid_epsilon")
-        return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon, "override")
+        return _checked_split(epsilon, prior_epsilon, "override")
     if num_labels < 1:
         raise LabelDPError("a prior needs at least one label value", code="invalid_domain")
     if num_examples <= 0:
         raise LabelDPError("cannot estimate a prior from zero labels", code="empty_labels")
-    prior_epsilon = min(math.sqrt(num_labels / num_examples), epsilon / 2)
-    return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon, "sqrt(k/n) capped at epsilon/2")
+    # (never below EPSILON_MIN: with 10^13 examples and two labels the rule would ask for less)
+    prior_epsilon = max(min(math.sqrt(num_labels / num_examples), epsilon / 2), EPSILON_MIN)
+    return _checked_split(epsilon, prior_epsilon, "sqrt(k/n) capped at epsilon/2")
+
+
+def _checked_split(epsilon: float, prior_epsilon: float, rule: str) -> BudgetSplit:
+    if epsilon - prior_epsilon < EPSILON_MIN:
+        raise LabelDPError(f"epsilon {epsilon:g} leaves less than {EPSILON_MIN:g} for the randomizer after the prior's "
+                           f"{prior_epsilon:g}", code="epsilon_out_of_range")
+    return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon, rule)

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from shared.privacy import EPSILON_MAX, EPSILON_MIN
+
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
 
@@ -31,8 +33,11 @@ def _finite_positive(value: float) -> float:
     return value
 
 
-# A privacy parameter (or budget): positive and finite; NaN and ±inf are refused.
+# A budget: positive and finite; NaN and ±inf are refused.
 PositiveFinite = Annotated[float, AfterValidator(_finite_positive)]
+# A privacy parameter a mechanism is asked for: the range every mechanism certifies or refuses cleanly
+# (shared/privacy.py); the OpenAPI schema states it, so generated clients and fuzzers know it.
+Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX)]
 
 
 class DatasetCreate(BaseModel):
@@ -93,13 +98,11 @@ class ReleaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mechanism: str
-    epsilon: PositiveFinite
-    prior_epsilon: PositiveFinite | None = None
-    prior_noise: Literal["laplace", "discrete-laplace"] = "laplace"
+    epsilon: Epsilon
+    prior_epsilon: Epsilon | None = None
     mesh: int | None = Field(default=None, ge=2, le=5000)
     exact: bool = False
     clip: bool = False
-    variant: Literal["discrete", "continuous"] | None = None
     example_ids: list[str] | None = Field(default=None, min_length=1)
 
 
@@ -111,7 +114,7 @@ class EvaluationRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     metric: Literal["mse", "poisson", "accuracy"]
-    epsilon: PositiveFinite
+    epsilon: Epsilon
     clip: float = 1e4
     example_ids: list[str] = Field(min_length=1)
     predictions: list[float] = Field(min_length=1)
@@ -130,7 +133,7 @@ class CentralTrainingRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    epsilon: PositiveFinite
+    epsilon: Epsilon
     delta: float = Field(default=1e-5, gt=0, lt=1e-2)
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
     steps: int = Field(default=300, ge=1, le=20_000)

@@ -18,14 +18,10 @@ REGRESSION_CASES = [
     ("rr-on-bins", MechanismOptions(), False),
     ("dbrr", MechanismOptions(), True),
     ("rr", MechanismOptions(), False),
-    ("laplace", MechanismOptions(variant="discrete"), True),
-    ("laplace", MechanismOptions(variant="continuous"), True),
-    ("laplace", MechanismOptions(variant="discrete", clip=True), False),
-    ("laplace", MechanismOptions(variant="continuous", clip=True), False),
-    ("staircase", MechanismOptions(variant="discrete"), True),
-    ("staircase", MechanismOptions(variant="continuous"), True),
-    ("staircase", MechanismOptions(variant="discrete", clip=True), False),
-    ("staircase", MechanismOptions(variant="continuous", clip=True), False),
+    ("laplace", MechanismOptions(), True),
+    ("laplace", MechanismOptions(clip=True), False),
+    ("staircase", MechanismOptions(), True),
+    ("staircase", MechanismOptions(clip=True), False),
 ]
 
 
@@ -38,7 +34,7 @@ def _check_rows(mechanism):
 
 @pytest.mark.parametrize("epsilon", EPSILONS)
 @pytest.mark.parametrize(("name", "options", "unbiased"), REGRESSION_CASES,
-                         ids=[f"{c[0]}-{c[1].variant}-{'clip' if c[1].clip else 'raw'}" for c in REGRESSION_CASES])
+                         ids=[f"{c[0]}-{'clip' if c[1].clip else 'raw'}" for c in REGRESSION_CASES])
 def test_regression_mechanisms_are_certified(name, options, unbiased, epsilon):
     prior = PRIOR if name in ("opt-unbiased", "rr-on-bins") else None
     mechanism = build_mechanism(name, WEEKS, epsilon, prior, options)
@@ -77,8 +73,20 @@ def test_continuous_domain_keeps_certification_and_unbiasedness(name):
         assert mechanism.max_abs_bias > 1.0
 
 
-def test_non_integer_finite_labels_use_the_continuous_noise_variant():
-    domain = FiniteLabels(np.array([0.5, 1.25, 3.0]))
-    mechanism = build_mechanism("laplace", domain, 1.0)
-    assert mechanism.name == "laplace"
-    assert mechanism.noise.scale == pytest.approx(2.5, rel=1e-8)
+def test_non_integer_finite_labels_get_lattice_noise():
+    # evenly spaced fractional labels: the lattice through them (step 0.25, 4 steps), noise in whole steps
+    quarters = FiniteLabels(np.array([0.0, 0.25, 0.5, 0.75, 1.0]))
+    mechanism = build_mechanism("laplace", quarters, 1.0)
+    assert (mechanism.lattice.step, mechanism.lattice.steps) == (0.25, 4)
+    assert mechanism.noise.scale == pytest.approx(4.0, rel=1e-9)  # Δ/ε in steps
+    out = mechanism.sample(np.full(1000, 0.5), np.random.default_rng(0))
+    assert np.all(out * 4 == np.round(out * 4))  # every output is on the lattice
+    # irregular labels: a lattice whose step is at most their smallest gap (0.75 → 4 steps of 0.625 over 2.5)
+    irregular = FiniteLabels(np.array([0.5, 1.25, 3.0]))
+    mechanism = build_mechanism("laplace", irregular, 1.0)
+    assert mechanism.lattice.steps == 4 and mechanism.lattice.step == pytest.approx(0.625)
+    assert mechanism.certified_epsilon <= 1.0
+    out = mechanism.sample(np.full(200_000, 1.25), np.random.default_rng(1))
+    offsets = (out - 0.5) / 0.625
+    assert np.allclose(offsets, np.round(offsets))
+    assert abs(out.mean() - 1.25) < 5 * out.std() / np.sqrt(out.size)  # randomized rounding keeps it unbiased

@@ -107,7 +107,8 @@ def test_a_short_private_run_learns_and_reports_its_privacy():
     digits = load_digits()
     x = (digits.data / 16).astype(np.float32)
     result = train_labeldp_pro(ProConfig(denoiser="noop", epsilon=4.0, steps=150, batch_size=256,
-                                         learning_rate=0.5), x[:1400], digits.target[:1400], 10)
+                                         learning_rate=0.5), x[:1400], digits.target[:1400], 10,
+                               np.random.default_rng(0))
     assert result.epsilon <= 4.0 + 1e-3 and result.sigma > 0
     accuracy = np.mean(np.argmax(result.predict(x[1400:]), axis=1) == digits.target[1400:])
     assert accuracy > 0.5  # chance is 0.1

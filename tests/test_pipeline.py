@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from labels_party.mechanisms import MechanismOptions
-from labels_party.pipeline import os_entropy_rng, privatize_labels
+from labels_party.pipeline import privatize_labels
 from shared.domains import Classes, ContinuousInterval, integer_range
 from shared.errors import LabelDPError
 
@@ -33,17 +33,19 @@ def test_prior_budget_split_follows_the_rule_and_the_override(weeks):
     assert result.split.prior_epsilon == pytest.approx(np.sqrt(52 / weeks.size), rel=1e-12)
     assert result.prior.epsilon + result.split.randomizer_epsilon == pytest.approx(1.0, rel=1e-12)
     assert result.certified_epsilon <= 1.0
+    assert result.certified_epsilon >= 1.0 - 1e-6
     override = privatize_labels(integer_range(1, 52), weeks, "opt-unbiased", 2.0, np.random.default_rng(3),
-                                prior_epsilon=0.1, discrete_prior=True, options=MechanismOptions(mesh=52))
-    assert override.split.prior_epsilon == 0.1 and override.prior.noise == "discrete-laplace"
-    assert np.all(override.prior.noisy_counts == np.round(override.prior.noisy_counts))
+                                prior_epsilon=0.1, options=MechanismOptions(mesh=52))
+    assert override.split.prior_epsilon == 0.1
+    assert override.prior.certified_epsilon <= 0.1 and override.prior.certified_epsilon > 0.1 * (1 - 2**-30)
+    assert override.prior.noisy_counts.dtype == np.int64
     assert override.mechanism.epsilon == pytest.approx(1.9)
 
 
 def test_private_prior_is_close_to_the_truth_for_many_labels(weeks):
     result = privatize_labels(integer_range(1, 52), weeks, "rr-on-bins", 1.0, np.random.default_rng(4))
     truth = np.bincount(weeks.astype(int) - 1, minlength=52) / weeks.size
-    # Laplace(2/ε₁) per count, E|noise| = 2/ε₁, so E[TV] ≈ ½ · 52 · (2/ε₁) / n ≈ 0.016 here
+    # DLap(2/ε₁) per count, E|noise| ≈ 2/ε₁, so E[TV] ≈ ½ · 52 · (2/ε₁) / n ≈ 0.016 here
     expected_tv = 0.5 * 52 * result.prior.scale / weeks.size
     assert 0.5 * np.abs(result.prior.weights - truth).sum() < 1.5 * expected_tv
     assert 1.5 * expected_tv < 0.03
@@ -82,8 +84,3 @@ def test_bad_input_is_refused_with_a_code(domain, labels, mechanism, code):
         privatize_labels(domain, labels, mechanism, 1.0, np.random.default_rng(0))
     assert err.value.code == code
 
-
-def test_os_entropy_generators_differ():
-    a = os_entropy_rng().integers(0, 2**62, size=4)
-    b = os_entropy_rng().integers(0, 2**62, size=4)
-    assert not np.array_equal(a, b)

@@ -25,20 +25,18 @@ def _dlap_moments(alpha: float) -> tuple[float, float]:
     return float(np.sum(k**2 * w)), float(np.sum(k**4 * w))
 
 
-def _noise_samples(eps: float, discrete: bool, runs: int, seed: int) -> np.ndarray:
+def _noise_samples(eps: float, runs: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.concatenate([estimate_prior(HIST, eps, rng, discrete=discrete).noisy_counts - HIST
-                           for _ in range(runs)])
+    return np.concatenate([estimate_prior(HIST, eps, rng).noisy_counts - HIST for _ in range(runs)])
 
 
 # -- estimate_prior --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("discrete", [False, True])
 @pytest.mark.parametrize("eps", [0.05, 0.5, 2.0])
-def test_weights_are_clipped_normalized_noisy_counts(discrete, eps):
+def test_weights_are_clipped_normalized_noisy_counts(eps):
     rng = np.random.default_rng(17)
     for _ in range(50):
-        prior = estimate_prior(HIST, eps, rng, discrete=discrete)
+        prior = estimate_prior(HIST, eps, rng)
         w = prior.weights
         assert w.shape == HIST.shape
         assert np.all(w >= 0)
@@ -48,31 +46,20 @@ def test_weights_are_clipped_normalized_noisy_counts(discrete, eps):
         np.testing.assert_allclose(w, clipped / clipped.sum(), rtol=1e-15, atol=0)
         assert np.all((w == 0) == (prior.noisy_counts <= 0))
         assert prior.epsilon == eps
-        assert prior.scale == pytest.approx(HISTOGRAM_SENSITIVITY / eps, rel=1e-15)
-        assert prior.noise == ("discrete-laplace" if discrete else "laplace")
-
-
-@pytest.mark.parametrize("eps", [0.5, 1.0, 3.0])
-def test_laplace_noise_mean_and_variance(eps):
-    runs = 3000
-    z = _noise_samples(eps, False, runs, seed=2718)
-    n = z.size
-    b = 2.0 / eps
-    var = 2 * b * b
-    assert abs(z.mean()) < Z_TOL * math.sqrt(var / n)
-    assert abs(z.var() - var) < Z_TOL * math.sqrt((24 * b**4 - var**2) / n)
-    assert stats.kstest(z, "laplace", args=(0.0, b)).pvalue > 1e-3
-    # the test has power against the common mistake of scale 1/ε (sensitivity 1 instead of 2)
-    assert stats.kstest(z, "laplace", args=(0.0, 1.0 / eps)).pvalue < 1e-6
+        # the scale is the exact rational t/s >= 2/ε, within 2**-31 of it; the certified ε is 2 s/t <= ε
+        assert prior.scale >= HISTOGRAM_SENSITIVITY / eps and prior.scale == pytest.approx(2 / eps, rel=2**-30)
+        assert prior.certified_epsilon <= eps and prior.certified_epsilon == pytest.approx(eps, rel=2**-30)
+        assert prior.noisy_counts.dtype == np.int64
 
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 3.0])
 def test_discrete_laplace_noise_mean_and_variance(eps):
     runs = 3000
-    z = _noise_samples(eps, True, runs, seed=1618)
+    z = _noise_samples(eps, runs, seed=1618)
     n = z.size
     assert np.all(z == np.round(z))
     alpha = math.exp(-eps / 2)
+    assert estimate_prior(HIST, eps, np.random.default_rng(0)).noise.alpha == pytest.approx(alpha, rel=1e-9)
     var = 2 * alpha / (1 - alpha) ** 2
     var_sum, fourth = _dlap_moments(alpha)
     assert var_sum == pytest.approx(var, rel=1e-10)
@@ -89,26 +76,27 @@ def test_discrete_laplace_noise_mean_and_variance(eps):
     assert expected.sum() == pytest.approx(n, rel=1e-12)
     assert expected.min() > 5
     assert stats.chisquare(observed, expected).pvalue > 1e-3
+    # the test has power against the common mistake of scale 1/ε (sensitivity 1 instead of 2)
+    wrong = n * np.concatenate([[np.exp(-eps) ** (m + 1) / (1 + np.exp(-eps))],
+                                (1 - np.exp(-eps)) / (1 + np.exp(-eps)) * np.exp(-eps * np.abs(k)),
+                                [np.exp(-eps) ** (m + 1) / (1 + np.exp(-eps))]])
+    assert stats.chisquare(observed, wrong * n / wrong.sum()).pvalue < 1e-6
 
 
-def test_discrete_noisy_counts_are_integers():
+def test_noisy_counts_are_integers():
     rng = np.random.default_rng(3)
     for eps in (0.01, 0.3, 5.0):
-        prior = estimate_prior(HIST, eps, rng, discrete=True)
-        assert np.all(prior.noisy_counts == np.round(prior.noisy_counts))
+        prior = estimate_prior(HIST, eps, rng)
+        assert prior.noisy_counts.dtype == np.int64
         if eps == 0.01:
             assert np.all(prior.noisy_counts != HIST)  # DLap(200): Pr[Z = 0] ≈ 0.005 per count
-    # and the continuous variant is not integer-valued
-    prior = estimate_prior(HIST, 0.3, rng)
-    assert np.all(prior.noisy_counts != np.round(prior.noisy_counts))
 
 
-@pytest.mark.parametrize("discrete", [False, True])
-def test_all_clipped_to_zero_falls_back_to_uniform(discrete):
+def test_all_clipped_to_zero_falls_back_to_uniform():
     histogram = np.zeros(4)
     # search fixed seeds for a draw where every noisy count is <= 0 (probability >= 1/16 per seed)
     for seed in range(500):
-        prior = estimate_prior(histogram, 0.01, np.random.default_rng(seed), discrete=discrete)
+        prior = estimate_prior(histogram, 0.01, np.random.default_rng(seed))
         if np.all(prior.noisy_counts <= 0):
             break
     else:
@@ -116,7 +104,7 @@ def test_all_clipped_to_zero_falls_back_to_uniform(discrete):
     np.testing.assert_array_equal(prior.weights, np.full(4, 0.25))
     # a neighbouring outcome with a single positive count gives a one-hot prior, not uniform
     for seed in range(500):
-        prior = estimate_prior(histogram, 0.01, np.random.default_rng(seed), discrete=discrete)
+        prior = estimate_prior(histogram, 0.01, np.random.default_rng(seed))
         if np.sum(prior.noisy_counts > 0) == 1:
             break
     else:
@@ -134,7 +122,8 @@ def test_estimate_prior_rejects_bad_epsilon():
 def test_prior_describe_roundtrip():
     prior = estimate_prior(HIST, 1.0, np.random.default_rng(8))
     d = prior.describe()
-    assert d["sensitivity"] == 2.0 and d["scale"] == 2.0 and d["noise"] == "laplace"
+    assert d["sensitivity"] == 2 and d["scale"] == 2.0 and d["noise"] == "discrete-laplace"
+    assert d["scale_rational"] == f"{2**32}/{2**31}" and d["certified_epsilon"] == 1.0
     np.testing.assert_array_equal(d["weights"], prior.weights)
     np.testing.assert_array_equal(d["noisy_counts"], prior.noisy_counts)
 

@@ -54,8 +54,11 @@ from labels_party.solvers.opt_unbiased import certify_solution
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import debiased_outputs
-from shared.privacy import SOLVER_MARGIN, check_epsilon, design_epsilon
+from shared.privacy import SATURATION_EPSILON, SOLVER_MARGIN, check_epsilon, design_epsilon
 
+# Below this ε Clarabel stops with InsufficientProgress on every prior tried (3e-3 was the smallest that
+# solved on four priors; the floor keeps a margin).
+MIN_EPSILON = 0.01
 EXACT_SOLVER_MARGIN = 2e-9  # the vertex LP is feasible to ~1e-10: the exact repair needs little slack
 ALL_INTERVALS_UP_TO = 3000  # cones; above this the intervals are grown as a working set
 COARSE_LABELS = 48  # block count of the coarse problem that seeds the working set for large |Y|
@@ -452,6 +455,10 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
     """The optimal unbiased randomizer over output values in ℝ, certified to a relative gap ``tolerance``."""
     started = time.perf_counter()
     epsilon = check_epsilon(epsilon)
+    if epsilon < MIN_EPSILON:
+        raise LabelDPError(f"the exact optimal unbiased solver certifies epsilon >= {MIN_EPSILON:g} (below, its cone "
+                           f"programs lose accuracy); got {epsilon:g}: use a mesh, dbrr or laplace",
+                           code="epsilon_out_of_range")
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     k = values.size
@@ -469,9 +476,11 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
     kept = np.flatnonzero(solved)
     # The vertex is computed at ε_lp = ε(1 − margin) so that the exact repair fits; if the repair of a badly
     # conditioned vertex does not fit, the margin grows (and the certified gap says what that cost).
+    # Above SATURATION_EPSILON the randomizer is built (and its gap certified) at that ε: see shared/privacy.py.
+    target = min(epsilon, SATURATION_EPSILON)
     for margin in (EXACT_SOLVER_MARGIN, 1e-7, SOLVER_MARGIN):
-        lp_epsilon = design_epsilon(epsilon, margin)
-        scaled = _solve_scaled((values[solved] - center) / scale, prior[solved], epsilon, lp_epsilon, tolerance,
+        lp_epsilon = design_epsilon(target, margin)
+        scaled = _solve_scaled((values[solved] - center) / scale, prior[solved], target, lp_epsilon, tolerance,
                                max_rounds)
         matrix = np.empty((k, scaled.outputs.size))
         matrix[solved] = scaled.matrix

@@ -23,6 +23,8 @@ from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.privacy import SOLVER_MARGIN, check_epsilon, design_epsilon
 
 MAX_LP_VARIABLES = 2_000_000
+# The LP solved at 1e-4 and failed (infeasible) at 1e-6 on four priors; the floor keeps a margin.
+MIN_EPSILON = 1e-3
 
 
 def feasible_output_set(values, epsilon: float, mesh: int) -> np.ndarray:
@@ -93,7 +95,7 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
     keep[np.argmax(column_max)] = True
     # Dust beyond the outermost kept outputs has no neighbour to be rounded into, and moving it inwards biases the
     # row by mass × distance (1e-10 × 80 breaks a 1e-8 margin): it is kept whenever quantization can certify it.
-    certifiable = column_max * float(exact.RESOLUTION) * math.expm1(lp_epsilon / 2) >= 2.0 + math.exp(epsilon)
+    certifiable = column_max * float(exact.RESOLUTION) * math.expm1(lp_epsilon / 2) >= 2.0 + math.exp(lp_epsilon)
     outside = (outputs < outputs[keep].min()) | (outputs > outputs[keep].max())
     keep |= certifiable & outside
     kept = np.flatnonzero(keep)
@@ -112,9 +114,9 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
     # 2. Lift every column to exact ε_lp-DP: entries below max·e^-ε_lp are raised to it (tolerance-sized moves).
     #    Quantization to 2^-53 (:mod:`shared.mechanisms.exact`) moves an entry by at most one unit, which for a
     #    column with a small maximum M is a large *relative* move of its smallest entry; such columns are lifted
-    #    further, to log(e^ε_lp) − log(1 + (2 + e^ε) / (M 2^53)), so the rounded column stays within the margin.
+    #    further, to log(e^ε_lp) − log(1 + (2 + e^ε_lp) / (M 2^53)), so the rounded column stays within the margin.
     column_max = matrix.max(axis=0, keepdims=True)
-    rounding = np.log1p((2.0 + math.exp(epsilon)) / (column_max * float(exact.RESOLUTION)))
+    rounding = np.log1p((2.0 + math.exp(lp_epsilon)) / (column_max * float(exact.RESOLUTION)))
     matrix = np.maximum(matrix, column_max * np.exp(-(lp_epsilon - rounding)))
     # 3. Restore Σ_i M = 1 and Σ_i M ŷ_i = y per row by M[y, i] *= 1 + a_y + b_y z_i (relative moves of the order
     #    of the solver tolerance divided by the row's variance, far inside the ε - ε_lp margin).
@@ -139,6 +141,9 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
     """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 2|Y| — the number of outputs Theorem 6
     says suffice) or on explicit ``outputs``."""
     epsilon = check_epsilon(epsilon)
+    if epsilon < MIN_EPSILON:
+        raise LabelDPError(f"the mesh LP certifies epsilon >= {MIN_EPSILON:g} (below, e^epsilon - 1 drowns in HiGHS's "
+                           f"tolerances); got {epsilon:g}: use dbrr or laplace", code="epsilon_out_of_range")
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     lp_epsilon = design_epsilon(epsilon, SOLVER_MARGIN)

@@ -1,364 +1,161 @@
-"""Additive noise mechanisms: y + Z for noise Z calibrated to the label range Δ = max(Y) - min(Y).
+"""Additive noise mechanisms on a lattice: M(y) = low + step · (index(y) + Z), Z integer noise.
 
-Noise distributions (Appendix F of the optimal-unbiased paper):
-* Laplace (Definition 18) and discrete Laplace (Definition 17), scale b = Δ/ε;
-* staircase (Definition 20, continuous, parameter γ) and discrete staircase (Definition 19, parameter r), with
-  the parameter chosen to minimize the noise variance (the squared loss), by closed-form second moments.
+The label is mapped to its lattice index (exactly for labels on the lattice — integers, evenly spaced values —
+and by unbiased randomized rounding otherwise, see :class:`~shared.domains.Lattice`), Z is drawn exactly by
+:mod:`shared.mechanisms.integer_noise`, and the released value is a function of the integer index + Z alone.
+Nothing is sampled in floating point, so no bit of the output depends on the label beyond what ε allows.
 
-Unclipped, y + Z is unbiased with noisy label loss Var(Z)/2. Clipped to [min Y, max Y] (post-processing, same
-ε) it is biased; with discrete noise on integer labels the clipped mechanism has finitely many outputs and is
-returned as an exact :class:`FiniteRandomizer` (see :func:`clipped_discrete`).
+Noise distributions (Appendix F of the optimal-unbiased paper), calibrated to the lattice's range Δ = steps:
+* discrete Laplace (Definition 17), scale Δ/ε;
+* discrete staircase (Definition 19) with the r that minimizes the variance (the squared loss).
+The continuous Laplace and staircase of Definitions 18 and 20 are their limits as the lattice step shrinks; the
+lattice step (the domain's ``grid_size`` for continuous labels) is part of the mechanism's description.
 
-Certified ε comes from the parameters the sampler actually uses: the largest log-ratio of the noise density
-between two points at most Δ apart (for the discrete distributions computed from the pmf itself).
-Continuous noise is sampled with floating point, like every practical Laplace implementation; see docs.
+Privacy: two labels' lattice rows are at most Δ apart, a rounded label is a mixture of two rows, and the noise
+is exactly ε-DP for shifts up to Δ, so ``certified_epsilon`` is the noise's exact rational ε (rounded up).
+Unclipped, y + Z is unbiased with noisy label loss step²·Var(Z)/2 (plus the rounding's variance off the
+lattice). Clipped to the lattice ends (post-processing, same ε) it is biased; bias and loss are computed from
+the realized pmf.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import integrate, optimize
 
+from shared.domains import Lattice
 from shared.errors import CertificationError
-from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
-from shared.privacy import check_epsilon, design_epsilon
-
-
-@dataclass(frozen=True)
-class LaplaceNoise:
-    scale: float
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.laplace(0.0, self.scale, size)
-
-    @property
-    def variance(self) -> float:
-        return 2.0 * self.scale**2
-
-    def privacy_loss(self, sensitivity: float) -> float:
-        return sensitivity / self.scale
-
-    def cdf(self, x):
-        x = np.asarray(x, dtype=np.float64)
-        return np.where(x < 0, 0.5 * np.exp(x / self.scale), 1 - 0.5 * np.exp(-x / self.scale))
-
-    def pdf(self, x):
-        return np.exp(-np.abs(x) / self.scale) / (2 * self.scale)
-
-    @property
-    def breakpoints(self) -> tuple:
-        return (0.0,)
-
-
-@dataclass(frozen=True)
-class StaircaseNoise:
-    """Continuous staircase (Geng & Viswanath): density a·b^k on [kΔ, kΔ+γΔ), a·b^(k+1) on [kΔ+γΔ, (k+1)Δ)."""
-
-    epsilon: float
-    sensitivity: float
-    gamma: float
-
-    @property
-    def _b(self) -> float:
-        return math.exp(-self.epsilon)
-
-    @property
-    def _a(self) -> float:
-        b = self._b
-        return (1 - b) / (2 * self.sensitivity * (self.gamma + b * (1 - self.gamma)))
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        b, g, d = self._b, self.gamma, self.sensitivity
-        sign = rng.choice(np.array([-1.0, 1.0]), size)
-        period = rng.geometric(1 - b, size) - 1  # P(G = k) = (1-b) b^k, k >= 0
-        in_high = rng.random(size) < g / (g + (1 - g) * b)
-        u = rng.random(size)
-        magnitude = np.where(in_high, period + g * u, period + g + (1 - g) * u) * d
-        return sign * magnitude
-
-    @property
-    def variance(self) -> float:
-        return staircase_second_moment(self.epsilon, self.sensitivity, self.gamma)
-
-    def privacy_loss(self, sensitivity: float) -> float:
-        # Density levels fall by the factor b once per half-period step; two points within Δ of each other are
-        # at most one level apart, so the worst ratio is a / (a b) — computed from the b the sampler uses.
-        if sensitivity > self.sensitivity:
-            return float("inf")
-        return -math.log(self._b)
-
-    def pdf(self, x):
-        x = np.abs(np.asarray(x, dtype=np.float64)) / self.sensitivity
-        period = np.floor(x)
-        level = period + (x - period >= self.gamma)
-        return self._a * self._b**level
-
-    def cdf(self, x):
-        x = np.asarray(x, dtype=np.float64)
-        tail = np.vectorize(self._upper_tail)(np.abs(x))
-        return np.where(x < 0, tail, 1 - tail)
-
-    def _upper_tail(self, t: float) -> float:
-        """P(Z >= t) for t >= 0."""
-        a, b, g, d = self._a, self._b, self.gamma, self.sensitivity
-        k = math.floor(t / d)
-        r = t / d - k
-        full = a * d * (g + b * (1 - g)) * b**k / (1 - b)  # mass of periods >= k
-        inside = a * b**k * d * (min(r, g) + b * max(0.0, r - g))
-        return full - inside
-
-    @property
-    def breakpoints(self) -> tuple:
-        d = self.sensitivity
-        return tuple(sorted({s * (k + o) * d for k in range(3) for o in (0.0, self.gamma) for s in (-1, 1)}))
-
-
-def staircase_second_moment(epsilon: float, sensitivity: float, gamma: float) -> float:
-    """E[Z²] of the continuous staircase, in closed form via Σ b^k k^j (j = 0, 1, 2)."""
-    b = math.exp(-epsilon)
-    d = sensitivity
-    a = (1 - b) / (2 * d * (gamma + b * (1 - gamma)))
-    g0, g1, g2 = 1 / (1 - b), b / (1 - b) ** 2, b * (1 + b) / (1 - b) ** 3
-    w = gamma * d
-    # ∫_{kΔ}^{kΔ+w} x² dx = w Δ² k² + Δ w² k + w³/3 ; the low part of a period is the full period minus that.
-    high = w * d * d * g2 + d * w * w * g1 + w**3 / 3 * g0
-    full = d**3 * (g2 + g1 + g0 / 3)
-    return 2 * a * ((1 - b) * high + b * full)
-
-
-@dataclass(frozen=True)
-class DiscreteLaplaceNoise:
-    """Pr[Z = k] ∝ exp(-|k| / scale) on the integers."""
-
-    scale: float
-
-    @property
-    def _alpha(self) -> float:
-        return math.exp(-1.0 / self.scale)
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        p = 1 - self._alpha  # the difference of two iid geometrics is discrete Laplace
-        return (rng.geometric(p, size) - rng.geometric(p, size)).astype(np.float64)
-
-    @property
-    def variance(self) -> float:
-        a = self._alpha
-        return 2 * a / (1 - a) ** 2
-
-    def pmf(self, k):
-        a = self._alpha
-        return (1 - a) / (1 + a) * a ** np.abs(np.asarray(k, dtype=np.float64))
-
-    def privacy_loss(self, sensitivity: float) -> float:
-        return _discrete_privacy_loss(self.pmf, int(sensitivity))
-
-    def upper_tail(self, t: int) -> float:
-        """Pr[Z >= t] for an integer t."""
-        a = self._alpha
-        return a**t / (1 + a) if t >= 1 else 1 - a ** (1 - t) / (1 + a)
-
-
-@dataclass(frozen=True)
-class DiscreteStaircaseNoise:
-    """Definition 19: pmf a(r) on 0 <= |i| < r, e^-ε a(r) on r <= |i| < Δ, decaying by e^-ε per period Δ."""
-
-    epsilon: float
-    sensitivity: int
-    r: int
-
-    @property
-    def _b(self) -> float:
-        return math.exp(-self.epsilon)
-
-    @property
-    def _a(self) -> float:
-        b, r, d = self._b, self.r, self.sensitivity
-        return (1 - b) / (2 * r + 2 * b * (d - r) - (1 - b))
-
-    def pmf(self, i):
-        i = np.abs(np.asarray(i, dtype=np.int64))
-        period, offset = np.divmod(i, self.sensitivity)
-        return self._a * self._b ** (period + (offset >= self.r))
-
-    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        b, r, d, a = self._b, self.r, self.sensitivity, self._a
-        level = np.where(np.arange(d) < r, 1.0, b)
-        first = level * np.where(np.arange(d) == 0, 1.0, 2.0)  # period 0: offset 0 has one sign only
-        p_first = a * first.sum()
-        in_first = rng.random(size) < p_first
-        offset = np.where(in_first, rng.choice(d, size, p=first / first.sum()),
-                          rng.choice(d, size, p=level / level.sum()))
-        period = np.where(in_first, 0, rng.geometric(1 - b, size))  # P(k) ∝ b^k, k >= 1
-        sign = rng.choice(np.array([-1, 1]), size)
-        return (sign * (period * d + offset)).astype(np.float64)
-
-    @property
-    def variance(self) -> float:
-        return float(discrete_staircase_second_moments(self.epsilon, self.sensitivity)[self.r - 1])
-
-    def upper_tail(self, t: int) -> float:
-        """Pr[Z >= t] for an integer t, summed per period in closed form."""
-        if t < 1:
-            return 1 - self.upper_tail(1 - t)
-        b, r, d, a = self._b, self.r, self.sensitivity, self._a
-        k, j = divmod(t, d)
-        later_periods = a * (r + b * (d - r)) * b ** (k + 1) / (1 - b)
-        rest_of_period = a * b**k * (max(0, r - j) + b * (d - max(j, r)))
-        return later_periods + rest_of_period
-
-    def privacy_loss(self, sensitivity: float) -> float:
-        return _discrete_privacy_loss(self.pmf, int(sensitivity))
-
-
-def discrete_staircase_second_moments(epsilon: float, sensitivity: int) -> np.ndarray:
-    """E[Z²] for r = 1..Δ, closed form (x = 0 contributes nothing, so both signs count every term)."""
-    b = math.exp(-epsilon)
-    d = sensitivity
-    r = np.arange(1, d + 1, dtype=np.float64)
-    g0, g1, g2 = 1 / (1 - b), b / (1 - b) ** 2, b * (1 + b) / (1 - b) ** 3
-
-    def block(n):  # Σ_k b^k Σ_{j<n} (kΔ + j)²
-        return n * d * d * g2 + d * n * (n - 1) * g1 + (n - 1) * n * (2 * n - 1) / 6 * g0
-
-    a = (1 - b) / (2 * r + 2 * b * (d - r) - (1 - b))
-    return 2 * a * ((1 - b) * block(r) + b * block(float(d)))
-
-
-def _discrete_privacy_loss(pmf, sensitivity: int) -> float:
-    """max over shifts 1..Δ and points of |log pmf(i) - log pmf(i + s)|, over three periods (the pmfs here
-    repeat their shape with a constant decay beyond that)."""
-    if sensitivity <= 0:
-        return 0.0
-    points = np.arange(-3 * sensitivity, 3 * sensitivity + 1)
-    logp = np.log(pmf(points))
-    worst = 0.0
-    for s in range(1, sensitivity + 1):
-        worst = max(worst, float(np.max(np.abs(logp[s:] - logp[:-s]))))
-    return worst
+from shared.mechanisms.finite import normalized_prior
+from shared.mechanisms.integer_noise import DiscreteLaplace, DiscreteStaircase
+from shared.privacy import check_epsilon
 
 
 @dataclass(frozen=True, eq=False)
 class AdditiveNoiseRandomizer:
-    """M(y) = y + Z, optionally clipped to [low, high]. Labels must lie in [low, high]."""
+    """M(y) = lattice value of (index(y) + Z), optionally clipped to the lattice ends."""
 
     name: str
     epsilon: float
-    low: float
-    high: float
-    noise: Any
+    lattice: Lattice
+    noise: DiscreteLaplace | DiscreteStaircase
     clip: bool
-    input_values: np.ndarray | None = field(default=None, repr=False)  # the finite labels, when known
-    parameters: dict = field(default_factory=dict, repr=False)
+    input_values: np.ndarray | None = field(default=None, repr=False)  # the finite labels, for utility numbers
 
     def __post_init__(self):
         if self.certified_epsilon > self.epsilon:
-            raise CertificationError(f"{self.name}: noise is {self.certified_epsilon!r}-DP for range "
-                                     f"{self.high - self.low}, above the requested {self.epsilon!r}")
+            raise CertificationError(f"{self.name}: noise is {self.certified_epsilon!r}-DP over {self.lattice.steps} "
+                                     f"steps, above the requested {self.epsilon!r}")
 
     @property
     def certified_epsilon(self) -> float:
-        return self.noise.privacy_loss(self.high - self.low)
+        return self.noise.certified_epsilon(self.lattice.steps)
 
-    num_outputs = None  # continuous or countably infinite support
+    @property
+    def num_outputs(self) -> int | None:
+        return self.lattice.steps + 1 if self.clip else None  # unclipped: countably infinite
+
+    @property
+    def noise_variance(self) -> float:
+        """Var of the added noise in label units (unclipped)."""
+        return self.lattice.step**2 * self.noise.variance
 
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
-        labels = np.asarray(labels, dtype=np.float64).ravel()
-        if np.any(~((labels >= self.low) & (labels <= self.high))):
-            raise CertificationError(f"{self.name}: labels outside [{self.low}, {self.high}] break the "
-                                     "sensitivity the noise was calibrated to")
-        noisy = labels + self.noise.sample(labels.size, rng)
-        return np.clip(noisy, self.low, self.high) if self.clip else noisy
+        index = self.lattice.round(labels, rng)
+        noisy = index + self.noise.sample(index.size, rng)
+        if self.clip:
+            noisy = np.clip(noisy, 0, self.lattice.steps)
+        return self.lattice.value(noisy)
 
-    def _clipped_moments(self, y: float) -> tuple[float, float]:
-        """(E[M(y)] - y, E[½ (M(y) - y)²]) for the clipped continuous mechanism, by quadrature."""
-        lo, hi = self.low - y, self.high - y
-        p_lo, p_hi = float(self.noise.cdf(lo)), 1 - float(self.noise.cdf(hi))
-        points = [p for p in self.noise.breakpoints if lo < p < hi] or None
-        m1 = integrate.quad(lambda z: z * self.noise.pdf(z), lo, hi, points=points, limit=200)[0]
-        m2 = integrate.quad(lambda z: z * z * self.noise.pdf(z), lo, hi, points=points, limit=200)[0]
-        return p_lo * lo + p_hi * hi + m1, 0.5 * (p_lo * lo * lo + p_hi * hi * hi + m2)
+    # -- utility, from the realized pmf ----------------------------------------------------------------------
+    def _row_moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """(E[out - x_k], E[(out - x_k)²]) in label units for every lattice index k."""
+        d, h = self.lattice.steps, self.lattice.step
+        k = np.arange(d + 1)
+        if not self.clip:
+            return np.zeros(d + 1), np.full(d + 1, h * h * self.noise.variance)
+        z = np.arange(-d, d + 1)
+        p = self.noise.pmf(z)
+        zf = z.astype(np.float64)
+        first, second = np.concatenate([[0.0], np.cumsum(zf * p)]), np.concatenate([[0.0], np.cumsum(zf * zf * p)])
+        # interior outputs: z from -k+1 to d-k-1 (indices into the cumsums offset by d, plus one for the leading 0)
+        lo, hi = -k + 1 + d, d - k - 1 + d + 1
+        hi = np.maximum(hi, lo)
+        tails = self._tails(k, p)  # Pr[Z >= k] = Pr[Z <= -k]
+        top = self._tails(d - k, p)  # Pr[Z >= d - k]
+        m1 = first[hi] - first[lo] - k * tails + (d - k) * top
+        m2 = second[hi] - second[lo] + k * k * tails + (d - k) ** 2 * top
+        return h * m1, h * h * m2
+
+    def _tails(self, starts: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """Pr[Z >= s] for each s in 0..d, from the pmf on [-d, d] and the exact tail beyond d."""
+        d = self.lattice.steps
+        beyond = self.noise.upper_tail(d + 1)
+        suffix = np.concatenate([np.cumsum(p[::-1])[::-1], [0.0]])  # suffix[i] = Σ_{z >= i - d, z <= d} p
+        return suffix[np.asarray(starts) + d] + beyond
 
     def _values(self) -> np.ndarray:
         if self.input_values is None:
             raise ValueError(f"{self.name}: per-label quantities need the finite input labels")
         return self.input_values
 
+    def _per_label(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bias, E[½ (M(y) - y)²]) for every input label; off-lattice labels mix their two rows."""
+        values = self._values()
+        m1, m2 = self._row_moments()
+        position = self.lattice.positions(values)
+        lower = np.minimum(np.floor(position).astype(np.int64), self.lattice.steps - 1)
+        upper_weight = position - lower
+        bias = np.zeros(values.size)
+        loss = np.zeros(values.size)
+        for row, weight in ((lower, 1 - upper_weight), (lower + 1, upper_weight)):
+            offset = self.lattice.value(row) - values  # x_k - y
+            bias += weight * m1[row]
+            loss += weight * (m2[row] + 2 * offset * m1[row] + offset**2)
+        return bias, 0.5 * loss
+
     @property
     def bias(self) -> np.ndarray:
-        values = self._values()
-        if not self.clip:
-            return np.zeros(values.size)
-        return np.array([self._clipped_moments(y)[0] for y in values])
+        """E[M(y)] - y for every input label."""
+        return self._per_label()[0]
 
     @property
     def max_abs_bias(self) -> float:
         return float(np.max(np.abs(self.bias)))
 
     def squared_loss_per_label(self) -> np.ndarray:
-        values = self._values()
-        if not self.clip:
-            return np.full(values.size, 0.5 * self.noise.variance)
-        return np.array([self._clipped_moments(y)[1] for y in values])
+        return self._per_label()[1]
 
     def noisy_label_loss(self, prior) -> float:
         return float(normalized_prior(prior, self._values().size) @ self.squared_loss_per_label())
 
     def describe(self) -> dict[str, Any]:
         return {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,
-                "low": self.low, "high": self.high, "clip": self.clip,
-                "noise": {"type": type(self.noise).__name__, **self.noise.__dict__}, "parameters": self.parameters}
+                "low": self.lattice.low, "high": self.lattice.high, "clip": self.clip,
+                "lattice": self.lattice.describe(), "noise": self.noise.describe(),
+                "rounding": "labels off the lattice: unbiased randomized rounding to a neighbouring lattice point",
+                "parameters": {"sensitivity_steps": self.lattice.steps}}
 
 
 # -- constructors ----------------------------------------------------------------------------------------------
 
-def laplace(low: float, high: float, epsilon: float, *, discrete: bool = False, clip: bool = False,
-            input_values=None) -> AdditiveNoiseRandomizer | FiniteRandomizer:
+def laplace(lattice: Lattice, epsilon: float, *, clip: bool = False, input_values=None) -> AdditiveNoiseRandomizer:
+    """Discrete Laplace noise of scale Δ/ε lattice steps (to one part in 2**31, never below)."""
     epsilon = check_epsilon(epsilon)
-    sensitivity = high - low
-    scale = sensitivity / design_epsilon(epsilon) if sensitivity > 0 else 1.0
-    noise = DiscreteLaplaceNoise(scale) if discrete else LaplaceNoise(scale)
-    return _finish("laplace", epsilon, low, high, noise, discrete, clip, input_values)
+    noise = DiscreteLaplace.calibrated(epsilon, lattice.steps)
+    return _finish("laplace", epsilon, lattice, noise, clip, input_values)
 
 
-def staircase(low: float, high: float, epsilon: float, *, discrete: bool = False, clip: bool = False,
-              input_values=None) -> AdditiveNoiseRandomizer | FiniteRandomizer:
+def staircase(lattice: Lattice, epsilon: float, *, clip: bool = False, input_values=None) -> AdditiveNoiseRandomizer:
+    """Discrete staircase noise of period Δ lattice steps and the variance-optimal r."""
     epsilon = check_epsilon(epsilon)
-    eps = design_epsilon(epsilon)
-    sensitivity = high - low
-    if discrete:
-        d = max(int(round(sensitivity)), 1)
-        r = int(np.argmin(discrete_staircase_second_moments(eps, d))) + 1
-        noise = DiscreteStaircaseNoise(eps, d, r)
-    else:
-        d = sensitivity if sensitivity > 0 else 1.0
-        best = optimize.minimize_scalar(lambda g: staircase_second_moment(eps, d, g), bounds=(1e-9, 1 - 1e-9),
-                                        method="bounded", options={"xatol": 1e-10})
-        noise = StaircaseNoise(eps, d, float(best.x))
-    return _finish("staircase", epsilon, low, high, noise, discrete, clip, input_values)
+    noise = DiscreteStaircase.calibrated(epsilon, lattice.steps)
+    return _finish("staircase", epsilon, lattice, noise, clip, input_values)
 
 
-def _finish(family, epsilon, low, high, noise, discrete, clip, input_values):
-    name = f"{family}{'-discrete' if discrete else ''}{'-clipped' if clip else ''}"
-    if discrete and clip:
-        return clipped_discrete(name, epsilon, noise, int(low), int(high), input_values)
+def _finish(family, epsilon, lattice, noise, clip, input_values) -> AdditiveNoiseRandomizer:
     values = None if input_values is None else np.asarray(input_values, dtype=np.float64)
-    return AdditiveNoiseRandomizer(name, epsilon, float(low), float(high), noise, clip, values,
-                                   {"discrete": discrete, "clip": clip})
+    return AdditiveNoiseRandomizer(f"{family}-clipped" if clip else family, epsilon, lattice, noise, bool(clip),
+                                   values)
 
-
-def clipped_discrete(name: str, epsilon: float, noise, low: int, high: int, input_values=None) -> FiniteRandomizer:
-    """clip(y + Z, low, high) for integer labels: outputs low..high, the tails collapse onto the ends."""
-    inputs = np.arange(low, high + 1) if input_values is None else np.asarray(input_values, dtype=np.float64)
-    outputs = np.arange(low, high + 1, dtype=np.float64)
-    matrix = noise.pmf(outputs[None, :] - inputs[:, None])
-    for row, y in enumerate(inputs.astype(np.int64)):
-        matrix[row, 0] = noise.upper_tail(int(y - low))  # Pr[y + Z <= low] = Pr[Z >= y - low] (symmetry)
-        matrix[row, -1] = noise.upper_tail(int(high - y))  # Pr[y + Z >= high]
-    if high == low:
-        matrix[:, 0] = 1.0
-    return FiniteRandomizer.from_probabilities(name, epsilon, inputs, outputs, matrix,
-                                               {"noise": type(noise).__name__, **noise.__dict__})

@@ -1,0 +1,311 @@
+"""Integer noise sampled exactly: discrete Laplace and discrete staircase from uniformly random integers alone.
+
+Why not ``rng.laplace``/``rng.geometric``: those invert a float uniform, so their outputs live on a sparse,
+label-dependent set of doubles and their far tails are cut off — a published ``y + noise`` can then rule out
+labels (Mironov, "On significance of the least significant bits for differential privacy", CCS 2012).
+
+The samplers here follow Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy" (2020):
+
+* Algorithm 1 — Bernoulli(exp(-n/d)) for integers 0 <= n <= d: draw ``A_K ~ Bernoulli(n / (d K))`` for K = 1, 2, …
+  until one fails; return whether the failing K is odd.
+* Algorithm 2 — the geometric part of the discrete Laplace: ``U`` uniform on {0..t-1} accepted with probability
+  exp(-U/t), plus ``t·V`` with ``V`` the number of Bernoulli(exp(-1)) successes before a failure, gives
+  ``X`` with Pr[X = x] ∝ exp(-x/t); then ``Y = X // s`` has Pr[Y = y] ∝ exp(-y s/t). A uniform sign, rejecting
+  "negative zero", gives the discrete Laplace with scale t/s.
+
+Every draw is ``rng.integers(0, n)`` with integer ``n`` — exactly uniform given uniform bits — so the realized
+distribution is exactly the stated one, and the privacy parameter is the exact rational ``s/t`` per unit of
+sensitivity. The loops are vectorized: each round handles all samples still pending, and the pending set shrinks
+geometrically, so a batch costs a small constant number of passes.
+
+The staircase (optimal-unbiased paper, Definition 19) reuses the same geometric for its periods; its offset
+within a period comes from two integer weights (see :class:`DiscreteStaircase`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from shared.errors import LabelDPError
+
+# Numerators and denominators are kept below these so that every intermediate (d·K, U + t·V) fits in int64.
+_PRECISION = 1 << 31  # rational approximations of a scale are exact to better than 1 part in 2**31
+_MAX_DENOMINATOR = 1 << 56
+
+
+def bernoulli_exp_neg(numerator, denominator, rng: np.random.Generator) -> np.ndarray:
+    """Bernoulli(exp(-numerator/denominator)) per entry, for integers 0 <= numerator <= denominator
+    (CKS20 Algorithm 1). Arrays broadcast; returns booleans."""
+    n, d = np.broadcast_arrays(np.asarray(numerator, dtype=np.int64), np.asarray(denominator, dtype=np.int64))
+    n, d = n.ravel(), d.ravel()
+    if np.any(n < 0) or np.any(n > d) or np.any(d <= 0) or np.any(d > _MAX_DENOMINATOR):
+        raise ValueError("bernoulli_exp_neg needs 0 <= numerator <= denominator <= 2**56")
+    return _bernoulli_exp_neg(n, d, rng)
+
+
+def _bernoulli_exp_neg(n: np.ndarray, d: np.ndarray | int, rng: np.random.Generator) -> np.ndarray:
+    scalar_d = np.ndim(d) == 0
+    result = np.empty(n.size, dtype=bool)
+    k = 1
+    active = np.arange(n.size)
+    while active.size:
+        # A_K ~ Bernoulli(γ / K) with γ = n/d: a uniform integer below d·K falls below n. K stays tiny
+        # (Pr[K > m] = γ^m / m!); the bound keeps d·K inside int64 even for d = 2**56.
+        if k > 64:
+            raise ArithmeticError("Bernoulli(exp(-gamma)) ran past K = 64")
+        high = d * k if scalar_d else d[active] * k
+        heads = rng.integers(0, high, size=active.size, dtype=np.int64) < n[active]
+        result[active[~heads]] = (k & 1) == 1
+        active = active[heads]
+        k += 1
+    return result
+
+
+def geometric_exp(s: int, t: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` integers Y >= 0 with Pr[Y = y] = (1 - e^(-s/t)) e^(-y s/t), exactly (CKS20 Algorithm 2's core)."""
+    out = np.empty(size, dtype=np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        u = rng.integers(0, t, size=pending.size, dtype=np.int64)
+        accepted = _bernoulli_exp_neg(u, t, rng)  # U accepted with probability exp(-U/t)
+        done, u = pending[accepted], u[accepted]
+        pending = pending[~accepted]
+        v = np.zeros(done.size, dtype=np.int64)  # successes of Bernoulli(exp(-1)) before the first failure
+        running = np.arange(done.size)
+        while running.size:
+            heads = _bernoulli_exp_neg(np.ones(running.size, dtype=np.int64), 1, rng)
+            running = running[heads]
+            v[running] += 1
+        if v.size and int(v.max()) > ((1 << 62) - t) // t:  # Pr ≈ exp(-2**62 / t): never, but never wrap around
+            raise ArithmeticError("geometric draw out of int64 range")
+        out[done] = (u + t * v) // s
+    return out
+
+
+def discrete_laplace(s: int, t: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` integers with Pr[Z = z] ∝ exp(-|z| s/t) (scale t/s), exactly (CKS20 Algorithm 2)."""
+    out = np.empty(size, dtype=np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        y = geometric_exp(s, t, pending.size, rng)
+        negative = rng.integers(0, 2, size=pending.size, dtype=np.int64) == 1
+        keep = ~(negative & (y == 0))  # "-0" is rejected so that 0 is not counted twice
+        out[pending[keep]] = np.where(negative, -y, y)[keep]
+        pending = pending[~keep]
+    return out
+
+
+def _ratio_at_most(value: Fraction) -> tuple[int, int]:
+    """(s, t) with s/t <= value, t <= 2**56, and s/t within one part in 2**31 of value (for value > 0)."""
+    if value <= 0:
+        raise ValueError("needs a positive rate")
+    if value >= 1:
+        t = _PRECISION
+    else:
+        t = min(_MAX_DENOMINATOR, -(-_PRECISION * value.denominator // value.numerator))  # ceil(2^31 / value)
+    s = math.floor(value * t)
+    if s < 1:
+        raise LabelDPError("epsilon is too small for this sensitivity (noise scale above 2**56)",
+                           code="epsilon_out_of_range")
+    return s, t
+
+
+def _round_up(value: Fraction) -> float:
+    """The smallest float >= value (certified ε must never be understated)."""
+    approx = float(value)
+    return approx if Fraction(approx) >= value else math.nextafter(approx, math.inf)
+
+
+@dataclass(frozen=True)
+class DiscreteLaplace:
+    """Pr[Z = z] ∝ exp(-|z| s/t) on the integers: scale t/s, an exact rational.
+
+    Shifting the input by up to ``sensitivity`` changes log Pr by at most ``sensitivity · s/t`` — the ε of
+    :meth:`epsilon`, exact, because the sampler realizes this pmf exactly.
+    """
+
+    s: int
+    t: int
+
+    @classmethod
+    def calibrated(cls, epsilon: float, sensitivity: int) -> DiscreteLaplace:
+        """The smallest scale (to 1 part in 2**31) whose exact ε at ``sensitivity`` is <= ``epsilon``."""
+        if sensitivity < 1:
+            raise ValueError("sensitivity must be a positive integer")
+        return cls(*_ratio_at_most(Fraction(epsilon) / sensitivity))
+
+    def epsilon(self, sensitivity: int) -> Fraction:
+        return Fraction(self.s * int(sensitivity), self.t)
+
+    def certified_epsilon(self, sensitivity: int) -> float:
+        return _round_up(self.epsilon(sensitivity))
+
+    @property
+    def scale(self) -> float:
+        return self.t / self.s
+
+    @property
+    def alpha(self) -> float:
+        """exp(-s/t): the pmf's ratio between neighbouring integers."""
+        return math.exp(-self.s / self.t)
+
+    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        return discrete_laplace(self.s, self.t, int(size), rng)
+
+    def pmf(self, z) -> np.ndarray:
+        a = self.alpha
+        return (1 - a) / (1 + a) * a ** np.abs(np.asarray(z, dtype=np.float64))
+
+    def upper_tail(self, z: int) -> float:
+        """Pr[Z >= z] for an integer z."""
+        a = self.alpha
+        return a**z / (1 + a) if z >= 1 else 1 - a ** (1 - z) / (1 + a)
+
+    @property
+    def variance(self) -> float:
+        a = self.alpha
+        return 2 * a / (1 - a) ** 2
+
+    def describe(self) -> dict:
+        return {"type": "discrete-laplace", "scale": self.scale, "scale_rational": f"{self.t}/{self.s}",
+                "sampler": "CKS20 Algorithm 2 (exact, integer draws only)"}
+
+
+@dataclass(frozen=True)
+class DiscreteStaircase:
+    """The discrete staircase (optimal-unbiased paper, Definition 19, after Geng & Viswanath) as sampled.
+
+    |Z| = k·Δ + j with the period k geometric, Pr[k] ∝ exp(-k s/t), and the offset j in [0, Δ) with integer
+    weight ``w_low`` for j < r and ``w_high`` for j >= r, sampled as one uniform integer below
+    r·w_low + (Δ - r)·w_high; the sign is uniform with "-0" rejected. Definition 19 has w_low / w_high = e^ε
+    exactly; integers can only come close, so the weights are chosen with w_high <= w_low <= e^ε · w_high.
+    Then for any shift of at most Δ the log-ratio of the realized pmf is at most ε = s/t: within a period it
+    is log(w_low / w_high) <= ε, across a period boundary ε - log(w_low / w_high) ∈ [0, ε], and across zero
+    at most ε. So :meth:`epsilon` is exactly s/t for sensitivities up to Δ.
+    """
+
+    s: int
+    t: int
+    period: int  # Δ, the sensitivity in lattice steps
+    r: int
+    w_low: int
+    w_high: int
+
+    def __post_init__(self):
+        if not (1 <= self.r <= self.period) or not (1 <= self.w_high <= self.w_low):
+            raise ValueError("staircase needs 1 <= r <= period and 1 <= w_high <= w_low")
+        # Logs of integers below 2**62 are correct to ~1e-14; calibrated() leaves 1e-12 of room.
+        if math.log(self.w_low) - math.log(self.w_high) > self.s / self.t - 1e-13:
+            raise ValueError("staircase weights exceed the ratio e^epsilon")
+
+    @classmethod
+    def calibrated(cls, epsilon: float, sensitivity: int) -> DiscreteStaircase:
+        """The variance-minimizing r for the requested ε (closed-form second moments), ε = s/t <= epsilon."""
+        if sensitivity < 1:
+            raise ValueError("sensitivity must be a positive integer")
+        s, t = _ratio_at_most(Fraction(epsilon))
+        eps = s / t
+        r = int(np.argmin(discrete_staircase_second_moments(eps, sensitivity))) + 1
+        # Integer weights with r·w_low + (Δ-r)·w_high <= 2**62 (one uniform draw below it) and w_low / w_high
+        # just under e^ε: within ~1e-12 of it while e^ε is moderate; where e^ε exceeds what 62 bits express,
+        # the ratio saturates below it (more private, not less).
+        budget = 1 << 62
+        ratio = math.exp(eps) * (1 - 1e-12) if eps < 43 else math.inf
+        if r * min(ratio, 2.0**62) + (sensitivity - r) <= 2.0**22:
+            w_high = 1 << 40
+        else:
+            w_high = max(1, int(budget / (r * min(ratio, 2.0**62) + (sensitivity - r))))
+        ceiling = (budget - (sensitivity - r) * w_high) // r
+        w_low = max(w_high, min(ceiling, int(w_high * ratio) if ratio < 2.0**62 else ceiling))
+        return cls(s, t, sensitivity, r, w_low, w_high)
+
+    def epsilon(self, sensitivity: int) -> Fraction:
+        if sensitivity > self.period:
+            raise ValueError("the staircase is calibrated for shifts up to its period")
+        return Fraction(self.s, self.t)
+
+    def certified_epsilon(self, sensitivity: int) -> float:
+        return _round_up(self.epsilon(sensitivity))
+
+    @property
+    def _total_weight(self) -> int:
+        return self.r * self.w_low + (self.period - self.r) * self.w_high
+
+    def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
+        size = int(size)
+        out = np.empty(size, dtype=np.int64)
+        pending = np.arange(size)
+        low_mass = self.r * self.w_low
+        while pending.size:
+            k = geometric_exp(self.s, self.t, pending.size, rng)
+            u = rng.integers(0, self._total_weight, size=pending.size, dtype=np.int64)
+            j = np.where(u < low_mass, u // self.w_low, self.r + (u - low_mass) // self.w_high)
+            magnitude = k * self.period + j
+            negative = rng.integers(0, 2, size=pending.size, dtype=np.int64) == 1
+            keep = ~(negative & (magnitude == 0))
+            out[pending[keep]] = np.where(negative, -magnitude, magnitude)[keep]
+            pending = pending[~keep]
+        return out
+
+    # -- the realized distribution (for utility numbers; privacy is the exact ε above) ----------------------
+    @property
+    def _b(self) -> float:
+        return math.exp(-self.s / self.t)
+
+    def _offset_weights(self) -> np.ndarray:
+        return np.where(np.arange(self.period) < self.r, self.w_low, self.w_high).astype(np.float64)
+
+    @property
+    def _zero_mass(self) -> float:
+        """Pr[|Z| = 0] before the sign (the "-0" rejection renormalizes by 2 - this)."""
+        return (1 - self._b) * self.w_low / self._total_weight
+
+    def pmf(self, z) -> np.ndarray:
+        m = np.abs(np.asarray(z, dtype=np.int64))
+        k, j = np.divmod(m, self.period)
+        w = np.where(j < self.r, self.w_low, self.w_high).astype(np.float64)
+        return (1 - self._b) * self._b ** k.astype(np.float64) * w / self._total_weight / (2 - self._zero_mass)
+
+    def upper_tail(self, z: int) -> float:
+        """Pr[Z >= z] for an integer z."""
+        if z < 1:
+            return 1 - self.upper_tail(1 - z)
+        b, total = self._b, self._total_weight
+        k, j = divmod(int(z), self.period)
+        w = self._offset_weights()
+        rest_of_period = w[j:].sum() / total
+        later = b / (1 - b) * w.sum() / total
+        return (1 - b) * b**k * (rest_of_period + later) / (2 - self._zero_mass)
+
+    @property
+    def variance(self) -> float:
+        b, d = self._b, self.period
+        g0, g1, g2 = 1 / (1 - b), b / (1 - b) ** 2, b * (1 + b) / (1 - b) ** 3
+        j = np.arange(d, dtype=np.float64)
+        w = self._offset_weights() / self._total_weight
+        second = (1 - b) * float(np.sum(w * (d * d * g2 + 2 * d * j * g1 + j * j * g0)))  # E[|Z|²] before sign
+        return 2 * second / (2 - self._zero_mass)
+
+    def describe(self) -> dict:
+        return {"type": "discrete-staircase", "period": self.period, "r": self.r,
+                "epsilon_rational": f"{self.s}/{self.t}", "offset_weights": [self.w_low, self.w_high],
+                "sampler": "exact geometric periods (CKS20) and one uniform integer for the offset"}
+
+
+def discrete_staircase_second_moments(epsilon: float, sensitivity: int) -> np.ndarray:
+    """E[Z²] of Definition 19 for r = 1..Δ, closed form (x = 0 contributes nothing, so both signs count every
+    term). Used to choose r."""
+    b = math.exp(-epsilon)
+    d = sensitivity
+    r = np.arange(1, d + 1, dtype=np.float64)
+    g0, g1, g2 = 1 / (1 - b), b / (1 - b) ** 2, b * (1 + b) / (1 - b) ** 3
+
+    def block(n):  # Σ_k b^k Σ_{j<n} (kΔ + j)²
+        return n * d * d * g2 + d * n * (n - 1) * g1 + (n - 1) * n * (2 * n - 1) / 6 * g0
+
+    a = (1 - b) / (2 * r + 2 * b * (d - r) - (1 - b))
+    return 2 * a * ((1 - b) * block(r) + b * block(float(d)))

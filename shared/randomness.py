@@ -1,0 +1,28 @@
+"""Where release-time randomness comes from.
+
+Every privatized number is a function of the random bits it was drawn with, so those bits must be unpredictable
+to whoever receives the result. A statistical generator (numpy's default PCG64) is not: its state can be
+recovered from enough outputs. Releases therefore draw from :func:`secure_rng` — AES-128 in counter mode
+(randomgen's ``AESCounter``; AES-NI when the CPU has it), keyed with 128 fresh bits from ``os.urandom`` for every
+release. ``tests/test_randomness.py`` checks its keystream against the ``cryptography`` package's AES.
+
+The interface is numpy's :class:`~numpy.random.Generator`, and the samplers that produce released numbers only
+call ``integers`` on it (numpy's bounded integers reject on the bit stream, so they are exactly uniform given
+uniform bits). Tests and benchmarks pass ``np.random.default_rng(seed)`` instead — seeds exist only there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from randomgen import AESCounter
+
+KEY_BYTES = 16  # AES-128
+
+
+def secure_rng() -> np.random.Generator:
+    """A generator over an AES-128-CTR keystream with a fresh key from the operating system's entropy pool.
+
+    A new key per call: no state is shared between releases, threads or forked workers."""
+    return np.random.Generator(AESCounter(key=int.from_bytes(os.urandom(KEY_BYTES), "little")))

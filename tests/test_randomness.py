@@ -1,0 +1,94 @@
+"""The release-time random source is AES-128-CTR keyed from os.urandom, and every number a release publishes is
+drawn through integer draws alone (no float sampling anywhere on the release path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shared.randomness as randomness
+from labels_party.evaluation import evaluate
+from labels_party.mechanisms import MechanismOptions, build_mechanism
+from labels_party.pipeline import privatize_by_group, privatize_labels
+from labels_party.prior import estimate_prior
+from labels_party.solvers.classification import rr_with_prior_per_example
+from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
+
+
+class IntegersOnly:
+    """A generator that only answers ``integers``: any float draw (random, laplace, geometric, normal, choice with
+    probabilities, …) raises, so a sampler that runs on it provably uses integer draws only."""
+
+    def __init__(self, seed: int):
+        self._rng = np.random.default_rng(seed)
+        self.calls = 0
+
+    def integers(self, *args, **kwargs):
+        self.calls += 1
+        return self._rng.integers(*args, **kwargs)
+
+    def __getattr__(self, name):
+        raise AssertionError(f"release-time sampling called Generator.{name}: not an exact integer draw")
+
+
+def test_the_keystream_is_aes_128_ctr_under_an_os_key(monkeypatch):
+    """randomgen's AESCounter output is AES-128-ECB of the little-endian counter blocks 0, 1, 2, …, under the key
+    from os.urandom — checked against pyca/cryptography's AES."""
+    ciphers = pytest.importorskip("cryptography.hazmat.primitives.ciphers")
+    key = bytes(range(16))
+    monkeypatch.setattr(randomness.os, "urandom", lambda n: key[:n])
+    raw = randomness.secure_rng().bit_generator.random_raw(16)
+    encryptor = ciphers.Cipher(ciphers.algorithms.AES(key), ciphers.modes.ECB()).encryptor()
+    blocks = b"".join(encryptor.update(counter.to_bytes(16, "little")) for counter in range(8))
+    expected = np.frombuffer(blocks, dtype="<u8")
+    np.testing.assert_array_equal(raw, expected)
+
+
+def test_every_call_gets_a_fresh_key():
+    a = randomness.secure_rng().integers(0, 2**62, size=4)
+    b = randomness.secure_rng().integers(0, 2**62, size=4)
+    assert not np.array_equal(a, b)
+
+
+PRIOR12 = np.linspace(1.0, 3.0, 12) ** 2
+INTEGERS = np.arange(1000) % 12 + 1.0
+FRACTIONS = np.linspace(0.5, 3.0, 1000)
+CLASSES = (np.arange(1000) % 5).astype(float)
+
+
+@pytest.mark.parametrize(("name", "domain", "options", "labels"), [
+    ("opt-unbiased", integer_range(1, 12), MechanismOptions(mesh=24), INTEGERS),
+    ("opt-unbiased", integer_range(1, 12), MechanismOptions(exact=True), INTEGERS),
+    ("rr-on-bins", integer_range(1, 12), MechanismOptions(), INTEGERS),
+    ("dbrr", integer_range(1, 12), MechanismOptions(), INTEGERS),
+    ("rr", integer_range(1, 12), MechanismOptions(), INTEGERS),
+    ("laplace", integer_range(1, 12), MechanismOptions(), INTEGERS),
+    ("laplace", integer_range(1, 12), MechanismOptions(clip=True), INTEGERS),
+    ("staircase", integer_range(1, 12), MechanismOptions(), INTEGERS),
+    ("staircase", FiniteLabels(np.array([0.5, 1.25, 3.0])), MechanismOptions(clip=True), FRACTIONS),
+    ("laplace", ContinuousInterval(0.5, 3.0, 21), MechanismOptions(), FRACTIONS),
+    ("opt-unbiased", ContinuousInterval(0.5, 3.0, 12), MechanismOptions(mesh=24), FRACTIONS),
+    ("rr", Classes(5), MechanismOptions(), CLASSES),
+    ("rr-with-prior", Classes(12), MechanismOptions(), CLASSES),
+    ("subset", Classes(5), MechanismOptions(), CLASSES),
+])
+def test_mechanisms_sample_with_integer_draws_only(name, domain, options, labels):
+    prior = PRIOR12 if name in ("opt-unbiased", "rr-on-bins", "rr-with-prior") else None
+    mechanism = build_mechanism(name, domain, 1.0, prior, options)
+    rng = IntegersOnly(1)
+    out = mechanism.sample(labels, rng)
+    assert len(out) == labels.size and rng.calls > 0
+
+
+def test_release_pipelines_use_integer_draws_only():
+    weeks = np.clip(np.round(np.random.default_rng(0).normal(30, 8, size=5000)), 1, 52)
+    for mechanism in ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr"):
+        privatize_labels(integer_range(1, 52), weeks, mechanism, 1.0, IntegersOnly(2))
+    privatize_labels(ContinuousInterval(0, 60, 31), weeks + 0.5, "opt-unbiased", 1.0, IntegersOnly(3))
+    groups = (weeks > 30).astype(int)
+    privatize_by_group(integer_range(1, 52), weeks, groups, "opt-unbiased", 2.0, IntegersOnly(4), prior_epsilon=0.5)
+    estimate_prior(np.array([5, 0, 3]), 0.5, IntegersOnly(5))
+    priors = np.random.default_rng(1).dirichlet(np.ones(6), size=300)
+    rr_with_prior_per_example(priors, np.arange(300) % 6, 1.0, IntegersOnly(6))
+    for metric in ("mse", "poisson", "accuracy"):
+        evaluate(metric, np.linspace(0, 5, 300), np.arange(300) % 6, 1.0, 10.0, IntegersOnly(7))
