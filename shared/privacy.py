@@ -45,7 +45,8 @@ def check_epsilon(epsilon, name: str = "epsilon") -> float:
 def design_epsilon(epsilon: float, margin: float = EXACT_MARGIN) -> float:
     """The ε to construct a finite randomizer at, so that its certified ε stays ≤ ``epsilon``: a relative margin
     below it (for the 2**-53 quantization and solver tolerances), and at most SATURATION_EPSILON."""
-    return min(epsilon - margin * max(1.0, epsilon), SATURATION_EPSILON)
+    target = min(epsilon, SATURATION_EPSILON)
+    return target - margin * max(1.0, target)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from conftest import admin_client
 from labels_party.evaluation import evaluate, unbiased_mse_estimate
 from labels_party.service import verify_audit
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from shared.domains import integer_range, lattice_of
 from shared.mechanisms.additive import laplace
 
 
@@ -47,7 +48,7 @@ def test_features_party_unbiased_mse_estimate_from_private_labels(mechanism):
     truth = np.mean((predictions - labels) ** 2)
     prior = np.bincount(labels.astype(int), minlength=11)
     randomizer = (solve_optimal_unbiased(np.arange(11.0), prior, 2.0, mesh=22) if mechanism == "opt-unbiased"
-                  else laplace(0, 10, 2.0, input_values=np.arange(11.0)))
+                  else laplace(lattice_of(integer_range(0, 10)), 2.0, input_values=np.arange(11.0)))
     noisy = randomizer.sample(labels, np.random.default_rng(4))
     estimate, stderr = unbiased_mse_estimate(predictions, noisy, randomizer)
     assert abs(estimate - truth) < 4 * stderr
@@ -100,3 +101,26 @@ def test_bad_evaluations_are_refused_and_charge_nothing(service, change, status,
     response = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={"Idempotency-Key": "x"})
     assert response.status_code == status and response.json()["error"]["code"] == code
     assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+
+
+def test_released_mean_is_an_integer_sum_plus_exact_discrete_laplace_noise():
+    """The answer is low + W (S + Z) / (levels · n): S the integer sum of rounded clipped losses (0/1 errors here,
+    one level), Z discrete Laplace calibrated to that sensitivity; Z's empirical distribution is its exact pmf."""
+    from scipy import stats
+
+    labels = np.arange(200) % 11.0
+    predictions = labels.copy()
+    predictions[:37] += 1  # 37 errors
+    rng = np.random.default_rng(12)
+    noise = []
+    for _ in range(3000):
+        result = evaluate("accuracy", predictions, labels, 1.0, 1.0, rng)
+        assert result.levels == 1 and 1.0 * (1 - 2**-30) < result.certified_epsilon <= 1.0
+        assert result.value == pytest.approx(1.0 - result.noisy_sum / 200, abs=1e-15)
+        noise.append(result.noisy_sum - 37)
+    noise = np.array(noise)
+    support = np.arange(-6, 7)
+    tail = result.noise.upper_tail(7)
+    observed = np.array([np.sum(noise < -6)] + [np.sum(noise == z) for z in support] + [np.sum(noise > 6)])
+    expected = 3000 * np.concatenate([[tail], result.noise.pmf(support), [tail]])
+    assert stats.chisquare(observed, expected * 3000 / expected.sum()).pvalue > 1e-3
