@@ -53,7 +53,7 @@ def test_lsb_attack_recovers_labels_from_float_laplace_histograms(prior_epsilon)
     for _ in range(trials):
         label = int(rng.integers(0, K))
         noisy = np.eye(K)[label] + rng.laplace(0.0, scale, K)
-        guess = identified(range(K), lambda y: histogram_consistent(noisy, y, scale))
+        guess = identified(range(K), lambda y, noisy=noisy: histogram_consistent(noisy, y, scale))
         hits += guess == label
         wrong += guess is not None and guess != label
     assert wrong == 0  # sound: it never names a wrong label

@@ -21,13 +21,11 @@ DOMAINS = {
     "continuous": ContinuousInterval(-2.0, 5.0, 9),
     "classes": Classes(6),
 }
-CASES = [(name, kind, options)
-         for kind in ("integer", "fractional", "continuous")
-         for name, options in (("opt-unbiased", MechanismOptions(mesh=16)), ("opt-unbiased", MechanismOptions(exact=True)),
-                               ("rr-on-bins", MechanismOptions()), ("dbrr", MechanismOptions()),
-                               ("rr", MechanismOptions()), ("laplace", MechanismOptions()),
-                               ("laplace", MechanismOptions(clip=True)), ("staircase", MechanismOptions()),
-                               ("staircase", MechanismOptions(clip=True)))]
+REGRESSION = (("opt-unbiased", MechanismOptions(mesh=16)), ("opt-unbiased", MechanismOptions(exact=True)),
+              ("rr-on-bins", MechanismOptions()), ("dbrr", MechanismOptions()), ("rr", MechanismOptions()),
+              ("laplace", MechanismOptions()), ("laplace", MechanismOptions(clip=True)),
+              ("staircase", MechanismOptions()), ("staircase", MechanismOptions(clip=True)))
+CASES = [(name, kind, options) for kind in ("integer", "fractional", "continuous") for name, options in REGRESSION]
 CASES += [(name, "classes", MechanismOptions()) for name in ("rr", "rr-with-prior", "subset")]
 
 log_uniform = st.floats(math.log(EPSILON_MIN), math.log(EPSILON_MAX)).map(math.exp) \
