@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from shared.errors import CertificationError
@@ -62,3 +64,22 @@ def test_mechanism_is_immutable():
         mechanism.counts[0, 0] = 1
     with pytest.raises(AttributeError):
         mechanism.epsilon = 3.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 6), outputs=st.integers(1, 300), concentration=st.floats(0.05, 5.0),
+       zeros=st.integers(0, 4), seed=st.integers(0, 2**32 - 1))
+def test_alias_table_samples_exactly_the_counts(rows, outputs, concentration, zeros, seed):
+    """The alias table's implied distribution (integer sums over its buckets) equals the counts, exactly, for any
+    count matrix — including zero columns, a single output, and non-power-of-two widths."""
+    rng = np.random.default_rng(seed)
+    probabilities = rng.dirichlet(np.full(outputs, concentration), size=rows)
+    probabilities[:, rng.integers(0, outputs, size=zeros)] = 0.0
+    probabilities[:, 0] += 1e-12
+    counts = exact.quantize_rows(probabilities / probabilities.sum(axis=1, keepdims=True))
+    table = exact.AliasTable.of(counts)
+    implied = table.distribution()
+    np.testing.assert_array_equal(implied[:, :outputs], counts)
+    assert np.all(implied[:, outputs:] == 0)  # padding buckets are never output
+    drawn = table.sample(np.repeat(np.arange(rows), 50), rng)
+    assert np.all(counts[np.repeat(np.arange(rows), 50), drawn] > 0)

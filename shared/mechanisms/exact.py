@@ -1,13 +1,14 @@
 """Exact sampling from finite distributions, so that certification can use the probabilities actually sampled.
 
-A row of probabilities is stored as integer thresholds ``0 = T[-1] <= T[0] <= ... <= T[m-1] = 2**53``. Sampling
-draws an integer ``u`` uniformly from ``[0, 2**53)`` and returns the first ``j`` with ``u < T[j]``. Hence output
-``j`` is produced with probability exactly ``(T[j] - T[j-1]) / 2**53`` — a dyadic rational that float64 represents
-exactly. Every privacy and utility number of a finite mechanism is computed from these realized probabilities,
+A row of probabilities is stored as integer counts summing to ``2**53``; output ``j`` is produced with probability
+exactly ``counts[j] / 2**53`` — a dyadic rational that float64 represents exactly — by an alias table built in
+integer arithmetic (:class:`AliasTable`) from one uniform 53-bit draw per label. Every privacy and utility number of a finite mechanism is computed from these realized probabilities,
 never from the (rounded, solver-tolerance-laden) floats it was built from.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,19 +49,71 @@ def log_ratio_bound(counts: np.ndarray) -> float:
     return float(np.max(np.log(high[used].astype(np.float64)) - np.log(low[used].astype(np.float64))))
 
 
-def sample_rows(counts: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """For each entry of ``rows`` (an input index), draw an output index from that row of ``counts``."""
-    rows = np.asarray(rows, dtype=np.int64).ravel()
-    thresholds = np.cumsum(counts, axis=1)
-    draws = rng.integers(0, RESOLUTION, size=rows.size, dtype=np.int64)
-    out = np.empty(rows.size, dtype=np.int64)
-    if rows.size == 0:
+@dataclass(frozen=True, eq=False)
+class AliasTable:
+    """Walker's alias method in exact integer arithmetic (Vose's construction), for every row of a count matrix.
+
+    The m outputs are padded with zero-count outputs to M = 2^b buckets, so that each bucket holds exactly
+    C = 2**53 / M units. One uniform 53-bit draw w gives the bucket j = w >> (53 - b) and a uniform u = w mod C
+    within it; the output is j if u < threshold[j], else alias[j]. Vose's construction only adds and subtracts
+    integers, so Pr[output = x] = (Σ_j [j = x]·threshold[j] + [alias[j] = x]·(C − threshold[j])) / 2**53 equals
+    counts[x] / 2**53 exactly (``distribution`` recomputes it; the tests compare integers). Sampling is a handful
+    of vectorized passes with no sort.
+    """
+
+    threshold: np.ndarray  # rows x M, in [0, C]
+    alias: np.ndarray  # rows x M
+    bits: int  # M = 2**bits
+
+    @classmethod
+    def of(cls, counts: np.ndarray) -> AliasTable:
+        counts = np.asarray(counts, dtype=np.int64)
+        rows, m = counts.shape
+        bits = max(0, (m - 1).bit_length())
+        buckets = 1 << bits
+        capacity = RESOLUTION >> bits
+        mass = np.zeros((rows, buckets), dtype=np.int64)
+        mass[:, :m] = counts
+        threshold = np.full((rows, buckets), capacity, dtype=np.int64)
+        alias = np.tile(np.arange(buckets, dtype=np.int64), (rows, 1))
+        # Per-row stacks of under- and over-full buckets, processed for all rows at once: each round pairs one
+        # under-full bucket l with one over-full g in every row that still has both (at most M rounds).
+        small = mass < capacity
+        order = np.argsort(~small, axis=1, kind="stable")  # small buckets first
+        n_small = small.sum(axis=1)
+        small_stack = order.copy()
+        large_stack = np.argsort(small, axis=1, kind="stable")  # large buckets first
+        n_large = buckets - n_small
+        while True:
+            active = np.flatnonzero((n_small > 0) & (n_large > 0))
+            if active.size == 0:
+                break
+            n_small[active] -= 1
+            low = small_stack[active, n_small[active]]
+            high = large_stack[active, n_large[active] - 1]
+            threshold[active, low] = mass[active, low]
+            alias[active, low] = high
+            mass[active, high] -= capacity - mass[active, low]
+            moved = mass[active, high] < capacity
+            movers = active[moved]
+            n_large[movers] -= 1
+            small_stack[movers, n_small[movers]] = high[moved]
+            n_small[movers] += 1
+        # What is left in either stack holds exactly `capacity` (integer arithmetic): it keeps itself.
+        return cls(threshold, alias, bits)
+
+    def distribution(self) -> np.ndarray:
+        """The exact counts (over 2**53) this table samples, per row and bucket."""
+        rows, buckets = self.threshold.shape
+        capacity = RESOLUTION >> self.bits
+        out = self.threshold.copy()
+        np.add.at(out, (np.repeat(np.arange(rows), buckets), self.alias.ravel()), (capacity - self.threshold).ravel())
         return out
-    # Group the draws by input row (a stable radix sort for small integer keys), then one binary search per row.
-    key = rows.astype(np.int16) if counts.shape[0] < 32_768 else rows
-    order = np.argsort(key, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=counts.shape[0]))])
-    for row in np.flatnonzero(np.diff(bounds)):
-        members = order[bounds[row]:bounds[row + 1]]
-        out[members] = np.searchsorted(thresholds[row], draws[members], side="right")
-    return out
+
+    def sample(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64).ravel()
+        draws = rng.integers(0, RESOLUTION, size=rows.size, dtype=np.int64)
+        bucket = draws >> (RESOLUTION_BITS - self.bits)
+        within = draws & ((RESOLUTION >> self.bits) - 1)
+        flat = rows * (1 << self.bits) + bucket
+        return np.where(within < self.threshold.ravel()[flat], bucket, self.alias.ravel()[flat])

@@ -135,9 +135,26 @@ class FiniteRandomizer:
         return float(normalized_prior(prior, self.input_values.size) @ np.sum(self.matrix * same, axis=1))
 
     # -- sampling ----------------------------------------------------------------------------------------------
+    @cached_property
+    def _input_step(self) -> float | None:
+        """The spacing of the inputs when they are exactly ``v[0] + step·i`` (integer ranges, grids), else None."""
+        values = self.input_values
+        if values.size < 2:
+            return None
+        step = (values[-1] - values[0]) / (values.size - 1)
+        return step if np.array_equal(values[0] + step * np.arange(values.size), values) else None
+
+    @cached_property
+    def _alias(self) -> exact.AliasTable:
+        return exact.AliasTable.of(self.counts)
+
     def row_of(self, labels) -> np.ndarray:
         labels = np.asarray(labels, dtype=np.float64).ravel()
-        idx = np.minimum(np.searchsorted(self.input_values, labels), self.input_values.size - 1)
+        if self._input_step is not None:  # arithmetic instead of a binary search (10^7 labels: 0.05 s, not 0.5 s)
+            position = np.nan_to_num((labels - self.input_values[0]) / self._input_step, nan=0.0)
+            idx = np.clip(np.rint(position), 0, self.input_values.size - 1).astype(np.int64)
+        else:
+            idx = np.minimum(np.searchsorted(self.input_values, labels), self.input_values.size - 1)
         if np.any(self.input_values[idx] != labels):
             bad = labels[np.argmax(self.input_values[idx] != labels)]
             raise LabelDPError(f"label {bad!r} is not an input of {self.name}", code="label_out_of_domain")
@@ -145,7 +162,7 @@ class FiniteRandomizer:
 
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         """Output indices for input row indices (vectorized; exact probabilities of ``matrix``)."""
-        return exact.sample_rows(self.counts, rows, rng)
+        return self._alias.sample(rows, rng)
 
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
         """Privatized labels (output values) for true labels (input values)."""
