@@ -54,18 +54,16 @@ def main() -> None:
     classes = np.random.default_rng(1).integers(0, 10, size=args.n // 10).astype(np.float64)
     subset = build_mechanism("subset", Classes(10), 1.0)
     additive = {name: build_mechanism(name, integer_range(1, 52), 1.0) for name in ("laplace", "staircase")}
-    cases = [
-        ("opt-unbiased (finite, %d outputs)" % finite.num_outputs, "aes-128-ctr", labels,
-         lambda x, g=secure_rng(): finite.sample(x, g)),
-        ("opt-unbiased (finite, %d outputs)" % finite.num_outputs, "pcg64", labels,
-         lambda x, g=np.random.default_rng(2): finite.sample(x, g)),
-        ("subset (K=10)", "aes-128-ctr", classes, lambda x, g=secure_rng(): subset.sample(x, g)),
-    ] + [(f"{name} (exact integer noise)", "aes-128-ctr", labels[: args.n // 10],
-          lambda x, g=secure_rng(), m=m: m.sample(x, g)) for name, m in additive.items()]
+    outputs = f"opt-unbiased (finite, {finite.num_outputs} outputs)"
+    cases = [(outputs, "aes-128-ctr", labels, finite, secure_rng()),
+             (outputs, "pcg64", labels, finite, np.random.default_rng(2)),
+             ("subset (K=10)", "aes-128-ctr", classes, subset, secure_rng())]
+    cases += [(f"{name} (exact integer noise)", "aes-128-ctr", labels[: args.n // 10], mechanism, secure_rng())
+              for name, mechanism in additive.items()]
     results = []
-    for mechanism, generator, data, sample in cases:
-        rate, seconds = best_rate(sample, data, args.repeats)
-        results.append({"mechanism": mechanism, "generator": generator, "labels": int(data.shape[0]),
+    for name, generator, data, mechanism, rng in cases:
+        rate, seconds = best_rate(lambda x, m=mechanism, g=rng: m.sample(x, g), data, args.repeats)
+        results.append({"mechanism": name, "generator": generator, "labels": int(data.shape[0]),
                         "seconds": seconds, "labels_per_second": rate})
     report = {"benchmark": "sampling_throughput", "prior": source, "cores": 1, "repeats": args.repeats,
               "machine": platform.machine(), "goal_labels_per_second": GOAL_LABELS_PER_SECOND,

@@ -2,8 +2,9 @@
 
 A row of probabilities is stored as integer counts summing to ``2**53``; output ``j`` is produced with probability
 exactly ``counts[j] / 2**53`` — a dyadic rational that float64 represents exactly — by an alias table built in
-integer arithmetic (:class:`AliasTable`) from one uniform 53-bit draw per label. Every privacy and utility number of a finite mechanism is computed from these realized probabilities,
-never from the (rounded, solver-tolerance-laden) floats it was built from.
+integer arithmetic (:class:`AliasTable`) from one uniform 53-bit draw per label. Every privacy and utility number
+of a finite mechanism is computed from these realized probabilities, never from the (rounded,
+solver-tolerance-laden) floats it was built from.
 """
 
 from __future__ import annotations
