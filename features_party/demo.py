@@ -95,7 +95,7 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
     data = load_hours_worked()
     if quick:
         data = data.sample(n=3000, random_state=0)
-    split = np.random.default_rng(2026).permutation(len(data))  # a benchmark split; releases use OS entropy
+    split = np.random.default_rng(2026).permutation(len(data))  # a benchmark split; releases use the AES-CTR source
     test = data.iloc[split[: len(data) // 5]]
     train_part = data.iloc[split[len(data) // 5:]]
     config = TrainConfig(hidden=(64, 32), embed_dim=4, learning_rate=1e-3, l2=1e-4, batch_size=512,
