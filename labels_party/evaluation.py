@@ -22,6 +22,7 @@ from shared.privacy import check_epsilon
 
 METRICS = ("mse", "poisson", "accuracy")
 LOSS_LEVELS = 1 << 20  # levels per clipped loss range (the sum's sensitivity)
+MAX_CLIP = 1e15  # keeps the clip range (2·clip for Poisson) and the integer sum of levels finite
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class PrivateEvaluation:
         """Interval for the clipped, rounded mean accounting for the noise: its exact discrete-Laplace quantile,
         the smallest m with Pr[|Z| <= m] >= level."""
         alpha = self.noise.alpha
-        m = max(0, math.ceil(math.log((1 - level) * (1 + alpha) / 2) / math.log(alpha)) - 1)
+        m = max(0, math.ceil(math.log((1 - level) * (1 + alpha) / 2) / (-self.noise.s / self.noise.t)) - 1)
         half = m * self.unit
         return self.value - half, self.value + half
 
@@ -56,6 +57,11 @@ class PrivateEvaluation:
 def clipped_losses(metric: str, predictions: np.ndarray, labels: np.ndarray,
                    clip: float) -> tuple[np.ndarray, float, float]:
     """(per-example losses clipped to their interval, the interval's low end, its width)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # absurd labels overflow; the caller maps them into range
+        return _clipped_losses(metric, predictions, labels, clip)
+
+
+def _clipped_losses(metric, predictions, labels, clip):
     if metric == "mse":
         return np.clip((predictions - labels) ** 2, 0.0, clip), 0.0, clip
     if metric == "poisson":  # ℓ_Poi with the prediction as the rate; can be negative, so clip on both sides
@@ -69,12 +75,15 @@ def evaluate(metric: str, predictions, labels, epsilon: float, clip: float,
     if metric not in METRICS:
         raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code="invalid_metric")
     epsilon = check_epsilon(epsilon)
-    if metric != "accuracy" and not (math.isfinite(clip) and clip > 0):
-        raise LabelDPError("clip must be positive and finite", code="invalid_request")
+    if metric != "accuracy" and not (math.isfinite(clip) and 0 < clip <= MAX_CLIP):
+        raise LabelDPError(f"clip must be positive and at most {MAX_CLIP:g}", code="invalid_request")
     predictions = np.asarray(predictions, dtype=np.float64)
     if not np.all(np.isfinite(predictions)):
         raise LabelDPError("predictions must be finite numbers", code="invalid_request")
     losses, low, width = clipped_losses(metric, predictions, np.asarray(labels, dtype=np.float64), clip)
+    # A loss that is not a number (inf - inf for absurd labels) is a function of the label like any other: it is
+    # mapped into the clip range, never refused (a refusal would depend on the label).
+    losses = np.clip(np.nan_to_num(losses, nan=low + width, posinf=low + width, neginf=low), low, low + width)
     levels = 1 if metric == "accuracy" else LOSS_LEVELS
     units = np.rint((losses - low) / width * levels).astype(np.int64)  # each in [0, levels]
     noise = DiscreteLaplace.calibrated(epsilon, levels)

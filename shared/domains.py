@@ -155,10 +155,15 @@ def lattice_of(domain) -> Lattice:
         raise LabelDPError("additive noise needs at least two label values", code="invalid_domain")
     span = domain.high - domain.low
     smallest_gap = float(np.min(np.diff(domain.values)))
-    steps = max(1, int(round(span / smallest_gap)))
+    ratio = span / smallest_gap if smallest_gap > 0 else math.inf
+    if not (math.isfinite(span) and math.isfinite(ratio)) or ratio > MAX_LATTICE_STEPS + 0.5:
+        raise LabelDPError(f"additive noise needs a lattice of at most {MAX_LATTICE_STEPS} steps; these labels need "
+                           "more (range / smallest gap); declare a continuous domain with a grid_size",
+                           code="lattice_too_fine")
+    steps = max(1, int(round(ratio)))
     offsets = (domain.values - domain.low) / (span / steps)
     if np.max(np.abs(offsets - np.rint(offsets))) > 1e-9:  # not evenly spaced: a lattice at least that fine
-        steps = int(math.ceil(span / smallest_gap - 1e-9))
+        steps = int(math.ceil(ratio - 1e-9))
     if steps > MAX_LATTICE_STEPS:
         raise LabelDPError(f"additive noise needs a lattice of at most {MAX_LATTICE_STEPS} steps; these labels need "
                            f"{steps}; declare a continuous domain with a grid_size", code="lattice_too_fine")

@@ -109,13 +109,13 @@ class ReleaseRequest(BaseModel):
 
 
 class EvaluationRequest(BaseModel):
-    """Predictions for (test) examples; the labels party answers with a Laplace-noised mean clipped loss."""
+    """Predictions for (test) examples; the labels party answers with a discrete-Laplace-noised mean clipped loss."""
 
     model_config = ConfigDict(extra="forbid")
 
     metric: Literal["mse", "poisson", "accuracy"]
     epsilon: Epsilon
-    clip: float = 1e4
+    clip: float = Field(default=1e4, gt=0, le=1e15)
     example_ids: list[str] = Field(min_length=1)
     predictions: list[float] = Field(min_length=1)
 

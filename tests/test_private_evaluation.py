@@ -11,6 +11,7 @@ from labels_party.evaluation import evaluate, unbiased_mse_estimate
 from labels_party.service import verify_audit
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from shared.domains import integer_range, lattice_of
+from shared.errors import LabelDPError
 from shared.mechanisms.additive import laplace
 
 
@@ -124,3 +125,15 @@ def test_released_mean_is_an_integer_sum_plus_exact_discrete_laplace_noise():
     observed = np.array([np.sum(noise < -6)] + [np.sum(noise == z) for z in support] + [np.sum(noise > 6)])
     expected = 3000 * np.concatenate([[tail], result.noise.pmf(support), [tail]])
     assert stats.chisquare(observed, expected * 3000 / expected.sum()).pvalue > 1e-3
+
+
+def test_absurd_labels_and_clips_cannot_break_the_sensitivity():
+    """A label is at most one loss level range away from any other, whatever it is: an overflowing loss is mapped
+    into the clip range, never refused and never left outside it; a clip too large to keep the range finite is
+    refused up front (it does not depend on the labels)."""
+    rng = np.random.default_rng(0)
+    sums = [evaluate("poisson", [1e-12], [label], 50.0, 1e15, rng).noisy_sum for label in (0.0, 1e307, 1e308)]
+    assert max(sums) - min(sums) <= (1 << 20) + 100_000  # one label's levels plus noise at ε = 50
+    with pytest.raises(LabelDPError) as err:
+        evaluate("poisson", [1.0], [1.0], 1.0, 1e308, rng)
+    assert err.value.code == "invalid_request"

@@ -59,7 +59,7 @@ def rr_top_k_epsilon(k: int, keep: int) -> float:
     the candidates gives 1/k, in between."""
     if k <= 1:
         return 0.0
-    return float(np.log(keep) + np.log(k - 1) - np.log(exact.RESOLUTION - keep))
+    return float(exact.log_ratio_upper(keep, exact.RESOLUTION - keep) + exact.log_ratio_upper(k - 1, 1))
 
 
 def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Generator) -> PerExampleRelease:

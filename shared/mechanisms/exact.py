@@ -46,8 +46,17 @@ def log_ratio_bound(counts: np.ndarray) -> float:
         return float("inf")
     if not np.any(used):
         return 0.0
-    # log(a) - log(b) of integers below 2**53 (exact as floats); np.log is correctly rounded to ~1 ulp.
-    return float(np.max(np.log(high[used].astype(np.float64)) - np.log(low[used].astype(np.float64))))
+    return float(np.max(log_ratio_upper(high[used], low[used])))
+
+
+def log_ratio_upper(numerator, denominator) -> np.ndarray:
+    """An upper bound on log(numerator / denominator) for positive integers below 2**53 (exact as floats): the
+    float difference of the logs plus four units in the last place of the larger log. Each log is within one ulp
+    (libm), and the subtraction adds at most one more, so the exact value can be a few ulps above the computed
+    difference (measured: up to 7e-15); the certified ε must never be understated."""
+    log_num = np.log(np.asarray(numerator, dtype=np.float64))
+    log_den = np.log(np.asarray(denominator, dtype=np.float64))
+    return log_num - log_den + 4 * np.spacing(np.maximum(np.abs(log_num), np.abs(log_den)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -100,7 +100,8 @@ def discrete_laplace(s: int, t: int, size: int, rng: np.random.Generator) -> np.
 
 
 def _ratio_at_most(value: Fraction) -> tuple[int, int]:
-    """(s, t) with s/t <= value, t <= 2**56, and s/t within one part in 2**31 of value (for value > 0)."""
+    """(s, t) with s/t <= value and t <= 2**56: within one part in 2**31 of value, or in s when the cap on t
+    binds (rates below 2**-25; e.g. ε = 10⁻⁶ over 10⁶ steps gives s = 72057, 1.4e-5 below the request)."""
     if value <= 0:
         raise ValueError("needs a positive rate")
     if value >= 1:
@@ -133,7 +134,8 @@ class DiscreteLaplace:
 
     @classmethod
     def calibrated(cls, epsilon: float, sensitivity: int) -> DiscreteLaplace:
-        """The smallest scale (to 1 part in 2**31) whose exact ε at ``sensitivity`` is <= ``epsilon``."""
+        """The smallest scale (see :func:`_ratio_at_most` for the precision) whose exact ε at ``sensitivity`` is
+        <= ``epsilon``."""
         if sensitivity < 1:
             raise ValueError("sensitivity must be a positive integer")
         return cls(*_ratio_at_most(Fraction(epsilon) / sensitivity))
@@ -153,22 +155,25 @@ class DiscreteLaplace:
         """exp(-s/t): the pmf's ratio between neighbouring integers."""
         return math.exp(-self.s / self.t)
 
+    @property
+    def _one_minus_alpha(self) -> float:
+        return -math.expm1(-self.s / self.t)  # no cancellation when s/t is tiny
+
     def sample(self, size: int, rng: np.random.Generator) -> np.ndarray:
         return discrete_laplace(self.s, self.t, int(size), rng)
 
     def pmf(self, z) -> np.ndarray:
         a = self.alpha
-        return (1 - a) / (1 + a) * a ** np.abs(np.asarray(z, dtype=np.float64))
+        return self._one_minus_alpha / (1 + a) * np.exp(-self.s / self.t * np.abs(np.asarray(z, dtype=np.float64)))
 
     def upper_tail(self, z: int) -> float:
         """Pr[Z >= z] for an integer z."""
         a = self.alpha
-        return a**z / (1 + a) if z >= 1 else 1 - a ** (1 - z) / (1 + a)
+        return math.exp(-self.s / self.t * z) / (1 + a) if z >= 1 else 1 - math.exp(-self.s / self.t * (1 - z)) / (1 + a)
 
     @property
     def variance(self) -> float:
-        a = self.alpha
-        return 2 * a / (1 - a) ** 2
+        return 2 * self.alpha / self._one_minus_alpha**2
 
     def describe(self) -> dict:
         return {"type": "discrete-laplace", "scale": self.scale, "scale_rational": f"{self.t}/{self.s}",
@@ -256,38 +261,43 @@ class DiscreteStaircase:
     def _b(self) -> float:
         return math.exp(-self.s / self.t)
 
+    @property
+    def _one_minus_b(self) -> float:
+        return -math.expm1(-self.s / self.t)
+
     def _offset_weights(self) -> np.ndarray:
         return np.where(np.arange(self.period) < self.r, self.w_low, self.w_high).astype(np.float64)
 
     @property
     def _zero_mass(self) -> float:
         """Pr[|Z| = 0] before the sign (the "-0" rejection renormalizes by 2 - this)."""
-        return (1 - self._b) * self.w_low / self._total_weight
+        return self._one_minus_b * self.w_low / self._total_weight
 
     def pmf(self, z) -> np.ndarray:
         m = np.abs(np.asarray(z, dtype=np.int64))
         k, j = np.divmod(m, self.period)
         w = np.where(j < self.r, self.w_low, self.w_high).astype(np.float64)
-        return (1 - self._b) * self._b ** k.astype(np.float64) * w / self._total_weight / (2 - self._zero_mass)
+        decay = np.exp(-self.s / self.t * k.astype(np.float64))
+        return self._one_minus_b * decay * w / self._total_weight / (2 - self._zero_mass)
 
     def upper_tail(self, z: int) -> float:
         """Pr[Z >= z] for an integer z."""
         if z < 1:
             return 1 - self.upper_tail(1 - z)
-        b, total = self._b, self._total_weight
+        b, one_minus_b, total = self._b, self._one_minus_b, self._total_weight
         k, j = divmod(int(z), self.period)
         w = self._offset_weights()
         rest_of_period = w[j:].sum() / total
-        later = b / (1 - b) * w.sum() / total
-        return (1 - b) * b**k * (rest_of_period + later) / (2 - self._zero_mass)
+        later = b / one_minus_b * w.sum() / total
+        return one_minus_b * math.exp(-self.s / self.t * k) * (rest_of_period + later) / (2 - self._zero_mass)
 
     @property
     def variance(self) -> float:
-        b, d = self._b, self.period
-        g0, g1, g2 = 1 / (1 - b), b / (1 - b) ** 2, b * (1 + b) / (1 - b) ** 3
+        b, c, d = self._b, self._one_minus_b, self.period
+        g0, g1, g2 = 1 / c, b / c**2, b * (1 + b) / c**3
         j = np.arange(d, dtype=np.float64)
         w = self._offset_weights() / self._total_weight
-        second = (1 - b) * float(np.sum(w * (d * d * g2 + 2 * d * j * g1 + j * j * g0)))  # E[|Z|²] before sign
+        second = c * float(np.sum(w * (d * d * g2 + 2 * d * j * g1 + j * j * g0)))  # E[|Z|²] before sign
         return 2 * second / (2 - self._zero_mass)
 
     def describe(self) -> dict:
@@ -299,13 +309,13 @@ class DiscreteStaircase:
 def discrete_staircase_second_moments(epsilon: float, sensitivity: int) -> np.ndarray:
     """E[Z²] of Definition 19 for r = 1..Δ, closed form (x = 0 contributes nothing, so both signs count every
     term). Used to choose r."""
-    b = math.exp(-epsilon)
+    b, c = math.exp(-epsilon), -math.expm1(-epsilon)  # c = 1 - b without cancellation
     d = sensitivity
     r = np.arange(1, d + 1, dtype=np.float64)
-    g0, g1, g2 = 1 / (1 - b), b / (1 - b) ** 2, b * (1 + b) / (1 - b) ** 3
+    g0, g1, g2 = 1 / c, b / c**2, b * (1 + b) / c**3
 
     def block(n):  # Σ_k b^k Σ_{j<n} (kΔ + j)²
         return n * d * d * g2 + d * n * (n - 1) * g1 + (n - 1) * n * (2 * n - 1) / 6 * g0
 
-    a = (1 - b) / (2 * r + 2 * b * (d - r) - (1 - b))
-    return 2 * a * ((1 - b) * block(r) + b * block(float(d)))
+    a = c / (2 * r + 2 * b * (d - r) - c)
+    return 2 * a * (c * block(r) + b * block(float(d)))

@@ -57,7 +57,9 @@ class SubsetSelectionRandomizer:
     def certified_epsilon(self) -> float:
         p, q = self.true_count, self.other_count
         n = exact.RESOLUTION
-        return float(np.log(p) + np.log(n - q) - np.log(q) - np.log(n - p)) if self.num_classes > 1 else 0.0
+        if self.num_classes < 2:
+            return 0.0
+        return float(exact.log_ratio_upper(p, q) + exact.log_ratio_upper(n - q, n - p))  # log(p(n-q) / (q(n-p)))
 
     @property
     def num_outputs(self) -> int:
