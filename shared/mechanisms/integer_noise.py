@@ -168,8 +168,8 @@ class DiscreteLaplace:
 
     def upper_tail(self, z: int) -> float:
         """Pr[Z >= z] for an integer z."""
-        a = self.alpha
-        return math.exp(-self.s / self.t * z) / (1 + a) if z >= 1 else 1 - math.exp(-self.s / self.t * (1 - z)) / (1 + a)
+        rate, a = self.s / self.t, self.alpha
+        return math.exp(-rate * z) / (1 + a) if z >= 1 else 1 - math.exp(-rate * (1 - z)) / (1 + a)
 
     @property
     def variance(self) -> float:
