@@ -54,9 +54,10 @@ def log_ratio_upper(numerator, denominator) -> np.ndarray:
     float difference of the logs plus four units in the last place of the larger log. Each log is within one ulp
     (libm), and the subtraction adds at most one more, so the exact value can be a few ulps above the computed
     difference (measured: up to 7e-15); the certified ε must never be understated."""
-    log_num = np.log(np.asarray(numerator, dtype=np.float64))
-    log_den = np.log(np.asarray(denominator, dtype=np.float64))
-    return log_num - log_den + 4 * np.spacing(np.maximum(np.abs(log_num), np.abs(log_den)))
+    numerator, denominator = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    log_num, log_den = np.log(numerator), np.log(denominator)
+    bound = log_num - log_den + 4 * np.spacing(np.maximum(np.abs(log_num), np.abs(log_den)))
+    return np.where(numerator == denominator, 0.0, bound)  # a ratio of exactly 1 is exactly 0
 
 
 @dataclass(frozen=True, eq=False)
