@@ -153,9 +153,10 @@ def lattice_of(domain) -> Lattice:
         raise LabelDPError("additive noise needs ordered (regression) labels", code="mechanism_domain_mismatch")
     if domain.size < 2:
         raise LabelDPError("additive noise needs at least two label values", code="invalid_domain")
-    span = domain.high - domain.low
-    smallest_gap = float(np.min(np.diff(domain.values)))
-    ratio = span / smallest_gap if smallest_gap > 0 else math.inf
+    with np.errstate(over="ignore"):  # spans beyond the float range are refused just below
+        span = domain.high - domain.low
+        smallest_gap = float(np.min(np.diff(domain.values)))
+    ratio = span / smallest_gap if smallest_gap > 0 and math.isfinite(smallest_gap) else math.inf
     if not (math.isfinite(span) and math.isfinite(ratio)) or ratio > MAX_LATTICE_STEPS + 0.5:
         raise LabelDPError(f"additive noise needs a lattice of at most {MAX_LATTICE_STEPS} steps; these labels need "
                            "more (range / smallest gap); declare a continuous domain with a grid_size",
