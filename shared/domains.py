@@ -36,7 +36,9 @@ class FiniteLabels:
             raise LabelDPError("label domain is empty", code="invalid_domain")
         if not np.all(np.isfinite(values)):
             raise LabelDPError("label domain has a non-finite value", code="invalid_domain")
-        if values.size > 1 and np.any(np.diff(values) <= 0):
+        with np.errstate(over="ignore"):  # the difference of two huge values is +inf, still increasing
+            increasing = values.size < 2 or bool(np.all(np.diff(values) > 0))
+        if not increasing:
             raise LabelDPError("label values must be strictly increasing (sorted, no duplicates)",
                                code="invalid_domain")
         object.__setattr__(self, "values", _frozen(values))
