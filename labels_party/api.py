@@ -1,57 +1,79 @@
-"""The labels-party HTTP API (FastAPI): thin routers over :mod:`labels_party.service`.
+"""The labels-party HTTP API (FastAPI): thin routers over :mod:`labels_party.service` and
+:mod:`labels_party.releases`.
 
-Errors are always JSON ``{"error": {"code", "message"}}`` with a 4xx status for bad input; unexpected failures
-answer 500 with no stack trace.
+Every route under ``/v1`` is guarded *before any body is read*: :class:`Gatekeeper` authenticates the key (401),
+checks that it may see the dataset a path names (404, the same as for a dataset that does not exist) and that it
+may administer it where the route needs that (403), and only then lets the route read a body — limited per
+endpoint (413) and, for columnar bodies, streamed to disk and hashed on the way. Errors are always JSON
+``{"error": {"code", "message"}}`` with a 4xx status documented in the OpenAPI; unexpected failures answer 500
+with no stack trace.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fastapi import Depends, FastAPI, Header, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from labels_party import releases, service
+from labels_party import documents, releases, service
 from labels_party.auth import Principal, authenticate
 from labels_party.service import ServiceContext
-from labels_party.uploads import upload_format
+from labels_party.uploads import SpooledBody, upload_format
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.http_errors import error_response, install_error_handlers
-from shared.privacy import EPSILON_MAX, EPSILON_MIN
 
 log = logging.getLogger("labeldp.labels")
 
-STATUS = {"dataset_exists": 409, "no_labels": 409, "central_training_disabled": 403}
-MAX_JSON_BYTES = 64 << 20
+STATUS = {"dataset_exists": 409, "no_labels": 409, "central_training_disabled": 403, "solver_timeout": 503}
+PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
+_DATASET_PATH = re.compile(r"^/v1/datasets/([^/]+)(/[^/]+)?$")
+_ADMIN_ONLY = {("PUT", "/labels"), ("POST", "/grants")}
+_COLUMNAR = ("/prior-releases", "/group-releases")
+ERRORS = {status: {"model": schemas.ErrorBody, "description": description} for status, description in (
+    (400, "bad input (code names the problem, e.g. epsilon_out_of_range)"), (401, "missing or invalid API key"),
+    (403, "the key may see the dataset but not do this"), (404, "no such object for this key"),
+    (409, "budget exceeded, idempotency conflict, no labels yet"), (413, "body over this endpoint's limit"),
+    (415, "unsupported content type"), (422, "body does not match the schema"),
+    (503, "the solver ran out of time (nothing charged)"))}
 
 
-class BodyLimit:
-    """Refuse bodies over the limit (413) whether or not they declare a Content-Length. Label uploads get the
-    large limit; every other request is JSON and gets a small one."""
+class Gatekeeper:
+    """ASGI middleware: authentication, dataset authorization and body limits, all before a route reads a byte."""
 
-    def __init__(self, app, *, json_limit: int, upload_limit: int):
-        self.app, self.json_limit, self.upload_limit = app, json_limit, upload_limit
+    def __init__(self, app, *, ctx: ServiceContext):
+        self.app, self.ctx = app, ctx
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
-        upload = (scope["method"] == "PUT" and scope["path"].endswith("/labels")) or \
-            scope["path"].endswith(("/prior-releases", "/group-releases"))
-        limit = self.upload_limit if upload else self.json_limit
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        try:
+            principal = await anyio.to_thread.run_sync(self._authorize, scope["method"], scope["path"],
+                                                       headers.get(b"authorization", b"").decode("latin-1"))
+        except LabelDPError as err:
+            status = {"unauthorized": 401, "forbidden": 403, "not_found": 404}[err.code]
+            return await error_response(status, err.code, str(err))(scope, receive, send)
+        scope.setdefault("state", {})["principal"] = principal
+        limit = self._limit(scope["method"], scope["path"])
+        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            response = error_response(413, "body_too_large", f"request body over {limit} bytes")
-            return await response(scope, receive, send)
+            return await error_response(413, "body_too_large", f"request body over {limit} bytes")(
+                scope, receive, send)
         received = 0
 
         async def limited_receive():
@@ -61,27 +83,76 @@ class BodyLimit:
                 received += len(message.get("body", b""))
                 if received > limit:
                     # Routes that parse JSON wrap this in a generic 400; the flag lets the handler say 413.
-                    scope.setdefault("state", {})["body_too_large"] = True
+                    scope["state"]["body_too_large"] = True
                     raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
             return message
 
         return await self.app(scope, limited_receive, send)
 
+    def _authorize(self, method: str, path: str, authorization: str) -> Principal:
+        with self.ctx.sessions() as session, session.begin():
+            principal = authenticate(session, authorization or None)
+            match = _DATASET_PATH.match(path)
+            if match:
+                service.accessible_dataset(session, principal, match.group(1),
+                                           admin=(method, match.group(2) or "") in _ADMIN_ONLY)
+            return principal
 
-def _principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    with request.app.state.ctx.sessions() as session, session.begin():
-        return authenticate(session, authorization)
+    def _limit(self, method: str, path: str) -> int:
+        settings = self.ctx.settings
+        if method == "PUT" and path.endswith("/labels"):
+            return settings.max_upload_bytes
+        if path.endswith(_COLUMNAR):
+            return settings.max_columnar_bytes
+        return settings.max_json_bytes
+
+
+def _principal(request: Request) -> Principal:
+    principal = request.scope.get("state", {}).get("principal")
+    if principal is None:  # only routes outside /v1 reach here unguarded, and none of them asks for a principal
+        raise LabelDPError("missing bearer API key", code="unauthorized")
+    return principal
 
 
 Auth = Annotated[Principal, Depends(_principal)]
 
 
-def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastAPI:
-    app = FastAPI(title="labeldp labels party", version="1", docs_url="/docs", openapi_url="/openapi.json")
-    app.state.ctx = ctx
-    app.add_middleware(BodyLimit, json_limit=MAX_JSON_BYTES, upload_limit=max_upload_bytes)
+async def spool(request: Request, limit: int) -> tuple[tempfile.TemporaryDirectory, SpooledBody]:
+    """Stream the body to a temporary file, hashing it on the way (bounded memory whatever its size)."""
+    fmt = upload_format(request.headers.get("content-type"))
+    directory = tempfile.TemporaryDirectory(prefix="labeldp-body-")
+    path = Path(directory.name) / "body"
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(path, "wb") as handle:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+                digest.update(chunk)
+                handle.write(chunk)
+    except BaseException:
+        directory.cleanup()
+        raise
+    return directory, SpooledBody(path, fmt, digest.hexdigest(), size)
 
+
+def create_app(ctx: ServiceContext) -> FastAPI:
+    app = FastAPI(title="labeldp labels party", version="1", docs_url="/docs", openapi_url="/openapi.json",
+                  responses=ERRORS)
+    app.state.ctx = ctx
+    app.add_middleware(Gatekeeper, ctx=ctx)
     install_error_handlers(app, STATUS, log)
+    settings = ctx.settings
+
+    def created(result: tuple[schemas.Release, bool]) -> JSONResponse:
+        release, is_new = result
+        return JSONResponse(release.model_dump(mode="json"), status_code=201 if is_new else 200)
+
+    async def with_body(request: Request, limit: int, run) -> JSONResponse:
+        directory, body = await spool(request, limit)
+        with directory:
+            return created(await run_in_threadpool(run, body))
 
     @app.get("/healthz")
     def healthz() -> dict:
@@ -101,17 +172,9 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
 
     @app.put("/v1/datasets/{dataset_id}/labels", response_model=schemas.UploadResult)
     async def upload_labels(dataset_id: str, request: Request, who: Auth):
-        fmt = upload_format(request.headers.get("content-type"))
-        with tempfile.TemporaryDirectory(prefix="labeldp-upload-") as tmp:
-            path = Path(tmp) / "body"
-            size = 0
-            with open(path, "wb") as handle:  # spool to disk: memory stays bounded whatever the body size
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > max_upload_bytes:
-                        raise LabelDPError(f"upload over {max_upload_bytes} bytes", code="body_too_large")
-                    handle.write(chunk)
-            return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, path, fmt)
+        directory, body = await spool(request, settings.max_upload_bytes)
+        with directory:
+            return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, body.path, body.format)
 
     @app.post("/v1/datasets/{dataset_id}/grants", status_code=201, response_model=schemas.Grant)
     def grant(dataset_id: str, body: schemas.GrantCreate, who: Auth):
@@ -124,45 +187,48 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
     @app.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release)
     def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth,
                        idempotency_key: Annotated[str | None, Header()] = None):
-        release, created = releases.release_labels(ctx, who, dataset_id, body, idempotency_key)
-        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+        return created(releases.release_labels(ctx, who, dataset_id, body, idempotency_key))
+
+    @app.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
+    def list_releases(dataset_id: str, who: Auth):
+        """A consumer's own organization's releases of the dataset; the owner's admins see all of them."""
+        return releases.list_releases(ctx, who, dataset_id)
 
     @app.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release)
     async def create_prior_release(dataset_id: str, request: Request, who: Auth,
-                                   epsilon: Annotated[float, Query(ge=EPSILON_MIN, le=EPSILON_MAX)],
+                                   epsilon: Annotated[schemas.Epsilon, Query()],
                                    idempotency_key: Annotated[str | None, Header()] = None):
         """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
         example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
         already-private stages)."""
-        return await _with_spooled_body(request, lambda path, fmt: releases.release_with_example_priors(
-            ctx, who, dataset_id, epsilon, path, fmt, idempotency_key))
+        return await with_body(request, settings.max_columnar_bytes, lambda body: releases.release_with_example_priors(
+            ctx, who, dataset_id, epsilon, body, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release)
     async def create_group_release(dataset_id: str, request: Request, who: Auth,
                                    mechanism: Annotated[str, Query()],
-                                   epsilon: Annotated[float, Query(ge=EPSILON_MIN, le=EPSILON_MAX)],
-                                   prior_epsilon: Annotated[float, Query(ge=EPSILON_MIN, le=EPSILON_MAX)],
+                                   epsilon: Annotated[schemas.Epsilon, Query()],
+                                   prior_epsilon: Annotated[schemas.Epsilon, Query()],
                                    idempotency_key: Annotated[str | None, Header()] = None):
         """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
         group, computed from features only (e.g. k-means clusters)."""
-        return await _with_spooled_body(request, lambda path, fmt: releases.release_by_group(
-            ctx, who, dataset_id, mechanism, epsilon, prior_epsilon, path, fmt, idempotency_key))
+        return await with_body(request, settings.max_columnar_bytes, lambda body: releases.release_by_group(
+            ctx, who, dataset_id, mechanism, epsilon, prior_epsilon, body, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release)
     def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: Auth,
                                 idempotency_key: Annotated[str | None, Header()] = None):
-        """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back
-        (``description.parameters``). Refused unless the dataset owner enabled central training."""
-        release, created = releases.central_training(ctx, who, dataset_id, body, idempotency_key)
-        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+        """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back (in
+        the mechanism document, ``description.parameters``). Refused unless the dataset owner enabled central
+        training."""
+        return created(releases.central_training(ctx, who, dataset_id, body, idempotency_key))
 
     @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)
     def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Auth,
                           idempotency_key: Annotated[str | None, Header()] = None):
-        """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those examples;
-        the result is in ``description.value`` (with ``noise_scale`` and ``ci95``)."""
-        release, created = releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key)
-        return JSONResponse(release.model_dump(mode="json"), status_code=201 if created else 200)
+        """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
+        examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
+        return created(releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key))
 
     @app.get("/v1/releases/{release_id}", response_model=schemas.Release)
     def get_release(release_id: str, who: Auth):
@@ -181,24 +247,43 @@ def create_app(ctx: ServiceContext, *, max_upload_bytes: int = 4 << 30) -> FastA
         return StreamingResponse(stream, media_type=media,
                                  headers={"Content-Disposition": f'attachment; filename="{release_id}"'})
 
+    @app.get("/v1/mechanisms/{mechanism_hash}", responses={200: {"content": {
+        "application/json": {}, documents.BINARY_MEDIA_TYPE: {}}}})
+    def mechanism_document(mechanism_hash: str, who: Auth, accept: Annotated[str | None, Header()] = None):
+        """The full public description a release references (``mechanism_hash``): output values, exact
+        probabilities, the noisy prior, model parameters. JSON, or with ``Accept:
+        application/vnd.labeldp.mechanism+npz`` a compact ``.npz`` whose arrays are the document's numeric lists."""
+        document = releases.get_mechanism_document(ctx, who, mechanism_hash)
+        if accept and documents.BINARY_MEDIA_TYPE in accept:
+            return Response(documents.pack(document), media_type=documents.BINARY_MEDIA_TYPE)
+        return JSONResponse(document)
+
     @app.get("/v1/audit", response_model=schemas.Audit)
     def audit(who: Auth, dataset: str | None = None):
         return service.audit(ctx, who, dataset)
 
+    app.openapi = lambda: _openapi_with_epsilon_range(app, settings.epsilon_min, settings.epsilon_max)
     return app
 
 
-async def _with_spooled_body(request: Request, release) -> JSONResponse:
-    """Stream a columnar body to a temporary file (bounded memory), then run ``release(path, fmt)`` off the event
-    loop; 201 for a new release, 200 for an idempotent retry."""
-    fmt = upload_format(request.headers.get("content-type"))
-    with tempfile.TemporaryDirectory(prefix="labeldp-body-") as tmp:
-        path = Path(tmp) / "body"
-        with open(path, "wb") as handle:
-            async for chunk in request.stream():
-                handle.write(chunk)
-        created_release, created = await run_in_threadpool(release, path, fmt)
-    return JSONResponse(created_release.model_dump(mode="json"), status_code=201 if created else 200)
+def _openapi_with_epsilon_range(app: FastAPI, low: float, high: float) -> dict:
+    """The generated OpenAPI, with this deployment's ε range on every ε a request carries (schemas and query
+    parameters), so generated clients and fuzzers know it."""
+    if app.openapi_schema is None:
+        spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest"):
+            for name, prop in spec["components"]["schemas"][model]["properties"].items():
+                if name in ("epsilon", "prior_epsilon"):
+                    for option in prop.get("anyOf", [prop]):
+                        if option.get("type") == "number":
+                            option.update(minimum=low, maximum=high)
+        for path in spec["paths"].values():
+            for operation in path.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter["name"] in ("epsilon", "prior_epsilon"):
+                        parameter["schema"].update(minimum=low, maximum=high)
+        app.openapi_schema = spec
+    return app.openapi_schema
 
 
 def _negotiate(accept: str | None) -> str:

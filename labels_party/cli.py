@@ -174,29 +174,46 @@ def register_service_commands(commands) -> None:
     serve = actions.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8700)
+    serve.add_argument("--upgrade-db", action="store_true", help="migrate an older database schema first")
     key = actions.add_parser("create-key", help="create an API key (printed once on stdout)")
     key.add_argument("--org", required=True)
     key.add_argument("--role", required=True, choices=("admin", "consumer"))
     verify = actions.add_parser("verify-audit", help="recompute the ledger hash chains and budgets")
-    for sub in (serve, key, verify):
+    upgrade = actions.add_parser("upgrade-db", help="migrate the database to this version's schema (Alembic); "
+                                                    "budgets are converted, never reset")
+    for sub in (serve, key, verify, upgrade):
         for flag, kwargs in common.items():
             sub.add_argument(flag, **kwargs)
     serve.set_defaults(handler=serve_command)
     key.set_defaults(handler=create_key_command)
     verify.set_defaults(handler=verify_audit_command)
+    upgrade.set_defaults(handler=upgrade_db_command)
 
 
-def _context(args):
-    import os
+def _settings(args):
     from pathlib import Path
 
+    from labels_party.settings import LabelsSettings
+
+    overrides = {k: v for k, v in (("database_url", args.database_url), ("data_dir", args.data_dir)) if v}
+    settings = LabelsSettings(**overrides)
+    if settings.database_url.startswith("sqlite:///"):
+        Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def _context(args, *, upgrade: bool = False):
     from labels_party.service import make_context
 
-    url = args.database_url or os.environ.get("LABELDP_DATABASE_URL") or "sqlite:///var/labels.db"
-    data_dir = args.data_dir or os.environ.get("LABELDP_DATA_DIR") or "var/data"
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    return make_context(url, data_dir)
+    return make_context(settings=_settings(args), upgrade=upgrade)
+
+
+def upgrade_db_command(args) -> int:
+    from labels_party import db, migrations
+
+    before, after = migrations.upgrade_database(db.make_engine(_settings(args).database_url))
+    print(json.dumps({"revision_before": before, "revision_after": after}))
+    return 0
 
 
 def serve_command(args) -> int:
@@ -207,7 +224,8 @@ def serve_command(args) -> int:
     from labels_party.api import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    uvicorn.run(create_app(_context(args)), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(_context(args, upgrade=args.upgrade_db)), host=args.host, port=args.port,
+                log_level="info")
     return 0
 
 

@@ -9,11 +9,13 @@ import uuid
 from datetime import datetime, timezone
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     DateTime,
     Float,
     ForeignKey,
     Integer,
+    MetaData,
     String,
     Text,
     UniqueConstraint,
@@ -38,7 +40,10 @@ def new_id() -> str:
 
 
 class Base(DeclarativeBase):
-    pass
+    # Deterministic constraint names on every database, so that migrations can name what they change.
+    metadata = MetaData(naming_convention={"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
+                                           "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+                                           "pk": "pk_%(table_name)s"})
 
 
 class Organization(Base):
@@ -67,8 +72,9 @@ class Dataset(Base):
     name: Mapped[str] = mapped_column(String(200))
     label_kind: Mapped[str] = mapped_column(String(20))
     domain_json: Mapped[str] = mapped_column(Text)
-    epsilon_total: Mapped[float] = mapped_column(Float)
-    epsilon_spent: Mapped[float] = mapped_column(Float, default=0.0)  # max over examples of summed charges
+    # ε in exact integer units of 10⁻⁹ (labels_party.ledger.UNITS_PER_EPSILON): sums are exact, no tolerance.
+    epsilon_total_units: Mapped[int] = mapped_column(BigInteger)
+    epsilon_spent_units: Mapped[int] = mapped_column(BigInteger, default=0)  # max over examples of summed charges
     allow_central_training: Mapped[bool] = mapped_column(Boolean, default=False)
     label_version: Mapped[int] = mapped_column(Integer, default=0)
     num_examples: Mapped[int] = mapped_column(Integer, default=0)
@@ -100,23 +106,38 @@ class Grant(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class MechanismDocument(Base):
+    """A mechanism's full public description (matrix, outputs, noisy prior, model parameters …), stored once and
+    addressed by the SHA-256 of its canonical JSON; releases reference it, responses stay small."""
+
+    __tablename__ = "mechanism_documents"
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    document: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class Release(Base):
     __tablename__ = "releases"
-    __table_args__ = (UniqueConstraint("dataset_id", "idempotency_key"),)
+    # Idempotency keys belong to the requesting organization: one organization cannot see, replay or collide with
+    # another's.
+    __table_args__ = (UniqueConstraint("dataset_id", "requester_org_id", "idempotency_key",
+                                       name="uq_releases_dataset_org_key"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     requester_org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
     idempotency_key: Mapped[str] = mapped_column(String(200))
     body_hash: Mapped[str] = mapped_column(String(64))
     mechanism: Mapped[str] = mapped_column(String(50))
-    epsilon: Mapped[float] = mapped_column(Float)
+    epsilon: Mapped[float] = mapped_column(Float)  # as requested
+    charge_units: Mapped[int] = mapped_column(BigInteger)  # what the ledger charged: ε rounded up to 10⁻⁹
     certified_epsilon: Mapped[float] = mapped_column(Float)
     prior_epsilon: Mapped[float] = mapped_column(Float)
     randomizer_epsilon: Mapped[float] = mapped_column(Float)
     num_examples: Mapped[int] = mapped_column(Integer)
     label_version: Mapped[int] = mapped_column(Integer)
-    description_json: Mapped[str] = mapped_column(Text)
-    prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    description_json: Mapped[str] = mapped_column(Text)  # the small summary; the full document is below
+    mechanism_hash: Mapped[str] = mapped_column(ForeignKey("mechanism_documents.hash"))
+    prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # small summary of the noisy prior
     file: Mapped[str] = mapped_column(String(300))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
@@ -162,6 +183,10 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker:
-    Base.metadata.create_all(engine)
+def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
+    """Sessions on a database at the current schema: an empty database is created (and stamped), an older one is
+    migrated when ``upgrade`` is set and refused otherwise (``labeldp labels upgrade-db``)."""
+    from labels_party import migrations
+
+    migrations.prepare(engine, upgrade=upgrade)
     return sessionmaker(engine, expire_on_commit=False)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from dp_accounting import dp_event
 
 from shared.errors import LabelDPError
 from shared.mechanisms.integer_noise import DiscreteLaplace
@@ -39,6 +40,9 @@ class PrivateEvaluation:
     @property
     def certified_epsilon(self) -> float:
         return self.noise.certified_epsilon(self.levels)
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=self.noise.s / self.noise.t, sensitivity=self.levels)
 
     @property
     def noise_scale(self) -> float:

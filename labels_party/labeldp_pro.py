@@ -145,8 +145,18 @@ class ProResult:
     sigma: float
     epsilon: float  # what the accountant certifies for the run (≤ the target)
     delta: float
+    sampling_probability: float
+    steps: int
+    denoiser: str
     history: list = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def certified_epsilon(self) -> float:
+        return self.epsilon
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return dp_event(self.sigma, self.sampling_probability, self.steps, self.denoiser)
 
     def predict(self, x) -> np.ndarray:
         return np.asarray(jax.nn.softmax(models.apply(self.params, jnp.asarray(x),
@@ -223,4 +233,5 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
         if (t + 1) % max(1, config.steps // 10) == 0:
             history.append({"step": t + 1})
     epsilon = epsilon_of(sigma, q, config.steps, config.denoiser, config.delta)
-    return ProResult(params, sigma, epsilon, config.delta, history, time.perf_counter() - started)
+    return ProResult(params, sigma, epsilon, config.delta, q, config.steps, config.denoiser, history,
+                     time.perf_counter() - started)

@@ -1,17 +1,18 @@
-"""The privacy-budget ledger: per-example accounting, charge-before-visible, and a hash-chained audit log.
+"""The privacy-budget ledger: exact per-example accounting, charge-before-visible, and a hash-chained audit log.
 
-Accounting model. Every release charges its ε to exactly the examples it covers. Releases are pure ε-DP in the
-labels they cover, so an example's spent ε is the sum of the charges that cover it (basic composition, tight for
-pure DP), and the dataset's spent ε is the maximum over examples (disjoint releases compose in parallel).
-The per-example vector lives in a file that a committed dataset row points at; each charge writes a new vector
-file and moves the pointer inside the same transaction that inserts the release and the ledger entry.
+Accounting model. ε is kept in integer units of 10⁻⁹ (:data:`UNITS_PER_EPSILON`): a requested ε is converted from
+the shortest decimal that prints as it (what the client sent: 0.1 is exactly 100 000 000 units) and rounded *up*
+to a unit when charged; a budget is rounded down. Sums are integer sums, so 0.1 + 0.2 is exactly 0.3 and no
+charge is too small to count. Every release charges its units to exactly the examples it covers; releases are
+pure ε-DP in the labels they cover, so an example's spent ε is the sum of the charges covering it (basic
+composition, tight for pure DP), and the dataset's spent ε is the maximum over examples (disjoint releases compose
+in parallel). A release is admitted iff every covered example has spent + charge <= total, exactly.
 
-Each ledger record documents the event completely, in the spirit of dp-accounting's ``DpEvent``: mechanism and
-parameters, requested and certified ε, the prior's noise, a ``dp_event`` built from dp-accounting's event classes
-(``DiscreteLaplaceDpEvent`` for the prior, ``RandomizedResponseDpEvent``/``DiscreteLaplaceDpEvent`` for
-mechanisms it knows, :class:`LocalRandomizerDpEvent` for the others) and the covered examples (count and
-SHA-256 of their registry indices, stored in a coverage file). :func:`event_epsilon` recomputes ε from the
-``dp_event`` alone.
+Each ledger entry is a :class:`LedgerRecord`, built in one place (:meth:`BudgetLedger.charge`) from the release
+draft — in the spirit of dp-accounting's ``DpEvent``: it holds the mechanism's own ``dp_event()`` (from which
+:func:`shared.mechanisms.events.epsilon_of` recomputes ε), the requested, certified and charged ε, the content
+hash of the mechanism's full description, the requesting organization and the covered examples (count and
+SHA-256 of their registry indices, stored in a coverage file), chained to the previous entry by SHA-256.
 """
 
 from __future__ import annotations
@@ -19,94 +20,42 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from typing import Any, Literal
 
-import attr
 import numpy as np
-from dp_accounting import dp_event
+from pydantic import BaseModel, ConfigDict
 
-from labels_party.prior import HISTOGRAM_SENSITIVITY
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
-from shared.mechanisms.integer_noise import DiscreteLaplace
 
-# Float sums of ε (0.1 + 0.1 + ...) must not refuse the last legitimate release of an exactly divisible budget.
-BUDGET_TOLERANCE = 1e-9
-
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class LocalRandomizerDpEvent(dp_event.DpEvent):
-    """A local randomizer applied once to each covered label, pure ε-DP with ε = ``epsilon`` (its certified ε,
-    computed from the exact sampled probabilities)."""
-
-    mechanism: str
-    epsilon: float
+UNITS_PER_EPSILON = 10**9
+COMPOSITION = "pure epsilon-DP events add per example (exact integer units); disjoint examples compose in parallel"
 
 
-def mechanism_dp_event(mechanism) -> dp_event.DpEvent:
-    name = mechanism.name
-    if name == "rr":
-        k = len(mechanism.input_values)
-        e = math.exp(mechanism.certified_epsilon)
-        return dp_event.RandomizedResponseDpEvent(noise_parameter=k / (e + k - 1), num_buckets=k)
-    noise = getattr(mechanism, "noise", None)
-    if isinstance(noise, DiscreteLaplace):  # laplace, clipped or not (clipping is post-processing)
-        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=noise.s / noise.t,
-                                               sensitivity=int(mechanism.lattice.steps))
-    return LocalRandomizerDpEvent(mechanism=name, epsilon=float(mechanism.certified_epsilon))
+def charge_units(epsilon: float) -> int:
+    """ε as charged: the decimal the client sent, rounded up to a unit of 10⁻⁹."""
+    return _units(epsilon, ROUND_CEILING)
 
 
-def prior_dp_event(prior) -> dp_event.DpEvent:
-    """Histogram + discrete Laplace noise, ℓ1 sensitivity 2 under a label change."""
-    return dp_event.DiscreteLaplaceDpEvent(noise_parameter=prior.noise.s / prior.noise.t,
-                                           sensitivity=HISTOGRAM_SENSITIVITY)
+def budget_units(epsilon: float) -> int:
+    """A budget: the decimal the owner sent, rounded down to a unit."""
+    return _units(epsilon, ROUND_FLOOR)
 
 
-def event_epsilon(event: dp_event.DpEvent, delta: float = 0.0) -> float:
-    """ε of an event built here: pure-DP events add (basic composition); Gaussian (DP-SGD) events get their ε at
-    the recorded δ from dp-accounting's RDP accountant."""
-    if isinstance(event, dp_event.ComposedDpEvent):
-        return sum(event_epsilon(e, delta) for e in event.events)
-    if isinstance(event, dp_event.SelfComposedDpEvent | dp_event.PoissonSampledDpEvent | dp_event.GaussianDpEvent):
-        from dp_accounting import rdp
-
-        accountant = rdp.RdpAccountant()
-        accountant.compose(event)
-        return float(accountant.get_epsilon(delta))
-    if isinstance(event, dp_event.LaplaceDpEvent):
-        return 1.0 / event.noise_multiplier
-    if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
-        return event.noise_parameter * event.sensitivity
-    if isinstance(event, dp_event.RandomizedResponseDpEvent):
-        p, k = event.noise_parameter, event.num_buckets
-        return math.log((1 - p + p / k) / (p / k))
-    if isinstance(event, LocalRandomizerDpEvent):
-        return event.epsilon
-    raise LabelDPError(f"no pure-ε rule for {type(event).__name__}", code="unsupported_event")
+def _units(epsilon: float, rounding: str) -> int:
+    return int((Decimal(repr(float(epsilon))) * UNITS_PER_EPSILON).to_integral_value(rounding=rounding))
 
 
-def event_to_dict(event: dp_event.DpEvent) -> dict:
-    """JSON form: {"type": class name, fields...} recursively."""
-    out = {"type": type(event).__name__}
-    for field in attr.fields(type(event)):
-        value = getattr(event, field.name)
-        if isinstance(value, list):
-            value = [event_to_dict(v) for v in value]
-        elif isinstance(value, dp_event.DpEvent):
-            value = event_to_dict(value)
-        out[field.name] = value
-    return out
+def units_epsilon(units: int) -> float:
+    """Units as the nearest double (integer division is correctly rounded: 300000000 units print as 0.3)."""
+    return int(units) / UNITS_PER_EPSILON
 
 
-def event_from_dict(data: dict) -> dp_event.DpEvent:
-    data = dict(data)
-    name = data.pop("type")
-    cls = LocalRandomizerDpEvent if name == "LocalRandomizerDpEvent" else getattr(dp_event, name)
-    if "events" in data:
-        data["events"] = [event_from_dict(e) for e in data["events"]]
-    if "event" in data and isinstance(data["event"], dict):  # SelfComposed / PoissonSampled wrap one event
-        data["event"] = event_from_dict(data["event"])
-    return cls(**data)
+def legacy_units(spent: float | np.ndarray):
+    """Float ε sums written before exact accounting, as units: rounded to 10⁻³ of a unit to shed the float noise of
+    the sum (2.8559999999997965 for 2856 × 0.001), then up — a budget can only look more spent, never less."""
+    return np.ceil(np.round(np.asarray(spent, dtype=np.float64) * UNITS_PER_EPSILON, 3)).astype(np.int64)
 
 
 def canonical(record: dict) -> str:
@@ -117,68 +66,107 @@ def chain_hash(prev_hash: str, record_json: str) -> str:
     return hashlib.sha256((prev_hash + record_json).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class BudgetState:
-    epsilon_total: float
-    epsilon_spent: float
+class Actor(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    org: str
+    role: str
 
-    @property
-    def epsilon_remaining(self) -> float:
-        return max(0.0, self.epsilon_total - self.epsilon_spent)
+
+class Coverage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    file: str
+    sha256: str
+
+
+class LedgerRecord(BaseModel):
+    """One privacy event, completely documented: enough to recompute its ε and every example's budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: Literal["label_release"] = "label_release"
+    seq: int
+    dataset_id: str
+    release_id: str
+    created_at: str
+    actor: Actor  # the organization the release went to
+    mechanism: str
+    request: dict[str, Any]  # the request's privacy parameters (no example ids, features or predictions)
+    label_version: int
+    epsilon_requested: float
+    epsilon_certified: float
+    charge_units: int  # exact; 1 unit = 10⁻⁹ ε
+    charge: float  # the same as a decimal, for reading
+    delta: float = 0.0
+    dp_event: dict[str, Any]  # shared.mechanisms.events.to_dict of the mechanism's dp_event()
+    mechanism_hash: str  # SHA-256 of the full public description (GET /v1/mechanisms/{hash})
+    examples_covered: int
+    coverage: Coverage
+    spent_max_after_units: int
+    epsilon_total_units: int
+    composition: str = COMPOSITION
+
+
+def recorded_charge_units(record: dict) -> int:
+    """The charge of a stored record, also for records written before exact accounting (a float ``charge``)."""
+    if "charge_units" in record:
+        return int(record["charge_units"])
+    return int(legacy_units(record["charge"]))
 
 
 class BudgetExceeded(LabelDPError):
     code = "budget_exceeded"
 
-    def __init__(self, message: str, remaining: float):
+    def __init__(self, message: str, remaining_units: int):
         super().__init__(message)
-        self.remaining = remaining
+        self.remaining = units_epsilon(remaining_units)
 
 
 class BudgetLedger:
-    """Per-example budget vectors of one dataset, stored in :class:`DataStore` files."""
+    """Per-example spent units of one dataset, stored in :class:`DataStore` files (int64, one per registry index)."""
 
     def __init__(self, store: DataStore):
         self.store = store
 
     def spent_vector(self, dataset) -> np.ndarray:
-        spent = np.zeros(dataset.registry_size)
+        spent = np.zeros(dataset.registry_size, dtype=np.int64)
         if dataset.spent_file:
             stored = self.store.read_array(dataset.spent_file)
-            spent[: stored.size] = stored
+            spent[: stored.size] = stored if stored.dtype.kind in "iu" else legacy_units(stored)
         return spent
 
-    def remaining_for(self, dataset, covered: np.ndarray) -> float:
+    def remaining_units_for(self, dataset, covered: np.ndarray) -> int:
         spent = self.spent_vector(dataset)
-        worst = float(spent[covered].max()) if covered.size else 0.0
-        return max(0.0, dataset.epsilon_total - worst)
+        worst = int(spent[covered].max()) if covered.size else 0
+        return max(0, dataset.epsilon_total_units - worst)
 
-    def charge(self, dataset, covered: np.ndarray, epsilon: float, record: dict) -> tuple[str, str, str]:
-        """Check and charge ``epsilon`` to ``covered`` (registry indices). Caller holds the dataset row lock and
-        commits. Returns (record json, prev hash, hash); mutates ``dataset`` (pointer, spent max, chain head)."""
+    def charge(self, dataset, covered: np.ndarray, units: int, fields: dict) -> tuple[LedgerRecord, str, str, str]:
+        """Check and charge ``units`` to ``covered`` (registry indices), exactly. The caller holds the dataset row
+        lock and commits. ``fields`` are the release's own record fields; the ledger adds the accounting ones.
+        Returns (record, record json, prev hash, hash); mutates ``dataset`` (pointer, spent max, chain head)."""
         spent = self.spent_vector(dataset)
-        worst = float(spent[covered].max()) if covered.size else 0.0
-        if worst + epsilon > dataset.epsilon_total + BUDGET_TOLERANCE:
-            remaining = max(0.0, dataset.epsilon_total - worst)
-            raise BudgetExceeded(f"release needs epsilon {epsilon:g} but covered examples have at most "
-                                 f"{remaining:.6g} left of {dataset.epsilon_total:g}", remaining)
-        spent[covered] += epsilon
+        worst = int(spent[covered].max()) if covered.size else 0
+        if worst + units > dataset.epsilon_total_units:
+            remaining = max(0, dataset.epsilon_total_units - worst)
+            raise BudgetExceeded(f"release needs epsilon {units_epsilon(units):g} but covered examples have at "
+                                 f"most {units_epsilon(remaining):.9g} left of "
+                                 f"{units_epsilon(dataset.epsilon_total_units):g}", remaining)
+        spent[covered] += units
         seq = dataset.ledger_seq + 1
         coverage = np.sort(covered).astype(np.int64)
         coverage_file = self.store.write_array(f"datasets/{dataset.id}/coverage_{seq:08d}.npy", coverage)
-        record = {**record, "seq": seq, "dataset_id": dataset.id, "charge": epsilon,
-                  "examples_covered": int(coverage.size),
-                  "coverage": {"file": coverage_file, "sha256": hashlib.sha256(coverage.tobytes()).hexdigest()},
-                  "spent_max_after": float(spent.max()), "epsilon_total": dataset.epsilon_total,
-                  "composition": "pure epsilon-DP events add per example; disjoint examples compose in parallel"}
-        record_json = canonical(record)
+        record = LedgerRecord(**fields, seq=seq, dataset_id=dataset.id, charge_units=units,
+                              charge=units_epsilon(units), examples_covered=int(coverage.size),
+                              coverage=Coverage(file=coverage_file,
+                                                sha256=hashlib.sha256(coverage.tobytes()).hexdigest()),
+                              spent_max_after_units=int(spent.max()), epsilon_total_units=dataset.epsilon_total_units)
+        record_json = canonical(record.model_dump(mode="json"))
         prev_hash = dataset.ledger_head
         digest = chain_hash(prev_hash, record_json)
         dataset.spent_file = self.store.write_array(f"datasets/{dataset.id}/spent_{seq:08d}.npy", spent)
-        dataset.epsilon_spent = float(spent.max())
+        dataset.epsilon_spent_units = int(spent.max())
         dataset.ledger_seq = seq
         dataset.ledger_head = digest
-        return record_json, prev_hash, digest
+        return record, record_json, prev_hash, digest
 
 
 def verify_chain(entries, head: str | None = None) -> bool:
@@ -191,3 +179,8 @@ def verify_chain(entries, head: str | None = None) -> bool:
             return False
         previous = digest
     return head is None or head == previous
+
+
+def within_charge(epsilon: float, units: int) -> bool:
+    """Is a recomputed ε (a float) at most the charged units, compared exactly?"""
+    return math.isfinite(epsilon) and Decimal(epsilon) * UNITS_PER_EPSILON <= units

@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from dp_accounting import dp_event
 
 from labels_party.mechanisms import ADDITIVE, MechanismOptions, build_mechanism, needs_prior, support
 from labels_party.prior import NoisyPrior, estimate_prior
 from shared.domains import ContinuousInterval
 from shared.errors import LabelDPError
+from shared.mechanisms.events import ParallelDpEvent
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.privacy import BudgetSplit, check_epsilon, split_budget
 
@@ -31,6 +33,11 @@ class Privatization:
     def certified_epsilon(self) -> float:
         """The prior's certified ε₁ (exact rational of its discrete Laplace) + the mechanism's certified ε₂."""
         return (self.prior.certified_epsilon if self.prior else 0.0) + self.mechanism.certified_epsilon
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """Basic composition on the same labels: the noisy prior, then the randomizer built on it."""
+        events = ([self.prior.dp_event()] if self.prior else []) + [self.mechanism.dp_event()]
+        return dp_event.ComposedDpEvent(events)
 
 
 def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.random.Generator, *,
@@ -76,6 +83,9 @@ class GroupPrivatization:
     def certified_epsilon(self) -> float:
         """Groups are disjoint, so every example pays only its own group's ε₁ + ε₂ (parallel composition)."""
         return max(part.certified_epsilon for part in self.parts)
+
+    def dp_event(self) -> ParallelDpEvent:
+        return ParallelDpEvent([part.dp_event() for part in self.parts])
 
 
 def privatize_by_group(domain, labels, groups, mechanism: str, epsilon: float, rng: np.random.Generator, *,

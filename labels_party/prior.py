@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from dp_accounting import dp_event
 
 from shared.mechanisms.integer_noise import DiscreteLaplace
 from shared.privacy import check_epsilon
@@ -32,6 +33,10 @@ class NoisyPrior:
     @property
     def certified_epsilon(self) -> float:
         return self.noise.certified_epsilon(HISTOGRAM_SENSITIVITY)
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=self.noise.s / self.noise.t,
+                                               sensitivity=HISTOGRAM_SENSITIVITY)
 
     @property
     def scale(self) -> float:

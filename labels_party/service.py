@@ -21,8 +21,13 @@ from labels_party import db
 from labels_party.auth import Principal
 from labels_party.ledger import (
     BudgetLedger,
+    budget_units,
+    recorded_charge_units,
+    units_epsilon,
     verify_chain,
+    within_charge,
 )
+from labels_party.settings import LabelsSettings
 from labels_party.storage import DataStore
 from labels_party.uploads import parse_labels
 from shared import schemas
@@ -35,29 +40,54 @@ class ServiceContext:
     sessions: sessionmaker
     store: DataStore
     ledger: BudgetLedger
+    settings: LabelsSettings
 
 
-def make_context(database_url: str, data_dir: str | Path) -> ServiceContext:
-    store = DataStore(data_dir)
-    return ServiceContext(db.make_sessionmaker(db.make_engine(database_url)), store, BudgetLedger(store))
+def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
+                 settings: LabelsSettings | None = None, upgrade: bool = False) -> ServiceContext:
+    """The service's context from settings (``LABELDP_*`` environment variables by default); an explicit database
+    URL or data directory overrides them."""
+    overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
+    settings = (settings or LabelsSettings()).model_copy(update=overrides)
+    store = DataStore(settings.data_dir)
+    sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
+    return ServiceContext(sessions, store, BudgetLedger(store), settings)
 
 
-def _forbidden() -> LabelDPError:
+def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:
+    """The deployment's ε range (settings.epsilon_min/max): outside it a request is refused with a 400."""
+    low, high = ctx.settings.epsilon_min, ctx.settings.epsilon_max
+    if not low <= epsilon <= high:
+        raise LabelDPError(f"{name} must lie in [{low:g}, {high:g}] on this service, got {epsilon!r}",
+                           code="epsilon_out_of_range")
+    return epsilon
+
+
+def _not_found() -> LabelDPError:
     # Same answer whether or not the dataset exists: a key must not reveal other organizations' datasets.
-    return LabelDPError("this key has no access to that dataset", code="forbidden")
+    return LabelDPError("no such dataset for this key", code="not_found")
+
+
+def visible_dataset(session: Session, principal: Principal, dataset_id: str, *, lock: bool = False) -> db.Dataset:
+    """The dataset if this key may see it (its owner's admins, granted consumers), else the 404 of a missing one."""
+    dataset = session.get(db.Dataset, dataset_id, with_for_update=lock)
+    if dataset is None:
+        raise _not_found()
+    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
+        return dataset
+    if principal.role == "consumer" and session.scalar(
+            select(db.Grant).where(db.Grant.dataset_id == dataset_id, db.Grant.org_id == principal.org_id)):
+        return dataset
+    raise _not_found()
 
 
 def accessible_dataset(session: Session, principal: Principal, dataset_id: str, *, admin: bool = False,
-             lock: bool = False) -> db.Dataset:
-    dataset = session.get(db.Dataset, dataset_id, with_for_update=lock)
-    if dataset is None:
-        raise _forbidden()
-    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
-        return dataset
-    if not admin and principal.role == "consumer" and session.scalar(
-            select(db.Grant).where(db.Grant.dataset_id == dataset_id, db.Grant.org_id == principal.org_id)):
-        return dataset
-    raise _forbidden()
+                       lock: bool = False) -> db.Dataset:
+    """A visible dataset; with ``admin``, one this key may also administer (a granted consumer gets 403)."""
+    dataset = visible_dataset(session, principal, dataset_id, lock=lock)
+    if admin and principal.role != "admin":
+        raise LabelDPError("this operation needs an admin key of the dataset's owner", code="forbidden")
+    return dataset
 
 
 def _require_admin(principal: Principal) -> None:
@@ -68,8 +98,7 @@ def _require_admin(principal: Principal) -> None:
 def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
     return schemas.Dataset(
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
-        epsilon_total=dataset.epsilon_total, epsilon_spent=dataset.epsilon_spent,
-        epsilon_remaining=max(0.0, dataset.epsilon_total - dataset.epsilon_spent),
+        **_budget_fields(dataset),
         num_examples=dataset.num_examples, label_version=dataset.label_version,
         created_at=db.as_utc(dataset.created_at))
 
@@ -80,12 +109,16 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
     _require_admin(principal)
     spec = domain_spec(body.label_kind, values=body.values, low=body.min, high=body.max,
                        num_classes=body.num_classes, grid_size=body.grid_size)
+    total = budget_units(body.epsilon_total)
+    if total < budget_units(ctx.settings.epsilon_min):
+        raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
+                           code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
         if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
                                                    db.Dataset.name == body.name)):
             raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists")
         dataset = db.Dataset(owner_org_id=principal.org_id, name=body.name, label_kind=body.label_kind,
-                             domain_json=json.dumps(spec), epsilon_total=body.epsilon_total,
+                             domain_json=json.dumps(spec), epsilon_total_units=total, epsilon_spent_units=0,
                              allow_central_training=body.allow_central_training)
         session.add(dataset)
         session.flush()
@@ -127,10 +160,15 @@ def budget(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schema
         return _budget_view(dataset)
 
 
+def _budget_fields(dataset: db.Dataset) -> dict:
+    """Decimal ε from exact units (0.1 + 0.2 spent of 0.3 reads 0.3 and leaves exactly 0)."""
+    total, spent = dataset.epsilon_total_units, dataset.epsilon_spent_units
+    return {"epsilon_total": units_epsilon(total), "epsilon_spent": units_epsilon(spent),
+            "epsilon_remaining": units_epsilon(max(0, total - spent))}
+
+
 def _budget_view(dataset: db.Dataset) -> schemas.Budget:
-    return schemas.Budget(dataset_id=dataset.id, epsilon_total=dataset.epsilon_total,
-                          epsilon_spent=dataset.epsilon_spent,
-                          epsilon_remaining=max(0.0, dataset.epsilon_total - dataset.epsilon_spent))
+    return schemas.Budget(dataset_id=dataset.id, **_budget_fields(dataset))
 
 
 # -- uploads ----------------------------------------------------------------------------------------------------
@@ -194,9 +232,10 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
 
 
 def verify_audit(ctx: ServiceContext) -> dict:
-    """Recompute everything from the stored log: the hash chain of every dataset, each record's ε from its
-    dp_event, and the per-example budget vector from the records' coverage files. Any mismatch is reported."""
-    from labels_party.ledger import event_epsilon, event_from_dict
+    """Recompute everything from the stored log alone: the hash chain of every dataset, each record's ε from its
+    dp_event (at most the exact charge), its mechanism document, and every example's spent units from the records'
+    coverage files — compared exactly with the stored budget. Any mismatch is reported."""
+    from shared.mechanisms import events
 
     report = {"datasets": [], "valid": True}
     with ctx.sessions() as session, session.begin():
@@ -206,29 +245,36 @@ def verify_audit(ctx: ServiceContext) -> dict:
             problems = []
             if not verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head):
                 problems.append("hash chain broken")
-            spent = np.zeros(dataset.registry_size)
+            spent = np.zeros(dataset.registry_size, dtype=np.int64)
             for entry in entries:
                 record = json.loads(entry.record)
-                epsilon = event_epsilon(event_from_dict(record["dp_event"]), record.get("delta", 0.0))
-                if epsilon > record["charge"] * (1 + 1e-9):
+                units = recorded_charge_units(record)
+                epsilon = events.epsilon_of(events.from_dict(record["dp_event"]), record.get("delta", 0.0))
+                if not within_charge(epsilon, units):
                     problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
                 coverage = ctx.store.read_array(record["coverage"]["file"])
                 if hashlib.sha256(coverage.tobytes()).hexdigest() != record["coverage"]["sha256"]:
                     problems.append(f"seq {entry.seq}: coverage file does not match its hash")
-                spent[coverage] += record["charge"]
-                if session.get(db.Release, record["release_id"]) is None:
+                spent[coverage] += units
+                release = session.get(db.Release, record["release_id"])
+                if release is None:
                     problems.append(f"seq {entry.seq}: release {record['release_id']} missing")
-            stored = ctx.ledger.spent_vector(dataset)
-            if not np.allclose(spent, stored, rtol=0, atol=1e-12):
+                elif "mechanism_hash" in record and (release.mechanism_hash != record["mechanism_hash"] or session.get(
+                        db.MechanismDocument, record["mechanism_hash"]) is None):
+                    problems.append(f"seq {entry.seq}: mechanism document {record['mechanism_hash']} missing")
+            if not np.array_equal(spent, ctx.ledger.spent_vector(dataset)):
                 problems.append("per-example budget vector differs from the ledger")
-            if spent.size and spent.max() > dataset.epsilon_total + 1e-9:
+            if spent.size and int(spent.max()) > dataset.epsilon_total_units:
                 problems.append("an example exceeds the dataset's total budget")
+            if int(spent.max() if spent.size else 0) != dataset.epsilon_spent_units:
+                problems.append("the dataset's spent epsilon differs from the ledger")
             releases = session.scalar(select(func.count()).select_from(db.Release)
                                       .where(db.Release.dataset_id == dataset.id))
             if releases != len(entries):
                 problems.append(f"{releases} releases but {len(entries)} ledger entries")
             report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(entries),
-                                       "epsilon_spent": float(spent.max()) if spent.size else 0.0,
+                                       "epsilon_spent": units_epsilon(int(spent.max()) if spent.size else 0),
+                                       "epsilon_total": units_epsilon(dataset.epsilon_total_units),
                                        "problems": problems})
             report["valid"] &= not problems
     return report

@@ -13,8 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from shared.privacy import EPSILON_MAX, EPSILON_MIN
-
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
 
@@ -35,9 +33,16 @@ def _finite_positive(value: float) -> float:
 
 # A budget: positive and finite; NaN and ±inf are refused.
 PositiveFinite = Annotated[float, AfterValidator(_finite_positive)]
-# A privacy parameter a mechanism is asked for: the range every mechanism certifies or refuses cleanly
-# (shared/privacy.py); the OpenAPI schema states it, so generated clients and fuzzers know it.
-Epsilon = Annotated[float, Field(ge=EPSILON_MIN, le=EPSILON_MAX)]
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+# A privacy parameter a request asks for: any finite number parses; the service refuses one outside its range
+# (settings.epsilon_min/max, inside what the mechanisms certify) with 400 epsilon_out_of_range, and its OpenAPI
+# schema states that range.
+Epsilon = Annotated[float, AfterValidator(_finite)]
 
 
 class DatasetCreate(BaseModel):
@@ -152,10 +157,15 @@ class CentralTrainingRequest(BaseModel):
 
 
 class Release(BaseModel):
+    """A release as its requester sees it: small whatever |Y| is. The mechanism's full public description (output
+    values, exact probabilities, noisy prior, model parameters) is at ``GET /v1/mechanisms/{mechanism_hash}``;
+    ``description`` and ``noisy_prior`` here are that document without its arrays."""
+
     id: str
     dataset_id: str
     mechanism: str
-    epsilon: float
+    epsilon: float  # as requested
+    charged_epsilon: float  # what the ledger charged each covered example: ε rounded up to 10⁻⁹, exactly
     certified_epsilon: float
     prior_epsilon: float
     randomizer_epsilon: float
@@ -163,6 +173,7 @@ class Release(BaseModel):
     label_version: int
     created_at: datetime
     idempotency_key: str
+    mechanism_hash: str
     description: dict[str, Any]
     noisy_prior: dict[str, Any] | None = None
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
+from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import rr_top_k
 from shared.privacy import check_epsilon, design_epsilon
@@ -42,6 +43,9 @@ class PerExampleRelease:
     k: np.ndarray  # size of each example's candidate set
     epsilon: float
     certified_epsilon: float  # max over the k's used of the exact log-ratio of the sampled probabilities
+
+    def dp_event(self) -> LocalRandomizerDpEvent:
+        return LocalRandomizerDpEvent(mechanism="rr-with-prior", epsilon=self.certified_epsilon)
 
 
 def keep_counts(num_classes: int, epsilon: float) -> np.ndarray:

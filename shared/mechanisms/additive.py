@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from shared.domains import Lattice
 from shared.errors import CertificationError
+from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import normalized_prior
 from shared.mechanisms.integer_noise import DiscreteLaplace, DiscreteStaircase
 from shared.privacy import check_epsilon
@@ -129,6 +131,14 @@ class AdditiveNoiseRandomizer:
 
     def noisy_label_loss(self, prior) -> float:
         return float(normalized_prior(prior, self._values().size) @ self.squared_loss_per_label())
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """Discrete Laplace noise is dp-accounting's DiscreteLaplaceDpEvent (pmf ∝ exp(-(s/t)|z|), sensitivity Δ
+        steps); the staircase a local randomizer at its exact ε. Clipping is post-processing."""
+        if isinstance(self.noise, DiscreteLaplace):
+            return dp_event.DiscreteLaplaceDpEvent(noise_parameter=self.noise.s / self.noise.t,
+                                                   sensitivity=int(self.lattice.steps))
+        return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
 
     def describe(self) -> dict[str, Any]:
         return {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,

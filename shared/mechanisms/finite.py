@@ -14,9 +14,11 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
+from shared.mechanisms.events import LocalRandomizerDpEvent
 
 
 def _readonly(array, dtype) -> np.ndarray:
@@ -167,6 +169,14 @@ class FiniteRandomizer:
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
         """Privatized labels (output values) for true labels (input values)."""
         return self.output_values[self.sample_indices(self.row_of(labels), rng)]
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """Randomized response is dp-accounting's RandomizedResponseDpEvent (its noise parameter from the certified ε);
+        every other finite randomizer a local randomizer at its certified ε."""
+        if self.name == "rr":
+            k, e = self.input_values.size, math.exp(self.certified_epsilon)
+            return dp_event.RandomizedResponseDpEvent(noise_parameter=k / (e + k - 1), num_buckets=k)
+        return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
 
     # -- what the features party receives ------------------------------------------------------------------------
     def describe(self, include_matrix: bool = True) -> dict[str, Any]:

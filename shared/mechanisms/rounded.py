@@ -60,5 +60,8 @@ class RoundedRandomizer:
         rows = self.domain.round_to_grid(labels, rng)
         return self.inner.output_values[self.inner.sample_indices(rows, rng)]
 
+    def dp_event(self):
+        return self.inner.dp_event()  # rounding is a mixture of rows: the inner randomizer's ε
+
     def describe(self, include_matrix: bool = True) -> dict:
         return {**self.inner.describe(include_matrix), "rounding": self.domain.describe()}

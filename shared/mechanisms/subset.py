@@ -21,6 +21,7 @@ import numpy as np
 from shared.domains import Classes
 from shared.errors import CertificationError
 from shared.mechanisms import exact
+from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.privacy import check_epsilon, design_epsilon
 
 
@@ -80,6 +81,9 @@ class SubsetSelectionRandomizer:
         realized p, q keeps it exactly unbiased after rounding."""
         p, q = self.inclusion_probabilities
         return (np.asarray(sets, dtype=np.float64) - q) / (p - q)
+
+    def dp_event(self) -> LocalRandomizerDpEvent:
+        return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
 
     def describe(self) -> dict:
         p, q = self.inclusion_probabilities

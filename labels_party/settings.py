@@ -1,0 +1,36 @@
+"""Deployment settings of the labels-party service, read from ``LABELDP_*`` environment variables (or passed in).
+
+The ε range is the deployment's policy inside what the mechanisms can certify ([1e-6, 50], shared/privacy.py):
+by default [10⁻³, 50]. 10⁻³ because below it a release is so noisy that no model learns from it while every
+release still costs a ledger row, a coverage file and a request; a single release that tiny is harmless, but a
+floor keeps the ledger from being flooded with them (with exact sums they are no longer free). 50 because beyond
+it e^ε ≈ 5·10²¹ makes any label recoverable: a request for more is a request for the labels, not for privacy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.privacy import EPSILON_MAX, EPSILON_MIN
+
+
+class LabelsSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LABELDP_", frozen=True, extra="ignore")
+
+    database_url: str = "sqlite:///var/labels.db"
+    data_dir: Path = Path("var/data")
+    epsilon_min: float = Field(default=1e-3, gt=0)
+    epsilon_max: float = Field(default=50.0, gt=0)
+    solver_seconds: float = Field(default=60.0, gt=0)  # a solve that takes longer is a 503, nothing charged
+    max_upload_bytes: int = Field(default=4 << 30, gt=0)  # label uploads
+    max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies
+    max_json_bytes: int = Field(default=64 << 20, gt=0)  # release, evaluation and training requests
+
+    @model_validator(mode="after")
+    def _range_inside_what_mechanisms_certify(self) -> LabelsSettings:
+        if not EPSILON_MIN <= self.epsilon_min < self.epsilon_max <= EPSILON_MAX:
+            raise ValueError(f"need {EPSILON_MIN:g} <= epsilon_min < epsilon_max <= {EPSILON_MAX:g}")
+        return self
