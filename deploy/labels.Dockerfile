@@ -1,5 +1,6 @@
 # The labels-party service (FastAPI + uvicorn). Database and data directory come from the environment:
-# LABELDP_DATABASE_URL, LABELDP_DATA_DIR (see deploy/labels.env.example).
+# LABELDP_DATABASE_URL, LABELDP_DATA_DIR and the policy settings (see deploy/labels.env.example); the schema is
+# migrated on start (--upgrade-db).
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -10,4 +11,4 @@ RUN pip install --no-cache-dir .
 RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
 USER labeldp
 EXPOSE 8700
-CMD ["labeldp", "labels", "serve", "--host", "0.0.0.0", "--port", "8700"]
+CMD ["labeldp", "labels", "serve", "--host", "0.0.0.0", "--port", "8700", "--upgrade-db"]

@@ -1,7 +1,7 @@
 """Typed httpx client for the labels-party API, used by the features party (and by the demo as the owner).
 
 Releases are retried on connection errors and 5xx with the *same* Idempotency-Key, so a retry can never
-produce a second draw of noisy labels or a second charge. 401/403/409 become specific exceptions.
+produce a second draw of noisy labels or a second charge. 401/403/404/409 become specific exceptions.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ class Forbidden(LabelsPartyError):
     pass
 
 
+class NotFound(LabelsPartyError):
+    """No such dataset, release or mechanism document *for this key* (the labels party answers the same whether
+    the object does not exist or belongs to someone else)."""
+
+
 class Conflict(LabelsPartyError):
     pass
 
@@ -51,7 +56,7 @@ def _raise_for(response: httpx.Response) -> None:
         code, message = body["error"]["code"], body["error"]["message"]
     except (ValueError, KeyError, TypeError):
         body, code, message = {}, "http_error", response.text[:200]
-    cls = {401: Unauthorized, 403: Forbidden}.get(response.status_code, LabelsPartyError)
+    cls = {401: Unauthorized, 403: Forbidden, 404: NotFound}.get(response.status_code, LabelsPartyError)
     if response.status_code == 409:
         cls = BudgetExceeded if code == "budget_exceeded" else Conflict
     raise cls(response.status_code, code, message, body)
@@ -148,6 +153,15 @@ class LabelsPartyClient:
                                  params={"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon},
                                  content=sink.getvalue(), headers=headers)
         return schemas.Release(**response.json())
+
+    def mechanism_document(self, mechanism_hash: str) -> dict:
+        """A release's full public description (``release.mechanism_hash``): output values, exact probabilities,
+        the noisy prior, model parameters."""
+        return self._request("GET", f"/v1/mechanisms/{mechanism_hash}", retry=True).json()
+
+    def list_releases(self, dataset_id: str) -> list[schemas.Release]:
+        return [schemas.Release(**r) for r in self._request("GET", f"/v1/datasets/{dataset_id}/releases",
+                                                            retry=True).json()]
 
     def download_labels(self, release_id: str) -> pa.Table:
         """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""

@@ -160,7 +160,8 @@ def test_attacks_on_single_example_releases_over_http(tmp_path):
             assert response.status_code == 201, response.text
             body = response.json()
             rows = http.get(f"/v1/releases/{body['id']}/labels", headers=as_consumer).text.strip().splitlines()
-            return {**body, "value": float(rows[1].split(",")[1])}
+            document = http.get(f"/v1/mechanisms/{body['mechanism_hash']}", headers=as_consumer).json()
+            return {**body, "noisy_prior": document["noisy_prior"], "value": float(rows[1].split(",")[1])}
 
         priors = [release(i, "rr-on-bins") for i in range(labels.size)]
         additive = [release(i, "laplace") for i in range(labels.size)]

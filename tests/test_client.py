@@ -1,5 +1,5 @@
 """The features party's httpx client against a real labels-party server: retries keep the Idempotency-Key (a lost
-response never causes a second draw or charge), and 401/403/409 raise specific exceptions."""
+response never causes a second draw or charge), and 401/404/409 raise specific exceptions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import running_server
 
-from features_party.client import BudgetExceeded, Conflict, Forbidden, LabelsPartyClient, Unauthorized
+from features_party.client import BudgetExceeded, Conflict, LabelsPartyClient, NotFound, Unauthorized
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.service import make_context
@@ -81,7 +81,7 @@ def test_errors_become_specific_exceptions(service):
     base, keys, dataset, _ = service
     with LabelsPartyClient(base, "ldp_wrong_key") as client, pytest.raises(Unauthorized):
         client.budget(dataset)
-    with LabelsPartyClient(base, keys["stranger"]) as client, pytest.raises(Forbidden):
+    with LabelsPartyClient(base, keys["stranger"]) as client, pytest.raises(NotFound):
         client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.1})
     with LabelsPartyClient(base, keys["partner"]) as client:
         client.request_release(dataset, {"mechanism": "rr", "epsilon": 1.0}, idempotency_key="same")

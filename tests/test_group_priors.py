@@ -56,8 +56,10 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
         release = client.request_group_release(dataset, ids, groups, "opt-unbiased", 1.0, 0.25,
                                                idempotency_key="groups")
         assert release.certified_epsilon <= 1.0 and release.prior_epsilon == 0.25
-        assert sorted(g["group"] for g in release.description["groups"]) == ["0", "1", "2", "3"]
-        assert sum(g["examples"] for g in release.description["groups"]) == 1200
+        assert release.description["num_groups"] == 4
+        groups_described = client.mechanism_document(release.mechanism_hash)["description"]["groups"]
+        assert sorted(g["group"] for g in groups_described) == ["0", "1", "2", "3"]
+        assert sum(g["examples"] for g in groups_described) == 1200
         again = client.request_group_release(dataset, ids, groups, "opt-unbiased", 1.0, 0.25,
                                              idempotency_key="groups")
         assert again.id == release.id
@@ -69,5 +71,6 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
             client.request_group_release(dataset, ids, groups, "laplace", 0.5, 0.1)
         assert wrong.value.code == "unknown_mechanism"
         events = client.audit(dataset).events
-    assert len(events) == 1 and events[0].record["prior"]["composition"] == "parallel over disjoint groups"
+    assert len(events) == 1 and events[0].record["dp_event"]["type"] == "ParallelDpEvent"
+    assert len(events[0].record["dp_event"]["events"]) == 4  # one prior + randomizer composition per group
     assert verify_audit(ctx)["valid"]

@@ -77,7 +77,9 @@ def test_prior_release_charges_only_its_examples_and_is_idempotent(service):
     release = first.json()
     assert release["certified_epsilon"] <= 1.0 and release["num_examples"] == 100
     # k* = 2: 0.9 e/(e+1) ≈ 0.658 beats k=1 (0.45) and k=3 (e/(e+2) ≈ 0.576)
-    assert release["description"]["k_histogram"][1] == 100
+    assert release["description"]["mean_k"] == 2.0
+    document = client.get(f"/v1/mechanisms/{release['mechanism_hash']}").json()
+    assert document["description"]["k_histogram"][1] == 100
     again = _post(client, dataset, ids, priors)
     assert again.status_code == 200 and again.json()["id"] == release["id"]
     assert _post(client, dataset, ids, priors * 0.5).status_code == 409  # same key, other body

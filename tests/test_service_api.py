@@ -6,6 +6,8 @@ and that nothing changed: label version, number of examples, spent budget and th
 
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import io
 import json
@@ -33,7 +35,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.te
 
 NUM_LABELS = 2000
 MISSING_DATASET = "0" * 32
-FORBIDDEN_BODY = {"error": {"code": "forbidden", "message": "this key has no access to that dataset"}}
+NOT_FOUND_BODY = {"error": {"code": "not_found", "message": "no such dataset for this key"}}
 
 
 # -- fixtures ---------------------------------------------------------------------------------------------------
@@ -222,18 +224,18 @@ def test_missing_or_wrong_key_is_401(client, admin, dataset, headers):
     assert state(client, admin, dataset) == before
 
 
-def test_consumer_without_grant_is_403_and_charges_nothing(client, admin, stranger, dataset):
+def test_consumer_without_grant_is_404_and_charges_nothing(client, admin, stranger, dataset):
     before = state(client, admin, dataset)
-    expect_error(client.get(f"/v1/datasets/{dataset}", headers=stranger), 403, "forbidden")
-    expect_error(client.get(f"/v1/datasets/{dataset}/budget", headers=stranger), 403, "forbidden")
-    expect_error(release(client, stranger, dataset, "k1", mechanism="laplace", epsilon=1), 403, "forbidden")
+    expect_error(client.get(f"/v1/datasets/{dataset}", headers=stranger), 404, "not_found")
+    expect_error(client.get(f"/v1/datasets/{dataset}/budget", headers=stranger), 404, "not_found")
+    expect_error(release(client, stranger, dataset, "k1", mechanism="laplace", epsilon=1), 404, "not_found")
     r = client.get("/v1/datasets", headers=stranger)
     assert r.status_code == 200 and r.json() == []
     assert state(client, admin, dataset) == before
 
 
 @pytest.mark.parametrize("who", ["stranger", "other_admin"])
-def test_missing_dataset_is_indistinguishable_from_forbidden(client, admin, keys, dataset, who):
+def test_missing_dataset_is_indistinguishable_from_an_inaccessible_one(client, admin, keys, dataset, who):
     headers = _bearer(keys[who])
     before = state(client, admin, dataset)
     requests = [
@@ -249,9 +251,9 @@ def test_missing_dataset_is_indistinguishable_from_forbidden(client, admin, keys
         ]
     for send in requests:
         existing, missing = send(dataset), send(MISSING_DATASET)
-        expect_error(existing, 403, "forbidden")
+        expect_error(existing, 404, "not_found")
         assert existing.status_code == missing.status_code
-        assert existing.json() == missing.json() == FORBIDDEN_BODY
+        assert existing.json() == missing.json() == NOT_FOUND_BODY
     assert state(client, admin, dataset) == before
 
 
@@ -273,8 +275,8 @@ def test_consumer_cannot_administer(client, admin, consumer, dataset):
 
 def test_admin_of_another_org_cannot_see_dataset(client, admin, other_admin, dataset):
     before = state(client, admin, dataset)
-    expect_error(client.get(f"/v1/datasets/{dataset}", headers=other_admin), 403, "forbidden")
-    expect_error(client.get(f"/v1/datasets/{dataset}/budget", headers=other_admin), 403, "forbidden")
+    expect_error(client.get(f"/v1/datasets/{dataset}", headers=other_admin), 404, "not_found")
+    expect_error(client.get(f"/v1/datasets/{dataset}/budget", headers=other_admin), 404, "not_found")
     assert client.get("/v1/datasets", headers=other_admin).json() == []
     r = client.get("/v1/audit", headers=other_admin)
     assert r.status_code == 200
@@ -440,7 +442,8 @@ def test_bad_upload_is_refused_and_changes_nothing(client, admin, dataset, conte
 
 
 def test_upload_over_the_limit_is_413(ctx, admin, dataset, labels):
-    small = TestClient(create_app(ctx, max_upload_bytes=1000), raise_server_exceptions=False)
+    limited = dataclasses.replace(ctx, settings=ctx.settings.model_copy(update={"max_upload_bytes": 1000}))
+    small = TestClient(create_app(limited), raise_server_exceptions=False)
     before = state(small, admin, dataset)
     body = labels_csv(labels)
     assert len(body) > 1000
@@ -558,6 +561,21 @@ def test_release_bad_mechanism_is_400(client, admin, consumer, dataset, body, co
 @pytest.mark.parametrize("raw", [
     '{"mechanism":"rr","epsilon":0}',
     '{"mechanism":"rr","epsilon":-1}',
+    '{"mechanism":"rr","epsilon":1e-17}',
+    '{"mechanism":"rr","epsilon":1e-300}',
+    '{"mechanism":"rr","epsilon":50.000001}',
+    '{"mechanism":"rr-on-bins","epsilon":1,"prior_epsilon":0}',
+], ids=["zero", "negative", "1e-17", "1e-300", "over-50", "prior-epsilon-zero"])
+def test_release_epsilon_outside_the_range_is_400(client, admin, consumer, dataset, raw):
+    before = state(client, admin, dataset)
+    r = client.post(f"/v1/datasets/{dataset}/releases", content=raw,
+                    headers={**consumer, "Content-Type": "application/json", "Idempotency-Key": "k"})
+    error = expect_error(r, 400, "epsilon_out_of_range")
+    assert "[0.001, 50]" in error["message"]
+    assert state(client, admin, dataset) == before
+
+
+@pytest.mark.parametrize("raw", [
     '{"mechanism":"rr","epsilon":1e400}',
     '{"mechanism":"rr","epsilon":-1e400}',
     '{"mechanism":"rr","epsilon":NaN}',
@@ -566,11 +584,10 @@ def test_release_bad_mechanism_is_400(client, admin, consumer, dataset, body, co
     '{"epsilon":1}',
     '{"mechanism":"rr","epsilon":1,"sneaky":true}',
     '{"mechanism":"rr","epsilon":1,"example_ids":[]}',
-    '{"mechanism":"rr-on-bins","epsilon":1,"prior_epsilon":0}',
     '{"mechanism":"opt-unbiased","epsilon":1,"mesh":1}',
     '{"mechanism":"rr","epsilon":1',
-], ids=["zero", "negative", "inf", "minus-inf", "nan", "string", "no-epsilon", "no-mechanism", "extra-field",
-        "empty-subset", "prior-epsilon-zero", "mesh-1", "truncated-json"])
+], ids=["inf", "minus-inf", "nan", "string", "no-epsilon", "no-mechanism", "extra-field", "empty-subset", "mesh-1",
+        "truncated-json"])
 def test_release_invalid_request_is_422(client, admin, consumer, dataset, raw):
     before = state(client, admin, dataset)
     r = client.post(f"/v1/datasets/{dataset}/releases", content=raw,
@@ -650,17 +667,22 @@ def test_sequential_composition_adds(client, admin, dataset_small):
 
 def test_rr_on_bins_publishes_noisy_prior(client, admin, consumer, dataset):
     body = created(release(client, consumer, dataset, "bins", mechanism="rr-on-bins", epsilon=1))
-    prior = body["noisy_prior"]
-    assert prior is not None
-    assert prior["epsilon"] == body["prior_epsilon"]
+    assert body["noisy_prior"]["epsilon"] == body["prior_epsilon"]
+    assert "weights" not in body["noisy_prior"]  # arrays live in the mechanism document
     assert body["prior_epsilon"] == pytest.approx(math.sqrt(52 / NUM_LABELS))  # default rule sqrt(k/n)
     assert body["prior_epsilon"] + body["randomizer_epsilon"] == pytest.approx(body["epsilon"])
     assert body["prior_epsilon"] > 0 and body["randomizer_epsilon"] > 0
+    prior = client.get(f"/v1/mechanisms/{body['mechanism_hash']}", headers=consumer).json()["noisy_prior"]
     assert len(prior["weights"]) == len(prior["noisy_counts"]) == 52
+    assert all(float(c).is_integer() for c in prior["noisy_counts"])
     assert sum(prior["weights"]) == pytest.approx(1.0)
     assert prior["scale"] == pytest.approx(2.0 / body["prior_epsilon"])
     record = audit_events(client, admin, dataset)[-1]["record"]
-    assert record["prior"]["epsilon"] == body["prior_epsilon"]
+    prior_event, randomizer_event = record["dp_event"]["events"]
+    assert prior_event["type"] == "DiscreteLaplaceDpEvent" and prior_event["sensitivity"] == 2
+    assert prior_event["noise_parameter"] == pytest.approx(body["prior_epsilon"] / 2, rel=1e-9)
+    assert randomizer_event["epsilon"] == body["certified_epsilon"] - prior["certified_epsilon"] or \
+        randomizer_event["epsilon"] <= body["randomizer_epsilon"]
     assert budget(client, consumer, dataset)["epsilon_spent"] == 1.0
 
 

@@ -1,5 +1,6 @@
-"""Extreme ε at the service: refused with a documented 4xx before anything is computed, charged or written; and a
-release that fails at any point leaves no file behind."""
+"""Extreme ε at the service: outside the deployment's range (default [10⁻³, 50]) a 400 epsilon_out_of_range
+before anything is computed, charged or written; inside it a release or a 4xx, never a 500; and a release that
+fails at any point leaves no file behind."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi.testclient import TestClient
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.service import make_context
-from shared.privacy import EPSILON_MAX, EPSILON_MIN
+from labels_party.settings import LabelsSettings
 
 
 @pytest.fixture()
@@ -35,18 +36,18 @@ def _spent(client, headers, dataset) -> float:
     return client.get(f"/v1/datasets/{dataset}/budget", headers=headers).json()["epsilon_spent"]
 
 
-@pytest.mark.parametrize("epsilon", [5e-324, 1e-300, 1e-17, 1e-15, 5e-7, 50.000001, 500, 1000, 1e4])
+@pytest.mark.parametrize("epsilon", [5e-324, 1e-300, 1e-17, 1e-15, 5e-7, 0.000999999, 50.000001, 500, 1000, 1e4])
 @pytest.mark.parametrize("mechanism", ["laplace", "staircase", "opt-unbiased", "rr-on-bins", "rr", "dbrr"])
-def test_out_of_range_epsilon_is_a_422_and_leaves_nothing(service, mechanism, epsilon):
+def test_out_of_range_epsilon_is_a_400_and_leaves_nothing(service, mechanism, epsilon):
     _, client, headers, dataset, releases = service
     response = client.post(f"/v1/datasets/{dataset}/releases", headers={**headers, "Idempotency-Key": "x"},
                            json={"mechanism": mechanism, "epsilon": epsilon})
-    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
-    assert "epsilon" in response.json()["error"]["message"]
+    assert response.status_code == 400 and response.json()["error"]["code"] == "epsilon_out_of_range"
+    assert "[0.001, 50]" in response.json()["error"]["message"]
     assert _files(releases) == [] and _spent(client, headers, dataset) == 0.0
 
 
-@pytest.mark.parametrize("epsilon", [EPSILON_MIN, 0.003, 16.0, 30.0, EPSILON_MAX])
+@pytest.mark.parametrize("epsilon", [1e-3, 0.003, 16.0, 30.0, 50.0])
 @pytest.mark.parametrize("mechanism", ["laplace", "staircase", "opt-unbiased", "rr-on-bins", "rr", "dbrr"])
 def test_every_epsilon_in_range_is_released_or_refused_with_a_4xx(service, mechanism, epsilon):
     _, client, headers, dataset, releases = service
@@ -68,16 +69,24 @@ def test_query_epsilons_are_range_checked(service):
                  f"/v1/datasets/{dataset}/group-releases?mechanism=opt-unbiased&epsilon=1&prior_epsilon=1e4"):
         response = client.post(path, content=b"example_id,group\ne1,a\n",
                                headers={**headers, "Idempotency-Key": "q", "Content-Type": "text/csv"})
-        assert response.status_code == 422, response.text
+        assert response.status_code == 400 and response.json()["error"]["code"] == "epsilon_out_of_range"
     assert _files(releases) == []
 
 
-def test_openapi_states_the_range(service):
-    _, client, _, _, _ = service
-    schema = client.get("/openapi.json").json()["components"]["schemas"]
+def test_openapi_states_the_deployment_range(tmp_path):
+    settings = LabelsSettings(epsilon_min=0.01, epsilon_max=8.0)
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
+    spec = TestClient(create_app(ctx)).get("/openapi.json").json()
     for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest"):
-        epsilon = schema[model]["properties"]["epsilon"]
-        assert epsilon["minimum"] == EPSILON_MIN and epsilon["maximum"] == EPSILON_MAX
+        epsilon = spec["components"]["schemas"][model]["properties"]["epsilon"]
+        assert epsilon["minimum"] == 0.01 and epsilon["maximum"] == 8.0
+    prior = spec["components"]["schemas"]["ReleaseRequest"]["properties"]["prior_epsilon"]["anyOf"][0]
+    assert prior["minimum"] == 0.01 and prior["maximum"] == 8.0
+    parameters = spec["paths"]["/v1/datasets/{dataset_id}/group-releases"]["post"]["parameters"]
+    assert {p["name"]: p["schema"]["maximum"] for p in parameters if "epsilon" in p["name"]} == \
+        {"epsilon": 8.0, "prior_epsilon": 8.0}
+    with pytest.raises(ValueError):
+        LabelsSettings(epsilon_min=1e-7)  # below what the mechanisms certify
 
 
 def test_a_release_that_fails_while_committing_leaves_no_file(service, monkeypatch):

@@ -8,15 +8,16 @@ from fastapi.testclient import TestClient
 import labels_party.api as api
 from labels_party.auth import create_key
 from labels_party.service import make_context
+from labels_party.settings import LabelsSettings
 
 
 @pytest.fixture()
-def setup(tmp_path, monkeypatch):
-    monkeypatch.setattr(api, "MAX_JSON_BYTES", 200)
-    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+def setup(tmp_path):
+    settings = LabelsSettings(max_json_bytes=200, max_upload_bytes=300)
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
     with ctx.sessions() as session, session.begin():
         key = create_key(session, "owner", "admin")
-    client = TestClient(api.create_app(ctx, max_upload_bytes=300))
+    client = TestClient(api.create_app(ctx))
     headers = {"Authorization": f"Bearer {key}"}
     dataset = client.post("/v1/datasets", headers=headers, json={
         "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 1}).json()["id"]
