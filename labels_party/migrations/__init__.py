@@ -46,21 +46,33 @@ def current(connection: Connection) -> str | None:
 def prepare(engine: Engine, *, upgrade: bool) -> None:
     from labels_party.db import Base
 
-    with engine.begin() as connection:
+    with engine.connect() as connection:
         revision = current(connection)
-        if revision is None:
+        stamped = MigrationContext.configure(connection).get_current_revision() is not None
+    if revision is None:
+        with engine.begin() as connection:
             Base.metadata.create_all(connection)
             command.stamp(_config(connection), "head")
-            return
-        if revision == head():
-            return
-        if not upgrade:
-            raise LabelDPError(f"the database schema is at revision {revision}, this version needs {head()}: run "
-                               "`labeldp labels upgrade-db` (budgets are converted, not reset)",
-                               code="database_outdated")
-        if MigrationContext.configure(connection).get_current_revision() is None:
-            command.stamp(_config(connection), BASELINE)
-        command.upgrade(_config(connection), "head")
+        return
+    if revision == head():
+        return
+    if not upgrade:
+        raise LabelDPError(f"the database schema is at revision {revision}, this version needs {head()}: run "
+                           "`labeldp labels upgrade-db` (budgets are converted, not reset)", code="database_outdated")
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as connection:
+        if sqlite:  # SQLite's batch migrations copy tables; foreign keys are checked once, afterwards
+            connection.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                if not stamped:
+                    command.stamp(_config(connection), BASELINE)
+                command.upgrade(_config(connection), "head")
+            if sqlite and connection.connection.dbapi_connection.execute("PRAGMA foreign_key_check").fetchall():
+                raise LabelDPError("the migrated database has broken foreign keys", code="database_outdated")
+        finally:
+            if sqlite:
+                connection.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")
 
 
 def upgrade_database(engine: Engine) -> tuple[str | None, str]:

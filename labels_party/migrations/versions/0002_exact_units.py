@@ -16,6 +16,7 @@ Revises: 0001
 import hashlib
 import json
 import math
+from datetime import datetime, timezone
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 import sqlalchemy as sa
@@ -42,7 +43,8 @@ def _summary(value):
 
 def upgrade() -> None:
     op.create_table("mechanism_documents", sa.Column("hash", sa.String(64), primary_key=True),
-                    sa.Column("document", sa.Text), sa.Column("created_at", sa.DateTime(timezone=True)))
+                    sa.Column("document", sa.Text, nullable=False),
+                    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False))
     bind = op.get_bind()
     with op.batch_alter_table("datasets") as batch:
         batch.add_column(sa.Column("epsilon_total_units", sa.BigInteger, nullable=True))
@@ -69,8 +71,8 @@ def upgrade() -> None:
         digest = hashlib.sha256(document.encode()).hexdigest()
         if digest not in stored and bind.execute(sa.text("SELECT 1 FROM mechanism_documents WHERE hash = :h"),
                                                  {"h": digest}).first() is None:
-            bind.execute(sa.text("INSERT INTO mechanism_documents (hash, document) VALUES (:h, :d)"),
-                         {"h": digest, "d": document})
+            bind.execute(sa.text("INSERT INTO mechanism_documents (hash, document, created_at) VALUES (:h, :d, :t)"),
+                         {"h": digest, "d": document, "t": datetime.now(timezone.utc)})
         stored.add(digest)
         bind.execute(sa.text("UPDATE releases SET charge_units = :c, mechanism_hash = :h, description_json = :s, "
                              "prior_json = :p WHERE id = :i"),

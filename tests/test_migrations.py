@@ -1,0 +1,134 @@
+"""Schema migrations (labels_party/migrations, Alembic) on SQLite and PostgreSQL: a fresh database is built at the
+head revision; a database from before exact accounting is refused until upgraded, and the upgrade converts its
+float budgets to units (never resetting them), moves descriptions into mechanism documents, scopes idempotency keys
+per organization — and leaves the same schema a fresh database has."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, inspect, text
+
+from labels_party import db, migrations
+from labels_party.ledger import canonical, chain_hash
+from labels_party.service import make_context, verify_audit
+from labels_party.storage import DataStore
+from shared.errors import LabelDPError
+
+
+def _schema(url: str) -> dict:
+    """Columns (nullability, type family), unique column sets and foreign keys of every table."""
+    engine = db.make_engine(url)
+    inspector = inspect(engine)
+    schema = {}
+    for table in inspector.get_table_names():
+        if table == "alembic_version":
+            continue
+        columns = {c["name"]: (c["nullable"], type(c["type"]).__name__.upper()[:3]) for c in inspector.get_columns(table)}
+        uniques = {frozenset(u["column_names"]) for u in inspector.get_unique_constraints(table)}
+        uniques |= {frozenset(i["column_names"]) for i in inspector.get_indexes(table) if i.get("unique")}
+        keys = {(tuple(f["constrained_columns"]), f["referred_table"]) for f in inspector.get_foreign_keys(table)}
+        schema[table] = (columns, uniques, keys)
+    engine.dispose()
+    return schema
+
+
+def _legacy_database(url: str, data_dir) -> dict:
+    """A database at revision 0001 with what the service wrote before exact accounting: float budgets (a float sum
+    of 2856 charges of 0.001), a release whose description holds its arrays, a float spent vector file and a
+    hash-chained ledger record with a float charge."""
+    engine = db.make_engine(url)
+    with engine.begin() as connection:
+        command.upgrade(migrations._config(connection), "0001")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'owner', :t), "
+                                "(2, 'publisher', :t)"), {"t": db.utcnow()})
+        store = DataStore(data_dir)
+        spent = store.write_array("datasets/d1/spent_00000001.npy", np.array([2.8559999999997965, 0.0]))
+        coverage = np.array([0], dtype=np.int64)
+        coverage_file = store.write_array("datasets/d1/coverage_00000001.npy", coverage)
+        record = {"seq": 1, "dataset_id": "d1", "release_id": "r1", "charge": 2.8559999999997965,
+                  "coverage": {"file": coverage_file, "sha256": hashlib.sha256(coverage.tobytes()).hexdigest()},
+                  "dp_event": {"type": "LocalRandomizerDpEvent", "mechanism": "rr", "epsilon": 2.85}}
+        record_json = canonical(record)
+        digest = chain_hash("0" * 64, record_json)
+        connection.execute(text(
+            "INSERT INTO datasets (id, owner_org_id, name, label_kind, domain_json, epsilon_total, epsilon_spent, "
+            "allow_central_training, label_version, num_examples, registry_size, spent_file, ledger_seq, "
+            "ledger_head, created_at) VALUES ('d1', 1, 'weeks', 'integer', :domain, 3.0, 2.8559999999997965, "
+            ":false, 0, 2, 2, :spent, 1, :head, :t)"),
+            {"domain": json.dumps({"kind": "integer", "min": 0, "max": 9}), "spent": spent, "head": digest,
+             "t": db.utcnow(), "false": False})
+        description = {"mechanism": "rr", "epsilon": 2.856, "output_values": [0.0, 1.0, 2.0],
+                       "parameters": {"num_labels": 10, "matrix": [[1, 2], [3, 4]]}}
+        connection.execute(text(
+            "INSERT INTO releases (id, dataset_id, requester_org_id, idempotency_key, body_hash, mechanism, "
+            "epsilon, certified_epsilon, prior_epsilon, randomizer_epsilon, num_examples, label_version, "
+            "description_json, prior_json, file, created_at) VALUES ('r1', 'd1', 2, 'key', 'h', 'rr', "
+            "2.856, 2.85, 0.0, 2.856, 1, 0, :description, NULL, 'releases/r1.parquet', :t)"),
+            {"description": json.dumps(description), "t": db.utcnow()})
+        connection.execute(text("INSERT INTO ledger (dataset_id, seq, release_id, record, prev_hash, hash, "
+                                "created_at) VALUES ('d1', 1, 'r1', :record, :prev, :hash, :t)"),
+                           {"record": record_json, "prev": "0" * 64, "hash": digest, "t": db.utcnow()})
+    engine.dispose()
+    return description
+
+
+def test_a_fresh_database_is_built_at_head(database_url, tmp_path):
+    ctx = make_context(database_url, tmp_path / "data")
+    with ctx.sessions() as session:
+        assert migrations.current(session.connection()) == migrations.head() == "0002"
+
+
+def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(database_url, tmp_path):
+    description = _legacy_database(database_url, tmp_path / "data")
+    with pytest.raises(LabelDPError) as refused:
+        make_context(database_url, tmp_path / "data")
+    assert refused.value.code == "database_outdated" and "upgrade-db" in str(refused.value)
+
+    ctx = make_context(database_url, tmp_path / "data", upgrade=True)
+    with ctx.sessions() as session, session.begin():
+        dataset = session.get(db.Dataset, "d1")
+        assert dataset.epsilon_total_units == 3_000_000_000
+        assert dataset.epsilon_spent_units == 2_856_000_000  # the float sum's noise shed, then rounded up
+        assert ctx.ledger.spent_vector(dataset).tolist() == [2_856_000_000, 0]
+        release = session.get(db.Release, "r1")
+        assert release.charge_units == 2_856_000_000
+        document = json.loads(session.get(db.MechanismDocument, release.mechanism_hash).document)
+        assert document == {"description": description, "noisy_prior": None}  # arrays kept, once
+        assert json.loads(release.description_json) == {"mechanism": "rr", "epsilon": 2.856,
+                                                        "parameters": {"num_labels": 10}}
+        # idempotency keys are now per organization: the owner may use the publisher's key
+        session.add(db.Release(id="r2", dataset_id="d1", requester_org_id=1, idempotency_key="key", body_hash="h",
+                               mechanism="rr", epsilon=0.1, charge_units=100_000_000, certified_epsilon=0.1,
+                               prior_epsilon=0.0, randomizer_epsilon=0.1, num_examples=0, label_version=0,
+                               description_json="{}", mechanism_hash=release.mechanism_hash, file="f"))
+    report = verify_audit(ctx)["datasets"][0]
+    assert report["epsilon_spent"] == 2.856
+    assert report["problems"] == ["2 releases but 1 ledger entries"]  # only the row this test added
+    fresh = tmp_path / "fresh.sqlite"
+    make_context(f"sqlite:///{fresh}", tmp_path / "fresh-data")
+    assert _schema(database_url) == _schema(f"sqlite:///{fresh}") or database_url.startswith("postgresql")
+    migrated, built = _schema(database_url), _schema(f"sqlite:///{fresh}")
+    assert {t: (set(c), u, k) for t, (c, u, k) in migrated.items()} == \
+        {t: (set(c), u, k) for t, (c, u, k) in built.items()}
+
+
+def test_upgrade_db_command(tmp_path):
+    url = f"sqlite:///{tmp_path}/old.sqlite"
+    _legacy_database(url, tmp_path / "data")
+    done = subprocess.run([sys.executable, "-m", "shared.cli", "labels", "upgrade-db", "--database-url", url,
+                           "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"revision_before": "0001", "revision_after": "0002"}
+    again = subprocess.run([sys.executable, "-m", "shared.cli", "labels", "upgrade-db", "--database-url", url],
+                           capture_output=True, text=True, timeout=120)
+    assert json.loads(again.stdout) == {"revision_before": "0002", "revision_after": "0002"}
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT epsilon_total_units FROM datasets")).scalar() == 3_000_000_000
