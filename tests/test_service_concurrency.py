@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import running_server
 
+from labels_party import db
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.service import make_context, verify_audit
@@ -54,8 +55,10 @@ def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mecha
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin}"}) as client:
             budget = client.get(f"/v1/datasets/{dataset}/budget").json()
             audit = client.get("/v1/audit", params={"dataset": dataset}).json()
-    assert budget["epsilon_spent"] == pytest.approx(charged, abs=1e-12)
-    assert budget["epsilon_spent"] == pytest.approx(1.0, abs=1e-9)
+    assert charged == pytest.approx(1.0)
+    assert budget["epsilon_spent"] == 1.0 and budget["epsilon_remaining"] == 0.0  # exact: no float sum, no tolerance
+    with ctx.sessions() as session:
+        assert session.get(db.Dataset, dataset).epsilon_spent_units == 10 * 100_000_000
     assert len(audit["events"]) == 10 and audit["chain_valid"]
     assert sorted(e["seq"] for e in audit["events"]) == list(range(1, 11))
     assert verify_audit(ctx)["valid"]
