@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from labels_party.solvers.classification import rr_with_prior
+from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
@@ -37,6 +38,7 @@ class MechanismOptions:
     mesh: int | None = None
     clip: bool = False
     exact: bool = False  # opt-unbiased over continuous outputs (cone program + HiGHS vertex, certified gap)
+    deadline: Deadline = NO_DEADLINE  # solvers past it raise SolverTimeout (503, nothing charged)
 
 
 def needs_prior(name: str) -> bool:
@@ -86,9 +88,9 @@ def build_mechanism(name: str, domain, epsilon: float, prior=None, options: Mech
     elif name == "dbrr":
         finite = debiased_randomized_response(labels.values, epsilon)
     elif name == "rr-on-bins":
-        finite = solve_rr_on_bins(labels.values, prior, epsilon)
+        finite = solve_rr_on_bins(labels.values, prior, epsilon, deadline=options.deadline)
     elif options.exact:
-        finite = solve_exact_optimal_unbiased(labels.values, prior, epsilon).mechanism
+        finite = solve_exact_optimal_unbiased(labels.values, prior, epsilon, deadline=options.deadline).mechanism
     else:
-        finite = solve_optimal_unbiased(labels.values, prior, epsilon, mesh=options.mesh)
+        finite = solve_optimal_unbiased(labels.values, prior, epsilon, mesh=options.mesh, deadline=options.deadline)
     return RoundedRandomizer(domain, finite) if isinstance(domain, ContinuousInterval) else finite

@@ -28,6 +28,7 @@ from scipy import stats
 
 from shared.mechanisms.additive import AdditiveNoiseRandomizer
 from shared.mechanisms.finite import FiniteRandomizer
+from shared.mechanisms.randomized_response import RandomizedResponse
 from shared.mechanisms.rounded import RoundedRandomizer
 
 _TWO53 = float(1 << 53)
@@ -70,6 +71,9 @@ def consistent_with_support(mechanism, published, candidate: float) -> bool:
         return any(_finite_possible(mechanism.inner, row, published) for row in rows)
     if isinstance(mechanism, FiniteRandomizer):
         return _finite_possible(mechanism, int(np.flatnonzero(mechanism.input_values == candidate)[0]), published)
+    if isinstance(mechanism, RandomizedResponse):  # every output is possible for every label unless keep is all
+        own = mechanism.output_values[mechanism.row_of([candidate])[0]]
+        return published in mechanism.output_values and (mechanism.num_outputs > 1 or published == own)
     if isinstance(mechanism, AdditiveNoiseRandomizer):
         lattice = mechanism.lattice
         steps = (published - lattice.low) / lattice.step

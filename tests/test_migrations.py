@@ -30,7 +30,8 @@ def _schema(url: str) -> dict:
     for table in inspector.get_table_names():
         if table == "alembic_version":
             continue
-        columns = {c["name"]: (c["nullable"], type(c["type"]).__name__.upper()[:3]) for c in inspector.get_columns(table)}
+        columns = {c["name"]: (c["nullable"], type(c["type"]).__name__.upper()[:3])
+                   for c in inspector.get_columns(table)}
         uniques = {frozenset(u["column_names"]) for u in inspector.get_unique_constraints(table)}
         uniques |= {frozenset(i["column_names"]) for i in inspector.get_indexes(table) if i.get("unique")}
         keys = {(tuple(f["constrained_columns"]), f["referred_table"]) for f in inspector.get_foreign_keys(table)}

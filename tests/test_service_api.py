@@ -6,9 +6,8 @@ and that nothing changed: label version, number of examples, spent budget and th
 
 from __future__ import annotations
 
-import dataclasses
-
 import csv
+import dataclasses
 import io
 import json
 import math

@@ -50,6 +50,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sparse
 
+from labels_party.solvers.deadline import NO_DEADLINE, Deadline, SolverTimeout
 from labels_party.solvers.opt_unbiased import certify_solution
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
@@ -175,7 +176,7 @@ class ConeSolution:
     objective: float  # dual objective Σ α + β·y (equals the primal optimum at convergence)
 
 
-def solve_signature_socp(y, prior, e, masks) -> ConeSolution:
+def solve_signature_socp(y, prior, e, masks, deadline: Deadline = NO_DEADLINE) -> ConeSolution:
     """min over {(w_S, t_S)} of the loss with the given high sets, as the dual cone program in (α, β)."""
     count, k = masks.shape
     high = masks.astype(np.float64)
@@ -201,8 +202,12 @@ def solve_signature_socp(y, prior, e, masks) -> ConeSolution:
     settings.verbose = False
     settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = 1e-10
     settings.max_iter = 400
+    if deadline.solver_seconds() is not None:
+        settings.time_limit = deadline.solver_seconds()
     solution = clarabel.DefaultSolver(sparse.csc_matrix((2 * k, 2 * k)), c, rows, b,
                                       [clarabel.SecondOrderConeT(3)] * count, settings).solve()
+    if solution.status == clarabel.SolverStatus.MaxTime:
+        deadline.expired("the exact optimal unbiased solver (cone program)")
     if solution.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
         raise LabelDPError(f"cone program failed: {solution.status}", code="solver_failed")
     x, z = np.asarray(solution.x), np.asarray(solution.z).reshape(count, 3)
@@ -298,8 +303,8 @@ class _VertexLP:
     LP stays sparse at |Y| = 400. Duals are mapped back by α = Dᵀ λ.
     """
 
-    def __init__(self, y, prior, e):
-        self.y, self.prior, self.e, self.k = y, prior, e, y.size
+    def __init__(self, y, prior, e, deadline: Deadline = NO_DEADLINE):
+        self.y, self.prior, self.e, self.k, self.deadline = y, prior, e, y.size, deadline
         self.highs = highspy.Highs()
         self.highs.setOptionValue("output_flag", False)
         self.highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
@@ -329,6 +334,9 @@ class _VertexLP:
 
     def solve(self):
         """(weights, row duals α‖β of the undifferenced rows, objective)."""
+        self.deadline.check("the exact optimal unbiased solver (vertex LP)")
+        if self.deadline.solver_seconds() is not None:
+            self.highs.setOptionValue("time_limit", self.deadline.solver_seconds())
         self.highs.run()
         # A warm start can end "unknown" on a badly scaled basis: solve from scratch, then with 1e-9 tolerances (the
         # refinement below restores exact feasibility), then with the interior-point solver and crossover.
@@ -342,6 +350,8 @@ class _VertexLP:
             self.highs.clearSolver()
             self.highs.run()
         status = self.highs.getModelStatus()
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            self.deadline.expired("the exact optimal unbiased solver (vertex LP)")
         if status != highspy.HighsModelStatus.kOptimal:
             raise LabelDPError("vertex LP failed: " + self.highs.modelStatusToString(status), code="solver_failed")
         solution = self.highs.getSolution()
@@ -359,7 +369,8 @@ class _ScaledSolution:
     signatures: int
 
 
-def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float, max_rounds: int) -> _ScaledSolution:
+def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float, max_rounds: int,
+                  deadline: Deadline) -> _ScaledSolution:
     k = y.size
     e_lp, e_req = math.exp(lp_epsilon), math.exp(epsilon)
 
@@ -368,7 +379,8 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     masks, radius = initial_signatures(y, prior, e_req)
     rounds, best_bound, previous = 0, -math.inf, math.inf
     while True:
-        cone = solve_signature_socp(y, prior, e_req, masks)
+        deadline.check("the exact optimal unbiased solver")
+        cone = solve_signature_socp(y, prior, e_req, masks, deadline)
         rounds += 1
         best_bound = max(best_bound, lower_bound(y, prior, cone.alpha, cone.beta, e_req))
         if cone.objective - best_bound <= CONE_GAP * abs(cone.objective) or rounds >= max_rounds:
@@ -393,7 +405,7 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
 
     # 2. The vertex: HiGHS over the cone's columns at their optimal output values, then exact-pricing columns until
     #    the gap is met with room to spare (refinement and the exact repair cost a little).
-    vertex = _VertexLP(y, prior, e_lp)
+    vertex = _VertexLP(y, prior, e_lp, deadline)
     rr_outputs = debiased_outputs(y, lp_epsilon)
     vertex.add(rr_outputs, np.eye(k, dtype=bool))  # ε-dbRR: the LP is always feasible
     # The rest of the cone's columns is interior-point dust; a singleton column at (nearly) ε-dbRR's output value
@@ -407,8 +419,8 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     for _ in range(max_rounds):
         try:
             weights, duals, upper = vertex.solve()
-        except LabelDPError:
-            if weights is None:
+        except LabelDPError as error:
+            if weights is None or isinstance(error, SolverTimeout):
                 raise
             break  # numerical trouble after columns were added: the last optimal vertex stands (the gap is honest)
         best_bound = max(best_bound, lower_bound(y, prior, duals[:k], duals[k:], e_req))
@@ -451,7 +463,7 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
 
 
 def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: float = 5e-7,
-                                 max_rounds: int = 30) -> ExactSolution:
+                                 max_rounds: int = 30, deadline: Deadline = NO_DEADLINE) -> ExactSolution:
     """The optimal unbiased randomizer over output values in ℝ, certified to a relative gap ``tolerance``."""
     started = time.perf_counter()
     epsilon = check_epsilon(epsilon)
@@ -481,7 +493,7 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
     for margin in (EXACT_SOLVER_MARGIN, 1e-7, SOLVER_MARGIN):
         lp_epsilon = design_epsilon(target, margin)
         scaled = _solve_scaled((values[solved] - center) / scale, prior[solved], target, lp_epsilon, tolerance,
-                               max_rounds)
+                               max_rounds, deadline)
         matrix = np.empty((k, scaled.outputs.size))
         matrix[solved] = scaled.matrix
         for z in np.flatnonzero(interior_zero):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from labels_party.solvers.deadline import SolverTimeout
 from shared.errors import LabelDPError
 
 
@@ -47,6 +48,9 @@ def solve_lp(cost, col_lower, col_upper, row_lower, row_upper, starts, indices, 
     highs.run()
     seconds = time.perf_counter() - started
     status = highs.getModelStatus()
+    if status == highspy.HighsModelStatus.kTimeLimit:
+        raise SolverTimeout(f"HiGHS ran past its {time_limit:g} s time limit; nothing was charged: use a smaller "
+                            "label domain or mesh, or another mechanism")
     if status != highspy.HighsModelStatus.kOptimal:
         raise LabelDPError(f"HiGHS did not reach an optimal solution: {highs.modelStatusToString(status)}",
                            code="solver_failed")

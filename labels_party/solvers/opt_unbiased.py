@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from labels_party.solvers.highs_lp import solve_lp
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
@@ -137,7 +138,7 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
 
 
 def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = None, outputs=None,
-                           solver: str = "choose") -> FiniteRandomizer:
+                           solver: str = "choose", deadline: Deadline = NO_DEADLINE) -> FiniteRandomizer:
     """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 2|Y| — the number of outputs Theorem 6
     says suffice) or on explicit ``outputs``."""
     epsilon = check_epsilon(epsilon)
@@ -156,7 +157,8 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
     outputs = np.asarray(outputs, dtype=np.float64)
     if (values.size + 1) * outputs.size > MAX_LP_VARIABLES:
         raise LabelDPError(f"LP too large: {values.size} labels x {outputs.size} outputs", code="invalid_mesh")
-    lp = solve_lp(**_build_lp(values, prior, outputs, lp_epsilon), solver=solver)
+    lp = solve_lp(**_build_lp(values, prior, outputs, lp_epsilon), solver=solver,
+                  time_limit=deadline.solver_seconds())
     matrix = lp.x[: values.size * outputs.size].reshape(values.size, outputs.size)
     return certify_solution(values, outputs, matrix, epsilon, lp_epsilon, "opt-unbiased",
                             {"mesh": int(outputs.size), "grid_low": float(outputs[0]),

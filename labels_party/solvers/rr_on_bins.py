@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import rr_on_bins
 from shared.privacy import check_epsilon, design_epsilon
@@ -37,7 +38,7 @@ def _bin_costs(values, prior, e):
     return cost, output
 
 
-def solve_rr_on_bins(values, prior, epsilon: float) -> FiniteRandomizer:
+def solve_rr_on_bins(values, prior, epsilon: float, *, deadline: Deadline = NO_DEADLINE) -> FiniteRandomizer:
     epsilon = check_epsilon(epsilon)
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
@@ -50,6 +51,7 @@ def solve_rr_on_bins(values, prior, epsilon: float) -> FiniteRandomizer:
     choices = []
     best_loss, best_m = np.inf, 1
     for m in range(1, k + 1):
+        deadline.check("RR-on-Bins")
         totals = best[:, None] + cost  # totals[a, b]
         choice = np.argmin(totals, axis=0)
         best = totals[choice, np.arange(k + 1)]

@@ -21,12 +21,6 @@ from shared.mechanisms import exact
 from shared.mechanisms.events import LocalRandomizerDpEvent
 
 
-def _readonly(array, dtype) -> np.ndarray:
-    array = np.array(array, dtype=dtype, copy=True)
-    array.setflags(write=False)
-    return array
-
-
 def normalized_prior(prior, size: int) -> np.ndarray:
     """A probability vector of the given length; weights need not be normalized but must be valid."""
     prior = np.asarray(prior, dtype=np.float64).ravel()
@@ -35,6 +29,35 @@ def normalized_prior(prior, size: int) -> np.ndarray:
     if not np.all(np.isfinite(prior)) or np.any(prior < 0) or prior.sum() <= 0:
         raise LabelDPError("prior weights must be finite, non-negative and not all zero", code="invalid_prior")
     return prior / prior.sum()
+
+
+class RowLookup:
+    """Row index of each label among a randomizer's sorted input values; arithmetic when the inputs are evenly
+    spaced (integer ranges, grids: 10^7 labels in 0.05 s instead of 0.5 s for a binary search)."""
+
+    def __init__(self, values: np.ndarray, name: str):
+        self.values, self.name = values, name
+        step = (values[-1] - values[0]) / (values.size - 1) if values.size > 1 else None
+        evenly = step is not None and np.array_equal(values[0] + step * np.arange(values.size), values)
+        self.step = step if evenly else None
+
+    def __call__(self, labels) -> np.ndarray:
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        if self.step is not None:
+            position = np.nan_to_num((labels - self.values[0]) / self.step, nan=0.0)
+            idx = np.clip(np.rint(position), 0, self.values.size - 1).astype(np.int64)
+        else:
+            idx = np.minimum(np.searchsorted(self.values, labels), self.values.size - 1)
+        if np.any(self.values[idx] != labels):
+            bad = labels[np.argmax(self.values[idx] != labels)]
+            raise LabelDPError(f"label {bad!r} is not an input of {self.name}", code="label_out_of_domain")
+        return idx
+
+
+def readonly(array, dtype) -> np.ndarray:
+    array = np.array(array, dtype=dtype, copy=True)
+    array.setflags(write=False)
+    return array
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,9 +95,9 @@ class FiniteRandomizer:
                    counts=exact.quantize_rows(probabilities), parameters=MappingProxyType(dict(parameters or {})))
 
     def __post_init__(self):
-        object.__setattr__(self, "input_values", _readonly(self.input_values, np.float64))
-        object.__setattr__(self, "output_values", _readonly(self.output_values, np.float64))
-        object.__setattr__(self, "counts", _readonly(self.counts, np.int64))
+        object.__setattr__(self, "input_values", readonly(self.input_values, np.float64))
+        object.__setattr__(self, "output_values", readonly(self.output_values, np.float64))
+        object.__setattr__(self, "counts", readonly(self.counts, np.int64))
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise LabelDPError(f"epsilon must be a positive finite number, got {self.epsilon!r}",
                                code="invalid_epsilon")
@@ -138,29 +161,15 @@ class FiniteRandomizer:
 
     # -- sampling ----------------------------------------------------------------------------------------------
     @cached_property
-    def _input_step(self) -> float | None:
-        """The spacing of the inputs when they are exactly ``v[0] + step·i`` (integer ranges, grids), else None."""
-        values = self.input_values
-        if values.size < 2:
-            return None
-        step = (values[-1] - values[0]) / (values.size - 1)
-        return step if np.array_equal(values[0] + step * np.arange(values.size), values) else None
-
-    @cached_property
     def _alias(self) -> exact.AliasTable:
         return exact.AliasTable.of(self.counts)
 
+    @cached_property
+    def _rows(self) -> RowLookup:
+        return RowLookup(self.input_values, self.name)
+
     def row_of(self, labels) -> np.ndarray:
-        labels = np.asarray(labels, dtype=np.float64).ravel()
-        if self._input_step is not None:  # arithmetic instead of a binary search (10^7 labels: 0.05 s, not 0.5 s)
-            position = np.nan_to_num((labels - self.input_values[0]) / self._input_step, nan=0.0)
-            idx = np.clip(np.rint(position), 0, self.input_values.size - 1).astype(np.int64)
-        else:
-            idx = np.minimum(np.searchsorted(self.input_values, labels), self.input_values.size - 1)
-        if np.any(self.input_values[idx] != labels):
-            bad = labels[np.argmax(self.input_values[idx] != labels)]
-            raise LabelDPError(f"label {bad!r} is not an input of {self.name}", code="label_out_of_domain")
-        return idx
+        return self._rows(labels)
 
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         """Output indices for input row indices (vectorized; exact probabilities of ``matrix``)."""

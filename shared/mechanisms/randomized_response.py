@@ -9,26 +9,169 @@ that is itself DP output), so both parties can rebuild it.
 
 from __future__ import annotations
 
-import numpy as np
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
 
-from shared.mechanisms.finite import FiniteRandomizer
+import numpy as np
+from dp_accounting import dp_event
+
+from shared.errors import CertificationError, LabelDPError
+from shared.mechanisms import exact
+from shared.mechanisms.events import LocalRandomizerDpEvent
+from shared.mechanisms.finite import FiniteRandomizer, RowLookup, normalized_prior, readonly
 from shared.privacy import check_epsilon, design_epsilon
 
-
-def _rr_matrix(k: int, epsilon: float) -> np.ndarray:
-    e = np.exp(epsilon)
-    matrix = np.full((k, k), 1.0 / (e + k - 1))
-    np.fill_diagonal(matrix, e / (e + k - 1))
-    return matrix
+DENSE_MATRIX_LIMIT = 4096  # ``matrix`` materializes m x m floats only up to this many outputs
 
 
-def randomized_response(values, epsilon: float) -> FiniteRandomizer:
+@dataclass(frozen=True, eq=False)
+class RandomizedResponse:
+    """Randomized response over m output values, one per input (Definition 21; dbRR, Definition 23, when the
+    outputs are the debiased Φ(y)): the label's own output with probability keep / 2**53, otherwise one of the
+    other m − 1 uniformly — an exact integer draw below m − 1, shifted past the label's own. Nothing is
+    materialized beyond the m values, so memory and time are O(m) at any |Y| (a dense m x m matrix at |Y| = 3000
+    would be 72 MB before sampling tables).
+
+    For an output o, the largest probability is p = keep / 2**53 (o is the label's own) and the smallest
+    q = (1 − p)/(m − 1), so ``certified_epsilon`` = log(p / q), computed as an upper bound from the integers.
+    """
+
+    name: str
+    epsilon: float
+    input_values: np.ndarray = field(repr=False)
+    output_values: np.ndarray = field(repr=False)
+    keep: int  # numerator over 2**53
+    parameters: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), repr=False)
+
+    @staticmethod
+    def keep_count(num_outputs: int, design: float) -> int:
+        """round(2**53 · e^ε / (e^ε + m − 1)), the own output's count at the design ε."""
+        if num_outputs == 1:
+            return exact.RESOLUTION
+        e = math.exp(design)
+        return min(exact.RESOLUTION - 1, int(round(exact.RESOLUTION * e / (e + num_outputs - 1))))
+
+    def __post_init__(self):
+        object.__setattr__(self, "input_values", readonly(self.input_values, np.float64))
+        object.__setattr__(self, "output_values", readonly(self.output_values, np.float64))
+        if self.input_values.size != self.output_values.size or self.input_values.size == 0:
+            raise ValueError("randomized response needs one output per input")
+        if self.certified_epsilon > self.epsilon:
+            raise CertificationError(f"{self.name}: sampled probabilities are {self.certified_epsilon!r}-DP, above "
+                                     f"the requested epsilon {self.epsilon!r}; refusing to build it")
+
+    @property
+    def _m(self) -> int:
+        return int(self.input_values.size)
+
+    @cached_property
+    def certified_epsilon(self) -> float:
+        if self._m == 1:
+            return 0.0
+        rest = exact.RESOLUTION - self.keep  # log(p / q) = log(keep (m − 1) / (2**53 − keep))
+        return float(exact.log_ratio_upper(self.keep, rest) + exact.log_ratio_upper(self._m - 1, 1))
+
+    @property
+    def num_outputs(self) -> int:
+        return self._m if self.keep < exact.RESOLUTION else 1
+
+    @property
+    def keep_probability(self) -> float:
+        return self.keep / exact.RESOLUTION
+
+    @property
+    def other_probability(self) -> float:
+        return (1 - self.keep_probability) / (self._m - 1) if self._m > 1 else 0.0
+
+    # -- sampling ----------------------------------------------------------------------------------------------
+    @cached_property
+    def _rows(self) -> RowLookup:
+        return RowLookup(self.input_values, self.name)
+
+    def row_of(self, labels) -> np.ndarray:
+        return self._rows(labels)
+
+    def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64).ravel()
+        kept = rng.integers(0, exact.RESOLUTION, size=rows.size, dtype=np.int64) < self.keep
+        if self._m == 1:
+            return rows
+        other = rng.integers(0, self._m - 1, size=rows.size, dtype=np.int64)
+        return np.where(kept, rows, other + (other >= rows))
+
+    def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
+        return self.output_values[self.sample_indices(self.row_of(labels), rng)]
+
+    # -- utility (closed forms, O(m)) ----------------------------------------------------------------------------
+    @property
+    def expected_output(self) -> np.ndarray:
+        p, q = self.keep_probability, self.other_probability
+        return q * self.output_values.sum() + (p - q) * self.output_values
+
+    @property
+    def bias(self) -> np.ndarray:
+        return self.expected_output - self.input_values
+
+    @property
+    def max_abs_bias(self) -> float:
+        return float(np.max(np.abs(self.bias)))
+
+    @property
+    def conditional_variance(self) -> np.ndarray:
+        p, q, o = self.keep_probability, self.other_probability, self.output_values
+        second = q * np.sum(o * o) + (p - q) * o * o
+        return np.maximum(second - self.expected_output**2, 0.0)
+
+    def squared_loss_per_label(self) -> np.ndarray:
+        """E[½ (M(y) − y)²] = ½ [(p − q)(o_y − y)² + q Σ_j (o_j − y)²]."""
+        p, q, o, y = self.keep_probability, self.other_probability, self.output_values, self.input_values
+        around = np.sum(o * o) - 2 * y * o.sum() + o.size * y * y
+        return 0.5 * ((p - q) * (o - y) ** 2 + q * around)
+
+    def noisy_label_loss(self, prior) -> float:
+        return float(normalized_prior(prior, self._m) @ self.squared_loss_per_label())
+
+    def agreement_probability(self, prior) -> float:
+        """Pr[M(y) = y] under the prior (outputs equal to their inputs count)."""
+        same = self.output_values == self.input_values
+        return float(normalized_prior(prior, self._m) @ np.where(same, self.keep_probability, 0.0))
+
+    @cached_property
+    def matrix(self) -> np.ndarray:
+        """The realized probabilities as a dense m x m float matrix (small m only: for tests and estimators)."""
+        if self._m > DENSE_MATRIX_LIMIT:
+            raise LabelDPError(f"{self.name} over {self._m} labels has no dense matrix; use its closed forms",
+                               code="too_large")
+        matrix = np.full((self._m, self._m), self.other_probability)
+        np.fill_diagonal(matrix, self.keep_probability)
+        matrix.setflags(write=False)
+        return matrix
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """RR is dp-accounting's RandomizedResponseDpEvent: with probability noise_parameter a uniformly random
+        bucket (possibly its own), here m·q; dbRR a local randomizer at its certified ε."""
+        if self.name == "rr" and self._m > 1:
+            return dp_event.RandomizedResponseDpEvent(noise_parameter=self._m * self.other_probability,
+                                                      num_buckets=self._m)
+        return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
+
+    def describe(self, include_matrix: bool = True) -> dict[str, Any]:
+        """The whole distribution in O(m) numbers: own output with keep/2**53, any other with the rest / (m − 1)."""
+        return {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,
+                "input_values": self.input_values.tolist(), "output_values": self.output_values.tolist(),
+                "num_outputs": self.num_outputs, "keep_count_over_2_53": self.keep,
+                "parameters": dict(self.parameters)}
+
+
+def randomized_response(values, epsilon: float) -> RandomizedResponse:
     """Output the true label w.p. e^ε/(e^ε+K-1), each other label w.p. 1/(e^ε+K-1)."""
     epsilon = check_epsilon(epsilon)
     values = np.asarray(values, dtype=np.float64)
-    return FiniteRandomizer.from_probabilities("rr", epsilon, values, values,
-                                               _rr_matrix(values.size, design_epsilon(epsilon)),
-                                               {"num_labels": values.size})
+    keep = RandomizedResponse.keep_count(values.size, design_epsilon(epsilon))
+    return RandomizedResponse("rr", epsilon, values, values, keep, MappingProxyType({"num_labels": values.size}))
 
 
 def debiased_outputs(values, epsilon: float) -> np.ndarray:
@@ -38,13 +181,18 @@ def debiased_outputs(values, epsilon: float) -> np.ndarray:
     return ((e + values.size - 1) * values - values.sum()) / (e - 1)
 
 
-def debiased_randomized_response(values, epsilon: float) -> FiniteRandomizer:
+def debiased_randomized_response(values, epsilon: float) -> RandomizedResponse:
     """RR whose report for label j is Φ(j): E[output | y] = y exactly (up to the sampled rounding)."""
     epsilon = check_epsilon(epsilon)
     values = np.asarray(values, dtype=np.float64)
-    eps = design_epsilon(epsilon)
-    return FiniteRandomizer.from_probabilities("dbrr", epsilon, values, debiased_outputs(values, eps),
-                                               _rr_matrix(values.size, eps), {"num_labels": values.size})
+    keep = RandomizedResponse.keep_count(values.size, design_epsilon(epsilon))
+    if values.size == 1:
+        outputs = values
+    else:  # Φ from the *sampled* p and q: q Σ_j Φ_j + (p − q) Φ_y = y exactly, since Σ Φ = Σ y when (m−1) q = 1 − p
+        p = keep / exact.RESOLUTION
+        q = (1 - p) / (values.size - 1)
+        outputs = (values - q * values.sum()) / (p - q)
+    return RandomizedResponse("dbrr", epsilon, values, outputs, keep, MappingProxyType({"num_labels": values.size}))
 
 
 def rr_on_bins(values, bin_of_label, bin_outputs, epsilon: float, name: str = "rr-on-bins",
