@@ -41,6 +41,30 @@ class MechanismOptions:
     deadline: Deadline = NO_DEADLINE  # solvers past it raise SolverTimeout (503, nothing charged)
 
 
+# The largest label domains (|Y|, or grid points of a continuous domain) each solver family handles within the
+# default 60 s solver limit on the reference machine (2 cores; docs/design/exact-ledger.md has the measurements:
+# exact solver 800 labels in 23 s and 630 MB; RR-on-Bins, O(|Y|³), 1000 labels in 4.5 s and 2000 in 50-110 s;
+# the mesh LP 100 labels x 200 outputs in 8 s but 200 x 400 in 81 s). Larger domains are refused up front (400
+# domain_too_large) with the alternative; the solver time limit (503) is the backstop for slower priors.
+MAX_LABELS = {"opt-unbiased": 800, "rr-on-bins": 1500, "rr-with-prior": 2000, "subset": 256}
+MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
+
+
+def _check_size(name: str, size: int, options: MechanismOptions) -> None:
+    limit = MAX_LABELS.get(name)
+    if limit is not None and size > limit:
+        alternative = ("classes: use rr" if name in ("rr-with-prior", "subset") else
+                       "declare a continuous domain with a grid_size at most that, or use laplace, staircase, dbrr")
+        raise LabelDPError(f"{name} handles at most {limit} labels within this service's solver limit; this domain "
+                           f"has {size}: {alternative}", code="domain_too_large")
+    if name == "opt-unbiased" and not options.exact:
+        cells = size * (options.mesh or 2 * size)
+        if cells > MAX_MESH_CELLS:
+            raise LabelDPError(f"the mesh LP handles at most {MAX_MESH_CELLS} labels x outputs; this request needs "
+                               f"{cells}: use the exact solver (\"exact\": true, up to {MAX_LABELS[name]} labels) "
+                               "or a smaller mesh", code="domain_too_large")
+
+
 def needs_prior(name: str) -> bool:
     return name in NEEDS_PRIOR
 
@@ -66,6 +90,7 @@ def build_mechanism(name: str, domain, epsilon: float, prior=None, options: Mech
         raise LabelDPError(f"mechanism {name!r} does not fit {kind} labels; use one of {', '.join(allowed)}",
                            code="mechanism_domain_mismatch")
     labels = support(domain)
+    _check_size(name, labels.size, options)
     if needs_prior(name) and prior is None:
         raise LabelDPError(f"mechanism {name!r} needs a label prior", code="prior_required")
     if (options.mesh is not None or options.exact) and name != "opt-unbiased":

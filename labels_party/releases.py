@@ -31,6 +31,7 @@ from labels_party.mechanisms import MechanismOptions
 from labels_party.pipeline import privatize_by_group, privatize_labels
 from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range, registry_ids
 from labels_party.solvers.classification import rr_with_prior_per_example
+from labels_party.solvers.deadline import Deadline
 from labels_party.uploads import SpooledBody, parse_groups, parse_priors
 from shared import schemas
 from shared.domains import Classes, domain_from_spec
@@ -225,7 +226,8 @@ def release_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, r
         return stored, False
     # Expensive, label-dependent work: outside any transaction. Nothing here is visible until the charge commits.
     rows, covered = _cover(ctx, snapshot, request.example_ids, request.epsilon)
-    options = MechanismOptions(mesh=request.mesh, clip=request.clip, exact=request.exact)
+    options = MechanismOptions(mesh=request.mesh, clip=request.clip, exact=request.exact,
+                               deadline=Deadline(ctx.settings.solver_seconds))
     result = privatize_labels(snapshot.domain, snapshot.labels[rows], request.mechanism, request.epsilon,
                               secure_rng(), prior_epsilon=request.prior_epsilon, options=options)
     noisy = result.noisy_labels
@@ -282,7 +284,8 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
     ids, groups = parse_groups(body.path, body.format)
     rows, covered = _cover(ctx, snapshot, ids, epsilon)
     result = privatize_by_group(snapshot.domain, snapshot.labels[rows], groups, mechanism, epsilon,
-                                secure_rng(), prior_epsilon=prior_epsilon)
+                                secure_rng(), prior_epsilon=prior_epsilon,
+                                options=MechanismOptions(deadline=Deadline(ctx.settings.solver_seconds)))
     per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
                   "noisy_prior": part.prior.describe(), "certified_epsilon": part.certified_epsilon,
                   "mechanism": part.mechanism.describe()}
