@@ -100,3 +100,23 @@ def test_a_release_that_fails_while_committing_leaves_no_file(service, monkeypat
                            json={"mechanism": "rr", "epsilon": 1.0})
     assert response.status_code == 500 and "Traceback" not in response.text
     assert _files(releases) == [] and _spent(client, headers, dataset) == 0.0
+
+
+@pytest.mark.parametrize("epsilon", [5e-324, 1e-300, 1e-17, 0.0, -1.0, 50.000001, 1e4])
+def test_every_endpoint_refuses_an_epsilon_outside_the_range(service, epsilon):
+    _, client, headers, dataset, releases = service
+    requests = [
+        ("/evaluations", {"metric": "mse", "epsilon": epsilon, "clip": 10.0, "example_ids": ["e1"],
+                          "predictions": [1.0]}),
+        ("/central-trainings", {"epsilon": epsilon, "example_ids": ["e1", "e2"], "features": [[0.0], [1.0]]}),
+        ("/releases", {"mechanism": "rr-on-bins", "epsilon": 1.0, "prior_epsilon": epsilon}),
+    ]
+    for path, body in requests:
+        response = client.post(f"/v1/datasets/{dataset}{path}", json=body, headers={**headers, "Idempotency-Key": path})
+        assert response.status_code == 400 and response.json()["error"]["code"] == "epsilon_out_of_range", path
+    for path in (f"/prior-releases?epsilon={epsilon!r}", f"/group-releases?mechanism=rr&epsilon={epsilon!r}"
+                                                         "&prior_epsilon=0.5"):
+        response = client.post(f"/v1/datasets/{dataset}{path}", content=b"example_id,p_0\ne1,1\n",
+                                headers={**headers, "Idempotency-Key": "q", "Content-Type": "text/csv"})
+        assert response.status_code == 400 and response.json()["error"]["code"] == "epsilon_out_of_range", path
+    assert _files(releases) == [] and _spent(client, headers, dataset) == 0.0
