@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
 
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
@@ -179,12 +178,8 @@ class FiniteRandomizer:
         """Privatized labels (output values) for true labels (input values)."""
         return self.output_values[self.sample_indices(self.row_of(labels), rng)]
 
-    def dp_event(self) -> dp_event.DpEvent:
-        """Randomized response is dp-accounting's RandomizedResponseDpEvent (its noise parameter from the certified ε);
-        every other finite randomizer a local randomizer at its certified ε."""
-        if self.name == "rr":
-            k, e = self.input_values.size, math.exp(self.certified_epsilon)
-            return dp_event.RandomizedResponseDpEvent(noise_parameter=k / (e + k - 1), num_buckets=k)
+    def dp_event(self) -> LocalRandomizerDpEvent:
+        """A local randomizer at its certified ε (computed from the exact counts it samples)."""
         return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
 
     # -- what the features party receives ------------------------------------------------------------------------
