@@ -11,86 +11,41 @@ with no stack trace.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated
 
-import anyio
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from labels_party import documents, releases, service
 from labels_party.auth import Principal, authenticate
 from labels_party.service import ServiceContext
-from labels_party.uploads import SpooledBody, upload_format
+from labels_party.uploads import upload_format
 from shared import schemas
-from shared.errors import LabelDPError
-from shared.http_errors import error_response, install_error_handlers
+from shared.service import gate, openapi, tables
+from shared.service.errors import install_error_handlers
 
 log = logging.getLogger("labeldp.labels")
 
-STATUS = {"dataset_exists": 409, "no_labels": 409, "central_training_disabled": 403, "solver_timeout": 503}
-PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 _DATASET_PATH = re.compile(r"^/v1/datasets/([^/]+)(/[^/]+)?$")
 _ADMIN_ONLY = {("PUT", "/labels"), ("POST", "/grants")}
 _COLUMNAR = ("/prior-releases", "/group-releases")
-ERRORS = {status: {"model": schemas.ErrorBody, "description": description} for status, description in (
-    (400, "bad input (code names the problem, e.g. epsilon_out_of_range)"), (401, "missing or invalid API key"),
-    (403, "the key may see the dataset but not do this"), (404, "no such object for this key"),
-    (409, "budget exceeded, idempotency conflict, no labels yet"), (413, "body over this endpoint's limit"),
-    (415, "unsupported content type"), (422, "body does not match the schema"),
-    (503, "the solver ran out of time (nothing charged)"))}
+
+Auth = Annotated[Principal, Depends(gate.principal)]
+IdempotencyKey = Annotated[str, Header(min_length=1, max_length=200, description=(
+    "required: one key per logical release, reused on every retry (per organization): a retry returns the stored "
+    "release, never a second draw or charge"))]
 
 
-class Gatekeeper:
-    """ASGI middleware: authentication, dataset authorization and body limits, all before a route reads a byte."""
+def _authorizer(ctx: ServiceContext):
+    """The gatekeeper's check: the key (401), the dataset a path names is visible to it (404), and it may
+    administer it where the route needs that (403) — before any body is read."""
 
-    def __init__(self, app, *, ctx: ServiceContext):
-        self.app, self.ctx = app, ctx
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or not scope["path"].startswith("/v1/"):
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        try:
-            principal = await anyio.to_thread.run_sync(self._authorize, scope["method"], scope["path"],
-                                                       headers.get(b"authorization", b"").decode("latin-1"))
-        except LabelDPError as err:
-            status = {"unauthorized": 401, "forbidden": 403, "not_found": 404}[err.code]
-            return await error_response(status, err.code, str(err))(scope, receive, send)
-        scope.setdefault("state", {})["principal"] = principal
-        limit = self._limit(scope["method"], scope["path"])
-        declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            return await error_response(413, "body_too_large", f"request body over {limit} bytes")(
-                scope, receive, send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    # Routes that parse JSON wrap this in a generic 400; the flag lets the handler say 413.
-                    scope["state"]["body_too_large"] = True
-                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
-            return message
-
-        return await self.app(scope, limited_receive, send)
-
-    def _authorize(self, method: str, path: str, authorization: str) -> Principal:
-        with self.ctx.sessions() as session, session.begin():
+    def authorize(method: str, path: str, authorization: str) -> Principal:
+        with ctx.sessions() as session, session.begin():
             principal = authenticate(session, authorization or None)
             match = _DATASET_PATH.match(path)
             if match:
@@ -98,51 +53,27 @@ class Gatekeeper:
                                            admin=(method, match.group(2) or "") in _ADMIN_ONLY)
             return principal
 
-    def _limit(self, method: str, path: str) -> int:
-        settings = self.ctx.settings
+    return authorize
+
+
+def _body_limit(ctx: ServiceContext):
+    def limit(method: str, path: str) -> int:
+        settings = ctx.settings
         if method == "PUT" and path.endswith("/labels"):
             return settings.max_upload_bytes
         if path.endswith(_COLUMNAR):
             return settings.max_columnar_bytes
         return settings.max_json_bytes
 
-
-def _principal(request: Request) -> Principal:
-    principal = request.scope.get("state", {}).get("principal")
-    if principal is None:  # only routes outside /v1 reach here unguarded, and none of them asks for a principal
-        raise LabelDPError("missing bearer API key", code="unauthorized")
-    return principal
-
-
-Auth = Annotated[Principal, Depends(_principal)]
-
-
-async def spool(request: Request, limit: int) -> tuple[tempfile.TemporaryDirectory, SpooledBody]:
-    """Stream the body to a temporary file, hashing it on the way (bounded memory whatever its size)."""
-    fmt = upload_format(request.headers.get("content-type"))
-    directory = tempfile.TemporaryDirectory(prefix="labeldp-body-")
-    path = Path(directory.name) / "body"
-    digest, size = hashlib.sha256(), 0
-    try:
-        with open(path, "wb") as handle:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
-                digest.update(chunk)
-                handle.write(chunk)
-    except BaseException:
-        directory.cleanup()
-        raise
-    return directory, SpooledBody(path, fmt, digest.hexdigest(), size)
+    return limit
 
 
 def create_app(ctx: ServiceContext) -> FastAPI:
     app = FastAPI(title="labeldp labels party", version="1", docs_url="/docs", openapi_url="/openapi.json",
-                  responses=ERRORS)
+                  responses=openapi.error_responses())
     app.state.ctx = ctx
-    app.add_middleware(Gatekeeper, ctx=ctx)
-    install_error_handlers(app, STATUS, log)
+    app.add_middleware(gate.Gatekeeper, authorize=_authorizer(ctx), limit=_body_limit(ctx))
+    install_error_handlers(app, log)
     settings = ctx.settings
 
     def created(result: tuple[schemas.Release, bool]) -> JSONResponse:
@@ -150,7 +81,8 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         return JSONResponse(release.model_dump(mode="json"), status_code=201 if is_new else 200)
 
     async def with_body(request: Request, limit: int, run) -> JSONResponse:
-        directory, body = await spool(request, limit)
+        upload_format(request.headers.get("content-type"))  # 415 before a byte is read
+        directory, body = await gate.spool(request, limit)
         with directory:
             return created(await run_in_threadpool(run, body))
 
@@ -170,11 +102,14 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     def get_dataset(dataset_id: str, who: Auth):
         return service.get_dataset(ctx, who, dataset_id)
 
-    @app.put("/v1/datasets/{dataset_id}/labels", response_model=schemas.UploadResult)
+    @app.put("/v1/datasets/{dataset_id}/labels", response_model=schemas.UploadResult,
+             openapi_extra=openapi.columnar_body())
     async def upload_labels(dataset_id: str, request: Request, who: Auth):
-        directory, body = await spool(request, settings.max_upload_bytes)
+        """A new label version: ``example_id,label`` as CSV, NDJSON or Parquet, streamed."""
+        fmt = upload_format(request.headers.get("content-type"))
+        directory, body = await gate.spool(request, settings.max_upload_bytes)
         with directory:
-            return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, body.path, body.format)
+            return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, body.path, fmt)
 
     @app.post("/v1/datasets/{dataset_id}/grants", status_code=201, response_model=schemas.Grant)
     def grant(dataset_id: str, body: schemas.GrantCreate, who: Auth):
@@ -185,8 +120,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         return service.budget(ctx, who, dataset_id)
 
     @app.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release)
-    def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth,
-                       idempotency_key: Annotated[str | None, Header()] = None):
+    def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth, idempotency_key: IdempotencyKey):
         return created(releases.release_labels(ctx, who, dataset_id, body, idempotency_key))
 
     @app.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
@@ -194,22 +128,23 @@ def create_app(ctx: ServiceContext) -> FastAPI:
         """A consumer's own organization's releases of the dataset; the owner's admins see all of them."""
         return releases.list_releases(ctx, who, dataset_id)
 
-    @app.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release)
+    @app.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release,
+              openapi_extra=openapi.columnar_body())
     async def create_prior_release(dataset_id: str, request: Request, who: Auth,
-                                   epsilon: Annotated[schemas.Epsilon, Query()],
-                                   idempotency_key: Annotated[str | None, Header()] = None):
+                                   epsilon: Annotated[schemas.Epsilon, Query()], idempotency_key: IdempotencyKey):
         """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
         example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
         already-private stages)."""
         return await with_body(request, settings.max_columnar_bytes, lambda body: releases.release_with_example_priors(
             ctx, who, dataset_id, epsilon, body, idempotency_key))
 
-    @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release)
+    @app.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release,
+              openapi_extra=openapi.columnar_body())
     async def create_group_release(dataset_id: str, request: Request, who: Auth,
                                    mechanism: Annotated[str, Query()],
                                    epsilon: Annotated[schemas.Epsilon, Query()],
                                    prior_epsilon: Annotated[schemas.Epsilon, Query()],
-                                   idempotency_key: Annotated[str | None, Header()] = None):
+                                   idempotency_key: IdempotencyKey):
         """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
         group, computed from features only (e.g. k-means clusters)."""
         return await with_body(request, settings.max_columnar_bytes, lambda body: releases.release_by_group(
@@ -217,7 +152,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
     @app.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release)
     def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: Auth,
-                                idempotency_key: Annotated[str | None, Header()] = None):
+                                idempotency_key: IdempotencyKey):
         """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back (in
         the mechanism document, ``description.parameters``). Refused unless the dataset owner enabled central
         training."""
@@ -225,7 +160,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
     @app.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release)
     def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Auth,
-                          idempotency_key: Annotated[str | None, Header()] = None):
+                          idempotency_key: IdempotencyKey):
         """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
         examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
         return created(releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key))
@@ -234,18 +169,13 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     def get_release(release_id: str, who: Auth):
         return releases.get_release(ctx, who, release_id)[0]
 
-    @app.get("/v1/releases/{release_id}/labels")
+    @app.get("/v1/releases/{release_id}/labels", responses=openapi.table_download())
     def download(release_id: str, who: Auth, accept: Annotated[str | None, Header()] = None,
                  offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
+        """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
+        sets, which JSON and NDJSON show as ``label_set``)."""
         _, file = releases.get_release(ctx, who, release_id)
-        path = ctx.store.path(file)
-        media = _negotiate(accept)
-        if media == "application/json":
-            return _json_page(path, offset, limit)
-        stream = {"text/csv": _csv_stream, "application/x-ndjson": _ndjson_stream,
-                  "application/vnd.apache.parquet": _parquet_stream}[media](path)
-        return StreamingResponse(stream, media_type=media,
-                                 headers={"Content-Disposition": f'attachment; filename="{release_id}"'})
+        return tables.table_response(ctx.store.path(file), accept, offset, limit, release_id, _rows)
 
     @app.get("/v1/mechanisms/{mechanism_hash}", responses={200: {"content": {
         "application/json": {}, documents.BINARY_MEDIA_TYPE: {}}}})
@@ -286,40 +216,7 @@ def _openapi_with_epsilon_range(app: FastAPI, low: float, high: float) -> dict:
     return app.openapi_schema
 
 
-def _negotiate(accept: str | None) -> str:
-    offered = ["text/csv", "application/x-ndjson", "application/vnd.apache.parquet", "application/json"]
-    if not accept or "*/*" in accept:
-        return "text/csv"
-    for part in accept.split(","):
-        media = part.split(";")[0].strip().lower()
-        media = {"application/parquet": "application/vnd.apache.parquet", "application/ndjson":
-                 "application/x-ndjson", "application/jsonl": "application/x-ndjson", "text/*": "text/csv"}.get(
-            media, media)
-        if media in offered:
-            return media
-    raise LabelDPError(f"cannot produce {accept!r}; offered: {', '.join(offered)}", code="not_acceptable")
-
-
-def _batches(path: Path) -> Iterator[pa.RecordBatch]:
-    yield from pq.ParquetFile(path).iter_batches(batch_size=1 << 16)
-
-
-def _csv_stream(path: Path) -> Iterator[bytes]:
-    first = True
-    for batch in _batches(path):
-        sink = pa.BufferOutputStream()
-        pacsv.write_csv(pa.Table.from_batches([batch]), sink,
-                        write_options=pacsv.WriteOptions(include_header=first, quoting_style="needed"))
-        first = False
-        yield sink.getvalue().to_pybytes()
-
-
-def _ndjson_stream(path: Path) -> Iterator[bytes]:
-    for batch in _batches(path):
-        yield ("\n".join(json.dumps(row) for row in _rows(batch)) + "\n").encode()
-
-
-def _rows(batch: pa.RecordBatch) -> list[dict]:
+def _rows(batch) -> list[dict]:
     names = batch.schema.names
     if "label" in names:
         return batch.to_pylist()
@@ -327,18 +224,3 @@ def _rows(batch: pa.RecordBatch) -> list[dict]:
     sets = [batch.column(n).to_pylist() for n in names if n.startswith("in_class_")]
     return [{"example_id": ids[i], "label_set": [k for k, col in enumerate(sets) if col[i]]}
             for i in range(len(ids))]
-
-
-def _parquet_stream(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            yield chunk
-
-
-def _json_page(path: Path, offset: int, limit: int) -> JSONResponse:
-    parquet = pq.ParquetFile(path)
-    total = parquet.metadata.num_rows
-    table = parquet.read().slice(offset, limit)
-    items = _rows(table.combine_chunks().to_batches()[0]) if table.num_rows else []
-    next_offset = offset + len(items) if offset + len(items) < total else None
-    return JSONResponse({"items": items, "offset": offset, "total": total, "next_offset": next_offset})

@@ -1,9 +1,8 @@
-"""API keys: 256-bit random secrets, stored as SHA-256 hashes (a fast hash is right for high-entropy secrets)."""
+"""Labels-party API keys (the skeleton's :mod:`shared.service.keys`), one role per key: admin (the dataset
+owner's) or consumer (a granted organization's)."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -11,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from labels_party.db import ApiKey, Organization
 from shared.errors import LabelDPError
+from shared.service.keys import bearer_key, hash_key, new_key
 
 ROLES = ("admin", "consumer")
 
@@ -20,10 +20,6 @@ class Principal:
     org_id: int
     org_name: str
     role: str
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def create_key(session: Session, org_name: str, role: str) -> str:
@@ -37,18 +33,15 @@ def create_key(session: Session, org_name: str, role: str) -> str:
         org = Organization(name=org_name)
         session.add(org)
         session.flush()
-    prefix = secrets.token_hex(4)
-    key = f"ldp_{prefix}_{secrets.token_urlsafe(32)}"
-    session.add(ApiKey(org_id=org.id, role=role, key_hash=hash_key(key), prefix=prefix))
+    key, digest = new_key("ldp")
+    session.add(ApiKey(org_id=org.id, role=role, key_hash=digest, prefix=key.split("_")[1]))
     return key
 
 
 def authenticate(session: Session, authorization: str | None) -> Principal:
-    if not authorization or not authorization.startswith("Bearer "):
-        raise LabelDPError("missing bearer API key", code="unauthorized")
     row = session.execute(
         select(ApiKey, Organization).join(Organization, Organization.id == ApiKey.org_id)
-        .where(ApiKey.key_hash == hash_key(authorization[len("Bearer "):].strip()))
+        .where(ApiKey.key_hash == hash_key(bearer_key(authorization)))
     ).first()
     if row is None or row.ApiKey.revoked:
         raise LabelDPError("invalid API key", code="unauthorized")

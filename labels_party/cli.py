@@ -209,9 +209,10 @@ def _context(args, *, upgrade: bool = False):
 
 
 def upgrade_db_command(args) -> int:
-    from labels_party import db, migrations
+    from labels_party import db
+    from labels_party.migrations import MIGRATIONS
 
-    before, after = migrations.upgrade_database(db.make_engine(_settings(args).database_url))
+    before, after = MIGRATIONS.upgrade(db.make_engine(_settings(args).database_url))
     print(json.dumps({"revision_before": before, "revision_after": after}))
     return 0
 

@@ -19,11 +19,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    create_engine,
-    event,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from shared.service.database import NAMING_CONVENTION, make_engine  # noqa: F401 (make_engine: this module's API)
 
 
 def utcnow() -> datetime:
@@ -41,9 +41,7 @@ def new_id() -> str:
 
 class Base(DeclarativeBase):
     # Deterministic constraint names on every database, so that migrations can name what they change.
-    metadata = MetaData(naming_convention={"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
-                                           "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-                                           "pk": "pk_%(table_name)s"})
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 class Organization(Base):
@@ -158,35 +156,10 @@ class LedgerEntry(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-def make_engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_connection, _record):
-            dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA busy_timeout=60000")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(connection):
-            # Every transaction takes the write lock up front: SQLite's equivalent of SELECT ... FOR UPDATE, so
-            # budget checks and charges serialize exactly as on PostgreSQL.
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
-
-
 def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
     """Sessions on a database at the current schema: an empty database is created (and stamped), an older one is
     migrated when ``upgrade`` is set and refused otherwise (``labeldp labels upgrade-db``)."""
-    from labels_party import migrations
+    from labels_party.migrations import MIGRATIONS
 
-    migrations.prepare(engine, upgrade=upgrade)
+    MIGRATIONS.prepare(engine, upgrade=upgrade)
     return sessionmaker(engine, expire_on_commit=False)

@@ -32,12 +32,13 @@ from labels_party.pipeline import privatize_by_group, privatize_labels
 from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range, registry_ids
 from labels_party.solvers.classification import rr_with_prior_per_example
 from labels_party.solvers.deadline import Deadline
-from labels_party.uploads import SpooledBody, parse_groups, parse_priors
+from labels_party.uploads import parse_groups, parse_priors, upload_format
 from shared import schemas
 from shared.domains import Classes, domain_from_spec
 from shared.errors import LabelDPError
 from shared.mechanisms import events
 from shared.randomness import secure_rng
+from shared.service.gate import SpooledBody
 
 
 def _crash_point(name: str) -> None:
@@ -253,7 +254,7 @@ def release_with_example_priors(ctx: ServiceContext, principal: Principal, datas
         return stored, False
     if not isinstance(snapshot.domain, Classes):
         raise LabelDPError("per-example priors need a classes dataset", code="mechanism_domain_mismatch")
-    ids, priors = parse_priors(body.path, body.format, snapshot.domain.num_classes)
+    ids, priors = parse_priors(body.path, upload_format(body.media_type), snapshot.domain.num_classes)
     rows, covered = _cover(ctx, snapshot, ids, epsilon)
     result = rr_with_prior_per_example(priors, snapshot.labels[rows].astype(np.int64), epsilon, secure_rng())
     description = {"mechanism": "rr-with-prior", "per_example_priors": True, "epsilon": epsilon,
@@ -281,7 +282,7 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
     stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, _hash(request))
     if stored is not None:
         return stored, False
-    ids, groups = parse_groups(body.path, body.format)
+    ids, groups = parse_groups(body.path, upload_format(body.media_type))
     rows, covered = _cover(ctx, snapshot, ids, epsilon)
     result = privatize_by_group(snapshot.domain, snapshot.labels[rows], groups, mechanism, epsilon,
                                 secure_rng(), prior_epsilon=prior_epsilon,

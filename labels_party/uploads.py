@@ -6,7 +6,6 @@ back in record batches with pyarrow, so no Python object is created per label.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +27,6 @@ FORMATS = {
     "application/parquet": "parquet",
     "application/x-parquet": "parquet",
 }
-
-
-@dataclass(frozen=True)
-class SpooledBody:
-    """A request body streamed to a temporary file, hashed while it streamed."""
-
-    path: Path
-    format: str  # csv | ndjson | parquet
-    sha256: str
-    size: int
 
 
 def upload_format(content_type: str | None) -> str:

@@ -15,8 +15,9 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
-from labels_party import db, migrations
+from labels_party import db
 from labels_party.ledger import canonical, chain_hash
+from labels_party.migrations import MIGRATIONS
 from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
@@ -46,7 +47,7 @@ def _legacy_database(url: str, data_dir) -> dict:
     hash-chained ledger record with a float charge."""
     engine = db.make_engine(url)
     with engine.begin() as connection:
-        command.upgrade(migrations._config(connection), "0001")
+        command.upgrade(MIGRATIONS.config(connection), "0001")
         connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'owner', :t), "
                                 "(2, 'publisher', :t)"), {"t": db.utcnow()})
         store = DataStore(data_dir)
@@ -83,7 +84,7 @@ def _legacy_database(url: str, data_dir) -> dict:
 def test_a_fresh_database_is_built_at_head(database_url, tmp_path):
     ctx = make_context(database_url, tmp_path / "data")
     with ctx.sessions() as session:
-        assert migrations.current(session.connection()) == migrations.head() == "0002"
+        assert MIGRATIONS.current(session.connection()) == MIGRATIONS.head() == "0002"
 
 
 def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(database_url, tmp_path):

@@ -532,14 +532,14 @@ def test_idempotency_key_reused_with_different_body_is_409(client, admin, consum
     assert_same_release(client.get(f"/v1/releases/{first['id']}", headers=consumer).json(), first)
 
 
-def test_release_without_idempotency_key_is_400(client, admin, consumer, dataset):
+def test_release_without_idempotency_key_is_422(client, admin, consumer, dataset):
     before = state(client, admin, dataset)
     r = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "laplace", "epsilon": 1},
                     headers=consumer)
-    expect_error(r, 400, "idempotency_key_required")
+    expect_error(r, 422, "invalid_request")
     r = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "laplace", "epsilon": 1},
                     headers={**consumer, "Idempotency-Key": "x" * 201})
-    expect_error(r, 400, "idempotency_key_required")
+    expect_error(r, 422, "invalid_request")
     assert state(client, admin, dataset) == before
 
 

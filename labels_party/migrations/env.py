@@ -1,10 +1,7 @@
-"""Alembic environment: migrations run on the connection the caller passes (labels_party.migrations)."""
+"""Alembic environment of the labels party: migrations run on the connection the caller passes."""
 
 from alembic import context
 
-from labels_party.db import Base
+from shared.service.database import run_migrations
 
-connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
-with context.begin_transaction():
-    context.run_migrations()
+run_migrations(context)

@@ -1,0 +1,117 @@
+"""Databases for both services: SQLAlchemy engines (SQLite by default, PostgreSQL in production) that serialize
+writers the same way on both, and schema migrations with Alembic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import MetaData, create_engine, event, inspect
+from sqlalchemy.engine import Connection, Engine
+
+from shared.errors import LabelDPError
+
+NAMING_CONVENTION = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
+                     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s", "pk": "pk_%(table_name)s"}
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_connection, _record):
+            dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection):
+            # Every transaction takes the write lock up front: SQLite's equivalent of SELECT ... FOR UPDATE, so
+            # budget checks and charges serialize exactly as on PostgreSQL.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+
+
+class Migrations:
+    """One service's Alembic scripts (``script_location``) and the metadata they build.
+
+    An empty database is created from the metadata and stamped at head (what ``upgrade head`` builds; the
+    migration tests compare both). A database at an older revision — or one with tables but no
+    ``alembic_version``, from before migrations existed (stamped ``baseline``) — is upgraded when asked and refused
+    otherwise, with a message naming the command."""
+
+    def __init__(self, script_location: Path, metadata: MetaData, baseline: str | None, command_name: str):
+        self.script_location, self.metadata = Path(script_location), metadata
+        self.baseline, self.command_name = baseline, command_name
+
+    def config(self, connection: Connection | None) -> Config:
+        config = Config()
+        config.set_main_option("script_location", str(self.script_location))
+        config.attributes["connection"] = connection
+        config.attributes["metadata"] = self.metadata
+        return config
+
+    def head(self) -> str:
+        return ScriptDirectory.from_config(self.config(None)).get_current_head()
+
+    def current(self, connection: Connection) -> str | None:
+        revision = MigrationContext.configure(connection).get_current_revision()
+        if revision is None and self.baseline and inspect(connection).get_table_names():
+            return self.baseline
+        return revision
+
+    def prepare(self, engine: Engine, *, upgrade: bool) -> None:
+        with engine.connect() as connection:
+            revision = self.current(connection)
+            stamped = MigrationContext.configure(connection).get_current_revision() is not None
+        if revision is None:
+            with engine.begin() as connection:
+                self.metadata.create_all(connection)
+                command.stamp(self.config(connection), "head")
+            return
+        if revision == self.head():
+            return
+        if not upgrade:
+            raise LabelDPError(f"the database schema is at revision {revision}, this version needs {self.head()}: "
+                               f"run `{self.command_name}` (nothing is reset)", code="database_outdated")
+        sqlite = engine.dialect.name == "sqlite"
+        with engine.connect() as connection:
+            if sqlite:  # SQLite's batch migrations copy tables; foreign keys are checked once, afterwards
+                connection.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")
+            try:
+                with connection.begin():
+                    if not stamped:
+                        command.stamp(self.config(connection), self.baseline)
+                    command.upgrade(self.config(connection), "head")
+                if sqlite and connection.connection.dbapi_connection.execute("PRAGMA foreign_key_check").fetchall():
+                    raise LabelDPError("the migrated database has broken foreign keys", code="database_outdated")
+            finally:
+                if sqlite:
+                    connection.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")
+
+    def upgrade(self, engine: Engine) -> tuple[str | None, str]:
+        """(revision before, revision after)."""
+        with engine.connect() as connection:
+            before = self.current(connection)
+        self.prepare(engine, upgrade=True)
+        return before, self.head()
+
+
+def run_migrations(context) -> None:
+    """The body of every service's Alembic ``env.py``: migrate on the connection the caller passed."""
+    config = context.config
+    context.configure(connection=config.attributes["connection"], target_metadata=config.attributes["metadata"],
+                      render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()

@@ -1,0 +1,132 @@
+"""One error envelope for both services: ``{"error": {"code", "message"}}``; every code is an :class:`ErrorCode`
+member that carries its HTTP status, so a code means the same status everywhere and the OpenAPI can list them.
+Unexpected failures answer 500 ``internal_error`` (logged, no stack trace) and close the connection."""
+
+from __future__ import annotations
+
+import logging
+from enum import Enum
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared.errors import LabelDPError
+
+
+class ErrorCode(str, Enum):
+    """Every error code either service answers with, and its HTTP status."""
+
+    def __new__(cls, value: str, status: int):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status = status
+        return member
+
+    # 400: the request is understood but refused; nothing changed
+    INVALID_INPUT = ("invalid_input", 400)
+    INVALID_DOMAIN = ("invalid_domain", 400)
+    INVALID_PRIOR = ("invalid_prior", 400)
+    INVALID_EPSILON = ("invalid_epsilon", 400)
+    EPSILON_OUT_OF_RANGE = ("epsilon_out_of_range", 400)
+    INVALID_MESH = ("invalid_mesh", 400)
+    INVALID_OPTION = ("invalid_option", 400)
+    INVALID_METRIC = ("invalid_metric", 400)
+    INVALID_NAME = ("invalid_name", 400)
+    INVALID_ROLE = ("invalid_role", 400)
+    INVALID_ORG = ("invalid_org", 400)
+    INVALID_JOB = ("invalid_job", 400)
+    MALFORMED_FILE = ("malformed_file", 400)
+    LABEL_OUT_OF_DOMAIN = ("label_out_of_domain", 400)
+    MECHANISM_DOMAIN_MISMATCH = ("mechanism_domain_mismatch", 400)
+    UNKNOWN_MECHANISM = ("unknown_mechanism", 400)
+    UNKNOWN_EXAMPLE_IDS = ("unknown_example_ids", 400)
+    DUPLICATE_EXAMPLE_ID = ("duplicate_example_id", 400)
+    EMPTY_LABELS = ("empty_labels", 400)
+    PRIOR_REQUIRED = ("prior_required", 400)
+    LATTICE_TOO_FINE = ("lattice_too_fine", 400)
+    DOMAIN_TOO_LARGE = ("domain_too_large", 400)
+    TOO_LARGE = ("too_large", 400)
+    CERTIFICATION_FAILED = ("certification_failed", 400)
+    SOLVER_FAILED = ("solver_failed", 400)
+    NO_OVERLAP = ("no_overlap", 400)
+    UNKNOWN_LABELS_PARTY = ("unknown_labels_party", 400)
+    LABELS_PARTY_REFUSED = ("labels_party_refused", 400)
+    IDEMPOTENCY_KEY_REQUIRED = ("idempotency_key_required", 400)
+    USAGE = ("usage", 400)
+    # 401 / 403 / 404
+    UNAUTHORIZED = ("unauthorized", 401)
+    FORBIDDEN = ("forbidden", 403)
+    CENTRAL_TRAINING_DISABLED = ("central_training_disabled", 403)
+    LABELS_PARTY_FORBIDDEN = ("labels_party_forbidden", 403)
+    NOT_FOUND = ("not_found", 404)
+    LABELS_PARTY_NOT_FOUND = ("labels_party_not_found", 404)
+    METHOD_NOT_ALLOWED = ("method_not_allowed", 405)
+    NOT_ACCEPTABLE = ("not_acceptable", 406)
+    # 409: the state does not allow it
+    BUDGET_EXCEEDED = ("budget_exceeded", 409)
+    LABELS_PARTY_BUDGET_EXCEEDED = ("labels_party_budget_exceeded", 409)
+    IDEMPOTENCY_CONFLICT = ("idempotency_conflict", 409)
+    DATASET_EXISTS = ("dataset_exists", 409)
+    NO_LABELS = ("no_labels", 409)
+    JOB_NOT_READY = ("job_not_ready", 409)
+    JOB_NOT_RESUMABLE = ("job_not_resumable", 409)
+    BODY_TOO_LARGE = ("body_too_large", 413)
+    UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
+    INVALID_REQUEST = ("invalid_request", 422)
+    # 5xx: the service, or one it depends on, could not do it now; nothing was charged
+    INTERNAL_ERROR = ("internal_error", 500)
+    DATABASE_OUTDATED = ("database_outdated", 500)
+    LABELS_PARTY_UNREACHABLE = ("labels_party_unreachable", 502)
+    LABELS_PARTY_FAILED = ("labels_party_failed", 502)
+    SOLVER_TIMEOUT = ("solver_timeout", 503)
+
+
+def status_of(code: str) -> int:
+    try:
+        return ErrorCode(code).status
+    except ValueError:  # a code not declared here is a bug (tests/test_service_skeleton.py checks every raise)
+        return 400
+
+
+def error_response(code: str | ErrorCode, message: str, **extra) -> JSONResponse:
+    code = ErrorCode(code)
+    headers = {}
+    if code.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if code.status >= 500:
+        headers["Connection"] = "close"  # a failed request must not poison a kept-alive connection
+    return JSONResponse({"error": {"code": code.value, "message": message, **extra}}, status_code=code.status,
+                        headers=headers)
+
+
+def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
+    @app.exception_handler(LabelDPError)
+    async def _labeldp_error(_request, err: LabelDPError):
+        extra = {"epsilon_remaining": err.remaining} if hasattr(err, "remaining") else {}
+        code = err.code if err.code in ErrorCode._value2member_map_ else ErrorCode.INVALID_INPUT
+        return error_response(code, str(err), **extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {"msg": "invalid request", "loc": ()}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return error_response(ErrorCode.INVALID_REQUEST, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        if request.scope.get("state", {}).get("body_too_large"):  # set by the gatekeeper's body limit
+            return error_response(ErrorCode.BODY_TOO_LARGE, "request body too large")
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(err.status_code,
+                                                                                 ErrorCode.INVALID_INPUT)
+        response = error_response(code, str(err.detail))
+        if err.headers:  # e.g. Allow on 405
+            response.headers.update(err.headers)
+        return response
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request, _err: Exception):
+        log.exception("internal error")
+        return error_response(ErrorCode.INTERNAL_ERROR, "internal error; the operation did not complete")

@@ -1,0 +1,42 @@
+"""OpenAPI declarations the skeleton adds: every error status with the real error body, request bodies that are
+not JSON (CSV, NDJSON, Parquet uploads) and downloads in several media types."""
+
+from __future__ import annotations
+
+from shared import schemas
+from shared.service.errors import ErrorCode
+from shared.service.tables import MEDIA_TYPES
+
+_DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
+                 401: "missing or invalid API key", 403: "the key may see this but not do it",
+                 404: "no such object for this key (the same answer whether it exists or not)",
+                 405: "method not allowed (see Allow)", 406: "cannot produce the Accept'ed media type",
+                 409: "the current state does not allow it", 413: "body over this endpoint's limit",
+                 415: "unsupported content type", 422: "body or parameters do not match the schema",
+                 500: "internal error; nothing was done", 502: "an upstream service failed or is unreachable",
+                 503: "ran out of time; nothing was charged"}
+
+
+def error_responses() -> dict:
+    """Every error status any route can answer, each with the one error body (for FastAPI's ``responses=``)."""
+    statuses = sorted({code.status for code in ErrorCode})
+    return {status: {"model": schemas.ErrorBody, "description": _DESCRIPTIONS.get(status, "error")}
+            for status in statuses}
+
+
+def columnar_body(required: bool = True) -> dict:
+    """``openapi_extra`` for a route whose body is a CSV, NDJSON or Parquet file (read by streaming)."""
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    return {"requestBody": {"required": required, "content": {
+        "text/csv": binary, "application/x-ndjson": binary, "application/vnd.apache.parquet": binary}}}
+
+
+def table_download() -> dict:
+    """``responses=`` for a route that streams a table in the negotiated media type."""
+    content = {media: {"schema": {"type": "string", "format": "binary"}} for media in MEDIA_TYPES
+               if media != "application/json"}
+    content["application/json"] = {"schema": {"type": "object", "properties": {
+        "items": {"type": "array", "items": {"type": "object"}}, "offset": {"type": "integer"},
+        "total": {"type": "integer"}, "next_offset": {"type": ["integer", "null"]}}}}
+    return {200: {"description": "the table: CSV by default, NDJSON or Parquet by Accept; JSON pages with offset/limit",
+                  "content": content}}

@@ -1,0 +1,78 @@
+"""Columnar downloads with content negotiation: a Parquet file streamed as CSV (the default), NDJSON or Parquet,
+or paged as JSON — never loaded whole."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from shared.errors import LabelDPError
+
+PARQUET = "application/vnd.apache.parquet"
+MEDIA_TYPES = ("text/csv", "application/x-ndjson", PARQUET, "application/json")
+_ALIASES = {"application/parquet": PARQUET, "application/ndjson": "application/x-ndjson",
+            "application/jsonl": "application/x-ndjson", "text/*": "text/csv"}
+
+
+def negotiate(accept: str | None) -> str:
+    if not accept or "*/*" in accept:
+        return "text/csv"
+    for part in accept.split(","):
+        media = part.split(";")[0].strip().lower()
+        media = _ALIASES.get(media, media)
+        if media in MEDIA_TYPES:
+            return media
+    raise LabelDPError(f"cannot produce {accept!r}; offered: {', '.join(MEDIA_TYPES)}", code="not_acceptable")
+
+
+def table_response(path: Path, accept: str | None, offset: int, limit: int, filename: str,
+                   rows: Callable[[pa.RecordBatch], list[dict]] | None = None) -> Response:
+    """The table in the negotiated format; ``rows`` turns a batch into JSON/NDJSON rows (default: as is)."""
+    media = negotiate(accept)
+    rows = rows or (lambda batch: batch.to_pylist())
+    if media == "application/json":
+        return _json_page(path, offset, limit, rows)
+    stream = {"text/csv": _csv_stream, "application/x-ndjson": lambda p: _ndjson_stream(p, rows),
+              PARQUET: _parquet_stream}[media](path)
+    disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
+    return StreamingResponse(stream, media_type=media, headers=disposition)
+
+
+def _batches(path: Path) -> Iterator[pa.RecordBatch]:
+    yield from pq.ParquetFile(path).iter_batches(batch_size=1 << 16)
+
+
+def _csv_stream(path: Path) -> Iterator[bytes]:
+    first = True
+    for batch in _batches(path):
+        sink = pa.BufferOutputStream()
+        pacsv.write_csv(pa.Table.from_batches([batch]), sink,
+                        write_options=pacsv.WriteOptions(include_header=first, quoting_style="needed"))
+        first = False
+        yield sink.getvalue().to_pybytes()
+
+
+def _ndjson_stream(path: Path, rows) -> Iterator[bytes]:
+    for batch in _batches(path):
+        yield ("\n".join(json.dumps(row) for row in rows(batch)) + "\n").encode()
+
+
+def _parquet_stream(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            yield chunk
+
+
+def _json_page(path: Path, offset: int, limit: int, rows) -> JSONResponse:
+    parquet = pq.ParquetFile(path)
+    total = parquet.metadata.num_rows
+    table = parquet.read().slice(offset, limit)
+    items = rows(table.combine_chunks().to_batches()[0]) if table.num_rows else []
+    next_offset = offset + len(items) if offset + len(items) < total else None
+    return JSONResponse({"items": items, "offset": offset, "total": total, "next_offset": next_offset})
