@@ -1,5 +1,6 @@
 # The features-party trainer service (FastAPI + JAX). For a GPU host build with: pip install ".[gpu]".
-# Data directory from the environment: LABELDP_TRAINER_DIR (see deploy/features.env.example).
+# Settings from the environment: LABELDP_TRAINER_* (see deploy/features.env.example); the schema is migrated on
+# start (--upgrade-db).
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -10,4 +11,4 @@ RUN pip install --no-cache-dir .
 RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
 USER labeldp
 EXPOSE 8701
-CMD ["labeldp", "features", "serve", "--host", "0.0.0.0", "--port", "8701"]
+CMD ["labeldp", "features", "serve", "--host", "0.0.0.0", "--port", "8701", "--upgrade-db"]

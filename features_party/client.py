@@ -10,6 +10,7 @@ import io
 import time
 import uuid
 from collections.abc import Iterable
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -23,6 +24,13 @@ class LabelsPartyError(Exception):
     def __init__(self, status: int, code: str, message: str, body: dict | None = None):
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message, self.body = status, code, message, body or {}
+
+    @property
+    def safe_code(self) -> str:
+        """The error code if it is one of the shared codes (safe to pass on), else a generic one."""
+        from shared.service.errors import ErrorCode
+
+        return self.code if self.code in ErrorCode._value2member_map_ else "error"
 
 
 class Unauthorized(LabelsPartyError):
@@ -62,11 +70,32 @@ def _raise_for(response: httpx.Response) -> None:
     raise cls(response.status_code, code, message, body)
 
 
+def _segment(value: str) -> str:
+    """One URL path segment: nothing in an id can add a path, a query or a fragment."""
+    return quote(str(value), safe="")
+
+
 class LabelsPartyClient:
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 300.0, retries: int = 4,
-                 backoff: float = 0.5, transport: httpx.BaseTransport | None = None):
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
-                                  headers={"Authorization": f"Bearer {api_key}"})
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 300.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+        verify: bool | str = True,
+    ):
+        """``verify``: check the server's TLS certificate (the default) against the system CAs, or against the CA
+        bundle at this path."""
+        self._http = httpx.Client(
+            base_url=base_url,
+            timeout=timeout,
+            transport=transport,
+            verify=verify,
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
         self.retries, self.backoff = retries, backoff
 
     def close(self) -> None:
@@ -98,37 +127,53 @@ class LabelsPartyClient:
         return schemas.Dataset(**self._request("POST", "/v1/datasets", json=body, retry=False).json())
 
     def upload_labels(self, dataset_id: str, example_ids: Iterable, labels: Iterable) -> schemas.UploadResult:
-        table = pa.table({"example_id": pa.array([str(i) for i in example_ids]), "label": pa.array(labels,
-                                                                                                   pa.float64())})
+        table = pa.table(
+            {"example_id": pa.array([str(i) for i in example_ids]), "label": pa.array(labels, pa.float64())}
+        )
         sink = io.BytesIO()
         pq.write_table(table, sink)
-        response = self._request("PUT", f"/v1/datasets/{dataset_id}/labels", content=sink.getvalue(),
-                                 headers={"Content-Type": "application/vnd.apache.parquet"}, retry=True)
+        response = self._request(
+            "PUT",
+            f"/v1/datasets/{_segment(dataset_id)}/labels",
+            content=sink.getvalue(),
+            headers={"Content-Type": "application/vnd.apache.parquet"},
+            retry=True,
+        )
         return schemas.UploadResult(**response.json())
 
     def grant(self, dataset_id: str, org: str) -> schemas.Grant:
-        return schemas.Grant(**self._request("POST", f"/v1/datasets/{dataset_id}/grants", json={"org": org},
-                                             retry=True).json())
+        return schemas.Grant(
+            **self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/grants", json={"org": org}, retry=True).json()
+        )
 
     def audit(self, dataset_id: str | None = None) -> schemas.Audit:
         params = {"dataset": dataset_id} if dataset_id else None
         return schemas.Audit(**self._request("GET", "/v1/audit", params=params, retry=True).json())
 
     # -- consumer operations ----------------------------------------------------------------------------------
-    def budget(self, dataset_id: str) -> schemas.Budget:
-        return schemas.Budget(**self._request("GET", f"/v1/datasets/{dataset_id}/budget", retry=True).json())
+    def get_dataset(self, dataset_id: str) -> schemas.Dataset:
+        return schemas.Dataset(**self._request("GET", f"/v1/datasets/{_segment(dataset_id)}", retry=True).json())
 
-    def request_release(self, dataset_id: str, request: schemas.ReleaseRequest | dict, *,
-                        idempotency_key: str | None = None) -> schemas.Release:
+    def budget(self, dataset_id: str) -> schemas.Budget:
+        return schemas.Budget(**self._request("GET", f"/v1/datasets/{_segment(dataset_id)}/budget", retry=True).json())
+
+    def request_release(
+        self, dataset_id: str, request: schemas.ReleaseRequest | dict, *, idempotency_key: str | None = None
+    ) -> schemas.Release:
         body = request if isinstance(request, schemas.ReleaseRequest) else schemas.ReleaseRequest(**request)
         key = idempotency_key or uuid.uuid4().hex  # one key for every retry of this logical request
-        response = self._request("POST", f"/v1/datasets/{dataset_id}/releases",
-                                 json=body.model_dump(exclude_none=True), headers={"Idempotency-Key": key},
-                                 retry=True)
+        response = self._request(
+            "POST",
+            f"/v1/datasets/{_segment(dataset_id)}/releases",
+            json=body.model_dump(exclude_none=True),
+            headers={"Idempotency-Key": key},
+            retry=True,
+        )
         return schemas.Release(**response.json())
 
-    def request_prior_release(self, dataset_id: str, example_ids, priors, epsilon: float, *,
-                              idempotency_key: str | None = None) -> schemas.Release:
+    def request_prior_release(
+        self, dataset_id: str, example_ids, priors, epsilon: float, *, idempotency_key: str | None = None
+    ) -> schemas.Release:
         """RRWithPrior with one prior per example; the priors (n x K) travel as a Parquet body."""
         priors = np.asarray(priors, dtype=np.float64)
         columns = {"example_id": pa.array([str(i) for i in example_ids])}
@@ -136,40 +181,70 @@ class LabelsPartyClient:
         sink = io.BytesIO()
         pq.write_table(pa.table(columns), sink)
         key = idempotency_key or uuid.uuid4().hex
-        response = self._request("POST", f"/v1/datasets/{dataset_id}/prior-releases", params={"epsilon": epsilon},
-                                 content=sink.getvalue(), retry=True,
-                                 headers={"Content-Type": "application/vnd.apache.parquet", "Idempotency-Key": key})
+        response = self._request(
+            "POST",
+            f"/v1/datasets/{_segment(dataset_id)}/prior-releases",
+            params={"epsilon": epsilon},
+            content=sink.getvalue(),
+            retry=True,
+            headers={"Content-Type": "application/vnd.apache.parquet", "Idempotency-Key": key},
+        )
         return schemas.Release(**response.json())
 
-    def request_group_release(self, dataset_id: str, example_ids, groups, mechanism: str, epsilon: float,
-                              prior_epsilon: float, *, idempotency_key: str | None = None) -> schemas.Release:
+    def request_group_release(
+        self,
+        dataset_id: str,
+        example_ids,
+        groups,
+        mechanism: str,
+        epsilon: float,
+        prior_epsilon: float,
+        *,
+        idempotency_key: str | None = None,
+    ) -> schemas.Release:
         """One private prior and randomizer per group (groups computed from features, e.g. k-means)."""
         sink = io.BytesIO()
-        pq.write_table(pa.table({"example_id": pa.array([str(i) for i in example_ids]),
-                                 "group": pa.array([str(g) for g in groups])}), sink)
-        headers = {"Content-Type": "application/vnd.apache.parquet",
-                   "Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        response = self._request("POST", f"/v1/datasets/{dataset_id}/group-releases", retry=True,
-                                 params={"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon},
-                                 content=sink.getvalue(), headers=headers)
+        pq.write_table(
+            pa.table(
+                {"example_id": pa.array([str(i) for i in example_ids]), "group": pa.array([str(g) for g in groups])}
+            ),
+            sink,
+        )
+        headers = {
+            "Content-Type": "application/vnd.apache.parquet",
+            "Idempotency-Key": idempotency_key or uuid.uuid4().hex,
+        }
+        response = self._request(
+            "POST",
+            f"/v1/datasets/{_segment(dataset_id)}/group-releases",
+            retry=True,
+            params={"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon},
+            content=sink.getvalue(),
+            headers=headers,
+        )
         return schemas.Release(**response.json())
 
     def mechanism_document(self, mechanism_hash: str) -> dict:
         """A release's full public description (``release.mechanism_hash``): output values, exact probabilities,
         the noisy prior, model parameters."""
-        return self._request("GET", f"/v1/mechanisms/{mechanism_hash}", retry=True).json()
+        return self._request("GET", f"/v1/mechanisms/{_segment(mechanism_hash)}", retry=True).json()
 
     def list_releases(self, dataset_id: str) -> list[schemas.Release]:
-        return [schemas.Release(**r) for r in self._request("GET", f"/v1/datasets/{dataset_id}/releases",
-                                                            retry=True).json()]
+        return [
+            schemas.Release(**r)
+            for r in self._request("GET", f"/v1/datasets/{_segment(dataset_id)}/releases", retry=True).json()
+        ]
 
     def download_labels(self, release_id: str) -> pa.Table:
         """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""
         attempt = 0
         while True:
             try:
-                with self._http.stream("GET", f"/v1/releases/{release_id}/labels",
-                                       headers={"Accept": "application/vnd.apache.parquet"}) as response:
+                with self._http.stream(
+                    "GET",
+                    f"/v1/releases/{_segment(release_id)}/labels",
+                    headers={"Accept": "application/vnd.apache.parquet"},
+                ) as response:
                     if response.status_code >= 400:
                         response.read()
                         _raise_for(response)

@@ -15,6 +15,7 @@ predictions against the true test labels. Everything is written under ``demo-out
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -111,9 +112,13 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
         services.append(_start(_cli("labels", "serve", "--port", str(labels_port), "--database-url", db_url,
                                     "--data-dir", str(out / "labels" / "data")), out / "labels-service.log",
                                labels_port))
-        services.append(_start(_cli("features", "serve", "--port", str(trainer_port), "--data-dir",
-                                    str(out / "trainer")), out / "trainer-service.log", trainer_port))
         labels_url = f"http://127.0.0.1:{labels_port}"
+        trainer_db = ["--database-url", f"sqlite:///{out / 'trainer' / 'trainer.db'}",
+                      "--data-dir", str(out / "trainer")]
+        (out / "trainer").mkdir(parents=True)
+        services.append(_start(_cli("features", "serve", "--port", str(trainer_port), *trainer_db,
+                                    "--labels-party", f"office={labels_url}"),
+                               out / "trainer-service.log", trainer_port))
 
         def new_key(org: str, role: str) -> str:
             return subprocess.run(_cli("labels", "create-key", "--org", org, "--role", role, "--database-url",
@@ -121,6 +126,8 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
                                   check=True, capture_output=True, text=True).stdout.strip()
 
         admin, consumer = new_key("statistics-office", "admin"), new_key("publisher", "consumer")
+        trainer_key = subprocess.run(_cli("features", "create-key", "--org", "publisher", "--role", "admin",
+                                          *trainer_db), check=True, capture_output=True, text=True).stdout.strip()
         total = len(MECHANISMS) * sum(epsilons)
         with LabelsPartyClient(labels_url, admin) as office:
             dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
@@ -131,15 +138,17 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
                   f"(one release per mechanism and epsilon, for comparison)")
 
             rows = []
-            with httpx.Client(base_url=f"http://127.0.0.1:{trainer_port}", timeout=600) as trainer:
+            with httpx.Client(base_url=f"http://127.0.0.1:{trainer_port}", timeout=600,
+                              headers={"Authorization": f"Bearer {trainer_key}"}) as trainer:
                 csv = data[["example_id", *NUMERIC, *CATEGORICAL]].to_csv(index=False)
-                assert trainer.put("/v1/features/hours", content=csv).status_code == 200
+                assert trainer.put("/v1/features/hours", content=csv,
+                                   headers={"Content-Type": "text/csv"}).status_code == 200
                 truth_test = test.set_index("example_id")["hours"]
                 truth_train = train_part.set_index("example_id")["hours"]
                 for epsilon in epsilons:
                     for mechanism, options in MECHANISMS:
                         response = trainer.post("/v1/jobs", json={
-                            "features": "hours", "labels_url": labels_url, "api_key": consumer,
+                            "features": "hours", "labels_party": "office", "api_key": consumer,
                             "dataset_id": dataset.id, "numeric": NUMERIC, "categorical": CATEGORICAL,
                             "release": {"mechanism": mechanism, "epsilon": epsilon,
                                         "example_ids": train_part["example_id"].tolist(), **options},
@@ -148,8 +157,10 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
                         job = _wait(trainer, response.json()["id"])
                         if job["status"] != "succeeded":
                             raise RuntimeError(f"training job failed: {job['error']}")
-                        predicted = trainer.get(f"/v1/jobs/{job['id']}/predictions").json()
-                        predictions = pd.Series(predicted["predictions"], index=predicted["example_ids"])
+                        predicted = pd.read_parquet(io.BytesIO(trainer.get(
+                            f"/v1/jobs/{job['id']}/predictions",
+                            headers={"Accept": "application/vnd.apache.parquet"}).content))
+                        predictions = predicted.set_index("example_id")["prediction"]
                         noisy = office.download_labels(job["release"]["id"]).to_pandas().set_index("example_id")
                         row = {"mechanism": mechanism, "epsilon": epsilon,
                                "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),

@@ -45,12 +45,21 @@ class Preprocessor:
     stds: tuple[float, ...] = ()
     vocabularies: tuple[tuple[str, ...], ...] = field(default=())
 
-    @classmethod
-    def fit(cls, frame: pd.DataFrame, numeric, categorical) -> Preprocessor:
-        numeric, categorical = tuple(numeric), tuple(categorical)
-        missing = [c for c in numeric + categorical if c not in frame.columns]
+    @staticmethod
+    def check(frame: pd.DataFrame, numeric, categorical) -> None:
+        """The columns exist and the numeric ones are numbers, on every row (what ``fit`` needs of any subset)."""
+        missing = [c for c in tuple(numeric) + tuple(categorical) if c not in frame.columns]
         if missing:
             raise LabelDPError(f"feature columns not in the features file: {missing}", code="malformed_file")
+        if "example_id" in tuple(numeric) + tuple(categorical):
+            raise LabelDPError("example_id is the key, not a feature", code="malformed_file")
+        _numeric(frame, tuple(numeric))
+
+    @classmethod
+    def fit(cls, frame: pd.DataFrame, numeric, categorical) -> Preprocessor:
+        """Fitted on ``frame`` alone: pass the rows the model trains on (never held-out rows)."""
+        numeric, categorical = tuple(numeric), tuple(categorical)
+        cls.check(frame, numeric, categorical)
         values = _numeric(frame, numeric)
         means = values.mean(axis=0) if len(frame) else np.zeros(len(numeric))
         stds = values.std(axis=0) if len(frame) else np.ones(len(numeric))

@@ -1,7 +1,9 @@
-"""A training job of the features party: request a release, download it, join by example id, train, save.
+"""A training job of the features party: request a release, download it, join by example id, fit the
+preprocessing on the rows it trains on, train, save the model and the predictions.
 
-``start_job`` does everything that can be refused (features and columns, the release itself: unknown ids,
-budget, mechanism) synchronously, so the caller can answer 4xx; ``run_job`` does the slow part.
+:func:`start` requests the release synchronously (its refusals become 4xx for the caller) and queues the rest on
+the trainer's executor. Progress goes to the job's database row as it happens; the labels-party API key lives only
+in this process's memory for the job's duration.
 """
 
 from __future__ import annotations
@@ -9,16 +11,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from features_party.client import LabelsPartyClient
+from features_party import db
+from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.features import ID, Preprocessor
+from features_party.service import JobPlan, TrainerContext, labels_party_client, load_frame, upstream_error
 from features_party.train import TrainConfig, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
@@ -26,121 +31,163 @@ from shared.errors import LabelDPError
 log = logging.getLogger("labeldp.jobs")
 
 
-@dataclass
-class Job:
-    id: str
-    request: dict
-    status: str = "queued"  # queued | running | succeeded | failed
-    epoch: int = 0
-    epochs: int = 0
-    history: list = field(default_factory=list)
-    release: dict | None = None
-    error: str | None = None
-    model_path: str | None = None
-    num_train_examples: int = 0
-    seconds: float = 0.0
-    device: str = ""
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def view(self) -> dict:
-        with self.lock:
-            return {"id": self.id, "status": self.status, "progress": {"epoch": self.epoch, "epochs": self.epochs},
-                    "metrics": list(self.history), "release": self.release, "error": self.error,
-                    "num_train_examples": self.num_train_examples, "seconds": self.seconds,
-                    "device": self.device, "request": {k: v for k, v in self.request.items() if k != "api_key"}}
+def _update(ctx: TrainerContext, job_id: str, **fields) -> None:
+    with ctx.sessions() as session, session.begin():
+        row = session.get(db.Job, job_id)
+        for name, value in fields.items():
+            setattr(row, name, value)
+        row.updated_at = db.utcnow()
 
 
-def training_targets(table, release: schemas.Release) -> tuple[np.ndarray, str]:
-    """Targets and default loss from a downloaded release: labels, or unbiased weights for label sets."""
-    names = table.schema.names
-    if "label" in names:
-        return table.column("label").to_numpy(), "squared"
-    sets = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in names if n.startswith("in_class_")],
-                    axis=1).astype(np.float64)
-    p, q = release.description["p_true"], release.description["p_other"]
-    return (sets - q) / (p - q), "subset"
+def release_summary(release: schemas.Release) -> dict:
+    return {"id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon,
+            "charged_epsilon": release.charged_epsilon, "certified_epsilon": release.certified_epsilon,
+            "prior_epsilon": release.prior_epsilon,
+            "num_examples": release.num_examples, "mechanism_hash": release.mechanism_hash,
+            "num_outputs": release.description.get("num_outputs")}
+
+
+def start(ctx: TrainerContext, job_id: str, plan: JobPlan, *, resume: bool = False) -> None:
+    """Request the release (single protocol; the job id is its Idempotency-Key, so a resume gets the same one)
+    and queue the training. Raises the 4xx of a refused release; nothing is queued then."""
+    client = labels_party_client(ctx, plan.url, plan.request.api_key)
+    release = None
+    try:
+        if plan.request.protocol == "single":
+            try:
+                release = client.request_release(plan.request.dataset_id, plan.request.release, idempotency_key=job_id)
+            except (LabelsPartyError, httpx.HTTPError) as err:
+                raise upstream_error(err, plan.labels_party) from None
+            _update(ctx, job_id, release_json=json.dumps(release_summary(release)))
+    except BaseException:
+        client.close()
+        raise
+
+    def work():
+        try:
+            if release is not None:
+                run_single(ctx, job_id, plan, client, release)
+            else:
+                run_multistage(ctx, job_id, plan, client)
+        finally:
+            client.close()
+
+    ctx.executor.submit(work)
+    log.info("job %s %s (labels party %s)", job_id, "resumed" if resume else "queued", plan.labels_party)
 
 
 @contextlib.contextmanager
-def job_running(job: Job, workdir: Path):
-    """Marks the job running; on any error records it as failed (the service stays up); always records the
-    duration and writes job.json."""
+def _running(ctx: TrainerContext, job_id: str):
+    """Marks the job running; on any error records it as failed (the service stays up); records the duration."""
     started = time.perf_counter()
-    with job.lock:
-        job.status = "running"
+    _update(ctx, job_id, status="running")
     try:
         yield
+    except (LabelsPartyError, httpx.HTTPError) as err:
+        log.warning("job %s: labels party failed: %s", job_id, type(err).__name__)
+        _update(ctx, job_id, status="failed", error=str(upstream_error(err, "of this job")))
     except Exception as err:
-        log.exception("job %s failed", job.id)
-        with job.lock:
-            job.status, job.error = "failed", f"{type(err).__name__}: {err}"
+        log.exception("job %s failed", job_id)
+        message = str(err) if isinstance(err, LabelDPError) else f"{type(err).__name__} while training"
+        _update(ctx, job_id, status="failed", error=message)
     finally:
-        with job.lock:
-            job.seconds = time.perf_counter() - started
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "job.json").write_text(json.dumps(job.view(), default=str))
+        _update(ctx, job_id, seconds=time.perf_counter() - started)
 
 
-def run_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client: LabelsPartyClient,
-            release: schemas.Release, workdir: Path, num_classes: int | None) -> None:
-    with job_running(job, workdir):
+def _progress(ctx: TrainerContext, job_id: str):
+    history: list[dict] = []
+
+    def on_epoch(record: dict) -> None:
+        history.append(record)
+        _update(ctx, job_id, epoch=record["epoch"], metrics_json=json.dumps(history))
+
+    return on_epoch
+
+
+def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
+    """Targets from a downloaded release: labels, or unbiased weights for label sets (subset selection)."""
+    names = table.schema.names
+    if "label" in names:
+        return table.column("label").to_numpy()
+    sets = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in names if n.startswith("in_class_")],
+                    axis=1).astype(np.float64)
+    p, q = release.description["p_true"], release.description["p_other"]
+    return (sets - q) / (p - q)
+
+
+def run_single(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPartyClient,
+               release: schemas.Release) -> None:
+    with _running(ctx, job_id):
         table = client.download_labels(release.id)
-        ids = table.column("example_id").to_pylist()
-        present = features.index.intersection(pd.Index(ids))
+        features = load_frame(plan.features_file)
+        ids = pd.Index(table.column("example_id").to_pylist())
+        present = features.index.intersection(ids)
         if len(present) == 0:
             raise LabelDPError("no released example id has features", code="no_overlap")
         position = pd.Series(np.arange(len(ids)), index=ids)[present].to_numpy()
-        targets, default_loss = training_targets(table, release)
-        targets = targets[position]
-        config = TrainConfig.from_dict({"loss": default_loss, **job.request.get("train", {})})
+        targets = training_targets(table, release)[position]
+        del table
+        config = plan.config
         if config.loss == "cross_entropy":
             targets = np.rint(targets).astype(np.int32)
-        numeric, categorical = preprocessor.transform(features.loc[present])
-        with job.lock:
-            job.epochs, job.num_train_examples = config.epochs, len(present)
-
-        def progress(record):
-            with job.lock:
-                job.epoch = record["epoch"]
-                job.history.append(record)
-
-        workdir.mkdir(parents=True, exist_ok=True)
+        rows = features.loc[present]
+        preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
+        numeric, categorical = preprocessor.transform(rows)
+        _update(ctx, job_id, epochs=config.epochs, num_train_examples=len(present))
         result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
-                       num_classes=num_classes, metrics_path=workdir / "metrics.json", on_epoch=progress)
-        save_model(workdir / "model.npz", result, preprocessor.to_dict(),
-                   {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
-        with job.lock:
-            job.status, job.model_path, job.device = "succeeded", str(workdir / "model.npz"), result.device
+                       num_classes=plan.num_classes, on_epoch=_progress(ctx, job_id))
+        _finish(ctx, job_id, result, preprocessor, features,
+                {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
 
 
-def run_multistage_job(job: Job, features: pd.DataFrame, preprocessor: Preprocessor, client: LabelsPartyClient,
-                       dataset_id: str, release: schemas.ReleaseRequest, num_classes: int, stages: int,
-                       temperature: float, workdir: Path) -> None:
-    """LP-MST as a trainer job: the stages' releases happen inside the job (each stage needs the last model)."""
+def run_multistage(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPartyClient) -> None:
+    """LP-MST as a trainer job: the stages' releases happen inside the job (each stage needs the last model);
+    their Idempotency-Keys start with the job id, so a resumed job gets the same releases back."""
     from features_party.multistage import train_multistage
 
-    with job_running(job, workdir):
-        ids = pd.Index(release.example_ids) if release.example_ids else features.index
-        frame = features.loc[ids]
-        numeric, categorical = preprocessor.transform(frame)
-        config = TrainConfig.from_dict({**job.request.get("train", {}), "loss": "cross_entropy"})
-        with job.lock:
-            job.epochs, job.num_train_examples = config.epochs * stages, len(frame)
-        result, reports = train_multistage(client, dataset_id, frame.index.to_numpy(), numeric, categorical,
-                                           vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
-                                           epsilon=release.epsilon, stages=stages, config=config,
-                                           temperature=temperature, seed=config.seed)
-        workdir.mkdir(parents=True, exist_ok=True)
-        save_model(workdir / "model.npz", result, preprocessor.to_dict(),
-                   {"protocol": "lp-mst", "stages": [r.__dict__ for r in reports], "epsilon": release.epsilon})
-        with job.lock:
-            job.status, job.model_path, job.device = "succeeded", str(workdir / "model.npz"), result.device
-            job.history = [dict(r.__dict__) for r in reports]
-            job.release = {"stages": [dict(r.__dict__) for r in reports], "epsilon": release.epsilon,
-                           "certified_epsilon": max(r.certified_epsilon for r in reports)}
+    request = plan.request
+    with _running(ctx, job_id):
+        features = load_frame(plan.features_file)
+        ids = pd.Index(request.release.example_ids) if request.release.example_ids else features.index
+        rows = features.loc[ids]
+        preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
+        numeric, categorical = preprocessor.transform(rows)
+        config: TrainConfig = plan.config
+        _update(ctx, job_id, epochs=config.epochs * request.stages, num_train_examples=len(rows))
+        result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
+                                           vocab_sizes=preprocessor.vocab_sizes, num_classes=plan.num_classes,
+                                           epsilon=request.release.epsilon, stages=request.stages, config=config,
+                                           temperature=request.temperature, seed=config.seed,
+                                           key_prefix=f"{job_id}-")
+        stages = [dict(r.__dict__) for r in reports]
+        _update(ctx, job_id, metrics_json=json.dumps(stages), release_json=json.dumps({
+            "stages": stages, "epsilon": request.release.epsilon,
+            "certified_epsilon": max(r.certified_epsilon for r in reports)}))
+        _finish(ctx, job_id, result, preprocessor, features, {"protocol": "lp-mst", "stages": stages,
+                                                               "epsilon": request.release.epsilon})
 
 
-def predictions_frame(model_path: str, features: pd.DataFrame) -> pd.DataFrame:
+def _finish(ctx: TrainerContext, job_id: str, result, preprocessor: Preprocessor, features: pd.DataFrame,
+            extra: dict) -> None:
+    """Save the model and the predictions for every row of the features table (Parquet, streamed on request)."""
+    workdir = ctx.data_dir / "jobs" / job_id
+    workdir.mkdir(parents=True, exist_ok=True)
+    save_model(workdir / "model.npz", result, preprocessor.to_dict(), extra)
+    numeric, categorical = preprocessor.transform(features)
+    predicted = result.predict(numeric, categorical)
+    columns = {ID: pa.array(features.index.astype(str).to_numpy())}
+    if predicted.ndim == 2:
+        columns["prediction"] = pa.array(predicted.argmax(axis=1))
+        columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
+    else:
+        columns["prediction"] = pa.array(predicted)
+    pq.write_table(pa.table(columns), workdir / "predictions.parquet")
+    _update(ctx, job_id, status="succeeded", model_file=str(workdir / "model.npz"),
+            predictions_file=str(workdir / "predictions.parquet"), device=result.device)
+
+
+def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.DataFrame:
+    """Predictions of a saved model on a features table (``labeldp predict``)."""
     from features_party.train import load_model
 
     result, header = load_model(model_path)

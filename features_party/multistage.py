@@ -39,8 +39,11 @@ def _logits(result: TrainResult, numeric, categorical) -> np.ndarray:
 def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np.ndarray, numeric: np.ndarray,
                      categorical: np.ndarray, *, vocab_sizes, num_classes: int, epsilon: float, stages: int,
                      config: TrainConfig, temperature: float = 1.0, seed: int = 0,
-                     fractions: list[float] | None = None) -> tuple[TrainResult, list[StageReport]]:
-    """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report."""
+                     fractions: list[float] | None = None,
+                     key_prefix: str = "") -> tuple[TrainResult, list[StageReport]]:
+    """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report.
+    Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
+    the same prefix (a resumed job) gets the same releases back instead of new draws and charges."""
     if stages < 1:
         raise ValueError("stages must be >= 1")
     n = len(example_ids)
@@ -56,12 +59,12 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
         ids = [str(i) for i in example_ids[rows]]
         if result is None:
             release = client.request_release(dataset_id, {"mechanism": "rr", "epsilon": epsilon, "example_ids": ids},
-                                             idempotency_key=f"lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
+                                             idempotency_key=f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
             mean_k = float(num_classes)
         else:
             priors = np.asarray(jax.nn.softmax(_logits(result, numeric[rows], categorical[rows]) / temperature))
             release = client.request_prior_release(dataset_id, ids, priors, epsilon,
-                                                   idempotency_key=f"lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
+                                                   idempotency_key=f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
             mean_k = float(release.description["mean_k"])
         table = client.download_labels(release.id)
         position = {example: i for i, example in enumerate(table.column("example_id").to_pylist())}

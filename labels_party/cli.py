@@ -23,6 +23,7 @@ from shared.domains import Classes, parse_label_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
+from shared.service.tls import add_tls_arguments, tls_options
 
 
 def register(commands) -> None:
@@ -175,6 +176,7 @@ def register_service_commands(commands) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8700)
     serve.add_argument("--upgrade-db", action="store_true", help="migrate an older database schema first")
+    add_tls_arguments(serve)
     key = actions.add_parser("create-key", help="create an API key (printed once on stdout)")
     key.add_argument("--org", required=True)
     key.add_argument("--role", required=True, choices=("admin", "consumer"))
@@ -226,7 +228,7 @@ def serve_command(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     uvicorn.run(create_app(_context(args, upgrade=args.upgrade_db)), host=args.host, port=args.port,
-                log_level="info")
+                log_level="info", **tls_options(args))
     return 0
 
 

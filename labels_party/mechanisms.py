@@ -22,9 +22,10 @@ from shared.mechanisms.randomized_response import debiased_randomized_response, 
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.privacy import check_epsilon
+from shared.schemas import CLASSIFICATION_MECHANISMS, REGRESSION_MECHANISMS
 
-REGRESSION = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
-CLASSIFICATION = ("rr", "rr-with-prior", "subset")
+REGRESSION = REGRESSION_MECHANISMS
+CLASSIFICATION = CLASSIFICATION_MECHANISMS
 NEEDS_PRIOR = ("opt-unbiased", "rr-on-bins", "rr-with-prior")
 ADDITIVE = ("laplace", "staircase")
 MECHANISMS = tuple(dict.fromkeys(REGRESSION + CLASSIFICATION))

@@ -15,6 +15,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
+# The mechanisms a release may name, by label kind (both parties check a request against these).
+REGRESSION_MECHANISMS = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
+CLASSIFICATION_MECHANISMS = ("rr", "rr-with-prior", "subset")
+
 
 class ErrorDetail(BaseModel):
     code: str

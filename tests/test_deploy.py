@@ -5,6 +5,7 @@ and by cross-checking it against the CLI parser and the code."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -64,8 +65,10 @@ def test_commands_ports_and_dockerfiles_match_the_code(name):
     command = service["command"]
     assert command[0] == "labeldp"
     args = build_parser().parse_args(command[1:])  # raises on an unknown subcommand or option
-    assert args.host == "0.0.0.0"
-    assert service["ports"] == [f"{args.port}:{args.port}"]
+    assert args.host == "0.0.0.0"  # inside its container; what leaves the compose network is "ports"
+    # the labels party is published; the trainer is not unless the operator opts in (an override file)
+    assert service.get("ports") == ([f"{args.port}:{args.port}"] if name == "labels" else None)
+    assert args.upgrade_db
     assert f"127.0.0.1:{args.port}/healthz" in " ".join(service["healthcheck"]["test"])
     dockerfile = (ROOT / service["build"]["dockerfile"]).read_text()
     assert f"EXPOSE {args.port}" in dockerfile
@@ -82,9 +85,18 @@ def test_every_env_var_is_read_by_the_code_and_credentials_agree():
 
     for key in _env_example("labels"):  # the labels party reads LABELDP_<field> into its settings object
         assert key.startswith("LABELDP_") and key[len("LABELDP_"):].lower() in LabelsSettings.model_fields, key
+    from features_party.settings import TrainerSettings
+
     for key in _env_example("features"):
-        assert key.startswith("LABELDP_") and f'"{key}"' in code, key
+        assert key.startswith("LABELDP_TRAINER_"), key
+        assert key[len("LABELDP_TRAINER_"):].lower() in TrainerSettings.model_fields, key
     postgres = _env_example("postgres")
     url = _env_example("labels")["LABELDP_DATABASE_URL"]
     assert url == (f"postgresql://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@postgres:5432/"
                    f"{postgres['POSTGRES_DB']}")
+    trainer = _env_example("features")
+    assert trainer["LABELDP_TRAINER_DATABASE_URL"] == (
+        f"postgresql://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@postgres:5432/trainer")
+    assert "CREATE DATABASE trainer" in (ROOT / "deploy" / "postgres-init.sql").read_text()
+    settings = TrainerSettings.model_validate({"labels_parties": json.loads(trainer["LABELDP_TRAINER_LABELS_PARTIES"])})
+    assert settings.labels_party_url(None) == ("labels", "http://labels:8700")  # the compose service

@@ -1,0 +1,89 @@
+"""The trainer's database: organizations and their API keys, features tables and jobs (SQLAlchemy 2; SQLite by
+default, PostgreSQL in production). Files (features, models, predictions) live under the data directory; rows
+point at them. Every features table and job belongs to one organization."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from shared.service.database import NAMING_CONVENTION
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Organization(Base):
+    __tablename__ = "organizations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    role: Mapped[str] = mapped_column(String(20))  # admin | member
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class FeatureTable(Base):
+    __tablename__ = "feature_tables"
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    file: Mapped[str] = mapped_column(String(300))
+    num_examples: Mapped[int] = mapped_column(Integer)
+    columns_json: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Job(Base):
+    """A training job. Its request is stored without the labels-party API key (that only lives in memory while
+    the job runs); its progress and result are updated as it goes, so a restart loses nothing but the run."""
+
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    status: Mapped[str] = mapped_column(String(20))  # queued | running | succeeded | failed | interrupted
+    labels_party: Mapped[str] = mapped_column(String(40))
+    dataset_id: Mapped[str] = mapped_column(String(64))
+    request_json: Mapped[str] = mapped_column(Text)
+    release_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    epochs: Mapped[int] = mapped_column(Integer, default=0)
+    metrics_json: Mapped[str] = mapped_column(Text, default="[]")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    predictions_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    num_train_examples: Mapped[int] = mapped_column(Integer, default=0)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    device: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
+    """Sessions on a database at the current schema (see :mod:`features_party.migrations`)."""
+    from features_party.migrations import MIGRATIONS
+
+    MIGRATIONS.prepare(engine, upgrade=upgrade)
+    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,12 @@
+"""Schema migrations of the trainer's database (Alembic; this folder is its script location), run by
+:class:`shared.service.database.Migrations`: ``labeldp features upgrade-db`` or ``serve --upgrade-db``. The
+trainer kept no database before revision 0001, so there is nothing older to stamp."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from features_party.db import Base
+from shared.service.database import Migrations
+
+MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, None, "labeldp features upgrade-db")

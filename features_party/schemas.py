@@ -1,0 +1,91 @@
+"""Wire schemas of the trainer service (pydantic v2): everything a job may say is typed here, so the OpenAPI
+documents every option with its range and a job that cannot run is refused before any ε is spent."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared import schemas
+
+# Names of features tables and labels parties; dataset ids as the labels party issues them (letters, digits,
+# '-' and '_'): never spliced into a URL unescaped, and validated before any connection is made.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+DATASET_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+API_KEY_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"  # an API key of the labels party (ASCII only)
+
+
+class TrainOptions(BaseModel):
+    """Training options (features_party/train.py:TrainConfig), each with its range. ``loss`` defaults to what the
+    labels are: cross-entropy for classes, the subset loss for subset releases, squared for regression."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    loss: Literal["squared", "poisson", "cross_entropy", "subset"] | None = None
+    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=lambda: [64, 32], max_length=8)
+    embed_dim: int = Field(default=4, ge=1, le=256)
+    learning_rate: float = Field(default=1e-3, gt=0, le=10)
+    l2: float = Field(default=1e-4, ge=0, le=1)
+    batch_size: int = Field(default=1024, ge=1, le=65536)
+    epochs: int = Field(default=50, ge=1, le=1000)
+    patience: int = Field(default=8, ge=1, le=1000)
+    validation_fraction: float = Field(default=0.2, ge=0, le=0.9)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    standardize_targets: bool = True
+
+
+class JobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    features: str = Field(pattern=NAME_PATTERN, description="a features table of the caller's organization")
+    labels_party: str | None = Field(default=None, pattern=NAME_PATTERN,
+                                     description="a labels party configured on this trainer (default: its default)")
+    dataset_id: str = Field(pattern=DATASET_ID_PATTERN)
+    api_key: str = Field(pattern=API_KEY_PATTERN, description="the organization's labels-party key; used for this "
+                         "job only, never stored, logged or returned", repr=False)
+    release: schemas.ReleaseRequest
+    numeric: list[str] = Field(default_factory=list, max_length=1000)
+    categorical: list[str] = Field(default_factory=list, max_length=1000)
+    num_classes: int | None = Field(default=None, ge=2, le=100_000)
+    train: TrainOptions = Field(default_factory=TrainOptions)
+    protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
+    stages: int = Field(default=2, ge=1, le=5)
+    temperature: float = Field(default=1.0, gt=0, le=100)
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    api_key: str = Field(pattern=API_KEY_PATTERN, repr=False)
+
+
+class FeatureTableView(BaseModel):
+    name: str
+    num_examples: int
+    columns: list[str]
+    updated_at: datetime
+
+
+class JobProgress(BaseModel):
+    epoch: int
+    epochs: int
+
+
+class JobView(BaseModel):
+    """A job as its organization sees it: compact (no example ids), never the API key."""
+
+    id: str
+    status: Literal["queued", "running", "succeeded", "failed", "interrupted"]
+    protocol: str
+    labels_party: str
+    dataset_id: str
+    progress: JobProgress
+    metrics: list[dict[str, Any]]
+    release: dict[str, Any] | None
+    error: str | None
+    num_train_examples: int
+    seconds: float
+    device: str
+    created_at: datetime
+    request: dict[str, Any]

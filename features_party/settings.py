@@ -1,0 +1,61 @@
+"""Deployment settings of the features-party trainer service, from ``LABELDP_TRAINER_*`` environment variables,
+flags, or passed in (``labeldp features serve`` builds them).
+
+The labels parties the trainer talks to are configuration, never a request field: a job names one of them (or
+uses the default), so no request can make the trainer call an address of the caller's choosing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+
+
+class TrainerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LABELDP_TRAINER_", frozen=True, extra="ignore")
+
+    database_url: str = "sqlite:///var/trainer.db"
+    data_dir: Path = Path("var/trainer")
+    labels_parties: dict[str, str] = Field(default_factory=dict)  # name -> base URL (JSON in the environment)
+    default_labels_party: str | None = None  # default: the first configured
+    upstream_timeout_seconds: float = Field(default=90.0, gt=0, le=600)  # a release may solve up to a minute
+    upstream_retries: int = Field(default=2, ge=0, le=5)
+    upstream_ca_bundle: str | None = None  # verify the labels party's TLS certificate against this CA file
+    max_features_bytes: int = Field(default=1 << 30, gt=0)
+    max_json_bytes: int = Field(default=64 << 20, gt=0)
+    workers: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("labels_parties")
+    @classmethod
+    def _urls(cls, parties: dict[str, str]) -> dict[str, str]:
+        for name, url in parties.items():
+            parts = urlsplit(url)
+            if not _NAME.match(name):
+                raise ValueError(f"labels-party name {name!r}: lower-case letters, digits, '-' and '_'")
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+                raise ValueError(f"labels-party URL {url!r} must be http(s)://host[:port][/path]")
+        return {name: url.rstrip("/") for name, url in parties.items()}
+
+    @model_validator(mode="after")
+    def _default_is_configured(self) -> TrainerSettings:
+        if self.default_labels_party is not None and self.default_labels_party not in self.labels_parties:
+            raise ValueError(f"default labels party {self.default_labels_party!r} is not configured")
+        return self
+
+    def labels_party_url(self, name: str | None) -> tuple[str, str]:
+        """(name, base URL) of a configured labels party; the default when ``name`` is None."""
+        from shared.errors import LabelDPError
+
+        if name is None:
+            name = self.default_labels_party or next(iter(self.labels_parties), None)
+        if name is None or name not in self.labels_parties:
+            configured = ", ".join(self.labels_parties) or "none"
+            raise LabelDPError(f"labels party {name!r} is not configured on this trainer (configured: {configured})",
+                               code="unknown_labels_party")
+        return name, self.labels_parties[name]
