@@ -108,13 +108,14 @@ def serve_command(args) -> int:
     from features_party.service import make_context
     from features_party.train import device_summary
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tls = tls_options(args)  # flags first: a usage error touches no database
     settings = _settings(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     log = logging.getLogger("labeldp.features")
     log.info("JAX devices: %s", device_summary())
     log.info("labels parties: %s", ", ".join(f"{k}={v}" for k, v in settings.labels_parties.items()) or "none")
     uvicorn.run(create_app(make_context(settings, upgrade=args.upgrade_db)), host=args.host, port=args.port,
-                log_level="info", **tls_options(args))
+                log_level="info", **tls)
     return 0
 
 

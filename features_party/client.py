@@ -123,7 +123,7 @@ class LabelsPartyClient:
 
     # -- owner operations ----------------------------------------------------------------------------------------
     def create_dataset(self, **fields) -> schemas.Dataset:
-        body = schemas.DatasetCreate(**fields).model_dump(exclude_none=True)
+        body = schemas.dataset_create.validate_python(fields).model_dump(exclude_none=True)
         return schemas.Dataset(**self._request("POST", "/v1/datasets", json=body, retry=False).json())
 
     def upload_labels(self, dataset_id: str, example_ids: Iterable, labels: Iterable) -> schemas.UploadResult:

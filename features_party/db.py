@@ -4,22 +4,13 @@ point at them. Every features table and job belongs to one organization."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from shared.service.database import NAMING_CONVENTION
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
+from shared.service.database import NAMING_CONVENTION, UtcDateTime, new_id, utcnow  # noqa: F401 (new_id: API)
 
 
 class Base(DeclarativeBase):
@@ -30,7 +21,7 @@ class Organization(Base):
     __tablename__ = "organizations"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class ApiKey(Base):
@@ -41,7 +32,7 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class FeatureTable(Base):
@@ -53,7 +44,7 @@ class FeatureTable(Base):
     file: Mapped[str] = mapped_column(String(300))
     num_examples: Mapped[int] = mapped_column(Integer)
     columns_json: Mapped[str] = mapped_column(Text)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Job(Base):
@@ -77,8 +68,8 @@ class Job(Base):
     num_train_examples: Mapped[int] = mapped_column(Integer, default=0)
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
     device: Mapped[str] = mapped_column(String(200), default="")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:

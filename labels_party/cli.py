@@ -226,9 +226,10 @@ def serve_command(args) -> int:
 
     from labels_party.api import create_app
 
+    tls = tls_options(args)  # flags first: a usage error touches no database
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     uvicorn.run(create_app(_context(args, upgrade=args.upgrade_db)), host=args.host, port=args.port,
-                log_level="info", **tls_options(args))
+                log_level="info", **tls)
     return 0
 
 

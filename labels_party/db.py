@@ -5,13 +5,11 @@ production). Large arrays (labels, privatized labels, per-example budget vectors
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    DateTime,
     Float,
     ForeignKey,
     Integer,
@@ -23,20 +21,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from shared.service.database import NAMING_CONVENTION, make_engine  # noqa: F401 (make_engine: this module's API)
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def as_utc(moment: datetime) -> datetime:
-    """SQLite drops the offset of timezone-aware timestamps; every stored time is UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
+from shared.service.database import (  # noqa: F401 (make_engine, new_id, utcnow: this module's API)
+    NAMING_CONVENTION,
+    UtcDateTime,
+    make_engine,
+    new_id,
+    utcnow,
+)
 
 
 class Base(DeclarativeBase):
@@ -48,7 +39,7 @@ class Organization(Base):
     __tablename__ = "organizations"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class ApiKey(Base):
@@ -59,7 +50,7 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the 256-bit secret
     prefix: Mapped[str] = mapped_column(String(16))
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Dataset(Base):
@@ -81,7 +72,7 @@ class Dataset(Base):
     spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)  # per-example charges
     ledger_seq: Mapped[int] = mapped_column(Integer, default=0)
     ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class LabelVersion(Base):
@@ -92,7 +83,7 @@ class LabelVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
     file: Mapped[str] = mapped_column(String(300))
     num_examples: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Grant(Base):
@@ -101,7 +92,7 @@ class Grant(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class MechanismDocument(Base):
@@ -111,7 +102,7 @@ class MechanismDocument(Base):
     __tablename__ = "mechanism_documents"
     hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     document: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Release(Base):
@@ -137,7 +128,7 @@ class Release(Base):
     mechanism_hash: Mapped[str] = mapped_column(ForeignKey("mechanism_documents.hash"))
     prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # small summary of the noisy prior
     file: Mapped[str] = mapped_column(String(300))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class LedgerEntry(Base):
@@ -153,7 +144,7 @@ class LedgerEntry(Base):
     record: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:

@@ -72,7 +72,7 @@ def release_view(release: db.Release) -> schemas.Release:
         charged_epsilon=units_epsilon(release.charge_units), certified_epsilon=release.certified_epsilon,
         prior_epsilon=release.prior_epsilon, randomizer_epsilon=release.randomizer_epsilon,
         num_examples=release.num_examples, label_version=release.label_version,
-        created_at=db.as_utc(release.created_at), idempotency_key=release.idempotency_key,
+        created_at=release.created_at, idempotency_key=release.idempotency_key,
         mechanism_hash=release.mechanism_hash, description=json.loads(release.description_json),
         noisy_prior=json.loads(release.prior_json) if release.prior_json else None)
 
@@ -309,6 +309,9 @@ def central_training(ctx: ServiceContext, principal: Principal, dataset_id: str,
     from labels_party.labeldp_pro import ProConfig, train_labeldp_pro
 
     check_epsilon_range(ctx, request.epsilon)
+    if len(request.example_ids) != len(request.features) or len({len(f) for f in request.features}) != 1:
+        raise LabelDPError("features must hold one vector per example id, all of the same length",
+                           code="invalid_input")
     body_hash = _hash(request.model_dump())
     stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
     if stored is not None:
@@ -320,8 +323,6 @@ def central_training(ctx: ServiceContext, principal: Principal, dataset_id: str,
         raise LabelDPError("central training (LabelDP-Pro) needs a classes dataset", code="mechanism_domain_mismatch")
     rows, covered = _cover(ctx, snapshot, request.example_ids, request.epsilon)
     features = np.asarray(request.features, dtype=np.float32)
-    if not np.all(np.isfinite(features)):
-        raise LabelDPError("features must be finite numbers", code="invalid_request")
     config = ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=request.delta,
                        steps=request.steps, batch_size=min(request.batch_size, len(rows)),
                        learning_rate=request.learning_rate, hidden=tuple(request.hidden))
@@ -348,6 +349,8 @@ def evaluate_predictions(ctx: ServiceContext, principal: Principal, dataset_id: 
                          idempotency_key: str | None) -> tuple[schemas.Release, bool]:
     """Private evaluation (see :mod:`labels_party.evaluation`), accounted like a release of the scored examples."""
     check_epsilon_range(ctx, request.epsilon)
+    if len(request.example_ids) != len(request.predictions):
+        raise LabelDPError("predictions must hold one number per example id", code="invalid_input")
     body_hash = _hash(request.model_dump())
     stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, body_hash)
     if stored is not None:

@@ -31,7 +31,7 @@ from labels_party.settings import LabelsSettings
 from labels_party.storage import DataStore
 from labels_party.uploads import parse_labels
 from shared import schemas
-from shared.domains import domain_from_spec, domain_spec
+from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 
 
@@ -100,15 +100,14 @@ def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
         **_budget_fields(dataset),
         num_examples=dataset.num_examples, label_version=dataset.label_version,
-        created_at=db.as_utc(dataset.created_at))
+        created_at=dataset.created_at)
 
 
 # -- datasets ---------------------------------------------------------------------------------------------------
 
 def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
     _require_admin(principal)
-    spec = domain_spec(body.label_kind, values=body.values, low=body.min, high=body.max,
-                       num_classes=body.num_classes, grid_size=body.grid_size)
+    spec = body.domain_spec()
     total = budget_units(body.epsilon_total)
     if total < budget_units(ctx.settings.epsilon_min):
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",

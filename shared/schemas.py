@@ -7,17 +7,21 @@ the audit has ``events`` and ``chain_valid``; errors are ``{"error": {"code", "m
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from shared.domains import domain_spec
 
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
 # The mechanisms a release may name, by label kind (both parties check a request against these).
 REGRESSION_MECHANISMS = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
 CLASSIFICATION_MECHANISMS = ("rr", "rr-with-prior", "subset")
+MechanismName = Literal[tuple(dict.fromkeys(REGRESSION_MECHANISMS + CLASSIFICATION_MECHANISMS))]
+# A group release estimates a prior per group and builds one prior-using randomizer per group.
+GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
 
 
 class ErrorDetail(BaseModel):
@@ -29,48 +33,78 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def _finite_positive(value: float) -> float:
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError("must be positive and finite")
-    return value
-
-
-# A budget: positive and finite; NaN and ±inf are refused.
-PositiveFinite = Annotated[float, AfterValidator(_finite_positive)]
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number")
-    return value
-
+# Numbers a request carries: NaN and ±inf are refused, and the OpenAPI schema says so (``exclusiveMinimum``).
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 # A privacy parameter a request asks for: any finite number parses; the service refuses one outside its range
 # (settings.epsilon_min/max, inside what the mechanisms certify) with 400 epsilon_out_of_range, and its OpenAPI
 # schema states that range.
-Epsilon = Annotated[float, AfterValidator(_finite)]
+Epsilon = FiniteFloat
 
 
-class DatasetCreate(BaseModel):
+# A dataset's total budget: at most 10⁶ so its exact units (10⁻⁹ ε each, ``shared/ledger.py``) stay far inside a
+# signed 64-bit column; no meaningful guarantee is anywhere near it.
+BudgetEpsilon = Annotated[PositiveFinite, Field(le=1e6)]
+
+
+class _DatasetCreateBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200)
-    label_kind: LabelKind
-    values: list[float] | None = Field(default=None, max_length=100_000)
-    min: float | None = None
-    max: float | None = None
-    num_classes: int | None = Field(default=None, ge=2, le=100_000)
-    grid_size: int | None = Field(default=None, ge=2, le=10_000)
-    epsilon_total: PositiveFinite
+    epsilon_total: BudgetEpsilon
     allow_central_training: bool = False
 
 
-    @model_validator(mode="after")
-    def _domain_fields(self) -> DatasetCreate:
-        needed = {"finite": ("values",), "integer": ("min", "max"), "continuous": ("min", "max"),
-                  "classes": ("num_classes",)}[self.label_kind]
-        for name in needed:
-            if getattr(self, name) is None:
-                raise ValueError(f"label_kind {self.label_kind!r} needs {name!r}")
-        return self
+class FiniteDatasetCreate(_DatasetCreateBase):
+    """Labels from an explicit list of values."""
+
+    label_kind: Literal["finite"]
+    values: list[FiniteFloat] = Field(min_length=2, max_length=100_000)
+
+    def domain_spec(self) -> dict:
+        return domain_spec("finite", values=self.values)
+
+
+class IntegerDatasetCreate(_DatasetCreateBase):
+    """Integer labels ``min..max``."""
+
+    label_kind: Literal["integer"]
+    min: FiniteFloat
+    max: FiniteFloat
+
+    def domain_spec(self) -> dict:
+        return domain_spec("integer", low=self.min, high=self.max)
+
+
+class ContinuousDatasetCreate(_DatasetCreateBase):
+    """Real labels in ``[min, max]`` (released on a grid of ``grid_size`` points)."""
+
+    label_kind: Literal["continuous"]
+    min: FiniteFloat
+    max: FiniteFloat
+    grid_size: int = Field(default=101, ge=2, le=10_000)
+
+    def domain_spec(self) -> dict:
+        return domain_spec("continuous", low=self.min, high=self.max, grid_size=self.grid_size)
+
+
+class ClassesDatasetCreate(_DatasetCreateBase):
+    """Class labels ``0..num_classes-1``."""
+
+    label_kind: Literal["classes"]
+    num_classes: int = Field(ge=2, le=100_000)
+
+    def domain_spec(self) -> dict:
+        return domain_spec("classes", num_classes=self.num_classes)
+
+
+# The body of ``POST /v1/datasets``: which fields a dataset needs depends on its label kind, and the schema says so.
+DatasetCreate = Annotated[
+    FiniteDatasetCreate | IntegerDatasetCreate | ContinuousDatasetCreate | ClassesDatasetCreate,
+    Field(discriminator="label_kind"),
+]
+dataset_create = TypeAdapter(DatasetCreate)
 
 
 class Dataset(BaseModel):
@@ -106,7 +140,7 @@ class Grant(BaseModel):
 class ReleaseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    mechanism: str
+    mechanism: MechanismName
     epsilon: Epsilon
     prior_epsilon: Epsilon | None = None
     mesh: int | None = Field(default=None, ge=2, le=5000)
@@ -126,14 +160,7 @@ class EvaluationRequest(BaseModel):
     epsilon: Epsilon
     clip: float = Field(default=1e4, gt=0, le=1e15)
     example_ids: list[str] = Field(min_length=1)
-    predictions: list[float] = Field(min_length=1)
-
-
-    @model_validator(mode="after")
-    def _aligned(self) -> EvaluationRequest:
-        if len(self.example_ids) != len(self.predictions):
-            raise ValueError("example_ids and predictions must have the same length")
-        return self
+    predictions: list[FiniteFloat] = Field(min_length=1)  # one per example id (else 400 invalid_input)
 
 
 class CentralTrainingRequest(BaseModel):
@@ -150,14 +177,8 @@ class CentralTrainingRequest(BaseModel):
     learning_rate: float = Field(default=0.5, gt=0)
     hidden: list[int] = Field(default_factory=lambda: [64], max_length=4)
     example_ids: list[str] = Field(min_length=2)
-    features: list[list[float]] = Field(min_length=2)
-
-
-    @model_validator(mode="after")
-    def _aligned(self) -> CentralTrainingRequest:
-        if len(self.example_ids) != len(self.features) or len({len(f) for f in self.features}) != 1:
-            raise ValueError("one feature vector of the same length per example id")
-        return self
+    # one vector per example id, all of one length (else 400 invalid_input)
+    features: list[list[FiniteFloat]] = Field(min_length=2)
 
 
 class Release(BaseModel):

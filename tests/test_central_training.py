@@ -59,13 +59,14 @@ def test_refused_unless_the_owner_enabled_it(setup):
     _, client, datasets, ids, x, _ = setup
     response = client.post(f"/v1/datasets/{datasets[False]}/central-trainings", json=_request(ids, x),
                            headers={"Idempotency-Key": "c"})
-    assert response.status_code == 403 and response.json()["error"]["code"] == "central_training_disabled"
+    assert response.status_code == 409 and response.json()["error"]["code"] == "central_training_disabled"
     assert client.get(f"/v1/datasets/{datasets[False]}/budget").json()["epsilon_spent"] == 0.0
 
 
-def test_malformed_requests_are_422(setup):
+def test_ragged_features_are_refused(setup):
+    """Vectors of different lengths fit the schema (a list of lists) but not the request: 400 invalid_input."""
     _, client, datasets, ids, x, _ = setup
     bad = {**_request(ids, x), "features": [[0.0, 1.0], [0.0]] + x[2:1400].tolist()}
     response = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=bad,
                            headers={"Idempotency-Key": "m"})
-    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_input"

@@ -69,7 +69,8 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
         assert unknown.value.code == "unknown_example_ids"
         with pytest.raises(LabelsPartyError) as wrong:
             client.request_group_release(dataset, ids, groups, "laplace", 0.5, 0.1)
-        assert wrong.value.code == "unknown_mechanism"
+        assert wrong.value.code == "invalid_request"  # the schema names the group mechanisms
+        assert "opt-unbiased" in str(wrong.value)
         events = client.audit(dataset).events
     assert len(events) == 1 and events[0].record["dp_event"]["type"] == "ParallelDpEvent"
     assert len(events[0].record["dp_event"]["events"]) == 4  # one prior + randomizer composition per group

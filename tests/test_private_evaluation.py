@@ -88,7 +88,7 @@ def test_evaluation_endpoint_charges_the_scored_examples(service):
 
 
 @pytest.mark.parametrize(("change", "status", "code"), [
-    ({"predictions": [1.0]}, 422, "invalid_request"),
+    ({"predictions": [1.0]}, 400, "invalid_input"),  # one prediction per example id
     ({"example_ids": ["t1", "ghost"], "predictions": [1.0, 2.0]}, 400, "unknown_example_ids"),
     ({"epsilon": 0}, 400, "epsilon_out_of_range"),
     ({"metric": "auc"}, 422, "invalid_request"),

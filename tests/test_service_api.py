@@ -340,8 +340,8 @@ def test_create_dataset_non_finite_or_malformed_json_is_422(client, admin, raw):
 def test_create_dataset_duplicate_name_is_409(client, admin, other_admin):
     body = {"name": "weeks", "label_kind": "integer", "min": 1, "max": 52, "epsilon_total": 1}
     first = new_dataset(client, admin, **body)
-    expect_error(client.post("/v1/datasets", json={**body, "label_kind": "classes", "num_classes": 3},
-                             headers=admin), 409, "dataset_exists")
+    expect_error(client.post("/v1/datasets", json={"name": "weeks", "label_kind": "classes", "num_classes": 3,
+                                                   "epsilon_total": 1}, headers=admin), 409, "dataset_exists")
     assert [d["id"] for d in client.get("/v1/datasets", headers=admin).json()] == [first]
     # Names are scoped to an organization: another org may use the same name.
     r = client.post("/v1/datasets", json=body, headers=other_admin)
@@ -351,22 +351,28 @@ def test_create_dataset_duplicate_name_is_409(client, admin, other_admin):
 @pytest.mark.parametrize("body", [
     {"label_kind": "finite", "values": [2, 1, 3]},
     {"label_kind": "finite", "values": [1, 2, 2, 3]},
-    {"label_kind": "finite", "values": []},
     {"label_kind": "integer", "min": 1.5, "max": 3},
     {"label_kind": "integer", "min": 5, "max": 3},
     {"label_kind": "continuous", "min": 1, "max": 1},
-], ids=["unsorted", "duplicate", "empty", "fractional-integer-bound", "empty-integer-range", "empty-interval"])
+], ids=["unsorted", "duplicate", "fractional-integer-bound", "empty-integer-range", "empty-interval"])
 def test_create_dataset_invalid_domain_is_400(client, admin, body):
     r = client.post("/v1/datasets", json={"name": "x", "epsilon_total": 1, **body}, headers=admin)
     expect_error(r, 400, "invalid_domain")
     assert client.get("/v1/datasets", headers=admin).json() == []
 
 
-def test_create_dataset_infinite_integer_bound_is_400(client, admin):
-    raw = '{"name":"x","label_kind":"integer","min":1,"max":1e400,"epsilon_total":1}'
+@pytest.mark.parametrize("raw", [
+    '{"name":"x","label_kind":"integer","min":1,"max":1e400,"epsilon_total":1}',
+    '{"name":"x","label_kind":"integer","min":1,"epsilon_total":1}',
+    '{"name":"x","label_kind":"finite","values":[],"epsilon_total":1}',
+    '{"name":"x","label_kind":"classes","num_classes":3,"min":0,"epsilon_total":1}',
+    '{"name":"x","label_kind":"classes","num_classes":3,"epsilon_total":1e7}',
+], ids=["infinite-bound", "missing-max", "no-values", "field-of-another-kind", "budget-over-1e6"])
+def test_create_dataset_outside_the_schema_is_422(client, admin, raw):
+    """What the schema states (per label kind: the fields it needs, finite numbers, the budget's range)."""
     r = client.post("/v1/datasets", content=raw, headers={**admin, "Content-Type": "application/json"})
     assert client.get("/v1/datasets", headers=admin).json() == []
-    expect_error(r, 400, "invalid_domain")
+    expect_error(r, 422, "invalid_request")
 
 
 # -- 3. uploads --------------------------------------------------------------------------------------------------
@@ -544,14 +550,16 @@ def test_release_without_idempotency_key_is_422(client, admin, consumer, dataset
 
 
 @pytest.mark.parametrize("body, code", [
-    ({"mechanism": "gaussian", "epsilon": 1}, "unknown_mechanism"),
-    ({"mechanism": "", "epsilon": 1}, "unknown_mechanism"),
+    ({"mechanism": "gaussian", "epsilon": 1}, "invalid_request"),
+    ({"mechanism": "", "epsilon": 1}, "invalid_request"),
     ({"mechanism": "subset", "epsilon": 1}, "mechanism_domain_mismatch"),
     ({"mechanism": "rr-with-prior", "epsilon": 1}, "mechanism_domain_mismatch"),
 ], ids=["gaussian", "empty-name", "subset-on-integer", "rr-with-prior-on-integer"])
-def test_release_bad_mechanism_is_400(client, admin, consumer, dataset, body, code):
+def test_release_bad_mechanism_is_4xx(client, admin, consumer, dataset, body, code):
+    """An unknown name is outside the schema (422, its enum lists them); a known one that does not fit the
+    dataset's labels is refused (400)."""
     before = state(client, admin, dataset)
-    expect_error(release(client, consumer, dataset, "k", **body), 400, code)
+    expect_error(release(client, consumer, dataset, "k", **body), 422 if code == "invalid_request" else 400, code)
     assert state(client, admin, dataset) == before
     # The key was not consumed by the refused request.
     created(release(client, consumer, dataset, "k", mechanism="laplace", epsilon=1))
@@ -840,7 +848,7 @@ def test_audit_events(client, admin, consumer, dataset):
     # Refused or repeated requests add no event.
     assert release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1).status_code == 200
     expect_error(release(client, consumer, dataset, "c", mechanism="laplace", epsilon=5), 409, "budget_exceeded")
-    expect_error(release(client, consumer, dataset, "d", mechanism="nope", epsilon=1), 400, "unknown_mechanism")
+    expect_error(release(client, consumer, dataset, "d", mechanism="nope", epsilon=1), 422, "invalid_request")
     expect_error(release(client, consumer, dataset, "a", mechanism="rr", epsilon=1), 409, "idempotency_conflict")
 
     r = client.get("/v1/audit", params={"dataset": dataset}, headers=admin)

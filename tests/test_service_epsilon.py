@@ -114,7 +114,7 @@ def test_every_endpoint_refuses_an_epsilon_outside_the_range(service, epsilon):
     for path, body in requests:
         response = client.post(f"/v1/datasets/{dataset}{path}", json=body, headers={**headers, "Idempotency-Key": path})
         assert response.status_code == 400 and response.json()["error"]["code"] == "epsilon_out_of_range", path
-    for path in (f"/prior-releases?epsilon={epsilon!r}", f"/group-releases?mechanism=rr&epsilon={epsilon!r}"
+    for path in (f"/prior-releases?epsilon={epsilon!r}", f"/group-releases?mechanism=rr-on-bins&epsilon={epsilon!r}"
                                                          "&prior_epsilon=0.5"):
         response = client.post(f"/v1/datasets/{dataset}{path}", content=b"example_id,p_0\ne1,1\n",
                                 headers={**headers, "Idempotency-Key": "q", "Content-Type": "text/csv"})

@@ -217,7 +217,7 @@ def test_no_request_can_choose_where_the_trainer_connects(parties):
     ({"dataset_id": "0" * 32}, "labels_party_not_found"),
     ({"api_key": "ldp_00000000_wrong"}, "labels_party_forbidden"),
     ({"release": {"mechanism": "opt-unbiased", "epsilon": 11.0}}, "labels_party_budget_exceeded"),
-    ({"release": {"mechanism": "nonsense", "epsilon": 1.0}}, "invalid_job"),
+    ({"release": {"mechanism": "nonsense", "epsilon": 1.0}}, "invalid_request"),
 ])
 def test_a_job_that_cannot_run_spends_nothing(parties, change, code):
     trainer = parties["trainer"]

@@ -3,19 +3,43 @@ writers the same way on both, and schema migrations with Alembic."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import MetaData, create_engine, event, inspect
+from sqlalchemy import DateTime, MetaData, create_engine, event, inspect
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.types import TypeDecorator
 
 from shared.errors import LabelDPError
 
 NAMING_CONVENTION = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
                      "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s", "pk": "pk_%(table_name)s"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UtcDateTime(TypeDecorator):
+    """A timestamp stored with its time zone and always read back as an aware UTC time (SQLite keeps no offset;
+    every stored time is UTC), so API responses are RFC 3339 date-times on both databases."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_result_value(self, value: datetime | None, _dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 def make_engine(url: str) -> Engine:

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from shared.errors import LabelDPError
 
@@ -33,7 +34,6 @@ class ErrorCode(str, Enum):
     INVALID_MESH = ("invalid_mesh", 400)
     INVALID_OPTION = ("invalid_option", 400)
     INVALID_METRIC = ("invalid_metric", 400)
-    INVALID_NAME = ("invalid_name", 400)
     INVALID_ROLE = ("invalid_role", 400)
     INVALID_ORG = ("invalid_org", 400)
     INVALID_JOB = ("invalid_job", 400)
@@ -58,7 +58,6 @@ class ErrorCode(str, Enum):
     # 401 / 403 / 404
     UNAUTHORIZED = ("unauthorized", 401)
     FORBIDDEN = ("forbidden", 403)
-    CENTRAL_TRAINING_DISABLED = ("central_training_disabled", 403)
     LABELS_PARTY_FORBIDDEN = ("labels_party_forbidden", 403)
     NOT_FOUND = ("not_found", 404)
     LABELS_PARTY_NOT_FOUND = ("labels_party_not_found", 404)
@@ -69,6 +68,7 @@ class ErrorCode(str, Enum):
     LABELS_PARTY_BUDGET_EXCEEDED = ("labels_party_budget_exceeded", 409)
     IDEMPOTENCY_CONFLICT = ("idempotency_conflict", 409)
     DATASET_EXISTS = ("dataset_exists", 409)
+    CENTRAL_TRAINING_DISABLED = ("central_training_disabled", 409)  # the dataset's setting, not the key's rights
     NO_LABELS = ("no_labels", 409)
     JOB_NOT_READY = ("job_not_ready", 409)
     JOB_NOT_RESUMABLE = ("job_not_resumable", 409)
@@ -101,6 +101,17 @@ def error_response(code: str | ErrorCode, message: str, **extra) -> JSONResponse
                         headers=headers)
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods |= route_methods
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
     @app.exception_handler(LabelDPError)
     async def _labeldp_error(_request, err: LabelDPError):
@@ -122,8 +133,10 @@ def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
         code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(err.status_code,
                                                                                  ErrorCode.INVALID_INPUT)
         response = error_response(code, str(err.detail))
-        if err.headers:  # e.g. Allow on 405
+        if err.headers:
             response.headers.update(err.headers)
+        if err.status_code == 405:  # Starlette lists only the first matching route's methods
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
 
     @app.exception_handler(Exception)

@@ -3,7 +3,7 @@
 It is ASGI middleware in front of every route under ``/v1``: ``authorize(method, path, authorization)`` (run in
 a worker thread, it may use the database) returns the principal or raises the 401/403/404 ``LabelDPError``;
 ``limit(method, path)`` gives the endpoint's body limit, enforced on the declared length and while streaming.
-Routes read the principal with the :data:`Principal` dependency.
+Routes read the principal with :func:`shared.service.dependencies.principal`.
 """
 
 from __future__ import annotations
@@ -56,14 +56,6 @@ class Gatekeeper:
             return message
 
         return await self.app(scope, limited_receive, send)
-
-
-def principal(request: Request):
-    """The principal the gatekeeper authenticated (a FastAPI dependency)."""
-    found = request.scope.get("state", {}).get("principal")
-    if found is None:  # only routes outside /v1 are unguarded, and none of them asks for a principal
-        raise LabelDPError("missing bearer API key", code="unauthorized")
-    return found
 
 
 @dataclass(frozen=True)

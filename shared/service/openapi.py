@@ -3,6 +3,11 @@ not JSON (CSV, NDJSON, Parquet uploads) and downloads in several media types."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
 from shared import schemas
 from shared.service.errors import ErrorCode
 from shared.service.tables import MEDIA_TYPES
@@ -40,3 +45,24 @@ def table_download() -> dict:
         "total": {"type": "integer"}, "next_offset": {"type": ["integer", "null"]}}}}
     return {200: {"description": "the table: CSV by default, NDJSON or Parquet by Accept; JSON pages with offset/limit",
                   "content": content}}
+
+
+def install(app: FastAPI, public_paths: tuple[str, ...], adjust: Callable[[dict], None] | None = None) -> None:
+    """Serve the generated OpenAPI with what FastAPI cannot see: the bearer API key the gatekeeper requires on
+    every route but ``public_paths`` (a security scheme, so clients and fuzzers send it and know a route without
+    it is a 401), and whatever ``adjust`` adds (e.g. a deployment's ε range)."""
+
+    def build() -> dict:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            spec.setdefault("components", {})["securitySchemes"] = {"apiKey": {
+                "type": "http", "scheme": "bearer", "description": "an API key: Authorization: Bearer ldp_…"}}
+            for path, operations in spec["paths"].items():
+                for operation in operations.values():
+                    operation["security"] = [] if path in public_paths else [{"apiKey": []}]
+            if adjust is not None:
+                adjust(spec)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = build

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from shared.errors import LabelDPError
 
 
@@ -14,4 +16,9 @@ def tls_options(args) -> dict:
     """uvicorn's keyword arguments for the flags (none without them)."""
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise LabelDPError("--ssl-certfile and --ssl-keyfile go together", code="usage")
-    return {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile} if args.ssl_certfile else {}
+    if not args.ssl_certfile:
+        return {}
+    for flag, path in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
+        if not os.access(path, os.R_OK):
+            raise LabelDPError(f"{flag}: cannot read {path}", code="usage")
+    return {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile}

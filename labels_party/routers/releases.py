@@ -1,0 +1,98 @@
+"""Releases: request one (labels, per-example priors, groups, central training, evaluation), list a dataset's,
+read one and download its privatized labels."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from labels_party import releases
+from labels_party.routers.deps import REPLAYABLE, Auth, Context, IdempotencyKey, created, with_columnar_body
+from shared import schemas
+from shared.service import openapi, tables
+
+router = APIRouter(tags=["releases"])
+
+
+@router.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE)
+def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth, ctx: Context,
+                   idempotency_key: IdempotencyKey):
+    """Privatize the dataset's labels (or ``example_ids`` of them) with one mechanism; ε is charged to every
+    covered example before the release is visible."""
+    return created(releases.release_labels(ctx, who, dataset_id, body, idempotency_key))
+
+
+@router.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
+def list_releases(dataset_id: str, who: Auth, ctx: Context):
+    """A consumer's own organization's releases of the dataset; the owner's admins see all of them."""
+    return releases.list_releases(ctx, who, dataset_id)
+
+
+@router.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE, openapi_extra=openapi.columnar_body())
+async def create_prior_release(dataset_id: str, request: Request, who: Auth, ctx: Context,
+                               epsilon: Annotated[schemas.Epsilon, Query()], idempotency_key: IdempotencyKey):
+    """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
+    example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
+    already-private stages)."""
+    return await with_columnar_body(request, ctx.settings.max_columnar_bytes, lambda body: (
+        releases.release_with_example_priors(ctx, who, dataset_id, epsilon, body, idempotency_key)))
+
+
+@router.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE, openapi_extra=openapi.columnar_body())
+async def create_group_release(dataset_id: str, request: Request, who: Auth, ctx: Context,
+                               mechanism: Annotated[schemas.GroupMechanism, Query()],
+                               epsilon: Annotated[schemas.Epsilon, Query()],
+                               prior_epsilon: Annotated[schemas.Epsilon, Query()],
+                               idempotency_key: IdempotencyKey):
+    """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
+    group, computed from features only (e.g. k-means clusters)."""
+    return await with_columnar_body(request, ctx.settings.max_columnar_bytes, lambda body: (
+        releases.release_by_group(ctx, who, dataset_id, mechanism, epsilon, prior_epsilon, body, idempotency_key)))
+
+
+@router.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE)
+def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: Auth, ctx: Context,
+                            idempotency_key: IdempotencyKey):
+    """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back (in
+    the mechanism document, ``description.parameters``). Refused unless the dataset owner enabled central
+    training."""
+    return created(releases.central_training(ctx, who, dataset_id, body, idempotency_key))
+
+
+@router.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE)
+def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Auth, ctx: Context,
+                      idempotency_key: IdempotencyKey):
+    """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
+    examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
+    return created(releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key))
+
+
+@router.get("/v1/releases/{release_id}", response_model=schemas.Release)
+def get_release(release_id: str, who: Auth, ctx: Context):
+    return releases.get_release(ctx, who, release_id)[0]
+
+
+@router.get("/v1/releases/{release_id}/labels", responses=openapi.table_download())
+def download(release_id: str, request: Request, who: Auth, ctx: Context,
+             offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
+    """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
+    sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for."""
+    _, file = releases.get_release(ctx, who, release_id)
+    return tables.table_response(ctx.store.path(file), request.headers.get("accept"), offset, limit, release_id,
+                                 _rows)
+
+
+def _rows(batch) -> list[dict]:
+    names = batch.schema.names
+    if "label" in names:
+        return batch.to_pylist()
+    ids = batch.column("example_id").to_pylist()
+    sets = [batch.column(n).to_pylist() for n in names if n.startswith("in_class_")]
+    return [{"example_id": ids[i], "label_set": [k for k, col in enumerate(sets) if col[i]]}
+            for i in range(len(ids))]

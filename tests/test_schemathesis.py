@@ -1,0 +1,123 @@
+"""Schemathesis against both services, as CI runs it: a real uvicorn server per service, every phase (examples,
+coverage, fuzzing, stateful along the OpenAPI links) for ``SECONDS`` each, and every check (``--checks all``):
+not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
+response_schema_conformance, positive_data_acceptance, negative_data_rejection, missing_required_header,
+ignored_auth, unsupported_method, allow_header_conformance, use_after_free, ensure_resource_availability and
+object_level_authorization — the last with two organizations' admin keys as peers that must not see each other's
+objects. Seeded objects (a dataset with labels, a release, a features table, a finished job) let requests reach
+past "not found"; ``tests/schemathesis.toml`` says which refusals of schema-valid data are legitimate (never 422).
+The run must report no failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import running_server
+from fastapi.testclient import TestClient
+
+from features_party import service as trainer_service
+from features_party.api import create_app as create_trainer
+from features_party.auth import create_key as create_trainer_key
+from features_party.settings import TrainerSettings
+from labels_party.api import create_app as create_labels
+from labels_party.auth import create_key
+from labels_party.service import make_context
+
+pytestmark = pytest.mark.slow
+
+SECONDS = int(os.environ.get("LABELDP_SCHEMATHESIS_SECONDS", "120"))
+SEED = 20261122
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+N = 200
+_VARIABLES = re.findall(r"\$\{(\w+)\}", CONFIG.read_text())
+
+
+def _peers(path: Path, keys: dict[str, str]) -> Path:
+    """A Web Fuzzing Commons auth file: one entry per organization's key (Schemathesis' peers)."""
+    path.write_text(json.dumps({"auth": [
+        {"name": name, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
+        for name, key in keys.items()]}))
+    return path
+
+
+def _schemathesis(url: str, tmp_path: Path, values: dict[str, str]) -> subprocess.CompletedProcess:
+    # Every variable the config names is set; those of the other service's objects are unused.
+    env = {**os.environ, **dict.fromkeys(_VARIABLES, "unused"), **values}
+    command = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(CONFIG), "run",
+               f"{url}/openapi.json", "--checks", "all", "--max-time", str(SECONDS), "--seed", str(SEED),
+               "--no-color", *os.environ.get("LABELDP_ST_EXTRA", "").split()]
+    return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=SECONDS + 300)
+
+
+def _assert_clean(done: subprocess.CompletedProcess, operations: int) -> None:
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-15000:]
+    assert f"Selected: {operations}/{operations}" in report and f"Tested: {operations}" in report, report[-4000:]
+    generated = re.search(r"(\d+) generated, \1 passed", report)
+    assert generated and int(generated.group(1)) > 500, report[-4000:]
+    print(f"schemathesis: {generated.group(1)} cases, 0 failures, {SECONDS} s")
+
+
+@pytest.fixture()
+def labels_party(tmp_path):
+    ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
+    with ctx.sessions() as session, session.begin():
+        keys = {"office": create_key(session, "office", "admin"), "rival": create_key(session, "rival", "admin"),
+                "publisher": create_key(session, "publisher", "consumer")}
+    owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {keys['office']}"})
+    dataset = owner.post("/v1/datasets", json={"name": "y", "label_kind": "integer", "min": 0, "max": 9,
+                                               "epsilon_total": 1e6}).json()["id"]
+    ids = [f"u{i}" for i in range(N)]
+    owner.put(f"/v1/datasets/{dataset}/labels", headers={"Content-Type": "text/csv"},
+              content="example_id,label\n" + "\n".join(f"{i},{k % 10}" for k, i in enumerate(ids)))
+    owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"})
+    release = owner.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1.0},
+                         headers={"Idempotency-Key": "seed"}).json()
+    with running_server(create_labels(ctx)) as url:
+        yield {"url": url, "keys": keys, "dataset": dataset, "release": release, "ids": ids}
+
+
+def test_labels_party(labels_party, tmp_path):
+    env = {"LABELDP_ST_AUTH": str(_peers(tmp_path / "auth.json", {k: labels_party["keys"][k]
+                                                                  for k in ("office", "rival")})),
+           "LABELDP_ST_DATASET_ID": labels_party["dataset"], "LABELDP_ST_RELEASE_ID": labels_party["release"]["id"],
+           "LABELDP_ST_MECHANISM_HASH": labels_party["release"]["mechanism_hash"]}
+    _assert_clean(_schemathesis(labels_party["url"], tmp_path, env), operations=17)
+
+
+def test_trainer(labels_party, tmp_path):
+    ctx = trainer_service.make_context(TrainerSettings(
+        database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "trainer",
+        labels_parties={"office": labels_party["url"]}, upstream_timeout_seconds=20, upstream_retries=0))
+    with ctx.sessions() as session, session.begin():
+        keys = {"publisher": create_trainer_key(session, "publisher", "admin"),
+                "rival": create_trainer_key(session, "rival", "admin")}
+    trainer = TestClient(create_trainer(ctx), headers={"Authorization": f"Bearer {keys['publisher']}"})
+    features = pd.DataFrame({"example_id": labels_party["ids"], "x0": np.arange(N, dtype=float)})
+    trainer.put("/v1/features/f", content=features.to_csv(index=False), headers={"Content-Type": "text/csv"})
+    job = trainer.post("/v1/jobs", json={
+        "features": "f", "api_key": labels_party["keys"]["publisher"], "dataset_id": labels_party["dataset"],
+        "release": {"mechanism": "rr", "epsilon": 1.0}, "numeric": ["x0"], "train": {"epochs": 2}}).json()
+    for _ in range(600):
+        if trainer.get(f"/v1/jobs/{job['id']}").json()["status"] in ("succeeded", "failed"):
+            break
+        time.sleep(0.1)
+    assert trainer.get(f"/v1/jobs/{job['id']}").json()["status"] == "succeeded"
+    env = {"LABELDP_ST_AUTH": str(_peers(tmp_path / "auth.json", {"office": keys["publisher"],
+                                                                  "rival": keys["rival"]})),
+           "LABELDP_ST_FEATURES_NAME": "f", "LABELDP_ST_JOB_ID": job["id"]}
+    try:
+        with running_server(create_trainer(ctx)) as url:
+            _assert_clean(_schemathesis(url, tmp_path, env), operations=10)
+    finally:
+        ctx.executor.shutdown(wait=True)
