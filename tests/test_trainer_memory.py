@@ -36,12 +36,12 @@ def _rss(pid: int) -> int:
 
 @contextlib.contextmanager
 def trainer_server(tmp_path, labels_url: str):
-    """`labeldp features serve` as its own process; yields (base url, pid, member key)."""
+    """`labeldp features serve` as its own process; yields (base url, pid, admin key)."""
     env = {**os.environ, "LABELDP_TRAINER_DATABASE_URL": f"sqlite:///{tmp_path}/trainer.db",
            "LABELDP_TRAINER_DATA_DIR": str(tmp_path / "trainer"),
            "LABELDP_TRAINER_LABELS_PARTIES": json.dumps({"office": labels_url})}
     cli = [sys.executable, "-m", "shared.cli", "features"]
-    key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "member"], env=env,
+    key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "admin"], env=env,
                          capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
     server = subprocess.Popen(cli + ["serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
@@ -78,7 +78,7 @@ def test_memory_stays_flat_over_fifty_jobs_of_a_hundred_thousand_rows(tmp_path):
     owner.put(f"/v1/datasets/{dataset}/labels", headers={"Content-Type": "text/csv"},
               content="example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, labels, strict=True)))
     owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"})
-    features = "example_id,x0\n" + "\n".join(f"{i},{v!r}" for i, v in zip(ids, x, strict=True))
+    features = "example_id,x0\n" + "\n".join(f"{i},{v!r}" for i, v in zip(ids, x.tolist(), strict=True))
     job = {"features": "f", "api_key": consumer, "dataset_id": dataset, "numeric": ["x0"],
            "release": {"mechanism": "rr", "epsilon": 1.0},
            "train": {"hidden": [], "epochs": 1, "batch_size": 1024, "patience": 1}}
