@@ -66,6 +66,7 @@ def _assert_clean(done: subprocess.CompletedProcess, operations: int) -> None:
     generated = re.search(r"(\d+) generated, \1 passed", report)
     assert generated and int(generated.group(1)) > 500, report[-4000:]
     print(f"schemathesis: {generated.group(1)} cases, 0 failures, {SECONDS} s")
+    print(report[report.find("Stateful ("):][:300], report[report.find("Test Phases"):])  # links and phases
 
 
 @pytest.fixture()
