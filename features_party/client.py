@@ -7,6 +7,7 @@ produce a second draw of noisy labels or a second charge. 401/403/404/409 become
 from __future__ import annotations
 
 import io
+import ssl
 import time
 import uuid
 from collections.abc import Iterable
@@ -93,7 +94,7 @@ class LabelsPartyClient:
             base_url=base_url,
             timeout=timeout,
             transport=transport,
-            verify=verify,
+            verify=ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify,
             headers={"Authorization": f"Bearer {api_key}"},
         )
         self.retries, self.backoff = retries, backoff

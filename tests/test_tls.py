@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -61,7 +62,7 @@ def https_labels_server(tmp_path, cert: str, key: str):
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/healthz", verify=cert).status_code == 200:
+                if httpx.get(f"{base}/healthz", verify=ssl.create_default_context(cafile=cert)).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError("labels server did not start")
