@@ -6,33 +6,24 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from shared.service.database import NAMING_CONVENTION, UtcDateTime, new_id, utcnow  # noqa: F401 (new_id: API)
+from shared.service.keys import ApiKeyColumns, OrganizationColumns
 
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class Organization(Base):
-    __tablename__ = "organizations"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+class Organization(OrganizationColumns, Base):
+    pass
 
 
-class ApiKey(Base):
-    __tablename__ = "api_keys"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
-    role: Mapped[str] = mapped_column(String(20))  # admin | member
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    prefix: Mapped[str] = mapped_column(String(16))
-    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+class ApiKey(ApiKeyColumns, Base):  # roles: admin | member
+    pass
 
 
 class FeatureTable(Base):

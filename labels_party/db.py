@@ -28,6 +28,7 @@ from shared.service.database import (  # noqa: F401 (make_engine, new_id, utcnow
     new_id,
     utcnow,
 )
+from shared.service.keys import ApiKeyColumns, OrganizationColumns
 
 
 class Base(DeclarativeBase):
@@ -35,22 +36,12 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class Organization(Base):
-    __tablename__ = "organizations"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+class Organization(OrganizationColumns, Base):
+    pass
 
 
-class ApiKey(Base):
-    __tablename__ = "api_keys"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
-    role: Mapped[str] = mapped_column(String(20))  # admin | consumer
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the 256-bit secret
-    prefix: Mapped[str] = mapped_column(String(16))
-    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+class ApiKey(ApiKeyColumns, Base):  # roles: admin | consumer
+    pass
 
 
 class Dataset(Base):

@@ -68,6 +68,29 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def service_process(command: list[str], env: dict, base_url: str, *, verify=True, seconds: float = 120):
+    """Run a ``serve`` command as its own process until its /healthz answers; yields the process."""
+    import subprocess
+
+    import httpx
+
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base_url}/healthz", verify=verify).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{' '.join(command[:5])} did not start")
+            time.sleep(0.1)
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+@contextlib.contextmanager
 def running_server(app):
     """Serve ``app`` with uvicorn in a background thread on a free loopback port; yields the base URL."""
     import uvicorn

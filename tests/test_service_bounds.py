@@ -13,7 +13,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port
+from conftest import free_port, service_process
 from fastapi.testclient import TestClient
 
 from labels_party import documents
@@ -46,22 +46,8 @@ def labels_server(tmp_path):
                            text=True, check=True).stdout.strip()
             for org, role in (("owner", "admin"), ("publisher", "consumer"))]
     port = free_port()
-    server = subprocess.Popen(cli + ["serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("labels server did not start")
-            time.sleep(0.1)
-        yield base, server.pid, *keys
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with service_process(cli + ["serve", "--port", str(port)], env, f"http://127.0.0.1:{port}") as server:
+        yield f"http://127.0.0.1:{port}", server.pid, *keys
 
 
 def _dataset(http, admin, consumer_org, values, **domain):

@@ -11,12 +11,11 @@ import os
 import ssl
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import httpx
 import pytest
-from conftest import free_port
+from conftest import free_port, service_process
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -55,22 +54,9 @@ def https_labels_server(tmp_path, cert: str, key: str):
     api_key = subprocess.run(cli + ["create-key", "--org", "owner", "--role", "admin"], env=env,
                              capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
-    server = subprocess.Popen(cli + ["serve", "--port", str(port), "--ssl-certfile", cert, "--ssl-keyfile", key],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"https://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/healthz", verify=ssl.create_default_context(cafile=cert)).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("labels server did not start")
-            time.sleep(0.1)
-        yield base, api_key
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    command = cli + ["serve", "--port", str(port), "--ssl-certfile", cert, "--ssl-keyfile", key]
+    with service_process(command, env, f"https://127.0.0.1:{port}", verify=ssl.create_default_context(cafile=cert)):
+        yield f"https://127.0.0.1:{port}", api_key
 
 
 @pytest.mark.slow

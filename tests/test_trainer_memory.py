@@ -13,7 +13,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port, running_server
+from conftest import free_port, running_server, service_process
 from fastapi.testclient import TestClient
 
 from labels_party.api import create_app as create_labels
@@ -44,22 +44,8 @@ def trainer_server(tmp_path, labels_url: str):
     key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "admin"], env=env,
                          capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
-    server = subprocess.Popen(cli + ["serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("trainer did not start")
-            time.sleep(0.2)
-        yield base, server.pid, key
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with service_process(cli + ["serve", "--port", str(port)], env, f"http://127.0.0.1:{port}") as server:
+        yield f"http://127.0.0.1:{port}", server.pid, key
 
 
 @pytest.mark.slow
