@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/labeldp demo --out demo-output
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -24,6 +24,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) bench/lp_mesh.py

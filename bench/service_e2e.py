@@ -50,7 +50,7 @@ def main() -> None:
     with ctx.sessions() as session, session.begin():
         key = create_key(session, "bench", "admin")
     port = 18000 + os.getpid() % 1000
-    server = subprocess.Popen([sys.executable, "-m", "shared.cli", "labels", "serve", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
                                "--database-url", url, "--data-dir", str(work / "data")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"

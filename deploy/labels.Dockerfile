@@ -5,9 +5,10 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY shared ./shared
+COPY labeldp ./labeldp
 COPY labels_party ./labels_party
-COPY features_party ./features_party
-RUN pip install --no-cache-dir .
+# this party's code and dependencies only (pyproject's extra 'labels')
+RUN pip install --no-cache-dir ".[labels]"
 RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
 USER labeldp
 EXPOSE 8700

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from shared.cli import main
+from labeldp.cli import main
 
 
 @pytest.mark.slow

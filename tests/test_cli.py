@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from labeldp.cli import main
 
 
 @pytest.fixture()
@@ -88,10 +88,10 @@ def test_bad_prior_files_are_refused(capsys, tmp_path, content):
 
 
 def test_console_script_runs_as_a_process(prior_file):
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "randomizer", "solve", "--mechanism", "dbrr",
+    done = subprocess.run([sys.executable, "-m", "labeldp", "randomizer", "solve", "--mechanism", "dbrr",
                            "--epsilon", "0.5", "--labels", "1:52", "--json"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["num_outputs"] == 52
-    bad = subprocess.run([sys.executable, "-m", "shared.cli", "randomizer", "solve", "--mechanism", "dbrr",
+    bad = subprocess.run([sys.executable, "-m", "labeldp", "randomizer", "solve", "--mechanism", "dbrr",
                           "--epsilon", "0", "--labels", "1:52"], capture_output=True, text=True)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

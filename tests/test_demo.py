@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from features_party.demo import MECHANISMS, load_hours_worked, run_demo
+from labeldp.demo import MECHANISMS, load_hours_worked, run_demo
 
 
 @pytest.mark.slow

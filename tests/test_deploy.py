@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.cli import build_parser
+from labeldp.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -74,8 +74,11 @@ def test_commands_ports_and_dockerfiles_match_the_code(name):
     assert f"EXPOSE {args.port}" in dockerfile
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M).group(1)
     assert yaml.safe_load(cmd) == command
-    for copied in re.findall(r"^COPY (\S+)", dockerfile, re.M):
-        assert (ROOT / copied).exists(), copied
+    copied = re.findall(r"^COPY (\S+)", dockerfile, re.M)
+    assert all((ROOT / path).exists() for path in copied), copied
+    party = f"{name}_party"  # one party's code and its own extra, nothing of the other party
+    assert set(copied) == {"pyproject.toml", "shared", "labeldp", party}
+    assert f'pip install --no-cache-dir ".[{name}]"' in dockerfile
 
 
 def test_every_env_var_is_a_setting_and_credentials_agree():

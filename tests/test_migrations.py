@@ -124,11 +124,11 @@ def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(databa
 def test_upgrade_db_command(tmp_path):
     url = f"sqlite:///{tmp_path}/old.sqlite"
     _legacy_database(url, tmp_path / "data")
-    done = subprocess.run([sys.executable, "-m", "shared.cli", "labels", "upgrade-db", "--database-url", url,
+    done = subprocess.run([sys.executable, "-m", "labeldp", "labels", "upgrade-db", "--database-url", url,
                            "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"revision_before": "0001", "revision_after": "0002"}
-    again = subprocess.run([sys.executable, "-m", "shared.cli", "labels", "upgrade-db", "--database-url", url],
+    again = subprocess.run([sys.executable, "-m", "labeldp", "labels", "upgrade-db", "--database-url", url],
                            capture_output=True, text=True, timeout=120)
     assert json.loads(again.stdout) == {"revision_before": "0002", "revision_after": "0002"}
     engine = create_engine(url)

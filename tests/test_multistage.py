@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from features_party.bench_classification import labels_party_server, run_classification_bench
 from features_party.client import LabelsPartyClient
 from features_party.multistage import train_multistage
 from features_party.train import TrainConfig
+from labeldp.benchmarks.classification import labels_party_server, run_classification_bench
 
 
 def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):

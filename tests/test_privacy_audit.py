@@ -77,7 +77,7 @@ def test_candidates_are_every_label_up_to_64_then_extremes_and_neighbours():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "shared.cli", "randomizer", "audit", *args],
+    return subprocess.run([sys.executable, "-m", "labeldp", "randomizer", "audit", *args],
                           capture_output=True, text=True, timeout=600)
 
 

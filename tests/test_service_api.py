@@ -24,11 +24,11 @@ with warnings.catch_warnings():  # starlette: "Using `httpx` with `starlette.tes
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from labeldp import cli
 from labels_party import service
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.service import make_context
-from shared import cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 

@@ -41,7 +41,7 @@ def labels_server(tmp_path):
     """`labeldp labels serve` as its own process; yields (base url, pid, admin key, consumer key)."""
     env = {**os.environ, "LABELDP_DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite",
            "LABELDP_DATA_DIR": str(tmp_path / "data")}
-    cli = [sys.executable, "-m", "shared.cli", "labels"]
+    cli = [sys.executable, "-m", "labeldp", "labels"]
     keys = [subprocess.run(cli + ["create-key", "--org", org, "--role", role], env=env, capture_output=True,
                            text=True, check=True).stdout.strip()
             for org, role in (("owner", "admin"), ("publisher", "consumer"))]

@@ -18,7 +18,7 @@ from labels_party.service import make_context, verify_audit
 
 def _start(database_url: str, data_dir, port: int, crash_at: str | None) -> subprocess.Popen:
     env = {**os.environ, "LABELDP_CRASH_AT": crash_at or ""}
-    process = subprocess.Popen([sys.executable, "-m", "shared.cli", "labels", "serve", "--port", str(port),
+    process = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
                                 "--database-url", database_url, "--data-dir", str(data_dir)],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -50,7 +50,7 @@ def _certificate(tmp_path) -> tuple[str, str]:
 def https_labels_server(tmp_path, cert: str, key: str):
     env = {**os.environ, "LABELDP_DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite",
            "LABELDP_DATA_DIR": str(tmp_path / "data")}
-    cli = [sys.executable, "-m", "shared.cli", "labels"]
+    cli = [sys.executable, "-m", "labeldp", "labels"]
     api_key = subprocess.run(cli + ["create-key", "--org", "owner", "--role", "admin"], env=env,
                              capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
@@ -89,7 +89,7 @@ def test_https_is_served_and_certificates_are_verified_by_default(tmp_path):
     (["--ssl-certfile", "missing.pem", "--ssl-keyfile", "missing.pem"], "--ssl-certfile: cannot read missing.pem"),
 ])
 def test_tls_flags_are_checked_before_anything_starts(tmp_path, party, flags, message):
-    done = subprocess.run([sys.executable, "-m", "shared.cli", party, "serve", *flags,
+    done = subprocess.run([sys.executable, "-m", "labeldp", party, "serve", *flags,
                            "--database-url", f"sqlite:///{tmp_path}/db.sqlite"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode != 0 and done.stderr.strip() == f"labeldp: error: {message}"

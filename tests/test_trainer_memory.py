@@ -40,7 +40,7 @@ def trainer_server(tmp_path, labels_url: str):
     env = {**os.environ, "LABELDP_TRAINER_DATABASE_URL": f"sqlite:///{tmp_path}/trainer.db",
            "LABELDP_TRAINER_DATA_DIR": str(tmp_path / "trainer"),
            "LABELDP_TRAINER_LABELS_PARTIES": json.dumps({"office": labels_url})}
-    cli = [sys.executable, "-m", "shared.cli", "features"]
+    cli = [sys.executable, "-m", "labeldp", "features"]
     key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "admin"], env=env,
                          capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()

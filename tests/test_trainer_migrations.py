@@ -65,7 +65,7 @@ def test_upgrade_db_command(tmp_path):
     url = f"sqlite:///{tmp_path}/trainer.sqlite"
 
     def upgrade() -> dict:
-        done = subprocess.run([sys.executable, "-m", "shared.cli", "features", "upgrade-db", "--database-url", url],
+        done = subprocess.run([sys.executable, "-m", "labeldp", "features", "upgrade-db", "--database-url", url],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)

@@ -19,10 +19,10 @@ from features_party import service as trainer_service
 from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
 from features_party.settings import TrainerSettings
+from labeldp.cli import main as cli
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
 from labels_party.service import make_context
-from shared.cli import main as cli
 
 N = 1500
 

@@ -60,7 +60,7 @@ def _free_port() -> int:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shared.cli", *args]
+    return [sys.executable, "-m", "labeldp", *args]
 
 
 def _start(args: list[str], log_path: Path, port: int) -> subprocess.Popen:

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from features_party.bench_classification import labels_party_server, load_digits_arrays
 from features_party.client import LabelsPartyClient
 from features_party.multistage import train_multistage
 from features_party.train import TrainConfig
+from labeldp.benchmarks.classification import labels_party_server, load_digits_arrays
 from labels_party.labeldp_pro import ProConfig, train_labeldp_pro
 
 METHODS = ["rr (LP-1ST)", "rr-with-prior (LP-2ST)", "dp-sgd (noop)", "labeldp-pro (altconv)"]

@@ -1,12 +1,20 @@
-"""The ``labeldp`` command: each party contributes its own subcommands; errors become one line on stderr."""
+"""The ``labeldp`` command, the composition root: each party contributes its own subcommands, and the commands
+that play both parties (benchmarks, the demo) come from this package. A deployment image holds only one party
+(``deploy/*.Dockerfile``), so a party whose package is absent contributes nothing. Errors become one line on
+stderr."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from shared.errors import LabelDPError
+
+# (the module that registers subcommands, the packages it needs)
+_COMMANDS = (("labels_party.cli", ("labels_party",)), ("features_party.cli", ("features_party",)),
+             ("labeldp.commands", ("labels_party", "features_party")))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -15,14 +23,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # The composition root imports both parties; nothing else in shared/ does.
-    from features_party import cli as features_cli
-    from labels_party import cli as labels_cli
-
     parser = _Parser(prog="labeldp", description="Label differential privacy for two-party training.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    labels_cli.register(commands)
-    features_cli.register(commands)
+    for module, needs in _COMMANDS:
+        try:
+            for package in needs:
+                importlib.import_module(package)
+        except ModuleNotFoundError as err:
+            if err.name in needs:
+                continue  # that party is not in this image
+            raise
+        importlib.import_module(module).register(commands)
     return parser
 
 

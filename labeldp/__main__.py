@@ -1,0 +1,5 @@
+import sys
+
+from labeldp.cli import main
+
+sys.exit(main())
