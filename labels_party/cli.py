@@ -9,16 +9,9 @@ import time
 
 import numpy as np
 
-from labels_party.mechanisms import (
-    CLASSIFICATION,
-    MECHANISMS,
-    REGRESSION,
-    MechanismOptions,
-    build_mechanism,
-    needs_prior,
-)
+from labels_party import registry
 from labels_party.privacy_audit import audit
-from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
+from labels_party.registry import MechanismOptions
 from shared.domains import Classes, parse_label_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
@@ -31,7 +24,7 @@ def register(commands) -> None:
     randomizer = commands.add_parser("randomizer", help="build and inspect label randomizers")
     actions = randomizer.add_subparsers(dest="action", required=True, parser_class=type(randomizer))
     solve = actions.add_parser("solve", help="build one certified randomizer for a known prior and report it")
-    solve.add_argument("--mechanism", required=True, choices=MECHANISMS)
+    solve.add_argument("--mechanism", required=True, choices=list(registry.FAMILIES))
     solve.add_argument("--epsilon", required=True, type=str)
     solve.add_argument("--labels", required=True,
                        help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list")
@@ -46,7 +39,7 @@ def register(commands) -> None:
     solve.set_defaults(handler=solve_command)
     audit = actions.add_parser("audit", help="sample a randomizer and report a 95%% lower bound on its epsilon "
                                              "next to the certified one")
-    audit.add_argument("--mechanism", required=True, choices=MECHANISMS)
+    audit.add_argument("--mechanism", required=True, choices=list(registry.FAMILIES))
     audit.add_argument("--epsilon", required=True, type=str)
     audit.add_argument("--labels", required=True,
                        help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list; classification "
@@ -95,7 +88,7 @@ def read_prior_file(path: str, values: np.ndarray) -> np.ndarray:
 def _domain(mechanism: str, spec: str):
     """The label domain a --labels spec declares; classification mechanisms read 0:K-1 as K classes."""
     labels = parse_label_spec(spec)
-    if mechanism in CLASSIFICATION and mechanism not in REGRESSION:
+    if registry.family(mechanism).label_kinds == registry.CLASSES:
         if not np.array_equal(labels.values, np.arange(labels.size)):
             raise LabelDPError(f"{mechanism} needs classes: --labels 0:K-1", code="mechanism_domain_mismatch")
         return labels, Classes(labels.size)
@@ -118,7 +111,8 @@ def audit_command(args) -> int:
         raise LabelDPError(f"--samples must be at least 100, got {args.samples}", code="invalid_request")
     prior = read_prior_file(args.prior_file, labels.values) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
-    mechanism = build_mechanism(args.mechanism, domain, epsilon, prior if needs_prior(args.mechanism) else None)
+    family = registry.family(args.mechanism)
+    mechanism = registry.build(args.mechanism, domain, epsilon, prior if family.needs_prior else None).mechanism
     rng = np.random.default_rng(args.seed) if args.seed is not None else secure_rng()
     started = time.perf_counter()
     result = audit(mechanism, labels.values, args.samples, rng)
@@ -134,16 +128,10 @@ def solve_command(args) -> int:
     prior = read_prior_file(args.prior_file, labels.values) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
     options = MechanismOptions(mesh=args.mesh, clip=args.clip, exact=args.exact)
+    family = registry.family(args.mechanism)
     started = time.perf_counter()
-    extra = {}
-    if args.exact and args.mechanism == "opt-unbiased" and args.mesh is None:
-        solution = solve_exact_optimal_unbiased(labels.values, prior, epsilon)
-        mechanism = solution.mechanism
-        extra = {"optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
-                 "cone_programs": solution.cone_programs}
-    else:
-        mechanism = build_mechanism(args.mechanism, domain, epsilon,
-                                    prior if needs_prior(args.mechanism) else None, options)
+    built = registry.build(args.mechanism, domain, epsilon, prior if family.needs_prior else None, options)
+    mechanism = built.mechanism
     seconds = time.perf_counter() - started
     report = {
         "mechanism": mechanism.name,
@@ -158,7 +146,7 @@ def solve_command(args) -> int:
     }
     if args.mechanism == "opt-unbiased":
         report["mesh"] = mechanism.parameters.get("mesh")
-    report.update(extra)
+    report.update({k: v for k, v in built.diagnostics.items() if k not in ("solver", "mesh", "solve_seconds")})
     if args.show_matrix:
         report["description"] = mechanism.describe()
     _print(report, args.json)

@@ -8,18 +8,20 @@ all of ε.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 from dp_accounting import dp_event
 
-from labels_party.mechanisms import ADDITIVE, MechanismOptions, build_mechanism, needs_prior, support
+from labels_party import registry
 from labels_party.prior import NoisyPrior, estimate_prior
+from labels_party.registry import MechanismOptions, support
 from shared.domains import ContinuousInterval
 from shared.errors import LabelDPError
 from shared.mechanisms.events import ParallelDpEvent
 from shared.mechanisms.rounded import RoundedRandomizer
-from shared.privacy import BudgetSplit, check_epsilon, split_budget
+from shared.privacy import BudgetSplit, split_budget
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +30,7 @@ class Privatization:
     split: BudgetSplit
     prior: NoisyPrior | None
     noisy_labels: np.ndarray
+    diagnostics: Mapping[str, float | int | str] = field(default_factory=dict)  # the solver's, see registry
 
     @property
     def certified_epsilon(self) -> float:
@@ -44,19 +47,19 @@ def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.ran
                      prior_epsilon: float | None = None,
                      options: MechanismOptions | None = None) -> Privatization:
     """``rng`` is :func:`shared.randomness.secure_rng` for releases; tests and benchmarks pass a seeded one."""
-    epsilon = check_epsilon(epsilon)
+    family = registry.family(mechanism)
     labels = np.asarray(labels, dtype=np.float64).ravel()
     if labels.size == 0:
         raise LabelDPError("no labels to privatize", code="empty_labels")
     finite = support(domain)
     if isinstance(domain, ContinuousInterval):
         labels = domain.check(labels)
-        if mechanism not in ADDITIVE:
+        if family.on_grid:
             # Round once; the prior histogram and the finite mechanism both see the same rounded labels.
             labels = finite.values[domain.round_to_grid(labels, rng)]
     else:
         domain.index_of(labels)  # every label must belong to the declared domain
-    if needs_prior(mechanism):
+    if family.needs_prior:
         split = split_budget(epsilon, finite.size, labels.size, prior_epsilon)
         histogram = np.bincount(finite.index_of(labels), minlength=finite.size)
         prior = estimate_prior(histogram, split.prior_epsilon, rng)
@@ -65,10 +68,10 @@ def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.ran
             raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",
                                code="invalid_epsilon")
         split, prior = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed"), None
-    built = build_mechanism(mechanism, domain, split.randomizer_epsilon, prior.weights if prior else None,
-                            options)
-    sampler = built.inner if isinstance(built, RoundedRandomizer) else built  # labels already on the grid
-    return Privatization(built, split, prior, sampler.sample(labels, rng))
+    built = registry.build(mechanism, domain, split.randomizer_epsilon, prior.weights if prior else None, options)
+    randomizer = built.mechanism
+    sampler = randomizer.inner if isinstance(randomizer, RoundedRandomizer) else randomizer  # already on the grid
+    return Privatization(randomizer, split, prior, sampler.sample(labels, rng), built.diagnostics)
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,12 +23,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from labels_party import db, documents
+from labels_party import db, documents, registry
 from labels_party.auth import Principal
 from labels_party.evaluation import evaluate
 from labels_party.ledger import Actor, canonical, charge_units, units_epsilon
-from labels_party.mechanisms import MechanismOptions
 from labels_party.pipeline import privatize_by_group, privatize_labels
+from labels_party.registry import MechanismOptions
 from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range, registry_ids
 from labels_party.solvers.classification import rr_with_prior_per_example
 from labels_party.solvers.deadline import Deadline
@@ -275,8 +275,9 @@ def release_by_group(ctx: ServiceContext, principal: Principal, dataset_id: str,
     at ε − ε_p: RRWithPrior for classes, the optimal unbiased randomizer (or RR-on-Bins) for regression."""
     check_epsilon_range(ctx, epsilon)
     check_epsilon_range(ctx, prior_epsilon, "prior_epsilon")
-    if mechanism not in ("opt-unbiased", "rr-on-bins", "rr-with-prior"):
-        raise LabelDPError("group releases use opt-unbiased, rr-on-bins or rr-with-prior", code="unknown_mechanism")
+    if not registry.family(mechanism).needs_prior:  # a group release is one private prior per group
+        with_prior = ", ".join(f.name for f in registry.FAMILIES.values() if f.needs_prior)
+        raise LabelDPError(f"group releases use a mechanism with a prior: {with_prior}", code="unknown_mechanism")
     request = {"mechanism": mechanism, "epsilon": epsilon, "prior_epsilon": prior_epsilon, "group_priors": True,
                "groups_sha256": body.sha256}
     stored, snapshot = _begin_release(ctx, principal, dataset_id, idempotency_key, _hash(request))

@@ -26,8 +26,8 @@ from attacks import (
 )
 from conftest import running_server
 
-from labels_party.mechanisms import MechanismOptions, build_mechanism
 from labels_party.prior import estimate_prior
+from labels_party.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 
 K = 10  # labels 0..9

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from labels_party.mechanisms import MechanismOptions, build_mechanism
 from labels_party.privacy_audit import audit, candidate_labels
+from labels_party.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 from shared.mechanisms.randomized_response import randomized_response
 

@@ -8,9 +8,9 @@ import pytest
 
 import shared.randomness as randomness
 from labels_party.evaluation import evaluate
-from labels_party.mechanisms import MechanismOptions, build_mechanism
 from labels_party.pipeline import privatize_by_group, privatize_labels
 from labels_party.prior import estimate_prior
+from labels_party.registry import MechanismOptions, build_mechanism
 from labels_party.solvers.classification import rr_with_prior_per_example
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 

@@ -183,7 +183,7 @@ def test_documents_pack_and_summary():
 
 
 def test_solvers_honour_the_deadline_and_domains_beyond_them_are_refused():
-    from labels_party.mechanisms import MechanismOptions, build_mechanism
+    from labels_party.registry import MechanismOptions, build_mechanism
     from labels_party.solvers.deadline import Deadline, SolverTimeout
     from shared.domains import integer_range
     from shared.errors import LabelDPError

@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, train
-from labels_party.mechanisms import MechanismOptions
 from labels_party.pipeline import privatize_by_group, privatize_labels
+from labels_party.registry import MechanismOptions
 from shared.domains import ContinuousInterval, integer_range
 
 

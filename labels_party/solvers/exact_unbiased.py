@@ -55,7 +55,7 @@ from labels_party.solvers.opt_unbiased import certify_solution
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import debiased_outputs
-from shared.privacy import SATURATION_EPSILON, SOLVER_MARGIN, check_epsilon, design_epsilon
+from shared.privacy import SATURATION_EPSILON, SOLVER_MARGIN, design_epsilon
 
 # Below this ε Clarabel stops with InsufficientProgress on every prior tried (3e-3 was the smallest that
 # solved on four priors; the floor keeps a margin).
@@ -466,7 +466,7 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
                                  max_rounds: int = 30, deadline: Deadline = NO_DEADLINE) -> ExactSolution:
     """The optimal unbiased randomizer over output values in ℝ, certified to a relative gap ``tolerance``."""
     started = time.perf_counter()
-    epsilon = check_epsilon(epsilon)
+    epsilon = float(epsilon)  # checked once, by labels_party.registry
     if epsilon < MIN_EPSILON:
         raise LabelDPError(f"the exact optimal unbiased solver certifies epsilon >= {MIN_EPSILON:g} (below, its cone "
                            f"programs lose accuracy); got {epsilon:g}: use a mesh, dbrr or laplace",

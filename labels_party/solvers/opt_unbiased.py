@@ -21,7 +21,7 @@ from labels_party.solvers.highs_lp import solve_lp
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
-from shared.privacy import SOLVER_MARGIN, check_epsilon, design_epsilon
+from shared.privacy import SOLVER_MARGIN, design_epsilon
 
 MAX_LP_VARIABLES = 2_000_000
 # The LP solved at 1e-4 and failed (infeasible) at 1e-6 on four priors; the floor keeps a margin.
@@ -141,7 +141,7 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
                            solver: str = "choose", deadline: Deadline = NO_DEADLINE) -> FiniteRandomizer:
     """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 2|Y| — the number of outputs Theorem 6
     says suffice) or on explicit ``outputs``."""
-    epsilon = check_epsilon(epsilon)
+    epsilon = float(epsilon)  # checked once, by labels_party.registry
     if epsilon < MIN_EPSILON:
         raise LabelDPError(f"the mesh LP certifies epsilon >= {MIN_EPSILON:g} (below, e^epsilon - 1 drowns in HiGHS's "
                            f"tolerances); got {epsilon:g}: use dbrr or laplace", code="epsilon_out_of_range")

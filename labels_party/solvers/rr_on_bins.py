@@ -18,7 +18,7 @@ import numpy as np
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import rr_on_bins
-from shared.privacy import check_epsilon, design_epsilon
+from shared.privacy import design_epsilon
 
 
 def _bin_costs(values, prior, e):
@@ -39,7 +39,7 @@ def _bin_costs(values, prior, e):
 
 
 def solve_rr_on_bins(values, prior, epsilon: float, *, deadline: Deadline = NO_DEADLINE) -> FiniteRandomizer:
-    epsilon = check_epsilon(epsilon)
+    epsilon = float(epsilon)  # checked once, by labels_party.registry
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     eps = design_epsilon(epsilon)

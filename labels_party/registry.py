@@ -1,0 +1,198 @@
+"""The mechanism registry: every mechanism family the labels party offers, looked up by its wire name.
+
+A family states the label kinds it accepts, the options that apply to it, whether it needs a (private) prior,
+the largest label domain it handles within the service's solver limit, and a builder that returns the certified
+mechanism *with* the solver's diagnostics. The service, the CLI and the benchmarks go through :func:`build`;
+nothing else dispatches on a mechanism's name.
+
+ε is checked once, here (a positive finite number, the mechanisms' own certification range); the service checks
+its deployment range before it gets here. Solvers and mechanism constructors below this boundary receive a valid
+ε and certify what they build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+
+import numpy as np
+
+from labels_party.solvers.classification import rr_with_prior
+from labels_party.solvers.deadline import NO_DEADLINE, Deadline
+from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
+from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from shared.domains import Classes, ContinuousInterval, FiniteLabels, lattice_of
+from shared.errors import LabelDPError
+from shared.mechanisms import additive
+from shared.mechanisms.randomized_response import debiased_randomized_response, randomized_response
+from shared.mechanisms.rounded import RoundedRandomizer
+from shared.mechanisms.subset import SubsetSelectionRandomizer
+from shared.privacy import check_epsilon
+
+REGRESSION = frozenset({"finite", "continuous"})  # an integer range is a finite domain on an integer lattice
+CLASSES = frozenset({"classes"})
+
+
+@dataclass(frozen=True)
+class MechanismOptions:
+    """Knobs beyond ε; each family says which apply. ``clip``: clip additive noise to the label range (biased;
+    additive noise is always integer noise on the domain's lattice, see :func:`shared.domains.lattice_of`).
+    ``exact``: opt-unbiased over continuous outputs (cone program + HiGHS vertex, certified gap); ``mesh``: the
+    mesh LP's number of output points."""
+
+    mesh: int | None = None
+    clip: bool = False
+    exact: bool = False
+    deadline: Deadline = field(default=NO_DEADLINE, compare=False)  # past it solvers raise SolverTimeout (503)
+
+    def chosen(self) -> set[str]:
+        """The options set to something other than their default (the deadline is not an option)."""
+        return {f.name for f in fields(self) if f.name != "deadline" and getattr(self, f.name) != f.default}
+
+
+@dataclass(frozen=True)
+class Built:
+    """A certified mechanism and what its construction reported (solver gaps, sizes); diagnostics are public
+    functions of the public inputs (the domain, ε and the noisy prior)."""
+
+    mechanism: object
+    diagnostics: Mapping[str, float | int | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MechanismFamily:
+    name: str
+    label_kinds: frozenset[str]
+    options: frozenset[str]  # which MechanismOptions apply
+    needs_prior: bool
+    max_labels: int | None  # within the default 60 s solver limit on the reference machine; None: no solve
+    beyond_limit: str  # what to use instead when a domain is larger
+    builder: Callable[[object, FiniteLabels, float, np.ndarray | None, MechanismOptions], Built]
+    on_grid: bool = True  # samples from the finite support: continuous labels are rounded to the grid first
+
+    def check(self, domain, options: MechanismOptions) -> FiniteLabels:
+        """Refuse a domain, options or size this family cannot take (before any solve); the finite support."""
+        kind = label_kind(domain)
+        if kind not in self.label_kinds:
+            accepting = ", ".join(f.name for f in FAMILIES.values() if kind in f.label_kinds)
+            what = "classification" if kind == "classes" else "regression"
+            raise LabelDPError(f"mechanism {self.name!r} does not fit {what} labels; use one of {accepting}",
+                               code="mechanism_domain_mismatch")
+        for option in sorted(options.chosen() - self.options):
+            code = "invalid_mesh" if option in ("mesh", "exact") else "invalid_option"
+            users = ", ".join(f.name for f in FAMILIES.values() if option in f.options)
+            raise LabelDPError(f"{option} only applies to {users}", code=code)
+        if options.mesh is not None and options.exact:
+            raise LabelDPError("choose either a mesh or exact, not both", code="invalid_mesh")
+        labels = support(domain)
+        if self.max_labels is not None and labels.size > self.max_labels:
+            raise LabelDPError(f"{self.name} handles at most {self.max_labels} labels within this service's solver "
+                               f"limit; this domain has {labels.size}: {self.beyond_limit}", code="domain_too_large")
+        if self.name == "opt-unbiased" and not options.exact:
+            cells = labels.size * (options.mesh or 2 * labels.size)
+            if cells > MAX_MESH_CELLS:
+                raise LabelDPError(f"the mesh LP handles at most {MAX_MESH_CELLS} labels x outputs; this request "
+                                   f"needs {cells}: use the exact solver (\"exact\": true, up to {self.max_labels} "
+                                   "labels) or a smaller mesh", code="domain_too_large")
+        return labels
+
+
+def label_kind(domain) -> str:
+    if isinstance(domain, Classes):
+        return "classes"
+    return "continuous" if isinstance(domain, ContinuousInterval) else "finite"
+
+
+def support(domain) -> FiniteLabels:
+    """The finite labels a mechanism's matrix is indexed by (the grid for continuous domains)."""
+    if isinstance(domain, ContinuousInterval):
+        return domain.grid
+    if isinstance(domain, Classes):
+        return FiniteLabels(np.arange(domain.num_classes, dtype=np.float64))
+    return domain
+
+
+def _on_domain(domain, finite) -> object:
+    """A finite randomizer over a continuous domain's grid rounds its inputs onto the grid first."""
+    return RoundedRandomizer(domain, finite) if isinstance(domain, ContinuousInterval) else finite
+
+
+def _opt_unbiased(domain, labels, epsilon, prior, options) -> Built:
+    if options.exact:
+        solution = solve_exact_optimal_unbiased(labels.values, prior, epsilon, deadline=options.deadline)
+        return Built(_on_domain(domain, solution.mechanism), {
+            "solver": "exact", "optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
+            "cone_programs": solution.cone_programs, "solve_seconds": solution.seconds})
+    finite = solve_optimal_unbiased(labels.values, prior, epsilon, mesh=options.mesh, deadline=options.deadline)
+    return Built(_on_domain(domain, finite), {"solver": "mesh-lp", "mesh": finite.parameters.get("mesh")})
+
+
+def _additive(build):
+    def builder(domain, labels, epsilon, _prior, options) -> Built:
+        lattice = lattice_of(domain)
+        return Built(build(lattice, epsilon, clip=options.clip, input_values=labels.values),
+                     {"lattice_step": lattice.step})
+    return builder
+
+
+def _finite(build):
+    def builder(domain, labels, epsilon, prior, options) -> Built:
+        return Built(_on_domain(domain, build(labels, epsilon, prior, options)))
+    return builder
+
+
+# The |Y| limits: docs/design/exact-ledger.md has the measurements (exact solver 800 labels in 23 s and 630 MB;
+# RR-on-Bins, O(|Y|³), 1000 labels in 4.5 s and 2000 in 50-110 s; the mesh LP 100 labels x 200 outputs in 8 s but
+# 200 x 400 in 81 s). Larger domains are refused up front (400 domain_too_large) with the alternative; the solver
+# time limit (503) is the backstop for slower priors.
+MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
+_WIDE = "declare a continuous domain with a grid_size at most that, or use laplace, staircase, dbrr"
+
+FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
+    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "exact"}), True, 800, _WIDE, _opt_unbiased),
+    MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 1500, _WIDE, _finite(
+        lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline))),
+    MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
+                    on_grid=False),
+    MechanismFamily("staircase", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.staircase),
+                    on_grid=False),
+    MechanismFamily("dbrr", REGRESSION, frozenset(), False, None, "", _finite(
+        lambda labels, e, _prior, _options: debiased_randomized_response(labels.values, e))),
+    MechanismFamily("rr", REGRESSION | CLASSES, frozenset(), False, None, "", _finite(
+        lambda labels, e, _prior, _options: randomized_response(labels.values, e))),
+    MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "classes: use rr", _finite(
+        lambda _labels, e, prior, _options: rr_with_prior(prior, e))),
+    MechanismFamily("subset", CLASSES, frozenset(), False, 256, "classes: use rr", lambda domain, _labels, e, _p, _o:
+                    Built(SubsetSelectionRandomizer.build(domain.num_classes, e))),
+)})
+
+
+def family(name: str) -> MechanismFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise LabelDPError(f"unknown mechanism {name!r}; choose one of {', '.join(FAMILIES)}",
+                           code="unknown_mechanism") from None
+
+
+def build(name: str, domain, epsilon: float, prior=None, options: MechanismOptions | None = None) -> Built:
+    """The certified mechanism ``name`` on ``domain`` at ``epsilon`` (with its diagnostics). ``prior``: public or
+    ε₁-DP label weights, required by the families that need one (see :mod:`labels_party.pipeline`)."""
+    chosen = family(name)
+    options = options or MechanismOptions()
+    epsilon = check_epsilon(epsilon)
+    labels = chosen.check(domain, options)
+    if chosen.needs_prior and prior is None:
+        raise LabelDPError(f"mechanism {name!r} needs a label prior", code="prior_required")
+    return chosen.builder(domain, labels, epsilon, prior, options)
+
+
+def build_mechanism(name: str, domain, epsilon: float, prior=None, options: MechanismOptions | None = None):
+    """:func:`build` without the diagnostics."""
+    return build(name, domain, epsilon, prior, options).mechanism
+
+
+def needs_prior(name: str) -> bool:
+    return family(name).needs_prior
