@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +38,6 @@ from shared.errors import LabelDPError
 from shared.mechanisms import events
 from shared.randomness import secure_rng
 from shared.service.gate import SpooledBody
-
-
-def _crash_point(name: str) -> None:
-    """Test hook: LABELDP_CRASH_AT=<name> kills the process here (crash-safety tests only)."""
-    if os.environ.get("LABELDP_CRASH_AT") == name:
-        os._exit(70)
 
 
 def _hash(body: dict) -> str:
@@ -193,8 +186,8 @@ def _commit_release(ctx: ServiceContext, principal: Principal, dataset_id: str, 
             session.add(db.LedgerEntry(dataset_id=dataset_id, seq=record.seq, release_id=release_id,
                                        record=record_json, prev_hash=prev_hash, hash=digest))
             session.flush()
-            _crash_point("before_commit")
-        _crash_point("after_commit")
+            ctx.checkpoint("before_commit")
+        ctx.checkpoint("after_commit")
     except IntegrityError:
         ctx.store.remove(file)
         with ctx.sessions() as session, session.begin():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,23 +36,31 @@ from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 
 
+def _no_checkpoint(_name: str) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class ServiceContext:
     sessions: sessionmaker
     store: DataStore
     ledger: BudgetLedger
     settings: LabelsSettings
+    # Called with a name at the release transaction's checkpoints ("before_commit", "after_commit"): the
+    # crash-safety tests inject one that kills the process there; in production it does nothing.
+    checkpoint: Callable[[str], None] = _no_checkpoint
 
 
 def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
-                 settings: LabelsSettings | None = None, upgrade: bool = False) -> ServiceContext:
+                 settings: LabelsSettings | None = None, upgrade: bool = False,
+                 checkpoint: Callable[[str], None] = _no_checkpoint) -> ServiceContext:
     """The service's context from settings (``LABELDP_*`` environment variables by default); an explicit database
     URL or data directory overrides them."""
     overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     store = DataStore(settings.data_dir)
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
-    return ServiceContext(sessions, store, BudgetLedger(store), settings)
+    return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint)
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

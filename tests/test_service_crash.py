@@ -3,7 +3,6 @@ either exists and is charged, or neither — and that a retry never re-noises or
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -15,12 +14,24 @@ from conftest import free_port
 from labels_party.auth import create_key
 from labels_party.service import make_context, verify_audit
 
+# The labels-party server with a checkpoint hook that kills the process at the named point of the release
+# transaction (the hook is injected into the context; production code reads no test switch).
+_SERVER = """
+import os, sys, uvicorn
+from labels_party.api import create_app
+from labels_party.service import make_context
+database_url, data_dir, port, crash_at = sys.argv[1:]
+def checkpoint(name):
+    if name == crash_at:
+        os._exit(70)
+uvicorn.run(create_app(make_context(database_url, data_dir, checkpoint=checkpoint)), host="127.0.0.1",
+            port=int(port), log_level="warning")
+"""
+
 
 def _start(database_url: str, data_dir, port: int, crash_at: str | None) -> subprocess.Popen:
-    env = {**os.environ, "LABELDP_CRASH_AT": crash_at or ""}
-    process = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
-                                "--database-url", database_url, "--data-dir", str(data_dir)],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-c", _SERVER, database_url, str(data_dir), str(port), crash_at or ""],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
