@@ -12,6 +12,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shared", "labels_party", "features_party")
 
 
+def _literals(value) -> list[ast.Constant]:
+    """The string literals a value can be: a literal, or either branch of ``"a" if ... else "b"``."""
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return [value]
+    if isinstance(value, ast.IfExp):
+        return _literals(value.body) + _literals(value.orelse)
+    return []
+
+
 def _codes_in_source() -> dict[str, list[str]]:
     """Error codes written in the source: ``code="..."`` keywords, ``code = "..."`` class attributes of error
     classes and ``ErrorCode.NAME`` references; code -> where."""
@@ -29,9 +38,8 @@ def _codes_in_source() -> dict[str, list[str]]:
                 elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                       and node.value.id == "ErrorCode" and node.attr.isupper()):
                     found.setdefault(ErrorCode[node.attr].value, []).append(f"{path.relative_to(ROOT)}")
-                if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                    found.setdefault(value.value, []).append(f"{path.relative_to(ROOT)}:{node.value.lineno}"
-                                                             if hasattr(node.value, "lineno") else str(path))
+                for constant in _literals(value):
+                    found.setdefault(constant.value, []).append(f"{path.relative_to(ROOT)}:{constant.lineno}")
     return found
 
 
