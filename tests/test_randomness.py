@@ -81,14 +81,26 @@ def test_mechanisms_sample_with_integer_draws_only(name, domain, options, labels
 
 
 def test_release_pipelines_use_integer_draws_only():
+    """Every release-time sampler runs on a generator that refuses float draws, draws something, and releases a
+    value per example."""
     weeks = np.clip(np.round(np.random.default_rng(0).normal(30, 8, size=5000)), 1, 52)
-    for mechanism in ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr"):
-        privatize_labels(integer_range(1, 52), weeks, mechanism, 1.0, IntegersOnly(2))
-    privatize_labels(ContinuousInterval(0, 60, 31), weeks + 0.5, "opt-unbiased", 1.0, IntegersOnly(3))
+    for seed, mechanism in enumerate(("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr"), start=10):
+        rng = IntegersOnly(seed)
+        assert privatize_labels(integer_range(1, 52), weeks, mechanism, 1.0, rng).noisy_labels.size == weeks.size
+        assert rng.calls > 0, mechanism
+    rng = IntegersOnly(3)
+    assert privatize_labels(ContinuousInterval(0, 60, 31), weeks + 0.5, "opt-unbiased", 1.0, rng).noisy_labels.size \
+        == weeks.size and rng.calls > 0
     groups = (weeks > 30).astype(int)
-    privatize_by_group(integer_range(1, 52), weeks, groups, "opt-unbiased", 2.0, IntegersOnly(4), prior_epsilon=0.5)
-    estimate_prior(np.array([5, 0, 3]), 0.5, IntegersOnly(5))
+    rng = IntegersOnly(4)
+    grouped = privatize_by_group(integer_range(1, 52), weeks, groups, "opt-unbiased", 2.0, rng, prior_epsilon=0.5)
+    assert grouped.noisy_labels.size == weeks.size and len(grouped.parts) == 2 and rng.calls > 0
+    rng = IntegersOnly(5)
+    assert estimate_prior(np.array([5, 0, 3]), 0.5, rng).weights.size == 3 and rng.calls > 0
     priors = np.random.default_rng(1).dirichlet(np.ones(6), size=300)
-    rr_with_prior_per_example(priors, np.arange(300) % 6, 1.0, IntegersOnly(6))
+    rng = IntegersOnly(6)
+    assert rr_with_prior_per_example(priors, np.arange(300) % 6, 1.0, rng).outputs.size == 300 and rng.calls > 0
     for metric in ("mse", "poisson", "accuracy"):
-        evaluate(metric, np.linspace(0, 5, 300), np.arange(300) % 6, 1.0, 10.0, IntegersOnly(7))
+        rng = IntegersOnly(7)
+        evaluate(metric, np.linspace(0, 5, 300), np.arange(300) % 6, 1.0, 10.0, rng)
+        assert rng.calls > 0, metric
