@@ -41,11 +41,27 @@ def register(commands) -> None:
     demo.set_defaults(handler=demo_command)
 
 
-def bench_utility_command(args) -> int:
+def _epsilons(text: str) -> list[float]:
+    from shared.privacy import check_epsilon
+
+    return [check_epsilon(e) for e in text.split(",")]
+
+
+def _seeds(args) -> int:
+    if args.seeds < 1:
+        raise LabelDPError("--seeds must be at least 1", code="usage")
+    return args.seeds
+
+
+def _print_summary(out: str) -> int:
     from pathlib import Path
 
+    print((Path(out) / "summary.md").read_text())
+    return 0
+
+
+def bench_utility_command(args) -> int:
     from labeldp.benchmarks.utility import DATASETS, MECHANISMS, BenchConfig, run_bench
-    from shared.privacy import check_epsilon
 
     names = list(DATASETS) if args.dataset == "all" else args.dataset.split(",")
     unknown = [n for n in names if n not in DATASETS]
@@ -54,46 +70,29 @@ def bench_utility_command(args) -> int:
     mechanisms = args.mechanisms.split(",") if args.mechanisms else list(MECHANISMS)
     if [m for m in mechanisms if m not in MECHANISMS]:
         raise LabelDPError(f"unknown mechanism; choose from {', '.join(MECHANISMS)}", code="usage")
-    epsilons = [check_epsilon(e) for e in args.epsilons.split(",")]
-    if args.seeds < 1:
-        raise LabelDPError("--seeds must be at least 1", code="usage")
-    config = BenchConfig(names, epsilons, args.seeds, mechanisms, args.epochs)
+    config = BenchConfig(names, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs)
     if args.quick:
         config = BenchConfig(["psid-weeks"], [1.0, 2.0], 2, mechanisms, epochs=8)
     run_bench(config, args.out)
-    print((Path(args.out) / "summary.md").read_text())
-    return 0
+    return _print_summary(args.out)
 
 
 def bench_classification_command(args) -> int:
-    from pathlib import Path
-
     from labeldp.benchmarks.classification import run_classification_bench
-    from shared.privacy import check_epsilon
 
-    if args.seeds < 1:
-        raise LabelDPError("--seeds must be at least 1", code="usage")
-    run_classification_bench([check_epsilon(e) for e in args.epsilons.split(",")], args.seeds, args.out,
-                             epochs=args.epochs)
-    print((Path(args.out) / "summary.md").read_text())
-    return 0
+    run_classification_bench(_epsilons(args.epsilons), _seeds(args), args.out, epochs=args.epochs)
+    return _print_summary(args.out)
 
 
 def bench_pro_command(args) -> int:
-    from pathlib import Path
-
     from labeldp.benchmarks.labeldp_pro import run_pro_bench
-    from shared.privacy import check_epsilon
 
-    if args.seeds < 1:
-        raise LabelDPError("--seeds must be at least 1", code="usage")
-    run_pro_bench([check_epsilon(e) for e in args.epsilons.split(",")], args.seeds, args.out, steps=args.steps)
-    print((Path(args.out) / "summary.md").read_text())
-    return 0
+    run_pro_bench(_epsilons(args.epsilons), _seeds(args), args.out, steps=args.steps)
+    return _print_summary(args.out)
 
 
 def demo_command(args) -> int:
     from labeldp.demo import run_demo
 
-    run_demo(args.out, [float(e) for e in args.epsilons.split(",")], quick=args.quick)
+    run_demo(args.out, _epsilons(args.epsilons), quick=args.quick)
     return 0

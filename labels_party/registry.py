@@ -71,6 +71,7 @@ class MechanismFamily:
     beyond_limit: str  # what to use instead when a domain is larger
     builder: Callable[[object, FiniteLabels, float, np.ndarray | None, MechanismOptions], Built]
     on_grid: bool = True  # samples from the finite support: continuous labels are rounded to the grid first
+    max_mesh_cells: int | None = None  # labels x outputs of a mesh LP (when the family solves one)
 
     def check(self, domain, options: MechanismOptions) -> FiniteLabels:
         """Refuse a domain, options or size this family cannot take (before any solve); the finite support."""
@@ -90,10 +91,10 @@ class MechanismFamily:
         if self.max_labels is not None and labels.size > self.max_labels:
             raise LabelDPError(f"{self.name} handles at most {self.max_labels} labels within this service's solver "
                                f"limit; this domain has {labels.size}: {self.beyond_limit}", code="domain_too_large")
-        if self.name == "opt-unbiased" and not options.exact:
+        if self.max_mesh_cells is not None and not options.exact:
             cells = labels.size * (options.mesh or 2 * labels.size)
-            if cells > MAX_MESH_CELLS:
-                raise LabelDPError(f"the mesh LP handles at most {MAX_MESH_CELLS} labels x outputs; this request "
+            if cells > self.max_mesh_cells:
+                raise LabelDPError(f"the mesh LP handles at most {self.max_mesh_cells} labels x outputs; this request "
                                    f"needs {cells}: use the exact solver (\"exact\": true, up to {self.max_labels} "
                                    "labels) or a smaller mesh", code="domain_too_large")
         return labels
@@ -151,7 +152,8 @@ MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
 _WIDE = "declare a continuous domain with a grid_size at most that, or use laplace, staircase, dbrr"
 
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
-    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "exact"}), True, 800, _WIDE, _opt_unbiased),
+    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "exact"}), True, 800, _WIDE, _opt_unbiased,
+                    max_mesh_cells=MAX_MESH_CELLS),
     MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 1500, _WIDE, _finite(
         lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline))),
     MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
