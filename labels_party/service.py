@@ -34,6 +34,7 @@ from labels_party.uploads import parse_labels
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
+from shared.randomness import secure_rng
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -49,18 +50,22 @@ class ServiceContext:
     # Called with a name at the release transaction's checkpoints ("before_commit", "after_commit"): the
     # crash-safety tests inject one that kills the process there; in production it does nothing.
     checkpoint: Callable[[str], None] = _no_checkpoint
+    # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a
+    # seeded one (shared.randomness.SeededSource) to make runs repeatable.
+    random_source: Callable[[], np.random.Generator] = secure_rng
 
 
 def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
                  settings: LabelsSettings | None = None, upgrade: bool = False,
-                 checkpoint: Callable[[str], None] = _no_checkpoint) -> ServiceContext:
+                 checkpoint: Callable[[str], None] = _no_checkpoint,
+                 random_source: Callable[[], np.random.Generator] = secure_rng) -> ServiceContext:
     """The service's context from settings (``LABELDP_*`` environment variables by default); an explicit database
     URL or data directory overrides them."""
     overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     store = DataStore(settings.data_dir)
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
-    return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint)
+    return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint, random_source)
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

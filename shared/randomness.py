@@ -13,6 +13,7 @@ uniform bits). Tests and benchmarks pass ``np.random.default_rng(seed)`` instead
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -26,3 +27,16 @@ def secure_rng() -> np.random.Generator:
 
     A new key per call: no state is shared between releases, threads or forked workers."""
     return np.random.Generator(AESCounter(key=int.from_bytes(os.urandom(KEY_BYTES), "little")))
+
+
+class SeededSource:
+    """A repeatable source of release randomness, for tests and benchmarks only (never a service setting): the
+    n-th call returns ``np.random.default_rng([seed, n])``, so a run that makes the same releases in the same
+    order draws the same noise. Inject it with ``make_context(random_source=SeededSource(seed))``."""
+
+    def __init__(self, seed: int):
+        self._seed = int(seed)
+        self._calls = itertools.count()
+
+    def __call__(self) -> np.random.Generator:
+        return np.random.default_rng([self._seed, next(self._calls)])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from labels_party import documents, releases
+from labels_party import documents
+from labels_party.releases import queries
 from labels_party.routers.deps import Auth, Context
 
 router = APIRouter(tags=["mechanisms"])
@@ -19,7 +20,7 @@ def mechanism_document(mechanism_hash: str, request: Request, who: Auth, ctx: Co
     """The full public description a release references (``mechanism_hash``): output values, exact
     probabilities, the noisy prior, model parameters. JSON, or with ``Accept:
     application/vnd.labeldp.mechanism+npz`` a compact ``.npz`` whose arrays are the document's numeric lists."""
-    document = releases.get_mechanism_document(ctx, who, mechanism_hash)
+    document = queries.get_mechanism_document(ctx, who, mechanism_hash)
     if documents.BINARY_MEDIA_TYPE in (request.headers.get("accept") or ""):
         return Response(documents.pack(document), media_type=documents.BINARY_MEDIA_TYPE)
     return JSONResponse(document)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from labels_party import releases
+from labels_party.releases import kinds, queries, transaction
 from labels_party.routers.deps import REPLAYABLE, Auth, Context, IdempotencyKey, created, with_columnar_body
 from shared import schemas
 from shared.service import openapi, tables
@@ -21,13 +21,13 @@ def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth, ctx
                    idempotency_key: IdempotencyKey):
     """Privatize the dataset's labels (or ``example_ids`` of them) with one mechanism; ε is charged to every
     covered example before the release is visible."""
-    return created(releases.release_labels(ctx, who, dataset_id, body, idempotency_key))
+    return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.LabelRelease(body)))
 
 
 @router.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
 def list_releases(dataset_id: str, who: Auth, ctx: Context):
     """A consumer's own organization's releases of the dataset; the owner's admins see all of them."""
-    return releases.list_releases(ctx, who, dataset_id)
+    return queries.list_releases(ctx, who, dataset_id)
 
 
 @router.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release,
@@ -38,7 +38,7 @@ async def create_prior_release(dataset_id: str, request: Request, who: Auth, ctx
     example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
     already-private stages)."""
     return await with_columnar_body(request, ctx.settings.max_columnar_bytes, lambda body: (
-        releases.release_with_example_priors(ctx, who, dataset_id, epsilon, body, idempotency_key)))
+        transaction.run(ctx, who, dataset_id, idempotency_key, kinds.ExamplePriorRelease(epsilon, body))))
 
 
 @router.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release,
@@ -51,7 +51,8 @@ async def create_group_release(dataset_id: str, request: Request, who: Auth, ctx
     """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
     group, computed from features only (e.g. k-means clusters)."""
     return await with_columnar_body(request, ctx.settings.max_columnar_bytes, lambda body: (
-        releases.release_by_group(ctx, who, dataset_id, mechanism, epsilon, prior_epsilon, body, idempotency_key)))
+        transaction.run(ctx, who, dataset_id, idempotency_key,
+                        kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body))))
 
 
 @router.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release,
@@ -61,7 +62,7 @@ def create_central_training(dataset_id: str, body: schemas.CentralTrainingReques
     """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back (in
     the mechanism document, ``description.parameters``). Refused unless the dataset owner enabled central
     training."""
-    return created(releases.central_training(ctx, who, dataset_id, body, idempotency_key))
+    return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.CentralTraining(body)))
 
 
 @router.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release,
@@ -70,12 +71,12 @@ def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Aut
                       idempotency_key: IdempotencyKey):
     """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
     examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
-    return created(releases.evaluate_predictions(ctx, who, dataset_id, body, idempotency_key))
+    return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.Evaluation(body)))
 
 
 @router.get("/v1/releases/{release_id}", response_model=schemas.Release)
 def get_release(release_id: str, who: Auth, ctx: Context):
-    return releases.get_release(ctx, who, release_id)[0]
+    return queries.get_release(ctx, who, release_id)[0]
 
 
 @router.get("/v1/releases/{release_id}/labels", responses=openapi.table_download())
@@ -83,7 +84,7 @@ def download(release_id: str, request: Request, who: Auth, ctx: Context,
              offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
     """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
     sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for."""
-    _, file = releases.get_release(ctx, who, release_id)
+    _, file = queries.get_release(ctx, who, release_id)
     return tables.table_response(ctx.store.path(file), request.headers.get("accept"), offset, limit, release_id,
                                  _rows)
 

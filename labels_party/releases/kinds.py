@@ -1,0 +1,248 @@
+"""The kinds of release, each a strategy for :func:`labels_party.releases.transaction.run`: what it records, which
+examples it covers and how it computes its draft from their labels. Idempotency, the budget, the charge and the
+audit record come from the transaction, the same for all of them.
+
+* :class:`LabelRelease` — one mechanism from the registry over the dataset's labels (or some of them);
+* :class:`ExamplePriorRelease` — RRWithPrior with one prior per example (multi-stage training);
+* :class:`GroupRelease` — one private prior and one randomizer per group of examples;
+* :class:`Evaluation` — a noisy test loss of the caller's predictions;
+* :class:`CentralTraining` — LabelDP-Pro trained here; only the parameters leave.
+
+Inputs a kind takes from the features party (example ids, priors, groups, predictions, features) must be
+functions of features only; they choose what is released, never how much it costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from labels_party import registry
+from labels_party.evaluation import evaluate
+from labels_party.pipeline import privatize_by_group, privatize_labels
+from labels_party.registry import MechanismOptions
+from labels_party.releases.transaction import Computation, Draft, Snapshot
+from labels_party.solvers.classification import rr_with_prior_per_example
+from labels_party.uploads import parse_groups, parse_priors, upload_format
+from shared import schemas
+from shared.domains import Classes
+from shared.errors import LabelDPError
+from shared.service.gate import SpooledBody
+
+
+class _Defaults:
+    """What most kinds share: one ε, nothing to check before the snapshot, the identity recorded as is."""
+
+    def epsilons(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon}
+
+    def check(self) -> None:
+        pass
+
+    def record(self) -> dict:
+        return self.identity()
+
+
+def _needs_classes(snapshot: Snapshot, what: str) -> Classes:
+    if not isinstance(snapshot.domain, Classes):
+        raise LabelDPError(f"{what} needs a classes dataset", code="mechanism_domain_mismatch")
+    return snapshot.domain
+
+
+@dataclass(frozen=True)
+class LabelRelease(_Defaults):
+    request: schemas.ReleaseRequest
+
+    @property
+    def mechanism(self) -> str:
+        return self.request.mechanism
+
+    @property
+    def epsilon(self) -> float:
+        return self.request.epsilon
+
+    def epsilons(self) -> dict[str, float]:
+        prior = self.request.prior_epsilon
+        return {"epsilon": self.epsilon, **({"prior_epsilon": prior} if prior is not None else {})}
+
+    def identity(self) -> dict:
+        return self.request.model_dump()
+
+    def record(self) -> dict:
+        return self.request.model_dump(exclude={"example_ids"})
+
+    def inputs(self, snapshot: Snapshot):
+        return self.request.example_ids, None
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, run: Computation) -> Draft:
+        request = self.request
+        options = MechanismOptions(mesh=request.mesh, clip=request.clip, exact=request.exact, deadline=run.deadline)
+        result = privatize_labels(snapshot.domain, labels, request.mechanism, request.epsilon, run.rng,
+                                  prior_epsilon=request.prior_epsilon, options=options)
+        noisy = result.noisy_labels
+        columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
+                   else {"label": noisy})
+        description = {**result.mechanism.describe(), "budget_split_rule": result.split.rule,
+                       "randomizer_epsilon": result.split.randomizer_epsilon}
+        return Draft(result, columns, description, result.prior.describe() if result.prior else None,
+                     result.split.prior_epsilon)
+
+
+@dataclass(frozen=True)
+class ExamplePriorRelease(_Defaults):
+    """The priors arrive as a columnar body (example_id, p_0..p_{K-1}) computed from features only — inputs the
+    features party chooses, like the subset of examples, and not privacy-relevant as long as they are."""
+
+    epsilon: float
+    priors: SpooledBody
+    mechanism: str = "rr-with-prior"
+
+    def identity(self) -> dict:
+        return {"mechanism": self.mechanism, "epsilon": self.epsilon, "per_example_priors": True,
+                "priors_sha256": self.priors.sha256}
+
+    def inputs(self, snapshot: Snapshot):
+        classes = _needs_classes(snapshot, "per-example priors")
+        return parse_priors(self.priors.path, upload_format(self.priors.media_type), classes.num_classes)
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, priors, run: Computation) -> Draft:
+        result = rr_with_prior_per_example(priors, labels.astype(np.int64), self.epsilon, run.rng)
+        description = {"mechanism": self.mechanism, "per_example_priors": True, "epsilon": self.epsilon,
+                       "certified_epsilon": result.certified_epsilon, "mean_k": float(result.k.mean()),
+                       "k_histogram": np.bincount(result.k, minlength=snapshot.domain.num_classes + 1)[1:].tolist(),
+                       "priors_sha256": self.priors.sha256,
+                       "budget_split_rule": "priors come from features: no budget spent on them"}
+        return Draft(result, {"label": result.outputs.astype(np.float64)}, description)
+
+
+@dataclass(frozen=True)
+class GroupRelease(_Defaults):
+    """The body assigns each example to a group computed from features (example_id, group); each group gets its
+    own discrete-Laplace prior (ε_p, parallel across the disjoint groups) and its own randomizer at ε − ε_p:
+    RRWithPrior for classes, the optimal unbiased randomizer (or RR-on-Bins) for regression."""
+
+    mechanism: str
+    epsilon: float
+    prior_epsilon: float
+    groups: SpooledBody
+
+    def epsilons(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon, "prior_epsilon": self.prior_epsilon}
+
+    def identity(self) -> dict:
+        return {"mechanism": self.mechanism, "epsilon": self.epsilon, "prior_epsilon": self.prior_epsilon,
+                "group_priors": True, "groups_sha256": self.groups.sha256}
+
+    def check(self) -> None:
+        if not registry.family(self.mechanism).needs_prior:  # a group release is one private prior per group
+            with_prior = ", ".join(f.name for f in registry.FAMILIES.values() if f.needs_prior)
+            raise LabelDPError(f"group releases use a mechanism with a prior: {with_prior}", code="unknown_mechanism")
+
+    def inputs(self, snapshot: Snapshot):
+        return parse_groups(self.groups.path, upload_format(self.groups.media_type))
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, groups, run: Computation) -> Draft:
+        result = privatize_by_group(snapshot.domain, labels, groups, self.mechanism, self.epsilon, run.rng,
+                                    prior_epsilon=self.prior_epsilon,
+                                    options=MechanismOptions(deadline=run.deadline))
+        per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
+                      "noisy_prior": part.prior.describe(), "certified_epsilon": part.certified_epsilon,
+                      "mechanism": part.mechanism.describe()}
+                     for key, part in zip(result.groups, result.parts, strict=True)]
+        description = {"mechanism": self.mechanism, "group_priors": True, "epsilon": self.epsilon,
+                       "prior_epsilon": self.prior_epsilon, "certified_epsilon": result.certified_epsilon,
+                       "num_groups": len(result.groups), "groups": per_group, "groups_sha256": self.groups.sha256,
+                       "budget_split_rule": "override; the groups compose in parallel"}
+        return Draft(result, {"label": result.noisy_labels}, description, prior_epsilon=self.prior_epsilon)
+
+
+@dataclass(frozen=True)
+class Evaluation(_Defaults):
+    """Private evaluation (see :mod:`labels_party.evaluation`), accounted like a release of the scored
+    examples."""
+
+    request: schemas.EvaluationRequest
+    mechanism: str = "evaluation"
+
+    @property
+    def epsilon(self) -> float:
+        return self.request.epsilon
+
+    def identity(self) -> dict:
+        return self.request.model_dump()
+
+    def record(self) -> dict:
+        return self.request.model_dump(exclude={"example_ids", "predictions"})
+
+    def check(self) -> None:
+        if len(self.request.example_ids) != len(self.request.predictions):
+            raise LabelDPError("predictions must hold one number per example id", code="invalid_input")
+
+    def inputs(self, snapshot: Snapshot):
+        return self.request.example_ids, self.request.predictions
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, predictions, run: Computation) -> Draft:
+        request = self.request
+        result = evaluate(request.metric, predictions, labels, request.epsilon, request.clip, run.rng)
+        low, high = result.confidence_interval()
+        description = {"mechanism": self.mechanism, "metric": result.metric, "value": result.value,
+                       "noise_scale": result.noise_scale, "clip": result.clip, "num_examples": result.num_examples,
+                       "ci95_low": low, "ci95_high": high, "epsilon": request.epsilon,
+                       "certified_epsilon": result.certified_epsilon, "noisy_sum": result.noisy_sum,
+                       "unit": result.unit, "loss_levels": result.levels, "noise": result.noise.describe()}
+        return Draft(result, {}, description)
+
+
+@dataclass(frozen=True)
+class CentralTraining(_Defaults):
+    """LabelDP-Pro trained here on the caller's features; only the parameters leave. (ε, δ) is charged to the
+    training examples: their ε adds to the per-example budget, δ is recorded in the ledger."""
+
+    request: schemas.CentralTrainingRequest
+    mechanism: str = "labeldp-pro"
+
+    @property
+    def epsilon(self) -> float:
+        return self.request.epsilon
+
+    def identity(self) -> dict:
+        return self.request.model_dump()
+
+    def record(self) -> dict:
+        return self.request.model_dump(exclude={"example_ids", "features"})
+
+    def check(self) -> None:
+        features = self.request.features
+        if len(self.request.example_ids) != len(features) or len({len(f) for f in features}) != 1:
+            raise LabelDPError("features must hold one vector per example id, all of the same length",
+                               code="invalid_input")
+
+    def inputs(self, snapshot: Snapshot):
+        if not snapshot.dataset.allow_central_training:
+            raise LabelDPError("central training is not enabled for this dataset by its owner",
+                               code="central_training_disabled")
+        _needs_classes(snapshot, "central training (LabelDP-Pro)")
+        return self.request.example_ids, np.asarray(self.request.features, dtype=np.float32)
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, features, run: Computation) -> Draft:
+        # Imported here so that the labels service only loads JAX when central training is actually used.
+        from labels_party.labeldp_pro import ProConfig, train_labeldp_pro
+
+        request, num_classes = self.request, snapshot.domain.num_classes
+        config = ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=request.delta,
+                           steps=request.steps, batch_size=min(request.batch_size, len(labels)),
+                           learning_rate=request.learning_rate, hidden=tuple(request.hidden))
+        result = train_labeldp_pro(config, features, labels.astype(np.int64), num_classes, run.rng)
+        description = {"mechanism": self.mechanism, "denoiser": request.denoiser, "epsilon": request.epsilon,
+                       "delta": request.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
+                       "steps": request.steps, "sampling_probability": result.sampling_probability,
+                       "parameters": _parameters_as_lists(result.params), "hidden": request.hidden,
+                       "num_classes": num_classes}
+        return Draft(result, {}, description, delta=request.delta)
+
+
+def _parameters_as_lists(tree) -> dict:
+    return {"embeddings": [np.asarray(e).tolist() for e in tree["embeddings"]],
+            "layers": [{"w": np.asarray(layer["w"]).tolist(), "b": np.asarray(layer["b"]).tolist()}
+                       for layer in tree["layers"]]}
