@@ -225,6 +225,20 @@ class LabelsPartyClient:
         )
         return schemas.Release(**response.json())
 
+    def request_central_training(self, dataset_id: str, example_ids, features, epsilon: float, *,
+                                 idempotency_key: str | None = None, **options) -> schemas.Release:
+        """LabelDP-Pro at the labels party on these features (if the dataset's owner enabled it); the trained
+        parameters are in the release's mechanism document (``shared.models.params_from_lists``)."""
+        body = schemas.CentralTrainingRequest(epsilon=epsilon, example_ids=[str(i) for i in example_ids],
+                                              features=np.asarray(features, dtype=np.float64).tolist(), **options)
+        response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/central-trainings",
+                                 json=body.model_dump(), retry=True,
+                                 headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
+        return schemas.Release(**response.json())
+
+    def get_release(self, release_id: str) -> schemas.Release:
+        return schemas.Release(**self._request("GET", f"/v1/releases/{_segment(release_id)}", retry=True).json())
+
     def mechanism_document(self, mechanism_hash: str) -> dict:
         """A release's full public description (``release.mechanism_hash``): output values, exact probabilities,
         the noisy prior, model parameters."""

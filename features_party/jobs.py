@@ -27,6 +27,7 @@ from features_party.service import JobPlan, TrainerContext, labels_party_client,
 from features_party.train import TrainConfig, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
+from shared.mechanisms.subset import SubsetSelectionRandomizer
 
 log = logging.getLogger("labeldp.jobs")
 
@@ -48,16 +49,18 @@ def release_summary(release: schemas.Release) -> dict:
 
 
 def start(ctx: TrainerContext, job_id: str, plan: JobPlan, *, resume: bool = False) -> None:
-    """Request the release (single protocol; the job id is its Idempotency-Key, so a resume gets the same one)
-    and queue the training. Raises the 4xx of a refused release; nothing is queued then."""
+    """Request the release (single protocol; the job id is its Idempotency-Key, so a resume gets the same one),
+    or take the existing one the job names, and queue the training. Raises the 4xx of a refused release; nothing
+    is queued then."""
     client = labels_party_client(ctx, plan.url, plan.request.api_key)
-    release = None
+    release = plan.existing_release
     try:
-        if plan.request.protocol == "single":
+        if release is None and plan.request.protocol == "single":
             try:
                 release = client.request_release(plan.request.dataset_id, plan.request.release, idempotency_key=job_id)
             except (LabelsPartyError, httpx.HTTPError) as err:
                 raise upstream_error(err, plan.labels_party) from None
+        if release is not None:
             _update(ctx, job_id, release_json=json.dumps(release_summary(release)))
     except BaseException:
         client.close()
@@ -110,9 +113,8 @@ def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
     if "label" in names:
         return table.column("label").to_numpy()
     sets = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in names if n.startswith("in_class_")],
-                    axis=1).astype(np.float64)
-    p, q = release.description["p_true"], release.description["p_other"]
-    return (sets - q) / (p - q)
+                    axis=1)
+    return SubsetSelectionRandomizer.from_description(release.description).unbiased_weights(sets)
 
 
 def run_single(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPartyClient,

@@ -15,6 +15,7 @@ from shared import schemas
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
 DATASET_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 API_KEY_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"  # an API key of the labels party (ASCII only)
+RELEASE_ID_PATTERN = DATASET_ID_PATTERN
 
 
 class TrainOptions(BaseModel):
@@ -45,7 +46,11 @@ class JobRequest(BaseModel):
     dataset_id: str = Field(pattern=DATASET_ID_PATTERN)
     api_key: str = Field(pattern=API_KEY_PATTERN, description="the organization's labels-party key; used for this "
                          "job only, never stored, logged or returned", repr=False)
-    release: schemas.ReleaseRequest
+    release: schemas.ReleaseRequest | None = Field(default=None, description=(
+        "the release to request for this job (exactly one of release and release_id)"))
+    release_id: str | None = Field(default=None, pattern=RELEASE_ID_PATTERN, description=(
+        "instead of `release`: train on a release of the dataset this organization already has (a group or "
+        "per-example-prior release, or one trained on before); nothing more is spent"))
     numeric: list[str] = Field(default_factory=list, max_length=1000)
     categorical: list[str] = Field(default_factory=list, max_length=1000)
     num_classes: int | None = Field(default=None, ge=2, le=100_000)
@@ -53,7 +58,6 @@ class JobRequest(BaseModel):
     protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
     stages: int = Field(default=2, ge=1, le=5)
     temperature: float = Field(default=1.0, gt=0, le=100)
-
 
 class ResumeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")

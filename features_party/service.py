@@ -135,6 +135,7 @@ class JobPlan:
     features_file: str
     config: TrainConfig
     num_classes: int | None
+    existing_release: shared_schemas.Release | None = None  # to train on instead of requesting one
 
 
 def labels_party_client(ctx: TrainerContext, url: str, api_key: str) -> LabelsPartyClient:
@@ -170,32 +171,47 @@ def _invalid(message: str) -> LabelDPError:
 
 
 def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest) -> JobPlan:
+    if (request.release is None) == (request.release_id is None):
+        raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
+    if request.protocol == "lp-mst" and request.release is None:
+        raise _invalid("lp-mst requests its own releases: give release, not release_id")
     party, url = ctx.settings.labels_party_url(request.labels_party)
     with ctx.sessions() as session, session.begin():
         features_file = _feature_row(session, principal, request.features).file
+    _check_columns(features_file, request)
+    with labels_party_client(ctx, url, request.api_key) as client:
+        try:
+            dataset = client.get_dataset(request.dataset_id)
+            existing = client.get_release(request.release_id) if request.release_id else None
+        except (LabelsPartyError, httpx.HTTPError) as err:
+            raise upstream_error(err, party) from None
+    if existing is not None:
+        if existing.dataset_id != request.dataset_id:
+            raise _invalid(f"release {existing.id} is not a release of dataset {request.dataset_id}")
+        if existing.mechanism in shared_schemas.LABELLESS_RELEASES:
+            raise _invalid(f"release {existing.id} ({existing.mechanism}) publishes no labels to train on")
+    mechanism = existing.mechanism if existing is not None else request.release.mechanism
+    loss, num_classes = _loss_for(request, mechanism, dataset)
+    config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
+    return JobPlan(request, party, url, features_file, config, num_classes, existing)
+
+
+def _check_columns(features_file: str, request: schemas.JobRequest) -> None:
+    """The columns exist and every requested example has features."""
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
-    if request.release.example_ids is not None:
+    if request.release is not None and request.release.example_ids is not None:
         missing = pd.Index(request.release.example_ids).difference(frame.index)
         if len(missing):
             raise LabelDPError(f"{len(missing)} requested example id(s) have no features, e.g. "
                                f"{list(missing[:3])}", code="unknown_example_ids")
-    del frame
-    with labels_party_client(ctx, url, request.api_key) as client:
-        try:
-            dataset = client.get_dataset(request.dataset_id)
-        except (LabelsPartyError, httpx.HTTPError) as err:
-            raise upstream_error(err, party) from None
-    loss, num_classes = _loss_for(request, dataset)
-    options = request.train.model_dump()
-    config = TrainConfig.from_dict({**options, "loss": loss})
-    return JobPlan(request, party, url, features_file, config, num_classes)
 
 
-def _loss_for(request: schemas.JobRequest, dataset: shared_schemas.Dataset) -> tuple[str, int | None]:
+def _loss_for(request: schemas.JobRequest, mechanism: str,
+              dataset: shared_schemas.Dataset) -> tuple[str, int | None]:
     """The loss and class count a job trains with, checked against the dataset's label kind, the mechanism and
     the protocol."""
-    mechanism, loss = request.release.mechanism, request.train.loss
+    loss = request.train.loss
     if dataset.label_kind == "classes":
         classes = int(dataset.domain["num_classes"])
         if mechanism not in shared_schemas.CLASSIFICATION_MECHANISMS:
@@ -232,8 +248,9 @@ def _lowest(domain: dict) -> float:
 
 def job_view(row: db.Job) -> schemas.JobView:
     request = json.loads(row.request_json)
-    ids = request["release"].pop("example_ids", None)  # kept for a resume, not shown: views stay small
-    request["release"]["num_example_ids"] = None if ids is None else len(ids)
+    if request.get("release") is not None:
+        ids = request["release"].pop("example_ids", None)  # kept for a resume, not shown: views stay small
+        request["release"]["num_example_ids"] = None if ids is None else len(ids)
     return schemas.JobView(
         id=row.id, status=row.status, protocol=request.get("protocol", "single"), labels_party=row.labels_party,
         dataset_id=row.dataset_id, progress=schemas.JobProgress(epoch=row.epoch, epochs=row.epochs),

@@ -15,21 +15,24 @@ predictions against the true test labels. Everything is written under ``demo-out
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pandas as pd
 
 from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, device_summary, train
+from features_party.trainer_client import TrainerClient
+from labeldp import report
+from labeldp.local_services import free_port, serve_process
 
 MECHANISMS = [
     ("opt-unbiased", {"exact": True}),  # the exact optimum over continuous outputs (certified gap)
@@ -40,6 +43,7 @@ MECHANISMS = [
 NUMERIC = ["experience", "kidslt6", "kids618", "husby"]
 CATEGORICAL = ["hhi", "whi", "hhi2", "education", "race", "hispanic", "region"]
 MAX_HOURS = 60
+OFFICE, PUBLISHER = "statistics-office", "publisher"
 
 
 def load_hours_worked() -> pd.DataFrame:
@@ -51,143 +55,114 @@ def load_hours_worked() -> pd.DataFrame:
     return frame
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "labeldp", *args]
 
 
-def _start(args: list[str], log_path: Path, port: int) -> subprocess.Popen:
-    log = open(log_path, "w")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"service exited; see {log_path}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"service did not start; see {log_path}")
+@dataclass(frozen=True)
+class Services:
+    """The two services as separate processes, and the keys an operator of each created with the CLI."""
+
+    labels_url: str
+    trainer_url: str
+    admin_key: str  # the office's admin key (labels party)
+    consumer_key: str  # the publisher's key at the labels party
+    trainer_key: str  # the publisher's key at its own trainer
 
 
-def _wait(trainer: httpx.Client, job_id: str) -> dict:
-    while True:
-        job = trainer.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed"):
-            return job
-        time.sleep(0.3)
+@contextlib.contextmanager
+def services(out: Path) -> Iterator[Services]:
+    """Both services started with ``labeldp labels serve`` and ``labeldp features serve`` on loopback ports,
+    their keys created with ``create-key``, as an operator would."""
+    labels_dir, trainer_dir = out / "labels", out / "trainer"
+    for directory in (labels_dir, trainer_dir):
+        subprocess.run(["rm", "-rf", str(directory)], check=True)
+        directory.mkdir(parents=True)
+    labels_db = ["--database-url", f"sqlite:///{labels_dir / 'labels.db'}", "--data-dir", str(labels_dir / "data")]
+    trainer_db = ["--database-url", f"sqlite:///{trainer_dir / 'trainer.db'}", "--data-dir", str(trainer_dir)]
+    labels_port, trainer_port = free_port(), free_port()
+    labels_url, trainer_url = f"http://127.0.0.1:{labels_port}", f"http://127.0.0.1:{trainer_port}"
+
+    def new_key(party: str, org: str, role: str, database: list[str]) -> str:
+        return subprocess.run(_cli(party, "create-key", "--org", org, "--role", role, *database),
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    with serve_process(_cli("labels", "serve", "--port", str(labels_port), *labels_db), labels_url,
+                       log=out / "labels-service.log"), \
+            serve_process(_cli("features", "serve", "--port", str(trainer_port), *trainer_db,
+                               "--labels-party", f"office={labels_url}"), trainer_url,
+                          log=out / "trainer-service.log"):
+        yield Services(labels_url, trainer_url, new_key("labels", OFFICE, "admin", labels_db),
+                       new_key("labels", PUBLISHER, "consumer", labels_db),
+                       new_key("features", PUBLISHER, "admin", trainer_db))
 
 
 def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) -> list[dict]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("labels", "trainer"):
-        subprocess.run(["rm", "-rf", str(out / stale)], check=True)
     started = time.perf_counter()
     data = load_hours_worked()
     if quick:
         data = data.sample(n=3000, random_state=0)
     split = np.random.default_rng(2026).permutation(len(data))  # a benchmark split; releases use the AES-CTR source
-    test = data.iloc[split[: len(data) // 5]]
-    train_part = data.iloc[split[len(data) // 5:]]
+    test, train_part = data.iloc[split[: len(data) // 5]], data.iloc[split[len(data) // 5:]]
     config = TrainConfig(hidden=(64, 32), embed_dim=4, learning_rate=1e-3, l2=1e-4, batch_size=512,
                          epochs=6 if quick else 40, patience=8)
     print(f"data: Ecdat::HI hours worked per week (clipped at {MAX_HOURS}), {len(train_part)} train / "
           f"{len(test)} test examples; JAX on {device_summary()}")
-
-    labels_port, trainer_port = _free_port(), _free_port()
-    db_url = f"sqlite:///{out / 'labels' / 'labels.db'}"
-    (out / "labels").mkdir(parents=True)
-    services = []
-    try:
-        services.append(_start(_cli("labels", "serve", "--port", str(labels_port), "--database-url", db_url,
-                                    "--data-dir", str(out / "labels" / "data")), out / "labels-service.log",
-                               labels_port))
-        labels_url = f"http://127.0.0.1:{labels_port}"
-        trainer_db = ["--database-url", f"sqlite:///{out / 'trainer' / 'trainer.db'}",
-                      "--data-dir", str(out / "trainer")]
-        (out / "trainer").mkdir(parents=True)
-        services.append(_start(_cli("features", "serve", "--port", str(trainer_port), *trainer_db,
-                                    "--labels-party", f"office={labels_url}"),
-                               out / "trainer-service.log", trainer_port))
-
-        def new_key(org: str, role: str) -> str:
-            return subprocess.run(_cli("labels", "create-key", "--org", org, "--role", role, "--database-url",
-                                       db_url, "--data-dir", str(out / "labels" / "data")),
-                                  check=True, capture_output=True, text=True).stdout.strip()
-
-        admin, consumer = new_key("statistics-office", "admin"), new_key("publisher", "consumer")
-        trainer_key = subprocess.run(_cli("features", "create-key", "--org", "publisher", "--role", "admin",
-                                          *trainer_db), check=True, capture_output=True, text=True).stdout.strip()
+    with services(out) as running, LabelsPartyClient(running.labels_url, running.admin_key) as office, \
+            TrainerClient(running.trainer_url, running.trainer_key) as trainer:
         total = len(MECHANISMS) * sum(epsilons)
-        with LabelsPartyClient(labels_url, admin) as office:
-            dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
-                                            epsilon_total=total)
-            office.upload_labels(dataset.id, data["example_id"], data["hours"].astype(float))
-            office.grant(dataset.id, "publisher")
-            print(f"labels party: dataset {dataset.id} with {len(data)} labels, epsilon_total {total:g} "
-                  f"(one release per mechanism and epsilon, for comparison)")
+        dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
+                                        epsilon_total=total)
+        office.upload_labels(dataset.id, data["example_id"], data["hours"].astype(float))
+        office.grant(dataset.id, PUBLISHER)
+        print(f"labels party: dataset {dataset.id} with {len(data)} labels, epsilon_total {total:g} "
+              f"(one release per mechanism and epsilon, for comparison)")
+        trainer.put_features("hours", data[["example_id", *NUMERIC, *CATEGORICAL]])
+        publisher = Publisher(running.consumer_key, office, trainer, dataset.id, config, train_part, test)
+        rows = [publisher.train_and_score(mechanism, options, epsilon)
+                for epsilon in epsilons for mechanism, options in MECHANISMS]
+        rows.append(_non_private(train_part, test, config))
+        print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}")
+        audit, budget = office.audit(dataset.id), office.budget(dataset.id)
+    _write(out, rows, audit, budget, time.perf_counter() - started)
+    return rows
 
-            rows = []
-            with httpx.Client(base_url=f"http://127.0.0.1:{trainer_port}", timeout=600,
-                              headers={"Authorization": f"Bearer {trainer_key}"}) as trainer:
-                csv = data[["example_id", *NUMERIC, *CATEGORICAL]].to_csv(index=False)
-                assert trainer.put("/v1/features/hours", content=csv,
-                                   headers={"Content-Type": "text/csv"}).status_code == 200
-                truth_test = test.set_index("example_id")["hours"]
-                truth_train = train_part.set_index("example_id")["hours"]
-                for epsilon in epsilons:
-                    for mechanism, options in MECHANISMS:
-                        response = trainer.post("/v1/jobs", json={
-                            "features": "hours", "labels_party": "office", "api_key": consumer,
-                            "dataset_id": dataset.id, "numeric": NUMERIC, "categorical": CATEGORICAL,
-                            "release": {"mechanism": mechanism, "epsilon": epsilon,
-                                        "example_ids": train_part["example_id"].tolist(), **options},
-                            "train": {**config.__dict__, "hidden": list(config.hidden)}})
-                        response.raise_for_status()
-                        job = _wait(trainer, response.json()["id"])
-                        if job["status"] != "succeeded":
-                            raise RuntimeError(f"training job failed: {job['error']}")
-                        predicted = pd.read_parquet(io.BytesIO(trainer.get(
-                            f"/v1/jobs/{job['id']}/predictions",
-                            headers={"Accept": "application/vnd.apache.parquet"}).content))
-                        predictions = predicted.set_index("example_id")["prediction"]
-                        noisy = office.download_labels(job["release"]["id"]).to_pandas().set_index("example_id")
-                        row = {"mechanism": mechanism, "epsilon": epsilon,
-                               "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
-                               "noisy_label_mse": float(np.mean((noisy["label"][truth_train.index]
-                                                                 - truth_train) ** 2)),
-                               "certified_epsilon": job["release"]["certified_epsilon"],
-                               "prior_epsilon": job["release"]["prior_epsilon"],
-                               "num_outputs": job["release"]["num_outputs"],
-                               "train_seconds": job["seconds"], "release_id": job["release"]["id"]}
-                        rows.append(row)
-                        print(f"  eps={epsilon:<4g} {mechanism:<13} test MSE {row['test_mse']:8.2f}   noisy-label "
-                              f"MSE {row['noisy_label_mse']:10.1f}   certified eps {row['certified_epsilon']:.6f}",
-                              flush=True)
-            rows.append(_non_private(train_part, test, config))
-            print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}")
-            audit = office.audit(dataset.id)
-            budget = office.budget(dataset.id)
-        _write(out, rows, audit, budget, time.perf_counter() - started)
-        return rows
-    finally:
-        for process in services:
-            process.terminate()
-        for process in services:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+
+@dataclass(frozen=True)
+class Publisher:
+    """The publisher's side of the demo: jobs on its trainer, each on a release of the training examples' labels
+    only; scored by the demo, which plays both parties, against the true labels."""
+
+    consumer_key: str
+    office: LabelsPartyClient
+    trainer: TrainerClient
+    dataset_id: str
+    config: TrainConfig
+    train_part: pd.DataFrame
+    test: pd.DataFrame
+
+    def train_and_score(self, mechanism: str, options: dict, epsilon: float) -> dict:
+        ids = self.train_part["example_id"].tolist()
+        job = self.trainer.train({
+            "features": "hours", "labels_party": "office", "api_key": self.consumer_key,
+            "dataset_id": self.dataset_id, "numeric": NUMERIC, "categorical": CATEGORICAL,
+            "release": {"mechanism": mechanism, "epsilon": epsilon, "example_ids": ids, **options},
+            "train": {**self.config.__dict__, "hidden": list(self.config.hidden)}})
+        predictions = self.trainer.predictions(job.id).set_index("example_id")["prediction"]
+        noisy = self.office.download_labels(job.release["id"]).to_pandas().set_index("example_id")["label"]
+        truth_test = self.test.set_index("example_id")["hours"]
+        truth_train = self.train_part.set_index("example_id")["hours"]
+        row = {"mechanism": mechanism, "epsilon": epsilon,
+               "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
+               "noisy_label_mse": float(np.mean((noisy[truth_train.index] - truth_train) ** 2)),
+               "certified_epsilon": job.release["certified_epsilon"], "prior_epsilon": job.release["prior_epsilon"],
+               "num_outputs": job.release["num_outputs"], "train_seconds": job.seconds,
+               "release_id": job.release["id"]}
+        print(f"  eps={epsilon:<4g} {mechanism:<13} test MSE {row['test_mse']:8.2f}   noisy-label "
+              f"MSE {row['noisy_label_mse']:10.1f}   certified eps {row['certified_epsilon']:.6f}", flush=True)
+        return row
 
 
 def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
@@ -205,58 +180,26 @@ def _write(out: Path, rows: list[dict], audit, budget, seconds: float) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     frame = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
     baseline = next(r["test_mse"] for r in rows if r["epsilon"] is None)
-    table = frame.pivot(index="mechanism", columns="epsilon", values="test_mse")
-    table = table.loc[[m for m, _ in MECHANISMS]]
+    mechanisms, epsilons = [m for m, _ in MECHANISMS], sorted(frame["epsilon"].unique())
+    test = frame.set_index(["mechanism", "epsilon"])["test_mse"]
+    noisy = frame.set_index(["mechanism", "epsilon"])["noisy_label_mse"]
+    best = test.groupby(level="epsilon").min()
+    spent = sum(e.record["charge"] for e in audit.events)
     lines = ["# Two-party demo: test MSE (hours per week, squared)", "",
              f"Non-private baseline: {baseline:.2f}. Lower is better; each cell is one release + one model.", "",
-             "| mechanism | " + " | ".join(f"ε={e:g}" for e in table.columns) + " |",
-             "|---|" + "---|" * len(table.columns)]
-    for mechanism, values in table.iterrows():
-        best = {e: table[e].min() for e in table.columns}
-        cells = [f"**{v:.2f}**" if v == best[e] else f"{v:.2f}" for e, v in values.items()]
-        lines.append(f"| {mechanism} | " + " | ".join(cells) + " |")
-    noisy = frame.pivot(index="mechanism", columns="epsilon", values="noisy_label_mse").loc[table.index]
-    lines += ["", "Noisy-label MSE on the training labels (what the features party trains on):", "",
-              "| mechanism | " + " | ".join(f"ε={e:g}" for e in noisy.columns) + " |",
-              "|---|" + "---|" * len(noisy.columns)]
-    lines += [f"| {m} | " + " | ".join(f"{v:.1f}" for v in vals) + " |" for m, vals in noisy.iterrows()]
-    spent = sum(e.record["charge"] for e in audit.events)
-    lines += ["", "## Audit", "",
-              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
-              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
-              f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released.",
-              "", f"Demo wall time: {seconds:.0f} s."]
+             *report.epsilon_table(mechanisms, epsilons, lambda m, e: (
+                 f"**{test[(m, e)]:.2f}**" if test[(m, e)] == best[e] else f"{test[(m, e)]:.2f}")),
+             "", "Noisy-label MSE on the training labels (what the features party trains on):", "",
+             *report.epsilon_table(mechanisms, epsilons, lambda m, e: f"{noisy[(m, e)]:.1f}"),
+             "", "## Audit", "",
+             f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
+             f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
+             f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released.",
+             "", f"Demo wall time: {seconds:.0f} s."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    _plot(out, frame, baseline)
+    report.loss_vs_epsilon(frame, out / "test_loss_vs_epsilon.png", test="test_mse", noisy="noisy_label_mse",
+                           test_label="test MSE", title="Test loss vs ε (Ecdat HI, hours/week)", baseline=baseline,
+                           noisy_label="noisy-label MSE")
     print()
     print("\n".join(lines))
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'test_loss_vs_epsilon.png'}")
-
-
-def _plot(out: Path, frame: pd.DataFrame, baseline: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mechanism, group in frame.groupby("mechanism", sort=False):
-        group = group.sort_values("epsilon")
-        left.plot(group["epsilon"], group["test_mse"], marker="o", label=mechanism)
-        right.plot(group["epsilon"], group["noisy_label_mse"], marker="o", label=mechanism)
-    left.axhline(baseline, color="black", linestyle="--", label="non-private")
-    left.set(xscale="log", xlabel="ε", ylabel="test MSE", title="Test loss vs ε (Ecdat HI, hours/week)")
-    right.set(xscale="log", yscale="log", xlabel="ε", ylabel="noisy-label MSE", title="Noisy-label loss vs ε")
-    epsilons = sorted(frame["epsilon"].unique())
-    for axis in (left, right):
-        axis.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
-        axis.minorticks_off()
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out / "test_loss_vs_epsilon.png", dpi=120)
-    plt.close(figure)
-
-
-if __name__ == "__main__":
-    run_demo(os.environ.get("LABELDP_DEMO_OUT", "demo-output"), [0.5, 1, 2, 4])

@@ -49,3 +49,17 @@ def apply(params: dict, numeric: jax.Array, categorical: jax.Array) -> jax.Array
     for layer in params["layers"][:-1]:
         h = jax.nn.relu(h @ layer["w"] + layer["b"])
     return h @ params["layers"][-1]["w"] + params["layers"][-1]["b"]
+
+
+def params_to_lists(params: dict) -> dict:
+    """Parameters as JSON lists (how a centrally trained model leaves the labels party)."""
+    return {"embeddings": [jnp.asarray(e).tolist() for e in params["embeddings"]],
+            "layers": [{"w": jnp.asarray(layer["w"]).tolist(), "b": jnp.asarray(layer["b"]).tolist()}
+                       for layer in params["layers"]]}
+
+
+def params_from_lists(lists: dict) -> dict:
+    """The inverse of :func:`params_to_lists`: a parameter pytree :func:`apply` takes."""
+    array = lambda values: jnp.asarray(values, dtype=jnp.float32)  # noqa: E731
+    return {"embeddings": [array(e) for e in lists["embeddings"]],
+            "layers": [{"w": array(layer["w"]), "b": array(layer["b"])} for layer in lists["layers"]]}

@@ -20,6 +20,8 @@ LabelKind = Literal["finite", "integer", "continuous", "classes"]
 REGRESSION_MECHANISMS = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
 CLASSIFICATION_MECHANISMS = ("rr", "rr-with-prior", "subset")
 MechanismName = Literal[tuple(dict.fromkeys(REGRESSION_MECHANISMS + CLASSIFICATION_MECHANISMS))]
+# Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters.
+LABELLESS_RELEASES = ("evaluation", "labeldp-pro")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
 GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
 
@@ -173,9 +175,9 @@ class CentralTrainingRequest(BaseModel):
     delta: float = Field(default=1e-5, gt=0, lt=1e-2)
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
     steps: int = Field(default=300, ge=1, le=20_000)
-    batch_size: int = Field(default=128, ge=1)
-    learning_rate: float = Field(default=0.5, gt=0)
-    hidden: list[int] = Field(default_factory=lambda: [64], max_length=4)
+    batch_size: int = Field(default=128, ge=1, le=65_536)
+    learning_rate: float = Field(default=0.5, gt=0, le=100)
+    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=lambda: [64], max_length=4)
     example_ids: list[str] = Field(min_length=2)
     # one vector per example id, all of one length (else 400 invalid_input)
     features: list[list[FiniteFloat]] = Field(min_length=2)

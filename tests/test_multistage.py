@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from features_party.client import LabelsPartyClient
 from features_party.multistage import train_multistage
 from features_party.train import TrainConfig
-from labeldp.benchmarks.classification import labels_party_server, run_classification_bench
+from labeldp.benchmarks.classification import run_classification_bench
+from labeldp.benchmarks.parties import CONSUMER, two_parties
 
 
 def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
@@ -19,12 +19,12 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
     y = digits.target[:900]
     ids = np.array([f"d{i}" for i in range(900)])
     none = np.zeros((900, 0), np.int32)
-    with labels_party_server(tmp_path) as (url, admin, consumer):
-        with LabelsPartyClient(url, admin) as owner:
+    with two_parties(tmp_path, seed=0) as parties:
+        with parties.owner() as owner:
             dataset = owner.create_dataset(name="digits", label_kind="classes", num_classes=10, epsilon_total=2.0)
             owner.upload_labels(dataset.id, ids, y.astype(float))
-            owner.grant(dataset.id, "learner")
-        with LabelsPartyClient(url, consumer) as client:
+            owner.grant(dataset.id, CONSUMER)
+        with parties.consumer() as client:
             model, reports = train_multistage(
                 client, dataset.id, ids[:700], x[:700], none[:700], vocab_sizes=(), num_classes=10, epsilon=2.0,
                 stages=2, config=TrainConfig(loss="cross_entropy", hidden=(32,), learning_rate=3e-3, epochs=25,
@@ -33,7 +33,7 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
                 client.request_release(dataset.id, {"mechanism": "rr", "epsilon": 0.1,
                                                     "example_ids": ids[:700].tolist()})
             assert getattr(refused.value, "code", None) == "budget_exceeded"
-        with LabelsPartyClient(url, admin) as owner:
+        with parties.owner() as owner:
             audit = owner.audit(dataset.id)
             budget = owner.budget(dataset.id)
     assert [r.examples for r in reports] == [350, 350]

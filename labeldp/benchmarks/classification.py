@@ -1,128 +1,93 @@
 """``labeldp bench classification``: label-DP classification protocols on scikit-learn's bundled 8x8 digits,
-through a real labels-party server on loopback: RR (LP-1ST), multi-stage RRWithPrior (LP-2ST, LP-3ST) and the
-subset-selection randomizer with its unbiased loss, against a non-private model; mean ± sd over seeds."""
+through both parties' HTTP APIs (:mod:`labeldp.benchmarks.parties`): RR (LP-1ST), multi-stage RRWithPrior
+(LP-2ST, LP-3ST) and the subset-selection randomizer with its unbiased loss as trainer-service jobs, and cluster
+priors as a group release the publisher requests and a job then trains on; against a non-private model (trained
+in process: no participant can train on true labels); mean ± sd over seeds."""
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from features_party.client import LabelsPartyClient
-from features_party.multistage import train_multistage
 from features_party.train import TrainConfig, train
+from labeldp import report
+from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 
 METHODS = ["non-private", "rr (LP-1ST)", "LP-2ST", "LP-3ST", "subset", "cluster priors"]
+STAGES = {"rr (LP-1ST)": 1, "LP-2ST": 2, "LP-3ST": 3}
 CLUSTERS = 10  # k-means clusters of the (public) features for the cluster-prior method
 CLUSTER_PRIOR_SHARE = 0.1  # ε_p = ε/10 for the per-cluster discrete-Laplace histograms
+RELEASE_SEED = 500
 
 
-@contextlib.contextmanager
-def labels_party_server(workdir: Path):
-    """A real labels-party service (uvicorn, SQLite) on a free loopback port; yields (url, admin, consumer)."""
-    import socket
+@dataclass(frozen=True)
+class Digits:
+    """scikit-learn's bundled 8x8 digits: pixels in [0, 1], labels 0..9, example ids."""
 
-    import uvicorn
+    x: np.ndarray
+    y: np.ndarray
+    ids: np.ndarray
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.service import make_context
+    @classmethod
+    def load(cls) -> Digits:
+        from sklearn.datasets import load_digits
 
-    ctx = make_context(f"sqlite:///{workdir}/labels.db", workdir / "data")
-    with ctx.sessions() as session, session.begin():
-        admin, consumer = create_key(session, "owner", "admin"), create_key(session, "learner", "consumer")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", admin, consumer
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
+        digits = load_digits()
+        y = digits.target.astype(np.int64)
+        return cls((digits.data / 16.0).astype(np.float32), y, np.array([f"d{i}" for i in range(len(y))]))
+
+    @property
+    def columns(self) -> list[str]:
+        return [f"px{j}" for j in range(self.x.shape[1])]
+
+    def features(self) -> pd.DataFrame:
+        """The publisher's features table: ``example_id`` and the 64 pixels."""
+        return pd.DataFrame({"example_id": self.ids, **dict(zip(self.columns, self.x.T, strict=True))})
+
+    def split(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(training rows, test rows): a fifth held out, by a seeded permutation of the examples."""
+        order = np.random.default_rng(500 + seed).permutation(len(self.y))
+        return order[len(self.y) // 5:], order[: len(self.y) // 5]
+
+    def accuracy(self, predicted: np.ndarray, rows: np.ndarray) -> float:
+        return float(np.mean(predicted == self.y[rows]))
 
 
-def load_digits_arrays():
-    """scikit-learn's bundled 8x8 digits: (features in [0, 1], labels, example ids, empty categorical block)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    y = digits.target.astype(np.int64)
-    return ((digits.data / 16.0).astype(np.float32), y, np.array([f"d{i}" for i in range(len(y))]),
-            np.zeros((len(y), 0), dtype=np.int32))
+def register_digits(parties: Parties, name: str, digits: Digits, budget: float, *,
+                    central_training: bool = False) -> str:
+    """The labels party's dataset of the digits' classes, granted to the publisher; its id."""
+    with parties.owner() as owner:
+        dataset = owner.create_dataset(name=name, label_kind="classes", num_classes=10, epsilon_total=budget,
+                                       allow_central_training=central_training)
+        owner.upload_labels(dataset.id, digits.ids, digits.y.astype(float))
+        owner.grant(dataset.id, CONSUMER)
+    return dataset.id
 
 
 def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path, *, epochs: int = 40,
                              progress: bool = True) -> pd.DataFrame:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    x, y, ids, no_categorical = load_digits_arrays()
+    digits = Digits.load()
     config = TrainConfig(loss="cross_entropy", hidden=(64,), learning_rate=3e-3, l2=1e-4, batch_size=128,
                          epochs=epochs, patience=8)
-    rows = []
-    jobs = [(seed, eps, m) for seed in range(seeds) for eps in epsilons for m in METHODS[1:]]
+    rows = [_non_private(digits, seed, config) for seed in range(seeds)]
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-cls-") as tmp, \
-            labels_party_server(Path(tmp)) as (url, admin, consumer):
-        datasets = {}
-        with LabelsPartyClient(url, admin) as owner:
-            for seed in range(seeds):
-                dataset = owner.create_dataset(name=f"digits-{seed}", label_kind="classes", num_classes=10,
-                                               epsilon_total=(len(METHODS) - 1) * sum(epsilons))
-                owner.upload_labels(dataset.id, ids, y.astype(float))
-                owner.grant(dataset.id, "learner")
-                datasets[seed] = dataset.id
-        splits = {s: np.random.default_rng(500 + s).permutation(len(y)) for s in range(seeds)}
-        for seed in range(seeds):
-            test, fit = splits[seed][: len(y) // 5], splits[seed][len(y) // 5:]
-            model = train(config, x[fit], no_categorical[fit], y[fit], vocab_sizes=(), num_classes=10)
-            rows.append({"method": "non-private", "epsilon": None, "seed": seed,
-                         "accuracy": _accuracy(model, x[test], y[test]), "mean_k": None})
-        with LabelsPartyClient(url, consumer) as client:
-            for seed, epsilon, method in tqdm(jobs, desc="bench classification", disable=not progress):
-                test, fit = splits[seed][: len(y) // 5], splits[seed][len(y) // 5:]
-                row = {"method": method, "epsilon": epsilon, "seed": seed, "mean_k": None}
-                if method == "cluster priors":
-                    from sklearn.cluster import KMeans
-
-                    groups = KMeans(n_clusters=CLUSTERS, n_init=4, random_state=seed).fit_predict(x[fit])
-                    release = client.request_group_release(
-                        datasets[seed], ids[fit], groups, "rr-with-prior", epsilon, CLUSTER_PRIOR_SHARE * epsilon,
-                        idempotency_key=f"clusters-{seed}-{epsilon}")
-                    table = client.download_labels(release.id).to_pandas().set_index("example_id")
-                    noisy = table.loc[ids[fit], "label"].to_numpy().astype(np.int64)
-                    model = train(config, x[fit], no_categorical[fit], noisy, vocab_sizes=(), num_classes=10)
-                    row["certified_epsilon"] = release.certified_epsilon
-                elif method == "subset":
-                    release = client.request_release(datasets[seed], {
-                        "mechanism": "subset", "epsilon": epsilon, "example_ids": ids[fit].tolist()},
-                        idempotency_key=f"subset-{seed}-{epsilon}")
-                    table = client.download_labels(release.id).to_pandas().set_index("example_id")
-                    sets = table.loc[ids[fit], [f"in_class_{k}" for k in range(10)]].to_numpy(dtype=float)
-                    p, q = release.description["p_true"], release.description["p_other"]
-                    model = train(TrainConfig(**{**config.__dict__, "loss": "subset"}), x[fit], no_categorical[fit],
-                                  (sets - q) / (p - q), vocab_sizes=(), num_classes=10)
-                    row["certified_epsilon"] = release.certified_epsilon
-                else:
-                    stages = {"rr (LP-1ST)": 1, "LP-2ST": 2, "LP-3ST": 3}[method]
-                    model, reports = train_multistage(
-                        client, datasets[seed], ids[fit], x[fit], no_categorical[fit], vocab_sizes=(),
-                        num_classes=10, epsilon=epsilon, stages=stages, config=config, seed=seed)
-                    row["mean_k"] = reports[-1].mean_k
-                    row["certified_epsilon"] = max(r.certified_epsilon for r in reports)
-                row["accuracy"] = _accuracy(model, x[test], y[test])
-                rows.append(row)
-                pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
-        with LabelsPartyClient(url, admin) as owner:
+            two_parties(Path(tmp), RELEASE_SEED) as parties:
+        budget = (len(METHODS) - 1) * sum(epsilons)
+        datasets = {s: register_digits(parties, f"digits-{s}", digits, budget) for s in range(seeds)}
+        with parties.trainer() as trainer:
+            trainer.put_features("digits", digits.features())
+        runs = [(seed, eps, m) for seed in range(seeds) for eps in epsilons for m in METHODS[1:]]
+        for seed, epsilon, method in tqdm(runs, desc="bench classification", disable=not progress):
+            rows.append(_private_run(parties, datasets[seed], digits, method, epsilon, seed, config))
+            pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
+        with parties.owner() as owner:
             budgets = [owner.budget(datasets[s]) for s in range(seeds)]
             audit = owner.audit(datasets[0])
     runs = pd.DataFrame(rows)
@@ -131,27 +96,61 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
     return runs
 
 
-def _accuracy(model, x, y) -> float:
-    return float(np.mean(np.argmax(model.predict(x, np.zeros((len(x), 0), np.int32)), axis=1) == y))
+def _non_private(digits: Digits, seed: int, config: TrainConfig) -> dict:
+    fit, test = digits.split(seed)
+    none = np.zeros((len(digits.y), 0), dtype=np.int32)
+    model = train(config, digits.x[fit], none[fit], digits.y[fit], vocab_sizes=(), num_classes=10)
+    predicted = np.argmax(model.predict(digits.x[test], none[test]), axis=1)
+    return {"method": "non-private", "epsilon": None, "seed": seed, "accuracy": digits.accuracy(predicted, test),
+            "mean_k": None}
+
+
+def _private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int,
+                 config: TrainConfig) -> dict:
+    """One trainer job of ``method`` on the training examples; its accuracy on the test examples."""
+    fit, test = digits.split(seed)
+    options = {**config.__dict__, "hidden": list(config.hidden), "seed": seed, "loss": None}
+    fields = {"numeric": digits.columns, "train": options}
+    release = {"epsilon": epsilon, "example_ids": digits.ids[fit].tolist()}
+    if method in STAGES:
+        fields.update(protocol="lp-mst", stages=STAGES[method], release={**release, "mechanism": "rr"})
+    elif method == "subset":
+        fields.update(release={**release, "mechanism": "subset"})
+    else:  # cluster priors: the publisher's group release (k-means of the features), then a job trains on it
+        from sklearn.cluster import KMeans
+
+        groups = KMeans(n_clusters=CLUSTERS, n_init=4, random_state=seed).fit_predict(digits.x[fit])
+        with parties.consumer() as consumer:
+            group_release = consumer.request_group_release(
+                dataset_id, digits.ids[fit], groups, "rr-with-prior", epsilon, CLUSTER_PRIOR_SHARE * epsilon,
+                idempotency_key=f"clusters-{seed}-{epsilon}")
+        fields.update(release_id=group_release.id)
+    with parties.trainer() as trainer:
+        job = trainer.train(parties.job("digits", dataset_id, **fields))
+        predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
+    stages = job.release.get("stages")
+    return {"method": method, "epsilon": epsilon, "seed": seed,
+            "mean_k": stages[-1]["mean_k"] if stages else None,
+            "certified_epsilon": job.release["certified_epsilon"],
+            "accuracy": digits.accuracy(predicted[digits.ids[test]].to_numpy(), test)}
 
 
 def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audit) -> None:
     baseline = runs[runs.method == "non-private"]["accuracy"]
     stats = runs[runs.method != "non-private"].groupby(["method", "epsilon"])["accuracy"].agg(["mean", "std"])
+
+    def cell(method: str, epsilon: float) -> str:
+        mean, std = stats.loc[(method, epsilon)]
+        return f"{mean:.3f} ± {0 if np.isnan(std) else std:.3f}"
+
+    spent = ", ".join(f"{b.epsilon_spent:g}/{b.epsilon_total:g}" for b in budgets)
     lines = ["# Label-DP classification on scikit-learn digits (10 classes, 1438 train / 359 test)", "",
              f"Test accuracy, mean ± sd over {runs.seed.nunique()} seeds. Non-private: {baseline.mean():.3f} ± "
              f"{baseline.std(ddof=0):.3f}. Every private method releases each training example's label once at ε "
-             "(LP-MST: one stage per example), through a real labels-party server. Cluster priors: k-means "
-             f"({CLUSTERS} clusters) on the features, a discrete-Laplace label histogram per cluster at "
-             f"ε_p = ε/{round(1 / CLUSTER_PRIOR_SHARE)}, RRWithPrior per cluster at the rest.", "",
-             "| method | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |", "|---|" + "---|" * len(epsilons)]
-    for method in METHODS[1:]:
-        cells = []
-        for epsilon in epsilons:
-            mean, std = stats.loc[(method, epsilon)]
-            cells.append(f"{mean:.3f} ± {0 if np.isnan(std) else std:.3f}")
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    spent = ", ".join(f"{b.epsilon_spent:g}/{b.epsilon_total:g}" for b in budgets)
-    lines += ["", f"Budget per seed's dataset (spent/total, max over examples): {spent}. Audit of seed 0: "
-              f"{len(audit.events)} events, chain valid: {audit.chain_valid}."]
+             "(LP-MST: one stage per example) and trains with a trainer-service job, both parties over HTTP. "
+             f"Cluster priors: k-means ({CLUSTERS} clusters) on the features, a discrete-Laplace label histogram per "
+             f"cluster at ε_p = ε/{round(1 / CLUSTER_PRIOR_SHARE)}, RRWithPrior per cluster at the rest.", "",
+             *report.epsilon_table(METHODS[1:], epsilons, cell, header="method"), "",
+             f"Budget per seed's dataset (spent/total, max over examples): {spent}. Audit of seed 0: "
+             f"{len(audit.events)} events, chain valid: {audit.chain_valid}."]
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -1,7 +1,8 @@
 """``labeldp bench labeldp-pro``: the high-privacy regime on scikit-learn digits — randomized response (LP-1ST),
 RRWithPrior (LP-2ST), DP-SGD (LabelDP-Pro with the NOOP denoiser) and LabelDP-Pro (ALTCONV), mean ± sd over
-seeds. RR and LP-2ST go through a real labels-party server (ε-label-DP); the DP-SGD methods are central
-(ε, δ)-label-DP with δ = 1e-5."""
+seeds, all through the parties' HTTP APIs. RR and LP-2ST are trainer-service jobs on ε-label-DP releases; the
+DP-SGD methods are central training at the labels party ((ε, δ)-label-DP with δ = 1e-5), whose trained parameters
+come back in the release's mechanism document and are applied here."""
 
 from __future__ import annotations
 
@@ -12,63 +13,73 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from features_party.client import LabelsPartyClient
-from features_party.multistage import train_multistage
-from features_party.train import TrainConfig
-from labeldp.benchmarks.classification import labels_party_server, load_digits_arrays
-from labels_party.labeldp_pro import ProConfig, train_labeldp_pro
+from labeldp import report
+from labeldp.benchmarks.classification import Digits, register_digits
+from labeldp.benchmarks.parties import Parties, two_parties
+from shared import models
 
 METHODS = ["rr (LP-1ST)", "rr-with-prior (LP-2ST)", "dp-sgd (noop)", "labeldp-pro (altconv)"]
+DELTA = 1e-5
+RELEASE_SEED = 600
 
 
 def run_pro_bench(epsilons: list[float], seeds: int, out: str | Path, *, steps: int = 300,
                   progress: bool = True) -> pd.DataFrame:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    x, y, ids, none = load_digits_arrays()
-    config = TrainConfig(loss="cross_entropy", hidden=(64,), learning_rate=3e-3, batch_size=128, epochs=40,
-                         patience=8)
+    digits = Digits.load()
     rows = []
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-pro-") as tmp, \
-            labels_party_server(Path(tmp)) as (url, admin, consumer):
-        datasets = {}
-        with LabelsPartyClient(url, admin) as owner:
-            for seed in range(seeds):
-                datasets[seed] = owner.create_dataset(name=f"digits-{seed}", label_kind="classes", num_classes=10,
-                                                      epsilon_total=2 * sum(epsilons)).id
-                owner.upload_labels(datasets[seed], ids, y.astype(float))
-                owner.grant(datasets[seed], "learner")
-        jobs = [(s, e, m) for s in range(seeds) for e in epsilons for m in METHODS]
-        with LabelsPartyClient(url, consumer) as client:
-            for seed, epsilon, method in tqdm(jobs, desc="bench labeldp-pro", disable=not progress):
-                order = np.random.default_rng(500 + seed).permutation(len(y))
-                test, fit = order[: len(y) // 5], order[len(y) // 5:]
-                if method.startswith("rr"):
-                    model, _ = train_multistage(client, datasets[seed], ids[fit], x[fit], none[fit], vocab_sizes=(),
-                                                num_classes=10, epsilon=epsilon, stages=1 if "LP-1ST" in method
-                                                else 2, config=config, seed=seed)
-                    predicted = np.argmax(model.predict(x[test], none[test]), axis=1)
-                    certified, delta = epsilon, 0.0
-                else:
-                    denoiser = "noop" if "noop" in method else "altconv"
-                    result = train_labeldp_pro(ProConfig(denoiser=denoiser, epsilon=epsilon, steps=steps,
-                                                         batch_size=256, learning_rate=0.5),
-                                               x[fit], y[fit], 10, np.random.default_rng(seed))
-                    predicted = np.argmax(result.predict(x[test]), axis=1)
-                    certified, delta = result.epsilon, result.delta
-                rows.append({"method": method, "epsilon": epsilon, "seed": seed, "delta": delta,
-                             "certified_epsilon": certified, "accuracy": float(np.mean(predicted == y[test]))})
-                pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
+            two_parties(Path(tmp), RELEASE_SEED) as parties:
+        datasets = {s: register_digits(parties, f"digits-{s}", digits, len(METHODS) * sum(epsilons),
+                                       central_training=True) for s in range(seeds)}
+        with parties.trainer() as trainer:
+            trainer.put_features("digits", digits.features())
+        runs = [(s, e, m) for s in range(seeds) for e in epsilons for m in METHODS]
+        for seed, epsilon, method in tqdm(runs, desc="bench labeldp-pro", disable=not progress):
+            run = _central if method.startswith(("dp-sgd", "labeldp-pro")) else _local
+            predicted, certified, delta = run(parties, datasets[seed], digits, method, epsilon, seed, steps)
+            rows.append({"method": method, "epsilon": epsilon, "seed": seed, "delta": delta,
+                         "certified_epsilon": certified, "accuracy": digits.accuracy(predicted, digits.split(seed)[1])})
+            pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
     runs = pd.DataFrame(rows)
+    _summary(runs, epsilons, seeds, steps, out)
+    return runs
+
+
+def _local(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int, _steps: int):
+    """LP-1ST / LP-2ST as a trainer job: the publisher trains on ε-label-DP releases."""
+    fit, test = digits.split(seed)
+    train = {"hidden": [64], "learning_rate": 3e-3, "batch_size": 128, "epochs": 40, "patience": 8, "seed": seed}
+    job = parties.job("digits", dataset_id, protocol="lp-mst", stages=1 if "LP-1ST" in method else 2,
+                      release={"mechanism": "rr", "epsilon": epsilon, "example_ids": digits.ids[fit].tolist()},
+                      numeric=digits.columns, train=train)
+    with parties.trainer() as trainer:
+        done = trainer.train(job)
+        predicted = trainer.predictions(done.id).set_index("example_id")["prediction"]
+    return predicted[digits.ids[test]].to_numpy(), done.release["certified_epsilon"], 0.0
+
+
+def _central(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int, steps: int):
+    """DP-SGD / LabelDP-Pro at the labels party: the publisher sends features and gets parameters back."""
+    fit, test = digits.split(seed)
+    with parties.consumer() as consumer:
+        release = consumer.request_central_training(
+            dataset_id, digits.ids[fit], digits.x[fit], epsilon, denoiser="noop" if "noop" in method else "altconv",
+            delta=DELTA, steps=steps, batch_size=256, learning_rate=0.5,
+            idempotency_key=f"{method}-{epsilon}-{seed}")
+        document = consumer.mechanism_document(release.mechanism_hash)
+    params = models.params_from_lists(document["description"]["parameters"])
+    logits = models.apply(params, digits.x[test], np.zeros((len(test), 0), np.int32))
+    return np.argmax(np.asarray(logits), axis=1), release.certified_epsilon, DELTA
+
+
+def _summary(runs: pd.DataFrame, epsilons: list[float], seeds: int, steps: int, out: Path) -> None:
     stats = runs.groupby(["method", "epsilon"])["accuracy"].agg(["mean", "std"])
     lines = ["# High-privacy regime on scikit-learn digits (1438 train / 359 test)", "",
-             f"Test accuracy, mean ± sd over {seeds} seeds. RR / LP-2ST: ε-label-DP releases through the labels-party "
-             "service; DP-SGD and LabelDP-Pro: central (ε, δ = 1e-5)-label-DP, σ calibrated with dp-accounting "
-             f"(RDP, Poisson sampling q = 256/1438, {steps} steps).", "",
-             "| method | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |", "|---|" + "---|" * len(epsilons)]
-    for method in METHODS:
-        lines.append(f"| {method} | " + " | ".join(
-            f"{stats.loc[(method, e), 'mean']:.3f} ± {np.nan_to_num(stats.loc[(method, e), 'std']):.3f}"
-            for e in epsilons) + " |")
+             f"Test accuracy, mean ± sd over {seeds} seeds. RR / LP-2ST: ε-label-DP releases and trainer jobs; "
+             "DP-SGD and LabelDP-Pro: central (ε, δ = 1e-5)-label-DP training at the labels party, σ calibrated with "
+             f"dp-accounting (RDP, Poisson sampling q = 256/1438, {steps} steps); both parties over HTTP.", "",
+             *report.epsilon_table(METHODS, epsilons, lambda m, e: (
+                 f"{stats.loc[(m, e), 'mean']:.3f} ± {np.nan_to_num(stats.loc[(m, e), 'std']):.3f}"), header="method")]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    return runs

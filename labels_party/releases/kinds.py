@@ -25,7 +25,7 @@ from labels_party.registry import MechanismOptions
 from labels_party.releases.transaction import Computation, Draft, Snapshot
 from labels_party.solvers.classification import rr_with_prior_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
-from shared import schemas
+from shared import models, schemas
 from shared.domains import Classes
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
@@ -237,12 +237,6 @@ class CentralTraining(_Defaults):
         description = {"mechanism": self.mechanism, "denoiser": request.denoiser, "epsilon": request.epsilon,
                        "delta": request.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
                        "steps": request.steps, "sampling_probability": result.sampling_probability,
-                       "parameters": _parameters_as_lists(result.params), "hidden": request.hidden,
+                       "parameters": models.params_to_lists(result.params), "hidden": request.hidden,
                        "num_classes": num_classes}
         return Draft(result, {}, description, delta=request.delta)
-
-
-def _parameters_as_lists(tree) -> dict:
-    return {"embeddings": [np.asarray(e).tolist() for e in tree["embeddings"]],
-            "layers": [{"w": np.asarray(layer["w"]).tolist(), "b": np.asarray(layer["b"]).tolist()}
-                       for layer in tree["layers"]]}

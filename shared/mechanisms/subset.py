@@ -37,6 +37,15 @@ class SubsetSelectionRandomizer:
         epsilon = check_epsilon(epsilon)
         return cls(int(num_classes), epsilon, design_epsilon(epsilon))
 
+    @classmethod
+    def from_description(cls, description: dict) -> SubsetSelectionRandomizer:
+        """The randomizer a release describes (its ``describe()``), rebuilt from K and ε; the rebuilt inclusion
+        probabilities must be the described ones, so weights computed from it are those of the sampled sets."""
+        randomizer = cls.build(description["num_classes"], description["epsilon"])
+        if randomizer.inclusion_probabilities != (description["p_true"], description["p_other"]):
+            raise CertificationError("subset: the described inclusion probabilities are not the ones of K and ε")
+        return randomizer
+
     def __post_init__(self):
         if self.certified_epsilon > self.epsilon:
             raise CertificationError(f"subset: realized probabilities are {self.certified_epsilon}-DP")

@@ -1,0 +1,70 @@
+"""Typed httpx client for the features party's own trainer service: features tables, training jobs and their
+predictions. The demo and the benchmarks drive the trainer through it, as a publisher's scripts would."""
+
+from __future__ import annotations
+
+import io
+import ssl
+import time
+
+import httpx
+import pandas as pd
+
+from features_party import schemas
+from features_party.client import _raise_for, _segment
+
+
+class TrainerClient:
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 600.0, verify: bool | str = True):
+        self._http = httpx.Client(
+            base_url=base_url, timeout=timeout, headers={"Authorization": f"Bearer {api_key}"},
+            verify=ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> TrainerClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, url: str, **kwargs) -> httpx.Response:
+        response = self._http.request(method, url, **kwargs)
+        _raise_for(response)
+        return response
+
+    def put_features(self, name: str, frame: pd.DataFrame) -> schemas.FeatureTableView:
+        """Create or replace a features table (an ``example_id`` column and feature columns), sent as CSV."""
+        response = self._call("PUT", f"/v1/features/{_segment(name)}", content=frame.to_csv(index=False),
+                              headers={"Content-Type": "text/csv"})
+        return schemas.FeatureTableView(**response.json())
+
+    def create_job(self, request: schemas.JobRequest | dict) -> schemas.JobView:
+        body = request if isinstance(request, schemas.JobRequest) else schemas.JobRequest(**request)
+        return schemas.JobView(**self._call("POST", "/v1/jobs", json=body.model_dump(mode="json",
+                                                                                    exclude_none=True)).json())
+
+    def job(self, job_id: str) -> schemas.JobView:
+        return schemas.JobView(**self._call("GET", f"/v1/jobs/{_segment(job_id)}").json())
+
+    def wait(self, job_id: str, *, poll_seconds: float = 0.2) -> schemas.JobView:
+        """The job once it has succeeded or failed."""
+        while True:
+            job = self.job(job_id)
+            if job.status in ("succeeded", "failed"):
+                return job
+            time.sleep(poll_seconds)
+
+    def train(self, request: schemas.JobRequest | dict) -> schemas.JobView:
+        """Create a job and wait for it; a failed job raises with its error."""
+        job = self.wait(self.create_job(request).id)
+        if job.status != "succeeded":
+            raise RuntimeError(f"training job {job.id} failed: {job.error}")
+        return job
+
+    def predictions(self, job_id: str) -> pd.DataFrame:
+        """``example_id, prediction[, p_class_k…]`` for every row of the job's features table."""
+        response = self._call("GET", f"/v1/jobs/{_segment(job_id)}/predictions",
+                              headers={"Accept": "application/vnd.apache.parquet"})
+        return pd.read_parquet(io.BytesIO(response.content))
