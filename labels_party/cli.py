@@ -12,7 +12,7 @@ import numpy as np
 from labels_party import registry
 from labels_party.privacy_audit import audit
 from labels_party.registry import MechanismOptions
-from shared.domains import Classes, parse_label_spec
+from shared.domains import Classes, FiniteLabels, parse_label_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
@@ -51,9 +51,9 @@ def register(commands) -> None:
     audit.set_defaults(handler=audit_command)
 
 
-def read_prior_file(path: str, values: np.ndarray) -> np.ndarray:
-    """Weights aligned with ``values``; labels absent from the file get weight 0."""
-    weights = np.zeros(values.size)
+def read_prior_file(path: str, labels: FiniteLabels) -> np.ndarray:
+    """Weights aligned with the domain's values; labels absent from the file get weight 0."""
+    weights = np.zeros(labels.size)
     seen = set()
     try:
         with open(path, newline="") as handle:
@@ -70,8 +70,8 @@ def read_prior_file(path: str, values: np.ndarray) -> np.ndarray:
                 if not math.isfinite(weight) or weight < 0:
                     raise LabelDPError(f"{path}:{line}: weight must be finite and >= 0, got {row['weight']}",
                                        code="invalid_prior")
-                index = np.searchsorted(values, label)
-                if index >= values.size or values[index] != label:
+                (index,), (found,) = labels.find([label])
+                if not found:
                     raise LabelDPError(f"{path}:{line}: label {row['label']} is not in the label domain",
                                        code="invalid_prior")
                 if label in seen:
@@ -109,7 +109,7 @@ def audit_command(args) -> int:
     labels, domain = _domain(args.mechanism, args.labels)
     if args.samples < 100:
         raise LabelDPError(f"--samples must be at least 100, got {args.samples}", code="invalid_request")
-    prior = read_prior_file(args.prior_file, labels.values) if args.prior_file else \
+    prior = read_prior_file(args.prior_file, labels) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
     family = registry.family(args.mechanism)
     mechanism = registry.build(args.mechanism, domain, epsilon, prior if family.needs_prior else None).mechanism
@@ -125,7 +125,7 @@ def solve_command(args) -> int:
     labels, domain = _domain(args.mechanism, args.labels)
     if args.mesh is not None and args.mesh < 2:
         raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
-    prior = read_prior_file(args.prior_file, labels.values) if args.prior_file else \
+    prior = read_prior_file(args.prior_file, labels) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
     options = MechanismOptions(mesh=args.mesh, clip=args.clip, exact=args.exact)
     family = registry.family(args.mechanism)
@@ -144,9 +144,7 @@ def solve_command(args) -> int:
         "num_labels": labels.size,
         "prior": args.prior_file or "uniform",
     }
-    if args.mechanism == "opt-unbiased":
-        report["mesh"] = mechanism.parameters.get("mesh")
-    report.update({k: v for k, v in built.diagnostics.items() if k not in ("solver", "mesh", "solve_seconds")})
+    report.update({k: v for k, v in built.diagnostics.items() if k != "solve_seconds"})  # the solver's own
     if args.show_matrix:
         report["description"] = mechanism.describe()
     _print(report, args.json)

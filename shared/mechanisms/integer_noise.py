@@ -293,8 +293,8 @@ class DiscreteStaircase:
 
     @property
     def variance(self) -> float:
-        b, c, d = self._b, self._one_minus_b, self.period
-        g0, g1, g2 = 1 / c, b / c**2, b * (1 + b) / c**3
+        c, d = self._one_minus_b, self.period
+        g0, g1, g2 = _geometric_moments(self.s / self.t)
         j = np.arange(d, dtype=np.float64)
         w = self._offset_weights() / self._total_weight
         second = c * float(np.sum(w * (d * d * g2 + 2 * d * j * g1 + j * j * g0)))  # E[|Z|²] before sign
@@ -312,10 +312,16 @@ def discrete_staircase_second_moments(epsilon: float, sensitivity: int) -> np.nd
     b, c = math.exp(-epsilon), -math.expm1(-epsilon)  # c = 1 - b without cancellation
     d = sensitivity
     r = np.arange(1, d + 1, dtype=np.float64)
-    g0, g1, g2 = 1 / c, b / c**2, b * (1 + b) / c**3
+    g0, g1, g2 = _geometric_moments(epsilon)
 
     def block(n):  # Σ_k b^k Σ_{j<n} (kΔ + j)²
         return n * d * d * g2 + d * n * (n - 1) * g1 + (n - 1) * n * (2 * n - 1) / 6 * g0
 
     a = c / (2 * r + 2 * b * (d - r) - c)
     return 2 * a * (c * block(r) + b * block(float(d)))
+
+
+def _geometric_moments(epsilon: float) -> tuple[float, float, float]:
+    """Σ_k b^k k^p for p = 0, 1, 2 with b = e^-ε (the staircase's periods are geometric in b)."""
+    b, c = math.exp(-epsilon), -math.expm1(-epsilon)  # c = 1 - b without cancellation
+    return 1 / c, b / c**2, b * (1 + b) / c**3

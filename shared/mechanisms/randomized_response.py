@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
+from shared.arrays import readonly
+from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import exact
 from shared.mechanisms.events import LocalRandomizerDpEvent
-from shared.mechanisms.finite import FiniteRandomizer, RowLookup, normalized_prior, readonly
+from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.privacy import check_epsilon, design_epsilon
 
 DENSE_MATRIX_LIMIT = 4096  # ``matrix`` materializes m x m floats only up to this many outputs
@@ -88,11 +90,11 @@ class RandomizedResponse:
 
     # -- sampling ----------------------------------------------------------------------------------------------
     @cached_property
-    def _rows(self) -> RowLookup:
-        return RowLookup(self.input_values, self.name)
+    def _inputs(self) -> FiniteLabels:
+        return FiniteLabels(self.input_values)
 
     def row_of(self, labels) -> np.ndarray:
-        return self._rows(labels)
+        return self._inputs.index_of(labels, what=f"the inputs of {self.name}")
 
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).ravel()
