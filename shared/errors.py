@@ -1,4 +1,4 @@
-"""Exceptions with a stable machine-readable code, shared by the CLI and (later) the HTTP layer."""
+"""Exceptions with a stable machine-readable code, shared by the CLI and both services (an `ErrorCode` member each)."""
 
 
 class LabelDPError(ValueError):
