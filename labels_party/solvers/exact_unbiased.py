@@ -371,11 +371,24 @@ class _ScaledSolution:
 
 def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float, max_rounds: int,
                   deadline: Deadline) -> _ScaledSolution:
-    k = y.size
-    e_lp, e_req = math.exp(lp_epsilon), math.exp(epsilon)
+    """The three phases: cone programs over a working set (the certificate's duals), the HiGHS vertex with exact
+    pricing, and the float64 refinement the exact repair needs."""
+    e_req = math.exp(epsilon)
+    cone, masks, best_bound, rounds = _cone_phase(y, prior, e_req, max_rounds, deadline)
+    # Gauss-Newton on the cone's active signatures sharpens its ill-determined duals (large ε).
+    significant = cone.weights > 1e-6 * cone.weights.max()
+    polished = polish_duals(y, prior, e_req, masks[significant], cone.alpha, cone.beta)
+    best_bound = max(best_bound, lower_bound(y, prior, *polished, e_req))
+    vertex, weights, upper, best_bound = _vertex_phase(y, prior, e_req, lp_epsilon, cone, masks, best_bound,
+                                                       tolerance, max_rounds, deadline)
+    outputs, matrix = _refine(vertex, weights, upper, y, prior, tolerance)
+    return _ScaledSolution(outputs, matrix, best_bound, rounds, int(masks.shape[0]))
 
-    # 1. Cone programs over a growing set of signatures until exact pricing finds nothing missing. They are solved
-    #    at the requested ε: their duals give the certificate; the vertex below is at ε_lp.
+
+def _cone_phase(y, prior, e_req: float, max_rounds: int, deadline: Deadline):
+    """Cone programs over a growing set of signatures until exact pricing finds nothing missing. They are solved at
+    the requested ε: their duals give the certificate; the vertex is at ε_lp. Returns (the last cone solution, its
+    signatures, the best lower bound, the rounds)."""
     masks, radius = initial_signatures(y, prior, e_req)
     rounds, best_bound, previous = 0, -math.inf, math.inf
     while True:
@@ -397,15 +410,16 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
             break
         masks = np.concatenate([masks, fresh])
         radius = max(1, radius // 2)
+    return cone, masks, best_bound, rounds
 
-    # Gauss-Newton on the cone's active signatures sharpens its ill-determined duals (large ε).
-    significant = cone.weights > 1e-6 * cone.weights.max()
-    polished = polish_duals(y, prior, e_req, masks[significant], cone.alpha, cone.beta)
-    best_bound = max(best_bound, lower_bound(y, prior, *polished, e_req))
 
-    # 2. The vertex: HiGHS over the cone's columns at their optimal output values, then exact-pricing columns until
-    #    the gap is met with room to spare (refinement and the exact repair cost a little).
-    vertex = _VertexLP(y, prior, e_lp, deadline)
+def _vertex_phase(y, prior, e_req: float, lp_epsilon: float, cone: ConeSolution, masks, best_bound: float,
+                  tolerance: float, max_rounds: int, deadline: Deadline):
+    """HiGHS over the cone's columns at their optimal output values, then exact-pricing columns until the gap is
+    met with room to spare (refinement and the exact repair cost a little). Returns (the LP, its weights, its
+    objective, the best lower bound)."""
+    k = y.size
+    vertex = _VertexLP(y, prior, math.exp(lp_epsilon), deadline)
     rr_outputs = debiased_outputs(y, lp_epsilon)
     vertex.add(rr_outputs, np.eye(k, dtype=bool))  # ε-dbRR: the LP is always feasible
     # The rest of the cone's columns is interior-point dust; a singleton column at (nearly) ε-dbRR's output value
@@ -428,17 +442,22 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
             support = np.asarray(vertex.vectors)[weights > 0] == 1.0
             best_bound = max(best_bound, lower_bound(
                 y, prior, *polish_duals(y, prior, e_req, support, cone.alpha, cone.beta), e_req))
-        pricing = price(y, prior, duals[:k], duals[k:], e_lp)
+        pricing = price(y, prior, duals[:k], duals[k:], math.exp(lp_epsilon))
         if upper - best_bound <= 0.5 * tolerance * abs(upper) or not pricing.t.size:
             break
         vertex.add(pricing.t[:COLUMNS_PER_ROUND], pricing.high[:COLUMNS_PER_ROUND])
+    return vertex, weights, upper, best_bound
 
-    # HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
-    # 1 / Var. In (w, u = w t) the rows are linear and split: S w = 1 and S u = y, each with more columns than
-    # labels, so float64 refinement (min-norm corrections; the output values move by ~1e-10) removes the residual.
-    # It is tried first without the dust columns (weight < 1e-6 of the largest: the vertex usually needs them only
-    # to absorb the tolerance of the interior point's output values); that is kept only if it costs < 0.1 tolerance
-    # (a label with a tiny prior can need a light column).
+
+def _refine(vertex: _VertexLP, weights, upper: float, y, prior, tolerance: float):
+    """(sorted distinct output values, labels × outputs matrix) of the vertex, refined in float64.
+
+    HiGHS is feasible to ~1e-10, and the exact repair of a concentrated row (large ε) amplifies that residual by
+    1 / Var. In (w, u = w t) the rows are linear and split: S w = 1 and S u = y, each with more columns than labels,
+    so float64 refinement (min-norm corrections; the output values move by ~1e-10) removes the residual. It is
+    tried first without the dust columns (weight < 1e-6 of the largest: the vertex usually needs them only to
+    absorb the tolerance of the interior point's output values); that is kept only if it costs < 0.1 tolerance (a
+    label with a tiny prior can need a light column)."""
     for used in (np.flatnonzero(weights >= 1e-6 * weights.max()), np.flatnonzero(weights > 0)):
         vectors = np.asarray(vertex.vectors)[used]  # (n, k)
         w, u = weights[used], weights[used] * np.asarray(vertex.outputs)[used]
@@ -458,8 +477,7 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     order = np.argsort(ts, kind="stable")
     ts, matrix = ts[order], matrix[:, order]
     outputs, first = np.unique(ts, return_index=True)  # equal output values: one output
-    return _ScaledSolution(outputs, np.add.reduceat(matrix, first, axis=1), best_bound, rounds,
-                           int(masks.shape[0]))
+    return outputs, np.add.reduceat(matrix, first, axis=1)
 
 
 def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: float = 5e-7,
