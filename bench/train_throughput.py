@@ -6,8 +6,9 @@ Run: `.venv/bin/python bench/train_throughput.py [--n 1000000] [--epochs 4] [--j
 Examples/s counts the examples the optimizer steps over in an epoch (steps x batch) divided by the epoch's
 wall-clock seconds as ``train`` records them (the epoch's steps plus its validation loss); the first epoch, which
 includes compilation, is left out and the median of the others is reported. The test loss (mean squared error on
-an independent test set, fixed seeds) shows that speed did not come at the cost of the fit. The goal on the 2-core
-development machine is >= 2.4 M examples/s (2x the per-step Python loop it replaced, ~1.2 M examples/s).
+an independent test set, fixed seeds) shows that speed did not come at the cost of the fit. The goal (issue 16) is
+twice the per-step Python loop the scanned epochs replaced; on the 2-core development machine (1 CPU device) that
+loop ran 0.67-0.75 M examples/s with this script and these sizes, so the goal there is 1.4 M examples/s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from features_party.train import TrainConfig, device_summary, train
 
-GOAL_EXAMPLES_PER_SECOND = 2.4e6
+GOAL_EXAMPLES_PER_SECOND = 1.4e6
 VOCAB_SIZES = (8, 16, 32)
 NUM_NUMERIC = 4
 

@@ -1,6 +1,9 @@
-"""Training with JAX + optax: jit-compiled steps, data-parallel over all local devices (jax.sharding), early
-stopping on a validation split of the *privatized* labels (keeping the best parameters), metrics per epoch.
+"""Training with JAX + optax: data-parallel over all local devices (jax.sharding), early stopping on a validation
+split of the *privatized* labels (keeping the best parameters), metrics per epoch.
 
+``train`` is prepare → fit → report: ``prepare`` splits and scales on the host, ``fit`` places the data on the
+devices once and runs each epoch as one compiled scan of the pure step built in features_party/train_steps.py (one
+host round trip per epoch, the same code on CPU and GPU), ``report`` writes the metrics and builds the result.
 State is explicit: ``train`` takes data and a config and returns parameters and history; nothing is global.
 """
 
