@@ -1,6 +1,9 @@
-"""Training with JAX + optax: jit-compiled steps, data-parallel over all local devices (jax.sharding), early
-stopping on a validation split of the *privatized* labels (keeping the best parameters), metrics per epoch.
+"""Training with JAX + optax: data-parallel over all local devices (jax.sharding), early stopping on a validation
+split of the *privatized* labels (keeping the best parameters), metrics per epoch.
 
+``train`` is prepare → fit → report: ``prepare`` splits and scales on the host, ``fit`` places the data on the
+devices once and runs each epoch as one compiled scan of the pure step built in features_party/train_steps.py (one
+host round trip per epoch, the same code on CPU and GPU), ``report`` writes the metrics and builds the result.
 State is explicit: ``train`` takes data and a config and returns parameters and history; nothing is global.
 """
 
@@ -19,7 +22,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from features_party import losses
+from features_party import losses, train_steps
 from shared import models
 
 log = logging.getLogger("labeldp.train")
@@ -70,83 +73,107 @@ def device_summary() -> str:
     return f"{len(devices)} x {devices[0].platform} ({devices[0].device_kind})"
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What ``fit`` needs, on the host: the model, the starting parameters, the data (targets standardized), the
+    rows to fit on and the validation batch, and the generator that shuffles each epoch."""
+    spec: models.ModelSpec
+    params: dict
+    data: tuple[np.ndarray, np.ndarray, np.ndarray]
+    fit_rows: np.ndarray
+    validation: tuple[np.ndarray, np.ndarray, np.ndarray]
+    target_shift: float
+    target_scale: float
+    rng: np.random.Generator
+
+
 def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
           vocab_sizes: tuple[int, ...], num_classes: int | None = None, metrics_path: str | Path | None = None,
           progress: bool = False, on_epoch=None, init_params: dict | None = None) -> TrainResult:
     """Fit on (features, privatized targets); ``targets`` are labels, class ids, or subset weights (n, K).
     ``init_params`` continues from an earlier model (multi-stage training)."""
+    prepared = prepare(config, numeric, categorical, targets, vocab_sizes, num_classes, init_params)
+    best, history = fit(config, prepared, on_epoch=on_epoch, progress=progress)
+    return report(config, prepared, best, history, metrics_path)
+
+
+def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray,
+            vocab_sizes: tuple[int, ...], num_classes: int | None, init_params: dict | None) -> Prepared:
+    """The validation split (from ``config.seed``), the target standardization of the squared loss (fitted on the
+    training rows only), the model and its starting parameters."""
     if config.loss not in losses.LOSSES:
         raise ValueError(f"unknown loss {config.loss!r}")
     rng = np.random.default_rng(config.seed)
     n = numeric.shape[0]
     order = rng.permutation(n)
     n_val = int(round(config.validation_fraction * n)) if n >= 10 else 0
-    val, fit = order[:n_val], order[n_val:]
+    val, fit_rows = order[:n_val], order[n_val:]
     shift, scale = 0.0, 1.0
     if config.loss == "squared" and config.standardize_targets:
-        shift, scale = float(np.mean(targets[fit])), float(np.std(targets[fit]) or 1.0)
-    scaled = ((targets - shift) / scale).astype(np.float32)
-
+        shift, scale = float(np.mean(targets[fit_rows])), float(np.std(targets[fit_rows]) or 1.0)
+    data = (np.asarray(numeric, np.float32), np.asarray(categorical, np.int32),
+            ((targets - shift) / scale).astype(np.float32))
+    eval_rows = val if n_val else fit_rows
     spec = models.ModelSpec(numeric.shape[1], tuple(vocab_sizes), config.embed_dim, tuple(config.hidden),
                             losses.output_dim(config.loss, num_classes))
-    loss_fn = losses.LOSSES[config.loss]
+    params = init_params if init_params is not None else models.init_params(jax.random.PRNGKey(config.seed), spec)
+    return Prepared(spec, params, data, fit_rows, tuple(column[eval_rows] for column in data), shift, scale, rng)
+
+
+def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: bool = False
+        ) -> tuple[train_steps.Best, list[dict]]:
+    """Epochs until ``config.epochs`` or early stopping. The data go to the devices once (replicated); each epoch
+    sends only its batch indices, split over the devices along the batch axis, runs as one compiled scan, and
+    brings back two numbers (the mean training loss and the validation loss)."""
     optimizer = optax.chain(optax.add_decayed_weights(config.l2), optax.rmsprop(config.learning_rate))
+    objective = train_steps.make_objective(losses.LOSSES[config.loss])
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    replicated, by_example = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
+    run_epoch = jax.jit(train_steps.make_epoch(train_steps.make_train_step(objective, optimizer), objective,
+                                               by_example))
+    data, validation = jax.device_put((prepared.data, prepared.validation), replicated)
+    params = jax.device_put(prepared.params, replicated)
+    state = train_steps.TrainState(params, jax.device_put(optimizer.init(params), replicated))
+    batch_size, steps = batch_shape(config.batch_size, prepared.fit_rows.size, mesh.size)
 
-    devices = jax.devices()
-    mesh = Mesh(np.array(devices), ("data",))
-    replicated = NamedSharding(mesh, PartitionSpec())
-    sharded = NamedSharding(mesh, PartitionSpec("data"))
-    start = init_params if init_params is not None else models.init_params(jax.random.PRNGKey(config.seed), spec)
-    params = jax.device_put(start, replicated)
-    opt_state = jax.device_put(optimizer.init(params), replicated)
+    def shuffled_batches():  # an epoch's batches, drawn from the generator of the validation split
+        permutation = prepared.rng.permutation(prepared.fit_rows)
+        return jax.device_put(train_steps.epoch_batch_indices(permutation, batch_size, steps), by_example)
 
-    def objective(p, x_num, x_cat, y):
-        return loss_fn(models.apply(p, x_num, x_cat), y)
-
-    @jax.jit
-    def step(p, state, x_num, x_cat, y):
-        value, grads = jax.value_and_grad(objective)(p, x_num, x_cat, y)
-        updates, state = optimizer.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, value
-
-    evaluate = jax.jit(objective)
-
-    batch = max(len(devices), (min(config.batch_size, max(len(fit), 1)) // len(devices)) * len(devices))
-    steps = max(1, len(fit) // batch)
-    eval_set = val if n_val else fit
-    eval_args = (jnp.asarray(numeric[eval_set]), jnp.asarray(categorical[eval_set]), jnp.asarray(scaled[eval_set]))
-
-    best = (np.inf, params, 0)
-    history: list[dict] = []
+    best, history = train_steps.Best(np.inf, params, 0), []
+    indices = shuffled_batches()
     bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.loss}", disable=not progress, leave=False)
     for epoch in bar:
         started = time.perf_counter()
-        permutation = rng.permutation(fit)
-        total = 0.0
-        for s in range(steps):
-            idx = permutation[s * batch:(s + 1) * batch]
-            if idx.size < batch:  # keep every step's shape (and its sharding) identical
-                idx = np.concatenate([idx, permutation[: batch - idx.size]])
-            x_num = jax.device_put(numeric[idx], sharded)
-            x_cat = jax.device_put(categorical[idx], sharded)
-            y = jax.device_put(scaled[idx], sharded)
-            params, opt_state, value = step(params, opt_state, x_num, x_cat, y)
-            total += float(value)
-        val_loss = float(evaluate(params, *eval_args))
-        record = {"epoch": epoch, "train_loss": total / steps, "val_loss": val_loss,
+        state, train_loss, val_loss = run_epoch(state, data, indices, validation)
+        indices = shuffled_batches()  # the host shuffles the next epoch while the device runs this one
+        train_loss, val_loss = (float(x) for x in jax.device_get((train_loss, val_loss)))
+        record = {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
                   "seconds": time.perf_counter() - started}
         history.append(record)
         bar.set_postfix(val=f"{val_loss:.4g}")
         if on_epoch is not None:
             on_epoch(record)
-        if np.isfinite(val_loss) and val_loss < best[0]:
-            best = (val_loss, params, epoch)
-        elif not np.isfinite(val_loss) or epoch - best[2] >= config.patience:
+        best, stop = train_steps.keep_best(best, val_loss, state.params, epoch, config.patience)
+        if stop:
             break
+    return best, history
+
+
+def batch_shape(batch_size: int, fit_size: int, num_devices: int) -> tuple[int, int]:
+    """(examples per step, steps per epoch): at most ``batch_size``, a multiple of the device count, at least one
+    step."""
+    batch = max(num_devices, (min(batch_size, max(fit_size, 1)) // num_devices) * num_devices)
+    return batch, max(1, fit_size // batch)
+
+
+def report(config: TrainConfig, prepared: Prepared, best: train_steps.Best, history: list[dict],
+           metrics_path: str | Path | None) -> TrainResult:
     if metrics_path is not None:
         Path(metrics_path).write_text(json.dumps(history, indent=1))
-    result = TrainResult(jax.device_get(best[1]), spec, config, shift, scale, best[2], history, device_summary())
-    log.info("trained on %s: best epoch %d of %d, val loss %.4g", result.device, best[2], len(history), best[0])
+    result = TrainResult(jax.device_get(best.params), prepared.spec, config, prepared.target_shift,
+                         prepared.target_scale, best.epoch, history, device_summary())
+    log.info("trained on %s: best epoch %d of %d, val loss %.4g", result.device, best.epoch, len(history), best.loss)
     return result
 
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import dp_accounting
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -178,6 +180,99 @@ def poisson_sample(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
     return np.flatnonzero(rng.integers(0, 1 << 53, size=n, dtype=np.int64) < threshold)
 
 
+# -- the private gradient as optax transformations ---------------------------------------------------------------
+# optax's own DP-SGD aggregate (optax.contrib.differentially_private_aggregate) draws its noise on the device from
+# a jax key and divides by the realized batch size; here the noise comes from the host's generator and the divisor
+# is the expected batch size n₁ (what the accountant's Poisson subsampling assumes), so the steps are spelled out.
+
+def clip_and_sum_per_example(clip: float) -> optax.GradientTransformationExtraArgs:
+    """Per-example gradients (leading batch axis) → Σᵢ maskᵢ · gᵢ · min(1, C/‖gᵢ‖): each sampled example moves the
+    sum by at most C (L2). Extra argument ``mask``: 1 for a sampled example, 0 for padding."""
+    def update_fn(updates, state, params=None, *, mask, **extra_args):
+        # optax.per_example_global_norm_clip sums the same clipped gradients (up to rounding) but takes no mask;
+        # this form also keeps fixed-seed runs bit-identical to those of the earlier hand-written step.
+        del params, extra_args
+        leaves = jax.tree_util.tree_leaves(updates)
+        norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in leaves))
+        scale = mask / jnp.maximum(1.0, norms / clip)
+        return jax.tree_util.tree_map(lambda g: jnp.tensordot(scale, g, axes=1), updates), state
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+
+
+def add_host_noise() -> optax.GradientTransformationExtraArgs:
+    """Adds ``noise`` (extra argument: a flat vector drawn on the host, N(0, σ²C²) per coordinate, in the order of
+    ``jax.flatten_util.ravel_pytree``) to the gradient."""
+    def update_fn(updates, state, params=None, *, noise, **extra_args):
+        del params, extra_args
+        unravel = jax.flatten_util.ravel_pytree(updates)[1]
+        return jax.tree_util.tree_map(jnp.add, updates, unravel(noise)), state
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+
+
+def project_onto_per_class_gradients(num_classes: int, config: ProConfig) -> optax.GradientTransformationExtraArgs:
+    """:func:`denoise` at the current parameters: extra argument ``x_hull``, the rows whose per-class gradients
+    span (``selfspan``) or whose convex hull (``selfconv``, ``altconv``) the gradient is projected onto."""
+    def update_fn(updates, state, params=None, *, x_hull, **extra_args):
+        del extra_args
+        return denoise(params, updates, x_hull, num_classes, config), state
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
+
+
+def private_optimizer(config: ProConfig, num_classes: int) -> optax.GradientTransformationExtraArgs:
+    """Clip and sum, add the host's noise σC, divide by the expected batch size n₁, denoise, SGD with momentum.
+    ``update`` takes per-example gradients and the extra arguments ``mask``, ``noise`` and ``x_hull``."""
+    denoiser = optax.identity() if config.denoiser == "noop" else project_onto_per_class_gradients(num_classes,
+                                                                                                   config)
+    return optax.chain(clip_and_sum_per_example(config.clip), add_host_noise(), optax.scale(1.0 / config.batch_size),
+                       denoiser, optax.sgd(config.learning_rate, momentum=config.momentum))
+
+
+def example_loss(params, x: jax.Array, label: jax.Array) -> jax.Array:
+    """Cross-entropy of one example (features x, class ``label``)."""
+    logits = models.apply(params, x[None, :], jnp.zeros((1, 0), jnp.int32))[0]
+    return -jax.nn.log_softmax(logits)[label]
+
+
+def make_private_step(optimizer: optax.GradientTransformationExtraArgs):
+    """``step(params, opt_state, xs, ys, inputs) -> (params, opt_state)``: per-example gradients on the rows
+    ``inputs.batch`` of (xs, ys), then ``optimizer`` (:func:`private_optimizer`) with the step's extra arguments."""
+    def step(params, opt_state, xs: jax.Array, ys: jax.Array, inputs: StepInputs):
+        per_example = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))(params, xs[inputs.batch],
+                                                                             ys[inputs.batch])
+        updates, opt_state = optimizer.update(per_example, opt_state, params, mask=inputs.mask, noise=inputs.noise,
+                                              x_hull=xs[inputs.hull])
+        return optax.apply_updates(params, updates), opt_state
+    return step
+
+
+class StepInputs(NamedTuple):
+    """What the host draws for one step: the Poisson batch padded to a fixed capacity (``batch``, with ``mask``
+    1 on sampled rows), the rows whose per-class gradients the denoiser projects onto, and the Gaussian noise."""
+    batch: np.ndarray
+    mask: np.ndarray
+    hull: np.ndarray
+    noise: np.ndarray
+
+
+def draw_step_inputs(rng: np.random.Generator, n: int, q: float, capacity: int, config: ProConfig,
+                     noise_size: int, sigma: float) -> StepInputs:
+    """In this order: the Poisson batch, the alternative batch (always drawn, so the generator's stream does not
+    depend on the denoiser), the noise. A Poisson batch larger than ``capacity`` grows it (to a power of two) —
+    never truncated, since truncation would break the subsampling the accountant assumes — at the cost of a
+    retrace."""
+    chosen = poisson_sample(rng, n, q)
+    if chosen.size > capacity:
+        capacity = int(2 ** np.ceil(np.log2(chosen.size)))
+    batch = np.zeros(capacity, dtype=np.int32)
+    batch[: chosen.size] = chosen
+    mask = np.zeros(capacity, dtype=np.float32)
+    mask[: chosen.size] = 1.0
+    alternative = rng.choice(n, size=min(config.alt_batch_size, n), replace=False)  # features only
+    noise = secure_gaussian(rng, noise_size, sigma * config.clip).astype(np.float32)
+    hull = alternative if config.denoiser == "altconv" else batch[: config.batch_size]
+    return StepInputs(batch, mask, hull.astype(np.int32), noise)
+
+
 def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
                       rng: np.random.Generator) -> ProResult:
     """``rng`` drives everything random: initialization, Poisson sampling, the alternative batches and the
@@ -190,46 +285,18 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
     sigma = calibrate_sigma(config.epsilon, config.delta, q, config.steps, config.denoiser)
     spec = models.ModelSpec(x.shape[1], (), 4, tuple(config.hidden), num_classes)
     params = models.init_params(jax.random.PRNGKey(int(rng.integers(0, 2**63 - 1))), spec)
-    flat_params, unravel = jax.flatten_util.ravel_pytree(params)
-    optimizer = optax.sgd(config.learning_rate, momentum=config.momentum)
+    noise_size = jax.flatten_util.ravel_pytree(params)[0].size
+    optimizer = private_optimizer(config, num_classes)
     opt_state = optimizer.init(params)
+    step = jax.jit(make_private_step(optimizer))
     xs, ys = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32)
-
-    def example_loss(p, xi, yi):
-        logits = models.apply(p, xi[None, :], jnp.zeros((1, 0), jnp.int32))[0]
-        return -jax.nn.log_softmax(logits)[yi]
-
-    @jax.jit
-    def step(p, state, idx, mask, alt_idx, noise):
-        grads = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, 0))(p, xs[idx], ys[idx])
-        norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)))
-        scale = mask / jnp.maximum(1.0, norms / config.clip)
-        summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(scale, g, axes=1), grads)
-        noisy = jax.tree_util.tree_map(lambda g: g / config.batch_size,
-                                       jax.tree_util.tree_map(jnp.add, summed, unravel(noise)))
-        if config.denoiser in ("selfspan", "selfconv"):
-            noisy = denoise(p, noisy, xs[idx][: config.batch_size], num_classes, config)
-        elif config.denoiser == "altconv":
-            noisy = denoise(p, noisy, xs[alt_idx], num_classes, config)
-        updates, state = optimizer.update(noisy, state, p)
-        return optax.apply_updates(p, updates), state
-
-    # Padded batch size (a fixed shape for jit). A Poisson batch larger than it grows it — the batch is never
-    # truncated, since truncation would break the subsampling the accountant assumes — at the cost of a retrace.
+    # Padded batch size (a fixed shape for jit), grown by draw_step_inputs when a Poisson batch exceeds it.
     capacity = int(np.ceil(q * n + 4 * np.sqrt(q * n) + 1))
     history = []
     for t in range(config.steps):
-        chosen = poisson_sample(rng, n, q)
-        if chosen.size > capacity:
-            capacity = int(2 ** np.ceil(np.log2(chosen.size)))
-        idx = np.zeros(capacity, dtype=np.int32)
-        idx[: chosen.size] = chosen
-        mask = np.zeros(capacity, dtype=np.float32)
-        mask[: chosen.size] = 1.0
-        alt_idx = rng.choice(n, size=min(config.alt_batch_size, n), replace=False)  # features only
-        noise = secure_gaussian(rng, flat_params.size, sigma * config.clip).astype(np.float32)
-        params, opt_state = step(params, opt_state, jnp.asarray(idx), jnp.asarray(mask), jnp.asarray(alt_idx),
-                                 jnp.asarray(noise))
+        inputs = draw_step_inputs(rng, n, q, capacity, config, noise_size, sigma)
+        capacity = inputs.batch.size
+        params, opt_state = step(params, opt_state, xs, ys, inputs)
         if (t + 1) % max(1, config.steps // 10) == 0:
             history.append({"step": t + 1})
     epsilon = epsilon_of(sigma, q, config.steps, config.denoiser, config.delta)

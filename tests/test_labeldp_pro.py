@@ -1,4 +1,6 @@
-"""LabelDP-Pro: dp-accounting calibration, simplex/hull projection properties, denoising, and a short run."""
+"""LabelDP-Pro: dp-accounting calibration, simplex/hull projection properties, denoising, the private gradient as
+optax transformations (clipping bounds each example by C, noise and averaging, the denoiser in the chain), the
+host's draws and their order, and a short run."""
 
 from __future__ import annotations
 
@@ -7,17 +9,24 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from dp_accounting import rdp
 from sklearn.datasets import load_digits
 
 from labels_party.labeldp_pro import (
     ProConfig,
+    add_host_noise,
     calibrate_sigma,
+    clip_and_sum_per_example,
     denoise,
     dp_event,
+    draw_step_inputs,
     epsilon_of,
+    poisson_sample,
+    private_optimizer,
     project_simplex,
+    secure_gaussian,
     train_labeldp_pro,
 )
 from shared import models
@@ -112,3 +121,117 @@ def test_a_short_private_run_learns_and_reports_its_privacy():
     assert result.epsilon <= 4.0 + 1e-3 and result.sigma > 0
     accuracy = np.mean(np.argmax(result.predict(x[1400:]), axis=1) == digits.target[1400:])
     assert accuracy > 0.5  # chance is 0.1
+
+
+# -- the private gradient as optax transformations ------------------------------------------------------------------
+
+def per_example_gradients(batch: int, seed: int = 0) -> dict:
+    """A gradient pytree with a leading batch axis; example norms spread from ~0.05 to ~20 around C = 1."""
+    rng = np.random.default_rng(seed)
+    scales = np.geomspace(0.01, 4.0, batch).astype(np.float32)
+    return {"w": jnp.asarray(rng.normal(size=(batch, 3, 2)).astype(np.float32) * scales[:, None, None]),
+            "b": [jnp.asarray(rng.normal(size=(batch, 2)).astype(np.float32) * scales[:, None])]}
+
+
+def flat(tree) -> np.ndarray:
+    return np.asarray(jax.flatten_util.ravel_pytree(tree)[0], dtype=np.float64)
+
+
+def example(tree, i: int):
+    return jax.tree_util.tree_map(lambda g: g[i], tree)
+
+
+def test_clipping_bounds_each_examples_contribution_by_c_exactly():
+    clip, batch = 1.0, 12
+    grads = per_example_gradients(batch)
+    norms = np.array([np.linalg.norm(flat(example(grads, i))) for i in range(batch)])
+    assert norms.min() < 0.2 * clip and norms.max() > 5 * clip  # both regimes are exercised
+    transform = clip_and_sum_per_example(clip)
+    state = transform.init(None)
+    contributions = []
+    for i in range(batch):
+        alone, _ = transform.update(grads, state, mask=jnp.asarray(np.eye(batch, dtype=np.float32)[i]))
+        contributions.append(flat(alone))
+        # Each example contributes itself scaled to norm min(‖g‖, C): the same direction, never more than C.
+        np.testing.assert_allclose(contributions[-1], flat(example(grads, i)) * min(1.0, clip / norms[i]), rtol=1e-6,
+                                   atol=1e-7)
+        assert np.linalg.norm(contributions[-1]) <= clip * (1 + 1e-6)
+    clipped = np.array(contributions)
+    assert np.allclose(np.linalg.norm(clipped[norms > clip], axis=1), clip, rtol=1e-6)
+    mask = np.array([1.0] * 8 + [0.0] * 4, dtype=np.float32)
+    summed, _ = transform.update(grads, state, mask=jnp.asarray(mask))
+    np.testing.assert_allclose(flat(summed), clipped[:8].sum(axis=0), rtol=1e-5, atol=1e-6)
+    # Padding rows contribute nothing, whatever their gradients; the library's per-example clip agrees.
+    padded = jax.tree_util.tree_map(lambda g: g.at[8:].set(1e6), grads)
+    np.testing.assert_array_equal(flat(transform.update(padded, state, mask=jnp.asarray(mask))[0]), flat(summed))
+    reference, _ = optax.per_example_global_norm_clip(jax.tree_util.tree_map(lambda g: g[:8], grads), clip)
+    np.testing.assert_allclose(flat(summed), flat(reference), rtol=1e-5, atol=1e-6)
+    # A label change replaces one example's gradient: the sum moves by at most 2C (the accounted sensitivity),
+    # reached when a clipped gradient turns into its opposite.
+    i = int(np.argmax(norms[:8]))
+    assert norms[i] > clip
+    changed = jax.tree_util.tree_map(lambda g: g.at[i].set(-7.0 * g[i]), grads)
+    moved = flat(transform.update(changed, state, mask=jnp.asarray(mask))[0]) - flat(summed)
+    assert np.linalg.norm(moved) == pytest.approx(2 * clip, rel=1e-6)
+
+
+def test_private_optimizer_is_clip_noise_average_then_sgd_with_momentum():
+    config = ProConfig(denoiser="noop", batch_size=4, clip=1.0, learning_rate=0.5, momentum=0.9)
+    grads = per_example_gradients(6, seed=1)
+    params = example(grads, 0)  # any pytree of the gradient's shape
+    mask = jnp.asarray([1, 1, 0, 1, 1, 0], jnp.float32)
+    optimizer = private_optimizer(config, num_classes=2)
+    state = optimizer.init(params)
+    clipped_sum = flat(clip_and_sum_per_example(config.clip).update(grads, optax.EmptyState(), mask=mask)[0])
+    noises = [np.random.default_rng(s).normal(size=clipped_sum.size).astype(np.float32) for s in (2, 3)]
+    first, state = optimizer.update(grads, state, params, mask=mask, noise=jnp.asarray(noises[0]), x_hull=None)
+    second, state = optimizer.update(grads, state, params, mask=mask, noise=jnp.asarray(noises[1]), x_hull=None)
+    averaged = [(clipped_sum + noise) / config.batch_size for noise in noises]  # ÷ the expected batch size n₁
+    np.testing.assert_allclose(flat(first), -0.5 * averaged[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(flat(second), -0.5 * (averaged[1] + 0.9 * averaged[0]), rtol=1e-5, atol=1e-6)
+    # The noise enters in ravel_pytree order, the order of the host's flat vector.
+    noisy, _ = add_host_noise().update(example(grads, 0), optax.EmptyState(), noise=jnp.arange(8.0))
+    np.testing.assert_allclose(flat(noisy), flat(example(grads, 0)) + np.arange(8.0), rtol=1e-6)
+
+
+def test_the_denoiser_in_the_chain_projects_at_the_current_parameters(setup):
+    x, y, params = setup
+    config = ProConfig(denoiser="selfconv", batch_size=8, clip=1.0, learning_rate=1.0, momentum=0.0,
+                       projection_steps=30)
+    rows = jnp.arange(8)
+    per_example = jax.vmap(jax.grad(lambda p, xi, yi: -jax.nn.log_softmax(models.apply(
+        p, xi[None], jnp.zeros((1, 0), jnp.int32))[0])[yi]), in_axes=(None, 0, 0))(params, x[rows], y[rows])
+    noise = 0.5 * jax.random.normal(jax.random.PRNGKey(3), flat(params).shape)
+    optimizer = private_optimizer(config, 10)
+    update, _ = optimizer.update(per_example, optimizer.init(params), params, mask=jnp.ones(8), noise=noise,
+                                 x_hull=x[rows])
+    mask = jnp.ones(8)
+    clipped = clip_and_sum_per_example(config.clip).update(per_example, optax.EmptyState(), mask=mask)[0]
+    noisy = jax.flatten_util.ravel_pytree(clipped)[1]((flat(clipped) + np.asarray(noise)) / 8)
+    expected = flat(denoise(params, noisy, x[rows], 10, config))
+    np.testing.assert_allclose(flat(update), -expected, rtol=1e-4, atol=1e-6)
+    assert np.linalg.norm(expected - flat(noisy)) > 0.1 * np.linalg.norm(flat(noisy))  # the projection did work
+
+
+@pytest.mark.parametrize("denoiser", ["selfconv", "altconv"])
+def test_step_inputs_are_drawn_from_the_generator_in_order(denoiser):
+    config = ProConfig(denoiser=denoiser, batch_size=20, alt_batch_size=6, clip=2.0)
+    inputs = draw_step_inputs(np.random.default_rng(5), 100, 0.2, 40, config, noise_size=30, sigma=1.5)
+    rng = np.random.default_rng(5)  # the same stream, drawn by hand: Poisson batch, alternative batch, noise
+    chosen = poisson_sample(rng, 100, 0.2)
+    alternative = rng.choice(100, size=6, replace=False)
+    noise = secure_gaussian(rng, 30, 1.5 * 2.0).astype(np.float32)
+    assert inputs.batch.size == 40 and int(inputs.mask.sum()) == chosen.size
+    np.testing.assert_array_equal(inputs.batch[: chosen.size], chosen)
+    np.testing.assert_array_equal(inputs.mask, np.arange(40) < chosen.size)
+    np.testing.assert_array_equal(inputs.noise, noise)
+    np.testing.assert_array_equal(inputs.hull, alternative if denoiser == "altconv" else inputs.batch[:20])
+
+
+def test_a_poisson_batch_larger_than_the_capacity_grows_it_and_is_never_truncated():
+    config = ProConfig(denoiser="noop", batch_size=50)
+    inputs = draw_step_inputs(np.random.default_rng(0), 100, 0.5, 8, config, noise_size=3, sigma=1.0)
+    chosen = poisson_sample(np.random.default_rng(0), 100, 0.5)
+    assert chosen.size > 32 and inputs.batch.size == 64  # the next power of two
+    np.testing.assert_array_equal(inputs.batch[: chosen.size], chosen)
+    assert int(inputs.mask.sum()) == chosen.size

@@ -1,7 +1,9 @@
 """The JAX trainer (features_party/train.py): fits that reach fixed error bounds on synthetic data (linear, MLP,
 categorical embeddings, Poisson, classification, subset-selection labels), early stopping that keeps the best
 parameters, save/load round trips, the unbiasedness claim in practice (optimally-unbiased labels recover the true
-weights of a linear problem as n grows, RR-on-Bins labels do not), and data-parallel training on 2 CPU devices."""
+weights of a linear problem as n grows, RR-on-Bins labels do not), data-parallel training on 2 CPU devices, and the
+trainer's pure pieces (features_party/train_steps.py): an epoch's scan is the step applied by hand, and train() is
+the plain per-step loop it replaced."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pandas as pd
 import pytest
 
-from features_party import losses
+from features_party import losses, train_steps
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, TrainResult, device_summary, load_model, save_model, train
 from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
@@ -468,6 +471,164 @@ def test_data_parallel_training_on_two_cpu_devices():
 
 def test_device_summary_in_process():
     assert device_summary().startswith(f"{len(jax.devices())} x {jax.devices()[0].platform} (")
+
+
+# -- the pure pieces: step, epoch scan, batches, early stopping -------------------------------------------------------
+
+def small_problem(loss: str, n: int = 240, seed: int = 0):
+    """Numeric and categorical features, targets for ``loss`` (labels, or subset weights (n, 3)), a small MLP."""
+    rng = np.random.default_rng(seed)
+    numeric = rng.normal(size=(n, 3)).astype(np.float32)
+    categorical = rng.integers(0, 5, size=(n, 2)).astype(np.int32)
+    score = numeric[:, 0] - numeric[:, 1] + (categorical[:, 0] == 2)
+    if loss == "subset":
+        targets = np.eye(3, dtype=np.float32)[np.digitize(score, [-0.5, 0.5])] * 1.5 - 0.25
+    else:
+        targets = (score + rng.normal(0.0, 0.3, n)).astype(np.float32)
+    spec = models.ModelSpec(3, (5, 5), 2, (8,), losses.output_dim(loss, 3))
+    return (numeric, categorical, targets), models.init_params(jax.random.PRNGKey(seed), spec)
+
+
+@pytest.mark.parametrize("loss", ["squared", "subset"])
+def test_epoch_scan_equals_stepping_the_pure_step_by_hand(loss):
+    data, params = small_problem(loss)
+    optimizer = optax.chain(optax.add_decayed_weights(1e-3), optax.rmsprop(1e-2))
+    objective = train_steps.make_objective(losses.LOSSES[loss])
+    step = train_steps.make_train_step(objective, optimizer)
+    indices = train_steps.epoch_batch_indices(np.random.default_rng(1).permutation(200), 32, 6)
+    validation = tuple(column[200:] for column in data)
+    start = train_steps.TrainState(params, optimizer.init(params))
+    state, train_loss, val_loss = jax.jit(train_steps.make_epoch(step, objective))(start, data, indices, validation)
+
+    by_hand, values = start, []
+    for s in range(indices.shape[1]):  # eager, one batch at a time, from the host arrays
+        by_hand, value = step(by_hand, tuple(column[indices[:, s]] for column in data))
+        values.append(float(value))
+    for scanned, stepped in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(by_hand.params),
+                                strict=True):
+        np.testing.assert_allclose(scanned, stepped, rtol=1e-5, atol=1e-6)
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                                                              jax.tree_util.tree_leaves(params), strict=True))
+    assert moved > 0.02  # six steps of rmsprop at 1e-2 really moved the parameters
+    assert float(train_loss) == pytest.approx(np.mean(values), rel=1e-5)
+    assert float(val_loss) == pytest.approx(float(objective(by_hand.params, validation)), rel=1e-5)
+
+
+def test_epoch_batch_indices():
+    permutation = np.array([7, 3, 9, 0, 5, 1, 8, 2, 6, 4])
+    indices = train_steps.epoch_batch_indices(permutation, 3, 3)
+    assert indices.shape == (3, 3) and indices.dtype == np.int32  # (examples per step, steps)
+    np.testing.assert_array_equal(indices.T, [[7, 3, 9], [0, 5, 1], [8, 2, 6]])  # the incomplete batch [4] is left out
+    # Fewer rows than one batch: the permutation repeats, so the one step still has the full shape.
+    np.testing.assert_array_equal(train_steps.epoch_batch_indices(np.array([5, 2]), 4, 1)[:, 0], [5, 2, 5, 2])
+
+
+def test_keep_best_is_early_stopping_with_patience():
+    best = train_steps.Best(np.inf, "initial", 0)
+    decisions = []
+    for epoch, val_loss in enumerate([3.0, 2.0, 2.0, 2.5, 2.1], start=1):
+        best, stop = train_steps.keep_best(best, val_loss, f"params {epoch}", epoch, patience=3)
+        decisions.append((best.epoch, stop))
+    # A tie does not replace the best; the stop comes `patience` epochs after the best one.
+    assert decisions == [(1, False), (2, False), (2, False), (2, False), (2, True)]
+    assert best == train_steps.Best(2.0, "params 2", 2)
+    best, stop = train_steps.keep_best(train_steps.Best(1.0, "kept", 4), float("nan"), "diverged", 5, patience=10)
+    assert stop and best.params == "kept"  # a non-finite validation loss stops at once, keeping the best
+    best, stop = train_steps.keep_best(train_steps.Best(np.inf, "initial", 0), float("inf"), "p", 1, patience=10)
+    assert stop and best.epoch == 0
+
+
+def reference_train(config: TrainConfig, x: np.ndarray, y: np.ndarray):
+    """train() as the plain per-step Python loop it replaced (squared loss, no categorical features, one device):
+    (history as (train_loss, val_loss) pairs, best epoch, best parameters)."""
+    rng = np.random.default_rng(config.seed)
+    order = rng.permutation(len(y))
+    n_val = int(round(config.validation_fraction * len(y)))
+    val, fit = order[:n_val], order[n_val:]
+    scaled = ((y - np.mean(y[fit])) / np.std(y[fit])).astype(np.float32)
+    params = models.init_params(jax.random.PRNGKey(config.seed), models.ModelSpec(x.shape[1], (), config.embed_dim,
+                                                                                  config.hidden, 1))
+    optimizer = optax.chain(optax.add_decayed_weights(config.l2), optax.rmsprop(config.learning_rate))
+    opt_state = optimizer.init(params)
+
+    def objective(p, rows):  # rows: host indices
+        return losses.squared(models.apply(p, jnp.asarray(x[rows]), no_categorical(len(rows))), scaled[rows])
+
+    @jax.jit
+    def step(p, state, x_batch, y_batch):
+        value, grads = jax.value_and_grad(
+            lambda q: losses.squared(models.apply(q, x_batch, no_categorical(len(y_batch))), y_batch))(p)
+        updates, state = optimizer.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, value
+
+    batch = min(config.batch_size, len(fit))
+    history, best = [], (np.inf, 0, params)
+    for epoch in range(1, config.epochs + 1):
+        permutation, total = rng.permutation(fit), 0.0
+        for s in range(len(fit) // batch):
+            rows = permutation[s * batch:(s + 1) * batch]
+            params, opt_state, value = step(params, opt_state, x[rows], scaled[rows])
+            total += float(value)
+        history.append((total / (len(fit) // batch), float(objective(params, val))))
+        if history[-1][1] < best[0]:
+            best = (history[-1][1], epoch, params)
+        elif epoch - best[1] >= config.patience:
+            break
+    return history, best[1], best[2]
+
+
+def test_train_is_the_per_step_loop_it_replaced():
+    config, x, y = overfitting_problem()
+    history, best_epoch, best_params = reference_train(config, x, y)
+    result = train(config, x, no_categorical(len(y)), y, vocab_sizes=())
+    assert result.best_epoch == best_epoch and len(result.history) == len(history) > best_epoch
+    np.testing.assert_allclose([(r["train_loss"], r["val_loss"]) for r in result.history], history, rtol=1e-5)
+    for ours, theirs in zip(jax.tree_util.tree_leaves(result.params), jax.tree_util.tree_leaves(best_params),
+                            strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+EPOCH_SHARDING_SCRIPT = """
+import json, sys
+import numpy as np
+import jax, optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from features_party import losses, train_steps
+from shared import models
+
+mesh = Mesh(np.array(jax.devices()), ("data",))
+replicated, by_example = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
+params = models.init_params(jax.random.PRNGKey(0), models.ModelSpec(3, (), 4, (24,), 1))
+optimizer = optax.sgd(0.1)
+objective = train_steps.make_objective(losses.squared)
+epoch = jax.jit(train_steps.make_epoch(train_steps.make_train_step(objective, optimizer), objective, by_example))
+rng = np.random.default_rng(0)
+data = (rng.normal(size=(500, 3)).astype(np.float32), np.zeros((500, 0), np.int32),
+        rng.normal(size=500).astype(np.float32))
+state = jax.device_put(train_steps.TrainState(params, optimizer.init(params)), replicated)
+indices = jax.device_put(train_steps.epoch_batch_indices(rng.permutation(500), 64, 7), by_example)
+data, validation = jax.device_put((data, tuple(c[:50] for c in data)), replicated)
+hlo = epoch.lower(state, data, indices, validation).compile().as_text()
+print(json.dumps({"devices": len(jax.devices()), "all_reduce": hlo.count("all-reduce"),
+                  "whole_batch": "f32[64,24]" in hlo, "half_batch": "f32[32,24]" in hlo}))
+"""
+
+
+def test_a_compiled_epoch_splits_each_batch_over_the_devices():
+    """What each device computes, read off the compiled epoch: on two devices the hidden layer is evaluated for 32
+    of each step's 64 examples and the gradients are summed across devices; on one, for all 64 with no
+    collective."""
+    def compiled(device_count: int) -> dict:
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={device_count}",
+               "JAX_PLATFORMS": "cpu"}
+        completed = subprocess.run([sys.executable, "-c", EPOCH_SHARDING_SCRIPT], cwd=ROOT, env=env,
+                                   capture_output=True, text=True, timeout=120)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        return json.loads(completed.stdout.strip().splitlines()[-1])
+
+    two, one = compiled(2), compiled(1)
+    assert two["devices"] == 2 and two["half_batch"] and not two["whole_batch"] and two["all_reduce"] > 0
+    assert one["devices"] == 1 and one["whole_batch"] and not one["half_batch"] and one["all_reduce"] == 0
 
 
 # -- models -----------------------------------------------------------------------------------------------------
