@@ -1,4 +1,4 @@
-"""The optimal unbiased randomizer: the straightforward mesh LP (52/416/1664 outputs) next to the exact solver
+"""The optimal unbiased randomizer: the straightforward mesh LP (52/416/1664 outputs) next to the continuous solver
 (continuous outputs: cone program over interval signatures + HiGHS vertex + certified gap), on the same prior;
 then |Y| = 400. The ratio column is mesh-LP seconds / exact seconds at the mesh LP's ε.
 
@@ -14,8 +14,8 @@ import time
 import numpy as np
 from realistic_priors import psid_weeks_worked
 
-from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 
 
 def main() -> None:
@@ -30,8 +30,8 @@ def main() -> None:
     prior = counts / counts.sum()
     print(f"prior: {source}, labels 1..52\n")
     print(f"{'method':<22}{'ε':>6}{'seconds':>10}{'noisy loss':>14}{'gap':>11}{'outputs':>9}{'speed-up':>10}")
-    exact = solve_exact_optimal_unbiased(values, prior, args.mesh_epsilon)  # warm-up: first-call imports
-    exact = solve_exact_optimal_unbiased(values, prior, args.mesh_epsilon)
+    exact = solve_continuous_optimal_unbiased(values, prior, args.mesh_epsilon)  # warm-up: first-call imports
+    exact = solve_continuous_optimal_unbiased(values, prior, args.mesh_epsilon)
     for mesh in (int(m) for m in args.meshes.split(",")):
         started = time.perf_counter()
         mechanism = solve_optimal_unbiased(values, prior, args.mesh_epsilon, mesh=mesh)
@@ -41,7 +41,7 @@ def main() -> None:
               f"{(loss - exact.lower_bound) / loss:>11.2e}{mechanism.num_outputs:>9}"
               f"{seconds / exact.seconds:>9.0f}x", flush=True)
     for epsilon in (float(e) for e in args.epsilons.split(",")):
-        solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+        solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
         loss = solution.mechanism.noisy_label_loss(prior)
         print(f"{'exact':<22}{epsilon:>6g}{solution.seconds:>10.3f}{loss:>14.4f}"
               f"{solution.optimality_gap:>11.2e}{solution.mechanism.num_outputs:>9}", flush=True)
@@ -54,7 +54,7 @@ def main() -> None:
         print(f"{'method':<28}{'ε':>6}{'seconds':>10}{'noisy loss':>14}{'gap':>11}{'outputs':>9}")
         for name, prior in priors.items():
             for epsilon in (float(e) for e in args.epsilons_400.split(",")):
-                solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+                solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
                 print(f"{'exact, ' + name:<28}{epsilon:>6g}{solution.seconds:>10.3f}"
                       f"{solution.mechanism.noisy_label_loss(prior / prior.sum()):>14.4f}"
                       f"{solution.optimality_gap:>11.2e}{solution.mechanism.num_outputs:>9}", flush=True)

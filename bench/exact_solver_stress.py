@@ -1,4 +1,4 @@
-"""Stress run of the exact optimal unbiased solver: 150 fixed-seed cases (|Y| = 2…120; Dirichlet, spiky, uniform
+"""Stress run of the continuous optimal unbiased solver: 150 fixed-seed cases (|Y| = 2…120; Dirichlet, spiky, uniform
 and zero-heavy priors; ε = 0.05…10). Prints time, certified gap and outputs per case and flags any case whose gap
 exceeds 1e-6, whose certified ε exceeds ε or whose bias exceeds 1e-9 (relative to the largest label).
 
@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
+from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 
 KINDS = ("dirichlet-1", "dirichlet-0.1", "uniform", "zeros", "spike")
 
@@ -45,7 +45,7 @@ def main() -> None:
                 if kind == "dirichlet-1":  # irregular label spacing
                     values = np.sort(rng.choice(np.arange(10 * k), k, replace=False)).astype(float)
                 started = time.perf_counter()
-                solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+                solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
                 seconds = time.perf_counter() - started
                 mechanism = solution.mechanism
                 ok = (solution.optimality_gap <= 1e-6 and mechanism.certified_epsilon <= epsilon

@@ -19,7 +19,7 @@ import numpy as np
 from realistic_priors import psid_weeks_worked
 
 from labels_party.registry import build_mechanism
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from shared.domains import Classes, integer_range
 from shared.randomness import secure_rng
 

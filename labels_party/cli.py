@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import time
+from typing import get_args
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from shared.domains import Classes, FiniteLabels, parse_label_spec
 from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
+from shared.schemas import Solver
 from shared.service.tls import add_tls_arguments, tls_options
 
 
@@ -31,8 +33,9 @@ def register(commands) -> None:
     solve.add_argument("--prior-file", help="CSV with columns label,weight (a known prior; no ε spent). "
                                             "Default: uniform over the labels")
     solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 2|Y|)")
-    solve.add_argument("--exact", action="store_true",
-                       help="opt-unbiased over continuous outputs (cone program + HiGHS vertex) with a certified gap")
+    solve.add_argument("--solver", choices=get_args(Solver), default=MechanismOptions.solver,
+                       help="opt-unbiased: outputs anywhere in ℝ (cone program + HiGHS vertex, certified gap) or on "
+                            "a mesh (one LP); default %(default)s")
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")
     solve.add_argument("--show-matrix", action="store_true", help="include outputs and matrix in the JSON")
@@ -127,7 +130,7 @@ def solve_command(args) -> int:
         raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
     prior = read_prior_file(args.prior_file, labels) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
-    options = MechanismOptions(mesh=args.mesh, clip=args.clip, exact=args.exact)
+    options = MechanismOptions(mesh=args.mesh, clip=args.clip, solver=args.solver)
     family = registry.family(args.mechanism)
     started = time.perf_counter()
     built = registry.build(args.mechanism, domain, epsilon, prior if family.needs_prior else None, options)

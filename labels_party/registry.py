@@ -18,11 +18,11 @@ from types import MappingProxyType
 
 import numpy as np
 
-from labels_party.solvers.classification import rr_with_prior
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline
-from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from labels_party.solvers.rr_with_prior import rr_with_prior
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms import additive
@@ -30,6 +30,7 @@ from shared.mechanisms.randomized_response import debiased_randomized_response, 
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.privacy import check_epsilon
+from shared.schemas import Solver
 
 REGRESSION = frozenset({"finite", "continuous"})  # an integer range is a finite domain on an integer lattice
 CLASSES = frozenset({"classes"})
@@ -39,12 +40,12 @@ CLASSES = frozenset({"classes"})
 class MechanismOptions:
     """Knobs beyond ε; each family says which apply. ``clip``: clip additive noise to the label range (biased;
     additive noise is always integer noise on the domain's lattice, see :func:`shared.domains.lattice_of`).
-    ``exact``: opt-unbiased over continuous outputs (cone program + HiGHS vertex, certified gap); ``mesh``: the
-    mesh LP's number of output points."""
+    ``solver``: opt-unbiased's solver — ``"continuous"`` (outputs anywhere in ℝ: cone program + HiGHS vertex,
+    certified gap) or ``"mesh"`` (an LP over a fixed mesh of outputs); ``mesh``: the mesh LP's number of outputs."""
 
     mesh: int | None = None
     clip: bool = False
-    exact: bool = False
+    solver: Solver = "mesh"
     deadline: Deadline = field(default=NO_DEADLINE, compare=False)  # past it solvers raise SolverTimeout (503)
 
     def chosen(self) -> set[str]:
@@ -82,21 +83,22 @@ class MechanismFamily:
             raise LabelDPError(f"mechanism {self.name!r} does not fit {what} labels; use one of {accepting}",
                                code="mechanism_domain_mismatch")
         for option in sorted(options.chosen() - self.options):
-            code = "invalid_mesh" if option in ("mesh", "exact") else "invalid_option"
+            code = "invalid_mesh" if option in ("mesh", "solver") else "invalid_option"
             users = ", ".join(f.name for f in FAMILIES.values() if option in f.options)
             raise LabelDPError(f"{option} only applies to {users}", code=code)
-        if options.mesh is not None and options.exact:
-            raise LabelDPError("choose either a mesh or exact, not both", code="invalid_mesh")
+        if options.mesh is not None and options.solver != "mesh":
+            raise LabelDPError(f"a mesh size only applies to the mesh solver, not {options.solver!r}",
+                               code="invalid_mesh")
         labels = support(domain)
         if self.max_labels is not None and labels.size > self.max_labels:
             raise LabelDPError(f"{self.name} handles at most {self.max_labels} labels within this service's solver "
                                f"limit; this domain has {labels.size}: {self.beyond_limit}", code="domain_too_large")
-        if self.max_mesh_cells is not None and not options.exact:
+        if self.max_mesh_cells is not None and options.solver == "mesh":
             cells = labels.size * (options.mesh or 2 * labels.size)
             if cells > self.max_mesh_cells:
                 raise LabelDPError(f"the mesh LP handles at most {self.max_mesh_cells} labels x outputs; this request "
-                                   f"needs {cells}: use the exact solver (\"exact\": true, up to {self.max_labels} "
-                                   "labels) or a smaller mesh", code="domain_too_large")
+                                   f"needs {cells}: use the continuous solver (\"solver\": \"continuous\", up to "
+                                   f"{self.max_labels} labels) or a smaller mesh", code="domain_too_large")
         return labels
 
 
@@ -121,13 +123,13 @@ def _on_domain(domain, finite) -> object:
 
 
 def _opt_unbiased(domain, labels, epsilon, prior, options) -> Built:
-    if options.exact:
-        solution = solve_exact_optimal_unbiased(labels.values, prior, epsilon, deadline=options.deadline)
+    if options.solver == "continuous":
+        solution = solve_continuous_optimal_unbiased(labels.values, prior, epsilon, deadline=options.deadline)
         return Built(_on_domain(domain, solution.mechanism), {
-            "solver": "exact", "optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
+            "solver": "continuous", "optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
             "cone_programs": solution.cone_programs, "solve_seconds": solution.seconds})
     finite = solve_optimal_unbiased(labels.values, prior, epsilon, mesh=options.mesh, deadline=options.deadline)
-    return Built(_on_domain(domain, finite), {"solver": "mesh-lp", "mesh": finite.parameters.get("mesh")})
+    return Built(_on_domain(domain, finite), {"solver": "mesh", "mesh": finite.parameters.get("mesh")})
 
 
 def _additive(build):
@@ -144,7 +146,7 @@ def _finite(build):
     return builder
 
 
-# The |Y| limits: docs/design/exact-ledger.md has the measurements (exact solver 800 labels in 23 s and 630 MB;
+# The |Y| limits: docs/design/exact-ledger.md has the measurements (continuous solver 800 labels in 23 s and 630 MB;
 # RR-on-Bins, O(|Y|³), 1000 labels in 4.5 s and 2000 in 50-110 s; the mesh LP 100 labels x 200 outputs in 8 s but
 # 200 x 400 in 81 s). Larger domains are refused up front (400 domain_too_large) with the alternative; the solver
 # time limit (503) is the backstop for slower priors.
@@ -152,7 +154,7 @@ MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
 _WIDE = "declare a continuous domain with a grid_size at most that, or use laplace, staircase, dbrr"
 
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
-    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "exact"}), True, 800, _WIDE, _opt_unbiased,
+    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, 800, _WIDE, _opt_unbiased,
                     max_mesh_cells=MAX_MESH_CELLS),
     MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 1500, _WIDE, _finite(
         lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline))),

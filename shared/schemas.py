@@ -24,6 +24,8 @@ MechanismName = Literal[tuple(dict.fromkeys(REGRESSION_MECHANISMS + CLASSIFICATI
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
 GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
+# opt-unbiased's solvers: outputs anywhere in ℝ (cone program + HiGHS vertex) or on a fixed mesh (one LP)
+Solver = Literal["continuous", "mesh"]
 
 
 class ErrorDetail(BaseModel):
@@ -146,7 +148,7 @@ class ReleaseRequest(BaseModel):
     epsilon: Epsilon
     prior_epsilon: Epsilon | None = None
     mesh: int | None = Field(default=None, ge=2, le=5000)
-    exact: bool = False
+    solver: Solver = "mesh"
     clip: bool = False
     example_ids: list[str] | None = Field(default=None, min_length=1)
 

@@ -78,7 +78,7 @@ def test_lsb_attack_recovers_labels_from_float_laplace_outputs():
 
 MECHANISM_CASES = [
     ("opt-unbiased", integer_range(0, 9), MechanismOptions(mesh=20)),
-    ("opt-unbiased", integer_range(0, 9), MechanismOptions(exact=True)),
+    ("opt-unbiased", integer_range(0, 9), MechanismOptions(solver="continuous")),
     ("rr-on-bins", integer_range(0, 9), MechanismOptions()),
     ("dbrr", integer_range(0, 9), MechanismOptions()),
     ("rr", integer_range(0, 9), MechanismOptions()),
@@ -95,7 +95,7 @@ MECHANISM_CASES = [
 
 
 @pytest.mark.parametrize(("name", "domain", "options"), MECHANISM_CASES,
-                         ids=[f"{n}-{type(d).__name__}-{'clip' if o.clip else 'exact' if o.exact else o.mesh}"
+                         ids=[f"{n}-{type(d).__name__}-{'clip' if o.clip else o.mesh or o.solver}"
                               for n, d, o in MECHANISM_CASES])
 def test_exclusion_attacks_identify_nothing(name, domain, options):
     prior = np.linspace(1, 2, 10) if name in ("opt-unbiased", "rr-on-bins", "rr-with-prior") else None

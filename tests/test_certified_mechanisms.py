@@ -5,7 +5,7 @@ import pytest
 
 from labels_party.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.finite import FiniteRandomizer
 from shared.mechanisms.rounded import RoundedRandomizer
 
@@ -28,7 +28,7 @@ REGRESSION_CASES = [
 def _check_rows(mechanism):
     inner = mechanism.inner if isinstance(mechanism, RoundedRandomizer) else mechanism
     if isinstance(inner, FiniteRandomizer):
-        assert np.all(inner.counts.sum(axis=1) == exact.RESOLUTION)
+        assert np.all(inner.counts.sum(axis=1) == dyadic.RESOLUTION)
         assert np.all(np.abs(inner.matrix.sum(axis=1) - 1.0) <= 1e-15)
 
 

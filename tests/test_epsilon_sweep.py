@@ -21,7 +21,7 @@ DOMAINS = {
     "continuous": ContinuousInterval(-2.0, 5.0, 9),
     "classes": Classes(6),
 }
-REGRESSION = (("opt-unbiased", MechanismOptions(mesh=16)), ("opt-unbiased", MechanismOptions(exact=True)),
+REGRESSION = (("opt-unbiased", MechanismOptions(mesh=16)), ("opt-unbiased", MechanismOptions(solver="continuous")),
               ("rr-on-bins", MechanismOptions()), ("dbrr", MechanismOptions()), ("rr", MechanismOptions()),
               ("laplace", MechanismOptions()), ("laplace", MechanismOptions(clip=True)),
               ("staircase", MechanismOptions()), ("staircase", MechanismOptions(clip=True)))
@@ -88,7 +88,7 @@ def test_epsilon_outside_the_range_is_refused_with_a_code(name, kind, options, e
 def test_solver_floors_are_declared_and_named():
     domain = DOMAINS["integer"]
     with pytest.raises(LabelDPError) as err:
-        build_mechanism("opt-unbiased", domain, 0.005, _prior(12), MechanismOptions(exact=True))
+        build_mechanism("opt-unbiased", domain, 0.005, _prior(12), MechanismOptions(solver="continuous"))
     assert err.value.code == "epsilon_out_of_range" and "0.01" in str(err.value)
     with pytest.raises(LabelDPError) as err:
         build_mechanism("opt-unbiased", domain, 5e-4, _prior(12), MechanismOptions(mesh=24))

@@ -30,7 +30,7 @@ from labels_party.api import create_app
 from labels_party.service import make_context
 app = create_app(make_context("sqlite:///{tmp}/db.sqlite", "{tmp}/data"))
 assert "/v1/datasets" in app.openapi()["paths"]
-import labels_party.solvers.exact_unbiased, labels_party.labeldp_pro  # solvers and central training
+import labels_party.solvers.opt_unbiased_continuous, labels_party.labeldp_pro  # solvers and central training
 from labeldp.cli import build_parser, main
 commands = build_parser()._subparsers._group_actions[0].choices
 assert "labels" in commands and "features" not in commands and "bench" not in commands, sorted(commands)

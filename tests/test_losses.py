@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from features_party import losses
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import admin_client
 from scipy import stats
 
-from labels_party.solvers.classification import best_top_k, rr_with_prior, rr_with_prior_per_example
+from labels_party.solvers.rr_with_prior import best_top_k, rr_with_prior, rr_with_prior_per_example
 
 
 def test_vectorized_sampler_matches_each_examples_rr_top_k():

@@ -19,7 +19,7 @@ from shared.mechanisms.randomized_response import randomized_response
 
 CASES = [
     ("opt-unbiased", integer_range(0, 5), MechanismOptions(mesh=12)),
-    ("opt-unbiased", integer_range(0, 5), MechanismOptions(exact=True)),
+    ("opt-unbiased", integer_range(0, 5), MechanismOptions(solver="continuous")),
     ("rr-on-bins", integer_range(0, 5), MechanismOptions()),
     ("dbrr", integer_range(0, 5), MechanismOptions()),
     ("rr", integer_range(0, 5), MechanismOptions()),
@@ -34,7 +34,7 @@ CASES = [
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
 @pytest.mark.parametrize(("name", "domain", "options"), CASES,
-                         ids=[f"{n}-{type(d).__name__}-{'clip' if o.clip else 'exact' if o.exact else o.mesh}"
+                         ids=[f"{n}-{type(d).__name__}-{'clip' if o.clip else o.mesh or o.solver}"
                               for n, d, o in CASES])
 def test_lower_bound_never_exceeds_the_certified_epsilon(name, domain, options, epsilon):
     size = domain.size if hasattr(domain, "size") else domain.grid_size

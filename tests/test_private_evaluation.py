@@ -9,7 +9,7 @@ from conftest import admin_client
 
 from labels_party.evaluation import evaluate, unbiased_mse_estimate
 from labels_party.service import verify_audit
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from shared.domains import integer_range, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms.additive import laplace

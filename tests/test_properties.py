@@ -4,10 +4,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labels_party.solvers.exact_unbiased import solve_exact_optimal_unbiased
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.randomized_response import randomized_response
 
 
@@ -33,7 +33,7 @@ def test_opt_unbiased_is_certified_normalized_unbiased_and_beats_the_two_point_m
     values, prior, epsilon = case
     mechanism = solve_optimal_unbiased(values, prior, epsilon, mesh=3 * values.size)
     assert mechanism.certified_epsilon <= epsilon
-    assert np.all(mechanism.counts.sum(axis=1) == exact.RESOLUTION)
+    assert np.all(mechanism.counts.sum(axis=1) == dyadic.RESOLUTION)
     assert mechanism.max_abs_bias <= 1e-6 * max(1.0, np.ptp(values))
     low, high = mechanism.parameters["grid_low"], mechanism.parameters["grid_high"]
     two_point = prior @ (0.5 * (high - values) * (values - low))  # Proposition 7's feasible mechanism
@@ -45,7 +45,7 @@ def test_opt_unbiased_is_certified_normalized_unbiased_and_beats_the_two_point_m
 def test_exact_optimal_unbiased_is_certified_to_its_gap_and_beats_the_mesh_lp(case, epsilon):
     # Random domains, priors with zeros (the strategy draws weights in [0, 1]) and ε up to 8.
     values, prior, _ = case
-    solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+    solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
     mechanism = solution.mechanism
     assert mechanism.certified_epsilon <= epsilon
     assert mechanism.max_abs_bias <= 1e-9 * max(1.0, np.abs(values).max())

@@ -11,7 +11,7 @@ from labels_party.evaluation import evaluate
 from labels_party.pipeline import privatize_by_group, privatize_labels
 from labels_party.prior import estimate_prior
 from labels_party.registry import MechanismOptions, build_mechanism
-from labels_party.solvers.classification import rr_with_prior_per_example
+from labels_party.solvers.rr_with_prior import rr_with_prior_per_example
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 
 
@@ -58,7 +58,7 @@ CLASSES = (np.arange(1000) % 5).astype(float)
 
 @pytest.mark.parametrize(("name", "domain", "options", "labels"), [
     ("opt-unbiased", integer_range(1, 12), MechanismOptions(mesh=24), INTEGERS),
-    ("opt-unbiased", integer_range(1, 12), MechanismOptions(exact=True), INTEGERS),
+    ("opt-unbiased", integer_range(1, 12), MechanismOptions(solver="continuous"), INTEGERS),
     ("rr-on-bins", integer_range(1, 12), MechanismOptions(), INTEGERS),
     ("dbrr", integer_range(1, 12), MechanismOptions(), INTEGERS),
     ("rr", integer_range(1, 12), MechanismOptions(), INTEGERS),

@@ -26,13 +26,13 @@ def test_families_agree_with_the_wire_schema():
 
 def test_exact_solve_reports_its_certificate():
     prior = np.array([0.4, 0.3, 0.2, 0.1])
-    built = registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior, MechanismOptions(exact=True))
-    assert built.diagnostics["solver"] == "exact" and 0 <= built.diagnostics["optimality_gap"] <= 1e-6
+    built = registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior, MechanismOptions(solver="continuous"))
+    assert built.diagnostics["solver"] == "continuous" and 0 <= built.diagnostics["optimality_gap"] <= 1e-6
     assert built.diagnostics["cone_programs"] >= 1
     assert built.mechanism.certified_epsilon <= 1.0
     mesh = registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior, MechanismOptions(mesh=16))
-    assert mesh.diagnostics == {"solver": "mesh-lp", "mesh": 16}
-    # the exact optimum is at least as good as the mesh LP's
+    assert mesh.diagnostics == {"solver": "mesh", "mesh": 16}
+    # the continuous optimum is at least as good as the mesh LP's
     assert built.mechanism.noisy_label_loss(prior) <= mesh.mechanism.noisy_label_loss(prior) + 1e-9
 
 
@@ -42,8 +42,8 @@ def test_exact_solve_reports_its_certificate():
     ("laplace", Classes(3), MechanismOptions(), "mechanism_domain_mismatch"),
     ("rr", integer_range(0, 3), MechanismOptions(clip=True), "invalid_option"),
     ("laplace", integer_range(0, 3), MechanismOptions(mesh=8), "invalid_mesh"),
-    ("opt-unbiased", integer_range(0, 3), MechanismOptions(mesh=8, exact=True), "invalid_mesh"),
-    ("opt-unbiased", integer_range(0, 900), MechanismOptions(exact=True), "domain_too_large"),
+    ("opt-unbiased", integer_range(0, 3), MechanismOptions(mesh=8, solver="continuous"), "invalid_mesh"),
+    ("opt-unbiased", integer_range(0, 900), MechanismOptions(solver="continuous"), "domain_too_large"),
     ("rr-on-bins", ContinuousInterval(0, 1, 1501), MechanismOptions(), "domain_too_large"),
     ("rr-with-prior", Classes(3), MechanismOptions(), "prior_required"),
 ])
@@ -55,6 +55,7 @@ def test_refusals_come_before_any_solve(name, domain, options, code):
 
 def test_limits_name_the_alternative():
     with pytest.raises(LabelDPError, match="grid_size") as err:
-        registry.build("opt-unbiased", integer_range(0, 900), 1.0, np.full(901, 1 / 901), MechanismOptions(exact=True))
+        registry.build("opt-unbiased", integer_range(0, 900), 1.0, np.full(901, 1 / 901),
+                       MechanismOptions(solver="continuous"))
     assert "800" in str(err.value)
     assert registry.family("rr").max_labels is None and registry.family("subset").max_labels == 256

@@ -83,13 +83,14 @@ def test_wide_domains_stay_small_and_bounded(tmp_path):
         prices = _dataset(http, admin, "publisher", np.arange(18_498), label_kind="integer", min=0, max=18_497)
         before = _memory(pid)["VmRSS"]
         for key, body in (("mesh", {"mechanism": "opt-unbiased", "epsilon": 1}),
-                          ("exact", {"mechanism": "opt-unbiased", "epsilon": 1, "exact": True}),
+                          ("continuous", {"mechanism": "opt-unbiased", "epsilon": 1, "solver": "continuous"}),
                           ("bins", {"mechanism": "rr-on-bins", "epsilon": 1})):
             started = time.monotonic()
             refused = http.post(f"/v1/datasets/{prices}/releases", json=body,
                                 headers={**as_consumer, "Idempotency-Key": key})
             assert refused.status_code == 400 and refused.json()["error"]["code"] == "domain_too_large"
-            assert "grid_size" in refused.json()["error"]["message"] or "exact" in refused.json()["error"]["message"]
+            message = refused.json()["error"]["message"]
+            assert "grid_size" in message or "continuous" in message
             assert time.monotonic() - started < 60
         laplace = http.post(f"/v1/datasets/{prices}/releases", headers={**as_consumer, "Idempotency-Key": "lap"},
                             json={"mechanism": "laplace", "epsilon": 1})
@@ -136,9 +137,9 @@ def service(tmp_path):
     return client, dataset, tmp_path / "data" / "releases"
 
 
-@pytest.mark.parametrize("body", [{"mechanism": "opt-unbiased", "epsilon": 1, "exact": True},
+@pytest.mark.parametrize("body", [{"mechanism": "opt-unbiased", "epsilon": 1, "solver": "continuous"},
                                   {"mechanism": "opt-unbiased", "epsilon": 1, "mesh": 104},
-                                  {"mechanism": "rr-on-bins", "epsilon": 1}], ids=["exact", "mesh", "bins"])
+                                  {"mechanism": "rr-on-bins", "epsilon": 1}], ids=["continuous", "mesh", "bins"])
 def test_a_solve_past_the_time_limit_is_a_503_and_charges_nothing(service, body):
     client, dataset, releases = service
     response = client.post(f"/v1/datasets/{dataset}/releases", json=body, headers={"Idempotency-Key": "t"})
@@ -189,13 +190,13 @@ def test_solvers_honour_the_deadline_and_domains_beyond_them_are_refused():
     from shared.errors import LabelDPError
 
     prior = np.linspace(1, 2, 52)
-    for options in (MechanismOptions(exact=True, deadline=Deadline(1e-4)),
+    for options in (MechanismOptions(solver="continuous", deadline=Deadline(1e-4)),
                     MechanismOptions(mesh=104, deadline=Deadline(1e-4))):
         with pytest.raises(SolverTimeout):
             build_mechanism("opt-unbiased", integer_range(1, 52), 1.0, prior, options)
     assert build_mechanism("opt-unbiased", integer_range(1, 52), 1.0, prior,
-                           MechanismOptions(exact=True, deadline=Deadline(60))).certified_epsilon <= 1.0
-    for name, size, options in (("opt-unbiased", 801, MechanismOptions(exact=True)),
+                           MechanismOptions(solver="continuous", deadline=Deadline(60))).certified_epsilon <= 1.0
+    for name, size, options in (("opt-unbiased", 801, MechanismOptions(solver="continuous")),
                                 ("opt-unbiased", 142, MechanismOptions()), ("rr-on-bins", 1501, MechanismOptions())):
         with pytest.raises(LabelDPError) as err:
             build_mechanism(name, integer_range(0, size - 1), 1.0, np.ones(size), options)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shared.errors import LabelDPError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.privacy import EXACT_MARGIN, design_epsilon
 
@@ -45,7 +45,7 @@ def test_certified_epsilon_close_to_requested(eps, k):
     assert r.certified_epsilon <= eps
     assert eps - r.certified_epsilon < 1e-8
     # recomputed from the realized probabilities with exact rational arithmetic
-    n = exact.RESOLUTION
+    n = dyadic.RESOLUTION
     ratio = Fraction(r.true_count * (n - r.other_count), r.other_count * (n - r.true_count))
     assert r.certified_epsilon == pytest.approx(math.log(ratio), abs=1e-13)
     assert r.certified_epsilon == pytest.approx(design_epsilon(eps), abs=1e-11)
@@ -150,7 +150,7 @@ def test_privacy_brute_force_three_classes(eps):
     assert worst == pytest.approx(r.certified_epsilon, abs=1e-12)
     assert worst <= eps
     # with exact rational arithmetic from the integer thresholds
-    n = exact.RESOLUTION
+    n = dyadic.RESOLUTION
     p, q = Fraction(r.true_count, n), Fraction(r.other_count, n)
     rational = []
     for y in range(3):

@@ -23,7 +23,7 @@ import pytest
 from features_party import losses, train_steps
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, TrainResult, device_summary, load_model, save_model, train
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from shared import models
 from shared.mechanisms.subset import SubsetSelectionRandomizer

@@ -23,7 +23,7 @@ from labels_party.evaluation import evaluate
 from labels_party.pipeline import privatize_by_group, privatize_labels
 from labels_party.registry import MechanismOptions
 from labels_party.releases.transaction import Computation, Draft, Snapshot
-from labels_party.solvers.classification import rr_with_prior_per_example
+from labels_party.solvers.rr_with_prior import rr_with_prior_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
 from shared import models, schemas
 from shared.domains import Classes
@@ -77,7 +77,7 @@ class LabelRelease(_Defaults):
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, run: Computation) -> Draft:
         request = self.request
-        options = MechanismOptions(mesh=request.mesh, clip=request.clip, exact=request.exact, deadline=run.deadline)
+        options = MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver, deadline=run.deadline)
         result = privatize_labels(snapshot.domain, labels, request.mechanism, request.epsilon, run.rng,
                                   prior_epsilon=request.prior_epsilon, options=options)
         noisy = result.noisy_labels

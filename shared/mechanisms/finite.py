@@ -1,7 +1,7 @@
 """Finite label randomizers: an input set, an output set and the exact |Y| x |Ŷ| conditional distribution.
 
 A :class:`FiniteRandomizer` cannot exist uncertified: construction quantizes the matrix to the probabilities the
-sampler realizes (:mod:`shared.mechanisms.exact`), computes ``certified_epsilon`` from them, and refuses with
+sampler realizes (:mod:`shared.mechanisms.dyadic`), computes ``certified_epsilon`` from them, and refuses with
 :class:`~shared.errors.CertificationError` if that exceeds the declared ``epsilon``.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 from shared.arrays import readonly
 from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 
 
@@ -64,7 +64,7 @@ class FiniteRandomizer:
             worst = row_sums[np.argmax(np.abs(row_sums - 1))]
             raise CertificationError(f"{name}: rows do not sum to 1 (worst {worst!r})")
         return cls(name=name, epsilon=float(epsilon), input_values=input_values, output_values=output_values,
-                   counts=exact.quantize_rows(probabilities), parameters=MappingProxyType(dict(parameters or {})))
+                   counts=dyadic.quantize_rows(probabilities), parameters=MappingProxyType(dict(parameters or {})))
 
     def __post_init__(self):
         object.__setattr__(self, "input_values", readonly(self.input_values, np.float64))
@@ -73,7 +73,7 @@ class FiniteRandomizer:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise LabelDPError(f"epsilon must be a positive finite number, got {self.epsilon!r}",
                                code="invalid_epsilon")
-        if np.any(self.counts < 0) or np.any(self.counts.sum(axis=1) != exact.RESOLUTION):
+        if np.any(self.counts < 0) or np.any(self.counts.sum(axis=1) != dyadic.RESOLUTION):
             raise CertificationError(f"{self.name}: counts are not a row-stochastic matrix over 2**53")
         if self.certified_epsilon > self.epsilon:
             raise CertificationError(f"{self.name}: realized probabilities are {self.certified_epsilon!r}-DP, "
@@ -83,7 +83,7 @@ class FiniteRandomizer:
     @cached_property
     def matrix(self) -> np.ndarray:
         """Exact sampled probabilities (dyadic rationals, exact in float64)."""
-        m = self.counts / float(exact.RESOLUTION)
+        m = self.counts / float(dyadic.RESOLUTION)
         m.setflags(write=False)
         return m
 
@@ -95,7 +95,7 @@ class FiniteRandomizer:
     @cached_property
     def certified_epsilon(self) -> float:
         """max over outputs of log(max_y Pr[out | y] / min_y Pr[out | y]) on the realized probabilities."""
-        return exact.log_ratio_bound(self.counts)
+        return dyadic.log_ratio_bound(self.counts)
 
     # -- utility ---------------------------------------------------------------------------------------------
     @cached_property
@@ -133,8 +133,8 @@ class FiniteRandomizer:
 
     # -- sampling ----------------------------------------------------------------------------------------------
     @cached_property
-    def _alias(self) -> exact.AliasTable:
-        return exact.AliasTable.of(self.counts)
+    def _alias(self) -> dyadic.AliasTable:
+        return dyadic.AliasTable.of(self.counts)
 
     @cached_property
     def _inputs(self) -> FiniteLabels:

@@ -21,7 +21,7 @@ from dp_accounting import dp_event
 from shared.arrays import readonly
 from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.privacy import check_epsilon, design_epsilon
@@ -52,9 +52,9 @@ class RandomizedResponse:
     def keep_count(num_outputs: int, design: float) -> int:
         """round(2**53 · e^ε / (e^ε + m − 1)), the own output's count at the design ε."""
         if num_outputs == 1:
-            return exact.RESOLUTION
+            return dyadic.RESOLUTION
         e = math.exp(design)
-        return min(exact.RESOLUTION - 1, int(round(exact.RESOLUTION * e / (e + num_outputs - 1))))
+        return min(dyadic.RESOLUTION - 1, int(round(dyadic.RESOLUTION * e / (e + num_outputs - 1))))
 
     def __post_init__(self):
         object.__setattr__(self, "input_values", readonly(self.input_values, np.float64))
@@ -73,16 +73,16 @@ class RandomizedResponse:
     def certified_epsilon(self) -> float:
         if self._m == 1:
             return 0.0
-        rest = exact.RESOLUTION - self.keep  # log(p / q) = log(keep (m − 1) / (2**53 − keep))
-        return float(exact.log_ratio_upper(self.keep, rest) + exact.log_ratio_upper(self._m - 1, 1))
+        rest = dyadic.RESOLUTION - self.keep  # log(p / q) = log(keep (m − 1) / (2**53 − keep))
+        return float(dyadic.log_ratio_upper(self.keep, rest) + dyadic.log_ratio_upper(self._m - 1, 1))
 
     @property
     def num_outputs(self) -> int:
-        return self._m if self.keep < exact.RESOLUTION else 1
+        return self._m if self.keep < dyadic.RESOLUTION else 1
 
     @property
     def keep_probability(self) -> float:
-        return self.keep / exact.RESOLUTION
+        return self.keep / dyadic.RESOLUTION
 
     @property
     def other_probability(self) -> float:
@@ -98,7 +98,7 @@ class RandomizedResponse:
 
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).ravel()
-        kept = rng.integers(0, exact.RESOLUTION, size=rows.size, dtype=np.int64) < self.keep
+        kept = rng.integers(0, dyadic.RESOLUTION, size=rows.size, dtype=np.int64) < self.keep
         if self._m == 1:
             return rows
         other = rng.integers(0, self._m - 1, size=rows.size, dtype=np.int64)
@@ -191,7 +191,7 @@ def debiased_randomized_response(values, epsilon: float) -> RandomizedResponse:
     if values.size == 1:
         outputs = values
     else:  # Φ from the *sampled* p and q: q Σ_j Φ_j + (p − q) Φ_y = y exactly, since Σ Φ = Σ y when (m−1) q = 1 − p
-        p = keep / exact.RESOLUTION
+        p = keep / dyadic.RESOLUTION
         q = (1 - p) / (values.size - 1)
         outputs = (values - q * values.sum()) / (p - q)
     return RandomizedResponse("dbrr", epsilon, values, outputs, keep, MappingProxyType({"num_labels": values.size}))

@@ -20,7 +20,7 @@ import numpy as np
 
 from shared.domains import Classes
 from shared.errors import CertificationError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.privacy import check_epsilon, design_epsilon
 
@@ -52,24 +52,24 @@ class SubsetSelectionRandomizer:
 
     @property
     def true_count(self) -> int:
-        return exact.RESOLUTION // 2
+        return dyadic.RESOLUTION // 2
 
     @property
     def other_count(self) -> int:
-        return int(round(exact.RESOLUTION / (math.exp(self.design_epsilon) + 1)))
+        return int(round(dyadic.RESOLUTION / (math.exp(self.design_epsilon) + 1)))
 
     @property
     def inclusion_probabilities(self) -> tuple[float, float]:
         """(Pr[k ∈ S | k = y], Pr[k ∈ S | k ≠ y]) exactly as sampled."""
-        return self.true_count / exact.RESOLUTION, self.other_count / exact.RESOLUTION
+        return self.true_count / dyadic.RESOLUTION, self.other_count / dyadic.RESOLUTION
 
     @property
     def certified_epsilon(self) -> float:
         p, q = self.true_count, self.other_count
-        n = exact.RESOLUTION
+        n = dyadic.RESOLUTION
         if self.num_classes < 2:
             return 0.0
-        return float(exact.log_ratio_upper(p, q) + exact.log_ratio_upper(n - q, n - p))  # log(p(n-q) / (q(n-p)))
+        return float(dyadic.log_ratio_upper(p, q) + dyadic.log_ratio_upper(n - q, n - p))  # log(p(n-q) / (q(n-p)))
 
     @property
     def num_outputs(self) -> int:
@@ -78,7 +78,7 @@ class SubsetSelectionRandomizer:
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
         """Boolean (n, K) membership matrix of the released sets."""
         labels = Classes(self.num_classes).index_of(labels)
-        draws = rng.integers(0, exact.RESOLUTION, size=(labels.size, self.num_classes), dtype=np.int64)
+        draws = rng.integers(0, dyadic.RESOLUTION, size=(labels.size, self.num_classes), dtype=np.int64)
         threshold = np.full((labels.size, self.num_classes), self.other_count, dtype=np.int64)
         threshold[np.arange(labels.size), labels] = self.true_count
         return draws < threshold

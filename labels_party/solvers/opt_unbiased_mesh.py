@@ -19,7 +19,7 @@ import numpy as np
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from labels_party.solvers.highs_lp import solve_lp
 from shared.errors import CertificationError, LabelDPError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.privacy import SOLVER_MARGIN, design_epsilon
 
@@ -96,7 +96,7 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
     keep[np.argmax(column_max)] = True
     # Dust beyond the outermost kept outputs has no neighbour to be rounded into, and moving it inwards biases the
     # row by mass × distance (1e-10 × 80 breaks a 1e-8 margin): it is kept whenever quantization can certify it.
-    certifiable = column_max * float(exact.RESOLUTION) * math.expm1(lp_epsilon / 2) >= 2.0 + math.exp(lp_epsilon)
+    certifiable = column_max * float(dyadic.RESOLUTION) * math.expm1(lp_epsilon / 2) >= 2.0 + math.exp(lp_epsilon)
     outside = (outputs < outputs[keep].min()) | (outputs > outputs[keep].max())
     keep |= certifiable & outside
     kept = np.flatnonzero(keep)
@@ -113,11 +113,11 @@ def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float,
         matrix[:, b] += (1 - w) * matrix[:, i]
     matrix, outputs = matrix[:, keep], outputs[keep]
     # 2. Lift every column to exact ε_lp-DP: entries below max·e^-ε_lp are raised to it (tolerance-sized moves).
-    #    Quantization to 2^-53 (:mod:`shared.mechanisms.exact`) moves an entry by at most one unit, which for a
+    #    Quantization to 2^-53 (:mod:`shared.mechanisms.dyadic`) moves an entry by at most one unit, which for a
     #    column with a small maximum M is a large *relative* move of its smallest entry; such columns are lifted
     #    further, to log(e^ε_lp) − log(1 + (2 + e^ε_lp) / (M 2^53)), so the rounded column stays within the margin.
     column_max = matrix.max(axis=0, keepdims=True)
-    rounding = np.log1p((2.0 + math.exp(lp_epsilon)) / (column_max * float(exact.RESOLUTION)))
+    rounding = np.log1p((2.0 + math.exp(lp_epsilon)) / (column_max * float(dyadic.RESOLUTION)))
     matrix = np.maximum(matrix, column_max * np.exp(-(lp_epsilon - rounding)))
     # 3. Restore Σ_i M = 1 and Σ_i M ŷ_i = y per row by M[y, i] *= 1 + a_y + b_y z_i (relative moves of the order
     #    of the solver tolerance divided by the row's variance, far inside the ε - ε_lp margin).

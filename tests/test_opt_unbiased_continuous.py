@@ -7,15 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from labels_party.solvers.exact_unbiased import (
+from labels_party.solvers.opt_unbiased_continuous import (
     initial_signatures,
     interval_masks,
     lower_bound,
     price,
-    solve_exact_optimal_unbiased,
+    solve_continuous_optimal_unbiased,
     solve_signature_socp,
 )
-from labels_party.solvers.opt_unbiased import solve_optimal_unbiased
+from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 
 CASES = [(seed, eps) for seed in (2, 3, 5, 7, 9) for eps in (0.5, 2.0)]
 
@@ -30,7 +30,7 @@ def _problem(seed):
 @pytest.mark.parametrize(("seed", "epsilon"), CASES)
 def test_exact_is_certified_and_no_worse_than_the_mesh_lp(seed, epsilon):
     values, prior = _problem(seed)
-    solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+    solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
     mechanism = solution.mechanism
     loss = mechanism.noisy_label_loss(prior)
     assert mechanism.certified_epsilon <= epsilon and mechanism.max_abs_bias <= 1e-9
@@ -43,7 +43,7 @@ def test_exact_is_certified_and_no_worse_than_the_mesh_lp(seed, epsilon):
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
 def test_exact_matches_a_very_fine_mesh_over_its_output_span(epsilon):
     values, prior = np.array([0.0, 3.0, 4.0]), np.array([0.5, 0.2, 0.3])
-    exact = solve_exact_optimal_unbiased(values, prior, epsilon).mechanism
+    exact = solve_continuous_optimal_unbiased(values, prior, epsilon).mechanism
     outputs = exact.output_values[exact.counts.max(axis=0) > 0]
     low, high = outputs.min(), outputs.max()
     grid = np.linspace(low - 0.05 * (high - low), high + 0.05 * (high - low), 1500)
@@ -57,7 +57,7 @@ def test_the_optimum_over_the_reals_beats_the_dbrr_interval_of_algorithm_2():
     # [L, U] is the paper's heuristic range for its grid, not a property of the optimum: here the optimum puts an
     # output outside it and is 2 % better than the finest grid on [L, U].
     values, prior = np.array([0.0, 3.0, 4.0]), np.array([0.5, 0.2, 0.3])
-    exact = solve_exact_optimal_unbiased(values, prior, 2.0).mechanism
+    exact = solve_continuous_optimal_unbiased(values, prior, 2.0).mechanism
     on_interval = solve_optimal_unbiased(values, prior, 2.0, mesh=1500)
     assert exact.noisy_label_loss(prior) < 0.98 * on_interval.noisy_label_loss(prior)
     used = exact.output_values[exact.counts.max(axis=0) > 0]
@@ -68,7 +68,7 @@ def test_the_optimum_over_the_reals_beats_the_dbrr_interval_of_algorithm_2():
 @pytest.mark.parametrize(("seed", "epsilon"), CASES)
 def test_solution_has_the_structure_of_theorem_6(seed, epsilon):
     values, prior = _problem(seed)
-    matrix = solve_exact_optimal_unbiased(values, prior, epsilon).mechanism.matrix
+    matrix = solve_continuous_optimal_unbiased(values, prior, epsilon).mechanism.matrix
     matrix = matrix[:, matrix.max(axis=0) > 0]
     assert matrix.shape[1] <= 2 * values.size
     high = matrix >= matrix.max(axis=0) * (1 - 1e-6)
@@ -103,9 +103,9 @@ def test_pricing_is_exact_against_a_dense_search():
 
 def test_the_certificate_travels_with_the_mechanism():
     values, prior = _problem(3)
-    solution = solve_exact_optimal_unbiased(values, prior, 1.0)
+    solution = solve_continuous_optimal_unbiased(values, prior, 1.0)
     parameters = solution.mechanism.parameters
-    assert parameters["method"] == "exact" and parameters["optimality_gap"] == solution.optimality_gap
+    assert parameters["method"] == "continuous" and parameters["optimality_gap"] == solution.optimality_gap
     assert parameters["lower_bound"] == solution.lower_bound
     assert solution.mechanism.describe()["parameters"]["optimality_gap"] <= 1e-6
 
@@ -121,7 +121,7 @@ def _psid_like(seed, k, zeros):
 @pytest.mark.parametrize("epsilon", [0.25, 1.0, 8.0])
 def test_zero_prior_labels_and_large_epsilon_are_certified(epsilon):
     values, prior = _psid_like(4, 24, 5)
-    solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+    solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
     mechanism = solution.mechanism
     assert mechanism.certified_epsilon <= epsilon and mechanism.max_abs_bias <= 1e-9
     assert solution.optimality_gap <= 1e-6
@@ -132,7 +132,7 @@ def test_zero_prior_labels_and_large_epsilon_are_certified(epsilon):
 def test_lower_bound_is_valid_for_arbitrary_duals_and_the_shift_only_helps():
     values, prior = _problem(5)
     y = (values - values.mean()) / np.ptp(values)
-    optimum = solve_exact_optimal_unbiased(y, prior, 1.0).mechanism.noisy_label_loss(prior)
+    optimum = solve_continuous_optimal_unbiased(y, prior, 1.0).mechanism.noisy_label_loss(prior)
     rng = np.random.default_rng(1)
     e = math.e
     for _ in range(20):
@@ -176,7 +176,7 @@ def test_four_hundred_labels_are_solved_to_the_certified_gap(epsilon):
     values = np.arange(1.0, 401.0)
     prior = np.exp(-0.5 * ((np.log(values) - 3.5) / 1.0) ** 2) / values
     prior[-1] += 0.05 * prior.sum()
-    solution = solve_exact_optimal_unbiased(values, prior, epsilon)
+    solution = solve_continuous_optimal_unbiased(values, prior, epsilon)
     assert solution.optimality_gap <= 1e-6
     assert solution.mechanism.num_outputs <= 2 * values.size
     assert solution.mechanism.certified_epsilon <= epsilon

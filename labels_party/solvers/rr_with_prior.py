@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.errors import CertificationError, LabelDPError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import rr_top_k
@@ -59,8 +59,8 @@ def keep_counts(num_classes: int, epsilon: float) -> np.ndarray:
     """counts[k] / 2**53 = Pr[report the true label | it is among the k candidates] = e^ε / (e^ε + k − 1)."""
     e = math.exp(epsilon)
     k = np.arange(num_classes + 1, dtype=np.float64)
-    counts = np.rint(e / (e + np.maximum(k, 1) - 1) * exact.RESOLUTION).astype(np.int64)
-    counts[1] = exact.RESOLUTION  # one candidate: always reported (and then nothing depends on the label)
+    counts = np.rint(e / (e + np.maximum(k, 1) - 1) * dyadic.RESOLUTION).astype(np.int64)
+    counts[1] = dyadic.RESOLUTION  # one candidate: always reported (and then nothing depends on the label)
     return counts
 
 
@@ -70,7 +70,7 @@ def rr_top_k_epsilon(k: int, keep: int) -> float:
     the candidates gives 1/k, in between."""
     if k <= 1:
         return 0.0
-    return float(exact.log_ratio_upper(keep, exact.RESOLUTION - keep) + exact.log_ratio_upper(k - 1, 1))
+    return float(dyadic.log_ratio_upper(keep, dyadic.RESOLUTION - keep) + dyadic.log_ratio_upper(k - 1, 1))
 
 
 def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Generator) -> PerExampleRelease:
@@ -91,7 +91,7 @@ def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Gen
     rank = np.argsort(order, axis=1)[np.arange(n), labels]  # position of the true label in its example's order
     in_top = rank < k
     counts = keep_counts(num_classes, eps)
-    keep = in_top & (rng.integers(0, exact.RESOLUTION, size=n, dtype=np.int64) < counts[k])
+    keep = in_top & (rng.integers(0, dyadic.RESOLUTION, size=n, dtype=np.int64) < counts[k])
     # Not kept but a candidate: uniform over the other k − 1 candidates; not a candidate: uniform over all k.
     other = rng.integers(0, np.maximum(k - 1, 1))
     other = np.where(other >= rank, other + 1, other)

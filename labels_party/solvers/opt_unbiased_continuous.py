@@ -51,7 +51,7 @@ import scipy.linalg
 import scipy.sparse as sparse
 
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline, SolverTimeout
-from labels_party.solvers.opt_unbiased import certify_solution
+from labels_party.solvers.opt_unbiased_mesh import certify_solution
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.mechanisms.randomized_response import debiased_outputs
@@ -207,7 +207,7 @@ def solve_signature_socp(y, prior, e, masks, deadline: Deadline = NO_DEADLINE) -
     solution = clarabel.DefaultSolver(sparse.csc_matrix((2 * k, 2 * k)), c, rows, b,
                                       [clarabel.SecondOrderConeT(3)] * count, settings).solve()
     if solution.status == clarabel.SolverStatus.MaxTime:
-        deadline.expired("the exact optimal unbiased solver (cone program)")
+        deadline.expired("the continuous optimal unbiased solver (cone program)")
     if solution.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
         raise LabelDPError(f"cone program failed: {solution.status}", code="solver_failed")
     x, z = np.asarray(solution.x), np.asarray(solution.z).reshape(count, 3)
@@ -334,7 +334,7 @@ class _VertexLP:
 
     def solve(self):
         """(weights, row duals α‖β of the undifferenced rows, objective)."""
-        self.deadline.check("the exact optimal unbiased solver (vertex LP)")
+        self.deadline.check("the continuous optimal unbiased solver (vertex LP)")
         if self.deadline.solver_seconds() is not None:
             self.highs.setOptionValue("time_limit", self.deadline.solver_seconds())
         self.highs.run()
@@ -351,7 +351,7 @@ class _VertexLP:
             self.highs.run()
         status = self.highs.getModelStatus()
         if status == highspy.HighsModelStatus.kTimeLimit:
-            self.deadline.expired("the exact optimal unbiased solver (vertex LP)")
+            self.deadline.expired("the continuous optimal unbiased solver (vertex LP)")
         if status != highspy.HighsModelStatus.kOptimal:
             raise LabelDPError("vertex LP failed: " + self.highs.modelStatusToString(status), code="solver_failed")
         solution = self.highs.getSolution()
@@ -392,7 +392,7 @@ def _cone_phase(y, prior, e_req: float, max_rounds: int, deadline: Deadline):
     masks, radius = initial_signatures(y, prior, e_req)
     rounds, best_bound, previous = 0, -math.inf, math.inf
     while True:
-        deadline.check("the exact optimal unbiased solver")
+        deadline.check("the continuous optimal unbiased solver")
         cone = solve_signature_socp(y, prior, e_req, masks, deadline)
         rounds += 1
         best_bound = max(best_bound, lower_bound(y, prior, cone.alpha, cone.beta, e_req))
@@ -480,21 +480,21 @@ def _refine(vertex: _VertexLP, weights, upper: float, y, prior, tolerance: float
     return outputs, np.add.reduceat(matrix, first, axis=1)
 
 
-def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: float = 5e-7,
+def solve_continuous_optimal_unbiased(values, prior, epsilon: float, *, tolerance: float = 5e-7,
                                  max_rounds: int = 30, deadline: Deadline = NO_DEADLINE) -> ExactSolution:
     """The optimal unbiased randomizer over output values in ℝ, certified to a relative gap ``tolerance``."""
     started = time.perf_counter()
     epsilon = float(epsilon)  # checked once, by labels_party.registry
     if epsilon < MIN_EPSILON:
-        raise LabelDPError(f"the exact optimal unbiased solver certifies epsilon >= {MIN_EPSILON:g} (below, its cone "
-                           f"programs lose accuracy); got {epsilon:g}: use a mesh, dbrr or laplace",
+        raise LabelDPError(f"the continuous optimal unbiased solver certifies epsilon >= {MIN_EPSILON:g} (below, its "
+                           f"cone programs lose accuracy); got {epsilon:g}: use a mesh, dbrr or laplace",
                            code="epsilon_out_of_range")
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     k = values.size
     if k == 1:
         mechanism = FiniteRandomizer.from_probabilities("opt-unbiased", epsilon, values, values, np.ones((1, 1)),
-                                                        {"method": "exact"})
+                                                        {"method": "continuous"})
         return ExactSolution(mechanism, 0.0, 0.0, 0, time.perf_counter() - started)
     center, scale = 0.5 * (values[0] + values[-1]), 0.5 * (values[-1] - values[0])
     # A label with zero prior between two labels with positive prior costs nothing and constrains nothing: the
@@ -520,7 +520,7 @@ def solve_exact_optimal_unbiased(values, prior, epsilon: float, *, tolerance: fl
             matrix[z] = weight * matrix[left] + (1 - weight) * matrix[right]
         try:
             mechanism = certify_solution(values, center + scale * scaled.outputs, matrix, epsilon, lp_epsilon,
-                                         "opt-unbiased", {"method": "exact", "cone_programs": scaled.cone_programs,
+                                         "opt-unbiased", {"method": "continuous", "cone_programs": scaled.cone_programs,
                                                           "signatures": scaled.signatures})
             break
         except CertificationError:

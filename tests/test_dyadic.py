@@ -7,22 +7,22 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from shared.errors import CertificationError
-from shared.mechanisms import exact
+from shared.mechanisms import dyadic
 from shared.mechanisms.finite import FiniteRandomizer
 
 
 def test_quantized_rows_sum_exactly_and_stay_within_one_unit():
     rng = np.random.default_rng(3)
     probabilities = rng.dirichlet(np.full(37, 0.3), size=11)
-    counts = exact.quantize_rows(probabilities)
-    assert np.all(counts.sum(axis=1) == exact.RESOLUTION)
-    assert np.max(np.abs(counts / exact.RESOLUTION - probabilities)) <= 2.0 / exact.RESOLUTION
+    counts = dyadic.quantize_rows(probabilities)
+    assert np.all(counts.sum(axis=1) == dyadic.RESOLUTION)
+    assert np.max(np.abs(counts / dyadic.RESOLUTION - probabilities)) <= 2.0 / dyadic.RESOLUTION
 
 
 def test_log_ratio_bound_on_known_counts():
     counts = np.array([[2, 0, 6], [1, 0, 9]])
-    assert exact.log_ratio_bound(counts) == pytest.approx(np.log(2.0))
-    assert exact.log_ratio_bound(np.array([[1, 3], [0, 4]])) == float("inf")
+    assert dyadic.log_ratio_bound(counts) == pytest.approx(np.log(2.0))
+    assert dyadic.log_ratio_bound(np.array([[1, 3], [0, 4]])) == float("inf")
 
 
 def test_samples_follow_the_exact_matrix_chi_square():
@@ -76,8 +76,8 @@ def test_alias_table_samples_exactly_the_counts(rows, outputs, concentration, ze
     probabilities = rng.dirichlet(np.full(outputs, concentration), size=rows)
     probabilities[:, rng.integers(0, outputs, size=zeros)] = 0.0
     probabilities[:, 0] += 1e-12
-    counts = exact.quantize_rows(probabilities / probabilities.sum(axis=1, keepdims=True))
-    table = exact.AliasTable.of(counts)
+    counts = dyadic.quantize_rows(probabilities / probabilities.sum(axis=1, keepdims=True))
+    table = dyadic.AliasTable.of(counts)
     implied = table.distribution()
     np.testing.assert_array_equal(implied[:, :outputs], counts)
     assert np.all(implied[:, outputs:] == 0)  # padding buckets are never output
@@ -93,7 +93,7 @@ def test_log_ratio_upper_never_understates(a, b):
 
     getcontext().prec = 60
     exact_value = Decimal(a).ln() - Decimal(b).ln()
-    bound = float(exact.log_ratio_upper(a, b))
+    bound = float(dyadic.log_ratio_upper(a, b))
     assert Decimal(bound) >= exact_value
     larger_log = max(np.log(float(a)), np.log(float(b)))
     assert Decimal(bound) - exact_value <= Decimal(8 * float(np.spacing(larger_log)))  # and tight: a few ulps
