@@ -136,6 +136,8 @@ def test_labels_off_the_domain_are_refused(family, clip):
         with pytest.raises(LabelDPError) as err:
             m.sample(np.array(bad), rng)
         assert err.value.code == "label_out_of_domain"
+    with pytest.raises(LabelDPError, match=r"e\.g\. 15002$"):  # numbers as numbers, never np.float64(15002.0)
+        m.sample(np.array([15002.0]), rng)
 
 
 def test_lattice_of_finite_domains():

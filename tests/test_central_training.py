@@ -70,3 +70,21 @@ def test_ragged_features_are_refused(setup):
     response = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=bad,
                            headers={"Idempotency-Key": "m"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_input"
+
+
+def test_parameters_survive_the_trip_through_json():
+    import json
+
+    import jax
+
+    spec = models.ModelSpec(num_numeric=3, vocab_sizes=(4, 2), embed_dim=2, hidden=(5,), output_dim=3)
+    params = models.init_params(jax.random.PRNGKey(0), spec)
+    params["layers"][-1]["w"] = params["layers"][-1]["w"] + 0.125  # not the zeros init: the trip must carry values
+    back = models.params_from_lists(json.loads(json.dumps(models.params_to_lists(params))))
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
+    for before, after in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(back), strict=True):
+        assert after.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(after), np.asarray(before, dtype=np.float32))
+    numeric = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    categorical = np.array([[0, 1], [3, 0], [2, 1], [1, 1], [0, 0], [3, 1]])
+    np.testing.assert_array_equal(models.apply(back, numeric, categorical), models.apply(params, numeric, categorical))

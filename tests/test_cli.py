@@ -95,3 +95,18 @@ def test_console_script_runs_as_a_process(prior_file):
     bad = subprocess.run([sys.executable, "-m", "labeldp", "randomizer", "solve", "--mechanism", "dbrr",
                           "--epsilon", "0", "--labels", "1:52"], capture_output=True, text=True)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_continuous_solver_is_chosen_by_flag_and_at_least_as_good_as_a_mesh(capsys, prior_file):
+    common = ["randomizer", "solve", "--mechanism", "opt-unbiased", "--epsilon", "1", "--labels", "1:52",
+              "--prior-file", str(prior_file), "--json"]
+    code, out, err = _run(capsys, *common, "--solver", "continuous")
+    assert code == 0, err
+    continuous = json.loads(out)
+    assert continuous["solver"] == "continuous" and 0 <= continuous["optimality_gap"] <= 1e-6
+    code, out, _ = _run(capsys, *common, "--solver", "mesh", "--mesh", "52")
+    mesh = json.loads(out)
+    assert code == 0 and mesh["solver"] == "mesh" and mesh["mesh"] == 52
+    assert continuous["noisy_label_loss"] <= mesh["noisy_label_loss"]
+    code, out, err = _run(capsys, *common, "--solver", "continuous", "--mesh", "52")
+    assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and "mesh" in err

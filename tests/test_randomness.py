@@ -104,3 +104,13 @@ def test_release_pipelines_use_integer_draws_only():
         rng = IntegersOnly(7)
         evaluate(metric, np.linspace(0, 5, 300), np.arange(300) % 6, 1.0, 10.0, rng)
         assert rng.calls > 0, metric
+
+
+def test_a_seeded_source_repeats_its_streams_call_by_call():
+    first, second = randomness.SeededSource(7), randomness.SeededSource(7)
+    draws = [first().integers(0, 2**53, size=4) for _ in range(3)]
+    assert all(np.array_equal(d, second().integers(0, 2**53, size=4)) for d in draws)
+    # The n-th call is default_rng([seed, n]): calls differ from each other and from another seed.
+    np.testing.assert_array_equal(draws[2], np.random.default_rng([7, 2]).integers(0, 2**53, size=4))
+    assert not np.array_equal(draws[0], draws[1])
+    assert not np.array_equal(draws[0], randomness.SeededSource(8)().integers(0, 2**53, size=4))

@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from shared.errors import LabelDPError
+from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.privacy import EXACT_MARGIN, design_epsilon
@@ -179,3 +179,18 @@ def test_sample_refuses_labels_outside_the_classes():
     for bad in ([-1], [4], [1.5]):
         with pytest.raises(LabelDPError):
             mechanism.sample(np.array(bad), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize(("eps", "k"), [(0.5, 3), (2.0, 10)])
+def test_the_features_party_rebuilds_the_described_randomizer(eps, k):
+    described = SubsetSelectionRandomizer.build(k, eps).describe()
+    rebuilt = SubsetSelectionRandomizer.from_description(described)
+    assert rebuilt == SubsetSelectionRandomizer.build(k, eps)
+    assert rebuilt.inclusion_probabilities == (described["p_true"], described["p_other"])
+
+
+def test_a_description_whose_probabilities_differ_is_refused():
+    described = SubsetSelectionRandomizer.build(4, 1.0).describe()
+    tampered = {**described, "p_other": described["p_other"] + 2.0 ** -53}
+    with pytest.raises(CertificationError, match="inclusion probabilities"):
+        SubsetSelectionRandomizer.from_description(tampered)

@@ -341,3 +341,67 @@ def test_lp_mst_job_over_http(tmp_path):
         assert np.mean(predicted[held_out].to_numpy() == digits.target[500:600]) > 0.5  # chance: 0.1
         assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 4.0
         tctx.executor.shutdown(wait=True)
+
+
+def _consumer_post(parties, path: str, key: str, headers=(), **kwargs):
+    """A request of the publisher to the labels party itself (with its consumer key), outside any job."""
+    import httpx
+
+    return httpx.post(f"{parties['labels_url']}{path}", timeout=60, **kwargs,
+                      headers={"Authorization": f"Bearer {parties['consumer']}", "Idempotency-Key": key,
+                               **dict(headers)})
+
+
+def test_a_job_trains_on_an_existing_group_release_without_spending_again(parties):
+    trainer, dataset, features = parties["trainer"], parties["dataset"], parties["features"]
+    assert _upload(trainer, features).status_code == 200
+    groups = "example_id,group\n" + "\n".join(f"{i},{g}" for i, g in zip(features.example_id, features.group,
+                                                                          strict=True))
+    release = _consumer_post(parties, f"/v1/datasets/{dataset}/group-releases", "groups", content=groups,
+                             params={"mechanism": "opt-unbiased", "epsilon": 4, "prior_epsilon": 0.5},
+                             headers={"Content-Type": "text/csv"})
+    assert release.status_code == 201, release.text
+    spent = _spent(parties)
+    assert spent == 4.0  # ε covers the group priors (ε_p = 0.5) and the randomizers (3.5)
+    job_request = {**_job(parties), "release": None, "release_id": release.json()["id"]}
+    created = trainer.post("/v1/jobs", json=job_request)
+    assert created.status_code == 202, created.text
+    assert created.json()["release"]["id"] == release.json()["id"]
+    job = _finish(trainer, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    page = trainer.get(f"/v1/jobs/{job['id']}/predictions", headers={"Accept": "application/json"},
+                       params={"limit": N}).json()
+    predicted = pd.Series([r["prediction"] for r in page["items"]], index=[r["example_id"] for r in page["items"]])
+    truth = parties["labels"][predicted.index]
+    assert np.mean((predicted - truth) ** 2) < 0.25 * np.var(truth)
+    assert _spent(parties) == spent  # training on an existing release spends nothing more
+
+
+def test_jobs_on_existing_releases_are_checked_before_anything_runs(parties):
+    trainer, dataset, owner = parties["trainer"], parties["dataset"], parties["owner"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    other = owner.post("/v1/datasets", json={"name": "z", "label_kind": "integer", "min": 0, "max": 30,
+                                             "epsilon_total": 10}).json()["id"]
+    ids = parties["features"].example_id
+    owner.put(f"/v1/datasets/{other}/labels", content="example_id,label\n" + "\n".join(f"{i},1" for i in ids),
+              headers={"Content-Type": "text/csv"})
+    owner.post(f"/v1/datasets/{other}/grants", json={"org": "publisher"})
+    elsewhere = _consumer_post(parties, f"/v1/datasets/{other}/releases", "other",
+                               json={"mechanism": "laplace", "epsilon": 1})
+    evaluation = _consumer_post(parties, f"/v1/datasets/{dataset}/evaluations", "eval",
+                                json={"metric": "mse", "epsilon": 1, "example_ids": list(ids[:10]),
+                                      "predictions": [10.0] * 10})
+    mine = _consumer_post(parties, f"/v1/datasets/{dataset}/releases", "mine",
+                          json={"mechanism": "laplace", "epsilon": 1})
+    assert elsewhere.status_code == evaluation.status_code == mine.status_code == 201
+    spent = _spent(parties)
+    cases = [({"release_id": elsewhere.json()["id"], "release": None}, "is not a release of dataset"),
+             ({"release_id": evaluation.json()["id"], "release": None}, "publishes no labels"),
+             ({"release_id": mine.json()["id"]}, "either release"),  # both given
+             ({"release": None}, "either release"),  # neither
+             ({"release_id": mine.json()["id"], "release": None, "protocol": "lp-mst"}, "lp-mst")]
+    for change, message in cases:
+        response = trainer.post("/v1/jobs", json={**_job(parties), **change})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "invalid_job" and message in response.json()["error"]["message"]
+    assert _spent(parties) == spent and trainer.get("/v1/jobs").json() == []
