@@ -16,8 +16,7 @@ from fastapi import FastAPI
 from features_party.auth import Principal, authenticate
 from features_party.routers import features, jobs
 from features_party.service import TrainerContext
-from shared.service import gate, openapi
-from shared.service.errors import install_error_handlers
+from shared.service.app import service_app
 
 log = logging.getLogger("labeldp.features")
 
@@ -45,17 +44,5 @@ def create_app(ctx: TrainerContext) -> FastAPI:
         yield
         ctx.executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="labeldp features party (trainer)", version="1", lifespan=lifespan,
-                  responses=openapi.error_responses())
-    app.state.ctx = ctx
-    app.add_middleware(gate.Gatekeeper, authorize=_authorizer(ctx), limit=_body_limit(ctx))
-    install_error_handlers(app, log)
-
-    @app.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok"}
-
-    app.include_router(features.router)
-    app.include_router(jobs.router)
-    openapi.install(app, gate.PUBLIC_PATHS)
-    return app
+    return service_app("labeldp features party (trainer)", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
+                       routers=(features.router, jobs.router), log=log, lifespan=lifespan)

@@ -20,8 +20,7 @@ from labels_party import service
 from labels_party.auth import Principal, authenticate
 from labels_party.routers import audit, datasets, mechanisms, releases
 from labels_party.service import ServiceContext
-from shared.service import gate, openapi
-from shared.service.errors import install_error_handlers
+from shared.service.app import service_app
 
 log = logging.getLogger("labeldp.labels")
 
@@ -59,20 +58,9 @@ def _body_limit(ctx: ServiceContext):
 
 
 def create_app(ctx: ServiceContext) -> FastAPI:
-    app = FastAPI(title="labeldp labels party", version="1", docs_url="/docs", openapi_url="/openapi.json",
-                  responses=openapi.error_responses())
-    app.state.ctx = ctx
-    app.add_middleware(gate.Gatekeeper, authorize=_authorizer(ctx), limit=_body_limit(ctx))
-    install_error_handlers(app, log)
-
-    @app.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok"}
-
-    for router in (datasets.router, releases.router, mechanisms.router, audit.router):
-        app.include_router(router)
-    openapi.install(app, gate.PUBLIC_PATHS, lambda spec: _epsilon_range(spec, ctx.settings))
-    return app
+    return service_app("labeldp labels party", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
+                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
+                       adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings))
 
 
 def _epsilon_range(spec: dict, settings) -> None:

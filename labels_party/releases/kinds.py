@@ -15,6 +15,7 @@ functions of features only; they choose what is released, never how much it cost
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -42,6 +43,24 @@ class _Defaults:
 
     def record(self) -> dict:
         return self.identity()
+
+
+class _JsonBodyKind(_Defaults):
+    """A kind whose request is one JSON body with an ε and per-example lists; the record keeps the body without
+    those lists (the coverage records the examples)."""
+
+    request: schemas.EvaluationRequest | schemas.CentralTrainingRequest
+    per_example: ClassVar[frozenset[str]]
+
+    @property
+    def epsilon(self) -> float:
+        return self.request.epsilon
+
+    def identity(self) -> dict:
+        return self.request.model_dump()
+
+    def record(self) -> dict:
+        return self.request.model_dump(exclude=set(self.per_example))
 
 
 def _needs_classes(snapshot: Snapshot, what: str) -> Classes:
@@ -158,22 +177,13 @@ class GroupRelease(_Defaults):
 
 
 @dataclass(frozen=True)
-class Evaluation(_Defaults):
+class Evaluation(_JsonBodyKind):
     """Private evaluation (see :mod:`labels_party.evaluation`), accounted like a release of the scored
     examples."""
 
     request: schemas.EvaluationRequest
     mechanism: str = "evaluation"
-
-    @property
-    def epsilon(self) -> float:
-        return self.request.epsilon
-
-    def identity(self) -> dict:
-        return self.request.model_dump()
-
-    def record(self) -> dict:
-        return self.request.model_dump(exclude={"example_ids", "predictions"})
+    per_example: ClassVar[frozenset[str]] = frozenset({"example_ids", "predictions"})
 
     def check(self) -> None:
         if len(self.request.example_ids) != len(self.request.predictions):
@@ -195,22 +205,13 @@ class Evaluation(_Defaults):
 
 
 @dataclass(frozen=True)
-class CentralTraining(_Defaults):
+class CentralTraining(_JsonBodyKind):
     """LabelDP-Pro trained here on the caller's features; only the parameters leave. (ε, δ) is charged to the
     training examples: their ε adds to the per-example budget, δ is recorded in the ledger."""
 
     request: schemas.CentralTrainingRequest
     mechanism: str = "labeldp-pro"
-
-    @property
-    def epsilon(self) -> float:
-        return self.request.epsilon
-
-    def identity(self) -> dict:
-        return self.request.model_dump()
-
-    def record(self) -> dict:
-        return self.request.model_dump(exclude={"example_ids", "features"})
+    per_example: ClassVar[frozenset[str]] = frozenset({"example_ids", "features"})
 
     def check(self) -> None:
         features = self.request.features
