@@ -32,8 +32,38 @@ def normalized_prior(prior, size: int) -> np.ndarray:
     return prior / prior.sum()
 
 
+class OnFiniteInputs:
+    """What every randomizer over a finite set of input labels shares: the label → row lookup, sampling output
+    values through ``sample_indices``, and the bias from ``expected_output``. Subclasses are frozen dataclasses
+    with ``name``, ``input_values`` and ``output_values``."""
+
+    name: str
+    input_values: np.ndarray
+    output_values: np.ndarray
+
+    @cached_property
+    def _inputs(self) -> FiniteLabels:
+        return FiniteLabels(self.input_values)
+
+    def row_of(self, labels) -> np.ndarray:
+        return self._inputs.index_of(labels, what=f"the inputs of {self.name}")
+
+    def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
+        """Privatized labels (output values) for true labels (input values)."""
+        return self.output_values[self.sample_indices(self.row_of(labels), rng)]
+
+    @property
+    def bias(self) -> np.ndarray:
+        """E[M(y)] - y for every input label."""
+        return self.expected_output - self.input_values
+
+    @property
+    def max_abs_bias(self) -> float:
+        return float(np.max(np.abs(self.bias)))
+
+
 @dataclass(frozen=True, eq=False)
-class FiniteRandomizer:
+class FiniteRandomizer(OnFiniteInputs):
     """Pr[output = output_values[j] | label = input_values[i]] = matrix[i, j], exactly as sampled.
 
     ``epsilon`` is the privacy parameter the mechanism was requested at; ``certified_epsilon`` (≤ epsilon,
@@ -103,15 +133,6 @@ class FiniteRandomizer:
         return self.matrix @ self.output_values
 
     @property
-    def bias(self) -> np.ndarray:
-        """E[M(y)] - y for every input label."""
-        return self.expected_output - self.input_values
-
-    @property
-    def max_abs_bias(self) -> float:
-        return float(np.max(np.abs(self.bias)))
-
-    @property
     def conditional_variance(self) -> np.ndarray:
         """Var[M(y)] for every input label (the extra label noise an unbiased mechanism injects)."""
         centered = self.output_values[None, :] - self.expected_output[:, None]
@@ -136,20 +157,9 @@ class FiniteRandomizer:
     def _alias(self) -> dyadic.AliasTable:
         return dyadic.AliasTable.of(self.counts)
 
-    @cached_property
-    def _inputs(self) -> FiniteLabels:
-        return FiniteLabels(self.input_values)
-
-    def row_of(self, labels) -> np.ndarray:
-        return self._inputs.index_of(labels, what=f"the inputs of {self.name}")
-
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         """Output indices for input row indices (vectorized; exact probabilities of ``matrix``)."""
         return self._alias.sample(rows, rng)
-
-    def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
-        """Privatized labels (output values) for true labels (input values)."""
-        return self.output_values[self.sample_indices(self.row_of(labels), rng)]
 
     def dp_event(self) -> LocalRandomizerDpEvent:
         """A local randomizer at its certified ε (computed from the exact counts it samples)."""

@@ -19,18 +19,17 @@ import numpy as np
 from dp_accounting import dp_event
 
 from shared.arrays import readonly
-from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
-from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
+from shared.mechanisms.finite import FiniteRandomizer, OnFiniteInputs, normalized_prior
 from shared.privacy import check_epsilon, design_epsilon
 
 DENSE_MATRIX_LIMIT = 4096  # ``matrix`` materializes m x m floats only up to this many outputs
 
 
 @dataclass(frozen=True, eq=False)
-class RandomizedResponse:
+class RandomizedResponse(OnFiniteInputs):
     """Randomized response over m output values, one per input (Definition 21; dbRR, Definition 23, when the
     outputs are the debiased Φ(y)): the label's own output with probability keep / 2**53, otherwise one of the
     other m − 1 uniformly — an exact integer draw below m − 1, shifted past the label's own. Nothing is
@@ -89,13 +88,6 @@ class RandomizedResponse:
         return (1 - self.keep_probability) / (self._m - 1) if self._m > 1 else 0.0
 
     # -- sampling ----------------------------------------------------------------------------------------------
-    @cached_property
-    def _inputs(self) -> FiniteLabels:
-        return FiniteLabels(self.input_values)
-
-    def row_of(self, labels) -> np.ndarray:
-        return self._inputs.index_of(labels, what=f"the inputs of {self.name}")
-
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).ravel()
         kept = rng.integers(0, dyadic.RESOLUTION, size=rows.size, dtype=np.int64) < self.keep
@@ -104,22 +96,11 @@ class RandomizedResponse:
         other = rng.integers(0, self._m - 1, size=rows.size, dtype=np.int64)
         return np.where(kept, rows, other + (other >= rows))
 
-    def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
-        return self.output_values[self.sample_indices(self.row_of(labels), rng)]
-
     # -- utility (closed forms, O(m)) ----------------------------------------------------------------------------
     @property
     def expected_output(self) -> np.ndarray:
         p, q = self.keep_probability, self.other_probability
         return q * self.output_values.sum() + (p - q) * self.output_values
-
-    @property
-    def bias(self) -> np.ndarray:
-        return self.expected_output - self.input_values
-
-    @property
-    def max_abs_bias(self) -> float:
-        return float(np.max(np.abs(self.bias)))
 
     @property
     def conditional_variance(self) -> np.ndarray:
