@@ -5,35 +5,23 @@ from __future__ import annotations
 import os
 
 from shared.errors import LabelDPError
-from shared.service.tls import add_tls_arguments, tls_options
+from shared.service.commands import add_service_commands, ensure_sqlite_directory, upgrade_database
+from shared.service.tls import tls_options
 
 
 def register(commands) -> None:
-    features = commands.add_parser("features", help="run the features-party trainer service")
-    actions = features.add_subparsers(dest="action", required=True, parser_class=type(features))
-    common = {"--database-url": dict(default=None, help="SQLAlchemy URL (default: $LABELDP_TRAINER_DATABASE_URL or "
-                                                        "sqlite:///var/trainer.db)"),
-              "--data-dir": dict(default=None, help="features, models and predictions (default: "
-                                                    "$LABELDP_TRAINER_DATA_DIR or var/trainer)")}
-    serve = actions.add_parser("serve", help="start the trainer HTTP service (loopback unless --host says otherwise)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8701)
-    serve.add_argument("--labels-party", action="append", default=None, metavar="NAME=URL",
-                       help="a labels party jobs may use (repeatable; the first is the default unless "
-                            "--default-labels-party says otherwise); default: $LABELDP_TRAINER_LABELS_PARTIES")
-    serve.add_argument("--default-labels-party", default=None)
-    serve.add_argument("--upgrade-db", action="store_true", help="migrate an older database schema first")
-    add_tls_arguments(serve)
-    key = actions.add_parser("create-key", help="create a trainer API key (printed once on stdout)")
-    key.add_argument("--org", required=True)
-    key.add_argument("--role", required=True, choices=("admin", "member"))
-    upgrade = actions.add_parser("upgrade-db", help="migrate the trainer database to this version's schema")
-    for sub in (serve, key, upgrade):
-        for flag, kwargs in common.items():
-            sub.add_argument(flag, **kwargs)
-    serve.set_defaults(handler=serve_command)
-    key.set_defaults(handler=create_key_command)
-    upgrade.set_defaults(handler=upgrade_db_command)
+    parsers = add_service_commands(
+        commands, "features", help="run the features-party trainer service", port=8701, roles=("admin", "member"),
+        database_help="SQLAlchemy URL (default: $LABELDP_TRAINER_DATABASE_URL or sqlite:///var/trainer.db)",
+        data_help="features, models and predictions (default: $LABELDP_TRAINER_DATA_DIR or var/trainer)")
+    parsers.serve.add_argument(
+        "--labels-party", action="append", default=None, metavar="NAME=URL",
+        help="a labels party jobs may use (repeatable; the first is the default unless --default-labels-party says "
+             "otherwise); default: $LABELDP_TRAINER_LABELS_PARTIES")
+    parsers.serve.add_argument("--default-labels-party", default=None)
+    parsers.serve.set_defaults(handler=serve_command)
+    parsers.create_key.set_defaults(handler=create_key_command)
+    parsers.upgrade_db.set_defaults(handler=upgrade_db_command)
 
     predict = commands.add_parser("predict", help="predict with a saved model")
     predict.add_argument("--model", required=True, help="model .npz written by a training job")
@@ -43,8 +31,6 @@ def register(commands) -> None:
 
 
 def _settings(args):
-    from pathlib import Path
-
     from features_party.settings import TrainerSettings
 
     overrides = {k: v for k, v in (("database_url", args.database_url), ("data_dir", args.data_dir)) if v}
@@ -62,8 +48,7 @@ def _settings(args):
         settings = TrainerSettings(**overrides)
     except ValueError as err:
         raise LabelDPError(f"invalid trainer settings: {str(err).splitlines()[-1].strip()}", code="usage") from None
-    if settings.database_url.startswith("sqlite:///"):
-        Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    ensure_sqlite_directory(settings.database_url)
     return settings
 
 
@@ -99,14 +84,10 @@ def create_key_command(args) -> int:
 
 
 def upgrade_db_command(args) -> int:
-    import json
-
     from features_party.migrations import MIGRATIONS
     from shared.service.database import make_engine
 
-    before, after = MIGRATIONS.upgrade(make_engine(_settings(args).database_url))
-    print(json.dumps({"revision_before": before, "revision_after": after}))
-    return 0
+    return upgrade_database(MIGRATIONS, make_engine(_settings(args).database_url))
 
 
 def predict_command(args) -> int:

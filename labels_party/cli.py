@@ -18,7 +18,8 @@ from shared.errors import LabelDPError
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
 from shared.schemas import Solver
-from shared.service.tls import add_tls_arguments, tls_options
+from shared.service.commands import add_service_commands, ensure_sqlite_directory, upgrade_database
+from shared.service.tls import tls_options
 
 
 def register(commands) -> None:
@@ -155,41 +156,23 @@ def solve_command(args) -> int:
 
 
 def register_service_commands(commands) -> None:
-    labels = commands.add_parser("labels", help="run and administer the labels-party service")
-    actions = labels.add_subparsers(dest="action", required=True, parser_class=type(labels))
-    common = {"--database-url": dict(default=None, help="SQLAlchemy URL (default: $LABELDP_DATABASE_URL or "
-                                                        "sqlite:///var/labels.db)"),
-              "--data-dir": dict(default=None, help="label and release files (default: $LABELDP_DATA_DIR or "
-                                                    "var/data)")}
-    serve = actions.add_parser("serve", help="start the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8700)
-    serve.add_argument("--upgrade-db", action="store_true", help="migrate an older database schema first")
-    add_tls_arguments(serve)
-    key = actions.add_parser("create-key", help="create an API key (printed once on stdout)")
-    key.add_argument("--org", required=True)
-    key.add_argument("--role", required=True, choices=("admin", "consumer"))
-    verify = actions.add_parser("verify-audit", help="recompute the ledger hash chains and budgets")
-    upgrade = actions.add_parser("upgrade-db", help="migrate the database to this version's schema (Alembic); "
-                                                    "budgets are converted, never reset")
-    for sub in (serve, key, verify, upgrade):
-        for flag, kwargs in common.items():
-            sub.add_argument(flag, **kwargs)
-    serve.set_defaults(handler=serve_command)
-    key.set_defaults(handler=create_key_command)
+    parsers = add_service_commands(
+        commands, "labels", help="run and administer the labels-party service", port=8700, roles=("admin", "consumer"),
+        database_help="SQLAlchemy URL (default: $LABELDP_DATABASE_URL or sqlite:///var/labels.db)",
+        data_help="label and release files (default: $LABELDP_DATA_DIR or var/data)")
+    verify = parsers.add("verify-audit", "recompute the ledger hash chains and budgets")
+    parsers.serve.set_defaults(handler=serve_command)
+    parsers.create_key.set_defaults(handler=create_key_command)
     verify.set_defaults(handler=verify_audit_command)
-    upgrade.set_defaults(handler=upgrade_db_command)
+    parsers.upgrade_db.set_defaults(handler=upgrade_db_command)  # budgets are converted, never reset
 
 
 def _settings(args):
-    from pathlib import Path
-
     from labels_party.settings import LabelsSettings
 
     overrides = {k: v for k, v in (("database_url", args.database_url), ("data_dir", args.data_dir)) if v}
     settings = LabelsSettings(**overrides)
-    if settings.database_url.startswith("sqlite:///"):
-        Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    ensure_sqlite_directory(settings.database_url)
     return settings
 
 
@@ -203,9 +186,7 @@ def upgrade_db_command(args) -> int:
     from labels_party import db
     from labels_party.migrations import MIGRATIONS
 
-    before, after = MIGRATIONS.upgrade(db.make_engine(_settings(args).database_url))
-    print(json.dumps({"revision_before": before, "revision_after": after}))
-    return 0
+    return upgrade_database(MIGRATIONS, db.make_engine(_settings(args).database_url))
 
 
 def serve_command(args) -> int:
