@@ -4,7 +4,7 @@ Every privatized number is a function of the random bits it was drawn with, so t
 to whoever receives the result. A statistical generator (numpy's default PCG64) is not: its state can be
 recovered from enough outputs. Releases therefore draw from :func:`secure_rng` — AES-128 in counter mode
 (randomgen's ``AESCounter``; AES-NI when the CPU has it), keyed with 128 fresh bits from ``os.urandom`` for every
-release. ``tests/test_randomness.py`` checks its keystream against the ``cryptography`` package's AES.
+release. ``tests/shared/test_randomness.py`` checks its keystream against the ``cryptography`` package's AES.
 
 The interface is numpy's :class:`~numpy.random.Generator`, and the samplers that produce released numbers only
 call ``integers`` on it (numpy's bounded integers reject on the bit stream, so they are exactly uniform given

@@ -15,7 +15,12 @@ import math
 import httpx
 import numpy as np
 import pytest
-from attacks import (
+
+from labeldp.local_services import serve_in_thread
+from labels_party.prior import estimate_prior
+from labels_party.registry import MechanismOptions, build_mechanism
+from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
+from tests.attacks import (
     bayes_guess,
     consistent_with_float_laplace,
     consistent_with_support,
@@ -24,11 +29,6 @@ from attacks import (
     identified,
     numpy_laplace,
 )
-from conftest import running_server
-
-from labels_party.prior import estimate_prior
-from labels_party.registry import MechanismOptions, build_mechanism
-from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 
 K = 10  # labels 0..9
 
@@ -144,7 +144,7 @@ def test_attacks_on_single_example_releases_over_http(tmp_path):
         admin, consumer = create_key(session, "hospital", "admin"), create_key(session, "publisher", "consumer")
     labels = np.random.default_rng(6).integers(0, K, size=40)
     csv = "example_id,label\n" + "".join(f"e{i},{v}\n" for i, v in enumerate(labels))
-    with running_server(create_app(ctx)) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with serve_in_thread(create_app(ctx)) as url, httpx.Client(base_url=url, timeout=60) as http:
         as_admin = {"Authorization": f"Bearer {admin}"}
         as_consumer = {"Authorization": f"Bearer {consumer}"}
         dataset = http.post("/v1/datasets", headers=as_admin, json={

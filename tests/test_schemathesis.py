@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import running_server
 from fastapi.testclient import TestClient
 
 from features_party import service as trainer_service
 from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
 from features_party.settings import TrainerSettings
+from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
 from labels_party.service import make_context
@@ -86,7 +86,7 @@ def labels_party(tmp_path):
     owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"})
     release = owner.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1.0},
                          headers={"Idempotency-Key": "seed"}).json()
-    with running_server(create_labels(ctx)) as url:
+    with serve_in_thread(create_labels(ctx)) as url:
         yield {"url": url, "keys": keys, "dataset": dataset, "release": release, "ids": ids}
 
 
@@ -120,7 +120,7 @@ def test_trainer(labels_party, tmp_path):
                                                                   "rival": keys["rival"]})),
            "LABELDP_ST_FEATURES_NAME": "f", "LABELDP_ST_JOB_ID": job["id"]}
     try:
-        with running_server(create_trainer(ctx)) as url:
+        with serve_in_thread(create_trainer(ctx)) as url:
             assert _assert_clean(_schemathesis(url, tmp_path, env), operations=10) > 500
     finally:
         ctx.executor.shutdown(wait=True)

@@ -86,7 +86,7 @@ class ErrorCode(str, Enum):
 def status_of(code: str) -> int:
     try:
         return ErrorCode(code).status
-    except ValueError:  # a code not declared here is a bug (tests/test_service_skeleton.py checks every raise)
+    except ValueError:  # a code not declared here is a bug (tests/shared/service/test_skeleton.py checks every raise)
         return 400
 
 

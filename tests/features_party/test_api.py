@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import running_server
 from fastapi.testclient import TestClient
 
 from features_party import service as trainer_service
@@ -20,6 +19,7 @@ from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
 from features_party.settings import TrainerSettings
 from labeldp.cli import main as cli
+from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
 from labels_party.service import make_context
@@ -50,7 +50,7 @@ def parties(tmp_path):
     with ctx.sessions() as session, session.begin():
         admin = create_key(session, "office", "admin")
         consumer = create_key(session, "publisher", "consumer")
-    with running_server(create_labels(ctx)) as labels_url:
+    with serve_in_thread(create_labels(ctx)) as labels_url:
         owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {admin}"})
         dataset = owner.post("/v1/datasets", json={"name": "y", "label_kind": "integer", "min": 0, "max": 30,
                                                    "epsilon_total": 10}).json()["id"]
@@ -313,7 +313,7 @@ def test_lp_mst_job_over_http(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
     with ctx.sessions() as session, session.begin():
         admin = create_key(session, "office", "admin")
-    with running_server(create_labels(ctx)) as labels_url:
+    with serve_in_thread(create_labels(ctx)) as labels_url:
         owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {admin}"})
         dataset = owner.post("/v1/datasets", json={"name": "d", "label_kind": "classes", "num_classes": 10,
                                                    "epsilon_total": 4}).json()["id"]

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from conftest import free_port, service_process
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,6 +23,7 @@ from cryptography.x509.oid import NameOID
 from features_party.client import LabelsPartyClient, NotFound
 from features_party.service import labels_party_client
 from features_party.settings import TrainerSettings
+from labeldp.local_services import free_port, serve_process
 
 
 def _certificate(tmp_path) -> tuple[str, str]:
@@ -55,7 +55,8 @@ def https_labels_server(tmp_path, cert: str, key: str):
                              capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
     command = cli + ["serve", "--port", str(port), "--ssl-certfile", cert, "--ssl-keyfile", key]
-    with service_process(command, env, f"https://127.0.0.1:{port}", verify=ssl.create_default_context(cafile=cert)):
+    with serve_process(command, f"https://127.0.0.1:{port}", env=env,
+                       verify=ssl.create_default_context(cafile=cert)):
         yield f"https://127.0.0.1:{port}", api_key
 
 

@@ -28,7 +28,7 @@ from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from shared import models
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is tests/features_party/test_train.py)
 
 
 def no_categorical(n: int) -> np.ndarray:

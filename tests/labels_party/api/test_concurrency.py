@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
-from conftest import running_server
 
+from labeldp.local_services import serve_in_thread
 from labels_party import db
 from labels_party.api import create_app
 from labels_party.auth import create_key
@@ -34,7 +34,7 @@ def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mecha
     with ctx.sessions() as session, session.begin():
         admin = create_key(session, "owner", "admin")
         consumer = create_key(session, "partner", "consumer")
-    with running_server(create_app(ctx)) as base:
+    with serve_in_thread(create_app(ctx)) as base:
         dataset = _setup(base, admin, epsilon_total=1.0)
         body = {"mechanism": mechanism, "epsilon": 0.1}
         if mechanism == "opt-unbiased":

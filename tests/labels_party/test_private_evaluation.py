@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import admin_client
 
 from labels_party.evaluation import evaluate, unbiased_mse_estimate
 from labels_party.service import verify_audit
@@ -13,6 +12,7 @@ from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from shared.domains import integer_range, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms.additive import laplace
+from tests.labels_party.api.helpers import admin_client
 
 
 def test_noisy_loss_is_unbiased_with_the_stated_scale_and_coverage():

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 from alembic import command
-from conftest import fresh_database
 from sqlalchemy import inspect, text
 
 from features_party import db
 from features_party.migrations import MIGRATIONS
 from shared.service.database import make_engine
+from tests.support.databases import fresh_database
 
 
 def _schema(url: str) -> dict:

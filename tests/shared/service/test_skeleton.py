@@ -8,7 +8,7 @@ from pathlib import Path
 
 from shared.service.errors import ErrorCode, status_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is tests/shared/service/test_skeleton.py)
 PACKAGES = ("shared", "labels_party", "features_party")
 
 

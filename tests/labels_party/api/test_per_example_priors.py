@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import admin_client
 from scipy import stats
 
 from labels_party.solvers.rr_with_prior import best_top_k, rr_with_prior, rr_with_prior_per_example
+from tests.labels_party.api.helpers import admin_client
 
 
 def test_vectorized_sampler_matches_each_examples_rr_top_k():

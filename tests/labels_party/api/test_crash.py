@@ -9,8 +9,8 @@ import time
 
 import httpx
 import pytest
-from conftest import free_port
 
+from labeldp.local_services import free_port
 from labels_party.auth import create_key
 from labels_party.service import make_context, verify_audit
 

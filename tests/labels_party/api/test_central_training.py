@@ -6,11 +6,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import admin_client
 from sklearn.datasets import load_digits
 
 from labels_party.service import verify_audit
 from shared import models
+from tests.labels_party.api.helpers import admin_client
 
 
 @pytest.fixture()

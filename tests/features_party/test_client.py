@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from conftest import running_server
 
 from features_party.client import BudgetExceeded, Conflict, LabelsPartyClient, NotFound, Unauthorized
+from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.service import make_context
@@ -44,7 +44,7 @@ def service(tmp_path):
     with ctx.sessions() as session, session.begin():
         keys = {"admin": create_key(session, "office", "admin"), "partner": create_key(session, "pub", "consumer"),
                 "stranger": create_key(session, "other", "consumer")}
-    with running_server(create_app(ctx)) as base:
+    with serve_in_thread(create_app(ctx)) as base:
         with LabelsPartyClient(base, keys["admin"]) as owner:
             dataset = owner.create_dataset(name="d", label_kind="integer", min=0, max=20, epsilon_total=1.5)
             labels = np.random.default_rng(1).integers(0, 21, size=500)

@@ -13,9 +13,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port, running_server, service_process
 from fastapi.testclient import TestClient
 
+from labeldp.local_services import free_port, serve_in_thread, serve_process
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
 from labels_party.service import make_context
@@ -44,7 +44,7 @@ def trainer_server(tmp_path, labels_url: str):
     key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "admin"], env=env,
                          capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
-    with service_process(cli + ["serve", "--port", str(port)], env, f"http://127.0.0.1:{port}") as server:
+    with serve_process(cli + ["serve", "--port", str(port)], f"http://127.0.0.1:{port}", env=env) as server:
         yield f"http://127.0.0.1:{port}", server.pid, key
 
 
@@ -68,7 +68,7 @@ def test_memory_stays_flat_over_fifty_jobs_of_a_hundred_thousand_rows(tmp_path):
     job = {"features": "f", "api_key": consumer, "dataset_id": dataset, "numeric": ["x0"],
            "release": {"mechanism": "rr", "epsilon": 1.0},
            "train": {"hidden": [], "epochs": 1, "batch_size": 1024, "patience": 1}}
-    with running_server(create_labels(ctx)) as labels_url, trainer_server(tmp_path, labels_url) as (url, pid, key):
+    with serve_in_thread(create_labels(ctx)) as labels_url, trainer_server(tmp_path, labels_url) as (url, pid, key):
         http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
         assert http.put("/v1/features/f", content=features, headers={"Content-Type": "text/csv"}).status_code == 200
         resident = []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import running_server
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
+from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.pipeline import privatize_by_group
@@ -50,7 +50,7 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
     groups = rng.integers(0, 4, size=1200)
     labels = np.clip(np.rint(10 * groups + rng.normal(0, 2, size=1200)), 0, 40).astype(int)
     ids = [f"g{i}" for i in range(1200)]
-    with running_server(create_app(ctx)) as base, LabelsPartyClient(base, admin) as client:
+    with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, admin) as client:
         dataset = client.create_dataset(name="g", label_kind="integer", min=0, max=40, epsilon_total=1.0).id
         client.upload_labels(dataset, ids, labels)
         release = client.request_group_release(dataset, ids, groups, "opt-unbiased", 1.0, 0.25,

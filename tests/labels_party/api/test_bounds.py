@@ -13,9 +13,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import free_port, service_process
 from fastapi.testclient import TestClient
 
+from labeldp.local_services import free_port, serve_process
 from labels_party import documents
 from labels_party.api import create_app
 from labels_party.auth import create_key
@@ -46,7 +46,7 @@ def labels_server(tmp_path):
                            text=True, check=True).stdout.strip()
             for org, role in (("owner", "admin"), ("publisher", "consumer"))]
     port = free_port()
-    with service_process(cli + ["serve", "--port", str(port)], env, f"http://127.0.0.1:{port}") as server:
+    with serve_process(cli + ["serve", "--port", str(port)], f"http://127.0.0.1:{port}", env=env) as server:
         yield f"http://127.0.0.1:{port}", server.pid, *keys
 
 

@@ -1,0 +1,118 @@
+"""Helpers for the API tests of the labels-party HTTP service (issue 4), which drive it with FastAPI's TestClient.
+
+Every refused request is checked for its status, its exact error code, the JSON error shape (no stack trace)
+(``expect_error``), and that nothing changed: label version, number of examples, spent budget and the number of
+audit events (``state``). The fixtures (keys, a client, datasets) are in conftest.py next to this file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timezone
+
+NUM_LABELS = 2000
+MISSING_DATASET = "0" * 32
+NOT_FOUND_BODY = {"error": {"code": "not_found", "message": "no such dataset for this key"}}
+
+
+def bearer(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def labels_csv(mapping: dict) -> str:
+    return "example_id,label\n" + "".join(f"{k},{v}\n" for k, v in mapping.items())
+
+
+def new_dataset(client, admin, **body) -> str:
+    r = client.post("/v1/datasets", json=body, headers=admin)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def upload(client, admin, dataset_id, content, content_type="text/csv"):
+    return client.put(f"/v1/datasets/{dataset_id}/labels", content=content,
+                      headers={**admin, "Content-Type": content_type})
+
+
+def release(client, headers, dataset_id, key, **body):
+    return client.post(f"/v1/datasets/{dataset_id}/releases", json=body,
+                       headers={**headers, "Idempotency-Key": key})
+
+
+def created(response) -> dict:
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert isinstance(body["id"], str) and body["id"]
+    assert body["certified_epsilon"] <= body["epsilon"] + 1e-12
+    return body
+
+
+def _instant(stamp: str) -> datetime:
+    parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def assert_same_release(got: dict, expected: dict) -> None:
+    """Equal in every field; created_at compared as an instant (see test_timestamps_are_consistent)."""
+    assert {k: v for k, v in got.items() if k != "created_at"} == \
+        {k: v for k, v in expected.items() if k != "created_at"}
+    assert _instant(got["created_at"]) == _instant(expected["created_at"])
+
+
+def expect_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    assert "Traceback" not in response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert error["code"] == code
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+def state(client, admin, dataset_id) -> dict:
+    """Everything a refused request must leave untouched."""
+    r = client.get(f"/v1/datasets/{dataset_id}", headers=admin)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    audit = client.get("/v1/audit", params={"dataset": dataset_id}, headers=admin)
+    assert audit.status_code == 200, audit.text
+    return {"label_version": d["label_version"], "num_examples": d["num_examples"],
+            "epsilon_spent": d["epsilon_spent"], "epsilon_remaining": d["epsilon_remaining"],
+            "audit_events": len(audit.json()["events"])}
+
+
+def budget(client, headers, dataset_id) -> dict:
+    r = client.get(f"/v1/datasets/{dataset_id}/budget", headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def download_rows(client, headers, release_id) -> list[tuple[str, float]]:
+    r = client.get(f"/v1/releases/{release_id}/labels", headers=headers)
+    assert r.status_code == 200, r.text
+    rows = list(csv.reader(io.StringIO(r.text)))
+    assert rows[0] == ["example_id", "label"]
+    return [(example_id, float(label)) for example_id, label in rows[1:]]
+
+
+def audit_events(client, admin, dataset_id) -> list[dict]:
+    r = client.get("/v1/audit", params={"dataset": dataset_id}, headers=admin)
+    assert r.status_code == 200, r.text
+    return r.json()["events"]
+
+
+def admin_client(tmp_path, org: str = "owner"):
+    """A labels-party app on a fresh SQLite database and a TestClient carrying a new admin key of ``org``;
+    returns (context, client)."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.service import make_context
+
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, org, "admin")
+    return ctx, TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})

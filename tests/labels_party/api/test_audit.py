@@ -1,0 +1,97 @@
+"""The audit log: one hash-chained event per release, and tampering detected by the API, verify_audit and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import text
+
+from labeldp import cli
+from labels_party import service
+from tests.labels_party.api.helpers import NUM_LABELS, created, expect_error, release
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+
+
+RECORD_FIELDS = {"epsilon_requested", "epsilon_certified", "mechanism", "release_id", "examples_covered",
+                 "dp_event", "charge"}
+
+
+def _tamper(ctx) -> None:
+    with ctx.sessions() as s, s.begin():
+        result = s.execute(text("UPDATE ledger SET record = replace(record, :old, :new) WHERE record LIKE :match"),
+                           {"old": '"charge":1.0', "new": '"charge":0.1', "match": '%"charge":1.0%'})
+        assert result.rowcount == 1
+
+
+def test_audit_events(client, admin, consumer, dataset):
+    a = created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
+    b = created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5, example_ids=["e1", "e2"]))
+    # Refused or repeated requests add no event.
+    assert release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1).status_code == 200
+    expect_error(release(client, consumer, dataset, "c", mechanism="laplace", epsilon=5), 409, "budget_exceeded")
+    expect_error(release(client, consumer, dataset, "d", mechanism="nope", epsilon=1), 422, "invalid_request")
+    expect_error(release(client, consumer, dataset, "a", mechanism="rr", epsilon=1), 409, "idempotency_conflict")
+
+    r = client.get("/v1/audit", params={"dataset": dataset}, headers=admin)
+    assert r.status_code == 200
+    audit = r.json()
+    assert audit["chain_valid"] is True
+    assert audit["budgets"] == [{"dataset_id": dataset, "epsilon_total": 3.0, "epsilon_spent": 1.5,
+                                 "epsilon_remaining": 1.5}]
+    events = audit["events"]
+    assert [e["seq"] for e in events] == [1, 2]
+    assert events[0]["prev_hash"] == "0" * 64 and events[1]["prev_hash"] == events[0]["hash"]
+    for event, rel, covered in ((events[0], a, NUM_LABELS), (events[1], b, 2)):
+        record = event["record"]
+        assert RECORD_FIELDS <= set(record)
+        assert record["release_id"] == rel["id"] and record["mechanism"] == rel["mechanism"]
+        assert record["epsilon_requested"] == rel["epsilon"] == record["charge"]
+        assert record["epsilon_certified"] == rel["certified_epsilon"] <= record["epsilon_requested"]
+        assert record["examples_covered"] == covered
+        assert record["actor"] == {"org": "publisher", "role": "consumer"}
+        assert isinstance(record["dp_event"], dict) and record["dp_event"]["type"] == "ComposedDpEvent"
+        assert event["dataset_id"] == dataset
+    assert events[0]["record"]["dp_event"]["events"][0]["type"] in ("LaplaceDpEvent", "DiscreteLaplaceDpEvent")
+    assert events[1]["record"]["dp_event"]["events"][0]["type"] == "RandomizedResponseDpEvent"
+    # Without ?dataset the admin sees every dataset it owns.
+    everything = client.get("/v1/audit", headers=admin).json()
+    assert len(everything["events"]) == 2 and everything["chain_valid"] is True
+
+
+def test_audit_detects_tampering(ctx, client, admin, consumer, dataset):
+    created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
+    created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
+    assert client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()["chain_valid"] is True
+    _tamper(ctx)
+    audit = client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()
+    assert audit["chain_valid"] is False
+    assert audit["events"][0]["record"]["charge"] == 0.1  # the tampered record is what is shown ...
+    assert audit["budgets"][0]["epsilon_spent"] == 1.5  # ... but the budget is not refunded
+
+
+def test_verify_audit_detects_tampering(ctx, client, consumer, dataset):
+    created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
+    report = service.verify_audit(ctx)
+    assert report["valid"] is True
+    assert [(d["dataset_id"], d["entries"], d["problems"]) for d in report["datasets"]] == [(dataset, 1, [])]
+    _tamper(ctx)
+    report = service.verify_audit(ctx)
+    assert report["valid"] is False
+    assert "hash chain broken" in report["datasets"][0]["problems"]
+
+
+def test_verify_audit_cli(ctx, client, consumer, dataset, db_url, data_dir, capsys):
+    created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
+    argv = ["labels", "verify-audit", "--database-url", db_url, "--data-dir", str(data_dir)]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["valid"] is True
+    _tamper(ctx)
+    assert cli.main(argv) == 1
+    assert json.loads(capsys.readouterr().out)["valid"] is False
+
+
+def test_verify_audit_cli_without_datasets(db_url, data_dir, capsys):
+    assert cli.main(["labels", "verify-audit", "--database-url", db_url, "--data-dir", str(data_dir)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"datasets": [], "valid": True}
