@@ -147,16 +147,16 @@ def _finite(build):
 
 
 # The |Y| limits: docs/design/exact-ledger.md has the measurements (continuous solver 800 labels in 23 s and 630 MB;
-# RR-on-Bins, O(|Y|³), 1000 labels in 4.5 s and 2000 in 50-110 s; the mesh LP 100 labels x 200 outputs in 8 s but
-# 200 x 400 in 81 s). Larger domains are refused up front (400 domain_too_large) with the alternative; the solver
-# time limit (503) is the backstop for slower priors.
+# RR-on-Bins, O(|Y|²) time and O(|Y|) memory since the hot-paths issue, 50,000 labels in 9 s; the mesh LP 100 labels
+# x 200 outputs in 8 s but 200 x 400 in 81 s). Larger domains are refused up front (400 domain_too_large) with the
+# alternative; the solver time limit (503) is the backstop for slower priors.
 MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
 _WIDE = "declare a continuous domain with a grid_size at most that, or use laplace, staircase, dbrr"
 
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
     MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, 800, _WIDE, _opt_unbiased,
                     max_mesh_cells=MAX_MESH_CELLS),
-    MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 1500, _WIDE, _finite(
+    MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 50_000, _WIDE, _finite(
         lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline))),
     MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
                     on_grid=False),

@@ -72,7 +72,7 @@ def consistent_with_support(mechanism, published, candidate: float) -> bool:
     if isinstance(mechanism, FiniteRandomizer):
         return _finite_possible(mechanism, int(np.flatnonzero(mechanism.input_values == candidate)[0]), published)
     if isinstance(mechanism, RandomizedResponse):  # every output is possible for every label unless keep is all
-        own = mechanism.output_values[mechanism.row_of([candidate])[0]]
+        own = mechanism.output_values[mechanism.bin_of_input[mechanism.row_of([candidate])[0]]]
         return published in mechanism.output_values and (mechanism.num_outputs > 1 or published == own)
     if isinstance(mechanism, AdditiveNoiseRandomizer):
         lattice = mechanism.lattice

@@ -30,14 +30,17 @@ DENSE_MATRIX_LIMIT = 4096  # ``matrix`` materializes m x m floats only up to thi
 
 @dataclass(frozen=True, eq=False)
 class RandomizedResponse(OnFiniteInputs):
-    """Randomized response over m output values, one per input (Definition 21; dbRR, Definition 23, when the
-    outputs are the debiased Φ(y)): the label's own output with probability keep / 2**53, otherwise one of the
-    other m − 1 uniformly — an exact integer draw below m − 1, shifted past the label's own. Nothing is
-    materialized beyond the m values, so memory and time are O(m) at any |Y| (a dense m x m matrix at |Y| = 3000
-    would be 72 MB before sampling tables).
+    """Randomized response over m output values (Definition 21; dbRR, Definition 23, when the outputs are the
+    debiased Φ(y); RR-on-Bins, Definition 22, when several labels share a bin): each input label has its own
+    output, ``output_values[bin_of_input[label]]`` (by default one output per input). The own output comes with
+    probability keep / 2**53, otherwise one of the other m − 1 uniformly — an exact integer draw below m − 1,
+    shifted past the own one. Nothing is materialized beyond the |Y| + m values, so memory and time are
+    O(|Y| + m) at any size (a dense matrix at |Y| = 20,000 and m = 2,000 would be 320 MB before sampling tables).
 
     For an output o, the largest probability is p = keep / 2**53 (o is the label's own) and the smallest
-    q = (1 − p)/(m − 1), so ``certified_epsilon`` = log(p / q), computed as an upper bound from the integers.
+    q = (1 − p)/(m − 1), so ``certified_epsilon`` = log(p / q), computed as an upper bound from the integers. Two
+    bins may share an output value (their outputs are then indistinguishable, which only merges columns of an
+    ε-DP matrix and stays ε-DP); ``certified_epsilon`` bounds the finer mechanism.
     """
 
     name: str
@@ -46,6 +49,7 @@ class RandomizedResponse(OnFiniteInputs):
     output_values: np.ndarray = field(repr=False)
     keep: int  # numerator over 2**53
     parameters: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    bin_of_input: np.ndarray | None = field(default=None, repr=False)  # None: input i's own output is output i
 
     @staticmethod
     def keep_count(num_outputs: int, design: float) -> int:
@@ -58,15 +62,26 @@ class RandomizedResponse(OnFiniteInputs):
     def __post_init__(self):
         object.__setattr__(self, "input_values", readonly(self.input_values, np.float64))
         object.__setattr__(self, "output_values", readonly(self.output_values, np.float64))
-        if self.input_values.size != self.output_values.size or self.input_values.size == 0:
-            raise ValueError("randomized response needs one output per input")
+        if self.bin_of_input is None:
+            if self.input_values.size != self.output_values.size:
+                raise ValueError("randomized response without bins needs one output per input")
+            object.__setattr__(self, "bin_of_input", readonly(np.arange(self.input_values.size), np.int64))
+        else:
+            object.__setattr__(self, "bin_of_input", readonly(self.bin_of_input, np.int64))
+        bins = self.bin_of_input
+        if self.output_values.size == 0 or bins.shape != self.input_values.shape:
+            raise ValueError("randomized response needs outputs and one bin per input")
+        if bins.size and (bins.min() < 0 or bins.max() >= self.output_values.size):
+            raise ValueError("a bin index is outside the outputs")
+        if not 0 < self.keep <= dyadic.RESOLUTION:
+            raise CertificationError(f"{self.name}: keep count {self.keep} is not in (0, 2**53]")
         if self.certified_epsilon > self.epsilon:
             raise CertificationError(f"{self.name}: sampled probabilities are {self.certified_epsilon!r}-DP, above "
                                      f"the requested epsilon {self.epsilon!r}; refusing to build it")
 
     @property
     def _m(self) -> int:
-        return int(self.input_values.size)
+        return int(self.output_values.size)
 
     @cached_property
     def certified_epsilon(self) -> float:
@@ -77,7 +92,7 @@ class RandomizedResponse(OnFiniteInputs):
 
     @property
     def num_outputs(self) -> int:
-        return self._m if self.keep < dyadic.RESOLUTION else 1
+        return self._m if self.keep < dyadic.RESOLUTION else int(np.unique(self.bin_of_input).size)
 
     @property
     def keep_probability(self) -> float:
@@ -89,64 +104,72 @@ class RandomizedResponse(OnFiniteInputs):
 
     # -- sampling ----------------------------------------------------------------------------------------------
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64).ravel()
-        kept = rng.integers(0, dyadic.RESOLUTION, size=rows.size, dtype=np.int64) < self.keep
+        own = self.bin_of_input[np.asarray(rows, dtype=np.int64).ravel()]
+        kept = rng.integers(0, dyadic.RESOLUTION, size=own.size, dtype=np.int64) < self.keep
         if self._m == 1:
-            return rows
-        other = rng.integers(0, self._m - 1, size=rows.size, dtype=np.int64)
-        return np.where(kept, rows, other + (other >= rows))
+            return own
+        other = rng.integers(0, self._m - 1, size=own.size, dtype=np.int64)
+        return np.where(kept, own, other + (other >= own))
 
-    # -- utility (closed forms, O(m)) ----------------------------------------------------------------------------
+    # -- utility (closed forms, O(|Y| + m)) ------------------------------------------------------------------------
+    @property
+    def _own_output(self) -> np.ndarray:
+        return self.output_values[self.bin_of_input]
+
     @property
     def expected_output(self) -> np.ndarray:
         p, q = self.keep_probability, self.other_probability
-        return q * self.output_values.sum() + (p - q) * self.output_values
+        return q * self.output_values.sum() + (p - q) * self._own_output
 
     @property
     def conditional_variance(self) -> np.ndarray:
         p, q, o = self.keep_probability, self.other_probability, self.output_values
-        second = q * np.sum(o * o) + (p - q) * o * o
+        second = q * np.sum(o * o) + (p - q) * self._own_output**2
         return np.maximum(second - self.expected_output**2, 0.0)
 
     def squared_loss_per_label(self) -> np.ndarray:
-        """E[½ (M(y) − y)²] = ½ [(p − q)(o_y − y)² + q Σ_j (o_j − y)²]."""
+        """E[½ (M(y) − y)²] = ½ [(p − q)(o_y − y)² + q Σ_j (o_j − y)²] with o_y the label's own output."""
         p, q, o, y = self.keep_probability, self.other_probability, self.output_values, self.input_values
         around = np.sum(o * o) - 2 * y * o.sum() + o.size * y * y
-        return 0.5 * ((p - q) * (o - y) ** 2 + q * around)
+        return 0.5 * ((p - q) * (self._own_output - y) ** 2 + q * around)
 
     def noisy_label_loss(self, prior) -> float:
-        return float(normalized_prior(prior, self._m) @ self.squared_loss_per_label())
+        return float(normalized_prior(prior, self.input_values.size) @ self.squared_loss_per_label())
 
     def agreement_probability(self, prior) -> float:
-        """Pr[M(y) = y] under the prior (outputs equal to their inputs count)."""
-        same = self.output_values == self.input_values
-        return float(normalized_prior(prior, self._m) @ np.where(same, self.keep_probability, 0.0))
+        """Pr[M(y) = y] under the prior (labels whose own output equals them count)."""
+        same = self._own_output == self.input_values
+        return float(normalized_prior(prior, self.input_values.size) @ np.where(same, self.keep_probability, 0.0))
 
     @cached_property
     def matrix(self) -> np.ndarray:
-        """The realized probabilities as a dense m x m float matrix (small m only: for tests and estimators)."""
-        if self._m > DENSE_MATRIX_LIMIT:
-            raise LabelDPError(f"{self.name} over {self._m} labels has no dense matrix; use its closed forms",
-                               code="too_large")
-        matrix = np.full((self._m, self._m), self.other_probability)
-        np.fill_diagonal(matrix, self.keep_probability)
+        """The realized probabilities as a dense |Y| x m float matrix (small sizes only: tests and estimators)."""
+        if max(self._m, self.input_values.size) > DENSE_MATRIX_LIMIT:
+            raise LabelDPError(f"{self.name} over {self.input_values.size} labels and {self._m} outputs has no dense "
+                               f"matrix; use its closed forms", code="too_large")
+        matrix = np.full((self.input_values.size, self._m), self.other_probability)
+        matrix[np.arange(self.input_values.size), self.bin_of_input] = self.keep_probability
         matrix.setflags(write=False)
         return matrix
 
     def dp_event(self) -> dp_event.DpEvent:
         """RR is dp-accounting's RandomizedResponseDpEvent: with probability noise_parameter a uniformly random
-        bucket (possibly its own), here m·q; dbRR a local randomizer at its certified ε."""
+        bucket (possibly its own), here m·q; dbRR and RR-on-Bins a local randomizer at its certified ε."""
         if self.name == "rr" and self._m > 1:
             return dp_event.RandomizedResponseDpEvent(noise_parameter=self._m * self.other_probability,
                                                       num_buckets=self._m)
         return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
 
     def describe(self, include_matrix: bool = True) -> dict[str, Any]:
-        """The whole distribution in O(m) numbers: own output with keep/2**53, any other with the rest / (m − 1)."""
-        return {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,
-                "input_values": self.input_values.tolist(), "output_values": self.output_values.tolist(),
-                "num_outputs": self.num_outputs, "keep_count_over_2_53": self.keep,
-                "parameters": dict(self.parameters)}
+        """The whole distribution in O(|Y| + m) numbers: the own output with keep/2**53, any other with the rest
+        / (m − 1); ``output_of_input`` when labels share bins."""
+        description = {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,
+                       "input_values": self.input_values.tolist(), "output_values": self.output_values.tolist(),
+                       "num_outputs": self.num_outputs, "keep_count_over_2_53": self.keep,
+                       "parameters": dict(self.parameters)}
+        if self._m != self.input_values.size or np.any(self.bin_of_input != np.arange(self._m)):
+            description["output_of_input"] = self.bin_of_input.tolist()
+        return description
 
 
 def randomized_response(values, epsilon: float) -> RandomizedResponse:
@@ -179,24 +202,15 @@ def debiased_randomized_response(values, epsilon: float) -> RandomizedResponse:
 
 
 def rr_on_bins(values, bin_of_label, bin_outputs, epsilon: float, name: str = "rr-on-bins",
-               parameters: dict | None = None) -> FiniteRandomizer:
+               parameters: dict | None = None) -> RandomizedResponse:
     """RR over the m bin outputs: Φ(y) = bin_outputs[bin_of_label[y]] w.p. e^ε/(e^ε+m-1), each other output
     w.p. 1/(e^ε+m-1)."""
     epsilon = check_epsilon(epsilon)
-    bin_of_label = np.asarray(bin_of_label, dtype=np.int64)
     bin_outputs = np.asarray(bin_outputs, dtype=np.float64)
-    m = bin_outputs.size
-    e = np.exp(design_epsilon(epsilon))
-    matrix = np.full((bin_of_label.size, m), 1.0 / (e + m - 1))
-    matrix[np.arange(bin_of_label.size), bin_of_label] = e / (e + m - 1)
-    # Bins can share an output value (bins holding only zero-prior labels take their neighbours' mean): one output
-    # per value, whose column is the sum of theirs — the same distribution over values, and a sum of ε-DP
-    # columns is ε-DP.
-    outputs, which = np.unique(bin_outputs, return_inverse=True)
-    merged = np.zeros((bin_of_label.size, outputs.size))
-    np.add.at(merged.T, which, matrix.T)
-    return FiniteRandomizer.from_probabilities(name, epsilon, values, outputs, merged,
-                                               {"num_bins": m, **(parameters or {})})
+    keep = RandomizedResponse.keep_count(bin_outputs.size, design_epsilon(epsilon))
+    return RandomizedResponse(name, epsilon, values, bin_outputs, keep,
+                              MappingProxyType({"num_bins": int(bin_outputs.size), **(parameters or {})}),
+                              bin_of_input=bin_of_label)
 
 
 def rr_top_k(num_classes: int, candidates, epsilon: float, name: str = "rr-top-k",
