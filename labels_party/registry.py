@@ -23,6 +23,7 @@ from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optima
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from labels_party.solvers.rr_with_prior import rr_with_prior
+from shared.arrays import number
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms import additive
@@ -40,13 +41,18 @@ CLASSES = frozenset({"classes"})
 class MechanismOptions:
     """Knobs beyond ε; each family says which apply. ``clip``: clip additive noise to the label range (biased;
     additive noise is always integer noise on the domain's lattice, see :func:`shared.domains.lattice_of`).
-    ``solver``: opt-unbiased's solver — ``"continuous"`` (outputs anywhere in ℝ: cone program + HiGHS vertex,
-    certified gap) or ``"mesh"`` (an LP over a fixed mesh of outputs); ``mesh``: the mesh LP's number of outputs."""
+    ``solver``: opt-unbiased's solver — ``"continuous"`` (outputs anywhere in ℝ: cone programs, certified gap;
+    the default) or ``"mesh"`` (an LP over a fixed mesh of outputs; the default when ``mesh``, its number of
+    outputs, is given)."""
 
     mesh: int | None = None
     clip: bool = False
-    solver: Solver = "mesh"
+    solver: Solver | None = None
     deadline: Deadline = field(default=NO_DEADLINE, compare=False)  # past it solvers raise SolverTimeout (503)
+
+    @property
+    def chosen_solver(self) -> Solver:
+        return self.solver or ("mesh" if self.mesh is not None else "continuous")
 
     def chosen(self) -> set[str]:
         """The options set to something other than their default (the deadline is not an option)."""
@@ -86,14 +92,18 @@ class MechanismFamily:
             code = "invalid_mesh" if option in ("mesh", "solver") else "invalid_option"
             users = ", ".join(f.name for f in FAMILIES.values() if option in f.options)
             raise LabelDPError(f"{option} only applies to {users}", code=code)
-        if options.mesh is not None and options.solver != "mesh":
+        if options.mesh is not None and options.chosen_solver != "mesh":
             raise LabelDPError(f"a mesh size only applies to the mesh solver, not {options.solver!r}",
                                code="invalid_mesh")
         labels = support(domain)
         if self.max_labels is not None and labels.size > self.max_labels:
-            raise LabelDPError(f"{self.name} handles at most {self.max_labels} labels within this service's solver "
-                               f"limit; this domain has {labels.size}: {self.beyond_limit}", code="domain_too_large")
-        if self.max_mesh_cells is not None and options.solver == "mesh":
+            instead = f"use {self.beyond_limit}"
+            if kind != "classes":  # a concrete grid: randomized rounding onto it keeps unbiased mechanisms unbiased
+                instead = (f"declare it continuous on [{number(labels.low)}, {number(labels.high)}] with "
+                           f"\"grid_size\": {self.max_labels}, or {instead}")
+            raise LabelDPError(f"{self.name} handles at most {self.max_labels:,} labels within this service's "
+                               f"limits; this domain has {labels.size:,}: {instead}", code="domain_too_large")
+        if self.max_mesh_cells is not None and options.chosen_solver == "mesh":
             cells = labels.size * (options.mesh or 2 * labels.size)
             if cells > self.max_mesh_cells:
                 raise LabelDPError(f"the mesh LP handles at most {self.max_mesh_cells} labels x outputs; this request "
@@ -123,7 +133,7 @@ def _on_domain(domain, finite) -> object:
 
 
 def _opt_unbiased(domain, labels, epsilon, prior, options) -> Built:
-    if options.solver == "continuous":
+    if options.chosen_solver == "continuous":
         solution = solve_continuous_optimal_unbiased(labels.values, prior, epsilon, deadline=options.deadline)
         return Built(_on_domain(domain, solution.mechanism), {
             "solver": "continuous", "optimality_gap": solution.optimality_gap, "lower_bound": solution.lower_bound,
@@ -151,11 +161,14 @@ def _finite(build):
 # x 200 outputs in 8 s but 200 x 400 in 81 s). Larger domains are refused up front (400 domain_too_large) with the
 # alternative; the solver time limit (503) is the backstop for slower priors.
 MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
-_WIDE = "declare a continuous domain with a grid_size at most that, or use laplace, staircase, dbrr"
+# The continuous solver takes 1000 labels in 0.7-3.5 s (ε = 1-8) and 5000 in ~30 s, but a release's mechanism
+# document carries the exact |Y| x outputs counts: 2 million numbers (34 MB of JSON) at 1000 labels.
+MAX_CONTINUOUS_LABELS = 1000
+_WIDE = "laplace, staircase or dbrr (any size)"
 
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
-    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, 800, _WIDE, _opt_unbiased,
-                    max_mesh_cells=MAX_MESH_CELLS),
+    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, MAX_CONTINUOUS_LABELS,
+                    "rr-on-bins (up to 50,000 labels), " + _WIDE, _opt_unbiased, max_mesh_cells=MAX_MESH_CELLS),
     MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 50_000, _WIDE, _finite(
         lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline))),
     MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
@@ -166,9 +179,9 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
         lambda labels, e, _prior, _options: debiased_randomized_response(labels.values, e))),
     MechanismFamily("rr", REGRESSION | CLASSES, frozenset(), False, None, "", _finite(
         lambda labels, e, _prior, _options: randomized_response(labels.values, e))),
-    MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "classes: use rr", _finite(
+    MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "rr", _finite(
         lambda _labels, e, prior, _options: rr_with_prior(prior, e))),
-    MechanismFamily("subset", CLASSES, frozenset(), False, 256, "classes: use rr", lambda domain, _labels, e, _p, _o:
+    MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda domain, _labels, e, _p, _o:
                     Built(SubsetSelectionRandomizer.build(domain.num_classes, e))),
 )})
 

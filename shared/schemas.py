@@ -24,7 +24,7 @@ MechanismName = Literal[tuple(dict.fromkeys(REGRESSION_MECHANISMS + CLASSIFICATI
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
 GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
-# opt-unbiased's solvers: outputs anywhere in ℝ (cone program + HiGHS vertex) or on a fixed mesh (one LP)
+# opt-unbiased's solvers: outputs anywhere in ℝ (cone programs, certified gap) or on a fixed mesh (one LP)
 Solver = Literal["continuous", "mesh"]
 
 
@@ -148,7 +148,8 @@ class ReleaseRequest(BaseModel):
     epsilon: Epsilon
     prior_epsilon: Epsilon | None = None
     mesh: int | None = Field(default=None, ge=2, le=5000)
-    solver: Solver = "mesh"
+    solver: Solver | None = Field(default=None, description="opt-unbiased: 'continuous' (the default; outputs "
+                                  "anywhere in ℝ, certified gap) or 'mesh' (the default when a mesh size is given)")
     clip: bool = False
     example_ids: list[str] | None = Field(default=None, min_length=1)
 

@@ -43,8 +43,8 @@ def test_exact_solve_reports_its_certificate():
     ("rr", integer_range(0, 3), MechanismOptions(clip=True), "invalid_option"),
     ("laplace", integer_range(0, 3), MechanismOptions(mesh=8), "invalid_mesh"),
     ("opt-unbiased", integer_range(0, 3), MechanismOptions(mesh=8, solver="continuous"), "invalid_mesh"),
-    ("opt-unbiased", integer_range(0, 900), MechanismOptions(solver="continuous"), "domain_too_large"),
-    ("rr-on-bins", ContinuousInterval(0, 1, 1501), MechanismOptions(), "domain_too_large"),
+    ("opt-unbiased", integer_range(0, 1000), MechanismOptions(), "domain_too_large"),
+    ("rr-on-bins", ContinuousInterval(0, 1, 50_001), MechanismOptions(), "domain_too_large"),
     ("rr-with-prior", Classes(3), MechanismOptions(), "prior_required"),
 ])
 def test_refusals_come_before_any_solve(name, domain, options, code):
@@ -55,7 +55,23 @@ def test_refusals_come_before_any_solve(name, domain, options, code):
 
 def test_limits_name_the_alternative():
     with pytest.raises(LabelDPError, match="grid_size") as err:
-        registry.build("opt-unbiased", integer_range(0, 900), 1.0, np.full(901, 1 / 901),
-                       MechanismOptions(solver="continuous"))
-    assert "800" in str(err.value)
+        registry.build("opt-unbiased", integer_range(0, 18_497), 1.0, np.full(18_498, 1 / 18_498))
+    # a concrete grid on the domain's own range, and the families that take it as it is
+    assert 'continuous on [0, 18497] with "grid_size": 1000' in str(err.value)
+    assert "rr-on-bins (up to 50,000 labels)" in str(err.value) and "laplace" in str(err.value)
+    with pytest.raises(LabelDPError, match="use rr") as err:
+        registry.build("subset", Classes(300), 1.0)
+    assert "grid_size" not in str(err.value)
+
+
+def test_the_continuous_solver_is_the_default_and_a_mesh_size_means_the_mesh():
+    prior = np.array([0.4, 0.3, 0.2, 0.1])
+    assert registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior).diagnostics["solver"] == "continuous"
+    assert registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior,
+                          MechanismOptions(mesh=16)).diagnostics == {"solver": "mesh", "mesh": 16}
+    assert registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior,
+                          MechanismOptions(solver="mesh")).diagnostics == {"solver": "mesh", "mesh": 8}
+    with pytest.raises(LabelDPError) as err:
+        registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior, MechanismOptions(mesh=16, solver="continuous"))
+    assert err.value.code == "invalid_mesh"
     assert registry.family("rr").max_labels is None and registry.family("subset").max_labels == 256

@@ -7,15 +7,21 @@ import math
 import numpy as np
 import pytest
 
-from labels_party.solvers.opt_unbiased_continuous import (
-    initial_signatures,
-    interval_masks,
-    lower_bound,
-    price,
-    solve_continuous_optimal_unbiased,
-    solve_signature_socp,
-)
+from labels_party.solvers import staircase
+from labels_party.solvers.opt_unbiased_continuous import compress, refined_columns, solve_continuous_optimal_unbiased
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.solvers.pricing import lower_bound as _lower_bound
+from labels_party.solvers.pricing import price as _price
+from labels_party.solvers.signature_cone import cone_phase, solve_signature_socp
+from labels_party.solvers.staircase import Problem
+
+
+def price(y, prior, alpha, beta, e):
+    return _price(Problem(y, prior, e), alpha, beta, e)
+
+
+def lower_bound(y, prior, alpha, beta, e):
+    return _lower_bound(Problem(y, prior, e), alpha, beta)
 
 CASES = [(seed, eps) for seed in (2, 3, 5, 7, 9) for eps in (0.5, 2.0)]
 
@@ -147,9 +153,8 @@ def test_cone_program_over_all_intervals_equals_the_lp_over_its_columns():
     # on the cone's own output values (plus a fine grid) cannot beat it by more than solver tolerance.
     values, prior = _problem(7)
     y = (values - values.mean()) / np.ptp(values)
-    masks, radius = initial_signatures(y, prior, math.exp(1.0))
-    assert radius == 1 and masks.shape[0] == y.size * (y.size + 1) // 2
-    cone = solve_signature_socp(y, prior, math.exp(1.0), masks)
+    first, last = np.triu_indices(y.size)
+    cone = solve_signature_socp(Problem(y, prior, math.exp(1.0)), first, last)
     used = cone.outputs[cone.weights > 1e-7 * cone.weights.max()]
     grid = np.union1d(used, np.linspace(used.min(), used.max(), 400))
     mesh = solve_optimal_unbiased(y, prior, 1.0, outputs=grid).noisy_label_loss(prior)
@@ -157,18 +162,59 @@ def test_cone_program_over_all_intervals_equals_the_lp_over_its_columns():
     assert mesh == pytest.approx(cone.objective, rel=1e-4)
 
 
-def test_interval_masks_and_the_coarse_working_set_for_large_domains():
-    masks = interval_masks(5, [0, 2], [1, 4])
-    assert masks.tolist() == [[True, True, False, False, False], [False, False, True, True, True]]
+def test_the_working_set_grows_coarse_to_fine_into_a_tube():
     values = np.arange(1.0, 121.0)
     prior = np.exp(-0.5 * ((values - 40) / 15) ** 2)
     prior /= prior.sum()
     y = (values - 60.5) / 59.5
-    working, radius = initial_signatures(y, prior, math.exp(1.0))
-    assert radius == 2 and working.shape[0] < 120 * 121 // 2  # a band, not every interval
-    assert np.all(working.sum(axis=1) >= 1)
-    singletons = {tuple(np.flatnonzero(row)) for row in working if row.sum() == 1}
-    assert len(singletons) == 120  # ε-dbRR's signatures keep every working set feasible
+    problem = Problem(y, prior, math.exp(1.0))
+    level = cone_phase(problem, problem, 30, staircase_deadline())
+    assert level.cone_programs >= 2  # a coarse level first
+    assert level.first.size < 120 * 121 // 6  # a tube, not every interval
+    assert np.all(level.first <= level.last)
+    singletons = set(level.first[level.first == level.last].tolist())
+    assert singletons == set(range(120))  # ε-dbRR's signatures keep every working set feasible
+    assert level.cone.objective - level.bound <= 1e-7 * level.cone.objective  # certified at this ε
+
+
+def staircase_deadline():
+    from labels_party.solvers.deadline import NO_DEADLINE
+
+    return NO_DEADLINE
+
+
+def test_the_heaviest_monotone_path():
+    # intervals of 3 labels: through (1, 1) the path weighs 5, through (0, 2) 4.5
+    first = np.array([0, 0, 1, 1, 2, 0])
+    last = np.array([0, 1, 1, 2, 2, 2])
+    weights = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.5])
+    path = staircase.heaviest_path(3, first, last, weights)
+    assert [(first[i], last[i]) for i in path] == [(0, 0), (0, 1), (1, 1), (1, 2), (2, 2)]
+    weights[5] = 1.5  # now through (0, 2): 5.5
+    assert [(first[i], last[i]) for i in staircase.heaviest_path(3, first, last, weights)] == \
+        [(0, 0), (0, 1), (0, 2), (1, 2), (2, 2)]
+    # (0, 0) does not reach (0, 2) in one step: the path is (0, 2) alone (it starts at 0 and ends at |Y| − 1)
+    assert staircase.heaviest_path(3, first[[0, 5]], last[[0, 5]], weights[[0, 5]]).tolist() == [1]
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 8.0])
+def test_refined_and_compressed_columns_are_exact_and_dp(epsilon):
+    values = np.arange(1.0, 201.0)
+    prior = np.exp(-0.5 * ((np.log(values) - 3.5) / 1.0) ** 2) / values
+    prior /= prior.sum()
+    y = (values - 100.5) / 99.5
+    problem = Problem(y, prior, math.exp(epsilon))
+    level = cone_phase(problem, problem, 30, staircase_deadline())
+    columns = refined_columns(problem, level)
+    assert np.abs(problem.vector_sums(columns.first, columns.last, columns.weights) - 1).max() < 1e-12
+    assert np.abs(problem.vector_sums(columns.first, columns.last, columns.weights * columns.outputs) - y).max() \
+        < 1e-12
+    outputs, matrix = compress(problem, columns, 2 * y.size)
+    assert outputs.size <= 2 * y.size < columns.weights.size  # it did merge
+    assert np.abs(matrix.sum(axis=1) - 1).max() < 1e-12  # rows stay distributions ...
+    interior = (outputs.min() < y) & (y < outputs.max())
+    assert np.abs(matrix @ outputs - y)[interior].max() < 1e-10  # ... with their means (rounding is unbiased)
+    assert np.all(matrix.max(axis=0) <= math.exp(epsilon) * matrix.min(axis=0) * (1 + 1e-12))  # ε-DP columns
 
 
 @pytest.mark.parametrize("epsilon", [1.0, 8.0])
