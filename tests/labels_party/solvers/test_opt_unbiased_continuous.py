@@ -209,8 +209,9 @@ def test_refined_and_compressed_columns_are_exact_and_dp(epsilon):
     assert np.abs(problem.vector_sums(columns.first, columns.last, columns.weights) - 1).max() < 1e-12
     assert np.abs(problem.vector_sums(columns.first, columns.last, columns.weights * columns.outputs) - y).max() \
         < 1e-12
-    outputs, matrix = compress(problem, columns, 2 * y.size)
-    assert outputs.size <= 2 * y.size < columns.weights.size  # it did merge
+    path = staircase.heaviest_path(y.size, columns.first, columns.last, columns.weights)
+    outputs, matrix = compress(problem, columns, path)
+    assert outputs.size <= 2 * y.size - 1 < columns.weights.size  # it did merge
     assert np.abs(matrix.sum(axis=1) - 1).max() < 1e-12  # rows stay distributions ...
     interior = (outputs.min() < y) & (y < outputs.max())
     assert np.abs(matrix @ outputs - y)[interior].max() < 1e-10  # ... with their means (rounding is unbiased)
