@@ -24,9 +24,10 @@ Pipeline:
    between the two kept output values around its own by unbiased randomized rounding, which keeps each row's total
    and mean exactly and keeps every column ε-DP (a sum of ε-DP columns is ε-DP). What it costs is in the loss, so
    it is in the certified gap: ~10⁻⁷ at most in the stress cases, where keeping the 2|Y| heaviest columns instead
-   cost up to 10⁻² on priors with labels of mass ~10⁻²⁰. An LP vertex over the columns at their output values
-   (HiGHS) did this job up to |Y| = 400 but cost 4·10⁻⁶ of the loss at |Y| = 5000 unless it took all of them,
-   and then took 80 s.
+   cost up to 10⁻² on priors with labels of mass ~10⁻²⁰. When the optimum is degenerate (zero-prior labels) the
+   interior point mixes optimal solutions on different paths and the path alone can cost more than a quarter of
+   the tolerance; then a vertex of the LP over all the columns at their output values (HiGHS) is taken instead —
+   always at most 2|Y| outputs, never more loss, but 16 s at |Y| = 5000, so it is the fallback.
 4. **Certification** (:func:`.opt_unbiased_mesh.certify_solution`, shared with the mesh LP): columns lifted to
    exact ε_lp-DP, rows renormalized and re-centred exactly, quantized to 2⁻⁵³ and certified from the integers.
 5. **Certificate.** The loss of the released randomizer against the best lower bound the cone phase certified
@@ -46,6 +47,7 @@ import time
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import highspy
 import numpy as np
 import scipy.sparse as sparse
 import scipy.sparse.linalg as sparse_linalg
@@ -82,6 +84,13 @@ class _Columns:
     weights: np.ndarray
     outputs: np.ndarray
 
+    def loss(self, problem: Problem) -> float:
+        return float(self.weights @ problem.column_costs(self.first, self.last, self.outputs))
+
+
+def _loss(problem: Problem, outputs, matrix) -> float:
+    return float(problem.p @ (0.5 * (matrix * (outputs[None, :] - problem.y[:, None]) ** 2).sum(axis=1)))
+
 
 def _corrector(matrix: sparse.csc_matrix, scale: np.ndarray):
     """r ↦ the δ with matrix δ = r of least Σ δ_j² / scale_j: corrections in proportion to each column's weight,
@@ -96,12 +105,18 @@ def _corrector(matrix: sparse.csc_matrix, scale: np.ndarray):
 
 def refined_columns(problem: Problem, level: Level) -> _Columns:
     """The cone's columns made feasible to rounding level (step 2)."""
-    cone, k, y = level.cone, problem.k, problem.y
+    cone = level.cone
     weights = cone.weights * problem.e  # the cone's weights are for vectors with entries 1 and e
     keep = np.flatnonzero((weights > DUST * weights.max()) & np.isfinite(cone.outputs))
-    first, last, w = level.first[keep], level.last[keep], weights[keep]
-    u = w * cone.outputs[keep]
-    rows = problem.differenced_columns(first, last, np.ones(keep.size))[:k]
+    return _made_exact(problem, level.first[keep], level.last[keep], weights[keep], cone.outputs[keep])
+
+
+def _made_exact(problem: Problem, first, last, weights, outputs) -> _Columns:
+    """Columns whose weights and first moments are corrected (weighted least norm, twice) until Σ w v = 1 and
+    Σ w t v = y hold to rounding."""
+    k, y = problem.k, problem.y
+    w, u = weights, weights * outputs
+    rows = problem.differenced_columns(first, last, np.ones(w.size))[:k]
     correct = _corrector(rows, w)
     for _ in range(2):
         w = w + correct(np.diff(np.ones(k), prepend=0.0) - rows @ w)
@@ -109,6 +124,47 @@ def refined_columns(problem: Problem, level: Level) -> _Columns:
     if not np.all(w > 0):
         raise LabelDPError("the cone's columns could not be made exactly feasible", code="solver_failed")
     return _Columns(first, last, w, u / w)
+
+
+def vertex(problem: Problem, columns: _Columns, deadline: Deadline = NO_DEADLINE) -> _Columns | None:
+    """A basic optimal solution of the LP over these columns at their output values (HiGHS: interior point and
+    crossover; then the simplex method if that ends anywhere but optimal), made exact: at most 2|Y| columns, and a
+    loss no larger than the columns' own (they are feasible for it). None if HiGHS finds no optimal vertex (near-
+    parallel columns can make it declare the LP infeasible at its tolerance). The equality rows are written
+    differenced (row y minus row y − 1), so a column has at most six entries; vectors are scaled to a maximum of
+    1. Presolve is off: it merges near-parallel columns and then declares the remainder infeasible."""
+    k, y = problem.k, problem.y
+    matrix = problem.differenced_columns(columns.first, columns.last, columns.outputs)
+    matrix.sort_indices()
+    targets = np.concatenate([np.diff(np.ones(k), prepend=0.0), np.diff(y, prepend=0.0)])
+    count = columns.weights.size
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("solver", "ipm")
+    highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
+    highs.setOptionValue("dual_feasibility_tolerance", 1e-10)
+    highs.setOptionValue("presolve", "off")
+    if deadline.solver_seconds() is not None:
+        highs.setOptionValue("time_limit", deadline.solver_seconds())
+    highs.addRows(2 * k, targets, targets, 0, np.array([], np.int32), np.array([], np.int32), np.array([]))
+    highs.addCols(count, problem.column_costs(columns.first, columns.last, columns.outputs), np.zeros(count),
+                  np.full(count, highspy.kHighsInf), matrix.nnz, matrix.indptr[:-1].astype(np.int32),
+                  matrix.indices.astype(np.int32), matrix.data)
+    for solver in ("ipm", "simplex"):
+        highs.setOptionValue("solver", solver)
+        highs.clearSolver()
+        highs.run()
+        status = highs.getModelStatus()
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            deadline.expired("the continuous optimal unbiased solver (vertex LP)")
+        if status == highspy.HighsModelStatus.kOptimal:
+            break
+    else:
+        return None
+    weights = np.array(highs.getSolution().col_value)
+    support = weights > 1e-14 * weights.max()
+    return _made_exact(problem, columns.first[support], columns.last[support], weights[support],
+                       columns.outputs[support])
 
 
 def compress(problem: Problem, columns: _Columns, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,9 +210,14 @@ def _solve_scaled(y, prior, epsilon: float, lp_epsilon: float, tolerance: float,
     level = cone_phase(built, problem, max_rounds, deadline)
     columns = refined_columns(built, level)
     kept = heaviest_path(y.size, columns.first, columns.last, columns.weights)
-    if not kept.size:  # no monotone path through the working set (never seen): the heaviest 2|Y| instead
-        kept = np.argsort(-columns.weights, kind="stable")[:2 * y.size]
-    outputs, matrix = compress(built, columns, kept)
+    if kept.size:
+        outputs, matrix = compress(built, columns, kept)
+    if not kept.size or _loss(built, outputs, matrix) > (1 + 0.25 * tolerance) * columns.loss(built):
+        # The interior point mixed optimal solutions on different paths (a degenerate optimum: zero-prior labels)
+        # and the path alone loses too much: a vertex of the LP over all the columns instead (or, if HiGHS finds
+        # none, every column: more outputs than Theorem 6 needs, none of the loss).
+        columns = vertex(built, columns, deadline) or columns
+        outputs, matrix = compress(built, columns, np.arange(columns.weights.size))
     return _ScaledSolution(outputs, matrix, level.bound, level.cone_programs, int(level.first.size))
 
 
