@@ -38,7 +38,11 @@ from shared.errors import LabelDPError
 ALL_INTERVALS_UP_TO = 3000  # cones: a level with at most this many intervals is solved over all of them
 # Interior-point duals are accurate to ~1e-7 relative: the finest level stops when its certified gap is this.
 CONE_GAP = 1e-7
-ACTIVE = 1e-6  # a column is active (its band enters the next level) above this fraction of the largest weight
+# A column is active — its band enters the next level — above this fraction of the largest weight. At large ε
+# the interior point spreads weight over many near-active intervals: with 1e-6 the finest working set at |Y| = 4136,
+# ε = 4 had 97,000 intervals (10.6 s a cone program, and a less accurate one), with 1e-3 27,000 (2.5 s); pricing
+# adds whatever a stricter threshold leaves out.
+ACTIVE = 1e-3
 PRICED_PER_ROUND = 256  # negative-priced columns (with their band) added to a level's working set per round
 
 
@@ -52,23 +56,14 @@ class ConeSolution:
     objective: float  # dual objective Σ α + β·y (equals the primal optimum at convergence)
 
 
-def solve_signature_socp(problem: Problem, first, last, deadline: Deadline = NO_DEADLINE,
-                         others: np.ndarray | None = None) -> ConeSolution:
-    """min over {(w_S, t_S)} of the loss with the given interval high sets (and the high sets ``others``, a
-    boolean matrix, which need not be intervals), as the dual cone program in (α, β) written on their prefix sums
-    (each interval's cone touches at most six variables, another set's two per run and two more). The solution's
-    weights and outputs are the intervals'."""
-    k, intervals = problem.k, len(first)
+def solve_signature_socp(problem: Problem, first, last, deadline: Deadline = NO_DEADLINE) -> ConeSolution:
+    """min over {(w_S, t_S)} of the loss with the given interval high sets, as the dual cone program in (α, β)
+    written on their prefix sums (each cone touches at most six variables)."""
+    k, count = problem.k, len(first)
     # Each signature's vector s is divided by A_S (a column's scale is free: its weight absorbs it), so every cone
     # has A = 1 and entries of order one even when e^ε is in the thousands.
     a_s, p_s, d_s = problem.moments(first, last)
-    rows = problem.signature_rows(first, last, 1.0 / a_s)
-    if others is not None and len(others):
-        a_o, p_o, d_o = problem.set_moments(others)
-        rows = sparse.vstack([rows, problem.set_rows(others, 1.0 / a_o)])
-        a_s, p_s, d_s = np.concatenate([a_s, a_o]), np.concatenate([p_s, p_o]), np.concatenate([d_s, d_o])
-    count = a_s.size
-    rows = rows.tocoo()
+    rows = problem.signature_rows(first, last, 1.0 / a_s).tocoo()
     # Cone i, rows 3i..3i+2: (z + A/2, v, z − A/2) with z = D − s·α, v = s·β + P: v² ≤ 2 A z (A = 1 here).
     matrix = sparse.csc_matrix((np.concatenate([rows.data, -rows.data, rows.data]),
                                 (np.concatenate([3 * rows.row, 3 * rows.row + 1, 3 * rows.row + 2]),
@@ -90,8 +85,8 @@ def solve_signature_socp(problem: Problem, first, last, deadline: Deadline = NO_
         deadline.expired("the continuous optimal unbiased solver (cone program)")
     if solution.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
         raise LabelDPError(f"cone program failed: {solution.status}", code="solver_failed")
-    x, z = np.asarray(solution.x), np.asarray(solution.z).reshape(count, 3)[:intervals]
-    z = z / a_s[:intervals, None]  # back to the weights of the unscaled vectors s
+    x, z = np.asarray(solution.x), np.asarray(solution.z).reshape(count, 3)
+    z = z / a_s[:, None]  # back to the weights of the unscaled vectors s
     weights = np.maximum(z[:, 0] + z[:, 2], 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         outputs = np.where(weights > 0, -z[:, 1] / weights, np.nan)
@@ -137,49 +132,36 @@ def _solve_level(problem: Problem, first, last, max_rounds: int, deadline: Deadl
                  certify: Problem | None) -> Level:
     """Cone programs over a growing working set until exact pricing finds nothing missing — or, with ``certify``
     (the problem at the requested ε), until the cone's gap to the bound certified there is CONE_GAP, or stops
-    shrinking. Priced intervals enter with a band of radius 1 around them. A priced high set that is not an
-    interval enters as it is, as a cone of its own: Theorem 6 says the optimal randomizer needs none, but its dual
-    constraint must hold for the certificate, and interior-point duals constrained on intervals alone can break
-    it (a label near the top that joins a prefix: gap 1.8·10⁻³ at |Y| = 4136, ε = 1, 2.6·10⁻⁸ once such sets were
-    cones). The interior point then spreads some weight onto those sets too (the optimal face is degenerate), so
-    the level's released solution is its intervals' cone program solved once more without them."""
+    shrinking (what is left is the interior point's accuracy, which :func:`certified_bound` then polishes away).
+    The intervals pricing finds violated enter with a band of radius 1 around them."""
     k = problem.k
-    others = np.zeros((0, k), dtype=bool)
     bound, previous, rounds, stalled = -math.inf, math.inf, 0, 0
     while True:
         deadline.check("the continuous optimal unbiased solver")
-        cone = solve_signature_socp(problem, first, last, deadline, others)
+        cone = solve_signature_socp(problem, first, last, deadline)
         rounds += 1
         scale = CONE_GAP * abs(cone.objective)
         if certify is not None:
             gap = cone.objective - bound
-            bound = max(bound, certified_bound(certify, cone, first, last, CONE_GAP))
+            bound = max(bound, lower_bound(certify, cone.alpha, cone.beta))
             if cone.objective - bound <= scale:
                 break
             stalled = stalled + 1 if cone.objective - bound > 0.9 * gap else 0
             if stalled >= 2:
-                break  # what is left is the interior point's accuracy
+                break
         elif previous - cone.objective <= scale:
             break  # more signatures no longer move the optimum
         if rounds >= max_rounds:
             break
         previous = cone.objective
-        pricing = price(problem, cone.alpha, cone.beta, problem.e, candidates=PRICED_PER_ROUND)
-        if pricing.best >= -scale:
-            break
+        pricing = price(problem, cone.alpha, cone.beta, candidates=PRICED_PER_ROUND)
         known = staircase.codes(k, first, last)
-        _, priced_first, priced_last = pricing.intervals()
-        fresh = np.setdiff1d(staircase.band(k, priced_first, priced_last, 1), known)
-        several = pricing.sets[np.diff(pricing.sets.astype(np.int8), axis=1).clip(0).sum(axis=1)
-                               + pricing.sets[:, 0] > 1]
-        new_others = np.unique(np.concatenate([others, several]), axis=0)
-        if not fresh.size and len(new_others) == len(others):
+        fresh = np.setdiff1d(staircase.band(k, pricing.first, pricing.last, 1), known)
+        if pricing.best >= -scale or not fresh.size:
             break
         first, last = staircase.decode(k, np.union1d(known, fresh))
-        others = new_others
-    if len(others):  # the released columns are intervals: their cone program once more, without the other sets
-        cone = solve_signature_socp(problem, first, last, deadline)
-        rounds += 1
+    if certify is not None and cone.objective - bound > CONE_GAP * abs(cone.objective):
+        bound = max(bound, certified_bound(certify, cone, first, last, CONE_GAP))
     return Level(cone, first, last, bound, rounds)
 
 

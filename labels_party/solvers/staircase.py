@@ -69,22 +69,6 @@ class Problem:
         r, c, v = (np.concatenate(part) for part in zip(*entries, strict=True))
         return sparse.csr_matrix((v, (r, c)), shape=(count, k))  # duplicates (last = k − 1) are summed
 
-    def set_moments(self, sets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`moments` for high sets given as a boolean matrix (any sets, not only intervals)."""
-        s = np.where(sets, self.e, 1.0)
-        return s @ self.p, s @ (self.p * self.y), 0.5 * (s @ (self.p * self.y**2))
-
-    def set_rows(self, sets: np.ndarray, weights) -> sparse.csr_matrix:
-        """:meth:`signature_rows` for high sets given as a boolean matrix: two entries per run, plus X_{k−1}."""
-        row, first, last = runs(sets)
-        lift, k = self.e - 1.0, self.k
-        weights = np.asarray(weights, dtype=np.float64)
-        inner = first >= 1
-        r = np.concatenate([np.arange(len(sets)), row, row[inner]])
-        c = np.concatenate([np.full(len(sets), k - 1), last, first[inner] - 1])
-        v = np.concatenate([weights, lift * weights[row], -lift * weights[row[inner]]])
-        return sparse.csr_matrix((v, (r, c)), shape=(len(sets), k))
-
     def vector_sums(self, first, last, weights) -> np.ndarray:
         """Σ_j weights_j v_j(y) for every label y, with v_j scaled to a maximum of 1 (O(intervals + k))."""
         steps = np.zeros(self.k + 1)
@@ -138,15 +122,6 @@ def band(k: int, first, last, radius: int) -> np.ndarray:
     f, g = f.ravel(), g.ravel()
     ok = (f >= 0) & (g < k) & (f <= g)
     return np.unique(codes(k, f[ok], g[ok]))
-
-
-def runs(negative: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row, first, last) of the maximal runs of True in each row of a boolean matrix."""
-    padded = np.pad(negative, ((0, 0), (1, 1)))
-    edges = np.diff(padded.astype(np.int8), axis=1)
-    rows, starts = np.nonzero(edges == 1)  # row-major: the runs of each row in order, starts and stops aligned
-    _, stops = np.nonzero(edges == -1)
-    return rows, starts, stops - 1
 
 
 def heaviest_path(k: int, first, last, weights) -> np.ndarray:
