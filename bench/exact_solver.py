@@ -28,6 +28,9 @@ GAP_GOAL = 1e-6
 
 
 def _one_core() -> None:
+    """Pin this (child) process to one core; its stdout goes to stderr, so that HiGHS's banner, which it prints
+    when a solver object is made whatever its options, never mixes into the parent's JSON."""
+    os.dup2(2, 1)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 

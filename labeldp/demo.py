@@ -35,7 +35,7 @@ from labeldp import report
 from labeldp.local_services import free_port, serve_process
 
 MECHANISMS = [
-    ("opt-unbiased", {"solver": "continuous"}),  # the optimum over continuous outputs (certified gap)
+    ("opt-unbiased", {}),  # the optimum over continuous outputs (the default solver; certified gap)
     ("rr-on-bins", {}),
     ("laplace", {}),
     ("staircase", {}),

@@ -68,9 +68,13 @@ class FiniteLabels:
         """(row index of each label, whether it is in the domain): arithmetic when the values are evenly spaced
         (10^7 labels in 0.05 s instead of 0.5 s for a binary search), a binary search otherwise."""
         labels = np.asarray(labels, dtype=np.float64).ravel()
-        if self._step is not None:
-            position = np.nan_to_num((labels - self.low) / self._step, nan=0.0)
-            idx = np.clip(np.rint(position), 0, self.size - 1).astype(np.int64)
+        if self._step is not None:  # in place where possible: this runs on every released label
+            position = labels - self.low
+            position /= self._step
+            np.rint(position, out=position)
+            with np.errstate(invalid="ignore"):  # NaN and ±inf become some integer, clipped, then not found
+                idx = position.astype(np.int64)
+            np.clip(idx, 0, self.size - 1, out=idx)
         else:
             idx = np.minimum(np.searchsorted(self.values, labels), self.size - 1)
         return idx, self.values[idx] == labels

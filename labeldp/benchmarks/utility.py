@@ -96,7 +96,7 @@ MECHANISMS = {
     "staircase-clipped": {"mechanism": "staircase", "clip": True},
     "rr-on-bins": {"mechanism": "rr-on-bins"},
     "opt-unbiased": {"mechanism": "opt-unbiased"},
-    "opt-unbiased-continuous": {"mechanism": "opt-unbiased", "solver": "continuous"},
+    "opt-unbiased-mesh": {"mechanism": "opt-unbiased", "solver": "mesh"},  # Algorithm 1 on a 2|Y| grid, to compare
     # one prior + randomizer per k-means cluster of the features: a group release, then a job that trains on it
     "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
 }
@@ -290,7 +290,7 @@ def _dataset_section(part: pd.DataFrame, dataset: BenchDataset, config: BenchCon
     """The dataset's two tables (test loss, noisy-label loss) and its figure."""
     metric = "relative_test_loss" if dataset.loss == "poisson" else "test_loss"
     baseline = part[part.mechanism == "non-private"]["test_loss"]
-    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-continuous", "rr-on-bins"])]
+    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins"])]
     groups_note = (f" Per-group randomizer: {GROUPS} k-means groups, ε_p = ε·{GROUP_PRIOR_SHARE:g}."
                    if (part.mechanism == "opt-unbiased-groups").any() else "")
     private = part[part.mechanism != "non-private"]

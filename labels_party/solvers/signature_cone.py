@@ -43,7 +43,15 @@ CONE_GAP = 1e-7
 # ε = 4 had 97,000 intervals (10.6 s a cone program, and a less accurate one), with 1e-3 27,000 (2.5 s); pricing
 # adds whatever a stricter threshold leaves out.
 ACTIVE = 1e-3
-PRICED_PER_ROUND = 256  # negative-priced columns (with their band) added to a level's working set per round
+NOISE = 1e-5  # a worst violation below this fraction of the objective is the interior point's accuracy
+# Per round, the most violated intervals enter with their band of radius 1, and up to PRICED_PER_ROUND of the
+# violated ones as they are: at |Y| = 4136, ε = 2 the interior point's duals left thousands of long intervals
+# (2,500 labels) violated by ~1e-4 of the loss, a few hundred per round only moved the violation elsewhere.
+BANDED_PER_ROUND = 256
+# Radius of the band around the coarser level's active intervals, mapped: with 1, |Y| = 4136 at ε = 2 needed 14
+# rounds of pricing (84 s) for long intervals just outside the tube; with 2, one round (18 s).
+MAPPED_BAND = 2
+PRICED_PER_ROUND = 4096
 
 
 @dataclass(frozen=True)
@@ -135,19 +143,15 @@ def _solve_level(problem: Problem, first, last, max_rounds: int, deadline: Deadl
     shrinking (what is left is the interior point's accuracy, which :func:`certified_bound` then polishes away).
     The intervals pricing finds violated enter with a band of radius 1 around them."""
     k = problem.k
-    bound, previous, rounds, stalled = -math.inf, math.inf, 0, 0
+    bound, previous, rounds, noisy = -math.inf, math.inf, 0, 0
     while True:
         deadline.check("the continuous optimal unbiased solver")
         cone = solve_signature_socp(problem, first, last, deadline)
         rounds += 1
         scale = CONE_GAP * abs(cone.objective)
         if certify is not None:
-            gap = cone.objective - bound
             bound = max(bound, lower_bound(certify, cone.alpha, cone.beta))
             if cone.objective - bound <= scale:
-                break
-            stalled = stalled + 1 if cone.objective - bound > 0.9 * gap else 0
-            if stalled >= 2:
                 break
         elif previous - cone.objective <= scale:
             break  # more signatures no longer move the optimum
@@ -156,8 +160,15 @@ def _solve_level(problem: Problem, first, last, max_rounds: int, deadline: Deadl
         previous = cone.objective
         pricing = price(problem, cone.alpha, cone.beta, candidates=PRICED_PER_ROUND)
         known = staircase.codes(k, first, last)
-        fresh = np.setdiff1d(staircase.band(k, pricing.first, pricing.last, 1), known)
+        fresh = np.setdiff1d(np.union1d(
+            staircase.band(k, pricing.first[:BANDED_PER_ROUND], pricing.last[:BANDED_PER_ROUND], 1),
+            staircase.codes(k, pricing.first, pricing.last)), known)
         if pricing.best >= -scale or not fresh.size:
+            break
+        # Violations at the interior point's own accuracy keep finding "new" intervals next to the active ones
+        # (large ε): two such rounds, then polishing takes over.
+        noisy = noisy + 1 if pricing.best > -NOISE * abs(cone.objective) else 0
+        if certify is not None and noisy > 2:
             break
         first, last = staircase.decode(k, np.union1d(known, fresh))
     if certify is not None and cone.objective - bound > CONE_GAP * abs(cone.objective):
@@ -208,5 +219,5 @@ def cone_phase(problem: Problem, requested: Problem, max_rounds: int, deadline: 
         active = level.cone.weights > ACTIVE * level.cone.weights.max()
         fine = levels[depth - 1].k
         mapped_first, mapped_last = 2 * level.first[active], np.minimum(2 * level.last[active] + 1, fine - 1)
-        first, last = _with_singletons(fine, staircase.band(fine, mapped_first, mapped_last, 1))
+        first, last = _with_singletons(fine, staircase.band(fine, mapped_first, mapped_last, MAPPED_BAND))
     raise AssertionError("unreachable")

@@ -10,6 +10,7 @@ solver-tolerance-laden) floats it was built from.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -121,10 +122,27 @@ class AliasTable:
         np.add.at(out, (np.repeat(np.arange(rows), buckets), self.alias.ravel()), (capacity - self.threshold).ravel())
         return out
 
-    def sample(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64).ravel()
+    def draw(self, rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(the (row, bucket) cell of each draw in the flattened tables, whether the bucket's own output is taken),
+        from one uniform 53-bit integer draw per row: its top ``bits`` bits pick the bucket, the rest is the uniform
+        position inside it. Each step is one vectorized pass (callers pass chunks of ~10^5 rows, so the passes stay
+        in cache)."""
         draws = rng.integers(0, RESOLUTION, size=rows.size, dtype=np.int64)
-        bucket = draws >> (RESOLUTION_BITS - self.bits)
-        within = draws & ((RESOLUTION >> self.bits) - 1)
-        flat = rows * (1 << self.bits) + bucket
-        return np.where(within < self.threshold.ravel()[flat], bucket, self.alias.ravel()[flat])
+        within_bits = RESOLUTION_BITS - self.bits
+        cell = np.asarray(rows, dtype=np.int64).ravel() << self.bits
+        cell |= draws >> within_bits
+        draws &= (1 << within_bits) - 1
+        return cell, draws < self._flat_threshold[cell]
+
+    def sample(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One output index per row index."""
+        cell, own = self.draw(rows, rng)
+        return np.where(own, cell & ((1 << self.bits) - 1), self.flat_alias[cell])
+
+    @cached_property
+    def _flat_threshold(self) -> np.ndarray:
+        return np.ascontiguousarray(self.threshold).ravel()
+
+    @cached_property
+    def flat_alias(self) -> np.ndarray:
+        return np.ascontiguousarray(self.alias).ravel()

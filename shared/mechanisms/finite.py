@@ -21,6 +21,9 @@ from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 
+SAMPLING_CHUNK = 1 << 16  # labels per vectorized pass (512 KB per array: the passes stay in cache)
+VALUE_TABLE_CELLS = 1 << 20  # rows x buckets up to which sampling reads output values straight from 8 MB tables
+
 
 def normalized_prior(prior, size: int) -> np.ndarray:
     """A probability vector of the given length; weights need not be normalized but must be valid."""
@@ -49,8 +52,19 @@ class OnFiniteInputs:
         return self._inputs.index_of(labels, what=f"the inputs of {self.name}")
 
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
-        """Privatized labels (output values) for true labels (input values)."""
-        return self.output_values[self.sample_indices(self.row_of(labels), rng)]
+        """Privatized labels (output values) for true labels (input values), ``SAMPLING_CHUNK`` labels at a time:
+        the label lookup and the sampler's passes then work in cache, and their memory does not grow with the
+        number of labels (only the result does)."""
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        released = np.empty(labels.size, dtype=np.float64)
+        for start in range(0, labels.size, SAMPLING_CHUNK):
+            part = labels[start:start + SAMPLING_CHUNK]
+            released[start:start + part.size] = self.sample_rows(self.row_of(part), rng)
+        return released
+
+    def sample_rows(self, rows, rng: np.random.Generator) -> np.ndarray:
+        """Output values for input row indices."""
+        return self.output_values[self.sample_indices(rows, rng)]
 
     @property
     def bias(self) -> np.ndarray:
@@ -160,6 +174,24 @@ class FiniteRandomizer(OnFiniteInputs):
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
         """Output indices for input row indices (vectorized; exact probabilities of ``matrix``)."""
         return self._alias.sample(rows, rng)
+
+    @cached_property
+    def _value_tables(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each alias-table cell's two possible output values (its own bucket's, its alias'), when the tables are
+        small: sampling then reads values directly instead of indices and then values (one pass fewer)."""
+        alias = self._alias
+        if alias.flat_alias.size > VALUE_TABLE_CELLS:
+            return None
+        outputs = np.concatenate([self.output_values, np.zeros((1 << alias.bits) - self.output_values.size)])
+        own = np.tile(outputs, self.input_values.size)  # padding buckets are never their own output (threshold 0)
+        return own, outputs[alias.flat_alias]
+
+    def sample_rows(self, rows, rng: np.random.Generator) -> np.ndarray:
+        tables = self._value_tables
+        if tables is None:
+            return self.output_values[self.sample_indices(rows, rng)]
+        cell, own = self._alias.draw(rows, rng)
+        return np.where(own, tables[0][cell], tables[1][cell])
 
     def dp_event(self) -> LocalRandomizerDpEvent:
         """A local randomizer at its certified ε (computed from the exact counts it samples)."""

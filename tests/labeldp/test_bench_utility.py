@@ -21,12 +21,12 @@ def test_quick_utility_benchmark(tmp_path, capsys):
     assert (means > baseline).all(), means  # the non-private model beats every private one
     assert set(private.groupby("mechanism").size().index) == {
         "laplace", "laplace-clipped", "staircase", "staircase-clipped", "rr-on-bins", "opt-unbiased",
-        "opt-unbiased-continuous", "opt-unbiased-groups"}
+        "opt-unbiased-mesh", "opt-unbiased-groups"}
     # unbiased mechanisms have far larger noisy-label loss than the biased ones (the paper's observation)
     noisy = private.groupby("mechanism")["noisy_label_loss"].mean()
     assert noisy["opt-unbiased"] > 10 * noisy["rr-on-bins"]
     assert (tmp_path / "psid-weeks.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| opt-unbiased-continuous |" in (tmp_path / "summary.md").read_text()
+    assert "| opt-unbiased-mesh |" in (tmp_path / "summary.md").read_text()
     assert "# Privacy–utility benchmark" in capsys.readouterr().out
 
 

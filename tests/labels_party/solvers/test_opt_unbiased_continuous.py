@@ -239,7 +239,8 @@ def test_refined_and_compressed_columns_are_exact_and_dp(epsilon):
     assert np.abs(matrix.sum(axis=1) - 1).max() < 1e-12  # rows stay distributions ...
     interior = (outputs.min() < y) & (y < outputs.max())
     assert np.abs(matrix @ outputs - y)[interior].max() < 1e-10  # ... with their means (rounding is unbiased)
-    assert np.all(matrix.max(axis=0) <= math.exp(epsilon) * matrix.min(axis=0) * (1 + 1e-12))  # ε-DP columns
+    # ε-DP columns up to the rounding of the difference arrays (certification lifts the rest)
+    assert np.all(matrix.max(axis=0) <= math.exp(epsilon) * matrix.min(axis=0) * (1 + 1e-9))
 
 
 @pytest.mark.parametrize("epsilon", [1.0, 8.0])
