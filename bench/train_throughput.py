@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import resource
+import sys
 import time
 
 import jax
@@ -78,7 +79,8 @@ def main() -> None:
     parser.add_argument("--test-n", type=int, default=100_000)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    figures = measure(args.n, args.epochs, args.batch_size, args.test_n)
+    figures = {"benchmark": "train_throughput", "command": "python " + " ".join(sys.argv),
+               **measure(args.n, args.epochs, args.batch_size, args.test_n)}
     if args.json:
         print(json.dumps(figures))
         return

@@ -22,6 +22,7 @@ from shared.domains import Classes
 from shared.errors import CertificationError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
+from shared.mechanisms.finite import SAMPLING_CHUNK
 from shared.privacy import check_epsilon, design_epsilon
 
 
@@ -76,12 +77,17 @@ class SubsetSelectionRandomizer:
         return 2**self.num_classes
 
     def sample(self, labels, rng: np.random.Generator) -> np.ndarray:
-        """Boolean (n, K) membership matrix of the released sets."""
+        """Boolean (n, K) membership matrix of the released sets, built ``SAMPLING_CHUNK`` labels at a time (the
+        K draws per label are int64: only the booleans grow with n)."""
         labels = Classes(self.num_classes).index_of(labels)
-        draws = rng.integers(0, dyadic.RESOLUTION, size=(labels.size, self.num_classes), dtype=np.int64)
-        threshold = np.full((labels.size, self.num_classes), self.other_count, dtype=np.int64)
-        threshold[np.arange(labels.size), labels] = self.true_count
-        return draws < threshold
+        released = np.empty((labels.size, self.num_classes), dtype=bool)
+        for start in range(0, labels.size, SAMPLING_CHUNK):
+            part = labels[start:start + SAMPLING_CHUNK]
+            draws = rng.integers(0, dyadic.RESOLUTION, size=(part.size, self.num_classes), dtype=np.int64)
+            own = draws[np.arange(part.size), part] < self.true_count
+            np.less(draws, self.other_count, out=released[start:start + part.size])
+            released[start + np.arange(part.size), part] = own
+        return released
 
     def unbiased_weights(self, sets) -> np.ndarray:
         """w_k = (1[k∈S] - q) / (p - q): E[w | y] = one_hot(y) exactly for the sampled p, q.
