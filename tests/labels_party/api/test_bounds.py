@@ -198,8 +198,9 @@ def test_solvers_honour_the_deadline_and_domains_beyond_them_are_refused():
             build_mechanism("opt-unbiased", integer_range(1, 52), 1.0, prior, options)
     assert build_mechanism("opt-unbiased", integer_range(1, 52), 1.0, prior,
                            MechanismOptions(solver="continuous", deadline=Deadline(60))).certified_epsilon <= 1.0
-    for name, size, options in (("opt-unbiased", 1001, MechanismOptions()),
-                                ("opt-unbiased", 142, MechanismOptions(solver="mesh")), ("rr-on-bins", 50_001, MechanismOptions())):
+    too_wide = (("opt-unbiased", 1001, MechanismOptions()), ("opt-unbiased", 142, MechanismOptions(solver="mesh")),
+                ("rr-on-bins", 50_001, MechanismOptions()))
+    for name, size, options in too_wide:
         with pytest.raises(LabelDPError) as err:
             build_mechanism(name, integer_range(0, size - 1), 1.0, np.ones(size), options)
         assert err.value.code == "domain_too_large"
