@@ -74,6 +74,9 @@ class LabelVersion(Base):
     version: Mapped[int] = mapped_column(Integer)
     file: Mapped[str] = mapped_column(String(300))
     num_examples: Mapped[int] = mapped_column(Integer)
+    # labels the dataset's declared clip moved to its bounds in this upload
+    clipped_below: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    clipped_above: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -136,6 +139,18 @@ class LedgerEntry(Base):
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class ConsoleSession(Base):
+    """A signed-in session of the owner's console (:mod:`labels_party.console`): the cookie's random token is
+    stored only as its SHA-256; the session acts as the admin key it was opened with (revoking the key ends it)."""
+
+    __tablename__ = "console_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    api_key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:

@@ -191,8 +191,9 @@ def upload_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, pa
     """A new label version. Earlier versions and every release stay untouched; budgets follow example ids."""
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id, admin=True)
-        domain = domain_from_spec(json.loads(dataset.domain_json))
-    ids, labels = parse_labels(path, fmt, domain)
+        spec = json.loads(dataset.domain_json)
+    parsed = parse_labels(path, fmt, domain_from_spec(spec), spec.get("clip"))
+    ids, labels = parsed.ids, parsed.labels
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id, admin=True, lock=True)
         registry = registry_ids(ctx, dataset)
@@ -211,11 +212,13 @@ def upload_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, pa
         version = dataset.label_version + 1
         file = ctx.store.write_table(f"datasets/{dataset.id}/labels_v{version:06d}.parquet",
                                      pa.table({"registry_index": registry_index[order], "label": labels[order]}))
-        session.add(db.LabelVersion(dataset_id=dataset.id, version=version, file=file, num_examples=labels.size))
+        session.add(db.LabelVersion(dataset_id=dataset.id, version=version, file=file, num_examples=labels.size,
+                                    clipped_below=parsed.clipped_below, clipped_above=parsed.clipped_above))
         dataset.label_version = version
         dataset.num_examples = int(labels.size)
         return schemas.UploadResult(dataset_id=dataset.id, label_version=version, num_examples=int(labels.size),
-                                    new_examples=int(is_new.sum()))
+                                    new_examples=int(is_new.sum()), clipped_below=parsed.clipped_below,
+                                    clipped_above=parsed.clipped_above)
 
 
 def registry_ids(ctx: ServiceContext, dataset: db.Dataset) -> pa.Array:
@@ -234,14 +237,20 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
         else:
             datasets = list(session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id)
                                             .order_by(db.Dataset.created_at)))
-        events, valid = [], True
+        events, uploads, valid = [], [], True
         for dataset in datasets:
             entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
                                            .order_by(db.LedgerEntry.seq)))
             valid &= verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head)
             events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=json.loads(e.record),
                                           prev_hash=e.prev_hash, hash=e.hash) for e in entries]
-        return schemas.Audit(events=events, chain_valid=valid, budgets=[_budget_view(d) for d in datasets])
+            uploads += [schemas.UploadEvent(dataset_id=dataset.id, label_version=v.version, num_examples=v.num_examples,
+                                            clipped_below=v.clipped_below, clipped_above=v.clipped_above,
+                                            created_at=v.created_at)
+                        for v in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
+                                                 .order_by(db.LabelVersion.version))]
+        return schemas.Audit(events=events, chain_valid=valid, budgets=[_budget_view(d) for d in datasets],
+                             uploads=uploads)
 
 
 def verify_audit(ctx: ServiceContext) -> dict:

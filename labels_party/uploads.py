@@ -6,6 +6,7 @@ back in record batches with pyarrow, so no Python object is created per label.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +52,19 @@ def _batches(path: Path, fmt: str):
         yield from pq.ParquetFile(path).iter_batches(batch_size=1 << 20)
 
 
-def parse_labels(path: Path, fmt: str, domain) -> tuple[pa.ChunkedArray, np.ndarray]:
-    """(example ids as strings, labels as float64) with every label checked against the domain."""
+@dataclass(frozen=True)
+class ParsedLabels:
+    ids: pa.ChunkedArray  # strings, distinct
+    labels: np.ndarray  # float64, every one in the domain (after the declared clip)
+    clipped_below: int = 0
+    clipped_above: int = 0
+
+
+def parse_labels(path: Path, fmt: str, domain, clip: dict | None = None) -> ParsedLabels:
+    """Example ids and labels, every label checked against the domain — after the dataset's declared ``clip``
+    ({"low", "high"}), which moves out-of-range labels to the nearer bound and counts them."""
     id_chunks, label_chunks = [], []
+    below = above = 0
     try:
         for batch in _batches(path, fmt):
             names = batch.schema.names
@@ -68,6 +79,10 @@ def parse_labels(path: Path, fmt: str, domain) -> tuple[pa.ChunkedArray, np.ndar
             values = labels.to_numpy(zero_copy_only=False)
             if not np.all(np.isfinite(values)):
                 raise LabelDPError("labels must be finite numbers (no NaN or inf)", code="label_out_of_domain")
+            if clip is not None:
+                below += int(np.count_nonzero(values < clip["low"]))
+                above += int(np.count_nonzero(values > clip["high"]))
+                values = np.clip(values, clip["low"], clip["high"])
             check_labels(domain, values)
             id_chunks.append(ids)
             label_chunks.append(values)
@@ -81,7 +96,7 @@ def parse_labels(path: Path, fmt: str, domain) -> tuple[pa.ChunkedArray, np.ndar
         counts = pc.value_counts(ids)
         duplicate = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
         raise LabelDPError(f"duplicate example_id {duplicate!r}", code="duplicate_example_id")
-    return ids, np.concatenate(label_chunks)
+    return ParsedLabels(ids, np.concatenate(label_chunks), below, above)
 
 
 def parse_priors(path: Path, fmt: str, num_classes: int) -> tuple[list[str], np.ndarray]:

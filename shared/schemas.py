@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from shared.domains import domain_spec
 
@@ -70,27 +70,66 @@ class FiniteDatasetCreate(_DatasetCreateBase):
         return domain_spec("finite", values=self.values)
 
 
-class IntegerDatasetCreate(_DatasetCreateBase):
-    """Integer labels ``min..max``."""
+class LabelClip(BaseModel):
+    """The dataset's declared public preprocessing: uploads move labels below ``low`` up to it and labels above
+    ``high`` down to it (and say how many), instead of refusing them. The bounds are the label domain's; they must
+    not be chosen by looking at these labels undisguised (see the README, "Your own data")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    low: FiniteFloat
+    high: FiniteFloat
+
+
+class _BoundedDatasetCreate(_DatasetCreateBase):
+    """Labels in ``[min, max]``, given as ``min`` and ``max``, or as ``clip`` (the same bounds, and out-of-range
+    labels are clipped at upload instead of refused) — one or the other, so the schema states it."""
+
+    # The two forms, in the OpenAPI schema too (so that a client, and Schemathesis, can know what is accepted).
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["min", "max"], "not": {"required": ["clip"]}},
+        {"required": ["clip"], "not": {"anyOf": [{"required": ["min"]}, {"required": ["max"]}]}}]})
+
+    # Absent, not null: the schema says a number or nothing (a null would be schema-invalid data).
+    min: FiniteFloat = None
+    max: FiniteFloat = None
+    clip: LabelClip = None
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.clip is not None:
+            if self.min is not None or self.max is not None:
+                raise ValueError("give min and max, or clip: {low, high} (its bounds are the domain's), not both")
+            self.min, self.max = self.clip.low, self.clip.high
+        elif self.min is None or self.max is None:
+            raise ValueError("give min and max, or clip: {low, high}")
+        return self
+
+    def _with_clip(self, spec: dict) -> dict:
+        return {**spec, "clip": self.clip.model_dump()} if self.clip is not None else spec
+
+
+class IntegerDatasetCreate(_BoundedDatasetCreate):
+    """Integer labels ``min..max``; with ``grid_size``, released on that grid over ``[min, max]`` instead (wide
+    ranges: see the README's limits table)."""
 
     label_kind: Literal["integer"]
-    min: FiniteFloat
-    max: FiniteFloat
+    grid_size: int | None = Field(default=None, ge=2, le=10_000)
 
     def domain_spec(self) -> dict:
-        return domain_spec("integer", low=self.min, high=self.max)
+        if self.grid_size is not None:
+            return self._with_clip(domain_spec("continuous", low=self.min, high=self.max, grid_size=self.grid_size))
+        return self._with_clip(domain_spec("integer", low=self.min, high=self.max))
 
 
-class ContinuousDatasetCreate(_DatasetCreateBase):
+class ContinuousDatasetCreate(_BoundedDatasetCreate):
     """Real labels in ``[min, max]`` (released on a grid of ``grid_size`` points)."""
 
     label_kind: Literal["continuous"]
-    min: FiniteFloat
-    max: FiniteFloat
     grid_size: int = Field(default=101, ge=2, le=10_000)
 
     def domain_spec(self) -> dict:
-        return domain_spec("continuous", low=self.min, high=self.max, grid_size=self.grid_size)
+        return self._with_clip(domain_spec("continuous", low=self.min, high=self.max, grid_size=self.grid_size))
 
 
 class ClassesDatasetCreate(_DatasetCreateBase):
@@ -129,6 +168,8 @@ class UploadResult(BaseModel):
     label_version: int
     num_examples: int
     new_examples: int
+    clipped_below: int = Field(description="labels moved up to the declared clip's low bound")
+    clipped_above: int = Field(description="labels moved down to the declared clip's high bound")
 
 
 class GrantCreate(BaseModel):
@@ -223,7 +264,20 @@ class AuditEvent(BaseModel):
     hash: str
 
 
+class UploadEvent(BaseModel):
+    """A label version as uploaded: not a privacy event (nothing leaves the labels party), listed so the audit
+    shows what the declared preprocessing changed."""
+
+    dataset_id: str
+    label_version: int
+    num_examples: int
+    clipped_below: int
+    clipped_above: int
+    created_at: datetime
+
+
 class Audit(BaseModel):
     events: list[AuditEvent]
     chain_valid: bool
     budgets: list[Budget]
+    uploads: list[UploadEvent]

@@ -22,6 +22,7 @@ from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
+HEAD = "0003"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -84,7 +85,7 @@ def _legacy_database(url: str, data_dir) -> dict:
 def test_a_fresh_database_is_built_at_head(database_url, tmp_path):
     ctx = make_context(database_url, tmp_path / "data")
     with ctx.sessions() as session:
-        assert MIGRATIONS.current(session.connection()) == MIGRATIONS.head() == "0002"
+        assert MIGRATIONS.current(session.connection()) == MIGRATIONS.head() == HEAD
 
 
 def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(database_url, tmp_path):
@@ -127,10 +128,10 @@ def test_upgrade_db_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "labeldp", "labels", "upgrade-db", "--database-url", url,
                            "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"revision_before": "0001", "revision_after": "0002"}
+    assert json.loads(done.stdout) == {"revision_before": "0001", "revision_after": HEAD}
     again = subprocess.run([sys.executable, "-m", "labeldp", "labels", "upgrade-db", "--database-url", url],
                            capture_output=True, text=True, timeout=120)
-    assert json.loads(again.stdout) == {"revision_before": "0002", "revision_after": "0002"}
+    assert json.loads(again.stdout) == {"revision_before": HEAD, "revision_after": HEAD}
     engine = create_engine(url)
     with engine.connect() as connection:
         assert connection.execute(text("SELECT epsilon_total_units FROM datasets")).scalar() == 3_000_000_000
