@@ -32,7 +32,7 @@ def test_clip_declared_at_creation_clips_uploads_and_counts(client, admin):
     assert r.status_code == 200, r.text
     assert (r.json()["clipped_below"], r.json()["clipped_above"], r.json()["num_examples"]) == (1, 2, 8)
 
-    audit = client.get("/v1/audit", params={"dataset_id": dataset_id}, headers=admin).json()
+    audit = client.get("/v1/audit", params={"dataset": dataset_id}, headers=admin).json()
     assert [(u["label_version"], u["num_examples"], u["clipped_below"], u["clipped_above"])
             for u in audit["uploads"]] == [(1, 8, 1, 2)]
     released = created(release(client, admin, dataset_id, "c1", mechanism="laplace", epsilon=1.0))
