@@ -4,7 +4,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint browser bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/labeldp demo --out demo-output
 
-test: lint
+test: lint browser
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -25,6 +25,16 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# The console's browser test (tests/labels_party/console/test_browser.py) drives Debian's chromium through
+# Playwright; installed here when missing (as root, or with sudo), never downloaded by Playwright.
+SUDO := $(shell test "$$(id -u)" -eq 0 || echo sudo)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the console's browser test"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing" >&2; exit 1; }
 
 bench: $(STAMP)
 	$(PY) bench/lp_mesh.py

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from labels_party import service
 from labels_party.auth import Principal, authenticate
+from labels_party.console.app import create_console
 from labels_party.routers import audit, datasets, mechanisms, releases
 from labels_party.service import ServiceContext
 from shared.service.app import service_app
@@ -58,9 +59,12 @@ def _body_limit(ctx: ServiceContext):
 
 
 def create_app(ctx: ServiceContext) -> FastAPI:
-    return service_app("labeldp labels party", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
-                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
-                       adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings))
+    app = service_app("labeldp labels party", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
+                      routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
+                      adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings))
+    # The owner's console (HTML for admin keys, its own gate and session cookies; not part of the OpenAPI).
+    app.mount("/console", create_console(ctx))
+    return app
 
 
 def _epsilon_range(spec: dict, settings) -> None:

@@ -1,0 +1,96 @@
+"""Console sessions: an admin signs in with an API key once; the console then carries a random session token in
+a cookie instead of the key.
+
+* The token is 256 random bits; the database keeps only its SHA-256 (``console_sessions``), so a copy of the
+  database opens no session. The raw API key is checked against the key table and then forgotten: it is never
+  stored, put in a cookie, logged or rendered.
+* A session acts as the admin key it was opened with: a revoked key (or one that is no longer an admin's) ends
+  every session opened with it. Sessions expire (``lifetime``); signing out deletes the row.
+* The CSRF token of a session is derived from its token (SHA-256 with a label), so it needs no storage and
+  reveals nothing about the cookie; forms carry it and state-changing requests must echo it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import sessionmaker
+
+from labels_party import db
+from labels_party.auth import Principal, authenticate
+from shared.errors import LabelDPError
+from shared.service.keys import hash_key
+
+COOKIE = "labeldp_console"
+PATH = "/console"
+LIFETIME = timedelta(hours=8)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def csrf_token(token: str) -> str:
+    """The CSRF token of the session whose cookie holds ``token``."""
+    return hashlib.sha256(b"labeldp-console-csrf\0" + token.encode()).hexdigest()
+
+
+def csrf_matches(token: str, submitted: str | None) -> bool:
+    return bool(submitted) and hmac.compare_digest(csrf_token(token), submitted)
+
+
+def cookie_header(token: str, *, secure: bool, max_age: int) -> str:
+    """``Set-Cookie``: HttpOnly (no script reads it), SameSite=Strict (no other site sends it), only for the
+    console's paths, Secure on HTTPS. ``max_age=0`` clears it."""
+    return (f"{COOKIE}={token}; Path={PATH}; Max-Age={max_age}; HttpOnly; SameSite=Strict"
+            + ("; Secure" if secure else ""))
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Console sessions over the service's database sessions."""
+
+    sessions: sessionmaker
+    lifetime: timedelta = LIFETIME
+
+    def sign_in(self, api_key: str) -> tuple[str, Principal]:
+        """A new session for an admin key: (token for the cookie, principal). A key that is not valid is a 401
+        ``unauthorized``, a consumer key a 403 ``forbidden``. Expired sessions are swept on the way."""
+        api_key = api_key.strip()
+        with self.sessions() as session, session.begin():
+            principal = authenticate(session, f"Bearer {api_key}")
+            if principal.role != "admin":
+                raise LabelDPError("the console is for admin keys of a dataset owner", code="forbidden")
+            key_id = session.scalar(select(db.ApiKey.id).where(db.ApiKey.key_hash == hash_key(api_key)))
+            now = db.utcnow()
+            session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.expires_at <= now))
+            token = secrets.token_urlsafe(32)
+            session.add(db.ConsoleSession(token_hash=token_hash(token), api_key_id=key_id, created_at=now,
+                                          expires_at=now + self.lifetime))
+            return token, principal
+
+    def principal(self, token: str | None) -> Principal | None:
+        """Who the session is, or None (no such session, expired, key revoked or no longer an admin's)."""
+        if not token or len(token) > 100:
+            return None
+        with self.sessions() as session, session.begin():
+            row = session.execute(
+                select(db.ConsoleSession, db.ApiKey, db.Organization)
+                .join(db.ApiKey, db.ApiKey.id == db.ConsoleSession.api_key_id)
+                .join(db.Organization, db.Organization.id == db.ApiKey.org_id)
+                .where(db.ConsoleSession.token_hash == token_hash(token))).first()
+            if row is None:
+                return None
+            console_session, key, org = row
+            if console_session.expires_at <= db.utcnow() or key.revoked or key.role != "admin":
+                return None
+            return Principal(org.id, org.name, key.role)
+
+    def sign_out(self, token: str) -> None:
+        with self.sessions() as session, session.begin():
+            session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.token_hash == token_hash(token)))

@@ -1,0 +1,216 @@
+"""What the console's pages show, gathered through the service's own functions — the same access rules, budget
+figures and ledger the API answers with (nothing here does accounting of its own):
+
+* budgets: :func:`labels_party.service.list_datasets` / :func:`~labels_party.service.budget` (``GET
+  /v1/datasets``, ``GET /v1/datasets/{id}/budget``);
+* releases per organization and mechanism, and ε spent over time: the ledger records of
+  :func:`labels_party.service.audit` (``GET /v1/audit``), which also gives the hash chain's status;
+* per-example spent ε: the ledger's per-example vector (``ctx.ledger.spent_vector``, what every charge checks);
+* a release and its mechanism document: :mod:`labels_party.releases.queries` (``GET /v1/releases/{id}``, ``GET
+  /v1/mechanisms/{hash}``);
+* verification: :func:`labels_party.service.verify_audit` (``labeldp labels verify-audit``).
+
+Another organization's dataset or release raises the service's own 404."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+from sqlalchemy import select
+
+from labels_party import db, documents, service
+from labels_party.auth import Principal
+from labels_party.console import randomizer
+from labels_party.ledger import recorded_charge_units, units_epsilon
+from labels_party.releases import queries
+from labels_party.service import ServiceContext
+from shared import schemas
+
+HISTOGRAM_BINS = 20
+MAX_FIELDS = 60
+MAX_GROUPS_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class OrgUse:
+    """One organization's use of a dataset: granted or not, its releases and the sum of their charges (ε)."""
+
+    org: str
+    granted: bool
+    releases: int = 0
+    charged: float = 0.0
+
+
+@dataclass(frozen=True)
+class DatasetCard:
+    dataset: schemas.Dataset
+    orgs: list[OrgUse]
+
+
+def _grants(ctx: ServiceContext, dataset_ids: list[str]) -> dict[str, set[str]]:
+    with ctx.sessions() as session, session.begin():
+        rows = session.execute(select(db.Grant.dataset_id, db.Organization.name)
+                               .join(db.Organization, db.Organization.id == db.Grant.org_id)
+                               .where(db.Grant.dataset_id.in_(dataset_ids))) if dataset_ids else []
+        found: dict[str, set[str]] = defaultdict(set)
+        for dataset_id, org in rows:
+            found[dataset_id].add(org)
+        return found
+
+
+def _org_uses(events: list[schemas.AuditEvent], granted: set[str]) -> list[OrgUse]:
+    releases: dict[str, int] = defaultdict(int)
+    units: dict[str, int] = defaultdict(int)
+    for event in events:
+        org = event.record.get("actor", {}).get("org", "?")
+        releases[org] += 1
+        units[org] += recorded_charge_units(event.record)
+    return [OrgUse(org, org in granted, releases[org], units_epsilon(units[org]))
+            for org in sorted(granted | set(releases))]
+
+
+def datasets_overview(ctx: ServiceContext, principal: Principal) -> list[DatasetCard]:
+    datasets = service.list_datasets(ctx, principal)
+    audit = service.audit(ctx, principal, None)
+    grants = _grants(ctx, [d.id for d in datasets])
+    events: dict[str, list[schemas.AuditEvent]] = defaultdict(list)
+    for event in audit.events:
+        events[event.dataset_id].append(event)
+    return [DatasetCard(d, _org_uses(events[d.id], grants[d.id])) for d in datasets]
+
+
+@dataclass(frozen=True)
+class Usage:
+    org: str
+    mechanism: str
+    releases: int
+    charged: float
+    examples: int
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Examples by spent ε: ``counts[i]`` examples in (edges[i], edges[i+1]]; ``never`` spent nothing."""
+
+    counts: list[int]
+    edges: list[float]
+    never: int
+    examples: int
+    most: float
+
+
+@dataclass(frozen=True)
+class DatasetPage:
+    dataset: schemas.Dataset
+    budget: schemas.Budget
+    chain_valid: bool
+    timeline: list[tuple[datetime, float]]
+    usage: list[Usage]
+    releases: list[tuple[schemas.Release, str]]
+    histogram: Histogram
+    orgs: list[OrgUse]
+    uploads: list[schemas.UploadEvent] = field(default_factory=list)
+
+
+def _histogram(spent: np.ndarray, total_units: int) -> Histogram:
+    charged = spent[spent > 0]
+    top = max(total_units, int(spent.max()) if spent.size else 0) or 1
+    edges = np.linspace(0, top, HISTOGRAM_BINS + 1)
+    counts, _ = np.histogram(charged, bins=edges)
+    return Histogram([int(c) for c in counts], [units_epsilon(int(round(e))) for e in edges],
+                     int(spent.size - charged.size), int(spent.size),
+                     units_epsilon(int(spent.max())) if spent.size else 0.0)
+
+
+def _timeline(created: datetime, events: list[schemas.AuditEvent]) -> list[tuple[datetime, float]]:
+    points = [(created, 0.0)]
+    for event in events:
+        record = event.record
+        if "spent_max_after_units" in record and "created_at" in record:
+            points.append((datetime.fromisoformat(record["created_at"]),
+                           units_epsilon(record["spent_max_after_units"])))
+    return points
+
+
+def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> DatasetPage:
+    budget = service.budget(ctx, principal, dataset_id)  # the 404 of another organization's dataset comes first
+    dataset = service.get_dataset(ctx, principal, dataset_id)
+    audit = service.audit(ctx, principal, dataset_id)
+    with ctx.sessions() as session, session.begin():
+        row = service.accessible_dataset(session, principal, dataset_id, admin=True)
+    spent = ctx.ledger.spent_vector(row)
+    org_of = {e.record.get("release_id"): e.record.get("actor", {}).get("org", "?") for e in audit.events}
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for event in audit.events:
+        groups[(event.record.get("actor", {}).get("org", "?"), event.record.get("mechanism", "?"))].append(
+            event.record)
+    usage = [Usage(org, mechanism, len(records), units_epsilon(sum(recorded_charge_units(r) for r in records)),
+                   sum(int(r.get("examples_covered", 0)) for r in records))
+             for (org, mechanism), records in sorted(groups.items())]
+    releases = [(r, org_of.get(r.id, "?")) for r in queries.list_releases(ctx, principal, dataset_id)]
+    return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, audit.events), usage,
+                       releases, _histogram(spent, row.epsilon_total_units),
+                       _org_uses(audit.events, _grants(ctx, [dataset_id])[dataset_id]), audit.uploads)
+
+
+@dataclass(frozen=True)
+class Randomizer:
+    title: str
+    blocks: randomizer.Blocks | None
+    outputs: list[tuple[int, str]]
+    num_outputs: int | None
+    noise: dict | None
+
+
+@dataclass(frozen=True)
+class ReleasePage:
+    release: schemas.Release
+    org: str
+    fields: list[tuple[str, str]]
+    randomizers: list[Randomizer]
+    prior: np.ndarray | None
+    num_groups: int
+
+
+def _flat(value, prefix: str = "") -> list[tuple[str, str]]:
+    """A mechanism summary as (key, short text) pairs."""
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _flat(v, f"{prefix}{k}.")]
+    text = value if isinstance(value, str) else json.dumps(value)
+    return [(prefix[:-1], text if len(text) <= 120 else text[:117] + "...")]
+
+
+def _randomizer(title: str, description: dict) -> Randomizer:
+    outputs = description.get("output_values") or []
+    noise = description.get("noise") if isinstance(description.get("noise"), dict) else None
+    return Randomizer(title, randomizer.blocks(description), randomizer.sample_values(outputs),
+                      description.get("num_outputs") if outputs else None, noise)
+
+
+def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> ReleasePage:
+    release, _ = queries.get_release(ctx, principal, release_id)
+    document = queries.get_mechanism_document(ctx, principal, release.mechanism_hash)
+    description = document.get("description") or {}
+    audit = service.audit(ctx, principal, release.dataset_id)
+    org = next((e.record.get("actor", {}).get("org", "?") for e in audit.events
+                if e.record.get("release_id") == release.id), "?")
+    groups = description.get("groups") if isinstance(description.get("groups"), list) else []
+    if groups:
+        shown = [_randomizer(f"group {g.get('group')} ({g.get('examples')} examples)", g.get("mechanism") or {})
+                 for g in groups[:MAX_GROUPS_SHOWN]]
+    else:
+        shown = [_randomizer(str(description.get("mechanism", release.mechanism)), description)]
+    prior = (document.get("noisy_prior") or {}).get("noisy_counts")
+    return ReleasePage(release, org, _flat(documents.summary(description))[:MAX_FIELDS], shown,
+                       randomizer.summed_bars(prior) if prior else None, len(groups))
+
+
+def verify(ctx: ServiceContext, principal: Principal, dataset_id: str) -> tuple[bool, dict]:
+    """(the API's chain status, this dataset's part of the full verification report)."""
+    chain_valid = service.audit(ctx, principal, dataset_id).chain_valid  # admin of the owner, else 404
+    report = service.verify_audit(ctx)
+    return chain_valid, next(d for d in report["datasets"] if d["dataset_id"] == dataset_id)
