@@ -35,8 +35,15 @@ class Blocks:
 
 
 def _starts(size: int, cells: int) -> np.ndarray:
-    """First index of each of min(size, cells) blocks of consecutive indices."""
-    return np.unique(np.linspace(0, size, min(size, cells), endpoint=False).astype(np.int64))
+    """First index of each of min(size, cells) blocks of consecutive indices, sizes as even as can be (the first
+    size mod blocks blocks one longer, as ``np.array_split``)."""
+    count = min(size, cells)
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    small, extra = divmod(size, count)
+    sizes = np.full(count, small, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.concatenate(([0], np.cumsum(sizes)[:-1]))
 
 
 def _block_of(size: int, starts: np.ndarray) -> np.ndarray:
