@@ -85,6 +85,9 @@ async def sign_in(request: Request):
         message = ("That is not a valid API key." if err.code == "unauthorized"
                    else "The console is for admin keys of a dataset owner; this key is a consumer's.")
         return render(request, "sign_in.html", status=status_of(err.code), title="Sign in", error=message)
+    previous = request.cookies.get(sessions.COOKIE)
+    if previous:  # signing in again replaces the browser's session instead of leaving it behind
+        await run_in_threadpool(request.app.state.sessions.sign_out, previous)
     response = RedirectResponse(f"{PATH}/datasets", status_code=303)
     lifetime = int(request.app.state.sessions.lifetime.total_seconds())
     response.headers.append("set-cookie", sessions.cookie_header(token, secure=request.url.scheme == "https",
