@@ -96,14 +96,16 @@ class _BoundedDatasetCreate(_DatasetCreateBase):
     clip: LabelClip = None
 
     @model_validator(mode="after")
-    def _bounds(self):
-        if self.clip is not None:
-            if self.min is not None or self.max is not None:
-                raise ValueError("give min and max, or clip: {low, high} (its bounds are the domain's), not both")
-            self.min, self.max = self.clip.low, self.clip.high
-        elif self.min is None or self.max is None:
+    def _one_form(self):
+        if self.clip is not None and (self.min is not None or self.max is not None):
+            raise ValueError("give min and max, or clip: {low, high} (its bounds are the domain's), not both")
+        if self.clip is None and (self.min is None or self.max is None):
             raise ValueError("give min and max, or clip: {low, high}")
         return self
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return (self.clip.low, self.clip.high) if self.clip is not None else (self.min, self.max)
 
     def _with_clip(self, spec: dict) -> dict:
         return {**spec, "clip": self.clip.model_dump()} if self.clip is not None else spec
@@ -117,9 +119,10 @@ class IntegerDatasetCreate(_BoundedDatasetCreate):
     grid_size: int | None = Field(default=None, ge=2, le=10_000)
 
     def domain_spec(self) -> dict:
+        low, high = self.bounds
         if self.grid_size is not None:
-            return self._with_clip(domain_spec("continuous", low=self.min, high=self.max, grid_size=self.grid_size))
-        return self._with_clip(domain_spec("integer", low=self.min, high=self.max))
+            return self._with_clip(domain_spec("continuous", low=low, high=high, grid_size=self.grid_size))
+        return self._with_clip(domain_spec("integer", low=low, high=high))
 
 
 class ContinuousDatasetCreate(_BoundedDatasetCreate):
@@ -129,7 +132,8 @@ class ContinuousDatasetCreate(_BoundedDatasetCreate):
     grid_size: int = Field(default=101, ge=2, le=10_000)
 
     def domain_spec(self) -> dict:
-        return self._with_clip(domain_spec("continuous", low=self.min, high=self.max, grid_size=self.grid_size))
+        low, high = self.bounds
+        return self._with_clip(domain_spec("continuous", low=low, high=high, grid_size=self.grid_size))
 
 
 class ClassesDatasetCreate(_DatasetCreateBase):

@@ -5,13 +5,21 @@ labeldp.local_services (a free port, uvicorn in a thread, a ``serve`` process), 
 
 from __future__ import annotations
 
+import sys
 import warnings
 
+import absl.logging
 import pytest
 
 from tests.support.databases import DATABASES, fresh_database
 
 warnings.filterwarnings("ignore", message=".*httpx.*", category=DeprecationWarning)
+
+# absl (imported by dp-accounting and JAX) logs to whatever sys.stderr was when it was imported — under pytest, the
+# session's capture file — and uvicorn's logging setup, run by every service started in a thread, closes every live
+# handler's stream except the current sys.stderr: a capsys test that starts a service then closed pytest's capture
+# file ("I/O operation on closed file" at teardown). The handler writes to the process's own stderr instead.
+absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 @pytest.fixture(params=DATABASES)

@@ -303,7 +303,7 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
     frame = prepared.frame
     with parties.owner() as owner:
         try:
-            created = _create_dataset(owner, name=prepared.name, epsilon_total=budget, **prepared.domain)
+            created = owner.create_dataset(name=prepared.name, epsilon_total=budget, **prepared.domain)
         except LabelsPartyError as err:
             raise _refused(f"the {prepared.name} dataset", err) from None
         try:
@@ -314,14 +314,6 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
     with parties.trainer() as trainer:
         trainer.put_features(prepared.name, frame[["example_id", *prepared.numeric, *prepared.categorical]])
     return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above)
-
-
-def _create_dataset(owner, **fields) -> schemas.Dataset:
-    """``POST /v1/datasets`` with ``fields`` as given, after the same local validation as
-    ``LabelsPartyClient.create_dataset``. Not that method: it sends the validated model, whose ``min``/``max`` a
-    ``clip`` fills in, and the service refuses a body with both forms."""
-    schemas.dataset_create.validate_python(fields)
-    return schemas.Dataset(**owner._request("POST", "/v1/datasets", json=fields, retry=False).json())
 
 
 def preflight(prepared: Prepared, mechanisms: list[str]) -> None:

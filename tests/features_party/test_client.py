@@ -91,3 +91,15 @@ def test_errors_become_specific_exceptions(service):
         with pytest.raises(BudgetExceeded) as exceeded:
             client.request_release(dataset, {"mechanism": "rr", "epsilon": 1.0})
         assert exceeded.value.epsilon_remaining == pytest.approx(0.5)
+
+
+def test_a_clipped_dataset_through_the_client(service):
+    """The client sends a clip as the clip (not also as min/max, which the service refuses) and reads the counts."""
+    base, keys, _, _ = service
+    with LabelsPartyClient(base, keys["admin"]) as owner:
+        dataset = owner.create_dataset(name="clipped", label_kind="integer", clip={"low": 0, "high": 10},
+                                       epsilon_total=1)
+        assert dataset.domain == {"kind": "integer", "min": 0, "max": 10, "clip": {"low": 0.0, "high": 10.0}}
+        uploaded = owner.upload_labels(dataset.id, ["a", "b", "c", "d"], [-2, 4, 11, 30])
+        assert (uploaded.clipped_below, uploaded.clipped_above) == (1, 2)
+        assert [u.clipped_above for u in owner.audit(dataset.id).uploads] == [2]
