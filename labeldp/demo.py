@@ -10,7 +10,12 @@ Both services run as separate processes on loopback ports and talk over HTTP: th
 uploads every label, and grants the publisher; the publisher uploads features to its trainer service, which
 for each mechanism and ε requests a release of the *training* examples' labels (the test labels never leave the
 office), trains an MLP with JAX, and serves predictions. The demo plays both roles, so it may score the
-predictions against the true test labels. Everything is written under ``demo-output/``.
+predictions against the true test labels.
+
+Then a classification round (:mod:`labeldp.demo_classification`) on a second dataset of the same labels service:
+the 10 classes of scikit-learn's digits, released with RR, RRWithPrior (cluster priors) and LP-2ST at ε = 1, 2, 4
+and trained on with cross-entropy trainer jobs, scored by test accuracy. Everything is written under
+``demo-output/``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +37,8 @@ from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, device_summary, train
 from features_party.trainer_client import TrainerClient
-from labeldp import report
+from labeldp import demo_classification, report
+from labeldp.benchmarks.parties import CONSUMER, LABELS_PARTY, Parties
 from labeldp.local_services import free_port, serve_process
 
 MECHANISMS = [
@@ -43,7 +50,7 @@ MECHANISMS = [
 NUMERIC = ["experience", "kidslt6", "kids618", "husby"]
 CATEGORICAL = ["hhi", "whi", "hhi2", "education", "race", "hispanic", "region"]
 MAX_HOURS = 60
-OFFICE, PUBLISHER = "statistics-office", "publisher"
+OFFICE, PUBLISHER = "statistics-office", CONSUMER
 
 
 def load_hours_worked() -> pd.DataFrame:
@@ -69,6 +76,10 @@ class Services:
     consumer_key: str  # the publisher's key at the labels party
     trainer_key: str  # the publisher's key at its own trainer
 
+    def parties(self) -> Parties:
+        """The same services and keys as the benchmarks' :class:`Parties` (the classification round's helpers)."""
+        return Parties(self.labels_url, self.trainer_url, self.admin_key, self.consumer_key, self.trainer_key)
+
 
 @contextlib.contextmanager
 def services(out: Path) -> Iterator[Services]:
@@ -90,14 +101,20 @@ def services(out: Path) -> Iterator[Services]:
     with serve_process(_cli("labels", "serve", "--port", str(labels_port), *labels_db), labels_url,
                        log=out / "labels-service.log"), \
             serve_process(_cli("features", "serve", "--port", str(trainer_port), *trainer_db,
-                               "--labels-party", f"office={labels_url}"), trainer_url,
+                               "--labels-party", f"{LABELS_PARTY}={labels_url}"), trainer_url,
                           log=out / "trainer-service.log"):
         yield Services(labels_url, trainer_url, new_key("labels", OFFICE, "admin", labels_db),
                        new_key("labels", PUBLISHER, "consumer", labels_db),
                        new_key("features", PUBLISHER, "admin", trainer_db))
 
 
-def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) -> list[dict]:
+def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
+             classification_epsilons: list[float] | None = None) -> list[dict]:
+    """The regression round at ``epsilons``, then the classification round at ``classification_epsilons``
+    (default 1, 2, 4; quick: 1, 4). Returns the regression rows (``results.json``); the classification round's
+    are in ``classification.json``."""
+    if classification_epsilons is None:
+        classification_epsilons = demo_classification.QUICK_EPSILONS if quick else demo_classification.EPSILONS
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -108,9 +125,14 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
     test, train_part = data.iloc[split[: len(data) // 5]], data.iloc[split[len(data) // 5:]]
     config = TrainConfig(hidden=(64, 32), embed_dim=4, learning_rate=1e-3, l2=1e-4, batch_size=512,
                          epochs=6 if quick else 40, patience=8)
+    class_epochs = demo_classification.QUICK_EPOCHS if quick else demo_classification.EPOCHS
     print(f"data: Ecdat::HI hours worked per week (clipped at {MAX_HOURS}), {len(train_part)} train / "
           f"{len(test)} test examples; JAX on {device_summary()}")
-    with services(out) as running, LabelsPartyClient(running.labels_url, running.admin_key) as office, \
+    # The two non-private references train in this process, on a thread, while the services start and train.
+    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="non-private")
+    reference = background.submit(_non_private, train_part, test, config)
+    class_reference = background.submit(demo_classification.non_private_reference, class_epochs)
+    with background, services(out) as running, LabelsPartyClient(running.labels_url, running.admin_key) as office, \
             TrainerClient(running.trainer_url, running.trainer_key) as trainer:
         total = len(MECHANISMS) * sum(epsilons)
         dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
@@ -123,10 +145,12 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False) ->
         publisher = Publisher(running.consumer_key, office, trainer, dataset.id, config, train_part, test)
         rows = [publisher.train_and_score(mechanism, options, epsilon)
                 for epsilon in epsilons for mechanism, options in MECHANISMS]
-        rows.append(_non_private(train_part, test, config))
+        rows.append(reference.result())
         print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}")
         audit, budget = office.audit(dataset.id), office.budget(dataset.id)
-    _write(out, rows, audit, budget, time.perf_counter() - started)
+        classification = demo_classification.run_round(running.parties(), classification_epsilons,
+                                                       epochs=class_epochs, reference=class_reference.result)
+    _write(out, rows, audit, budget, classification, time.perf_counter() - started)
     return rows
 
 
@@ -176,7 +200,8 @@ def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConf
             "certified_epsilon": None}
 
 
-def _write(out: Path, rows: list[dict], audit, budget, seconds: float) -> None:
+def _write(out: Path, rows: list[dict], audit, budget, classification: demo_classification.ClassificationRound,
+           seconds: float) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     frame = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
     baseline = next(r["test_mse"] for r in rows if r["epsilon"] is None)
@@ -195,6 +220,7 @@ def _write(out: Path, rows: list[dict], audit, budget, seconds: float) -> None:
              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
              f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released.",
+             "", *demo_classification.report_lines(classification, out),
              "", f"Demo wall time: {seconds:.0f} s."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     report.loss_vs_epsilon(frame, out / "test_loss_vs_epsilon.png", test="test_mse", noisy="noisy_label_mse",
@@ -202,4 +228,5 @@ def _write(out: Path, rows: list[dict], audit, budget, seconds: float) -> None:
                            noisy_label="noisy-label MSE")
     print()
     print("\n".join(lines))
-    print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'test_loss_vs_epsilon.png'}")
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'test_loss_vs_epsilon.png'}, "
+          f"{out / demo_classification.RESULTS}, {out / demo_classification.PLOT}")

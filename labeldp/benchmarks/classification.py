@@ -25,6 +25,12 @@ CLUSTER_PRIOR_SHARE = 0.1  # ε_p = ε/10 for the per-cluster discrete-Laplace h
 RELEASE_SEED = 500
 
 
+def train_config(epochs: int = 40) -> TrainConfig:
+    """The digits model: one hidden layer of 64, cross-entropy (the bench and the demo's classification round)."""
+    return TrainConfig(loss="cross_entropy", hidden=(64,), learning_rate=3e-3, l2=1e-4, batch_size=128,
+                       epochs=epochs, patience=8)
+
+
 @dataclass(frozen=True)
 class Digits:
     """scikit-learn's bundled 8x8 digits: pixels in [0, 1], labels 0..9, example ids."""
@@ -74,9 +80,8 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     digits = Digits.load()
-    config = TrainConfig(loss="cross_entropy", hidden=(64,), learning_rate=3e-3, l2=1e-4, batch_size=128,
-                         epochs=epochs, patience=8)
-    rows = [_non_private(digits, seed, config) for seed in range(seeds)]
+    config = train_config(epochs)
+    rows = [non_private(digits, seed, config) for seed in range(seeds)]
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-cls-") as tmp, \
             two_parties(Path(tmp), RELEASE_SEED) as parties:
         budget = (len(METHODS) - 1) * sum(epsilons)
@@ -85,7 +90,8 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
             trainer.put_features("digits", digits.features())
         runs = [(seed, eps, m) for seed in range(seeds) for eps in epsilons for m in METHODS[1:]]
         for seed, epsilon, method in tqdm(runs, desc="bench classification", disable=not progress):
-            rows.append(_private_run(parties, datasets[seed], digits, method, epsilon, seed, config))
+            run = private_run(parties, datasets[seed], digits, method, epsilon, seed, config)
+            rows.append({k: v for k, v in run.items() if k != "release_ids"})
             pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
         with parties.owner() as owner:
             budgets = [owner.budget(datasets[s]) for s in range(seeds)]
@@ -96,7 +102,8 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
     return runs
 
 
-def _non_private(digits: Digits, seed: int, config: TrainConfig) -> dict:
+def non_private(digits: Digits, seed: int, config: TrainConfig) -> dict:
+    """The reference model, trained in this process on the true training labels; its test accuracy."""
     fit, test = digits.split(seed)
     none = np.zeros((len(digits.y), 0), dtype=np.int32)
     model = train(config, digits.x[fit], none[fit], digits.y[fit], vocab_sizes=(), num_classes=10)
@@ -105,9 +112,10 @@ def _non_private(digits: Digits, seed: int, config: TrainConfig) -> dict:
             "mean_k": None}
 
 
-def _private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int,
-                 config: TrainConfig) -> dict:
-    """One trainer job of ``method`` on the training examples; its accuracy on the test examples."""
+def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int,
+                config: TrainConfig) -> dict:
+    """One trainer job of ``method`` (one of ``METHODS[1:]``) on the training examples of ``digits.split(seed)``:
+    its accuracy on the test examples and the ids of the releases it trained on (LP-MST: one per stage)."""
     fit, test = digits.split(seed)
     options = {**config.__dict__, "hidden": list(config.hidden), "seed": seed, "loss": None}
     fields = {"numeric": digits.columns, "train": options}
@@ -132,7 +140,8 @@ def _private_run(parties: Parties, dataset_id: str, digits: Digits, method: str,
     return {"method": method, "epsilon": epsilon, "seed": seed,
             "mean_k": stages[-1]["mean_k"] if stages else None,
             "certified_epsilon": job.release["certified_epsilon"],
-            "accuracy": digits.accuracy(predicted[digits.ids[test]].to_numpy(), test)}
+            "accuracy": digits.accuracy(predicted[digits.ids[test]].to_numpy(), test),
+            "release_ids": [s["release_id"] for s in stages] if stages else [job.release["id"]]}
 
 
 def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audit) -> None:

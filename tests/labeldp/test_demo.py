@@ -1,19 +1,31 @@
-"""The two-party demo runs end to end (quick mode: a 3000-example sample, one ε, few epochs)."""
+"""The two-party demo runs end to end (quick mode: a 3000-example sample, one ε, few epochs for the regression
+round; the classification round on digits at ε = 1 and 4). The demo runs once per module; each test reads what
+it wrote."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 
+from labeldp import demo_classification
 from labeldp.demo import MECHANISMS, load_hours_worked, run_demo
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    return out, run_demo(out, [1.0], quick=True)
 
 
 @pytest.mark.slow
-def test_quick_demo_writes_results_plot_and_a_complete_audit(tmp_path):
-    rows = run_demo(tmp_path, [1.0], quick=True)
-    saved = json.loads((tmp_path / "results.json").read_text())
+def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
+    out, rows = quick_demo
+    saved = json.loads((out / "results.json").read_text())
     assert saved == rows
     assert [r["mechanism"] for r in rows] == [m for m, _ in MECHANISMS] + ["non-private"]
     for row in rows[:-1]:
@@ -22,7 +34,58 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(tmp_path):
     assert rows[-1]["epsilon"] is None and rows[-1]["certified_epsilon"] is None
     hours = load_hours_worked()["hours"]
     assert rows[-1]["test_mse"] < 0.9 * hours.var()  # the features carry signal
-    assert (tmp_path / "test_loss_vs_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    report = (tmp_path / "results.md").read_text()
+    assert (out / "test_loss_vs_epsilon.png").read_bytes()[:8] == PNG
+    report = (out / "results.md").read_text()
     assert "4 privacy events, hash chain valid: True" in report
     assert "epsilon_spent = 4 of 4" in report
+
+
+@pytest.mark.slow
+def test_quick_demo_classification_round_accuracy_table_plot_and_audit(quick_demo):
+    out, _ = quick_demo
+    result = json.loads((out / demo_classification.RESULTS).read_text())
+    epsilons, names = demo_classification.QUICK_EPSILONS, list(demo_classification.MECHANISMS)
+    chance = 1 / demo_classification.NUM_CLASSES
+    assert result["epsilons"] == epsilons
+    private = [r for r in result["rows"] if r["epsilon"] is not None]
+    cells = {(r["mechanism"], r["epsilon"]): r for r in private}
+    assert len(private) == len(cells) == len(names) * len(epsilons)  # every mechanism x epsilon, once
+    assert set(cells) == {(m, e) for m in names for e in epsilons}
+    for (name, epsilon), row in cells.items():
+        assert 0.0 <= row["test_accuracy"] <= 1.0 and 0.0 <= row["released_label_accuracy"] <= 1.0
+        assert epsilon - 1e-6 < row["certified_epsilon"] <= epsilon
+        assert len(row["release_ids"]) == (2 if name == "LP-2ST" else 1)
+    top = max(epsilons)
+    for name in names:  # at the largest epsilon, far above chance (1/10)
+        assert cells[(name, top)]["test_accuracy"] > chance + 0.5, name
+    for epsilon in epsilons:  # RR's released labels are right with probability e^eps / (e^eps + K - 1)
+        expected = math.exp(epsilon) / (math.exp(epsilon) + demo_classification.NUM_CLASSES - 1)
+        assert abs(cells[("RR", epsilon)]["released_label_accuracy"] - expected) < 0.05
+    reference = next(r for r in result["rows"] if r["epsilon"] is None)
+    assert reference["mechanism"] == "non-private" and reference["test_accuracy"] > 0.9
+
+    assert (out / demo_classification.PLOT).read_bytes()[:8] == PNG
+    report = (out / "results.md").read_text()
+    assert "# Classification round: test accuracy" in report
+    for name in names:
+        line = next(line for line in report.splitlines() if line.startswith(f"| {name} | "))
+        assert line.count("|") == len(epsilons) + 2
+        assert f"{cells[(name, top)]['test_accuracy']:.3f}" in line
+
+    # the audit of the digits dataset accounts for every classification release, at the epsilon requested
+    events = {e["release_id"]: e for e in result["events"]}
+    assert result["chain_valid"] is True
+    assert len(result["events"]) == len(events) == sum(len(r["release_ids"]) for r in private)
+    assert set(events) == {i for r in private for i in r["release_ids"]}
+    for row in private:
+        mine = [events[i] for i in row["release_ids"]]
+        assert all(e["charge"] == pytest.approx(row["epsilon"], abs=1e-9) for e in mine)
+        assert sum(e["examples_covered"] for e in mine) == result["num_train"]  # training examples only, once
+        assert row["charged_epsilon_per_example"] == pytest.approx(row["epsilon"], abs=1e-9)
+    requested = len(names) * sum(epsilons)
+    charged = sum(e["charge"] * e["examples_covered"] for e in result["events"]) / result["num_train"]
+    assert charged == pytest.approx(requested, abs=1e-9)
+    assert result["epsilon_spent"] == pytest.approx(requested, abs=1e-9)
+    assert result["epsilon_total"] == pytest.approx(requested, abs=1e-9)
+    assert (f"epsilon_spent = {requested:g} of {requested:g}" in report
+            and f"{len(result['events'])} privacy events on the digits dataset" in report)
