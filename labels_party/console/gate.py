@@ -24,7 +24,7 @@ from starlette.requests import cookie_parser
 from starlette.responses import RedirectResponse, Response
 
 from labels_party.console.sessions import COOKIE, PATH, Sessions, csrf_token
-from shared.errors import LabelDPError
+from shared.service.gate import declared_too_large, limited
 
 PUBLIC = ("/sign-in", "/static/console.css", "/static/favicon.svg")
 SAFE_METHODS = ("GET", "HEAD")
@@ -86,26 +86,11 @@ class ConsoleGate:
                 return await response(scope, receive, secured_send)
             scope.setdefault("state", {}).update(principal=principal, console_token=token,
                                                  csrf=csrf_token(token))
-        return await self.app(scope, self._limited(scope, receive), secured_send)
+        return await self.app(scope, limited(receive, self.max_body_bytes), secured_send)
 
     def _refusal(self, scope, headers: dict[bytes, bytes]) -> Response | None:
-        declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+        if declared_too_large(headers, self.max_body_bytes):
             return self.page(413, "Request too large", f"Console forms are under {self.max_body_bytes} bytes.")
         if scope["method"] not in SAFE_METHODS and not same_origin(scope, headers):
             return self.page(403, "Refused", "This form was not sent from this console (cross-origin request).")
         return None
-
-    def _limited(self, scope, receive):
-        received, limit = 0, self.max_body_bytes
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
-            return message
-
-        return limited_receive

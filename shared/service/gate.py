@@ -39,23 +39,37 @@ class Gatekeeper:
             return await error_response(err.code, str(err))(scope, receive, send)
         scope.setdefault("state", {})["principal"] = principal
         limit = self.limit(scope["method"], scope["path"])
-        declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        if declared_too_large(headers, limit):
             return await error_response("body_too_large", f"request body over {limit} bytes")(scope, receive, send)
-        received = 0
 
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    # Routes that parse JSON wrap this in a generic 400; the flag lets the handler say 413.
-                    scope["state"]["body_too_large"] = True
-                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
-            return message
+        def flag():  # routes that parse JSON wrap the error in a generic 400; the flag lets the handler say 413
+            scope["state"]["body_too_large"] = True
 
-        return await self.app(scope, limited_receive, send)
+        return await self.app(scope, limited(receive, limit, flag), send)
+
+
+def declared_too_large(headers: dict[bytes, bytes], limit: int) -> bool:
+    """A Content-Length that is not a number or is over ``limit``: refused before a byte is read."""
+    declared = headers.get(b"content-length")
+    return declared is not None and (not declared.isdigit() or int(declared) > limit)
+
+
+def limited(receive, limit: int, on_exceeded: Callable[[], None] = lambda: None):
+    """``receive`` that raises body_too_large once more than ``limit`` bytes have streamed (a body may come without
+    a Content-Length, or lie about it)."""
+    received = 0
+
+    async def limited_receive():
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                on_exceeded()
+                raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+        return message
+
+    return limited_receive
 
 
 @dataclass(frozen=True)
