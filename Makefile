@@ -4,7 +4,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint browser bench clean
+.PHONY: demo test test-fast lint browser java bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/labeldp demo --out demo-output
 
-test: lint browser
+test: lint browser java
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -35,6 +35,15 @@ browser:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing" >&2; exit 1; }
+
+# Spark (labels_party.spark and its tests) runs on a Java 17 runtime: Debian's, installed here when `java` is missing.
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "installing Debian's openjdk-17-jre-headless for the Spark release jobs and their tests"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    openjdk-17-jre-headless >/dev/null; }
+	@command -v java >/dev/null 2>&1 || { echo "java is still missing" >&2; exit 1; }
 
 bench: $(STAMP)
 	$(PY) bench/lp_mesh.py
