@@ -58,9 +58,13 @@ class Dataset(Base):
     allow_central_training: Mapped[bool] = mapped_column(Boolean, default=False)
     label_version: Mapped[int] = mapped_column(Integer, default=0)
     num_examples: Mapped[int] = mapped_column(Integer, default=0)
-    registry_file: Mapped[str | None] = mapped_column(String(300), nullable=True)  # every example id ever seen
-    registry_size: Mapped[int] = mapped_column(Integer, default=0)
-    spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)  # per-example charges
+    # Example ids of datasets written before label versions carried them (newer ones: LabelVersion.registry_*).
+    registry_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    registry_size: Mapped[int] = mapped_column(Integer, default=0)  # every example id ever seen
+    # Budget state (labels_party.ledger.BudgetState): per-class (spent units, size) table and the class of each
+    # example; without a class file, spent_file is an older per-example vector.
+    spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    classes_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     ledger_seq: Mapped[int] = mapped_column(Integer, default=0)
     ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
@@ -77,6 +81,12 @@ class LabelVersion(Base):
     # labels the dataset's declared clip moved to its bounds in this upload
     clipped_below: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     clipped_above: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the example ids this version introduced are its rows with registry_index in [registry_start, registry_end)
+    registry_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    registry_end: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # the version's sorted registry indices, content-addressed (what a release of the whole version covers)
+    coverage_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    coverage_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

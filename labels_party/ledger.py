@@ -20,12 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from labels_party.labelstore import CoverageSet
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
@@ -121,52 +123,167 @@ class BudgetExceeded(LabelDPError):
         self.remaining = units_epsilon(remaining_units)
 
 
+CHUNK = 1 << 22  # registry indices per step of a budget pass: bounded memory at any dataset size
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """Every example's spent units as coverage classes: ``classes[i]`` is the class of registry index ``i`` and
+    ``spent[c]``/``sizes[c]`` the units and member count of class ``c``. Indices at or beyond ``len(classes)``
+    (examples uploaded since the last split) form the *fresh* class, id ``len(spent)``, with nothing spent.
+    The state is one int32 per example plus one row per class, whatever the number of releases."""
+
+    classes: np.ndarray  # int32, memory-mapped
+    spent: np.ndarray  # int64 per class
+    sizes: np.ndarray  # int64 per class
+    registry_size: int
+
+    @property
+    def fresh(self) -> int:
+        return self.spent.size
+
+    def spent_with_fresh(self) -> tuple[np.ndarray, np.ndarray]:
+        """(spent, size) per class, the fresh class last."""
+        return (np.append(self.spent, 0),
+                np.append(self.sizes, self.registry_size - self.classes.size).astype(np.int64))
+
+    def class_at(self, indices: np.ndarray) -> np.ndarray:
+        """Class of each (sorted) registry index."""
+        out = np.full(indices.size, self.fresh, dtype=np.int64)
+        inside = int(np.searchsorted(indices, self.classes.size))
+        out[:inside] = self.classes[indices[:inside]]
+        return out
+
+    def block(self, start: int, stop: int) -> np.ndarray:
+        """Class of registry indices start..stop-1."""
+        out = np.full(stop - start, self.fresh, dtype=np.int64)
+        known = max(0, min(stop, self.classes.size) - start)
+        out[:known] = self.classes[start:start + known]
+        return out
+
+    def spent_block(self, start: int, stop: int) -> np.ndarray:
+        return np.append(self.spent, 0)[self.block(start, stop)]
+
+
+def _chunks(coverage: np.ndarray):
+    for start in range(0, coverage.size, CHUNK):
+        yield np.asarray(coverage[start:start + CHUNK], dtype=np.int64)
+
+
+def _covered_mask(coverage: np.ndarray, start: int, stop: int) -> np.ndarray:
+    low, high = np.searchsorted(coverage, [start, stop])
+    mask = np.zeros(stop - start, dtype=bool)
+    mask[np.asarray(coverage[low:high]) - start] = True
+    return mask
+
+
 class BudgetLedger:
-    """Per-example spent units of one dataset, stored in :class:`DataStore` files (int64, one per registry index)."""
+    """Per-example spent units of one dataset as :class:`BudgetState` files in :class:`DataStore` (one class file
+    and one small per-class table per generation; a charge supersedes the previous generation's files)."""
 
     def __init__(self, store: DataStore):
         self.store = store
 
-    def spent_vector(self, dataset) -> np.ndarray:
-        spent = np.zeros(dataset.registry_size, dtype=np.int64)
-        if dataset.spent_file:
+    def state(self, dataset) -> BudgetState:
+        if dataset.spent_file is None:
+            return BudgetState(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                               dataset.registry_size)
+        if dataset.classes_file is None:  # written before coverage classes: one value per example
             stored = self.store.read_array(dataset.spent_file)
-            spent[: stored.size] = stored if stored.dtype.kind in "iu" else legacy_units(stored)
-        return spent
+            vector = stored if stored.dtype.kind in "iu" else legacy_units(stored)
+            spent, classes, sizes = np.unique(vector.astype(np.int64), return_inverse=True, return_counts=True)
+            return BudgetState(classes.astype(np.int32), spent, sizes.astype(np.int64), dataset.registry_size)
+        table = self.store.read_array(dataset.spent_file)
+        classes = np.load(self.store.path(dataset.classes_file), mmap_mode="r")
+        return BudgetState(classes, table[:, 0].copy(), table[:, 1].copy(), dataset.registry_size)
 
-    def remaining_units_for(self, dataset, covered: np.ndarray) -> int:
-        spent = self.spent_vector(dataset)
-        worst = int(spent[covered].max()) if covered.size else 0
+    def spent_vector(self, dataset) -> np.ndarray:
+        """Every example's spent units (registry_size int64s: for small datasets, tests and audits in blocks)."""
+        return self.state(dataset).spent_block(0, dataset.registry_size)
+
+    def spent_classes(self, dataset) -> tuple[np.ndarray, np.ndarray]:
+        """(spent units, number of examples) per class, including the fresh class; for summaries."""
+        spent, sizes = self.state(dataset).spent_with_fresh()
+        return spent[sizes > 0], sizes[sizes > 0]
+
+    def _touched(self, state: BudgetState, coverage: np.ndarray) -> np.ndarray:
+        counts = np.zeros(state.fresh + 1, dtype=np.int64)
+        for chunk in _chunks(coverage):
+            counts += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
+        return counts
+
+    def remaining_units_for(self, dataset, coverage: np.ndarray) -> int:
+        state = self.state(dataset)
+        touched = self._touched(state, coverage)
+        spent, _ = state.spent_with_fresh()
+        worst = int(spent[touched > 0].max()) if coverage.size else 0
         return max(0, dataset.epsilon_total_units - worst)
 
-    def charge(self, dataset, covered: np.ndarray, units: int, fields: dict) -> tuple[LedgerRecord, str, str, str]:
-        """Check and charge ``units`` to ``covered`` (registry indices), exactly. The caller holds the dataset row
-        lock and commits. ``fields`` are the release's own record fields; the ledger adds the accounting ones.
-        Returns (record, record json, prev hash, hash); mutates ``dataset`` (pointer, spent max, chain head)."""
-        spent = self.spent_vector(dataset)
-        worst = int(spent[covered].max()) if covered.size else 0
+    def charge(self, dataset, coverage: CoverageSet, units: int,
+               fields: dict) -> tuple[LedgerRecord, str, str, str, list[str]]:
+        """Check and charge ``units`` to the examples of ``coverage``, exactly. The caller holds the dataset row
+        lock, commits, and then removes the superseded files (the last element). Mutates ``dataset`` (state
+        files, spent max, chain head)."""
+        state = self.state(dataset)
+        covered = np.load(self.store.path(coverage.file), mmap_mode="r")
+        touched = self._touched(state, covered)
+        spent, sizes = state.spent_with_fresh()
+        worst = int(spent[touched > 0].max()) if covered.size else 0
         if worst + units > dataset.epsilon_total_units:
             remaining = max(0, dataset.epsilon_total_units - worst)
             raise BudgetExceeded(f"release needs epsilon {units_epsilon(units):g} but covered examples have at "
                                  f"most {units_epsilon(remaining):.9g} left of "
                                  f"{units_epsilon(dataset.epsilon_total_units):g}", remaining)
-        spent[covered] += units
         seq = dataset.ledger_seq + 1
-        coverage = np.sort(covered).astype(np.int64)
-        coverage_file = self.store.write_array(f"datasets/{dataset.id}/coverage_{seq:08d}.npy", coverage)
+        old_files = [f for f in (dataset.spent_file, dataset.classes_file) if f]
+        split = (dataset.classes_file is None or bool(np.any((touched > 0) & (touched < sizes)))
+                 or touched[-1] > 0)
+        if split:
+            new_spent, new_sizes, classes_file = self._split(dataset, state, covered, touched, units, seq)
+        else:  # every touched class is covered whole: only their values move
+            new_spent, new_sizes = spent[:-1] + units * (touched[:-1] > 0), sizes[:-1]
+            classes_file = dataset.classes_file
+        spent_file = self.store.write_array(f"datasets/{dataset.id}/budget/spent_{seq:08d}.npy",
+                                            np.column_stack([new_spent, new_sizes]).astype(np.int64))
+        spent_max = int(new_spent[new_sizes > 0].max()) if np.any(new_sizes > 0) else 0
         record = LedgerRecord(**fields, seq=seq, dataset_id=dataset.id, charge_units=units,
-                              charge=units_epsilon(units), examples_covered=int(coverage.size),
-                              coverage=Coverage(file=coverage_file,
-                                                sha256=hashlib.sha256(coverage.tobytes()).hexdigest()),
-                              spent_max_after_units=int(spent.max()), epsilon_total_units=dataset.epsilon_total_units)
+                              charge=units_epsilon(units), examples_covered=coverage.size,
+                              coverage=Coverage(file=coverage.file, sha256=coverage.sha256),
+                              spent_max_after_units=spent_max, epsilon_total_units=dataset.epsilon_total_units)
         record_json = canonical(record.model_dump(mode="json"))
         prev_hash = dataset.ledger_head
         digest = chain_hash(prev_hash, record_json)
-        dataset.spent_file = self.store.write_array(f"datasets/{dataset.id}/spent_{seq:08d}.npy", spent)
-        dataset.epsilon_spent_units = int(spent.max())
+        dataset.spent_file, dataset.classes_file = spent_file, classes_file
+        dataset.epsilon_spent_units = spent_max
         dataset.ledger_seq = seq
         dataset.ledger_head = digest
-        return record, record_json, prev_hash, digest
+        superseded = [f for f in old_files if f not in (spent_file, classes_file)]
+        return record, record_json, prev_hash, digest, superseded
+
+    def _split(self, dataset, state: BudgetState, covered: np.ndarray, touched: np.ndarray, units: int,
+               seq: int) -> tuple[np.ndarray, np.ndarray, str]:
+        """Rewrite the class file: one class per distinct spent value (so classes merge as well as split)."""
+        spent, sizes = state.spent_with_fresh()
+        uncovered_value = np.where(sizes - touched > 0, spent, -1)
+        covered_value = np.where(touched > 0, spent + units, -1)
+        values = np.unique(np.concatenate([uncovered_value, covered_value]))
+        values = values[values >= 0]
+        to_uncovered = np.searchsorted(values, uncovered_value)
+        to_covered = np.searchsorted(values, covered_value)
+        new_sizes = np.zeros(values.size, dtype=np.int64)
+
+        def write(path):
+            classes = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(dataset.registry_size,))
+            for start in range(0, dataset.registry_size, CHUNK):
+                stop = min(dataset.registry_size, start + CHUNK)
+                old = state.block(start, stop)
+                new = np.where(_covered_mask(covered, start, stop), to_covered[old], to_uncovered[old])
+                classes[start:stop] = new
+                new_sizes[:] += np.bincount(new, minlength=values.size)
+            classes.flush()
+
+        classes_file = self.store.write_with(f"datasets/{dataset.id}/budget/classes_{seq:08d}.npy", write)
+        return values, new_sizes, classes_file
 
 
 def verify_chain(entries, head: str | None = None) -> bool:

@@ -25,11 +25,13 @@ from shared.privacy import BudgetSplit, split_budget
 
 
 @dataclass(frozen=True, eq=False)
-class Privatization:
+class Plan:
+    """The mechanism built and certified from the labels' histogram (and the noisy prior, if any), before any
+    label is sampled: what a release of any size — in process, row group by row group, or on Spark — needs."""
+
     mechanism: object
     split: BudgetSplit
     prior: NoisyPrior | None
-    noisy_labels: np.ndarray
     diagnostics: Mapping[str, float | int | str] = field(default_factory=dict)  # the solver's, see registry
 
     @property
@@ -42,37 +44,62 @@ class Privatization:
         events = ([self.prior.dp_event()] if self.prior else []) + [self.mechanism.dp_event()]
         return dp_event.ComposedDpEvent(events)
 
+    @property
+    def sampler(self):
+        """What draws the released values from labels already in the support (on the grid for continuous
+        domains: the rounding happened when the histogram was taken)."""
+        return self.mechanism.inner if isinstance(self.mechanism, RoundedRandomizer) else self.mechanism
 
-def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.random.Generator, *,
-                     prior_epsilon: float | None = None,
-                     options: MechanismOptions | None = None) -> Privatization:
-    """``rng`` is :func:`shared.randomness.secure_rng` for releases; tests and benchmarks pass a seeded one."""
-    family = registry.family(mechanism)
-    labels = np.asarray(labels, dtype=np.float64).ravel()
-    if labels.size == 0:
-        raise LabelDPError("no labels to privatize", code="empty_labels")
-    finite = support(domain)
-    rows = None  # each label's row of the finite support, computed once
+
+@dataclass(frozen=True, eq=False)
+class Privatization(Plan):
+    noisy_labels: np.ndarray | None = None
+
+
+def support_rows(domain, labels: np.ndarray, mechanism: str, rng: np.random.Generator) -> np.ndarray | None:
+    """Each label's row of the finite support (randomized rounding for on-grid continuous labels: draw once, and
+    let the histogram and the sampler see the same rounded label); None for mechanisms on raw continuous labels."""
     if isinstance(domain, ContinuousInterval):
         labels = domain.check(labels)
-        if family.on_grid:
-            # Round once; the prior histogram and the finite mechanism both see the same rounded labels.
-            rows = domain.round_to_grid(labels, rng)
-            labels = finite.values[rows]
-    else:
-        rows = domain.index_of(labels)  # every label must belong to the declared domain
+        return domain.round_to_grid(labels, rng) if registry.family(mechanism).on_grid else None
+    return domain.index_of(labels)  # every label must belong to the declared domain
+
+
+def plan_privatization(domain, counts: np.ndarray | None, num_labels: int, mechanism: str, epsilon: float,
+                       rng: np.random.Generator, *, prior_epsilon: float | None = None,
+                       options: MechanismOptions | None = None) -> Plan:
+    """Split ε, estimate the prior from the exact support ``counts`` where the mechanism needs one, build and
+    certify the mechanism."""
+    family = registry.family(mechanism)
+    finite = support(domain)
     if family.needs_prior:
-        split = split_budget(epsilon, finite.size, labels.size, prior_epsilon)
-        prior = estimate_prior(np.bincount(rows, minlength=finite.size), split.prior_epsilon, rng)
+        split = split_budget(epsilon, finite.size, num_labels, prior_epsilon)
+        prior = estimate_prior(counts, split.prior_epsilon, rng)
     else:
         if prior_epsilon is not None:
             raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",
                                code="invalid_epsilon")
         split, prior = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed"), None
     built = registry.build(mechanism, domain, split.randomizer_epsilon, prior.weights if prior else None, options)
-    randomizer = built.mechanism
-    sampler = randomizer.inner if isinstance(randomizer, RoundedRandomizer) else randomizer  # already on the grid
-    return Privatization(randomizer, split, prior, sampler.sample(labels, rng), built.diagnostics)
+    return Plan(built.mechanism, split, prior, built.diagnostics)
+
+
+def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.random.Generator, *,
+                     prior_epsilon: float | None = None,
+                     options: MechanismOptions | None = None) -> Privatization:
+    """``rng`` is :func:`shared.randomness.secure_rng` for releases; tests and benchmarks pass a seeded one."""
+    registry.family(mechanism)  # an unknown mechanism is refused before anything else
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    if labels.size == 0:
+        raise LabelDPError("no labels to privatize", code="empty_labels")
+    finite = support(domain)
+    rows = support_rows(domain, labels, mechanism, rng)
+    counts = np.bincount(rows, minlength=finite.size) if rows is not None else None
+    plan = plan_privatization(domain, counts, labels.size, mechanism, epsilon, rng, prior_epsilon=prior_epsilon,
+                              options=options)
+    on_support = finite.values[rows] if rows is not None else labels
+    return Privatization(plan.mechanism, plan.split, plan.prior, plan.diagnostics,
+                         plan.sampler.sample(on_support, rng))
 
 
 @dataclass(frozen=True, eq=False)

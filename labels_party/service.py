@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labels_party import db
+from labels_party import db, labelstore
 from labels_party.auth import Principal
 from labels_party.ledger import (
+    CHUNK,
     BudgetLedger,
+    BudgetState,
     budget_units,
     recorded_charge_units,
     units_epsilon,
@@ -30,7 +30,6 @@ from labels_party.ledger import (
 )
 from labels_party.settings import LabelsSettings
 from labels_party.storage import DataStore
-from labels_party.uploads import parse_labels
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
@@ -188,43 +187,43 @@ def _budget_view(dataset: db.Dataset) -> schemas.Budget:
 
 def upload_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, path: Path,
                   fmt: str) -> schemas.UploadResult:
-    """A new label version. Earlier versions and every release stay untouched; budgets follow example ids."""
-    with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id, admin=True)
-        spec = json.loads(dataset.domain_json)
-    parsed = parse_labels(path, fmt, domain_from_spec(spec), spec.get("clip"))
-    ids, labels = parsed.ids, parsed.labels
-    with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id, admin=True, lock=True)
-        registry = registry_ids(ctx, dataset)
-        index = pc.index_in(ids, value_set=registry).to_numpy(zero_copy_only=False)
-        is_new = np.isnan(index) if index.dtype.kind == "f" else np.zeros(index.size, dtype=bool)
-        new_ids = pc.filter(ids, pa.array(is_new))
-        registry_index = np.where(is_new, 0, np.nan_to_num(index)).astype(np.int64)
-        registry_index[is_new] = len(registry) + np.arange(int(is_new.sum()))
-        if len(new_ids):
-            registry = pa.concat_arrays([registry, new_ids.combine_chunks()])
-            dataset.registry_file = ctx.store.write_table(
-                f"datasets/{dataset.id}/examples_{len(registry):010d}.parquet",
-                pa.table({"example_id": registry}))
-            dataset.registry_size = len(registry)
-        order = np.argsort(registry_index)
-        version = dataset.label_version + 1
-        file = ctx.store.write_table(f"datasets/{dataset.id}/labels_v{version:06d}.parquet",
-                                     pa.table({"registry_index": registry_index[order], "label": labels[order]}))
-        session.add(db.LabelVersion(dataset_id=dataset.id, version=version, file=file, num_examples=labels.size,
-                                    clipped_below=parsed.clipped_below, clipped_above=parsed.clipped_above))
-        dataset.label_version = version
-        dataset.num_examples = int(labels.size)
-        return schemas.UploadResult(dataset_id=dataset.id, label_version=version, num_examples=int(labels.size),
-                                    new_examples=int(is_new.sum()), clipped_below=parsed.clipped_below,
-                                    clipped_above=parsed.clipped_above)
+    """A new label version. Earlier versions and every release stay untouched; budgets follow example ids.
+
+    The upload is parsed, checked and joined against the registry outside any lock (minutes at 10⁸ labels); it
+    commits only if no other upload committed meanwhile, else it is redone on the new registry."""
+    for _attempt in range(3):
+        with ctx.sessions() as session, session.begin():
+            dataset = accessible_dataset(session, principal, dataset_id, admin=True)
+            spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
+            parts = registry_parts(session, dataset)
+        ingested = labelstore.ingest(ctx.store, dataset_id, seen[0] + 1, path, fmt, domain_from_spec(spec),
+                                     spec.get("clip"), parts, seen[1])
+        with ctx.sessions() as session, session.begin():
+            dataset = accessible_dataset(session, principal, dataset_id, admin=True, lock=True)
+            if (dataset.label_version, dataset.registry_size) != seen:
+                ctx.store.remove(ingested.file)
+                continue
+            version = seen[0] + 1
+            session.add(db.LabelVersion(
+                dataset_id=dataset.id, version=version, file=ingested.file, num_examples=ingested.num_examples,
+                clipped_below=ingested.clipped_below, clipped_above=ingested.clipped_above,
+                registry_start=ingested.registry_start, registry_end=ingested.registry_end,
+                coverage_file=ingested.coverage.file, coverage_sha256=ingested.coverage.sha256))
+            dataset.label_version, dataset.num_examples = version, ingested.num_examples
+            dataset.registry_size = ingested.registry_end
+            return schemas.UploadResult(dataset_id=dataset.id, label_version=version,
+                                        num_examples=ingested.num_examples, new_examples=ingested.new_examples,
+                                        clipped_below=ingested.clipped_below,
+                                        clipped_above=ingested.clipped_above)
+    raise LabelDPError("other uploads to this dataset kept committing first; retry", code="upload_conflict")
 
 
-def registry_ids(ctx: ServiceContext, dataset: db.Dataset) -> pa.Array:
-    if not dataset.registry_file:
-        return pa.array([], type=pa.string())
-    return ctx.store.read_table(dataset.registry_file).column("example_id").combine_chunks()
+def registry_parts(session: Session, dataset: db.Dataset) -> list[labelstore.RegistryPart]:
+    """Where the dataset's example ids live (see :mod:`labels_party.labelstore`)."""
+    parts = [labelstore.RegistryPart(dataset.registry_file, 0, 0, legacy=True)] if dataset.registry_file else []
+    versions = session.scalars(select(db.LabelVersion).where(
+        db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.registry_end > db.LabelVersion.registry_start))
+    return parts + [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions]
 
 
 # -- audit ------------------------------------------------------------------------------------------------------
@@ -259,7 +258,7 @@ def verify_audit(ctx: ServiceContext) -> dict:
     coverage files — compared exactly with the stored budget. Any mismatch is reported."""
     from shared.mechanisms import events
 
-    report = {"datasets": [], "valid": True}
+    report, hashes = {"datasets": [], "valid": True}, {}
     with ctx.sessions() as session, session.begin():
         for dataset in session.scalars(select(db.Dataset).order_by(db.Dataset.created_at)):
             entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
@@ -267,36 +266,60 @@ def verify_audit(ctx: ServiceContext) -> dict:
             problems = []
             if not verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head):
                 problems.append("hash chain broken")
-            spent = np.zeros(dataset.registry_size, dtype=np.int64)
+            coverages = []
             for entry in entries:
                 record = json.loads(entry.record)
                 units = recorded_charge_units(record)
                 epsilon = events.epsilon_of(events.from_dict(record["dp_event"]), record.get("delta", 0.0))
                 if not within_charge(epsilon, units):
                     problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
-                coverage = ctx.store.read_array(record["coverage"]["file"])
-                if hashlib.sha256(coverage.tobytes()).hexdigest() != record["coverage"]["sha256"]:
+                coverage = labelstore.read_coverage(ctx.store, record["coverage"]["file"])
+                if _sha256_of(coverage, hashes) != record["coverage"]["sha256"]:
                     problems.append(f"seq {entry.seq}: coverage file does not match its hash")
-                spent[coverage] += units
+                coverages.append((coverage, units))
                 release = session.get(db.Release, record["release_id"])
                 if release is None:
                     problems.append(f"seq {entry.seq}: release {record['release_id']} missing")
                 elif "mechanism_hash" in record and (release.mechanism_hash != record["mechanism_hash"] or session.get(
                         db.MechanismDocument, record["mechanism_hash"]) is None):
                     problems.append(f"seq {entry.seq}: mechanism document {record['mechanism_hash']} missing")
-            if not np.array_equal(spent, ctx.ledger.spent_vector(dataset)):
+            worst, differs = _recompute_budget(ctx.ledger.state(dataset), coverages)
+            if differs:
                 problems.append("per-example budget vector differs from the ledger")
-            if spent.size and int(spent.max()) > dataset.epsilon_total_units:
+            if worst > dataset.epsilon_total_units:
                 problems.append("an example exceeds the dataset's total budget")
-            if int(spent.max() if spent.size else 0) != dataset.epsilon_spent_units:
+            if worst != dataset.epsilon_spent_units:
                 problems.append("the dataset's spent epsilon differs from the ledger")
             releases = session.scalar(select(func.count()).select_from(db.Release)
                                       .where(db.Release.dataset_id == dataset.id))
             if releases != len(entries):
                 problems.append(f"{releases} releases but {len(entries)} ledger entries")
             report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(entries),
-                                       "epsilon_spent": units_epsilon(int(spent.max()) if spent.size else 0),
+                                       "epsilon_spent": units_epsilon(worst),
                                        "epsilon_total": units_epsilon(dataset.epsilon_total_units),
                                        "problems": problems})
             report["valid"] &= not problems
     return report
+
+
+def _sha256_of(coverage: np.ndarray, cache: dict) -> str:
+    """SHA-256 of a (memory-mapped) coverage array's bytes, once per array file."""
+    key = getattr(coverage, "filename", None) or id(coverage)
+    if key not in cache:
+        cache[key] = hashlib.sha256(np.ascontiguousarray(coverage)).hexdigest()
+    return cache[key]
+
+
+def _recompute_budget(state: BudgetState, coverages: list[tuple[np.ndarray, int]]) -> tuple[int, bool]:
+    """Every example's spent units summed from the records' coverage (block by block of registry indices, so
+    memory stays bounded), compared exactly with the ledger's state: (max spent, any difference)."""
+    worst, differs = 0, False
+    for start in range(0, state.registry_size, CHUNK):
+        stop = min(state.registry_size, start + CHUNK)
+        block = np.zeros(stop - start, dtype=np.int64)
+        for coverage, units in coverages:
+            low, high = np.searchsorted(coverage, [start, stop])
+            block[np.asarray(coverage[low:high]) - start] += units
+        differs |= not np.array_equal(block, state.spent_block(start, stop))
+        worst = max(worst, int(block.max()) if block.size else 0)
+    return worst, differs

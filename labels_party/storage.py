@@ -22,14 +22,25 @@ class DataStore:
     def path(self, relative: str) -> Path:
         return self.root / relative
 
-    def _atomic(self, relative: str, write) -> str:
+    def write_with(self, relative: str, write) -> str:
+        """``write(path)`` fills a temporary file that then becomes ``relative`` atomically."""
         target = self.path(relative)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        write(temporary)
-        with open(temporary, "rb+") as handle:
+        try:
+            write(temporary)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        return self.adopt(temporary, relative)
+
+    def adopt(self, source: Path, relative: str) -> str:
+        """Move a finished file (on the same file system, e.g. under ``tmp/``) to ``relative``, durably."""
+        target = self.path(relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(source, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.replace(temporary, target)
+        os.replace(source, target)
         directory = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(directory)
@@ -38,7 +49,7 @@ class DataStore:
         return relative
 
     def write_table(self, relative: str, table: pa.Table) -> str:
-        return self._atomic(relative, lambda p: pq.write_table(table, p, compression="zstd"))
+        return self.write_with(relative, lambda p: pq.write_table(table, p, compression="zstd"))
 
     def read_table(self, relative: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(self.path(relative), columns=columns)
@@ -47,7 +58,7 @@ class DataStore:
         def write(p):
             with open(p, "wb") as handle:
                 np.save(handle, array)
-        return self._atomic(relative, write)
+        return self.write_with(relative, write)
 
     def read_array(self, relative: str) -> np.ndarray:
         return np.load(self.path(relative))

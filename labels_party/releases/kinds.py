@@ -21,8 +21,9 @@ import numpy as np
 
 from labels_party import registry
 from labels_party.evaluation import evaluate
-from labels_party.pipeline import privatize_by_group, privatize_labels
+from labels_party.pipeline import Plan, privatize_by_group, privatize_labels
 from labels_party.registry import MechanismOptions
+from labels_party.releases.streamed import plan_version
 from labels_party.releases.transaction import Computation, Draft, Snapshot
 from labels_party.solvers.rr_with_prior import rr_with_prior_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
@@ -96,16 +97,28 @@ class LabelRelease(_Defaults):
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, run: Computation) -> Draft:
         request = self.request
-        options = MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver, deadline=run.deadline)
         result = privatize_labels(snapshot.domain, labels, request.mechanism, request.epsilon, run.rng,
-                                  prior_epsilon=request.prior_epsilon, options=options)
+                                  prior_epsilon=request.prior_epsilon, options=self._options(run))
         noisy = result.noisy_labels
         columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
                    else {"label": noisy})
-        description = {**result.mechanism.describe(), "budget_split_rule": result.split.rule,
-                       "randomizer_epsilon": result.split.randomizer_epsilon}
-        return Draft(result, columns, description, result.prior.describe() if result.prior else None,
-                     result.split.prior_epsilon)
+        return self._draft(result, columns)
+
+    def compute_version(self, snapshot: Snapshot, read, run: Computation) -> Draft:
+        request = self.request
+        streamed = plan_version(snapshot.domain, read, snapshot.num_examples, request.mechanism, request.epsilon,
+                                run.rng, prior_epsilon=request.prior_epsilon, options=self._options(run))
+        return self._draft(streamed.plan, {}, streamed.write)
+
+    def _options(self, run: Computation) -> MechanismOptions:
+        request = self.request
+        return MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver, deadline=run.deadline)
+
+    def _draft(self, plan: Plan, columns: dict, write=None) -> Draft:
+        description = {**plan.mechanism.describe(), "budget_split_rule": plan.split.rule,
+                       "randomizer_epsilon": plan.split.randomizer_epsilon}
+        return Draft(plan, columns, description, plan.prior.describe() if plan.prior else None,
+                     plan.split.prior_epsilon, write=write)
 
 
 @dataclass(frozen=True)

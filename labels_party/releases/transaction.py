@@ -20,21 +20,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from labels_party import db, documents
+from labels_party import db, documents, labelstore
 from labels_party.auth import Principal
 from labels_party.ledger import Actor, canonical, charge_units, units_epsilon
-from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range, registry_ids
+from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
@@ -44,13 +44,19 @@ from shared.mechanisms import events
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The dataset and its current label version, read once when the release begins."""
+    """The dataset and its current label version, read once when the release begins (labels stay on disk)."""
 
     dataset: db.Dataset
     domain: object
     version: int
-    version_index: np.ndarray  # registry index of each labelled example of the version
-    labels: np.ndarray
+    file: str  # the label version (see labels_party.labelstore)
+    num_examples: int
+    coverage: labelstore.CoverageSet | None  # the whole version's; None for versions written before coverage sets
+    legacy_registry: str | None = None
+
+    def read(self, ctx: ServiceContext) -> Callable[[], Iterator[pa.RecordBatch]]:
+        """The version's (example_id, label) row groups, re-readable."""
+        return lambda: labelstore.iter_version(ctx.store, self.file, ("example_id", "label"), self.legacy_registry)
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class Draft:
     noisy_prior: dict | None = None
     prior_epsilon: float = 0.0
     delta: float = 0.0
+    write: Callable[[Path], None] | None = None  # a streamed release writes its own file (then columns is empty)
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,11 @@ class ReleaseKind(Protocol):
     def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs: Any, run: Computation) -> Draft:
         """The draft from the covered examples' labels (in the order of the ids)."""
 
+    def compute_version(self, snapshot: Snapshot, read: Callable[[], Iterator[pa.RecordBatch]],
+                        run: Computation) -> Draft:
+        """Only for kinds whose ``inputs`` may cover the whole version (ids None): the draft from the version's
+        row groups, in bounded memory; its ``write`` produces the release file."""
+
 
 def run(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
         kind: ReleaseKind) -> tuple[schemas.Release, bool]:
@@ -110,12 +122,17 @@ def run(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_
     if stored is not None:
         return stored, False
     example_ids, inputs = kind.inputs(snapshot)
-    rows = _covered_rows(ctx, snapshot, example_ids)
-    covered = snapshot.version_index[rows]
-    _check_budget_early(ctx, snapshot, covered, kind.epsilon)
-    draft = kind.compute(snapshot, snapshot.labels[rows], inputs,
-                         Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds)))
-    return _commit(ctx, principal, idempotency_key, body_hash, snapshot, kind, covered, draft)
+    computation = Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
+    if example_ids is None:
+        coverage = _whole_version(ctx, snapshot)
+        _check_budget_early(ctx, snapshot, coverage, kind.epsilon)
+        draft, output_ids = kind.compute_version(snapshot, snapshot.read(ctx), computation), None
+    else:
+        index, labels = labelstore.lookup(ctx.store, snapshot.file, example_ids, snapshot.legacy_registry)
+        coverage = labelstore.coverage_of(ctx.store, snapshot.dataset.id, index)
+        _check_budget_early(ctx, snapshot, coverage, kind.epsilon)
+        draft, output_ids = kind.compute(snapshot, labels, inputs, computation), pa.array(example_ids, pa.string())
+    return _commit(ctx, principal, idempotency_key, body_hash, snapshot, kind, coverage, draft, output_ids)
 
 
 def release_view(release: db.Release) -> schemas.Release:
@@ -155,50 +172,42 @@ def _begin(ctx: ServiceContext, principal: Principal, dataset_id: str, idempoten
             db.LabelVersion.dataset_id == dataset_id, db.LabelVersion.version == dataset.label_version))
         if version is None:
             raise LabelDPError("the dataset has no labels yet", code="no_labels")
-    table = ctx.store.read_table(version.file)
-    return None, Snapshot(dataset, domain_from_spec(json.loads(dataset.domain_json)), version.version,
-                          table.column("registry_index").to_numpy(), table.column("label").to_numpy())
+    coverage = (labelstore.CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
+                if version.coverage_file else None)
+    return None, Snapshot(dataset, domain_from_spec(json.loads(dataset.domain_json)), version.version, version.file,
+                          version.num_examples, coverage, dataset.registry_file)
 
 
-def _covered_rows(ctx: ServiceContext, snapshot: Snapshot, example_ids: Sequence[str] | None) -> np.ndarray:
-    """Rows of the label version to release (all, or the requested ids in their order; unknown ids are an
-    error)."""
-    version_index = snapshot.version_index
-    if example_ids is None:
-        return np.arange(version_index.size)
-    if len(set(example_ids)) != len(example_ids):
-        raise LabelDPError("example_ids contains duplicates", code="duplicate_example_id")
-    registry = registry_ids(ctx, snapshot.dataset)
-    index = pc.index_in(pa.array(example_ids, type=pa.string()), value_set=registry)
-    wanted = index.to_numpy(zero_copy_only=False)
-    rows = np.full(len(example_ids), -1, dtype=np.int64)
-    known = ~np.isnan(wanted) if wanted.dtype.kind == "f" else np.ones(len(example_ids), dtype=bool)
-    positions = np.searchsorted(version_index, np.nan_to_num(wanted[known]).astype(np.int64))
-    positions = np.minimum(positions, version_index.size - 1)
-    hit = version_index[positions] == np.nan_to_num(wanted[known]).astype(np.int64)
-    rows[np.flatnonzero(known)[hit]] = positions[hit]
-    if np.any(rows < 0):
-        missing = [example_ids[i] for i in np.flatnonzero(rows < 0)[:3]]
-        raise LabelDPError(f"{int((rows < 0).sum())} example id(s) have no current label, e.g. {missing}",
-                           code="unknown_example_ids")
-    return rows
+def _whole_version(ctx: ServiceContext, snapshot: Snapshot) -> labelstore.CoverageSet:
+    if snapshot.coverage is not None:
+        return snapshot.coverage
+    chunks = (b.column("registry_index").to_numpy() for b in
+              labelstore.iter_version(ctx.store, snapshot.file, ("registry_index",), snapshot.legacy_registry))
+    return labelstore.write_coverage(ctx.store, snapshot.dataset.id, chunks, total=snapshot.num_examples)
 
 
-def _check_budget_early(ctx: ServiceContext, snapshot: Snapshot, covered: np.ndarray, epsilon: float) -> None:
+def _check_budget_early(ctx: ServiceContext, snapshot: Snapshot, coverage: labelstore.CoverageSet,
+                        epsilon: float) -> None:
     """Fail fast before the computation; the exact check runs again under the lock when committing."""
     with ctx.sessions() as session, session.begin():
-        remaining = ctx.ledger.remaining_units_for(session.get(db.Dataset, snapshot.dataset.id), covered)
+        dataset = session.get(db.Dataset, snapshot.dataset.id)
+        try:
+            remaining = ctx.ledger.remaining_units_for(dataset, labelstore.read_coverage(ctx.store, coverage.file))
+        except FileNotFoundError:  # a concurrent charge superseded the state just read: leave it to the commit
+            return
     if charge_units(epsilon) > remaining:
         raise _budget_error(epsilon, units_epsilon(remaining))
 
 
 def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, body_hash: str, snapshot: Snapshot,
-            kind: ReleaseKind, covered: np.ndarray, draft: Draft) -> tuple[schemas.Release, bool]:
+            kind: ReleaseKind, coverage: labelstore.CoverageSet, draft: Draft,
+            example_ids: pa.Array | None) -> tuple[schemas.Release, bool]:
     """Write the file, then check-charge-insert in one transaction under the dataset lock."""
     dataset_id, release_id = snapshot.dataset.id, db.new_id()
-    example_ids = registry_ids(ctx, snapshot.dataset).take(pa.array(covered))
-    file = ctx.store.write_table(f"releases/{release_id}.parquet",
-                                 pa.table({"example_id": example_ids, **draft.columns}))
+    relative = f"releases/{release_id}.parquet"
+    file = (ctx.store.write_with(relative, draft.write) if draft.write is not None else
+            ctx.store.write_table(relative, pa.table({"example_id": example_ids, **draft.columns})))
+    superseded: list[str] = []
     try:
         with ctx.sessions() as session, session.begin():
             dataset = accessible_dataset(session, principal, dataset_id, lock=True)
@@ -206,11 +215,13 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
             if existing is not None:  # a concurrent retry won the race
                 ctx.store.remove(file)
                 return release_view(existing), False
-            release = _charge_and_insert(ctx, session, principal, dataset, snapshot, kind, covered, draft,
+            release = _charge_and_insert(ctx, session, principal, dataset, snapshot, kind, coverage, draft,
                                          db.Release(id=release_id, idempotency_key=idempotency_key,
-                                                    body_hash=body_hash, file=file))
+                                                    body_hash=body_hash, file=file), superseded)
             ctx.checkpoint("before_commit")
         ctx.checkpoint("after_commit")
+        for old in superseded:  # the budget state the commit replaced
+            ctx.store.remove(old)
     except IntegrityError:
         ctx.store.remove(file)
         with ctx.sessions() as session, session.begin():
@@ -230,13 +241,13 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
 
 
 def _charge_and_insert(ctx: ServiceContext, session: Session, principal: Principal, dataset: db.Dataset,
-                       snapshot: Snapshot, kind: ReleaseKind, covered: np.ndarray, draft: Draft,
-                       release: db.Release) -> db.Release:
+                       snapshot: Snapshot, kind: ReleaseKind, coverage: labelstore.CoverageSet, draft: Draft,
+                       release: db.Release, superseded: list[str]) -> db.Release:
     """Inside the locked transaction: the exact charge and its ledger record, the mechanism document, the
     release row."""
     mechanism_hash = documents.store(session, {"description": draft.description, "noisy_prior": draft.noisy_prior})
     units = charge_units(kind.epsilon)
-    record, record_json, prev_hash, digest = ctx.ledger.charge(dataset, covered, units, {
+    record, record_json, prev_hash, digest, replaced = ctx.ledger.charge(dataset, coverage, units, {
         "release_id": release.id, "created_at": db.utcnow().isoformat(),
         "actor": Actor(org=principal.org_name, role=principal.role), "mechanism": kind.mechanism,
         "request": kind.record(), "label_version": snapshot.version, "epsilon_requested": kind.epsilon,
@@ -245,7 +256,8 @@ def _charge_and_insert(ctx: ServiceContext, session: Session, principal: Princip
     release.dataset_id, release.requester_org_id, release.mechanism = dataset.id, principal.org_id, kind.mechanism
     release.epsilon, release.charge_units, release.certified_epsilon = kind.epsilon, units, record.epsilon_certified
     release.prior_epsilon, release.randomizer_epsilon = draft.prior_epsilon, kind.epsilon - draft.prior_epsilon
-    release.num_examples, release.label_version = int(covered.size), snapshot.version
+    superseded.extend(replaced)
+    release.num_examples, release.label_version = coverage.size, snapshot.version
     release.description_json = json.dumps(documents.summary(draft.description))
     release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
     release.mechanism_hash = mechanism_hash

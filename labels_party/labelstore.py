@@ -1,0 +1,309 @@
+"""Label versions and the example registry on disk, out of core: memory stays bounded whatever the dataset's size.
+
+A **label version** is one Parquet file, ``registry_index, example_id, label``, sorted by ``registry_index``, in
+row groups of :data:`BATCH_ROWS`; everything that reads labels iterates over its row groups. Beside it, the
+version's **coverage** — its sorted registry indices as an ``.npy`` file, content-addressed by SHA-256 — is what
+a release of the whole version charges (the ledger memory-maps it; a thousand releases of one version share it).
+
+The **registry** gives every example id ever uploaded a stable index (budgets follow ids across versions). It is
+not a structure of its own: the ids a version introduced are the rows of that version's file whose index lies in
+``[registry_start, registry_end)``, so the registry is the union of those ranges (plus, for datasets written
+before this layout, one ``registry_file`` whose row number is the index).
+
+Duplicate ids and the join of an upload against the registry run in DuckDB with a memory limit and a spill
+directory (its external hash aggregation, join and sort), never in Python structures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from labels_party.storage import DataStore
+from shared.domains import check_labels
+from shared.errors import LabelDPError
+
+BATCH_ROWS = 1 << 20
+VERSION_SCHEMA = pa.schema([("registry_index", pa.int64()), ("example_id", pa.string()), ("label", pa.float64())])
+DUCKDB_MEMORY = "512MB"  # DuckDB spills to the data directory beyond this
+
+
+@dataclass(frozen=True)
+class RegistryPart:
+    """Example ids a label version introduced: its rows with registry_index in [start, end). ``legacy``: a
+    pre-layout registry file (ids only; the row number is the index)."""
+
+    file: str
+    start: int
+    end: int
+    legacy: bool = False
+
+
+@dataclass(frozen=True)
+class CoverageSet:
+    """Sorted registry indices (int64 ``.npy``), content-addressed: ``sha256`` of their bytes."""
+
+    file: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Ingested:
+    file: str
+    coverage: CoverageSet
+    num_examples: int
+    new_examples: int
+    registry_start: int
+    registry_end: int
+    clipped_below: int
+    clipped_above: int
+
+
+def duckdb_connection(store: DataStore) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with a memory limit, spilling under the data directory."""
+    spill = store.path("tmp/duckdb")
+    spill.mkdir(parents=True, exist_ok=True)
+    connection = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY, "temp_directory": str(spill),
+                                        "preserve_insertion_order": False, "threads": 2})
+    return connection
+
+
+# -- uploads ----------------------------------------------------------------------------------------------------
+
+def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
+    if fmt == "csv":
+        yield from pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 24),
+                                  convert_options=pacsv.ConvertOptions(
+                                      column_types={"example_id": pa.string(), "label": pa.float64()},
+                                      include_columns=["example_id", "label"]))
+    elif fmt == "ndjson":
+        yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=1 << 24))
+    else:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
+
+
+@dataclass
+class _ClipCounts:
+    below: int = 0
+    above: int = 0
+
+
+def _checked(batch: pa.RecordBatch, domain, clip: dict | None, counts: _ClipCounts) -> tuple[pa.Array, np.ndarray]:
+    names = batch.schema.names
+    if "example_id" not in names or "label" not in names:
+        raise LabelDPError("labels need columns example_id and label", code="malformed_file")
+    ids = pc.cast(batch.column("example_id"), pa.string())
+    labels = pc.cast(batch.column("label"), pa.float64())
+    if ids.null_count or pc.any(pc.equal(pc.utf8_length(ids), 0)).as_py():
+        raise LabelDPError("an example_id is missing or empty", code="malformed_file")
+    if labels.null_count:
+        raise LabelDPError("a label is missing", code="malformed_file")
+    values = labels.to_numpy(zero_copy_only=False)
+    if not np.all(np.isfinite(values)):
+        raise LabelDPError("labels must be finite numbers (no NaN or inf)", code="label_out_of_domain")
+    if clip is not None:
+        counts.below += int(np.count_nonzero(values < clip["low"]))
+        counts.above += int(np.count_nonzero(values > clip["high"]))
+        values = np.clip(values, clip["low"], clip["high"])
+    check_labels(domain, values)
+    return ids, values
+
+
+def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> tuple[int, _ClipCounts]:
+    """Parse, check and write the upload as Parquet row groups (``registry_index`` = row number for now)."""
+    counts, rows = _ClipCounts(), 0
+    try:
+        with pq.ParquetWriter(target, VERSION_SCHEMA, compression="zstd") as writer:
+            for batch in _batches(path, fmt):
+                ids, values = _checked(batch, domain, clip, counts)
+                writer.write_table(pa.table({"registry_index": np.arange(rows, rows + len(values)),
+                                             "example_id": ids, "label": values}, schema=VERSION_SCHEMA),
+                                   row_group_size=BATCH_ROWS)
+                rows += len(values)
+    except (pa.ArrowException, OSError) as err:  # any Arrow parse/convert/missing-column failure
+        message = str(err).splitlines()[0][:300]
+        raise LabelDPError(f"cannot parse the {fmt} body: {message}", code="malformed_file") from None
+    if rows == 0:
+        raise LabelDPError("the upload holds no labels", code="empty_labels")
+    return rows, counts
+
+
+def _registry_sql(store: DataStore, parts: Sequence[RegistryPart]) -> str:
+    selects = []
+    for part in parts:
+        path = str(store.path(part.file)).replace("'", "''")
+        if part.legacy:
+            selects.append(f"SELECT example_id, file_row_number AS registry_index "
+                           f"FROM read_parquet('{path}', file_row_number=true)")
+        else:
+            selects.append(f"SELECT example_id, registry_index FROM read_parquet('{path}') "
+                           f"WHERE registry_index >= {int(part.start)} AND registry_index < {int(part.end)}")
+    return " UNION ALL ".join(selects)
+
+
+def _refuse_duplicates(connection, staged: Path) -> None:
+    duplicate = connection.execute("SELECT example_id FROM read_parquet(?) GROUP BY example_id "
+                                   "HAVING count(*) > 1 LIMIT 1", [str(staged)]).fetchone()
+    if duplicate is not None:
+        raise LabelDPError(f"duplicate example_id {duplicate[0]!r}", code="duplicate_example_id")
+
+
+def _assign_indices(connection, store: DataStore, staged: Path, parts, registry_size: int, target: Path) -> int:
+    """Known ids keep their index; new ones get registry_size, registry_size + 1, … in upload order. Writes the
+    version sorted by index; returns the number of new ids."""
+    connection.execute(f"""
+        CREATE TEMP TABLE joined AS
+        SELECT u.registry_index AS position, u.example_id, u.label, r.registry_index AS known
+        FROM read_parquet('{str(staged).replace("'", "''")}') u
+        LEFT JOIN ({_registry_sql(store, parts)}) r USING (example_id)""")
+    new = connection.execute("SELECT count(*) FROM joined WHERE known IS NULL").fetchone()[0]
+    connection.execute(f"""
+        COPY (
+          SELECT registry_index::BIGINT AS registry_index, example_id::VARCHAR AS example_id,
+                 label::DOUBLE AS label FROM (
+            SELECT known AS registry_index, example_id, label FROM joined WHERE known IS NOT NULL
+            UNION ALL
+            SELECT {int(registry_size)} + row_number() OVER (ORDER BY position) - 1, example_id, label
+            FROM joined WHERE known IS NULL)
+          ORDER BY registry_index
+        ) TO '{str(target).replace("'", "''")}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {BATCH_ROWS})""")
+    return int(new)
+
+
+def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str, domain, clip: dict | None,
+           parts: Sequence[RegistryPart], registry_size: int) -> Ingested:
+    """Parse, check and store an upload as label version ``version`` (files only; the caller commits the rows
+    that make them count)."""
+    relative = f"datasets/{dataset_id}/labels_v{version:06d}.parquet"
+    scratch = store.path(f"tmp/{uuid.uuid4().hex}")
+    scratch.mkdir(parents=True)
+    try:
+        staged = scratch / "staged.parquet"
+        rows, counts = _parse_to(path, fmt, domain, clip, staged)
+        with duckdb_connection(store) as connection:
+            _refuse_duplicates(connection, staged)
+            if parts:  # an existing registry: join, number the new ids, sort by index
+                final = scratch / "version.parquet"
+                new = _assign_indices(connection, store, staged, parts, registry_size, final)
+            else:  # the first upload: the row number is the index, already sorted
+                final, new = staged, rows
+        store.adopt(final, relative)
+        coverage = write_coverage(store, dataset_id, _index_chunks(store, relative), total=rows)
+    finally:
+        _remove_tree(scratch)
+    return Ingested(relative, coverage, rows, new, registry_size, registry_size + new, counts.below, counts.above)
+
+
+def _remove_tree(path: Path) -> None:
+    for child in sorted(path.glob("**/*"), reverse=True):
+        child.unlink() if child.is_file() else child.rmdir()
+    path.rmdir()
+
+
+# -- coverage sets ----------------------------------------------------------------------------------------------
+
+def _index_chunks(store: DataStore, relative: str) -> Iterator[np.ndarray]:
+    for batch in pq.ParquetFile(store.path(relative)).iter_batches(batch_size=BATCH_ROWS,
+                                                                   columns=["registry_index"]):
+        yield batch.column(0).to_numpy()
+
+
+def write_coverage(store: DataStore, dataset_id: str, chunks, total: int | None = None) -> CoverageSet:
+    """Store sorted registry indices (given as chunks, in order) once, under their SHA-256."""
+    scratch = store.path(f"tmp/{uuid.uuid4().hex}.npy")
+    digest, size, previous = hashlib.sha256(), 0, -1
+    chunks = list(chunks) if total is None else chunks
+    total = sum(len(c) for c in chunks) if total is None else total
+    array = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.int64, shape=(total,))
+    for chunk in chunks:
+        chunk = np.ascontiguousarray(chunk, dtype=np.int64)
+        if chunk.size and (chunk[0] <= previous or np.any(np.diff(chunk) <= 0)):
+            raise ValueError("coverage must be strictly increasing")
+        array[size:size + chunk.size] = chunk
+        digest.update(chunk.tobytes())
+        size += chunk.size
+        previous = int(chunk[-1]) if chunk.size else previous
+    array.flush()
+    del array
+    sha = digest.hexdigest()
+    relative = f"datasets/{dataset_id}/coverage/{sha}.npy"
+    if store.path(relative).exists():
+        scratch.unlink()
+    else:
+        store.adopt(scratch, relative)
+    return CoverageSet(relative, sha, size)
+
+
+def coverage_of(store: DataStore, dataset_id: str, indices: np.ndarray) -> CoverageSet:
+    """The coverage set of some registry indices (any order)."""
+    return write_coverage(store, dataset_id, [np.unique(np.asarray(indices, dtype=np.int64))])
+
+
+def read_coverage(store: DataStore, coverage_file: str) -> np.ndarray:
+    """Memory-mapped: a release of 10⁸ examples does not load its coverage."""
+    return np.load(store.path(coverage_file), mmap_mode="r")
+
+
+# -- reading a version ------------------------------------------------------------------------------------------
+
+def iter_version(store: DataStore, file: str, columns: Sequence[str] = ("registry_index", "example_id", "label"),
+                 legacy_registry: str | None = None) -> Iterator[pa.RecordBatch]:
+    """The version's rows in index order, one row group at a time."""
+    parquet = pq.ParquetFile(store.path(file))
+    needs_ids = "example_id" in columns and "example_id" not in parquet.schema_arrow.names
+    registry = _legacy_ids(store, legacy_registry) if needs_ids else None
+    read = [c for c in columns if c != "example_id" or not needs_ids]
+    if needs_ids and "registry_index" not in read:
+        read.append("registry_index")
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=read):
+        if needs_ids:  # a version written before ids were stored with the labels (small datasets only)
+            batch = pa.RecordBatch.from_pydict({
+                **{name: batch.column(name) for name in batch.schema.names},
+                "example_id": registry.take(batch.column("registry_index"))})
+        yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})
+
+
+def _legacy_ids(store: DataStore, legacy_registry: str | None) -> pa.Array:
+    if legacy_registry is None:
+        raise LabelDPError("this label version has no example ids and no registry", code="storage_inconsistent")
+    return store.read_table(legacy_registry).column("example_id").combine_chunks()
+
+
+def lookup(store: DataStore, file: str, example_ids: Sequence[str],
+           legacy_registry: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(registry index, label) of each requested id, in the request's order; unknown ids are refused. One pass
+    over the version; memory in the size of the request."""
+    if len(set(example_ids)) != len(example_ids):
+        raise LabelDPError("example_ids contains duplicates", code="duplicate_example_id")
+    wanted = pa.array(example_ids, type=pa.string())
+    found_ids, found_index, found_labels = [], [], []
+    for batch in iter_version(store, file, legacy_registry=legacy_registry):
+        hit = pc.is_in(batch.column("example_id"), value_set=wanted)
+        if pc.any(hit).as_py():
+            chosen = batch.filter(hit)
+            found_ids.append(chosen.column("example_id"))
+            found_index.append(chosen.column("registry_index").to_numpy())
+            found_labels.append(chosen.column("label").to_numpy())
+    ids = pa.chunked_array(found_ids, type=pa.string())
+    position = pc.index_in(wanted, value_set=ids.combine_chunks() if found_ids else pa.array([], pa.string()))
+    missing = position.is_null()
+    if pc.any(missing).as_py():
+        absent = pc.filter(wanted, missing)
+        raise LabelDPError(f"{len(absent)} example id(s) have no current label, e.g. {absent[:3].to_pylist()}",
+                           code="unknown_example_ids")
+    take = position.to_numpy(zero_copy_only=False).astype(np.int64)
+    index = np.concatenate(found_index) if found_index else np.zeros(0, np.int64)
+    labels = np.concatenate(found_labels) if found_labels else np.zeros(0)
+    return index[take], labels[take]

@@ -1,0 +1,84 @@
+"""A release of a whole label version in bounded memory: two passes over its Parquet row groups.
+
+1. **histogram** — each row group's labels are mapped to their row of the finite support and counted (exact
+   integers); the mechanism is planned from the counts on the driver (noisy prior, solve, certificate) exactly as
+   for a small release (:func:`labels_party.pipeline.plan_privatization`);
+2. **sample** — each row group is privatized with the plan's sampler and written as a row group of the release
+   file (``example_id`` and the released value).
+
+Continuous labels on a grid are rounded at random; both passes must see the *same* rounding, so it is drawn from
+a stream keyed by a secret taken from the release's randomness and replayed in the second pass — nothing is
+spilled to disk and the rounding stays as unpredictable as the release's own source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from randomgen import AESCounter
+
+from labels_party.pipeline import Plan, plan_privatization, support_rows
+from labels_party.registry import support
+from shared.domains import ContinuousInterval
+from shared.errors import LabelDPError
+
+ROUNDING_KEY_BYTES = 16  # an AES-128 key for the rounding stream
+
+
+@dataclass(frozen=True)
+class StreamedRelease:
+    plan: Plan
+    write: Callable[[Path], None]  # pass 2: writes the release file (example_id + released values)
+
+
+def plan_version(domain, read: Callable[[], Iterator[pa.RecordBatch]], num_labels: int, mechanism: str,
+                 epsilon: float, rng: np.random.Generator, *, prior_epsilon: float | None = None,
+                 options=None) -> StreamedRelease:
+    """``read()`` yields the version's row groups (columns example_id, label), the same ones on every call."""
+    if num_labels == 0:
+        raise LabelDPError("no labels to privatize", code="empty_labels")
+    finite = support(domain)
+    rounding_key = int.from_bytes(rng.bytes(ROUNDING_KEY_BYTES), "little")
+
+    def rows_of_batches() -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+        rounding = np.random.Generator(AESCounter(key=rounding_key))  # the same draws on every pass
+        for batch in read():
+            labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+            yield batch, support_rows(domain, labels, mechanism, rounding)
+
+    counts = np.zeros(finite.size, dtype=np.int64)
+    for _batch, rows in rows_of_batches():
+        if rows is None:
+            break  # a mechanism on raw continuous labels needs no histogram
+        counts += np.bincount(rows, minlength=finite.size)
+    plan = plan_privatization(domain, counts, num_labels, mechanism, epsilon, rng, prior_epsilon=prior_epsilon,
+                              options=options)
+
+    def write(path: Path) -> None:
+        writer = None
+        try:
+            for batch, rows in rows_of_batches():
+                if rows is not None:
+                    values = finite.values[rows]
+                else:
+                    values = np.asarray(batch.column("label").to_numpy(zero_copy_only=False), dtype=np.float64)
+                    values = domain.check(values) if isinstance(domain, ContinuousInterval) else values
+                table = _release_table(batch.column("example_id"), plan.sampler.sample(values, rng))
+                writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd")
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+
+    return StreamedRelease(plan, write)
+
+
+def _release_table(example_ids: pa.Array, noisy: np.ndarray) -> pa.Table:
+    if noisy.ndim == 2:  # label sets: one boolean column per class
+        return pa.table({"example_id": example_ids, **{f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])}})
+    return pa.table({"example_id": example_ids, "label": np.asarray(noisy, dtype=np.float64)})
