@@ -5,7 +5,7 @@ figures and ledger the API answers with (nothing here does accounting of its own
   /v1/datasets``, ``GET /v1/datasets/{id}/budget``);
 * releases per organization and mechanism, and ε spent over time: the ledger records of
   :func:`labels_party.service.audit` (``GET /v1/audit``), which also gives the hash chain's status;
-* per-example spent ε: the ledger's per-example vector (``ctx.ledger.spent_vector``, what every charge checks);
+* per-example spent ε: the ledger's coverage classes (``ctx.ledger.spent_classes``, what every charge checks);
 * a release and its mechanism document: :mod:`labels_party.releases.queries` (``GET /v1/releases/{id}``, ``GET
   /v1/mechanisms/{hash}``);
 * verification: :func:`labels_party.service.verify_audit` (``labeldp labels verify-audit``).
@@ -116,13 +116,15 @@ class DatasetPage:
     uploads: list[schemas.UploadEvent] = field(default_factory=list)
 
 
-def _histogram(spent: np.ndarray, total_units: int) -> Histogram:
-    charged = spent[spent > 0]
+def _histogram(spent: np.ndarray, sizes: np.ndarray, total_units: int) -> Histogram:
+    """Examples by spent ε, from the ledger's coverage classes (one value and a count per class)."""
+    charged = spent > 0
     top = max(total_units, int(spent.max()) if spent.size else 0) or 1
     edges = np.linspace(0, top, HISTOGRAM_BINS + 1)
-    counts, _ = np.histogram(charged, bins=edges)
+    counts, _ = np.histogram(spent[charged], bins=edges, weights=sizes[charged])
+    examples = int(sizes.sum())
     return Histogram([int(c) for c in counts], [units_epsilon(int(round(e))) for e in edges],
-                     int(spent.size - charged.size), int(spent.size),
+                     examples - int(sizes[charged].sum()), examples,
                      units_epsilon(int(spent.max())) if spent.size else 0.0)
 
 
@@ -142,7 +144,7 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
     audit = service.audit(ctx, principal, dataset_id)
     with ctx.sessions() as session, session.begin():
         row = service.accessible_dataset(session, principal, dataset_id, admin=True)
-    spent = ctx.ledger.spent_vector(row)
+    spent, sizes = ctx.ledger.spent_classes(row)
     org_of = {e.record.get("release_id"): e.record.get("actor", {}).get("org", "?") for e in audit.events}
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for event in audit.events:
@@ -153,7 +155,7 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
              for (org, mechanism), records in sorted(groups.items())]
     releases = [(r, org_of.get(r.id, "?")) for r in queries.list_releases(ctx, principal, dataset_id)]
     return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, audit.events), usage,
-                       releases, _histogram(spent, row.epsilon_total_units),
+                       releases, _histogram(spent, sizes, row.epsilon_total_units),
                        _org_uses(audit.events, _grants(ctx, [dataset_id])[dataset_id]), audit.uploads)
 
 
