@@ -223,6 +223,7 @@ def _index_chunks(store: DataStore, relative: str) -> Iterator[np.ndarray]:
 def write_coverage(store: DataStore, dataset_id: str, chunks, total: int | None = None) -> CoverageSet:
     """Store sorted registry indices (given as chunks, in order) once, under their SHA-256."""
     scratch = store.path(f"tmp/{uuid.uuid4().hex}.npy")
+    scratch.parent.mkdir(parents=True, exist_ok=True)
     digest, size, previous = hashlib.sha256(), 0, -1
     chunks = list(chunks) if total is None else chunks
     total = sum(len(c) for c in chunks) if total is None else total
