@@ -50,6 +50,7 @@ class ErrorCode(str, Enum):
     TOO_LARGE = ("too_large", 400)
     CERTIFICATION_FAILED = ("certification_failed", 400)
     SOLVER_FAILED = ("solver_failed", 400)
+    MECHANISM_NOT_SUPPORTED_ON_SPARK = ("mechanism_not_supported_on_spark", 400)  # labels_party.spark
     NO_OVERLAP = ("no_overlap", 400)
     UNKNOWN_LABELS_PARTY = ("unknown_labels_party", 400)
     LABELS_PARTY_REFUSED = ("labels_party_refused", 400)

@@ -1,0 +1,42 @@
+"""The SparkSession release jobs run in.
+
+The settings pinned here are the ones the jobs' results depend on or that keep a service's logs readable: Arrow
+transfer between the JVM and Python workers with a fixed batch size (the batches a task's sampler sees, hence which
+random draws go to which label — see :mod:`labels_party.spark.jobs`), UTC session time, and WARN-level logs without
+the console progress bar. The master is the caller's: ``local[*]`` by default, any cluster URL otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+ARROW_BATCH_ROWS = 1 << 16  # labels per Arrow batch handed to a Python worker (the samplers' own chunk size)
+
+SESSION_CONF: Mapping[str, str] = {
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_BATCH_ROWS),
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def spark_session(master: str = "local[*]", app_name: str = "labeldp-release",
+                  conf: Mapping[str, object] | None = None) -> SparkSession:
+    """The active session, or a new one on ``master`` with :data:`SESSION_CONF` and ``conf`` (``conf`` wins).
+
+    Like :meth:`SparkSession.Builder.getOrCreate`, an already running SparkContext is reused whatever ``master``
+    says. Python workers run ``PYSPARK_PYTHON``; for a local master, where the workers are this machine's
+    processes, it defaults to this interpreter (labeldp and numpy are installed there). On a cluster the deployment
+    sets it to the executors' interpreter, which must have labeldp installed."""
+    if master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+        os.environ["PYSPARK_PYTHON"] = sys.executable  # read once, when the SparkContext starts
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**SESSION_CONF, **(conf or {})}.items():
+        builder = builder.config(key, str(value))
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
