@@ -30,13 +30,13 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from labels_party.storage import DataStore
+from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.domains import check_labels
 from shared.errors import LabelDPError
 
 BATCH_ROWS = 1 << 20
 VERSION_SCHEMA = pa.schema([("registry_index", pa.int64()), ("example_id", pa.string()), ("label", pa.float64())])
-DUCKDB_MEMORY = "512MB"  # DuckDB spills to the data directory beyond this
+DUCKDB_MEMORY = "256MB"  # DuckDB spills to the data directory beyond this
 
 
 @dataclass(frozen=True)
@@ -224,27 +224,32 @@ def write_coverage(store: DataStore, dataset_id: str, chunks, total: int | None 
     """Store sorted registry indices (given as chunks, in order) once, under their SHA-256."""
     scratch = store.path(f"tmp/{uuid.uuid4().hex}.npy")
     scratch.parent.mkdir(parents=True, exist_ok=True)
-    digest, size, previous = hashlib.sha256(), 0, -1
     chunks = list(chunks) if total is None else chunks
     total = sum(len(c) for c in chunks) if total is None else total
-    array = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.int64, shape=(total,))
-    for chunk in chunks:
-        chunk = np.ascontiguousarray(chunk, dtype=np.int64)
-        if chunk.size and (chunk[0] <= previous or np.any(np.diff(chunk) <= 0)):
-            raise ValueError("coverage must be strictly increasing")
-        array[size:size + chunk.size] = chunk
-        digest.update(chunk.tobytes())
-        size += chunk.size
-        previous = int(chunk[-1]) if chunk.size else previous
-    array.flush()
-    del array
+    digest = hashlib.sha256()
+
+    def checked():
+        previous = -1
+        for chunk in chunks:
+            chunk = np.ascontiguousarray(chunk, dtype=np.int64)
+            if chunk.size and (chunk[0] <= previous or np.any(np.diff(chunk) <= 0)):
+                raise ValueError("coverage must be strictly increasing")
+            digest.update(chunk.tobytes())
+            previous = int(chunk[-1]) if chunk.size else previous
+            yield chunk
+
+    try:
+        write_npy(scratch, np.int64, total, checked())
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
     sha = digest.hexdigest()
     relative = f"datasets/{dataset_id}/coverage/{sha}.npy"
     if store.path(relative).exists():
         scratch.unlink()
     else:
         store.adopt(scratch, relative)
-    return CoverageSet(relative, sha, size)
+    return CoverageSet(relative, sha, total)
 
 
 def coverage_of(store: DataStore, dataset_id: str, indices: np.ndarray) -> CoverageSet:
@@ -252,9 +257,9 @@ def coverage_of(store: DataStore, dataset_id: str, indices: np.ndarray) -> Cover
     return write_coverage(store, dataset_id, [np.unique(np.asarray(indices, dtype=np.int64))])
 
 
-def read_coverage(store: DataStore, coverage_file: str) -> np.ndarray:
+def read_coverage(store: DataStore, coverage_file: str) -> MappedArray:
     """Memory-mapped: a release of 10⁸ examples does not load its coverage."""
-    return np.load(store.path(coverage_file), mmap_mode="r")
+    return MappedArray(store.path(coverage_file))
 
 
 # -- reading a version ------------------------------------------------------------------------------------------

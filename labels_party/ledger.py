@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from labels_party.labelstore import CoverageSet
-from labels_party.storage import DataStore
+from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
 
 UNITS_PER_EPSILON = 10**9
@@ -137,6 +137,12 @@ class BudgetState:
     spent: np.ndarray  # int64 per class
     sizes: np.ndarray  # int64 per class
     registry_size: int
+    mapped: MappedArray | None = None  # the class file's mapping (for forget())
+
+    def forget(self) -> None:
+        """Drop the class file's pages read so far from the resident set (passes stay bounded in memory)."""
+        if self.mapped is not None:
+            self.mapped.forget()
 
     @property
     def fresh(self) -> int:
@@ -165,9 +171,11 @@ class BudgetState:
         return np.append(self.spent, 0)[self.block(start, stop)]
 
 
-def _chunks(coverage: np.ndarray):
+def _chunks(coverage: MappedArray, state: BudgetState):
     for start in range(0, coverage.size, CHUNK):
-        yield np.asarray(coverage[start:start + CHUNK], dtype=np.int64)
+        yield np.array(coverage.array[start:start + CHUNK], dtype=np.int64)
+        coverage.forget()
+        state.forget()
 
 
 def _covered_mask(coverage: np.ndarray, start: int, stop: int) -> np.ndarray:
@@ -194,8 +202,8 @@ class BudgetLedger:
             spent, classes, sizes = np.unique(vector.astype(np.int64), return_inverse=True, return_counts=True)
             return BudgetState(classes.astype(np.int32), spent, sizes.astype(np.int64), dataset.registry_size)
         table = self.store.read_array(dataset.spent_file)
-        classes = np.load(self.store.path(dataset.classes_file), mmap_mode="r")
-        return BudgetState(classes, table[:, 0].copy(), table[:, 1].copy(), dataset.registry_size)
+        classes = MappedArray(self.store.path(dataset.classes_file))
+        return BudgetState(classes.array, table[:, 0].copy(), table[:, 1].copy(), dataset.registry_size, classes)
 
     def spent_vector(self, dataset) -> np.ndarray:
         """Every example's spent units (registry_size int64s: for small datasets, tests and audits in blocks)."""
@@ -206,13 +214,13 @@ class BudgetLedger:
         spent, sizes = self.state(dataset).spent_with_fresh()
         return spent[sizes > 0], sizes[sizes > 0]
 
-    def _touched(self, state: BudgetState, coverage: np.ndarray) -> np.ndarray:
+    def _touched(self, state: BudgetState, coverage: MappedArray) -> np.ndarray:
         counts = np.zeros(state.fresh + 1, dtype=np.int64)
-        for chunk in _chunks(coverage):
+        for chunk in _chunks(coverage, state):
             counts += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
         return counts
 
-    def remaining_units_for(self, dataset, coverage: np.ndarray) -> int:
+    def remaining_units_for(self, dataset, coverage: MappedArray) -> int:
         state = self.state(dataset)
         touched = self._touched(state, coverage)
         spent, _ = state.spent_with_fresh()
@@ -225,7 +233,7 @@ class BudgetLedger:
         lock, commits, and then removes the superseded files (the last element). Mutates ``dataset`` (state
         files, spent max, chain head)."""
         state = self.state(dataset)
-        covered = np.load(self.store.path(coverage.file), mmap_mode="r")
+        covered = MappedArray(self.store.path(coverage.file))
         touched = self._touched(state, covered)
         spent, sizes = state.spent_with_fresh()
         worst = int(spent[touched > 0].max()) if covered.size else 0
@@ -260,7 +268,7 @@ class BudgetLedger:
         superseded = [f for f in old_files if f not in (spent_file, classes_file)]
         return record, record_json, prev_hash, digest, superseded
 
-    def _split(self, dataset, state: BudgetState, covered: np.ndarray, touched: np.ndarray, units: int,
+    def _split(self, dataset, state: BudgetState, covered: MappedArray, touched: np.ndarray, units: int,
                seq: int) -> tuple[np.ndarray, np.ndarray, str]:
         """Rewrite the class file: one class per distinct spent value (so classes merge as well as split)."""
         spent, sizes = state.spent_with_fresh()
@@ -272,15 +280,18 @@ class BudgetLedger:
         to_covered = np.searchsorted(values, covered_value)
         new_sizes = np.zeros(values.size, dtype=np.int64)
 
-        def write(path):
-            classes = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(dataset.registry_size,))
+        def blocks():
             for start in range(0, dataset.registry_size, CHUNK):
                 stop = min(dataset.registry_size, start + CHUNK)
                 old = state.block(start, stop)
-                new = np.where(_covered_mask(covered, start, stop), to_covered[old], to_uncovered[old])
-                classes[start:stop] = new
+                new = np.where(_covered_mask(covered.array, start, stop), to_covered[old], to_uncovered[old])
                 new_sizes[:] += np.bincount(new, minlength=values.size)
-            classes.flush()
+                covered.forget()
+                state.forget()
+                yield new
+
+        def write(path):
+            write_npy(path, np.int32, dataset.registry_size, blocks())
 
         classes_file = self.store.write_with(f"datasets/{dataset.id}/budget/classes_{seq:08d}.npy", write)
         return values, new_sizes, classes_file

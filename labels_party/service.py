@@ -29,7 +29,7 @@ from labels_party.ledger import (
     within_charge,
 )
 from labels_party.settings import LabelsSettings
-from labels_party.storage import DataStore
+from labels_party.storage import DataStore, MappedArray
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
@@ -274,7 +274,7 @@ def verify_audit(ctx: ServiceContext) -> dict:
                 if not within_charge(epsilon, units):
                     problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
                 coverage = labelstore.read_coverage(ctx.store, record["coverage"]["file"])
-                if _sha256_of(coverage, hashes) != record["coverage"]["sha256"]:
+                if _sha256_of(record["coverage"]["file"], coverage, hashes) != record["coverage"]["sha256"]:
                     problems.append(f"seq {entry.seq}: coverage file does not match its hash")
                 coverages.append((coverage, units))
                 release = session.get(db.Release, record["release_id"])
@@ -302,15 +302,18 @@ def verify_audit(ctx: ServiceContext) -> dict:
     return report
 
 
-def _sha256_of(coverage: np.ndarray, cache: dict) -> str:
-    """SHA-256 of a (memory-mapped) coverage array's bytes, once per array file."""
-    key = getattr(coverage, "filename", None) or id(coverage)
-    if key not in cache:
-        cache[key] = hashlib.sha256(np.ascontiguousarray(coverage)).hexdigest()
-    return cache[key]
+def _sha256_of(file: str, coverage: MappedArray, cache: dict) -> str:
+    """SHA-256 of a coverage file's entries, once per file, reading it in blocks."""
+    if file not in cache:
+        digest = hashlib.sha256()
+        for start in range(0, coverage.size, CHUNK):
+            digest.update(coverage.array[start:start + CHUNK].tobytes())
+            coverage.forget()
+        cache[file] = digest.hexdigest()
+    return cache[file]
 
 
-def _recompute_budget(state: BudgetState, coverages: list[tuple[np.ndarray, int]]) -> tuple[int, bool]:
+def _recompute_budget(state: BudgetState, coverages: list[tuple[MappedArray, int]]) -> tuple[int, bool]:
     """Every example's spent units summed from the records' coverage (block by block of registry indices, so
     memory stays bounded), compared exactly with the ledger's state: (max spent, any difference)."""
     worst, differs = 0, False
@@ -318,8 +321,10 @@ def _recompute_budget(state: BudgetState, coverages: list[tuple[np.ndarray, int]
         stop = min(state.registry_size, start + CHUNK)
         block = np.zeros(stop - start, dtype=np.int64)
         for coverage, units in coverages:
-            low, high = np.searchsorted(coverage, [start, stop])
-            block[np.asarray(coverage[low:high]) - start] += units
+            low, high = np.searchsorted(coverage.array, [start, stop])
+            block[coverage.array[low:high] - start] += units
+            coverage.forget()
         differs |= not np.array_equal(block, state.spent_block(start, stop))
+        state.forget()
         worst = max(worst, int(block.max()) if block.size else 0)
     return worst, differs

@@ -5,8 +5,10 @@ counts once a committed database row points at it — a crash leaves at worst an
 
 from __future__ import annotations
 
+import mmap
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +70,42 @@ class DataStore:
             self.path(relative).unlink()
         except FileNotFoundError:
             pass
+
+
+def write_npy(path: Path, dtype, total: int, chunks: Iterable[np.ndarray]) -> None:
+    """An ``.npy`` file of ``total`` entries written chunk by chunk (no array of the whole file in memory)."""
+    dtype = np.dtype(dtype)
+    written = 0
+    with open(path, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                      "fortran_order": False, "shape": (int(total),)})
+        for chunk in chunks:
+            chunk = np.ascontiguousarray(chunk, dtype=dtype)
+            handle.write(chunk.tobytes())
+            written += chunk.size
+    if written != total:
+        raise ValueError(f"wrote {written} entries, announced {total}")
+
+
+class MappedArray:
+    """A read-only 1-D ``.npy`` file mapped into memory. ``forget()`` drops the pages read so far from this
+    process's resident set (they stay in the page cache): a pass over 10⁸ entries keeps memory bounded."""
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _fortran, dtype = reader(handle)
+            offset = handle.tell()
+            size = int(np.prod(shape))
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self.array = (np.frombuffer(self._map, dtype=dtype, count=size, offset=offset) if size
+                      else np.zeros(0, dtype=dtype))
+
+    @property
+    def size(self) -> int:
+        return self.array.size
+
+    def forget(self) -> None:
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)

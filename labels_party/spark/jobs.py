@@ -74,7 +74,7 @@ def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray
     """Exact counts of each support value in ``source`` (labels compared exactly, as doubles), after refusing a
     source that is empty, has missing ids or labels, labels outside the support or a repeated example_id."""
     support = _support(support_values)
-    labels = _read_labels(spark, source)
+    labels = _read_labels(_pinned_session(spark), source)
     in_support = F.col("label").isin([float(value) for value in support])
     groups = labels.groupBy(F.when(in_support, F.col("label")).alias("value")).agg(
         F.count(F.lit(1)).alias("rows"),
@@ -184,9 +184,12 @@ def _not_one_output_per_label(sampler, output: np.ndarray) -> LabelDPError:
                         code="mechanism_not_supported_on_spark")
 
 
-def _pinned_session(spark: SparkSession, max_partition_bytes: int, min_partitions: int) -> SparkSession:
-    """A session on the same SparkContext whose SQL settings pin the input splits and Arrow batches (a new session:
-    the caller's settings are left as they were)."""
+def _pinned_session(spark: SparkSession, max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
+                    min_partitions: int = DEFAULT_MIN_PARTITIONS) -> SparkSession:
+    """A session on the same SparkContext whose SQL settings pin the input splits and Arrow batches, and make an
+    unreadable or vanished file fail the job instead of being skipped (every row counted is a row released, and a
+    retried task cannot read fewer rows than its first attempt). A new session: the caller's are left as they were.
+    """
     if max_partition_bytes < 1 or min_partitions < 1:
         raise LabelDPError("max_partition_bytes and min_partitions must be positive", code="invalid_input")
     session = spark.newSession()
@@ -194,8 +197,11 @@ def _pinned_session(spark: SparkSession, max_partition_bytes: int, min_partition
                        "spark.sql.files.openCostInBytes": OPEN_COST_BYTES,
                        "spark.sql.files.minPartitionNum": min_partitions,
                        "spark.sql.execution.arrow.maxRecordsPerBatch": ARROW_BATCH_ROWS,
-                       "spark.sql.execution.arrow.maxBytesPerBatch": 2**31 - 1}.items():
+                       "spark.sql.execution.arrow.maxBytesPerBatch": 2**31 - 1,
+                       "spark.sql.files.ignoreCorruptFiles": "false",
+                       "spark.sql.files.ignoreMissingFiles": "false"}.items():
         session.conf.set(key, str(value))
+    session.conf.unset("spark.sql.files.maxPartitionNum")  # would merge the splits into fewer partitions
     return session
 
 
