@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +34,39 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class MemoryWatch:
+    """Samples a process's resident memory (anonymous and file-backed, from /proc) every 0.1 s, per phase."""
+
+    def __init__(self, pid: int):
+        self.pid, self.phase, self.peaks = pid, "start", {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> dict:
+        fields = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssAnon", "RssFile"):
+                fields[name] = int(value.split()[0]) / 1024
+        return fields
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                sample = self._sample()
+            except (OSError, ValueError):
+                return
+            peak = self.peaks.setdefault(self.phase, {})
+            for name, value in sample.items():
+                peak[name] = max(peak.get(name, 0.0), value)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return self.peaks
 
 
 def write_csv(path: Path, n: int, chunk: int = 1_000_000) -> None:
@@ -81,16 +115,20 @@ def main() -> None:
         with httpx.Client(base_url=base, headers=headers, timeout=3600) as client:
             dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "integer", "min": 1,
                                                         "max": 52, "epsilon_total": 10}).json()["id"]
+            watch = MemoryWatch(server.pid)
+            watch.phase = "upload"
             started = time.perf_counter()
             upload = client.put(f"/v1/datasets/{dataset}/labels", content=file_body(body),
                                 headers={"Content-Type": "text/csv"})
             upload.raise_for_status()
             t_upload = time.perf_counter() - started
+            watch.phase = "release"
             started = time.perf_counter()
             release = client.post(f"/v1/datasets/{dataset}/releases", headers={"Idempotency-Key": "bench"},
                                   json={"mechanism": "opt-unbiased", "epsilon": 1.0, "mesh": args.mesh})
             release.raise_for_status()
             t_release = time.perf_counter() - started
+            watch.phase = "download"
             started = time.perf_counter()
             rows, size = 0, 0
             with client.stream("GET", f"/v1/releases/{release.json()['id']}/labels") as response:
@@ -100,6 +138,7 @@ def main() -> None:
                     size += len(chunk)
             t_download = time.perf_counter() - started
         server_peak = peak_rss_mb(server.pid)
+        phases = watch.stop()
     finally:
         server.terminate()
         server.wait()
@@ -110,7 +149,8 @@ def main() -> None:
               "seconds": {"upload": t_upload, "release": t_release, "download": t_download},
               "labels_per_second": {"upload": args.n / t_upload, "release": args.n / t_release,
                                     "download": args.n / t_download},
-              "peak_rss_mb": {"server": server_peak, "client": client_peak}, "cpus": os.cpu_count()}
+              "peak_rss_mb": {"server": server_peak, "client": client_peak},
+              "server_peak_by_phase_mb": phases, "cpus": os.cpu_count()}
     shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -121,6 +161,8 @@ def main() -> None:
           f"certified eps {result['certified_epsilon']:.6f})")
     print(f"download {t_download:8.1f} s   ({rows - 1:,} rows, {size / 1e6:,.0f} MB CSV)")
     print(f"peak RSS: server {server_peak:,.0f} MB, client {client_peak:,.0f} MB")
+    for phase, peak in phases.items():
+        print(f"  server during {phase:8s}: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in peak.items()))
 
 
 if __name__ == "__main__":
