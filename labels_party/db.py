@@ -67,6 +67,8 @@ class Dataset(Base):
     classes_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     ledger_seq: Mapped[int] = mapped_column(Integer, default=0)
     ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
+    # a Parquet dataset released by Spark jobs in place (no uploads); registry indices are its rows' positions
+    source_uri: Mapped[str | None] = mapped_column(String(1000), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -132,6 +134,9 @@ class Release(Base):
     mechanism_hash: Mapped[str] = mapped_column(ForeignKey("mechanism_documents.hash"))
     prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # small summary of the noisy prior
     file: Mapped[str] = mapped_column(String(300))
+    # running -> available | failed: releases of source datasets are Spark jobs, charged before they start
+    state: Mapped[str] = mapped_column(String(20), default="available", server_default="available")
+    error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

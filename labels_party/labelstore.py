@@ -257,8 +257,44 @@ def coverage_of(store: DataStore, dataset_id: str, indices: np.ndarray) -> Cover
     return write_coverage(store, dataset_id, [np.unique(np.asarray(indices, dtype=np.int64))])
 
 
-def read_coverage(store: DataStore, coverage_file: str) -> MappedArray:
+RANGE_PREFIX = "range:"
+
+
+@dataclass(frozen=True)
+class RangeCoverage:
+    """The registry indices start..stop-1 without a file (a source dataset's releases cover all its rows); reads
+    like a :class:`MappedArray` of them."""
+
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def slice(self, i: int, j: int) -> np.ndarray:
+        return np.arange(self.start + i, self.start + min(j, self.size), dtype=np.int64)
+
+    def position(self, values) -> np.ndarray:
+        return np.clip(np.asarray(values, dtype=np.int64) - self.start, 0, self.size)
+
+    def forget(self) -> None:
+        pass
+
+
+def range_coverage(start: int, stop: int) -> CoverageSet:
+    """Its SHA-256 is that of the same indices in a file, so records and audits read it the same way."""
+    digest, reader = hashlib.sha256(), RangeCoverage(start, stop)
+    for i in range(0, reader.size, BATCH_ROWS * 8):
+        digest.update(reader.slice(i, i + BATCH_ROWS * 8).tobytes())
+    return CoverageSet(f"{RANGE_PREFIX}{start}:{stop}", digest.hexdigest(), stop - start)
+
+
+def read_coverage(store: DataStore, coverage_file: str) -> MappedArray | RangeCoverage:
     """Memory-mapped: a release of 10⁸ examples does not load its coverage."""
+    if coverage_file.startswith(RANGE_PREFIX):
+        start, stop = coverage_file.removeprefix(RANGE_PREFIX).split(":")
+        return RangeCoverage(int(start), int(stop))
     return MappedArray(store.path(coverage_file))
 
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from labels_party.labelstore import CoverageSet
+from labels_party.labelstore import CoverageSet, read_coverage
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
 
@@ -173,15 +173,15 @@ class BudgetState:
 
 def _chunks(coverage: MappedArray, state: BudgetState):
     for start in range(0, coverage.size, CHUNK):
-        yield np.array(coverage.array[start:start + CHUNK], dtype=np.int64)
+        yield coverage.slice(start, start + CHUNK).astype(np.int64, copy=False)
         coverage.forget()
         state.forget()
 
 
-def _covered_mask(coverage: np.ndarray, start: int, stop: int) -> np.ndarray:
-    low, high = np.searchsorted(coverage, [start, stop])
+def _covered_mask(coverage: MappedArray, start: int, stop: int) -> np.ndarray:
+    low, high = coverage.position([start, stop])
     mask = np.zeros(stop - start, dtype=bool)
-    mask[np.asarray(coverage[low:high]) - start] = True
+    mask[coverage.slice(int(low), int(high)) - start] = True
     return mask
 
 
@@ -233,7 +233,7 @@ class BudgetLedger:
         lock, commits, and then removes the superseded files (the last element). Mutates ``dataset`` (state
         files, spent max, chain head)."""
         state = self.state(dataset)
-        covered = MappedArray(self.store.path(coverage.file))
+        covered = read_coverage(self.store, coverage.file)
         touched = self._touched(state, covered)
         spent, sizes = state.spent_with_fresh()
         worst = int(spent[touched > 0].max()) if covered.size else 0
@@ -284,7 +284,7 @@ class BudgetLedger:
             for start in range(0, dataset.registry_size, CHUNK):
                 stop = min(dataset.registry_size, start + CHUNK)
                 old = state.block(start, stop)
-                new = np.where(_covered_mask(covered.array, start, stop), to_covered[old], to_uncovered[old])
+                new = np.where(_covered_mask(covered, start, stop), to_covered[old], to_uncovered[old])
                 new_sizes[:] += np.bincount(new, minlength=values.size)
                 covered.forget()
                 state.forget()

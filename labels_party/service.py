@@ -29,6 +29,7 @@ from labels_party.ledger import (
     within_charge,
 )
 from labels_party.settings import LabelsSettings
+from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore, MappedArray
 from shared import schemas
 from shared.domains import domain_from_spec
@@ -52,6 +53,7 @@ class ServiceContext:
     # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a
     # seeded one (shared.randomness.SeededSource) to make runs repeatable.
     random_source: Callable[[], np.random.Generator] = secure_rng
+    spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
 
 
 def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
@@ -64,7 +66,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     store = DataStore(settings.data_dir)
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
-    return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint, random_source)
+    return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint, random_source,
+                          SparkJobs(settings.spark_master))
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:
@@ -113,7 +116,7 @@ def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
         **_budget_fields(dataset),
         num_examples=dataset.num_examples, label_version=dataset.label_version,
-        created_at=dataset.created_at)
+        created_at=dataset.created_at, labels_at="source" if dataset.source_uri else "service")
 
 
 # -- datasets ---------------------------------------------------------------------------------------------------
@@ -121,6 +124,8 @@ def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
 def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
     _require_admin(principal)
     spec = body.domain_spec()
+    if body.source is not None:
+        check_source(ctx, principal, body)
     total = budget_units(body.epsilon_total)
     if total < budget_units(ctx.settings.epsilon_min):
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
@@ -131,10 +136,27 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
             raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists")
         dataset = db.Dataset(owner_org_id=principal.org_id, name=body.name, label_kind=body.label_kind,
                              domain_json=json.dumps(spec), epsilon_total_units=total, epsilon_spent_units=0,
-                             allow_central_training=body.allow_central_training)
+                             allow_central_training=body.allow_central_training, source_uri=body.source)
         session.add(dataset)
         session.flush()
         return dataset_view(dataset)
+
+
+def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
+    """A source location must lie under a prefix the operator allowed this organization (no request may make the
+    service read a location of the caller's choosing), with labels Spark can count exactly."""
+    uri = body.source
+    allowed = ctx.settings.spark_sources.get(principal.org_name, [])
+    if not allowed:
+        raise LabelDPError("source datasets are not enabled for this organization on this service",
+                           code="source_not_allowed")
+    if ".." in uri.replace("\\", "/").split("/") or any(ord(c) < 32 for c in uri) or \
+            not any(uri.startswith(prefix) for prefix in allowed):
+        raise LabelDPError("this source location is not one this organization may register",
+                           code="source_not_allowed")
+    if body.label_kind not in ("integer", "classes") or getattr(body, "clip", None) is not None or \
+            getattr(body, "grid_size", None) is not None:
+        raise LabelDPError("source datasets take integer (min, max) or classes labels", code="source_not_allowed")
 
 
 def get_dataset(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Dataset:
@@ -194,6 +216,9 @@ def upload_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, pa
     for _attempt in range(3):
         with ctx.sessions() as session, session.begin():
             dataset = accessible_dataset(session, principal, dataset_id, admin=True)
+            if dataset.source_uri is not None:
+                raise LabelDPError("this dataset's labels stay at their source; nothing is uploaded",
+                                   code="source_dataset")
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
             parts = registry_parts(session, dataset)
         ingested = labelstore.ingest(ctx.store, dataset_id, seen[0] + 1, path, fmt, domain_from_spec(spec),
@@ -307,7 +332,7 @@ def _sha256_of(file: str, coverage: MappedArray, cache: dict) -> str:
     if file not in cache:
         digest = hashlib.sha256()
         for start in range(0, coverage.size, CHUNK):
-            digest.update(coverage.array[start:start + CHUNK].tobytes())
+            digest.update(coverage.slice(start, start + CHUNK).tobytes())
             coverage.forget()
         cache[file] = digest.hexdigest()
     return cache[file]
@@ -321,8 +346,8 @@ def _recompute_budget(state: BudgetState, coverages: list[tuple[MappedArray, int
         stop = min(state.registry_size, start + CHUNK)
         block = np.zeros(stop - start, dtype=np.int64)
         for coverage, units in coverages:
-            low, high = np.searchsorted(coverage.array, [start, stop])
-            block[coverage.array[low:high] - start] += units
+            low, high = coverage.position([start, stop])
+            block[coverage.slice(int(low), int(high)) - start] += units
             coverage.forget()
         differs |= not np.array_equal(block, state.spent_block(start, stop))
         state.forget()

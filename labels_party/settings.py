@@ -28,6 +28,10 @@ class LabelsSettings(BaseSettings):
     max_upload_bytes: int = Field(default=4 << 30, gt=0)  # label uploads
     max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies
     max_json_bytes: int = Field(default=64 << 20, gt=0)  # release, evaluation and training requests
+    # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
+    # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
+    spark_master: str = "local[*]"
+    spark_sources: dict[str, list[str]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _range_inside_what_mechanisms_certify(self) -> LabelsSettings:

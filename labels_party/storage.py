@@ -106,6 +106,13 @@ class MappedArray:
     def size(self) -> int:
         return self.array.size
 
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        return np.array(self.array[start:stop])
+
+    def position(self, values) -> np.ndarray:
+        """Where ``values`` would go in the (sorted) array."""
+        return np.searchsorted(self.array, values)
+
     def forget(self) -> None:
         if self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)

@@ -58,6 +58,12 @@ class _DatasetCreateBase(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     epsilon_total: BudgetEpsilon
     allow_central_training: bool = False
+    # Absent for uploaded labels. A Parquet dataset (example_id, label) that the service's Spark reads in place —
+    # labels never pass through the service; only locations the operator allowed for the organization.
+    source: Annotated[str, Field(min_length=1, max_length=1000, description=(
+        "labels that stay where they are: a Parquet path or s3a://, hdfs:// URI under a prefix this service allows "
+        "the organization (LABELDP_SPARK_SOURCES); integer and classes labels; releases then run as Spark jobs"))] \
+        = None
 
 
 class FiniteDatasetCreate(_DatasetCreateBase):
@@ -165,6 +171,7 @@ class Dataset(BaseModel):
     num_examples: int
     label_version: int
     created_at: datetime
+    labels_at: Literal["service", "source"] = "service"  # "source": a Parquet dataset released by Spark jobs
 
 
 class UploadResult(BaseModel):
@@ -251,6 +258,10 @@ class Release(BaseModel):
     mechanism_hash: str
     description: dict[str, Any]
     noisy_prior: dict[str, Any] | None = None
+    # "running" and "failed" only for releases of source datasets (Spark jobs); charged either way. A failed one
+    # runs again, with the same charge and the same noise, when its request is sent again with its key.
+    state: Literal["running", "available", "failed"] = "available"
+    error: dict[str, str] | None = None
 
 
 class Budget(BaseModel):

@@ -98,23 +98,23 @@ class LabelRelease(_Defaults):
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, run: Computation) -> Draft:
         request = self.request
         result = privatize_labels(snapshot.domain, labels, request.mechanism, request.epsilon, run.rng,
-                                  prior_epsilon=request.prior_epsilon, options=self._options(run))
+                                  prior_epsilon=request.prior_epsilon, options=self.options(run))
         noisy = result.noisy_labels
         columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
                    else {"label": noisy})
-        return self._draft(result, columns)
+        return self.draft(result, columns)
 
     def compute_version(self, snapshot: Snapshot, read, run: Computation) -> Draft:
         request = self.request
         streamed = plan_version(snapshot.domain, read, snapshot.num_examples, request.mechanism, request.epsilon,
-                                run.rng, prior_epsilon=request.prior_epsilon, options=self._options(run))
-        return self._draft(streamed.plan, {}, streamed.write)
+                                run.rng, prior_epsilon=request.prior_epsilon, options=self.options(run))
+        return self.draft(streamed.plan, {}, streamed.write)
 
-    def _options(self, run: Computation) -> MechanismOptions:
+    def options(self, run: Computation) -> MechanismOptions:
         request = self.request
         return MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver, deadline=run.deadline)
 
-    def _draft(self, plan: Plan, columns: dict, write=None) -> Draft:
+    def draft(self, plan: Plan, columns: dict, write=None) -> Draft:
         description = {**plan.mechanism.describe(), "budget_split_rule": plan.split.rule,
                        "randomizer_epsilon": plan.split.randomizer_epsilon}
         return Draft(plan, columns, description, plan.prior.describe() if plan.prior else None,

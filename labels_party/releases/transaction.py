@@ -143,10 +143,11 @@ def release_view(release: db.Release) -> schemas.Release:
         num_examples=release.num_examples, label_version=release.label_version,
         created_at=release.created_at, idempotency_key=release.idempotency_key,
         mechanism_hash=release.mechanism_hash, description=json.loads(release.description_json),
-        noisy_prior=json.loads(release.prior_json) if release.prior_json else None)
+        noisy_prior=json.loads(release.prior_json) if release.prior_json else None, state=release.state or "available",
+        error=json.loads(release.error_json) if release.error_json else None)
 
 
-def _existing_release(session: Session, principal: Principal, dataset_id: str, key: str,
+def existing_release(session: Session, principal: Principal, dataset_id: str, key: str,
                       body_hash: str) -> db.Release | None:
     existing = session.scalar(select(db.Release).where(
         db.Release.dataset_id == dataset_id, db.Release.requester_org_id == principal.org_id,
@@ -165,9 +166,12 @@ def _begin(ctx: ServiceContext, principal: Principal, dataset_id: str, idempoten
                            code="idempotency_key_required")
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id)
-        existing = _existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+        existing = existing_release(session, principal, dataset_id, idempotency_key, body_hash)
         if existing is not None:
             return release_view(existing), None
+        if dataset.source_uri is not None:
+            raise LabelDPError("a source dataset takes label releases of all its rows (POST .../releases) only",
+                               code="source_dataset")
         version = session.scalar(select(db.LabelVersion).where(
             db.LabelVersion.dataset_id == dataset_id, db.LabelVersion.version == dataset.label_version))
         if version is None:
@@ -211,11 +215,11 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
     try:
         with ctx.sessions() as session, session.begin():
             dataset = accessible_dataset(session, principal, dataset_id, lock=True)
-            existing = _existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+            existing = existing_release(session, principal, dataset_id, idempotency_key, body_hash)
             if existing is not None:  # a concurrent retry won the race
                 ctx.store.remove(file)
                 return release_view(existing), False
-            release = _charge_and_insert(ctx, session, principal, dataset, snapshot, kind, coverage, draft,
+            release = charge_and_insert(ctx, session, principal, dataset, snapshot, kind, coverage, draft,
                                          db.Release(id=release_id, idempotency_key=idempotency_key,
                                                     body_hash=body_hash, file=file), superseded)
             ctx.checkpoint("before_commit")
@@ -225,7 +229,7 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
     except IntegrityError:
         ctx.store.remove(file)
         with ctx.sessions() as session, session.begin():
-            existing = _existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+            existing = existing_release(session, principal, dataset_id, idempotency_key, body_hash)
             if existing is None:
                 raise
             return release_view(existing), False
@@ -240,7 +244,7 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
     return release_view(release), True
 
 
-def _charge_and_insert(ctx: ServiceContext, session: Session, principal: Principal, dataset: db.Dataset,
+def charge_and_insert(ctx: ServiceContext, session: Session, principal: Principal, dataset: db.Dataset,
                        snapshot: Snapshot, kind: ReleaseKind, coverage: labelstore.CoverageSet, draft: Draft,
                        release: db.Release, superseded: list[str]) -> db.Release:
     """Inside the locked transaction: the exact charge and its ledger record, the mechanism document, the

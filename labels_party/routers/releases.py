@@ -6,21 +6,30 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
 
-from labels_party.releases import kinds, queries, transaction
+from labels_party.releases import kinds, queries, source, transaction
 from labels_party.routers.deps import REPLAYABLE, Auth, Context, IdempotencyKey, created, with_columnar_body
 from shared import schemas
+from shared.errors import LabelDPError
 from shared.service import openapi, tables
 
 router = APIRouter(tags=["releases"])
 
 
 @router.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release,
-             responses=REPLAYABLE)
+             responses={**REPLAYABLE, 202: {"model": schemas.Release, "description": (
+                 "a source dataset's release: charged, its Spark job running (or re-run after a failure, same "
+                 "charge and noise); poll the Location until state is available")}})
 def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth, ctx: Context,
                    idempotency_key: IdempotencyKey):
     """Privatize the dataset's labels (or ``example_ids`` of them) with one mechanism; ε is charged to every
-    covered example before the release is visible."""
+    covered example before the release is visible. For a source dataset the release is a Spark job: 202."""
+    if source.is_source(ctx, who, dataset_id):
+        release = source.release(ctx, who, dataset_id, idempotency_key, body)
+        status = 202 if release.state != "available" else 200
+        return JSONResponse(release.model_dump(mode="json"), status_code=status,
+                            headers={"Location": f"/v1/releases/{release.id}"})
     return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.LabelRelease(body)))
 
 
@@ -84,7 +93,10 @@ def download(release_id: str, request: Request, who: Auth, ctx: Context,
              offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
     """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
     sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for."""
-    _, file = queries.get_release(ctx, who, release_id)
+    release, file = queries.get_release(ctx, who, release_id)
+    if release.state != "available":
+        raise LabelDPError(f"release {release_id} is {release.state}; its labels are not readable",
+                           code="release_not_ready")
     return tables.table_response(ctx.store.path(file), request.headers.get("accept"), offset, limit, release_id,
                                  _rows)
 

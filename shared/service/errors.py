@@ -52,6 +52,7 @@ class ErrorCode(str, Enum):
     SOLVER_FAILED = ("solver_failed", 400)
     MECHANISM_NOT_SUPPORTED_ON_SPARK = ("mechanism_not_supported_on_spark", 400)  # labels_party.spark
     NO_OVERLAP = ("no_overlap", 400)
+    SOURCE_NOT_ALLOWED = ("source_not_allowed", 400)  # a source location the operator did not allow
     UNKNOWN_LABELS_PARTY = ("unknown_labels_party", 400)
     LABELS_PARTY_REFUSED = ("labels_party_refused", 400)
     IDEMPOTENCY_KEY_REQUIRED = ("idempotency_key_required", 400)
@@ -73,12 +74,16 @@ class ErrorCode(str, Enum):
     NO_LABELS = ("no_labels", 409)
     JOB_NOT_READY = ("job_not_ready", 409)
     JOB_NOT_RESUMABLE = ("job_not_resumable", 409)
+    SOURCE_DATASET = ("source_dataset", 409)  # labels that stay at their source: no uploads, whole releases only
+    RELEASE_NOT_READY = ("release_not_ready", 409)
+    UPLOAD_CONFLICT = ("upload_conflict", 409)
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
     INVALID_REQUEST = ("invalid_request", 422)
     # 5xx: the service, or one it depends on, could not do it now; nothing was charged
     INTERNAL_ERROR = ("internal_error", 500)
     DATABASE_OUTDATED = ("database_outdated", 500)
+    STORAGE_INCONSISTENT = ("storage_inconsistent", 500)
     LABELS_PARTY_UNREACHABLE = ("labels_party_unreachable", 502)
     LABELS_PARTY_FAILED = ("labels_party_failed", 502)
     SOLVER_TIMEOUT = ("solver_timeout", 503)

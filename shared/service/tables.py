@@ -3,6 +3,7 @@ or paged as JSON — never loaded whole."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,8 +45,14 @@ def table_response(path: Path, accept: str | None, offset: int, limit: int, file
     return StreamingResponse(stream, media_type=media, headers=disposition)
 
 
+def _files(path: Path) -> list[Path]:
+    """A Parquet file, or a directory of part files (a Spark job's output) in their order."""
+    return sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+
+
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
-    yield from pq.ParquetFile(path).iter_batches(batch_size=1 << 16)
+    for file in _files(path):
+        yield from pq.ParquetFile(file).iter_batches(batch_size=1 << 16)
 
 
 def _csv_stream(path: Path) -> Iterator[bytes]:
@@ -64,15 +71,62 @@ def _ndjson_stream(path: Path, rows) -> Iterator[bytes]:
 
 
 def _parquet_stream(path: Path) -> Iterator[bytes]:
+    if path.is_dir():  # part files: one Parquet stream re-encoded row group by row group
+        yield from _merged_parquet(_files(path))
+        return
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
             yield chunk
 
 
+class _Pipe(io.RawIOBase):
+    """A write-only file that hands what was written to the response, piece by piece."""
+
+    def __init__(self):
+        super().__init__()
+        self._pieces: list[bytes] = []
+        self._written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._pieces.append(bytes(data))
+        self._written += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self._written
+
+    def drain(self) -> bytes:
+        data, self._pieces = b"".join(self._pieces), []
+        return data
+
+
+def _merged_parquet(files: list[Path]) -> Iterator[bytes]:
+    pipe, writer = _Pipe(), None
+    for file in files:
+        parquet = pq.ParquetFile(file)
+        for group in range(parquet.metadata.num_row_groups):
+            table = parquet.read_row_group(group)
+            writer = writer or pq.ParquetWriter(pipe, table.schema, compression="zstd")
+            writer.write_table(table)
+            yield pipe.drain()
+    if writer is not None:
+        writer.close()
+        yield pipe.drain()
+
+
 def _json_page(path: Path, offset: int, limit: int, rows) -> JSONResponse:
-    parquet = pq.ParquetFile(path)
-    total = parquet.metadata.num_rows
-    table = _rows_between(parquet, offset, offset + limit)
+    table, total = None, 0
+    for file in _files(path):  # the part files hold consecutive rows
+        parquet = pq.ParquetFile(file)
+        count = parquet.metadata.num_rows
+        if total + count > offset and total < offset + limit:
+            part = _rows_between(parquet, max(0, offset - total), offset + limit - total)
+            table = part if table is None else pa.concat_tables([table, part])
+        total += count
+    table = table if table is not None else pa.table({})
     items = rows(table.combine_chunks().to_batches()[0]) if table.num_rows else []
     next_offset = offset + len(items) if offset + len(items) < total else None
     return JSONResponse({"items": items, "offset": offset, "total": total, "next_offset": next_offset})

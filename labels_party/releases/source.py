@@ -1,0 +1,146 @@
+"""Releases of source datasets: labels that stay in a Parquet dataset and are released by Spark jobs.
+
+The control plane is here, in the service and its database; the data plane is :mod:`labels_party.spark`.
+
+1. **histogram** — an exact Spark aggregation of the source's labels (and its refusals: missing or repeated ids,
+   labels outside the domain), in the request;
+2. **plan** — the noisy prior, the solve and the certificate on the driver, with the same mechanism objects and
+   registry as an uploaded dataset's release (:func:`labels_party.pipeline.plan_privatization`);
+3. **charge** — one transaction: the exact charge to every row of the source (coverage ``range:0:n`` — a source's
+   release covers all its rows), the ledger record, the mechanism document and the release, ``running``. The POST
+   answers 202 with a Location;
+4. **privatize** — a Spark job on this service's thread writes ``releases/{id}/`` (Parquet part files); the release
+   becomes ``available``, or ``failed`` with its error. Nothing is readable before ``available``.
+
+A failed (or orphaned ``running``) release runs again when its request is sent again with its Idempotency-Key: the
+same charge (no second ledger record) and the same noise — the job file keeps the planned sampler and the
+release's secret, from which every partition derives its stream (:mod:`labels_party.spark.jobs`). The job file is
+as sensitive as the labels (with it and the output the noise can be recomputed); it lives in the data directory
+beside the labels of uploaded datasets and is deleted once the release is available.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+
+from labels_party import db, labelstore
+from labels_party.auth import Principal
+from labels_party.ledger import canonical
+from labels_party.pipeline import plan_privatization
+from labels_party.registry import support
+from labels_party.releases import transaction
+from labels_party.releases.kinds import LabelRelease
+from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
+from labels_party.solvers.deadline import Deadline
+from shared import schemas
+from shared.domains import domain_from_spec
+from shared.errors import LabelDPError
+from shared.randomness import new_release_secret
+
+
+def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
+            request: schemas.ReleaseRequest) -> schemas.Release:
+    """Plan and charge a release of the whole source, then start its Spark job (or restart a failed one)."""
+    kind = LabelRelease(request)
+    for name, epsilon in kind.epsilons().items():
+        check_epsilon_range(ctx, epsilon, name)
+    if request.example_ids is not None:
+        raise LabelDPError("a source dataset's release covers all its rows; leave out example_ids",
+                           code="source_dataset")
+    body_hash = hashlib.sha256(canonical(kind.identity()).encode()).hexdigest()
+    if not idempotency_key or len(idempotency_key) > 200:
+        raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
+                           code="idempotency_key_required")
+    with ctx.sessions() as session, session.begin():
+        dataset = accessible_dataset(session, principal, dataset_id)
+        existing = transaction.existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+        if existing is not None:
+            if existing.state == "failed" or (existing.state == "running" and not ctx.spark_jobs.running(existing.id)):
+                _start(ctx, existing.id, dataset.source_uri)
+            return transaction.release_view(existing)
+    domain = domain_from_spec(json.loads(dataset.domain_json))
+    values = support(domain).values
+    from labels_party.spark.jobs import label_histogram
+
+    histogram = label_histogram(ctx.spark_jobs.session(), dataset.source_uri, values)
+    run = transaction.Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
+    plan = plan_privatization(domain, histogram.counts, histogram.num_examples, request.mechanism, request.epsilon,
+                              run.rng, prior_epsilon=request.prior_epsilon, options=kind.options(run))
+    from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
+
+    release_id = db.new_id()
+    job_file = ctx.store.write_with(f"jobs/{release_id}.pickle", lambda path: path.write_bytes(cloudpickle.dumps(
+        {"sampler": plan.sampler, "secret": new_release_secret(), "support": values})))
+    snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, histogram.num_examples,
+                                    labelstore.range_coverage(0, histogram.num_examples))
+    try:
+        view = _charge(ctx, principal, snapshot, kind, kind.draft(plan, {}), idempotency_key, body_hash, release_id)
+    except BaseException:
+        ctx.store.remove(job_file)
+        raise
+    if view.id == release_id:
+        _start(ctx, release_id, dataset.source_uri)
+    else:
+        ctx.store.remove(job_file)  # a concurrent request with the same key won
+    return view
+
+
+def _charge(ctx: ServiceContext, principal: Principal, snapshot, kind, draft, key: str, body_hash: str,
+            release_id: str) -> schemas.Release:
+    superseded: list[str] = []
+    with ctx.sessions() as session, session.begin():
+        dataset = accessible_dataset(session, principal, snapshot.dataset.id, lock=True)
+        existing = transaction.existing_release(session, principal, dataset.id, key, body_hash)
+        if existing is not None:
+            return transaction.release_view(existing)
+        dataset.registry_size = max(dataset.registry_size, snapshot.num_examples)
+        dataset.num_examples = snapshot.num_examples
+        row = transaction.charge_and_insert(
+            ctx, session, principal, dataset, snapshot, kind, snapshot.coverage, draft,
+            db.Release(id=release_id, idempotency_key=key, body_hash=body_hash, file=f"releases/{release_id}",
+                       state="running"), superseded)
+        view = transaction.release_view(row)
+    for old in superseded:
+        ctx.store.remove(old)
+    return view
+
+
+def _start(ctx: ServiceContext, release_id: str, source: str) -> None:
+    ctx.spark_jobs.submit(release_id, lambda: _privatize(ctx, release_id, source))
+
+
+def _privatize(ctx: ServiceContext, release_id: str, source: str) -> None:
+    from labels_party.spark.jobs import privatize
+
+    try:
+        job = pickle.loads(ctx.store.path(f"jobs/{release_id}.pickle").read_bytes())
+        with ctx.sessions() as session, session.begin():
+            expected = session.get(db.Release, release_id).num_examples
+        result = privatize(ctx.spark_jobs.session(), source, str(ctx.store.path(f"releases/{release_id}")),
+                           job["sampler"], job["secret"], support_values=job["support"])
+        ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
+        if result.rows_written != expected:
+            raise LabelDPError(f"the source changed after it was counted: {result.rows_written:,} rows released, "
+                               f"{expected:,} charged; register a new dataset for new labels",
+                               code="source_dataset")
+    except Exception as err:  # the job's outcome is the release's state, not an exception in a thread
+        error = {"code": getattr(err, "code", "internal_error"), "message": str(err).splitlines()[0][:500]
+                 if isinstance(err, LabelDPError) else "the Spark job failed; send the request again to retry"}
+        _finish(ctx, release_id, "failed", error)
+        return
+    _finish(ctx, release_id, "available", None)
+    ctx.store.remove(f"jobs/{release_id}.pickle")
+
+
+def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None) -> None:
+    with ctx.sessions() as session, session.begin():
+        row = session.get(db.Release, release_id, with_for_update=True)
+        row.state, row.error_json = state, json.dumps(error) if error else None
+
+
+def is_source(ctx: ServiceContext, principal: Principal, dataset_id: str) -> bool:
+    with ctx.sessions() as session, session.begin():
+        return accessible_dataset(session, principal, dataset_id).source_uri is not None
+

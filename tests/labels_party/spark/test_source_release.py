@@ -1,0 +1,134 @@
+"""Source datasets over the HTTP service: labels registered where they are (an allowed Parquet location), released
+as Spark jobs — 202 and a Location, charged once before any label is written, the same ledger and audit shape as
+uploaded datasets, a failed job re-run by its request with the same charge and the same noise."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from labels_party import db
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.service import make_context, verify_audit
+from labels_party.settings import LabelsSettings
+from tests.labels_party.spark.sources import read_parts, write_source
+
+N = 20_000
+
+
+class FailOnce:
+    """A checkpoint that fails the first Spark job at ``name`` (the crash tests' injection point)."""
+
+    def __init__(self, name: str):
+        self.name, self.failed = name, False
+
+    def __call__(self, name: str) -> None:
+        if name == self.name and not self.failed:
+            self.failed = True
+            raise RuntimeError("executor lost")
+
+
+@pytest.fixture()
+def service(spark, tmp_path):
+    sources = tmp_path / "sources"
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, 10, size=N)
+    write_source(sources / "weeks", [f"p{i}" for i in range(N)], labels.astype(np.int64), files=3)
+    settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
+                              spark_sources={"hospital": [f"{sources}/"]})
+    checkpoint = FailOnce("spark_job_written")
+    ctx = make_context(settings=settings, checkpoint=checkpoint)
+    with ctx.sessions() as session, session.begin():
+        keys = {"owner": create_key(session, "hospital", "admin"), "other": create_key(session, "clinic", "admin"),
+                "publisher": create_key(session, "publisher", "consumer")}
+    client = TestClient(create_app(ctx), raise_server_exceptions=False)
+
+    def as_(who):
+        return {"Authorization": f"Bearer {keys[who]}"}
+
+    return ctx, client, as_, sources, labels, checkpoint
+
+
+def _create(client, headers, source, **extra):
+    return client.post("/v1/datasets", headers=headers, json={
+        "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3, "source": source, **extra})
+
+
+def test_only_allowed_locations_can_be_registered(service):
+    ctx, client, as_, sources, _, _ = service
+    for who, location, code in [("other", f"{sources}/weeks", "source_not_allowed"),  # not this org's prefix
+                                ("owner", "/etc/passwd", "source_not_allowed"),
+                                ("owner", f"{sources}/../data", "source_not_allowed"),
+                                ("owner", "s3a://someone-else/labels", "source_not_allowed")]:
+        response = _create(client, as_(who), location)
+        assert response.status_code == 400 and response.json()["error"]["code"] == code, response.text
+    response = _create(client, as_("owner"), f"{sources}/weeks", clip={"low": 0, "high": 9}, min=None)
+    assert response.status_code in (400, 422)
+    with ctx.sessions() as session:
+        assert session.query(db.Dataset).count() == 0  # nothing was created
+
+
+def test_a_source_release_is_a_spark_job_charged_once(service):
+    ctx, client, as_, sources, labels, checkpoint = service
+    created = _create(client, as_("owner"), f"{sources}/weeks")
+    assert created.status_code == 201 and created.json()["labels_at"] == "source"
+    dataset = created.json()["id"]
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"},
+                       headers=as_("owner")).status_code == 201
+    upload = client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\nx,1\n",
+                        headers={**as_("owner"), "Content-Type": "text/csv"})
+    assert upload.status_code == 409 and upload.json()["error"]["code"] == "source_dataset"
+    subset = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "s"},
+                         json={"mechanism": "rr", "epsilon": 1, "example_ids": ["p1"]})
+    assert subset.status_code == 409 and subset.json()["error"]["code"] == "source_dataset"
+
+    request = {"mechanism": "rr", "epsilon": 1}
+    headers = {**as_("publisher"), "Idempotency-Key": "weekly"}
+    started = client.post(f"/v1/datasets/{dataset}/releases", headers=headers, json=request)
+    assert started.status_code == 202, started.text
+    release = started.json()
+    assert started.headers["location"] == f"/v1/releases/{release['id']}" and release["state"] == "running"
+    assert release["num_examples"] == N and release["charged_epsilon"] == 1.0
+    ctx.spark_jobs.wait()
+    failed = client.get(f"/v1/releases/{release['id']}", headers=as_("publisher")).json()
+    assert checkpoint.failed and failed["state"] == "failed" and failed["error"]["code"] == "internal_error"
+    assert "executor lost" not in json.dumps(failed)  # an internal failure's text is not echoed
+    refused = client.get(f"/v1/releases/{release['id']}/labels", headers=as_("publisher"))
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "release_not_ready"
+    first = read_parts(str(ctx.store.path(f"releases/{release['id']}")))  # written before the failure
+
+    again = client.post(f"/v1/datasets/{dataset}/releases", headers=headers, json=request)
+    assert again.status_code == 202 and again.json()["id"] == release["id"]
+    ctx.spark_jobs.wait()
+    done = client.get(f"/v1/releases/{release['id']}", headers=as_("publisher")).json()
+    assert done["state"] == "available" and done["error"] is None
+    second = read_parts(str(ctx.store.path(f"releases/{release['id']}")))
+    assert [t.equals(u) for t, u in zip(first, second, strict=True)] == [True] * len(first)  # the same noise
+    assert not ctx.store.path(f"jobs/{release['id']}.pickle").exists()  # the secret is gone once available
+
+    replay = client.post(f"/v1/datasets/{dataset}/releases", headers=headers, json=request)
+    assert replay.status_code == 200 and replay.json()["id"] == release["id"]
+    body = client.get(f"/v1/releases/{release['id']}/labels", headers=as_("publisher")).text
+    rows = list(csv.DictReader(io.StringIO(body)))
+    assert len(rows) == N and {r["example_id"] for r in rows} == {f"p{i}" for i in range(N)}
+    released = np.array([float(r["label"]) for r in rows])
+    kept = np.mean(released == labels[[int(r["example_id"][1:]) for r in rows]])
+    assert abs(kept - np.e / (np.e + 9)) < 0.02  # randomized response at eps 1 over 10 labels: e / (e + 9) kept
+
+    audit = client.get("/v1/audit", headers=as_("owner")).json()
+    assert len(audit["events"]) == 1 and audit["chain_valid"]  # charged once, through a failure and two retries
+    record = audit["events"][0]["record"]
+    assert record["coverage"]["file"] == f"range:0:{N}" and record["examples_covered"] == N
+    assert record["charge_units"] == 10**9 and record["mechanism"] == "rr"
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=as_("owner")).json()["epsilon_spent"] == 1.0
+    report = verify_audit(ctx)
+    assert report["valid"], report
+    page = client.get(f"/v1/releases/{release['id']}/labels?limit=5&offset={N - 3}",
+                      headers={**as_("publisher"), "Accept": "application/json"}).json()
+    assert page["total"] == N and len(page["items"]) == 3 and page["next_offset"] is None
