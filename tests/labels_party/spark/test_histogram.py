@@ -30,8 +30,8 @@ def test_classes_with_string_ids_and_fractional_support(spark, tmp_path):
     source = write_source(tmp_path / "classes", [f"ex-{i}" for i in range(classes.size)], classes, files=2)
     counts = label_histogram(spark, source, np.arange(4.0)).counts
     np.testing.assert_array_equal(counts, np.bincount(classes.astype(int), minlength=4))
-    fractions = np.array([0.25, 0.5, 1.75])
-    labels = np.tile(fractions, 100)
+    fractions = np.array([-1.5, 0.0, 1.75])
+    labels = np.tile([-1.5, -0.0, 1.75, -1.5, 0.0, 1.75], 50)  # -0.0 is the label 0.0
     source = write_source(tmp_path / "fractions", np.arange(labels.size), labels, files=1)
     np.testing.assert_array_equal(label_histogram(spark, source, fractions).counts, [100, 100, 100])
 
