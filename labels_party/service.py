@@ -7,7 +7,10 @@ training) live in :mod:`labels_party.releases`.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +152,9 @@ def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
     allowed = ctx.settings.spark_sources.get(principal.org_name, [])
     if not allowed:
         raise LabelDPError("source datasets are not enabled for this organization on this service",
+                           code="source_not_allowed")
+    if importlib.util.find_spec("pyspark") is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        raise LabelDPError("this deployment has no Spark (the spark extra and a Java runtime)",
                            code="source_not_allowed")
     if ".." in uri.replace("\\", "/").split("/") or any(ord(c) < 32 for c in uri) or \
             not any(uri.startswith(prefix) for prefix in allowed):

@@ -27,7 +27,7 @@ import pickle
 
 from labels_party import db, labelstore
 from labels_party.auth import Principal
-from labels_party.ledger import canonical
+from labels_party.ledger import canonical, charge_units, units_epsilon
 from labels_party.pipeline import plan_privatization
 from labels_party.registry import support
 from labels_party.releases import transaction
@@ -60,6 +60,10 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
             if existing.state == "failed" or (existing.state == "running" and not ctx.spark_jobs.running(existing.id)):
                 _start(ctx, existing.id, dataset.source_uri)
             return transaction.release_view(existing)
+    remaining = dataset.epsilon_total_units - dataset.epsilon_spent_units  # a release covers every row: the max
+    if charge_units(request.epsilon) > remaining:  # refused before a Spark job starts; exact again at the charge
+        raise LabelDPError(f"budget exceeded: this release needs epsilon {request.epsilon:g}, the source's rows "
+                           f"have {units_epsilon(max(0, remaining)):.9g} left", code="budget_exceeded")
     domain = domain_from_spec(json.loads(dataset.domain_json))
     values = support(domain).values
     from labels_party.spark.jobs import label_histogram

@@ -129,6 +129,10 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     assert client.get(f"/v1/datasets/{dataset}/budget", headers=as_("owner")).json()["epsilon_spent"] == 1.0
     report = verify_audit(ctx)
     assert report["valid"], report
+    over = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "big"},
+                       json={"mechanism": "rr", "epsilon": 2.5})  # 1 + 2.5 > 3: refused before any Spark job
+    assert over.status_code == 409 and over.json()["error"]["code"] == "budget_exceeded"
+    assert len(client.get("/v1/audit", headers=as_("owner")).json()["events"]) == 1
     page = client.get(f"/v1/releases/{release['id']}/labels?limit=5&offset={N - 3}",
                       headers={**as_("publisher"), "Accept": "application/json"}).json()
     assert page["total"] == N and len(page["items"]) == 3 and page["next_offset"] is None
