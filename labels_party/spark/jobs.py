@@ -98,7 +98,8 @@ def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray
     if outside:
         raise LabelDPError(f"{outside:,} of {total:,} labels are not in the domain's {support.size} values",
                            code="label_out_of_domain")
-    distinct = labels.agg(F.count_distinct("example_id")).first()[0]
+    # On the column as stored: casting integers to strings is injective, and the cast costs a third of the job.
+    distinct = labels.agg(F.count_distinct("stored_id")).first()[0]
     if distinct != total:
         raise LabelDPError(f"{total - distinct:,} rows repeat an example_id of another row",
                            code="duplicate_example_id")
@@ -123,7 +124,7 @@ def privatize(spark: SparkSession, source: str, output: str, sampler, secret: by
     if output.rstrip("/") == source.rstrip("/"):
         raise LabelDPError("the released labels cannot overwrite their source", code="invalid_input")
     session = _pinned_session(spark, max_partition_bytes, min_partitions)
-    labels = _read_labels(session, source)
+    labels = _read_labels(session, source).select("example_id", "label")
     partitions = labels.rdd.getNumPartitions()
     released = labels.mapInArrow(_partition_sampler(sampler, secret, support), OUTPUT_SCHEMA)
     try:
@@ -210,7 +211,8 @@ def _pinned_session(spark: SparkSession, max_partition_bytes: int = DEFAULT_MAX_
 
 
 def _read_labels(spark: SparkSession, source: str) -> DataFrame:
-    """``source``'s (example_id as string, label as double) columns, or a refusal naming what is wrong."""
+    """``source``'s example_id as string, label as double and example_id as stored (``stored_id``), or a refusal
+    naming what is wrong."""
     try:
         frame = spark.read.parquet(source)
     except AnalysisException as err:
@@ -228,7 +230,7 @@ def _read_labels(spark: SparkSession, source: str) -> DataFrame:
         raise LabelDPError(f"example_id must be a string or integer column, not "
                            f"{types['example_id'].simpleString()}", code="malformed_file")
     return frame.select(F.col("example_id").cast("string").alias("example_id"),
-                        F.col("label").cast("double").alias("label"))
+                        F.col("label").cast("double").alias("label"), F.col("example_id").alias("stored_id"))
 
 
 def _support(values) -> np.ndarray:
