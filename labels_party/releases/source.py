@@ -21,9 +21,12 @@ beside the labels of uploaded datasets and is deleted once the release is availa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pickle
+
+from sqlalchemy import select
 
 from labels_party import db, labelstore
 from labels_party.auth import Principal
@@ -66,9 +69,13 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
                            f"have {units_epsilon(max(0, remaining)):.9g} left", code="budget_exceeded")
     domain = domain_from_spec(json.loads(dataset.domain_json))
     values = support(domain).values
+    from labels_party.spark.fingerprint import source_fingerprint
     from labels_party.spark.jobs import label_histogram
 
-    histogram = label_histogram(ctx.spark_jobs.session(), dataset.source_uri, values)
+    spark = ctx.spark_jobs.session()
+    fingerprint = source_fingerprint(spark, dataset.source_uri)
+    _refuse_changed_source(ctx, dataset.id, fingerprint)
+    histogram = label_histogram(spark, dataset.source_uri, values)
     run = transaction.Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
     plan = plan_privatization(domain, histogram.counts, histogram.num_examples, request.mechanism, request.epsilon,
                               run.rng, prior_epsilon=request.prior_epsilon, options=kind.options(run))
@@ -76,11 +83,13 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
 
     release_id = db.new_id()
     job_file = ctx.store.write_with(f"jobs/{release_id}.pickle", lambda path: path.write_bytes(cloudpickle.dumps(
-        {"sampler": plan.sampler, "secret": new_release_secret(), "support": values})))
+        {"sampler": plan.sampler, "secret": new_release_secret(), "support": values, "source": fingerprint})))
     snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, histogram.num_examples,
                                     labelstore.range_coverage(0, histogram.num_examples))
     try:
-        view = _charge(ctx, principal, snapshot, kind, kind.draft(plan, {}), idempotency_key, body_hash, release_id)
+        draft = kind.draft(plan, {})  # and the source's identity (public: a hash of its files' names, sizes, times)
+        draft = dataclasses.replace(draft, description={**draft.description, "source_sha256": fingerprint})
+        view = _charge(ctx, principal, snapshot, kind, draft, idempotency_key, body_hash, release_id)
     except BaseException:
         ctx.store.remove(job_file)
         raise
@@ -89,6 +98,19 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
     else:
         ctx.store.remove(job_file)  # a concurrent request with the same key won
     return view
+
+
+def _refuse_changed_source(ctx: ServiceContext, dataset_id: str, fingerprint: str) -> None:
+    """Budgets follow row positions: a source whose files changed since its first release is another dataset."""
+    with ctx.sessions() as session, session.begin():
+        first = session.scalar(select(db.Release).where(db.Release.dataset_id == dataset_id)
+                               .order_by(db.Release.created_at).limit(1))
+        if first is None:
+            return
+        recorded = json.loads(first.description_json).get("source_sha256")
+    if recorded != fingerprint:
+        raise LabelDPError("the source's files changed since its first release (budgets follow its rows); register "
+                           "the new files as a new dataset", code="source_dataset")
 
 
 def _charge(ctx: ServiceContext, principal: Principal, snapshot, kind, draft, key: str, body_hash: str,
@@ -116,12 +138,16 @@ def _start(ctx: ServiceContext, release_id: str, source: str) -> None:
 
 
 def _privatize(ctx: ServiceContext, release_id: str, source: str) -> None:
+    from labels_party.spark.fingerprint import source_fingerprint
     from labels_party.spark.jobs import privatize
 
     try:
         job = pickle.loads(ctx.store.path(f"jobs/{release_id}.pickle").read_bytes())
         with ctx.sessions() as session, session.begin():
             expected = session.get(db.Release, release_id).num_examples
+        if source_fingerprint(ctx.spark_jobs.session(), source) != job["source"]:
+            raise LabelDPError("the source's files changed after they were counted; register a new dataset for new "
+                               "labels", code="source_dataset")
         result = privatize(ctx.spark_jobs.session(), source, str(ctx.store.path(f"releases/{release_id}")),
                            job["sampler"], job["secret"], support_values=job["support"])
         ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written

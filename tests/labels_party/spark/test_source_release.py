@@ -9,6 +9,8 @@ import io
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
@@ -136,3 +138,8 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     page = client.get(f"/v1/releases/{release['id']}/labels?limit=5&offset={N - 3}",
                       headers={**as_("publisher"), "Accept": "application/json"}).json()
     assert page["total"] == N and len(page["items"]) == 3 and page["next_offset"] is None
+
+    pq.write_table(pa.table({"example_id": ["q1"], "label": [3]}), sources / "weeks" / "part-99.parquet")
+    changed = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "n"},
+                          json={"mechanism": "rr", "epsilon": 1})
+    assert changed.status_code == 409 and changed.json()["error"]["code"] == "source_dataset", changed.text
