@@ -24,6 +24,10 @@ The secret is as sensitive as the labels: with it and the output, the noise can 
 executors inside the task closure, so on a shared cluster enable Spark's RPC authentication and encryption
 (``spark.authenticate``, ``spark.network.crypto.enabled``) and local-disk I/O encryption, and never log it.
 
+The workers get the rows through ``mapInArrow``: Arrow record batches go to numpy without a copy, where
+``mapInPandas`` would build a pandas DataFrame per batch (and ``labels_party`` does not depend on pandas; PySpark's
+``sql`` extra brings it for its own use).
+
 Only mechanisms that release one number per label run here (label-set mechanisms such as ``subset`` release a
 row of booleans per label): others are refused before the job starts.
 """
