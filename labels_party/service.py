@@ -156,13 +156,24 @@ def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
     if importlib.util.find_spec("pyspark") is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         raise LabelDPError("this deployment has no Spark (the spark extra and a Java runtime)",
                            code="source_not_allowed")
-    if ".." in uri.replace("\\", "/").split("/") or any(ord(c) < 32 for c in uri) or \
-            not any(uri.startswith(prefix) for prefix in allowed):
+    if not _under_allowed_prefix(uri, allowed):
         raise LabelDPError("this source location is not one this organization may register",
                            code="source_not_allowed")
     if body.label_kind not in ("integer", "classes") or getattr(body, "clip", None) is not None or \
             getattr(body, "grid_size", None) is not None:
         raise LabelDPError("source datasets take integer (min, max) or classes labels", code="source_not_allowed")
+
+
+_SOURCE_REFUSED = set("*?[]{}\\%") | {chr(c) for c in range(33)}  # globs, escapes, blanks and controls
+
+
+def _under_allowed_prefix(uri: str, allowed: list[str]) -> bool:
+    """Inside one of the directories the operator allowed: no parent segments, no globs (Spark expands them), no
+    percent-escapes (a file system may decode them), and a prefix counts as a directory (``s3a://b/hospital``
+    does not allow ``s3a://b/hospital-other``)."""
+    if _SOURCE_REFUSED & set(uri) or ".." in uri.split("/"):
+        return False
+    return any(uri == prefix.rstrip("/") or uri.startswith(prefix.rstrip("/") + "/") for prefix in allowed)
 
 
 def get_dataset(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Dataset:

@@ -67,7 +67,11 @@ def test_only_allowed_locations_can_be_registered(service):
     for who, location, code in [("other", f"{sources}/weeks", "source_not_allowed"),  # not this org's prefix
                                 ("owner", "/etc/passwd", "source_not_allowed"),
                                 ("owner", f"{sources}/../data", "source_not_allowed"),
-                                ("owner", "s3a://someone-else/labels", "source_not_allowed")]:
+                                ("owner", "s3a://someone-else/labels", "source_not_allowed"),
+                                ("owner", f"{sources}-other/weeks", "source_not_allowed"),  # a prefix is a directory
+                                ("owner", f"{sources}/{{..,weeks}}", "source_not_allowed"),  # Spark would glob
+                                ("owner", f"{sources}/%2E%2E/data", "source_not_allowed"),
+                                ("owner", f"{sources}/*", "source_not_allowed")]:
         response = _create(client, as_(who), location)
         assert response.status_code == 400 and response.json()["error"]["code"] == code, response.text
     response = _create(client, as_("owner"), f"{sources}/weeks", clip={"low": 0, "high": 9}, min=None)
