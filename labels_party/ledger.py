@@ -265,7 +265,12 @@ class BudgetLedger:
         dataset.epsilon_spent_units = spent_max
         dataset.ledger_seq = seq
         dataset.ledger_head = digest
-        superseded = [f for f in old_files if f not in (spent_file, classes_file)]
+        # The previous generation stays one charge longer: a reader that fetched the row just before this commit
+        # (an early budget check, the console, verify-audit) can still open its files. Older ones go.
+        keep = {spent_file, classes_file, *old_files}
+        budget_dir = f"datasets/{dataset.id}/budget"
+        superseded = [f"{budget_dir}/{p.name}" for p in self.store.path(budget_dir).glob("*.npy")
+                      if f"{budget_dir}/{p.name}" not in keep]
         return record, record_json, prev_hash, digest, superseded
 
     def _split(self, dataset, state: BudgetState, covered: MappedArray, touched: np.ndarray, units: int,

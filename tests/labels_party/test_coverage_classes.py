@@ -92,7 +92,7 @@ def test_the_state_does_not_grow_with_releases(tmp_path):
         _charge(ledger, dataset, everyone, 10**7)
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert len([f for f in files if "/coverage/" in f]) == 1
-    assert len([f for f in files if "/budget/" in f]) == 2  # the class file and the current table
+    assert len([f for f in files if "/budget/" in f]) == 3  # the class file, the current and the previous table
     assert ledger.state(dataset).spent.tolist() == [200 * 10**7]
     assert dataset.classes_file.endswith("classes_00000001.npy")  # only the first release split (fresh → charged)
 
