@@ -159,18 +159,38 @@ class LabelsPartyClient:
         return schemas.Budget(**self._request("GET", f"/v1/datasets/{_segment(dataset_id)}/budget", retry=True).json())
 
     def request_release(
-        self, dataset_id: str, request: schemas.ReleaseRequest | dict, *, idempotency_key: str | None = None
+        self, dataset_id: str, request: schemas.ReleaseRequest | dict, *, idempotency_key: str | None = None,
+        wait_seconds: float = 3600.0, poll_seconds: float = 2.0,
     ) -> schemas.Release:
+        """The release; a source dataset's release is a Spark job (202): polled until ``available`` (at most
+        ``wait_seconds``). A job that failed is sent again once with the same key, which re-runs it with the same
+        charge and the same noise; a second failure raises with the release's error."""
         body = request if isinstance(request, schemas.ReleaseRequest) else schemas.ReleaseRequest(**request)
         key = idempotency_key or uuid.uuid4().hex  # one key for every retry of this logical request
-        response = self._request(
-            "POST",
-            f"/v1/datasets/{_segment(dataset_id)}/releases",
-            json=body.model_dump(exclude_none=True),
-            headers={"Idempotency-Key": key},
-            retry=True,
-        )
-        return schemas.Release(**response.json())
+
+        def send() -> schemas.Release:
+            return schemas.Release(**self._request(
+                "POST",
+                f"/v1/datasets/{_segment(dataset_id)}/releases",
+                json=body.model_dump(exclude_none=True),
+                headers={"Idempotency-Key": key},
+                retry=True,
+            ).json())
+
+        release, deadline, resent = send(), time.monotonic() + wait_seconds, False
+        while release.state != "available":
+            if release.state == "failed":
+                if resent:
+                    error = release.error or {}
+                    raise LabelsPartyError(409, error.get("code", "release_failed"),
+                                           f"release {release.id} failed: {error.get('message', '')}")
+                release, resent = send(), True
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"release {release.id} still {release.state} after {wait_seconds:g} s")
+            time.sleep(poll_seconds)
+            release = self.get_release(release.id)
+        return release
 
     def request_prior_release(
         self, dataset_id: str, example_ids, priors, epsilon: float, *, idempotency_key: str | None = None

@@ -59,10 +59,15 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id)
         existing = transaction.existing_release(session, principal, dataset_id, idempotency_key, body_hash)
-        if existing is not None:
-            if existing.state == "failed" or (existing.state == "running" and not ctx.spark_jobs.running(existing.id)):
-                _start(ctx, existing.id, dataset.source_uri)
-            return transaction.release_view(existing)
+        restart = existing is not None and (existing.state == "failed" or (
+            existing.state == "running" and not ctx.spark_jobs.running(existing.id)))
+        if restart:  # the same charge and job file: the job redraws the same noise
+            existing.state, existing.error_json = "running", None
+        view = transaction.release_view(existing) if existing is not None else None
+    if view is not None:
+        if restart:
+            _start(ctx, view.id, dataset.source_uri)
+        return view
     remaining = dataset.epsilon_total_units - dataset.epsilon_spent_units  # a release covers every row: the max
     if charge_units(request.epsilon) > remaining:  # refused before a Spark job starts; exact again at the charge
         raise LabelDPError(f"budget exceeded: this release needs epsilon {request.epsilon:g}, the source's rows "

@@ -147,3 +147,20 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     changed = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "n"},
                           json={"mechanism": "rr", "epsilon": 1})
     assert changed.status_code == 409 and changed.json()["error"]["code"] == "source_dataset", changed.text
+
+
+def test_the_features_party_client_waits_for_a_source_release(service):
+    """The features party's client polls a 202 release until it is available, re-sending a failed one once (the
+    job's first run fails after writing: the re-run has the same charge and noise)."""
+    from features_party.client import LabelsPartyClient
+    from labeldp.local_services import serve_in_thread
+
+    ctx, client, as_, sources, labels, checkpoint = service
+    dataset = _create(client, as_("owner"), f"{sources}/weeks").json()["id"]
+    client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"}, headers=as_("owner"))
+    key = as_("publisher")["Authorization"].removeprefix("Bearer ")
+    with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, key) as publisher:
+        release = publisher.request_release(dataset, {"mechanism": "rr", "epsilon": 1}, poll_seconds=0.2)
+        table = publisher.download_labels(release.id)
+    assert checkpoint.failed and release.state == "available" and table.num_rows == N
+    assert len(client.get("/v1/audit", headers=as_("owner")).json()["events"]) == 1
