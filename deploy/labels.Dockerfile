@@ -7,8 +7,13 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY labeldp ./labeldp
 COPY labels_party ./labels_party
-# this party's code and dependencies only (pyproject's extra 'labels')
-RUN pip install --no-cache-dir ".[labels]"
+# this party's code and dependencies only (pyproject's extra 'labels'); source datasets released by Spark need
+# EXTRAS=labels,spark, which also installs Debian's Java 17 runtime (`docker compose build --build-arg
+# EXTRAS=labels,spark labels`)
+ARG EXTRAS=labels
+RUN case ",$EXTRAS," in *,spark,*) apt-get update && apt-get install -y --no-install-recommends \
+      openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/* ;; esac
+RUN pip install --no-cache-dir ".[$EXTRAS]"
 RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
 USER labeldp
 EXPOSE 8700

@@ -78,7 +78,8 @@ def test_commands_ports_and_dockerfiles_match_the_code(name):
     assert all((ROOT / path).exists() for path in copied), copied
     party = f"{name}_party"  # one party's code and its own extra, nothing of the other party
     assert set(copied) == {"pyproject.toml", "shared", "labeldp", party}
-    assert f'pip install --no-cache-dir ".[{name}]"' in dockerfile
+    assert f'pip install --no-cache-dir ".[{name}]"' in dockerfile or (  # by default; the labels image may add spark
+        f"ARG EXTRAS={name}\n" in dockerfile and 'pip install --no-cache-dir ".[$EXTRAS]"' in dockerfile)
 
 
 def test_every_env_var_is_a_setting_and_credentials_agree():
