@@ -4,10 +4,11 @@
 
 1. **begin** — access, Idempotency-Key replay (a retry gets the stored release, never a second draw) and a
    snapshot of the current label version;
-2. **cover** — the kind names the examples it covers; unknown ids are refused and the budget is checked early
-   (fail fast; not yet the exact check);
+2. **cover** — the kind names the examples it covers (a list of ids, looked up in one pass over the label
+   version, or the whole version, whose coverage set was stored at upload); unknown ids are refused and the budget
+   is checked early (fail fast; not yet the exact check);
 3. **compute** — the kind turns the covered labels into a :class:`Draft`, outside any transaction: nothing is
-   visible yet;
+   visible yet (a whole version is read row group by row group: ``compute_version``, bounded memory);
 4. **commit** — the release file is written, then one transaction under the dataset lock checks every covered
    example's budget exactly, charges it, appends the ledger record (built by the ledger from the draft's
    ``dp_event``), stores the public mechanism document and inserts the release. A crash leaves both or neither.
