@@ -12,7 +12,12 @@ Each ledger entry is a :class:`LedgerRecord`, built in one place (:meth:`BudgetL
 draft — in the spirit of dp-accounting's ``DpEvent``: it holds the mechanism's own ``dp_event()`` (from which
 :func:`shared.mechanisms.events.epsilon_of` recomputes ε), the requested, certified and charged ε, the content
 hash of the mechanism's full description, the requesting organization and the covered examples (count and
-SHA-256 of their registry indices, stored in a coverage file), chained to the previous entry by SHA-256.
+SHA-256 of their registry indices, stored once in a content-addressed coverage file or named as a range), chained
+to the previous entry by SHA-256.
+
+State. The per-example spent units are kept as coverage classes (:class:`BudgetState`): one class id per example
+and one (spent, size) row per class — never one vector per release — so the state does not grow with releases ×
+examples; every pass over it goes block by block (:data:`CHUNK`) in bounded memory.
 """
 
 from __future__ import annotations
