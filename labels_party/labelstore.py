@@ -71,13 +71,13 @@ class Ingested:
     clipped_above: int
 
 
-def duckdb_connection(store: DataStore) -> duckdb.DuckDBPyConnection:
+def duckdb_connection(store: DataStore) -> tuple[duckdb.DuckDBPyConnection, Path]:
     """An in-memory DuckDB with a memory limit, spilling under the data directory."""
-    spill = store.path("tmp/duckdb")
-    spill.mkdir(parents=True, exist_ok=True)
-    connection = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY, "temp_directory": str(spill),
-                                        "preserve_insertion_order": False, "threads": 2})
-    return connection
+    # One spill directory per connection: concurrent DuckDB instances name their spill files alike.
+    spill = store.path(f"tmp/duckdb-{uuid.uuid4().hex}")
+    spill.mkdir(parents=True)
+    return duckdb.connect(config={"memory_limit": DUCKDB_MEMORY, "temp_directory": str(spill),
+                                  "preserve_insertion_order": False, "threads": 2}), spill
 
 
 # -- uploads ----------------------------------------------------------------------------------------------------
@@ -89,7 +89,10 @@ def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
                                       column_types={"example_id": pa.string(), "label": pa.float64()},
                                       include_columns=["example_id", "label"]))
     elif fmt == "ndjson":
-        yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=1 << 24))
+        # labels are doubles whatever the first block holds (types are fixed from the first block otherwise)
+        yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=1 << 24),
+                                    parse_options=pajson.ParseOptions(
+                                        explicit_schema=pa.schema([("label", pa.float64())])))
     else:
         yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
 
@@ -186,21 +189,30 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
            parts: Sequence[RegistryPart], registry_size: int) -> Ingested:
     """Parse, check and store an upload as label version ``version`` (files only; the caller commits the rows
     that make them count)."""
-    relative = f"datasets/{dataset_id}/labels_v{version:06d}.parquet"
+    # unique per attempt: a concurrent upload of the same version never overwrites (or later removes) this one's
+    relative = f"datasets/{dataset_id}/labels_v{version:06d}_{uuid.uuid4().hex}.parquet"
     scratch = store.path(f"tmp/{uuid.uuid4().hex}")
     scratch.mkdir(parents=True)
     try:
         staged = scratch / "staged.parquet"
         rows, counts = _parse_to(path, fmt, domain, clip, staged)
-        with duckdb_connection(store) as connection:
+        connection, spill = duckdb_connection(store)
+        try:
             _refuse_duplicates(connection, staged)
             if parts:  # an existing registry: join, number the new ids, sort by index
                 final = scratch / "version.parquet"
                 new = _assign_indices(connection, store, staged, parts, registry_size, final)
             else:  # the first upload: the row number is the index, already sorted
                 final, new = staged, rows
+        finally:
+            connection.close()
+            _remove_tree(spill)
         store.adopt(final, relative)
-        coverage = write_coverage(store, dataset_id, _index_chunks(store, relative), total=rows)
+        try:
+            coverage = write_coverage(store, dataset_id, _index_chunks(store, relative), total=rows)
+        except BaseException:
+            store.remove(relative)
+            raise
     finally:
         _remove_tree(scratch)
     return Ingested(relative, coverage, rows, new, registry_size, registry_size + new, counts.below, counts.above)

@@ -225,8 +225,6 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
                                                     body_hash=body_hash, file=file), superseded)
             ctx.checkpoint("before_commit")
         ctx.checkpoint("after_commit")
-        for old in superseded:  # the budget state the commit replaced
-            ctx.store.remove(old)
     except IntegrityError:
         ctx.store.remove(file)
         with ctx.sessions() as session, session.begin():
@@ -242,6 +240,11 @@ def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, bod
     except BaseException:  # nothing references the file unless the transaction committed
         ctx.store.remove(file)
         raise
+    for old in superseded:  # budget files older than the state the commit replaced; best effort
+        try:
+            ctx.store.remove(old)
+        except OSError:
+            pass
     return release_view(release), True
 
 

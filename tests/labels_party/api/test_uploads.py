@@ -62,7 +62,8 @@ BAD_UPLOADS = {
                    400, "label_out_of_domain"),
     "inf-csv": ("example_id,label\na,1\nb,inf\n", "text/csv", 400, "label_out_of_domain"),
     "minus-inf-csv": ("example_id,label\na,-inf\n", "text/csv", 400, "label_out_of_domain"),
-    "inf-ndjson": ('{"example_id":"a","label":"inf"}\n', "application/x-ndjson", 400, "label_out_of_domain"),
+    # NDJSON labels are JSON numbers (read as doubles in every block), so a quoted "inf" is malformed
+    "inf-ndjson": ('{"example_id":"a","label":"inf"}\n', "application/x-ndjson", 400, "malformed_file"),
     "duplicate-ids": ("example_id,label\na,1\nb,2\na,3\n", "text/csv", 400, "duplicate_example_id"),
     "duplicate-ids-ndjson": ('{"example_id":"a","label":1}\n{"example_id":"a","label":1}\n',
                              "application/x-ndjson", 400, "duplicate_example_id"),

@@ -1,0 +1,59 @@
+"""The out-of-core label store: uploads become Parquet row groups with stable registry indices (DuckDB joins a
+re-upload against the registry), and two uploads of the same version never share a file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from labels_party import labelstore
+from labels_party.storage import DataStore
+from shared.domains import domain_from_spec
+from shared.errors import LabelDPError
+
+DOMAIN = domain_from_spec({"kind": "integer", "min": 0, "max": 9})
+
+
+def _csv(path, ids):
+    path.write_text("example_id,label\n" + "".join(f"{i},{int(i[1:]) % 10}\n" for i in ids))
+    return path
+
+
+def test_a_re_upload_keeps_known_indices_and_numbers_new_ids(tmp_path):
+    store = DataStore(tmp_path / "data")
+    first = labelstore.ingest(store, "d", 1, _csv(tmp_path / "a.csv", [f"e{i}" for i in range(1000)]), "csv",
+                              DOMAIN, None, [], 0)
+    assert (first.new_examples, first.registry_start, first.registry_end) == (1000, 0, 1000)
+    parts = [labelstore.RegistryPart(first.file, 0, 1000)]
+    ids = [f"e{i}" for i in range(1500, 500, -1)]  # e1500..e501: 499 known, 501 new, in reverse order
+    second = labelstore.ingest(store, "d", 2, _csv(tmp_path / "b.csv", ids), "csv", DOMAIN, None, parts, 1000)
+    assert (second.num_examples, second.new_examples, second.registry_end) == (1000, 501, 1501)
+    table = pq.read_table(store.path(second.file))
+    index, names = table.column("registry_index").to_numpy(), table.column("example_id").to_pylist()
+    assert np.all(np.diff(index) > 0)  # sorted by registry index
+    known = {name: i for name, i in zip(names, index, strict=True) if int(name[1:]) < 1000}
+    assert known == {f"e{i}": i for i in range(501, 1000)}  # known ids kept their indices
+    new = {name: i for name, i in zip(names, index, strict=True) if int(name[1:]) >= 1000}
+    assert new == {f"e{1500 - k}": 1000 + k for k in range(501)}  # new ids numbered in upload order
+    coverage = labelstore.read_coverage(store, second.coverage.file)
+    assert coverage.slice(0, coverage.size).tolist() == index.tolist()
+
+
+def test_concurrent_uploads_of_one_version_do_not_share_a_file(tmp_path):
+    store = DataStore(tmp_path / "data")
+    body = _csv(tmp_path / "a.csv", ["e1", "e2"])
+    one = labelstore.ingest(store, "d", 1, body, "csv", DOMAIN, None, [], 0)
+    two = labelstore.ingest(store, "d", 1, body, "csv", DOMAIN, None, [], 0)
+    assert one.file != two.file
+    store.remove(two.file)  # the loser of the commit removes its own file only
+    assert pq.read_table(store.path(one.file)).num_rows == 2
+
+
+def test_duplicates_are_found_out_of_core_and_leave_nothing(tmp_path):
+    store = DataStore(tmp_path / "data")
+    with pytest.raises(LabelDPError) as refused:
+        labelstore.ingest(store, "d", 1, _csv(tmp_path / "a.csv", ["e1", "e2", "e1"]), "csv", DOMAIN, None, [], 0)
+    assert refused.value.code == "duplicate_example_id" and "e1" in str(refused.value)
+    leftovers = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
+    assert leftovers == []
