@@ -59,6 +59,8 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id)
         existing = transaction.existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+        if existing is not None:  # its row locked: a job finishing now cannot interleave with the restart
+            session.refresh(existing, with_for_update=True)
         restart = existing is not None and (existing.state == "failed" or (
             existing.state == "running" and not ctx.spark_jobs.running(existing.id)))
         if restart:  # the same charge and job file: the job redraws the same noise
@@ -73,27 +75,18 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
         raise LabelDPError(f"budget exceeded: this release needs epsilon {request.epsilon:g}, the source's rows "
                            f"have {units_epsilon(max(0, remaining)):.9g} left", code="budget_exceeded")
     domain = domain_from_spec(json.loads(dataset.domain_json))
-    values = support(domain).values
-    from labels_party.spark.fingerprint import source_fingerprint
-    from labels_party.spark.jobs import label_histogram
-
-    spark = ctx.spark_jobs.session()
-    fingerprint = source_fingerprint(spark, dataset.source_uri)
-    _refuse_changed_source(ctx, dataset.id, fingerprint)
-    histogram = label_histogram(spark, dataset.source_uri, values)
-    run = transaction.Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
-    plan = plan_privatization(domain, histogram.counts, histogram.num_examples, request.mechanism, request.epsilon,
-                              run.rng, prior_epsilon=request.prior_epsilon, options=kind.options(run))
+    source, histogram, plan = _count_and_plan(ctx, principal, dataset, domain, kind)
     from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
 
     release_id = db.new_id()
     job_file = ctx.store.write_with(f"jobs/{release_id}.pickle", lambda path: path.write_bytes(cloudpickle.dumps(
-        {"sampler": plan.sampler, "secret": new_release_secret(), "support": values, "source": fingerprint})))
+        {"sampler": plan.sampler, "secret": new_release_secret(), "support": histogram.support_values,
+         "source": source})))
     snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, histogram.num_examples,
                                     labelstore.range_coverage(0, histogram.num_examples))
     try:
         draft = kind.draft(plan, {})  # and the source's identity (public: a hash of its files' names, sizes, times)
-        draft = dataclasses.replace(draft, description={**draft.description, "source_sha256": fingerprint})
+        draft = dataclasses.replace(draft, description={**draft.description, "source_sha256": source})
         view = _charge(ctx, principal, snapshot, kind, draft, idempotency_key, body_hash, release_id)
     except BaseException:
         ctx.store.remove(job_file)
@@ -103,6 +96,36 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
     else:
         ctx.store.remove(job_file)  # a concurrent request with the same key won
     return view
+
+
+def _count_and_plan(ctx: ServiceContext, principal: Principal, dataset: db.Dataset, domain, kind: LabelRelease):
+    """(fingerprint, histogram, plan), after checking where the source's files are and that they did not change;
+    every refusal that needs the labels is said in full only to the owner's admins."""
+    from labels_party.spark import fingerprint as files_of
+    from labels_party.spark.jobs import check_one_output_per_label, label_histogram
+
+    spark = ctx.spark_jobs.session()
+    with ctx.sessions() as session, session.begin():
+        owner = session.get(db.Organization, dataset.owner_org_id).name
+    files = files_of.source_files(spark, dataset.source_uri)
+    if files_of.outside(files, ctx.settings.spark_sources.get(owner, [])):  # also when the operator removed it
+        raise LabelDPError("the source's files are not (or no longer) where its owner may register labels",
+                           code="source_not_allowed")
+    source = files_of.fingerprint(files)
+    _refuse_changed_source(ctx, dataset.id, source)
+    try:
+        histogram = label_histogram(spark, dataset.source_uri, support(domain).values)
+    except LabelDPError:
+        if principal.role == "admin":  # accessible_dataset let only the owner's admins through as admins
+            raise
+        raise LabelDPError("this source cannot be released as it is; its owner's admins see why",
+                           code="source_dataset") from None
+    request = kind.request
+    run = transaction.Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
+    plan = plan_privatization(domain, histogram.counts, histogram.num_examples, request.mechanism, request.epsilon,
+                              run.rng, prior_epsilon=request.prior_epsilon, options=kind.options(run))
+    check_one_output_per_label(plan.sampler, histogram.support_values)  # before anything is charged
+    return source, histogram, plan
 
 
 def _refuse_changed_source(ctx: ServiceContext, dataset_id: str, fingerprint: str) -> None:
@@ -143,17 +166,18 @@ def _start(ctx: ServiceContext, release_id: str, source: str) -> None:
 
 
 def _privatize(ctx: ServiceContext, release_id: str, source: str) -> None:
-    from labels_party.spark.fingerprint import source_fingerprint
+    from labels_party.spark import fingerprint as files_of
     from labels_party.spark.jobs import privatize
 
     try:
         job = pickle.loads(ctx.store.path(f"jobs/{release_id}.pickle").read_bytes())
         with ctx.sessions() as session, session.begin():
             expected = session.get(db.Release, release_id).num_examples
-        if source_fingerprint(ctx.spark_jobs.session(), source) != job["source"]:
+        if files_of.fingerprint(files_of.source_files(ctx.spark_jobs.session(), source)) != job["source"]:
             raise LabelDPError("the source's files changed after they were counted; register a new dataset for new "
                                "labels", code="source_dataset")
-        result = privatize(ctx.spark_jobs.session(), source, str(ctx.store.path(f"releases/{release_id}")),
+        output = ctx.store.path(f"releases/{release_id}").resolve().as_uri()  # this file system, not fs.defaultFS
+        result = privatize(ctx.spark_jobs.session(), source, output,
                            job["sampler"], job["secret"], support_values=job["support"])
         ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
         if result.rows_written != expected:
@@ -170,9 +194,11 @@ def _privatize(ctx: ServiceContext, release_id: str, source: str) -> None:
 
 
 def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None) -> None:
+    """Only a running release finishes (a job that lost a race with a finished one changes nothing)."""
     with ctx.sessions() as session, session.begin():
         row = session.get(db.Release, release_id, with_for_update=True)
-        row.state, row.error_json = state, json.dumps(error) if error else None
+        if row.state == "running":
+            row.state, row.error_json = state, json.dumps(error) if error else None
 
 
 def is_source(ctx: ServiceContext, principal: Principal, dataset_id: str) -> bool:

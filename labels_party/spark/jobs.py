@@ -124,7 +124,7 @@ def privatize(spark: SparkSession, source: str, output: str, sampler, secret: by
     labels it was built for — a label outside them is refused in the workers, so a source that changed after its
     histogram cannot be released under a prior and mechanism made for other labels."""
     support = _support(support_values)
-    _check_one_output_per_label(sampler, support)
+    check_one_output_per_label(sampler, support)
     if output.rstrip("/") == source.rstrip("/"):
         raise LabelDPError("the released labels cannot overwrite their source", code="invalid_input")
     session = _pinned_session(spark, max_partition_bytes, min_partitions)
@@ -178,7 +178,7 @@ def _all_in(ordered: np.ndarray, values: np.ndarray) -> bool:
     return bool(np.all(ordered[at] == values))
 
 
-def _check_one_output_per_label(sampler, support: np.ndarray) -> None:
+def check_one_output_per_label(sampler, support: np.ndarray) -> None:
     """Refuse before any job runs a sampler whose output is not one number per label. The probe samples one
     support value with a throwaway seeded generator and discards the result: it touches no label."""
     probe = np.asarray(sampler.sample(support[:1].copy(), np.random.default_rng(0)))
@@ -208,7 +208,9 @@ def _pinned_session(spark: SparkSession, max_partition_bytes: int = DEFAULT_MAX_
                        "spark.sql.execution.arrow.maxRecordsPerBatch": ARROW_BATCH_ROWS,
                        "spark.sql.execution.arrow.maxBytesPerBatch": 2**31 - 1,
                        "spark.sql.files.ignoreCorruptFiles": "false",
-                       "spark.sql.files.ignoreMissingFiles": "false"}.items():
+                       "spark.sql.files.ignoreMissingFiles": "false",
+                       # a source directory's _spark_metadata log could list files anywhere: read the directory
+                       "spark.sql.streaming.fileStreamSink.ignoreMetadata": "true"}.items():
         session.conf.set(key, str(value))
     session.conf.unset("spark.sql.files.maxPartitionNum")  # would merge the splits into fewer partitions
     return session

@@ -164,3 +164,39 @@ def test_the_features_party_client_waits_for_a_source_release(service):
         table = publisher.download_labels(release.id)
     assert checkpoint.failed and release.state == "available" and table.num_rows == N
     assert len(client.get("/v1/audit", headers=as_("owner")).json()["events"]) == 1
+
+
+def test_refusals_before_any_charge(service):
+    """A link out of the allowed directory, a mechanism Spark cannot release and a source with a label outside the
+    domain are all refused before anything is charged; a consumer learns no count about the labels."""
+    ctx, client, as_, sources, _, _ = service
+    elsewhere = sources.parent / "elsewhere"
+    write_source(elsewhere, ["x1", "x2"], np.array([1, 2]), files=1)
+    (sources / "link").symlink_to(elsewhere, target_is_directory=True)
+    write_source(sources / "bad", ["b1", "b2", "b3"], np.array([1, 42, 3]), files=1)
+    datasets = {}
+    for name, location, extra in [("link", f"{sources}/link", {}), ("bad", f"{sources}/bad", {}),
+                                  ("classes", f"{sources}/weeks", {"label_kind": "classes", "num_classes": 10})]:
+        body = {"name": name, "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3, "source": location}
+        if extra:
+            body = {k: v for k, v in body.items() if k not in ("min", "max")} | extra
+        response = client.post("/v1/datasets", headers=as_("owner"), json=body)
+        assert response.status_code == 201, response.text
+        datasets[name] = response.json()["id"]
+        client.post(f"/v1/datasets/{datasets[name]}/grants", json={"org": "publisher"}, headers=as_("owner"))
+
+    def release(name, who, mechanism="rr"):
+        return client.post(f"/v1/datasets/{datasets[name]}/releases", headers={**as_(who), "Idempotency-Key": name},
+                           json={"mechanism": mechanism, "epsilon": 1})
+
+    linked = release("link", "publisher")
+    assert linked.status_code == 400 and linked.json()["error"]["code"] == "source_not_allowed"
+    hidden = release("bad", "publisher")
+    assert hidden.status_code == 409 and hidden.json()["error"]["code"] == "source_dataset"
+    assert not any(c.isdigit() for c in hidden.json()["error"]["message"])
+    told = release("bad", "owner")
+    assert told.status_code == 400 and told.json()["error"]["code"] == "label_out_of_domain"
+    assert "1 of 3" in told.json()["error"]["message"]
+    label_sets = release("classes", "publisher", mechanism="subset")
+    assert label_sets.status_code == 400 and label_sets.json()["error"]["code"] == "mechanism_not_supported_on_spark"
+    assert client.get("/v1/audit", headers=as_("owner")).json()["events"] == []
