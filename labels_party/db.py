@@ -57,10 +57,10 @@ class Dataset(Base):
     epsilon_spent_units: Mapped[int] = mapped_column(BigInteger, default=0)  # max over examples of summed charges
     allow_central_training: Mapped[bool] = mapped_column(Boolean, default=False)
     label_version: Mapped[int] = mapped_column(Integer, default=0)
-    num_examples: Mapped[int] = mapped_column(Integer, default=0)
+    num_examples: Mapped[int] = mapped_column(BigInteger, default=0)
     # Example ids of datasets written before label versions carried them (newer ones: LabelVersion.registry_*).
     registry_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
-    registry_size: Mapped[int] = mapped_column(Integer, default=0)  # every example id ever seen
+    registry_size: Mapped[int] = mapped_column(BigInteger, default=0)  # every example id ever seen
     # Budget state (labels_party.ledger.BudgetState): per-class (spent units, size) table and the class of each
     # example; without a class file, spent_file is an older per-example vector.
     spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
@@ -79,7 +79,7 @@ class LabelVersion(Base):
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     version: Mapped[int] = mapped_column(Integer)
     file: Mapped[str] = mapped_column(String(300))
-    num_examples: Mapped[int] = mapped_column(Integer)
+    num_examples: Mapped[int] = mapped_column(BigInteger)
     # labels the dataset's declared clip moved to its bounds in this upload
     clipped_below: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     clipped_above: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -128,7 +128,7 @@ class Release(Base):
     certified_epsilon: Mapped[float] = mapped_column(Float)
     prior_epsilon: Mapped[float] = mapped_column(Float)
     randomizer_epsilon: Mapped[float] = mapped_column(Float)
-    num_examples: Mapped[int] = mapped_column(Integer)
+    num_examples: Mapped[int] = mapped_column(BigInteger)
     label_version: Mapped[int] = mapped_column(Integer)
     description_json: Mapped[str] = mapped_column(Text)  # the small summary; the full document is below
     mechanism_hash: Mapped[str] = mapped_column(ForeignKey("mechanism_documents.hash"))
