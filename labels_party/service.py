@@ -315,9 +315,17 @@ def verify_audit(ctx: ServiceContext) -> dict:
                 epsilon = events.epsilon_of(events.from_dict(record["dp_event"]), record.get("delta", 0.0))
                 if not within_charge(epsilon, units):
                     problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
-                coverage = labelstore.read_coverage(ctx.store, record["coverage"]["file"])
+                try:
+                    coverage = labelstore.read_coverage(ctx.store, record["coverage"]["file"])
+                except OSError:
+                    problems.append(f"seq {entry.seq}: coverage file {record['coverage']['file']} missing")
+                    continue
                 if _sha256_of(record["coverage"]["file"], coverage, hashes) != record["coverage"]["sha256"]:
                     problems.append(f"seq {entry.seq}: coverage file does not match its hash")
+                if coverage.size != record.get("examples_covered", coverage.size) or (
+                        coverage.size and int(coverage.slice(coverage.size - 1, coverage.size)[0])
+                        >= dataset.registry_size):
+                    problems.append(f"seq {entry.seq}: coverage disagrees with the examples covered or the registry")
                 coverages.append((coverage, units))
                 release = session.get(db.Release, record["release_id"])
                 if release is None:

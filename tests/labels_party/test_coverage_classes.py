@@ -155,3 +155,7 @@ def test_verify_audit_recomputes_budgets_over_the_service(tmp_path):
         table[0, 0] -= 1  # a forged class table
         ctx.store.write_array(row.spent_file, table)
     assert "per-example budget vector differs from the ledger" in verify_audit(ctx)["datasets"][0]["problems"]
+    audit = client.get("/v1/audit", headers=auth).json()
+    ctx.store.remove(audit["events"][2]["record"]["coverage"]["file"])  # release c's coverage, lost
+    problems = verify_audit(ctx)["datasets"][0]["problems"]  # reported, not a crash
+    assert any(p.startswith("seq 3: coverage file") and p.endswith("missing") for p in problems), problems
