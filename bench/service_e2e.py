@@ -102,7 +102,7 @@ def main() -> None:
     port = 18000 + os.getpid() % 1000
     server = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
                                "--database-url", url, "--data-dir", str(work / "data")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"))
     base = f"http://127.0.0.1:{port}"
     headers = {"Authorization": f"Bearer {key}"}
     try:
