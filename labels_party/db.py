@@ -18,6 +18,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import false as sa_false
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -54,21 +55,48 @@ class Dataset(Base):
     domain_json: Mapped[str] = mapped_column(Text)
     # ε in exact integer units of 10⁻⁹ (labels_party.ledger.UNITS_PER_EPSILON): sums are exact, no tolerance.
     epsilon_total_units: Mapped[int] = mapped_column(BigInteger)
-    epsilon_spent_units: Mapped[int] = mapped_column(BigInteger, default=0)  # max over examples of summed charges
+    # Σ over the accounts of their largest per-example spent units: an upper bound on any example's spent ε
+    epsilon_spent_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    delta_total: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")  # per example
     allow_central_training: Mapped[bool] = mapped_column(Boolean, default=False)
     label_version: Mapped[int] = mapped_column(Integer, default=0)
     num_examples: Mapped[int] = mapped_column(BigInteger, default=0)
     # Example ids of datasets written before label versions carried them (newer ones: LabelVersion.registry_*).
     registry_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     registry_size: Mapped[int] = mapped_column(BigInteger, default=0)  # every example id ever seen
-    # Budget state (labels_party.ledger.BudgetState): per-class (spent units, size) table and the class of each
-    # example; without a class file, spent_file is an older per-example vector.
-    spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
-    classes_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     ledger_seq: Mapped[int] = mapped_column(Integer, default=0)
     ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
     # a Parquet dataset released by Spark jobs in place (no uploads); registry indices are its rows' positions
     source_uri: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    # Its copy taken at registration (labels_party.spark.snapshot), the only files Spark reads for it: location
+    # under the data directory, SHA-256 over its files' paths, sizes and contents, and the exact label counts
+    # (.npy, support order). None for sources registered before copies were taken: those are not released.
+    source_snapshot: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    source_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    source_counts_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class BudgetAccount(Base):
+    """An organization's allocation of every example's budget in one dataset, and its spent state
+    (:mod:`labels_party.ledger`): the owner's account is made with the dataset, a consumer's with its grant.
+    Allocations of one dataset sum to at most its budget."""
+
+    __tablename__ = "budget_accounts"
+    __table_args__ = (UniqueConstraint("dataset_id", "org_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    epsilon_units: Mapped[int] = mapped_column(BigInteger)  # per example, exact units
+    delta: Mapped[float] = mapped_column(Float, default=0.0)  # per example
+    # coverage classes (labels_party.ledger.AccountState): class of each example, (units, size) and RDP per class
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    classes_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    spent_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    rdp_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    spent_max_units: Mapped[int] = mapped_column(BigInteger, default=0)
+    # set by the migration to per-organization accounts: the state is rebuilt from the records at startup
+    needs_rebuild: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -125,16 +153,17 @@ class Release(Base):
     mechanism: Mapped[str] = mapped_column(String(50))
     epsilon: Mapped[float] = mapped_column(Float)  # as requested
     charge_units: Mapped[int] = mapped_column(BigInteger)  # what the ledger charged: ε rounded up to 10⁻⁹
-    certified_epsilon: Mapped[float] = mapped_column(Float)
+    certified_epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)  # once computed
     prior_epsilon: Mapped[float] = mapped_column(Float)
     randomizer_epsilon: Mapped[float] = mapped_column(Float)
     num_examples: Mapped[int] = mapped_column(BigInteger)
     label_version: Mapped[int] = mapped_column(Integer)
-    description_json: Mapped[str] = mapped_column(Text)  # the small summary; the full document is below
-    mechanism_hash: Mapped[str] = mapped_column(ForeignKey("mechanism_documents.hash"))
+    description_json: Mapped[str] = mapped_column(Text, default="{}")  # the small summary; the full document below
+    mechanism_hash: Mapped[str | None] = mapped_column(ForeignKey("mechanism_documents.hash"), nullable=True)
     prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # small summary of the noisy prior
     file: Mapped[str] = mapped_column(String(300))
-    # running -> available | failed: releases of source datasets are Spark jobs, charged before they start
+    # running -> available | failed. Charged when it is created, before anything private is drawn: a failed
+    # release stays charged (releases/transaction.py)
     state: Mapped[str] = mapped_column(String(20), default="available", server_default="available")
     error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)

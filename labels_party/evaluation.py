@@ -74,29 +74,58 @@ def _clipped_losses(metric, predictions, labels, clip):
     return (np.rint(predictions) != labels).astype(np.float64), 0.0, 1.0
 
 
-def evaluate(metric: str, predictions, labels, epsilon: float, clip: float,
-             rng: np.random.Generator) -> PrivateEvaluation:
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """A private evaluation decided from public inputs (metric, ε, clip): its noise, hence its privacy event."""
+
+    metric: str
+    clip: float
+    levels: int
+    noise: DiscreteLaplace
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=self.noise.s / self.noise.t, sensitivity=self.levels)
+
+
+def plan_evaluation(metric: str, epsilon: float, clip: float) -> EvaluationPlan:
+    """Every refusal of an evaluation (before any label is read) and its noise."""
     if metric not in METRICS:
         raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code="invalid_metric")
     epsilon = check_epsilon(epsilon)
     if metric != "accuracy" and not (math.isfinite(clip) and 0 < clip <= MAX_CLIP):
         raise LabelDPError(f"clip must be positive and at most {MAX_CLIP:g}", code="invalid_request")
+    levels = 1 if metric == "accuracy" else LOSS_LEVELS
+    return EvaluationPlan(metric, 1.0 if metric == "accuracy" else clip, levels,
+                          DiscreteLaplace.calibrated(epsilon, levels))
+
+
+def check_predictions(predictions) -> np.ndarray:
     predictions = np.asarray(predictions, dtype=np.float64)
     if not np.all(np.isfinite(predictions)):
         raise LabelDPError("predictions must be finite numbers", code="invalid_request")
+    return predictions
+
+
+def score(plan: EvaluationPlan, predictions, labels, rng: np.random.Generator) -> PrivateEvaluation:
+    """The noisy mean clipped loss of ``predictions`` against ``labels`` (never refuses)."""
+    predictions = check_predictions(predictions)
+    metric, clip = plan.metric, plan.clip
     losses, low, width = clipped_losses(metric, predictions, np.asarray(labels, dtype=np.float64), clip)
     # A loss that is not a number (inf - inf for absurd labels) is a function of the label like any other: it is
     # mapped into the clip range, never refused (a refusal would depend on the label).
     losses = np.clip(np.nan_to_num(losses, nan=low + width, posinf=low + width, neginf=low), low, low + width)
-    levels = 1 if metric == "accuracy" else LOSS_LEVELS
-    units = np.rint((losses - low) / width * levels).astype(np.int64)  # each in [0, levels]
-    noise = DiscreteLaplace.calibrated(epsilon, levels)
-    noisy_sum = int(units.sum()) + int(noise.sample(1, rng)[0])
-    unit = width / (levels * losses.size)
+    units = np.rint((losses - low) / width * plan.levels).astype(np.int64)  # each in [0, levels]
+    noisy_sum = int(units.sum()) + int(plan.noise.sample(1, rng)[0])
+    unit = width / (plan.levels * losses.size)
     mean = low + noisy_sum * unit
     value = 1.0 - mean if metric == "accuracy" else mean  # accuracy = 1 − mean 0/1 error; same noise
-    return PrivateEvaluation(metric, float(value), noise, unit, levels, 1.0 if metric == "accuracy" else clip,
-                             int(losses.size), noisy_sum)
+    return PrivateEvaluation(metric, float(value), plan.noise, unit, plan.levels, clip, int(losses.size), noisy_sum)
+
+
+def evaluate(metric: str, predictions, labels, epsilon: float, clip: float,
+             rng: np.random.Generator) -> PrivateEvaluation:
+    """:func:`plan_evaluation` and :func:`score` in one call."""
+    return score(plan_evaluation(metric, epsilon, clip), check_predictions(predictions), labels, rng)
 
 
 def unbiased_mse_estimate(predictions, noisy_labels, mechanism) -> tuple[float, float]:

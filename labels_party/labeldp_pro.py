@@ -274,15 +274,18 @@ def draw_step_inputs(rng: np.random.Generator, n: int, q: float, capacity: int, 
 
 
 def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_classes: int,
-                      rng: np.random.Generator) -> ProResult:
+                      rng: np.random.Generator, *, sigma: float | None = None) -> ProResult:
     """``rng`` drives everything random: initialization, Poisson sampling, the alternative batches and the
-    Gaussian noise. Releases pass :func:`shared.randomness.secure_rng`; tests and benchmarks a seeded one."""
+    Gaussian noise. Releases pass :func:`shared.randomness.secure_rng`; tests and benchmarks a seeded one.
+    ``sigma``: the noise multiplier a release was charged for (:func:`calibrate_sigma`, computed before any label
+    is read); calibrated here when not given."""
     if config.denoiser not in DENOISERS:
         raise ValueError(f"denoiser must be one of {DENOISERS}")
     started = time.perf_counter()
     n = x.shape[0]
     q = min(1.0, config.batch_size / n)
-    sigma = calibrate_sigma(config.epsilon, config.delta, q, config.steps, config.denoiser)
+    sigma = sigma if sigma is not None else calibrate_sigma(config.epsilon, config.delta, q, config.steps,
+                                                            config.denoiser)
     spec = models.ModelSpec(x.shape[1], (), 4, tuple(config.hidden), num_classes)
     params = models.init_params(jax.random.PRNGKey(int(rng.integers(0, 2**63 - 1))), spec)
     noise_size = jax.flatten_util.ravel_pytree(params)[0].size

@@ -1,23 +1,33 @@
-"""The privacy-budget ledger: exact per-example accounting, charge-before-visible, and a hash-chained audit log.
+"""The privacy ledger, the one place that reads and writes budgets, charges and their records.
 
-Accounting model. ε is kept in integer units of 10⁻⁹ (:data:`UNITS_PER_EPSILON`): a requested ε is converted from
-the shortest decimal that prints as it (what the client sent: 0.1 is exactly 100 000 000 units) and rounded *up*
-to a unit when charged; a budget is rounded down. Sums are integer sums, so 0.1 + 0.2 is exactly 0.3 and no
-charge is too small to count. Every release charges its units to exactly the examples it covers; releases are
-pure ε-DP in the labels they cover, so an example's spent ε is the sum of the charges covering it (basic
-composition, tight for pure DP), and the dataset's spent ε is the maximum over examples (disjoint releases compose
-in parallel). A release is admitted iff every covered example has spent + charge <= total, exactly.
+**Budgets and accounts.** A dataset has a per-example budget (ε_total in exact integer units of 10⁻⁹, and δ_total).
+It is divided into *accounts*, one per organization that may release: the owner's and one per grant, each with an
+allocation (ε units, δ) set by the owner (:mod:`labels_party.service`: allocations never sum beyond the dataset's
+budget). An account's admission depends on its own spending only, so a refusal — or its absence — tells an
+organization nothing about another's use; and every example's total over accounts stays within the dataset's
+(ε_total, δ_total) by basic composition.
 
-Each ledger entry is a :class:`LedgerRecord`, built in one place (:meth:`BudgetLedger.charge`) from the release
-draft — in the spirit of dp-accounting's ``DpEvent``: it holds the mechanism's own ``dp_event()`` (from which
-:func:`shared.mechanisms.events.epsilon_of` recomputes ε), the requested, certified and charged ε, the content
-hash of the mechanism's full description, the requesting organization and the covered examples (count and
-SHA-256 of their registry indices, stored once in a content-addressed coverage file or named as a range), chained
-to the previous entry by SHA-256.
+**Charges** (:class:`Charge`) are fixed before anything private is drawn (:mod:`labels_party.releases.transaction`).
+Pure ε-DP events add their exact units per example. Events with δ > 0 — DP-SGD's subsampled Gaussian, the only
+ones the service runs — add their Rényi-DP curve (dp-accounting's RDP accountant, at :data:`RDP_ORDERS`,
+quantized *up* to units so that sums are exact integers); an example's spent ε in an account is its pure units
+plus the ε of its summed curve at the account's δ (rounded up): the Gaussian events compose under RDP — many
+central trainings cost what the accountant says, not the sum of their ε — and compose with the pure events by
+basic composition.
 
-State. The per-example spent units are kept as coverage classes (:class:`BudgetState`): one class id per example
-and one (spent, size) row per class — never one vector per release — so the state does not grow with releases ×
-examples; every pass over it goes block by block (:data:`CHUNK`) in bounded memory.
+**Records.** Each charge appends one :class:`LedgerRecord` (a frozen value built here, in one place): who, what
+was requested, the charged ``dp_event`` (from which :func:`shared.mechanisms.events.epsilon_of` recomputes ε),
+the charge (units, RDP curve), the account's allocation, the covered examples (count, SHA-256 and a coverage file
+or range) and, through the hash chain, every record before it.
+
+**State.** Per account, the spent state is kept as coverage classes (:class:`AccountState`): one int32 class id per
+example and one row per class — (pure units, size) and the RDP curve when the account ran Gaussian events — so
+it does not grow with releases × examples; every pass over it goes block by block (:data:`CHUNK`). The state can
+always be rebuilt from the records alone (:meth:`Ledger.rebuild`, which :func:`verify` compares with it).
+
+**Anchor.** After each charge commits, the data directory gets the dataset's chain head (:class:`Anchor`). A
+database restored from a backup older than the data directory is behind its anchor: the service refuses to start,
+and to charge, rather than re-draw releases it already delivered (``docs/design/exact-ledger.md``, "Restoring").
 """
 
 from __future__ import annotations
@@ -25,19 +35,33 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
 import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
+from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
+from shared.mechanisms import events
 
 UNITS_PER_EPSILON = 10**9
-COMPOSITION = "pure epsilon-DP events add per example (exact integer units); disjoint examples compose in parallel"
+COMPOSITION = ("per example and organization: pure epsilon-DP events add (exact integer units); Gaussian events "
+               "add their RDP curves, converted at the organization's delta; the two add by basic composition; "
+               "disjoint examples compose in parallel")
+# dp-accounting's default orders; an account's curve is one int64 per order.
+RDP_ORDERS: tuple[float, ...] = tuple(float(order) for order in rdp_privacy_accountant.RdpAccountant().orders)
+RDP_CAP = 10**18  # units per order beyond which an order never gives the minimum (sums saturate, never wrap)
+UNBOUNDED = 2**62  # the spent units of a curve no δ can convert (δ = 0): admits nothing
+CHUNK = 1 << 22  # registry indices per step of a pass: bounded memory at any dataset size
 
 
 def charge_units(epsilon: float) -> int:
@@ -73,240 +97,6 @@ def chain_hash(prev_hash: str, record_json: str) -> str:
     return hashlib.sha256((prev_hash + record_json).encode()).hexdigest()
 
 
-class Actor(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    org: str
-    role: str
-
-
-class Coverage(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    file: str
-    sha256: str
-
-
-class LedgerRecord(BaseModel):
-    """One privacy event, completely documented: enough to recompute its ε and every example's budget."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    event: Literal["label_release"] = "label_release"
-    seq: int
-    dataset_id: str
-    release_id: str
-    created_at: str
-    actor: Actor  # the organization the release went to
-    mechanism: str
-    request: dict[str, Any]  # the request's privacy parameters (no example ids, features or predictions)
-    label_version: int
-    epsilon_requested: float
-    epsilon_certified: float
-    charge_units: int  # exact; 1 unit = 10⁻⁹ ε
-    charge: float  # the same as a decimal, for reading
-    delta: float = 0.0
-    dp_event: dict[str, Any]  # shared.mechanisms.events.to_dict of the mechanism's dp_event()
-    mechanism_hash: str  # SHA-256 of the full public description (GET /v1/mechanisms/{hash})
-    examples_covered: int
-    coverage: Coverage
-    spent_max_after_units: int
-    epsilon_total_units: int
-    composition: str = COMPOSITION
-
-
-def recorded_charge_units(record: dict) -> int:
-    """The charge of a stored record, also for records written before exact accounting (a float ``charge``)."""
-    if "charge_units" in record:
-        return int(record["charge_units"])
-    return int(legacy_units(record["charge"]))
-
-
-class BudgetExceeded(LabelDPError):
-    code = "budget_exceeded"
-
-    def __init__(self, message: str, remaining_units: int):
-        super().__init__(message)
-        self.remaining = units_epsilon(remaining_units)
-
-
-CHUNK = 1 << 22  # registry indices per step of a budget pass: bounded memory at any dataset size
-
-
-@dataclass(frozen=True)
-class BudgetState:
-    """Every example's spent units as coverage classes: ``classes[i]`` is the class of registry index ``i`` and
-    ``spent[c]``/``sizes[c]`` the units and member count of class ``c``. Indices at or beyond ``len(classes)``
-    (examples uploaded since the last split) form the *fresh* class, id ``len(spent)``, with nothing spent.
-    The state is one int32 per example plus one row per class, whatever the number of releases."""
-
-    classes: np.ndarray  # int32, memory-mapped
-    spent: np.ndarray  # int64 per class
-    sizes: np.ndarray  # int64 per class
-    registry_size: int
-    mapped: MappedArray | None = None  # the class file's mapping (for forget())
-
-    def forget(self) -> None:
-        """Drop the class file's pages read so far from the resident set (passes stay bounded in memory)."""
-        if self.mapped is not None:
-            self.mapped.forget()
-
-    @property
-    def fresh(self) -> int:
-        return self.spent.size
-
-    def spent_with_fresh(self) -> tuple[np.ndarray, np.ndarray]:
-        """(spent, size) per class, the fresh class last."""
-        return (np.append(self.spent, 0),
-                np.append(self.sizes, self.registry_size - self.classes.size).astype(np.int64))
-
-    def class_at(self, indices: np.ndarray) -> np.ndarray:
-        """Class of each (sorted) registry index."""
-        out = np.full(indices.size, self.fresh, dtype=np.int64)
-        inside = int(np.searchsorted(indices, self.classes.size))
-        out[:inside] = self.classes[indices[:inside]]
-        return out
-
-    def block(self, start: int, stop: int) -> np.ndarray:
-        """Class of registry indices start..stop-1."""
-        out = np.full(stop - start, self.fresh, dtype=np.int64)
-        known = max(0, min(stop, self.classes.size) - start)
-        out[:known] = self.classes[start:start + known]
-        return out
-
-    def spent_block(self, start: int, stop: int) -> np.ndarray:
-        return np.append(self.spent, 0)[self.block(start, stop)]
-
-
-def _chunks(coverage: MappedArray, state: BudgetState):
-    for start in range(0, coverage.size, CHUNK):
-        yield coverage.slice(start, start + CHUNK).astype(np.int64, copy=False)
-        coverage.forget()
-        state.forget()
-
-
-def _covered_mask(coverage: MappedArray, start: int, stop: int) -> np.ndarray:
-    low, high = coverage.position([start, stop])
-    mask = np.zeros(stop - start, dtype=bool)
-    mask[coverage.slice(int(low), int(high)) - start] = True
-    return mask
-
-
-class BudgetLedger:
-    """Per-example spent units of one dataset as :class:`BudgetState` files in :class:`DataStore` (one class file
-    and one small per-class table per generation; a charge supersedes the previous generation's files)."""
-
-    def __init__(self, store: DataStore):
-        self.store = store
-
-    def state(self, dataset) -> BudgetState:
-        if dataset.spent_file is None:
-            return BudgetState(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                               dataset.registry_size)
-        if dataset.classes_file is None:  # written before coverage classes: one value per example
-            stored = self.store.read_array(dataset.spent_file)
-            vector = stored if stored.dtype.kind in "iu" else legacy_units(stored)
-            spent, classes, sizes = np.unique(vector.astype(np.int64), return_inverse=True, return_counts=True)
-            return BudgetState(classes.astype(np.int32), spent, sizes.astype(np.int64), dataset.registry_size)
-        table = self.store.read_array(dataset.spent_file)
-        classes = MappedArray(self.store.path(dataset.classes_file))
-        return BudgetState(classes.array, table[:, 0].copy(), table[:, 1].copy(), dataset.registry_size, classes)
-
-    def spent_vector(self, dataset) -> np.ndarray:
-        """Every example's spent units (registry_size int64s: for small datasets, tests and audits in blocks)."""
-        return self.state(dataset).spent_block(0, dataset.registry_size)
-
-    def spent_classes(self, dataset) -> tuple[np.ndarray, np.ndarray]:
-        """(spent units, number of examples) per class, including the fresh class; for summaries."""
-        spent, sizes = self.state(dataset).spent_with_fresh()
-        return spent[sizes > 0], sizes[sizes > 0]
-
-    def _touched(self, state: BudgetState, coverage: MappedArray) -> np.ndarray:
-        counts = np.zeros(state.fresh + 1, dtype=np.int64)
-        for chunk in _chunks(coverage, state):
-            counts += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
-        return counts
-
-    def remaining_units_for(self, dataset, coverage: MappedArray) -> int:
-        state = self.state(dataset)
-        touched = self._touched(state, coverage)
-        spent, _ = state.spent_with_fresh()
-        worst = int(spent[touched > 0].max()) if coverage.size else 0
-        return max(0, dataset.epsilon_total_units - worst)
-
-    def charge(self, dataset, coverage: CoverageSet, units: int,
-               fields: dict) -> tuple[LedgerRecord, str, str, str, list[str]]:
-        """Check and charge ``units`` to the examples of ``coverage``, exactly. The caller holds the dataset row
-        lock, commits, and then removes the superseded files (the last element). Mutates ``dataset`` (state
-        files, spent max, chain head)."""
-        state = self.state(dataset)
-        covered = read_coverage(self.store, coverage.file)
-        touched = self._touched(state, covered)
-        spent, sizes = state.spent_with_fresh()
-        worst = int(spent[touched > 0].max()) if covered.size else 0
-        if worst + units > dataset.epsilon_total_units:
-            remaining = max(0, dataset.epsilon_total_units - worst)
-            raise BudgetExceeded(f"release needs epsilon {units_epsilon(units):g} but covered examples have at "
-                                 f"most {units_epsilon(remaining):.9g} left of "
-                                 f"{units_epsilon(dataset.epsilon_total_units):g}", remaining)
-        seq = dataset.ledger_seq + 1
-        old_files = [f for f in (dataset.spent_file, dataset.classes_file) if f]
-        split = (dataset.classes_file is None or bool(np.any((touched > 0) & (touched < sizes)))
-                 or touched[-1] > 0)
-        if split:
-            new_spent, new_sizes, classes_file = self._split(dataset, state, covered, touched, units, seq)
-        else:  # every touched class is covered whole: only their values move
-            new_spent, new_sizes = spent[:-1] + units * (touched[:-1] > 0), sizes[:-1]
-            classes_file = dataset.classes_file
-        spent_file = self.store.write_array(f"datasets/{dataset.id}/budget/spent_{seq:08d}.npy",
-                                            np.column_stack([new_spent, new_sizes]).astype(np.int64))
-        spent_max = int(new_spent[new_sizes > 0].max()) if np.any(new_sizes > 0) else 0
-        record = LedgerRecord(**fields, seq=seq, dataset_id=dataset.id, charge_units=units,
-                              charge=units_epsilon(units), examples_covered=coverage.size,
-                              coverage=Coverage(file=coverage.file, sha256=coverage.sha256),
-                              spent_max_after_units=spent_max, epsilon_total_units=dataset.epsilon_total_units)
-        record_json = canonical(record.model_dump(mode="json"))
-        prev_hash = dataset.ledger_head
-        digest = chain_hash(prev_hash, record_json)
-        dataset.spent_file, dataset.classes_file = spent_file, classes_file
-        dataset.epsilon_spent_units = spent_max
-        dataset.ledger_seq = seq
-        dataset.ledger_head = digest
-        # The previous generation stays one charge longer: a reader that fetched the row just before this commit
-        # (an early budget check, the console, verify-audit) can still open its files. Older ones go.
-        keep = {spent_file, classes_file, *old_files}
-        budget_dir = f"datasets/{dataset.id}/budget"
-        superseded = [f"{budget_dir}/{p.name}" for p in self.store.path(budget_dir).glob("*.npy")
-                      if f"{budget_dir}/{p.name}" not in keep]
-        return record, record_json, prev_hash, digest, superseded
-
-    def _split(self, dataset, state: BudgetState, covered: MappedArray, touched: np.ndarray, units: int,
-               seq: int) -> tuple[np.ndarray, np.ndarray, str]:
-        """Rewrite the class file: one class per distinct spent value (so classes merge as well as split)."""
-        spent, sizes = state.spent_with_fresh()
-        uncovered_value = np.where(sizes - touched > 0, spent, -1)
-        covered_value = np.where(touched > 0, spent + units, -1)
-        values = np.unique(np.concatenate([uncovered_value, covered_value]))
-        values = values[values >= 0]
-        to_uncovered = np.searchsorted(values, uncovered_value)
-        to_covered = np.searchsorted(values, covered_value)
-        new_sizes = np.zeros(values.size, dtype=np.int64)
-
-        def blocks():
-            for start in range(0, dataset.registry_size, CHUNK):
-                stop = min(dataset.registry_size, start + CHUNK)
-                old = state.block(start, stop)
-                new = np.where(_covered_mask(covered, start, stop), to_covered[old], to_uncovered[old])
-                new_sizes[:] += np.bincount(new, minlength=values.size)
-                covered.forget()
-                state.forget()
-                yield new
-
-        def write(path):
-            write_npy(path, np.int32, dataset.registry_size, blocks())
-
-        classes_file = self.store.write_with(f"datasets/{dataset.id}/budget/classes_{seq:08d}.npy", write)
-        return values, new_sizes, classes_file
-
-
 def verify_chain(entries, head: str | None = None) -> bool:
     """entries: (seq, record_json, prev_hash, hash) ordered by seq, for one dataset."""
     previous = "0" * 64
@@ -322,3 +112,527 @@ def verify_chain(entries, head: str | None = None) -> bool:
 def within_charge(epsilon: float, units: int) -> bool:
     """Is a recomputed ε (a float) at most the charged units, compared exactly?"""
     return math.isfinite(epsilon) and Decimal(epsilon) * UNITS_PER_EPSILON <= units
+
+
+# -- charges ----------------------------------------------------------------------------------------------------
+
+_GAUSSIAN = (dp_event.GaussianDpEvent, dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent)
+
+
+def is_gaussian(event: dp_event.DpEvent) -> bool:
+    """An event with δ > 0 (accounted through its RDP curve)."""
+    return isinstance(event, _GAUSSIAN)
+
+
+def rdp_curve(event: dp_event.DpEvent) -> np.ndarray:
+    """The event's RDP at :data:`RDP_ORDERS` in units, rounded up (one more unit than the float's ceiling, so the
+    integer curve is never below the accountant's); infinite orders saturate at :data:`RDP_CAP`."""
+    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(RDP_ORDERS))
+    accountant.compose(event)
+    curve = np.asarray(accountant.rdp, dtype=np.float64) * UNITS_PER_EPSILON
+    finite = np.isfinite(curve) & (curve < RDP_CAP)
+    return np.where(finite, np.ceil(np.where(finite, curve, 0.0)) + 1, RDP_CAP).astype(np.int64)
+
+
+def rdp_epsilon_units(curves: np.ndarray, delta: float) -> np.ndarray:
+    """ε (units, rounded up) of each row of summed curves at ``delta``; 0 for an empty curve, :data:`UNBOUNDED`
+    where no finite ε exists (δ = 0)."""
+    curves = np.atleast_2d(curves)
+    out = np.zeros(curves.shape[0], dtype=np.int64)
+    for row in np.flatnonzero(curves.any(axis=1)):
+        epsilon = math.inf
+        if delta > 0:
+            epsilon, _order = rdp_privacy_accountant.compute_epsilon(
+                RDP_ORDERS, np.minimum(curves[row], RDP_CAP) / UNITS_PER_EPSILON, delta)
+        out[row] = charge_units(epsilon) if math.isfinite(epsilon) and epsilon < UNBOUNDED / 1e9 else UNBOUNDED
+    return out
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one privacy event costs each example it covers, fixed before anything private is drawn: pure ε units,
+    and the RDP curve of an event with δ > 0 (then ``units`` is 0)."""
+
+    units: int
+    rdp: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, event: dp_event.DpEvent, epsilon_requested: float) -> Charge:
+        """A pure event is charged the requested ε (rounded up to a unit), which must bound the event's ε; a
+        Gaussian one its own curve, whatever ε was requested (the request only calibrated its noise)."""
+        if is_gaussian(event):
+            return cls(0, tuple(int(v) for v in rdp_curve(event)))
+        units = charge_units(epsilon_requested)
+        if not within_charge(events.epsilon_of(event), units):  # the kinds build their events inside the request
+            raise ValueError(f"the event's epsilon {events.epsilon_of(event)!r} exceeds the charge")
+        return cls(units)
+
+    @classmethod
+    def of_record(cls, record: dict) -> Charge:
+        """The charge a stored record made — also records written before exact units (a float ``charge``) and
+        before δ was budgeted (a Gaussian event charged as pure ε then; its curve now)."""
+        if record.get("rdp_units") is not None:
+            return cls(int(record.get("charge_units", 0)), tuple(int(v) for v in record["rdp_units"]))
+        event = events.from_dict(record["dp_event"]) if record.get("dp_event") else None
+        if event is not None and is_gaussian(event):
+            return cls(0, tuple(int(v) for v in rdp_curve(event)))
+        units = int(record["charge_units"]) if "charge_units" in record else int(legacy_units(record["charge"]))
+        return cls(units)
+
+    @property
+    def curve(self) -> np.ndarray | None:
+        return None if self.rdp is None else np.asarray(self.rdp, dtype=np.int64)
+
+    def standalone_units(self, delta: float) -> int:
+        """This charge alone, as ε units at ``delta`` (what a release reports as its charged ε)."""
+        return self.units + (int(rdp_epsilon_units(self.curve, delta)[0]) if self.rdp is not None else 0)
+
+
+def charged_units(record: dict) -> int:
+    """What a stored record charged each covered example, as ε units on its own (an event with δ > 0: its ε at the
+    recorded δ)."""
+    return Charge.of_record(record).standalone_units(float(record.get("delta") or 0.0))
+
+
+# -- records ----------------------------------------------------------------------------------------------------
+
+class Actor(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    org: str
+    role: str
+
+
+class Coverage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    file: str
+    sha256: str
+
+
+class AccountTerms(BaseModel):
+    """The account a charge went to, as it stood: its allocation of every covered example's budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    org: str
+    epsilon_units: int
+    delta: float
+
+
+class LedgerRecord(BaseModel):
+    """One privacy event, completely documented: enough to recompute its (ε, δ) and every example's budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: Literal["label_release"] = "label_release"
+    seq: int
+    dataset_id: str
+    release_id: str
+    created_at: str
+    actor: Actor  # the organization the release went to
+    account: AccountTerms
+    mechanism: str
+    request: dict[str, Any]  # the request's privacy parameters (no example ids, features or predictions)
+    label_version: int
+    epsilon_requested: float
+    dp_event: dict[str, Any]  # shared.mechanisms.events.to_dict of the charged event
+    charge_units: int  # pure ε, exact; 1 unit = 10⁻⁹ ε
+    charge: float  # the same as a decimal, for reading
+    rdp_units: list[int] | None  # the RDP curve charged at RDP_ORDERS (events with δ > 0), else None
+    delta: float  # the δ at which rdp_units convert to ε (the account's); 0 for pure events
+    examples_covered: int
+    coverage: Coverage
+    spent_max_after_units: int  # the account's, after this charge
+    epsilon_total_units: int  # the dataset's
+    delta_total: float
+    composition: str = COMPOSITION
+
+
+# -- state ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AccountState:
+    """One account's spent state as coverage classes: ``classes[i]`` is the class of registry index ``i``; per class
+    ``units`` (pure ε), ``sizes`` and ``rdp`` (its summed curve, or None while the account ran no Gaussian event).
+    Indices at or beyond ``len(classes)`` form the *fresh* class, id ``len(units)``, with nothing spent."""
+
+    classes: np.ndarray  # int32, memory-mapped
+    units: np.ndarray  # int64 per class
+    sizes: np.ndarray  # int64 per class
+    rdp: np.ndarray | None  # int64 (classes, len(RDP_ORDERS))
+    registry_size: int
+    mapped: MappedArray | None = None
+
+    def forget(self) -> None:
+        """Drop the class file's pages read so far from the resident set (passes stay bounded in memory)."""
+        if self.mapped is not None:
+            self.mapped.forget()
+
+    @property
+    def fresh(self) -> int:
+        return self.units.size
+
+    def with_fresh(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(units, sizes, rdp) per class with the fresh class last; rdp as zeros when the account has none."""
+        rdp = self.rdp if self.rdp is not None else np.zeros((self.units.size, len(RDP_ORDERS)), np.int64)
+        return (np.append(self.units, 0), np.append(self.sizes, self.registry_size - self.classes.size),
+                np.vstack([rdp, np.zeros((1, len(RDP_ORDERS)), np.int64)]))
+
+    def spent(self, delta: float) -> np.ndarray:
+        """Spent units per class at ``delta``, the fresh class last."""
+        units, _, rdp = self.with_fresh()
+        return units + (rdp_epsilon_units(rdp, delta) if self.rdp is not None else 0)
+
+    def class_at(self, indices: np.ndarray) -> np.ndarray:
+        """Class of each (sorted) registry index."""
+        out = np.full(indices.size, self.fresh, dtype=np.int64)
+        inside = int(np.searchsorted(indices, self.classes.size))
+        out[:inside] = self.classes[indices[:inside]]
+        return out
+
+    def block(self, start: int, stop: int) -> np.ndarray:
+        """Class of registry indices start..stop-1."""
+        out = np.full(stop - start, self.fresh, dtype=np.int64)
+        known = max(0, min(stop, self.classes.size) - start)
+        out[:known] = self.classes[start:start + known]
+        return out
+
+
+def _chunks(coverage, *forgettable) -> Iterator[np.ndarray]:
+    for start in range(0, coverage.size, CHUNK):
+        yield coverage.slice(start, start + CHUNK).astype(np.int64, copy=False)
+        coverage.forget()
+        for item in forgettable:
+            item.forget()
+
+
+def _covered_mask(coverage, start: int, stop: int) -> np.ndarray:
+    low, high = coverage.position([start, stop])
+    mask = np.zeros(stop - start, dtype=bool)
+    mask[coverage.slice(int(low), int(high)) - start] = True
+    return mask
+
+
+class BudgetExceeded(LabelDPError):
+    code = "budget_exceeded"
+
+    def __init__(self, message: str, remaining_units: int):
+        super().__init__(message)
+        self.remaining_units = remaining_units
+
+
+class LedgerRollback(LabelDPError):
+    """The database is behind the data directory (restored from an older backup): nothing may be charged."""
+
+    code = "ledger_rollback"
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A dataset's chain head as the data directory last saw it committed."""
+
+    seq: int
+    head: str
+
+
+@dataclass
+class Ledger:
+    """Budgets, charges, records and anchors of every dataset in one :class:`DataStore`."""
+
+    store: DataStore
+
+    # -- reading ------------------------------------------------------------------------------------------------
+    def state(self, account: db.BudgetAccount, registry_size: int) -> AccountState:
+        if account.spent_file is None:
+            return AccountState(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), None,
+                                registry_size)
+        table = self.store.read_array(account.spent_file)
+        classes = MappedArray(self.store.path(account.classes_file))
+        rdp = self.store.read_array(account.rdp_file) if account.rdp_file else None
+        return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), rdp, registry_size, classes)
+
+    def spent_classes(self, account: db.BudgetAccount, registry_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(spent units, number of examples) per class of one account, the fresh class included; summaries."""
+        state = self.state(account, registry_size)
+        spent, sizes = state.spent(account.delta), state.with_fresh()[1]
+        return spent[sizes > 0], sizes[sizes > 0]
+
+    def spent_by_example(self, accounts: Sequence[db.BudgetAccount], registry_size: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """(total spent units over all accounts, number of examples) per distinct total: the per-example
+        distribution, one pass block by block (the owner's console and summaries)."""
+        states = [(self.state(a, registry_size), a.delta) for a in accounts]
+        spent = [state.spent(delta) for state, delta in states]
+        totals: dict[int, int] = {}
+        for start in range(0, registry_size, CHUNK):
+            stop = min(registry_size, start + CHUNK)
+            block = np.zeros(stop - start, dtype=np.int64)
+            for (state, _), values in zip(states, spent, strict=True):
+                block += values[state.block(start, stop)]
+                state.forget()
+            values, counts = np.unique(block, return_counts=True)
+            for value, count in zip(values.tolist(), counts.tolist(), strict=True):
+                totals[value] = totals.get(value, 0) + count
+        keys = sorted(totals)
+        return np.asarray(keys, dtype=np.int64), np.asarray([totals[k] for k in keys], dtype=np.int64)
+
+    # -- charging -----------------------------------------------------------------------------------------------
+    def charge(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
+               charge: Charge, fields: dict) -> tuple[LedgerRecord, list[str]]:
+        """Check and charge ``charge`` to the covered examples of ``account``, exactly, and append the record.
+
+        The caller holds the account's and the dataset's row locks and commits; then it calls :meth:`anchor` and
+        removes the superseded files (the second element)."""
+        self.check_anchor(session, dataset)
+        state = self.state(account, dataset.registry_size)
+        covered = read_coverage(self.store, coverage.file)
+        touched = np.zeros(state.fresh + 1, dtype=np.int64)
+        for chunk in _chunks(covered, state):
+            touched += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
+        units, sizes, rdp = state.with_fresh()
+        new_units = units + charge.units * (touched > 0)
+        new_rdp = rdp + (charge.curve[None, :] * (touched > 0)[:, None] if charge.rdp is not None else 0)
+        new_rdp = np.minimum(new_rdp, RDP_CAP)
+        has_rdp = state.rdp is not None or charge.rdp is not None
+        spent_after = new_units + (rdp_epsilon_units(new_rdp, account.delta) if has_rdp else 0)
+        before = state.spent(account.delta)
+        if covered.size and int(spent_after[touched > 0].max()) > account.epsilon_units:
+            worst = int(before[touched > 0].max())
+            raise BudgetExceeded(f"release needs epsilon {units_epsilon(charge.standalone_units(account.delta)):g} "
+                                 f"but covered examples have at most "
+                                 f"{units_epsilon(max(0, account.epsilon_units - worst)):.9g} left of this "
+                                 f"organization's {units_epsilon(account.epsilon_units):g}",
+                                 max(0, account.epsilon_units - worst))
+        generation = account.generation + 1
+        directory = f"datasets/{dataset.id}/budget/{account.org_id}"
+        old_files = [f for f in (account.spent_file, account.classes_file, account.rdp_file) if f]
+        rows = np.column_stack([new_units[:, None], new_rdp])
+        # Classes covered in part (or the fresh class) split; classes that end up equal merge: one class per
+        # distinct (units, curve), so the number of classes never exceeds the number of distinct histories.
+        if account.classes_file is None or bool(np.any((touched > 0) & (touched < sizes))) or touched[-1] > 0:
+            values, new_sizes, classes_file = self._split(directory, generation, dataset.registry_size, state,
+                                                          covered, touched, rows, units, rdp)
+        else:  # every touched class is covered whole: only their values move
+            values, new_sizes, classes_file = rows[:-1], sizes[:-1], account.classes_file
+        spent_file = self.store.write_array(f"{directory}/spent_{generation:08d}.npy",
+                                            np.column_stack([values[:, 0], new_sizes]).astype(np.int64))
+        rdp_file = (self.store.write_array(f"{directory}/rdp_{generation:08d}.npy", values[:, 1:].copy())
+                    if has_rdp else None)
+        account.spent_max_units = _spent_max(values, new_sizes, has_rdp, account.delta)
+        account.spent_file, account.classes_file, account.rdp_file = spent_file, classes_file, rdp_file
+        account.generation = generation
+        others = session.scalar(select(func.coalesce(func.sum(db.BudgetAccount.spent_max_units), 0)).where(
+            db.BudgetAccount.dataset_id == dataset.id, db.BudgetAccount.id != account.id))
+        dataset.epsilon_spent_units = int(others) + account.spent_max_units
+        record = self._append(session, dataset, account, coverage, charge, fields)
+        keep = {spent_file, classes_file, rdp_file, *old_files}
+        superseded = [f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
+                      if f"{directory}/{p.name}" not in keep]
+        return record, superseded
+
+    def _split(self, directory: str, generation: int, registry_size: int, state: AccountState, covered,
+               touched: np.ndarray, rows: np.ndarray, units: np.ndarray, rdp: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, str]:
+        """Rewrite the class file: one class per distinct row (so classes merge as well as split)."""
+        sizes = state.with_fresh()[1]
+        old_rows = np.column_stack([units[:, None], rdp])
+        candidates = np.vstack([old_rows[sizes - touched > 0], rows[touched > 0]])
+        values = np.unique(candidates, axis=0)
+
+        def position(table: np.ndarray) -> np.ndarray:  # each row's index in values (-1 for rows never used)
+            found = {tuple(row): i for i, row in enumerate(values.tolist())}
+            return np.asarray([found.get(tuple(row), -1) for row in table.tolist()], dtype=np.int64)
+
+        to_uncovered, to_covered = position(old_rows), position(rows)
+        new_sizes = np.zeros(values.shape[0], dtype=np.int64)
+
+        def blocks():
+            for start in range(0, registry_size, CHUNK):
+                stop = min(registry_size, start + CHUNK)
+                old = state.block(start, stop)
+                new = np.where(_covered_mask(covered, start, stop), to_covered[old], to_uncovered[old])
+                new_sizes[:] += np.bincount(new, minlength=values.shape[0])
+                covered.forget()
+                state.forget()
+                yield new
+
+        classes_file = self.store.write_with(f"{directory}/classes_{generation:08d}.npy",
+                                             lambda path: write_npy(path, np.int32, registry_size, blocks()))
+        return values, new_sizes, classes_file
+
+    def _append(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
+                charge: Charge, fields: dict) -> LedgerRecord:
+        """The record and its chained entry (the only place a ledger entry is written)."""
+        seq = dataset.ledger_seq + 1
+        org = session.get(db.Organization, account.org_id).name
+        record = LedgerRecord(
+            **fields, seq=seq, dataset_id=dataset.id,
+            account=AccountTerms(org=org, epsilon_units=account.epsilon_units, delta=account.delta),
+            charge_units=charge.units, charge=units_epsilon(charge.units),
+            rdp_units=list(charge.rdp) if charge.rdp is not None else None,
+            delta=account.delta if charge.rdp is not None else 0.0, examples_covered=coverage.size,
+            coverage=Coverage(file=coverage.file, sha256=coverage.sha256),
+            spent_max_after_units=account.spent_max_units, epsilon_total_units=dataset.epsilon_total_units,
+            delta_total=dataset.delta_total)
+        record_json = canonical(record.model_dump(mode="json"))
+        digest = chain_hash(dataset.ledger_head, record_json)
+        session.add(db.LedgerEntry(dataset_id=dataset.id, seq=seq, release_id=record.release_id, record=record_json,
+                                   prev_hash=dataset.ledger_head, hash=digest))
+        dataset.ledger_seq, dataset.ledger_head = seq, digest
+        return record
+
+    # -- the anchor ---------------------------------------------------------------------------------------------
+    def _anchor_path(self, dataset_id: str):
+        return self.store.path(f"anchors/{dataset_id}.json")
+
+    def read_anchor(self, dataset_id: str) -> Anchor | None:
+        try:
+            data = json.loads(self._anchor_path(dataset_id).read_text())
+        except FileNotFoundError:
+            return None
+        return Anchor(int(data["seq"]), str(data["head"]))
+
+    def anchor(self, dataset: db.Dataset) -> None:
+        """Record a committed chain head in the data directory (after the commit: a crash in between leaves the
+        anchor behind the database, which is safe; never ahead of it)."""
+        current = self.read_anchor(dataset.id)
+        if current is not None and current.seq >= dataset.ledger_seq:
+            return
+        self.store.write_with(f"anchors/{dataset.id}.json", lambda path: path.write_text(
+            json.dumps({"seq": dataset.ledger_seq, "head": dataset.ledger_head})))
+
+    def check_anchor(self, session: Session, dataset: db.Dataset) -> None:
+        """Refuse a dataset whose database chain is behind, or beside, what the data directory saw committed. The
+        database may be ahead (a crash between a commit and its anchor) if its chain passes through the anchor."""
+        anchor = self.read_anchor(dataset.id)
+        if anchor is None or (anchor.seq == dataset.ledger_seq and anchor.head == dataset.ledger_head):
+            return
+        if anchor.seq < dataset.ledger_seq and session.scalar(select(db.LedgerEntry.hash).where(
+                db.LedgerEntry.dataset_id == dataset.id, db.LedgerEntry.seq == anchor.seq)) == anchor.head:
+            return
+        raise LedgerRollback(rollback_message(dataset.id))
+
+    def anchored_datasets(self) -> list[str]:
+        directory = self.store.path("anchors")
+        return sorted(p.stem for p in directory.glob("*.json")) if directory.exists() else []
+
+    # -- rebuilding and verifying from the records ---------------------------------------------------------------
+    def rebuild(self, dataset: db.Dataset, account: db.BudgetAccount, records: Sequence[dict]) -> None:
+        """Write ``account``'s state from its records alone (a migration from older state layouts, once)."""
+        recomputed = _Recomputed(self.store, records, dataset.registry_size)
+        keys, values = recomputed.class_values()
+        index = {key: i for i, key in enumerate(keys)}
+        directory = f"datasets/{dataset.id}/budget/{account.org_id}"
+        generation = account.generation + 1
+        new_sizes = np.zeros(len(keys), dtype=np.int64)
+
+        def blocks():
+            for _start, _stop, pure, signature in recomputed.blocks():
+                pairs, inverse = np.unique(np.column_stack([pure, signature]), axis=0, return_inverse=True)
+                ids = np.asarray([index[tuple(pair)] for pair in pairs.tolist()], dtype=np.int64)[inverse.ravel()]
+                new_sizes[:] += np.bincount(ids, minlength=len(keys))
+                yield ids
+
+        classes_file = self.store.write_with(f"{directory}/classes_{generation:08d}.npy",
+                                             lambda path: write_npy(path, np.int32, dataset.registry_size, blocks()))
+        account.classes_file = classes_file
+        account.spent_file = self.store.write_array(f"{directory}/spent_{generation:08d}.npy",
+                                                    np.column_stack([values[:, 0], new_sizes]).astype(np.int64))
+        has_rdp = bool(values[:, 1:].any())
+        account.rdp_file = (self.store.write_array(f"{directory}/rdp_{generation:08d}.npy", values[:, 1:].copy())
+                            if has_rdp else None)
+        account.generation = generation
+        account.spent_max_units = _spent_max(values, new_sizes, has_rdp, account.delta)
+
+    def differences(self, dataset: db.Dataset, account: db.BudgetAccount, records: Sequence[dict]) -> list[str]:
+        """Where ``account``'s stored state differs from the one its records imply (empty: none), compared
+        exactly, example by example, in blocks."""
+        recomputed = _Recomputed(self.store, records, dataset.registry_size)
+        try:
+            state = self.state(account, dataset.registry_size)
+        except OSError:
+            return ["its budget files are missing"]
+        units, _, rdp = state.with_fresh()
+        seen: dict[int, tuple[int, int]] = {}  # class -> (Gaussian signature, an example of it)
+        for start, stop, pure, signature in recomputed.blocks():
+            stored = state.block(start, stop)
+            state.forget()
+            if not np.array_equal(units[stored], pure):
+                return ["per-example spent units differ from the records"]
+            pairs, first = np.unique(np.column_stack([stored, signature]), axis=0, return_index=True)
+            for (cls, sig), at in zip(pairs.tolist(), first.tolist(), strict=True):
+                if seen.setdefault(cls, (sig, start + at))[0] != sig:
+                    return ["examples of one class have different Gaussian histories"]
+        for cls, (sig, example) in seen.items():
+            if not np.array_equal(rdp[cls], recomputed.curve_of(sig, example)):
+                return ["a class's RDP curve differs from its records"]
+        return []
+
+
+def rollback_message(dataset_id: str) -> str:
+    return (f"the database is behind the data directory for dataset {dataset_id} (restored from an older backup?): "
+            "releases it no longer knows were delivered and would be drawn again. Restore the database and the "
+            "data directory from the same backup (docs/design/exact-ledger.md, 'Restoring')")
+
+
+class _Recomputed:
+    """Every example's charges in one account recomputed from its records: per block of registry indices, the
+    summed pure units and a signature of the Gaussian records that covered it (a sum of per-record 64-bit tags
+    modulo 2⁶⁴ — a multiset hash); the curve of a signature is the sum of the curves of the Gaussian records that
+    cover one example that has it."""
+
+    def __init__(self, store: DataStore, records: Sequence[dict], registry_size: int):
+        self.store, self.registry_size = store, registry_size
+        self.charges = [(record, Charge.of_record(record), _tag(record)) for record in records]
+
+    def blocks(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """(start, stop, pure units, signature as int64) per block."""
+        coverages = [read_coverage(self.store, record["coverage"]["file"]) for record, _, _ in self.charges]
+        for start in range(0, self.registry_size, CHUNK):
+            stop = min(self.registry_size, start + CHUNK)
+            pure = np.zeros(stop - start, dtype=np.int64)
+            signature = np.zeros(stop - start, dtype=np.uint64)
+            for coverage, (_record, charge, tag) in zip(coverages, self.charges, strict=True):
+                low, high = coverage.position([start, stop])
+                where = coverage.slice(int(low), int(high)) - start
+                pure[where] += charge.units
+                if charge.rdp is not None:
+                    signature[where] += np.uint64(tag)
+                coverage.forget()
+            yield start, stop, pure, signature.view(np.int64)
+
+    def class_values(self) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The distinct (units, signature) pairs, sorted, and their rows (units, curve...)."""
+        representative: dict[tuple[int, int], int] = {}
+        for start, _stop, pure, signature in self.blocks():
+            pairs, first = np.unique(np.column_stack([pure, signature]), axis=0, return_index=True)
+            for pair, at in zip(pairs.tolist(), first.tolist(), strict=True):
+                representative.setdefault(tuple(pair), start + at)
+        keys = sorted(representative)
+        rows = np.zeros((len(keys), 1 + len(RDP_ORDERS)), dtype=np.int64)
+        for i, (units, sig) in enumerate(keys):
+            rows[i, 0] = units
+            rows[i, 1:] = self.curve_of(sig, representative[(units, sig)])
+        return keys, rows
+
+    def curve_of(self, signature: int, example: int) -> np.ndarray:
+        curve = np.zeros(len(RDP_ORDERS), dtype=np.int64)
+        if signature == 0:
+            return curve
+        for record, charge, _tag_value in self.charges:
+            if charge.rdp is None:
+                continue
+            coverage = read_coverage(self.store, record["coverage"]["file"])
+            at = int(coverage.position([example])[0])
+            if at < coverage.size and int(coverage.slice(at, at + 1)[0]) == example:
+                curve = np.minimum(curve + charge.curve, RDP_CAP)
+        return curve
+
+
+def _spent_max(rows: np.ndarray, sizes: np.ndarray, has_rdp: bool, delta: float) -> int:
+    """The largest spent units over non-empty classes whose rows are (units, curve...)."""
+    spent = rows[:, 0] + (rdp_epsilon_units(rows[:, 1:], delta) if has_rdp else 0)
+    return int(spent[sizes > 0].max()) if np.any(sizes > 0) else 0
+
+
+def _tag(record: dict) -> int:
+    return int.from_bytes(hashlib.sha256(canonical(record).encode()).digest()[:8], "little") | 1
+

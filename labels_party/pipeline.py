@@ -1,5 +1,11 @@
-"""Algorithm 3 (LabelRandomizer) generalized to every mechanism: split ε, estimate the prior privately where the
-mechanism needs one, build and certify the mechanism at ε₂, and privatize the labels.
+"""Algorithm 3 (LabelRandomizer) generalized to every mechanism, in two steps that a release keeps apart:
+
+1. :func:`prepare` — from public inputs only (the domain, the mechanism, ε, the number of labels): split ε, refuse
+   whatever the mechanism cannot take, build a mechanism that needs no prior, and state what the privatization
+   costs (:meth:`Prepared.dp_event`). A release is charged this event *before* step 2 runs.
+2. :func:`plan` / :func:`privatize` — from the labels: estimate the prior privately where the mechanism needs one,
+   build and certify the mechanism at ε₂ on it (falling back deterministically when the solve cannot certify,
+   :func:`labels_party.registry.build_on_private_prior`), and privatize. This step never refuses.
 
 Privacy: the noisy prior is ε₁-DP and the per-label randomizer is ε₂-DP given it, so the message (prior,
 mechanism description, noisy labels) is (ε₁ + ε₂)-label-DP by basic composition. Mechanisms without a prior get
@@ -8,6 +14,7 @@ all of ε.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,13 +22,47 @@ import numpy as np
 from dp_accounting import dp_event
 
 from labels_party import registry
-from labels_party.prior import NoisyPrior, estimate_prior
-from labels_party.registry import MechanismOptions, support
+from labels_party.prior import NoisyPrior, estimate_prior, noise_event, prior_noise
+from labels_party.registry import Built, MechanismFamily, MechanismOptions, support
+from labels_party.solvers.deadline import Deadline
 from shared.domains import ContinuousInterval
 from shared.errors import LabelDPError
-from shared.mechanisms.events import ParallelDpEvent
+from shared.mechanisms.events import LocalRandomizerDpEvent, ParallelDpEvent
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.privacy import BudgetSplit, split_budget
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A privatization decided from public inputs: the mechanism family, the ε split and what it will cost."""
+
+    domain: object
+    family: MechanismFamily
+    split: BudgetSplit
+    options: MechanismOptions
+    built: Built | None  # the mechanism itself when it needs no prior (it is public)
+
+    @property
+    def mechanism(self) -> str:
+        return self.family.name
+
+    @property
+    def prior_epsilon(self) -> float:
+        return self.split.prior_epsilon
+
+    def with_deadline(self, deadline: Deadline) -> Prepared:
+        """The same preparation whose solves stop at ``deadline`` (known only when computing starts)."""
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, deadline=deadline))
+
+    def dp_event(self) -> dp_event.DpEvent:
+        """What the privatization is charged: the mechanism's own event when it needs no prior; otherwise the
+        prior's exact discrete-Laplace event composed with a local randomizer at ε₂ — an upper bound on the
+        randomizer built later on the noisy prior, whose certified ε can only be smaller (it is certified at ε₂)."""
+        if self.built is not None:
+            return self.built.mechanism.dp_event()
+        return dp_event.ComposedDpEvent([noise_event(prior_noise(self.split.prior_epsilon)),
+                                         LocalRandomizerDpEvent(mechanism=self.mechanism,
+                                                                epsilon=self.split.randomizer_epsilon)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,10 +91,50 @@ class Plan:
         domains: the rounding happened when the histogram was taken)."""
         return self.mechanism.inner if isinstance(self.mechanism, RoundedRandomizer) else self.mechanism
 
+    def describe(self) -> dict:
+        """The public description a release stores: the mechanism's, how ε was split, and — when the solve on the
+        noisy prior could not certify — which fallback was built and why."""
+        fallback = {key: self.diagnostics[key] for key in ("fallback", "fallback_from", "reason")
+                    if key in self.diagnostics}
+        return {**self.mechanism.describe(), "budget_split_rule": self.split.rule,
+                "randomizer_epsilon": self.split.randomizer_epsilon, **fallback}
+
 
 @dataclass(frozen=True, eq=False)
 class Privatization(Plan):
     noisy_labels: np.ndarray | None = None
+
+
+def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_epsilon: float | None = None,
+            options: MechanismOptions | None = None) -> Prepared:
+    """Everything public: refusals (family, label kind, options, |Y| limits, ε split, the solver's ε floor) and,
+    for mechanisms without a prior, the mechanism itself."""
+    options = options or MechanismOptions()
+    family = registry.family(mechanism)
+    if num_labels <= 0:
+        raise LabelDPError("no labels to privatize", code="empty_labels")
+    if family.needs_prior:
+        split = split_budget(epsilon, support(domain).size, num_labels, prior_epsilon)
+        prior_noise(split.prior_epsilon)  # refuses an ε₁ the discrete Laplace cannot calibrate
+    else:
+        if prior_epsilon is not None:
+            raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",
+                               code="invalid_epsilon")
+        split = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed")
+    registry.check(mechanism, domain, split.randomizer_epsilon, options)
+    built = None if family.needs_prior else registry.build(mechanism, domain, split.randomizer_epsilon, None, options)
+    return Prepared(domain, family, split, options, built)
+
+
+def plan(prepared: Prepared, counts: np.ndarray | None, rng: np.random.Generator) -> Plan:
+    """Draw the prior from the exact support ``counts`` where the mechanism needs one and build the mechanism on it
+    (never refuses: see :func:`labels_party.registry.build_on_private_prior`)."""
+    if prepared.built is not None:
+        return Plan(prepared.built.mechanism, prepared.split, None, prepared.built.diagnostics)
+    prior = estimate_prior(counts, prepared.split.prior_epsilon, rng)
+    built = registry.build_on_private_prior(prepared.mechanism, prepared.domain, prepared.split.randomizer_epsilon,
+                                            prior.weights, prepared.options)
+    return Plan(built.mechanism, prepared.split, prior, built.diagnostics)
 
 
 def support_rows(domain, labels: np.ndarray, mechanism: str, rng: np.random.Generator) -> np.ndarray | None:
@@ -65,41 +146,26 @@ def support_rows(domain, labels: np.ndarray, mechanism: str, rng: np.random.Gene
     return domain.index_of(labels)  # every label must belong to the declared domain
 
 
-def plan_privatization(domain, counts: np.ndarray | None, num_labels: int, mechanism: str, epsilon: float,
-                       rng: np.random.Generator, *, prior_epsilon: float | None = None,
-                       options: MechanismOptions | None = None) -> Plan:
-    """Split ε, estimate the prior from the exact support ``counts`` where the mechanism needs one, build and
-    certify the mechanism."""
-    family = registry.family(mechanism)
-    finite = support(domain)
-    if family.needs_prior:
-        split = split_budget(epsilon, finite.size, num_labels, prior_epsilon)
-        prior = estimate_prior(counts, split.prior_epsilon, rng)
-    else:
-        if prior_epsilon is not None:
-            raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",
-                               code="invalid_epsilon")
-        split, prior = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed"), None
-    built = registry.build(mechanism, domain, split.randomizer_epsilon, prior.weights if prior else None, options)
-    return Plan(built.mechanism, split, prior, built.diagnostics)
+def privatize(prepared: Prepared, labels, rng: np.random.Generator) -> Privatization:
+    """Plan on ``labels`` and sample them; ``rng`` is :func:`shared.randomness.secure_rng` for releases (tests and
+    benchmarks pass a seeded one)."""
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    finite = support(prepared.domain)
+    rows = support_rows(prepared.domain, labels, prepared.mechanism, rng)
+    counts = np.bincount(rows, minlength=finite.size) if rows is not None else None
+    planned = plan(prepared, counts, rng)
+    on_support = finite.values[rows] if rows is not None else labels
+    return Privatization(planned.mechanism, planned.split, planned.prior, planned.diagnostics,
+                         planned.sampler.sample(on_support, rng))
 
 
 def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.random.Generator, *,
                      prior_epsilon: float | None = None,
                      options: MechanismOptions | None = None) -> Privatization:
-    """``rng`` is :func:`shared.randomness.secure_rng` for releases; tests and benchmarks pass a seeded one."""
-    registry.family(mechanism)  # an unknown mechanism is refused before anything else
+    """:func:`prepare` and :func:`privatize` in one call (the CLI, tests and benchmarks)."""
     labels = np.asarray(labels, dtype=np.float64).ravel()
-    if labels.size == 0:
-        raise LabelDPError("no labels to privatize", code="empty_labels")
-    finite = support(domain)
-    rows = support_rows(domain, labels, mechanism, rng)
-    counts = np.bincount(rows, minlength=finite.size) if rows is not None else None
-    plan = plan_privatization(domain, counts, labels.size, mechanism, epsilon, rng, prior_epsilon=prior_epsilon,
-                              options=options)
-    on_support = finite.values[rows] if rows is not None else labels
-    return Privatization(plan.mechanism, plan.split, plan.prior, plan.diagnostics,
-                         plan.sampler.sample(on_support, rng))
+    return privatize(prepare(domain, mechanism, epsilon, labels.size, prior_epsilon=prior_epsilon, options=options),
+                     labels, rng)
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,11 +185,18 @@ class GroupPrivatization:
         return ParallelDpEvent([part.dp_event() for part in self.parts])
 
 
-def privatize_by_group(domain, labels, groups, mechanism: str, epsilon: float, rng: np.random.Generator, *,
-                       prior_epsilon: float, options: MechanismOptions | None = None) -> GroupPrivatization:
-    """Per group: a discrete-Laplace histogram at ε_p = ``prior_epsilon`` and the mechanism at ε − ε_p built on
-    that group's noisy prior (for regression the optimal unbiased randomizer per group — the extension the
-    optimal-unbiased paper leaves open; for classes RRWithPrior per group)."""
+def prepare_groups(domain, mechanism: str, epsilon: float, *, prior_epsilon: float,
+                   options: MechanismOptions | None = None) -> Prepared:
+    """The same public preparation for every group: ε_p for each group's prior is given, so the split does not
+    depend on a group's size (which could be 1). Each example pays its own group's ε (parallel composition), so
+    the prepared event is what every covered example is charged."""
+    return prepare(domain, mechanism, epsilon, 1, prior_epsilon=prior_epsilon, options=options)
+
+
+def privatize_by_group(prepared: Prepared, labels, groups, rng: np.random.Generator) -> GroupPrivatization:
+    """Per group: a discrete-Laplace histogram at ε_p and the mechanism at ε − ε_p built on that group's noisy
+    prior (for regression the optimal unbiased randomizer per group — the extension the optimal-unbiased paper
+    leaves open; for classes RRWithPrior per group)."""
     labels = np.asarray(labels, dtype=np.float64).ravel()
     groups = np.asarray(groups).ravel()
     if groups.size != labels.size:
@@ -133,8 +206,7 @@ def privatize_by_group(domain, labels, groups, mechanism: str, epsilon: float, r
     parts = []
     for index, _key in enumerate(keys):
         members = np.flatnonzero(inverse == index)
-        part = privatize_labels(domain, labels[members], mechanism, epsilon, rng, prior_epsilon=prior_epsilon,
-                                options=options)
+        part = privatize(prepared, labels[members], rng)
         noisy[members] = part.noisy_labels
         parts.append(part)
     return GroupPrivatization(list(keys), parts, noisy)

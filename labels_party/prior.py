@@ -35,8 +35,7 @@ class NoisyPrior:
         return self.noise.certified_epsilon(HISTOGRAM_SENSITIVITY)
 
     def dp_event(self) -> dp_event.DpEvent:
-        return dp_event.DiscreteLaplaceDpEvent(noise_parameter=self.noise.s / self.noise.t,
-                                               sensitivity=HISTOGRAM_SENSITIVITY)
+        return noise_event(self.noise)
 
     @property
     def scale(self) -> float:
@@ -49,12 +48,20 @@ class NoisyPrior:
                 "sensitivity": HISTOGRAM_SENSITIVITY}
 
 
+def prior_noise(epsilon: float) -> DiscreteLaplace:
+    """The noise of a prior at ``epsilon``: public, known before any count is (what a release is charged for)."""
+    return DiscreteLaplace.calibrated(check_epsilon(epsilon, "prior epsilon"), HISTOGRAM_SENSITIVITY)
+
+
+def noise_event(noise: DiscreteLaplace) -> dp_event.DpEvent:
+    return dp_event.DiscreteLaplaceDpEvent(noise_parameter=noise.s / noise.t, sensitivity=HISTOGRAM_SENSITIVITY)
+
+
 def estimate_prior(histogram, epsilon: float, rng: np.random.Generator) -> NoisyPrior:
-    epsilon = check_epsilon(epsilon, "prior epsilon")
     histogram = np.asarray(histogram)
     if np.any(histogram != np.round(histogram)) or np.any(histogram < 0):
         raise ValueError("a histogram holds non-negative integer counts")
-    noise = DiscreteLaplace.calibrated(epsilon, HISTOGRAM_SENSITIVITY)
+    noise = prior_noise(epsilon)
     noisy = histogram.astype(np.int64) + noise.sample(histogram.size, rng)
     clipped = np.maximum(noisy, 0).astype(np.float64)
     weights = clipped / clipped.sum() if clipped.sum() > 0 else np.full(histogram.size, 1.0 / histogram.size)

@@ -8,6 +8,14 @@ nothing else dispatches on a mechanism's name.
 ε is checked once, here (a positive finite number, the mechanisms' own certification range); the service checks
 its deployment range before it gets here. Solvers and mechanism constructors below this boundary receive a valid
 ε and certify what they build.
+
+Two entry points, for two situations. :func:`build` is for public inputs (the CLI, benchmarks, a known prior): a
+solve that cannot certify raises. In a release the prior is a *private* quantity (a noisy histogram), so whether a
+solve certifies, fails or times out depends on the labels; there :func:`check` runs first, on public inputs only,
+and refuses everything it can (label kind, options, |Y| limits, the solvers' ε floors), and then
+:func:`build_on_private_prior` never refuses: a build on the noisy prior that cannot certify in time is replaced
+by the family's *fallback* — a mechanism built from public inputs alone (dbRR for regression, RR for classes) —
+chosen deterministically, so the outcome is a function of the (published) noisy prior and carries nothing else.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from labels_party.solvers.deadline import NO_DEADLINE, Deadline
+from labels_party.solvers import opt_unbiased_continuous, opt_unbiased_mesh
+from labels_party.solvers.deadline import NO_DEADLINE, Deadline, SolverTimeout
 from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
@@ -79,9 +88,15 @@ class MechanismFamily:
     builder: Callable[[object, FiniteLabels, float, np.ndarray | None, MechanismOptions], Built]
     on_grid: bool = True  # samples from the finite support: continuous labels are rounded to the grid first
     max_mesh_cells: int | None = None  # labels x outputs of a mesh LP (when the family solves one)
+    # Built instead of this family when a build on a private prior cannot certify or runs out of time: a family
+    # without a prior, on the same label kinds (see build_on_private_prior).
+    fallback: str | None = None
+    # The smallest ε its solver certifies, by the options (None: every ε the library certifies).
+    min_epsilon: Callable[[MechanismOptions], float] | None = None
 
-    def check(self, domain, options: MechanismOptions) -> FiniteLabels:
-        """Refuse a domain, options or size this family cannot take (before any solve); the finite support."""
+    def check(self, domain, options: MechanismOptions, epsilon: float | None = None) -> FiniteLabels:
+        """Refuse a domain, options, size or ε this family cannot take (before any solve, on public inputs only);
+        the finite support."""
         kind = label_kind(domain)
         if kind not in self.label_kinds:
             accepting = ", ".join(f.name for f in FAMILIES.values() if kind in f.label_kinds)
@@ -109,6 +124,11 @@ class MechanismFamily:
                 raise LabelDPError(f"the mesh LP handles at most {self.max_mesh_cells} labels x outputs; this request "
                                    f"needs {cells}: use the continuous solver (\"solver\": \"continuous\", up to "
                                    f"{self.max_labels} labels) or a smaller mesh", code="domain_too_large")
+        floor = self.min_epsilon(options) if self.min_epsilon is not None else 0.0
+        if epsilon is not None and epsilon < floor:
+            raise LabelDPError(f"{self.name} ({options.chosen_solver} solver) certifies a randomizer epsilon >= "
+                               f"{floor:g}; this request leaves it {epsilon:.6g}: use dbrr or laplace, or a larger "
+                               "epsilon", code="epsilon_out_of_range")
         return labels
 
 
@@ -166,11 +186,18 @@ MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
 MAX_CONTINUOUS_LABELS = 1000
 _WIDE = "laplace, staircase or dbrr (any size)"
 
+def _opt_unbiased_floor(options: MechanismOptions) -> float:
+    return (opt_unbiased_continuous.MIN_EPSILON if options.chosen_solver == "continuous"
+            else opt_unbiased_mesh.MIN_EPSILON)
+
+
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
     MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, MAX_CONTINUOUS_LABELS,
-                    "rr-on-bins (up to 50,000 labels), " + _WIDE, _opt_unbiased, max_mesh_cells=MAX_MESH_CELLS),
+                    "rr-on-bins (up to 50,000 labels), " + _WIDE, _opt_unbiased, max_mesh_cells=MAX_MESH_CELLS,
+                    fallback="dbrr", min_epsilon=_opt_unbiased_floor),
     MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 50_000, _WIDE, _finite(
-        lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline))),
+        lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline)),
+                    fallback="dbrr"),
     MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
                     on_grid=False),
     MechanismFamily("staircase", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.staircase),
@@ -180,7 +207,7 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
     MechanismFamily("rr", REGRESSION | CLASSES, frozenset(), False, None, "", _finite(
         lambda labels, e, _prior, _options: randomized_response(labels.values, e))),
     MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "rr", _finite(
-        lambda _labels, e, prior, _options: rr_with_prior(prior, e))),
+        lambda _labels, e, prior, _options: rr_with_prior(prior, e)), fallback="rr"),
     MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda domain, _labels, e, _p, _o:
                     Built(SubsetSelectionRandomizer.build(domain.num_classes, e))),
 )})
@@ -194,16 +221,50 @@ def family(name: str) -> MechanismFamily:
                            code="unknown_mechanism") from None
 
 
+def check(name: str, domain, epsilon: float, options: MechanismOptions | None = None) -> MechanismFamily:
+    """Every refusal of building ``name`` on ``domain`` at ``epsilon`` that public inputs decide (the family, label
+    kind, options, |Y| limits, ε and the solver's ε floor); after it, :func:`build_on_private_prior` cannot
+    refuse."""
+    chosen = family(name)
+    chosen.check(domain, options or MechanismOptions(), check_epsilon(epsilon))
+    return chosen
+
+
 def build(name: str, domain, epsilon: float, prior=None, options: MechanismOptions | None = None) -> Built:
-    """The certified mechanism ``name`` on ``domain`` at ``epsilon`` (with its diagnostics). ``prior``: public or
-    ε₁-DP label weights, required by the families that need one (see :mod:`labels_party.pipeline`)."""
+    """The certified mechanism ``name`` on ``domain`` at ``epsilon`` (with its diagnostics), from public inputs.
+    ``prior``: label weights known in public, required by the families that need one. A solve that cannot certify
+    raises (:class:`~shared.errors.CertificationError`, a solver error or timeout)."""
     chosen = family(name)
     options = options or MechanismOptions()
     epsilon = check_epsilon(epsilon)
-    labels = chosen.check(domain, options)
+    labels = chosen.check(domain, options, epsilon)
     if chosen.needs_prior and prior is None:
         raise LabelDPError(f"mechanism {name!r} needs a label prior", code="prior_required")
     return chosen.builder(domain, labels, epsilon, prior, options)
+
+
+def build_on_private_prior(name: str, domain, epsilon: float, prior,
+                           options: MechanismOptions | None = None) -> Built:
+    """:func:`build` on a private (noisy) prior, after :func:`check` passed: never refuses. If the solve cannot
+    certify, fails or runs past the deadline — outcomes that depend on the prior — the family's fallback is built
+    instead from public inputs alone, deterministically, and the diagnostics say so (``fallback``, ``reason``).
+    Both branches are functions of the noisy prior (already ε₁-DP and published with the release) and of public
+    parameters: post-processing, so neither the choice nor its record reveals anything more."""
+    chosen = family(name)
+    options = options or MechanismOptions()
+    try:
+        return chosen.builder(domain, chosen.check(domain, options, epsilon), epsilon, prior, options)
+    except SolverTimeout:
+        reason = "solver_timeout"
+    except LabelDPError as err:  # certification_failed, solver_failed: the repaired solution did not certify
+        reason = err.code
+    except (ArithmeticError, ValueError, np.linalg.LinAlgError):  # a numerical breakdown on this prior
+        reason = "solver_failed"
+    replacement = family(chosen.fallback)
+    built = replacement.builder(domain, replacement.check(domain, MechanismOptions()), epsilon, None,
+                                MechanismOptions())
+    return Built(built.mechanism, {**built.diagnostics, "fallback": replacement.name, "fallback_from": name,
+                                   "reason": reason})
 
 
 def build_mechanism(name: str, domain, epsilon: float, prior=None, options: MechanismOptions | None = None):

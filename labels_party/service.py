@@ -6,7 +6,6 @@ training) live in :mod:`labels_party.releases`.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -16,24 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labels_party import db, labelstore
+from labels_party import budgets, db, labelstore, recovery, verification
 from labels_party.auth import Principal
-from labels_party.ledger import (
-    CHUNK,
-    BudgetLedger,
-    BudgetState,
-    budget_units,
-    recorded_charge_units,
-    units_epsilon,
-    verify_chain,
-    within_charge,
-)
+from labels_party.ledger import Ledger, budget_units, units_epsilon, verify_chain
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
-from labels_party.storage import DataStore, MappedArray
+from labels_party.storage import DataStore
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
@@ -48,7 +38,7 @@ def _no_checkpoint(_name: str) -> None:
 class ServiceContext:
     sessions: sessionmaker
     store: DataStore
-    ledger: BudgetLedger
+    ledger: Ledger
     settings: LabelsSettings
     # Called with a name at the release transaction's checkpoints ("before_commit", "after_commit"): the
     # crash-safety tests inject one that kills the process there; in production it does nothing.
@@ -69,7 +59,9 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     store = DataStore(settings.data_dir)
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
-    return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint, random_source,
+    ledger = Ledger(store)
+    recovery.recover(store, sessions, ledger)  # refuses a database behind the data directory
+    return ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
                           SparkJobs(settings.spark_master))
 
 
@@ -114,10 +106,11 @@ def _require_admin(principal: Principal) -> None:
         raise LabelDPError("this operation needs an admin key", code="forbidden")
 
 
-def dataset_view(dataset: db.Dataset) -> schemas.Dataset:
+def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Dataset:
+    """The budget figures are the dataset's for its owner's admins, the key's organization's for anyone else."""
     return schemas.Dataset(
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
-        **_budget_fields(dataset),
+        **budgets.figures_for(session, principal, dataset),
         num_examples=dataset.num_examples, label_version=dataset.label_version,
         created_at=dataset.created_at, labels_at="source" if dataset.source_uri else "service")
 
@@ -133,16 +126,21 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
     if total < budget_units(ctx.settings.epsilon_min):
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
                            code="epsilon_out_of_range")
+    if body.delta_total > ctx.settings.delta_max:
+        raise LabelDPError(f"delta_total must be at most this service's ceiling, {ctx.settings.delta_max:g} per "
+                           "example", code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
         if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
                                                    db.Dataset.name == body.name)):
             raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists")
         dataset = db.Dataset(owner_org_id=principal.org_id, name=body.name, label_kind=body.label_kind,
                              domain_json=json.dumps(spec), epsilon_total_units=total, epsilon_spent_units=0,
-                             allow_central_training=body.allow_central_training, source_uri=body.source)
+                             delta_total=body.delta_total, allow_central_training=body.allow_central_training,
+                             source_uri=body.source)
         session.add(dataset)
         session.flush()
-        return dataset_view(dataset)
+        budgets.open_owner_account(session, dataset)
+        return dataset_view(session, principal, dataset)
 
 
 def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
@@ -178,7 +176,7 @@ def _under_allowed_prefix(uri: str, allowed: list[str]) -> bool:
 
 def get_dataset(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Dataset:
     with ctx.sessions() as session, session.begin():
-        return dataset_view(accessible_dataset(session, principal, dataset_id))
+        return dataset_view(session, principal, accessible_dataset(session, principal, dataset_id))
 
 
 def list_datasets(ctx: ServiceContext, principal: Principal) -> list[schemas.Dataset]:
@@ -188,38 +186,34 @@ def list_datasets(ctx: ServiceContext, principal: Principal) -> list[schemas.Dat
         else:
             rows = session.scalars(select(db.Dataset).join(db.Grant, db.Grant.dataset_id == db.Dataset.id)
                                    .where(db.Grant.org_id == principal.org_id))
-        return [dataset_view(d) for d in rows]
+        return [dataset_view(session, principal, d) for d in rows]
 
 
-def grant_access(ctx: ServiceContext, principal: Principal, dataset_id: str, org_name: str) -> schemas.Grant:
+def grant_access(ctx: ServiceContext, principal: Principal, dataset_id: str,
+                 body: schemas.GrantCreate) -> schemas.Grant:
+    """Grant (or re-allocate): the organization's consumer keys may release, within its allocation."""
+    if body.delta > 0 and body.delta > ctx.settings.delta_max:
+        raise LabelDPError(f"delta must be at most this service's ceiling, {ctx.settings.delta_max:g} per example",
+                           code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id, admin=True)
-        org = session.scalar(select(db.Organization).where(db.Organization.name == org_name))
+        dataset = accessible_dataset(session, principal, dataset_id, admin=True, lock=True)
+        org = session.scalar(select(db.Organization).where(db.Organization.name == body.org))
         if org is None:
-            org = db.Organization(name=org_name)
+            org = db.Organization(name=body.org)
             session.add(org)
             session.flush()
+        account = budgets.allocate(ctx.ledger, session, dataset, org, body.epsilon, body.delta)
         if not session.scalar(select(db.Grant).where(db.Grant.dataset_id == dataset.id,
                                                      db.Grant.org_id == org.id)):
             session.add(db.Grant(dataset_id=dataset.id, org_id=org.id))
-        return schemas.Grant(dataset_id=dataset.id, org=org_name)
+        return schemas.Grant(dataset_id=dataset.id, org=body.org, epsilon=units_epsilon(account.epsilon_units),
+                             delta=account.delta)
 
 
 def budget(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Budget:
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id)
-        return _budget_view(dataset)
-
-
-def _budget_fields(dataset: db.Dataset) -> dict:
-    """Decimal ε from exact units (0.1 + 0.2 spent of 0.3 reads 0.3 and leaves exactly 0)."""
-    total, spent = dataset.epsilon_total_units, dataset.epsilon_spent_units
-    return {"epsilon_total": units_epsilon(total), "epsilon_spent": units_epsilon(spent),
-            "epsilon_remaining": units_epsilon(max(0, total - spent))}
-
-
-def _budget_view(dataset: db.Dataset) -> schemas.Budget:
-    return schemas.Budget(dataset_id=dataset.id, **_budget_fields(dataset))
+        return budgets.budget_view(session, principal, dataset)
 
 
 # -- uploads ----------------------------------------------------------------------------------------------------
@@ -290,91 +284,10 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
                                             created_at=v.created_at)
                         for v in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
                                                  .order_by(db.LabelVersion.version))]
-        return schemas.Audit(events=events, chain_valid=valid, budgets=[_budget_view(d) for d in datasets],
-                             uploads=uploads)
+        return schemas.Audit(events=events, chain_valid=valid,
+                             budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads)
 
 
 def verify_audit(ctx: ServiceContext) -> dict:
-    """Recompute everything from the stored log alone: the hash chain of every dataset, each record's ε from its
-    dp_event (at most the exact charge), its mechanism document, and every example's spent units from the records'
-    coverage files — compared exactly with the stored budget. Any mismatch is reported."""
-    from shared.mechanisms import events
-
-    report, hashes = {"datasets": [], "valid": True}, {}
-    with ctx.sessions() as session, session.begin():
-        for dataset in session.scalars(select(db.Dataset).order_by(db.Dataset.created_at)):
-            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
-                                           .order_by(db.LedgerEntry.seq)))
-            problems = []
-            if not verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head):
-                problems.append("hash chain broken")
-            coverages = []
-            for entry in entries:
-                record = json.loads(entry.record)
-                units = recorded_charge_units(record)
-                epsilon = events.epsilon_of(events.from_dict(record["dp_event"]), record.get("delta", 0.0))
-                if not within_charge(epsilon, units):
-                    problems.append(f"seq {entry.seq}: dp_event epsilon {epsilon} exceeds the charge")
-                try:
-                    coverage = labelstore.read_coverage(ctx.store, record["coverage"]["file"])
-                except OSError:
-                    problems.append(f"seq {entry.seq}: coverage file {record['coverage']['file']} missing")
-                    continue
-                if _sha256_of(record["coverage"]["file"], coverage, hashes) != record["coverage"]["sha256"]:
-                    problems.append(f"seq {entry.seq}: coverage file does not match its hash")
-                if coverage.size != record.get("examples_covered", coverage.size) or (
-                        coverage.size and int(coverage.slice(coverage.size - 1, coverage.size)[0])
-                        >= dataset.registry_size):
-                    problems.append(f"seq {entry.seq}: coverage disagrees with the examples covered or the registry")
-                coverages.append((coverage, units))
-                release = session.get(db.Release, record["release_id"])
-                if release is None:
-                    problems.append(f"seq {entry.seq}: release {record['release_id']} missing")
-                elif "mechanism_hash" in record and (release.mechanism_hash != record["mechanism_hash"] or session.get(
-                        db.MechanismDocument, record["mechanism_hash"]) is None):
-                    problems.append(f"seq {entry.seq}: mechanism document {record['mechanism_hash']} missing")
-            worst, differs = _recompute_budget(ctx.ledger.state(dataset), coverages)
-            if differs:
-                problems.append("per-example budget vector differs from the ledger")
-            if worst > dataset.epsilon_total_units:
-                problems.append("an example exceeds the dataset's total budget")
-            if worst != dataset.epsilon_spent_units:
-                problems.append("the dataset's spent epsilon differs from the ledger")
-            releases = session.scalar(select(func.count()).select_from(db.Release)
-                                      .where(db.Release.dataset_id == dataset.id))
-            if releases != len(entries):
-                problems.append(f"{releases} releases but {len(entries)} ledger entries")
-            report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(entries),
-                                       "epsilon_spent": units_epsilon(worst),
-                                       "epsilon_total": units_epsilon(dataset.epsilon_total_units),
-                                       "problems": problems})
-            report["valid"] &= not problems
-    return report
-
-
-def _sha256_of(file: str, coverage: MappedArray, cache: dict) -> str:
-    """SHA-256 of a coverage file's entries, once per file, reading it in blocks."""
-    if file not in cache:
-        digest = hashlib.sha256()
-        for start in range(0, coverage.size, CHUNK):
-            digest.update(coverage.slice(start, start + CHUNK).tobytes())
-            coverage.forget()
-        cache[file] = digest.hexdigest()
-    return cache[file]
-
-
-def _recompute_budget(state: BudgetState, coverages: list[tuple[MappedArray, int]]) -> tuple[int, bool]:
-    """Every example's spent units summed from the records' coverage (block by block of registry indices, so
-    memory stays bounded), compared exactly with the ledger's state: (max spent, any difference)."""
-    worst, differs = 0, False
-    for start in range(0, state.registry_size, CHUNK):
-        stop = min(state.registry_size, start + CHUNK)
-        block = np.zeros(stop - start, dtype=np.int64)
-        for coverage, units in coverages:
-            low, high = coverage.position([start, stop])
-            block[coverage.slice(int(low), int(high)) - start] += units
-            coverage.forget()
-        differs |= not np.array_equal(block, state.spent_block(start, stop))
-        state.forget()
-        worst = max(worst, int(block.max()) if block.size else 0)
-    return worst, differs
+    """Recompute everything from the stored log alone (:func:`labels_party.verification.verify`)."""
+    return verification.verify(ctx.sessions, ctx.ledger)

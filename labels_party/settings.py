@@ -24,6 +24,10 @@ class LabelsSettings(BaseSettings):
     data_dir: Path = Path("var/data")
     epsilon_min: float = Field(default=1e-3, gt=0)
     epsilon_max: float = Field(default=50.0, gt=0)
+    # The deployment's ceiling on any dataset's per-example δ (mechanisms with δ > 0: central training). 10⁻⁶: δ is
+    # the probability that an example's label is not protected; it must stay far below 1/n for the n examples of a
+    # dataset (10⁻⁶ ≪ 1/10⁴…1/10⁵ for the tables this service is built for), and no δ-mechanism here needs more.
+    delta_max: float = Field(default=1e-6, ge=0, lt=1e-2)
     solver_seconds: float = Field(default=60.0, gt=0)  # a solve that takes longer is a 503, nothing charged
     max_upload_bytes: int = Field(default=4 << 30, gt=0)  # label uploads
     max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies

@@ -13,6 +13,10 @@ from shared.errors import LabelDPError
 # request. The utility cost of the margin is of the same negligible order.
 EXACT_MARGIN = 1e-9
 SOLVER_MARGIN = 1e-6
+# A randomizer that runs after a private prior is built at ε₂ = ε − ε₁ − COMPOSITION_MARGIN·ε, so that the charge
+# recorded before either is drawn — the prior's exact ε₁ plus ε₂ — stays strictly inside the requested ε (an exact
+# decimal, 10⁻⁹ units) after floating-point sums; 10⁻¹² of ε is far above their rounding and far below any utility.
+COMPOSITION_MARGIN = 1e-12
 
 # Every mechanism accepts every ε in [EPSILON_MIN, EPSILON_MAX] and either certifies it or refuses with a
 # LabelDPError. Below 1e-6 the widest lattices' noise scales (10^6 steps / ε) leave exact int64 arithmetic;
@@ -86,4 +90,4 @@ def _checked_split(epsilon: float, prior_epsilon: float, rule: str) -> BudgetSpl
     if epsilon - prior_epsilon < EPSILON_MIN:
         raise LabelDPError(f"epsilon {epsilon:g} leaves less than {EPSILON_MIN:g} for the randomizer after the prior's "
                            f"{prior_epsilon:g}", code="epsilon_out_of_range")
-    return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon, rule)
+    return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon - COMPOSITION_MARGIN * epsilon, rule)

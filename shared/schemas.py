@@ -28,6 +28,11 @@ GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
 Solver = Literal["continuous", "mesh"]
 
 
+# Every request body: unknown fields are refused, and so is a value of the wrong JSON type (strict mode): `true` or
+# `"1"` is not ε = 1 (a client's bug must not be charged as a release); an integer is still a number.
+REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
 class ErrorDetail(BaseModel):
     code: str
     message: str
@@ -47,16 +52,22 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Epsilon = FiniteFloat
 
 
+# A per-example δ: a probability below 1 (the service's ceiling, LABELDP_DELTA_MAX, is far smaller).
+Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
+
 # A dataset's total budget: at most 10⁶ so its exact units (10⁻⁹ ε each, ``shared/ledger.py``) stay far inside a
 # signed 64-bit column; no meaningful guarantee is anywhere near it.
 BudgetEpsilon = Annotated[PositiveFinite, Field(le=1e6)]
 
 
 class _DatasetCreateBase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     name: str = Field(min_length=1, max_length=200)
     epsilon_total: BudgetEpsilon
+    # Per example, for mechanisms with δ > 0 (central training). At most the service's ceiling
+    # (LABELDP_DELTA_MAX, 10⁻⁶ by default); 0: no such mechanism may run on this dataset.
+    delta_total: Delta = 0.0
     allow_central_training: bool = False
     # Absent for uploaded labels. A Parquet dataset (example_id, label) that the service's Spark reads in place —
     # labels never pass through the service; only locations the operator allowed for the organization.
@@ -81,7 +92,7 @@ class LabelClip(BaseModel):
     ``high`` down to it (and say how many), instead of refusing them. The bounds are the label domain's; they must
     not be chosen by looking at these labels undisguised (see the README, "Your own data")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     low: FiniteFloat
     high: FiniteFloat
@@ -165,9 +176,11 @@ class Dataset(BaseModel):
     name: str
     label_kind: LabelKind
     domain: dict[str, Any]
+    # the owner's admins see the dataset's budget; a consumer its organization's allocation (see Budget)
     epsilon_total: float
     epsilon_spent: float
     epsilon_remaining: float
+    delta_total: float
     num_examples: int
     label_version: int
     created_at: datetime
@@ -184,17 +197,24 @@ class UploadResult(BaseModel):
 
 
 class GrantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Let ``org``'s consumer keys release from the dataset, spending at most ``epsilon`` (and ``delta``) of every
+    example's budget: an allocation moved from the owner's account (sent again, it changes the allocation)."""
+
+    model_config = REQUEST_CONFIG
     org: str = Field(min_length=1, max_length=200)
+    epsilon: BudgetEpsilon
+    delta: Delta = 0.0
 
 
 class Grant(BaseModel):
     dataset_id: str
     org: str
+    epsilon: float
+    delta: float
 
 
 class ReleaseRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     mechanism: MechanismName
     epsilon: Epsilon
@@ -211,7 +231,7 @@ class ReleaseRequest(BaseModel):
 class EvaluationRequest(BaseModel):
     """Predictions for (test) examples; the labels party answers with a discrete-Laplace-noised mean clipped loss."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     metric: Literal["mse", "poisson", "accuracy"]
     epsilon: Epsilon
@@ -224,10 +244,12 @@ class CentralTrainingRequest(BaseModel):
     """LabelDP-Pro run at the labels party on features the features party sends (central label DP: the trust
     model where features may move but labels never do; the owner must enable it per dataset)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     epsilon: Epsilon
-    delta: float = Field(default=1e-5, gt=0, lt=1e-2)
+    # The δ the noise is calibrated for; by default the organization's δ allocation on the dataset (at most it).
+    # Whatever it is, the charge is the run's RDP curve, converted at the organization's δ.
+    delta: Annotated[float, Field(gt=0, lt=1e-2, allow_inf_nan=False)] | None = None
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
     steps: int = Field(default=300, ge=1, le=20_000)
     batch_size: int = Field(default=128, ge=1, le=65_536)
@@ -247,28 +269,48 @@ class Release(BaseModel):
     dataset_id: str
     mechanism: str
     epsilon: float  # as requested
-    charged_epsilon: float  # what the ledger charged each covered example: ε rounded up to 10⁻⁹, exactly
-    certified_epsilon: float
+    # what the ledger charged each covered example: ε rounded up to 10⁻⁹ (for δ > 0: the run's ε at the
+    # organization's δ), exactly, before anything was drawn
+    charged_epsilon: float
+    certified_epsilon: float | None  # of the mechanism built; None until it is (running) or if it never was
     prior_epsilon: float
     randomizer_epsilon: float
     num_examples: int
     label_version: int
     created_at: datetime
     idempotency_key: str
-    mechanism_hash: str
+    mechanism_hash: str | None  # None until the mechanism is built
     description: dict[str, Any]
     noisy_prior: dict[str, Any] | None = None
-    # "running" and "failed" only for releases of source datasets (Spark jobs); charged either way. A failed one
-    # runs again, with the same charge and the same noise, when its request is sent again with its key.
+    # Charged when created, before anything private is drawn: "running" while it is computed (a source dataset's
+    # Spark job), then "available" or "failed" — charged either way. A failed source release runs again, with the
+    # same charge and the same noise, when its request is sent again with its key; any other stays failed.
     state: Literal["running", "available", "failed"] = "available"
     error: dict[str, str] | None = None
 
 
+class AccountBudget(BaseModel):
+    """One organization's allocation of every example's budget and its use (shown to the owner's admins)."""
+
+    org: str
+    epsilon_total: float  # allocated per example
+    epsilon_spent: float  # the most any one example has spent of it
+    epsilon_remaining: float
+    delta_total: float
+
+
 class Budget(BaseModel):
+    """``scope`` "organization" (a consumer): the key's organization's allocation and use — nothing of other
+    organizations'. "dataset" (the owner's admins): the dataset's budget, ``epsilon_spent`` summed over the
+    organizations' largest per-example use (an upper bound on any example's), and every organization's account."""
+
     dataset_id: str
+    scope: Literal["organization", "dataset"]
     epsilon_total: float
     epsilon_spent: float
     epsilon_remaining: float
+    delta_total: float
+    organizations: list[AccountBudget] | None = None
 
 
 class AuditEvent(BaseModel):

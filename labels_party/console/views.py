@@ -5,7 +5,8 @@ figures and ledger the API answers with (nothing here does accounting of its own
   /v1/datasets``, ``GET /v1/datasets/{id}/budget``);
 * releases per organization and mechanism, and ε spent over time: the ledger records of
   :func:`labels_party.service.audit` (``GET /v1/audit``), which also gives the hash chain's status;
-* per-example spent ε: the ledger's coverage classes (``ctx.ledger.spent_classes``, what every charge checks);
+* per-example spent ε: the ledger's coverage classes, summed over the organizations' accounts
+  (``ctx.ledger.spent_by_example``);
 * a release and its mechanism document: :mod:`labels_party.releases.queries` (``GET /v1/releases/{id}``, ``GET
   /v1/mechanisms/{hash}``);
 * verification: :func:`labels_party.service.verify_audit` (``labeldp labels verify-audit``).
@@ -25,7 +26,7 @@ from sqlalchemy import select
 from labels_party import db, documents, service
 from labels_party.auth import Principal
 from labels_party.console import randomizer
-from labels_party.ledger import recorded_charge_units, units_epsilon
+from labels_party.ledger import charged_units, units_epsilon
 from labels_party.releases import queries
 from labels_party.service import ServiceContext
 from shared import schemas
@@ -68,7 +69,7 @@ def _org_uses(events: list[schemas.AuditEvent], granted: set[str]) -> list[OrgUs
     for event in events:
         org = event.record.get("actor", {}).get("org", "?")
         releases[org] += 1
-        units[org] += recorded_charge_units(event.record)
+        units[org] += charged_units(event.record)
     return [OrgUse(org, org in granted, releases[org], units_epsilon(units[org]))
             for org in sorted(granted | set(releases))]
 
@@ -129,12 +130,14 @@ def _histogram(spent: np.ndarray, sizes: np.ndarray, total_units: int) -> Histog
 
 
 def _timeline(created: datetime, events: list[schemas.AuditEvent]) -> list[tuple[datetime, float]]:
-    points = [(created, 0.0)]
+    """The dataset's spent ε after each record: the sum of every organization's largest per-example use so far
+    (records before per-organization accounts carry the dataset's own maximum)."""
+    points, latest = [(created, 0.0)], {}
     for event in events:
         record = event.record
         if "spent_max_after_units" in record and "created_at" in record:
-            points.append((datetime.fromisoformat(record["created_at"]),
-                           units_epsilon(record["spent_max_after_units"])))
+            latest[record.get("account", {}).get("org", "")] = record["spent_max_after_units"]
+            points.append((datetime.fromisoformat(record["created_at"]), units_epsilon(sum(latest.values()))))
     return points
 
 
@@ -144,13 +147,14 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
     audit = service.audit(ctx, principal, dataset_id)
     with ctx.sessions() as session, session.begin():
         row = service.accessible_dataset(session, principal, dataset_id, admin=True)
-    spent, sizes = ctx.ledger.spent_classes(row)
+        accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset_id)).all()
+    spent, sizes = ctx.ledger.spent_by_example(accounts, row.registry_size)
     org_of = {e.record.get("release_id"): e.record.get("actor", {}).get("org", "?") for e in audit.events}
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for event in audit.events:
         groups[(event.record.get("actor", {}).get("org", "?"), event.record.get("mechanism", "?"))].append(
             event.record)
-    usage = [Usage(org, mechanism, len(records), units_epsilon(sum(recorded_charge_units(r) for r in records)),
+    usage = [Usage(org, mechanism, len(records), units_epsilon(sum(charged_units(r) for r in records)),
                    sum(int(r.get("examples_covered", 0)) for r in records))
              for (org, mechanism), records in sorted(groups.items())]
     releases = [(r, org_of.get(r.id, "?")) for r in queries.list_releases(ctx, principal, dataset_id)]
@@ -195,7 +199,8 @@ def _randomizer(title: str, description: dict) -> Randomizer:
 
 def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> ReleasePage:
     release, _ = queries.get_release(ctx, principal, release_id)
-    document = queries.get_mechanism_document(ctx, principal, release.mechanism_hash)
+    document = (queries.get_mechanism_document(ctx, principal, release.mechanism_hash) if release.mechanism_hash
+                else {})  # a running or failed release has no mechanism yet
     description = document.get("description") or {}
     audit = service.audit(ctx, principal, release.dataset_id)
     org = next((e.record.get("actor", {}).get("org", "?") for e in audit.events

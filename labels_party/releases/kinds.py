@@ -8,6 +8,9 @@ audit record come from the transaction, the same for all of them.
 * :class:`Evaluation` — a noisy test loss of the caller's predictions;
 * :class:`CentralTraining` — LabelDP-Pro trained here; only the parameters leave.
 
+Each kind prices itself from public inputs (``price``: every refusal it can make, and the event it is charged)
+before the transaction charges it, and computes only afterwards (``compute``: never refuses).
+
 Inputs a kind takes from the features party (example ids, priors, groups, predictions, features) must be
 functions of features only; they choose what is released, never how much it costs.
 """
@@ -15,22 +18,36 @@ functions of features only; they choose what is released, never how much it cost
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+from dp_accounting import dp_event
 
-from labels_party import registry
-from labels_party.evaluation import evaluate
-from labels_party.pipeline import Plan, privatize_by_group, privatize_labels
+from labels_party import pipeline, registry
+from labels_party.evaluation import EvaluationPlan, plan_evaluation, score
+from labels_party.pipeline import Plan, Prepared, privatize, privatize_by_group
 from labels_party.registry import MechanismOptions
 from labels_party.releases.streamed import plan_version
 from labels_party.releases.transaction import Computation, Draft, Snapshot
-from labels_party.solvers.rr_with_prior import rr_with_prior_per_example
+from labels_party.service import ServiceContext
+from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
 from shared import models, schemas
 from shared.domains import Classes
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A kind's preparation and the event it is charged (no private prior: ``prior_epsilon`` 0)."""
+
+    event: dp_event.DpEvent
+    plan: Any
+    prior_epsilon: float = 0.0
+
+    def dp_event(self) -> dp_event.DpEvent:
+        return self.event
 
 
 class _Defaults:
@@ -95,30 +112,26 @@ class LabelRelease(_Defaults):
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, None
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, run: Computation) -> Draft:
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _inputs) -> Prepared:
         request = self.request
-        result = privatize_labels(snapshot.domain, labels, request.mechanism, request.epsilon, run.rng,
-                                  prior_epsilon=request.prior_epsilon, options=self.options(run))
+        return pipeline.prepare(snapshot.domain, request.mechanism, request.epsilon, num_examples,
+                                prior_epsilon=request.prior_epsilon,
+                                options=MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver))
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: Prepared, run: Computation) -> Draft:
+        result = privatize(priced.with_deadline(run.deadline), labels, run.rng)
         noisy = result.noisy_labels
         columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
                    else {"label": noisy})
         return self.draft(result, columns)
 
-    def compute_version(self, snapshot: Snapshot, read, run: Computation) -> Draft:
-        request = self.request
-        streamed = plan_version(snapshot.domain, read, snapshot.num_examples, request.mechanism, request.epsilon,
-                                run.rng, prior_epsilon=request.prior_epsilon, options=self.options(run))
+    def compute_version(self, snapshot: Snapshot, read, priced: Prepared, run: Computation) -> Draft:
+        streamed = plan_version(priced.with_deadline(run.deadline), read, run.rng)
         return self.draft(streamed.plan, {}, streamed.write)
 
-    def options(self, run: Computation) -> MechanismOptions:
-        request = self.request
-        return MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver, deadline=run.deadline)
-
-    def draft(self, plan: Plan, columns: dict, write=None) -> Draft:
-        description = {**plan.mechanism.describe(), "budget_split_rule": plan.split.rule,
-                       "randomizer_epsilon": plan.split.randomizer_epsilon}
-        return Draft(plan, columns, description, plan.prior.describe() if plan.prior else None,
-                     plan.split.prior_epsilon, write=write)
+    @staticmethod
+    def draft(plan: Plan, columns: dict, write=None) -> Draft:
+        return Draft(plan, columns, plan.describe(), plan.prior.describe() if plan.prior else None, write=write)
 
 
 @dataclass(frozen=True)
@@ -138,8 +151,13 @@ class ExamplePriorRelease(_Defaults):
         classes = _needs_classes(snapshot, "per-example priors")
         return parse_priors(self.priors.path, upload_format(self.priors.media_type), classes.num_classes)
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, priors, run: Computation) -> Draft:
-        result = rr_with_prior_per_example(priors, labels.astype(np.int64), self.epsilon, run.rng)
+    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, priors) -> Priced:
+        plan = plan_per_example(priors, self.epsilon)
+        return Priced(plan.dp_event(), plan)
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, _priors, priced: Priced, run: Computation) -> Draft:
+        plan: PerExamplePlan = priced.plan
+        result = sample_per_example(plan, labels.astype(np.int64), run.rng)
         description = {"mechanism": self.mechanism, "per_example_priors": True, "epsilon": self.epsilon,
                        "certified_epsilon": result.certified_epsilon, "mean_k": float(result.k.mean()),
                        "k_histogram": np.bincount(result.k, minlength=snapshot.domain.num_classes + 1)[1:].tolist(),
@@ -174,19 +192,20 @@ class GroupRelease(_Defaults):
     def inputs(self, snapshot: Snapshot):
         return parse_groups(self.groups.path, upload_format(self.groups.media_type))
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, groups, run: Computation) -> Draft:
-        result = privatize_by_group(snapshot.domain, labels, groups, self.mechanism, self.epsilon, run.rng,
-                                    prior_epsilon=self.prior_epsilon,
-                                    options=MechanismOptions(deadline=run.deadline))
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, _groups) -> Prepared:
+        return pipeline.prepare_groups(snapshot.domain, self.mechanism, self.epsilon, prior_epsilon=self.prior_epsilon)
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, groups, priced: Prepared, run: Computation) -> Draft:
+        result = privatize_by_group(priced.with_deadline(run.deadline), labels, groups, run.rng)
         per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
                       "noisy_prior": part.prior.describe(), "certified_epsilon": part.certified_epsilon,
-                      "mechanism": part.mechanism.describe()}
+                      "mechanism": part.describe()}
                      for key, part in zip(result.groups, result.parts, strict=True)]
         description = {"mechanism": self.mechanism, "group_priors": True, "epsilon": self.epsilon,
                        "prior_epsilon": self.prior_epsilon, "certified_epsilon": result.certified_epsilon,
                        "num_groups": len(result.groups), "groups": per_group, "groups_sha256": self.groups.sha256,
                        "budget_split_rule": "override; the groups compose in parallel"}
-        return Draft(result, {"label": result.noisy_labels}, description, prior_epsilon=self.prior_epsilon)
+        return Draft(result, {"label": result.noisy_labels}, description)
 
 
 @dataclass(frozen=True)
@@ -205,9 +224,15 @@ class Evaluation(_JsonBodyKind):
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, self.request.predictions
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, predictions, run: Computation) -> Draft:
+    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, _predictions) -> Priced:
+        plan = plan_evaluation(self.request.metric, self.request.epsilon, self.request.clip)
+        return Priced(plan.dp_event(), plan)
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, predictions, priced: Priced,
+                run: Computation) -> Draft:
         request = self.request
-        result = evaluate(request.metric, predictions, labels, request.epsilon, request.clip, run.rng)
+        plan: EvaluationPlan = priced.plan
+        result = score(plan, predictions, labels, run.rng)
         low, high = result.confidence_interval()
         description = {"mechanism": self.mechanism, "metric": result.metric, "value": result.value,
                        "noise_scale": result.noise_scale, "clip": result.clip, "num_examples": result.num_examples,
@@ -219,8 +244,9 @@ class Evaluation(_JsonBodyKind):
 
 @dataclass(frozen=True)
 class CentralTraining(_JsonBodyKind):
-    """LabelDP-Pro trained here on the caller's features; only the parameters leave. (ε, δ) is charged to the
-    training examples: their ε adds to the per-example budget, δ is recorded in the ledger."""
+    """LabelDP-Pro trained here on the caller's features; only the parameters leave. The noise is calibrated to
+    (ε, δ) before any label is read, and the run is charged its RDP curve, converted at the organization's δ
+    allocation (:mod:`labels_party.ledger`): many trainings compose as the accountant says, not by adding ε."""
 
     request: schemas.CentralTrainingRequest
     mechanism: str = "labeldp-pro"
@@ -239,18 +265,39 @@ class CentralTraining(_JsonBodyKind):
         _needs_classes(snapshot, "central training (LabelDP-Pro)")
         return self.request.example_ids, np.asarray(self.request.features, dtype=np.float32)
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, features, run: Computation) -> Draft:
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> Priced:
         # Imported here so that the labels service only loads JAX when central training is actually used.
-        from labels_party.labeldp_pro import ProConfig, train_labeldp_pro
+        from labels_party import labeldp_pro
+
+        request, allocated = self.request, snapshot.delta
+        if allocated <= 0:
+            raise LabelDPError("central training has delta > 0 and this organization has no delta allocation on "
+                               "this dataset (its owner sets one with the grant)", code="delta_not_allocated")
+        delta = request.delta if request.delta is not None else allocated
+        if delta > allocated:
+            raise LabelDPError(f"delta {delta:g} is above this organization's delta allocation on this dataset, "
+                               f"{allocated:g}", code="invalid_epsilon")
+        config = labeldp_pro.ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=delta,
+                                       steps=request.steps, batch_size=min(request.batch_size, num_examples),
+                                       learning_rate=request.learning_rate, hidden=tuple(request.hidden))
+        q = min(1.0, config.batch_size / num_examples)
+        try:
+            sigma = labeldp_pro.calibrate_sigma(config.epsilon, config.delta, q, config.steps, config.denoiser)
+        except (ValueError, RuntimeError):
+            raise LabelDPError(f"no noise level gives ({request.epsilon:g}, {delta:g})-DP for {request.steps} steps at "
+                               "this batch size: ask for a larger epsilon or fewer steps",
+                               code="epsilon_out_of_range") from None
+        return Priced(labeldp_pro.dp_event(sigma, q, config.steps, config.denoiser), (config, sigma))
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, features, priced: Priced, run: Computation) -> Draft:
+        from labels_party.labeldp_pro import train_labeldp_pro
 
         request, num_classes = self.request, snapshot.domain.num_classes
-        config = ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=request.delta,
-                           steps=request.steps, batch_size=min(request.batch_size, len(labels)),
-                           learning_rate=request.learning_rate, hidden=tuple(request.hidden))
-        result = train_labeldp_pro(config, features, labels.astype(np.int64), num_classes, run.rng)
+        config, sigma = priced.plan
+        result = train_labeldp_pro(config, features, labels.astype(np.int64), num_classes, run.rng, sigma=sigma)
         description = {"mechanism": self.mechanism, "denoiser": request.denoiser, "epsilon": request.epsilon,
-                       "delta": request.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
+                       "delta": config.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
                        "steps": request.steps, "sampling_probability": result.sampling_probability,
                        "parameters": models.params_to_lists(result.params), "hidden": request.hidden,
                        "num_classes": num_classes}
-        return Draft(result, {}, description, delta=request.delta)
+        return Draft(result, {}, description)

@@ -1,196 +1,140 @@
-"""Releases of source datasets: labels that stay in a Parquet dataset and are released by Spark jobs.
+"""Releases of source datasets: labels in a Parquet dataset, copied and counted when their owner registered them
+(:mod:`labels_party.source_datasets`), released by Spark jobs. The control plane is here; the data plane is
+:mod:`labels_party.spark`. The same release transaction as any other release (:mod:`.transaction`):
 
-The control plane is here, in the service and its database; the data plane is :mod:`labels_party.spark`.
+1. **price** — from public inputs only: the mechanism, the domain, the ε split (refusals here cost nothing);
+2. **charge** — :func:`.transaction.charge`: the key reserved, the exact charge to every row of the source
+   (coverage ``range:0:n``), the ledger record and the release ``running``, in one transaction;
+3. **plan** — after the commit: the noisy prior from the counts taken at registration, the solve (falling back
+   deterministically if it cannot certify), the mechanism document, and the job file (the sampler and the
+   release's secret). The POST answers 202 with a Location;
+4. **privatize** — a Spark job on this service's thread reads the registration's copy and writes
+   ``releases/{id}/`` (Parquet part files); the release becomes ``available``, or ``failed``. Nothing is
+   readable before ``available``.
 
-1. **histogram** — an exact Spark aggregation of the source's labels (and its refusals: missing or repeated ids,
-   labels outside the domain), in the request;
-2. **plan** — the noisy prior, the solve and the certificate on the driver, with the same mechanism objects and
-   registry as an uploaded dataset's release (:func:`labels_party.pipeline.plan_privatization`);
-3. **charge** — one transaction: the exact charge to every row of the source (coverage ``range:0:n`` — a source's
-   release covers all its rows), the ledger record, the mechanism document and the release, ``running``. The POST
-   answers 202 with a Location;
-4. **privatize** — a Spark job on this service's thread writes ``releases/{id}/`` (Parquet part files); the release
-   becomes ``available``, or ``failed`` with its error. Nothing is readable before ``available``.
-
-A failed (or orphaned ``running``) release runs again when its request is sent again with its Idempotency-Key: the
-same charge (no second ledger record) and the same noise — the job file keeps the planned sampler and the
-release's secret, from which every partition derives its stream (:mod:`labels_party.spark.jobs`). The job file is
-as sensitive as the labels (with it and the output the noise can be recomputed); it lives in the data directory
-beside the labels of uploaded datasets and is deleted once the release is available.
+A failed (or orphaned ``running``) release whose job file was written runs again when its request is sent again
+with its Idempotency-Key: the same charge (no second ledger record) and the same noise — every partition derives
+its stream from the release's secret (:mod:`labels_party.spark.jobs`). The job file is as sensitive as the labels
+(with it and the output the noise can be recomputed); it lives in the data directory beside the labels and is
+deleted once the release is available. A release that failed before its job file existed stays failed (charged).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
+import logging
 import pickle
-
-from sqlalchemy import select
 
 from labels_party import db, labelstore
 from labels_party.auth import Principal
-from labels_party.ledger import canonical, charge_units, units_epsilon
-from labels_party.pipeline import plan_privatization
+from labels_party.pipeline import plan
+from labels_party.recovery import FAILED
 from labels_party.registry import support
 from labels_party.releases import transaction
 from labels_party.releases.kinds import LabelRelease
 from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
 from labels_party.solvers.deadline import Deadline
+from labels_party.source_datasets import snapshot_uri, stored_histogram
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 from shared.randomness import new_release_secret
 
+log = logging.getLogger(__name__)
+
 
 def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
             request: schemas.ReleaseRequest) -> schemas.Release:
-    """Plan and charge a release of the whole source, then start its Spark job (or restart a failed one)."""
+    """Charge a release of the whole source, plan it and start its Spark job (or restart a failed one)."""
     kind = LabelRelease(request)
     for name, epsilon in kind.epsilons().items():
         check_epsilon_range(ctx, epsilon, name)
     if request.example_ids is not None:
         raise LabelDPError("a source dataset's release covers all its rows; leave out example_ids",
                            code="source_dataset")
-    body_hash = hashlib.sha256(canonical(kind.identity()).encode()).hexdigest()
-    if not idempotency_key or len(idempotency_key) > 200:
-        raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
-                           code="idempotency_key_required")
+    key, body_hash = transaction.checked_key(idempotency_key), transaction.body_hash_of(kind)
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id)
-        existing = transaction.existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+        existing = transaction.existing_release(session, principal, dataset_id, key, body_hash)
         if existing is not None:  # its row locked: a job finishing now cannot interleave with the restart
             session.refresh(existing, with_for_update=True)
-        restart = existing is not None and (existing.state == "failed" or (
-            existing.state == "running" and not ctx.spark_jobs.running(existing.id)))
-        if restart:  # the same charge and job file: the job redraws the same noise
-            existing.state, existing.error_json = "running", None
-        view = transaction.release_view(existing) if existing is not None else None
-    if view is not None:
+            restart = ctx.store.path(_job_file(existing.id)).exists() and (existing.state == "failed" or (
+                existing.state == "running" and not ctx.spark_jobs.running(existing.id)))
+            if restart:  # the same charge and job file: the job redraws the same noise
+                existing.state, existing.error_json = "running", None
+            view = transaction.release_view(existing)
+        else:
+            snapshot_uri(ctx, dataset)  # refuses a source registered before copies were taken
+    if existing is not None:
         if restart:
-            _start(ctx, view.id, dataset.source_uri)
+            _start(ctx, view.id)
         return view
-    remaining = dataset.epsilon_total_units - dataset.epsilon_spent_units  # a release covers every row: the max
-    if charge_units(request.epsilon) > remaining:  # refused before a Spark job starts; exact again at the charge
-        raise LabelDPError(f"budget exceeded: this release needs epsilon {request.epsilon:g}, the source's rows "
-                           f"have {units_epsilon(max(0, remaining)):.9g} left", code="budget_exceeded")
     domain = domain_from_spec(json.loads(dataset.domain_json))
-    source, histogram, plan = _count_and_plan(ctx, principal, dataset, domain, kind)
-    from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
+    coverage = labelstore.range_coverage(0, dataset.num_examples)
+    snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, dataset.num_examples, coverage)
+    prepared = kind.price(ctx, snapshot, dataset.num_examples, None)
+    if prepared.built is not None:  # a label-set mechanism cannot be written as one number per row
+        from labels_party.spark.jobs import check_one_output_per_label
 
-    release_id = db.new_id()
-    job_file = ctx.store.write_with(f"jobs/{release_id}.pickle", lambda path: path.write_bytes(cloudpickle.dumps(
-        {"sampler": plan.sampler, "secret": new_release_secret(), "support": histogram.support_values,
-         "source": source})))
-    snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, histogram.num_examples,
-                                    labelstore.range_coverage(0, histogram.num_examples))
+        check_one_output_per_label(prepared.built.mechanism, support(domain).values)
+    release_id, fresh = transaction.charge(ctx, principal, snapshot, kind, prepared, coverage, key, body_hash,
+                                           suffix="")
+    if not fresh:  # a concurrent request with this key was charged first
+        return transaction.outcome(ctx, principal, release_id)
     try:
-        draft = kind.draft(plan, {})  # and the source's identity (public: a hash of its files' names, sizes, times)
-        draft = dataclasses.replace(draft, description={**draft.description, "source_sha256": source})
-        view = _charge(ctx, principal, snapshot, kind, draft, idempotency_key, body_hash, release_id)
-    except BaseException:
-        ctx.store.remove(job_file)
-        raise
-    if view.id == release_id:
-        _start(ctx, release_id, dataset.source_uri)
-    else:
-        ctx.store.remove(job_file)  # a concurrent request with the same key won
+        with ctx.sessions() as session, session.begin():
+            histogram = stored_histogram(ctx, session, session.get(db.Dataset, dataset_id), domain)
+        planned = plan(prepared.with_deadline(Deadline(ctx.settings.solver_seconds)), histogram.counts,
+                       ctx.random_source())
+        from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
+
+        ctx.store.write_with(_job_file(release_id), lambda path: path.write_bytes(cloudpickle.dumps(
+            {"sampler": planned.sampler, "secret": new_release_secret(), "support": histogram.support_values,
+             "source": dataset.source_sha256})))
+        view = transaction.finish(ctx, release_id, kind.draft(planned, {}), state="running")
+    except Exception:
+        transaction.fail(ctx, release_id, None)
+        ctx.store.remove(_job_file(release_id))
+        log.exception("source release %s failed after it was charged", release_id)
+        raise transaction.release_failed(release_id) from None
+    _start(ctx, release_id)
     return view
 
 
-def _count_and_plan(ctx: ServiceContext, principal: Principal, dataset: db.Dataset, domain, kind: LabelRelease):
-    """(fingerprint, histogram, plan), after checking where the source's files are and that they did not change;
-    every refusal that needs the labels is said in full only to the owner's admins."""
-    from labels_party.spark import fingerprint as files_of
-    from labels_party.spark.jobs import check_one_output_per_label, label_histogram
-
-    spark = ctx.spark_jobs.session()
-    with ctx.sessions() as session, session.begin():
-        owner = session.get(db.Organization, dataset.owner_org_id).name
-    files = files_of.source_files(spark, dataset.source_uri)
-    if files_of.outside(files, ctx.settings.spark_sources.get(owner, [])):  # also when the operator removed it
-        raise LabelDPError("the source's files are not (or no longer) where its owner may register labels",
-                           code="source_not_allowed")
-    source = files_of.fingerprint(files)
-    _refuse_changed_source(ctx, dataset.id, source)
-    try:
-        histogram = label_histogram(spark, dataset.source_uri, support(domain).values)
-    except LabelDPError:
-        if principal.role == "admin":  # accessible_dataset let only the owner's admins through as admins
-            raise
-        raise LabelDPError("this source cannot be released as it is; its owner's admins see why",
-                           code="source_dataset") from None
-    request = kind.request
-    run = transaction.Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
-    plan = plan_privatization(domain, histogram.counts, histogram.num_examples, request.mechanism, request.epsilon,
-                              run.rng, prior_epsilon=request.prior_epsilon, options=kind.options(run))
-    check_one_output_per_label(plan.sampler, histogram.support_values)  # before anything is charged
-    return source, histogram, plan
+def _job_file(release_id: str) -> str:
+    return f"jobs/{release_id}.pickle"
 
 
-def _refuse_changed_source(ctx: ServiceContext, dataset_id: str, fingerprint: str) -> None:
-    """Budgets follow row positions: a source whose files changed since its first release is another dataset."""
-    with ctx.sessions() as session, session.begin():
-        first = session.scalar(select(db.Release).where(db.Release.dataset_id == dataset_id)
-                               .order_by(db.Release.created_at).limit(1))
-        if first is None:
-            return
-        recorded = json.loads(first.description_json).get("source_sha256")
-    if recorded != fingerprint:
-        raise LabelDPError("the source's files changed since its first release (budgets follow its rows); register "
-                           "the new files as a new dataset", code="source_dataset")
+def _start(ctx: ServiceContext, release_id: str) -> None:
+    ctx.spark_jobs.submit(release_id, lambda: _privatize(ctx, release_id))
 
 
-def _charge(ctx: ServiceContext, principal: Principal, snapshot, kind, draft, key: str, body_hash: str,
-            release_id: str) -> schemas.Release:
-    superseded: list[str] = []
-    with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, snapshot.dataset.id, lock=True)
-        existing = transaction.existing_release(session, principal, dataset.id, key, body_hash)
-        if existing is not None:
-            return transaction.release_view(existing)
-        dataset.registry_size = max(dataset.registry_size, snapshot.num_examples)
-        dataset.num_examples = snapshot.num_examples
-        row = transaction.charge_and_insert(
-            ctx, session, principal, dataset, snapshot, kind, snapshot.coverage, draft,
-            db.Release(id=release_id, idempotency_key=key, body_hash=body_hash, file=f"releases/{release_id}",
-                       state="running"), superseded)
-        view = transaction.release_view(row)
-    for old in superseded:
-        ctx.store.remove(old)
-    return view
-
-
-def _start(ctx: ServiceContext, release_id: str, source: str) -> None:
-    ctx.spark_jobs.submit(release_id, lambda: _privatize(ctx, release_id, source))
-
-
-def _privatize(ctx: ServiceContext, release_id: str, source: str) -> None:
-    from labels_party.spark import fingerprint as files_of
+def _privatize(ctx: ServiceContext, release_id: str) -> None:
+    """The job: the release's dataset's snapshot (the files counted at registration), sampled and written."""
     from labels_party.spark.jobs import privatize
 
     try:
-        job = pickle.loads(ctx.store.path(f"jobs/{release_id}.pickle").read_bytes())
+        job = pickle.loads(ctx.store.path(_job_file(release_id)).read_bytes())
         with ctx.sessions() as session, session.begin():
-            expected = session.get(db.Release, release_id).num_examples
-        if files_of.fingerprint(files_of.source_files(ctx.spark_jobs.session(), source)) != job["source"]:
-            raise LabelDPError("the source's files changed after they were counted; register a new dataset for new "
-                               "labels", code="source_dataset")
+            row = session.get(db.Release, release_id)
+            expected, dataset = row.num_examples, session.get(db.Dataset, row.dataset_id)
+            source = snapshot_uri(ctx, dataset)
+        if dataset.source_sha256 != job["source"]:  # a job planned for other files (cannot happen: checked anyway)
+            raise LabelDPError("the release was planned for other source files", code="source_dataset")
         output = ctx.store.path(f"releases/{release_id}").resolve().as_uri()  # this file system, not fs.defaultFS
         result = privatize(ctx.spark_jobs.session(), source, output,
                            job["sampler"], job["secret"], support_values=job["support"])
         ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
         if result.rows_written != expected:
-            raise LabelDPError(f"the source changed after it was counted: {result.rows_written:,} rows released, "
-                               f"{expected:,} charged; register a new dataset for new labels",
-                               code="source_dataset")
-    except Exception as err:  # the job's outcome is the release's state, not an exception in a thread
-        error = {"code": getattr(err, "code", "internal_error"), "message": str(err).splitlines()[0][:500]
-                 if isinstance(err, LabelDPError) else "the Spark job failed; send the request again to retry"}
-        _finish(ctx, release_id, "failed", error)
+            raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged", code="source_dataset")
+    except Exception:  # the job's outcome is the release's state, not an exception in a thread
+        log.exception("the Spark job of release %s failed", release_id)
+        _finish(ctx, release_id, "failed", {**FAILED, "message": "the Spark job failed; send the request again "
+                                                                 "with its Idempotency-Key to run it again (the "
+                                                                 "same charge and noise)"})
         return
     _finish(ctx, release_id, "available", None)
-    ctx.store.remove(f"jobs/{release_id}.pickle")
+    ctx.store.remove(_job_file(release_id))
 
 
 def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None) -> None:
@@ -204,4 +148,3 @@ def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None
 def is_source(ctx: ServiceContext, principal: Principal, dataset_id: str) -> bool:
     with ctx.sessions() as session, session.begin():
         return accessible_dataset(session, principal, dataset_id).source_uri is not None
-

@@ -1,8 +1,8 @@
 """A release of a whole label version in bounded memory: two passes over its Parquet row groups.
 
 1. **histogram** — each row group's labels are mapped to their row of the finite support and counted (exact
-   integers); the mechanism is planned from the counts on the driver (noisy prior, solve, certificate) exactly as
-   for a small release (:func:`labels_party.pipeline.plan_privatization`);
+   integers); the mechanism is planned from the counts (noisy prior, solve, certificate) exactly as for a small
+   release (:func:`labels_party.pipeline.plan`);
 2. **sample** — each row group is privatized with the plan's sampler and written as a row group of the release
    file (``example_id`` and the released value).
 
@@ -22,10 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from randomgen import AESCounter
 
-from labels_party.pipeline import Plan, plan_privatization, support_rows
+from labels_party.pipeline import Plan, Prepared, plan, support_rows
 from labels_party.registry import support
 from shared.domains import ContinuousInterval
-from shared.errors import LabelDPError
 
 ROUNDING_KEY_BYTES = 16  # an AES-128 key for the rounding stream
 
@@ -36,12 +35,10 @@ class StreamedRelease:
     write: Callable[[Path], None]  # pass 2: writes the release file (example_id + released values)
 
 
-def plan_version(domain, read: Callable[[], Iterator[pa.RecordBatch]], num_labels: int, mechanism: str,
-                 epsilon: float, rng: np.random.Generator, *, prior_epsilon: float | None = None,
-                 options=None) -> StreamedRelease:
+def plan_version(prepared: Prepared, read: Callable[[], Iterator[pa.RecordBatch]],
+                 rng: np.random.Generator) -> StreamedRelease:
     """``read()`` yields the version's row groups (columns example_id, label), the same ones on every call."""
-    if num_labels == 0:
-        raise LabelDPError("no labels to privatize", code="empty_labels")
+    domain, mechanism = prepared.domain, prepared.mechanism
     finite = support(domain)
     rounding_key = int.from_bytes(rng.bytes(ROUNDING_KEY_BYTES), "little")
 
@@ -56,8 +53,7 @@ def plan_version(domain, read: Callable[[], Iterator[pa.RecordBatch]], num_label
         if rows is None:
             break  # a mechanism on raw continuous labels needs no histogram
         counts += np.bincount(rows, minlength=finite.size)
-    plan = plan_privatization(domain, counts, num_labels, mechanism, epsilon, rng, prior_epsilon=prior_epsilon,
-                              options=options)
+    planned = plan(prepared, counts, rng)
 
     def write(path: Path) -> None:
         writer = None
@@ -68,14 +64,14 @@ def plan_version(domain, read: Callable[[], Iterator[pa.RecordBatch]], num_label
                 else:
                     values = np.asarray(batch.column("label").to_numpy(zero_copy_only=False), dtype=np.float64)
                     values = domain.check(values) if isinstance(domain, ContinuousInterval) else values
-                table = _release_table(batch.column("example_id"), plan.sampler.sample(values, rng))
+                table = _release_table(batch.column("example_id"), planned.sampler.sample(values, rng))
                 writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd")
                 writer.write_table(table)
         finally:
             if writer is not None:
                 writer.close()
 
-    return StreamedRelease(plan, write)
+    return StreamedRelease(planned, write)
 
 
 def _release_table(example_ids: pa.Array, noisy: np.ndarray) -> pa.Table:

@@ -1,17 +1,22 @@
-"""The release transaction, the same for every kind of release.
+"""The release transaction, the same for every kind of release: nothing private is drawn before it is paid for.
 
 :func:`run` checks the request's ε against the deployment's range, then
 
-1. **begin** — access, Idempotency-Key replay (a retry gets the stored release, never a second draw) and a
-   snapshot of the current label version;
+1. **begin** — access, and the Idempotency-Key: a key already used by this organization on this dataset returns
+   that request's outcome (waiting while it is still computed), never a new draw; a key used with another body
+   is a 409 — before anything is computed for this request;
 2. **cover** — the kind names the examples it covers (a list of ids, looked up in one pass over the label
-   version, or the whole version, whose coverage set was stored at upload); unknown ids are refused and the budget
-   is checked early (fail fast; not yet the exact check);
-3. **compute** — the kind turns the covered labels into a :class:`Draft`, outside any transaction: nothing is
-   visible yet (a whole version is read row group by row group: ``compute_version``, bounded memory);
-4. **commit** — the release file is written, then one transaction under the dataset lock checks every covered
-   example's budget exactly, charges it, appends the ledger record (built by the ledger from the draft's
-   ``dp_event``), stores the public mechanism document and inserts the release. A crash leaves both or neither.
+   version, or the whole version, whose coverage set was stored at upload); unknown ids are refused;
+3. **price** — the kind decides, from public inputs only, everything that can refuse the request (mechanism,
+   domain, options, solver limits, ε split) and what it costs: its ``dp_event``;
+4. **charge** — one transaction under the dataset lock reserves the key, checks the organization's account
+   exactly and charges it, appends the ledger record and inserts the release ``running``. Only after it
+   commits is any private quantity (a noisy prior, a privatized label, a noisy loss, a trained parameter) drawn;
+5. **compute** — outside any transaction, the kind turns the covered labels into a :class:`Draft` (it never
+   refuses: a solve that cannot certify falls back deterministically, see :mod:`labels_party.registry`);
+6. **finish** — the release file is written, then one transaction stores the public mechanism document and makes
+   the release ``available``. If anything fails after the charge — a crash, a full disk — the release is
+   ``failed`` and stays charged; its outcome says nothing about the data (503 ``release_failed``).
 
 A release belongs to the organization that requested it: its idempotency key, its visibility and its download are
 that organization's (and the dataset owner's admins').
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,19 +35,24 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+from dp_accounting import dp_event
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from labels_party import db, documents, labelstore
+from labels_party import budgets, db, documents, labelstore
 from labels_party.auth import Principal
-from labels_party.ledger import Actor, canonical, charge_units, units_epsilon
+from labels_party.ledger import Actor, BudgetExceeded, Charge, canonical, units_epsilon
+from labels_party.recovery import FAILED
 from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 from shared.mechanisms import events
+
+log = logging.getLogger(__name__)
+POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
 
 
 @dataclass(frozen=True)
@@ -54,22 +66,30 @@ class Snapshot:
     num_examples: int
     coverage: labelstore.CoverageSet | None  # the whole version's; None for versions written before coverage sets
     legacy_registry: str | None = None
+    delta: float = 0.0  # the requesting organization's δ allocation on the dataset (events with δ > 0 need one)
 
     def read(self, ctx: ServiceContext) -> Callable[[], Iterator[pa.RecordBatch]]:
         """The version's (example_id, label) row groups, re-readable."""
         return lambda: labelstore.iter_version(ctx.store, self.file, ("example_id", "label"), self.legacy_registry)
 
 
+class Priced(Protocol):
+    """What a kind's ``price`` returns: the event the release is charged (its ε is recomputable and at most the
+    charge) and the ε₁ it spends on a private prior; the kind's own preparation travels with it to ``compute``."""
+
+    prior_epsilon: float
+
+    def dp_event(self) -> dp_event.DpEvent: ...
+
+
 @dataclass(frozen=True)
 class Draft:
-    """What a release publishes and what it costs, computed but not yet visible."""
+    """What a release publishes, computed after the charge and not yet visible."""
 
-    privacy: Any  # certified_epsilon and dp_event(): a mechanism result
+    privacy: Any  # certified_epsilon and dp_event(): what was actually built (at most what was charged)
     columns: dict  # privatized labels, without example ids (empty for evaluations and central training)
     description: dict  # public; stored once in a mechanism document
     noisy_prior: dict | None = None
-    prior_epsilon: float = 0.0
-    delta: float = 0.0
     write: Callable[[Path], None] | None = None  # a streamed release writes its own file (then columns is empty)
 
 
@@ -82,10 +102,10 @@ class Computation:
 
 
 class ReleaseKind(Protocol):
-    """A kind of release, as a strategy: what it is, what it covers and how it computes its draft."""
+    """A kind of release, as a strategy: what it is, what it covers, what it costs and how it computes."""
 
     mechanism: str  # recorded wire name
-    epsilon: float  # requested; charged rounded up to 10⁻⁹ to every covered example
+    epsilon: float  # requested; a pure event is charged this, rounded up to 10⁻⁹, on every covered example
 
     def epsilons(self) -> dict[str, float]:
         """Every ε of the request by its field name, each checked against the deployment's range."""
@@ -103,10 +123,14 @@ class ReleaseKind(Protocol):
         """Refusals that need the dataset; (the example ids to cover, None for all; per-example inputs aligned
         with them)."""
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs: Any, run: Computation) -> Draft:
-        """The draft from the covered examples' labels (in the order of the ids)."""
+    def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, inputs: Any) -> Priced:
+        """Every remaining refusal, from public inputs only, and the event the release is charged."""
 
-    def compute_version(self, snapshot: Snapshot, read: Callable[[], Iterator[pa.RecordBatch]],
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs: Any, priced: Priced,
+                run: Computation) -> Draft:
+        """The draft from the covered examples' labels (in the order of the ids); never refuses."""
+
+    def compute_version(self, snapshot: Snapshot, read: Callable[[], Iterator[pa.RecordBatch]], priced: Priced,
                         run: Computation) -> Draft:
         """Only for kinds whose ``inputs`` may cover the whole version (ids None): the draft from the version's
         row groups, in bounded memory; its ``write`` produces the release file."""
@@ -118,22 +142,48 @@ def run(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_
     for name, epsilon in kind.epsilons().items():
         check_epsilon_range(ctx, epsilon, name)
     kind.check()
-    body_hash = hashlib.sha256(canonical(kind.identity()).encode()).hexdigest()
-    stored, snapshot = _begin(ctx, principal, dataset_id, idempotency_key, body_hash)
-    if stored is not None:
-        return stored, False
+    key = checked_key(idempotency_key)
+    body_hash = body_hash_of(kind)
+    begun = _begin(ctx, principal, dataset_id, key, body_hash)
+    if isinstance(begun, str):
+        return outcome(ctx, principal, begun), False
+    snapshot = begun
     example_ids, inputs = kind.inputs(snapshot)
-    computation = Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
     if example_ids is None:
-        coverage = _whole_version(ctx, snapshot)
-        _check_budget_early(ctx, snapshot, coverage, kind.epsilon)
-        draft, output_ids = kind.compute_version(snapshot, snapshot.read(ctx), computation), None
+        coverage, labels, output_ids = _whole_version(ctx, snapshot), None, None
     else:
         index, labels = labelstore.lookup(ctx.store, snapshot.file, example_ids, snapshot.legacy_registry)
-        coverage = labelstore.coverage_of(ctx.store, snapshot.dataset.id, index)
-        _check_budget_early(ctx, snapshot, coverage, kind.epsilon)
-        draft, output_ids = kind.compute(snapshot, labels, inputs, computation), pa.array(example_ids, pa.string())
-    return _commit(ctx, principal, idempotency_key, body_hash, snapshot, kind, coverage, draft, output_ids)
+        coverage, output_ids = labelstore.coverage_of(ctx.store, snapshot.dataset.id, index), example_ids
+    priced = kind.price(ctx, snapshot, coverage.size, inputs)
+    release_id, fresh = charge(ctx, principal, snapshot, kind, priced, coverage, key, body_hash, suffix=".parquet")
+    if not fresh:  # a concurrent request with this key was charged first
+        return outcome(ctx, principal, release_id), False
+    computation = Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
+    file = None
+    try:
+        if labels is None:
+            draft = kind.compute_version(snapshot, snapshot.read(ctx), priced, computation)
+        else:
+            draft = kind.compute(snapshot, labels, inputs, priced, computation)
+        file = _write(ctx, release_id, draft, output_ids)
+        return finish(ctx, release_id, draft), True
+    except BaseException as err:
+        fail(ctx, release_id, file)
+        if not isinstance(err, Exception):  # a process going down: the startup sweep records it as failed
+            raise
+        log.exception("release %s failed after it was charged", release_id)
+        raise release_failed(release_id) from None
+
+
+def checked_key(idempotency_key: str | None) -> str:
+    if not idempotency_key or len(idempotency_key) > 200:
+        raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
+                           code="idempotency_key_required")
+    return idempotency_key
+
+
+def body_hash_of(kind: ReleaseKind) -> str:
+    return hashlib.sha256(canonical(kind.identity()).encode()).hexdigest()
 
 
 def release_view(release: db.Release) -> schemas.Release:
@@ -143,13 +193,13 @@ def release_view(release: db.Release) -> schemas.Release:
         prior_epsilon=release.prior_epsilon, randomizer_epsilon=release.randomizer_epsilon,
         num_examples=release.num_examples, label_version=release.label_version,
         created_at=release.created_at, idempotency_key=release.idempotency_key,
-        mechanism_hash=release.mechanism_hash, description=json.loads(release.description_json),
+        mechanism_hash=release.mechanism_hash, description=json.loads(release.description_json or "{}"),
         noisy_prior=json.loads(release.prior_json) if release.prior_json else None, state=release.state or "available",
         error=json.loads(release.error_json) if release.error_json else None)
 
 
 def existing_release(session: Session, principal: Principal, dataset_id: str, key: str,
-                      body_hash: str) -> db.Release | None:
+                     body_hash: str) -> db.Release | None:
     existing = session.scalar(select(db.Release).where(
         db.Release.dataset_id == dataset_id, db.Release.requester_org_id == principal.org_id,
         db.Release.idempotency_key == key))
@@ -159,17 +209,40 @@ def existing_release(session: Session, principal: Principal, dataset_id: str, ke
     return existing
 
 
-def _begin(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
-           body_hash: str) -> tuple[schemas.Release | None, Snapshot | None]:
-    """Access, idempotency and the label snapshot: (stored release to return, None) or (None, snapshot)."""
-    if not idempotency_key or len(idempotency_key) > 200:
-        raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
-                           code="idempotency_key_required")
+def release_failed(release_id: str) -> LabelDPError:
+    return LabelDPError(f"release {release_id} was charged before it was computed and could not be completed; it "
+                        "stays charged and failed. Send a new request with a new Idempotency-Key to try again",
+                        code="release_failed")
+
+
+def outcome(ctx: ServiceContext, principal: Principal, release_id: str) -> schemas.Release:
+    """The release a key stands for, once it is no longer being computed: its view, or the failure it ended in.
+    (Waits up to the solver limit plus a minute; then 409 ``release_in_progress``.)"""
+    deadline = time.monotonic() + ctx.settings.solver_seconds + 60
+    while True:
+        with ctx.sessions() as session, session.begin():
+            release = session.get(db.Release, release_id)
+            dataset = accessible_dataset(session, principal, release.dataset_id)
+            state, view = release.state, release_view(release)
+        if state == "available" or dataset.source_uri is not None:  # a source release is a job: its state is news
+            return view
+        if state == "failed":
+            raise release_failed(release_id)
+        if time.monotonic() > deadline:
+            raise LabelDPError("a request with this Idempotency-Key is still being computed; send it again later",
+                               code="release_in_progress")
+        time.sleep(POLL_SECONDS)
+
+
+def _begin(ctx: ServiceContext, principal: Principal, dataset_id: str, key: str,
+           body_hash: str) -> Snapshot | str:
+    """Access, idempotency and the label snapshot: the id of the release this key already stands for, or the
+    snapshot to release from."""
     with ctx.sessions() as session, session.begin():
         dataset = accessible_dataset(session, principal, dataset_id)
-        existing = existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+        existing = existing_release(session, principal, dataset_id, key, body_hash)
         if existing is not None:
-            return release_view(existing), None
+            return existing.id
         if dataset.source_uri is not None:
             raise LabelDPError("a source dataset takes label releases of all its rows (POST .../releases) only",
                                code="source_dataset")
@@ -177,10 +250,11 @@ def _begin(ctx: ServiceContext, principal: Principal, dataset_id: str, idempoten
             db.LabelVersion.dataset_id == dataset_id, db.LabelVersion.version == dataset.label_version))
         if version is None:
             raise LabelDPError("the dataset has no labels yet", code="no_labels")
+        account = budgets.account_of(session, dataset, principal.org_id)
     coverage = (labelstore.CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
                 if version.coverage_file else None)
-    return None, Snapshot(dataset, domain_from_spec(json.loads(dataset.domain_json)), version.version, version.file,
-                          version.num_examples, coverage, dataset.registry_file)
+    return Snapshot(dataset, domain_from_spec(json.loads(dataset.domain_json)), version.version, version.file,
+                    version.num_examples, coverage, dataset.registry_file, account.delta if account else 0.0)
 
 
 def _whole_version(ctx: ServiceContext, snapshot: Snapshot) -> labelstore.CoverageSet:
@@ -191,93 +265,105 @@ def _whole_version(ctx: ServiceContext, snapshot: Snapshot) -> labelstore.Covera
     return labelstore.write_coverage(ctx.store, snapshot.dataset.id, chunks, total=snapshot.num_examples)
 
 
-def _check_budget_early(ctx: ServiceContext, snapshot: Snapshot, coverage: labelstore.CoverageSet,
-                        epsilon: float) -> None:
-    """Fail fast before the computation; the exact check runs again under the lock when committing."""
-    with ctx.sessions() as session, session.begin():
-        dataset = session.get(db.Dataset, snapshot.dataset.id)
-        try:
-            remaining = ctx.ledger.remaining_units_for(dataset, labelstore.read_coverage(ctx.store, coverage.file))
-        except FileNotFoundError:  # a concurrent charge superseded the state just read: leave it to the commit
-            return
-    if charge_units(epsilon) > remaining:
-        raise _budget_error(epsilon, units_epsilon(remaining))
-
-
-def _commit(ctx: ServiceContext, principal: Principal, idempotency_key: str, body_hash: str, snapshot: Snapshot,
-            kind: ReleaseKind, coverage: labelstore.CoverageSet, draft: Draft,
-            example_ids: pa.Array | None) -> tuple[schemas.Release, bool]:
-    """Write the file, then check-charge-insert in one transaction under the dataset lock."""
+def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: ReleaseKind, priced: Priced,
+           coverage: labelstore.CoverageSet, key: str, body_hash: str, *, suffix: str) -> tuple[str, bool]:
+    """Reserve the key and charge the release in one transaction under the dataset lock: (release id, True), or
+    (the id of the release a concurrent request with this key was charged for, False). Nothing private has been
+    drawn yet; from the commit on, the release is paid whatever happens. Its labels will be ``releases/{id}``
+    + ``suffix``."""
     dataset_id, release_id = snapshot.dataset.id, db.new_id()
-    relative = f"releases/{release_id}.parquet"
-    file = (ctx.store.write_with(relative, draft.write) if draft.write is not None else
-            ctx.store.write_table(relative, pa.table({"example_id": example_ids, **draft.columns})))
     superseded: list[str] = []
     try:
         with ctx.sessions() as session, session.begin():
             dataset = accessible_dataset(session, principal, dataset_id, lock=True)
-            existing = existing_release(session, principal, dataset_id, idempotency_key, body_hash)
-            if existing is not None:  # a concurrent retry won the race
-                ctx.store.remove(file)
-                return release_view(existing), False
-            release = charge_and_insert(ctx, session, principal, dataset, snapshot, kind, coverage, draft,
-                                         db.Release(id=release_id, idempotency_key=idempotency_key,
-                                                    body_hash=body_hash, file=file), superseded)
-            ctx.checkpoint("before_commit")
-        ctx.checkpoint("after_commit")
-    except IntegrityError:
-        ctx.store.remove(file)
+            existing = existing_release(session, principal, dataset_id, key, body_hash)
+            if existing is not None:
+                return existing.id, False
+            account = budgets.charging_account(session, dataset, principal)
+            cost = Charge.of(priced.dp_event(), kind.epsilon)
+            try:
+                _record, superseded = ctx.ledger.charge(session, dataset, account, coverage, cost, {
+                    "release_id": release_id, "created_at": db.utcnow().isoformat(),
+                    "actor": Actor(org=principal.org_name, role=principal.role), "mechanism": kind.mechanism,
+                    "request": kind.record(), "label_version": snapshot.version, "epsilon_requested": kind.epsilon,
+                    "dp_event": events.to_dict(priced.dp_event())})
+            except BudgetExceeded as err:
+                raise _budget_error(principal, dataset, kind, err) from None
+            session.add(db.Release(
+                id=release_id, dataset_id=dataset.id, requester_org_id=principal.org_id, idempotency_key=key,
+                body_hash=body_hash, mechanism=kind.mechanism, epsilon=kind.epsilon,
+                charge_units=cost.standalone_units(account.delta), certified_epsilon=None,
+                prior_epsilon=priced.prior_epsilon, randomizer_epsilon=kind.epsilon - priced.prior_epsilon,
+                num_examples=coverage.size, label_version=snapshot.version, description_json="{}",
+                file=f"releases/{release_id}{suffix}", state="running"))
+            session.flush()
+            ctx.checkpoint("before_charge_commit")
+        ctx.ledger.anchor(dataset)
+        ctx.checkpoint("after_charge_commit")
+    except IntegrityError:  # the key's unique constraint: a concurrent request got there first
         with ctx.sessions() as session, session.begin():
-            existing = existing_release(session, principal, dataset_id, idempotency_key, body_hash)
+            existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is None:
                 raise
-            return release_view(existing), False
-    except LabelDPError as err:
-        ctx.store.remove(file)
-        if err.code == "budget_exceeded":
-            raise _budget_error(kind.epsilon, err.remaining) from None
-        raise
-    except BaseException:  # nothing references the file unless the transaction committed
-        ctx.store.remove(file)
-        raise
+            return existing.id, False
     for old in superseded:  # budget files older than the state the commit replaced; best effort
         try:
             ctx.store.remove(old)
         except OSError:
             pass
-    return release_view(release), True
+    return release_id, True
 
 
-def charge_and_insert(ctx: ServiceContext, session: Session, principal: Principal, dataset: db.Dataset,
-                       snapshot: Snapshot, kind: ReleaseKind, coverage: labelstore.CoverageSet, draft: Draft,
-                       release: db.Release, superseded: list[str]) -> db.Release:
-    """Inside the locked transaction: the exact charge and its ledger record, the mechanism document, the
-    release row."""
-    mechanism_hash = documents.store(session, {"description": draft.description, "noisy_prior": draft.noisy_prior})
-    units = charge_units(kind.epsilon)
-    record, record_json, prev_hash, digest, replaced = ctx.ledger.charge(dataset, coverage, units, {
-        "release_id": release.id, "created_at": db.utcnow().isoformat(),
-        "actor": Actor(org=principal.org_name, role=principal.role), "mechanism": kind.mechanism,
-        "request": kind.record(), "label_version": snapshot.version, "epsilon_requested": kind.epsilon,
-        "epsilon_certified": draft.privacy.certified_epsilon, "delta": draft.delta,
-        "dp_event": events.to_dict(draft.privacy.dp_event()), "mechanism_hash": mechanism_hash})
-    release.dataset_id, release.requester_org_id, release.mechanism = dataset.id, principal.org_id, kind.mechanism
-    release.epsilon, release.charge_units, release.certified_epsilon = kind.epsilon, units, record.epsilon_certified
-    release.prior_epsilon, release.randomizer_epsilon = draft.prior_epsilon, kind.epsilon - draft.prior_epsilon
-    superseded.extend(replaced)
-    release.num_examples, release.label_version = coverage.size, snapshot.version
-    release.description_json = json.dumps(documents.summary(draft.description))
-    release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
-    release.mechanism_hash = mechanism_hash
-    session.add(release)
-    session.add(db.LedgerEntry(dataset_id=dataset.id, seq=record.seq, release_id=release.id, record=record_json,
-                               prev_hash=prev_hash, hash=digest))
-    session.flush()
-    return release
+def _budget_error(principal: Principal, dataset: db.Dataset, kind: ReleaseKind, err: BudgetExceeded) -> LabelDPError:
+    """The owner's admins are told the numbers; any other organization only that its own allocation does not
+    allow this request (the numbers of its own account are at GET …/budget)."""
+    if principal.role == "admin" and principal.org_id == dataset.owner_org_id:
+        return LabelDPError(f"budget exceeded: {err}", code="budget_exceeded")
+    return LabelDPError(f"not enough budget for this request (epsilon {kind.epsilon:g} on every covered example) in "
+                        "this organization's allocation", code="budget_exceeded")
 
 
-def _budget_error(epsilon: float, remaining: float) -> LabelDPError:
-    error = LabelDPError(f"budget exceeded: this release needs epsilon {epsilon:g}, the covered examples have "
-                         f"{remaining:.9g} left", code="budget_exceeded")
-    error.remaining = remaining
-    return error
+def _write(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: Sequence[str] | None) -> str:
+    with ctx.sessions() as session, session.begin():
+        relative = session.get(db.Release, release_id).file
+    if draft.write is not None:
+        return ctx.store.write_with(relative, draft.write)
+    return ctx.store.write_table(relative, pa.table({"example_id": pa.array(example_ids, pa.string()),
+                                                     **draft.columns}))
+
+
+def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "available") -> schemas.Release:
+    """Store the public mechanism document and make the release ``state`` (available; a job's: running)."""
+    with ctx.sessions() as session, session.begin():
+        release = session.get(db.Release, release_id, with_for_update=True)
+        if release.state != "running":
+            raise LabelDPError(f"release {release_id} is {release.state}", code="release_failed")
+        release.mechanism_hash = documents.store(session, {"description": draft.description,
+                                                           "noisy_prior": draft.noisy_prior})
+        release.certified_epsilon = draft.privacy.certified_epsilon
+        release.description_json = json.dumps(documents.summary(draft.description))
+        release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
+        release.state = state
+        session.flush()
+        ctx.checkpoint("before_finish_commit")
+        view = release_view(release)
+    ctx.checkpoint("after_finish_commit")
+    return view
+
+
+def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:
+    """A charged release that could not be completed: failed, charged, no file (best effort: if the database is
+    gone too, the startup sweep does it)."""
+    try:
+        with ctx.sessions() as session, session.begin():
+            release = session.get(db.Release, release_id, with_for_update=True)
+            if release.state == "running":
+                release.state, release.error_json = "failed", json.dumps(FAILED)
+                file = file or release.file
+    except Exception:  # noqa: BLE001 - the original failure is what the caller reports
+        log.exception("could not record release %s as failed", release_id)
+    if file is not None:
+        try:
+            ctx.store.remove(file)
+        except OSError:
+            pass

@@ -41,10 +41,13 @@ async def upload_labels(dataset_id: str, request: Request, who: Auth, ctx: Conte
 
 @router.post("/{dataset_id}/grants", status_code=201, response_model=schemas.Grant)
 def grant(dataset_id: str, body: schemas.GrantCreate, who: Auth, ctx: Context):
-    """Let another organization's keys request releases of this dataset (admin keys)."""
-    return service.grant_access(ctx, who, dataset_id, body.org)
+    """Let another organization's consumer keys request releases of this dataset, each example's use limited to
+    ``epsilon`` (and ``delta``) moved from the owner's account; sent again, it changes the allocation (admin
+    keys)."""
+    return service.grant_access(ctx, who, dataset_id, body)
 
 
 @router.get("/{dataset_id}/budget", response_model=schemas.Budget)
 def budget(dataset_id: str, who: Auth, ctx: Context):
+    """A consumer: its organization's allocation and use. The owner's admins: the dataset and every account."""
     return service.budget(ctx, who, dataset_id)

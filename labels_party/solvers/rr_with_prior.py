@@ -73,32 +73,58 @@ def rr_top_k_epsilon(k: int, keep: int) -> float:
     return float(dyadic.log_ratio_upper(keep, dyadic.RESOLUTION - keep) + dyadic.log_ratio_upper(k - 1, 1))
 
 
-def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Generator) -> PerExampleRelease:
+@dataclass(frozen=True, eq=False)
+class PerExamplePlan:
+    """RRWithPrior for one prior per example, decided from the priors alone (they come from features): each
+    example's candidate classes and k, the keep probabilities, and the certified ε of the sampled
+    probabilities — all before any label is read."""
+
+    order: np.ndarray  # (n, K): classes by prior, descending
+    k: np.ndarray  # (n,)
+    counts: np.ndarray  # keep counts over 2**53 per k
+    epsilon: float
+    certified_epsilon: float
+
+    def dp_event(self) -> LocalRandomizerDpEvent:
+        return LocalRandomizerDpEvent(mechanism="rr-with-prior", epsilon=self.certified_epsilon)
+
+
+def plan_per_example(priors, epsilon: float) -> PerExamplePlan:
+    epsilon = check_epsilon(epsilon)
+    priors = np.asarray(priors, dtype=np.float64)
+    if priors.ndim != 2 or not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
+        raise LabelDPError("every prior must be finite, non-negative and not all zero", code="invalid_prior")
+    priors = priors / priors.sum(axis=1, keepdims=True)
+    eps = design_epsilon(epsilon)
+    order, k = top_k_candidates(priors, eps)
+    counts = keep_counts(priors.shape[1], eps)
+    certified = max(rr_top_k_epsilon(int(kk), int(counts[kk])) for kk in np.unique(k))
+    if certified > epsilon:
+        raise CertificationError(f"rr-with-prior: sampled probabilities are {certified}-DP, above {epsilon}")
+    return PerExamplePlan(order, k, counts, epsilon, certified)
+
+
+def sample_per_example(plan: PerExamplePlan, labels, rng: np.random.Generator) -> PerExampleRelease:
     """Vectorized RRWithPrior: each example gets RR-Top-k over the k* most likely classes of *its* prior.
 
     Each example's randomizer is ε-DP in its own label given its prior, and the priors must not depend on the
     labels (they come from features), so the release is ε-label-DP per example.
     """
-    epsilon = check_epsilon(epsilon)
-    priors = np.asarray(priors, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.int64)
-    n, num_classes = priors.shape
-    if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
-        raise LabelDPError("every prior must be finite, non-negative and not all zero", code="invalid_prior")
-    priors = priors / priors.sum(axis=1, keepdims=True)
-    eps = design_epsilon(epsilon)
-    order, k = top_k_candidates(priors, eps)
+    order, k = plan.order, plan.k
+    n, num_classes = order.shape
     rank = np.argsort(order, axis=1)[np.arange(n), labels]  # position of the true label in its example's order
     in_top = rank < k
-    counts = keep_counts(num_classes, eps)
-    keep = in_top & (rng.integers(0, dyadic.RESOLUTION, size=n, dtype=np.int64) < counts[k])
+    keep = in_top & (rng.integers(0, dyadic.RESOLUTION, size=n, dtype=np.int64) < plan.counts[k])
     # Not kept but a candidate: uniform over the other k − 1 candidates; not a candidate: uniform over all k.
     other = rng.integers(0, np.maximum(k - 1, 1))
     other = np.where(other >= rank, other + 1, other)
     anyone = rng.integers(0, k)
     position = np.where(keep, rank, np.where(in_top, other, anyone))
     outputs = order[np.arange(n), np.minimum(position, num_classes - 1)]
-    certified = max(rr_top_k_epsilon(int(kk), int(counts[kk])) for kk in np.unique(k))
-    if certified > epsilon:
-        raise CertificationError(f"rr-with-prior: sampled probabilities are {certified}-DP, above {epsilon}")
-    return PerExampleRelease(outputs, k, epsilon, certified)
+    return PerExampleRelease(outputs, k, plan.epsilon, plan.certified_epsilon)
+
+
+def rr_with_prior_per_example(priors, labels, epsilon: float, rng: np.random.Generator) -> PerExampleRelease:
+    """:func:`plan_per_example` and :func:`sample_per_example` in one call."""
+    return sample_per_example(plan_per_example(priors, epsilon), labels, rng)

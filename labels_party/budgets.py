@@ -1,0 +1,176 @@
+"""Who may spend how much of each example's budget: the owner divides a dataset's per-example budget (ε, δ) into
+per-organization *accounts* (:class:`labels_party.db.BudgetAccount`), and budgets are shown per account.
+
+* The owner's account is opened with the dataset and holds all of it; a grant moves an allocation from the owner's
+  account to the granted organization's (``POST …/grants {"org", "epsilon", "delta"}``), and moving it back is
+  the same call with a smaller number. Allocations always sum to the dataset's budget and never go below what
+  their organization has spent, so the ledger admits each organization against its own account alone
+  (:mod:`labels_party.ledger`): a refusal, and a budget response, say nothing about another organization's use.
+* A consumer's budget is its account; the owner's admins see the dataset and every account.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from labels_party import db
+from labels_party.auth import Principal
+from labels_party.ledger import Charge, Ledger, budget_units, units_epsilon
+from shared import schemas
+from shared.errors import LabelDPError
+
+
+def open_owner_account(session: Session, dataset: db.Dataset) -> db.BudgetAccount:
+    account = db.BudgetAccount(dataset_id=dataset.id, org_id=dataset.owner_org_id,
+                               epsilon_units=dataset.epsilon_total_units, delta=dataset.delta_total, generation=0,
+                               spent_max_units=0)
+    session.add(account)
+    return account
+
+
+def account_of(session: Session, dataset: db.Dataset, org_id: int, *, lock: bool = False) -> db.BudgetAccount | None:
+    query = select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id,
+                                           db.BudgetAccount.org_id == org_id)
+    return session.scalar(query.with_for_update() if lock else query)
+
+
+def charging_account(session: Session, dataset: db.Dataset, principal: Principal) -> db.BudgetAccount:
+    """The account a release by ``principal`` is charged to (locked): its organization's."""
+    account = account_of(session, dataset, principal.org_id, lock=True)
+    if account is None:  # a visible dataset always has one for its owner and each grant
+        raise LabelDPError("this organization has no budget on this dataset", code="budget_exceeded")
+    return account
+
+
+def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.Organization, epsilon: float,
+             delta: float) -> db.BudgetAccount:
+    """Set ``org``'s allocation to (``epsilon``, ``delta``) per example, taken from (or given back to) the owner's
+    account; refused if either account would fall below what it has spent. The caller holds the dataset lock."""
+    if org.id == dataset.owner_org_id:
+        raise LabelDPError("the owner's account holds what no grant does; allocate to other organizations",
+                           code="invalid_input")
+    owner = account_of(session, dataset, dataset.owner_org_id, lock=True)
+    account = account_of(session, dataset, org.id, lock=True)
+    if account is None:
+        account = db.BudgetAccount(dataset_id=dataset.id, org_id=org.id, epsilon_units=0, delta=0.0, generation=0,
+                                   spent_max_units=0)
+        session.add(account)
+    units = budget_units(epsilon)
+    moved_units, moved_delta = units - account.epsilon_units, delta - account.delta
+    owner_units, owner_delta = owner.epsilon_units - moved_units, owner.delta - moved_delta
+    if owner_units < 0 or owner_delta < -1e-18:
+        raise LabelDPError(f"the owner's account has {units_epsilon(owner.epsilon_units):g} epsilon and "
+                           f"{owner.delta:g} delta to allocate per example; this needs "
+                           f"{units_epsilon(max(0, moved_units)):g} and {max(0.0, moved_delta):g}",
+                           code="allocation_exceeded")
+    for held, new_units, new_delta, who in ((account, units, delta, org.name),
+                                            (owner, owner_units, max(0.0, owner_delta), "the owner")):
+        if _spent_at(ctx_ledger, dataset, held, new_delta) > new_units:
+            raise LabelDPError(f"{who} has already spent more than this allocation leaves it",
+                               code="allocation_exceeded")
+    account.epsilon_units, account.delta = units, delta
+    owner.epsilon_units, owner.delta = owner_units, max(0.0, owner_delta)
+    return account
+
+
+def _spent_at(ledger: Ledger, dataset: db.Dataset, account: db.BudgetAccount, delta: float) -> int:
+    """The account's largest per-example spent units if its δ were ``delta`` (its curves convert at δ)."""
+    if account.rdp_file is None:
+        return account.spent_max_units
+    spent, sizes = ledger.spent_classes(_with_delta(account, delta), dataset.registry_size)
+    return int(spent.max()) if spent.size else 0
+
+
+def _with_delta(account: db.BudgetAccount, delta: float) -> db.BudgetAccount:
+    return db.BudgetAccount(dataset_id=account.dataset_id, org_id=account.org_id, epsilon_units=account.epsilon_units,
+                            delta=delta, generation=account.generation, classes_file=account.classes_file,
+                            spent_file=account.spent_file, rdp_file=account.rdp_file,
+                            spent_max_units=account.spent_max_units)
+
+
+def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Budget:
+    """A consumer's: its own account. The owner's admins': the dataset and every account."""
+    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
+        accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
+                                   .order_by(db.BudgetAccount.id)).all()
+        names = {o.id: o.name for o in session.scalars(select(db.Organization).where(
+            db.Organization.id.in_([a.org_id for a in accounts])))}
+        return schemas.Budget(dataset_id=dataset.id, scope="dataset", **dataset_figures(dataset),
+                              organizations=[schemas.AccountBudget(org=names[a.org_id], **_figures(a))
+                                             for a in accounts])
+    account = account_of(session, dataset, principal.org_id)
+    return schemas.Budget(dataset_id=dataset.id, scope="organization", **_figures(account))
+
+
+def dataset_figures(dataset: db.Dataset) -> dict:
+    """Decimal ε from exact units (0.1 + 0.2 spent of 0.3 reads 0.3 and leaves exactly 0)."""
+    total, spent = dataset.epsilon_total_units, dataset.epsilon_spent_units
+    return {"epsilon_total": units_epsilon(total), "epsilon_spent": units_epsilon(spent),
+            "epsilon_remaining": units_epsilon(max(0, total - spent)), "delta_total": dataset.delta_total}
+
+
+def _figures(account: db.BudgetAccount | None) -> dict:
+    if account is None:
+        return {"epsilon_total": 0.0, "epsilon_spent": 0.0, "epsilon_remaining": 0.0, "delta_total": 0.0}
+    return {"epsilon_total": units_epsilon(account.epsilon_units), "epsilon_spent": units_epsilon(
+        account.spent_max_units), "epsilon_remaining": units_epsilon(max(0, account.epsilon_units -
+                                                                         account.spent_max_units)),
+            "delta_total": account.delta}
+
+
+def figures_for(session: Session, principal: Principal, dataset: db.Dataset) -> dict:
+    """The budget figures a dataset view shows this key: the dataset's to its owner's admins, else its own."""
+    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
+        return dataset_figures(dataset)
+    return _figures(account_of(session, dataset, principal.org_id))
+
+
+# -- the migration to accounts (once) -----------------------------------------------------------------------------
+
+def rebuild_migrated(ledger: Ledger, session: Session) -> int:
+    """Rebuild the state of accounts the migration to per-organization accounts left empty, from the ledger's
+    records alone, and set their allocations: a granted organization keeps what it has spent (and may spend more
+    when the owner allocates it), the owner the rest. Events with δ > 0 recorded before δ was budgeted convert at
+    the δ they were recorded with. Returns the number of datasets rebuilt."""
+    pending = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.needs_rebuild)).all()
+    rebuilt = 0
+    for dataset_id in sorted({a.dataset_id for a in pending}):
+        dataset = session.get(db.Dataset, dataset_id, with_for_update=True)
+        entries = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
+                                  .order_by(db.LedgerEntry.seq)).all()
+        records = [json.loads(e.record) for e in entries]
+        names = {o.name: o.id for o in session.scalars(select(db.Organization))}
+        by_org: dict[int, list[dict]] = {}
+        for record in records:
+            by_org.setdefault(names[record["actor"]["org"]], []).append(record)
+        accounts = {a.org_id: a for a in session.scalars(select(db.BudgetAccount).where(
+            db.BudgetAccount.dataset_id == dataset_id))}
+        for org_id in by_org.keys() - accounts.keys():
+            accounts[org_id] = db.BudgetAccount(dataset_id=dataset_id, org_id=org_id, epsilon_units=0, delta=0.0,
+                                                generation=0, spent_max_units=0)
+            session.add(accounts[org_id])
+        for org_id, account in accounts.items():
+            own = by_org.get(org_id, [])
+            account.delta = max([float(r.get("delta") or 0.0) for r in own if _gaussian(r)], default=0.0)
+            ledger.rebuild(dataset, account, own)
+            account.needs_rebuild = False
+        granted = [a for org_id, a in accounts.items() if org_id != dataset.owner_org_id]
+        for account in granted:
+            account.epsilon_units = account.spent_max_units
+        owner = accounts[dataset.owner_org_id]
+        owner.epsilon_units = max(owner.spent_max_units,
+                                  dataset.epsilon_total_units - sum(a.epsilon_units for a in granted))
+        dataset.delta_total = sum(a.delta for a in accounts.values())
+        dataset.epsilon_spent_units = sum(a.spent_max_units for a in accounts.values())
+        for old in ledger.store.path(f"datasets/{dataset_id}/budget").glob("*.npy"):  # the per-dataset layout
+            old.unlink()
+        rebuilt += 1
+    return rebuilt
+
+
+def _gaussian(record: dict) -> bool:
+    return Charge.of_record(record).rdp is not None
+

@@ -1,0 +1,61 @@
+"""What the labels service checks and repairs when it starts, before it answers a request.
+
+1. **The database is not behind the data directory.** After every charge the ledger anchors the dataset's chain
+   head in the data directory (:class:`labels_party.ledger.Anchor`). A database restored from a backup older than
+   the data directory has lost ledger records of releases that were delivered; answering from it would re-draw
+   them (a retried Idempotency-Key would get fresh noise) and under-count every budget. The service refuses to
+   start instead (``ledger_rollback``), naming the restore procedure: restore both from the same backup.
+2. **Accounts the migration to per-organization budgets left empty** are rebuilt from the ledger's records
+   (:func:`labels_party.budgets.rebuild_migrated`), once.
+3. **Releases a dead process was computing** were charged before they were computed; they become ``failed`` and
+   stay charged (their files, if any, go). Releases of source datasets are Spark jobs, run again when re-sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
+
+from labels_party import budgets, db
+from labels_party.ledger import Ledger, LedgerRollback, rollback_message
+from labels_party.storage import DataStore
+
+log = logging.getLogger("labeldp.labels")
+
+FAILED = {"code": "release_failed", "message": "the release could not be completed after it was charged"}
+
+
+def recover(store: DataStore, sessions: sessionmaker, ledger: Ledger) -> None:
+    check_not_rolled_back(sessions, ledger)
+    with sessions() as session, session.begin():
+        rebuilt = budgets.rebuild_migrated(ledger, session)
+    if rebuilt:
+        log.info("rebuilt the budget accounts of %d dataset(s) from their ledger records", rebuilt)
+    failed = fail_interrupted(store, sessions)
+    if failed:
+        log.info("%d release(s) interrupted by an earlier process are failed (and stay charged)", failed)
+
+
+def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
+    """Every dataset the data directory anchored must exist with a chain that reaches its anchor."""
+    with sessions() as session, session.begin():
+        for dataset_id in ledger.anchored_datasets():
+            dataset = session.get(db.Dataset, dataset_id)
+            if dataset is None:
+                raise LedgerRollback(rollback_message(dataset_id))
+            ledger.check_anchor(session, dataset)
+
+
+def fail_interrupted(store: DataStore, sessions: sessionmaker) -> int:
+    with sessions() as session, session.begin():
+        rows = session.scalars(select(db.Release).join(db.Dataset, db.Dataset.id == db.Release.dataset_id).where(
+            db.Release.state == "running", db.Dataset.source_uri.is_(None))).all()
+        for release in rows:
+            release.state, release.error_json = "failed", json.dumps(FAILED)
+        files = [release.file for release in rows]
+    for file in files:
+        store.remove(file)
+    return len(files)
