@@ -52,9 +52,7 @@ class Conflict(LabelsPartyError):
 
 
 class BudgetExceeded(Conflict):
-    @property
-    def epsilon_remaining(self) -> float | None:
-        return self.body.get("error", {}).get("epsilon_remaining")
+    """This organization's allocation does not allow the request (its figures: :meth:`LabelsPartyClient.budget`)."""
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -142,9 +140,11 @@ class LabelsPartyClient:
         )
         return schemas.UploadResult(**response.json())
 
-    def grant(self, dataset_id: str, org: str) -> schemas.Grant:
+    def grant(self, dataset_id: str, org: str, epsilon: float, delta: float = 0.0) -> schemas.Grant:
+        """Let ``org`` release, spending at most ``epsilon`` (and ``delta``) of every example's budget."""
+        body = {"org": org, "epsilon": epsilon, "delta": delta}
         return schemas.Grant(
-            **self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/grants", json={"org": org}, retry=True).json()
+            **self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/grants", json=body, retry=True).json()
         )
 
     def audit(self, dataset_id: str | None = None) -> schemas.Audit:

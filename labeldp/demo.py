@@ -138,7 +138,7 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
         dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
                                         epsilon_total=total)
         office.upload_labels(dataset.id, data["example_id"], data["hours"].astype(float))
-        office.grant(dataset.id, PUBLISHER)
+        office.grant(dataset.id, PUBLISHER, total)
         print(f"labels party: dataset {dataset.id} with {len(data)} labels, epsilon_total {total:g} "
               f"(one release per mechanism and epsilon, for comparison)")
         trainer.put_features("hours", data[["example_id", *NUMERIC, *CATEGORICAL]])

@@ -59,7 +59,7 @@ class Prepared:
         prior's exact discrete-Laplace event composed with a local randomizer at ε₂ — an upper bound on the
         randomizer built later on the noisy prior, whose certified ε can only be smaller (it is certified at ε₂)."""
         if self.built is not None:
-            return self.built.mechanism.dp_event()
+            return dp_event.ComposedDpEvent([self.built.mechanism.dp_event()])
         return dp_event.ComposedDpEvent([noise_event(prior_noise(self.split.prior_epsilon)),
                                          LocalRandomizerDpEvent(mechanism=self.mechanism,
                                                                 epsilon=self.split.randomizer_epsilon)])

@@ -40,7 +40,7 @@ class ServiceContext:
     store: DataStore
     ledger: Ledger
     settings: LabelsSettings
-    # Called with a name at the release transaction's checkpoints ("before_commit", "after_commit"): the
+    # Called with a name at the release transaction's checkpoints ("before_charge_commit", …): the
     # crash-safety tests inject one that kills the process there; in production it does nothing.
     checkpoint: Callable[[str], None] = _no_checkpoint
     # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a

@@ -202,7 +202,7 @@ class GrantCreate(BaseModel):
 
     model_config = REQUEST_CONFIG
     org: str = Field(min_length=1, max_length=200)
-    epsilon: BudgetEpsilon
+    epsilon: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]  # 0: may read its releases, spend nothing
     delta: Delta = 0.0
 
 

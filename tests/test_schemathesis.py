@@ -83,7 +83,7 @@ def labels_party(tmp_path):
     ids = [f"u{i}" for i in range(N)]
     owner.put(f"/v1/datasets/{dataset}/labels", headers={"Content-Type": "text/csv"},
               content="example_id,label\n" + "\n".join(f"{i},{k % 10}" for k, i in enumerate(ids)))
-    owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"})
+    owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 5e5})
     release = owner.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1.0},
                          headers={"Idempotency-Key": "seed"}).json()
     with serve_in_thread(create_labels(ctx)) as url:

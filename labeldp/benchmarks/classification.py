@@ -71,7 +71,7 @@ def register_digits(parties: Parties, name: str, digits: Digits, budget: float, 
         dataset = owner.create_dataset(name=name, label_kind="classes", num_classes=10, epsilon_total=budget,
                                        allow_central_training=central_training)
         owner.upload_labels(dataset.id, digits.ids, digits.y.astype(float))
-        owner.grant(dataset.id, CONSUMER)
+        owner.grant(dataset.id, CONSUMER, budget)
     return dataset.id
 
 

@@ -310,7 +310,7 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
             uploaded = owner.upload_labels(created.id, frame["example_id"], frame[RAW].to_numpy(dtype=float))
         except LabelsPartyError as err:
             raise _refused(f"the {prepared.name} labels", err) from None
-        owner.grant(created.id, CONSUMER)
+        owner.grant(created.id, CONSUMER, budget)
     with parties.trainer() as trainer:
         trainer.put_features(prepared.name, frame[["example_id", *prepared.numeric, *prepared.categorical]])
     return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above)

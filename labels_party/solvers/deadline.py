@@ -1,5 +1,6 @@
-"""A time limit for solvers: a request that would solve longer than the deployment allows is refused with 503
-``solver_timeout`` — before anything is charged or written — instead of holding a worker for minutes.
+"""A time limit for solvers: a solve that would run longer than the deployment allows stops with ``solver_timeout``
+instead of holding a worker for minutes. In a release the solve runs on a private prior, after the charge, so a
+timeout there is not a refusal: the family's fallback is built instead (:mod:`labels_party.registry`).
 
 Solvers check it between their rounds and pass what is left to HiGHS (``time_limit``) and Clarabel
 (``time_limit``), so an overrun is detected within one solver call.
@@ -33,9 +34,8 @@ class Deadline:
 
     def expired(self, what: str = "the solver"):
         """Raise the timeout (also when a solver's own time limit stopped it a moment early)."""
-        raise SolverTimeout(f"{what} ran past the {self.seconds:g} s solver limit of this service; nothing was "
-                            "charged: use a smaller label domain (a continuous domain with a coarser grid) or "
-                            "another mechanism")
+        raise SolverTimeout(f"{what} ran past the {self.seconds:g} s solver limit: use a smaller label domain (a "
+                            "continuous domain with a coarser grid) or another mechanism")
 
     def solver_seconds(self) -> float | None:
         """What to pass to a solver's own time limit (None: no limit); at least a millisecond."""

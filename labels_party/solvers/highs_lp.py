@@ -49,8 +49,8 @@ def solve_lp(cost, col_lower, col_upper, row_lower, row_upper, starts, indices, 
     seconds = time.perf_counter() - started
     status = highs.getModelStatus()
     if status == highspy.HighsModelStatus.kTimeLimit:
-        raise SolverTimeout(f"HiGHS ran past its {time_limit:g} s time limit; nothing was charged: use a smaller "
-                            "label domain or mesh, or another mechanism")
+        raise SolverTimeout(f"HiGHS ran past its {time_limit:g} s time limit: use a smaller label domain or mesh, or "
+                            "another mechanism")
     if status != highspy.HighsModelStatus.kOptimal:
         raise LabelDPError(f"HiGHS did not reach an optimal solution: {highs.modelStatusToString(status)}",
                            code="solver_failed")

@@ -88,7 +88,7 @@ class ErrorCode(str, Enum):
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
     INVALID_REQUEST = ("invalid_request", 422)
-    # 5xx: the service, or one it depends on, could not do it now; nothing was charged
+    # 5xx: the service, or one it depends on, could not do it now (nothing was charged, but for release_failed)
     INTERNAL_ERROR = ("internal_error", 500)
     DATABASE_OUTDATED = ("database_outdated", 500)
     STORAGE_INCONSISTENT = ("storage_inconsistent", 500)
@@ -148,9 +148,8 @@ def install_error_handlers(app: FastAPI, log: logging.Logger, private_dirs: Iter
 
     @app.exception_handler(LabelDPError)
     async def _labeldp_error(_request, err: LabelDPError):
-        extra = {"epsilon_remaining": err.remaining} if hasattr(err, "remaining") else {}
         code = err.code if err.code in ErrorCode._value2member_map_ else ErrorCode.INVALID_INPUT
-        return error_response(code, redact(str(err)), **extra)
+        return error_response(code, redact(str(err)))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request, err: RequestValidationError):

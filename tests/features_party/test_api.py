@@ -56,7 +56,7 @@ def parties(tmp_path):
                                                    "epsilon_total": 10}).json()["id"]
         body = "example_id,label\n" + "\n".join(f"{i},{int(v)}" for i, v in zip(ids, labels, strict=True))
         owner.put(f"/v1/datasets/{dataset}/labels", content=body, headers={"Content-Type": "text/csv"})
-        owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"})
+        owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 10})
         tctx = trainer_context(tmp_path, labels_url)
         trainer = trainer_client(tctx, "publisher")
         features = pd.DataFrame({"example_id": ids, "x0": x[:, 0], "x1": x[:, 1], "group": group})
@@ -385,7 +385,7 @@ def test_jobs_on_existing_releases_are_checked_before_anything_runs(parties):
     ids = parties["features"].example_id
     owner.put(f"/v1/datasets/{other}/labels", content="example_id,label\n" + "\n".join(f"{i},1" for i in ids),
               headers={"Content-Type": "text/csv"})
-    owner.post(f"/v1/datasets/{other}/grants", json={"org": "publisher"})
+    owner.post(f"/v1/datasets/{other}/grants", json={"org": "publisher", "epsilon": 10})
     elsewhere = _consumer_post(parties, f"/v1/datasets/{other}/releases", "other",
                                json={"mechanism": "laplace", "epsilon": 1})
     evaluation = _consumer_post(parties, f"/v1/datasets/{dataset}/evaluations", "eval",

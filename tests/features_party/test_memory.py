@@ -63,7 +63,7 @@ def test_memory_stays_flat_over_fifty_jobs_of_a_hundred_thousand_rows(tmp_path):
                                                "epsilon_total": 100}).json()["id"]
     owner.put(f"/v1/datasets/{dataset}/labels", headers={"Content-Type": "text/csv"},
               content="example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, labels, strict=True)))
-    owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"})
+    owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 100})
     features = "example_id,x0\n" + "\n".join(f"{i},{v!r}" for i, v in zip(ids, x.tolist(), strict=True))
     job = {"features": "f", "api_key": consumer, "dataset_id": dataset, "numeric": ["x0"],
            "release": {"mechanism": "rr", "epsilon": 1.0},

@@ -23,7 +23,7 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
         with parties.owner() as owner:
             dataset = owner.create_dataset(name="digits", label_kind="classes", num_classes=10, epsilon_total=2.0)
             owner.upload_labels(dataset.id, ids, y.astype(float))
-            owner.grant(dataset.id, CONSUMER)
+            owner.grant(dataset.id, CONSUMER, 2.0)
         with parties.consumer() as client:
             model, reports = train_multistage(
                 client, dataset.id, ids[:700], x[:700], none[:700], vocab_sizes=(), num_classes=10, epsilon=2.0,

@@ -45,14 +45,15 @@ def service(tmp_path):
     def as_(who: str) -> dict:
         return {"Authorization": f"Bearer {keys[who]}"}
 
-    def dataset(total: float) -> str:
+    def dataset(total: float, shares: tuple[float, float] = (1.0, 0.0)) -> str:
+        """A dataset of ``total`` whose accounts give publisher and adnet these shares of it."""
         dataset_id = client.post("/v1/datasets", headers=as_("owner"), json={
             "name": f"d{total}", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": total}).json()["id"]
         csv = "example_id,label\n" + "".join(f"e{i},{i % 10}\n" for i in range(50))
         assert client.put(f"/v1/datasets/{dataset_id}/labels", content=csv,
                           headers={**as_("owner"), "Content-Type": "text/csv"}).status_code == 200
-        for org in ("publisher", "adnet"):
-            assert client.post(f"/v1/datasets/{dataset_id}/grants", json={"org": org},
+        for org, share in zip(("publisher", "adnet"), shares, strict=True):
+            assert client.post(f"/v1/datasets/{dataset_id}/grants", json={"org": org, "epsilon": share * total},
                                headers=as_("owner")).status_code == 201
         return dataset_id
 
@@ -92,7 +93,7 @@ def test_one_unit_over_the_budget_is_refused_and_tiny_epsilons_are_out_of_range(
 
 def test_releases_belong_to_the_organization_that_asked(service):
     ctx, client, as_, dataset = service
-    d = dataset(5.0)
+    d = dataset(5.0, (0.5, 0.5))
     mine = _release(client, as_("a"), d, "shared-key", 0.5).json()
     # the other organization's identical request with the same key is its own new release, charged again
     theirs = _release(client, as_("b"), d, "shared-key", 0.5)

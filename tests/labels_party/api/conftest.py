@@ -85,7 +85,7 @@ def dataset(client, admin, labels):
     r = upload(client, admin, dataset_id, labels_csv(labels))
     assert r.status_code == 200, r.text
     assert r.json()["num_examples"] == NUM_LABELS
-    r = client.post(f"/v1/datasets/{dataset_id}/grants", json={"org": "publisher"}, headers=admin)
+    r = client.post(f"/v1/datasets/{dataset_id}/grants", json={"org": "publisher", "epsilon": 3}, headers=admin)
     assert r.status_code == 201, r.text
     return dataset_id
 

@@ -83,10 +83,24 @@ def state(client, admin, dataset_id) -> dict:
             "audit_events": len(audit.json()["events"])}
 
 
+FIGURES = ("dataset_id", "epsilon_total", "epsilon_spent", "epsilon_remaining")
+
+
 def budget(client, headers, dataset_id) -> dict:
+    """The budget's ε figures as this key sees them: a consumer its organization's account, the owner's admins
+    the dataset (the accounts themselves: ``budget_accounts``)."""
     r = client.get(f"/v1/datasets/{dataset_id}/budget", headers=headers)
     assert r.status_code == 200, r.text
-    return r.json()
+    body = r.json()
+    assert body["scope"] == ("dataset" if body["organizations"] is not None else "organization")
+    return {key: body[key] for key in FIGURES}
+
+
+def budget_accounts(client, admin, dataset_id) -> dict[str, dict]:
+    """Every organization's account of a dataset, by organization (the owner's admins only)."""
+    r = client.get(f"/v1/datasets/{dataset_id}/budget", headers=admin)
+    assert r.status_code == 200, r.text
+    return {account.pop("org"): account for account in r.json()["organizations"]}
 
 
 def download_rows(client, headers, release_id) -> list[tuple[str, float]]:

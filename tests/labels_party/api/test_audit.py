@@ -9,13 +9,14 @@ from sqlalchemy import text
 
 from labeldp import cli
 from labels_party import service
-from tests.labels_party.api.helpers import NUM_LABELS, created, expect_error, release
+from shared.mechanisms import events as events_
+from tests.labels_party.api.helpers import FIGURES, NUM_LABELS, created, expect_error, release
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 
 
-RECORD_FIELDS = {"epsilon_requested", "epsilon_certified", "mechanism", "release_id", "examples_covered",
-                 "dp_event", "charge"}
+RECORD_FIELDS = {"epsilon_requested", "mechanism", "release_id", "examples_covered", "dp_event", "charge",
+                 "charge_units", "account", "coverage"}
 
 
 def _tamper(ctx) -> None:
@@ -38,8 +39,8 @@ def test_audit_events(client, admin, consumer, dataset):
     assert r.status_code == 200
     audit = r.json()
     assert audit["chain_valid"] is True
-    assert audit["budgets"] == [{"dataset_id": dataset, "epsilon_total": 3.0, "epsilon_spent": 1.5,
-                                 "epsilon_remaining": 1.5}]
+    assert [{key: b[key] for key in FIGURES} for b in audit["budgets"]] == [
+        {"dataset_id": dataset, "epsilon_total": 3.0, "epsilon_spent": 1.5, "epsilon_remaining": 1.5}]
     events = audit["events"]
     assert [e["seq"] for e in events] == [1, 2]
     assert events[0]["prev_hash"] == "0" * 64 and events[1]["prev_hash"] == events[0]["hash"]
@@ -48,7 +49,9 @@ def test_audit_events(client, admin, consumer, dataset):
         assert RECORD_FIELDS <= set(record)
         assert record["release_id"] == rel["id"] and record["mechanism"] == rel["mechanism"]
         assert record["epsilon_requested"] == rel["epsilon"] == record["charge"]
-        assert record["epsilon_certified"] == rel["certified_epsilon"] <= record["epsilon_requested"]
+        # charged before the mechanism existed: the release's certified ε is within the charged event's
+        assert rel["certified_epsilon"] <= events_.epsilon_of(events_.from_dict(record["dp_event"])) <= record["charge"]
+        assert record["account"] == {"org": "publisher", "epsilon_units": 3_000_000_000, "delta": 0.0}
         assert record["examples_covered"] == covered
         assert record["actor"] == {"org": "publisher", "role": "consumer"}
         assert isinstance(record["dp_event"], dict) and record["dp_event"]["type"] == "ComposedDpEvent"

@@ -1,12 +1,18 @@
-"""Central label DP (LabelDP-Pro at the labels party): refused unless enabled, charges (ε, δ) to the training
-examples, returns only parameters, and the audit recomputes its ε from the recorded dp-accounting event."""
+"""Central label DP (LabelDP-Pro at the labels party): refused unless enabled, charged its RDP curve at the
+organization's δ before it trains (so trainings compose as the accountant says), returns only parameters, and the
+audit recomputes its (ε, δ) from the recorded dp-accounting event."""
 
 from __future__ import annotations
 
+import dp_accounting
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from dp_accounting.rdp import RdpAccountant
 from sklearn.datasets import load_digits
+
+from labels_party.ledger import RDP_ORDERS
+from shared.mechanisms import events
 
 from labels_party.service import verify_audit
 from shared import models
@@ -23,7 +29,7 @@ def setup(tmp_path):
     for allowed in (True, False):
         datasets[allowed] = client.post("/v1/datasets", json={
             "name": f"d{allowed}", "label_kind": "classes", "num_classes": 10, "epsilon_total": 3.0,
-            "allow_central_training": allowed}).json()["id"]
+            "delta_total": 1e-6, "allow_central_training": allowed}).json()["id"]
         client.put(f"/v1/datasets/{datasets[allowed]}/labels", content=body, headers={"Content-Type": "text/csv"})
     return ctx, client, datasets, ids, (digits.data / 16.0), digits.target
 
@@ -45,14 +51,43 @@ def test_central_training_returns_parameters_and_is_accounted(setup):
                                           for layer in description["parameters"]["layers"]]}
     logits = models.apply(params, jnp.asarray(x[1400:], jnp.float32), jnp.zeros((len(x) - 1400, 0), jnp.int32))
     assert np.mean(np.argmax(np.asarray(logits), axis=1) == y[1400:]) > 0.4  # learned (chance: 0.1)
+    # charged its RDP curve at the account's δ (the dataset's 10⁻⁶, which calibrated the noise): 2.0 up to the
+    # calibration's tolerance and the curve's rounding up
     budget = client.get(f"/v1/datasets/{datasets[True]}/budget").json()
-    assert budget["epsilon_spent"] == 2.0
+    assert 2.0 - 1e-3 <= budget["epsilon_spent"] <= 2.0 + 1e-6
     record = client.get("/v1/audit", params={"dataset": datasets[True]}).json()["events"][0]["record"]
-    assert record["delta"] == 1e-5 and record["dp_event"]["type"] == "SelfComposedDpEvent"
-    assert verify_audit(ctx)["valid"]  # recomputes ε from the recorded event at the recorded δ
-    over = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x, 1.5),
-                       headers={"Idempotency-Key": "c2"})
+    event = events.from_dict(record["dp_event"])
+    assert record["delta"] == 1e-6 and type(event) is dp_accounting.SelfComposedDpEvent and record["charge_units"] == 0
+    accountant = RdpAccountant(orders=list(RDP_ORDERS))
+    accountant.compose(event)
+    assert accountant.get_epsilon(1e-6) <= budget["epsilon_spent"] <= accountant.get_epsilon(1e-6) + 1e-8
+    assert verify_audit(ctx)["valid"]  # recomputes the curve from the recorded event
+    # A second run composes with the first as the accountant composes them — not by adding ε (2 + 1.5 > 3)
+    second = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x, 1.5),
+                         headers={"Idempotency-Key": "c2"})
+    assert second.status_code == 201, second.text
+    accountant.compose(events.from_dict(client.get("/v1/audit", params={"dataset": datasets[True]}).json()
+                                        ["events"][1]["record"]["dp_event"]))
+    composed = accountant.get_epsilon(1e-6)
+    assert composed < 3.0 < 2.0 + 1.5
+    # the integer curves are rounded up (a unit per order and event), never down
+    assert composed <= client.get(f"/v1/datasets/{datasets[True]}/budget").json()["epsilon_spent"] <= composed + 1e-8
+    over = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x, 1.0),
+                       headers={"Idempotency-Key": "c3"})
     assert over.status_code == 409 and over.json()["error"]["code"] == "budget_exceeded"
+    assert verify_audit(ctx)["valid"]
+
+
+def test_delta_is_budgeted(setup):
+    """The attack of issue 26: tiny ε with a large δ was charged its ε alone. Now a δ above the organization's
+    allocation is refused before anything runs, and one within it is charged its ε at the allocation's δ."""
+    _, client, datasets, ids, x, _ = setup
+    dataset = datasets[True]
+    refused = client.post(f"/v1/datasets/{dataset}/central-trainings", headers={"Idempotency-Key": "d"},
+                          json={**_request(ids, x, 0.001), "delta": 0.0099, "steps": 1})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_epsilon", refused.text
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+    assert client.get("/v1/audit", params={"dataset": dataset}).json()["events"] == []
 
 
 def test_refused_unless_the_owner_enabled_it(setup):

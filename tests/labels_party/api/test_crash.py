@@ -51,8 +51,15 @@ def _stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-@pytest.mark.parametrize("crash_at", ["before_commit", "after_commit"])
+# Where the process dies: before the charge commits (nothing happened), after it (the release is charged, nothing
+# private published), before the finishing commit (labels written, not visible), after it (available).
+CRASH_POINTS = ["before_charge_commit", "after_charge_commit", "before_finish_commit", "after_finish_commit"]
+
+
+@pytest.mark.parametrize("crash_at", CRASH_POINTS)
 def test_release_survives_a_crash_all_or_nothing(database_url, tmp_path, crash_at):
+    """Charged before anything private is drawn: a crash after the charge leaves the release charged and failed
+    (never free), and a retry with its key gets that outcome — never a fresh draw, never a second charge."""
     data_dir = tmp_path / "data"
     ctx = make_context(database_url, data_dir)
     with ctx.sessions() as session, session.begin():
@@ -79,15 +86,22 @@ def test_release_survives_a_crash_all_or_nothing(database_url, tmp_path, crash_a
     try:
         budget = httpx.get(f"{base}/v1/datasets/{dataset}/budget", headers=headers).json()
         events = httpx.get(f"{base}/v1/audit", params={"dataset": dataset}, headers=headers).json()["events"]
-        if crash_at == "before_commit":
-            assert budget["epsilon_spent"] == 0.0 and events == []
-        else:
-            assert budget["epsilon_spent"] == 1.0 and len(events) == 1
+        listed = httpx.get(f"{base}/v1/datasets/{dataset}/releases", headers=headers).json()
         retry = httpx.post(f"{base}/v1/datasets/{dataset}/releases", json=release,
                            headers={**headers, "Idempotency-Key": "retry-me"}, timeout=60)
-        assert retry.status_code == (201 if crash_at == "before_commit" else 200)
-        if crash_at == "after_commit":
-            assert retry.json()["id"] == events[0]["record"]["release_id"]  # the stored release, not a new draw
+        if crash_at == "before_charge_commit":
+            assert budget["epsilon_spent"] == 0.0 and events == [] and listed == []
+            assert retry.status_code == 201
+        elif crash_at == "after_finish_commit":
+            assert budget["epsilon_spent"] == 1.0 and len(events) == 1
+            assert [r["state"] for r in listed] == ["available"]
+            assert retry.status_code == 200 and retry.json()["id"] == events[0]["record"]["release_id"]
+        else:  # charged, then the process died: failed and charged; the key's outcome is that failure
+            assert budget["epsilon_spent"] == 1.0 and len(events) == 1
+            assert [(r["state"], r["error"]["code"]) for r in listed] == [("failed", "release_failed")]
+            assert retry.status_code == 503 and retry.json()["error"]["code"] == "release_failed"
+            assert not list((data_dir / "releases").glob("*.parquet"))  # nothing of it is left to read
+            return
         first = httpx.get(f"{base}/v1/releases/{retry.json()['id']}/labels", headers=headers).text
         again = httpx.post(f"{base}/v1/datasets/{dataset}/releases", json=release,
                            headers={**headers, "Idempotency-Key": "retry-me"}, timeout=60)
@@ -96,4 +110,4 @@ def test_release_survives_a_crash_all_or_nothing(database_url, tmp_path, crash_a
         assert httpx.get(f"{base}/v1/datasets/{dataset}/budget", headers=headers).json()["epsilon_spent"] == 1.0
     finally:
         _stop(server)
-    assert verify_audit(make_context(database_url, data_dir))["valid"]
+        assert verify_audit(make_context(database_url, data_dir))["valid"]

@@ -9,7 +9,7 @@ from features_party.client import LabelsPartyClient, LabelsPartyError
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.pipeline import privatize_by_group
+from labels_party.pipeline import prepare_groups, privatize_by_group
 from labels_party.service import make_context, verify_audit
 from shared.domains import Classes, integer_range
 
@@ -18,8 +18,8 @@ def test_per_group_randomizers_are_unbiased_and_certified():
     rng = np.random.default_rng(0)
     groups = rng.integers(0, 3, size=60_000)
     labels = np.clip(np.rint(12 * groups + rng.normal(0, 3, size=groups.size)), 0, 30)
-    result = privatize_by_group(integer_range(0, 30), labels, groups, "opt-unbiased", 2.0,
-                                np.random.default_rng(1), prior_epsilon=0.5)
+    result = privatize_by_group(prepare_groups(integer_range(0, 30), "opt-unbiased", 2.0, prior_epsilon=0.5),
+                                labels, groups, np.random.default_rng(1))
     assert len(result.parts) == 3 and result.certified_epsilon <= 2.0
     for g, part in enumerate(result.parts):
         members = groups == g
@@ -35,8 +35,8 @@ def test_classes_get_rr_with_prior_per_group():
     groups = rng.integers(0, 2, size=20_000)
     labels = np.where(groups == 0, rng.choice(3, size=groups.size, p=[0.8, 0.1, 0.1]),
                       rng.choice(3, size=groups.size, p=[0.1, 0.1, 0.8]))
-    result = privatize_by_group(Classes(3), labels, groups, "rr-with-prior", 1.0, np.random.default_rng(3),
-                                prior_epsilon=0.2)
+    result = privatize_by_group(prepare_groups(Classes(3), "rr-with-prior", 1.0, prior_epsilon=0.2), labels, groups,
+                                np.random.default_rng(3))
     agreement = np.mean(result.noisy_labels == labels)
     plain_rr = np.exp(1.0) / (np.exp(1.0) + 2)
     assert agreement > plain_rr + 0.05  # per-group priors beat RR at the same total ε
@@ -72,6 +72,12 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
         assert wrong.value.code == "invalid_request"  # the schema names the group mechanisms
         assert "opt-unbiased" in str(wrong.value)
         events = client.audit(dataset).events
-    assert len(events) == 1 and events[0].record["dp_event"]["type"] == "ParallelDpEvent"
-    assert len(events[0].record["dp_event"]["events"]) == 4  # one prior + randomizer composition per group
+    # Charged before any group's prior was drawn: what every example pays, its own group's prior and randomizer
+    # (the groups are disjoint); each group's mechanism certifies within it
+    charged = events[0].record["dp_event"]
+    assert len(events) == 1 and charged["type"] == "ComposedDpEvent"
+    assert [e["type"] for e in charged["events"]] == ["DiscreteLaplaceDpEvent", "LocalRandomizerDpEvent"]
+    bound = charged["events"][1]["epsilon"]
+    assert bound == pytest.approx(0.75, abs=1e-9) and all(
+        g["mechanism"]["certified_epsilon"] <= bound for g in groups_described)
     assert verify_audit(ctx)["valid"]

@@ -39,7 +39,7 @@ def service(tmp_path):
         r = owner.put(f"/v1/datasets/{dataset}/labels", headers={"Content-Type": "text/csv"},
                       content="example_id,label\n" + "".join(f"w{i},{v}\n" for i, v in enumerate(labels)))
         assert r.status_code == 200, r.text
-        assert owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"}).status_code == 201
+        assert owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}).status_code == 201
         releases = []
         for key, body in (("a", {"mechanism": "opt-unbiased", "epsilon": 1}),
                           ("b", {"mechanism": "laplace", "epsilon": 0.5, "example_ids": ["w1", "w2", "w3"]})):

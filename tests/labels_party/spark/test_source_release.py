@@ -85,7 +85,7 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     created = _create(client, as_("owner"), f"{sources}/weeks")
     assert created.status_code == 201 and created.json()["labels_at"] == "source"
     dataset = created.json()["id"]
-    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"},
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
                        headers=as_("owner")).status_code == 201
     upload = client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\nx,1\n",
                         headers={**as_("owner"), "Content-Type": "text/csv"})
@@ -157,7 +157,7 @@ def test_the_features_party_client_waits_for_a_source_release(service):
 
     ctx, client, as_, sources, labels, checkpoint = service
     dataset = _create(client, as_("owner"), f"{sources}/weeks").json()["id"]
-    client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher"}, headers=as_("owner"))
+    client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
     key = as_("publisher")["Authorization"].removeprefix("Bearer ")
     with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, key) as publisher:
         release = publisher.request_release(dataset, {"mechanism": "rr", "epsilon": 1}, poll_seconds=0.2)
@@ -183,7 +183,7 @@ def test_refusals_before_any_charge(service):
         response = client.post("/v1/datasets", headers=as_("owner"), json=body)
         assert response.status_code == 201, response.text
         datasets[name] = response.json()["id"]
-        client.post(f"/v1/datasets/{datasets[name]}/grants", json={"org": "publisher"}, headers=as_("owner"))
+        client.post(f"/v1/datasets/{datasets[name]}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
 
     def release(name, who, mechanism="rr"):
         return client.post(f"/v1/datasets/{datasets[name]}/releases", headers={**as_(who), "Idempotency-Key": name},
