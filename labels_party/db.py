@@ -69,6 +69,12 @@ class Dataset(Base):
     ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
     # a Parquet dataset released by Spark jobs in place (no uploads); registry indices are its rows' positions
     source_uri: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    # Its copy taken at registration (labels_party.spark.snapshot), the only files Spark reads for it: location
+    # under the data directory, SHA-256 over its files' paths, sizes and contents, and the exact label counts
+    # (.npy, support order). None for sources registered before copies were taken: those are not released.
+    source_snapshot: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    source_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    source_counts_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

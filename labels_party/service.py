@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from labels_party import db, labelstore
+from labels_party import db, labelstore, source_datasets
 from labels_party.auth import Principal
 from labels_party.ledger import (
     CHUNK,
@@ -32,6 +33,7 @@ from labels_party.ledger import (
     within_charge,
 )
 from labels_party.settings import LabelsSettings
+from labels_party.spark import snapshot
 from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore, MappedArray
 from shared import schemas
@@ -134,15 +136,33 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
                            code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
-        if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
-                                                   db.Dataset.name == body.name)):
-            raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists")
-        dataset = db.Dataset(owner_org_id=principal.org_id, name=body.name, label_kind=body.label_kind,
-                             domain_json=json.dumps(spec), epsilon_total_units=total, epsilon_spent_units=0,
-                             allow_central_training=body.allow_central_training, source_uri=body.source)
-        session.add(dataset)
-        session.flush()
-        return dataset_view(dataset)
+        _refuse_taken_name(session, principal, body.name)  # before a source is copied and counted
+    dataset_id = db.new_id()
+    # A source is copied and counted (Spark) before its row exists; the copy goes if the row is not written.
+    source = {} if body.source is None else source_datasets.register(
+        ctx, principal.org_name, dataset_id, body.source, domain_from_spec(spec))
+    try:
+        with ctx.sessions() as session, session.begin():
+            _refuse_taken_name(session, principal, body.name)
+            dataset = db.Dataset(id=dataset_id, owner_org_id=principal.org_id, name=body.name,
+                                 label_kind=body.label_kind, domain_json=json.dumps(spec), epsilon_total_units=total,
+                                 epsilon_spent_units=0, allow_central_training=body.allow_central_training,
+                                 source_uri=body.source, **source)
+            session.add(dataset)
+            session.flush()
+            return dataset_view(dataset)
+    except IntegrityError:  # the same name committed meanwhile (a registration retried while its copy ran)
+        source_datasets.discard(ctx, source)
+        raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists") from None
+    except BaseException:
+        source_datasets.discard(ctx, source)
+        raise
+
+
+def _refuse_taken_name(session: Session, principal: Principal, name: str) -> None:
+    if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
+                                               db.Dataset.name == name)):
+        raise LabelDPError(f"a dataset named {name!r} already exists", code="dataset_exists")
 
 
 def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
@@ -156,6 +176,9 @@ def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
     if importlib.util.find_spec("pyspark") is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         raise LabelDPError("this deployment has no Spark (the spark extra and a Java runtime)",
                            code="source_not_allowed")
+    if snapshot.local_path(uri) is None:  # copied when registered, by file descriptors (labels_party.spark.snapshot)
+        raise LabelDPError("only local sources (a path or a file: URI) can be registered on this service; object "
+                           "stores (s3a://) and HDFS are not supported", code="source_not_allowed")
     if not _under_allowed_prefix(uri, allowed):
         raise LabelDPError("this source location is not one this organization may register",
                            code="source_not_allowed")

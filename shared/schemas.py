@@ -58,11 +58,13 @@ class _DatasetCreateBase(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     epsilon_total: BudgetEpsilon
     allow_central_training: bool = False
-    # Absent for uploaded labels. A Parquet dataset (example_id, label) that the service's Spark reads in place —
-    # labels never pass through the service; only locations the operator allowed for the organization.
+    # Absent for uploaded labels. A local Parquet dataset (example_id, label), copied when registered (no symbolic
+    # links; labels_party.spark.snapshot) and counted by Spark; only locations the operator allowed the organization.
     source: Annotated[str, Field(min_length=1, max_length=1000, description=(
-        "labels that stay where they are: a Parquet path or s3a://, hdfs:// URI under a prefix this service allows "
-        "the organization (LABELDP_SPARK_SOURCES); integer and classes labels; releases then run as Spark jobs"))] \
+        "labels in a local Parquet dataset: a path or file: URI under a prefix this service allows the organization "
+        "(LABELDP_SPARK_SOURCES), holding no symbolic link; copied and counted when registered (refusals of its "
+        "labels come back here), releases then run as Spark jobs on the copy; integer and classes labels. Object "
+        "stores (s3a://) and HDFS are not supported"))] \
         = None
 
 

@@ -2,15 +2,16 @@
 
 The control plane is here, in the service and its database; the data plane is :mod:`labels_party.spark`.
 
-1. **histogram** — an exact Spark aggregation of the source's labels (and its refusals: missing or repeated ids,
-   labels outside the domain), in the request;
+1. **histogram** — the exact counts Spark took when the source was registered, from the copy of its files the
+   service took then (:mod:`labels_party.source_datasets`; its refusals went to the owner's admin registering it);
 2. **plan** — the noisy prior, the solve and the certificate on the driver, with the same mechanism objects and
    registry as an uploaded dataset's release (:func:`labels_party.pipeline.plan_privatization`);
 3. **charge** — one transaction: the exact charge to every row of the source (coverage ``range:0:n`` — a source's
    release covers all its rows), the ledger record, the mechanism document and the release, ``running``. The POST
    answers 202 with a Location;
-4. **privatize** — a Spark job on this service's thread writes ``releases/{id}/`` (Parquet part files); the release
-   becomes ``available``, or ``failed`` with its error. Nothing is readable before ``available``.
+4. **privatize** — a Spark job on this service's thread reads that same copy and writes ``releases/{id}/``
+   (Parquet part files); the release becomes ``available``, or ``failed`` with its error. Nothing is readable
+   before ``available``.
 
 A failed (or orphaned ``running``) release runs again when its request is sent again with its Idempotency-Key: the
 same charge (no second ledger record) and the same noise — the job file keeps the planned sampler and the
@@ -21,22 +22,19 @@ beside the labels of uploaded datasets and is deleted once the release is availa
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import pickle
-
-from sqlalchemy import select
 
 from labels_party import db, labelstore
 from labels_party.auth import Principal
 from labels_party.ledger import canonical, charge_units, units_epsilon
 from labels_party.pipeline import plan_privatization
-from labels_party.registry import support
 from labels_party.releases import transaction
 from labels_party.releases.kinds import LabelRelease
 from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
 from labels_party.solvers.deadline import Deadline
+from labels_party.source_datasets import snapshot_uri, stored_histogram
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
@@ -68,14 +66,14 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
         view = transaction.release_view(existing) if existing is not None else None
     if view is not None:
         if restart:
-            _start(ctx, view.id, dataset.source_uri)
+            _start(ctx, view.id)
         return view
     remaining = dataset.epsilon_total_units - dataset.epsilon_spent_units  # a release covers every row: the max
     if charge_units(request.epsilon) > remaining:  # refused before a Spark job starts; exact again at the charge
         raise LabelDPError(f"budget exceeded: this release needs epsilon {request.epsilon:g}, the source's rows "
                            f"have {units_epsilon(max(0, remaining)):.9g} left", code="budget_exceeded")
     domain = domain_from_spec(json.loads(dataset.domain_json))
-    source, histogram, plan = _count_and_plan(ctx, principal, dataset, domain, kind)
+    source, histogram, plan = _count_and_plan(ctx, dataset, domain, kind)
     from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
 
     release_id = db.new_id()
@@ -85,60 +83,30 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
     snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, histogram.num_examples,
                                     labelstore.range_coverage(0, histogram.num_examples))
     try:
-        draft = kind.draft(plan, {})  # and the source's identity (public: a hash of its files' names, sizes, times)
-        draft = dataclasses.replace(draft, description={**draft.description, "source_sha256": source})
+        draft = kind.draft(plan, {})  # not the snapshot's fingerprint: a hash of the labels' bytes is not private
         view = _charge(ctx, principal, snapshot, kind, draft, idempotency_key, body_hash, release_id)
     except BaseException:
         ctx.store.remove(job_file)
         raise
     if view.id == release_id:
-        _start(ctx, release_id, dataset.source_uri)
+        _start(ctx, release_id)
     else:
         ctx.store.remove(job_file)  # a concurrent request with the same key won
     return view
 
 
-def _count_and_plan(ctx: ServiceContext, principal: Principal, dataset: db.Dataset, domain, kind: LabelRelease):
-    """(fingerprint, histogram, plan), after checking where the source's files are and that they did not change;
-    every refusal that needs the labels is said in full only to the owner's admins."""
-    from labels_party.spark import fingerprint as files_of
-    from labels_party.spark.jobs import check_one_output_per_label, label_histogram
+def _count_and_plan(ctx: ServiceContext, dataset: db.Dataset, domain, kind: LabelRelease):
+    """(the snapshot's fingerprint, its histogram, plan): the counts taken at registration, no Spark job."""
+    from labels_party.spark.jobs import check_one_output_per_label
 
-    spark = ctx.spark_jobs.session()
     with ctx.sessions() as session, session.begin():
-        owner = session.get(db.Organization, dataset.owner_org_id).name
-    files = files_of.source_files(spark, dataset.source_uri)
-    if files_of.outside(files, ctx.settings.spark_sources.get(owner, [])):  # also when the operator removed it
-        raise LabelDPError("the source's files are not (or no longer) where its owner may register labels",
-                           code="source_not_allowed")
-    source = files_of.fingerprint(files)
-    _refuse_changed_source(ctx, dataset.id, source)
-    try:
-        histogram = label_histogram(spark, dataset.source_uri, support(domain).values)
-    except LabelDPError:
-        if principal.role == "admin":  # accessible_dataset let only the owner's admins through as admins
-            raise
-        raise LabelDPError("this source cannot be released as it is; its owner's admins see why",
-                           code="source_dataset") from None
+        histogram = stored_histogram(ctx, session, dataset, domain)
     request = kind.request
     run = transaction.Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
     plan = plan_privatization(domain, histogram.counts, histogram.num_examples, request.mechanism, request.epsilon,
                               run.rng, prior_epsilon=request.prior_epsilon, options=kind.options(run))
     check_one_output_per_label(plan.sampler, histogram.support_values)  # before anything is charged
-    return source, histogram, plan
-
-
-def _refuse_changed_source(ctx: ServiceContext, dataset_id: str, fingerprint: str) -> None:
-    """Budgets follow row positions: a source whose files changed since its first release is another dataset."""
-    with ctx.sessions() as session, session.begin():
-        first = session.scalar(select(db.Release).where(db.Release.dataset_id == dataset_id)
-                               .order_by(db.Release.created_at).limit(1))
-        if first is None:
-            return
-        recorded = json.loads(first.description_json).get("source_sha256")
-    if recorded != fingerprint:
-        raise LabelDPError("the source's files changed since its first release (budgets follow its rows); register "
-                           "the new files as a new dataset", code="source_dataset")
+    return dataset.source_sha256, histogram, plan
 
 
 def _charge(ctx: ServiceContext, principal: Principal, snapshot, kind, draft, key: str, body_hash: str,
@@ -161,21 +129,22 @@ def _charge(ctx: ServiceContext, principal: Principal, snapshot, kind, draft, ke
     return view
 
 
-def _start(ctx: ServiceContext, release_id: str, source: str) -> None:
-    ctx.spark_jobs.submit(release_id, lambda: _privatize(ctx, release_id, source))
+def _start(ctx: ServiceContext, release_id: str) -> None:
+    ctx.spark_jobs.submit(release_id, lambda: _privatize(ctx, release_id))
 
 
-def _privatize(ctx: ServiceContext, release_id: str, source: str) -> None:
-    from labels_party.spark import fingerprint as files_of
+def _privatize(ctx: ServiceContext, release_id: str) -> None:
+    """The job: the release's dataset's snapshot (the files counted at registration), sampled and written."""
     from labels_party.spark.jobs import privatize
 
     try:
         job = pickle.loads(ctx.store.path(f"jobs/{release_id}.pickle").read_bytes())
         with ctx.sessions() as session, session.begin():
-            expected = session.get(db.Release, release_id).num_examples
-        if files_of.fingerprint(files_of.source_files(ctx.spark_jobs.session(), source)) != job["source"]:
-            raise LabelDPError("the source's files changed after they were counted; register a new dataset for new "
-                               "labels", code="source_dataset")
+            row = session.get(db.Release, release_id)
+            expected, dataset = row.num_examples, session.get(db.Dataset, row.dataset_id)
+            source = snapshot_uri(ctx, dataset)
+        if dataset.source_sha256 != job["source"]:  # a job planned for other files (cannot happen: checked anyway)
+            raise LabelDPError("the release was planned for other source files", code="source_dataset")
         output = ctx.store.path(f"releases/{release_id}").resolve().as_uri()  # this file system, not fs.defaultFS
         result = privatize(ctx.spark_jobs.session(), source, output,
                            job["sampler"], job["secret"], support_values=job["support"])
