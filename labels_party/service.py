@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from labels_party import db, labelstore, source_datasets
+from labels_party import db, housekeeping, labelstore, source_datasets
 from labels_party.auth import Principal
 from labels_party.ledger import (
     CHUNK,
@@ -40,6 +40,7 @@ from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 from shared.randomness import secure_rng
+from shared.service.scratch import Scratch
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -59,6 +60,7 @@ class ServiceContext:
     # seeded one (shared.randomness.SeededSource) to make runs repeatable.
     random_source: Callable[[], np.random.Generator] = secure_rng
     spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
+    scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
 
 
 def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
@@ -71,8 +73,12 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     store = DataStore(settings.data_dir)
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
+    scratch = Scratch(settings.data_dir)
+    # Collection must run after any check that the database was not rolled back (rows would be missing and
+    # their files look unreferenced): keep it last.
+    housekeeping.collect(store, sessions, scratch)
     return ServiceContext(sessions, store, BudgetLedger(store), settings, checkpoint, random_source,
-                          SparkJobs(settings.spark_master))
+                          SparkJobs(settings.spark_master), scratch=scratch)
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

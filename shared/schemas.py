@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 from shared.domains import domain_spec
 
@@ -26,6 +26,22 @@ LABELLESS_RELEASES = ("evaluation", "labeldp-pro")
 GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
 # opt-unbiased's solvers: outputs anywhere in ℝ (cone programs, certified gap) or on a fixed mesh (one LP)
 Solver = Literal["continuous", "mesh"]
+
+
+# Every request body: unknown fields are refused, and so is a value of the wrong JSON type (strict mode): `true` or
+# `"1"` is not ε = 1 (a client's bug must not be charged as a release); an integer is still a number.
+REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+def integer(**bounds) -> Any:
+    """An integer a request carries, with its bounds (``ge``, ``le``): for the same reason, ``30.0`` is the integer
+    30 (JSON Schema's "integer" includes it, and generated clients send it); ``30.5``, ``true`` and ``"30"`` are
+    refused. The bounds go before the validator, or the OpenAPI schema would lose them."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
 
 
 class ErrorDetail(BaseModel):
@@ -53,7 +69,7 @@ BudgetEpsilon = Annotated[PositiveFinite, Field(le=1e6)]
 
 
 class _DatasetCreateBase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     name: str = Field(min_length=1, max_length=200)
     epsilon_total: BudgetEpsilon
@@ -83,7 +99,7 @@ class LabelClip(BaseModel):
     ``high`` down to it (and say how many), instead of refusing them. The bounds are the label domain's; they must
     not be chosen by looking at these labels undisguised (see the README, "Your own data")."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     low: FiniteFloat
     high: FiniteFloat
@@ -124,7 +140,7 @@ class IntegerDatasetCreate(_BoundedDatasetCreate):
     ranges: see the README's limits table)."""
 
     label_kind: Literal["integer"]
-    grid_size: int | None = Field(default=None, ge=2, le=10_000)
+    grid_size: integer(ge=2, le=10_000) | None = None
 
     def domain_spec(self) -> dict:
         low, high = self.bounds
@@ -137,7 +153,7 @@ class ContinuousDatasetCreate(_BoundedDatasetCreate):
     """Real labels in ``[min, max]`` (released on a grid of ``grid_size`` points)."""
 
     label_kind: Literal["continuous"]
-    grid_size: int = Field(default=101, ge=2, le=10_000)
+    grid_size: integer(ge=2, le=10_000) = 101
 
     def domain_spec(self) -> dict:
         low, high = self.bounds
@@ -148,7 +164,7 @@ class ClassesDatasetCreate(_DatasetCreateBase):
     """Class labels ``0..num_classes-1``."""
 
     label_kind: Literal["classes"]
-    num_classes: int = Field(ge=2, le=100_000)
+    num_classes: integer(ge=2, le=100_000)
 
     def domain_spec(self) -> dict:
         return domain_spec("classes", num_classes=self.num_classes)
@@ -186,7 +202,7 @@ class UploadResult(BaseModel):
 
 
 class GrantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     org: str = Field(min_length=1, max_length=200)
 
 
@@ -196,12 +212,12 @@ class Grant(BaseModel):
 
 
 class ReleaseRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     mechanism: MechanismName
     epsilon: Epsilon
     prior_epsilon: Epsilon | None = None
-    mesh: int | None = Field(default=None, ge=2, le=5000)
+    mesh: integer(ge=2, le=5000) | None = None
     solver: Solver | None = Field(default=None, description="opt-unbiased: 'continuous' (the default; outputs "
                                   "anywhere in ℝ, certified gap) or 'mesh' (the default when a mesh size is given)")
     clip: bool = False
@@ -213,7 +229,7 @@ class ReleaseRequest(BaseModel):
 class EvaluationRequest(BaseModel):
     """Predictions for (test) examples; the labels party answers with a discrete-Laplace-noised mean clipped loss."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     metric: Literal["mse", "poisson", "accuracy"]
     epsilon: Epsilon
@@ -226,15 +242,15 @@ class CentralTrainingRequest(BaseModel):
     """LabelDP-Pro run at the labels party on features the features party sends (central label DP: the trust
     model where features may move but labels never do; the owner must enable it per dataset)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
     epsilon: Epsilon
     delta: float = Field(default=1e-5, gt=0, lt=1e-2)
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
-    steps: int = Field(default=300, ge=1, le=20_000)
-    batch_size: int = Field(default=128, ge=1, le=65_536)
+    steps: integer(ge=1, le=20_000) = 300
+    batch_size: integer(ge=1, le=65_536) = 128
     learning_rate: float = Field(default=0.5, gt=0, le=100)
-    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=lambda: [64], max_length=4)
+    hidden: list[integer(ge=1, le=4096)] = Field(default_factory=lambda: [64], max_length=4)
     example_ids: list[str] = Field(min_length=2)
     # one vector per example id, all of one length (else 400 invalid_input)
     features: list[list[FiniteFloat]] = Field(min_length=2)

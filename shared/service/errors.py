@@ -5,7 +5,11 @@ Unexpected failures answer 500 ``internal_error`` (logged, no stack trace) and c
 from __future__ import annotations
 
 import logging
+import re
+import tempfile
+from collections.abc import Callable, Iterable
 from enum import Enum
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -118,12 +122,28 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
-def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
+def path_redactor(private_dirs: Iterable[str | Path]) -> Callable[[str], str]:
+    """Replaces any path under ``private_dirs`` or the system's temporary directory with ``<file>``.
+
+    Messages are made path-free where they are written (files are parsed through handles, library messages pass
+    through :func:`shared.errors.library_message`); this last line in the envelope keeps a message written later
+    from telling a client where the service keeps its files."""
+    prefixes = {tempfile.gettempdir()}
+    for directory in private_dirs:
+        prefixes |= {str(Path(directory)), str(Path(directory).resolve())}
+    alternatives = "|".join(re.escape(p) for p in sorted(prefixes, key=len, reverse=True) if p not in ("", "."))
+    pattern = re.compile(rf"""(?<![\w.-])(?:{alternatives})(?:/[^\s'":,]*)?(?![\w.-])""")
+    return lambda message: pattern.sub("<file>", message)
+
+
+def install_error_handlers(app: FastAPI, log: logging.Logger, private_dirs: Iterable[str | Path] = ()) -> None:
+    redact = path_redactor(private_dirs)
+
     @app.exception_handler(LabelDPError)
     async def _labeldp_error(_request, err: LabelDPError):
         extra = {"epsilon_remaining": err.remaining} if hasattr(err, "remaining") else {}
         code = err.code if err.code in ErrorCode._value2member_map_ else ErrorCode.INVALID_INPUT
-        return error_response(code, str(err), **extra)
+        return error_response(code, redact(str(err)), **extra)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request, err: RequestValidationError):
@@ -138,7 +158,7 @@ def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
             return error_response(ErrorCode.BODY_TOO_LARGE, "request body too large")
         code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(err.status_code,
                                                                                  ErrorCode.INVALID_INPUT)
-        response = error_response(code, str(err.detail))
+        response = error_response(code, redact(str(err.detail)))
         if err.headers:
             response.headers.update(err.headers)
         if err.status_code == 405:  # Starlette lists only the first matching route's methods
