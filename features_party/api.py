@@ -45,4 +45,5 @@ def create_app(ctx: TrainerContext) -> FastAPI:
         ctx.executor.shutdown(wait=False, cancel_futures=True)
 
     return service_app("labeldp features party (trainer)", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
-                       routers=(features.router, jobs.router), log=log, lifespan=lifespan)
+                       routers=(features.router, jobs.router), log=log, lifespan=lifespan,
+                       private_dirs=(ctx.settings.data_dir,))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, library_message
 
 ID = "example_id"
 
@@ -16,9 +16,10 @@ ID = "example_id"
 def read_features(path: str | Path) -> pd.DataFrame:
     """A features CSV with an ``example_id`` column and unique ids."""
     try:
-        frame = pd.read_csv(path, dtype={ID: str}, keep_default_na=True)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise LabelDPError(f"cannot parse features file: {str(err).splitlines()[0]}", code="malformed_file") from None
+        with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
+            frame = pd.read_csv(handle, dtype={ID: str}, keep_default_na=True)
+    except (ValueError, OSError) as err:  # pandas' ParserError, EmptyDataError and UnicodeDecodeError among them
+        raise LabelDPError(f"cannot parse features file: {library_message(err)}", code="malformed_file") from None
     return check_features(frame)
 
 

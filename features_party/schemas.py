@@ -4,9 +4,9 @@ documents every option with its range and a job that cannot run is refused befor
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from shared import schemas
 
@@ -22,23 +22,23 @@ class TrainOptions(BaseModel):
     """Training options (features_party/train.py:TrainConfig), each with its range. ``loss`` defaults to what the
     labels are: cross-entropy for classes, the subset loss for subset releases, squared for regression."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = schemas.REQUEST_CONFIG
 
     loss: Literal["squared", "poisson", "cross_entropy", "subset"] | None = None
-    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=lambda: [64, 32], max_length=8)
-    embed_dim: int = Field(default=4, ge=1, le=256)
+    hidden: list[schemas.integer(ge=1, le=4096)] = Field(default_factory=lambda: [64, 32], max_length=8)
+    embed_dim: schemas.integer(ge=1, le=256) = 4
     learning_rate: float = Field(default=1e-3, gt=0, le=10)
     l2: float = Field(default=1e-4, ge=0, le=1)
-    batch_size: int = Field(default=1024, ge=1, le=65536)
-    epochs: int = Field(default=50, ge=1, le=1000)
-    patience: int = Field(default=8, ge=1, le=1000)
+    batch_size: schemas.integer(ge=1, le=65536) = 1024
+    epochs: schemas.integer(ge=1, le=1000) = 50
+    patience: schemas.integer(ge=1, le=1000) = 8
     validation_fraction: float = Field(default=0.2, ge=0, le=0.9)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    seed: schemas.integer(ge=0, le=2**31 - 1) = 0
     standardize_targets: bool = True
 
 
 class JobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = schemas.REQUEST_CONFIG
 
     features: str = Field(pattern=NAME_PATTERN, description="a features table of the caller's organization")
     labels_party: str | None = Field(default=None, pattern=NAME_PATTERN,
@@ -53,14 +53,14 @@ class JobRequest(BaseModel):
         "per-example-prior release, or one trained on before); nothing more is spent"))
     numeric: list[str] = Field(default_factory=list, max_length=1000)
     categorical: list[str] = Field(default_factory=list, max_length=1000)
-    num_classes: int | None = Field(default=None, ge=2, le=100_000)
+    num_classes: schemas.integer(ge=2, le=100_000) | None = None
     train: TrainOptions = Field(default_factory=TrainOptions)
     protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
-    stages: int = Field(default=2, ge=1, le=5)
+    stages: schemas.integer(ge=1, le=5) = 2
     temperature: float = Field(default=1.0, gt=0, le=100)
 
 class ResumeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = schemas.REQUEST_CONFIG
     api_key: str = Field(pattern=API_KEY_PATTERN, repr=False)
 
 

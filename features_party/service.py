@@ -9,8 +9,10 @@ requested (synchronously: its refusals are 4xx too) and the rest runs in the bac
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -28,6 +30,9 @@ from features_party.train import TrainConfig
 from shared import schemas as shared_schemas
 from shared.errors import LabelDPError
 from shared.service.database import make_engine
+from shared.service.scratch import Scratch
+
+log = logging.getLogger("labeldp.features")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class TrainerContext:
     settings: TrainerSettings
     sessions: sessionmaker
     executor: ThreadPoolExecutor
+    scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
 
     @property
     def data_dir(self) -> Path:
@@ -48,9 +54,21 @@ def make_context(settings: TrainerSettings | None = None, *, upgrade: bool = Fal
     settings = settings or TrainerSettings()
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     ctx = TrainerContext(settings, db.make_sessionmaker(make_engine(settings.database_url), upgrade=upgrade),
-                         ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="train"))
+                         ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="train"),
+                         scratch=Scratch(settings.data_dir))
     mark_interrupted(ctx)
+    collect_leftovers(ctx)
     return ctx
+
+
+def collect_leftovers(ctx: TrainerContext) -> int:
+    """What a crashed process left: spooled bodies of dead processes (removed by :class:`Scratch` itself) and,
+    when no other process uses the data directory, its ``.tmp`` temporaries (features tables being written)."""
+    with ctx.scratch.alone() as alone:
+        removed = ctx.scratch.remove_leftovers() if alone else 0
+    if removed:
+        log.info("removed %d leftover file(s) of earlier processes from the data directory", removed)
+    return removed
 
 
 def mark_interrupted(ctx: TrainerContext) -> int:
@@ -83,7 +101,7 @@ def upload_features(ctx: TrainerContext, principal: Principal, name: str, path: 
     directory = ctx.org_dir(principal.org_id) / "features"
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{name}.parquet"
-    staged = directory / f".{name}.{db.new_id()}.parquet"
+    staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
     frame.reset_index(drop=True).to_parquet(staged, index=False)
     staged.replace(target)
     with ctx.sessions() as session, session.begin():

@@ -61,7 +61,8 @@ def _body_limit(ctx: ServiceContext):
 def create_app(ctx: ServiceContext) -> FastAPI:
     app = service_app("labeldp labels party", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
-                      adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings))
+                      adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings),
+                      private_dirs=(ctx.settings.data_dir,))
     # The owner's console (HTML for admin keys, its own gate and session cookies; not part of the OpenAPI).
     app.mount("/console", create_console(ctx))
     return app

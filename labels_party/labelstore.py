@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.domains import check_labels
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, library_message
 
 BATCH_ROWS = 1 << 20
 VERSION_SCHEMA = pa.schema([("registry_index", pa.int64()), ("example_id", pa.string()), ("label", pa.float64())])
@@ -83,18 +83,23 @@ def duckdb_connection(store: DataStore) -> tuple[duckdb.DuckDBPyConnection, Path
 # -- uploads ----------------------------------------------------------------------------------------------------
 
 def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
+    with pa.OSFile(str(path)) as handle:  # a handle, not the path: no library message can name the spooled file
+        yield from _batches_of(handle, fmt)
+
+
+def _batches_of(handle, fmt: str) -> Iterator[pa.RecordBatch]:
     if fmt == "csv":
-        yield from pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 24),
+        yield from pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=1 << 24),
                                   convert_options=pacsv.ConvertOptions(
                                       column_types={"example_id": pa.string(), "label": pa.float64()},
                                       include_columns=["example_id", "label"]))
     elif fmt == "ndjson":
         # labels are doubles whatever the first block holds (types are fixed from the first block otherwise)
-        yield from pajson.open_json(path, read_options=pajson.ReadOptions(block_size=1 << 24),
+        yield from pajson.open_json(handle, read_options=pajson.ReadOptions(block_size=1 << 24),
                                     parse_options=pajson.ParseOptions(
                                         explicit_schema=pa.schema([("label", pa.float64())])))
     else:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS)
+        yield from pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS)
 
 
 @dataclass
@@ -108,6 +113,7 @@ def _checked(batch: pa.RecordBatch, domain, clip: dict | None, counts: _ClipCoun
     if "example_id" not in names or "label" not in names:
         raise LabelDPError("labels need columns example_id and label", code="malformed_file")
     ids = pc.cast(batch.column("example_id"), pa.string())
+    ids.validate(full=True)  # UTF-8 (Arrow's JSON reader does not check it): raises ArrowInvalid
     labels = pc.cast(batch.column("label"), pa.float64())
     if ids.null_count or pc.any(pc.equal(pc.utf8_length(ids), 0)).as_py():
         raise LabelDPError("an example_id is missing or empty", code="malformed_file")
@@ -136,8 +142,8 @@ def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> 
                                    row_group_size=BATCH_ROWS)
                 rows += len(values)
     except (pa.ArrowException, OSError) as err:  # any Arrow parse/convert/missing-column failure
-        message = str(err).splitlines()[0][:300]
-        raise LabelDPError(f"cannot parse the {fmt} body: {message}", code="malformed_file") from None
+        raise LabelDPError(f"cannot parse the {fmt} body: {library_message(err)}", code="malformed_file") \
+            from None
     if rows == 0:
         raise LabelDPError("the upload holds no labels", code="empty_labels")
     return rows, counts

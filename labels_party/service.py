@@ -11,23 +11,26 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from labels_party import budgets, db, labelstore, recovery, verification
+from labels_party import budgets, db, housekeeping, labelstore, recovery, source_datasets, verification
 from labels_party.auth import Principal
 from labels_party.ledger import Ledger, budget_units, units_epsilon, verify_chain
 from labels_party.settings import LabelsSettings
+from labels_party.spark import snapshot
 from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 from shared.randomness import secure_rng
+from shared.service.scratch import Scratch
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -47,6 +50,7 @@ class ServiceContext:
     # seeded one (shared.randomness.SeededSource) to make runs repeatable.
     random_source: Callable[[], np.random.Generator] = secure_rng
     spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
+    scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
 
 
 def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
@@ -61,8 +65,12 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
     ledger = Ledger(store)
     recovery.recover(store, sessions, ledger)  # refuses a database behind the data directory
+    scratch = Scratch(settings.data_dir)
+    # Collection must run after the check that the database was not rolled back (rows would be missing and
+    # their files look unreferenced): keep it last.
+    housekeeping.collect(store, sessions, scratch)
     return ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
-                          SparkJobs(settings.spark_master))
+                          SparkJobs(settings.spark_master), scratch=scratch)
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:
@@ -130,17 +138,35 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
         raise LabelDPError(f"delta_total must be at most this service's ceiling, {ctx.settings.delta_max:g} per "
                            "example", code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
-        if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
-                                                   db.Dataset.name == body.name)):
-            raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists")
-        dataset = db.Dataset(owner_org_id=principal.org_id, name=body.name, label_kind=body.label_kind,
-                             domain_json=json.dumps(spec), epsilon_total_units=total, epsilon_spent_units=0,
-                             delta_total=body.delta_total, allow_central_training=body.allow_central_training,
-                             source_uri=body.source)
-        session.add(dataset)
-        session.flush()
-        budgets.open_owner_account(session, dataset)
-        return dataset_view(session, principal, dataset)
+        _refuse_taken_name(session, principal, body.name)  # before a source is copied and counted
+    dataset_id = db.new_id()
+    # A source is copied and counted (Spark) before its row exists; the copy goes if the row is not written.
+    source = {} if body.source is None else source_datasets.register(
+        ctx, principal.org_name, dataset_id, body.source, domain_from_spec(spec))
+    try:
+        with ctx.sessions() as session, session.begin():
+            _refuse_taken_name(session, principal, body.name)
+            dataset = db.Dataset(id=dataset_id, owner_org_id=principal.org_id, name=body.name,
+                                 label_kind=body.label_kind, domain_json=json.dumps(spec), epsilon_total_units=total,
+                                 epsilon_spent_units=0, delta_total=body.delta_total,
+                                 allow_central_training=body.allow_central_training, source_uri=body.source,
+                                 **source)
+            session.add(dataset)
+            session.flush()
+            budgets.open_owner_account(session, dataset)
+            return dataset_view(session, principal, dataset)
+    except IntegrityError:  # the same name committed meanwhile (a registration retried while its copy ran)
+        source_datasets.discard(ctx, source)
+        raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists") from None
+    except BaseException:
+        source_datasets.discard(ctx, source)
+        raise
+
+
+def _refuse_taken_name(session: Session, principal: Principal, name: str) -> None:
+    if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
+                                               db.Dataset.name == name)):
+        raise LabelDPError(f"a dataset named {name!r} already exists", code="dataset_exists")
 
 
 def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
@@ -154,6 +180,9 @@ def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
     if importlib.util.find_spec("pyspark") is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         raise LabelDPError("this deployment has no Spark (the spark extra and a Java runtime)",
                            code="source_not_allowed")
+    if snapshot.local_path(uri) is None:  # copied when registered, by file descriptors (labels_party.spark.snapshot)
+        raise LabelDPError("only local sources (a path or a file: URI) can be registered on this service; object "
+                           "stores (s3a://) and HDFS are not supported", code="source_not_allowed")
     if not _under_allowed_prefix(uri, allowed):
         raise LabelDPError("this source location is not one this organization may register",
                            code="source_not_allowed")

@@ -5,6 +5,7 @@ Labels themselves are parsed by :mod:`labels_party.labelstore`, batch by batch i
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, library_message
 
 FORMATS = {
     "text/csv": "csv",
@@ -38,47 +39,59 @@ def upload_format(content_type: str | None) -> str:
 def parse_priors(path: Path, fmt: str, num_classes: int) -> tuple[list[str], np.ndarray]:
     """Per-example priors: columns example_id and p_0..p_{K-1} (non-negative, finite, not all zero per row)."""
     names = [f"p_{k}" for k in range(num_classes)]
-    try:
-        table = pa.concat_tables(pa.Table.from_batches([b]) for b in _batches_any(path, fmt)) \
-            if fmt != "parquet" else pq.read_table(path)
-    except (pa.ArrowException, OSError, ValueError) as err:
-        raise LabelDPError(f"cannot parse the priors: {str(err).splitlines()[0][:300]}", code="malformed_file") \
-            from None
-    missing = [c for c in ["example_id", *names] if c not in table.schema.names]
-    if missing:
-        raise LabelDPError(f"priors need columns example_id, p_0..p_{num_classes - 1}; missing {missing[:3]}",
-                           code="malformed_file")
-    if table.num_rows == 0:
-        raise LabelDPError("no priors in the body", code="empty_labels")
-    ids = pc.cast(table.column("example_id"), pa.string()).to_pylist()
-    priors = np.column_stack([pc.cast(table.column(c), pa.float64()).to_numpy(zero_copy_only=False)
-                              for c in names])
+    with _parsing("the priors"):
+        table = _read_table(path, fmt)
+        missing = [c for c in ["example_id", *names] if c not in table.schema.names]
+        if missing:
+            raise LabelDPError(f"priors need columns example_id, p_0..p_{num_classes - 1}; missing {missing[:3]}",
+                               code="malformed_file")
+        if table.num_rows == 0:
+            raise LabelDPError("no priors in the body", code="empty_labels")
+        ids = _strings(table.column("example_id")).to_pylist()
+        priors = np.column_stack([pc.cast(table.column(c), pa.float64()).to_numpy(zero_copy_only=False)
+                                  for c in names])
     if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
         raise LabelDPError("priors must be finite, non-negative and not all zero in a row", code="invalid_prior")
     return ids, priors
 
 
-def _batches_any(path: Path, fmt: str):
-    if fmt == "csv":
-        yield from pacsv.open_csv(path, convert_options=pacsv.ConvertOptions(
-            column_types={"example_id": pa.string()}))
-    else:
-        yield from pajson.read_json(path).to_batches()
-
-
 def parse_groups(path: Path, fmt: str) -> tuple[list[str], np.ndarray]:
     """Group assignments: columns example_id and group (any strings or integers)."""
+    with _parsing("the groups"):
+        table = _read_table(path, fmt)
+        if not {"example_id", "group"} <= set(table.schema.names):
+            raise LabelDPError("groups need columns example_id and group", code="malformed_file")
+        if table.num_rows == 0:
+            raise LabelDPError("no group assignments in the body", code="empty_labels")
+        groups = _strings(table.column("group"))
+        if groups.null_count:
+            raise LabelDPError("a group is missing", code="malformed_file")
+        return _strings(table.column("example_id")).to_pylist(), np.array(groups.to_pylist())
+
+
+@contextlib.contextmanager
+def _parsing(what: str):
+    """A body Arrow cannot read or convert is a 400 that says what is wrong with it (never a 500)."""
     try:
-        table = pq.read_table(path) if fmt == "parquet" else pa.concat_tables(
-            pa.Table.from_batches([b]) for b in _batches_any(path, fmt))
-    except (pa.ArrowException, OSError, ValueError) as err:
-        raise LabelDPError(f"cannot parse the groups: {str(err).splitlines()[0][:300]}", code="malformed_file") \
-            from None
-    if not {"example_id", "group"} <= set(table.schema.names):
-        raise LabelDPError("groups need columns example_id and group", code="malformed_file")
-    if table.num_rows == 0:
-        raise LabelDPError("no group assignments in the body", code="empty_labels")
-    groups = pc.cast(table.column("group"), pa.string())
-    if groups.null_count:
-        raise LabelDPError("a group is missing", code="malformed_file")
-    return pc.cast(table.column("example_id"), pa.string()).to_pylist(), np.array(groups.to_pylist())
+        yield
+    except LabelDPError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        raise LabelDPError(f"cannot parse {what}: {library_message(err)}", code="malformed_file") from None
+
+
+def _read_table(path: Path, fmt: str) -> pa.Table:
+    with pa.OSFile(str(path)) as handle:  # a handle, not the path: no library message can name the spooled file
+        if fmt == "parquet":
+            return pq.read_table(handle)
+        if fmt == "csv":
+            return pacsv.read_csv(handle, convert_options=pacsv.ConvertOptions(
+                column_types={"example_id": pa.string()}))
+        return pajson.read_json(handle)
+
+
+def _strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """As strings, checked to be valid UTF-8 (Arrow's JSON reader does not check)."""
+    strings = pc.cast(column, pa.string())
+    strings.validate(full=True)
+    return strings

@@ -1,5 +1,7 @@
 """Exceptions with a stable machine-readable code, shared by the CLI and both services (an `ErrorCode` member each)."""
 
+import re
+
 
 class LabelDPError(ValueError):
     """Bad input or a refused operation. ``code`` is stable; ``str(err)`` is a one-line message."""
@@ -16,3 +18,19 @@ class CertificationError(LabelDPError):
     """A mechanism could not be certified within the requested ε; it must not be sampled."""
 
     code = "certification_failed"
+
+
+# pyarrow's preamble naming what it read (a path, or '<Buffer>' for a handle): says nothing about the file.
+_OPENING = re.compile(r"^Could not open Parquet input source '[^']*': ")
+# An absolute path (or file:// URI) in a library's message: at the start, after a blank, a quote, '=' or ':'.
+_PATH = re.compile(r"""(?:file://|(?<![^\s'"=:]))/[^\s'"]+/[^\s'":,]*""")
+
+
+def library_message(err: BaseException) -> str:
+    """What a parsing library said was wrong with a file, fit for a client: its first line, at most 300
+    characters, with any file path replaced by ``<file>``. Bodies are read through open handles so that libraries
+    do not know their paths; this covers a message that names a file anyway (the client must learn what is wrong
+    with its file, never where the server keeps it)."""
+    lines = str(err).strip().splitlines()
+    first = _OPENING.sub("", lines[0]) if lines else type(err).__name__
+    return _PATH.sub("<file>", first)[:300]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 from shared.domains import domain_spec
 
@@ -31,6 +31,17 @@ Solver = Literal["continuous", "mesh"]
 # Every request body: unknown fields are refused, and so is a value of the wrong JSON type (strict mode): `true` or
 # `"1"` is not ε = 1 (a client's bug must not be charged as a release); an integer is still a number.
 REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+def integer(**bounds) -> Any:
+    """An integer a request carries, with its bounds (``ge``, ``le``): for the same reason, ``30.0`` is the integer
+    30 (JSON Schema's "integer" includes it, and generated clients send it); ``30.5``, ``true`` and ``"30"`` are
+    refused. The bounds go before the validator, or the OpenAPI schema would lose them."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
 
 
 class ErrorDetail(BaseModel):
@@ -69,11 +80,13 @@ class _DatasetCreateBase(BaseModel):
     # (LABELDP_DELTA_MAX, 10⁻⁶ by default); 0: no such mechanism may run on this dataset.
     delta_total: Delta = 0.0
     allow_central_training: bool = False
-    # Absent for uploaded labels. A Parquet dataset (example_id, label) that the service's Spark reads in place —
-    # labels never pass through the service; only locations the operator allowed for the organization.
+    # Absent for uploaded labels. A local Parquet dataset (example_id, label), copied when registered (no symbolic
+    # links; labels_party.spark.snapshot) and counted by Spark; only locations the operator allowed the organization.
     source: Annotated[str, Field(min_length=1, max_length=1000, description=(
-        "labels that stay where they are: a Parquet path or s3a://, hdfs:// URI under a prefix this service allows "
-        "the organization (LABELDP_SPARK_SOURCES); integer and classes labels; releases then run as Spark jobs"))] \
+        "labels in a local Parquet dataset: a path or file: URI under a prefix this service allows the organization "
+        "(LABELDP_SPARK_SOURCES), holding no symbolic link; copied and counted when registered (refusals of its "
+        "labels come back here), releases then run as Spark jobs on the copy; integer and classes labels. Object "
+        "stores (s3a://) and HDFS are not supported"))] \
         = None
 
 
@@ -133,7 +146,7 @@ class IntegerDatasetCreate(_BoundedDatasetCreate):
     ranges: see the README's limits table)."""
 
     label_kind: Literal["integer"]
-    grid_size: int | None = Field(default=None, ge=2, le=10_000)
+    grid_size: integer(ge=2, le=10_000) | None = None
 
     def domain_spec(self) -> dict:
         low, high = self.bounds
@@ -146,7 +159,7 @@ class ContinuousDatasetCreate(_BoundedDatasetCreate):
     """Real labels in ``[min, max]`` (released on a grid of ``grid_size`` points)."""
 
     label_kind: Literal["continuous"]
-    grid_size: int = Field(default=101, ge=2, le=10_000)
+    grid_size: integer(ge=2, le=10_000) = 101
 
     def domain_spec(self) -> dict:
         low, high = self.bounds
@@ -157,7 +170,7 @@ class ClassesDatasetCreate(_DatasetCreateBase):
     """Class labels ``0..num_classes-1``."""
 
     label_kind: Literal["classes"]
-    num_classes: int = Field(ge=2, le=100_000)
+    num_classes: integer(ge=2, le=100_000)
 
     def domain_spec(self) -> dict:
         return domain_spec("classes", num_classes=self.num_classes)
@@ -219,7 +232,7 @@ class ReleaseRequest(BaseModel):
     mechanism: MechanismName
     epsilon: Epsilon
     prior_epsilon: Epsilon | None = None
-    mesh: int | None = Field(default=None, ge=2, le=5000)
+    mesh: integer(ge=2, le=5000) | None = None
     solver: Solver | None = Field(default=None, description="opt-unbiased: 'continuous' (the default; outputs "
                                   "anywhere in ℝ, certified gap) or 'mesh' (the default when a mesh size is given)")
     clip: bool = False
@@ -251,10 +264,10 @@ class CentralTrainingRequest(BaseModel):
     # Whatever it is, the charge is the run's RDP curve, converted at the organization's δ.
     delta: Annotated[float, Field(gt=0, lt=1e-2, allow_inf_nan=False)] | None = None
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
-    steps: int = Field(default=300, ge=1, le=20_000)
-    batch_size: int = Field(default=128, ge=1, le=65_536)
+    steps: integer(ge=1, le=20_000) = 300
+    batch_size: integer(ge=1, le=65_536) = 128
     learning_rate: float = Field(default=0.5, gt=0, le=100)
-    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=lambda: [64], max_length=4)
+    hidden: list[integer(ge=1, le=4096)] = Field(default_factory=lambda: [64], max_length=4)
     example_ids: list[str] = Field(min_length=2)
     # one vector per example id, all of one length (else 400 invalid_input)
     features: list[list[FiniteFloat]] = Field(min_length=2)

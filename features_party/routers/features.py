@@ -26,7 +26,7 @@ async def upload_features(name: TableName, request: Request, who: Auth, ctx: Con
     if media != "text/csv":
         raise LabelDPError(f"features are uploaded as text/csv, not {media or '(none)'!r}",
                            code="unsupported_media_type")
-    directory, body = await gate.spool(request, ctx.settings.max_features_bytes)
+    directory, body = await gate.spool(request, ctx.settings.max_features_bytes, ctx.scratch.spools)
     with directory:
         return await run_in_threadpool(service.upload_features, ctx, who, name, body.path)
 

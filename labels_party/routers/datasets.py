@@ -34,7 +34,7 @@ def get_dataset(dataset_id: str, who: Auth, ctx: Context):
 async def upload_labels(dataset_id: str, request: Request, who: Auth, ctx: Context):
     """A new label version: ``example_id,label`` as CSV, NDJSON or Parquet, streamed (admin keys)."""
     fmt = upload_format(request.headers.get("content-type"))
-    directory, body = await gate.spool(request, ctx.settings.max_upload_bytes)
+    directory, body = await gate.spool(request, ctx.settings.max_upload_bytes, ctx.scratch.spools)
     with directory:
         return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, body.path, fmt)
 

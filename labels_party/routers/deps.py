@@ -31,9 +31,9 @@ def created(result: tuple[schemas.Release, bool]) -> JSONResponse:
     return JSONResponse(release.model_dump(mode="json"), status_code=201 if is_new else 200)
 
 
-async def with_columnar_body(request: Request, limit: int, run) -> JSONResponse:
+async def with_columnar_body(request: Request, ctx: ServiceContext, run) -> JSONResponse:
     """Spool a CSV/NDJSON/Parquet body (415 before a byte is read) and create a release from it."""
     upload_format(request.headers.get("content-type"))
-    directory, body = await gate.spool(request, limit)
+    directory, body = await gate.spool(request, ctx.settings.max_columnar_bytes, ctx.scratch.spools)
     with directory:
         return created(await run_in_threadpool(run, body))

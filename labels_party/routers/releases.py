@@ -46,7 +46,7 @@ async def create_prior_release(dataset_id: str, request: Request, who: Auth, ctx
     """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
     example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
     already-private stages)."""
-    return await with_columnar_body(request, ctx.settings.max_columnar_bytes, lambda body: (
+    return await with_columnar_body(request, ctx, lambda body: (
         transaction.run(ctx, who, dataset_id, idempotency_key, kinds.ExamplePriorRelease(epsilon, body))))
 
 
@@ -59,7 +59,7 @@ async def create_group_release(dataset_id: str, request: Request, who: Auth, ctx
                                idempotency_key: IdempotencyKey):
     """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
     group, computed from features only (e.g. k-means clusters)."""
-    return await with_columnar_body(request, ctx.settings.max_columnar_bytes, lambda body: (
+    return await with_columnar_body(request, ctx, lambda body: (
         transaction.run(ctx, who, dataset_id, idempotency_key,
                         kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body))))
 

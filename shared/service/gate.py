@@ -9,6 +9,7 @@ Routes read the principal with :func:`shared.service.dependencies.principal`.
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,15 +83,16 @@ class SpooledBody:
     size: int
 
 
-async def spool(request: Request, limit: int) -> tuple[tempfile.TemporaryDirectory, SpooledBody]:
-    """Stream the body to a temporary file, hashing it on the way (bounded memory whatever its size); the caller
-    owns the directory."""
+async def spool(request: Request, limit: int, directory: Path) -> tuple[tempfile.TemporaryDirectory, SpooledBody]:
+    """Stream the body to a file in a new subdirectory of ``directory`` (the process's spool directory under the
+    service's data directory: :class:`shared.service.scratch.Scratch`), hashing it on the way (bounded memory
+    whatever its size); the caller owns the subdirectory."""
     media = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
-    directory = tempfile.TemporaryDirectory(prefix="labeldp-body-")
-    path = Path(directory.name) / "body"
+    spooled = tempfile.TemporaryDirectory(prefix="body-", dir=directory)  # mode 0700
+    path = Path(spooled.name) / "body"
     digest, size = hashlib.sha256(), 0
     try:
-        with open(path, "wb") as handle:
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
@@ -98,6 +100,6 @@ async def spool(request: Request, limit: int) -> tuple[tempfile.TemporaryDirecto
                 digest.update(chunk)
                 handle.write(chunk)
     except BaseException:
-        directory.cleanup()
+        spooled.cleanup()
         raise
-    return directory, SpooledBody(path, media, digest.hexdigest(), size)
+    return spooled, SpooledBody(path, media, digest.hexdigest(), size)

@@ -23,6 +23,7 @@ from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
 from labels_party.service import make_context
+from tests.support.paths import assert_path_free
 
 N = 1500
 
@@ -405,3 +406,47 @@ def test_jobs_on_existing_releases_are_checked_before_anything_runs(parties):
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_job" and message in response.json()["error"]["message"]
     assert _spent(parties) == spent and trainer.get("/v1/jobs").json() == []
+
+
+@pytest.mark.parametrize("change", [
+    {"release": {"mechanism": "opt-unbiased", "epsilon": True}},
+    {"release": {"mechanism": "opt-unbiased", "epsilon": "4"}},
+    {"release": {"mechanism": "opt-unbiased", "epsilon": 4, "clip": 1}},
+    {"train": {"epochs": "5"}}, {"train": {"learning_rate": True}}, {"train": {"standardize_targets": 1}},
+    {"train": {"hidden": ["8"]}}, {"stages": 2.5}, {"stages": True}, {"temperature": "1"}, {"num_classes": True},
+    {"numeric": [1]},
+], ids=repr)
+def test_job_fields_of_another_type_are_422_and_spend_nothing(parties, change):
+    """Strict JSON types (issue 26): ``true`` or ``"4"`` is not ε = 4; refused before the labels party is asked."""
+    trainer, owner = parties["trainer"], parties["owner"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    response = trainer.post("/v1/jobs", json={**_job(parties), **change})
+    assert response.status_code == 422, response.text
+    assert set(response.json()) == {"error"} and response.json()["error"]["code"] == "invalid_request"
+    assert _spent(parties) == 0.0
+    assert owner.get("/v1/audit", params={"dataset": parties["dataset"]}).json()["events"] == []
+    assert trainer.get("/v1/jobs").json() == []
+
+
+def test_an_integer_epsilon_is_a_number_for_a_job(parties):
+    trainer = parties["trainer"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    job = _job(parties, epsilon=4)
+    job["train"] = {**job["train"], "epochs": 1.0}  # an integral JSON number is an integer
+    response = trainer.post("/v1/jobs", json=job)
+    assert response.status_code == 202, response.text
+    assert _spent(parties) == 4.0  # the release is requested before the job is accepted
+    assert _finish(trainer, response.json()["id"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("body", [
+    b"example_id,x0\n\xff\xfe,1\n", b"", b"\n\n", b"PAR1\x00\x01\x02 not a csv", b'example_id,x0\n"open,1\n',
+    b"example_id,x0\na,1,2,3\nb,1\n", b"x0\n1\n"], ids=repr)
+def test_malformed_features_are_refused_without_a_path(tmp_path, body):
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9")
+    trainer = trainer_client(ctx, "publisher")
+    response = trainer.put("/v1/features/f", content=body, headers={"Content-Type": "text/csv"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] in ("malformed_file", "duplicate_example_id"), response.text
+    assert_path_free(response.json()["error"]["message"], ctx.data_dir)
+    assert trainer.get("/v1/features").json() == []

@@ -22,7 +22,7 @@ from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
-HEAD = "0006"  # the newest migration in labels_party/migrations/versions
+HEAD = "0007"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""

@@ -1,6 +1,7 @@
-"""Source datasets over the HTTP service: labels registered where they are (an allowed Parquet location), released
-as Spark jobs — 202 and a Location, charged once before any label is written, the same ledger and audit shape as
-uploaded datasets, a failed job re-run by its request with the same charge and the same noise."""
+"""Source datasets over the HTTP service: labels registered from an allowed Parquet location (copied and counted
+when registered), released as Spark jobs — 202 and a Location, charged once before any label is written, the same
+ledger and audit shape as uploaded datasets, a failed job re-run by its request with the same charge and the same
+noise."""
 
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def test_only_allowed_locations_can_be_registered(service):
                                 ("owner", "/etc/passwd", "source_not_allowed"),
                                 ("owner", f"{sources}/../data", "source_not_allowed"),
                                 ("owner", "s3a://someone-else/labels", "source_not_allowed"),
+                                ("owner", "hdfs://namenode/labels", "source_not_allowed"),  # local sources only
+                                ("owner", f"file://elsewhere{sources}/weeks", "source_not_allowed"),
                                 ("owner", f"{sources}-other/weeks", "source_not_allowed"),  # a prefix is a directory
                                 ("owner", f"{sources}/{{..,weeks}}", "source_not_allowed"),  # Spark would glob
                                 ("owner", f"{sources}/%2E%2E/data", "source_not_allowed"),
@@ -84,6 +87,7 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     ctx, client, as_, sources, labels, checkpoint = service
     created = _create(client, as_("owner"), f"{sources}/weeks")
     assert created.status_code == 201 and created.json()["labels_at"] == "source"
+    assert created.json()["num_examples"] == N  # counted when registered
     dataset = created.json()["id"]
     assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
                        headers=as_("owner")).status_code == 201
@@ -143,10 +147,14 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
                       headers={**as_("publisher"), "Accept": "application/json"}).json()
     assert page["total"] == N and len(page["items"]) == 3 and page["next_offset"] is None
 
+    # A file added to the source after registration is not the dataset's: its releases read the copy
     pq.write_table(pa.table({"example_id": ["q1"], "label": [3]}), sources / "weeks" / "part-99.parquet")
-    changed = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "n"},
-                          json={"mechanism": "rr", "epsilon": 1})
-    assert changed.status_code == 409 and changed.json()["error"]["code"] == "source_dataset", changed.text
+    later = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "n"},
+                        json={"mechanism": "rr", "epsilon": 1})
+    assert later.status_code == 202 and later.json()["num_examples"] == N, later.text
+    ctx.spark_jobs.wait()
+    assert client.get(f"/v1/releases/{later.json()['id']}", headers=as_("publisher")).json()["state"] == "available"
+    assert sum(t.num_rows for t in read_parts(str(ctx.store.path(f"releases/{later.json()['id']}")))) == N
 
 
 def test_the_features_party_client_waits_for_a_source_release(service):
@@ -166,37 +174,50 @@ def test_the_features_party_client_waits_for_a_source_release(service):
     assert len(client.get("/v1/audit", headers=as_("owner")).json()["events"]) == 1
 
 
-def test_refusals_before_any_charge(service):
-    """A link out of the allowed directory, a mechanism Spark cannot release and a source with a label outside the
-    domain are all refused before anything is charged; a consumer learns no count about the labels."""
+def test_refusals_at_registration_and_before_any_charge(service):
+    """A link under the source and labels Spark cannot count are refused to the owner's admin registering them
+    (nothing is created, nothing is left in the data directory, no server path in the message); a mechanism Spark
+    cannot release and a source registered before sources were copied are refused before anything is charged."""
     ctx, client, as_, sources, _, _ = service
     elsewhere = sources.parent / "elsewhere"
     write_source(elsewhere, ["x1", "x2"], np.array([1, 2]), files=1)
     (sources / "link").symlink_to(elsewhere, target_is_directory=True)
     write_source(sources / "bad", ["b1", "b2", "b3"], np.array([1, 42, 3]), files=1)
-    datasets = {}
-    for name, location, extra in [("link", f"{sources}/link", {}), ("bad", f"{sources}/bad", {}),
-                                  ("classes", f"{sources}/weeks", {"label_kind": "classes", "num_classes": 10})]:
+    (sources / "garbage").mkdir()
+    (sources / "garbage" / "part-00.parquet").write_bytes(b"not parquet" * 100)
+
+    def create(name, location, **extra):
         body = {"name": name, "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3, "source": location}
         if extra:
             body = {k: v for k, v in body.items() if k not in ("min", "max")} | extra
-        response = client.post("/v1/datasets", headers=as_("owner"), json=body)
-        assert response.status_code == 201, response.text
-        datasets[name] = response.json()["id"]
-        client.post(f"/v1/datasets/{datasets[name]}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
+        return client.post("/v1/datasets", headers=as_("owner"), json=body)
 
-    def release(name, who, mechanism="rr"):
-        return client.post(f"/v1/datasets/{datasets[name]}/releases", headers={**as_(who), "Idempotency-Key": name},
+    for name, code, told in [("link", "source_not_allowed", "symbolic link"), ("bad", "label_out_of_domain", "1 of 3"),
+                             ("garbage", "malformed_file", "Parquet")]:
+        refused = create(name, f"{sources}/{name}")
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == code, refused.text
+        message = refused.json()["error"]["message"]
+        assert told in message and str(ctx.store.root) not in message and "elsewhere" not in message, message
+    with ctx.sessions() as session:
+        assert session.query(db.Dataset).count() == 0
+    assert list((ctx.store.root / "sources").iterdir()) == []  # no copy, no temporary left
+    assert not (ctx.store.root / "datasets").exists() or list((ctx.store.root / "datasets").rglob("*.npy")) == []
+
+    created = create("classes", f"{sources}/weeks", label_kind="classes", num_classes=10)
+    assert created.status_code == 201, created.text
+    dataset = created.json()["id"]
+    client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
+
+    def release(mechanism="rr", key="k"):
+        return client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": key},
                            json={"mechanism": mechanism, "epsilon": 1})
 
-    linked = release("link", "publisher")
-    assert linked.status_code == 400 and linked.json()["error"]["code"] == "source_not_allowed"
-    hidden = release("bad", "publisher")
-    assert hidden.status_code == 409 and hidden.json()["error"]["code"] == "source_dataset"
-    assert not any(c.isdigit() for c in hidden.json()["error"]["message"])
-    told = release("bad", "owner")
-    assert told.status_code == 400 and told.json()["error"]["code"] == "label_out_of_domain"
-    assert "1 of 3" in told.json()["error"]["message"]
-    label_sets = release("classes", "publisher", mechanism="subset")
+    label_sets = release(mechanism="subset")
     assert label_sets.status_code == 400 and label_sets.json()["error"]["code"] == "mechanism_not_supported_on_spark"
+    with ctx.sessions() as session, session.begin():  # as a source registered before copies were taken (0007)
+        row = session.get(db.Dataset, dataset)
+        row.source_snapshot = row.source_sha256 = row.source_counts_file = None
+    legacy = release(key="legacy")
+    assert legacy.status_code == 409 and legacy.json()["error"]["code"] == "source_dataset"
+    assert "register the source again" in legacy.json()["error"]["message"]
     assert client.get("/v1/audit", headers=as_("owner")).json()["events"] == []

@@ -1,0 +1,111 @@
+"""Issue 26, item 2: an organization registers a decoy under its own prefix and swaps it for a symbolic link into
+another organization's prefix. After registration the swap changes nothing (releases read the copy taken then:
+the labels and the published noisy prior are the decoy's); during registration it is refused and nothing is
+created. The decoy's labels are all 1 and the other organization's all 5, so a release shows which was read."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from labels_party import db
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.service import make_context
+from labels_party.settings import LabelsSettings
+from tests.labels_party.spark.sources import read_all, write_source
+
+N = 2_000
+DECOY, OTHERS = 1, 5  # every label of the decoy, every label of the other organization's source
+
+
+class Checkpoints:
+    """The context's checkpoint: runs ``actions[name]`` once, when the service reaches ``name``."""
+
+    def __init__(self):
+        self.actions, self.reached = {}, []
+
+    def __call__(self, name: str) -> None:
+        action = self.actions.pop(name, None)
+        if action is not None:
+            self.reached.append(name)
+            action()
+
+
+@pytest.fixture()
+def service(spark, tmp_path):
+    ids = [f"p{i}" for i in range(N)]
+    write_source(tmp_path / "clinic" / "weeks", ids, np.full(N, OTHERS, dtype=np.int64), files=1)
+    write_source(tmp_path / "hospital" / "decoy", ids, np.full(N, DECOY, dtype=np.int64), files=1)
+    settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
+                              spark_sources={"hospital": [f"{tmp_path}/hospital/"],
+                                             "clinic": [f"{tmp_path}/clinic/"]})
+    checkpoints = Checkpoints()
+    ctx = make_context(settings=settings, checkpoint=checkpoints)
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, "hospital", "admin")
+    client = TestClient(create_app(ctx), raise_server_exceptions=False)
+    return ctx, client, {"Authorization": f"Bearer {key}"}, tmp_path, checkpoints
+
+
+def _register(client, headers, tmp_path):
+    return client.post("/v1/datasets", headers=headers, json={
+        "name": "decoy", "label_kind": "classes", "num_classes": 10, "epsilon_total": 50,
+        "source": f"{tmp_path}/hospital/decoy"})
+
+
+def _swap(tmp_path) -> None:
+    """The decoy's file atomically replaced by a link to the other organization's file (same name)."""
+    decoy = tmp_path / "hospital" / "decoy" / "part-00.parquet"
+    aside = decoy.with_name(".swap")
+    aside.symlink_to(tmp_path / "clinic" / "weeks" / "part-00.parquet")
+    time.sleep(0.05)  # file times tick with the kernel's clock: the swap is not within the tick of the write
+    os.replace(aside, decoy)
+
+
+def test_a_link_swapped_in_after_registration_releases_the_decoy(service):
+    ctx, client, owner, tmp_path, _ = service
+    created = _register(client, owner, tmp_path)
+    assert created.status_code == 201 and created.json()["num_examples"] == N, created.text
+    dataset = created.json()["id"]
+    _swap(tmp_path)
+    assert (tmp_path / "hospital" / "decoy" / "part-00.parquet").is_symlink()
+
+    def release(key, request):
+        response = client.post(f"/v1/datasets/{dataset}/releases", headers={**owner, "Idempotency-Key": key},
+                               json=request)
+        assert response.status_code == 202, response.text
+        ctx.spark_jobs.wait()
+        done = client.get(f"/v1/releases/{response.json()['id']}", headers=owner).json()
+        assert done["state"] == "available", done
+        labels = read_all(str(ctx.store.path(f"releases/{done['id']}"))).column("label").to_numpy()
+        return done, labels
+
+    # randomized response at ε 10 keeps a label with probability e¹⁰ / (e¹⁰ + 9) = 0.99959
+    _, labels = release("rr", {"mechanism": "rr", "epsilon": 10})
+    assert labels.size == N and np.sum(labels == DECOY) >= 0.99 * N and np.sum(labels == OTHERS) <= 5
+
+    prior, labels = release("prior", {"mechanism": "rr-with-prior", "epsilon": 10, "prior_epsilon": 5})
+    document = client.get(f"/v1/mechanisms/{prior['mechanism_hash']}", headers=owner).json()
+    noisy = np.array(document["noisy_prior"]["noisy_counts"])  # drawn from the decoy's counts: 0, N, 0, ...
+    exact = np.zeros(10, dtype=np.int64)
+    exact[DECOY] = N
+    assert noisy.shape == (10,) and np.max(np.abs(noisy - exact)) <= 10, noisy.tolist()
+    assert labels.size == N and np.sum(labels == OTHERS) <= 5
+
+
+@pytest.mark.parametrize("point", ["source_listed", "source_opened"])
+def test_a_link_swapped_in_during_registration_is_refused(service, point):
+    ctx, client, owner, tmp_path, checkpoints = service
+    checkpoints.actions[point] = lambda: _swap(tmp_path)
+    refused = _register(client, owner, tmp_path)
+    assert checkpoints.reached == [point]
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "source_not_allowed", refused.text
+    with ctx.sessions() as session:
+        assert session.query(db.Dataset).count() == 0
+    assert list((ctx.store.root / "sources").iterdir()) == []  # no copy, no temporary
+    assert not (ctx.store.root / "datasets").exists()  # no counts

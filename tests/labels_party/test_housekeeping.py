@@ -1,0 +1,63 @@
+"""What a crash leaves under the data directory goes when the labels party starts again (issue 26): temporaries
+of interrupted writes, scratch and DuckDB spill directories, release files no release row references and Spark job
+files of releases that do not exist. Referenced release files, label versions, coverage and budget files stay."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from labels_party.service import make_context
+from tests.labels_party.api.helpers import admin_client, created, download_rows, labels_csv
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "tmp/spool" not in str(p)}
+
+
+def _plant(data: Path, dataset: str) -> list[Path]:
+    """Leftovers as a process killed at the wrong moment leaves them."""
+    hex32 = uuid.uuid4().hex
+    leftovers = {
+        f"datasets/{dataset}/.labels_v000002_{hex32}.parquet.{uuid.uuid4().hex}.tmp": b"half a label version",
+        f"datasets/{dataset}/budget/.classes_00000009.npy.{uuid.uuid4().hex}.tmp": b"half a budget file",
+        f"releases/.{hex32}.parquet.{uuid.uuid4().hex}.tmp": b"half a release",
+        f"releases/{hex32}.parquet": b"privatized labels never committed",
+        f"releases/{uuid.uuid4().hex}/part-00000.parquet": b"a Spark job's output, never committed",
+        f"jobs/{uuid.uuid4().hex}.pickle": b"a job file of a release that does not exist",
+        f"tmp/duckdb-{uuid.uuid4().hex}/duckdb_temp_storage-0.tmp": b"spilled labels",
+        f"tmp/{uuid.uuid4().hex}/staged.parquet": b"raw labels, parsed",
+        f"tmp/{uuid.uuid4().hex}.npy": b"coverage being written",
+    }
+    for relative, content in leftovers.items():
+        path = data / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return [data / relative for relative in leftovers]
+
+
+def test_leftovers_go_at_startup_and_referenced_files_stay(tmp_path):
+    ctx, client = admin_client(tmp_path)
+    data = tmp_path / "data"
+    dataset = client.post("/v1/datasets", json={"name": "d", "label_kind": "classes", "num_classes": 3,
+                                                "epsilon_total": 5}).json()["id"]
+    assert client.put(f"/v1/datasets/{dataset}/labels", content=labels_csv({f"e{i}": i % 3 for i in range(300)}),
+                      headers={"Content-Type": "text/csv"}).status_code == 200
+    release = created(client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1},
+                                  headers={"Idempotency-Key": "r"}))
+    rows = download_rows(client, {}, release["id"])
+    kept = _files(data)
+    assert f"releases/{release['id']}.parquet" in kept
+    leftovers = _plant(data, dataset)
+
+    make_context(f"sqlite:///{tmp_path}/db.sqlite", data).scratch.close()  # another process is live: nothing goes
+    assert all(path.exists() for path in leftovers)
+
+    ctx.scratch.close()  # the first process ends
+    restarted = make_context(f"sqlite:///{tmp_path}/db.sqlite", data)
+    assert [path for path in leftovers if path.exists()] == []
+    assert not list((data / "releases").glob("*/")) and not list((data / "jobs").iterdir())
+    assert sorted(p.name for p in (data / "tmp").iterdir()) == ["live.lock", "spool"]
+    assert _files(data) == kept  # label versions, coverage, budget files and the committed release
+    assert download_rows(client, {}, release["id"]) == rows
+    restarted.scratch.close()
