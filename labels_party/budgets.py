@@ -141,11 +141,9 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
         dataset = session.get(db.Dataset, dataset_id, with_for_update=True)
         entries = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
                                   .order_by(db.LedgerEntry.seq)).all()
-        records = [json.loads(e.record) for e in entries]
-        names = {o.name: o.id for o in session.scalars(select(db.Organization))}
         by_org: dict[int, list[dict]] = {}
-        for record in records:
-            by_org.setdefault(names[record["actor"]["org"]], []).append(record)
+        for record, org_id in zip(*records_by_org(session, entries), strict=True):
+            by_org.setdefault(org_id, []).append(record)
         accounts = {a.org_id: a for a in session.scalars(select(db.BudgetAccount).where(
             db.BudgetAccount.dataset_id == dataset_id))}
         for org_id in by_org.keys() - accounts.keys():
@@ -165,10 +163,21 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
                                   dataset.epsilon_total_units - sum(a.epsilon_units for a in granted))
         dataset.delta_total = sum(a.delta for a in accounts.values())
         dataset.epsilon_spent_units = sum(a.spent_max_units for a in accounts.values())
-        for old in ledger.store.path(f"datasets/{dataset_id}/budget").glob("*.npy"):  # the per-dataset layout
+        # the per-dataset layouts: budget/{spent,classes}_*.npy, and older per-example vectors beside the dataset
+        root = ledger.store.path(f"datasets/{dataset_id}")
+        for old in [*root.glob("budget/*.npy"), *root.glob("spent_*.npy")]:
             old.unlink()
         rebuilt += 1
     return rebuilt
+
+
+def records_by_org(session: Session, entries) -> tuple[list[dict], list[int]]:
+    """The records of ledger entries and the organization each charged: its release's requester (records written
+    before they named their actor have no other)."""
+    records = [json.loads(e.record) for e in entries]
+    requesters = dict(session.execute(select(db.Release.id, db.Release.requester_org_id).where(
+        db.Release.id.in_([r["release_id"] for r in records]))).all()) if records else {}
+    return records, [requesters[r["release_id"]] for r in records]
 
 
 def _gaussian(record: dict) -> bool:

@@ -355,6 +355,11 @@ class Ledger:
         rdp = self.store.read_array(account.rdp_file) if account.rdp_file else None
         return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), rdp, registry_size, classes)
 
+    def spent_vector(self, account: db.BudgetAccount, registry_size: int) -> np.ndarray:
+        """Every example's spent units in one account (registry_size int64s: small datasets and tests)."""
+        state = self.state(account, registry_size)
+        return state.spent(account.delta)[state.block(0, registry_size)]
+
     def spent_classes(self, account: db.BudgetAccount, registry_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(spent units, number of examples) per class of one account, the fresh class included; summaries."""
         state = self.state(account, registry_size)
@@ -554,8 +559,12 @@ class Ledger:
         recomputed = _Recomputed(self.store, records, dataset.registry_size)
         try:
             state = self.state(account, dataset.registry_size)
-        except OSError:
-            return ["its budget files are missing"]
+            return self._compare(state, recomputed)
+        except OSError:  # a coverage or budget file is gone (the records name the missing coverage files)
+            return ["its budget cannot be recomputed: a file it depends on is missing"]
+
+    @staticmethod
+    def _compare(state: AccountState, recomputed: _Recomputed) -> list[str]:
         units, _, rdp = state.with_fresh()
         seen: dict[int, tuple[int, int]] = {}  # class -> (Gaussian signature, an example of it)
         for start, stop, pure, signature in recomputed.blocks():

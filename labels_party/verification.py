@@ -16,7 +16,7 @@ import json
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
-from labels_party import db, labelstore
+from labels_party import budgets, db, labelstore
 from labels_party.ledger import (
     CHUNK,
     Charge,
@@ -44,13 +44,16 @@ def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
                 ledger.check_anchor(session, dataset)
             except LedgerRollback:
                 problems.append("the database is behind the data directory's anchor (restored from an older backup)")
-            records = [json.loads(e.record) for e in entries]
+            try:
+                records, orgs = budgets.records_by_org(session, entries)
+            except KeyError:  # a record whose release is gone: reported per record below
+                records, orgs = [json.loads(e.record) for e in entries], [None] * len(entries)
             for entry, record in zip(entries, records, strict=True):
                 problems += _record_problems(ledger, session, dataset, entry.seq, record, hashes)
             accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
                                        .order_by(db.BudgetAccount.id)).all()
             for account in accounts:
-                own = [r for r in records if r["actor"]["org"] == names[account.org_id]]
+                own = [r for r, org in zip(records, orgs, strict=True) if org == account.org_id]
                 problems += [f"{names[account.org_id]}: {p}" for p in ledger.differences(dataset, account, own)]
                 if account.spent_max_units > account.epsilon_units:
                     problems.append(f"{names[account.org_id]} spent more than its allocation")

@@ -151,7 +151,8 @@ def test_attacks_on_single_example_releases_over_http(tmp_path):
             "name": "attack", "label_kind": "integer", "min": 0, "max": K - 1, "epsilon_total": 2.0}).json()["id"]
         assert http.put(f"/v1/datasets/{dataset}/labels", content=csv,
                         headers={**as_admin, "Content-Type": "text/csv"}).status_code == 200
-        assert http.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.0}, headers=as_admin).is_success
+        assert http.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.0},
+                         headers=as_admin).is_success
 
         def release(example: int, mechanism: str) -> dict:
             response = http.post(f"/v1/datasets/{dataset}/releases", headers={

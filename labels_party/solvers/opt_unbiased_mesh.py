@@ -26,6 +26,7 @@ from shared.privacy import SOLVER_MARGIN, design_epsilon
 MAX_LP_VARIABLES = 2_000_000
 # The LP solved at 1e-4 and failed (infeasible) at 1e-6 on four priors; the floor keeps a margin.
 MIN_EPSILON = 1e-3
+MESH_MARGINS = (SOLVER_MARGIN, 1e-5, 1e-4)  # relative margins the LP is solved at, tried in turn
 
 
 def feasible_output_set(values, epsilon: float, mesh: int) -> np.ndarray:
@@ -147,19 +148,25 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
                            f"tolerances); got {epsilon:g}: use dbrr or laplace", code="epsilon_out_of_range")
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
-    lp_epsilon = design_epsilon(epsilon, SOLVER_MARGIN)
     if values.size == 1:
         return FiniteRandomizer.from_probabilities("opt-unbiased", epsilon, values, values, np.ones((1, 1)),
                                                    {"mesh": 1})
-    if outputs is None:
-        mesh = 2 * values.size if mesh is None else mesh
-        outputs = feasible_output_set(values, lp_epsilon, mesh)
-    outputs = np.asarray(outputs, dtype=np.float64)
-    if (values.size + 1) * outputs.size > MAX_LP_VARIABLES:
-        raise LabelDPError(f"LP too large: {values.size} labels x {outputs.size} outputs", code="invalid_mesh")
-    lp = solve_lp(**_build_lp(values, prior, outputs, lp_epsilon), solver=solver,
-                  time_limit=deadline.solver_seconds())
-    matrix = lp.x[: values.size * outputs.size].reshape(values.size, outputs.size)
-    return certify_solution(values, outputs, matrix, epsilon, lp_epsilon, "opt-unbiased",
-                            {"mesh": int(outputs.size), "grid_low": float(outputs[0]),
-                             "grid_high": float(outputs[-1]), "lp_objective": lp.objective})
+    # The repair of a badly conditioned LP solution (large ε: probabilities near e^-ε) can overshoot a 1e-6 margin
+    # (10 labels at ε = 12: 11 of 30 priors by 3e-5 to 1e-4); then the LP is solved again with a wider one.
+    for margin in MESH_MARGINS:
+        lp_epsilon = design_epsilon(epsilon, margin)
+        grid = feasible_output_set(values, lp_epsilon, 2 * values.size if mesh is None else mesh) \
+            if outputs is None else np.asarray(outputs, dtype=np.float64)
+        if (values.size + 1) * grid.size > MAX_LP_VARIABLES:
+            raise LabelDPError(f"LP too large: {values.size} labels x {grid.size} outputs", code="invalid_mesh")
+        lp = solve_lp(**_build_lp(values, prior, grid, lp_epsilon), solver=solver,
+                      time_limit=deadline.solver_seconds())
+        matrix = lp.x[: values.size * grid.size].reshape(values.size, grid.size)
+        try:
+            return certify_solution(values, grid, matrix, epsilon, lp_epsilon, "opt-unbiased",
+                                    {"mesh": int(grid.size), "grid_low": float(grid[0]),
+                                     "grid_high": float(grid[-1]), "lp_objective": lp.objective})
+        except CertificationError:
+            if margin == MESH_MARGINS[-1]:
+                raise
+    raise AssertionError("unreachable")

@@ -19,7 +19,7 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                  409: "the current state does not allow it", 413: "body over this endpoint's limit",
                  415: "unsupported content type", 422: "body or parameters do not match the schema",
                  500: "internal error; nothing was done", 502: "an upstream service failed or is unreachable",
-                 503: "out of time or resources; the code says whether it was charged (release_failed: charged, failed)"}
+                 503: "out of time or resources (release_failed: charged, then failed; any other: nothing charged)"}
 
 
 def error_responses() -> dict:

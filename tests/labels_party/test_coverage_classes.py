@@ -1,49 +1,69 @@
-"""The ledger's state as coverage classes: per-example spent units equal the sum over the releases covering each
-example (checked against a plain per-example sum), the state does not grow with the number of releases, and
-verify-audit recomputes every example's budget from the records over the HTTP service."""
+"""The ledger's state as coverage classes, per organization's account: per-example spent units equal the sum over
+the releases covering each example (checked against a plain per-example sum), the state does not grow with the
+number of releases, events with δ > 0 compose through their RDP curves (as the accountant composes them, not by
+adding ε), and verify-audit recomputes every example's budget from the records over the HTTP service."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import dp_accounting
 import numpy as np
 import pytest
+from dp_accounting.rdp import RdpAccountant
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
 
-from labels_party import labelstore
+from labels_party import db, labelstore
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.ledger import BudgetExceeded, BudgetLedger
+from labels_party.ledger import RDP_ORDERS, BudgetExceeded, Charge, Ledger, units_epsilon
 from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
+from shared.mechanisms import events
 
 
-@dataclass
-class _Dataset:  # the columns of db.Dataset the ledger reads and writes
-    id: str = "d"
-    registry_size: int = 0
-    epsilon_total_units: int = 10**12
-    epsilon_spent_units: int = 0
-    spent_file: str | None = None
-    classes_file: str | None = None
-    ledger_seq: int = 0
-    ledger_head: str = "0" * 64
+class _Books:
+    """A real database (SQLite in memory) with one dataset and one account, and the ledger over a data directory."""
 
+    def __init__(self, root, registry_size: int = 0, epsilon_units: int = 10**12, delta: float = 0.0):
+        engine = create_engine("sqlite://")
+        db.Base.metadata.create_all(engine)
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        self.ledger = Ledger(DataStore(root))
+        with self.sessions() as session, session.begin():
+            session.add(db.Organization(id=1, name="owner"))
+            session.add(db.Dataset(id="d", owner_org_id=1, name="d", label_kind="integer", domain_json="{}",
+                                   epsilon_total_units=epsilon_units, epsilon_spent_units=0, delta_total=delta,
+                                   registry_size=registry_size, ledger_seq=0, ledger_head="0" * 64))
+            session.add(db.BudgetAccount(dataset_id="d", org_id=1, epsilon_units=epsilon_units, delta=delta,
+                                         generation=0, spent_max_units=0))
 
-def _fields(seq: int) -> dict:
-    return {"release_id": f"r{seq}", "created_at": "2026-01-01T00:00:00", "actor": {"org": "o", "role": "admin"},
-            "mechanism": "rr", "request": {}, "label_version": 1, "epsilon_requested": 1.0,
-            "epsilon_certified": 1.0, "dp_event": {}, "mechanism_hash": "h"}
+    def grow(self, examples: int) -> None:
+        with self.sessions() as session, session.begin():
+            session.get(db.Dataset, "d").registry_size += examples
 
+    def rows(self):
+        with self.sessions() as session:
+            return session.get(db.Dataset, "d"), session.query(db.BudgetAccount).one()
 
-def _charge(ledger: BudgetLedger, dataset: _Dataset, covered: np.ndarray, units: int) -> list[str]:
-    coverage = labelstore.coverage_of(ledger.store, dataset.id, covered)
-    *_, superseded = ledger.charge(dataset, coverage, units, _fields(dataset.ledger_seq + 1))
-    for old in superseded:
-        ledger.store.remove(old)
-    return superseded
+    def charge(self, covered: np.ndarray, charge: Charge) -> list[str]:
+        with self.sessions() as session, session.begin():
+            dataset, account = session.get(db.Dataset, "d"), session.query(db.BudgetAccount).one()
+            coverage = labelstore.coverage_of(self.ledger.store, "d", covered)
+            _record, superseded = self.ledger.charge(session, dataset, account, coverage, charge, {
+                "release_id": f"r{dataset.ledger_seq + 1}", "created_at": "2026-01-01T00:00:00",
+                "actor": {"org": "owner", "role": "admin"}, "mechanism": "rr", "request": {}, "label_version": 1,
+                "epsilon_requested": 1.0, "dp_event": {}})
+        self.ledger.anchor(self.rows()[0])
+        for old in superseded:
+            self.ledger.store.remove(old)
+        return superseded
+
+    def spent(self) -> np.ndarray:
+        dataset, account = self.rows()
+        return self.ledger.spent_vector(account, dataset.registry_size)
 
 
 @settings(max_examples=30, deadline=None)
@@ -53,61 +73,110 @@ def test_classes_equal_the_per_example_sum(tmp_path_factory, data):
     plain per-example sum; examples covered by the same releases always share a class (so there are never more
     classes than distinct coverage histories), and a charge that splits classes leaves one class per distinct
     spent value."""
-    ledger = BudgetLedger(DataStore(tmp_path_factory.mktemp("ledger")))
-    dataset, expected, history = _Dataset(), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
+    books = _Books(tmp_path_factory.mktemp("ledger"))
+    registry_size, expected, history = 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
     for release in range(data.draw(st.integers(1, 8))):
         grow = data.draw(st.integers(0, 40))
-        dataset.registry_size += grow
+        books.grow(grow)
+        registry_size += grow
         expected = np.append(expected, np.zeros(grow, dtype=np.int64))
         history = np.append(history, np.zeros(grow, dtype=object))
-        if dataset.registry_size == 0:
+        if registry_size == 0:
             continue
-        covered = np.array(sorted(data.draw(st.sets(st.integers(0, dataset.registry_size - 1), min_size=1))))
+        covered = np.array(sorted(data.draw(st.sets(st.integers(0, registry_size - 1), min_size=1))))
         units = data.draw(st.integers(1, 3)) * 10**8  # small values: equal sums (merges) happen often
-        classes_before = dataset.classes_file
-        _charge(ledger, dataset, covered, units)
+        classes_before = books.rows()[1].classes_file
+        books.charge(covered, Charge(units))
         expected[covered] += units
         history[covered] += 1 << release  # the set of releases covering each example, as a bit mask
-        assert ledger.spent_vector(dataset).tolist() == expected.tolist()
-        assert dataset.epsilon_spent_units == expected.max()
-        state = ledger.state(dataset)
-        assert state.spent.size <= len(set(history.tolist()))
-        classes = state.block(0, dataset.registry_size)
+        assert books.spent().tolist() == expected.tolist()
+        dataset, account = books.rows()
+        assert dataset.epsilon_spent_units == account.spent_max_units == expected.max()
+        state = books.ledger.state(account, registry_size)
+        assert state.units.size <= len(set(history.tolist()))
+        classes = state.block(0, registry_size)
         for mask in set(history.tolist()) - {0}:  # never covered: a class, or fresh if uploaded since the split
             assert np.unique(classes[history == mask]).size == 1
-        if dataset.classes_file != classes_before:  # rewritten: canonical, one class per value
-            assert state.spent.tolist() == np.unique(expected).tolist()
-        spent, sizes = ledger.spent_classes(dataset)
-        assert sizes.sum() == dataset.registry_size
+        if account.classes_file != classes_before:  # rewritten: canonical, one class per value
+            assert state.units.tolist() == np.unique(expected).tolist()
+        spent, sizes = books.ledger.spent_classes(account, registry_size)
+        assert sizes.sum() == registry_size
         assert sorted(np.repeat(spent, sizes).tolist()) == sorted(expected.tolist())
 
 
 def test_the_state_does_not_grow_with_releases(tmp_path):
     """200 releases of the same 10⁵ examples: one coverage file, one class file (written once), one small table;
     superseded tables are removed."""
-    store = DataStore(tmp_path)
-    ledger, dataset = BudgetLedger(store), _Dataset(registry_size=100_000)
+    books = _Books(tmp_path, registry_size=100_000)
     everyone = np.arange(100_000)
     for _ in range(200):
-        _charge(ledger, dataset, everyone, 10**7)
+        books.charge(everyone, Charge(10**7))
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert len([f for f in files if "/coverage/" in f]) == 1
     assert len([f for f in files if "/budget/" in f]) == 3  # the class file, the current and the previous table
-    assert ledger.state(dataset).spent.tolist() == [200 * 10**7]
-    assert dataset.classes_file.endswith("classes_00000001.npy")  # only the first release split (fresh → charged)
+    dataset, account = books.rows()
+    assert books.ledger.state(account, dataset.registry_size).units.tolist() == [200 * 10**7]
+    assert account.classes_file.endswith("classes_00000001.npy")  # only the first release split (fresh → charged)
 
 
 def test_a_charge_over_the_budget_changes_nothing(tmp_path):
-    ledger, dataset = BudgetLedger(DataStore(tmp_path)), _Dataset(registry_size=10, epsilon_total_units=10**9)
-    _charge(ledger, dataset, np.arange(5), 7 * 10**8)
-    before = (dataset.spent_file, dataset.classes_file, dataset.ledger_seq, ledger.spent_vector(dataset).tolist())
+    books = _Books(tmp_path, registry_size=10, epsilon_units=10**9)
+    books.charge(np.arange(5), Charge(7 * 10**8))
+    before = (books.rows()[1].spent_file, books.rows()[1].classes_file, books.rows()[0].ledger_seq,
+              books.spent().tolist())
     with pytest.raises(BudgetExceeded) as refused:
-        _charge(ledger, dataset, np.arange(3, 8), 4 * 10**8)
-    assert refused.value.remaining == 0.3
-    assert (dataset.spent_file, dataset.classes_file, dataset.ledger_seq,
-            ledger.spent_vector(dataset).tolist()) == before
-    _charge(ledger, dataset, np.arange(5, 10), 10**9)  # the untouched half still has its whole budget
-    assert ledger.spent_vector(dataset).tolist() == [7 * 10**8] * 5 + [10**9] * 5
+        books.charge(np.arange(3, 8), Charge(4 * 10**8))
+    assert refused.value.remaining_units == 3 * 10**8
+    assert (books.rows()[1].spent_file, books.rows()[1].classes_file, books.rows()[0].ledger_seq,
+            books.spent().tolist()) == before
+    books.charge(np.arange(5, 10), Charge(10**9))  # the untouched half still has its whole budget
+    assert books.spent().tolist() == [7 * 10**8] * 5 + [10**9] * 5
+
+
+def _training(steps: int = 50) -> dp_accounting.DpEvent:
+    """One DP-SGD run's event, as LabelDP-Pro's (noise multiplier σ/2 = 0.8, q = 0.02)."""
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        0.02, dp_accounting.GaussianDpEvent(0.8)), steps)
+
+
+def test_gaussian_events_compose_as_the_accountant_says(tmp_path):
+    """n trainings on the same examples cost what dp-accounting's RDP accountant says n of them cost at the
+    account's δ — far less than n times one — rounded up, never down; trainings on other examples cost them
+    nothing; and pure events add to them by basic composition."""
+    delta, n = 1e-6, 40
+    books = _Books(tmp_path, registry_size=100, epsilon_units=10**12, delta=delta)
+    one = Charge.of(_training(), 1.0)
+    alone = RdpAccountant(orders=list(RDP_ORDERS))
+    alone.compose(_training())
+    for _ in range(n):
+        books.charge(np.arange(50), one)
+    together = RdpAccountant(orders=list(RDP_ORDERS))
+    together.compose(dp_accounting.SelfComposedDpEvent(_training(), n))
+    spent = books.spent()
+    composed = units_epsilon(int(spent[0]))
+    assert together.get_epsilon(delta) <= composed <= together.get_epsilon(delta) + 1e-7
+    assert composed < 0.25 * n * alone.get_epsilon(delta)  # not a sum of ε
+    assert (spent[50:] == 0).all()
+    books.charge(np.arange(25, 75), Charge(3 * 10**8))  # a pure ε = 0.3 release over half of each
+    after = books.spent()
+    assert after[25:50].tolist() == [int(spent[0]) + 3 * 10**8] * 25
+    assert after[:25].tolist() == spent[:25].tolist() and after[50:75].tolist() == [3 * 10**8] * 25
+
+
+def test_the_issue_26_attack_is_charged_its_epsilon_at_the_accounts_delta(tmp_path):
+    """One step at ε = 0.001 calibrated for δ = 0.0099 is ε ≈ 0.058 at δ = 10⁻⁵ (the issue's figure); charged at
+    an account's δ of 10⁻⁵ it costs that, and 1000 of them cost what the accountant composes (≈ 2.39, not 1.0)."""
+    from labels_party import labeldp_pro
+
+    sigma = labeldp_pro.calibrate_sigma(0.001, 0.0099, 1.0, 1, "noop")
+    event = labeldp_pro.dp_event(sigma, 1.0, 1, "noop")
+    books = _Books(tmp_path, registry_size=10, epsilon_units=10**11, delta=1e-5)
+    books.charge(np.arange(10), Charge.of(event, 0.001))
+    assert units_epsilon(int(books.spent()[0])) == pytest.approx(0.058, abs=5e-4)
+    for _ in range(999):
+        books.charge(np.arange(10), Charge.of(event, 0.001))
+    assert units_epsilon(int(books.spent()[0])) == pytest.approx(2.39, abs=0.01)
+    assert events.epsilon_of(dp_accounting.SelfComposedDpEvent(event, 1000), 1e-5) == pytest.approx(2.39, abs=0.01)
 
 
 def test_verify_audit_recomputes_budgets_over_the_service(tmp_path):
@@ -143,18 +212,18 @@ def test_verify_audit_recomputes_budgets_over_the_service(tmp_path):
     assert report["valid"], report
     assert report["datasets"][0]["epsilon_spent"] == 1.5
     with ctx.sessions() as session, session.begin():
-        from labels_party import db
-
         row = session.get(db.Dataset, dataset)
-        spent = ctx.ledger.spent_vector(row)
+        account = session.query(db.BudgetAccount).filter_by(dataset_id=dataset).one()
+        spent = ctx.ledger.spent_vector(account, row.registry_size)
         assert spent[:10].tolist() == [1_500_000_000] * 10  # a, b, c
         assert spent[10:50].tolist() == [1_000_000_000] * 40  # a, b
         assert spent[50:100].tolist() == [1_500_000_000] * 50  # a, b, d
         assert spent[100:150].tolist() == [500_000_000] * 50  # d
-        table = ctx.store.read_array(row.spent_file)
+        table = ctx.store.read_array(account.spent_file)
         table[0, 0] -= 1  # a forged class table
-        ctx.store.write_array(row.spent_file, table)
-    assert "per-example budget vector differs from the ledger" in verify_audit(ctx)["datasets"][0]["problems"]
+        ctx.store.write_array(account.spent_file, table)
+    assert "hospital: per-example spent units differ from the records" in verify_audit(ctx)["datasets"][0][
+        "problems"]
     audit = client.get("/v1/audit", headers=auth).json()
     ctx.store.remove(audit["events"][2]["record"]["coverage"]["file"])  # release c's coverage, lost
     problems = verify_audit(ctx)["datasets"][0]["problems"]  # reported, not a crash

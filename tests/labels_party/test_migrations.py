@@ -22,7 +22,7 @@ from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
-HEAD = "0007"  # the newest migration in labels_party/migrations/versions
+HEAD = "0008"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -99,7 +99,14 @@ def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(databa
         dataset = session.get(db.Dataset, "d1")
         assert dataset.epsilon_total_units == 3_000_000_000
         assert dataset.epsilon_spent_units == 2_856_000_000  # the float sum's noise shed, then rounded up
-        assert ctx.ledger.spent_vector(dataset).tolist() == [2_856_000_000, 0]
+        # the per-organization accounts were rebuilt from the record alone: the publisher's release is its own,
+        # and its allocation is what it spent; the owner holds the rest
+        accounts = {a.org_id: a for a in session.query(db.BudgetAccount).filter_by(dataset_id="d1")}
+        assert {org: (a.spent_max_units, a.epsilon_units) for org, a in accounts.items()} == {
+            1: (0, 144_000_000), 2: (2_856_000_000, 2_856_000_000)}
+        spent, sizes = ctx.ledger.spent_classes(accounts[2], dataset.registry_size)
+        assert dict(zip(spent.tolist(), sizes.tolist(), strict=True)) == {2_856_000_000: 1, 0: 1}
+        assert not list((tmp_path / "data" / "datasets" / "d1").glob("spent_*.npy"))  # the old state is gone
         release = session.get(db.Release, "r1")
         assert release.charge_units == 2_856_000_000
         document = json.loads(session.get(db.MechanismDocument, release.mechanism_hash).document)

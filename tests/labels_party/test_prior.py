@@ -11,7 +11,7 @@ from scipy import stats
 
 from labels_party.prior import HISTOGRAM_SENSITIVITY, estimate_prior
 from shared.errors import LabelDPError
-from shared.privacy import split_budget
+from shared.privacy import COMPOSITION_MARGIN, split_budget
 
 Z_TOL = 5.0
 HIST = np.array([120.0, 7.0, 0.0, 55.0, 1.0, 300.0, 3.0, 0.0, 42.0, 18.0])
@@ -134,8 +134,10 @@ def test_split_budget_census_value():
     split = split_budget(1.0, 52, 13_000_000)
     assert abs(split.prior_epsilon - 0.002) < 1e-4
     assert split.prior_epsilon == pytest.approx(math.sqrt(52 / 13_000_000), rel=1e-15)
-    assert split.randomizer_epsilon == pytest.approx(1.0 - split.prior_epsilon, abs=1e-15)
-    assert split.prior_epsilon + split.randomizer_epsilon == pytest.approx(1.0, abs=1e-15)
+    # ε₂ is what is left, less the composition margin that keeps ε₁ + ε₂ strictly inside the charge
+    assert split.randomizer_epsilon == 1.0 - split.prior_epsilon - COMPOSITION_MARGIN * 1.0
+    assert split.prior_epsilon + split.randomizer_epsilon < 1.0
+    assert split.prior_epsilon + split.randomizer_epsilon == pytest.approx(1.0, abs=2e-12)
     assert split.epsilon == 1.0
 
 
@@ -143,7 +145,7 @@ def test_split_budget_criteo_value():
     split = split_budget(2.0, 400, 1_400_000)
     assert abs(split.prior_epsilon - 0.0169) < 1e-4
     assert split.prior_epsilon == pytest.approx(math.sqrt(400 / 1_400_000), rel=1e-15)
-    assert split.randomizer_epsilon == pytest.approx(2.0 - math.sqrt(400 / 1_400_000), abs=1e-15)
+    assert split.randomizer_epsilon == 2.0 - math.sqrt(400 / 1_400_000) - COMPOSITION_MARGIN * 2.0
 
 
 @pytest.mark.parametrize("eps,k,n", [(0.01, 400, 1_400_000), (0.003, 52, 13_000_000), (1.0, 10, 20),
@@ -152,7 +154,7 @@ def test_split_budget_cap_applies(eps, k, n):
     assert math.sqrt(k / n) > eps / 2
     split = split_budget(eps, k, n)
     assert split.prior_epsilon == eps / 2
-    assert split.randomizer_epsilon == pytest.approx(eps / 2, abs=1e-18)
+    assert split.randomizer_epsilon == eps - eps / 2 - COMPOSITION_MARGIN * eps
 
 
 def test_split_budget_cap_not_applied_just_below():
@@ -166,7 +168,7 @@ def test_split_budget_cap_not_applied_just_below():
 def test_split_budget_override():
     split = split_budget(1.0, 52, 13_000_000, prior_epsilon=0.1)
     assert split.prior_epsilon == 0.1
-    assert split.randomizer_epsilon == pytest.approx(0.9, abs=1e-15)
+    assert split.randomizer_epsilon == 1.0 - 0.1 - COMPOSITION_MARGIN
     assert split.rule == "override"
     # the override is used even where the default rule would give something else (and even with n = 0)
     assert split_budget(0.01, 400, 1_400_000, prior_epsilon=0.009).prior_epsilon == 0.009

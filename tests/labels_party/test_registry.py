@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from labels_party import registry
 from labels_party.registry import MechanismOptions
@@ -75,3 +77,68 @@ def test_the_continuous_solver_is_the_default_and_a_mesh_size_means_the_mesh():
         registry.build("opt-unbiased", integer_range(1, 4), 1.0, prior, MechanismOptions(mesh=16, solver="continuous"))
     assert err.value.code == "invalid_mesh"
     assert registry.family("rr").max_labels is None and registry.family("subset").max_labels == 256
+
+
+# -- builds on a private prior never refuse ------------------------------------------------------------------------
+
+PRIOR_FAMILIES = [("opt-unbiased", MechanismOptions(solver="continuous")),
+                  ("opt-unbiased", MechanismOptions(solver="mesh")),
+                  ("rr-on-bins", MechanismOptions()), ("rr-with-prior", MechanismOptions())]
+
+
+@st.composite
+def noisy_priors(draw, size: int):
+    """What a noisy histogram can clip and normalize to: point masses (at the extremes too), sparse and dense
+    weights, all zeros but one tiny weight."""
+    kind = draw(st.sampled_from(["point", "two", "sparse", "dense"]))
+    weights = np.zeros(size)
+    if kind == "point":
+        weights[draw(st.sampled_from([0, size - 1, draw(st.integers(0, size - 1))]))] = 1.0
+    elif kind == "two":
+        weights[0] = 1.0
+        weights[size - 1] = draw(st.floats(1e-9, 1.0))
+    else:
+        counts = draw(st.lists(st.integers(0, 10**6 if kind == "dense" else 3), min_size=size, max_size=size))
+        weights = np.asarray(counts, dtype=np.float64)
+        weights[draw(st.integers(0, size - 1))] += 1
+    return weights / weights.sum()
+
+
+@pytest.mark.parametrize(("name", "options"), PRIOR_FAMILIES, ids=["continuous", "mesh", "bins", "rr-with-prior"])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_build_on_a_private_prior_certifies_or_falls_back_deterministically(name, options, data):
+    """Whatever the noisy prior, a build that passed the public check returns a mechanism certified at ε — the
+    family's own or, when its solve cannot certify, its fallback built from public inputs — and the same prior
+    gives the same choice (so the outcome is a function of the published prior, nothing else)."""
+    size = data.draw(st.integers(2, 12), label="labels")
+    domain = Classes(size) if name == "rr-with-prior" else integer_range(0, size - 1)
+    family = registry.family(name)
+    floor = family.min_epsilon(options) if family.min_epsilon else 1e-6
+    epsilon = data.draw(st.one_of(st.sampled_from([floor, 12.0, 16.0, 20.0, 50.0]), st.floats(floor, 50.0)),
+                        label="epsilon")
+    prior = data.draw(noisy_priors(size), label="prior")
+    registry.check(name, domain, epsilon, options)
+    built = registry.build_on_private_prior(name, domain, epsilon, prior, options)
+    assert built.mechanism.certified_epsilon <= epsilon
+    again = registry.build_on_private_prior(name, domain, epsilon, prior, options)
+    assert again.diagnostics.get("fallback") == built.diagnostics.get("fallback")
+    if "fallback" in built.diagnostics:
+        assert built.diagnostics["fallback"] == family.fallback == built.mechanism.name
+        assert built.diagnostics["reason"] in ("certification_failed", "solver_failed")
+
+
+def test_the_failures_of_issue_26_now_fall_back():
+    """A point mass at an extreme label at ε₂ ≥ 16 made the continuous solver's repair fail (a 400 that depended on
+    the label): it is the fallback now; and the mesh LP at ε₂ = 12 certifies after a wider margin."""
+    domain, point = integer_range(0, 9), np.eye(10)[9]
+    built = registry.build_on_private_prior("opt-unbiased", domain, 16.0, point)
+    assert (built.diagnostics["fallback"], built.diagnostics["reason"]) == ("dbrr", "certification_failed")
+    assert built.mechanism.certified_epsilon <= 16.0
+    with pytest.raises(LabelDPError):  # the public entry point still says the solve itself failed
+        registry.build("opt-unbiased", domain, 16.0, point)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        prior = rng.dirichlet(np.full(10, 0.1))
+        mesh = registry.build_on_private_prior("opt-unbiased", domain, 12.0, prior, MechanismOptions(solver="mesh"))
+        assert "fallback" not in mesh.diagnostics and mesh.mechanism.certified_epsilon <= 12.0

@@ -11,7 +11,7 @@ import pytest
 
 import shared.randomness as randomness
 from labels_party.evaluation import evaluate
-from labels_party.pipeline import privatize_by_group, privatize_labels
+from labels_party.pipeline import prepare_groups, privatize_by_group, privatize_labels
 from labels_party.prior import estimate_prior
 from labels_party.registry import MechanismOptions, build_mechanism
 from labels_party.solvers.rr_with_prior import rr_with_prior_per_example
@@ -96,7 +96,8 @@ def test_release_pipelines_use_integer_draws_only():
         == weeks.size and rng.calls > 0
     groups = (weeks > 30).astype(int)
     rng = IntegersOnly(4)
-    grouped = privatize_by_group(integer_range(1, 52), weeks, groups, "opt-unbiased", 2.0, rng, prior_epsilon=0.5)
+    grouped = privatize_by_group(prepare_groups(integer_range(1, 52), "opt-unbiased", 2.0, prior_epsilon=0.5), weeks,
+                                 groups, rng)
     assert grouped.noisy_labels.size == weeks.size and len(grouped.parts) == 2 and rng.calls > 0
     rng = IntegersOnly(5)
     assert estimate_prior(np.array([5, 0, 3]), 0.5, rng).weights.size == 3 and rng.calls > 0

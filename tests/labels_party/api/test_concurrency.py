@@ -24,7 +24,8 @@ def _setup(base: str, admin: str, epsilon_total: float, n: int = 400) -> str:
         body = "example_id,label\n" + "\n".join(f"x{i},{v}" for i, v in enumerate(labels))
         assert client.put(f"/v1/datasets/{dataset}/labels", content=body,
                           headers={"Content-Type": "text/csv"}).status_code == 200
-        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner", "epsilon": epsilon_total}).status_code == 201
+        grant = {"org": "partner", "epsilon": epsilon_total}
+        assert client.post(f"/v1/datasets/{dataset}/grants", json=grant).status_code == 201
     return dataset
 
 
