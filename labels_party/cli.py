@@ -197,9 +197,9 @@ def serve_command(args) -> int:
     from labels_party.api import create_app
 
     tls = tls_options(args)  # flags first: a usage error touches no database
+    ctx = _context(args, upgrade=args.upgrade_db)  # a refusal to start (say, a restored database) is one line
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    uvicorn.run(create_app(_context(args, upgrade=args.upgrade_db)), host=args.host, port=args.port,
-                log_level="info", **tls)
+    uvicorn.run(create_app(ctx), host=args.host, port=args.port, log_level="info", **tls)
     return 0
 
 
@@ -214,8 +214,14 @@ def create_key_command(args) -> int:
 
 
 def verify_audit_command(args) -> int:
-    from labels_party.service import verify_audit
+    from labels_party import db, verification
+    from labels_party.ledger import Ledger
+    from labels_party.storage import DataStore
 
-    report = verify_audit(_context(args))
+    # Not a service context: the audit must also look at a database the service would refuse (one restored
+    # behind its data directory reports that as a problem), and it repairs nothing.
+    settings = _settings(args)
+    report = verification.verify(db.make_sessionmaker(db.make_engine(settings.database_url)),
+                                 Ledger(DataStore(settings.data_dir)))
     print(json.dumps(report, indent=2))
     return 0 if report["valid"] else 1

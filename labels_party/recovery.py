@@ -22,19 +22,23 @@ from sqlalchemy.orm import sessionmaker
 from labels_party import budgets, db
 from labels_party.ledger import Ledger, LedgerRollback, rollback_message
 from labels_party.storage import DataStore
+from shared.service.scratch import Scratch
 
 log = logging.getLogger("labeldp.labels")
 
 FAILED = {"code": "release_failed", "message": "the release could not be completed after it was charged"}
 
 
-def recover(store: DataStore, sessions: sessionmaker, ledger: Ledger) -> None:
+def recover(store: DataStore, sessions: sessionmaker, ledger: Ledger, scratch: Scratch) -> None:
+    """Every start (a server, or a command such as ``create-key``): 1 and 2; 3 only when no other live process
+    uses the data directory (a running server's releases in progress look interrupted too)."""
     check_not_rolled_back(sessions, ledger)
-    with sessions() as session, session.begin():
+    with sessions() as session, session.begin():  # under the datasets' locks: safe beside a running server
         rebuilt = budgets.rebuild_migrated(ledger, session)
     if rebuilt:
         log.info("rebuilt the budget accounts of %d dataset(s) from their ledger records", rebuilt)
-    failed = fail_interrupted(store, sessions)
+    with scratch.alone() as alone:
+        failed = fail_interrupted(store, sessions) if alone else 0
     if failed:
         log.info("%d release(s) interrupted by an earlier process are failed (and stay charged)", failed)
 

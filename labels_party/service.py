@@ -52,6 +52,11 @@ class ServiceContext:
     spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
 
+    def close(self) -> None:
+        """Let go of the data directory and the database (a context that is done: tests, commands)."""
+        self.scratch.close()
+        self.sessions.kw["bind"].dispose()
+
 
 def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
                  settings: LabelsSettings | None = None, upgrade: bool = False,
@@ -64,8 +69,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     store = DataStore(settings.data_dir)
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
     ledger = Ledger(store)
-    recovery.recover(store, sessions, ledger)  # refuses a database behind the data directory
     scratch = Scratch(settings.data_dir)
+    recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
     # Collection must run after the check that the database was not rolled back (rows would be missing and
     # their files look unreferenced): keep it last.
     housekeeping.collect(store, sessions, scratch)

@@ -298,14 +298,19 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
                 file=f"releases/{release_id}{suffix}", state="running"))
             session.flush()
             ctx.checkpoint("before_charge_commit")
-        ctx.ledger.anchor(dataset)
-        ctx.checkpoint("after_charge_commit")
     except IntegrityError:  # the key's unique constraint: a concurrent request got there first
         with ctx.sessions() as session, session.begin():
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is None:
                 raise
             return existing.id, False
+    try:  # charged: from here on a failure is the release's, paid for
+        ctx.ledger.anchor(dataset)
+        ctx.checkpoint("after_charge_commit")
+    except Exception:
+        fail(ctx, release_id, None)
+        log.exception("release %s failed after it was charged", release_id)
+        raise release_failed(release_id) from None
     for old in superseded:  # budget files older than the state the commit replaced; best effort
         try:
             ctx.store.remove(old)

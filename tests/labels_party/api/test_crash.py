@@ -64,6 +64,7 @@ def test_release_survives_a_crash_all_or_nothing(database_url, tmp_path, crash_a
     ctx = make_context(database_url, data_dir)
     with ctx.sessions() as session, session.begin():
         admin = create_key(session, "owner", "admin")
+    ctx.close()  # the servers below are then the only processes on the data directory (they recover alone)
     headers = {"Authorization": f"Bearer {admin}"}
     port = free_port()
     server = _start(database_url, data_dir, port, crash_at)
