@@ -55,6 +55,15 @@ class BudgetExceeded(Conflict):
     """This organization's allocation does not allow the request (its figures: :meth:`LabelsPartyClient.budget`)."""
 
 
+def _in_progress(response: httpx.Response) -> bool:
+    if response.status_code != 409:
+        return False
+    try:
+        return response.json()["error"]["code"] == "release_in_progress"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def _raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
@@ -111,7 +120,10 @@ class LabelsPartyClient:
         while True:
             try:
                 response = self._http.request(method, url, **kwargs)
-                if response.status_code < 500 or not retry or attempt >= self.retries:
+                # A 5xx, or a request with this key still being computed (409 release_in_progress), is retried
+                # with the same key: the labels party answers the first request's outcome, never a new draw.
+                again = response.status_code >= 500 or _in_progress(response)
+                if not again or not retry or attempt >= self.retries:
                     _raise_for(response)
                     return response
             except httpx.TransportError:

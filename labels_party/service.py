@@ -70,12 +70,17 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
     ledger = Ledger(store)
     scratch = Scratch(settings.data_dir)
-    recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
-    # Collection must run after the check that the database was not rolled back (rows would be missing and
-    # their files look unreferenced): keep it last.
-    housekeeping.collect(store, sessions, scratch)
-    return ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
-                          SparkJobs(settings.spark_master), scratch=scratch)
+    ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
+                         SparkJobs(settings.spark_master), scratch=scratch)
+    try:
+        recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
+        # Collection must run after the check that the database was not rolled back (rows would be missing and
+        # their files look unreferenced): keep it last.
+        housekeeping.collect(store, sessions, scratch)
+    except BaseException:
+        ctx.close()  # a refused start holds neither the database nor the data directory
+        raise
+    return ctx
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

@@ -71,7 +71,7 @@ def test_central_training_returns_parameters_and_is_accounted(setup):
     assert composed < 3.0 < 2.0 + 1.5
     # the integer curves are rounded up (a unit per order and event), never down
     assert composed <= client.get(f"/v1/datasets/{datasets[True]}/budget").json()["epsilon_spent"] <= composed + 1e-8
-    over = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x, 1.0),
+    over = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=_request(ids, x, 3.0),
                        headers={"Idempotency-Key": "c3"})
     assert over.status_code == 409 and over.json()["error"]["code"] == "budget_exceeded"
     assert verify_audit(ctx)["valid"]

@@ -154,19 +154,24 @@ def test_another_organizations_objects_are_404_as_in_the_api(client, admin, keys
 
 
 def test_budget_numbers_are_the_apis(client, admin, keys, consumer, dataset, dataset_small):
+    # the owner keeps 0.5 of every example's budget for itself (the fixture granted the publisher all 3)
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.5},
+                       headers=admin).status_code == 201
     created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
     created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5, example_ids=["e1", "e2"]))
     created(release(client, admin, dataset, "c", mechanism="rr", epsilon=0.1, example_ids=["e3"]))
     api = budget(client, admin, dataset)
-    assert (api["epsilon_spent"], api["epsilon_remaining"]) == (1.5, 1.5)
+    # the dataset's spent ε sums the organizations' largest per-example use (1.5 + 0.1): an upper bound
+    assert (api["epsilon_spent"], api["epsilon_remaining"]) == (1.6, 1.4)
     browser = signed_in(client.app, keys["admin"])
 
     html = page(browser, f"/console/datasets/{dataset}")
     assert budget_on(html) == {k: api[k] for k in ("epsilon_total", "epsilon_spent", "epsilon_remaining")}
-    # per-example spent: 2 examples at 1.5, 1 at 1.1, the rest at 1.0; the largest is the API's spent
+    # per-example spent over every organization: 2 examples at 1.5, 1 at 1.1, the rest at 1.0; the largest is
+    # exact, within the API's upper bound
     assert re.search(r'data-examples="total">(\d+)<', html).group(1) == "2000"
     assert re.search(r'data-examples="never">(\d+)<', html).group(1) == "0"
-    assert float(re.search(r'data-examples="most">([^<]+)<', html).group(1)) == api["epsilon_spent"]
+    assert float(re.search(r'data-examples="most">([^<]+)<', html).group(1)) == 1.5 < api["epsilon_spent"]
     usage = re.findall(r"<tr><td>(\w+)</td><td>([\w-]+)</td><td>(\d+)</td><td>([\d.]+)</td><td>(\d+)</td></tr>",
                        html)
     assert usage == [("hospital", "rr", "1", "0.1", "1"), ("publisher", "laplace", "1", "1.0", "2000"),
@@ -300,8 +305,8 @@ def test_a_release_page_shows_the_mechanism_and_stays_bounded_for_wide_randomize
     assert f"Output values ({10000})" in page(browser, f"/console/releases/{rel['id']}")
 
 
-def test_additive_and_evaluation_releases_have_no_matrix(client, admin, keys, dataset):
-    rel = created(release(client, admin, dataset, "lap", mechanism="staircase", epsilon=1))
+def test_additive_and_evaluation_releases_have_no_matrix(client, admin, consumer, keys, dataset):
+    rel = created(release(client, consumer, dataset, "lap", mechanism="staircase", epsilon=1))
     browser = signed_in(client.app, keys["admin"])
     html = page(browser, f"/console/releases/{rel['id']}")
     assert "Additive noise" in html and "discrete-staircase" in html and "randomizer heatmap" not in html

@@ -35,9 +35,11 @@ REGRESSION = [{"mechanism": "opt-unbiased", "solver": "mesh", "epsilon": 20, "pr
               {"mechanism": "opt-unbiased", "epsilon": 1},
               {"mechanism": "rr-on-bins", "epsilon": 20, "prior_epsilon": 8},
               {"mechanism": "laplace", "epsilon": 1}, {"mechanism": "staircase", "epsilon": 1},
-              {"mechanism": "dbrr", "epsilon": 1}, {"mechanism": "rr", "epsilon": 1}]
+              {"mechanism": "dbrr", "epsilon": 1}, {"mechanism": "rr", "epsilon": 1},
+              {"metric": "mse", "epsilon": 1, "clip": 100, "predictions": [4.5]},  # an evaluation, too
+              {"metric": "poisson", "epsilon": 1, "clip": 100, "predictions": [1e-300]}]
 CLASSES = [{"mechanism": "rr-with-prior", "epsilon": 20, "prior_epsilon": 8}, {"mechanism": "rr", "epsilon": 1},
-           {"mechanism": "subset", "epsilon": 1}]
+           {"mechanism": "subset", "epsilon": 1}, {"metric": "accuracy", "epsilon": 1, "predictions": [0]}]
 TRIES = 6
 
 
@@ -64,11 +66,13 @@ def _dataset(client, keys, name, labels: dict, allocations: dict, **domain) -> s
 
 
 def _outcomes(client, keys, dataset, body, tag) -> Counter:
-    """(status, code, charged ε) of TRIES requests on the one example ``x``."""
+    """(status, code, charged ε) of TRIES requests on the one example ``x`` (an evaluation when ``body`` has a
+    metric)."""
     seen = Counter()
+    path = "evaluations" if "metric" in body else "releases"
     for attempt in range(TRIES):
         before = client.get(f"/v1/datasets/{dataset}/budget", headers=keys["publisher"]).json()["epsilon_spent"]
-        response = client.post(f"/v1/datasets/{dataset}/releases", json={**body, "example_ids": ["x"]},
+        response = client.post(f"/v1/datasets/{dataset}/{path}", json={**body, "example_ids": ["x"]},
                                headers={**keys["publisher"], "Idempotency-Key": f"{tag}-{attempt}"})
         after = client.get(f"/v1/datasets/{dataset}/budget", headers=keys["publisher"]).json()["epsilon_spent"]
         code = (response.json().get("error") or {}).get("code")

@@ -156,9 +156,8 @@ def test_release_over_budget_is_409_and_charges_nothing(client, admin, consumer,
     assert (before["epsilon_spent"], before["audit_events"]) == (1.0, 1)
     # Exactly what remains is still allowed.
     created(release(client, consumer, dataset, "rest", mechanism="rr", epsilon=2))
-    assert budget(client, consumer, dataset) == {"dataset_id": dataset, "scope": "organization", "epsilon_total": 3.0,
-                                                 "epsilon_spent": 3.0, "epsilon_remaining": 0.0, "delta_total": 0.0,
-                                                 "organizations": None}
+    assert budget(client, consumer, dataset) == {"dataset_id": dataset, "epsilon_total": 3.0,
+                                                 "epsilon_spent": 3.0, "epsilon_remaining": 0.0}
 
 
 def test_subset_release_with_unknown_or_duplicate_ids_is_400(client, admin, consumer, dataset):

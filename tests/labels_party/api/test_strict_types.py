@@ -71,9 +71,9 @@ def test_evaluation_and_training_bodies_are_strict(client, admin, dataset, path,
     assert state(client, admin, dataset) == before
 
 
-def test_an_integer_is_a_number_in_an_evaluation(client, admin, dataset):
+def test_an_integer_is_a_number_in_an_evaluation(client, admin, consumer, dataset):
     body = {"metric": "mse", "epsilon": 1, "clip": 100, "example_ids": ["e1", "e2"], "predictions": [3, 4]}
-    r = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={**admin, "Idempotency-Key": "i"})
+    r = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={**consumer, "Idempotency-Key": "i"})
     assert created(r)["charged_epsilon"] == 1.0
     assert state(client, admin, dataset)["audit_events"] == 1
 

@@ -107,7 +107,7 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     assert release["num_examples"] == N and release["charged_epsilon"] == 1.0
     ctx.spark_jobs.wait()
     failed = client.get(f"/v1/releases/{release['id']}", headers=as_("publisher")).json()
-    assert checkpoint.failed and failed["state"] == "failed" and failed["error"]["code"] == "internal_error"
+    assert checkpoint.failed and failed["state"] == "failed" and failed["error"]["code"] == "release_failed"
     assert "executor lost" not in json.dumps(failed)  # an internal failure's text is not echoed
     refused = client.get(f"/v1/releases/{release['id']}/labels", headers=as_("publisher"))
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "release_not_ready"
