@@ -6,7 +6,9 @@ stderr."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
 import sys
 
@@ -37,7 +39,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _only_json_on_stdout(enabled: bool):
+    """With ``--json``, stdout carries exactly the one JSON document the command prints: what native libraries
+    write to file descriptor 1 on their own (HiGHS prints a banner when a solver is made) goes to stderr."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    original = os.dup(1)
+    os.dup2(2, 1)  # native writes to fd 1 now reach stderr
+    saved = sys.stdout
+    try:
+        writes_fd_1 = saved.fileno() == 1
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        writes_fd_1 = False  # already redirected in Python (a test's capture): leave it
+    if writes_fd_1:
+        sys.stdout = os.fdopen(os.dup(original), "w")
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        if writes_fd_1:
+            sys.stdout.close()
+            sys.stdout = saved
+        os.dup2(original, 1)
+        os.close(original)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with _only_json_on_stdout("--json" in argv):
+        return _run(argv)
+
+
+def _run(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
