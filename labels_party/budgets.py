@@ -80,15 +80,8 @@ def _spent_at(ledger: Ledger, dataset: db.Dataset, account: db.BudgetAccount, de
     """The account's largest per-example spent units if its δ were ``delta`` (its curves convert at δ)."""
     if account.rdp_file is None:
         return account.spent_max_units
-    spent, sizes = ledger.spent_classes(_with_delta(account, delta), dataset.registry_size)
+    spent, _sizes = ledger.spent_classes(account, dataset.registry_size, delta)
     return int(spent.max()) if spent.size else 0
-
-
-def _with_delta(account: db.BudgetAccount, delta: float) -> db.BudgetAccount:
-    return db.BudgetAccount(dataset_id=account.dataset_id, org_id=account.org_id, epsilon_units=account.epsilon_units,
-                            delta=delta, generation=account.generation, classes_file=account.classes_file,
-                            spent_file=account.spent_file, rdp_file=account.rdp_file,
-                            spent_max_units=account.spent_max_units)
 
 
 def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Budget:

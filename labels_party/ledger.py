@@ -360,10 +360,12 @@ class Ledger:
         state = self.state(account, registry_size)
         return state.spent(account.delta)[state.block(0, registry_size)]
 
-    def spent_classes(self, account: db.BudgetAccount, registry_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """(spent units, number of examples) per class of one account, the fresh class included; summaries."""
+    def spent_classes(self, account: db.BudgetAccount, registry_size: int,
+                      delta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(spent units, number of examples) per class of one account, the fresh class included; summaries.
+        ``delta``: the δ its curves convert at, if not the account's own (what a new allocation would make it)."""
         state = self.state(account, registry_size)
-        spent, sizes = state.spent(account.delta), state.with_fresh()[1]
+        spent, sizes = state.spent(account.delta if delta is None else delta), state.with_fresh()[1]
         return spent[sizes > 0], sizes[sizes > 0]
 
     def spent_by_example(self, accounts: Sequence[db.BudgetAccount], registry_size: int

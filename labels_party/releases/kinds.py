@@ -39,8 +39,9 @@ from shared.service.gate import SpooledBody
 
 
 @dataclass(frozen=True)
-class Priced:
-    """A kind's preparation and the event it is charged (no private prior: ``prior_epsilon`` 0)."""
+class PricedPlan:
+    """A kind's preparation and the event it is charged (no private prior: ``prior_epsilon`` 0); a
+    :class:`~labels_party.releases.transaction.Priced`."""
 
     event: dp_event.DpEvent
     plan: Any
@@ -151,11 +152,11 @@ class ExamplePriorRelease(_Defaults):
         classes = _needs_classes(snapshot, "per-example priors")
         return parse_priors(self.priors.path, upload_format(self.priors.media_type), classes.num_classes)
 
-    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, priors) -> Priced:
+    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, priors) -> PricedPlan:
         plan = plan_per_example(priors, self.epsilon)
-        return Priced(plan.dp_event(), plan)
+        return PricedPlan(plan.dp_event(), plan)
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, _priors, priced: Priced, run: Computation) -> Draft:
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, _priors, priced: PricedPlan, run: Computation) -> Draft:
         plan: PerExamplePlan = priced.plan
         result = sample_per_example(plan, labels.astype(np.int64), run.rng)
         description = {"mechanism": self.mechanism, "per_example_priors": True, "epsilon": self.epsilon,
@@ -224,11 +225,11 @@ class Evaluation(_JsonBodyKind):
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, self.request.predictions
 
-    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, _predictions) -> Priced:
+    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, _predictions) -> PricedPlan:
         plan = plan_evaluation(self.request.metric, self.request.epsilon, self.request.clip)
-        return Priced(plan.dp_event(), plan)
+        return PricedPlan(plan.dp_event(), plan)
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, predictions, priced: Priced,
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, predictions, priced: PricedPlan,
                 run: Computation) -> Draft:
         request = self.request
         plan: EvaluationPlan = priced.plan
@@ -265,7 +266,7 @@ class CentralTraining(_JsonBodyKind):
         _needs_classes(snapshot, "central training (LabelDP-Pro)")
         return self.request.example_ids, np.asarray(self.request.features, dtype=np.float32)
 
-    def price(self, _ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> Priced:
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> PricedPlan:
         # Imported here so that the labels service only loads JAX when central training is actually used.
         from labels_party import labeldp_pro
 
@@ -287,9 +288,9 @@ class CentralTraining(_JsonBodyKind):
             raise LabelDPError(f"no noise level gives ({request.epsilon:g}, {delta:g})-DP for {request.steps} steps at "
                                "this batch size: ask for a larger epsilon or fewer steps",
                                code="epsilon_out_of_range") from None
-        return Priced(labeldp_pro.dp_event(sigma, q, config.steps, config.denoiser), (config, sigma))
+        return PricedPlan(labeldp_pro.dp_event(sigma, q, config.steps, config.denoiser), (config, sigma))
 
-    def compute(self, snapshot: Snapshot, labels: np.ndarray, features, priced: Priced, run: Computation) -> Draft:
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, features, priced: PricedPlan, run: Computation) -> Draft:
         from labels_party.labeldp_pro import train_labeldp_pro
 
         request, num_classes = self.request, snapshot.domain.num_classes
