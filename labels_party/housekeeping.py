@@ -3,7 +3,8 @@
 A file counts only once a committed row points at it (:mod:`labels_party.storage`), so after a crash these are
 garbage: spooled request bodies of dead processes, ``.tmp`` temporaries of interrupted writes, scratch and DuckDB
 spill directories under ``tmp/``, privatized release files (``releases/{id}.parquet``, a Spark job's
-``releases/{id}/``) that no release row references, and Spark job files (``jobs/{id}.pickle``) of releases that do
+``releases/{id}/``) that no release row references, source copies (``sources/{id}/``) no dataset row names, and
+Spark job files (``jobs/{id}.pickle``) of releases that do
 not exist. All but the dead spools only when no other process uses the data directory (their work in progress
 looks the same: :class:`shared.service.scratch.Scratch`). Budget vectors, coverage sets and label versions are not
 collected here.
@@ -33,7 +34,10 @@ def collect(store: DataStore, sessions: sessionmaker, scratch: Scratch) -> int:
         with sessions() as session, session.begin():
             files = {Path(file).name for file in session.scalars(select(db.Release.file))}
             releases = set(session.scalars(select(db.Release.id)))
+            snapshots = {Path(s).name for s in session.scalars(select(db.Dataset.source_snapshot)) if s}
         removed += _remove_unlisted(store.path("releases"), files, lambda entry: entry.name)
+        # a source copied by a registration that died before its dataset row was written
+        removed += _remove_unlisted(store.path("sources"), snapshots, lambda entry: entry.name)
         removed += _remove_unlisted(store.path("jobs"), releases,
                                     lambda entry: entry.stem if entry.suffix == ".pickle" else entry.name)
     if removed:

@@ -25,6 +25,7 @@ def _plant(data: Path, dataset: str) -> list[Path]:
         f"releases/{hex32}.parquet": b"privatized labels never committed",
         f"releases/{uuid.uuid4().hex}/part-00000.parquet": b"a Spark job's output, never committed",
         f"jobs/{uuid.uuid4().hex}.pickle": b"a job file of a release that does not exist",
+        f"sources/{uuid.uuid4().hex}/part-0.parquet": b"a source copied by a registration that died",
         f"tmp/duckdb-{uuid.uuid4().hex}/duckdb_temp_storage-0.tmp": b"spilled labels",
         f"tmp/{uuid.uuid4().hex}/staged.parquet": b"raw labels, parsed",
         f"tmp/{uuid.uuid4().hex}.npy": b"coverage being written",
