@@ -187,15 +187,28 @@ def poisson_sample(rng: np.random.Generator, n: int, q: float) -> np.ndarray:
 
 def clip_and_sum_per_example(clip: float) -> optax.GradientTransformationExtraArgs:
     """Per-example gradients (leading batch axis) → Σᵢ maskᵢ · gᵢ · min(1, C/‖gᵢ‖): each sampled example moves the
-    sum by at most C (L2). Extra argument ``mask``: 1 for a sampled example, 0 for padding."""
+    sum by at most C (L2). Extra argument ``mask``: 1 for a sampled example, 0 for padding.
+
+    The bound must hold for *every* gradient, or the run is not DP: an example whose gradient is not finite (a
+    loss that overflowed — whether it does depends on the label) contributes 0, and norms are taken of the
+    gradient scaled by its largest entry, so squares never overflow (inf · 0 would be NaN, and NaN parameters
+    were a label-dependent failure, issue 26). Both are functions of one example's gradient with norm ≤ C: the
+    sensitivity analysis is unchanged."""
     def update_fn(updates, state, params=None, *, mask, **extra_args):
-        # optax.per_example_global_norm_clip sums the same clipped gradients (up to rounding) but takes no mask;
-        # this form also keeps fixed-seed runs bit-identical to those of the earlier hand-written step.
+        # optax.per_example_global_norm_clip sums the same clipped gradients (up to rounding) but takes no mask
+        # and is not overflow-safe.
         del params, extra_args
-        leaves = jax.tree_util.tree_leaves(updates)
-        norms = jnp.sqrt(sum(jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in leaves))
-        scale = mask / jnp.maximum(1.0, norms / clip)
-        return jax.tree_util.tree_map(lambda g: jnp.tensordot(scale, g, axes=1), updates), state
+        leaves = [g.reshape(g.shape[0], -1) for g in jax.tree_util.tree_leaves(updates)]
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g), axis=1) for g in leaves]), axis=0)
+        safe = jax.tree_util.tree_map(
+            lambda g: jnp.where(finite.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0.0), updates)
+        largest = jnp.max(jnp.stack([jnp.max(jnp.abs(jnp.where(finite[:, None], g, 0.0)), axis=1)
+                                     for g in leaves]), axis=0)
+        unit = jnp.where(largest > 0, largest, 1.0)
+        norms = largest * jnp.sqrt(sum(jnp.sum((jnp.where(finite[:, None], g, 0.0) / unit[:, None]) ** 2, axis=1)
+                                       for g in leaves))
+        scale = mask / jnp.maximum(1.0, norms / clip)  # an infinite norm gives scale 0 (and 0 · finite = 0)
+        return jax.tree_util.tree_map(lambda g: jnp.tensordot(scale, g, axes=1), safe), state
     return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update_fn)
 
 

@@ -37,6 +37,15 @@ from shared.domains import Classes
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
 
+MAX_FEATURE = 1e6  # central training's features: beyond it float32 training overflows (standardized ones are ~1)
+
+
+def finite_params(params: dict) -> dict:
+    """The parameters with every non-finite entry replaced by 0 (as numpy arrays)."""
+    return {"embeddings": [np.nan_to_num(np.asarray(e), nan=0.0, posinf=0.0, neginf=0.0) for e in params["embeddings"]],
+            "layers": [{k: np.nan_to_num(np.asarray(v), nan=0.0, posinf=0.0, neginf=0.0) for k, v in layer.items()}
+                       for layer in params["layers"]]}
+
 
 @dataclass(frozen=True)
 class PricedPlan:
@@ -258,6 +267,9 @@ class CentralTraining(_JsonBodyKind):
         if len(self.request.example_ids) != len(features) or len({len(f) for f in features}) != 1:
             raise LabelDPError("features must hold one vector per example id, all of the same length",
                                code="invalid_input")
+        if max((abs(v) for row in features for v in row), default=0.0) > MAX_FEATURE:
+            raise LabelDPError(f"features must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (standardize them): "
+                               "larger ones overflow float32 training", code="invalid_input")
 
     def inputs(self, snapshot: Snapshot):
         if not snapshot.dataset.allow_central_training:
@@ -296,9 +308,12 @@ class CentralTraining(_JsonBodyKind):
         request, num_classes = self.request, snapshot.domain.num_classes
         config, sigma = priced.plan
         result = train_labeldp_pro(config, features, labels.astype(np.int64), num_classes, run.rng, sigma=sigma)
+        # The parameters are the DP output; mapping a non-finite one to 0 is post-processing, and it keeps the
+        # outcome (a document that serializes, 201) from depending on whether training overflowed.
+        params = finite_params(result.params)
         description = {"mechanism": self.mechanism, "denoiser": request.denoiser, "epsilon": request.epsilon,
                        "delta": config.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
                        "steps": request.steps, "sampling_probability": result.sampling_probability,
-                       "parameters": models.params_to_lists(result.params), "hidden": request.hidden,
+                       "parameters": models.params_to_lists(params), "hidden": request.hidden,
                        "num_classes": num_classes}
         return Draft(result, {}, description)

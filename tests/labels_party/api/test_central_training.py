@@ -122,3 +122,38 @@ def test_parameters_survive_the_trip_through_json():
     numeric = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
     categorical = np.array([[0, 1], [3, 0], [2, 1], [1, 1], [0, 0], [3, 1]])
     np.testing.assert_array_equal(models.apply(back, numeric, categorical), models.apply(params, numeric, categorical))
+
+
+def test_features_that_overflow_training_are_refused_before_anything_runs(setup):
+    _, client, datasets, ids, x, _ = setup
+    body = _request(ids, x)
+    body["features"] = [[3.4e38] + row[1:] for row in body["features"][:1]] + body["features"][1:]
+    refused = client.post(f"/v1/datasets/{datasets[True]}/central-trainings", json=body,
+                          headers={"Idempotency-Key": "huge"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_input"
+    assert client.get(f"/v1/datasets/{datasets[True]}/budget").json()["epsilon_spent"] == 0.0
+
+
+def test_the_review_attack_gets_the_same_answer_for_every_label(tmp_path):
+    """Issue 26's review: a target with an extreme feature, one step at a negligible learning rate: whether its
+    gradient overflowed (a 503) told its label. At the largest feature allowed, every label gives a 201 with
+    finite parameters."""
+    statuses = {}
+    for label in (0, 1, 2):
+        ctx, client = admin_client(tmp_path / str(label), "hospital")
+        dataset = client.post("/v1/datasets", json={"name": "d", "label_kind": "classes", "num_classes": 3,
+                                                    "epsilon_total": 100, "delta_total": 1e-6,
+                                                    "allow_central_training": True}).json()["id"]
+        client.put(f"/v1/datasets/{dataset}/labels", content=f"example_id,label\nx,{label}\no,0\n",
+                   headers={"Content-Type": "text/csv"})
+        outcomes = []
+        for attempt in range(3):
+            response = client.post(f"/v1/datasets/{dataset}/central-trainings",
+                                   headers={"Idempotency-Key": f"{attempt}"}, json={"epsilon": 0.01, "steps": 1, "batch_size": 2, "learning_rate": 1e-30,
+                                         "hidden": [1], "denoiser": "noop", "example_ids": ["x", "o"],
+                                         "features": [[1e6] + [0.0] * 9, [0.0] * 10]})
+            document = client.get(f"/v1/mechanisms/{response.json()['mechanism_hash']}").json()["description"]
+            weights = np.concatenate([np.ravel(layer["w"]) for layer in document["parameters"]["layers"]])
+            outcomes.append((response.status_code, bool(np.all(np.isfinite(weights)))))
+        statuses[label] = outcomes
+    assert statuses == {label: [(201, True)] * 3 for label in (0, 1, 2)}
