@@ -148,10 +148,10 @@ def test_the_review_attack_gets_the_same_answer_for_every_label(tmp_path):
                    headers={"Content-Type": "text/csv"})
         outcomes = []
         for attempt in range(3):
-            response = client.post(f"/v1/datasets/{dataset}/central-trainings",
-                                   headers={"Idempotency-Key": f"{attempt}"}, json={"epsilon": 0.01, "steps": 1, "batch_size": 2, "learning_rate": 1e-30,
-                                         "hidden": [1], "denoiser": "noop", "example_ids": ["x", "o"],
-                                         "features": [[1e6] + [0.0] * 9, [0.0] * 10]})
+            body = {"epsilon": 0.01, "steps": 1, "batch_size": 2, "learning_rate": 1e-30, "hidden": [1],
+                    "denoiser": "noop", "example_ids": ["x", "o"], "features": [[1e6] + [0.0] * 9, [0.0] * 10]}
+            response = client.post(f"/v1/datasets/{dataset}/central-trainings", json=body,
+                                   headers={"Idempotency-Key": f"{attempt}"})
             document = client.get(f"/v1/mechanisms/{response.json()['mechanism_hash']}").json()["description"]
             weights = np.concatenate([np.ravel(layer["w"]) for layer in document["parameters"]["layers"]])
             outcomes.append((response.status_code, bool(np.all(np.isfinite(weights)))))
