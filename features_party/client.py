@@ -55,6 +55,9 @@ class BudgetExceeded(Conflict):
     """This organization's allocation does not allow the request (its figures: :meth:`LabelsPartyClient.budget`)."""
 
 
+IN_PROGRESS_POLL_SECONDS = 1.0  # how often a call waits again while another with its key is being computed
+
+
 def _in_progress(response: httpx.Response) -> bool:
     if response.status_code != 409:
         return False
@@ -104,7 +107,7 @@ class LabelsPartyClient:
             verify=ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify,
             headers={"Authorization": f"Bearer {api_key}"},
         )
-        self.retries, self.backoff = retries, backoff
+        self.retries, self.backoff, self._timeout = retries, backoff, timeout
 
     def close(self) -> None:
         self._http.close()
@@ -116,14 +119,18 @@ class LabelsPartyClient:
         self.close()
 
     def _request(self, method: str, url: str, *, retry: bool, **kwargs) -> httpx.Response:
-        attempt = 0
+        attempt, waiting_since = 0, None
         while True:
             try:
                 response = self._http.request(method, url, **kwargs)
-                # A 5xx, or a request with this key still being computed (409 release_in_progress), is retried
-                # with the same key: the labels party answers the first request's outcome, never a new draw.
-                again = response.status_code >= 500 or _in_progress(response)
-                if not again or not retry or attempt >= self.retries:
+                if retry and _in_progress(response):
+                    # Another request with this key is being computed (a retried call after a timeout): wait for
+                    # its outcome, polling, for as long as a call may take — never a new draw, never a new charge.
+                    waiting_since = waiting_since or time.monotonic()
+                    if time.monotonic() - waiting_since < self._timeout:
+                        time.sleep(IN_PROGRESS_POLL_SECONDS)
+                        continue
+                if response.status_code < 500 or not retry or attempt >= self.retries:
                     _raise_for(response)
                     return response
             except httpx.TransportError:

@@ -53,6 +53,7 @@ from shared.mechanisms import events
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
+OUTCOME_WAIT_SECONDS = 2.0  # how long it waits at most (a worker thread each: many waiters must not starve others)
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,9 @@ def release_failed(release_id: str) -> LabelDPError:
 
 def outcome(ctx: ServiceContext, principal: Principal, release_id: str) -> schemas.Release:
     """The release a key stands for, once it is no longer being computed: its view, or the failure it ended in.
-    (Waits up to the solver limit plus a minute; then 409 ``release_in_progress``.)"""
-    deadline = time.monotonic() + ctx.settings.solver_seconds + 60
+    Waits a few seconds at most — a waiting request holds a worker thread — then 409 ``release_in_progress``:
+    the client sends it again later (the features party's client does, polling)."""
+    deadline = time.monotonic() + OUTCOME_WAIT_SECONDS
     while True:
         with ctx.sessions() as session, session.begin():
             release = session.get(db.Release, release_id)

@@ -105,3 +105,37 @@ def test_a_clipped_dataset_through_the_client(service):
         uploaded = owner.upload_labels(dataset.id, ["a", "b", "c", "d"], [-2, 4, 11, 30])
         assert (uploaded.clipped_below, uploaded.clipped_above) == (1, 2)
         assert [u.clipped_above for u in owner.audit(dataset.id).uploads] == [2]
+
+
+def test_a_retry_while_the_first_call_computes_waits_for_its_outcome(tmp_path):
+    """The first call's response is lost while the labels party is still computing its release (charged): the
+    retry with the same key meets 409 release_in_progress and polls until the outcome is there — the same release,
+    one charge."""
+    import threading
+
+    charged, proceed = threading.Event(), threading.Event()
+
+    def checkpoint(name):
+        if name == "after_charge_commit" and not charged.is_set():
+            charged.set()
+            assert proceed.wait(60)
+
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", checkpoint=checkpoint)
+    with ctx.sessions() as session, session.begin():
+        admin, partner = create_key(session, "office", "admin"), create_key(session, "pub", "consumer")
+    with serve_in_thread(create_app(ctx)) as base:
+        with LabelsPartyClient(base, admin) as owner:
+            dataset = owner.create_dataset(name="d", label_kind="integer", min=0, max=20, epsilon_total=1.5)
+            owner.upload_labels(dataset.id, [f"e{i}" for i in range(100)], np.arange(100) % 21)
+            owner.grant(dataset.id, "pub", 1.5)
+        first = {}
+        thread = threading.Thread(target=lambda: first.update(release=LabelsPartyClient(base, partner).request_release(
+            dataset.id, {"mechanism": "rr", "epsilon": 1.0}, idempotency_key="same")))
+        thread.start()
+        assert charged.wait(60)
+        threading.Timer(3.0, proceed.set).start()  # the computation ends 3 s later, after a 409 or two
+        with LabelsPartyClient(base, partner) as client:
+            retried = client.request_release(dataset.id, {"mechanism": "rr", "epsilon": 1.0}, idempotency_key="same")
+            thread.join(60)
+            assert retried.id == first["release"].id
+            assert client.budget(dataset.id).epsilon_spent == 1.0

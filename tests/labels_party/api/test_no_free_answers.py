@@ -100,8 +100,8 @@ def test_the_outcome_does_not_depend_on_the_label(tmp_path, domain, bodies):
 def test_a_key_is_reserved_while_its_release_is_computed(tmp_path):
     """The issue's race: while request A computes, a cheap request C with the same key and another body used to
     commit first and throw A's computed release away, uncharged. Now A's key is reserved when A is charged, before
-    anything private is drawn: C gets 409 before anything is drawn for it, a retry of A waits for A's outcome, and
-    exactly one release is charged."""
+    anything private is drawn: C gets 409 before anything is drawn for it, a retry of A waits for A's outcome (a
+    few seconds, then 409 release_in_progress), and exactly one release is charged."""
     charged, proceed = threading.Event(), threading.Event()
 
     def checkpoint(name):
@@ -125,6 +125,11 @@ def test_a_key_is_reserved_while_its_release_is_computed(tmp_path):
                                                                         "example_ids": ["e1"]},
                               headers={**keys["publisher"], "Idempotency-Key": "shared"})
     expect_error(conflicting, 409, "idempotency_conflict")
+    # the same body: it waits a moment for A's outcome — then, A still running, says so (a waiting request holds a
+    # worker thread, so it does not wait long); nothing is drawn or charged for it
+    patient = client.post(f"/v1/datasets/{dataset}/releases", json=a_body,
+                          headers={**keys["publisher"], "Idempotency-Key": "shared"})
+    expect_error(patient, 409, "release_in_progress")
     retry = threading.Thread(target=send, args=("A again", a_body))
     retry.start()
     retry.join(0.5)
