@@ -71,8 +71,13 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
         if _spent_at(ctx_ledger, dataset, held, new_delta) > new_units:
             raise LabelDPError(f"{who} has already spent more than this allocation leaves it",
                                code="allocation_exceeded")
-    account.epsilon_units, account.delta = units, delta
-    owner.epsilon_units, owner.delta = owner_units, max(0.0, owner_delta)
+    account.epsilon_units, owner.epsilon_units = units, owner_units
+    for held, new_delta in ((account, delta), (owner, max(0.0, owner_delta))):
+        if held.delta != new_delta:  # its curves now convert at another δ: its spent ε moves
+            ctx_ledger.reprice(dataset, held, new_delta)
+    session.flush()
+    dataset.epsilon_spent_units = sum(a.spent_max_units for a in session.scalars(
+        select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)))
     return account
 
 

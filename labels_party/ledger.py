@@ -257,12 +257,15 @@ class LedgerRecord(BaseModel):
 @dataclass(frozen=True)
 class AccountState:
     """One account's spent state as coverage classes: ``classes[i]`` is the class of registry index ``i``; per class
-    ``units`` (pure ε), ``sizes`` and ``rdp`` (its summed curve, or None while the account ran no Gaussian event).
-    Indices at or beyond ``len(classes)`` form the *fresh* class, id ``len(units)``, with nothing spent."""
+    ``units`` (pure ε), ``sizes``, ``rdp`` (its summed curve, or None while the account ran no Gaussian event) and
+    ``spent`` — units plus the curve's ε at the account's δ, kept so that a charge converts only the classes it
+    touches (a conversion is ~0.1 ms: thousands of classes would make every charge slow). Indices at or beyond
+    ``len(classes)`` form the *fresh* class, id ``len(units)``, with nothing spent."""
 
     classes: np.ndarray  # int32, memory-mapped
     units: np.ndarray  # int64 per class
     sizes: np.ndarray  # int64 per class
+    spent: np.ndarray  # int64 per class, at the account's δ
     rdp: np.ndarray | None  # int64 (classes, len(RDP_ORDERS))
     registry_size: int
     mapped: MappedArray | None = None
@@ -282,8 +285,12 @@ class AccountState:
         return (np.append(self.units, 0), np.append(self.sizes, self.registry_size - self.classes.size),
                 np.vstack([rdp, np.zeros((1, len(RDP_ORDERS)), np.int64)]))
 
-    def spent(self, delta: float) -> np.ndarray:
-        """Spent units per class at ``delta``, the fresh class last."""
+    def spent_with_fresh(self) -> np.ndarray:
+        """Spent units per class at the account's δ, the fresh class last."""
+        return np.append(self.spent, 0)
+
+    def spent_at(self, delta: float) -> np.ndarray:
+        """Spent units per class if the curves converted at ``delta`` (a new allocation), the fresh class last."""
         units, _, rdp = self.with_fresh()
         return units + (rdp_epsilon_units(rdp, delta) if self.rdp is not None else 0)
 
@@ -348,32 +355,52 @@ class Ledger:
     # -- reading ------------------------------------------------------------------------------------------------
     def state(self, account: db.BudgetAccount, registry_size: int) -> AccountState:
         if account.spent_file is None:
-            return AccountState(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), None,
-                                registry_size)
-        table = self.store.read_array(account.spent_file)
+            empty = np.zeros(0, np.int64)
+            return AccountState(np.zeros(0, np.int32), empty, empty, empty, None, registry_size)
+        table = self.store.read_array(account.spent_file)  # (units, size, spent) per class
         classes = MappedArray(self.store.path(account.classes_file))
         rdp = self.store.read_array(account.rdp_file) if account.rdp_file else None
-        return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), rdp, registry_size, classes)
+        return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), rdp,
+                            registry_size, classes)
 
     def spent_vector(self, account: db.BudgetAccount, registry_size: int) -> np.ndarray:
         """Every example's spent units in one account (registry_size int64s: small datasets and tests)."""
         state = self.state(account, registry_size)
-        return state.spent(account.delta)[state.block(0, registry_size)]
+        return state.spent_with_fresh()[state.block(0, registry_size)]
 
     def spent_classes(self, account: db.BudgetAccount, registry_size: int,
                       delta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(spent units, number of examples) per class of one account, the fresh class included; summaries.
         ``delta``: the δ its curves convert at, if not the account's own (what a new allocation would make it)."""
         state = self.state(account, registry_size)
-        spent, sizes = state.spent(account.delta if delta is None else delta), state.with_fresh()[1]
+        spent = state.spent_with_fresh() if delta is None else state.spent_at(delta)
+        sizes = state.with_fresh()[1]
         return spent[sizes > 0], sizes[sizes > 0]
+
+    def reprice(self, dataset: db.Dataset, account: db.BudgetAccount, delta: float) -> None:
+        """Make ``delta`` the account's δ: its classes' spent ε convert at it from now on (an allocation changed)."""
+        state = self.state(account, dataset.registry_size)
+        account.delta = delta
+        if account.spent_file is None or state.rdp is None:
+            return
+        spent = state.spent_at(delta)[:-1]
+        generation = account.generation + 1
+        directory = f"datasets/{dataset.id}/budget/{account.org_id}"
+        account.spent_file = self._write_table(directory, generation, state.units, state.sizes, spent)
+        account.generation = generation
+        account.spent_max_units = int(spent[state.sizes > 0].max()) if np.any(state.sizes > 0) else 0
+
+    def _write_table(self, directory: str, generation: int, units: np.ndarray, sizes: np.ndarray,
+                     spent: np.ndarray) -> str:
+        return self.store.write_array(f"{directory}/spent_{generation:08d}.npy",
+                                      np.column_stack([units, sizes, spent]).astype(np.int64))
 
     def spent_by_example(self, accounts: Sequence[db.BudgetAccount], registry_size: int
                          ) -> tuple[np.ndarray, np.ndarray]:
         """(total spent units over all accounts, number of examples) per distinct total: the per-example
         distribution, one pass block by block (the owner's console and summaries)."""
         states = [(self.state(a, registry_size), a.delta) for a in accounts]
-        spent = [state.spent(delta) for state, delta in states]
+        spent = [state.spent_with_fresh() for state, _ in states]
         totals: dict[int, int] = {}
         for start in range(0, registry_size, CHUNK):
             stop = min(registry_size, start + CHUNK)
@@ -401,14 +428,16 @@ class Ledger:
         for chunk in _chunks(covered, state):
             touched += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
         units, sizes, rdp = state.with_fresh()
-        new_units = units + charge.units * (touched > 0)
-        new_rdp = rdp + (charge.curve[None, :] * (touched > 0)[:, None] if charge.rdp is not None else 0)
+        hit = touched > 0
+        new_units = units + charge.units * hit
+        new_rdp = rdp + (charge.curve[None, :] * hit[:, None] if charge.rdp is not None else 0)
         new_rdp = np.minimum(new_rdp, RDP_CAP)
         has_rdp = state.rdp is not None or charge.rdp is not None
-        spent_after = new_units + (rdp_epsilon_units(new_rdp, account.delta) if has_rdp else 0)
-        before = state.spent(account.delta)
-        if covered.size and int(spent_after[touched > 0].max()) > account.epsilon_units:
-            worst = int(before[touched > 0].max())
+        before = state.spent_with_fresh()
+        spent_after = before.copy()  # only the touched classes move, and only they are converted
+        spent_after[hit] = new_units[hit] + (rdp_epsilon_units(new_rdp[hit], account.delta) if has_rdp else 0)
+        if covered.size and int(spent_after[hit].max()) > account.epsilon_units:
+            worst = int(before[hit].max())
             raise BudgetExceeded(f"release needs epsilon {units_epsilon(charge.standalone_units(account.delta)):g} "
                                  f"but covered examples have at most "
                                  f"{units_epsilon(max(0, account.epsilon_units - worst)):.9g} left of this "
@@ -420,16 +449,16 @@ class Ledger:
         rows = np.column_stack([new_units[:, None], new_rdp])
         # Classes covered in part (or the fresh class) split; classes that end up equal merge: one class per
         # distinct (units, curve), so the number of classes never exceeds the number of distinct histories.
-        if account.classes_file is None or bool(np.any((touched > 0) & (touched < sizes))) or touched[-1] > 0:
-            values, new_sizes, classes_file = self._split(directory, generation, dataset.registry_size, state,
-                                                          covered, touched, rows, units, rdp)
+        if account.classes_file is None or bool(np.any(hit & (touched < sizes))) or touched[-1] > 0:
+            values, new_sizes, new_spent, classes_file = self._split(
+                directory, generation, dataset.registry_size, state, covered, touched, rows, spent_after)
         else:  # every touched class is covered whole: only their values move
-            values, new_sizes, classes_file = rows[:-1], sizes[:-1], account.classes_file
-        spent_file = self.store.write_array(f"{directory}/spent_{generation:08d}.npy",
-                                            np.column_stack([values[:, 0], new_sizes]).astype(np.int64))
+            values, new_sizes, new_spent = rows[:-1], sizes[:-1], spent_after[:-1]
+            classes_file = account.classes_file
+        spent_file = self._write_table(directory, generation, values[:, 0], new_sizes, new_spent)
         rdp_file = (self.store.write_array(f"{directory}/rdp_{generation:08d}.npy", values[:, 1:].copy())
                     if has_rdp else None)
-        account.spent_max_units = _spent_max(values, new_sizes, has_rdp, account.delta)
+        account.spent_max_units = int(new_spent[new_sizes > 0].max()) if np.any(new_sizes > 0) else 0
         account.spent_file, account.classes_file, account.rdp_file = spent_file, classes_file, rdp_file
         account.generation = generation
         others = session.scalar(select(func.coalesce(func.sum(db.BudgetAccount.spent_max_units), 0)).where(
@@ -442,10 +471,11 @@ class Ledger:
         return record, superseded
 
     def _split(self, directory: str, generation: int, registry_size: int, state: AccountState, covered,
-               touched: np.ndarray, rows: np.ndarray, units: np.ndarray, rdp: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, str]:
-        """Rewrite the class file: one class per distinct row (so classes merge as well as split)."""
-        sizes = state.with_fresh()[1]
+               touched: np.ndarray, rows: np.ndarray, spent_after: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+        """Rewrite the class file: one class per distinct row (so classes merge as well as split); the new classes'
+        rows, sizes and spent units."""
+        units, sizes, rdp = state.with_fresh()
         old_rows = np.column_stack([units[:, None], rdp])
         candidates = np.vstack([old_rows[sizes - touched > 0], rows[touched > 0]])
         values = np.unique(candidates, axis=0)
@@ -455,6 +485,10 @@ class Ledger:
             return np.asarray([found.get(tuple(row), -1) for row in table.tolist()], dtype=np.int64)
 
         to_uncovered, to_covered = position(old_rows), position(rows)
+        new_spent = np.zeros(values.shape[0], dtype=np.int64)  # a row's spent is the same wherever it comes from
+        remaining, hit = sizes - touched > 0, touched > 0
+        new_spent[to_uncovered[remaining]] = state.spent_with_fresh()[remaining]
+        new_spent[to_covered[hit]] = spent_after[hit]
         new_sizes = np.zeros(values.shape[0], dtype=np.int64)
 
         def blocks():
@@ -469,7 +503,7 @@ class Ledger:
 
         classes_file = self.store.write_with(f"{directory}/classes_{generation:08d}.npy",
                                              lambda path: write_npy(path, np.int32, registry_size, blocks()))
-        return values, new_sizes, classes_file
+        return values, new_sizes, new_spent, classes_file
 
     def _append(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
                 charge: Charge, fields: dict) -> LedgerRecord:
@@ -546,14 +580,14 @@ class Ledger:
 
         classes_file = self.store.write_with(f"{directory}/classes_{generation:08d}.npy",
                                              lambda path: write_npy(path, np.int32, dataset.registry_size, blocks()))
-        account.classes_file = classes_file
-        account.spent_file = self.store.write_array(f"{directory}/spent_{generation:08d}.npy",
-                                                    np.column_stack([values[:, 0], new_sizes]).astype(np.int64))
         has_rdp = bool(values[:, 1:].any())
+        spent = values[:, 0] + (rdp_epsilon_units(values[:, 1:], account.delta) if has_rdp else 0)
+        account.classes_file = classes_file
+        account.spent_file = self._write_table(directory, generation, values[:, 0], new_sizes, spent)
         account.rdp_file = (self.store.write_array(f"{directory}/rdp_{generation:08d}.npy", values[:, 1:].copy())
                             if has_rdp else None)
         account.generation = generation
-        account.spent_max_units = _spent_max(values, new_sizes, has_rdp, account.delta)
+        account.spent_max_units = int(spent[new_sizes > 0].max()) if np.any(new_sizes > 0) else 0
 
     def differences(self, dataset: db.Dataset, account: db.BudgetAccount, records: Sequence[dict]) -> list[str]:
         """Where ``account``'s stored state differs from the one its records imply (empty: none), compared
@@ -561,6 +595,8 @@ class Ledger:
         recomputed = _Recomputed(self.store, records, dataset.registry_size)
         try:
             state = self.state(account, dataset.registry_size)
+            if not np.array_equal(state.spent_with_fresh(), state.spent_at(account.delta)):
+                return ["a class's spent epsilon is not its units and curve at the account's delta"]
             return self._compare(state, recomputed)
         except OSError:  # a coverage or budget file is gone (the records name the missing coverage files)
             return ["its budget cannot be recomputed: a file it depends on is missing"]
@@ -642,12 +678,6 @@ class _Recomputed:
             if at < coverage.size and int(coverage.slice(at, at + 1)[0]) == example:
                 curve = np.minimum(curve + charge.curve, RDP_CAP)
         return curve
-
-
-def _spent_max(rows: np.ndarray, sizes: np.ndarray, has_rdp: bool, delta: float) -> int:
-    """The largest spent units over non-empty classes whose rows are (units, curve...)."""
-    spent = rows[:, 0] + (rdp_epsilon_units(rows[:, 1:], delta) if has_rdp else 0)
-    return int(spent[sizes > 0].max()) if np.any(sizes > 0) else 0
 
 
 def _tag(record: dict) -> int:

@@ -219,9 +219,13 @@ def test_verify_audit_recomputes_budgets_over_the_service(tmp_path):
         assert spent[10:50].tolist() == [1_000_000_000] * 40  # a, b
         assert spent[50:100].tolist() == [1_500_000_000] * 50  # a, b, d
         assert spent[100:150].tolist() == [500_000_000] * 50  # d
-        table = ctx.store.read_array(account.spent_file)
-        table[0, 0] -= 1  # a forged class table
-        ctx.store.write_array(account.spent_file, table)
+        forged = ctx.store.read_array(account.spent_file)  # (units, size, spent) per class
+    forged[0, 2] -= 1  # a spent column that no longer follows from the units
+    ctx.store.write_array(account.spent_file, forged)
+    assert "hospital: a class's spent epsilon is not its units and curve at the account's delta" in \
+        verify_audit(ctx)["datasets"][0]["problems"]
+    forged[0, 0] -= 1  # and units that no longer follow from the records
+    ctx.store.write_array(account.spent_file, forged)
     assert "hospital: per-example spent units differ from the records" in verify_audit(ctx)["datasets"][0][
         "problems"]
     audit = client.get("/v1/audit", headers=auth).json()

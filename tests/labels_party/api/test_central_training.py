@@ -157,3 +157,39 @@ def test_the_review_attack_gets_the_same_answer_for_every_label(tmp_path):
             outcomes.append((response.status_code, bool(np.all(np.isfinite(weights)))))
         statuses[label] = outcomes
     assert statuses == {label: [(201, True)] * 3 for label in (0, 1, 2)}
+
+
+def test_a_new_delta_allocation_reprices_what_was_spent(setup):
+    """The review of issue 26: after the owner lowered an organization's δ, its budget still showed the ε of its
+    trainings at the old δ. Now the allocation reprices its classes: the figures are the accountant's at the new
+    δ, and the dataset's sum follows."""
+    from labels_party.auth import create_key
+    from tests.labels_party.api.helpers import bearer
+
+    ctx, client, datasets, ids, x, _ = setup
+    dataset = datasets[True]
+    with ctx.sessions() as session, session.begin():
+        publisher = bearer(create_key(session, "publisher", "consumer"))
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.5,
+                                                               "delta": 5e-7}).status_code == 201
+    trained = client.post(f"/v1/datasets/{dataset}/central-trainings", json=_request(ids, x, 1.0),
+                          headers={**publisher, "Idempotency-Key": "t"})
+    assert trained.status_code == 201, trained.text
+    event = events.from_dict(client.get("/v1/audit", params={"dataset": dataset}).json()["events"][0]["record"]
+                             ["dp_event"])
+    accountant = RdpAccountant(orders=list(RDP_ORDERS))
+    accountant.compose(event)
+    before = client.get(f"/v1/datasets/{dataset}/budget", headers=publisher).json()["epsilon_spent"]
+    assert accountant.get_epsilon(5e-7) <= before <= accountant.get_epsilon(5e-7) + 1e-8
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.5,
+                                                               "delta": 1e-8}).status_code == 201
+    after = client.get(f"/v1/datasets/{dataset}/budget", headers=publisher).json()
+    assert accountant.get_epsilon(1e-8) <= after["epsilon_spent"] <= accountant.get_epsilon(1e-8) + 1e-8
+    assert after["epsilon_spent"] > before and after["delta_total"] == 1e-8
+    owner = client.get(f"/v1/datasets/{dataset}/budget").json()
+    assert owner["epsilon_spent"] == pytest.approx(sum(o["epsilon_spent"] for o in owner["organizations"]), abs=1e-9)
+    # a δ so small that what was spent no longer fits the allocation is refused
+    refused = client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.5,
+                                                                  "delta": 1e-300})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "allocation_exceeded"
+    assert verify_audit(ctx)["valid"]
