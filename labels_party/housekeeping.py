@@ -2,8 +2,10 @@
 
 A file counts only once a committed row points at it (:mod:`labels_party.storage`), so after a crash these are
 garbage: spooled request bodies of dead processes, ``.tmp`` temporaries of interrupted writes, scratch and DuckDB
-spill directories under ``tmp/``, privatized release files (``releases/{id}.parquet``, a Spark job's
-``releases/{id}/``) that no release row references, source copies (``sources/{id}/``) no dataset row names, and
+spill directories under ``tmp/`` (Spark's scratch among them), privatized release files (``releases/{id}.parquet``,
+a Spark job's ``releases/{id}/``) that no release row references — only versions before releases were charged
+first leave those: since, a release file without its row means a database older than the data directory, which
+:mod:`labels_party.recovery` refuses before this runs — source copies (``sources/{id}/``) no dataset row names, and
 Spark job files (``jobs/{id}.pickle``) of releases that do
 not exist. All but the dead spools only when no other process uses the data directory (their work in progress
 looks the same: :class:`shared.service.scratch.Scratch`). Budget vectors, coverage sets and label versions are not

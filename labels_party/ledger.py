@@ -25,9 +25,11 @@ example and one row per class — (pure units, size) and the RDP curve when the 
 it does not grow with releases × examples; every pass over it goes block by block (:data:`CHUNK`). The state can
 always be rebuilt from the records alone (:meth:`Ledger.rebuild`, which :func:`verify` compares with it).
 
-**Anchor.** After each charge commits, the data directory gets the dataset's chain head (:class:`Anchor`). A
-database restored from a backup older than the data directory is behind its anchor: the service refuses to start,
-and to charge, rather than re-draw releases it already delivered (``docs/design/exact-ledger.md``, "Restoring").
+**Anchor.** Inside each charge, just before it commits, the data directory gets the dataset's new chain head and
+the one before it (:class:`Anchor`). A database restored from a backup older than the data directory is behind its
+anchor; a data directory without the anchor of a dataset that has records is not this database's: the service
+refuses to start, and to charge, rather than re-draw releases it already delivered
+(``docs/design/exact-ledger.md``, "Restoring").
 """
 
 from __future__ import annotations
@@ -340,10 +342,18 @@ class LedgerRollback(LabelDPError):
 
 @dataclass(frozen=True)
 class Anchor:
-    """A dataset's chain head as the data directory last saw it committed."""
+    """A dataset's chain head as the data directory knows it: written, durably, inside each charge's transaction
+    just before it commits — the new head, and the one before it (if the commit then fails, the database is at the
+    previous one) — and confirmed after the commit (the previous one is then the new one too: a database one
+    charge behind is refused)."""
 
     seq: int
     head: str
+    previous_seq: int
+    previous_head: str
+
+    def admits(self, seq: int, head: str) -> bool:
+        return (seq, head) in ((self.seq, self.head), (self.previous_seq, self.previous_head))
 
 
 @dataclass
@@ -417,11 +427,10 @@ class Ledger:
     # -- charging -----------------------------------------------------------------------------------------------
     def charge(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
                charge: Charge, fields: dict) -> tuple[LedgerRecord, list[str]]:
-        """Check and charge ``charge`` to the covered examples of ``account``, exactly, and append the record.
-
-        The caller holds the account's and the dataset's row locks and commits; then it calls :meth:`anchor` and
-        removes the superseded files (the second element)."""
-        self.check_anchor(session, dataset)
+        """Check and charge ``charge`` to the covered examples of ``account``, exactly, append the record and anchor
+        the new chain head. The caller holds the account's and the dataset's row locks and commits; then it removes
+        the superseded files (the second element)."""
+        self.check_anchor(dataset)
         state = self.state(account, dataset.registry_size)
         covered = read_coverage(self.store, coverage.file)
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
@@ -523,39 +532,43 @@ class Ledger:
         digest = chain_hash(dataset.ledger_head, record_json)
         session.add(db.LedgerEntry(dataset_id=dataset.id, seq=seq, release_id=record.release_id, record=record_json,
                                    prev_hash=dataset.ledger_head, hash=digest))
+        previous = (dataset.ledger_seq, dataset.ledger_head)
         dataset.ledger_seq, dataset.ledger_head = seq, digest
+        # Before the commit, so that the data directory never lags the database: a database later found behind
+        # this anchor (and its predecessor) was restored from an older backup.
+        self.anchor(dataset, previous)
         return record
 
     # -- the anchor ---------------------------------------------------------------------------------------------
-    def _anchor_path(self, dataset_id: str):
-        return self.store.path(f"anchors/{dataset_id}.json")
-
     def read_anchor(self, dataset_id: str) -> Anchor | None:
         try:
-            data = json.loads(self._anchor_path(dataset_id).read_text())
+            data = json.loads(self.store.path(f"anchors/{dataset_id}.json").read_text())
         except FileNotFoundError:
             return None
-        return Anchor(int(data["seq"]), str(data["head"]))
+        return Anchor(int(data["seq"]), str(data["head"]), int(data["previous_seq"]), str(data["previous_head"]))
 
-    def anchor(self, dataset: db.Dataset) -> None:
-        """Record a committed chain head in the data directory (after the commit: a crash in between leaves the
-        anchor behind the database, which is safe; never ahead of it)."""
-        current = self.read_anchor(dataset.id)
-        if current is not None and current.seq >= dataset.ledger_seq:
-            return
-        self.store.write_with(f"anchors/{dataset.id}.json", lambda path: path.write_text(
-            json.dumps({"seq": dataset.ledger_seq, "head": dataset.ledger_head})))
+    def anchor(self, dataset: db.Dataset, previous: tuple[int, str] | None = None) -> None:
+        """Write ``dataset``'s chain head (and the head before it) to the data directory, durably."""
+        previous_seq, previous_head = previous or (dataset.ledger_seq, dataset.ledger_head)
+        self.store.write_with(f"anchors/{dataset.id}.json", lambda path: path.write_text(json.dumps({
+            "seq": dataset.ledger_seq, "head": dataset.ledger_head, "previous_seq": previous_seq,
+            "previous_head": previous_head})))
 
-    def check_anchor(self, session: Session, dataset: db.Dataset) -> None:
-        """Refuse a dataset whose database chain is behind, or beside, what the data directory saw committed. The
-        database may be ahead (a crash between a commit and its anchor) if its chain passes through the anchor."""
+    def confirm(self, dataset: db.Dataset) -> None:
+        """After a charge committed: its head alone is admitted from now on."""
         anchor = self.read_anchor(dataset.id)
-        if anchor is None or (anchor.seq == dataset.ledger_seq and anchor.head == dataset.ledger_head):
+        if anchor is not None and (anchor.seq, anchor.head) == (dataset.ledger_seq, dataset.ledger_head):
+            self.anchor(dataset)
+
+    def check_anchor(self, dataset: db.Dataset) -> None:
+        """Refuse a dataset whose database chain is not where the data directory saw it last: behind it (a
+        database restored from an older backup), beside it, or a dataset with records and no anchor (a data
+        directory that is not this database's, or whose anchors were removed)."""
+        anchor = self.read_anchor(dataset.id)
+        if anchor is None and dataset.ledger_seq == 0:
             return
-        if anchor.seq < dataset.ledger_seq and session.scalar(select(db.LedgerEntry.hash).where(
-                db.LedgerEntry.dataset_id == dataset.id, db.LedgerEntry.seq == anchor.seq)) == anchor.head:
-            return
-        raise LedgerRollback(rollback_message(dataset.id))
+        if anchor is None or not anchor.admits(dataset.ledger_seq, dataset.ledger_head):
+            raise LedgerRollback(rollback_message(dataset.id))
 
     def anchored_datasets(self) -> list[str]:
         directory = self.store.path("anchors")

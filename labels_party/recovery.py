@@ -1,10 +1,12 @@
 """What the labels service checks and repairs when it starts, before it answers a request.
 
-1. **The database is not behind the data directory.** After every charge the ledger anchors the dataset's chain
-   head in the data directory (:class:`labels_party.ledger.Anchor`). A database restored from a backup older than
+1. **The database is not behind the data directory.** Every charge anchors the dataset's chain head in the data
+   directory before it commits (:class:`labels_party.ledger.Anchor`). A database restored from a backup older than
    the data directory has lost ledger records of releases that were delivered; answering from it would re-draw
    them (a retried Idempotency-Key would get fresh noise) and under-count every budget. The service refuses to
-   start instead (``ledger_rollback``), naming the restore procedure: restore both from the same backup.
+   start instead (``ledger_rollback``), naming the restore procedure: restore both from the same backup. A dataset
+   with records but no anchor (a data directory that is not this database's, or whose anchors were removed) is
+   refused the same way; datasets from before anchors get theirs when their accounts are rebuilt (2).
 2. **Accounts the migration to per-organization budgets left empty** are rebuilt from the ledger's records
    (:func:`labels_party.budgets.rebuild_migrated`), once.
 3. **Releases a dead process was computing** were charged before they were computed; they become ``failed`` and
@@ -15,14 +17,15 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
 from labels_party import budgets, db
 from labels_party.ledger import Ledger, LedgerRollback, rollback_message
 from labels_party.storage import DataStore
-from shared.service.scratch import Scratch
+from shared.service.scratch import TEMPORARY, Scratch
 
 log = logging.getLogger("labeldp.labels")
 
@@ -44,13 +47,27 @@ def recover(store: DataStore, sessions: sessionmaker, ledger: Ledger, scratch: S
 
 
 def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
-    """Every dataset the data directory anchored must exist with a chain that reaches its anchor."""
+    """Every dataset the data directory anchored must exist, every dataset must be where its anchor says, and
+    every release file must have its release row: a release is charged (its row committed) before its file is
+    written, so a file the database does not know was delivered by a database this one is older than."""
     with sessions() as session, session.begin():
         for dataset_id in ledger.anchored_datasets():
-            dataset = session.get(db.Dataset, dataset_id)
-            if dataset is None:
+            if session.get(db.Dataset, dataset_id) is None:
                 raise LedgerRollback(rollback_message(dataset_id))
-            ledger.check_anchor(session, dataset)
+        migrating = select(db.BudgetAccount.dataset_id).where(db.BudgetAccount.needs_rebuild)
+        for dataset in session.scalars(select(db.Dataset).where(db.Dataset.id.not_in(migrating))):
+            ledger.check_anchor(dataset)
+        if session.scalar(select(func.count()).select_from(migrating.subquery())):
+            return  # the first start after the migration to accounts: older versions left unreferenced files
+        known = {Path(file).name for file in session.scalars(select(db.Release.file))}
+    releases = ledger.store.path("releases")
+    unknown = [entry.name for entry in releases.iterdir() if entry.name not in known
+               and not TEMPORARY.match(entry.name)] if releases.is_dir() else []
+    if unknown:
+        raise LedgerRollback(f"{len(unknown)} release file(s) in the data directory (e.g. releases/{unknown[0]}) "
+                             "have no release in the database: it is older than the data directory (restored from "
+                             "an older backup?). Restore the database and the data directory from the same backup "
+                             "(docs/design/exact-ledger.md, 'Restoring')")
 
 
 def fail_interrupted(store: DataStore, sessions: sessionmaker) -> int:

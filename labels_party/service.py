@@ -71,7 +71,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     ledger = Ledger(store)
     scratch = Scratch(settings.data_dir)
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
-                         SparkJobs(settings.spark_master), scratch=scratch)
+                         SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark")),
+                         scratch=scratch)
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and

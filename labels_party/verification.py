@@ -41,7 +41,7 @@ def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
             if not verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head):
                 problems.append("hash chain broken")
             try:
-                ledger.check_anchor(session, dataset)
+                ledger.check_anchor(dataset)
             except LedgerRollback:
                 problems.append("the database is behind the data directory's anchor (restored from an older backup)")
             try:

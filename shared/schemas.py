@@ -7,6 +7,7 @@ the audit has ``events`` and ``chain_valid``; errors are ``{"error": {"code", "m
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -61,6 +62,19 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 # (settings.epsilon_min/max, inside what the mechanisms certify) with 400 epsilon_out_of_range, and its OpenAPI
 # schema states that range.
 Epsilon = FiniteFloat
+
+_DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def _decimal(value: Any) -> Any:
+    """A query parameter's text must be a plain decimal: Python's float() also reads "1_0" (10) and " 1 "."""
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        raise ValueError("must be a decimal number such as 0.5 or 1e-3")
+    return value
+
+
+# An ε in a query string (the columnar releases): the same number, from its text as strictly as JSON reads it.
+QueryEpsilon = Annotated[FiniteFloat, BeforeValidator(_decimal)]
 
 
 # A per-example δ: a probability below 1 (the service's ceiling, LABELDP_DELTA_MAX, is far smaller).

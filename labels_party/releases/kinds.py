@@ -37,6 +37,10 @@ from shared.domains import Classes
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
 
+# A group release's work and mechanism document grow with its groups (a prior, a solve and a mechanism each): 256
+# groups, and 4·10⁶ cells — the exact counts of 256 opt-unbiased randomizers on 88 labels, ~60 MB of JSON.
+MAX_GROUPS = 256
+MAX_GROUP_CELLS = 4_000_000
 MAX_FEATURE = 1e6  # central training's features: beyond it float32 training overflows (standardized ones are ~1)
 
 
@@ -202,8 +206,20 @@ class GroupRelease(_Defaults):
     def inputs(self, snapshot: Snapshot):
         return parse_groups(self.groups.path, upload_format(self.groups.media_type))
 
-    def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, _groups) -> Prepared:
-        return pipeline.prepare_groups(snapshot.domain, self.mechanism, self.epsilon, prior_epsilon=self.prior_epsilon)
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, groups) -> Prepared:
+        """Also bounds the work and the document, which grow with the groups: each gets a prior, a solve (or its
+        fallback) and its mechanism in the document — the opt-unbiased ones |Y| x 2|Y| exact counts."""
+        prepared = pipeline.prepare_groups(snapshot.domain, self.mechanism, self.epsilon,
+                                           prior_epsilon=self.prior_epsilon)
+        count = int(np.unique(np.asarray(groups)).size)
+        size = registry.support(snapshot.domain).size
+        cells = count * size * (2 * size if self.mechanism == "opt-unbiased" else 1)
+        if count > MAX_GROUPS or cells > MAX_GROUP_CELLS:
+            raise LabelDPError(f"{count:,} groups of {self.mechanism} on {size:,} labels: a group release takes at "
+                               f"most {MAX_GROUPS} groups and {MAX_GROUP_CELLS:,} mechanism cells (groups x labels"
+                               f"{' x 2 labels' if self.mechanism == 'opt-unbiased' else ''}); merge groups",
+                               code="too_large")
+        return prepared
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, groups, priced: Prepared, run: Computation) -> Draft:
         result = privatize_by_group(priced.with_deadline(run.deadline), labels, groups, run.rng)

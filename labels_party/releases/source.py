@@ -63,13 +63,14 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
             if restart:  # the same charge and job file: the job redraws the same noise
                 existing.state, existing.error_json = "running", None
             view = transaction.release_view(existing)
-        else:
-            snapshot_uri(ctx, dataset)  # refuses a source registered before copies were taken
+        else:  # refusals about the source (no copy, a prefix the operator withdrew, counts that do not fit the
+            # domain) come before the charge; reading the counts draws nothing
+            domain = domain_from_spec(json.loads(dataset.domain_json))
+            histogram = stored_histogram(ctx, session, dataset, domain)
     if existing is not None:
         if restart:
             _start(ctx, view.id)
         return view
-    domain = domain_from_spec(json.loads(dataset.domain_json))
     coverage = labelstore.range_coverage(0, dataset.num_examples)
     snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, dataset.num_examples, coverage)
     prepared = kind.price(ctx, snapshot, dataset.num_examples, None)
@@ -82,8 +83,6 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
     if not fresh:  # a concurrent request with this key was charged first
         return transaction.outcome(ctx, principal, release_id)
     try:
-        with ctx.sessions() as session, session.begin():
-            histogram = stored_histogram(ctx, session, session.get(db.Dataset, dataset_id), domain)
         planned = plan(prepared.with_deadline(Deadline(ctx.settings.solver_seconds)), histogram.counts,
                        ctx.random_source())
         from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)

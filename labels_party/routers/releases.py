@@ -42,7 +42,7 @@ def list_releases(dataset_id: str, who: Auth, ctx: Context):
 @router.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release,
              responses=REPLAYABLE, openapi_extra=openapi.columnar_body())
 async def create_prior_release(dataset_id: str, request: Request, who: Auth, ctx: Context,
-                               epsilon: Annotated[schemas.Epsilon, Query()], idempotency_key: IdempotencyKey):
+                               epsilon: Annotated[schemas.QueryEpsilon, Query()], idempotency_key: IdempotencyKey):
     """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
     example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
     already-private stages)."""
@@ -54,8 +54,8 @@ async def create_prior_release(dataset_id: str, request: Request, who: Auth, ctx
              responses=REPLAYABLE, openapi_extra=openapi.columnar_body())
 async def create_group_release(dataset_id: str, request: Request, who: Auth, ctx: Context,
                                mechanism: Annotated[schemas.GroupMechanism, Query()],
-                               epsilon: Annotated[schemas.Epsilon, Query()],
-                               prior_epsilon: Annotated[schemas.Epsilon, Query()],
+                               epsilon: Annotated[schemas.QueryEpsilon, Query()],
+                               prior_epsilon: Annotated[schemas.QueryEpsilon, Query()],
                                idempotency_key: IdempotencyKey):
     """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
     group, computed from features only (e.g. k-means clusters)."""

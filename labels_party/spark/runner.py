@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 class SparkJobs:
     """This service's Spark session (started on first use: seconds) and the thread that runs release jobs."""
 
-    def __init__(self, master: str):
-        self.master = master
+    def __init__(self, master: str, local_dir: str | None = None):
+        """``local_dir``: where Spark keeps its scratch (shuffle blocks hold per-partition label counts and example
+        ids): under the service's data directory, which a starting service cleans, never ``/tmp``."""
+        self.master, self.local_dir = master, local_dir
         self._session = None
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-release")
@@ -22,7 +24,8 @@ class SparkJobs:
 
         with self._lock:
             if self._session is None:
-                self._session = spark_session(self.master)
+                conf = {"spark.local.dir": self.local_dir} if self.local_dir else None
+                self._session = spark_session(self.master, conf=conf)
             return self._session
 
     def running(self, release_id: str) -> bool:

@@ -56,7 +56,7 @@ class _Books:
                 "release_id": f"r{dataset.ledger_seq + 1}", "created_at": "2026-01-01T00:00:00",
                 "actor": {"org": "owner", "role": "admin"}, "mechanism": "rr", "request": {}, "label_version": 1,
                 "epsilon_requested": 1.0, "dp_event": {}})
-        self.ledger.anchor(self.rows()[0])
+        self.ledger.confirm(self.rows()[0])
         for old in superseded:
             self.ledger.store.remove(old)
         return superseded

@@ -22,8 +22,6 @@ def _plant(data: Path, dataset: str) -> list[Path]:
         f"datasets/{dataset}/.labels_v000002_{hex32}.parquet.{uuid.uuid4().hex}.tmp": b"half a label version",
         f"datasets/{dataset}/budget/.classes_00000009.npy.{uuid.uuid4().hex}.tmp": b"half a budget file",
         f"releases/.{hex32}.parquet.{uuid.uuid4().hex}.tmp": b"half a release",
-        f"releases/{hex32}.parquet": b"privatized labels never committed",
-        f"releases/{uuid.uuid4().hex}/part-00000.parquet": b"a Spark job's output, never committed",
         f"jobs/{uuid.uuid4().hex}.pickle": b"a job file of a release that does not exist",
         f"sources/{uuid.uuid4().hex}/part-0.parquet": b"a source copied by a registration that died",
         f"tmp/duckdb-{uuid.uuid4().hex}/duckdb_temp_storage-0.tmp": b"spilled labels",
@@ -57,8 +55,28 @@ def test_leftovers_go_at_startup_and_referenced_files_stay(tmp_path):
     ctx.scratch.close()  # the first process ends
     restarted = make_context(f"sqlite:///{tmp_path}/db.sqlite", data)
     assert [path for path in leftovers if path.exists()] == []
-    assert not list((data / "releases").glob("*/")) and not list((data / "jobs").iterdir())
+    assert not list((data / "jobs").iterdir())
     assert sorted(p.name for p in (data / "tmp").iterdir()) == ["live.lock", "spool"]
     assert _files(data) == kept  # label versions, coverage, budget files and the committed release
     assert download_rows(client, {}, release["id"]) == rows
     restarted.scratch.close()
+
+
+def test_a_release_file_the_database_does_not_know_refuses_the_start(tmp_path):
+    """A release is charged — its row committed — before its file is written, so a release file without a row is
+    not a crash's leftover: the database is older than the data directory (a restore, perhaps with the anchors
+    removed). The service refuses to start rather than collect it and draw that release again."""
+    import pytest
+
+    from shared.errors import LabelDPError
+
+    ctx, client = admin_client(tmp_path)
+    # Spark's own scratch (shuffle blocks hold per-partition label counts) is there too, not in /tmp
+    assert ctx.spark_jobs.local_dir == str((tmp_path / "data" / "tmp" / "spark").resolve())
+    ctx.close()
+    stray = tmp_path / "data" / "releases" / f"{uuid.uuid4().hex}.parquet"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"privatized labels of a release the database lost")
+    with pytest.raises(LabelDPError) as refused:
+        make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    assert refused.value.code == "ledger_rollback" and stray.exists()

@@ -81,3 +81,26 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
     assert bound == pytest.approx(0.75, abs=1e-9) and all(
         g["mechanism"]["certified_epsilon"] <= bound for g in groups_described)
     assert verify_audit(ctx)["valid"]
+
+
+def test_too_many_groups_are_refused_before_anything_is_drawn(tmp_path):
+    """The review of issue 26: 2000 one-example groups took 15 s and a 141 MB document for one request. Groups are
+    public (they come from features): too many are refused before the charge."""
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        admin = create_key(session, "owner", "admin")
+    ids = [f"g{i}" for i in range(600)]
+    with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, admin) as client:
+        dataset = client.create_dataset(name="g", label_kind="integer", min=0, max=40, epsilon_total=1.0).id
+        client.upload_labels(dataset, ids, np.arange(600) % 41)
+        with pytest.raises(LabelsPartyError) as refused:
+            client.request_group_release(dataset, ids, np.arange(600) % 300, "rr-on-bins", 1.0, 0.25)
+        assert refused.value.code == "too_large" and "256 groups" in str(refused.value)
+        wide = client.create_dataset(name="w", label_kind="integer", min=0, max=199, epsilon_total=1.0).id
+        client.upload_labels(wide, ids, np.arange(600) % 200)
+        with pytest.raises(LabelsPartyError) as cells:  # 60 groups x 200 x 400 exact counts: 4.8·10⁶ cells
+            client.request_group_release(wide, ids, np.arange(600) % 60, "opt-unbiased", 1.0, 0.25)
+        assert cells.value.code == "too_large" and "cells" in str(cells.value)
+        for refused_on in (dataset, wide):
+            assert client.budget(refused_on).epsilon_spent == 0.0 and client.audit(refused_on).events == []
+        assert client.request_group_release(dataset, ids, np.arange(600) % 20, "opt-unbiased", 1.0, 0.25).id

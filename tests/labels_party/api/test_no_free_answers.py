@@ -317,3 +317,45 @@ def test_allocations_are_the_owners_to_set(tmp_path):
     figures = {o["org"]: o["epsilon_total"] for o in client.get(f"/v1/datasets/{dataset}/budget",
                                                                 headers=keys["owner"]).json()["organizations"]}
     assert figures == {"hospital": 1e5 - 6e4 - 2, "publisher": 6e4, "adnet": 2.0}
+
+
+def test_a_data_directory_without_its_anchors_is_refused(tmp_path):
+    """The review of issue 26: restoring the database and removing the data directory's anchors let the service
+    start, collect the delivered release's file and draw the key again. A dataset with records and no anchor is
+    refused like a restored database."""
+    ctx, client, keys = _service(tmp_path)
+    dataset = _dataset(client, keys, "d", {f"e{i}": i % 10 for i in range(20)}, {"publisher": 10})
+    _backup(tmp_path / "db.sqlite", tmp_path / "old.sqlite")
+    delivered = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
+                            headers={**keys["publisher"], "Idempotency-Key": "k"}).json()
+    ctx.close()
+    shutil.rmtree(tmp_path / "data" / "anchors")
+    with pytest.raises(LabelDPError) as refused:  # the database as it is, without its anchors
+        make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    assert refused.value.code == "ledger_rollback"
+    _restore(tmp_path / "old.sqlite", tmp_path / "db.sqlite")  # and restored too: still refused
+    with pytest.raises(LabelDPError):
+        make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    assert (tmp_path / "data" / "releases" / f"{delivered['id']}.parquet").exists()  # nothing was collected
+
+
+def test_a_commit_that_failed_after_its_anchor_is_not_a_rollback(tmp_path):
+    """The anchor is written inside the charge, just before the commit; a commit that then fails leaves the
+    database at the anchor's previous head, which is admitted: the service goes on charging."""
+    failing = {"armed": True}
+
+    def checkpoint(name):
+        if name == "before_charge_commit" and failing.pop("armed", False):
+            raise OSError("the database went away")
+
+    ctx, client, keys = _service(tmp_path, checkpoint=checkpoint)
+    dataset = _dataset(client, keys, "d", {f"e{i}": i % 10 for i in range(20)}, {"publisher": 10})
+    assert client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
+                       headers={**keys["publisher"], "Idempotency-Key": "a"}).status_code == 500
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=keys["publisher"]).json()["epsilon_spent"] == 0.0
+    ctx.close()
+    restarted = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    client = TestClient(create_app(restarted), raise_server_exceptions=False)
+    assert client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
+                       headers={**keys["publisher"], "Idempotency-Key": "a"}).status_code == 201
+    assert verify_audit(restarted)["valid"]

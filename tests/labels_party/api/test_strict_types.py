@@ -123,8 +123,15 @@ def test_query_parameters_still_parse_from_strings(client, admin):
     assert upload(client, admin, dataset, labels_csv({i: n % 3 for n, i in enumerate(ids)})).status_code == 200
     sink = io.BytesIO()
     pq.write_table(pa.table({"example_id": ids, "p_0": [0.5] * 300, "p_1": [0.3] * 300, "p_2": [0.2] * 300}), sink)
+    headers = {**admin, "Content-Type": "application/vnd.apache.parquet"}
+    # but only as a plain decimal: Python's float() reads "1_0" as 10 (it was charged 10) and " 1 " as 1
+    for number, text in enumerate(("1_0", " 1 ", "0x1", "1e", "infinity", "nan", "1,0")):
+        refused = client.post(f"/v1/datasets/{dataset}/prior-releases", params={"epsilon": text},
+                              content=sink.getvalue(), headers={**headers, "Idempotency-Key": f"bad{number}"})
+        expect_error(refused, 422, "invalid_request")
+    assert budget(client, admin, dataset)["epsilon_spent"] == 0.0
     r = client.post(f"/v1/datasets/{dataset}/prior-releases", params={"epsilon": "1"}, content=sink.getvalue(),
-                    headers={**admin, "Idempotency-Key": "q", "Content-Type": "application/vnd.apache.parquet"})
+                    headers={**headers, "Idempotency-Key": "q"})
     assert created(r)["epsilon"] == 1.0
     assert budget(client, admin, dataset)["epsilon_spent"] == 1.0
 

@@ -221,3 +221,21 @@ def test_refusals_at_registration_and_before_any_charge(service):
     assert legacy.status_code == 409 and legacy.json()["error"]["code"] == "source_dataset"
     assert "register the source again" in legacy.json()["error"]["message"]
     assert client.get("/v1/audit", headers=as_("owner")).json()["events"] == []
+
+
+def test_a_withdrawn_location_is_refused_before_the_charge(service, tmp_path):
+    """The review of issue 26: after the operator withdrew the owner's prefix, each release was charged and then
+    failed. The location is public configuration: it is checked before anything is charged."""
+    ctx, client, as_, sources, _, _ = service
+    dataset = _create(client, as_("owner"), f"{sources}/weeks").json()["id"]
+    client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
+    ctx.close()
+    withdrawn = make_context(settings=LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite",
+                                                     data_dir=tmp_path / "data", spark_sources={}))
+    client = TestClient(create_app(withdrawn), raise_server_exceptions=False)
+    for key in ("a", "b"):
+        refused = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1},
+                              headers={**as_("publisher"), "Idempotency-Key": key})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "source_not_allowed", refused.text
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=as_("publisher")).json()["epsilon_spent"] == 0.0
+    assert client.get(f"/v1/datasets/{dataset}/releases", headers=as_("publisher")).json() == []
