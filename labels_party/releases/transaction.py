@@ -362,17 +362,18 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "
 
 
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:
-    """A charged release that could not be completed: failed, charged, no file (best effort: if the database is
-    gone too, the startup sweep does it)."""
+    """A charged release that could not be completed: failed, charged, no file. Only a release still running
+    fails (one that became available keeps its labels); if the database is gone too, the startup sweep does it."""
+    failed = False
     try:
         with ctx.sessions() as session, session.begin():
             release = session.get(db.Release, release_id, with_for_update=True)
             if release.state == "running":
                 release.state, release.error_json = "failed", json.dumps(FAILED)
-                file = file or release.file
+                file, failed = file or release.file, True
     except Exception:  # noqa: BLE001 - the original failure is what the caller reports
         log.exception("could not record release %s as failed", release_id)
-    if file is not None:
+    if failed and file is not None:
         try:
             ctx.store.remove(file)
         except OSError:
