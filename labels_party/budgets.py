@@ -161,8 +161,8 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
                                   dataset.epsilon_total_units - sum(a.epsilon_units for a in granted))
         dataset.delta_total = sum(a.delta for a in accounts.values())
         dataset.epsilon_spent_units = sum(a.spent_max_units for a in accounts.values())
-        if dataset.ledger_seq:  # records from before anchors: this is the head the data directory now knows
-            ledger.anchor(dataset)
+        if dataset.ledger_seq and ledger.read_anchor(dataset.id) is None:
+            ledger.anchor(dataset)  # records from before anchors: this is the head the data directory now knows
         # the per-dataset layouts: budget/{spent,classes}_*.npy, and older per-example vectors beside the dataset
         root = ledger.store.path(f"datasets/{dataset_id}")
         for old in [*root.glob("budget/*.npy"), *root.glob("spent_*.npy")]:

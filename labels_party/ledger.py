@@ -555,7 +555,8 @@ class Ledger:
             "previous_head": previous_head})))
 
     def confirm(self, dataset: db.Dataset) -> None:
-        """After a charge committed: its head alone is admitted from now on."""
+        """After a charge committed, with ``dataset``'s row locked and fresh: its head alone is admitted from now
+        on (the lock keeps a later charge's pending anchor from being overwritten with this older head)."""
         anchor = self.read_anchor(dataset.id)
         if anchor is not None and (anchor.seq, anchor.head) == (dataset.ledger_seq, dataset.ledger_head):
             self.anchor(dataset)

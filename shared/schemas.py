@@ -57,6 +57,10 @@ class ErrorBody(BaseModel):
 # Numbers a request carries: NaN and ±inf are refused, and the OpenAPI schema says so (``exclusiveMinimum``).
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# A label value a domain declares: within ±10¹⁵, so that every mechanism's outputs (dbRR's reach K/ε times the
+# range) stay finite doubles — at ±1.7·10³⁰⁸ they were ±inf, and the release failed after it was charged.
+LABEL_VALUE_LIMIT = 1e15
+LabelValue = Annotated[float, Field(ge=-LABEL_VALUE_LIMIT, le=LABEL_VALUE_LIMIT, allow_inf_nan=False)]
 
 # A privacy parameter a request asks for: any finite number parses; the service refuses one outside its range
 # (settings.epsilon_min/max, inside what the mechanisms certify) with 400 epsilon_out_of_range, and its OpenAPI
@@ -108,7 +112,7 @@ class FiniteDatasetCreate(_DatasetCreateBase):
     """Labels from an explicit list of values."""
 
     label_kind: Literal["finite"]
-    values: list[FiniteFloat] = Field(min_length=2, max_length=100_000)
+    values: list[LabelValue] = Field(min_length=2, max_length=100_000)
 
     def domain_spec(self) -> dict:
         return domain_spec("finite", values=self.values)
@@ -121,8 +125,8 @@ class LabelClip(BaseModel):
 
     model_config = REQUEST_CONFIG
 
-    low: FiniteFloat
-    high: FiniteFloat
+    low: LabelValue
+    high: LabelValue
 
 
 class _BoundedDatasetCreate(_DatasetCreateBase):
@@ -135,8 +139,8 @@ class _BoundedDatasetCreate(_DatasetCreateBase):
         {"required": ["clip"], "not": {"anyOf": [{"required": ["min"]}, {"required": ["max"]}]}}]})
 
     # Absent, not null: the schema says a number or nothing (a null would be schema-invalid data).
-    min: FiniteFloat = None
-    max: FiniteFloat = None
+    min: LabelValue = None
+    max: LabelValue = None
     clip: LabelClip = None
 
     @model_validator(mode="after")

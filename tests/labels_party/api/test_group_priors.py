@@ -104,3 +104,31 @@ def test_too_many_groups_are_refused_before_anything_is_drawn(tmp_path):
         for refused_on in (dataset, wide):
             assert client.budget(refused_on).epsilon_spent == 0.0 and client.audit(refused_on).events == []
         assert client.request_group_release(dataset, ids, np.arange(600) % 20, "opt-unbiased", 1.0, 0.25).id
+
+
+def test_a_small_body_of_long_group_names_is_not_expanded(tmp_path):
+    """The second review of issue 26: 2·10⁶ rows naming a thousand 900-character groups make a 2 MB Parquet body
+    (dictionary-encoded); expanding it to one fixed-width string per row took the server to 8.7 GB before any
+    refusal. The groups are kept as references to one name each, and names are bounded."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 2_000_000
+    body = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"example_id": pa.array(np.char.add("e", np.arange(rows).astype(str))),
+                             "group": pa.DictionaryArray.from_arrays(
+                                 pa.array(np.arange(rows) % 1000, pa.int32()),
+                                 pa.array(["g" * 900 + str(i) for i in range(1000)]))}), body, compression="zstd")
+    assert body.stat().st_size < 5 << 20
+    probe = ("import pathlib, resource, sys\n"
+             "from labels_party.uploads import parse_groups\n"
+             "from shared.errors import LabelDPError\n"
+             "try:\n    parse_groups(pathlib.Path(sys.argv[1]), 'parquet')\n"
+             "except LabelDPError as err:\n    print(err.code)\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(body)], capture_output=True, text=True, timeout=300)
+    code, peak_mb = done.stdout.split()
+    assert code == "malformed_file" and int(peak_mb) < 1000, done.stdout + done.stderr  # names over 200 chars

@@ -359,3 +359,30 @@ def test_a_commit_that_failed_after_its_anchor_is_not_a_rollback(tmp_path):
     assert client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
                        headers={**keys["publisher"], "Idempotency-Key": "a"}).status_code == 201
     assert verify_audit(restarted)["valid"]
+
+
+def test_a_backup_from_before_the_accounts_migration_is_still_checked(tmp_path):
+    """The second review of issue 26: a database backup taken before migration 0008, restored and upgraded beside
+    a data directory that has anchors, skipped the checks (its accounts are rebuilt, so it looked like a first
+    upgrade) and re-drew a delivered release. An anchor that exists is always checked, and so are the release
+    files unless no anchor exists at all (a real first upgrade: then a data directory whose anchors were removed
+    is not told apart — that needs write access to the service's own storage)."""
+    from sqlalchemy import text
+
+    ctx, client, keys = _service(tmp_path)
+    dataset = _dataset(client, keys, "d", {f"e{i}": i % 10 for i in range(20)}, {"publisher": 10})
+    for key in ("a", "b"):
+        assert client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
+                           headers={**keys["publisher"], "Idempotency-Key": key}).status_code == 201
+    with ctx.sessions() as session, session.begin():  # the old database as the migration leaves it: one release
+        release_id = session.execute(text("SELECT release_id FROM ledger WHERE seq = 2")).scalar()
+        session.execute(text("DELETE FROM ledger WHERE seq = 2"))
+        session.execute(text("DELETE FROM releases WHERE id = :r"), {"r": release_id})
+        head = session.execute(text("SELECT hash FROM ledger WHERE seq = 1")).scalar()
+        session.execute(text("UPDATE datasets SET ledger_seq = 1, ledger_head = :h"), {"h": head})
+        session.execute(text("UPDATE budget_accounts SET needs_rebuild = :t"), {"t": True})
+    ctx.close()
+    with pytest.raises(LabelDPError) as refused:
+        make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    assert refused.value.code == "ledger_rollback"
+    assert (tmp_path / "data" / "releases" / f"{release_id}.parquet").exists()  # nothing was collected

@@ -142,3 +142,17 @@ def test_the_openapi_documents_the_422_envelope(client):
                          ("/v1/datasets/{dataset_id}/evaluations", "post")]:
         assert spec["paths"][path][method]["responses"]["422"]["content"]["application/json"]["schema"] == {
             "$ref": "#/components/schemas/ErrorBody"}
+
+
+@pytest.mark.parametrize("body", [
+    {"label_kind": "finite", "values": [-1.7e308, 0, 1.7e308]},
+    {"label_kind": "integer", "min": 0, "max": 1e16},
+    {"label_kind": "continuous", "clip": {"low": -1e300, "high": 1e300}},
+])
+def test_label_values_beyond_ten_to_the_fifteen_are_refused(client, admin, body):
+    """The second review of issue 26: on {-1.7e308, 0, 1.7e308} dbRR's outputs were infinite, the document could
+    not be written and every release failed after it was charged (rr-on-bins: depending on the noisy prior). A
+    domain is public: it is refused when it is declared."""
+    expect_error(client.post("/v1/datasets", json={"name": "wide", "epsilon_total": 1, **body}, headers=admin), 422,
+                 "invalid_request")
+    assert client.get("/v1/datasets", headers=admin).json() == []
