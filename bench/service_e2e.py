@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 
 
 def peak_rss_mb(pid: int) -> float:

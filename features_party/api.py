@@ -14,8 +14,8 @@ import logging
 from fastapi import FastAPI
 
 from features_party.auth import Principal, authenticate
+from features_party.context import TrainerContext
 from features_party.routers import features, jobs
-from features_party.service import TrainerContext
 from shared.service.app import service_app
 
 log = logging.getLogger("labeldp.features")

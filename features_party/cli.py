@@ -58,7 +58,7 @@ def serve_command(args) -> int:
     import uvicorn
 
     from features_party.api import create_app
-    from features_party.service import make_context
+    from features_party.context import make_context
     from features_party.train import device_summary
 
     tls = tls_options(args)  # flags first: a usage error touches no database
@@ -73,11 +73,11 @@ def serve_command(args) -> int:
 
 
 def create_key_command(args) -> int:
-    from features_party import db
     from features_party.auth import create_key
+    from features_party.migrations import make_sessionmaker
     from shared.service.database import make_engine
 
-    sessions = db.make_sessionmaker(make_engine(_settings(args).database_url))
+    sessions = make_sessionmaker(make_engine(_settings(args).database_url))
     with sessions() as session, session.begin():
         print(create_key(session, args.org, args.role))
     return 0

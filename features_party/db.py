@@ -7,8 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from shared.service.database import NAMING_CONVENTION, UtcDateTime, new_id, utcnow  # noqa: F401 (new_id: API)
 from shared.service.keys import ApiKeyColumns, OrganizationColumns
@@ -62,10 +61,3 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
-
-def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
-    """Sessions on a database at the current schema (see :mod:`features_party.migrations`)."""
-    from features_party.migrations import MIGRATIONS
-
-    MIGRATIONS.prepare(engine, upgrade=upgrade)
-    return sessionmaker(engine, expire_on_commit=False)

@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 from features_party import db
 from features_party.client import LabelsPartyClient, LabelsPartyError
+from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
-from features_party.service import JobPlan, TrainerContext, labels_party_client, load_frame, upstream_error
+from features_party.planning import JobPlan, labels_party_client, load_frame, upstream_error
 from features_party.train import TrainConfig, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError

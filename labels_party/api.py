@@ -16,11 +16,11 @@ import re
 
 from fastapi import FastAPI
 
-from labels_party import service
+from labels_party import access
 from labels_party.auth import Principal, authenticate
 from labels_party.console.app import create_console
+from labels_party.context import ServiceContext
 from labels_party.routers import audit, datasets, mechanisms, releases
-from labels_party.service import ServiceContext
 from shared.service.app import service_app
 
 log = logging.getLogger("labeldp.labels")
@@ -39,8 +39,8 @@ def _authorizer(ctx: ServiceContext):
             principal = authenticate(session, authorization or None)
             match = _DATASET_PATH.match(path)
             if match:
-                service.accessible_dataset(session, principal, match.group(1),
-                                           admin=(method, match.group(2) or "") in _ADMIN_ONLY)
+                access.accessible_dataset(session, principal, match.group(1),
+                                          admin=(method, match.group(2) or "") in _ADMIN_ONLY)
             return principal
 
     return authorize

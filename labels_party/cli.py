@@ -177,7 +177,7 @@ def _settings(args):
 
 
 def _context(args, *, upgrade: bool = False):
-    from labels_party.service import make_context
+    from labels_party.context import make_context
 
     return make_context(settings=_settings(args), upgrade=upgrade)
 
@@ -214,14 +214,14 @@ def create_key_command(args) -> int:
 
 
 def verify_audit_command(args) -> int:
-    from labels_party import db, verification
+    from labels_party import db, migrations, verification
     from labels_party.ledger import Ledger
     from labels_party.storage import DataStore
 
     # Not a service context: the audit must also look at a database the service would refuse (one restored
     # behind its data directory reports that as a problem), and it repairs nothing.
     settings = _settings(args)
-    report = verification.verify(db.make_sessionmaker(db.make_engine(settings.database_url)),
+    report = verification.verify(migrations.make_sessionmaker(db.make_engine(settings.database_url)),
                                  Ledger(DataStore(settings.data_dir)))
     print(json.dumps(report, indent=2))
     return 0 if report["valid"] else 1

@@ -19,8 +19,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy import false as sa_false
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from shared.service.database import (  # noqa: F401 (make_engine, new_id, utcnow: this module's API)
     NAMING_CONVENTION,
@@ -196,11 +195,3 @@ class ConsoleSession(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
-
-def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
-    """Sessions on a database at the current schema: an empty database is created (and stamped), an older one is
-    migrated when ``upgrade`` is set and refused otherwise (``labeldp labels upgrade-db``)."""
-    from labels_party.migrations import MIGRATIONS
-
-    MIGRATIONS.prepare(engine, upgrade=upgrade)
-    return sessionmaker(engine, expire_on_commit=False)

@@ -271,6 +271,3 @@ def build_mechanism(name: str, domain, epsilon: float, prior=None, options: Mech
     """:func:`build` without the diagnostics."""
     return build(name, domain, epsilon, prior, options).mechanism
 
-
-def needs_prior(name: str) -> bool:
-    return family(name).needs_prior

@@ -13,18 +13,14 @@ the source again (as a new dataset).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from sqlalchemy.orm import Session
 
 from labels_party import db
+from labels_party.context import ServiceContext
 from labels_party.registry import support
 from labels_party.spark import snapshot
 from shared.errors import LabelDPError
-
-if TYPE_CHECKING:
-    from labels_party.service import ServiceContext
 
 
 def register(ctx: ServiceContext, org_name: str, dataset_id: str, source: str, domain) -> dict:

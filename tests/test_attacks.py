@@ -137,7 +137,7 @@ def test_attacks_on_single_example_releases_over_http(tmp_path):
     noisy prior at ε₁ = 0.5 is published) and laplace at ε = 1. Every published number is attacked."""
     from labels_party.api import create_app
     from labels_party.auth import create_key
-    from labels_party.service import make_context
+    from labels_party.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():

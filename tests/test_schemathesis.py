@@ -23,14 +23,14 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
-from features_party import service as trainer_service
+from features_party import context as trainer_context_module
 from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
 from features_party.settings import TrainerSettings
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_labels_party(labels_party, tmp_path):
 
 
 def test_trainer(labels_party, tmp_path):
-    ctx = trainer_service.make_context(TrainerSettings(
+    ctx = trainer_context_module.make_context(TrainerSettings(
         database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "trainer",
         labels_parties={"office": labels_party["url"]}, upstream_timeout_seconds=20, upstream_retries=0))
     with ctx.sessions() as session, session.begin():

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
 from features_party.db import Base
 from shared.service.database import Migrations
 
 MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, None, "labeldp features upgrade-db")
+
+
+def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
+    """Sessions on a database at the current schema: created and stamped when empty, else migrated or refused."""
+    MIGRATIONS.prepare(engine, upgrade=upgrade)
+    return sessionmaker(engine, expire_on_commit=False)

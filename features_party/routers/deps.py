@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends
 
 from features_party.auth import Principal
-from features_party.service import TrainerContext
+from features_party.context import TrainerContext
 from shared.service import dependencies
 
 Auth = Annotated[Principal, Depends(dependencies.principal)]

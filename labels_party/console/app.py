@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from labels_party.console import routes
 from labels_party.console.gate import ConsoleGate
 from labels_party.console.sessions import LIFETIME, Sessions
-from labels_party.service import ServiceContext
+from labels_party.context import ServiceContext
 from shared.errors import LabelDPError
 from shared.service.errors import status_of
 

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from labels_party.auth import Principal
 from labels_party.console import charts, sessions, views
 from labels_party.console.sessions import PATH
-from labels_party.service import ServiceContext
+from labels_party.context import ServiceContext
 from shared.errors import LabelDPError
 from shared.service import dependencies
 from shared.service.errors import status_of

@@ -1,15 +1,15 @@
 """What the console's pages show, gathered through the service's own functions — the same access rules, budget
 figures and ledger the API answers with (nothing here does accounting of its own):
 
-* budgets: :func:`labels_party.service.list_datasets` / :func:`~labels_party.service.budget` (``GET
+* budgets: :func:`labels_party.datasets.list_datasets` / :func:`~labels_party.datasets.budget` (``GET
   /v1/datasets``, ``GET /v1/datasets/{id}/budget``);
 * releases per organization and mechanism, and ε spent over time: the ledger records of
-  :func:`labels_party.service.audit` (``GET /v1/audit``), which also gives the hash chain's status;
+  :func:`labels_party.audit.audit` (``GET /v1/audit``), which also gives the hash chain's status;
 * per-example spent ε: the ledger's coverage classes, summed over the organizations' accounts
   (``ctx.ledger.spent_by_example``);
 * a release and its mechanism document: :mod:`labels_party.releases.queries` (``GET /v1/releases/{id}``, ``GET
   /v1/mechanisms/{hash}``);
-* verification: :func:`labels_party.service.verify_audit` (``labeldp labels verify-audit``).
+* verification: :func:`labels_party.audit.verify_audit` (``labeldp labels verify-audit``).
 
 Another organization's dataset or release raises the service's own 404."""
 
@@ -23,12 +23,14 @@ from datetime import datetime
 import numpy as np
 from sqlalchemy import select
 
-from labels_party import db, documents, service
+from labels_party import access, db, documents
+from labels_party import audit as audit_log
+from labels_party import datasets as dataset_service
 from labels_party.auth import Principal
 from labels_party.console import randomizer
+from labels_party.context import ServiceContext
 from labels_party.ledger import charged_units, units_epsilon
 from labels_party.releases import queries
-from labels_party.service import ServiceContext
 from shared import schemas
 
 HISTOGRAM_BINS = 20
@@ -75,8 +77,8 @@ def _org_uses(events: list[schemas.AuditEvent], granted: set[str]) -> list[OrgUs
 
 
 def datasets_overview(ctx: ServiceContext, principal: Principal) -> list[DatasetCard]:
-    datasets = service.list_datasets(ctx, principal)
-    audit = service.audit(ctx, principal, None)
+    datasets = dataset_service.list_datasets(ctx, principal)
+    audit = audit_log.audit(ctx, principal, None)
     grants = _grants(ctx, [d.id for d in datasets])
     events: dict[str, list[schemas.AuditEvent]] = defaultdict(list)
     for event in audit.events:
@@ -142,11 +144,11 @@ def _timeline(created: datetime, events: list[schemas.AuditEvent]) -> list[tuple
 
 
 def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> DatasetPage:
-    budget = service.budget(ctx, principal, dataset_id)  # the 404 of another organization's dataset comes first
-    dataset = service.get_dataset(ctx, principal, dataset_id)
-    audit = service.audit(ctx, principal, dataset_id)
+    budget = dataset_service.budget(ctx, principal, dataset_id)  # the 404 of another organization's dataset comes first
+    dataset = dataset_service.get_dataset(ctx, principal, dataset_id)
+    audit = audit_log.audit(ctx, principal, dataset_id)
     with ctx.sessions() as session, session.begin():
-        row = service.accessible_dataset(session, principal, dataset_id, admin=True)
+        row = access.accessible_dataset(session, principal, dataset_id, admin=True)
         accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset_id)).all()
     spent, sizes = ctx.ledger.spent_by_example(accounts, row.registry_size)
     org_of = {e.record.get("release_id"): e.record.get("actor", {}).get("org", "?") for e in audit.events}
@@ -202,7 +204,7 @@ def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> 
     document = (queries.get_mechanism_document(ctx, principal, release.mechanism_hash) if release.mechanism_hash
                 else {})  # a running or failed release has no mechanism yet
     description = document.get("description") or {}
-    audit = service.audit(ctx, principal, release.dataset_id)
+    audit = audit_log.audit(ctx, principal, release.dataset_id)
     org = next((e.record.get("actor", {}).get("org", "?") for e in audit.events
                 if e.record.get("release_id") == release.id), "?")
     groups = description.get("groups") if isinstance(description.get("groups"), list) else []
@@ -218,6 +220,6 @@ def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> 
 
 def verify(ctx: ServiceContext, principal: Principal, dataset_id: str) -> tuple[bool, dict]:
     """(the API's chain status, this dataset's part of the full verification report)."""
-    chain_valid = service.audit(ctx, principal, dataset_id).chain_valid  # admin of the owner, else 404
-    report = service.verify_audit(ctx)
+    chain_valid = audit_log.audit(ctx, principal, dataset_id).chain_valid  # admin of the owner, else 404
+    report = audit_log.verify_audit(ctx)
     return chain_valid, next(d for d in report["datasets"] if d["dataset_id"] == dataset_id)

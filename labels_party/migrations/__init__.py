@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import sessionmaker
+
 from labels_party.db import Base
 from shared.service.database import Migrations
 
 BASELINE = "0001"  # the schema built before migrations existed
 MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, BASELINE, "labeldp labels upgrade-db")
+
+
+def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
+    """Sessions on a database at the current schema: an empty database is created (and stamped), an older one is
+    migrated when ``upgrade`` is set and refused otherwise (``labeldp labels upgrade-db``)."""
+    MIGRATIONS.prepare(engine, upgrade=upgrade)
+    return sessionmaker(engine, expire_on_commit=False)

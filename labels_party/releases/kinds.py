@@ -24,15 +24,15 @@ import numpy as np
 from dp_accounting import dp_event
 
 from labels_party import pipeline, registry
+from labels_party.context import ServiceContext
 from labels_party.evaluation import EvaluationPlan, plan_evaluation, score
 from labels_party.pipeline import Plan, Prepared, privatize, privatize_by_group
 from labels_party.registry import MechanismOptions
 from labels_party.releases.streamed import plan_version
 from labels_party.releases.transaction import Computation, Draft, Snapshot
-from labels_party.service import ServiceContext
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
-from shared import models, schemas
+from shared import schemas
 from shared.domains import Classes
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
@@ -44,11 +44,14 @@ MAX_GROUP_CELLS = 4_000_000
 MAX_FEATURE = 1e6  # central training's features: beyond it float32 training overflows (standardized ones are ~1)
 
 
-def finite_params(params: dict) -> dict:
-    """The parameters with every non-finite entry replaced by 0 (as numpy arrays)."""
-    return {"embeddings": [np.nan_to_num(np.asarray(e), nan=0.0, posinf=0.0, neginf=0.0) for e in params["embeddings"]],
-            "layers": [{k: np.nan_to_num(np.asarray(v), nan=0.0, posinf=0.0, neginf=0.0) for k, v in layer.items()}
-                       for layer in params["layers"]]}
+def finite_param_lists(params: dict) -> dict:
+    """The parameters as JSON lists (the layout of :func:`shared.models.params_to_lists`) with every non-finite
+    entry replaced by 0 — numpy only, so that this module does not load JAX."""
+    def finite(value) -> list:
+        return np.nan_to_num(np.asarray(value), nan=0.0, posinf=0.0, neginf=0.0).tolist()
+
+    return {"embeddings": [finite(e) for e in params["embeddings"]],
+            "layers": [{"w": finite(layer["w"]), "b": finite(layer["b"])} for layer in params["layers"]]}
 
 
 @dataclass(frozen=True)
@@ -326,10 +329,10 @@ class CentralTraining(_JsonBodyKind):
         result = train_labeldp_pro(config, features, labels.astype(np.int64), num_classes, run.rng, sigma=sigma)
         # The parameters are the DP output; mapping a non-finite one to 0 is post-processing, and it keeps the
         # outcome (a document that serializes, 201) from depending on whether training overflowed.
-        params = finite_params(result.params)
+        params = finite_param_lists(result.params)
         description = {"mechanism": self.mechanism, "denoiser": request.denoiser, "epsilon": request.epsilon,
                        "delta": config.delta, "certified_epsilon": result.epsilon, "noise_multiplier": result.sigma,
                        "steps": request.steps, "sampling_probability": result.sampling_probability,
-                       "parameters": models.params_to_lists(params), "hidden": request.hidden,
+                       "parameters": params, "hidden": request.hidden,
                        "num_classes": num_classes}
         return Draft(result, {}, description)

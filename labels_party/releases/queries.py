@@ -9,9 +9,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from labels_party import db
+from labels_party.access import accessible_dataset
 from labels_party.auth import Principal
+from labels_party.context import ServiceContext
 from labels_party.releases.transaction import release_view
-from labels_party.service import ServiceContext, accessible_dataset
 from shared import schemas
 from shared.errors import LabelDPError
 

@@ -26,13 +26,14 @@ import logging
 import pickle
 
 from labels_party import db, labelstore
+from labels_party.access import accessible_dataset
 from labels_party.auth import Principal
+from labels_party.context import ServiceContext, check_epsilon_range
 from labels_party.pipeline import plan
 from labels_party.recovery import FAILED
 from labels_party.registry import support
 from labels_party.releases import transaction
 from labels_party.releases.kinds import LabelRelease
-from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
 from labels_party.solvers.deadline import Deadline
 from labels_party.source_datasets import snapshot_uri, stored_histogram
 from shared import schemas

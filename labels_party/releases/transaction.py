@@ -41,10 +41,11 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from labels_party import budgets, db, documents, labelstore
+from labels_party.access import accessible_dataset
 from labels_party.auth import Principal
+from labels_party.context import ServiceContext, check_epsilon_range
 from labels_party.ledger import Actor, BudgetExceeded, Charge, canonical, units_epsilon
 from labels_party.recovery import FAILED
-from labels_party.service import ServiceContext, accessible_dataset, check_epsilon_range
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from labels_party import service
+from labels_party import datasets
 from labels_party.routers.deps import Auth, Context
 from labels_party.uploads import upload_format
 from shared import schemas
@@ -17,17 +17,17 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 @router.post("", status_code=201, response_model=schemas.Dataset)
 def create_dataset(body: schemas.DatasetCreate, who: Auth, ctx: Context):
     """A dataset and its per-example budget (admin keys); the fields its domain needs depend on ``label_kind``."""
-    return service.create_dataset(ctx, who, body)
+    return datasets.create_dataset(ctx, who, body)
 
 
 @router.get("", response_model=list[schemas.Dataset])
 def list_datasets(who: Auth, ctx: Context):
-    return service.list_datasets(ctx, who)
+    return datasets.list_datasets(ctx, who)
 
 
 @router.get("/{dataset_id}", response_model=schemas.Dataset)
 def get_dataset(dataset_id: str, who: Auth, ctx: Context):
-    return service.get_dataset(ctx, who, dataset_id)
+    return datasets.get_dataset(ctx, who, dataset_id)
 
 
 @router.put("/{dataset_id}/labels", response_model=schemas.UploadResult, openapi_extra=openapi.columnar_body())
@@ -36,7 +36,7 @@ async def upload_labels(dataset_id: str, request: Request, who: Auth, ctx: Conte
     fmt = upload_format(request.headers.get("content-type"))
     directory, body = await gate.spool(request, ctx.settings.max_upload_bytes, ctx.scratch.spools)
     with directory:
-        return await run_in_threadpool(service.upload_labels, ctx, who, dataset_id, body.path, fmt)
+        return await run_in_threadpool(datasets.upload_labels, ctx, who, dataset_id, body.path, fmt)
 
 
 @router.post("/{dataset_id}/grants", status_code=201, response_model=schemas.Grant)
@@ -44,10 +44,10 @@ def grant(dataset_id: str, body: schemas.GrantCreate, who: Auth, ctx: Context):
     """Let another organization's consumer keys request releases of this dataset, each example's use limited to
     ``epsilon`` (and ``delta``) moved from the owner's account; sent again, it changes the allocation (admin
     keys)."""
-    return service.grant_access(ctx, who, dataset_id, body)
+    return datasets.grant_access(ctx, who, dataset_id, body)
 
 
 @router.get("/{dataset_id}/budget", response_model=schemas.Budget)
 def budget(dataset_id: str, who: Auth, ctx: Context):
     """A consumer: its organization's allocation and use. The owner's admins: the dataset and every account."""
-    return service.budget(ctx, who, dataset_id)
+    return datasets.budget(ctx, who, dataset_id)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from labels_party.auth import Principal
-from labels_party.service import ServiceContext
+from labels_party.context import ServiceContext
 from labels_party.uploads import upload_format
 from shared import schemas
 from shared.service import dependencies, gate

@@ -77,14 +77,6 @@ def _build_lp(values, prior, outputs, epsilon, center=None, scale=None):
                 row_lower=row_lower, row_upper=row_upper, starts=starts, indices=indices, values=coefficients)
 
 
-def solve_mesh_lp(values, prior, outputs, epsilon, *, center=0.0, scale=1.0, solver: str = "choose"):
-    """The raw mesh LP: (matrix |Y| x |outputs| with solver tolerance, row duals (α for normalization, β for
-    unbiasedness) in the coordinates (y - center) / scale with cost divided by scale²)."""
-    lp = solve_lp(**_build_lp(values, prior, outputs, epsilon, center, scale), solver=solver)
-    k = values.size
-    return lp.x[: k * outputs.size].reshape(k, outputs.size), lp.row_duals[: 2 * k]
-
-
 def certify_solution(values, outputs, matrix, epsilon: float, lp_epsilon: float, name: str,
                      parameters: dict) -> FiniteRandomizer:
     """Turn an LP solution (with tolerance) into an exactly normalized, unbiased, certified ε-DP randomizer."""

@@ -77,12 +77,6 @@ class Problem:
         np.add.at(steps, np.asarray(last) + 1, -lift * weights)
         return np.sum(weights) / self.e + np.cumsum(steps[:-1])
 
-    def dense_columns(self, first, last, weights) -> np.ndarray:
-        """The (k × intervals) matrix of weights_j v_j(y), v_j scaled to a maximum of 1 (the vertex only)."""
-        labels = np.arange(self.k)[:, None]
-        inside = (labels >= np.asarray(first)[None, :]) & (labels <= np.asarray(last)[None, :])
-        return np.where(inside, 1.0, 1.0 / self.e) * np.asarray(weights)[None, :]
-
     def differenced_columns(self, first, last, t) -> sparse.csc_matrix:
         """(2k × intervals) columns of the equality rows written as row y minus row y − 1 (an invertible change
         of the system): the normalization block of a scaled staircase vector then has nonzeros only at 0, first

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
-from features_party import service as trainer_service
+from features_party import context as trainer_context_module
 from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
 from features_party.settings import TrainerSettings
@@ -22,14 +22,14 @@ from labeldp.cli import main as cli
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 from tests.support.paths import assert_path_free
 
 N = 1500
 
 
 def trainer_context(tmp_path, labels_url: str, **settings):
-    return trainer_service.make_context(TrainerSettings(
+    return trainer_context_module.make_context(TrainerSettings(
         database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "trainer",
         labels_parties={"office": labels_url}, upstream_timeout_seconds=20, upstream_retries=0, **settings))
 

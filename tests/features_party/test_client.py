@@ -11,7 +11,7 @@ from features_party.client import BudgetExceeded, Conflict, LabelsPartyClient, N
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 
 
 class FaultInjector(httpx.HTTPTransport):

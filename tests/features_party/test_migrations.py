@@ -12,7 +12,7 @@ from alembic import command
 from sqlalchemy import inspect, text
 
 from features_party import db
-from features_party.migrations import MIGRATIONS
+from features_party.migrations import MIGRATIONS, make_sessionmaker
 from shared.service.database import make_engine
 from tests.support.databases import fresh_database
 
@@ -41,7 +41,7 @@ def test_the_baseline_migration_builds_the_declared_schema(database_url, tmp_pat
     with fresh_database(kind, tmp_path / "declared") as declared_url:
         (tmp_path / "declared").mkdir(exist_ok=True)
         engine = make_engine(declared_url)
-        db.make_sessionmaker(engine)  # an empty database: created from the models and stamped at head
+        make_sessionmaker(engine)  # an empty database: created from the models and stamped at head
         engine.dispose()
         migrated, declared = _schema(database_url), _schema(declared_url)
     assert set(migrated) == {"alembic_version", "organizations", "api_keys", "feature_tables", "jobs"}
@@ -50,12 +50,12 @@ def test_the_baseline_migration_builds_the_declared_schema(database_url, tmp_pat
 
 def test_a_fresh_database_is_at_head_and_keeps_its_rows(database_url):
     engine = make_engine(database_url)
-    sessions = db.make_sessionmaker(engine)
+    sessions = make_sessionmaker(engine)
     with engine.connect() as connection:
         assert MIGRATIONS.current(connection) == MIGRATIONS.head() == "0001"
     with sessions() as session, session.begin():
         session.add(db.Organization(name="publisher"))
-    db.make_sessionmaker(engine)  # a restart: nothing is recreated or reset
+    make_sessionmaker(engine)  # a restart: nothing is recreated or reset
     with engine.connect() as connection:
         assert connection.execute(text("SELECT name FROM organizations")).scalars().all() == ["publisher"]
     engine.dispose()

@@ -17,9 +17,10 @@ from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, labelstore
 from labels_party.api import create_app
+from labels_party.audit import verify_audit
 from labels_party.auth import create_key
+from labels_party.context import make_context
 from labels_party.ledger import RDP_ORDERS, BudgetExceeded, Charge, Ledger, units_epsilon
-from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
 from shared.mechanisms import events
 

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labels_party.api import create_app
+from labels_party.audit import verify_audit
 from labels_party.auth import create_key
+from labels_party.context import make_context
 from labels_party.ledger import budget_units, charge_units, units_epsilon
-from labels_party.service import make_context, verify_audit
 from shared.mechanisms import events
 
 

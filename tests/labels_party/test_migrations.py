@@ -16,9 +16,10 @@ from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
 from labels_party import db
+from labels_party.audit import verify_audit
+from labels_party.context import make_context
 from labels_party.ledger import canonical, chain_hash
 from labels_party.migrations import MIGRATIONS
-from labels_party.service import make_context, verify_audit
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from labels_party.audit import verify_audit
 from labels_party.evaluation import evaluate, unbiased_mse_estimate
-from labels_party.service import verify_audit
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from shared.domains import integer_range, lattice_of
 from shared.errors import LabelDPError

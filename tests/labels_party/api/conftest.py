@@ -14,7 +14,7 @@ with warnings.catch_warnings():  # starlette: "Using `httpx` with `starlette.tes
 
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 from tests.labels_party.api.helpers import NUM_LABELS, bearer, labels_csv, new_dataset, upload
 
 

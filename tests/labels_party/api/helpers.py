@@ -124,7 +124,7 @@ def admin_client(tmp_path, org: str = "owner"):
 
     from labels_party.api import create_app
     from labels_party.auth import create_key
-    from labels_party.service import make_context
+    from labels_party.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from labeldp import cli
-from labels_party import service
+from labels_party import audit as audit_log
 from shared.mechanisms import events as events_
 from tests.labels_party.api.helpers import FIGURES, NUM_LABELS, created, expect_error, release
 
@@ -78,11 +78,11 @@ def test_audit_detects_tampering(ctx, client, admin, consumer, dataset):
 
 def test_verify_audit_detects_tampering(ctx, client, consumer, dataset):
     created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
-    report = service.verify_audit(ctx)
+    report = audit_log.verify_audit(ctx)
     assert report["valid"] is True
     assert [(d["dataset_id"], d["entries"], d["problems"]) for d in report["datasets"]] == [(dataset, 1, [])]
     _tamper(ctx)
-    report = service.verify_audit(ctx)
+    report = audit_log.verify_audit(ctx)
     assert report["valid"] is False
     assert "hash chain broken" in report["datasets"][0]["problems"]
 

@@ -19,7 +19,7 @@ from labeldp.local_services import free_port, serve_process
 from labels_party import documents
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
 
 MB = 1 << 20

@@ -11,8 +11,8 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from sklearn.datasets import load_digits
 
+from labels_party.audit import verify_audit
 from labels_party.ledger import RDP_ORDERS
-from labels_party.service import verify_audit
 from shared import models
 from shared.mechanisms import events
 from tests.labels_party.api.helpers import admin_client

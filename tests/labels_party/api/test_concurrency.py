@@ -11,8 +11,9 @@ import pytest
 from labeldp.local_services import serve_in_thread
 from labels_party import db
 from labels_party.api import create_app
+from labels_party.audit import verify_audit
 from labels_party.auth import create_key
-from labels_party.service import make_context, verify_audit
+from labels_party.context import make_context
 
 
 def _setup(base: str, admin: str, epsilon_total: float, n: int = 400) -> str:

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
 
 

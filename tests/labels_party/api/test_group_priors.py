@@ -8,9 +8,10 @@ import pytest
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
+from labels_party.audit import verify_audit
 from labels_party.auth import create_key
+from labels_party.context import make_context
 from labels_party.pipeline import prepare_groups, privatize_by_group
-from labels_party.service import make_context, verify_audit
 from shared.domains import Classes, integer_range
 
 

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 import labels_party.api as api
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
 
 

@@ -17,7 +17,7 @@ import pytest
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 
 CHROMIUM = shutil.which("chromium")
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from labels_party import db
 from labels_party.api import create_app
 from labels_party.auth import create_key
-from labels_party.service import make_context
+from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
 from tests.labels_party.spark.sources import read_all, write_source
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from features_party.client import LabelsPartyClient, NotFound
-from features_party.service import labels_party_client
+from features_party.planning import labels_party_client
 from features_party.settings import TrainerSettings
 from labeldp.local_services import free_port, serve_process
 

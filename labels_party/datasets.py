@@ -1,8 +1,5 @@
-"""Labels-party service functions: the context, access rules, datasets, uploads, grants, budget and audit.
-
-Routers call these; these call storage and the mechanism library. Privacy events (releases, evaluations, central
-training) live in :mod:`labels_party.releases`.
-"""
+"""Datasets: create (with their per-example budget; a source dataset is copied and counted first), list, read,
+upload label versions, grant organizations an allocation, and the budget view."""
 
 from __future__ import annotations
 
@@ -10,119 +7,21 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from labels_party import budgets, db, housekeeping, labelstore, recovery, source_datasets, verification
+from labels_party import budgets, db, labelstore, source_datasets
+from labels_party.access import accessible_dataset, require_admin
 from labels_party.auth import Principal
-from labels_party.ledger import Ledger, budget_units, units_epsilon, verify_chain
-from labels_party.settings import LabelsSettings
+from labels_party.context import ServiceContext
+from labels_party.ledger import budget_units, units_epsilon
 from labels_party.spark import snapshot
-from labels_party.spark.runner import SparkJobs
-from labels_party.storage import DataStore
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
-from shared.randomness import secure_rng
-from shared.service.scratch import Scratch
-
-
-def _no_checkpoint(_name: str) -> None:
-    pass
-
-
-@dataclass(frozen=True)
-class ServiceContext:
-    sessions: sessionmaker
-    store: DataStore
-    ledger: Ledger
-    settings: LabelsSettings
-    # Called with a name at the release transaction's checkpoints ("before_charge_commit", …): the
-    # crash-safety tests inject one that kills the process there; in production it does nothing.
-    checkpoint: Callable[[str], None] = _no_checkpoint
-    # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a
-    # seeded one (shared.randomness.SeededSource) to make runs repeatable.
-    random_source: Callable[[], np.random.Generator] = secure_rng
-    spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
-    scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
-
-    def close(self) -> None:
-        """Let go of the data directory and the database (a context that is done: tests, commands)."""
-        self.scratch.close()
-        self.sessions.kw["bind"].dispose()
-
-
-def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
-                 settings: LabelsSettings | None = None, upgrade: bool = False,
-                 checkpoint: Callable[[str], None] = _no_checkpoint,
-                 random_source: Callable[[], np.random.Generator] = secure_rng) -> ServiceContext:
-    """The service's context from settings (``LABELDP_*`` environment variables by default); an explicit database
-    URL or data directory overrides them."""
-    overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
-    settings = (settings or LabelsSettings()).model_copy(update=overrides)
-    store = DataStore(settings.data_dir)
-    sessions = db.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
-    ledger = Ledger(store)
-    scratch = Scratch(settings.data_dir)
-    ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
-                         SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark")),
-                         scratch=scratch)
-    try:
-        recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
-        # Collection must run after the check that the database was not rolled back (rows would be missing and
-        # their files look unreferenced): keep it last.
-        housekeeping.collect(store, sessions, scratch)
-    except BaseException:
-        ctx.close()  # a refused start holds neither the database nor the data directory
-        raise
-    return ctx
-
-
-def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:
-    """The deployment's ε range (settings.epsilon_min/max): outside it a request is refused with a 400."""
-    low, high = ctx.settings.epsilon_min, ctx.settings.epsilon_max
-    if not low <= epsilon <= high:
-        raise LabelDPError(f"{name} must lie in [{low:g}, {high:g}] on this service, got {epsilon!r}",
-                           code="epsilon_out_of_range")
-    return epsilon
-
-
-def _not_found() -> LabelDPError:
-    # Same answer whether or not the dataset exists: a key must not reveal other organizations' datasets.
-    return LabelDPError("no such dataset for this key", code="not_found")
-
-
-def visible_dataset(session: Session, principal: Principal, dataset_id: str, *, lock: bool = False) -> db.Dataset:
-    """The dataset if this key may see it (its owner's admins, granted consumers), else the 404 of a missing one."""
-    dataset = session.get(db.Dataset, dataset_id, with_for_update=lock)
-    if dataset is None:
-        raise _not_found()
-    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
-        return dataset
-    if principal.role == "consumer" and session.scalar(
-            select(db.Grant).where(db.Grant.dataset_id == dataset_id, db.Grant.org_id == principal.org_id)):
-        return dataset
-    raise _not_found()
-
-
-def accessible_dataset(session: Session, principal: Principal, dataset_id: str, *, admin: bool = False,
-                       lock: bool = False) -> db.Dataset:
-    """A visible dataset; with ``admin``, one this key may also administer (a granted consumer gets 403)."""
-    dataset = visible_dataset(session, principal, dataset_id, lock=lock)
-    if admin and principal.role != "admin":
-        raise LabelDPError("this operation needs an admin key of the dataset's owner", code="forbidden")
-    return dataset
-
-
-def _require_admin(principal: Principal) -> None:
-    if principal.role != "admin":
-        raise LabelDPError("this operation needs an admin key", code="forbidden")
 
 
 def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Dataset:
@@ -134,10 +33,8 @@ def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) ->
         created_at=dataset.created_at, labels_at="source" if dataset.source_uri else "service")
 
 
-# -- datasets ---------------------------------------------------------------------------------------------------
-
 def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
-    _require_admin(principal)
+    require_admin(principal)
     spec = body.domain_spec()
     if body.source is not None:
         check_source(ctx, principal, body)
@@ -300,34 +197,3 @@ def registry_parts(session: Session, dataset: db.Dataset) -> list[labelstore.Reg
     versions = session.scalars(select(db.LabelVersion).where(
         db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.registry_end > db.LabelVersion.registry_start))
     return parts + [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions]
-
-
-# -- audit ------------------------------------------------------------------------------------------------------
-
-def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> schemas.Audit:
-    _require_admin(principal)
-    with ctx.sessions() as session, session.begin():
-        if dataset_id is not None:
-            datasets = [accessible_dataset(session, principal, dataset_id, admin=True)]
-        else:
-            datasets = list(session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id)
-                                            .order_by(db.Dataset.created_at)))
-        events, uploads, valid = [], [], True
-        for dataset in datasets:
-            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
-                                           .order_by(db.LedgerEntry.seq)))
-            valid &= verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head)
-            events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=json.loads(e.record),
-                                          prev_hash=e.prev_hash, hash=e.hash) for e in entries]
-            uploads += [schemas.UploadEvent(dataset_id=dataset.id, label_version=v.version, num_examples=v.num_examples,
-                                            clipped_below=v.clipped_below, clipped_above=v.clipped_above,
-                                            created_at=v.created_at)
-                        for v in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
-                                                 .order_by(db.LabelVersion.version))]
-        return schemas.Audit(events=events, chain_valid=valid,
-                             budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads)
-
-
-def verify_audit(ctx: ServiceContext) -> dict:
-    """Recompute everything from the stored log alone (:func:`labels_party.verification.verify`)."""
-    return verification.verify(ctx.sessions, ctx.ledger)

@@ -1,0 +1,158 @@
+"""Planning a job: everything checked before anything is asked of the labels party (its features table and columns,
+example ids, options, the labels party and the dataset's label kind against the loss, mechanism and protocol), so a
+job that cannot run is a 4xx and spends nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import pandas as pd
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from features_party import db, schemas
+from features_party.auth import Principal
+from features_party.client import LabelsPartyClient, LabelsPartyError
+from features_party.context import TrainerContext
+from features_party.features import Preprocessor
+from features_party.train import TrainConfig
+from shared import schemas as shared_schemas
+from shared.errors import LabelDPError
+
+
+def not_found(what: str) -> LabelDPError:
+    return LabelDPError(f"no such {what} for this key", code="not_found")
+
+
+def feature_row(session: Session, principal: Principal, name: str) -> db.FeatureTable:
+    row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == principal.org_id,
+                                                       db.FeatureTable.name == name))
+    if row is None:
+        raise not_found("features table")
+    return row
+
+
+def load_frame(file: str) -> pd.DataFrame:
+    frame = pd.read_parquet(file)
+    return frame.set_index("example_id", drop=False)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything a job needs, checked: what runs in the background can only fail for reasons nobody could have
+    checked up front (the labels party going away, a training divergence)."""
+
+    request: schemas.JobRequest
+    labels_party: str
+    url: str
+    features_file: str
+    config: TrainConfig
+    num_classes: int | None
+    existing_release: shared_schemas.Release | None = None  # to train on instead of requesting one
+
+
+def labels_party_client(ctx: TrainerContext, url: str, api_key: str) -> LabelsPartyClient:
+    settings = ctx.settings
+    return LabelsPartyClient(url, api_key, timeout=settings.upstream_timeout_seconds,
+                             retries=settings.upstream_retries, backoff=0.5,
+                             verify=settings.upstream_ca_bundle or True)
+
+
+def upstream_error(err: Exception, party: str) -> LabelDPError:
+    """The trainer's own answer for a labels-party failure: never the upstream body, at most its error code (a
+    member of the shared code enum)."""
+    if isinstance(err, httpx.TransportError):
+        return LabelDPError(f"labels party {party!r} is unreachable", code="labels_party_unreachable")
+    if not isinstance(err, LabelsPartyError):
+        return LabelDPError(f"labels party {party!r} failed", code="labels_party_failed")
+    if err.status in (401, 403):
+        return LabelDPError(f"labels party {party!r} refused the api_key for this", code="labels_party_forbidden")
+    if err.status == 404:
+        return LabelDPError(f"labels party {party!r} has no such dataset or release for this api_key",
+                            code="labels_party_not_found")
+    if err.code == "budget_exceeded":
+        return LabelDPError(f"labels party {party!r}: the covered examples' budget is exceeded",
+                            code="labels_party_budget_exceeded")
+    if 400 <= err.status < 500:
+        return LabelDPError(f"labels party {party!r} refused the request ({err.safe_code})",
+                            code="labels_party_refused")
+    return LabelDPError(f"labels party {party!r} failed ({err.status})", code="labels_party_failed")
+
+
+def _invalid(message: str) -> LabelDPError:
+    return LabelDPError(message, code="invalid_job")
+
+
+def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest) -> JobPlan:
+    if (request.release is None) == (request.release_id is None):
+        raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
+    if request.protocol == "lp-mst" and request.release is None:
+        raise _invalid("lp-mst requests its own releases: give release, not release_id")
+    party, url = ctx.settings.labels_party_url(request.labels_party)
+    with ctx.sessions() as session, session.begin():
+        features_file = feature_row(session, principal, request.features).file
+    _check_columns(features_file, request)
+    with labels_party_client(ctx, url, request.api_key) as client:
+        try:
+            dataset = client.get_dataset(request.dataset_id)
+            existing = client.get_release(request.release_id) if request.release_id else None
+        except (LabelsPartyError, httpx.HTTPError) as err:
+            raise upstream_error(err, party) from None
+    if existing is not None:
+        if existing.dataset_id != request.dataset_id:
+            raise _invalid(f"release {existing.id} is not a release of dataset {request.dataset_id}")
+        if existing.mechanism in shared_schemas.LABELLESS_RELEASES:
+            raise _invalid(f"release {existing.id} ({existing.mechanism}) publishes no labels to train on")
+    mechanism = existing.mechanism if existing is not None else request.release.mechanism
+    loss, num_classes = _loss_for(request, mechanism, dataset)
+    config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
+    return JobPlan(request, party, url, features_file, config, num_classes, existing)
+
+
+def _check_columns(features_file: str, request: schemas.JobRequest) -> None:
+    """The columns exist and every requested example has features."""
+    frame = load_frame(features_file)
+    Preprocessor.check(frame, request.numeric, request.categorical)
+    if request.release is not None and request.release.example_ids is not None:
+        missing = pd.Index(request.release.example_ids).difference(frame.index)
+        if len(missing):
+            raise LabelDPError(f"{len(missing)} requested example id(s) have no features, e.g. "
+                               f"{list(missing[:3])}", code="unknown_example_ids")
+
+
+def _loss_for(request: schemas.JobRequest, mechanism: str,
+              dataset: shared_schemas.Dataset) -> tuple[str, int | None]:
+    """The loss and class count a job trains with, checked against the dataset's label kind, the mechanism and
+    the protocol."""
+    loss = request.train.loss
+    if dataset.label_kind == "classes":
+        classes = int(dataset.domain["num_classes"])
+        if mechanism not in shared_schemas.CLASSIFICATION_MECHANISMS:
+            raise _invalid(f"mechanism {mechanism!r} does not fit class labels; use one of "
+                           f"{', '.join(shared_schemas.CLASSIFICATION_MECHANISMS)}")
+        expected = "subset" if mechanism == "subset" else "cross_entropy"
+        if loss not in (None, expected):
+            raise _invalid(f"loss {loss!r} does not fit {mechanism} releases of class labels; use {expected!r}")
+        if request.num_classes not in (None, classes):
+            raise _invalid(f"num_classes {request.num_classes} differs from the dataset's {classes} classes")
+        if request.protocol == "lp-mst" and mechanism not in ("rr", "rr-with-prior"):
+            raise _invalid("lp-mst releases with randomized response and RRWithPrior (mechanism 'rr')")
+        return expected, classes
+    if mechanism not in shared_schemas.REGRESSION_MECHANISMS:
+        raise _invalid(f"mechanism {mechanism!r} does not fit {dataset.label_kind} labels; use one of "
+                       f"{', '.join(shared_schemas.REGRESSION_MECHANISMS)}")
+    if request.protocol != "single":
+        raise _invalid("lp-mst needs a classes dataset")
+    if request.num_classes is not None:
+        raise _invalid("num_classes is for classes datasets")
+    loss = loss or "squared"
+    if loss not in ("squared", "poisson"):
+        raise _invalid(f"loss {loss!r} does not fit {dataset.label_kind} labels; use 'squared' or 'poisson'")
+    if loss == "poisson" and _lowest(dataset.domain) < 0:
+        raise _invalid("the Poisson loss needs non-negative labels; this dataset's domain goes below 0")
+    return loss, None
+
+
+def _lowest(domain: dict) -> float:
+    return float(domain["values"][0]) if domain.get("kind") == "finite" else float(domain.get("min", 0.0))

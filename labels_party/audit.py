@@ -1,0 +1,44 @@
+"""The audit: every dataset's hash-chained ledger, uploads and budgets for its owner's admins, and the full
+recomputation from the stored log alone (:mod:`labels_party.verification`)."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select
+
+from labels_party import budgets, db, verification
+from labels_party.access import accessible_dataset, require_admin
+from labels_party.auth import Principal
+from labels_party.context import ServiceContext
+from labels_party.ledger import verify_chain
+from shared import schemas
+
+
+def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> schemas.Audit:
+    require_admin(principal)
+    with ctx.sessions() as session, session.begin():
+        if dataset_id is not None:
+            datasets = [accessible_dataset(session, principal, dataset_id, admin=True)]
+        else:
+            datasets = list(session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id)
+                                            .order_by(db.Dataset.created_at)))
+        events, uploads, valid = [], [], True
+        for dataset in datasets:
+            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
+                                           .order_by(db.LedgerEntry.seq)))
+            valid &= verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head)
+            events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=json.loads(e.record),
+                                          prev_hash=e.prev_hash, hash=e.hash) for e in entries]
+            uploads += [schemas.UploadEvent(dataset_id=dataset.id, label_version=v.version, num_examples=v.num_examples,
+                                            clipped_below=v.clipped_below, clipped_above=v.clipped_above,
+                                            created_at=v.created_at)
+                        for v in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
+                                                 .order_by(db.LabelVersion.version))]
+        return schemas.Audit(events=events, chain_valid=valid,
+                             budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads)
+
+
+def verify_audit(ctx: ServiceContext) -> dict:
+    """Recompute everything from the stored log alone (:func:`labels_party.verification.verify`)."""
+    return verification.verify(ctx.sessions, ctx.ledger)

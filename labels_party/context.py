@@ -1,0 +1,81 @@
+"""The labels party's context: settings, database sessions, the data store, the ledger and the Spark jobs, built
+once per process by :func:`make_context` (which refuses a database behind its data directory and collects what
+crashed processes left), and passed explicitly to everything that needs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy.orm import sessionmaker
+
+from labels_party import db, housekeeping, migrations, recovery
+from labels_party.ledger import Ledger
+from labels_party.settings import LabelsSettings
+from labels_party.spark.runner import SparkJobs
+from labels_party.storage import DataStore
+from shared.errors import LabelDPError
+from shared.randomness import secure_rng
+from shared.service.scratch import Scratch
+
+
+def _no_checkpoint(_name: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ServiceContext:
+    sessions: sessionmaker
+    store: DataStore
+    ledger: Ledger
+    settings: LabelsSettings
+    # Called with a name at the release transaction's checkpoints ("before_charge_commit", …): the
+    # crash-safety tests inject one that kills the process there; in production it does nothing.
+    checkpoint: Callable[[str], None] = _no_checkpoint
+    # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a
+    # seeded one (shared.randomness.SeededSource) to make runs repeatable.
+    random_source: Callable[[], np.random.Generator] = secure_rng
+    spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
+    scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
+
+    def close(self) -> None:
+        """Let go of the data directory and the database (a context that is done: tests, commands)."""
+        self.scratch.close()
+        self.sessions.kw["bind"].dispose()
+
+
+def make_context(database_url: str | None = None, data_dir: str | Path | None = None, *,
+                 settings: LabelsSettings | None = None, upgrade: bool = False,
+                 checkpoint: Callable[[str], None] = _no_checkpoint,
+                 random_source: Callable[[], np.random.Generator] = secure_rng) -> ServiceContext:
+    """The service's context from settings (``LABELDP_*`` environment variables by default); an explicit database
+    URL or data directory overrides them."""
+    overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
+    settings = (settings or LabelsSettings()).model_copy(update=overrides)
+    store = DataStore(settings.data_dir)
+    sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
+    ledger = Ledger(store)
+    scratch = Scratch(settings.data_dir)
+    ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
+                         SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark")),
+                         scratch=scratch)
+    try:
+        recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
+        # Collection must run after the check that the database was not rolled back (rows would be missing and
+        # their files look unreferenced): keep it last.
+        housekeeping.collect(store, sessions, scratch)
+    except BaseException:
+        ctx.close()  # a refused start holds neither the database nor the data directory
+        raise
+    return ctx
+
+
+def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:
+    """The deployment's ε range (settings.epsilon_min/max): outside it a request is refused with a 400."""
+    low, high = ctx.settings.epsilon_min, ctx.settings.epsilon_max
+    if not low <= epsilon <= high:
+        raise LabelDPError(f"{name} must lie in [{low:g}, {high:g}] on this service, got {epsilon!r}",
+                           code="epsilon_out_of_range")
+    return epsilon
