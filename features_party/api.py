@@ -13,29 +13,12 @@ import logging
 
 from fastapi import FastAPI
 
-from features_party.auth import Principal, authenticate
+from features_party import access
 from features_party.context import TrainerContext
 from features_party.routers import features, jobs
 from shared.service.app import service_app
 
 log = logging.getLogger("labeldp.features")
-
-
-def _authorizer(ctx: TrainerContext):
-    def authorize(_method: str, _path: str, authorization: str) -> Principal:
-        with ctx.sessions() as session, session.begin():
-            return authenticate(session, authorization or None)
-
-    return authorize
-
-
-def _body_limit(ctx: TrainerContext):
-    def limit(method: str, path: str) -> int:
-        if method == "PUT" and path.startswith("/v1/features/"):
-            return ctx.settings.max_features_bytes
-        return ctx.settings.max_json_bytes
-
-    return limit
 
 
 def create_app(ctx: TrainerContext) -> FastAPI:
@@ -44,6 +27,6 @@ def create_app(ctx: TrainerContext) -> FastAPI:
         yield
         ctx.executor.shutdown(wait=False, cancel_futures=True)
 
-    return service_app("labeldp features party (trainer)", ctx, authorize=_authorizer(ctx), limit=_body_limit(ctx),
+    return service_app("labeldp features party (trainer)", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                        routers=(features.router, jobs.router), log=log, lifespan=lifespan,
                        private_dirs=(ctx.settings.data_dir,))

@@ -8,7 +8,7 @@ import json
 from sqlalchemy import select
 
 from labels_party import budgets, db, verification
-from labels_party.access import accessible_dataset, require_admin
+from labels_party.access import administered_datasets, not_found
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.ledger import verify_chain
@@ -16,13 +16,14 @@ from shared import schemas
 
 
 def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> schemas.Audit:
-    require_admin(principal)
+    """The datasets this key administers (its route admits admin keys only), or the one named (404 otherwise)."""
     with ctx.sessions() as session, session.begin():
+        query = administered_datasets(principal).order_by(db.Dataset.created_at)
         if dataset_id is not None:
-            datasets = [accessible_dataset(session, principal, dataset_id, admin=True)]
-        else:
-            datasets = list(session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id)
-                                            .order_by(db.Dataset.created_at)))
+            query = query.where(db.Dataset.id == dataset_id)
+        datasets = list(session.scalars(query))
+        if dataset_id is not None and not datasets:
+            raise not_found()
         events, uploads, valid = [], [], True
         for dataset in datasets:
             entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from labels_party import db
+from labels_party.access import is_owner
 from labels_party.auth import Principal
 from labels_party.ledger import Charge, Ledger, budget_units, units_epsilon
 from shared import schemas
@@ -91,7 +92,7 @@ def _spent_at(ledger: Ledger, dataset: db.Dataset, account: db.BudgetAccount, de
 
 def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Budget:
     """A consumer's: its own account. The owner's admins': the dataset and every account."""
-    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
+    if is_owner(principal, dataset):
         accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
                                    .order_by(db.BudgetAccount.id)).all()
         names = {o.id: o.name for o in session.scalars(select(db.Organization).where(
@@ -121,7 +122,7 @@ def _figures(account: db.BudgetAccount | None) -> dict:
 
 def figures_for(session: Session, principal: Principal, dataset: db.Dataset) -> dict:
     """The budget figures a dataset view shows this key: the dataset's to its owner's admins, else its own."""
-    if principal.role == "admin" and dataset.owner_org_id == principal.org_id:
+    if is_owner(principal, dataset):
         return dataset_figures(dataset)
     return _figures(account_of(session, dataset, principal.org_id))
 

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from labels_party import budgets, db, labelstore, source_datasets
-from labels_party.access import accessible_dataset, require_admin
+from labels_party.access import Admission, admitted_dataset, owned_datasets
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.ledger import budget_units, units_epsilon
@@ -34,7 +34,7 @@ def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) ->
 
 
 def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
-    require_admin(principal)
+    """A dataset owned by the key's organization (its route admits admin keys only)."""
     spec = body.domain_spec()
     if body.source is not None:
         check_source(ctx, principal, body)
@@ -111,29 +111,23 @@ def _under_allowed_prefix(uri: str, allowed: list[str]) -> bool:
     return any(uri == prefix.rstrip("/") or uri.startswith(prefix.rstrip("/") + "/") for prefix in allowed)
 
 
-def get_dataset(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Dataset:
+def get_dataset(ctx: ServiceContext, admission: Admission) -> schemas.Dataset:
     with ctx.sessions() as session, session.begin():
-        return dataset_view(session, principal, accessible_dataset(session, principal, dataset_id))
+        return dataset_view(session, admission.principal, admitted_dataset(session, admission))
 
 
 def list_datasets(ctx: ServiceContext, principal: Principal) -> list[schemas.Dataset]:
     with ctx.sessions() as session, session.begin():
-        if principal.role == "admin":
-            rows = session.scalars(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id))
-        else:
-            rows = session.scalars(select(db.Dataset).join(db.Grant, db.Grant.dataset_id == db.Dataset.id)
-                                   .where(db.Grant.org_id == principal.org_id))
-        return [dataset_view(session, principal, d) for d in rows]
+        return [dataset_view(session, principal, d) for d in session.scalars(owned_datasets(principal))]
 
 
-def grant_access(ctx: ServiceContext, principal: Principal, dataset_id: str,
-                 body: schemas.GrantCreate) -> schemas.Grant:
+def grant_access(ctx: ServiceContext, admission: Admission, body: schemas.GrantCreate) -> schemas.Grant:
     """Grant (or re-allocate): the organization's consumer keys may release, within its allocation."""
     if body.delta > 0 and body.delta > ctx.settings.delta_max:
         raise LabelDPError(f"delta must be at most this service's ceiling, {ctx.settings.delta_max:g} per example",
                            code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id, admin=True, lock=True)
+        dataset = admitted_dataset(session, admission, lock=True)
         org = session.scalar(select(db.Organization).where(db.Organization.name == body.org))
         if org is None:
             org = db.Organization(name=body.org)
@@ -147,32 +141,30 @@ def grant_access(ctx: ServiceContext, principal: Principal, dataset_id: str,
                              delta=account.delta)
 
 
-def budget(ctx: ServiceContext, principal: Principal, dataset_id: str) -> schemas.Budget:
+def budget(ctx: ServiceContext, admission: Admission) -> schemas.Budget:
     with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id)
-        return budgets.budget_view(session, principal, dataset)
+        return budgets.budget_view(session, admission.principal, admitted_dataset(session, admission))
 
 
 # -- uploads ----------------------------------------------------------------------------------------------------
 
-def upload_labels(ctx: ServiceContext, principal: Principal, dataset_id: str, path: Path,
-                  fmt: str) -> schemas.UploadResult:
+def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: str) -> schemas.UploadResult:
     """A new label version. Earlier versions and every release stay untouched; budgets follow example ids.
 
     The upload is parsed, checked and joined against the registry outside any lock (minutes at 10⁸ labels); it
     commits only if no other upload committed meanwhile, else it is redone on the new registry."""
     for _attempt in range(3):
         with ctx.sessions() as session, session.begin():
-            dataset = accessible_dataset(session, principal, dataset_id, admin=True)
+            dataset = admitted_dataset(session, admission)
             if dataset.source_uri is not None:
                 raise LabelDPError("this dataset's labels stay at their source; nothing is uploaded",
                                    code="source_dataset")
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
             parts = registry_parts(session, dataset)
-        ingested = labelstore.ingest(ctx.store, dataset_id, seen[0] + 1, path, fmt, domain_from_spec(spec),
+        ingested = labelstore.ingest(ctx.store, dataset.id, seen[0] + 1, path, fmt, domain_from_spec(spec),
                                      spec.get("clip"), parts, seen[1])
         with ctx.sessions() as session, session.begin():
-            dataset = accessible_dataset(session, principal, dataset_id, admin=True, lock=True)
+            dataset = admitted_dataset(session, admission, lock=True)
             if (dataset.label_version, dataset.registry_size) != seen:
                 ctx.store.remove(ingested.file)
                 continue

@@ -8,49 +8,50 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import FileResponse
 
 from features_party import schemas, service
-from features_party.routers.deps import Auth, Context
+from features_party.routers.deps import AnyKey, Context
 from shared.service import openapi, tables
+from shared.service.gate import GuardedRoute
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
 
 
 @router.post("", status_code=202, response_model=schemas.JobView)
-def create_job(body: schemas.JobRequest, who: Auth, ctx: Context):
+def create_job(body: schemas.JobRequest, who: AnyKey, ctx: Context):
     """Plan the job completely (features, columns, options, the labels party's dataset against the loss, the
     mechanism and the protocol), request the release, then train in the background. A job that cannot run is
     a 4xx before any ε is spent; a refused release is a 4xx too."""
-    return service.create_job(ctx, who, body)
+    return service.create_job(ctx, who.principal, body)
 
 
 @router.get("", response_model=list[schemas.JobView])
-def list_jobs(who: Auth, ctx: Context):
-    return service.list_jobs(ctx, who)
+def list_jobs(who: AnyKey, ctx: Context):
+    return service.list_jobs(ctx, who.principal)
 
 
 @router.get("/{job_id}", response_model=schemas.JobView)
-def get_job(job_id: JobId, who: Auth, ctx: Context):
-    return service.get_job(ctx, who, job_id)
+def get_job(job_id: JobId, who: AnyKey, ctx: Context):
+    return service.get_job(ctx, who.principal, job_id)
 
 
 @router.post("/{job_id}/resume", status_code=202, response_model=schemas.JobView)
-def resume_job(job_id: JobId, body: schemas.ResumeRequest, who: Auth, ctx: Context):
+def resume_job(job_id: JobId, body: schemas.ResumeRequest, who: AnyKey, ctx: Context):
     """Continue a job a restart interrupted, with the labels-party api_key (never stored); its releases are
     reused (same Idempotency-Keys), not drawn or charged again."""
-    return service.resume_job(ctx, who, job_id, body.api_key)
+    return service.resume_job(ctx, who.principal, job_id, body.api_key)
 
 
 @router.get("/{job_id}/model", responses={200: {"content": {"application/octet-stream": {
     "schema": {"type": "string", "format": "binary"}}}, "description": "the model (.npz)"}})
-def get_model(job_id: JobId, who: Auth, ctx: Context):
-    path = service.job_file(ctx, who, job_id, "model")
+def get_model(job_id: JobId, who: AnyKey, ctx: Context):
+    path = service.job_file(ctx, who.principal, job_id, "model")
     return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}.npz")
 
 
 @router.get("/{job_id}/predictions", responses=openapi.table_download())
-def predictions(job_id: JobId, request: Request, who: Auth, ctx: Context,
+def predictions(job_id: JobId, request: Request, who: AnyKey, ctx: Context,
                 offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
     """Predictions for every row of the job's features table: ``example_id, prediction[, p_class_k…]``, in the
     media type ``Accept`` asks for."""
-    path = service.job_file(ctx, who, job_id, "predictions")
+    path = service.job_file(ctx, who.principal, job_id, "predictions")
     return tables.table_response(path, request.headers.get("accept"), offset, limit, f"{job_id}-predictions")

@@ -20,7 +20,16 @@ from shared.errors import LabelDPError
 from shared.service import dependencies
 from shared.service.errors import status_of
 
-Auth = Annotated[Principal, Depends(dependencies.principal)]
+
+def signed_in(request: Request) -> Principal:
+    """The principal of the console session the console's gate found (every page but sign-in has one)."""
+    found = request.scope.get("state", {}).get("principal")
+    if found is None:
+        raise LabelDPError("sign in to the console first", code="unauthorized")
+    return found
+
+
+Auth = Annotated[Principal, Depends(signed_in)]
 Context = Annotated[ServiceContext, Depends(dependencies.context)]
 
 router = APIRouter(include_in_schema=False)

@@ -144,11 +144,13 @@ def _timeline(created: datetime, events: list[schemas.AuditEvent]) -> list[tuple
 
 
 def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> DatasetPage:
-    budget = dataset_service.budget(ctx, principal, dataset_id)  # the 404 of another organization's dataset comes first
-    dataset = dataset_service.get_dataset(ctx, principal, dataset_id)
+    with ctx.sessions() as session, session.begin():  # the 404 of another organization's dataset comes first
+        admission = access.decide(session, principal, access.ADMINISTER_DATASET, dataset_id, ctx.settings)
+    budget = dataset_service.budget(ctx, admission)
+    dataset = dataset_service.get_dataset(ctx, admission)
     audit = audit_log.audit(ctx, principal, dataset_id)
     with ctx.sessions() as session, session.begin():
-        row = access.accessible_dataset(session, principal, dataset_id, admin=True)
+        row = access.admitted_dataset(session, admission)
         accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset_id)).all()
     spent, sizes = ctx.ledger.spent_by_example(accounts, row.registry_size)
     org_of = {e.record.get("release_id"): e.record.get("actor", {}).get("org", "?") for e in audit.events}
@@ -159,7 +161,7 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
     usage = [Usage(org, mechanism, len(records), units_epsilon(sum(charged_units(r) for r in records)),
                    sum(int(r.get("examples_covered", 0)) for r in records))
              for (org, mechanism), records in sorted(groups.items())]
-    releases = [(r, org_of.get(r.id, "?")) for r in queries.list_releases(ctx, principal, dataset_id)]
+    releases = [(r, org_of.get(r.id, "?")) for r in queries.list_releases(ctx, admission)]
     return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, audit.events), usage,
                        releases, _histogram(spent, sizes, row.epsilon_total_units),
                        _org_uses(audit.events, _grants(ctx, [dataset_id])[dataset_id]), audit.uploads)

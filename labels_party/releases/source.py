@@ -26,8 +26,7 @@ import logging
 import pickle
 
 from labels_party import db, labelstore
-from labels_party.access import accessible_dataset
-from labels_party.auth import Principal
+from labels_party.access import Admission, admitted_dataset
 from labels_party.context import ServiceContext, check_epsilon_range
 from labels_party.pipeline import plan
 from labels_party.recovery import FAILED
@@ -44,9 +43,10 @@ from shared.randomness import new_release_secret
 log = logging.getLogger(__name__)
 
 
-def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
+def release(ctx: ServiceContext, admission: Admission, idempotency_key: str | None,
             request: schemas.ReleaseRequest) -> schemas.Release:
     """Charge a release of the whole source, plan it and start its Spark job (or restart a failed one)."""
+    principal = admission.principal
     kind = LabelRelease(request)
     for name, epsilon in kind.epsilons().items():
         check_epsilon_range(ctx, epsilon, name)
@@ -55,8 +55,8 @@ def release(ctx: ServiceContext, principal: Principal, dataset_id: str, idempote
                            code="source_dataset")
     key, body_hash = transaction.checked_key(idempotency_key), transaction.body_hash_of(kind)
     with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id)
-        existing = transaction.existing_release(session, principal, dataset_id, key, body_hash)
+        dataset = admitted_dataset(session, admission)
+        existing = transaction.existing_release(session, principal, dataset.id, key, body_hash)
         if existing is not None:  # its row locked: a job finishing now cannot interleave with the restart
             session.refresh(existing, with_for_update=True)
             restart = ctx.store.path(_job_file(existing.id)).exists() and (existing.state == "failed" or (
@@ -145,6 +145,6 @@ def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None
             row.state, row.error_json = state, json.dumps(error) if error else None
 
 
-def is_source(ctx: ServiceContext, principal: Principal, dataset_id: str) -> bool:
+def is_source(ctx: ServiceContext, admission: Admission) -> bool:
     with ctx.sessions() as session, session.begin():
-        return accessible_dataset(session, principal, dataset_id).source_uri is not None
+        return admitted_dataset(session, admission).source_uri is not None

@@ -41,7 +41,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from labels_party import budgets, db, documents, labelstore
-from labels_party.access import accessible_dataset
+from labels_party.access import Admission, admitted_dataset, is_owner
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext, check_epsilon_range
 from labels_party.ledger import Actor, BudgetExceeded, Charge, canonical, units_epsilon
@@ -138,15 +138,16 @@ class ReleaseKind(Protocol):
         row groups, in bounded memory; its ``write`` produces the release file."""
 
 
-def run(ctx: ServiceContext, principal: Principal, dataset_id: str, idempotency_key: str | None,
+def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None,
         kind: ReleaseKind) -> tuple[schemas.Release, bool]:
     """(release, created): a retry with the same key and body returns the stored release unchanged."""
+    principal = admission.principal
     for name, epsilon in kind.epsilons().items():
         check_epsilon_range(ctx, epsilon, name)
     kind.check()
     key = checked_key(idempotency_key)
     body_hash = body_hash_of(kind)
-    begun = _begin(ctx, principal, dataset_id, key, body_hash)
+    begun = _begin(ctx, admission, key, body_hash)
     if isinstance(begun, str):
         return outcome(ctx, principal, begun), False
     snapshot = begun
@@ -224,8 +225,8 @@ def outcome(ctx: ServiceContext, principal: Principal, release_id: str) -> schem
     deadline = time.monotonic() + OUTCOME_WAIT_SECONDS
     while True:
         with ctx.sessions() as session, session.begin():
-            release = session.get(db.Release, release_id)
-            dataset = accessible_dataset(session, principal, release.dataset_id)
+            release = session.get(db.Release, release_id)  # this key's organization's: its key found it
+            dataset = session.get(db.Dataset, release.dataset_id)
             state, view = release.state, release_view(release)
         if state == "available" or dataset.source_uri is not None:  # a source release is a job: its state is news
             return view
@@ -237,12 +238,13 @@ def outcome(ctx: ServiceContext, principal: Principal, release_id: str) -> schem
         time.sleep(POLL_SECONDS)
 
 
-def _begin(ctx: ServiceContext, principal: Principal, dataset_id: str, key: str,
-           body_hash: str) -> Snapshot | str:
-    """Access, idempotency and the label snapshot: the id of the release this key already stands for, or the
-    snapshot to release from."""
+def _begin(ctx: ServiceContext, admission: Admission, key: str, body_hash: str) -> Snapshot | str:
+    """Idempotency and the label snapshot: the id of the release this key already stands for, or the snapshot to
+    release from."""
+    principal = admission.principal
     with ctx.sessions() as session, session.begin():
-        dataset = accessible_dataset(session, principal, dataset_id)
+        dataset = admitted_dataset(session, admission)
+        dataset_id = dataset.id
         existing = existing_release(session, principal, dataset_id, key, body_hash)
         if existing is not None:
             return existing.id
@@ -278,7 +280,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
     superseded: list[str] = []
     try:
         with ctx.sessions() as session, session.begin():
-            dataset = accessible_dataset(session, principal, dataset_id, lock=True)
+            dataset = session.get(db.Dataset, dataset_id, with_for_update=True)  # admitted: the snapshot's
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is not None:
                 return existing.id, False
@@ -329,7 +331,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
 def _budget_error(principal: Principal, dataset: db.Dataset, kind: ReleaseKind, err: BudgetExceeded) -> LabelDPError:
     """The owner's admins are told the numbers; any other organization only that its own allocation does not
     allow this request (the numbers of its own account are at GET …/budget)."""
-    if principal.role == "admin" and principal.org_id == dataset.owner_org_id:
+    if is_owner(principal, dataset):
         return LabelDPError(f"budget exceeded: {err}", code="budget_exceeded")
     return LabelDPError(f"not enough budget for this request (epsilon {kind.epsilon:g} on every covered example) in "
                         "this organization's allocation", code="budget_exceeded")

@@ -1,5 +1,6 @@
-"""What the labels party's routers share: the principal, the context, the Idempotency-Key header, and the
-answer to a request that creates a release (201, or 200 when an earlier request with its key is replayed)."""
+"""What the labels party's routers share: the admissions their guards declare (:mod:`labels_party.access`, decided
+by the gatekeeper before any body is read), the context, the Idempotency-Key header, and the answer to a request
+that creates a release (201, or 200 when an earlier request with its key is replayed)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from labels_party.auth import Principal
+from labels_party import access
+from labels_party.access import Admission
 from labels_party.context import ServiceContext
 from labels_party.uploads import upload_format
 from shared import schemas
 from shared.service import dependencies, gate
 
-Auth = Annotated[Principal, Depends(dependencies.principal)]
+AnyKey = Annotated[Admission, Depends(access.ANY_KEY)]
+AdminKey = Annotated[Admission, Depends(access.ADMIN_KEY)]
+SeesDataset = Annotated[Admission, Depends(access.SEE_DATASET)]
+SeesDatasetColumnar = Annotated[Admission, Depends(access.SEE_DATASET_COLUMNAR)]
+AdministersDataset = Annotated[Admission, Depends(access.ADMINISTER_DATASET)]
+UploadsLabels = Annotated[Admission, Depends(access.UPLOAD_LABELS)]
 Context = Annotated[ServiceContext, Depends(dependencies.context)]
 IdempotencyKey = Annotated[str, Header(min_length=1, max_length=200, description=(
     "required: one key per logical release, reused on every retry (per organization): a retry returns the stored "
@@ -31,9 +38,9 @@ def created(result: tuple[schemas.Release, bool]) -> JSONResponse:
     return JSONResponse(release.model_dump(mode="json"), status_code=201 if is_new else 200)
 
 
-async def with_columnar_body(request: Request, ctx: ServiceContext, run) -> JSONResponse:
+async def with_columnar_body(request: Request, ctx: ServiceContext, admission: Admission, run) -> JSONResponse:
     """Spool a CSV/NDJSON/Parquet body (415 before a byte is read) and create a release from it."""
     upload_format(request.headers.get("content-type"))
-    directory, body = await gate.spool(request, ctx.settings.max_columnar_bytes, ctx.scratch.spools)
+    directory, body = await gate.spool(request, admission.body_limit, ctx.scratch.spools)
     with directory:
         return created(await run_in_threadpool(run, body))

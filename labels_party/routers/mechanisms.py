@@ -7,20 +7,21 @@ from fastapi.responses import JSONResponse, Response
 
 from labels_party import documents
 from labels_party.releases import queries
-from labels_party.routers.deps import Auth, Context
+from labels_party.routers.deps import AnyKey, Context
+from shared.service.gate import GuardedRoute
 
-router = APIRouter(tags=["mechanisms"])
+router = APIRouter(tags=["mechanisms"], route_class=GuardedRoute)
 
 
 @router.get("/v1/mechanisms/{mechanism_hash}", responses={200: {
     "description": "the document, as JSON or (by Accept) npz",
     "content": {"application/json": {"schema": {"type": "object"}},
                 documents.BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
-def mechanism_document(mechanism_hash: str, request: Request, who: Auth, ctx: Context):
+def mechanism_document(mechanism_hash: str, request: Request, who: AnyKey, ctx: Context):
     """The full public description a release references (``mechanism_hash``): output values, exact
     probabilities, the noisy prior, model parameters. JSON, or with ``Accept:
     application/vnd.labeldp.mechanism+npz`` a compact ``.npz`` whose arrays are the document's numeric lists."""
-    document = queries.get_mechanism_document(ctx, who, mechanism_hash)
+    document = queries.get_mechanism_document(ctx, who.principal, mechanism_hash)
     if documents.BINARY_MEDIA_TYPE in (request.headers.get("accept") or ""):
         return Response(documents.pack(document), media_type=documents.BINARY_MEDIA_TYPE)
     return JSONResponse(document)

@@ -9,91 +9,102 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from labels_party.releases import kinds, queries, source, transaction
-from labels_party.routers.deps import REPLAYABLE, Auth, Context, IdempotencyKey, created, with_columnar_body
+from labels_party.routers.deps import (
+    REPLAYABLE,
+    AnyKey,
+    Context,
+    IdempotencyKey,
+    SeesDataset,
+    SeesDatasetColumnar,
+    created,
+    with_columnar_body,
+)
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.service import openapi, tables
+from shared.service.gate import GuardedRoute
 
-router = APIRouter(tags=["releases"])
+router = APIRouter(tags=["releases"], route_class=GuardedRoute)
 
 
 @router.post("/v1/datasets/{dataset_id}/releases", status_code=201, response_model=schemas.Release,
              responses={**REPLAYABLE, 202: {"model": schemas.Release, "description": (
                  "a source dataset's release: charged, its Spark job running (or re-run after a failure, same "
                  "charge and noise); poll the Location until state is available")}})
-def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: Auth, ctx: Context,
+def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: SeesDataset, ctx: Context,
                    idempotency_key: IdempotencyKey):
     """Privatize the dataset's labels (or ``example_ids`` of them) with one mechanism; ε is charged to every
     covered example before the release is visible. For a source dataset the release is a Spark job: 202."""
-    if source.is_source(ctx, who, dataset_id):
-        release = source.release(ctx, who, dataset_id, idempotency_key, body)
+    if source.is_source(ctx, who):
+        release = source.release(ctx, who, idempotency_key, body)
         status = 202 if release.state != "available" else 200
         return JSONResponse(release.model_dump(mode="json"), status_code=status,
                             headers={"Location": f"/v1/releases/{release.id}"})
-    return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.LabelRelease(body)))
+    return created(transaction.run(ctx, who, idempotency_key, kinds.LabelRelease(body)))
 
 
 @router.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
-def list_releases(dataset_id: str, who: Auth, ctx: Context):
+def list_releases(dataset_id: str, who: SeesDataset, ctx: Context):
     """A consumer's own organization's releases of the dataset; the owner's admins see all of them."""
-    return queries.list_releases(ctx, who, dataset_id)
+    return queries.list_releases(ctx, who)
 
 
 @router.post("/v1/datasets/{dataset_id}/prior-releases", status_code=201, response_model=schemas.Release,
              responses=REPLAYABLE, openapi_extra=openapi.columnar_body())
-async def create_prior_release(dataset_id: str, request: Request, who: Auth, ctx: Context,
+async def create_prior_release(dataset_id: str, request: Request, who: SeesDatasetColumnar, ctx: Context,
                                epsilon: Annotated[schemas.QueryEpsilon, Query()], idempotency_key: IdempotencyKey):
     """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
     example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
     already-private stages)."""
-    return await with_columnar_body(request, ctx, lambda body: (
-        transaction.run(ctx, who, dataset_id, idempotency_key, kinds.ExamplePriorRelease(epsilon, body))))
+    return await with_columnar_body(request, ctx, who, lambda body: (
+        transaction.run(ctx, who, idempotency_key, kinds.ExamplePriorRelease(epsilon, body))))
 
 
 @router.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release,
              responses=REPLAYABLE, openapi_extra=openapi.columnar_body())
-async def create_group_release(dataset_id: str, request: Request, who: Auth, ctx: Context,
+async def create_group_release(dataset_id: str, request: Request, who: SeesDatasetColumnar, ctx: Context,
                                mechanism: Annotated[schemas.GroupMechanism, Query()],
                                epsilon: Annotated[schemas.QueryEpsilon, Query()],
                                prior_epsilon: Annotated[schemas.QueryEpsilon, Query()],
                                idempotency_key: IdempotencyKey):
     """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
     group, computed from features only (e.g. k-means clusters)."""
-    return await with_columnar_body(request, ctx, lambda body: (
-        transaction.run(ctx, who, dataset_id, idempotency_key,
+    return await with_columnar_body(request, ctx, who, lambda body: (
+        transaction.run(ctx, who, idempotency_key,
                         kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body))))
 
 
 @router.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release,
              responses=REPLAYABLE)
-def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: Auth, ctx: Context,
+def create_central_training(dataset_id: str, body: schemas.CentralTrainingRequest, who: SeesDataset,
+                            ctx: Context,
                             idempotency_key: IdempotencyKey):
     """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back (in
     the mechanism document, ``description.parameters``). Refused unless the dataset owner enabled central
     training."""
-    return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.CentralTraining(body)))
+    return created(transaction.run(ctx, who, idempotency_key, kinds.CentralTraining(body)))
 
 
 @router.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release,
              responses=REPLAYABLE)
-def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: Auth, ctx: Context,
+def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: SeesDataset, ctx: Context,
                       idempotency_key: IdempotencyKey):
     """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
     examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
-    return created(transaction.run(ctx, who, dataset_id, idempotency_key, kinds.Evaluation(body)))
+    return created(transaction.run(ctx, who, idempotency_key, kinds.Evaluation(body)))
 
 
 @router.get("/v1/releases/{release_id}", response_model=schemas.Release)
-def get_release(release_id: str, who: Auth, ctx: Context):
-    return queries.get_release(ctx, who, release_id)[0]
+def get_release(release_id: str, who: AnyKey, ctx: Context):
+    return queries.get_release(ctx, who.principal, release_id)[0]
 
 
 @router.get("/v1/releases/{release_id}/labels", responses=openapi.table_download())
-def download(release_id: str, request: Request, who: Auth, ctx: Context,
+def download(release_id: str, request: Request, who: AnyKey, ctx: Context,
              offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
     """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
     sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for."""
-    release, file = queries.get_release(ctx, who, release_id)
+    release, file = queries.get_release(ctx, who.principal, release_id)
     if release.state != "available":
         raise LabelDPError(f"release {release_id} is {release.state}; its labels are not readable",
                            code="release_not_ready")

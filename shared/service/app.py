@@ -7,30 +7,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 
 from shared.service import gate, openapi
 from shared.service.errors import install_error_handlers
 
 
-def service_app(title: str, ctx, *, authorize: Callable, limit: Callable[[str, str], int],
-                routers: Iterable[APIRouter], log: logging.Logger, lifespan=None,
-                adjust_openapi: Callable[[dict], None] | None = None,
+def service_app(title: str, ctx: Any, *, admit: gate.Admit, routers: Iterable[APIRouter], log: logging.Logger,
+                lifespan: Any = None, adjust_openapi: Callable[[dict], None] | None = None,
                 private_dirs: Iterable[str | Path] = ()) -> FastAPI:
-    """``authorize(method, path, authorization)`` returns the principal or raises (before any body is read);
-    ``limit(method, path)`` is the body limit in bytes; ``ctx`` is the party's context (``app.state.ctx``);
-    no error message names a path under ``private_dirs`` (the data directory) or the temporary directory."""
+    """``admit(guard, path_params, authorization)`` decides a request by the guard its route declares, before any
+    body is read (:mod:`shared.service.gate`; every route of ``routers`` is a ``GuardedRoute``); ``ctx`` is the
+    party's context (``app.state.ctx``); no error message names a path under ``private_dirs`` (the data
+    directory) or the temporary directory."""
     app = FastAPI(title=title, version="1", lifespan=lifespan, responses=openapi.error_responses())
-    app.state.ctx = ctx
-    app.add_middleware(gate.Gatekeeper, authorize=authorize, limit=limit)
+    app.state.ctx, app.state.admit, app.state.routers = ctx, admit, tuple(routers)
     install_error_handlers(app, log, private_dirs)
 
     @app.get("/healthz")
     def healthz() -> dict:
         return {"status": "ok"}
 
-    for router in routers:
+    for router in app.state.routers:
+        unguarded = [r.path for r in router.routes if isinstance(r, APIRoute) and not isinstance(r, gate.GuardedRoute)]
+        if unguarded:
+            raise TypeError(f"routes without a guard: {unguarded}")
         app.include_router(router)
     openapi.install(app, gate.PUBLIC_PATHS, adjust_openapi)
     return app

@@ -1,9 +1,13 @@
-"""The gatekeeper: authentication, authorization and body limits, all before a route reads a byte of the body.
+"""The gate: authentication, authorization and body limits, all before a route reads a byte of the body.
 
-It is ASGI middleware in front of every route under ``/v1``: ``authorize(method, path, authorization)`` (run in
-a worker thread, it may use the database) returns the principal or raises the 401/403/404 ``LabelDPError``;
-``limit(method, path)`` gives the endpoint's body limit, enforced on the declared length and while streaming.
-Routes read the principal with :func:`shared.service.dependencies.principal`.
+Each route under ``/v1`` declares what it needs with a :class:`Guard` among its dependencies (``who: Annotated[
+Admission, Depends(SOME_GUARD)]``) and is a :class:`GuardedRoute` (its router's ``route_class``). Before FastAPI's
+handler reads the body or solves any dependency, the route calls the party's ``admit(guard, path_params,
+authorization)`` (``app.state.admit``, in a worker thread: it may use the database), which returns the admission
+(the principal, what it may touch, the body limit) or raises the 401/403/404 ``LabelDPError``. The body is then
+limited to the admission's limit — on the declared length and while it streams. The route reads the admission
+through the same dependency: access is decided once per request. A guarded route without exactly one guard is
+refused when it is defined.
 """
 
 from __future__ import annotations
@@ -11,45 +15,82 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from fastapi import Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from starlette.responses import Response
 
 from shared.errors import LabelDPError
-from shared.service.errors import error_response
 
 PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 
 
-class Gatekeeper:
-    def __init__(self, app, *, authorize: Callable[[str, str, str], Any], limit: Callable[[str, str], int]):
-        self.app, self.authorize, self.limit = app, authorize, limit
+class Guard:
+    """What a route needs before its body is read; a party's guards subclass it (frozen dataclasses). As a FastAPI
+    dependency it returns the admission the route made for the request."""
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or not scope["path"].startswith("/v1/"):
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        try:
-            principal = await anyio.to_thread.run_sync(self.authorize, scope["method"], scope["path"],
-                                                       headers.get(b"authorization", b"").decode("latin-1"))
-        except LabelDPError as err:
-            return await error_response(err.code, str(err))(scope, receive, send)
-        scope.setdefault("state", {})["principal"] = principal
-        limit = self.limit(scope["method"], scope["path"])
-        if declared_too_large(headers, limit):
-            return await error_response("body_too_large", f"request body over {limit} bytes")(scope, receive, send)
-
-        def flag():  # routes that parse JSON wrap the error in a generic 400; the flag lets the handler say 413
-            scope["state"]["body_too_large"] = True
-
-        return await self.app(scope, limited(receive, limit, flag), send)
+    def __call__(self, request: Request) -> Any:
+        return request.scope["state"]["admission"]
 
 
-def declared_too_large(headers: dict[bytes, bytes], limit: int) -> bool:
+class Admitted(Protocol):
+    """What a party's ``admit`` returns: anything with the request's body limit."""
+
+    body_limit: int
+
+
+Admit = Callable[[Guard, dict[str, str], str], Admitted]
+
+
+def declared_guard(route: APIRoute) -> Guard:
+    """The one guard among a route's dependencies (a route with none, or several, is a programming error)."""
+    guards = [d.call for d in _dependencies(route.dependant) if isinstance(d.call, Guard)]
+    if len(guards) != 1:
+        raise TypeError(f"route {sorted(route.methods or ())} {route.path} declares {len(guards)} guards, not one")
+    return guards[0]
+
+
+def _dependencies(dependant: Dependant) -> Iterator[Dependant]:
+    for dependency in dependant.dependencies:
+        yield dependency
+        yield from _dependencies(dependency)
+
+
+class GuardedRoute(APIRoute):
+    """A route that admits its request by its guard before FastAPI reads the body (the ``route_class`` of every
+    router under ``/v1``)."""
+
+    guard: Guard
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        guard = self.guard = declared_guard(self)  # APIRoute.__init__ calls this once, after the dependant
+        handle = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            admit: Admit = request.app.state.admit
+            admission = await anyio.to_thread.run_sync(admit, guard, dict(request.path_params),
+                                                       request.headers.get("authorization", ""))
+            state = request.scope.setdefault("state", {})
+            state["admission"] = admission
+            limit = admission.body_limit
+            if declared_too_large(dict(request.scope["headers"]), limit):
+                raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+
+            def flag() -> None:  # routes that parse JSON wrap the error in a generic 400: the flag lets it say 413
+                state["body_too_large"] = True
+
+            return await handle(Request(request.scope, limited(request.receive, limit, flag)))
+
+        return guarded
+
+
+def declared_too_large(headers: Mapping[bytes, bytes], limit: int) -> bool:
     """A Content-Length that is not a number or is over ``limit``: refused before a byte is read."""
     declared = headers.get(b"content-length")
     return declared is not None and (not declared.isdigit() or int(declared) > limit)

@@ -1,0 +1,52 @@
+"""Who may do what on the trainer: every route needs a trainer key; replacing a features table needs an admin key.
+Features tables, jobs, models and predictions belong to the key's organization (:mod:`features_party.service`
+looks them up by it, so another organization's are the 404 of a missing one).
+
+A route declares its guard; the gatekeeper (:mod:`shared.service.gate`) decides it before the body is read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy.orm import sessionmaker
+
+from features_party.auth import Principal, authenticate
+from features_party.settings import TrainerSettings
+from shared.errors import LabelDPError
+from shared.service.gate import Guard
+
+
+@dataclass(frozen=True)
+class Access(Guard):
+    """A route's requirement: an admin key or any key, and its body limit (``features``: features tables)."""
+
+    admin_key: bool = False
+    body: Literal["json", "features"] = "json"
+
+
+ANY_KEY = Access()
+UPLOAD_FEATURES = Access(admin_key=True, body="features")
+
+
+@dataclass(frozen=True)
+class Admission:
+    principal: Principal
+    body_limit: int
+
+
+def admitter(sessions: sessionmaker, settings: TrainerSettings
+             ) -> Callable[[Guard | None, dict[str, str], str], Admission]:
+    """The gatekeeper's function: the key (401), then the route's guard (403)."""
+
+    def admit(guard: Guard | None, _params: dict[str, str], authorization: str) -> Admission:
+        with sessions() as session, session.begin():
+            principal = authenticate(session, authorization or None)
+        access = guard if isinstance(guard, Access) else ANY_KEY
+        if access.admin_key and principal.role != "admin":
+            raise LabelDPError("creating or replacing a features table needs an admin key", code="forbidden")
+        limit = settings.max_features_bytes if access.body == "features" else settings.max_json_bytes
+        return Admission(principal, limit)
+
+    return admit
