@@ -3,15 +3,12 @@ recomputation from the stored log alone (:mod:`labels_party.verification`)."""
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import select
 
-from labels_party import budgets, db, verification
+from labels_party import budgets, db, ledger, verification
 from labels_party.access import administered_datasets, not_found
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
-from labels_party.ledger import verify_chain
 from shared import schemas
 
 
@@ -26,11 +23,10 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
             raise not_found()
         events, uploads, valid = [], [], True
         for dataset in datasets:
-            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
-                                           .order_by(db.LedgerEntry.seq)))
-            valid &= verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head)
-            events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=json.loads(e.record),
-                                          prev_hash=e.prev_hash, hash=e.hash) for e in entries]
+            chain = ledger.entries(session, dataset.id)
+            valid &= ledger.chain_intact(chain, dataset.ledger_head)
+            events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=e.record, prev_hash=e.prev_hash,
+                                          hash=e.hash) for e in chain]
             uploads += [schemas.UploadEvent(dataset_id=dataset.id, label_version=v.version, num_examples=v.num_examples,
                                             clipped_below=v.clipped_below, clipped_above=v.clipped_above,
                                             created_at=v.created_at)

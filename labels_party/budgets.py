@@ -11,7 +11,7 @@ per-organization *accounts* (:class:`labels_party.db.BudgetAccount`), and budget
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from labels_party import db
 from labels_party.access import is_owner
 from labels_party.auth import Principal
-from labels_party.ledger import Charge, Ledger, budget_units, units_epsilon
+from labels_party.ledger import Charge, Entry, Ledger, budget_figures, budget_units, entries, units_epsilon
 from shared import schemas
 from shared.errors import LabelDPError
 
@@ -36,14 +36,6 @@ def account_of(session: Session, dataset: db.Dataset, org_id: int, *, lock: bool
     query = select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id,
                                            db.BudgetAccount.org_id == org_id)
     return session.scalar(query.with_for_update() if lock else query)
-
-
-def charging_account(session: Session, dataset: db.Dataset, principal: Principal) -> db.BudgetAccount:
-    """The account a release by ``principal`` is charged to (locked): its organization's."""
-    account = account_of(session, dataset, principal.org_id, lock=True)
-    if account is None:  # a visible dataset always has one for its owner and each grant
-        raise LabelDPError("this organization has no budget on this dataset", code="budget_exceeded")
-    return account
 
 
 def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.Organization, epsilon: float,
@@ -105,19 +97,13 @@ def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> 
 
 
 def dataset_figures(dataset: db.Dataset) -> dict:
-    """Decimal ε from exact units (0.1 + 0.2 spent of 0.3 reads 0.3 and leaves exactly 0)."""
-    total, spent = dataset.epsilon_total_units, dataset.epsilon_spent_units
-    return {"epsilon_total": units_epsilon(total), "epsilon_spent": units_epsilon(spent),
-            "epsilon_remaining": units_epsilon(max(0, total - spent)), "delta_total": dataset.delta_total}
+    return budget_figures(dataset.epsilon_total_units, dataset.epsilon_spent_units, dataset.delta_total)
 
 
 def _figures(account: db.BudgetAccount | None) -> dict:
-    if account is None:
-        return {"epsilon_total": 0.0, "epsilon_spent": 0.0, "epsilon_remaining": 0.0, "delta_total": 0.0}
-    return {"epsilon_total": units_epsilon(account.epsilon_units), "epsilon_spent": units_epsilon(
-        account.spent_max_units), "epsilon_remaining": units_epsilon(max(0, account.epsilon_units -
-                                                                         account.spent_max_units)),
-            "delta_total": account.delta}
+    if account is None:  # an organization without an allocation
+        return budget_figures(0, 0, 0.0)
+    return budget_figures(account.epsilon_units, account.spent_max_units, account.delta)
 
 
 def figures_for(session: Session, principal: Principal, dataset: db.Dataset) -> dict:
@@ -138,10 +124,8 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
     rebuilt = 0
     for dataset_id in sorted({a.dataset_id for a in pending}):
         dataset = session.get(db.Dataset, dataset_id, with_for_update=True)
-        entries = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
-                                  .order_by(db.LedgerEntry.seq)).all()
         by_org: dict[int, list[dict]] = {}
-        for record, org_id in zip(*records_by_org(session, entries), strict=True):
+        for record, org_id in zip(*records_by_org(session, entries(session, dataset_id)), strict=True):
             by_org.setdefault(org_id, []).append(record)
         accounts = {a.org_id: a for a in session.scalars(select(db.BudgetAccount).where(
             db.BudgetAccount.dataset_id == dataset_id))}
@@ -172,10 +156,10 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
     return rebuilt
 
 
-def records_by_org(session: Session, entries) -> tuple[list[dict], list[int]]:
+def records_by_org(session: Session, chain: Sequence[Entry]) -> tuple[list[dict], list[int]]:
     """The records of ledger entries and the organization each charged: its release's requester (records written
     before they named their actor have no other)."""
-    records = [json.loads(e.record) for e in entries]
+    records = [e.record for e in chain]
     requesters = dict(session.execute(select(db.Release.id, db.Release.requester_org_id).where(
         db.Release.id.in_([r["release_id"] for r in records]))).all()) if records else {}
     return records, [requesters[r["release_id"]] for r in records]

@@ -85,6 +85,18 @@ def units_epsilon(units: int) -> float:
     return int(units) / UNITS_PER_EPSILON
 
 
+def remaining_units(allocation_units: int, spent_units: int) -> int:
+    """What an allocation has left once ``spent_units`` are spent: the one place remaining budget is computed."""
+    return max(0, int(allocation_units) - int(spent_units))
+
+
+def budget_figures(allocation_units: int, spent_units: int, delta: float) -> dict[str, float]:
+    """An allocation as the API shows it: decimal ε from exact units (0.1 + 0.2 spent of 0.3 reads 0.3 and
+    leaves exactly 0), and its δ."""
+    return {"epsilon_total": units_epsilon(allocation_units), "epsilon_spent": units_epsilon(spent_units),
+            "epsilon_remaining": units_epsilon(remaining_units(allocation_units, spent_units)), "delta_total": delta}
+
+
 def legacy_units(spent: float | np.ndarray):
     """Float ε sums written before exact accounting, as units: rounded to 10⁻³ of a unit to shed the float noise of
     the sum (2.8559999999997965 for 2856 × 0.001), then up — a budget can only look more spent, never less."""
@@ -97,6 +109,33 @@ def canonical(record: dict) -> str:
 
 def chain_hash(prev_hash: str, record_json: str) -> str:
     return hashlib.sha256((prev_hash + record_json).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored ledger entry: its record (the canonical JSON the chain hashes, and as parsed) and its links."""
+
+    dataset_id: str
+    seq: int
+    record_json: str
+    prev_hash: str
+    hash: str
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return json.loads(self.record_json)
+
+
+def entries(session: Session, dataset_id: str) -> list[Entry]:
+    """A dataset's ledger entries in chain order (the only reader of ledger rows)."""
+    rows = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
+                           .order_by(db.LedgerEntry.seq))
+    return [Entry(r.dataset_id, r.seq, r.record, r.prev_hash, r.hash) for r in rows]
+
+
+def chain_intact(chain: Sequence[Entry], head: str | None = None) -> bool:
+    """Whether ``chain`` (one dataset's entries in order) is unbroken and ends at ``head``."""
+    return verify_chain([(e.seq, e.record_json, e.prev_hash, e.hash) for e in chain], head)
 
 
 def verify_chain(entries, head: str | None = None) -> bool:
@@ -166,14 +205,12 @@ class Charge:
 
     @classmethod
     def of(cls, event: dp_event.DpEvent, epsilon_requested: float) -> Charge:
-        """A pure event is charged the requested ε (rounded up to a unit), which must bound the event's ε; a
-        Gaussian one its own curve, whatever ε was requested (the request only calibrated its noise)."""
+        """A pure event is charged the requested ε (rounded up to a unit), which must bound the event's ε (the
+        ledger checks it on the record, :meth:`Ledger.charge`); a Gaussian one its own curve, whatever ε was
+        requested (the request only calibrated its noise)."""
         if is_gaussian(event):
             return cls(0, tuple(int(v) for v in rdp_curve(event)))
-        units = charge_units(epsilon_requested)
-        if not within_charge(events.epsilon_of(event), units):  # the kinds build their events inside the request
-            raise ValueError(f"the event's epsilon {events.epsilon_of(event)!r} exceeds the charge")
-        return cls(units)
+        return cls(charge_units(epsilon_requested))
 
     @classmethod
     def of_record(cls, record: dict) -> Charge:
@@ -188,12 +225,15 @@ class Charge:
         return cls(units)
 
     @property
-    def curve(self) -> np.ndarray | None:
-        return None if self.rdp is None else np.asarray(self.rdp, dtype=np.int64)
+    def rdp_array(self) -> np.ndarray:
+        """The RDP curve as an array (zeros for a pure charge)."""
+        return np.asarray(self.rdp if self.rdp is not None else (0,) * len(RDP_ORDERS), dtype=np.int64)
 
     def standalone_units(self, delta: float) -> int:
         """This charge alone, as ε units at ``delta`` (what a release reports as its charged ε)."""
-        return self.units + (int(rdp_epsilon_units(self.curve, delta)[0]) if self.rdp is not None else 0)
+        if self.rdp is None:
+            return self.units
+        return self.units + int(rdp_epsilon_units(self.rdp_array, delta)[0])
 
 
 def charged_units(record: dict) -> int:
@@ -252,6 +292,28 @@ class LedgerRecord(BaseModel):
     epsilon_total_units: int  # the dataset's
     delta_total: float
     composition: str = COMPOSITION
+
+
+class RecordFields(BaseModel):
+    """What the caller of :meth:`Ledger.charge` says about a charge; the ledger adds the rest of the record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    release_id: str
+    created_at: str
+    actor: Actor
+    mechanism: str
+    request: dict[str, Any]
+    label_version: int
+
+
+@dataclass(frozen=True)
+class Charged:
+    """A charge made (not yet committed): its record, what it charged each covered example on its own (ε units at
+    the account's δ), and the budget files it superseded (to remove once the caller committed)."""
+
+    record: LedgerRecord
+    standalone_units: int
+    superseded: tuple[str, ...]
 
 
 # -- state ------------------------------------------------------------------------------------------------------
@@ -327,11 +389,23 @@ def _covered_mask(coverage, start: int, stop: int) -> np.ndarray:
 
 
 class BudgetExceeded(LabelDPError):
+    """The one budget refusal: a charge some covered example cannot afford in the organization's account. Its
+    figures are told to the dataset's owner only (:meth:`told_to`): another organization learns only that its own
+    allocation does not allow the request."""
+
     code = "budget_exceeded"
 
-    def __init__(self, message: str, remaining_units: int):
-        super().__init__(message)
-        self.remaining_units = remaining_units
+    def __init__(self, needed_units: int, remaining_units: int, allocation_units: int = 0):
+        super().__init__("not enough budget for this request in this organization's allocation")
+        self.needed_units, self.remaining_units, self.allocation_units = needed_units, remaining_units, allocation_units
+
+    def told_to(self, owner: bool) -> LabelDPError:
+        if not owner:
+            return LabelDPError(f"not enough budget for this request (epsilon {units_epsilon(self.needed_units):g} "
+                                "on every covered example) in this organization's allocation", code=self.code)
+        return LabelDPError(f"budget exceeded: release needs epsilon {units_epsilon(self.needed_units):g} but "
+                            f"covered examples have at most {units_epsilon(self.remaining_units):.9g} left of this "
+                            f"organization's {units_epsilon(self.allocation_units):g}", code=self.code)
 
 
 class LedgerRollback(LabelDPError):
@@ -425,11 +499,18 @@ class Ledger:
         return np.asarray(keys, dtype=np.int64), np.asarray([totals[k] for k in keys], dtype=np.int64)
 
     # -- charging -----------------------------------------------------------------------------------------------
-    def charge(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
-               charge: Charge, fields: dict) -> tuple[LedgerRecord, list[str]]:
-        """Check and charge ``charge`` to the covered examples of ``account``, exactly, append the record and anchor
-        the new chain head. The caller holds the account's and the dataset's row locks and commits; then it removes
-        the superseded files (the second element)."""
+    def charge(self, session: Session, dataset_id: str, org_id: int, coverage: CoverageSet,
+               event: dp_event.DpEvent, epsilon_requested: float, fields: RecordFields) -> Charged:
+        """Charge ``event`` to the covered examples of ``org_id``'s account on the dataset, exactly: lock the
+        dataset's and the account's rows, admit the charge (:class:`BudgetExceeded` if any covered example has too
+        little left), append the record — refused if the ε recomputed from its ``dp_event`` exceeds what it charges
+        — and anchor the new chain head. The caller commits, then removes ``Charged.superseded``."""
+        dataset = session.get(db.Dataset, dataset_id, with_for_update=True)
+        account = session.scalar(select(db.BudgetAccount).where(
+            db.BudgetAccount.dataset_id == dataset_id, db.BudgetAccount.org_id == org_id).with_for_update())
+        if dataset is None or account is None:  # an admitted organization always has an account (possibly empty)
+            raise BudgetExceeded(0, 0)
+        cost = Charge.of(event, epsilon_requested)
         self.check_anchor(dataset)
         state = self.state(account, dataset.registry_size)
         covered = read_coverage(self.store, coverage.file)
@@ -438,20 +519,17 @@ class Ledger:
             touched += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
         units, sizes, rdp = state.with_fresh()
         hit = touched > 0
-        new_units = units + charge.units * hit
-        new_rdp = rdp + (charge.curve[None, :] * hit[:, None] if charge.rdp is not None else 0)
+        new_units = units + cost.units * hit
+        new_rdp = rdp + (cost.rdp_array[None, :] * hit[:, None] if cost.rdp is not None else 0)
         new_rdp = np.minimum(new_rdp, RDP_CAP)
-        has_rdp = state.rdp is not None or charge.rdp is not None
+        has_rdp = state.rdp is not None or cost.rdp is not None
         before = state.spent_with_fresh()
         spent_after = before.copy()  # only the touched classes move, and only they are converted
         spent_after[hit] = new_units[hit] + (rdp_epsilon_units(new_rdp[hit], account.delta) if has_rdp else 0)
+        needed = cost.standalone_units(account.delta)
         if covered.size and int(spent_after[hit].max()) > account.epsilon_units:
-            worst = int(before[hit].max())
-            raise BudgetExceeded(f"release needs epsilon {units_epsilon(charge.standalone_units(account.delta)):g} "
-                                 f"but covered examples have at most "
-                                 f"{units_epsilon(max(0, account.epsilon_units - worst)):.9g} left of this "
-                                 f"organization's {units_epsilon(account.epsilon_units):g}",
-                                 max(0, account.epsilon_units - worst))
+            raise BudgetExceeded(needed, remaining_units(account.epsilon_units, int(before[hit].max())),
+                                 account.epsilon_units)
         generation = account.generation + 1
         directory = f"datasets/{dataset.id}/budget/{account.org_id}"
         old_files = [f for f in (account.spent_file, account.classes_file, account.rdp_file) if f]
@@ -472,12 +550,13 @@ class Ledger:
         account.generation = generation
         others = session.scalar(select(func.coalesce(func.sum(db.BudgetAccount.spent_max_units), 0)).where(
             db.BudgetAccount.dataset_id == dataset.id, db.BudgetAccount.id != account.id))
-        dataset.epsilon_spent_units = int(others) + account.spent_max_units
-        record = self._append(session, dataset, account, coverage, charge, fields)
+        dataset.epsilon_spent_units = int(others or 0) + account.spent_max_units
+        record = self._append(session, dataset, account, coverage, cost, {
+            **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": events.to_dict(event)})
         keep = {spent_file, classes_file, rdp_file, *old_files}
-        superseded = [f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
-                      if f"{directory}/{p.name}" not in keep]
-        return record, superseded
+        superseded = tuple(f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
+                           if f"{directory}/{p.name}" not in keep)
+        return Charged(record, needed, superseded)
 
     def _split(self, directory: str, generation: int, registry_size: int, state: AccountState, covered,
                touched: np.ndarray, rows: np.ndarray, spent_after: np.ndarray
@@ -515,10 +594,12 @@ class Ledger:
         return values, new_sizes, new_spent, classes_file
 
     def _append(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
-                charge: Charge, fields: dict) -> LedgerRecord:
-        """The record and its chained entry (the only place a ledger entry is written)."""
+                charge: Charge, fields: dict[str, Any]) -> LedgerRecord:
+        """The record and its chained entry (the only place a ledger entry is written), after checking that the
+        record alone recomputes the charge: its curve, and for a pure event an ε within the units charged."""
         seq = dataset.ledger_seq + 1
-        org = session.get(db.Organization, account.org_id).name
+        owner = session.get(db.Organization, account.org_id)
+        org = owner.name if owner is not None else "?"
         record = LedgerRecord(
             **fields, seq=seq, dataset_id=dataset.id,
             account=AccountTerms(org=org, epsilon_units=account.epsilon_units, delta=account.delta),
@@ -528,6 +609,11 @@ class Ledger:
             coverage=Coverage(file=coverage.file, sha256=coverage.sha256),
             spent_max_after_units=account.spent_max_units, epsilon_total_units=dataset.epsilon_total_units,
             delta_total=dataset.delta_total)
+        recorded = Charge.of_record(record.model_dump(mode="json"))
+        if recorded != charge or (charge.rdp is None and not within_charge(
+                events.epsilon_of(events.from_dict(record.dp_event)), record.charge_units)):
+            raise LabelDPError("the release's privacy event does not fit its charge; nothing was charged",
+                               code="certification_failed")
         record_json = canonical(record.model_dump(mode="json"))
         digest = chain_hash(dataset.ledger_head, record_json)
         session.add(db.LedgerEntry(dataset_id=dataset.id, seq=seq, release_id=record.release_id, record=record_json,
@@ -690,7 +776,7 @@ class _Recomputed:
             coverage = read_coverage(self.store, record["coverage"]["file"])
             at = int(coverage.position([example])[0])
             if at < coverage.size and int(coverage.slice(at, at + 1)[0]) == example:
-                curve = np.minimum(curve + charge.curve, RDP_CAP)
+                curve = np.minimum(curve + charge.rdp_array, RDP_CAP)
         return curve
 
 

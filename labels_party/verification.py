@@ -11,7 +11,6 @@ allocation; per example, the total over the accounts within the dataset's (ε_to
 from __future__ import annotations
 
 import hashlib
-import json
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
@@ -22,9 +21,10 @@ from labels_party.ledger import (
     Charge,
     Ledger,
     LedgerRollback,
+    chain_intact,
+    entries,
     rdp_curve,
     units_epsilon,
-    verify_chain,
     within_charge,
 )
 from shared.mechanisms import events
@@ -35,20 +35,19 @@ def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
     with sessions() as session, session.begin():
         names = {o.id: o.name for o in session.scalars(select(db.Organization))}
         for dataset in session.scalars(select(db.Dataset).order_by(db.Dataset.created_at)):
-            entries = list(session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset.id)
-                                           .order_by(db.LedgerEntry.seq)))
+            chain = entries(session, dataset.id)
             problems = []
-            if not verify_chain([(e.seq, e.record, e.prev_hash, e.hash) for e in entries], dataset.ledger_head):
+            if not chain_intact(chain, dataset.ledger_head):
                 problems.append("hash chain broken")
             try:
                 ledger.check_anchor(dataset)
             except LedgerRollback:
                 problems.append("the database is behind the data directory's anchor (restored from an older backup)")
             try:
-                records, orgs = budgets.records_by_org(session, entries)
+                records, orgs = budgets.records_by_org(session, chain)
             except KeyError:  # a record whose release is gone: reported per record below
-                records, orgs = [json.loads(e.record) for e in entries], [None] * len(entries)
-            for entry, record in zip(entries, records, strict=True):
+                records, orgs = [e.record for e in chain], [None] * len(chain)
+            for entry, record in zip(chain, records, strict=True):
                 problems += _record_problems(ledger, session, dataset, entry.seq, record, hashes)
             accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
                                        .order_by(db.BudgetAccount.id)).all()
@@ -67,9 +66,9 @@ def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
                 problems.append("the dataset's spent epsilon differs from its accounts'")
             releases = session.scalar(select(func.count()).select_from(db.Release)
                                       .where(db.Release.dataset_id == dataset.id))
-            if releases != len(entries):
-                problems.append(f"{releases} releases but {len(entries)} ledger entries")
-            report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(entries),
+            if releases != len(chain):
+                problems.append(f"{releases} releases but {len(chain)} ledger entries")
+            report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(chain),
                                        "epsilon_spent": units_epsilon(worst),
                                        "epsilon_total": units_epsilon(dataset.epsilon_total_units),
                                        "delta_total": dataset.delta_total, "problems": problems})

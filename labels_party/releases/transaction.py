@@ -44,13 +44,12 @@ from labels_party import budgets, db, documents, labelstore
 from labels_party.access import Admission, admitted_dataset, is_owner
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext, check_epsilon_range
-from labels_party.ledger import Actor, BudgetExceeded, Charge, canonical, units_epsilon
+from labels_party.ledger import Actor, BudgetExceeded, RecordFields, canonical, units_epsilon
 from labels_party.recovery import FAILED
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
-from shared.mechanisms import events
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
@@ -277,27 +276,28 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
     drawn yet; from the commit on, the release is paid whatever happens. Its labels will be ``releases/{id}``
     + ``suffix``."""
     dataset_id, release_id = snapshot.dataset.id, db.new_id()
-    superseded: list[str] = []
+    superseded: tuple[str, ...] = ()
     try:
         with ctx.sessions() as session, session.begin():
-            dataset = session.get(db.Dataset, dataset_id, with_for_update=True)  # admitted: the snapshot's
+            # The dataset's lock first (the ledger takes it too): a concurrent request on this key waits here and
+            # then finds this one's release, instead of charging and losing the key's unique constraint.
+            session.get(db.Dataset, dataset_id, with_for_update=True)
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is not None:
                 return existing.id, False
-            account = budgets.charging_account(session, dataset, principal)
-            cost = Charge.of(priced.dp_event(), kind.epsilon)
             try:
-                _record, superseded = ctx.ledger.charge(session, dataset, account, coverage, cost, {
-                    "release_id": release_id, "created_at": db.utcnow().isoformat(),
-                    "actor": Actor(org=principal.org_name, role=principal.role), "mechanism": kind.mechanism,
-                    "request": kind.record(), "label_version": snapshot.version, "epsilon_requested": kind.epsilon,
-                    "dp_event": events.to_dict(priced.dp_event())})
+                charged = ctx.ledger.charge(
+                    session, dataset_id, principal.org_id, coverage, priced.dp_event(), kind.epsilon, RecordFields(
+                        release_id=release_id, created_at=db.utcnow().isoformat(),
+                        actor=Actor(org=principal.org_name, role=principal.role), mechanism=kind.mechanism,
+                        request=kind.record(), label_version=snapshot.version))
             except BudgetExceeded as err:
-                raise _budget_error(principal, dataset, kind, err) from None
+                raise err.told_to(is_owner(principal, snapshot.dataset)) from None
+            superseded = charged.superseded
             session.add(db.Release(
-                id=release_id, dataset_id=dataset.id, requester_org_id=principal.org_id, idempotency_key=key,
+                id=release_id, dataset_id=dataset_id, requester_org_id=principal.org_id, idempotency_key=key,
                 body_hash=body_hash, mechanism=kind.mechanism, epsilon=kind.epsilon,
-                charge_units=cost.standalone_units(account.delta), certified_epsilon=None,
+                charge_units=charged.standalone_units, certified_epsilon=None,
                 prior_epsilon=priced.prior_epsilon, randomizer_epsilon=kind.epsilon - priced.prior_epsilon,
                 num_examples=coverage.size, label_version=snapshot.version, description_json="{}",
                 file=f"releases/{release_id}{suffix}", state="running"))
@@ -326,15 +326,6 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
         except OSError:
             pass
     return release_id, True
-
-
-def _budget_error(principal: Principal, dataset: db.Dataset, kind: ReleaseKind, err: BudgetExceeded) -> LabelDPError:
-    """The owner's admins are told the numbers; any other organization only that its own allocation does not
-    allow this request (the numbers of its own account are at GET …/budget)."""
-    if is_owner(principal, dataset):
-        return LabelDPError(f"budget exceeded: {err}", code="budget_exceeded")
-    return LabelDPError(f"not enough budget for this request (epsilon {kind.epsilon:g} on every covered example) in "
-                        "this organization's allocation", code="budget_exceeded")
 
 
 def _write(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: Sequence[str] | None) -> str:

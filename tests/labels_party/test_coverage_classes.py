@@ -20,8 +20,9 @@ from labels_party.api import create_app
 from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
-from labels_party.ledger import RDP_ORDERS, BudgetExceeded, Charge, Ledger, units_epsilon
+from labels_party.ledger import RDP_ORDERS, Actor, BudgetExceeded, Charge, Ledger, RecordFields, units_epsilon
 from labels_party.storage import DataStore
+from shared.errors import LabelDPError
 from shared.mechanisms import events
 
 
@@ -49,14 +50,17 @@ class _Books:
         with self.sessions() as session:
             return session.get(db.Dataset, "d"), session.query(db.BudgetAccount).one()
 
-    def charge(self, covered: np.ndarray, charge: Charge) -> list[str]:
+    def charge(self, covered: np.ndarray, charge: Charge | tuple[dp_accounting.DpEvent, float]) -> tuple[str, ...]:
+        """Charge a pure ``Charge(units)`` (as a randomizer's event of that ε) or an (event, requested ε)."""
+        event, epsilon = charge if isinstance(charge, tuple) else (
+            events.LocalRandomizerDpEvent(mechanism="rr", epsilon=units_epsilon(charge.units)),
+            units_epsilon(charge.units))
         with self.sessions() as session, session.begin():
-            dataset, account = session.get(db.Dataset, "d"), session.query(db.BudgetAccount).one()
+            dataset = session.get(db.Dataset, "d")
             coverage = labelstore.coverage_of(self.ledger.store, "d", covered)
-            _record, superseded = self.ledger.charge(session, dataset, account, coverage, charge, {
-                "release_id": f"r{dataset.ledger_seq + 1}", "created_at": "2026-01-01T00:00:00",
-                "actor": {"org": "owner", "role": "admin"}, "mechanism": "rr", "request": {}, "label_version": 1,
-                "epsilon_requested": 1.0, "dp_event": {}})
+            superseded = self.ledger.charge(session, "d", 1, coverage, event, epsilon, RecordFields(
+                release_id=f"r{dataset.ledger_seq + 1}", created_at="2026-01-01T00:00:00",
+                actor=Actor(org="owner", role="admin"), mechanism="rr", request={}, label_version=1)).superseded
         self.ledger.confirm(self.rows()[0])
         for old in superseded:
             self.ledger.store.remove(old)
@@ -146,7 +150,7 @@ def test_gaussian_events_compose_as_the_accountant_says(tmp_path):
     nothing; and pure events add to them by basic composition."""
     delta, n = 1e-6, 40
     books = _Books(tmp_path, registry_size=100, epsilon_units=10**12, delta=delta)
-    one = Charge.of(_training(), 1.0)
+    one = (_training(), 1.0)
     alone = RdpAccountant(orders=list(RDP_ORDERS))
     alone.compose(_training())
     for _ in range(n):
@@ -172,10 +176,10 @@ def test_the_issue_26_attack_is_charged_its_epsilon_at_the_accounts_delta(tmp_pa
     sigma = labeldp_pro.calibrate_sigma(0.001, 0.0099, 1.0, 1, "noop")
     event = labeldp_pro.dp_event(sigma, 1.0, 1, "noop")
     books = _Books(tmp_path, registry_size=10, epsilon_units=10**11, delta=1e-5)
-    books.charge(np.arange(10), Charge.of(event, 0.001))
+    books.charge(np.arange(10), (event, 0.001))
     assert units_epsilon(int(books.spent()[0])) == pytest.approx(0.058, abs=5e-4)
     for _ in range(999):
-        books.charge(np.arange(10), Charge.of(event, 0.001))
+        books.charge(np.arange(10), (event, 0.001))
     assert units_epsilon(int(books.spent()[0])) == pytest.approx(2.39, abs=0.01)
     assert events.epsilon_of(dp_accounting.SelfComposedDpEvent(event, 1000), 1e-5) == pytest.approx(2.39, abs=0.01)
 
@@ -233,3 +237,18 @@ def test_verify_audit_recomputes_budgets_over_the_service(tmp_path):
     ctx.store.remove(audit["events"][2]["record"]["coverage"]["file"])  # release c's coverage, lost
     problems = verify_audit(ctx)["datasets"][0]["problems"]  # reported, not a crash
     assert any(p.startswith("seq 3: coverage file") and p.endswith("missing") for p in problems), problems
+
+
+def test_a_charge_below_its_events_epsilon_is_refused_and_changes_nothing(tmp_path):
+    """The ledger recomputes ε from the record it is about to append: an event of ε = 0.5 charged as 0.3 (a kind
+    that priced itself wrong) is refused before anything is written, and the account is as it was."""
+    books = _Books(tmp_path, registry_size=10, epsilon_units=10**10, delta=0.0)
+    books.charge(np.arange(10), Charge(10**8))
+    event = events.LocalRandomizerDpEvent(mechanism="rr", epsilon=0.5)
+    with pytest.raises(LabelDPError) as refused:
+        books.charge(np.arange(10), (event, 0.3))
+    assert refused.value.code == "certification_failed"
+    assert books.spent().tolist() == [10**8] * 10
+    assert books.rows()[0].ledger_seq == 1
+    books.charge(np.arange(10), (event, 0.5))  # charged what it costs, it is admitted
+    assert books.spent().tolist() == [6 * 10**8] * 10
