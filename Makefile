@@ -25,6 +25,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # The console's browser test (tests/labels_party/console/test_browser.py) drives Debian's chromium through
 # Playwright; installed here when missing (as root, or with sudo), never downloaded by Playwright.

@@ -37,13 +37,15 @@ class Admission:
 
 
 def admitter(sessions: sessionmaker, settings: TrainerSettings
-             ) -> Callable[[Guard | None, dict[str, str], str], Admission]:
+             ) -> Callable[[Guard, dict[str, str], str], Admission]:
     """The gatekeeper's function: the key (401), then the route's guard (403)."""
 
-    def admit(guard: Guard | None, _params: dict[str, str], authorization: str) -> Admission:
+    def admit(guard: Guard, _params: dict[str, str], authorization: str) -> Admission:
         with sessions() as session, session.begin():
             principal = authenticate(session, authorization or None)
-        access = guard if isinstance(guard, Access) else ANY_KEY
+        if not isinstance(guard, Access):  # a route declaring another party's guard: never admitted by default
+            raise TypeError(f"not a guard of this service: {guard!r}")
+        access = guard
         if access.admin_key and principal.role != "admin":
             raise LabelDPError("creating or replacing a features table needs an admin key", code="forbidden")
         limit = settings.max_features_bytes if access.body == "features" else settings.max_json_bytes

@@ -57,8 +57,10 @@ def start(ctx: TrainerContext, job_id: str, plan: JobPlan, *, resume: bool = Fal
     release = plan.existing_release
     try:
         if release is None and plan.request.protocol == "single":
+            requested = plan.request.release
+            assert requested is not None  # plan_job: a job without an existing release gives the one to request
             try:
-                release = client.request_release(plan.request.dataset_id, plan.request.release, idempotency_key=job_id)
+                release = client.request_release(plan.request.dataset_id, requested, idempotency_key=job_id)
             except (LabelsPartyError, httpx.HTTPError) as err:
                 raise upstream_error(err, plan.labels_party) from None
         if release is not None:
@@ -148,26 +150,29 @@ def run_multistage(ctx: TrainerContext, job_id: str, plan: JobPlan, client: Labe
     their Idempotency-Keys start with the job id, so a resumed job gets the same releases back."""
     from features_party.multistage import train_multistage
 
-    request = plan.request
+    request, num_classes = plan.request, plan.num_classes
+    release = request.release
     with _running(ctx, job_id):
+        # plan_job: an lp-mst job requests its own releases, of a classes dataset
+        assert release is not None and num_classes is not None
         features = load_frame(plan.features_file)
-        ids = pd.Index(request.release.example_ids) if request.release.example_ids else features.index
+        ids = pd.Index(release.example_ids) if release.example_ids else features.index
         rows = features.loc[ids]
         preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
         numeric, categorical = preprocessor.transform(rows)
         config: TrainConfig = plan.config
         _update(ctx, job_id, epochs=config.epochs * request.stages, num_train_examples=len(rows))
         result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
-                                           vocab_sizes=preprocessor.vocab_sizes, num_classes=plan.num_classes,
-                                           epsilon=request.release.epsilon, stages=request.stages, config=config,
+                                           vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
+                                           epsilon=release.epsilon, stages=request.stages, config=config,
                                            temperature=request.temperature, seed=config.seed,
                                            key_prefix=f"{job_id}-")
         stages = [dict(r.__dict__) for r in reports]
         _update(ctx, job_id, metrics_json=json.dumps(stages), release_json=json.dumps({
-            "stages": stages, "epsilon": request.release.epsilon,
+            "stages": stages, "epsilon": release.epsilon,
             "certified_epsilon": max(r.certified_epsilon for r in reports)}))
         _finish(ctx, job_id, result, preprocessor, features, {"protocol": "lp-mst", "stages": stages,
-                                                               "epsilon": request.release.epsilon})
+                                                               "epsilon": release.epsilon})
 
 
 def _finish(ctx: TrainerContext, job_id: str, result, preprocessor: Preprocessor, features: pd.DataFrame,

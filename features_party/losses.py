@@ -37,7 +37,11 @@ LOSSES = {"squared": squared, "poisson": poisson, "cross_entropy": cross_entropy
 
 
 def output_dim(loss: str, num_classes: int | None) -> int:
-    return int(num_classes) if loss in ("cross_entropy", "subset") else 1
+    if loss not in ("cross_entropy", "subset"):
+        return 1
+    if num_classes is None:
+        raise TypeError(f"the {loss} loss needs num_classes")
+    return int(num_classes)
 
 
 def predict(loss: str, outputs: jax.Array) -> jax.Array:

@@ -54,7 +54,8 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     config = replace(config, loss="cross_entropy")
     labels = np.full(n, -1, dtype=np.int64)
     released = np.zeros(n, dtype=bool)
-    result, reports = None, []
+    result: TrainResult | None = None
+    reports: list[StageReport] = []
     for stage, rows in enumerate(parts, start=1):
         ids = [str(i) for i in example_ids[rows]]
         if result is None:
@@ -80,5 +81,8 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             use[np.flatnonzero(earlier)[outside]] = False
         result = train(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
                        num_classes=num_classes, init_params=None if result is None else result.params)
-        reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), release.certified_epsilon))
+        certified = release.certified_epsilon
+        assert certified is not None  # its labels were downloaded: the release is available, its mechanism built
+        reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified))
+    assert result is not None  # stages >= 1: at least one stage trained
     return result, reports

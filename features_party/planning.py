@@ -104,7 +104,11 @@ def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequ
             raise _invalid(f"release {existing.id} is not a release of dataset {request.dataset_id}")
         if existing.mechanism in shared_schemas.LABELLESS_RELEASES:
             raise _invalid(f"release {existing.id} ({existing.mechanism}) publishes no labels to train on")
-    mechanism = existing.mechanism if existing is not None else request.release.mechanism
+    if existing is not None:
+        mechanism = existing.mechanism
+    else:
+        assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
+        mechanism = request.release.mechanism
     loss, num_classes = _loss_for(request, mechanism, dataset)
     config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
     return JobPlan(request, party, url, features_file, config, num_classes, existing)

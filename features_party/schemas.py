@@ -4,7 +4,7 @@ documents every option with its range and a job that cannot run is refused befor
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,15 +25,16 @@ class TrainOptions(BaseModel):
     model_config = schemas.REQUEST_CONFIG
 
     loss: Literal["squared", "poisson", "cross_entropy", "subset"] | None = None
-    hidden: list[schemas.integer(ge=1, le=4096)] = Field(default_factory=lambda: [64, 32], max_length=8)
-    embed_dim: schemas.integer(ge=1, le=256) = 4
+    hidden: list[Annotated[int, Field(ge=1, le=4096), schemas.INTEGRAL]] = Field(default_factory=lambda: [64, 32],
+                                                                            max_length=8)
+    embed_dim: Annotated[int, Field(ge=1, le=256), schemas.INTEGRAL] = 4
     learning_rate: float = Field(default=1e-3, gt=0, le=10)
     l2: float = Field(default=1e-4, ge=0, le=1)
-    batch_size: schemas.integer(ge=1, le=65536) = 1024
-    epochs: schemas.integer(ge=1, le=1000) = 50
-    patience: schemas.integer(ge=1, le=1000) = 8
+    batch_size: Annotated[int, Field(ge=1, le=65536), schemas.INTEGRAL] = 1024
+    epochs: Annotated[int, Field(ge=1, le=1000), schemas.INTEGRAL] = 50
+    patience: Annotated[int, Field(ge=1, le=1000), schemas.INTEGRAL] = 8
     validation_fraction: float = Field(default=0.2, ge=0, le=0.9)
-    seed: schemas.integer(ge=0, le=2**31 - 1) = 0
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1), schemas.INTEGRAL] = 0
     standardize_targets: bool = True
 
 
@@ -53,10 +54,10 @@ class JobRequest(BaseModel):
         "per-example-prior release, or one trained on before); nothing more is spent"))
     numeric: list[str] = Field(default_factory=list, max_length=1000)
     categorical: list[str] = Field(default_factory=list, max_length=1000)
-    num_classes: schemas.integer(ge=2, le=100_000) | None = None
+    num_classes: Annotated[int, Field(ge=2, le=100_000), schemas.INTEGRAL] | None = None
     train: TrainOptions = Field(default_factory=TrainOptions)
     protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
-    stages: schemas.integer(ge=1, le=5) = 2
+    stages: Annotated[int, Field(ge=1, le=5), schemas.INTEGRAL] = 2
     temperature: float = Field(default=1.0, gt=0, le=100)
 
 class ResumeRequest(BaseModel):

@@ -139,5 +139,7 @@ def job_file(ctx: TrainerContext, principal: Principal, job_id: str, kind: str) 
         row = _job_row(session, principal, job_id)
         if row.status != "succeeded":
             raise LabelDPError(f"job is {row.status}: no {kind} yet", code="job_not_ready")
-        return Path(row.model_file if kind == "model" else row.predictions_file)
+        file = row.model_file if kind == "model" else row.predictions_file
+        assert file is not None  # a job succeeds with its model and predictions written (jobs._finish)
+        return Path(file)
 

@@ -114,10 +114,11 @@ def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, t
     data = (np.asarray(numeric, np.float32), np.asarray(categorical, np.int32),
             ((targets - shift) / scale).astype(np.float32))
     eval_rows = val if n_val else fit_rows
+    validation = (data[0][eval_rows], data[1][eval_rows], data[2][eval_rows])
     spec = models.ModelSpec(numeric.shape[1], tuple(vocab_sizes), config.embed_dim, tuple(config.hidden),
                             losses.output_dim(config.loss, num_classes))
     params = init_params if init_params is not None else models.init_params(jax.random.PRNGKey(config.seed), spec)
-    return Prepared(spec, params, data, fit_rows, tuple(column[eval_rows] for column in data), shift, scale, rng)
+    return Prepared(spec, params, data, fit_rows, validation, shift, scale, rng)
 
 
 def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: bool = False
@@ -184,8 +185,8 @@ def save_model(path: str | Path, result: TrainResult, preprocessing: dict, extra
               "target_shift": result.target_shift, "target_scale": result.target_scale,
               "best_epoch": result.best_epoch, "history": result.history, **(extra or {})}
     arrays = {f"leaf_{i:04d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
-    with open(path, "wb") as handle:
-        np.savez(handle, header=np.array(json.dumps(header)), **arrays)
+    with open(path, "wb") as handle:  # allow_pickle (numpy's default) given, so no key of `arrays` is taken for it
+        np.savez(handle, allow_pickle=True, header=np.array(json.dumps(header)), **arrays)
 
 
 def load_model(path: str | Path) -> tuple[TrainResult, dict]:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,7 @@ from labeldp import demo_classification, report
 from labeldp.benchmarks.parties import CONSUMER, LABELS_PARTY, Parties
 from labeldp.local_services import free_port, serve_process
 
-MECHANISMS = [
+MECHANISMS: list[tuple[str, dict[str, Any]]] = [
     ("opt-unbiased", {}),  # the optimum over continuous outputs (the default solver; certified gap)
     ("rr-on-bins", {}),
     ("laplace", {}),
@@ -175,15 +176,16 @@ class Publisher:
             "release": {"mechanism": mechanism, "epsilon": epsilon, "example_ids": ids, **options},
             "train": {**self.config.__dict__, "hidden": list(self.config.hidden)}})
         predictions = self.trainer.predictions(job.id).set_index("example_id")["prediction"]
-        noisy = self.office.download_labels(job.release["id"]).to_pandas().set_index("example_id")["label"]
+        release = job.release
+        assert release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
+        noisy = self.office.download_labels(release["id"]).to_pandas().set_index("example_id")["label"]
         truth_test = self.test.set_index("example_id")["hours"]
         truth_train = self.train_part.set_index("example_id")["hours"]
         row = {"mechanism": mechanism, "epsilon": epsilon,
                "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
                "noisy_label_mse": float(np.mean((noisy[truth_train.index] - truth_train) ** 2)),
-               "certified_epsilon": job.release["certified_epsilon"], "prior_epsilon": job.release["prior_epsilon"],
-               "num_outputs": job.release["num_outputs"], "train_seconds": job.seconds,
-               "release_id": job.release["id"]}
+               "certified_epsilon": release["certified_epsilon"], "prior_epsilon": release["prior_epsilon"],
+               "num_outputs": release["num_outputs"], "train_seconds": job.seconds, "release_id": release["id"]}
         print(f"  eps={epsilon:<4g} {mechanism:<13} test MSE {row['test_mse']:8.2f}   noisy-label "
               f"MSE {row['noisy_label_mse']:10.1f}   certified eps {row['certified_epsilon']:.6f}", flush=True)
         return row

@@ -51,7 +51,7 @@ def serve_process(command: list[str], base_url: str, *, env: dict | None = None,
         output = stack.enter_context(open(log, "w")) if log is not None else subprocess.DEVNULL
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
         try:
-            _wait_healthy(process, base_url, verify, seconds, log)
+            _wait_healthy(process, command, base_url, verify, seconds, log)
             yield process
         finally:
             process.terminate()
@@ -62,15 +62,17 @@ def serve_process(command: list[str], base_url: str, *, env: dict | None = None,
                 process.wait()
 
 
-def _wait_healthy(process: subprocess.Popen, base_url: str, verify, seconds: float, log: Path | None) -> None:
+def _wait_healthy(process: subprocess.Popen, command: list[str], base_url: str, verify, seconds: float,
+                  log: Path | None) -> None:
     where = f"; see {log}" if log is not None else ""
+    name = " ".join(map(str, command[:5]))
     deadline = time.monotonic() + seconds
     while True:
         with contextlib.suppress(httpx.TransportError):
             if httpx.get(f"{base_url}/healthz", verify=verify, timeout=2).status_code == 200:
                 return
         if process.poll() is not None:
-            raise RuntimeError(f"{' '.join(map(str, process.args[:5]))} exited{where}")
+            raise RuntimeError(f"{name} exited{where}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{' '.join(map(str, process.args[:5]))} did not start{where}")
+            raise RuntimeError(f"{name} did not start{where}")
         time.sleep(0.1)

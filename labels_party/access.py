@@ -100,14 +100,16 @@ def _sees(session: Session, principal: Principal, dataset_id: str) -> bool:
 
 
 def admitter(sessions: sessionmaker, settings: LabelsSettings
-             ) -> Callable[[Guard | None, dict[str, str], str], Admission]:
-    """The gatekeeper's function: the key (401), then the route's guard (403, 404) — before any body is read. A
-    path no route takes needs a valid key only (its 404 or 405 follows)."""
+             ) -> Callable[[Guard, dict[str, str], str], Admission]:
+    """The gate's function (:class:`shared.service.gate.GuardedRoute`): the key (401), then the route's guard
+    (403, 404) — before any body is read."""
 
-    def admit(guard: Guard | None, params: dict[str, str], authorization: str) -> Admission:
+    def admit(guard: Guard, params: dict[str, str], authorization: str) -> Admission:
         with sessions() as session, session.begin():
             principal = authenticate(session, authorization or None)
-            access = guard if isinstance(guard, Access) else ANY_KEY
+            if not isinstance(guard, Access):  # a route declaring another party's guard: never admitted by default
+                raise TypeError(f"not a guard of this service: {guard!r}")
+            access = guard
             return decide(session, principal, access, params.get("dataset_id"), settings)
 
     return admit

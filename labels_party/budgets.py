@@ -46,6 +46,8 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
         raise LabelDPError("the owner's account holds what no grant does; allocate to other organizations",
                            code="invalid_input")
     owner = account_of(session, dataset, dataset.owner_org_id, lock=True)
+    if owner is None:  # opened with the dataset (create_dataset, or the accounts migration)
+        raise LabelDPError("the dataset has no owner's account", code="storage_inconsistent")
     account = account_of(session, dataset, org.id, lock=True)
     if account is None:
         account = db.BudgetAccount(dataset_id=dataset.id, org_id=org.id, epsilon_units=0, delta=0.0, generation=0,
@@ -124,6 +126,8 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
     rebuilt = 0
     for dataset_id in sorted({a.dataset_id for a in pending}):
         dataset = session.get(db.Dataset, dataset_id, with_for_update=True)
+        if dataset is None:  # an account's foreign key names it
+            continue
         by_org: dict[int, list[dict]] = {}
         for record, org_id in zip(*records_by_org(session, entries(session, dataset_id)), strict=True):
             by_org.setdefault(org_id, []).append(record)

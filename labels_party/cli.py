@@ -15,6 +15,7 @@ from labels_party.privacy_audit import audit
 from labels_party.registry import MechanismOptions
 from shared.domains import Classes, FiniteLabels, parse_label_spec
 from shared.errors import LabelDPError
+from shared.mechanisms.protocol import LabelRandomizer
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
 from shared.schemas import Solver
@@ -142,7 +143,7 @@ def solve_command(args) -> int:
         "epsilon": epsilon,
         "certified_epsilon": mechanism.certified_epsilon,
         **({"noisy_label_loss": mechanism.noisy_label_loss(prior), "max_abs_bias": mechanism.max_abs_bias}
-           if hasattr(mechanism, "noisy_label_loss") else {}),
+           if isinstance(mechanism, LabelRandomizer) else {}),
         "num_outputs": mechanism.num_outputs,
         "solve_seconds": seconds,
         "num_labels": labels.size,

@@ -37,7 +37,7 @@ class ServiceContext:
     # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a
     # seeded one (shared.randomness.SeededSource) to make runs repeatable.
     random_source: Callable[[], np.random.Generator] = secure_rng
-    spark_jobs: SparkJobs | None = None  # source datasets' Spark session and job thread (labels_party.spark)
+    spark_jobs: SparkJobs = field(kw_only=True)  # source datasets' Spark session and job thread (labels_party.spark)
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
 
     def close(self) -> None:
@@ -58,8 +58,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
     ledger = Ledger(store)
     scratch = Scratch(settings.data_dir)
-    ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source,
-                         SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark")),
+    spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))
+    ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
                          scratch=scratch)
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory

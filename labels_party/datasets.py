@@ -188,4 +188,5 @@ def registry_parts(session: Session, dataset: db.Dataset) -> list[labelstore.Reg
     parts = [labelstore.RegistryPart(dataset.registry_file, 0, 0, legacy=True)] if dataset.registry_file else []
     versions = session.scalars(select(db.LabelVersion).where(
         db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.registry_end > db.LabelVersion.registry_start))
-    return parts + [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions]
+    return parts + [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions
+                    if v.registry_start is not None and v.registry_end is not None]  # the query's condition

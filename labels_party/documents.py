@@ -65,8 +65,9 @@ def pack(document: dict) -> bytes:
 
     skeleton = strip(document, "")
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **{"document.json": np.frombuffer(canonical(skeleton).encode(), dtype=np.uint8)},
-                        **{f"array{path}": array for path, array in arrays.items()})
+    members: dict[str, Any] = {"document.json": np.frombuffer(canonical(skeleton).encode(), dtype=np.uint8),
+                               **{f"array{path}": array for path, array in arrays.items()}}
+    np.savez_compressed(buffer, **members)
     return buffer.getvalue()
 
 

@@ -328,7 +328,7 @@ def iter_version(store: DataStore, file: str, columns: Sequence[str] = ("registr
     if needs_ids and "registry_index" not in read:
         read.append("registry_index")
     for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=read):
-        if needs_ids:  # a version written before ids were stored with the labels (small datasets only)
+        if registry is not None:  # a version written before ids were stored with the labels (small datasets only)
             batch = pa.RecordBatch.from_pydict({
                 **{name: batch.column(name) for name in batch.schema.names},
                 "example_id": registry.take(batch.column("registry_index"))})

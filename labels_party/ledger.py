@@ -438,7 +438,7 @@ class Ledger:
 
     # -- reading ------------------------------------------------------------------------------------------------
     def state(self, account: db.BudgetAccount, registry_size: int) -> AccountState:
-        if account.spent_file is None:
+        if account.spent_file is None or account.classes_file is None:  # written together: never charged
             empty = np.zeros(0, np.int64)
             return AccountState(np.zeros(0, np.int32), empty, empty, empty, None, registry_size)
         table = self.store.read_array(account.spent_file)  # (units, size, spent) per class

@@ -25,9 +25,10 @@ from labels_party import registry
 from labels_party.prior import NoisyPrior, estimate_prior, noise_event, prior_noise
 from labels_party.registry import Built, MechanismFamily, MechanismOptions, support
 from labels_party.solvers.deadline import Deadline
-from shared.domains import ContinuousInterval
+from shared.domains import ContinuousInterval, Domain
 from shared.errors import LabelDPError
 from shared.mechanisms.events import LocalRandomizerDpEvent, ParallelDpEvent
+from shared.mechanisms.protocol import Mechanism
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.privacy import BudgetSplit, split_budget
 
@@ -36,7 +37,7 @@ from shared.privacy import BudgetSplit, split_budget
 class Prepared:
     """A privatization decided from public inputs: the mechanism family, the ε split and what it will cost."""
 
-    domain: object
+    domain: Domain
     family: MechanismFamily
     split: BudgetSplit
     options: MechanismOptions
@@ -70,10 +71,10 @@ class Plan:
     """The mechanism built and certified from the labels' histogram (and the noisy prior, if any), before any
     label is sampled: what a release of any size — in process, row group by row group, or on Spark — needs."""
 
-    mechanism: object
+    mechanism: Mechanism
     split: BudgetSplit
     prior: NoisyPrior | None
-    diagnostics: Mapping[str, float | int | str] = field(default_factory=dict)  # the solver's, see registry
+    diagnostics: Mapping[str, float | int | str | None] = field(default_factory=dict)  # the solver's, see registry
 
     @property
     def certified_epsilon(self) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -104,12 +105,12 @@ def _describe(kinds: list, flat_index: int) -> str:
     raise IndexError(flat_index)
 
 
-def _cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+def _cp_lower(k: np.ndarray | int, n: int, alpha: float) -> np.ndarray:
     k = np.asarray(k, dtype=np.float64)
     return np.where(k > 0, stats.beta.ppf(alpha, np.maximum(k, 1), n - k + 1), 0.0)
 
 
-def _cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
+def _cp_upper(k: np.ndarray | int, n: int, alpha: float) -> np.ndarray:
     k = np.asarray(k, dtype=np.float64)
     return np.where(k < n, stats.beta.ppf(1 - alpha, k + 1, np.maximum(n - k, 1)), 1.0)
 
@@ -130,13 +131,14 @@ def audit(mechanism, labels, samples: int, rng: np.random.Generator) -> AuditRes
     else:  # extremes and neighbours among the candidates, both directions
         ends = [(candidates[0], candidates[-1])] + list(itertools.pairwise(candidates))
         pairs = ends + [(b, a) for a, b in ends]
-    best = (-math.inf, None, None, None)
+    best: tuple[float, tuple[Any, Any], list, int] | None = None
     for a, b in pairs:
         ka, kb, kinds = _events(selection[a], selection[b], ordered)
         score = np.log(np.maximum(_cp_lower(ka, half, alpha), 1e-300)) - np.log(_cp_upper(kb, half, alpha))
         index = int(np.argmax(score))
-        if score[index] > best[0]:
+        if best is None or score[index] > best[0]:
             best = (float(score[index]), (a, b), kinds, index)
+    assert best is not None  # there are at least two candidates, so at least one pair
     _, (a, b), kinds, index = best
     description = _describe(kinds, index)
     # the chosen event, counted afresh on the estimation half

@@ -5,8 +5,9 @@ the largest label domain it handles within the service's solver limit, and a bui
 mechanism *with* the solver's diagnostics. The service, the CLI and the benchmarks go through :func:`build`;
 nothing else dispatches on a mechanism's name.
 
-ε is checked once, here (a positive finite number, the mechanisms' own certification range); the service checks
-its deployment range before it gets here. Solvers and mechanism constructors below this boundary receive a valid
+ε's validity (a positive finite number, the mechanisms' own certification range) is checked at this module's entry
+points; the service checks its deployment range before it gets here (``transaction.run``), and the ledger
+recomputes the charged ε from the record. Solvers and mechanism constructors below this boundary receive a valid
 ε and certify what they build.
 
 Two entry points, for two situations. :func:`build` is for public inputs (the CLI, benchmarks, a known prior): a
@@ -33,10 +34,16 @@ from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from labels_party.solvers.rr_with_prior import rr_with_prior
 from shared.arrays import number
-from shared.domains import Classes, ContinuousInterval, FiniteLabels, lattice_of
+from shared.domains import ContinuousInterval, Domain, FiniteLabels, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms import additive
-from shared.mechanisms.randomized_response import debiased_randomized_response, randomized_response
+from shared.mechanisms.finite import FiniteRandomizer
+from shared.mechanisms.protocol import Mechanism
+from shared.mechanisms.randomized_response import (
+    RandomizedResponse,
+    debiased_randomized_response,
+    randomized_response,
+)
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.privacy import check_epsilon
@@ -73,8 +80,8 @@ class Built:
     """A certified mechanism and what its construction reported (solver gaps, sizes); diagnostics are public
     functions of the public inputs (the domain, ε and the noisy prior)."""
 
-    mechanism: object
-    diagnostics: Mapping[str, float | int | str] = field(default_factory=dict)
+    mechanism: Mechanism
+    diagnostics: Mapping[str, float | int | str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class MechanismFamily:
     needs_prior: bool
     max_labels: int | None  # within the default 60 s solver limit on the reference machine; None: no solve
     beyond_limit: str  # what to use instead when a domain is larger
-    builder: Callable[[object, FiniteLabels, float, np.ndarray | None, MechanismOptions], Built]
+    builder: Callable[[Domain, FiniteLabels, float, np.ndarray | None, MechanismOptions], Built]
     on_grid: bool = True  # samples from the finite support: continuous labels are rounded to the grid first
     max_mesh_cells: int | None = None  # labels x outputs of a mesh LP (when the family solves one)
     # Built instead of this family when a build on a private prior cannot certify or runs out of time: a family
@@ -132,22 +139,16 @@ class MechanismFamily:
         return labels
 
 
-def label_kind(domain) -> str:
-    if isinstance(domain, Classes):
-        return "classes"
-    return "continuous" if isinstance(domain, ContinuousInterval) else "finite"
+def label_kind(domain: Domain) -> str:
+    return domain.label_kind
 
 
-def support(domain) -> FiniteLabels:
+def support(domain: Domain) -> FiniteLabels:
     """The finite labels a mechanism's matrix is indexed by (the grid for continuous domains)."""
-    if isinstance(domain, ContinuousInterval):
-        return domain.grid
-    if isinstance(domain, Classes):
-        return FiniteLabels(np.arange(domain.num_classes, dtype=np.float64))
-    return domain
+    return domain.support()
 
 
-def _on_domain(domain, finite) -> object:
+def _on_domain(domain, finite: FiniteRandomizer | RandomizedResponse) -> Mechanism:
     """A finite randomizer over a continuous domain's grid rounds its inputs onto the grid first."""
     return RoundedRandomizer(domain, finite) if isinstance(domain, ContinuousInterval) else finite
 
@@ -208,8 +209,8 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
         lambda labels, e, _prior, _options: randomized_response(labels.values, e))),
     MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "rr", _finite(
         lambda _labels, e, prior, _options: rr_with_prior(prior, e)), fallback="rr"),
-    MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda domain, _labels, e, _p, _o:
-                    Built(SubsetSelectionRandomizer.build(domain.num_classes, e))),
+    MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
+                    Built(SubsetSelectionRandomizer.build(labels.size, e))),
 )})
 
 
@@ -260,6 +261,7 @@ def build_on_private_prior(name: str, domain, epsilon: float, prior,
         reason = err.code
     except (ArithmeticError, ValueError, np.linalg.LinAlgError):  # a numerical breakdown on this prior
         reason = "solver_failed"
+    assert chosen.fallback is not None  # every family built on a private prior names its fallback (FAMILIES)
     replacement = family(chosen.fallback)
     built = replacement.builder(domain, replacement.check(domain, MechanismOptions()), epsilon, None,
                                 MechanismOptions())

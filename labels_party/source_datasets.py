@@ -69,8 +69,10 @@ def stored_histogram(ctx: ServiceContext, session: Session, dataset: db.Dataset,
         raise LabelDPError("this source dataset was registered before sources were copied at registration; its "
                            "owner must register the source again (as a new dataset) before it is released",
                            code="source_dataset")
-    owner = session.get(db.Organization, dataset.owner_org_id).name
-    snapshot.locate(dataset.source_uri, ctx.settings.spark_sources.get(owner, []))  # also if the operator removed it
+    owner = session.get(db.Organization, dataset.owner_org_id)
+    if owner is None or dataset.source_uri is None or dataset.source_counts_file is None:  # set at registration
+        raise LabelDPError("this source dataset's registration is incomplete", code="storage_inconsistent")
+    snapshot.locate(dataset.source_uri, ctx.settings.spark_sources.get(owner.name, []))  # also if withdrawn
     values = support(domain).values
     counts = ctx.store.read_array(dataset.source_counts_file)
     if counts.shape != values.shape or int(counts.sum()) != dataset.num_examples:

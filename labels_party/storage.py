@@ -99,7 +99,7 @@ class MappedArray:
             offset = handle.tell()
             size = int(np.prod(shape))
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self.array = (np.frombuffer(self._map, dtype=dtype, count=size, offset=offset) if size
+        self.array = (np.frombuffer(self._map, dtype=dtype, count=size, offset=offset) if self._map is not None
                       else np.zeros(0, dtype=dtype))
 
     @property

@@ -11,6 +11,7 @@ allocation; per example, the total over the accounts within the dataset's (ε_to
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
@@ -31,7 +32,9 @@ from shared.mechanisms import events
 
 
 def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
-    report, hashes = {"datasets": [], "valid": True}, {}
+    datasets: list[dict[str, Any]] = []
+    valid = True
+    hashes: dict[str, str] = {}
     with sessions() as session, session.begin():
         names = {o.id: o.name for o in session.scalars(select(db.Organization))}
         for dataset in session.scalars(select(db.Dataset).order_by(db.Dataset.created_at)):
@@ -46,7 +49,7 @@ def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
             try:
                 records, orgs = budgets.records_by_org(session, chain)
             except KeyError:  # a record whose release is gone: reported per record below
-                records, orgs = [e.record for e in chain], [None] * len(chain)
+                records, orgs = [e.record for e in chain], [-1] * len(chain)  # no organization's
             for entry, record in zip(chain, records, strict=True):
                 problems += _record_problems(ledger, session, dataset, entry.seq, record, hashes)
             accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
@@ -68,12 +71,12 @@ def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
                                       .where(db.Release.dataset_id == dataset.id))
             if releases != len(chain):
                 problems.append(f"{releases} releases but {len(chain)} ledger entries")
-            report["datasets"].append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(chain),
+            datasets.append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(chain),
                                        "epsilon_spent": units_epsilon(worst),
                                        "epsilon_total": units_epsilon(dataset.epsilon_total_units),
                                        "delta_total": dataset.delta_total, "problems": problems})
-            report["valid"] &= not problems
-    return report
+            valid &= not problems
+    return {"datasets": datasets, "valid": valid}
 
 
 def _record_problems(ledger: Ledger, session, dataset: db.Dataset, seq: int, record: dict, hashes: dict) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
@@ -25,6 +26,11 @@ class FiniteLabels:
     """A strictly increasing, finite set of real labels."""
 
     values: np.ndarray = field(repr=False)
+    label_kind: ClassVar[str] = "finite"  # how mechanisms see the domain: "finite", "continuous" or "classes"
+
+    def support(self) -> FiniteLabels:
+        """The finite labels a mechanism's matrix is indexed by: these."""
+        return self
 
     def __post_init__(self):
         values = np.asarray(self.values, dtype=np.float64).ravel()
@@ -187,8 +193,9 @@ def lattice_of(domain) -> Lattice:
     return Lattice(domain.low, span / steps, steps)
 
 
-def integer_range(low: int, high: int) -> FiniteLabels:
-    """Integer labels ``low..high`` inclusive (counts clipped to a known maximum, weeks worked, …)."""
+def integer_range(low: float, high: float) -> FiniteLabels:
+    """Integer labels ``low..high`` inclusive (counts clipped to a known maximum, weeks worked, …); the bounds may
+    be any numbers of integer value (``1.0``), others are refused."""
     if int(low) != low or int(high) != high:
         raise LabelDPError("integer range bounds must be integers", code="invalid_domain")
     if high < low:
@@ -205,6 +212,11 @@ class ContinuousInterval:
     low: float
     high: float
     grid_size: int = 101
+    label_kind: ClassVar[str] = "continuous"
+
+    def support(self) -> FiniteLabels:
+        """The finite labels a mechanism's matrix is indexed by: the grid."""
+        return self.grid
 
     def __post_init__(self):
         if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.high <= self.low:
@@ -242,6 +254,11 @@ class Classes:
     """K unordered classes, labelled ``0..K-1``."""
 
     num_classes: int
+    label_kind: ClassVar[str] = "classes"
+
+    def support(self) -> FiniteLabels:
+        """The finite labels a mechanism's matrix is indexed by: the class indices."""
+        return FiniteLabels(np.arange(self.num_classes, dtype=np.float64))
 
     def __post_init__(self):
         if int(self.num_classes) != self.num_classes or self.num_classes < 2:
@@ -261,6 +278,10 @@ class Classes:
 
     def describe(self) -> dict:
         return {"kind": "classes", "num_classes": int(self.num_classes)}
+
+
+# Every label domain a dataset declares; each knows its ``label_kind`` and its finite ``support()``.
+Domain = FiniteLabels | ContinuousInterval | Classes
 
 
 def parse_label_spec(spec: str) -> FiniteLabels:
@@ -285,7 +306,7 @@ def parse_label_spec(spec: str) -> FiniteLabels:
         raise LabelDPError(f"cannot parse label spec {spec!r}: {err}", code="invalid_domain") from None
 
 
-def domain_from_spec(spec: dict):
+def domain_from_spec(spec: dict) -> Domain:
     """Rebuild a domain from its ``describe()`` form (also the dataset-creation fields)."""
     kind = spec.get("kind")
     if kind == "finite":
@@ -304,6 +325,7 @@ def domain_spec(kind: str, *, values=None, low=None, high=None, num_classes=None
     for bound in (low, high):
         if bound is not None and not math.isfinite(bound):
             raise LabelDPError("label bounds must be finite numbers", code="invalid_domain")
+    spec: dict[str, object]
     if kind == "finite":
         spec = {"kind": "finite", "values": [float(v) for v in values]}
     elif kind == "integer":

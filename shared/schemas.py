@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -17,10 +17,10 @@ from shared.domains import domain_spec
 
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
-# The mechanisms a release may name, by label kind (both parties check a request against these).
-REGRESSION_MECHANISMS = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
-CLASSIFICATION_MECHANISMS = ("rr", "rr-with-prior", "subset")
-MechanismName = Literal[tuple(dict.fromkeys(REGRESSION_MECHANISMS + CLASSIFICATION_MECHANISMS))]
+# The mechanisms a release may name, and which by label kind (both parties check a request against these).
+MechanismName = Literal["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr", "rr-with-prior", "subset"]
+REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
+CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset")
 # Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters.
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
@@ -38,11 +38,28 @@ def _integral(value: Any) -> Any:
     return int(value) if type(value) is float and value.is_integer() else value
 
 
-def integer(**bounds) -> Any:
-    """An integer a request carries, with its bounds (``ge``, ``le``): for the same reason, ``30.0`` is the integer
-    30 (JSON Schema's "integer" includes it, and generated clients send it); ``30.5``, ``true`` and ``"30"`` are
-    refused. The bounds go before the validator, or the OpenAPI schema would lose them."""
-    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+# An integer a request carries, with its bounds: ``Annotated[int, Field(ge=…, le=…), INTEGRAL]``. For the same
+# reason, ``30.0`` is the integer 30 (JSON Schema's "integer" includes it, and generated clients send it); ``30.5``,
+# ``true`` and ``"30"`` are refused. The bounds go before the validator, or the OpenAPI schema would lose them.
+INTEGRAL = BeforeValidator(_integral)
+
+
+def integer(**bounds: Any) -> Any:
+    """``Annotated[int, Field(**bounds), INTEGRAL]``, built at run time (a type checker cannot read it)."""
+    return Annotated[int, Field(**bounds), INTEGRAL]
+
+
+_T = TypeVar("_T")
+if TYPE_CHECKING:
+    # A field a request may leave out (then None) but not send as null.
+    Omittable: TypeAlias = _T | None
+else:
+    class Omittable:
+        """``Omittable[X]`` is X to pydantic: a null is refused and the schema says X (a value or nothing, with its
+        default). The type checker sees ``X | None``: the None a left-out field holds."""
+
+        def __class_getitem__(cls, item: Any) -> Any:
+            return item
 
 
 class ErrorDetail(BaseModel):
@@ -84,7 +101,7 @@ QueryEpsilon = Annotated[FiniteFloat, BeforeValidator(_decimal)]
 # A per-example δ: a probability below 1 (the service's ceiling, LABELDP_DELTA_MAX, is far smaller).
 Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
-# A dataset's total budget: at most 10⁶ so its exact units (10⁻⁹ ε each, ``shared/ledger.py``) stay far inside a
+# A dataset's total budget: at most 10⁶ so its exact units (10⁻⁹ ε each, ``labels_party/ledger.py``) stay far inside a
 # signed 64-bit column; no meaningful guarantee is anywhere near it.
 BudgetEpsilon = Annotated[PositiveFinite, Field(le=1e6)]
 
@@ -100,11 +117,11 @@ class _DatasetCreateBase(BaseModel):
     allow_central_training: bool = False
     # Absent for uploaded labels. A local Parquet dataset (example_id, label), copied when registered (no symbolic
     # links; labels_party.spark.snapshot) and counted by Spark; only locations the operator allowed the organization.
-    source: Annotated[str, Field(min_length=1, max_length=1000, description=(
+    source: Omittable[Annotated[str, Field(min_length=1, max_length=1000, description=(
         "labels in a local Parquet dataset: a path or file: URI under a prefix this service allows the organization "
         "(LABELDP_SPARK_SOURCES), holding no symbolic link; copied and counted when registered (refusals of its "
         "labels come back here), releases then run as Spark jobs on the copy; integer and classes labels. Object "
-        "stores (s3a://) and HDFS are not supported"))] \
+        "stores (s3a://) and HDFS are not supported"))]] \
         = None
 
 
@@ -139,9 +156,9 @@ class _BoundedDatasetCreate(_DatasetCreateBase):
         {"required": ["clip"], "not": {"anyOf": [{"required": ["min"]}, {"required": ["max"]}]}}]})
 
     # Absent, not null: the schema says a number or nothing (a null would be schema-invalid data).
-    min: LabelValue = None
-    max: LabelValue = None
-    clip: LabelClip = None
+    min: Omittable[LabelValue] = None
+    max: Omittable[LabelValue] = None
+    clip: Omittable[LabelClip] = None
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -153,7 +170,10 @@ class _BoundedDatasetCreate(_DatasetCreateBase):
 
     @property
     def bounds(self) -> tuple[float, float]:
-        return (self.clip.low, self.clip.high) if self.clip is not None else (self.min, self.max)
+        if self.clip is not None:
+            return self.clip.low, self.clip.high
+        assert self.min is not None and self.max is not None  # _one_form: without clip, both are given
+        return self.min, self.max
 
     def _with_clip(self, spec: dict) -> dict:
         return {**spec, "clip": self.clip.model_dump()} if self.clip is not None else spec
@@ -164,7 +184,7 @@ class IntegerDatasetCreate(_BoundedDatasetCreate):
     ranges: see the README's limits table)."""
 
     label_kind: Literal["integer"]
-    grid_size: integer(ge=2, le=10_000) | None = None
+    grid_size: Annotated[int, Field(ge=2, le=10_000), INTEGRAL] | None = None
 
     def domain_spec(self) -> dict:
         low, high = self.bounds
@@ -177,7 +197,7 @@ class ContinuousDatasetCreate(_BoundedDatasetCreate):
     """Real labels in ``[min, max]`` (released on a grid of ``grid_size`` points)."""
 
     label_kind: Literal["continuous"]
-    grid_size: integer(ge=2, le=10_000) = 101
+    grid_size: Annotated[int, Field(ge=2, le=10_000), INTEGRAL] = 101
 
     def domain_spec(self) -> dict:
         low, high = self.bounds
@@ -188,7 +208,7 @@ class ClassesDatasetCreate(_DatasetCreateBase):
     """Class labels ``0..num_classes-1``."""
 
     label_kind: Literal["classes"]
-    num_classes: integer(ge=2, le=100_000)
+    num_classes: Annotated[int, Field(ge=2, le=100_000), INTEGRAL]
 
     def domain_spec(self) -> dict:
         return domain_spec("classes", num_classes=self.num_classes)
@@ -250,7 +270,7 @@ class ReleaseRequest(BaseModel):
     mechanism: MechanismName
     epsilon: Epsilon
     prior_epsilon: Epsilon | None = None
-    mesh: integer(ge=2, le=5000) | None = None
+    mesh: Annotated[int, Field(ge=2, le=5000), INTEGRAL] | None = None
     solver: Solver | None = Field(default=None, description="opt-unbiased: 'continuous' (the default; outputs "
                                   "anywhere in ℝ, certified gap) or 'mesh' (the default when a mesh size is given)")
     clip: bool = False
@@ -282,10 +302,10 @@ class CentralTrainingRequest(BaseModel):
     # Whatever it is, the charge is the run's RDP curve, converted at the organization's δ.
     delta: Annotated[float, Field(gt=0, lt=1e-2, allow_inf_nan=False)] | None = None
     denoiser: Literal["noop", "selfspan", "selfconv", "altconv"] = "altconv"
-    steps: integer(ge=1, le=20_000) = 300
-    batch_size: integer(ge=1, le=65_536) = 128
+    steps: Annotated[int, Field(ge=1, le=20_000), INTEGRAL] = 300
+    batch_size: Annotated[int, Field(ge=1, le=65_536), INTEGRAL] = 128
     learning_rate: float = Field(default=0.5, gt=0, le=100)
-    hidden: list[integer(ge=1, le=4096)] = Field(default_factory=lambda: [64], max_length=4)
+    hidden: list[Annotated[int, Field(ge=1, le=4096), INTEGRAL]] = Field(default_factory=lambda: [64], max_length=4)
     example_ids: list[str] = Field(min_length=2)
     # one vector per example id, all of one length (else 400 invalid_input)
     features: list[list[FiniteFloat]] = Field(min_length=2)

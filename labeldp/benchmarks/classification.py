@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -118,7 +119,7 @@ def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, 
     its accuracy on the test examples and the ids of the releases it trained on (LP-MST: one per stage)."""
     fit, test = digits.split(seed)
     options = {**config.__dict__, "hidden": list(config.hidden), "seed": seed, "loss": None}
-    fields = {"numeric": digits.columns, "train": options}
+    fields: dict[str, Any] = {"numeric": digits.columns, "train": options}
     release = {"epsilon": epsilon, "example_ids": digits.ids[fit].tolist()}
     if method in STAGES:
         fields.update(protocol="lp-mst", stages=STAGES[method], release={**release, "mechanism": "rr"})
@@ -136,12 +137,14 @@ def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, 
     with parties.trainer() as trainer:
         job = trainer.train(parties.job("digits", dataset_id, **fields))
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
-    stages = job.release.get("stages")
+    trained_on = job.release
+    assert trained_on is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
+    stages = trained_on.get("stages")
     return {"method": method, "epsilon": epsilon, "seed": seed,
             "mean_k": stages[-1]["mean_k"] if stages else None,
-            "certified_epsilon": job.release["certified_epsilon"],
+            "certified_epsilon": trained_on["certified_epsilon"],
             "accuracy": digits.accuracy(predicted[digits.ids[test]].to_numpy(), test),
-            "release_ids": [s["release_id"] for s in stages] if stages else [job.release["id"]]}
+            "release_ids": [s["release_id"] for s in stages] if stages else [trained_on["id"]]}
 
 
 def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audit) -> None:

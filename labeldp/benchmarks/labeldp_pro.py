@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
@@ -57,6 +58,7 @@ def _local(parties: Parties, dataset_id: str, digits: Digits, method: str, epsil
     with parties.trainer() as trainer:
         done = trainer.train(job)
         predicted = trainer.predictions(done.id).set_index("example_id")["prediction"]
+    assert done.release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
     return predicted[digits.ids[test]].to_numpy(), done.release["certified_epsilon"], 0.0
 
 
@@ -68,9 +70,10 @@ def _central(parties: Parties, dataset_id: str, digits: Digits, method: str, eps
             dataset_id, digits.ids[fit], digits.x[fit], epsilon, denoiser="noop" if "noop" in method else "altconv",
             delta=DELTA, steps=steps, batch_size=256, learning_rate=0.5,
             idempotency_key=f"{method}-{epsilon}-{seed}")
+        assert release.mechanism_hash is not None  # an available release: its mechanism was built
         document = consumer.mechanism_document(release.mechanism_hash)
     params = models.params_from_lists(document["description"]["parameters"])
-    logits = models.apply(params, digits.x[test], np.zeros((len(test), 0), np.int32))
+    logits = models.apply(params, digits.x[test], jnp.zeros((len(test), 0), jnp.int32))
     return np.argmax(np.asarray(logits), axis=1), release.certified_epsilon, DELTA
 
 

@@ -27,6 +27,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,11 +50,11 @@ def parse_clip(text: str | None) -> tuple[float, float] | None:
     if text is None:
         return None
     parts = text.split(":")
-    try:
-        low, high = (float(p) for p in parts) if len(parts) == 2 else (None, None)
+    try:  # NaN: not two numbers
+        low, high = (float(parts[0]), float(parts[1])) if len(parts) == 2 else (math.nan, math.nan)
     except ValueError:
-        low = high = None
-    if low is None or not (math.isfinite(low) and math.isfinite(high)):
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high)):
         raise _usage(f"--clip takes LOW:HIGH, two finite numbers (e.g. --clip 0:15000 or --clip=-5:5), not {text!r}")
     if low >= high:
         raise _usage(f"--clip {text}: LOW must be below HIGH")
@@ -307,7 +308,7 @@ class TableSource:
                          "choice, fine for a benchmark, not for a release (declare public bounds with --clip).")
         if kind == "integer":
             low, high = int(low), int(high)
-        domain = {"label_kind": kind, "clip": {"low": low, "high": high}}
+        domain: dict[str, Any] = {"label_kind": kind, "clip": {"low": low, "high": high}}
         if self.grid is not None:
             domain["grid_size"] = self.grid
             notes.append(f"Released on a grid of {self.grid} points over [{low:g}, {high:g}] (`--grid`): each label "

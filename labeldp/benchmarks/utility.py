@@ -27,6 +27,7 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 
 from features_party.client import LabelsPartyError
 from features_party.features import Preprocessor
+from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import report
 from labeldp.benchmarks import classification
@@ -117,16 +119,20 @@ class BenchDataset:
         for column in self.categorical:
             frame[column] = frame[column].astype(str)
         labels = frame[self.label].to_numpy(dtype=float)
+        low: float
+        high: float
         if self.fixed_range is not None:
             low, high = self.fixed_range
             note = f"Public label bounds [{low:g}, {high:g}] fixed by the protocol, clipped by the labels service."
+        elif self.clip_quantile is None:  # what np.quantile raises for a missing quantile, with the reason
+            raise TypeError(f"benchmark dataset {self.name!r} needs fixed_range or clip_quantile")
         else:
             low, high = float(labels.min()), float(np.quantile(labels, self.clip_quantile))
             if self.kind == "integer":
                 low, high = int(np.floor(low)), int(np.ceil(high))
             note = (f"Bounds [{low:g}, {high:g}]: the labels' minimum and {self.clip_quantile:.0%} quantile, clipped "
                     "by the labels service — a data-dependent choice (the paper's recipe; not for a release).")
-        domain = {"label_kind": self.kind, "clip": {"low": low, "high": high}}
+        domain: dict[str, Any] = {"label_kind": self.kind, "clip": {"low": low, "high": high}}
         if self.kind == "continuous":
             domain["grid_size"] = 41
         return Prepared.build(self.name, self.description, frame, labels, np.clip(labels, low, high), self.numeric,
@@ -376,12 +382,15 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
     config = _config(prepared, epochs, seed)
     if mechanisms_for(prepared)[mechanism] is None:
         return {**row, **_non_private(prepared, train_part, test, config)}
+    assert epsilon is not None  # only the non-private model runs without ε (_runs)
     job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config)
     with parties.trainer() as trainer:
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
-    return {**row, "prior_epsilon": job.release.get("prior_epsilon"),
-            "certified_epsilon": job.release["certified_epsilon"],
-            "noisy_label_loss": _noisy_label_loss(parties, prepared, job.release, train_part),
+    release = job.release
+    assert release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
+    return {**row, "prior_epsilon": release.get("prior_epsilon"),
+            "certified_epsilon": release["certified_epsilon"],
+            "noisy_label_loss": _noisy_label_loss(parties, prepared, release, train_part),
             "train_seconds": job.seconds, "constant_test_loss": None,
             **_score(prepared, predicted[test["example_id"]].to_numpy(), test[TRUTH].to_numpy(dtype=float))}
 
@@ -404,7 +413,7 @@ def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train
 
 
 def _train_on_release(parties: Parties, registered: Registered, train_part: pd.DataFrame, mechanism: str,
-                      epsilon: float, seed: int, config: TrainConfig):
+                      epsilon: float, seed: int, config: TrainConfig) -> JobView:
     """One trainer job on a release of the training examples' labels (the job requests it, or, for the group
     mechanisms, trains on the group release the publisher requested first)."""
     prepared = registered.prepared
@@ -417,7 +426,7 @@ def _train_on_release(parties: Parties, registered: Registered, train_part: pd.D
             release = consumer.request_group_release(
                 registered.dataset_id, ids, feature_clusters(train_part, prepared, seed), fields["mechanism"],
                 epsilon, share * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
-        source = {"release_id": release.id}
+        source: dict[str, Any] = {"release_id": release.id}
     else:
         source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids}}
     # classes: the trainer chooses the loss from the release (cross-entropy, or the subset loss for subsets)
@@ -442,7 +451,7 @@ def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFram
 
 
 def _runs(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float | None, int]]:
-    runs = []
+    runs: list[tuple[str, float | None, int]] = []
     for seed in range(config.seeds):
         if "non-private" in mechanisms:
             runs.append(("non-private", None, seed))

@@ -77,11 +77,11 @@ def bar_chart(values: Sequence[float], *, labels: tuple[str, str] = ("", ""), wi
     """Vertical bars, one per value (the caller bounds their number), with the first and last labels."""
     left, right, top, bottom = 56, 12, 12, 30
     plot_w, plot_h = width - left - right, height - top - bottom
-    values = np.asarray(values, dtype=np.float64)
-    highest = float(values.max()) if values.size and values.max() > 0 else 1.0
-    step = plot_w / max(1, values.size)
+    heights = np.asarray(values, dtype=np.float64)
+    highest = float(heights.max()) if heights.size and heights.max() > 0 else 1.0
+    step = plot_w / max(1, heights.size)
     body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="{INK}"/>']
-    for i, value in enumerate(values):
+    for i, value in enumerate(heights.tolist()):
         h = plot_h * max(0.0, value) / highest
         body.append(f'<rect x="{left + i * step + 0.5:.1f}" y="{top + plot_h - h:.1f}" '
                     f'width="{max(0.5, step - 1):.1f}" height="{h:.1f}" fill="{color}"/>')

@@ -41,7 +41,7 @@ def csrf_token(token: str) -> str:
 
 
 def csrf_matches(token: str, submitted: str | None) -> bool:
-    return bool(submitted) and hmac.compare_digest(csrf_token(token), submitted)
+    return submitted is not None and bool(submitted) and hmac.compare_digest(csrf_token(token), submitted)
 
 
 def cookie_header(token: str, *, secure: bool, max_age: int) -> str:

@@ -209,7 +209,8 @@ def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> 
     audit = audit_log.audit(ctx, principal, release.dataset_id)
     org = next((e.record.get("actor", {}).get("org", "?") for e in audit.events
                 if e.record.get("release_id") == release.id), "?")
-    groups = description.get("groups") if isinstance(description.get("groups"), list) else []
+    listed = description.get("groups")
+    groups: list = listed if isinstance(listed, list) else []
     if groups:
         shown = [_randomizer(f"group {g.get('group')} ({g.get('examples')} examples)", g.get("mechanism") or {})
                  for g in groups[:MAX_GROUPS_SHOWN]]

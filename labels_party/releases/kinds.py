@@ -17,10 +17,12 @@ functions of features only; they choose what is released, never how much it cost
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
+import pyarrow as pa
 from dp_accounting import dp_event
 
 from labels_party import pipeline, registry
@@ -28,8 +30,8 @@ from labels_party.context import ServiceContext
 from labels_party.evaluation import EvaluationPlan, plan_evaluation, score
 from labels_party.pipeline import Plan, Prepared, privatize, privatize_by_group
 from labels_party.registry import MechanismOptions
+from labels_party.releases.lifecycle import Computation, Draft, Snapshot
 from labels_party.releases.streamed import plan_version
-from labels_party.releases.transaction import Computation, Draft, Snapshot
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
 from shared import schemas
@@ -67,10 +69,23 @@ class PricedPlan:
         return self.event
 
 
+class _OneEpsilon(Protocol):
+    @property
+    def epsilon(self) -> float: ...
+
+
 class _Defaults:
     """What most kinds share: one ε, nothing to check before the snapshot, the identity recorded as is."""
 
-    def epsilons(self) -> dict[str, float]:
+    def identity(self) -> dict:
+        raise NotImplementedError
+
+    def compute_version(self, snapshot: Snapshot, read: Callable[[], Iterator[pa.RecordBatch]], priced: Any,
+                        run: Computation) -> Draft:
+        """Only kinds whose ``inputs`` may cover the whole version (ids None) override this."""
+        raise NotImplementedError
+
+    def epsilons(self: _OneEpsilon) -> dict[str, float]:
         return {"epsilon": self.epsilon}
 
     def check(self) -> None:
@@ -138,6 +153,7 @@ class LabelRelease(_Defaults):
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: Prepared, run: Computation) -> Draft:
         result = privatize(priced.with_deadline(run.deadline), labels, run.rng)
         noisy = result.noisy_labels
+        assert noisy is not None  # privatize samples every label
         columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
                    else {"label": noisy})
         return self.draft(result, columns)
@@ -177,7 +193,7 @@ class ExamplePriorRelease(_Defaults):
         result = sample_per_example(plan, labels.astype(np.int64), run.rng)
         description = {"mechanism": self.mechanism, "per_example_priors": True, "epsilon": self.epsilon,
                        "certified_epsilon": result.certified_epsilon, "mean_k": float(result.k.mean()),
-                       "k_histogram": np.bincount(result.k, minlength=snapshot.domain.num_classes + 1)[1:].tolist(),
+                       "k_histogram": np.bincount(result.k, minlength=snapshot.domain.support().size + 1)[1:].tolist(),
                        "priors_sha256": self.priors.sha256,
                        "budget_split_rule": "priors come from features: no budget spent on them"}
         return Draft(result, {"label": result.outputs.astype(np.float64)}, description)
@@ -227,7 +243,8 @@ class GroupRelease(_Defaults):
     def compute(self, snapshot: Snapshot, labels: np.ndarray, groups, priced: Prepared, run: Computation) -> Draft:
         result = privatize_by_group(priced.with_deadline(run.deadline), labels, groups, run.rng)
         per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
-                      "noisy_prior": part.prior.describe(), "certified_epsilon": part.certified_epsilon,
+                      "noisy_prior": part.prior.describe() if part.prior is not None else None,
+                      "certified_epsilon": part.certified_epsilon,
                       "mechanism": part.describe()}
                      for key, part in zip(result.groups, result.parts, strict=True)]
         description = {"mechanism": self.mechanism, "group_priors": True, "epsilon": self.epsilon,
@@ -324,7 +341,7 @@ class CentralTraining(_JsonBodyKind):
     def compute(self, snapshot: Snapshot, labels: np.ndarray, features, priced: PricedPlan, run: Computation) -> Draft:
         from labels_party.labeldp_pro import train_labeldp_pro
 
-        request, num_classes = self.request, snapshot.domain.num_classes
+        request, num_classes = self.request, snapshot.domain.support().size  # a classes domain (inputs)
         config, sigma = priced.plan
         result = train_labeldp_pro(config, features, labels.astype(np.int64), num_classes, run.rng, sigma=sigma)
         # The parameters are the DP output; mapping a non-finite one to 0 is post-processing, and it keeps the

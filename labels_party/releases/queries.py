@@ -11,7 +11,7 @@ from labels_party import db
 from labels_party.access import Admission, releases_possibly_seen, releases_seen, sees_release
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
-from labels_party.releases.transaction import release_view
+from labels_party.releases.lifecycle import release_view
 from shared import schemas
 from shared.errors import LabelDPError
 

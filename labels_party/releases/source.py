@@ -24,81 +24,86 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+from dataclasses import dataclass
+from typing import Any
 
 from labels_party import db, labelstore
-from labels_party.access import Admission, admitted_dataset
-from labels_party.context import ServiceContext, check_epsilon_range
-from labels_party.pipeline import plan
+from labels_party.context import ServiceContext
+from labels_party.pipeline import Prepared, plan
 from labels_party.recovery import FAILED
 from labels_party.registry import support
-from labels_party.releases import transaction
 from labels_party.releases.kinds import LabelRelease
+from labels_party.releases.lifecycle import Covered, Outcome, ReleaseKind, Snapshot, finish
 from labels_party.solvers.deadline import Deadline
 from labels_party.source_datasets import snapshot_uri, stored_histogram
 from shared import schemas
-from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 from shared.randomness import new_release_secret
 
 log = logging.getLogger(__name__)
 
 
-def release(ctx: ServiceContext, admission: Admission, idempotency_key: str | None,
-            request: schemas.ReleaseRequest) -> schemas.Release:
-    """Charge a release of the whole source, plan it and start its Spark job (or restart a failed one)."""
-    principal = admission.principal
-    kind = LabelRelease(request)
-    for name, epsilon in kind.epsilons().items():
-        check_epsilon_range(ctx, epsilon, name)
-    if request.example_ids is not None:
-        raise LabelDPError("a source dataset's release covers all its rows; leave out example_ids",
-                           code="source_dataset")
-    key, body_hash = transaction.checked_key(idempotency_key), transaction.body_hash_of(kind)
-    with ctx.sessions() as session, session.begin():
-        dataset = admitted_dataset(session, admission)
-        existing = transaction.existing_release(session, principal, dataset.id, key, body_hash)
-        if existing is not None:  # its row locked: a job finishing now cannot interleave with the restart
-            session.refresh(existing, with_for_update=True)
-            restart = ctx.store.path(_job_file(existing.id)).exists() and (existing.state == "failed" or (
-                existing.state == "running" and not ctx.spark_jobs.running(existing.id)))
-            if restart:  # the same charge and job file: the job redraws the same noise
-                existing.state, existing.error_json = "running", None
-            view = transaction.release_view(existing)
-        else:  # refusals about the source (no copy, a prefix the operator withdrew, counts that do not fit the
-            # domain) come before the charge; reading the counts draws nothing
-            domain = domain_from_spec(json.loads(dataset.domain_json))
-            histogram = stored_histogram(ctx, session, dataset, domain)
-    if existing is not None:
-        if restart:
-            _start(ctx, view.id)
-        return view
-    coverage = labelstore.range_coverage(0, dataset.num_examples)
-    snapshot = transaction.Snapshot(dataset, domain, 0, dataset.source_uri, dataset.num_examples, coverage)
-    prepared = kind.price(ctx, snapshot, dataset.num_examples, None)
-    if prepared.built is not None:  # a label-set mechanism cannot be written as one number per row
-        from labels_party.spark.jobs import check_one_output_per_label
+@dataclass(frozen=True)
+class SparkJob:
+    """The completion of a source dataset's release (:class:`~.transaction.Completion`)."""
 
-        check_one_output_per_label(prepared.built.mechanism, support(domain).values)
-    release_id, fresh = transaction.charge(ctx, principal, snapshot, kind, prepared, coverage, key, body_hash,
-                                           suffix="")
-    if not fresh:  # a concurrent request with this key was charged first
-        return transaction.outcome(ctx, principal, release_id)
-    try:
-        planned = plan(prepared.with_deadline(Deadline(ctx.settings.solver_seconds)), histogram.counts,
+    suffix: str = ""  # releases/{id}/: the job's Parquet part files
+
+    def cover(self, ctx: ServiceContext, snapshot: Snapshot, kind: ReleaseKind[Any]) -> Covered:
+        if not isinstance(kind, LabelRelease):
+            raise LabelDPError("a source dataset takes label releases of all its rows (POST .../releases) only",
+                               code="source_dataset")
+        if kind.request.example_ids is not None:
+            raise LabelDPError("a source dataset's release covers all its rows; leave out example_ids",
+                               code="source_dataset")
+        # Refusals about the source (no copy, a prefix the operator withdrew, counts that do not fit the domain)
+        # come before the charge; reading the counts draws nothing.
+        with ctx.sessions() as session, session.begin():
+            histogram = stored_histogram(ctx, session, session.get(db.Dataset, snapshot.dataset.id),
+                                         snapshot.domain)
+        return Covered(snapshot.coverage or labelstore.range_coverage(0, snapshot.num_examples), counts=histogram)
+
+    def check(self, snapshot: Snapshot, priced: Prepared) -> None:
+        if priced.built is not None:  # a label-set mechanism cannot be written as one number per row
+            from labels_party.spark.jobs import check_one_output_per_label
+
+            check_one_output_per_label(priced.built.mechanism, support(snapshot.domain).values)
+
+    def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
+                 covered: Covered, priced: Prepared) -> schemas.Release:
+        assert isinstance(kind, LabelRelease)  # cover refused every other kind
+        histogram = covered.counts
+        planned = plan(priced.with_deadline(Deadline(ctx.settings.solver_seconds)), histogram.counts,
                        ctx.random_source())
         from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
 
         ctx.store.write_with(_job_file(release_id), lambda path: path.write_bytes(cloudpickle.dumps(
             {"sampler": planned.sampler, "secret": new_release_secret(), "support": histogram.support_values,
-             "source": dataset.source_sha256})))
-        view = transaction.finish(ctx, release_id, kind.draft(planned, {}), state="running")
-    except Exception:
-        transaction.fail(ctx, release_id, None)
+             "source": snapshot.dataset.source_sha256})))
+        view = finish(ctx, release_id, kind.draft(planned, {}), state="running")
+        _start(ctx, release_id)
+        return view
+
+    def abandon(self, ctx: ServiceContext, release_id: str) -> None:
         ctx.store.remove(_job_file(release_id))
-        log.exception("source release %s failed after it was charged", release_id)
-        raise transaction.release_failed(release_id) from None
-    _start(ctx, release_id)
-    return view
+
+    def replayed(self, ctx: ServiceContext, release: db.Release) -> bool:
+        """A failed (or orphaned ``running``) release whose job file was written runs again: the same charge and
+        job file, so the job redraws the same noise."""
+        restart = ctx.store.path(_job_file(release.id)).exists() and (release.state == "failed" or (
+            release.state == "running" and not ctx.spark_jobs.running(release.id)))
+        if restart:
+            release.state, release.error_json = "running", None
+        return restart
+
+    def restart(self, ctx: ServiceContext, release_id: str) -> None:
+        _start(ctx, release_id)
+
+    def answer(self, release: schemas.Release, created: bool) -> Outcome:
+        return Outcome(release, 202 if release.state != "available" else 200, f"/v1/releases/{release.id}")
+
+
+SPARK_JOB = SparkJob()
 
 
 def _job_file(release_id: str) -> str:
@@ -143,8 +148,3 @@ def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None
         row = session.get(db.Release, release_id, with_for_update=True)
         if row.state == "running":
             row.state, row.error_json = state, json.dumps(error) if error else None
-
-
-def is_source(ctx: ServiceContext, admission: Admission) -> bool:
-    with ctx.sessions() as session, session.begin():
-        return admitted_dataset(session, admission).source_uri is not None

@@ -4,7 +4,7 @@ that creates a release (201, or 200 when an earlier request with its key is repl
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from labels_party import access
 from labels_party.access import Admission
 from labels_party.context import ServiceContext
+from labels_party.releases.lifecycle import Outcome
 from labels_party.uploads import upload_format
 from shared import schemas
 from shared.service import dependencies, gate
@@ -29,13 +30,14 @@ IdempotencyKey = Annotated[str, Header(min_length=1, max_length=200, description
     "release, never a second draw or charge"))]
 
 # ``responses=`` of a route that creates a release: the replay of an earlier request is a 200.
-REPLAYABLE = {200: {"model": schemas.Release,
+REPLAYABLE: dict[int | str, dict[str, Any]] = {200: {"model": schemas.Release,
                     "description": "an earlier request with this Idempotency-Key and body: the stored release"}}
 
 
-def created(result: tuple[schemas.Release, bool]) -> JSONResponse:
-    release, is_new = result
-    return JSONResponse(release.model_dump(mode="json"), status_code=201 if is_new else 200)
+def answer(outcome: Outcome) -> JSONResponse:
+    """A release request's answer: 201 created, 200 a replay, 202 a job running (with its Location)."""
+    headers = {"Location": outcome.location} if outcome.location else None
+    return JSONResponse(outcome.release.model_dump(mode="json"), status_code=outcome.status, headers=headers)
 
 
 async def with_columnar_body(request: Request, ctx: ServiceContext, admission: Admission, run) -> JSONResponse:
@@ -43,4 +45,4 @@ async def with_columnar_body(request: Request, ctx: ServiceContext, admission: A
     upload_format(request.headers.get("content-type"))
     directory, body = await gate.spool(request, admission.body_limit, ctx.scratch.spools)
     with directory:
-        return created(await run_in_threadpool(run, body))
+        return answer(await run_in_threadpool(run, body))

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
 
-from labels_party.releases import kinds, queries, source, transaction
+from labels_party.releases import kinds, queries, transaction
 from labels_party.routers.deps import (
     REPLAYABLE,
     AnyKey,
@@ -16,7 +15,7 @@ from labels_party.routers.deps import (
     IdempotencyKey,
     SeesDataset,
     SeesDatasetColumnar,
-    created,
+    answer,
     with_columnar_body,
 )
 from shared import schemas
@@ -35,12 +34,7 @@ def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: SeesDatas
                    idempotency_key: IdempotencyKey):
     """Privatize the dataset's labels (or ``example_ids`` of them) with one mechanism; ε is charged to every
     covered example before the release is visible. For a source dataset the release is a Spark job: 202."""
-    if source.is_source(ctx, who):
-        release = source.release(ctx, who, idempotency_key, body)
-        status = 202 if release.state != "available" else 200
-        return JSONResponse(release.model_dump(mode="json"), status_code=status,
-                            headers={"Location": f"/v1/releases/{release.id}"})
-    return created(transaction.run(ctx, who, idempotency_key, kinds.LabelRelease(body)))
+    return answer(transaction.run(ctx, who, idempotency_key, kinds.LabelRelease(body)))
 
 
 @router.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
@@ -82,7 +76,7 @@ def create_central_training(dataset_id: str, body: schemas.CentralTrainingReques
     """LabelDP-Pro at the labels party on the caller's features; only the trained parameters come back (in
     the mechanism document, ``description.parameters``). Refused unless the dataset owner enabled central
     training."""
-    return created(transaction.run(ctx, who, idempotency_key, kinds.CentralTraining(body)))
+    return answer(transaction.run(ctx, who, idempotency_key, kinds.CentralTraining(body)))
 
 
 @router.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release,
@@ -91,7 +85,7 @@ def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: See
                       idempotency_key: IdempotencyKey):
     """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
     examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
-    return created(transaction.run(ctx, who, idempotency_key, kinds.Evaluation(body)))
+    return answer(transaction.run(ctx, who, idempotency_key, kinds.Evaluation(body)))
 
 
 @router.get("/v1/releases/{release_id}", response_model=schemas.Release)

@@ -144,8 +144,9 @@ def vertex(problem: Problem, columns: _Columns, deadline: Deadline = NO_DEADLINE
     highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
     highs.setOptionValue("dual_feasibility_tolerance", 1e-10)
     highs.setOptionValue("presolve", "off")
-    if deadline.solver_seconds() is not None:
-        highs.setOptionValue("time_limit", deadline.solver_seconds())
+    seconds = deadline.solver_seconds()
+    if seconds is not None:
+        highs.setOptionValue("time_limit", seconds)
     highs.addRows(2 * k, targets, targets, 0, np.array([], np.int32), np.array([], np.int32), np.array([]))
     highs.addCols(count, problem.column_costs(columns.first, columns.last, columns.outputs), np.zeros(count),
                   np.full(count, highspy.kHighsInf), matrix.nnz, matrix.indptr[:-1].astype(np.int32),
@@ -225,7 +226,7 @@ def solve_continuous_optimal_unbiased(values, prior, epsilon: float, *, toleranc
                                       max_rounds: int = 30, deadline: Deadline = NO_DEADLINE) -> ExactSolution:
     """The optimal unbiased randomizer over output values in ℝ, certified to a relative gap ``tolerance``."""
     started = time.perf_counter()
-    epsilon = float(epsilon)  # checked once, by labels_party.registry
+    epsilon = float(epsilon)  # valid: checked by labels_party.registry
     if epsilon < MIN_EPSILON:
         raise LabelDPError(f"the continuous optimal unbiased solver certifies epsilon >= {MIN_EPSILON:g} (below, its "
                            f"cone programs lose accuracy); got {epsilon:g}: use a mesh, dbrr or laplace",

@@ -134,7 +134,7 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
                            solver: str = "choose", deadline: Deadline = NO_DEADLINE) -> FiniteRandomizer:
     """Algorithm 1 on the grid of Algorithm 2 (``mesh`` points, default 2|Y| — the number of outputs Theorem 6
     says suffice) or on explicit ``outputs``."""
-    epsilon = float(epsilon)  # checked once, by labels_party.registry
+    epsilon = float(epsilon)  # valid: checked by labels_party.registry
     if epsilon < MIN_EPSILON:
         raise LabelDPError(f"the mesh LP certifies epsilon >= {MIN_EPSILON:g} (below, e^epsilon - 1 drowns in HiGHS's "
                            f"tolerances); got {epsilon:g}: use dbrr or laplace", code="epsilon_out_of_range")

@@ -78,7 +78,7 @@ def _bin_sums(c0, c1, edges):
 
 def solve_rr_on_bins(values, prior, epsilon: float, *, deadline: Deadline = NO_DEADLINE) -> RandomizedResponse:
     """The RR-on-Bins randomizer of least noisy-label loss under ``prior`` (labels sorted ascending)."""
-    epsilon = float(epsilon)  # checked once, by labels_party.registry
+    epsilon = float(epsilon)  # valid: checked by labels_party.registry
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     kappa = math.expm1(design_epsilon(epsilon))
@@ -101,6 +101,7 @@ def solve_rr_on_bins(values, prior, epsilon: float, *, deadline: Deadline = NO_D
         if improved <= ratio * (1 + 1e-14):
             break
         ratio = improved
+    assert best is not None  # the first round always sets it
     edges, x0, x1 = best
     bins = x0.size
     outputs = mean + kappa * x1 / (1.0 + kappa * x0)

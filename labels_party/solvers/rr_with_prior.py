@@ -36,7 +36,7 @@ def best_top_k(prior, epsilon: float) -> tuple[np.ndarray, int]:
 def rr_with_prior(prior, epsilon: float) -> FiniteRandomizer:
     """RR-Top-k over the k* most likely classes under the prior: maximizes Pr[output = true label] among all
     ε-DP randomizers (optimality theorem of the paper; checked against an LP in the tests)."""
-    epsilon = float(epsilon)  # checked once, by labels_party.registry
+    epsilon = float(epsilon)  # valid: checked by labels_party.registry
     prior = normalized_prior(prior, np.asarray(prior).size)
     order, k = best_top_k(prior, design_epsilon(epsilon))
     return rr_top_k(prior.size, np.sort(order[:k]), epsilon, name="rr-with-prior")

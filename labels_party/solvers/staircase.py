@@ -90,9 +90,13 @@ class Problem:
         c = [columns]
         v = [np.where(first == 0, 1.0, 1.0 / self.e)]
         inner = first >= 1
-        r.append(first[inner]), c.append(columns[inner]), v.append(np.full(int(inner.sum()), lift))
+        r.append(first[inner])
+        c.append(columns[inner])
+        v.append(np.full(int(inner.sum()), lift))
         ends = last + 1 < k
-        r.append(last[ends] + 1), c.append(columns[ends]), v.append(np.full(int(ends.sum()), -lift))
+        r.append(last[ends] + 1)
+        c.append(columns[ends])
+        v.append(np.full(int(ends.sum()), -lift))
         rows, cols, vals = np.concatenate(r), np.concatenate(c), np.concatenate(v)
         return sparse.csc_matrix((np.concatenate([vals, vals * t[cols]]),
                                   (np.concatenate([rows, rows + k]), np.concatenate([cols, cols]))),

@@ -103,7 +103,9 @@ def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray
         raise LabelDPError(f"{outside:,} of {total:,} labels are not in the domain's {support.size} values",
                            code="label_out_of_domain")
     # On the column as stored: casting integers to strings is injective, and the cast costs a third of the job.
-    distinct = labels.agg(F.count_distinct("stored_id")).first()[0]
+    counted = labels.agg(F.count_distinct("stored_id")).first()
+    assert counted is not None  # an aggregate has one row
+    distinct = counted[0]
     if distinct != total:
         raise LabelDPError(f"{total - distinct:,} rows repeat an example_id of another row",
                            code="duplicate_example_id")
@@ -149,7 +151,9 @@ def _partition_sampler(sampler, secret: bytes, support: np.ndarray
 
     def sample_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         try:
-            rng = derived_rng(secret, "partition", TaskContext.get().partitionId())  # once: one stream per partition
+            task = TaskContext.get()
+            assert task is not None  # this runs in a Spark task
+            rng = derived_rng(secret, "partition", task.partitionId())  # once: one stream per partition
             for batch in batches:
                 yield _sample_batch(batch, sampler, rng, ordered)
         except LabelDPError as err:  # marked, so the driver can raise it again with its code

@@ -180,7 +180,8 @@ def _open(directory: int, name: str, path: str, source: str) -> int:
         if err.errno == errno.ENOENT:
             raise LabelDPError(f"{path!r} (at the source location {source!r}) does not exist (or vanished while it was "
                                f"copied)", code="malformed_file") from None
-        raise LabelDPError(f"{path!r} (at the source location {source!r}) cannot be read ({os.strerror(err.errno)})",
+        reason = os.strerror(err.errno or 0)
+        raise LabelDPError(f"{path!r} (at the source location {source!r}) cannot be read ({reason})",
                            code="malformed_file") from None
 
 

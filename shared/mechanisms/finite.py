@@ -62,9 +62,18 @@ class OnFiniteInputs:
             released[start:start + part.size] = self.sample_rows(self.row_of(part), rng)
         return released
 
+    def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
+        """Output indices for input row indices (each subclass samples its own way)."""
+        raise NotImplementedError
+
     def sample_rows(self, rows, rng: np.random.Generator) -> np.ndarray:
         """Output values for input row indices."""
         return self.output_values[self.sample_indices(rows, rng)]
+
+    @property
+    def expected_output(self) -> np.ndarray:
+        """E[M(y)] for every input label (each subclass computes its own)."""
+        raise NotImplementedError
 
     @property
     def bias(self) -> np.ndarray:

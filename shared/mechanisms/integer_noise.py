@@ -48,7 +48,7 @@ def bernoulli_exp_neg(numerator, denominator, rng: np.random.Generator) -> np.nd
 
 
 def _bernoulli_exp_neg(n: np.ndarray, d: np.ndarray | int, rng: np.random.Generator) -> np.ndarray:
-    scalar_d = np.ndim(d) == 0
+    per_entry = d if isinstance(d, np.ndarray) and d.ndim > 0 else None  # None: one denominator for all entries
     result = np.empty(n.size, dtype=bool)
     k = 1
     active = np.arange(n.size)
@@ -57,7 +57,7 @@ def _bernoulli_exp_neg(n: np.ndarray, d: np.ndarray | int, rng: np.random.Genera
         # (Pr[K > m] = γ^m / m!); the bound keeps d·K inside int64 even for d = 2**56.
         if k > 64:
             raise ArithmeticError("Bernoulli(exp(-gamma)) ran past K = 64")
-        high = d * k if scalar_d else d[active] * k
+        high = d * k if per_entry is None else per_entry[active] * k
         heads = rng.integers(0, high, size=active.size, dtype=np.int64) < n[active]
         result[active[~heads]] = (k & 1) == 1
         active = active[heads]

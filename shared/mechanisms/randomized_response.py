@@ -83,6 +83,12 @@ class RandomizedResponse(OnFiniteInputs):
     def _m(self) -> int:
         return int(self.output_values.size)
 
+    @property
+    def _bins(self) -> np.ndarray:
+        """``bin_of_input`` as built: __post_init__ replaced None with one bin per input."""
+        assert self.bin_of_input is not None
+        return self.bin_of_input
+
     @cached_property
     def certified_epsilon(self) -> float:
         if self._m == 1:
@@ -92,7 +98,7 @@ class RandomizedResponse(OnFiniteInputs):
 
     @property
     def num_outputs(self) -> int:
-        return self._m if self.keep < dyadic.RESOLUTION else int(np.unique(self.bin_of_input).size)
+        return self._m if self.keep < dyadic.RESOLUTION else int(np.unique(self._bins).size)
 
     @property
     def keep_probability(self) -> float:
@@ -104,7 +110,7 @@ class RandomizedResponse(OnFiniteInputs):
 
     # -- sampling ----------------------------------------------------------------------------------------------
     def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
-        own = self.bin_of_input[np.asarray(rows, dtype=np.int64).ravel()]
+        own = self._bins[np.asarray(rows, dtype=np.int64).ravel()]
         kept = rng.integers(0, dyadic.RESOLUTION, size=own.size, dtype=np.int64) < self.keep
         if self._m == 1:
             return own
@@ -114,7 +120,7 @@ class RandomizedResponse(OnFiniteInputs):
     # -- utility (closed forms, O(|Y| + m)) ------------------------------------------------------------------------
     @property
     def _own_output(self) -> np.ndarray:
-        return self.output_values[self.bin_of_input]
+        return self.output_values[self._bins]
 
     @property
     def expected_output(self) -> np.ndarray:
@@ -148,7 +154,7 @@ class RandomizedResponse(OnFiniteInputs):
             raise LabelDPError(f"{self.name} over {self.input_values.size} labels and {self._m} outputs has no dense "
                                f"matrix; use its closed forms", code="too_large")
         matrix = np.full((self.input_values.size, self._m), self.other_probability)
-        matrix[np.arange(self.input_values.size), self.bin_of_input] = self.keep_probability
+        matrix[np.arange(self.input_values.size), self._bins] = self.keep_probability
         matrix.setflags(write=False)
         return matrix
 
@@ -167,8 +173,8 @@ class RandomizedResponse(OnFiniteInputs):
                        "input_values": self.input_values.tolist(), "output_values": self.output_values.tolist(),
                        "num_outputs": self.num_outputs, "keep_count_over_2_53": self.keep,
                        "parameters": dict(self.parameters)}
-        if self._m != self.input_values.size or np.any(self.bin_of_input != np.arange(self._m)):
-            description["output_of_input"] = self.bin_of_input.tolist()
+        if self._m != self.input_values.size or np.any(self._bins != np.arange(self._m)):
+            description["output_of_input"] = self._bins.tolist()
         return description
 
 

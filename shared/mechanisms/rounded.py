@@ -13,12 +13,13 @@ import numpy as np
 
 from shared.domains import ContinuousInterval
 from shared.mechanisms.finite import FiniteRandomizer
+from shared.mechanisms.randomized_response import RandomizedResponse
 
 
 @dataclass(frozen=True, eq=False)
 class RoundedRandomizer:
     domain: ContinuousInterval
-    inner: FiniteRandomizer
+    inner: FiniteRandomizer | RandomizedResponse  # a finite randomizer on the grid
 
     @property
     def name(self) -> str:

@@ -4,6 +4,7 @@ further subcommands."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,17 +16,18 @@ from shared.service.tls import add_tls_arguments
 class ServiceParsers:
     """The ``labeldp <party>`` subcommand parsers; :meth:`add` makes one more with the storage flags."""
 
-    actions: object  # argparse's subparsers action
+    actions: argparse._SubParsersAction  # argparse's subparsers action (no public name for its type)
     storage_flags: dict
-    serve: object
-    create_key: object
-    upgrade_db: object
+    serve: argparse.ArgumentParser
+    create_key: argparse.ArgumentParser
+    upgrade_db: argparse.ArgumentParser
 
-    def add(self, name: str, help: str):
+    def add(self, name: str, help: str) -> argparse.ArgumentParser:
         return _subcommand(self.actions, self.storage_flags, name, help)
 
 
-def _subcommand(actions, storage_flags: dict, name: str, help: str):
+def _subcommand(actions: argparse._SubParsersAction, storage_flags: dict, name: str,
+                help: str) -> argparse.ArgumentParser:
     parser = actions.add_parser(name, help=help)
     for flag, kwargs in storage_flags.items():
         parser.add_argument(flag, **kwargs)

@@ -13,6 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import DateTime, MetaData, create_engine, event, inspect
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.types import TypeDecorator
 
 from shared.errors import LabelDPError
@@ -87,7 +88,9 @@ class Migrations:
         return config
 
     def head(self) -> str:
-        return ScriptDirectory.from_config(self.config(None)).get_current_head()
+        head = ScriptDirectory.from_config(self.config(None)).get_current_head()
+        assert head is not None  # every service's scripts hold at least their first revision
+        return head
 
     def current(self, connection: Connection) -> str | None:
         revision = MigrationContext.configure(connection).get_current_revision()
@@ -112,17 +115,19 @@ class Migrations:
         sqlite = engine.dialect.name == "sqlite"
         with engine.connect() as connection:
             if sqlite:  # SQLite's batch migrations copy tables; foreign keys are checked once, afterwards
-                connection.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")
+                _driver_connection(connection).execute("PRAGMA foreign_keys=OFF")
             try:
                 with connection.begin():
                     if not stamped:
+                        # current() answered the baseline (tables, no alembic_version): it is set
+                        assert self.baseline is not None
                         command.stamp(self.config(connection), self.baseline)
                     command.upgrade(self.config(connection), "head")
-                if sqlite and connection.connection.dbapi_connection.execute("PRAGMA foreign_key_check").fetchall():
+                if sqlite and _driver_connection(connection).execute("PRAGMA foreign_key_check").fetchall():
                     raise LabelDPError("the migrated database has broken foreign keys", code="database_outdated")
             finally:
                 if sqlite:
-                    connection.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")
+                    _driver_connection(connection).execute("PRAGMA foreign_keys=ON")
 
     def upgrade(self, engine: Engine) -> tuple[str | None, str]:
         """(revision before, revision after)."""
@@ -130,6 +135,14 @@ class Migrations:
             before = self.current(connection)
         self.prepare(engine, upgrade=True)
         return before, self.head()
+
+
+def _driver_connection(connection: Connection) -> DBAPIConnection:
+    """The DBAPI connection under an open one (outside SQLAlchemy's transactions: SQLite ignores PRAGMA
+    foreign_keys inside a transaction)."""
+    dbapi_connection = connection.connection.dbapi_connection
+    assert dbapi_connection is not None  # None only once the pool has closed or invalidated it
+    return dbapi_connection
 
 
 def run_migrations(context) -> None:

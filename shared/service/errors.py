@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from enum import Enum
 from pathlib import Path
+from typing import overload
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,7 +24,19 @@ from shared.errors import LabelDPError
 class ErrorCode(str, Enum):
     """Every error code either service answers with, and its HTTP status."""
 
-    def __new__(cls, value: str, status: int):
+    status: int  # each member's (an annotation only, so not a member)
+
+    # Once the class exists, Enum's metaclass makes ErrorCode(code) a lookup of the member with that code; the type
+    # checker reads calls from __new__, which only the definitions below reach.
+    @overload
+    def __new__(cls, value: str) -> ErrorCode: ...
+
+    @overload
+    def __new__(cls, value: str, status: int) -> ErrorCode: ...
+
+    def __new__(cls, value: str, status: int | None = None) -> ErrorCode:
+        if status is None:
+            raise TypeError(f"error code {value!r} is defined without its HTTP status")
         member = str.__new__(cls, value)
         member._value_ = value
         member.status = status

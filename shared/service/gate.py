@@ -42,7 +42,8 @@ class Guard:
 class Admitted(Protocol):
     """What a party's ``admit`` returns: anything with the request's body limit."""
 
-    body_limit: int
+    @property
+    def body_limit(self) -> int: ...
 
 
 Admit = Callable[[Guard, dict[str, str], str], Admitted]

@@ -11,6 +11,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Boolean, ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -23,6 +24,9 @@ _KEY = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
 
 class OrganizationColumns:
     __tablename__ = "organizations"
+    if TYPE_CHECKING:  # the service's declarative base, which the table class also derives from, supplies it
+        def __init__(self, **kw: Any) -> None: ...
+
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
@@ -30,6 +34,9 @@ class OrganizationColumns:
 
 class ApiKeyColumns:
     __tablename__ = "api_keys"
+    if TYPE_CHECKING:  # as for OrganizationColumns
+        def __init__(self, **kw: Any) -> None: ...
+
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
     role: Mapped[str] = mapped_column(String(20))  # one of the service's KeyRing.roles
@@ -72,8 +79,8 @@ def bearer_key(authorization: str | None) -> str:
 class KeyRing:
     """One service's keys: its organization and key tables, the roles a key may have and the key prefix."""
 
-    organization: type
-    api_key: type
+    organization: type[OrganizationColumns]  # the service's table classes built from the mixins
+    api_key: type[ApiKeyColumns]
     roles: tuple[str, ...]
     kind: str
 

@@ -82,7 +82,7 @@ def _parquet_stream(path: Path) -> Iterator[bytes]:
 class _Pipe(io.RawIOBase):
     """A write-only file that hands what was written to the response, piece by piece."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self._pieces: list[bytes] = []
         self._written = 0
@@ -134,11 +134,13 @@ def _json_page(path: Path, offset: int, limit: int, rows) -> JSONResponse:
 
 def _rows_between(parquet: pq.ParquetFile, start: int, stop: int) -> pa.Table:
     """Rows start..stop-1, reading only the row groups that hold them (a page deep in 10⁸ rows reads one)."""
-    groups, first, seen = [], None, 0
+    groups: list[int] = []
+    first = seen = 0  # first: the row the first of the groups starts at
     for group in range(parquet.metadata.num_row_groups):
         rows = parquet.metadata.row_group(group).num_rows
         if seen + rows > start and seen < stop:
-            first = seen if first is None else first
+            if not groups:
+                first = seen
             groups.append(group)
         seen += rows
     if not groups:

@@ -1,0 +1,258 @@
+"""A release row's life and the types a release is computed with.
+
+A release is inserted ``running`` by the charge (:func:`labels_party.releases.transaction.charge`), and then becomes
+``available`` (:func:`finish`: its mechanism document stored; a source dataset's release stays ``running`` until its
+Spark job wrote the labels) or ``failed`` (:func:`fail`: charged, its file removed). Nothing here decides access or
+charges anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+from dp_accounting import dp_event
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from labels_party import db, documents, labelstore
+from labels_party.auth import Principal
+from labels_party.context import ServiceContext
+from labels_party.ledger import units_epsilon
+from labels_party.recovery import FAILED
+from labels_party.solvers.deadline import Deadline
+from shared import schemas
+from shared.domains import Domain
+from shared.errors import LabelDPError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The dataset and its current label version, read once when the release begins (labels stay on disk)."""
+
+    dataset: db.Dataset
+    domain: Domain
+    version: int
+    file: str  # the label version (see labels_party.labelstore)
+    num_examples: int
+    coverage: labelstore.CoverageSet | None  # the whole version's; None for versions written before coverage sets
+    legacy_registry: str | None = None
+    delta: float = 0.0  # the requesting organization's δ allocation on the dataset (events with δ > 0 need one)
+
+    def read(self, ctx: ServiceContext) -> Callable[[], Iterator[pa.RecordBatch]]:
+        """The version's (example_id, label) row groups, re-readable."""
+        return lambda: labelstore.iter_version(ctx.store, self.file, ("example_id", "label"), self.legacy_registry)
+
+
+class Priced(Protocol):
+    """What a kind's ``price`` returns: the event the release is charged (its ε is recomputable and at most the
+    charge) and the ε₁ it spends on a private prior; the kind's own preparation travels with it to ``compute``."""
+
+    @property
+    def prior_epsilon(self) -> float: ...
+
+    def dp_event(self) -> dp_event.DpEvent: ...
+
+
+P = TypeVar("P", bound=Priced)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a release publishes, computed after the charge and not yet visible."""
+
+    privacy: Any  # certified_epsilon and dp_event(): what was actually built (at most what was charged)
+    columns: dict  # privatized labels, without example ids (empty for evaluations and central training)
+    description: dict  # public; stored once in a mechanism document
+    noisy_prior: dict | None = None
+    write: Callable[[Path], None] | None = None  # a streamed release writes its own file (then columns is empty)
+
+
+@dataclass(frozen=True)
+class Computation:
+    """What a kind may use to compute its draft: the release's randomness and the solver deadline."""
+
+    rng: np.random.Generator
+    deadline: Deadline
+
+
+class ReleaseKind(Protocol[P]):
+    """A kind of release, as a strategy: what it is, what it covers, what it costs (``P``, its priced plan) and
+    how it computes."""
+
+    @property
+    def mechanism(self) -> str:
+        """The recorded wire name."""
+
+    @property
+    def epsilon(self) -> float:
+        """Requested; a pure event is charged this, rounded up to 10⁻⁹, on every covered example."""
+
+    def epsilons(self) -> dict[str, float]:
+        """Every ε of the request by its field name, each checked against the deployment's range."""
+
+    def identity(self) -> dict:
+        """The whole request as the Idempotency-Key binds it (bodies by their SHA-256)."""
+
+    def record(self) -> dict:
+        """The privacy parameters as the ledger records them (no example ids, features or predictions)."""
+
+    def check(self) -> None:
+        """Refusals that need only the request (before anything is read)."""
+
+    def inputs(self, snapshot: Snapshot) -> tuple[Sequence[str] | None, Any]:
+        """Refusals that need the dataset; (the example ids to cover, None for all; per-example inputs aligned
+        with them)."""
+
+    def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, inputs: Any) -> P:
+        """Every remaining refusal, from public inputs only, and the event the release is charged."""
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs: Any, priced: P, run: Computation) -> Draft:
+        """The draft from the covered examples' labels (in the order of the ids); never refuses."""
+
+    def compute_version(self, snapshot: Snapshot, read: Callable[[], Iterator[pa.RecordBatch]], priced: P,
+                        run: Computation) -> Draft:
+        """Only for kinds whose ``inputs`` may cover the whole version (ids None): the draft from the version's
+        row groups, in bounded memory; its ``write`` produces the release file."""
+
+
+@dataclass(frozen=True)
+class Covered:
+    """What a release covers, decided before it is priced: the coverage set (charged), the covered examples'
+    labels in the order of ``example_ids`` (None when the completion reads them itself), the kind's per-example
+    inputs, and what the completion plans from (a source's stored counts)."""
+
+    coverage: labelstore.CoverageSet
+    example_ids: Sequence[str] | None = None
+    labels: np.ndarray | None = None
+    inputs: Any = None
+    counts: Any = None
+
+
+class Completion(Protocol):
+    """The commit order's strategy: how a release is covered before its charge, and completed after it.
+
+    Both completions charge in the same transaction (:func:`~.transaction.charge`) before anything private is
+    drawn; they differ in what follows: :data:`~.transaction.IN_PROCESS` computes the draft in this request and
+    answers 201 with the release ``available``; a source dataset's (:data:`~.source.SPARK_JOB`) plans from the
+    counts taken at registration, writes the job and answers 202 with the release ``running`` until its Spark job
+    wrote the labels."""
+
+    @property
+    def suffix(self) -> str:
+        """Of the release's file: ``releases/{id}{suffix}``."""
+
+    def cover(self, ctx: ServiceContext, snapshot: Snapshot, kind: ReleaseKind[Any]) -> Covered:
+        """Refusals that need the dataset (before the charge) and what the release covers."""
+
+    def check(self, snapshot: Snapshot, priced: Any) -> None:
+        """Refusals the priced plan decides (public inputs only)."""
+
+    def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
+                 covered: Covered, priced: Any) -> schemas.Release:
+        """After the charge: what the release publishes; raises only for failures, never to refuse."""
+
+    def abandon(self, ctx: ServiceContext, release_id: str) -> None:
+        """Remove what :meth:`complete` left when it failed (the release is already ``failed``)."""
+
+    def replayed(self, ctx: ServiceContext, release: db.Release) -> bool:
+        """The release an earlier request with this key was charged for, its row locked: whether to run it again
+        (the same charge and noise); :meth:`restart` then does, after the commit."""
+
+    def restart(self, ctx: ServiceContext, release_id: str) -> None: ...
+
+    def answer(self, release: schemas.Release, created: bool) -> Outcome: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a release request answers: the release, its status (201 created, 200 the replay of an earlier request
+    with its key, 202 a job still running) and, for a job, where to poll it."""
+
+    release: schemas.Release
+    status: int
+    location: str | None = None
+
+
+def release_view(release: db.Release) -> schemas.Release:
+    return schemas.Release(
+        id=release.id, dataset_id=release.dataset_id, mechanism=release.mechanism, epsilon=release.epsilon,
+        charged_epsilon=units_epsilon(release.charge_units), certified_epsilon=release.certified_epsilon,
+        prior_epsilon=release.prior_epsilon, randomizer_epsilon=release.randomizer_epsilon,
+        num_examples=release.num_examples, label_version=release.label_version,
+        created_at=release.created_at, idempotency_key=release.idempotency_key,
+        mechanism_hash=release.mechanism_hash, description=json.loads(release.description_json or "{}"),
+        noisy_prior=json.loads(release.prior_json) if release.prior_json else None, state=release.state or "available",
+        error=json.loads(release.error_json) if release.error_json else None)
+
+
+def existing_release(session: Session, principal: Principal, dataset_id: str, key: str,
+                     body_hash: str) -> db.Release | None:
+    existing = session.scalar(select(db.Release).where(
+        db.Release.dataset_id == dataset_id, db.Release.requester_org_id == principal.org_id,
+        db.Release.idempotency_key == key))
+    if existing is not None and existing.body_hash != body_hash:
+        raise LabelDPError("this Idempotency-Key was already used with a different request body",
+                           code="idempotency_conflict")
+    return existing
+
+
+def release_failed(release_id: str) -> LabelDPError:
+    return LabelDPError(f"release {release_id} was charged before it was computed and could not be completed; it "
+                        "stays charged and failed. Send a new request with a new Idempotency-Key to try again",
+                        code="release_failed")
+
+
+def write_file(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: Sequence[str] | None) -> str:
+    with ctx.sessions() as session, session.begin():
+        relative = session.get(db.Release, release_id).file
+    if draft.write is not None:
+        return ctx.store.write_with(relative, draft.write)
+    return ctx.store.write_table(relative, pa.table({"example_id": pa.array(example_ids, pa.string()),
+                                                     **draft.columns}))
+
+
+def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "available") -> schemas.Release:
+    """Store the public mechanism document and make the release ``state`` (available; a job's: running)."""
+    with ctx.sessions() as session, session.begin():
+        release = session.get(db.Release, release_id, with_for_update=True)
+        if release.state != "running":
+            raise LabelDPError(f"release {release_id} is {release.state}", code="release_failed")
+        release.mechanism_hash = documents.store(session, {"description": draft.description,
+                                                           "noisy_prior": draft.noisy_prior})
+        release.certified_epsilon = draft.privacy.certified_epsilon
+        release.description_json = json.dumps(documents.summary(draft.description))
+        release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
+        release.state = state
+        session.flush()
+        ctx.checkpoint("before_finish_commit")
+        view = release_view(release)
+    ctx.checkpoint("after_finish_commit")
+    return view
+
+
+def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:
+    """A charged release that could not be completed: failed, charged, no file. Only a release still running
+    fails (one that became available keeps its labels); if the database is gone too, the startup sweep does it."""
+    failed = False
+    try:
+        with ctx.sessions() as session, session.begin():
+            release = session.get(db.Release, release_id, with_for_update=True)
+            if release.state == "running":
+                release.state, release.error_json = "failed", json.dumps(FAILED)
+                file, failed = file or release.file, True
+    except Exception:  # noqa: BLE001 - the original failure is what the caller reports
+        log.exception("could not record release %s as failed", release_id)
+    if failed and file is not None:
+        try:
+            ctx.store.remove(file)
+        except OSError:
+            pass
