@@ -25,7 +25,7 @@ from labels_party import registry
 from labels_party.prior import NoisyPrior, estimate_prior, noise_event, prior_noise
 from labels_party.registry import Built, MechanismFamily, MechanismOptions, support
 from labels_party.solvers.deadline import Deadline
-from shared.domains import ContinuousInterval, Domain
+from shared.domains import Domain
 from shared.errors import LabelDPError
 from shared.mechanisms.events import LocalRandomizerDpEvent, ParallelDpEvent
 from shared.mechanisms.protocol import Mechanism
@@ -138,13 +138,10 @@ def plan(prepared: Prepared, counts: np.ndarray | None, rng: np.random.Generator
     return Plan(built.mechanism, prepared.split, prior, built.diagnostics)
 
 
-def support_rows(domain, labels: np.ndarray, mechanism: str, rng: np.random.Generator) -> np.ndarray | None:
-    """Each label's row of the finite support (randomized rounding for on-grid continuous labels: draw once, and
-    let the histogram and the sampler see the same rounded label); None for mechanisms on raw continuous labels."""
-    if isinstance(domain, ContinuousInterval):
-        labels = domain.check(labels)
-        return domain.round_to_grid(labels, rng) if registry.family(mechanism).on_grid else None
-    return domain.index_of(labels)  # every label must belong to the declared domain
+def support_rows(domain: Domain, labels: np.ndarray, mechanism: str, rng: np.random.Generator) -> np.ndarray | None:
+    """Each label's row of the finite support (the domain decides: randomized rounding onto a continuous domain's
+    grid); None for mechanisms on raw continuous labels."""
+    return domain.rows(labels, rng, on_grid=registry.family(mechanism).on_grid)
 
 
 def privatize(prepared: Prepared, labels, rng: np.random.Generator) -> Privatization:

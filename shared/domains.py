@@ -98,6 +98,10 @@ class FiniteLabels:
     def describe(self) -> dict:
         return {"kind": "finite", "values": self.values.tolist()}
 
+    def rows(self, labels, rng: np.random.Generator, *, on_grid: bool = True) -> np.ndarray | None:
+        """Each label's row of the support; every label must be one of the values."""
+        return self.index_of(labels)
+
 
 # Additive noise is an integer number of lattice steps; beyond this many steps a domain should be declared
 # continuous with an explicit grid_size.
@@ -248,6 +252,13 @@ class ContinuousInterval:
     def describe(self) -> dict:
         return {"kind": "continuous", "min": self.low, "max": self.high, "grid_size": int(self.grid_size)}
 
+    def rows(self, labels, rng: np.random.Generator, *, on_grid: bool = True) -> np.ndarray | None:
+        """Each label's row of the grid by unbiased randomized rounding (drawn once: the histogram and the sampler
+        see the same rounded label); None for a mechanism on the raw labels (``on_grid`` False), which are only
+        checked."""
+        labels = self.check(labels)
+        return self.round_to_grid(labels, rng) if on_grid else None
+
 
 @dataclass(frozen=True)
 class Classes:
@@ -278,6 +289,10 @@ class Classes:
 
     def describe(self) -> dict:
         return {"kind": "classes", "num_classes": int(self.num_classes)}
+
+    def rows(self, labels, rng: np.random.Generator, *, on_grid: bool = True) -> np.ndarray | None:
+        """Each label's class index; every label must be a class."""
+        return self.index_of(labels)
 
 
 # Every label domain a dataset declares; each knows its ``label_kind`` and its finite ``support()``.

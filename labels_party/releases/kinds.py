@@ -35,7 +35,6 @@ from labels_party.releases.streamed import plan_version
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.uploads import parse_groups, parse_priors, upload_format
 from shared import schemas
-from shared.domains import Classes
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
 
@@ -113,10 +112,11 @@ class _JsonBodyKind(_Defaults):
         return self.request.model_dump(exclude=set(self.per_example))
 
 
-def _needs_classes(snapshot: Snapshot, what: str) -> Classes:
-    if not isinstance(snapshot.domain, Classes):
+def _needs_classes(snapshot: Snapshot, what: str) -> int:
+    """The dataset's number of classes; refused unless its labels are classes."""
+    if snapshot.domain.label_kind != "classes":
         raise LabelDPError(f"{what} needs a classes dataset", code="mechanism_domain_mismatch")
-    return snapshot.domain
+    return snapshot.domain.support().size
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,8 @@ class ExamplePriorRelease(_Defaults):
                 "priors_sha256": self.priors.sha256}
 
     def inputs(self, snapshot: Snapshot):
-        classes = _needs_classes(snapshot, "per-example priors")
-        return parse_priors(self.priors.path, upload_format(self.priors.media_type), classes.num_classes)
+        num_classes = _needs_classes(snapshot, "per-example priors")
+        return parse_priors(self.priors.path, upload_format(self.priors.media_type), num_classes)
 
     def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, priors) -> PricedPlan:
         plan = plan_per_example(priors, self.epsilon)

@@ -24,7 +24,6 @@ from randomgen import AESCounter
 
 from labels_party.pipeline import Plan, Prepared, plan, support_rows
 from labels_party.registry import support
-from shared.domains import ContinuousInterval
 
 ROUNDING_KEY_BYTES = 16  # an AES-128 key for the rounding stream
 
@@ -61,9 +60,8 @@ def plan_version(prepared: Prepared, read: Callable[[], Iterator[pa.RecordBatch]
             for batch, rows in rows_of_batches():
                 if rows is not None:
                     values = finite.values[rows]
-                else:
+                else:  # raw labels, checked against the domain by rows_of_batches
                     values = np.asarray(batch.column("label").to_numpy(zero_copy_only=False), dtype=np.float64)
-                    values = domain.check(values) if isinstance(domain, ContinuousInterval) else values
                 table = _release_table(batch.column("example_id"), planned.sampler.sample(values, rng))
                 writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd")
                 writer.write_table(table)
