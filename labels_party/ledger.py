@@ -39,6 +39,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
@@ -292,6 +293,34 @@ class LedgerRecord(BaseModel):
     epsilon_total_units: int  # the dataset's
     delta_total: float
     composition: str = COMPOSITION
+
+
+UNNAMED = "(unrecorded)"  # the organization of a record written before records named their actor
+
+
+@dataclass(frozen=True)
+class RecordSummary:
+    """What the console and reports read from a stored record — the one place that reads a record's fields, in
+    every shape the ledger has written (records before actors, accounts or exact units included)."""
+
+    release_id: str
+    org: str  # who the release went to (UNNAMED for records that did not say)
+    mechanism: str
+    charged_units: int  # on its own, at the record's δ
+    examples_covered: int
+    created_at: datetime | None
+    account: str  # the account it was charged to ("" before per-organization accounts)
+    spent_max_after_units: int | None  # the account's largest per-example spent after it (None: not recorded)
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> RecordSummary:
+        created = record.get("created_at")
+        return cls(str(record["release_id"]), str((record.get("actor") or {}).get("org") or UNNAMED),
+                   str(record.get("mechanism") or UNNAMED), charged_units(record),
+                   int(record.get("examples_covered") or 0),
+                   datetime.fromisoformat(created) if isinstance(created, str) else None,
+                   str((record.get("account") or {}).get("org") or ""),
+                   int(record["spent_max_after_units"]) if record.get("spent_max_after_units") is not None else None)
 
 
 class RecordFields(BaseModel):

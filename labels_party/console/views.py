@@ -29,7 +29,7 @@ from labels_party import datasets as dataset_service
 from labels_party.auth import Principal
 from labels_party.console import randomizer
 from labels_party.context import ServiceContext
-from labels_party.ledger import charged_units, units_epsilon
+from labels_party.ledger import UNNAMED, RecordSummary, units_epsilon
 from labels_party.releases import queries
 from shared import schemas
 
@@ -68,12 +68,15 @@ def _grants(ctx: ServiceContext, dataset_ids: list[str]) -> dict[str, set[str]]:
 def _org_uses(events: list[schemas.AuditEvent], granted: set[str]) -> list[OrgUse]:
     releases: dict[str, int] = defaultdict(int)
     units: dict[str, int] = defaultdict(int)
-    for event in events:
-        org = event.record.get("actor", {}).get("org", "?")
-        releases[org] += 1
-        units[org] += charged_units(event.record)
+    for summary in _summaries(events):
+        releases[summary.org] += 1
+        units[summary.org] += summary.charged_units
     return [OrgUse(org, org in granted, releases[org], units_epsilon(units[org]))
             for org in sorted(granted | set(releases))]
+
+
+def _summaries(events: list[schemas.AuditEvent]) -> list[RecordSummary]:
+    return [RecordSummary.of(event.record) for event in events]
 
 
 def datasets_overview(ctx: ServiceContext, principal: Principal) -> list[DatasetCard]:
@@ -135,11 +138,10 @@ def _timeline(created: datetime, events: list[schemas.AuditEvent]) -> list[tuple
     """The dataset's spent ε after each record: the sum of every organization's largest per-example use so far
     (records before per-organization accounts carry the dataset's own maximum)."""
     points, latest = [(created, 0.0)], {}
-    for event in events:
-        record = event.record
-        if "spent_max_after_units" in record and "created_at" in record:
-            latest[record.get("account", {}).get("org", "")] = record["spent_max_after_units"]
-            points.append((datetime.fromisoformat(record["created_at"]), units_epsilon(sum(latest.values()))))
+    for summary in _summaries(events):
+        if summary.spent_max_after_units is not None and summary.created_at is not None:
+            latest[summary.account] = summary.spent_max_after_units
+            points.append((summary.created_at, units_epsilon(sum(latest.values()))))
     return points
 
 
@@ -153,15 +155,15 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
         row = access.admitted_dataset(session, admission)
         accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset_id)).all()
     spent, sizes = ctx.ledger.spent_by_example(accounts, row.registry_size)
-    org_of = {e.record.get("release_id"): e.record.get("actor", {}).get("org", "?") for e in audit.events}
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for event in audit.events:
-        groups[(event.record.get("actor", {}).get("org", "?"), event.record.get("mechanism", "?"))].append(
-            event.record)
-    usage = [Usage(org, mechanism, len(records), units_epsilon(sum(charged_units(r) for r in records)),
-                   sum(int(r.get("examples_covered", 0)) for r in records))
+    summaries = _summaries(audit.events)
+    org_of = {s.release_id: s.org for s in summaries}
+    groups: dict[tuple[str, str], list[RecordSummary]] = defaultdict(list)
+    for summary in summaries:
+        groups[(summary.org, summary.mechanism)].append(summary)
+    usage = [Usage(org, mechanism, len(records), units_epsilon(sum(r.charged_units for r in records)),
+                   sum(r.examples_covered for r in records))
              for (org, mechanism), records in sorted(groups.items())]
-    releases = [(r, org_of.get(r.id, "?")) for r in queries.list_releases(ctx, admission)]
+    releases = [(r, org_of.get(r.id, UNNAMED)) for r in queries.list_releases(ctx, admission)]
     return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, audit.events), usage,
                        releases, _histogram(spent, sizes, row.epsilon_total_units),
                        _org_uses(audit.events, _grants(ctx, [dataset_id])[dataset_id]), audit.uploads)
@@ -207,8 +209,7 @@ def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> 
                 else {})  # a running or failed release has no mechanism yet
     description = document.get("description") or {}
     audit = audit_log.audit(ctx, principal, release.dataset_id)
-    org = next((e.record.get("actor", {}).get("org", "?") for e in audit.events
-                if e.record.get("release_id") == release.id), "?")
+    org = next((s.org for s in _summaries(audit.events) if s.release_id == release.id), UNNAMED)
     listed = description.get("groups")
     groups: list = listed if isinstance(listed, list) else []
     if groups:
