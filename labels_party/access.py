@@ -13,7 +13,7 @@ sessions, decides with :func:`decide`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -170,3 +170,13 @@ def releases_seen(admission: Admission, query: Select) -> Select:
 def is_owner(principal: Principal, dataset: db.Dataset) -> bool:
     """Whether the key administers the dataset (its owner's admin key): it sees every account's figures."""
     return principal.role == "admin" and dataset.owner_org_id == principal.org_id
+
+
+def grantees(session: Session, dataset_ids: Sequence[str]) -> dict[str, set[str]]:
+    """The organizations granted each dataset (by name)."""
+    found: dict[str, set[str]] = {dataset_id: set() for dataset_id in dataset_ids}
+    if dataset_ids:
+        for dataset_id, org in session.execute(select(db.Grant.dataset_id, db.Organization.name).join(
+                db.Organization, db.Organization.id == db.Grant.org_id).where(db.Grant.dataset_id.in_(dataset_ids))):
+            found[dataset_id].add(org)
+    return found

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -74,6 +75,12 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
     dataset.epsilon_spent_units = sum(a.spent_max_units for a in session.scalars(
         select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)))
     return account
+
+
+def spent_by_example(ledger: Ledger, session: Session, dataset: db.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct total spent over the dataset's accounts (units) and how many examples have it."""
+    accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)).all()
+    return ledger.spent_by_example(accounts, dataset.registry_size)
 
 
 def _spent_at(ledger: Ledger, dataset: db.Dataset, account: db.BudgetAccount, delta: float) -> int:

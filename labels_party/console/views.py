@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import select
 
-from labels_party import access, db, documents
+from labels_party import access, budgets, documents
 from labels_party import audit as audit_log
 from labels_party import datasets as dataset_service
 from labels_party.auth import Principal
@@ -54,17 +53,6 @@ class DatasetCard:
     orgs: list[OrgUse]
 
 
-def _grants(ctx: ServiceContext, dataset_ids: list[str]) -> dict[str, set[str]]:
-    with ctx.sessions() as session, session.begin():
-        rows = session.execute(select(db.Grant.dataset_id, db.Organization.name)
-                               .join(db.Organization, db.Organization.id == db.Grant.org_id)
-                               .where(db.Grant.dataset_id.in_(dataset_ids))) if dataset_ids else []
-        found: dict[str, set[str]] = defaultdict(set)
-        for dataset_id, org in rows:
-            found[dataset_id].add(org)
-        return found
-
-
 def _org_uses(events: list[schemas.AuditEvent], granted: set[str]) -> list[OrgUse]:
     releases: dict[str, int] = defaultdict(int)
     units: dict[str, int] = defaultdict(int)
@@ -82,7 +70,8 @@ def _summaries(events: list[schemas.AuditEvent]) -> list[RecordSummary]:
 def datasets_overview(ctx: ServiceContext, principal: Principal) -> list[DatasetCard]:
     datasets = dataset_service.list_datasets(ctx, principal)
     audit = audit_log.audit(ctx, principal, None)
-    grants = _grants(ctx, [d.id for d in datasets])
+    with ctx.sessions() as session, session.begin():
+        grants = access.grantees(session, [d.id for d in datasets])
     events: dict[str, list[schemas.AuditEvent]] = defaultdict(list)
     for event in audit.events:
         events[event.dataset_id].append(event)
@@ -153,8 +142,8 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
     audit = audit_log.audit(ctx, principal, dataset_id)
     with ctx.sessions() as session, session.begin():
         row = access.admitted_dataset(session, admission)
-        accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset_id)).all()
-    spent, sizes = ctx.ledger.spent_by_example(accounts, row.registry_size)
+        spent, sizes = budgets.spent_by_example(ctx.ledger, session, row)
+        grants = access.grantees(session, [dataset_id])
     summaries = _summaries(audit.events)
     org_of = {s.release_id: s.org for s in summaries}
     groups: dict[tuple[str, str], list[RecordSummary]] = defaultdict(list)
@@ -166,7 +155,7 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
     releases = [(r, org_of.get(r.id, UNNAMED)) for r in queries.list_releases(ctx, admission)]
     return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, audit.events), usage,
                        releases, _histogram(spent, sizes, row.epsilon_total_units),
-                       _org_uses(audit.events, _grants(ctx, [dataset_id])[dataset_id]), audit.uploads)
+                       _org_uses(audit.events, grants[dataset_id]), audit.uploads)
 
 
 @dataclass(frozen=True)
