@@ -187,7 +187,8 @@ def upgrade_db_command(args) -> int:
     from labels_party import db
     from labels_party.migrations import MIGRATIONS
 
-    return upgrade_database(MIGRATIONS, db.make_engine(_settings(args).database_url))
+    settings = _settings(args)
+    return upgrade_database(MIGRATIONS, db.make_engine(settings.database_url), settings.data_dir)
 
 
 def serve_command(args) -> int:

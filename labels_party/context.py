@@ -55,7 +55,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     store = DataStore(settings.data_dir)
-    sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade)
+    sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade,
+                                            data_dir=settings.data_dir)
     ledger = Ledger(store)
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))

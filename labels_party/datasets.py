@@ -185,8 +185,6 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
 
 def registry_parts(session: Session, dataset: db.Dataset) -> list[labelstore.RegistryPart]:
     """Where the dataset's example ids live (see :mod:`labels_party.labelstore`)."""
-    parts = [labelstore.RegistryPart(dataset.registry_file, 0, 0, legacy=True)] if dataset.registry_file else []
     versions = session.scalars(select(db.LabelVersion).where(
         db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.registry_end > db.LabelVersion.registry_start))
-    return parts + [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions
-                    if v.registry_start is not None and v.registry_end is not None]  # the query's condition
+    return [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions]

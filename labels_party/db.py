@@ -60,8 +60,6 @@ class Dataset(Base):
     allow_central_training: Mapped[bool] = mapped_column(Boolean, default=False)
     label_version: Mapped[int] = mapped_column(Integer, default=0)
     num_examples: Mapped[int] = mapped_column(BigInteger, default=0)
-    # Example ids of datasets written before label versions carried them (newer ones: LabelVersion.registry_*).
-    registry_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     registry_size: Mapped[int] = mapped_column(BigInteger, default=0)  # every example id ever seen
     ledger_seq: Mapped[int] = mapped_column(Integer, default=0)
     ledger_head: Mapped[str] = mapped_column(String(64), default="0" * 64)
@@ -111,11 +109,11 @@ class LabelVersion(Base):
     clipped_below: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     clipped_above: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # the example ids this version introduced are its rows with registry_index in [registry_start, registry_end)
-    registry_start: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    registry_end: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    registry_start: Mapped[int] = mapped_column(BigInteger)
+    registry_end: Mapped[int] = mapped_column(BigInteger)
     # the version's sorted registry indices, content-addressed (what a release of the whole version covers)
-    coverage_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
-    coverage_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    coverage_file: Mapped[str] = mapped_column(String(300))
+    coverage_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

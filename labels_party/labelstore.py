@@ -7,8 +7,8 @@ a release of the whole version charges (the ledger memory-maps it; a thousand re
 
 The **registry** gives every example id ever uploaded a stable index (budgets follow ids across versions). It is
 not a structure of its own: the ids a version introduced are the rows of that version's file whose index lies in
-``[registry_start, registry_end)``, so the registry is the union of those ranges (plus, for datasets written
-before this layout, one ``registry_file`` whose row number is the index).
+``[registry_start, registry_end)``, so the registry is the union of those ranges (datasets written before this
+layout were rewritten into it once: migration 0009).
 
 Duplicate ids and the join of an upload against the registry run in DuckDB with a memory limit and a spill
 directory (its external hash aggregation, join and sort), never in Python structures.
@@ -41,13 +41,11 @@ DUCKDB_MEMORY = "256MB"  # DuckDB spills to the data directory beyond this
 
 @dataclass(frozen=True)
 class RegistryPart:
-    """Example ids a label version introduced: its rows with registry_index in [start, end). ``legacy``: a
-    pre-layout registry file (ids only; the row number is the index)."""
+    """Example ids a label version introduced: its rows with registry_index in [start, end)."""
 
     file: str
     start: int
     end: int
-    legacy: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,12 +151,8 @@ def _registry_sql(store: DataStore, parts: Sequence[RegistryPart]) -> str:
     selects = []
     for part in parts:
         path = str(store.path(part.file)).replace("'", "''")
-        if part.legacy:
-            selects.append(f"SELECT example_id, file_row_number AS registry_index "
-                           f"FROM read_parquet('{path}', file_row_number=true)")
-        else:
-            selects.append(f"SELECT example_id, registry_index FROM read_parquet('{path}') "
-                           f"WHERE registry_index >= {int(part.start)} AND registry_index < {int(part.end)}")
+        selects.append(f"SELECT example_id, registry_index FROM read_parquet('{path}') "
+                       f"WHERE registry_index >= {int(part.start)} AND registry_index < {int(part.end)}")
     return " UNION ALL ".join(selects)
 
 
@@ -318,38 +312,21 @@ def read_coverage(store: DataStore, coverage_file: str) -> MappedArray | RangeCo
 
 # -- reading a version ------------------------------------------------------------------------------------------
 
-def iter_version(store: DataStore, file: str, columns: Sequence[str] = ("registry_index", "example_id", "label"),
-                 legacy_registry: str | None = None) -> Iterator[pa.RecordBatch]:
+def iter_version(store: DataStore, file: str,
+                 columns: Sequence[str] = ("registry_index", "example_id", "label")) -> Iterator[pa.RecordBatch]:
     """The version's rows in index order, one row group at a time."""
-    parquet = pq.ParquetFile(store.path(file))
-    needs_ids = "example_id" in columns and "example_id" not in parquet.schema_arrow.names
-    registry = _legacy_ids(store, legacy_registry) if needs_ids else None
-    read = [c for c in columns if c != "example_id" or not needs_ids]
-    if needs_ids and "registry_index" not in read:
-        read.append("registry_index")
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=read):
-        if registry is not None:  # a version written before ids were stored with the labels (small datasets only)
-            batch = pa.RecordBatch.from_pydict({
-                **{name: batch.column(name) for name in batch.schema.names},
-                "example_id": registry.take(batch.column("registry_index"))})
-        yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})
+    for batch in pq.ParquetFile(store.path(file)).iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
+        yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})  # in the order asked
 
 
-def _legacy_ids(store: DataStore, legacy_registry: str | None) -> pa.Array:
-    if legacy_registry is None:
-        raise LabelDPError("this label version has no example ids and no registry", code="storage_inconsistent")
-    return store.read_table(legacy_registry).column("example_id").combine_chunks()
-
-
-def lookup(store: DataStore, file: str, example_ids: Sequence[str],
-           legacy_registry: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def lookup(store: DataStore, file: str, example_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(registry index, label) of each requested id, in the request's order; unknown ids are refused. One pass
     over the version; memory in the size of the request."""
     if len(set(example_ids)) != len(example_ids):
         raise LabelDPError("example_ids contains duplicates", code="duplicate_example_id")
     wanted = pa.array(example_ids, type=pa.string())
     found_ids, found_index, found_labels = [], [], []
-    for batch in iter_version(store, file, legacy_registry=legacy_registry):
+    for batch in iter_version(store, file):
         hit = pc.is_in(batch.column("example_id"), value_set=wanted)
         if pc.any(hit).as_py():
             chosen = batch.filter(hit)

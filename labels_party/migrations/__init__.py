@@ -15,8 +15,8 @@ BASELINE = "0001"  # the schema built before migrations existed
 MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, BASELINE, "labeldp labels upgrade-db")
 
 
-def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:
+def make_sessionmaker(engine: Engine, *, upgrade: bool = False, data_dir: str | Path | None = None) -> sessionmaker:
     """Sessions on a database at the current schema: an empty database is created (and stamped), an older one is
     migrated when ``upgrade`` is set and refused otherwise (``labeldp labels upgrade-db``)."""
-    MIGRATIONS.prepare(engine, upgrade=upgrade)
+    MIGRATIONS.prepare(engine, upgrade=upgrade, data_dir=data_dir)
     return sessionmaker(engine, expire_on_commit=False)

@@ -43,13 +43,12 @@ class Snapshot:
     version: int
     file: str  # the label version (see labels_party.labelstore)
     num_examples: int
-    coverage: labelstore.CoverageSet | None  # the whole version's; None for versions written before coverage sets
-    legacy_registry: str | None = None
+    coverage: labelstore.CoverageSet  # the whole version's (a source dataset: all its rows)
     delta: float = 0.0  # the requesting organization's δ allocation on the dataset (events with δ > 0 need one)
 
     def read(self, ctx: ServiceContext) -> Callable[[], Iterator[pa.RecordBatch]]:
         """The version's (example_id, label) row groups, re-readable."""
-        return lambda: labelstore.iter_version(ctx.store, self.file, ("example_id", "label"), self.legacy_registry)
+        return lambda: labelstore.iter_version(ctx.store, self.file, ("example_id", "label"))
 
 
 class Priced(Protocol):

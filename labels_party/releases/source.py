@@ -27,7 +27,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-from labels_party import db, labelstore
+from labels_party import db
 from labels_party.context import ServiceContext
 from labels_party.pipeline import Prepared, plan
 from labels_party.recovery import FAILED
@@ -61,7 +61,7 @@ class SparkJob:
         with ctx.sessions() as session, session.begin():
             histogram = stored_histogram(ctx, session, session.get(db.Dataset, snapshot.dataset.id),
                                          snapshot.domain)
-        return Covered(snapshot.coverage or labelstore.range_coverage(0, snapshot.num_examples), counts=histogram)
+        return Covered(snapshot.coverage, counts=histogram)
 
     def check(self, snapshot: Snapshot, priced: Prepared) -> None:
         if priced.built is not None:  # a label-set mechanism cannot be written as one number per row

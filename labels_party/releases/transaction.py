@@ -79,8 +79,8 @@ class InProcess:
     def cover(self, ctx: ServiceContext, snapshot: Snapshot, kind: ReleaseKind[Any]) -> Covered:
         example_ids, inputs = kind.inputs(snapshot)
         if example_ids is None:
-            return Covered(_whole_version(ctx, snapshot), inputs=inputs)
-        index, labels = labelstore.lookup(ctx.store, snapshot.file, example_ids, snapshot.legacy_registry)
+            return Covered(snapshot.coverage, inputs=inputs)
+        index, labels = labelstore.lookup(ctx.store, snapshot.file, example_ids)
         return Covered(labelstore.coverage_of(ctx.store, snapshot.dataset.id, index), example_ids, labels, inputs)
 
     def check(self, snapshot: Snapshot, priced: Any) -> None:
@@ -200,21 +200,12 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
                 db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))
             if version is None:
                 raise LabelDPError("the dataset has no labels yet", code="no_labels")
-            coverage = (labelstore.CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
-                        if version.coverage_file else None)
+            coverage = labelstore.CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
             return (Snapshot(dataset, domain, version.version, version.file, version.num_examples, coverage,
-                             dataset.registry_file, delta), completion)
+                             delta), completion)
     if restart:
         completion.restart(ctx, replayed)
     return completion.answer(outcome(ctx, principal, replayed), False)
-
-
-def _whole_version(ctx: ServiceContext, snapshot: Snapshot) -> labelstore.CoverageSet:
-    if snapshot.coverage is not None:
-        return snapshot.coverage
-    chunks = (b.column("registry_index").to_numpy() for b in
-              labelstore.iter_version(ctx.store, snapshot.file, ("registry_index",), snapshot.legacy_registry))
-    return labelstore.write_coverage(ctx.store, snapshot.dataset.id, chunks, total=snapshot.num_examples)
 
 
 def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: ReleaseKind[Any], priced: Priced,

@@ -59,8 +59,9 @@ def ensure_sqlite_directory(database_url: str) -> None:
         Path(database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
 
 
-def upgrade_database(migrations, engine) -> int:
-    """Run the party's Alembic migrations and print the revisions before and after as one JSON object."""
-    before, after = migrations.upgrade(engine)
+def upgrade_database(migrations, engine, data_dir: str | Path | None = None) -> int:
+    """Run the party's Alembic migrations (data migrations rewrite files in ``data_dir``) and print the revisions
+    before and after as one JSON object."""
+    before, after = migrations.upgrade(engine, data_dir)
     print(json.dumps({"revision_before": before, "revision_after": after}))
     return 0

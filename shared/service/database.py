@@ -80,11 +80,13 @@ class Migrations:
         self.script_location, self.metadata = Path(script_location), metadata
         self.baseline, self.command_name = baseline, command_name
 
-    def config(self, connection: Connection | None) -> Config:
+    def config(self, connection: Connection | None, data_dir: str | Path | None = None) -> Config:
+        """``data_dir``: the service's data directory, for data migrations that rewrite its files."""
         config = Config()
         config.set_main_option("script_location", str(self.script_location))
         config.attributes["connection"] = connection
         config.attributes["metadata"] = self.metadata
+        config.attributes["data_dir"] = data_dir
         return config
 
     def head(self) -> str:
@@ -98,7 +100,7 @@ class Migrations:
             return self.baseline
         return revision
 
-    def prepare(self, engine: Engine, *, upgrade: bool) -> None:
+    def prepare(self, engine: Engine, *, upgrade: bool, data_dir: str | Path | None = None) -> None:
         with engine.connect() as connection:
             revision = self.current(connection)
             stamped = MigrationContext.configure(connection).get_current_revision() is not None
@@ -122,18 +124,18 @@ class Migrations:
                         # current() answered the baseline (tables, no alembic_version): it is set
                         assert self.baseline is not None
                         command.stamp(self.config(connection), self.baseline)
-                    command.upgrade(self.config(connection), "head")
+                    command.upgrade(self.config(connection, data_dir), "head")
                 if sqlite and _driver_connection(connection).execute("PRAGMA foreign_key_check").fetchall():
                     raise LabelDPError("the migrated database has broken foreign keys", code="database_outdated")
             finally:
                 if sqlite:
                     _driver_connection(connection).execute("PRAGMA foreign_keys=ON")
 
-    def upgrade(self, engine: Engine) -> tuple[str | None, str]:
+    def upgrade(self, engine: Engine, data_dir: str | Path | None = None) -> tuple[str | None, str]:
         """(revision before, revision after)."""
         with engine.connect() as connection:
             before = self.current(connection)
-        self.prepare(engine, upgrade=True)
+        self.prepare(engine, upgrade=True, data_dir=data_dir)
         return before, self.head()
 
 

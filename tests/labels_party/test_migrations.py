@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect, text
@@ -23,7 +24,7 @@ from labels_party.migrations import MIGRATIONS
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
-HEAD = "0008"  # the newest migration in labels_party/migrations/versions
+HEAD = "0009"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -143,3 +144,98 @@ def test_upgrade_db_command(tmp_path):
     engine = create_engine(url)
     with engine.connect() as connection:
         assert connection.execute(text("SELECT epsilon_total_units FROM datasets")).scalar() == 3_000_000_000
+
+
+def _old_layout_dataset(url: str, data_dir) -> None:
+    """A database at revision 0008 holding a dataset in the layout before label versions carried their ids: a
+    registry file (ids by row number) and two versions of ``registry_index, label`` with neither ranges nor
+    coverage sets. Version 1 introduced a, b, c; version 2 dropped b and introduced d, e."""
+    engine = db.make_engine(url)
+    store = DataStore(data_dir)
+    registry = store.write_table("datasets/d1/registry.parquet", pa.table({"example_id": ["a", "b", "c", "d", "e"]}))
+    def old_version(name: str, index: list[int], labels: list[float]) -> str:
+        return store.write_table(f"datasets/d1/{name}.parquet", pa.table(
+            {"registry_index": pa.array(index, pa.int64()), "label": labels}))
+
+    v1 = old_version("labels_v1", [0, 1, 2], [1.0, 2.0, 3.0])
+    v2 = old_version("labels_v2", [0, 2, 3, 4], [4.0, 5.0, 6.0, 7.0])
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0008")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'owner', :t)"),
+                           {"t": db.utcnow()})
+        connection.execute(text(
+            "INSERT INTO datasets (id, owner_org_id, name, label_kind, domain_json, epsilon_total_units, "
+            "epsilon_spent_units, delta_total, allow_central_training, label_version, num_examples, registry_file, "
+            "registry_size, ledger_seq, ledger_head, created_at) VALUES ('d1', 1, 'weeks', 'integer', :domain, "
+            "100000000000, 0, 0, :false, 2, 4, :registry, 5, 0, :head, :t)"),
+            {"domain": json.dumps({"kind": "integer", "min": 0, "max": 9}), "registry": registry, "head": "0" * 64,
+             "t": db.utcnow(), "false": False})
+        connection.execute(text(
+            "INSERT INTO budget_accounts (dataset_id, org_id, epsilon_units, delta, generation, spent_max_units, "
+            "needs_rebuild, created_at) VALUES ('d1', 1, 100000000000, 0, 0, 0, :false, :t)"),
+            {"t": db.utcnow(), "false": False})
+        for version, file, rows in ((1, v1, 3), (2, v2, 4)):
+            connection.execute(text(
+                "INSERT INTO label_versions (dataset_id, version, file, num_examples, clipped_below, clipped_above, "
+                "created_at) VALUES ('d1', :v, :f, :n, 0, 0, :t)"), {"v": version, "f": file, "n": rows,
+                                                                     "t": db.utcnow()})
+    engine.dispose()
+
+
+def test_old_label_versions_are_rewritten_once_into_the_one_layout(database_url, tmp_path):
+    """Migration 0009: each old version gets its ids, its registry range and its coverage set; the registry file
+    goes. Releases by id and of the whole version then read the labels the versions held, and a new upload keeps
+    every known id's index (its budget)."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.labelstore import read_coverage
+    from tests.labels_party.api.helpers import download_rows
+
+    data = tmp_path / "data"
+    _old_layout_dataset(database_url, data)
+    ctx = make_context(database_url, data, upgrade=True)
+    with ctx.sessions() as session:
+        versions = {v.version: v for v in session.query(db.LabelVersion).filter_by(dataset_id="d1")}
+        assert {k: (v.registry_start, v.registry_end) for k, v in versions.items()} == {1: (0, 3), 2: (3, 5)}
+        version2 = ctx.store.read_table(versions[2].file).to_pydict()
+        assert version2 == {"registry_index": [0, 2, 3, 4], "example_id": ["a", "c", "d", "e"],
+                            "label": [4.0, 5.0, 6.0, 7.0]}
+        assert np.asarray(read_coverage(ctx.store, versions[2].coverage_file).slice(0, 4)).tolist() == [0, 2, 3, 4]
+        assert hashlib.sha256(np.array([0, 2, 3, 4], np.int64).tobytes()).hexdigest() == versions[2].coverage_sha256
+        assert "registry_file" not in {c["name"] for c in inspect(session.connection()).get_columns("datasets")}
+        key = create_key(session, "owner", "admin")
+        session.commit()
+    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    chosen = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "ids"},
+                         json={"mechanism": "rr", "epsilon": 30, "example_ids": ["e", "a"]})
+    assert chosen.status_code == 201, chosen.text
+    # ε = 30: RR keeps each label but with probability below 10⁻¹¹
+    assert download_rows(client, {}, chosen.json()["id"]) == [("e", 7.0), ("a", 4.0)]
+    whole = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "all"},
+                        json={"mechanism": "rr", "epsilon": 1})
+    assert whole.status_code == 201 and whole.json()["num_examples"] == 4
+    upload = client.put("/v1/datasets/d1/labels", content="example_id,label\ne,1\nb,2\nf,3\n",
+                        headers={"Content-Type": "text/csv"})
+    assert upload.status_code == 200 and upload.json()["new_examples"] == 1, upload.text
+    with ctx.sessions() as session:
+        version3 = ctx.store.read_table(session.query(db.LabelVersion).filter_by(dataset_id="d1", version=3)
+                                        .one().file).to_pydict()
+    assert dict(zip(version3["example_id"], version3["registry_index"], strict=True)) == {"b": 1, "e": 4, "f": 5}
+    assert verify_audit(ctx)["valid"]
+
+
+def test_an_old_layout_whose_registry_lacks_ids_is_refused_and_changes_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path}/old.sqlite"
+    data = tmp_path / "data"
+    _old_layout_dataset(url, data)
+    DataStore(data).write_table("datasets/d1/registry.parquet", pa.table({"example_id": ["a", "b", "c", "d"]}))
+    with pytest.raises(LabelDPError) as refused:
+        make_context(url, data, upgrade=True)
+    assert refused.value.code == "database_outdated" and "beyond its registry" in str(refused.value)
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        assert MIGRATIONS.current(connection) == "0008"
+        assert connection.execute(text("SELECT registry_file FROM datasets")).scalar() is not None
+    engine.dispose()
