@@ -38,6 +38,10 @@ class Access(Guard):
     dataset: Literal["none", "see", "administer"] = "none"
     body: Body = "json"
 
+    def check_route(self, path: str) -> None:
+        if self.dataset != "none" and "{dataset_id}" not in path:
+            raise TypeError(f"route {path} guards a dataset but names none ({{dataset_id}})")
+
 
 ANY_KEY = Access()
 ADMIN_KEY = Access(admin_key=True)

@@ -36,6 +36,7 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
                              budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads)
 
 
-def verify_audit(ctx: ServiceContext) -> dict:
-    """Recompute everything from the stored log alone (:func:`labels_party.verification.verify`)."""
-    return verification.verify(ctx.sessions, ctx.ledger)
+def verify_audit(ctx: ServiceContext, dataset_id: str | None = None) -> dict:
+    """Recompute everything (or one dataset) from the stored log alone (:func:`labels_party.verification.verify`);
+    the caller decided access (the console: the dataset's owner)."""
+    return verification.verify(ctx.sessions, ctx.ledger, dataset_id)

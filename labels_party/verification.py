@@ -31,13 +31,17 @@ from labels_party.ledger import (
 from shared.mechanisms import events
 
 
-def verify(sessions: sessionmaker, ledger: Ledger) -> dict:
+def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None) -> dict:
+    """Every dataset's (or only ``dataset_id``'s) chain, records, coverage and accounts, recomputed."""
     datasets: list[dict[str, Any]] = []
     valid = True
     hashes: dict[str, str] = {}
     with sessions() as session, session.begin():
         names = {o.id: o.name for o in session.scalars(select(db.Organization))}
-        for dataset in session.scalars(select(db.Dataset).order_by(db.Dataset.created_at)):
+        query = select(db.Dataset).order_by(db.Dataset.created_at)
+        if dataset_id is not None:
+            query = query.where(db.Dataset.id == dataset_id)
+        for dataset in session.scalars(query):
             chain = entries(session, dataset.id)
             problems = []
             if not chain_intact(chain, dataset.ledger_head):

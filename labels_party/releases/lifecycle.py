@@ -64,11 +64,18 @@ class Priced(Protocol):
 P = TypeVar("P", bound=Priced)
 
 
+class Certified(Protocol):
+    """What a computed release certifies: the ε of what was actually built (at most what was charged)."""
+
+    @property
+    def certified_epsilon(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class Draft:
     """What a release publishes, computed after the charge and not yet visible."""
 
-    privacy: Any  # certified_epsilon and dp_event(): what was actually built (at most what was charged)
+    privacy: Certified
     columns: dict  # privatized labels, without example ids (empty for evaluations and central training)
     description: dict  # public; stored once in a mechanism document
     noisy_prior: dict | None = None
@@ -152,11 +159,11 @@ class Completion(Protocol):
     def cover(self, ctx: ServiceContext, snapshot: Snapshot, kind: ReleaseKind[Any]) -> Covered:
         """Refusals that need the dataset (before the charge) and what the release covers."""
 
-    def check(self, snapshot: Snapshot, priced: Any) -> None:
+    def check(self, snapshot: Snapshot, priced: Priced) -> None:
         """Refusals the priced plan decides (public inputs only)."""
 
     def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
-                 covered: Covered, priced: Any) -> schemas.Release:
+                 covered: Covered, priced: Priced) -> schemas.Release:
         """After the charge: what the release publishes; raises only for failures, never to refuse."""
 
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:

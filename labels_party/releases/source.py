@@ -33,7 +33,7 @@ from labels_party.pipeline import Prepared, plan
 from labels_party.recovery import FAILED
 from labels_party.registry import support
 from labels_party.releases.kinds import LabelRelease
-from labels_party.releases.lifecycle import Covered, Outcome, ReleaseKind, Snapshot, finish
+from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish
 from labels_party.solvers.deadline import Deadline
 from labels_party.source_datasets import snapshot_uri, stored_histogram
 from shared import schemas
@@ -63,15 +63,16 @@ class SparkJob:
                                          snapshot.domain)
         return Covered(snapshot.coverage, counts=histogram)
 
-    def check(self, snapshot: Snapshot, priced: Prepared) -> None:
+    def check(self, snapshot: Snapshot, priced: Priced) -> None:
+        assert isinstance(priced, Prepared)  # a LabelRelease's (cover refused every other kind)
         if priced.built is not None:  # a label-set mechanism cannot be written as one number per row
             from labels_party.spark.jobs import check_one_output_per_label
 
             check_one_output_per_label(priced.built.mechanism, support(snapshot.domain).values)
 
     def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
-                 covered: Covered, priced: Prepared) -> schemas.Release:
-        assert isinstance(kind, LabelRelease)  # cover refused every other kind
+                 covered: Covered, priced: Priced) -> schemas.Release:
+        assert isinstance(kind, LabelRelease) and isinstance(priced, Prepared)  # cover refused every other kind
         histogram = covered.counts
         planned = plan(priced.with_deadline(Deadline(ctx.settings.solver_seconds)), histogram.counts,
                        ctx.random_source())

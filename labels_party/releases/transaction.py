@@ -83,11 +83,11 @@ class InProcess:
         index, labels = labelstore.lookup(ctx.store, snapshot.file, example_ids)
         return Covered(labelstore.coverage_of(ctx.store, snapshot.dataset.id, index), example_ids, labels, inputs)
 
-    def check(self, snapshot: Snapshot, priced: Any) -> None:
+    def check(self, snapshot: Snapshot, priced: Priced) -> None:
         pass
 
     def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
-                 covered: Covered, priced: Any) -> schemas.Release:
+                 covered: Covered, priced: Priced) -> schemas.Release:
         computation = Computation(ctx.random_source(), Deadline(ctx.settings.solver_seconds))
         if covered.labels is None:
             draft = kind.compute_version(snapshot, snapshot.read(ctx), priced, computation)

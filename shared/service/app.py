@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
-from fastapi.routing import APIRoute
 
 from shared.service import gate, openapi
 from shared.service.errors import install_error_handlers
@@ -32,7 +31,7 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, routers: Iterable[AP
         return {"status": "ok"}
 
     for router in app.state.routers:
-        unguarded = [r.path for r in router.routes if isinstance(r, APIRoute) and not isinstance(r, gate.GuardedRoute)]
+        unguarded = [getattr(r, "path", repr(r)) for r in router.routes if not isinstance(r, gate.GuardedRoute)]
         if unguarded:
             raise TypeError(f"routes without a guard: {unguarded}")
         app.include_router(router)

@@ -38,6 +38,9 @@ class Guard:
     def __call__(self, request: Request) -> Any:
         return request.scope["state"]["admission"]
 
+    def check_route(self, path: str) -> None:
+        """Refuse (TypeError) a route this guard cannot decide, when the route is defined."""
+
 
 class Admitted(Protocol):
     """What a party's ``admit`` returns: anything with the request's body limit."""
@@ -71,6 +74,7 @@ class GuardedRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         guard = self.guard = declared_guard(self)  # APIRoute.__init__ calls this once, after the dependant
+        guard.check_route(self.path)
         handle = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:

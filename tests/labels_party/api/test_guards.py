@@ -101,3 +101,15 @@ def test_trainer_routes_refuse_before_reading_the_body(tmp_path):
         assert call_unread(app, method, path, None) == 401
         if guard.admin_key:
             assert call_unread(app, method, path, f"Bearer {member}") == 403
+
+
+def test_a_guard_is_checked_against_its_route_when_defined():
+    """A dataset guard on a path that names no dataset, or a plain route on a router of the service, is refused
+    when the route is defined, not when a request arrives."""
+    router = APIRouter(route_class=gate.GuardedRoute)
+    with pytest.raises(TypeError, match="names none"):
+        router.add_api_route("/v1/things", lambda who=Depends(access.SEE_DATASET): {})  # noqa: B008
+    plain = APIRouter(route_class=gate.GuardedRoute)
+    plain.add_route("/v1/raw", lambda request: None)
+    with pytest.raises(TypeError, match="without a guard"):
+        service_app("t", None, admit=lambda *_: None, routers=[plain], log=logging.getLogger("t"))

@@ -1,351 +1,38 @@
-"""The privacy ledger, the one place that reads and writes budgets, charges and their records.
-
-**Budgets and accounts.** A dataset has a per-example budget (ε_total in exact integer units of 10⁻⁹, and δ_total).
-It is divided into *accounts*, one per organization that may release: the owner's and one per grant, each with an
-allocation (ε units, δ) set by the owner (:mod:`labels_party.budgets`: allocations never sum beyond the dataset's
-budget). An account's admission depends on its own spending only, so a refusal — or its absence — tells an
-organization nothing about another's use; and every example's total over accounts stays within the dataset's
-(ε_total, δ_total) by basic composition.
-
-**Charges** (:class:`Charge`) are fixed before anything private is drawn (:mod:`labels_party.releases.transaction`).
-Pure ε-DP events add their exact units per example. Events with δ > 0 — DP-SGD's subsampled Gaussian, the only
-ones the service runs — add their Rényi-DP curve (dp-accounting's RDP accountant, at :data:`RDP_ORDERS`,
-quantized *up* to units so that sums are exact integers); an example's spent ε in an account is its pure units
-plus the ε of its summed curve at the account's δ (rounded up): the Gaussian events compose under RDP — many
-central trainings cost what the accountant says, not the sum of their ε — and compose with the pure events by
-basic composition.
-
-**Records.** Each charge appends one :class:`LedgerRecord` (a frozen value built here, in one place): who, what
-was requested, the charged ``dp_event`` (from which :func:`shared.mechanisms.events.epsilon_of` recomputes ε),
-the charge (units, RDP curve), the account's allocation, the covered examples (count, SHA-256 and a coverage file
-or range) and, through the hash chain, every record before it.
-
-**State.** Per account, the spent state is kept as coverage classes (:class:`AccountState`): one int32 class id per
-example and one row per class — (pure units, size) and the RDP curve when the account ran Gaussian events — so
-it does not grow with releases × examples; every pass over it goes block by block (:data:`CHUNK`). The state can
-always be rebuilt from the records alone (:meth:`Ledger.rebuild`, which :func:`verify` compares with it).
-
-**Anchor.** Inside each charge, just before it commits, the data directory gets the dataset's new chain head and
-the one before it (:class:`Anchor`). A database restored from a backup older than the data directory is behind its
-anchor; a data directory without the anchor of a dataset that has records is not this database's: the service
-refuses to start, and to charge, rather than re-draw releases it already delivered
-(``docs/design/exact-ledger.md``, "Restoring").
-"""
+"""The spent state of every account (coverage classes), the charge, the anchor, and their recomputation from
+the records alone."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.rdp import rdp_privacy_accountant
-from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
+from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_epsilon_units
+from labels_party.ledger.records import (
+    AccountTerms,
+    Charged,
+    Coverage,
+    LedgerRecord,
+    RecordFields,
+    canonical,
+    chain_hash,
+)
+from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
 from shared.mechanisms import events
 
-UNITS_PER_EPSILON = 10**9
-COMPOSITION = ("per example and organization: pure epsilon-DP events add (exact integer units); Gaussian events "
-               "add their RDP curves, converted at the organization's delta; the two add by basic composition; "
-               "disjoint examples compose in parallel")
-# dp-accounting's default orders; an account's curve is one int64 per order.
-RDP_ORDERS: tuple[float, ...] = tuple(float(order) for order in rdp_privacy_accountant.RdpAccountant().orders)
-RDP_CAP = 10**18  # units per order beyond which an order never gives the minimum (sums saturate, never wrap)
-UNBOUNDED = 2**62  # the spent units of a curve no δ can convert (δ = 0): admits nothing
 CHUNK = 1 << 22  # registry indices per step of a pass: bounded memory at any dataset size
 
-
-def charge_units(epsilon: float) -> int:
-    """ε as charged: the decimal the client sent, rounded up to a unit of 10⁻⁹."""
-    return _units(epsilon, ROUND_CEILING)
-
-
-def budget_units(epsilon: float) -> int:
-    """A budget: the decimal the owner sent, rounded down to a unit."""
-    return _units(epsilon, ROUND_FLOOR)
-
-
-def _units(epsilon: float, rounding: str) -> int:
-    return int((Decimal(repr(float(epsilon))) * UNITS_PER_EPSILON).to_integral_value(rounding=rounding))
-
-
-def units_epsilon(units: int) -> float:
-    """Units as the nearest double (integer division is correctly rounded: 300000000 units print as 0.3)."""
-    return int(units) / UNITS_PER_EPSILON
-
-
-def remaining_units(allocation_units: int, spent_units: int) -> int:
-    """What an allocation has left once ``spent_units`` are spent: the one place remaining budget is computed."""
-    return max(0, int(allocation_units) - int(spent_units))
-
-
-def budget_figures(allocation_units: int, spent_units: int, delta: float) -> dict[str, float]:
-    """An allocation as the API shows it: decimal ε from exact units (0.1 + 0.2 spent of 0.3 reads 0.3 and
-    leaves exactly 0), and its δ."""
-    return {"epsilon_total": units_epsilon(allocation_units), "epsilon_spent": units_epsilon(spent_units),
-            "epsilon_remaining": units_epsilon(remaining_units(allocation_units, spent_units)), "delta_total": delta}
-
-
-def legacy_units(spent: float | np.ndarray):
-    """Float ε sums written before exact accounting, as units: rounded to 10⁻³ of a unit to shed the float noise of
-    the sum (2.8559999999997965 for 2856 × 0.001), then up — a budget can only look more spent, never less."""
-    return np.ceil(np.round(np.asarray(spent, dtype=np.float64) * UNITS_PER_EPSILON, 3)).astype(np.int64)
-
-
-def canonical(record: dict) -> str:
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def chain_hash(prev_hash: str, record_json: str) -> str:
-    return hashlib.sha256((prev_hash + record_json).encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A stored ledger entry: its record (the canonical JSON the chain hashes, and as parsed) and its links."""
-
-    dataset_id: str
-    seq: int
-    record_json: str
-    prev_hash: str
-    hash: str
-
-    @property
-    def record(self) -> dict[str, Any]:
-        return json.loads(self.record_json)
-
-
-def entries(session: Session, dataset_id: str) -> list[Entry]:
-    """A dataset's ledger entries in chain order (the only reader of ledger rows)."""
-    rows = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
-                           .order_by(db.LedgerEntry.seq))
-    return [Entry(r.dataset_id, r.seq, r.record, r.prev_hash, r.hash) for r in rows]
-
-
-def chain_intact(chain: Sequence[Entry], head: str | None = None) -> bool:
-    """Whether ``chain`` (one dataset's entries in order) is unbroken and ends at ``head``."""
-    return verify_chain([(e.seq, e.record_json, e.prev_hash, e.hash) for e in chain], head)
-
-
-def verify_chain(entries, head: str | None = None) -> bool:
-    """entries: (seq, record_json, prev_hash, hash) ordered by seq, for one dataset."""
-    previous = "0" * 64
-    for expected_seq, (seq, record_json, prev_hash, digest) in enumerate(entries, start=1):
-        if seq != expected_seq or prev_hash != previous or chain_hash(prev_hash, record_json) != digest:
-            return False
-        if json.loads(record_json).get("seq") != seq:
-            return False
-        previous = digest
-    return head is None or head == previous
-
-
-# An ε recomputed from an event's double parameters (a noise scale s/t as a double, times a sensitivity) may exceed
-# the exact rational the mechanism was calibrated to by a few units in the last place; this relative slack absorbs
-# that and nothing more: at ε ≤ 50 it is below 3·10⁻¹² absolute, far below one unit (10⁻⁹).
-RECOMPUTATION_SLACK = Decimal(2) ** -44
-
-
-def within_charge(epsilon: float, units: int) -> bool:
-    """Is a recomputed ε (a float) at most the charged units (up to :data:`RECOMPUTATION_SLACK`)?"""
-    return math.isfinite(epsilon) and Decimal(epsilon) * UNITS_PER_EPSILON * (1 - RECOMPUTATION_SLACK) <= units
-
-
-# -- charges ----------------------------------------------------------------------------------------------------
-
-_GAUSSIAN = (dp_event.GaussianDpEvent, dp_event.PoissonSampledDpEvent, dp_event.SelfComposedDpEvent)
-
-
-def is_gaussian(event: dp_event.DpEvent) -> bool:
-    """An event with δ > 0 (accounted through its RDP curve)."""
-    return isinstance(event, _GAUSSIAN)
-
-
-def rdp_curve(event: dp_event.DpEvent) -> np.ndarray:
-    """The event's RDP at :data:`RDP_ORDERS` in units, rounded up (one more unit than the float's ceiling, so the
-    integer curve is never below the accountant's); infinite orders saturate at :data:`RDP_CAP`."""
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=list(RDP_ORDERS))
-    accountant.compose(event)
-    curve = np.asarray(accountant.rdp, dtype=np.float64) * UNITS_PER_EPSILON
-    finite = np.isfinite(curve) & (curve < RDP_CAP)
-    return np.where(finite, np.ceil(np.where(finite, curve, 0.0)) + 1, RDP_CAP).astype(np.int64)
-
-
-def rdp_epsilon_units(curves: np.ndarray, delta: float) -> np.ndarray:
-    """ε (units, rounded up) of each row of summed curves at ``delta``; 0 for an empty curve, :data:`UNBOUNDED`
-    where no finite ε exists (δ = 0)."""
-    curves = np.atleast_2d(curves)
-    out = np.zeros(curves.shape[0], dtype=np.int64)
-    for row in np.flatnonzero(curves.any(axis=1)):
-        epsilon = math.inf
-        if delta > 0:
-            epsilon, _order = rdp_privacy_accountant.compute_epsilon(
-                RDP_ORDERS, np.minimum(curves[row], RDP_CAP) / UNITS_PER_EPSILON, delta)
-        out[row] = charge_units(epsilon) if math.isfinite(epsilon) and epsilon < UNBOUNDED / 1e9 else UNBOUNDED
-    return out
-
-
-@dataclass(frozen=True)
-class Charge:
-    """What one privacy event costs each example it covers, fixed before anything private is drawn: pure ε units,
-    and the RDP curve of an event with δ > 0 (then ``units`` is 0)."""
-
-    units: int
-    rdp: tuple[int, ...] | None = None
-
-    @classmethod
-    def of(cls, event: dp_event.DpEvent, epsilon_requested: float) -> Charge:
-        """A pure event is charged the requested ε (rounded up to a unit), which must bound the event's ε (the
-        ledger checks it on the record, :meth:`Ledger.charge`); a Gaussian one its own curve, whatever ε was
-        requested (the request only calibrated its noise)."""
-        if is_gaussian(event):
-            return cls(0, tuple(int(v) for v in rdp_curve(event)))
-        return cls(charge_units(epsilon_requested))
-
-    @classmethod
-    def of_record(cls, record: dict) -> Charge:
-        """The charge a stored record made — also records written before exact units (a float ``charge``) and
-        before δ was budgeted (a Gaussian event charged as pure ε then; its curve now)."""
-        if record.get("rdp_units") is not None:
-            return cls(int(record.get("charge_units", 0)), tuple(int(v) for v in record["rdp_units"]))
-        event = events.from_dict(record["dp_event"]) if record.get("dp_event") else None
-        if event is not None and is_gaussian(event):
-            return cls(0, tuple(int(v) for v in rdp_curve(event)))
-        units = int(record["charge_units"]) if "charge_units" in record else int(legacy_units(record["charge"]))
-        return cls(units)
-
-    @property
-    def rdp_array(self) -> np.ndarray:
-        """The RDP curve as an array (zeros for a pure charge)."""
-        return np.asarray(self.rdp if self.rdp is not None else (0,) * len(RDP_ORDERS), dtype=np.int64)
-
-    def standalone_units(self, delta: float) -> int:
-        """This charge alone, as ε units at ``delta`` (what a release reports as its charged ε)."""
-        if self.rdp is None:
-            return self.units
-        return self.units + int(rdp_epsilon_units(self.rdp_array, delta)[0])
-
-
-def charged_units(record: dict) -> int:
-    """What a stored record charged each covered example, as ε units on its own (an event with δ > 0: its ε at the
-    recorded δ)."""
-    return Charge.of_record(record).standalone_units(float(record.get("delta") or 0.0))
-
-
-# -- records ----------------------------------------------------------------------------------------------------
-
-class Actor(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    org: str
-    role: str
-
-
-class Coverage(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    file: str
-    sha256: str
-
-
-class AccountTerms(BaseModel):
-    """The account a charge went to, as it stood: its allocation of every covered example's budget."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    org: str
-    epsilon_units: int
-    delta: float
-
-
-class LedgerRecord(BaseModel):
-    """One privacy event, completely documented: enough to recompute its (ε, δ) and every example's budget."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    event: Literal["label_release"] = "label_release"
-    seq: int
-    dataset_id: str
-    release_id: str
-    created_at: str
-    actor: Actor  # the organization the release went to
-    account: AccountTerms
-    mechanism: str
-    request: dict[str, Any]  # the request's privacy parameters (no example ids, features or predictions)
-    label_version: int
-    epsilon_requested: float
-    dp_event: dict[str, Any]  # shared.mechanisms.events.to_dict of the charged event
-    charge_units: int  # pure ε, exact; 1 unit = 10⁻⁹ ε
-    charge: float  # the same as a decimal, for reading
-    rdp_units: list[int] | None  # the RDP curve charged at RDP_ORDERS (events with δ > 0), else None
-    delta: float  # the δ at which rdp_units convert to ε (the account's); 0 for pure events
-    examples_covered: int
-    coverage: Coverage
-    spent_max_after_units: int  # the account's, after this charge
-    epsilon_total_units: int  # the dataset's
-    delta_total: float
-    composition: str = COMPOSITION
-
-
-UNNAMED = "(unrecorded)"  # the organization of a record written before records named their actor
-
-
-@dataclass(frozen=True)
-class RecordSummary:
-    """What the console and reports read from a stored record — the one place that reads a record's fields, in
-    every shape the ledger has written (records before actors, accounts or exact units included)."""
-
-    release_id: str
-    org: str  # who the release went to (UNNAMED for records that did not say)
-    mechanism: str
-    charged_units: int  # on its own, at the record's δ
-    examples_covered: int
-    created_at: datetime | None
-    account: str  # the account it was charged to ("" before per-organization accounts)
-    spent_max_after_units: int | None  # the account's largest per-example spent after it (None: not recorded)
-
-    @classmethod
-    def of(cls, record: dict[str, Any]) -> RecordSummary:
-        created = record.get("created_at")
-        return cls(str(record["release_id"]), str((record.get("actor") or {}).get("org") or UNNAMED),
-                   str(record.get("mechanism") or UNNAMED), charged_units(record),
-                   int(record.get("examples_covered") or 0),
-                   datetime.fromisoformat(created) if isinstance(created, str) else None,
-                   str((record.get("account") or {}).get("org") or ""),
-                   int(record["spent_max_after_units"]) if record.get("spent_max_after_units") is not None else None)
-
-
-class RecordFields(BaseModel):
-    """What the caller of :meth:`Ledger.charge` says about a charge; the ledger adds the rest of the record."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    release_id: str
-    created_at: str
-    actor: Actor
-    mechanism: str
-    request: dict[str, Any]
-    label_version: int
-
-
-@dataclass(frozen=True)
-class Charged:
-    """A charge made (not yet committed): its record, what it charged each covered example on its own (ε units at
-    the account's δ), and the budget files it superseded (to remove once the caller committed)."""
-
-    record: LedgerRecord
-    standalone_units: int
-    superseded: tuple[str, ...]
-
-
-# -- state ------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class AccountState:
@@ -811,4 +498,3 @@ class _Recomputed:
 
 def _tag(record: dict) -> int:
     return int.from_bytes(hashlib.sha256(canonical(record).encode()).digest()[:8], "little") | 1
-

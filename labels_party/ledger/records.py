@@ -1,0 +1,168 @@
+"""Ledger records — frozen values built in one place — their hash chain, and their one reader."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from labels_party import db
+from labels_party.ledger.charges import charged_units
+
+COMPOSITION = ("per example and organization: pure epsilon-DP events add (exact integer units); Gaussian events "
+               "add their RDP curves, converted at the organization's delta; the two add by basic composition; "
+               "disjoint examples compose in parallel")
+
+
+def canonical(record: dict) -> str:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def chain_hash(prev_hash: str, record_json: str) -> str:
+    return hashlib.sha256((prev_hash + record_json).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored ledger entry: its record (the canonical JSON the chain hashes, and as parsed) and its links."""
+
+    dataset_id: str
+    seq: int
+    record_json: str
+    prev_hash: str
+    hash: str
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return json.loads(self.record_json)
+
+
+def entries(session: Session, dataset_id: str) -> list[Entry]:
+    """A dataset's ledger entries in chain order (the only reader of ledger rows)."""
+    rows = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
+                           .order_by(db.LedgerEntry.seq))
+    return [Entry(r.dataset_id, r.seq, r.record, r.prev_hash, r.hash) for r in rows]
+
+
+def chain_intact(chain: Sequence[Entry], head: str | None = None) -> bool:
+    """Whether ``chain`` (one dataset's entries in order) is unbroken and ends at ``head``."""
+    return verify_chain([(e.seq, e.record_json, e.prev_hash, e.hash) for e in chain], head)
+
+
+def verify_chain(entries, head: str | None = None) -> bool:
+    """entries: (seq, record_json, prev_hash, hash) ordered by seq, for one dataset."""
+    previous = "0" * 64
+    for expected_seq, (seq, record_json, prev_hash, digest) in enumerate(entries, start=1):
+        if seq != expected_seq or prev_hash != previous or chain_hash(prev_hash, record_json) != digest:
+            return False
+        if json.loads(record_json).get("seq") != seq:
+            return False
+        previous = digest
+    return head is None or head == previous
+
+
+class Actor(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    org: str
+    role: str
+
+
+class Coverage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    file: str
+    sha256: str
+
+
+class AccountTerms(BaseModel):
+    """The account a charge went to, as it stood: its allocation of every covered example's budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    org: str
+    epsilon_units: int
+    delta: float
+
+
+class LedgerRecord(BaseModel):
+    """One privacy event, completely documented: enough to recompute its (ε, δ) and every example's budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: Literal["label_release"] = "label_release"
+    seq: int
+    dataset_id: str
+    release_id: str
+    created_at: str
+    actor: Actor  # the organization the release went to
+    account: AccountTerms
+    mechanism: str
+    request: dict[str, Any]  # the request's privacy parameters (no example ids, features or predictions)
+    label_version: int
+    epsilon_requested: float
+    dp_event: dict[str, Any]  # shared.mechanisms.events.to_dict of the charged event
+    charge_units: int  # pure ε, exact; 1 unit = 10⁻⁹ ε
+    charge: float  # the same as a decimal, for reading
+    rdp_units: list[int] | None  # the RDP curve charged at RDP_ORDERS (events with δ > 0), else None
+    delta: float  # the δ at which rdp_units convert to ε (the account's); 0 for pure events
+    examples_covered: int
+    coverage: Coverage
+    spent_max_after_units: int  # the account's, after this charge
+    epsilon_total_units: int  # the dataset's
+    delta_total: float
+    composition: str = COMPOSITION
+
+
+UNNAMED = "(unrecorded)"  # the organization of a record written before records named their actor
+
+
+@dataclass(frozen=True)
+class RecordSummary:
+    """What the console and reports read from a stored record — the one place that reads a record's fields, in
+    every shape the ledger has written (records before actors, accounts or exact units included)."""
+
+    release_id: str
+    org: str  # who the release went to (UNNAMED for records that did not say)
+    mechanism: str
+    charged_units: int  # on its own, at the record's δ
+    examples_covered: int
+    created_at: datetime | None
+    account: str  # the account it was charged to ("" before per-organization accounts)
+    spent_max_after_units: int | None  # the account's largest per-example spent after it (None: not recorded)
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> RecordSummary:
+        created = record.get("created_at")
+        return cls(str(record["release_id"]), str((record.get("actor") or {}).get("org") or UNNAMED),
+                   str(record.get("mechanism") or UNNAMED), charged_units(record),
+                   int(record.get("examples_covered") or 0),
+                   datetime.fromisoformat(created) if isinstance(created, str) else None,
+                   str((record.get("account") or {}).get("org") or ""),
+                   int(record["spent_max_after_units"]) if record.get("spent_max_after_units") is not None else None)
+
+
+class RecordFields(BaseModel):
+    """What the caller of :meth:`Ledger.charge` says about a charge; the ledger adds the rest of the record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    release_id: str
+    created_at: str
+    actor: Actor
+    mechanism: str
+    request: dict[str, Any]
+    label_version: int
+
+
+@dataclass(frozen=True)
+class Charged:
+    """A charge made (not yet committed): its record, what it charged each covered example on its own (ε units at
+    the account's δ), and the budget files it superseded (to remove once the caller committed)."""
+
+    record: LedgerRecord
+    standalone_units: int
+    superseded: tuple[str, ...]
