@@ -101,7 +101,7 @@ QueryEpsilon = Annotated[FiniteFloat, BeforeValidator(_decimal)]
 # A per-example δ: a probability below 1 (the service's ceiling, LABELDP_DELTA_MAX, is far smaller).
 Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
-# A dataset's total budget: at most 10⁶ so its exact units (10⁻⁹ ε each, ``labels_party/ledger.py``) stay far inside a
+# A dataset's total budget: at most 10⁶ so its exact units (10⁻⁹ ε each, ``labels_party.ledger``) stay far inside a
 # signed 64-bit column; no meaningful guarantee is anywhere near it.
 BudgetEpsilon = Annotated[PositiveFinite, Field(le=1e6)]
 
