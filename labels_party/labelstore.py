@@ -337,9 +337,9 @@ def lookup(store: DataStore, file: str, example_ids: Sequence[str]) -> tuple[np.
     position = pc.index_in(wanted, value_set=ids.combine_chunks() if found_ids else pa.array([], pa.string()))
     missing = position.is_null()
     if pc.any(missing).as_py():
-        absent = pc.filter(wanted, missing)
-        raise LabelDPError(f"{len(absent)} example id(s) have no current label, e.g. {absent[:3].to_pylist()}",
-                           code="unknown_example_ids")
+        # Counted, never named: the answer must not echo which of a consumer's ids the dataset lacks.
+        raise LabelDPError(f"{int(pc.sum(missing.cast(pa.int64())).as_py())} of the {len(example_ids)} example ids "
+                           "have no current label in this dataset", code="unknown_example_ids")
     take = position.to_numpy(zero_copy_only=False).astype(np.int64)
     index = np.concatenate(found_index) if found_index else np.zeros(0, np.int64)
     labels = np.concatenate(found_labels) if found_labels else np.zeros(0)

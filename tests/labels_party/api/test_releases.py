@@ -162,8 +162,9 @@ def test_release_over_budget_is_409_and_charges_nothing(client, admin, consumer,
 
 def test_subset_release_with_unknown_or_duplicate_ids_is_400(client, admin, consumer, dataset):
     before = state(client, admin, dataset)
-    expect_error(release(client, consumer, dataset, "u", mechanism="laplace", epsilon=1,
-                         example_ids=["e0", "e1", "nope"]), 400, "unknown_example_ids")
+    unknown = expect_error(release(client, consumer, dataset, "u", mechanism="laplace", epsilon=1,
+                                   example_ids=["e0", "e1", "nope"]), 400, "unknown_example_ids")
+    assert "nope" not in unknown["message"] and "1 of the 3" in unknown["message"]  # counted, never named
     expect_error(release(client, consumer, dataset, "u2", mechanism="laplace", epsilon=1,
                          example_ids=["ghost"]), 400, "unknown_example_ids")
     expect_error(release(client, consumer, dataset, "d", mechanism="laplace", epsilon=1,
