@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
-from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_epsilon_units
+from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_curve, rdp_epsilon_units
 from labels_party.ledger.records import (
     AccountTerms,
     Charged,
@@ -227,6 +227,8 @@ class Ledger:
         if dataset is None or account is None:  # an admitted organization always has an account (possibly empty)
             raise BudgetExceeded(0, 0)
         cost = Charge.of(event, epsilon_requested)
+        recorded_event = events.to_dict(event)
+        _check_recomputable(recorded_event, cost)  # before anything is read or written
         self.check_anchor(dataset)
         state = self.state(account, dataset.registry_size)
         covered = read_coverage(self.store, coverage.file)
@@ -268,7 +270,7 @@ class Ledger:
             db.BudgetAccount.dataset_id == dataset.id, db.BudgetAccount.id != account.id))
         dataset.epsilon_spent_units = int(others or 0) + account.spent_max_units
         record = self._append(session, dataset, account, coverage, cost, {
-            **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": events.to_dict(event)})
+            **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": recorded_event})
         keep = {spent_file, classes_file, rdp_file, *old_files}
         superseded = tuple(f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
                            if f"{directory}/{p.name}" not in keep)
@@ -311,8 +313,7 @@ class Ledger:
 
     def _append(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
                 charge: Charge, fields: dict[str, Any]) -> LedgerRecord:
-        """The record and its chained entry (the only place a ledger entry is written), after checking that the
-        record alone recomputes the charge: its curve, and for a pure event an ε within the units charged."""
+        """The record and its chained entry (the only place a ledger entry is written)."""
         seq = dataset.ledger_seq + 1
         owner = session.get(db.Organization, account.org_id)
         org = owner.name if owner is not None else "?"
@@ -325,11 +326,6 @@ class Ledger:
             coverage=Coverage(file=coverage.file, sha256=coverage.sha256),
             spent_max_after_units=account.spent_max_units, epsilon_total_units=dataset.epsilon_total_units,
             delta_total=dataset.delta_total)
-        recorded = Charge.of_record(record.model_dump(mode="json"))
-        if recorded != charge or (charge.rdp is None and not within_charge(
-                events.epsilon_of(events.from_dict(record.dp_event)), record.charge_units)):
-            raise LabelDPError("the release's privacy event does not fit its charge; nothing was charged",
-                               code="certification_failed")
         record_json = canonical(record.model_dump(mode="json"))
         digest = chain_hash(dataset.ledger_head, record_json)
         session.add(db.LedgerEntry(dataset_id=dataset.id, seq=seq, release_id=record.release_id, record=record_json,
@@ -434,6 +430,18 @@ class Ledger:
             if not np.array_equal(rdp[cls], recomputed.curve_of(sig, example)):
                 return ["a class's RDP curve differs from its records"]
         return []
+
+
+def _check_recomputable(recorded_event: dict[str, Any], cost: Charge) -> None:
+    """The charge as the record will state it must be recomputable from the record's own event: the same RDP
+    curve, or for a pure event an ε within the units charged (a kind that priced itself wrong is refused here,
+    before anything is written)."""
+    event = events.from_dict(recorded_event)
+    fits = (tuple(int(v) for v in rdp_curve(event)) == cost.rdp if cost.rdp is not None
+            else within_charge(events.epsilon_of(event), cost.units))
+    if not fits:
+        raise LabelDPError("the release's privacy event does not fit its charge; nothing was charged",
+                           code="certification_failed")
 
 
 def rollback_message(dataset_id: str) -> str:
