@@ -169,11 +169,15 @@ class Completion(Protocol):
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:
         """Remove what :meth:`complete` left when it failed (the release is already ``failed``)."""
 
-    def replayed(self, ctx: ServiceContext, release: db.Release) -> bool:
-        """The release an earlier request with this key was charged for, its row locked: whether to run it again
-        (the same charge and noise); :meth:`restart` then does, after the commit."""
+    def replayed(self, ctx: ServiceContext, session: Session, release: db.Release) -> bool:
+        """The release an earlier request with this key was charged for: whether to run it again (the same charge
+        and noise); :meth:`restart` then does, after the commit."""
 
     def restart(self, ctx: ServiceContext, release_id: str) -> None: ...
+
+    @property
+    def waits(self) -> bool:
+        """Whether a replay waits (a few seconds) for a running release's outcome: a job's state is news."""
 
     def answer(self, release: schemas.Release, created: bool) -> Outcome: ...
 

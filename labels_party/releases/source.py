@@ -27,6 +27,8 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from labels_party import db
 from labels_party.context import ServiceContext
 from labels_party.pipeline import Prepared, plan
@@ -88,9 +90,10 @@ class SparkJob:
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:
         ctx.store.remove(_job_file(release_id))
 
-    def replayed(self, ctx: ServiceContext, release: db.Release) -> bool:
+    def replayed(self, ctx: ServiceContext, session: Session, release: db.Release) -> bool:
         """A failed (or orphaned ``running``) release whose job file was written runs again: the same charge and
         job file, so the job redraws the same noise."""
+        session.refresh(release, with_for_update=True)  # locked: a job finishing now cannot interleave
         restart = ctx.store.path(_job_file(release.id)).exists() and (release.state == "failed" or (
             release.state == "running" and not ctx.spark_jobs.running(release.id)))
         if restart:
@@ -99,6 +102,10 @@ class SparkJob:
 
     def restart(self, ctx: ServiceContext, release_id: str) -> None:
         _start(ctx, release_id)
+
+    @property
+    def waits(self) -> bool:
+        return False
 
     def answer(self, release: schemas.Release, created: bool) -> Outcome:
         return Outcome(release, 202 if release.state != "available" else 200, f"/v1/releases/{release.id}")

@@ -38,6 +38,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from labels_party import budgets, db, labelstore
 from labels_party.access import Admission, admitted_dataset, is_owner
@@ -99,8 +100,12 @@ class InProcess:
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:
         pass  # fail removed the release's file
 
-    def replayed(self, ctx: ServiceContext, release: db.Release) -> bool:
+    def replayed(self, ctx: ServiceContext, session: Session, release: db.Release) -> bool:
         return False
+
+    @property
+    def waits(self) -> bool:
+        return True
 
     def restart(self, ctx: ServiceContext, release_id: str) -> None:
         raise AssertionError("an in-process release is never restarted")
@@ -131,7 +136,7 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
     release_id, fresh = charge(ctx, principal, snapshot, kind, priced, covered.coverage, key, body_hash,
                                suffix=completion.suffix)
     if not fresh:  # a concurrent request with this key was charged first
-        return completion.answer(outcome(ctx, principal, release_id), False)
+        return completion.answer(outcome(ctx, release_id, completion.waits), False)
     try:
         return completion.answer(completion.complete(ctx, release_id, snapshot, kind, covered, priced), True)
     except BaseException as err:
@@ -154,17 +159,17 @@ def body_hash_of(kind: ReleaseKind[Any]) -> str:
     return hashlib.sha256(canonical(kind.identity()).encode()).hexdigest()
 
 
-def outcome(ctx: ServiceContext, principal: Principal, release_id: str) -> schemas.Release:
-    """The release a key stands for, once it is no longer being computed: its view, or the failure it ended in.
-    Waits a few seconds at most — a waiting request holds a worker thread — then 409 ``release_in_progress``:
-    the client sends it again later (the features party's client does, polling)."""
+def outcome(ctx: ServiceContext, release_id: str, waits: bool) -> schemas.Release:
+    """The release a key stands for (this key's organization's: its key found it), once it is no longer being
+    computed: its view, or the failure it ended in. Waits (``waits``; a job's state is news at once) a few seconds
+    at most — a waiting request holds a worker thread — then 409 ``release_in_progress``: the client sends it again
+    later (the features party's client does, polling)."""
     deadline = time.monotonic() + OUTCOME_WAIT_SECONDS
     while True:
         with ctx.sessions() as session, session.begin():
-            release = session.get(db.Release, release_id)  # this key's organization's: its key found it
-            dataset = session.get(db.Dataset, release.dataset_id)
+            release = session.get(db.Release, release_id)
             state, view = release.state, release_view(release)
-        if state == "available" or dataset.source_uri is not None:  # a source release is a job: its state is news
+        if state == "available" or not waits:
             return view
         if state == "failed":
             raise release_failed(release_id)
@@ -184,9 +189,8 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
         dataset = admitted_dataset(session, admission)
         completion: Completion = SPARK_JOB if dataset.source_uri is not None else IN_PROCESS
         existing = existing_release(session, principal, dataset.id, key, body_hash)
-        if existing is not None:  # its row locked: a job finishing now cannot interleave with a restart
-            session.refresh(existing, with_for_update=True)
-            restart = completion.replayed(ctx, existing)
+        if existing is not None:
+            restart = completion.replayed(ctx, session, existing)
             replayed = existing.id
         else:
             account = budgets.account_of(session, dataset, principal.org_id)
@@ -205,7 +209,7 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
                              delta), completion)
     if restart:
         completion.restart(ctx, replayed)
-    return completion.answer(outcome(ctx, principal, replayed), False)
+    return completion.answer(outcome(ctx, replayed, completion.waits), False)
 
 
 def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: ReleaseKind[Any], priced: Priced,
