@@ -28,5 +28,6 @@ def create_app(ctx: TrainerContext) -> FastAPI:
         ctx.executor.shutdown(wait=False, cancel_futures=True)
 
     return service_app("labeldp features party (trainer)", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
+                       guard_type=access.Access,
                        routers=(features.router, jobs.router), log=log, lifespan=lifespan,
                        private_dirs=(ctx.settings.data_dir,))

@@ -26,6 +26,7 @@ log = logging.getLogger("labeldp.labels")
 
 def create_app(ctx: ServiceContext) -> FastAPI:
     app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
+                      guard_type=access.Access,
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
                       adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings),
                       private_dirs=(ctx.settings.data_dir,))

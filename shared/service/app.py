@@ -15,11 +15,13 @@ from shared.service import gate, openapi
 from shared.service.errors import install_error_handlers
 
 
-def service_app(title: str, ctx: Any, *, admit: gate.Admit, routers: Iterable[APIRouter], log: logging.Logger,
-                lifespan: Any = None, adjust_openapi: Callable[[dict], None] | None = None,
+def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gate.Guard],
+                routers: Iterable[APIRouter], log: logging.Logger, lifespan: Any = None,
+                adjust_openapi: Callable[[dict], None] | None = None,
                 private_dirs: Iterable[str | Path] = ()) -> FastAPI:
     """``admit(guard, path_params, authorization)`` decides a request by the guard its route declares, before any
-    body is read (:mod:`shared.service.gate`; every route of ``routers`` is a ``GuardedRoute``); ``ctx`` is the
+    body is read (:mod:`shared.service.gate`; every route of ``routers`` is a ``GuardedRoute`` whose guard is a
+    ``guard_type``, the party's own, so ``admit`` never sees another); ``ctx`` is the
     party's context (``app.state.ctx``); no error message names a path under ``private_dirs`` (the data
     directory) or the temporary directory."""
     app = FastAPI(title=title, version="1", lifespan=lifespan, responses=openapi.error_responses())
@@ -31,7 +33,8 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, routers: Iterable[AP
         return {"status": "ok"}
 
     for router in app.state.routers:
-        unguarded = [getattr(r, "path", repr(r)) for r in router.routes if not isinstance(r, gate.GuardedRoute)]
+        unguarded = [getattr(r, "path", repr(r)) for r in router.routes
+                     if not (isinstance(r, gate.GuardedRoute) and isinstance(r.guard, guard_type))]
         if unguarded:
             raise TypeError(f"routes without a guard: {unguarded}")
         app.include_router(router)
