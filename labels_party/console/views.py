@@ -53,10 +53,10 @@ class DatasetCard:
     orgs: list[OrgUse]
 
 
-def _org_uses(events: list[schemas.AuditEvent], granted: set[str]) -> list[OrgUse]:
+def _org_uses(summaries: list[RecordSummary], granted: set[str]) -> list[OrgUse]:
     releases: dict[str, int] = defaultdict(int)
     units: dict[str, int] = defaultdict(int)
-    for summary in _summaries(events):
+    for summary in summaries:
         releases[summary.org] += 1
         units[summary.org] += summary.charged_units
     return [OrgUse(org, org in granted, releases[org], units_epsilon(units[org]))
@@ -75,7 +75,7 @@ def datasets_overview(ctx: ServiceContext, principal: Principal) -> list[Dataset
     events: dict[str, list[schemas.AuditEvent]] = defaultdict(list)
     for event in audit.events:
         events[event.dataset_id].append(event)
-    return [DatasetCard(d, _org_uses(events[d.id], grants[d.id])) for d in datasets]
+    return [DatasetCard(d, _org_uses(_summaries(events[d.id]), grants[d.id])) for d in datasets]
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,11 @@ def _histogram(spent: np.ndarray, sizes: np.ndarray, total_units: int) -> Histog
                      units_epsilon(int(spent.max())) if spent.size else 0.0)
 
 
-def _timeline(created: datetime, events: list[schemas.AuditEvent]) -> list[tuple[datetime, float]]:
+def _timeline(created: datetime, summaries: list[RecordSummary]) -> list[tuple[datetime, float]]:
     """The dataset's spent ε after each record: the sum of every organization's largest per-example use so far
     (records before per-organization accounts carry the dataset's own maximum)."""
     points, latest = [(created, 0.0)], {}
-    for summary in _summaries(events):
+    for summary in summaries:
         if summary.spent_max_after_units is not None and summary.created_at is not None:
             latest[summary.account] = summary.spent_max_after_units
             points.append((summary.created_at, units_epsilon(sum(latest.values()))))
@@ -153,9 +153,9 @@ def dataset_page(ctx: ServiceContext, principal: Principal, dataset_id: str) -> 
                    sum(r.examples_covered for r in records))
              for (org, mechanism), records in sorted(groups.items())]
     releases = [(r, org_of.get(r.id, UNNAMED)) for r in queries.list_releases(ctx, admission)]
-    return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, audit.events), usage,
+    return DatasetPage(dataset, budget, audit.chain_valid, _timeline(dataset.created_at, summaries), usage,
                        releases, _histogram(spent, sizes, row.epsilon_total_units),
-                       _org_uses(audit.events, grants[dataset_id]), audit.uploads)
+                       _org_uses(summaries, grants[dataset_id]), audit.uploads)
 
 
 @dataclass(frozen=True)
