@@ -1,11 +1,12 @@
-"""Features-party subcommands: ``labeldp features serve|create-key|upgrade-db`` and ``labeldp predict``."""
+"""Features-party subcommands: ``labeldp features serve|upgrade-db`` with the key commands (``create-key``,
+``list-keys``, ``revoke-key``, ``rotate-key``), and ``labeldp predict``."""
 
 from __future__ import annotations
 
 import os
 
 from shared.errors import LabelDPError
-from shared.service.commands import add_service_commands, ensure_sqlite_directory, upgrade_database
+from shared.service.commands import add_service_commands, ensure_sqlite_directory, handle_keys, upgrade_database
 from shared.service.tls import tls_options
 
 
@@ -20,7 +21,7 @@ def register(commands) -> None:
              "otherwise); default: $LABELDP_TRAINER_LABELS_PARTIES")
     parsers.serve.add_argument("--default-labels-party", default=None)
     parsers.serve.set_defaults(handler=serve_command)
-    parsers.create_key.set_defaults(handler=create_key_command)
+    handle_keys(parsers, _keys)
     parsers.upgrade_db.set_defaults(handler=upgrade_db_command)
 
     predict = commands.add_parser("predict", help="predict with a saved model")
@@ -72,15 +73,12 @@ def serve_command(args) -> int:
     return 0
 
 
-def create_key_command(args) -> int:
-    from features_party.auth import create_key
+def _keys(args):
+    from features_party.auth import KEYS
     from features_party.migrations import make_sessionmaker
     from shared.service.database import make_engine
 
-    sessions = make_sessionmaker(make_engine(_settings(args).database_url))
-    with sessions() as session, session.begin():
-        print(create_key(session, args.org, args.role))
-    return 0
+    return KEYS, make_sessionmaker(make_engine(_settings(args).database_url))
 
 
 def upgrade_db_command(args) -> int:

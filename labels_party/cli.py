@@ -1,4 +1,5 @@
-"""Labels-party subcommands: ``labeldp randomizer solve|audit`` and ``labeldp labels serve|create-key|verify-audit``."""
+"""Labels-party subcommands: ``labeldp randomizer solve|audit`` and ``labeldp labels serve|verify-audit|upgrade-db``
+with the key commands (``create-key``, ``list-keys``, ``revoke-key``, ``rotate-key``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from shared.mechanisms.protocol import LabelRandomizer
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
 from shared.schemas import Solver
-from shared.service.commands import add_service_commands, ensure_sqlite_directory, upgrade_database
+from shared.service.commands import add_service_commands, ensure_sqlite_directory, handle_keys, upgrade_database
 from shared.service.tls import tls_options
 
 
@@ -163,7 +164,7 @@ def register_service_commands(commands) -> None:
         data_help="label and release files (default: $LABELDP_DATA_DIR or var/data)")
     verify = parsers.add("verify-audit", "recompute the ledger hash chains and budgets")
     parsers.serve.set_defaults(handler=serve_command)
-    parsers.create_key.set_defaults(handler=create_key_command)
+    handle_keys(parsers, _keys)
     verify.set_defaults(handler=verify_audit_command)
     parsers.upgrade_db.set_defaults(handler=upgrade_db_command)  # budgets are converted, never reset
 
@@ -205,14 +206,10 @@ def serve_command(args) -> int:
     return 0
 
 
-def create_key_command(args) -> int:
-    from labels_party.auth import create_key
+def _keys(args):
+    from labels_party.auth import KEYS
 
-    ctx = _context(args)
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, args.org, args.role)
-    print(key)
-    return 0
+    return KEYS, _context(args).sessions
 
 
 def verify_audit_command(args) -> int:

@@ -4,8 +4,9 @@ a cookie instead of the key.
 * The token is 256 random bits; the database keeps only its SHA-256 (``console_sessions``), so a copy of the
   database opens no session. The raw API key is checked against the key table and then forgotten: it is never
   stored, put in a cookie, logged or rendered.
-* A session acts as the admin key it was opened with: a revoked key (or one that is no longer an admin's) ends
-  every session opened with it. Sessions expire (``lifetime``); signing out deletes the row.
+* A session acts as the admin key it was opened with: a key revoked or expired (or no longer an admin's) ends
+  every session opened with it at its next request (the key's row is read on every request). Sessions expire
+  (``lifetime``); signing out deletes the row.
 * The CSRF token of a session is derived from its token (SHA-256 with a label), so it needs no storage and
   reveals nothing about the cookie; forms carry it and state-changing requests must echo it.
 """
@@ -75,7 +76,7 @@ class Sessions:
             return token, principal
 
     def principal(self, token: str | None) -> Principal | None:
-        """Who the session is, or None (no such session, expired, key revoked or no longer an admin's)."""
+        """Who the session is, or None (no such session, expired, key revoked or expired or no longer an admin's)."""
         if not token or len(token) > 100:
             return None
         with self.sessions() as session, session.begin():
@@ -87,7 +88,8 @@ class Sessions:
             if row is None:
                 return None
             console_session, key, org = row
-            if console_session.expires_at <= db.utcnow() or key.revoked or key.role != "admin":
+            now = db.utcnow()
+            if console_session.expires_at <= now or not key.in_force(now) or key.role != "admin":
                 return None
             return Principal(org.id, org.name, key.role)
 

@@ -1,14 +1,26 @@
-"""The commands every party's service has — ``serve``, ``create-key`` and ``upgrade-db`` — with the same database
-and data-directory flags, the same TLS flags and the same behaviour; each party adds its own handlers and any
-further subcommands."""
+"""The commands every party's service has — ``serve``, ``upgrade-db`` and the key commands ``create-key``,
+``list-keys``, ``revoke-key`` and ``rotate-key`` — with the same database and data-directory flags, the same TLS
+flags and the same behaviour; each party adds its own handlers (the key commands' through :func:`handle_keys`) and
+any further subcommands.
+
+A key's secret is printed once, on stdout, and nowhere else (no log, no stderr); ``--json`` prints exactly one
+JSON document."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy.orm import Session
+
+from shared.errors import LabelDPError
+from shared.service.keys import IssuedKey, KeyInfo, KeyRef, KeyRing, expiry
 from shared.service.tls import add_tls_arguments
 
 
@@ -21,6 +33,9 @@ class ServiceParsers:
     serve: argparse.ArgumentParser
     create_key: argparse.ArgumentParser
     upgrade_db: argparse.ArgumentParser
+    list_keys: argparse.ArgumentParser
+    revoke_key: argparse.ArgumentParser
+    rotate_key: argparse.ArgumentParser
 
     def add(self, name: str, help: str) -> argparse.ArgumentParser:
         return _subcommand(self.actions, self.storage_flags, name, help)
@@ -36,7 +51,8 @@ def _subcommand(actions: argparse._SubParsersAction, storage_flags: dict, name: 
 
 def add_service_commands(commands, party: str, *, help: str, port: int, roles: tuple[str, ...],
                          database_help: str, data_help: str) -> ServiceParsers:
-    """``labeldp <party> serve|create-key|upgrade-db`` (loopback by default; a key is printed once)."""
+    """``labeldp <party> serve|upgrade-db|create-key|list-keys|revoke-key|rotate-key`` (loopback by default; a key
+    is printed once)."""
     parser = commands.add_parser(party, help=help)
     actions = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))
     storage = {"--database-url": dict(default=None, help=database_help),
@@ -49,8 +65,118 @@ def add_service_commands(commands, party: str, *, help: str, port: int, roles: t
     key = _subcommand(actions, storage, "create-key", "create an API key (printed once on stdout)")
     key.add_argument("--org", required=True)
     key.add_argument("--role", required=True, choices=roles)
+    _expiry_arguments(key, "the key expires (default: never)")
     upgrade = _subcommand(actions, storage, "upgrade-db", "migrate the database to this version's schema (Alembic)")
-    return ServiceParsers(actions, storage, serve, key, upgrade)
+    listing = _subcommand(actions, storage, "list-keys",
+                          "list API keys: id, prefix, organization, role, created, expires, revoked (never a secret)")
+    listing.add_argument("--org", help="only this organization's keys")
+    revoke = _subcommand(actions, storage, "revoke-key", "revoke an API key now (every request with it is then 401)")
+    _key_reference(revoke)
+    rotate = _subcommand(actions, storage, "rotate-key", "issue a new key of the same organization and role "
+                                                         "(printed once on stdout) and revoke the old one")
+    _key_reference(rotate)
+    rotate.add_argument("--grace-hours", type=float, default=0.0,
+                        help="the old key keeps working this long (at most 720; default 0: revoked now)")
+    _expiry_arguments(rotate, "the new key expires (default: after the old key's lifetime; never if it had none)")
+    for parser in (key, listing, revoke, rotate):
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return ServiceParsers(actions, storage, serve, key, upgrade, listing, revoke, rotate)
+
+
+def _expiry_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--expires-in", type=float, metavar="DAYS", help=f"{what} after this many days")
+    when.add_argument("--expires-at", metavar="ISO_DATE", help=f"{what} at this ISO 8601 date or date-time (UTC "
+                                                               "unless it names a zone)")
+
+
+def _key_reference(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=int, help="the key's id (list-keys)")
+    which.add_argument("--prefix", help="the key's public prefix: its middle part, e.g. 1a2b3c4d")
+    parser.add_argument("--by", default=None, help="who revokes, for the record (default: the login name)")
+
+
+def _operator(args: argparse.Namespace) -> str:
+    if args.by is not None:
+        return args.by
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name (a container's user without a passwd entry)
+        return "unknown operator"
+
+
+KeyOpener = Callable[[argparse.Namespace], tuple[KeyRing, Callable[[], Session]]]
+
+
+def handle_keys(parsers: ServiceParsers, open_keys: KeyOpener) -> None:
+    """The key commands' handlers over the party's key ring and database sessions (``open_keys(args)``)."""
+
+    def create(args: argparse.Namespace) -> int:
+        expires_at = expiry(days=args.expires_in, at=args.expires_at)  # flags first: a usage error opens nothing
+        keys, sessions = open_keys(args)
+        with sessions() as session, session.begin():
+            issued = keys.issue(session, args.org, args.role, expires_at=expires_at)
+        _print_issued(issued, None, args.json)
+        return 0
+
+    def listing(args: argparse.Namespace) -> int:
+        keys, sessions = open_keys(args)
+        with sessions() as session, session.begin():
+            found = keys.list_keys(session, args.org)
+        if args.json:
+            print(json.dumps({"keys": [k.to_dict() for k in found]}))
+        else:
+            for info in found:
+                print(_describe(info))
+        return 0
+
+    def revoke(args: argparse.Namespace) -> int:
+        ref = KeyRef(args.id, args.prefix)
+        keys, sessions = open_keys(args)
+        with sessions() as session, session.begin():
+            revoked = keys.revoke(session, ref, by=_operator(args))
+        print(json.dumps(revoked.to_dict()) if args.json else f"revoked {_describe(revoked)}")
+        return 0
+
+    def rotate(args: argparse.Namespace) -> int:
+        ref = KeyRef(args.id, args.prefix)
+        expires_at = expiry(days=args.expires_in, at=args.expires_at)
+        if not 0 <= args.grace_hours <= 720:  # also refuses NaN
+            raise LabelDPError(f"--grace-hours lies in [0, 720], got {args.grace_hours}", code="usage")
+        keys, sessions = open_keys(args)
+        with sessions() as session, session.begin():
+            issued, old = keys.rotate(session, ref, by=_operator(args), grace=timedelta(hours=args.grace_hours),
+                                      expires_at=expires_at)
+        _print_issued(issued, old, args.json)
+        return 0
+
+    parsers.create_key.set_defaults(handler=create)
+    parsers.list_keys.set_defaults(handler=listing)
+    parsers.revoke_key.set_defaults(handler=revoke)
+    parsers.rotate_key.set_defaults(handler=rotate)
+
+
+def _describe(info: KeyInfo) -> str:
+    def when(value) -> str:
+        return "-" if value is None else f"{value:%Y-%m-%dT%H:%M:%SZ}"
+
+    revoked = f"  revoked {when(info.revoked_at)} by {info.revoked_by}" if info.revoked_at else ""
+    return (f"id {info.id}  prefix {info.prefix}  {info.organization}  {info.role}  {info.status}  "
+            f"created {when(info.created_at)}  expires {when(info.expires_at)}{revoked}")
+
+
+def _print_issued(issued: IssuedKey, replaced: KeyInfo | None, as_json: bool) -> None:
+    """The new secret, once, on stdout: alone (``KEY=$(labeldp ... create-key ...)``) or in the one JSON document;
+    what happened to a replaced key goes to stderr, so stdout stays the key."""
+    if as_json:
+        print(json.dumps({"key": issued.secret, **issued.info.to_dict(),
+                          **({"replaced": replaced.to_dict()} if replaced is not None else {})}))
+        return
+    print(issued.secret)
+    if replaced is not None:
+        print(f"new key id {issued.info.id} prefix {issued.info.prefix}; replaced {_describe(replaced)}",
+              file=sys.stderr)
 
 
 def ensure_sqlite_directory(database_url: str) -> None:

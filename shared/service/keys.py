@@ -1,6 +1,12 @@
 """Organizations and their API keys, the same on both services: 256-bit random secrets shown once and stored as
 SHA-256 hashes (a fast hash is right for high-entropy secrets), read from ``Authorization: Bearer <key>``.
 
+A key is in force until it expires (``expires_at``, set when it is created) or its revocation takes effect
+(``revoked_at``: the moment of ``revoke-key``, or the end of a rotation's grace period). Every request reads its
+key's row (no process keeps a copy of a key's validity), so a revocation made by any process — the CLI, another
+replica — refuses the very next request everywhere. A key that is unknown, revoked or expired gets the same 401 and
+the same message: a caller learns nothing about which; the operator's commands (:class:`KeyRing`) say which.
+
 Each service declares its own ``organizations`` and ``api_keys`` tables from the column mixins below (its own
 database, its own roles) and one :class:`KeyRing` over them."""
 
@@ -10,16 +16,18 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Boolean, ForeignKey, Integer, String, select
+from sqlalchemy import ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from shared.errors import LabelDPError
 from shared.service.database import UtcDateTime, utcnow
 
 _KEY = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
+_PREFIX = re.compile(r"^(?:[a-z]+_)?([0-9a-f]{8})$")  # a key's public middle part, with or without its kind
+UNAUTHORIZED_MESSAGE = "invalid API key"  # unknown, revoked and expired keys alike
 
 
 class OrganizationColumns:
@@ -42,8 +50,22 @@ class ApiKeyColumns:
     role: Mapped[str] = mapped_column(String(20))  # one of the service's KeyRing.roles
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the 256-bit secret
     prefix: Mapped[str] = mapped_column(String(16))  # the key's public middle part, to tell keys apart
-    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)  # None: never
+    # When the revocation takes effect (None: not revoked); later than its recording only in a rotation's grace
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(String(200), nullable=True)  # who revoked it, as the CLI named
+
+    def in_force(self, now: datetime) -> bool:
+        """The one validity rule of a key, for the API and the console alike."""
+        return (self.revoked_at is None or now < self.revoked_at) and (self.expires_at is None or now < self.expires_at)
+
+    def status(self, now: datetime) -> str:
+        if self.revoked_at is not None and now >= self.revoked_at:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        return "active" if self.revoked_at is None else "rotating"  # rotating: in force until its revoked_at
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,54 @@ class Principal:
     org_id: int
     org_name: str
     role: str
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What an operator may see of a key: never its secret or its hash."""
+
+    id: int
+    prefix: str
+    organization: str
+    role: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    revoked_by: str | None
+    status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        times = {name: None if value is None else value.isoformat()
+                 for name, value in (("created_at", self.created_at), ("expires_at", self.expires_at),
+                                     ("revoked_at", self.revoked_at))}
+        return {"id": self.id, "prefix": self.prefix, "organization": self.organization, "role": self.role, **times,
+                "revoked_by": self.revoked_by, "status": self.status}
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A new key: its secret (to show once, never to log) and what the operator may see of it."""
+
+    secret: str
+    info: KeyInfo
+
+
+@dataclass(frozen=True)
+class KeyRef:
+    """How an operator names a key: by its id or by its public prefix (``1a2b3c4d`` or ``ldp_1a2b3c4d``)."""
+
+    id: int | None = None
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.id is None) == (self.prefix is None):
+            raise LabelDPError("name a key by its id or by its prefix (one of the two)", code="usage")
+        if self.prefix is not None and not _PREFIX.match(self.prefix):
+            raise LabelDPError(f"a key prefix is 8 hexadecimal digits (as list-keys shows it), got {self.prefix!r}",
+                               code="usage")
+
+    def __str__(self) -> str:
+        return f"id {self.id}" if self.id is not None else f"prefix {self.prefix}"
 
 
 def new_key(kind: str) -> tuple[str, str]:
@@ -71,8 +141,30 @@ def bearer_key(authorization: str | None) -> str:
         raise LabelDPError("missing bearer API key", code="unauthorized")
     key = authorization[len("Bearer "):].strip()
     if not _KEY.match(key):
-        raise LabelDPError("invalid API key", code="unauthorized")
+        raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
     return key
+
+
+def expiry(*, days: float | None = None, at: str | None = None, now: datetime | None = None) -> datetime | None:
+    """A key's expiry from ``--expires-in DAYS`` or ``--expires-at`` (an ISO 8601 date or date-time; UTC unless it
+    names a zone); None for neither. It must lie in the future."""
+    now = now or utcnow()
+    if days is not None and at is not None:
+        raise LabelDPError("give --expires-in or --expires-at, not both", code="usage")
+    if days is not None:
+        if not 0 < days <= 36_500:  # also refuses NaN
+            raise LabelDPError(f"--expires-in takes a number of days in (0, 36500], got {days}", code="usage")
+        return now + timedelta(days=days)
+    if at is None:
+        return None
+    try:
+        when = datetime.fromisoformat(at)
+    except ValueError:
+        raise LabelDPError(f"--expires-at takes an ISO 8601 date or date-time, got {at!r}", code="usage") from None
+    when = when.replace(tzinfo=now.tzinfo) if when.tzinfo is None else when.astimezone(now.tzinfo)
+    if when <= now:
+        raise LabelDPError(f"--expires-at {at} is not in the future", code="usage")
+    return when
 
 
 @dataclass(frozen=True)
@@ -84,8 +176,13 @@ class KeyRing:
     roles: tuple[str, ...]
     kind: str
 
-    def create(self, session: Session, org_name: str, role: str) -> str:
+    def create(self, session: Session, org_name: str, role: str, *, expires_at: datetime | None = None) -> str:
         """Create the organization if needed and return a new key (shown once, stored hashed)."""
+        return self.issue(session, org_name, role, expires_at=expires_at).secret
+
+    def issue(self, session: Session, org_name: str, role: str, *,
+              expires_at: datetime | None = None) -> IssuedKey:
+        """:meth:`create`, with what the operator may see of the new key."""
         if role not in self.roles:
             raise LabelDPError(f"role must be one of {', '.join(self.roles)}", code="invalid_role")
         if not org_name or len(org_name) > 200:
@@ -95,14 +192,95 @@ class KeyRing:
             org = self.organization(name=org_name)
             session.add(org)
             session.flush()
-        key, digest = new_key(self.kind)
-        session.add(self.api_key(org_id=org.id, role=role, key_hash=digest, prefix=key.split("_")[1]))
-        return key
+        while True:  # a prefix names one key (32 bits: a clash is rare, and then the key is drawn again)
+            key, digest = new_key(self.kind)
+            prefix = key.split("_")[1]
+            if session.scalar(select(self.api_key.id).where(self.api_key.prefix == prefix)) is None:
+                break
+        row = self.api_key(org_id=org.id, role=role, key_hash=digest, prefix=prefix, created_at=utcnow(),
+                           expires_at=expires_at)
+        session.add(row)
+        session.flush()
+        return IssuedKey(key, self._info(row, org.name, utcnow()))
 
     def authenticate(self, session: Session, authorization: str | None) -> Principal:
+        """The principal of an in-force key; any other is the same 401 (read from the database every time)."""
         organization, api_key = self.organization, self.api_key
         row = session.execute(select(api_key, organization).join(organization, organization.id == api_key.org_id)
                               .where(api_key.key_hash == hash_key(bearer_key(authorization)))).first()
-        if row is None or row[0].revoked:
-            raise LabelDPError("invalid API key", code="unauthorized")
+        if row is None or not row[0].in_force(utcnow()):
+            raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
         return Principal(row[1].id, row[1].name, row[0].role)
+
+    def list_keys(self, session: Session, org_name: str | None = None) -> list[KeyInfo]:
+        """Every key (or one organization's), oldest first."""
+        query = (select(self.api_key, self.organization.name)
+                 .join(self.organization, self.organization.id == self.api_key.org_id).order_by(self.api_key.id))
+        if org_name is not None:
+            if session.scalar(select(self.organization.id).where(self.organization.name == org_name)) is None:
+                raise LabelDPError(f"no organization named {org_name!r}", code="not_found")
+            query = query.where(self.organization.name == org_name)
+        now = utcnow()
+        return [self._info(key, name, now) for key, name in session.execute(query).tuples()]
+
+    def revoke(self, session: Session, ref: KeyRef, *, by: str) -> KeyInfo:
+        """Revoke a key now (one whose rotation's grace is running: now, no longer at its end)."""
+        key = self._find(session, ref, lock=True)
+        now = utcnow()
+        if key.status(now) == "revoked":
+            raise LabelDPError(f"key {ref} was already revoked at {key.revoked_at:%Y-%m-%d %H:%M:%S} UTC by "
+                               f"{key.revoked_by}", code="invalid_input")
+        self.record_revocation(session, key, by=by, effective_at=now)
+        return self._info(key, self._org_name(session, key), now)
+
+    def rotate(self, session: Session, ref: KeyRef, *, by: str, grace: timedelta = timedelta(0),
+               expires_at: datetime | None = None) -> tuple[IssuedKey, KeyInfo]:
+        """A new key of the same organization and role, and the old one revoked — now, or at the end of ``grace``
+        (both work meanwhile, so that clients can switch). The new key expires at ``expires_at``, else after the
+        old key's lifetime (if it had one). Returns (the new key, the old key after revocation)."""
+        if not timedelta(0) <= grace <= timedelta(days=30):
+            raise LabelDPError("a rotation's grace period lies between 0 and 30 days", code="usage")
+        key = self._find(session, ref, lock=True)
+        now = utcnow()
+        status = key.status(now)
+        if status in ("revoked", "rotating"):
+            raise LabelDPError(f"key {ref} was already {'revoked' if status == 'revoked' else 'rotated'} by "
+                               f"{key.revoked_by}: it is refused from {key.revoked_at:%Y-%m-%d %H:%M:%S} UTC",
+                               code="invalid_input")
+        if expires_at is None and key.expires_at is not None:
+            expires_at = now + (key.expires_at - key.created_at)
+        org_name = self._org_name(session, key)
+        issued = self.issue(session, org_name, key.role, expires_at=expires_at)
+        self.record_revocation(session, key, by=by, effective_at=now + grace)
+        return issued, self._info(key, org_name, now)
+
+    def record_revocation(self, session: Session, key: ApiKeyColumns, *, by: str, effective_at: datetime) -> None:
+        """THE place a key is revoked, inside the caller's transaction (``revoke-key`` and ``rotate-key`` both come
+        here): who revoked it and from when it is refused. A party's audit records the revocation here."""
+        if not by or len(by) > 200:
+            raise LabelDPError("who revokes a key is named in 1-200 characters", code="usage")
+        key.revoked_at, key.revoked_by = effective_at, by
+        session.flush()
+
+    def _find(self, session: Session, ref: KeyRef, *, lock: bool) -> ApiKeyColumns:
+        if ref.id is not None:
+            query = select(self.api_key).where(self.api_key.id == ref.id)
+        else:
+            assert ref.prefix is not None
+            match = _PREFIX.match(ref.prefix)
+            assert match is not None  # KeyRef checked it
+            query = select(self.api_key).where(self.api_key.prefix == match.group(1))
+        keys = list(session.scalars(query.with_for_update() if lock else query))
+        if not keys:
+            raise LabelDPError(f"no key with {ref} in this database (list-keys shows them)", code="not_found")
+        if len(keys) > 1:  # keys made before prefixes were kept unique may share one
+            raise LabelDPError(f"{len(keys)} keys share {ref}: name it by its id", code="usage")
+        return keys[0]
+
+    def _org_name(self, session: Session, key: ApiKeyColumns) -> str:
+        return session.scalars(select(self.organization.name).where(self.organization.id == key.org_id)).one()
+
+    @staticmethod
+    def _info(key: ApiKeyColumns, org_name: str, now: datetime) -> KeyInfo:
+        return KeyInfo(key.id, key.prefix, org_name, key.role, key.created_at, key.expires_at, key.revoked_at,
+                       key.revoked_by, key.status(now))

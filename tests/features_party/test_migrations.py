@@ -16,6 +16,8 @@ from features_party.migrations import MIGRATIONS, make_sessionmaker
 from shared.service.database import make_engine
 from tests.support.databases import fresh_database
 
+HEAD = "0002"  # the newest migration in features_party/migrations/versions
+
 
 def _schema(url: str) -> dict:
     """Every table's columns (type, nullability), unique column sets, indexes and foreign keys."""
@@ -52,7 +54,7 @@ def test_a_fresh_database_is_at_head_and_keeps_its_rows(database_url):
     engine = make_engine(database_url)
     sessions = make_sessionmaker(engine)
     with engine.connect() as connection:
-        assert MIGRATIONS.current(connection) == MIGRATIONS.head() == "0001"
+        assert MIGRATIONS.current(connection) == MIGRATIONS.head() == HEAD
     with sessions() as session, session.begin():
         session.add(db.Organization(name="publisher"))
     make_sessionmaker(engine)  # a restart: nothing is recreated or reset
@@ -70,5 +72,5 @@ def test_upgrade_db_command(tmp_path):
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    assert upgrade() == {"revision_before": None, "revision_after": "0001"}
-    assert upgrade() == {"revision_before": "0001", "revision_after": "0001"}
+    assert upgrade() == {"revision_before": None, "revision_after": HEAD}
+    assert upgrade() == {"revision_before": HEAD, "revision_after": HEAD}

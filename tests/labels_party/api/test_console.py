@@ -256,7 +256,7 @@ def test_expired_sessions_and_revoked_keys_end_the_session(ctx, client, keys, da
     browser = signed_in(client.app, keys["admin"])
     with ctx.sessions() as s, s.begin():
         assert len(list(s.scalars(select(db.ConsoleSession)))) == 1  # the expired one was swept
-        s.execute(update(db.ApiKey).where(db.ApiKey.role == "admin").values(revoked=True))
+        s.execute(update(db.ApiKey).where(db.ApiKey.role == "admin").values(revoked_at=db.utcnow()))
     assert browser.get(f"/console/datasets/{dataset}", follow_redirects=False).status_code == 303
     assert sign_in(client, keys["admin"]).status_code == 401
 
