@@ -221,7 +221,7 @@ class KeyRing:
                 raise LabelDPError(f"no organization named {org_name!r}", code="not_found")
             query = query.where(self.organization.name == org_name)
         now = utcnow()
-        return [self._info(key, name, now) for key, name in session.execute(query).tuples()]
+        return [self._info(key, name, now) for key, name in session.execute(query).all()]
 
     def revoke(self, session: Session, ref: KeyRef, *, by: str) -> KeyInfo:
         """Revoke a key now (one whose rotation's grace is running: now, no longer at its end)."""
