@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from alembic import command
 from sqlalchemy import inspect, text
 
@@ -74,3 +75,30 @@ def test_upgrade_db_command(tmp_path):
 
     assert upgrade() == {"revision_before": None, "revision_after": HEAD}
     assert upgrade() == {"revision_before": HEAD, "revision_after": HEAD}
+
+
+def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(database_url):
+    """Migration 0002: the ``revoked`` flag becomes a revocation time and who (a note: its time was never kept)."""
+    from features_party.auth import authenticate
+    from shared.errors import LabelDPError
+    from shared.service.database import utcnow
+    from shared.service.keys import hash_key
+
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0001")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'publisher', :t)"),
+                           {"t": utcnow()})
+        for id_, key, revoked in ((1, "trn_0000000a_kept", False), (2, "trn_0000000b_flagged", True)):
+            connection.execute(text("INSERT INTO api_keys (id, org_id, role, key_hash, prefix, revoked, created_at) "
+                                    "VALUES (:i, 1, 'member', :h, :p, :r, :t)"),
+                               {"i": id_, "h": hash_key(key), "p": key.split("_")[1], "r": revoked, "t": utcnow()})
+    sessions = make_sessionmaker(engine, upgrade=True)
+    with sessions() as session:
+        keys = {k.id: k for k in session.query(db.ApiKey)}
+        assert (keys[1].revoked_at, keys[1].revoked_by) == (None, None) and keys[2].revoked_at <= utcnow()
+        assert "before migration 0002" in keys[2].revoked_by
+        assert authenticate(session, "Bearer trn_0000000a_kept").role == "member"
+        with pytest.raises(LabelDPError, match="invalid API key"):
+            authenticate(session, "Bearer trn_0000000b_flagged")
+    engine.dispose()

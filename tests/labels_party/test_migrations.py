@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from datetime import timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -239,3 +240,34 @@ def test_an_old_layout_whose_registry_lacks_ids_is_refused_and_changes_nothing(t
         assert MIGRATIONS.current(connection) == "0008"
         assert connection.execute(text("SELECT registry_file FROM datasets")).scalar() is not None
     engine.dispose()
+
+
+def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(database_url, tmp_path):
+    """Migration 0011: the ``revoked`` flag becomes a revocation time and who (a note: its time was never kept);
+    the flagged key is refused, the other one works, and neither expires."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from shared.service.keys import hash_key
+
+    engine = db.make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0009")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'owner', :t)"),
+                           {"t": db.utcnow()})
+        for id_, key, revoked in ((1, "ldp_0000000a_kept", False), (2, "ldp_0000000b_flagged", True)):
+            connection.execute(text("INSERT INTO api_keys (id, org_id, role, key_hash, prefix, revoked, created_at) "
+                                    "VALUES (:i, 1, 'admin', :h, :p, :r, :t)"),
+                               {"i": id_, "h": hash_key(key), "p": key.split("_")[1], "r": revoked, "t": db.utcnow()})
+    engine.dispose()
+    before = db.utcnow()
+    ctx = make_context(database_url, tmp_path / "data", upgrade=True)
+    with ctx.sessions() as session:
+        keys = {k.id: k for k in session.query(db.ApiKey)}
+        assert (keys[1].revoked_at, keys[1].revoked_by, keys[1].expires_at) == (None, None, None)
+        assert before - timedelta(seconds=1) <= keys[2].revoked_at <= db.utcnow()
+        assert "before migration 0011" in keys[2].revoked_by and keys[2].status(db.utcnow()) == "revoked"
+        assert "revoked" not in {c["name"] for c in inspect(session.connection()).get_columns("api_keys")}
+    client = TestClient(create_app(ctx))
+    assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000a_kept"}).status_code == 200
+    assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000b_flagged"}).status_code == 401

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import re
 import warnings
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
@@ -18,7 +19,9 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 from labels_party import db
+from labels_party.auth import create_key
 from labels_party.console import sessions
+from shared.service.keys import hash_key
 from tests.labels_party.api.helpers import MISSING_DATASET, budget, created, new_dataset, release, upload
 from tests.labels_party.api.test_audit import _tamper
 
@@ -259,6 +262,17 @@ def test_expired_sessions_and_revoked_keys_end_the_session(ctx, client, keys, da
         s.execute(update(db.ApiKey).where(db.ApiKey.role == "admin").values(revoked_at=db.utcnow()))
     assert browser.get(f"/console/datasets/{dataset}", follow_redirects=False).status_code == 303
     assert sign_in(client, keys["admin"]).status_code == 401
+
+    # a key that expires ends its sessions the same way
+    with ctx.sessions() as s, s.begin():
+        expiring = create_key(s, "hospital", "admin", expires_at=db.utcnow() + timedelta(hours=1))
+    browser = signed_in(client.app, expiring)
+    assert page(browser, f"/console/datasets/{dataset}")
+    with ctx.sessions() as s, s.begin():
+        s.execute(update(db.ApiKey).where(db.ApiKey.key_hash == hash_key(expiring))
+                  .values(expires_at=db.utcnow() - timedelta(seconds=1)))
+    assert browser.get(f"/console/datasets/{dataset}", follow_redirects=False).status_code == 303
+    assert sign_in(client, expiring).status_code == 401
 
 
 def test_security_headers_and_no_external_urls_on_every_page(client, admin, keys, consumer, dataset):
