@@ -13,7 +13,8 @@ from shared.service.errors import ErrorCode
 from shared.service.tables import MEDIA_TYPES
 
 _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
-                 401: "missing or invalid API key", 403: "the key may see this but not do it",
+                 401: "missing, unknown, revoked or expired API key (one message for the last three)",
+                 403: "the key may see this but not do it",
                  404: "no such object for this key (the same answer whether it exists or not)",
                  405: "method not allowed (see Allow)", 406: "cannot produce the Accept'ed media type",
                  409: "the current state does not allow it", 413: "body over this endpoint's limit",
