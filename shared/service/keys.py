@@ -225,7 +225,7 @@ class KeyRing:
 
     def revoke(self, session: Session, ref: KeyRef, *, by: str) -> KeyInfo:
         """Revoke a key now (one whose rotation's grace is running: now, no longer at its end)."""
-        key = self._find(session, ref, lock=True)
+        key = self._find(session, ref)
         now = utcnow()
         if key.status(now) == "revoked":
             raise LabelDPError(f"key {ref} was already revoked at {key.revoked_at:%Y-%m-%d %H:%M:%S} UTC by "
@@ -240,7 +240,7 @@ class KeyRing:
         old key's lifetime (if it had one). Returns (the new key, the old key after revocation)."""
         if not timedelta(0) <= grace <= timedelta(days=30):
             raise LabelDPError("a rotation's grace period lies between 0 and 30 days", code="usage")
-        key = self._find(session, ref, lock=True)
+        key = self._find(session, ref)
         now = utcnow()
         status = key.status(now)
         if status in ("revoked", "rotating"):
@@ -262,7 +262,8 @@ class KeyRing:
         key.revoked_at, key.revoked_by = effective_at, by
         session.flush()
 
-    def _find(self, session: Session, ref: KeyRef, *, lock: bool) -> ApiKeyColumns:
+    def _find(self, session: Session, ref: KeyRef) -> ApiKeyColumns:
+        """The key ``ref`` names, locked for this transaction (two revocations of one key serialize)."""
         if ref.id is not None:
             query = select(self.api_key).where(self.api_key.id == ref.id)
         else:
@@ -270,7 +271,7 @@ class KeyRing:
             match = _PREFIX.match(ref.prefix)
             assert match is not None  # KeyRef checked it
             query = select(self.api_key).where(self.api_key.prefix == match.group(1))
-        keys = list(session.scalars(query.with_for_update() if lock else query))
+        keys = list(session.scalars(query.with_for_update()))
         if not keys:
             raise LabelDPError(f"no key with {ref} in this database (list-keys shows them)", code="not_found")
         if len(keys) > 1:  # keys made before prefixes were kept unique may share one
