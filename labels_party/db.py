@@ -13,6 +13,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -127,12 +128,13 @@ class Grant(Base):
 
 
 class MechanismDocument(Base):
-    """A mechanism's full public description (matrix, outputs, noisy prior, model parameters …), stored once and
-    addressed by the SHA-256 of its canonical JSON; releases reference it, responses stay small."""
+    """A mechanism's full public description (probabilities, outputs, noisy prior, model parameters …), stored once
+    in its packed binary form (:func:`labels_party.documents.pack`) and addressed by the SHA-256 of its canonical
+    JSON; releases reference it, responses stay small."""
 
     __tablename__ = "mechanism_documents"
     hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    document: Mapped[str] = mapped_column(Text)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

@@ -1,12 +1,19 @@
-"""Mechanism documents: a release's full public description, stored once and addressed by content.
+"""Mechanism documents: a release's full public description, stored once, compactly, and addressed by content.
 
 A document is ``{"description": <the mechanism's describe()>, "noisy_prior": <the prior's describe() or null>}``
-— everything the features party may need to use the privatized labels (output values, exact probabilities,
-noisy counts, model parameters). Its address is the SHA-256 of its canonical JSON, so identical documents (two
-Laplace releases at the same ε on the same domain) are stored once. A release row and response keep only a
-:func:`summary` (the document without its arrays), so they stay small whatever |Y| is; ``GET
-/v1/mechanisms/{hash}`` serves the document as JSON or as a compact binary (:func:`pack`: an ``.npz`` archive
-whose arrays are the document's numeric lists).
+— everything the features party may need to use the privatized labels (output values, exact probabilities as
+integers over 2**53 or in closed form, noisy counts, model parameters, the certified ε; the release's ``dp_event``
+is its ledger record's). Its address is the SHA-256 of its canonical JSON, so a consumer recomputes it from what it
+fetched, and identical documents (two Laplace releases at the same ε on the same domain) are stored once. A release
+row and response keep only a :func:`summary` (the document without its arrays), so they stay small whatever |Y| is.
+
+Stored and served in one binary columnar form (:func:`pack`, media type :data:`BINARY_MEDIA_TYPE`): an ``.npz``
+archive (zip-deflated) whose ``document.json`` is the document with every numeric list — a vector, or a
+rectangular matrix of all-integer or all-float entries — replaced by ``{"$array": i}``, and whose arrays ``a{i}``
+hold them as int64 or float64, each distinct array once (the same output grid in 1000 groups is one array).
+``GET /v1/mechanisms/{hash}`` answers those stored bytes as they are, or :func:`unpack`'s JSON. A group release's
+description is itself columnar (:meth:`labels_party.pipeline.GroupPrivatization.describe`): the size of a document
+is predicted from public inputs before a release is charged (:mod:`labels_party.releases.kinds`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -24,6 +32,8 @@ from labels_party import db
 from labels_party.ledger import canonical
 
 BINARY_MEDIA_TYPE = "application/vnd.labeldp.mechanism+npz"
+SKELETON = "document.json"
+INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def summary(value: Any) -> Any:
@@ -42,66 +52,87 @@ def store(session: Session, document: dict) -> str:
     digest = address(document)
     dialect = session.get_bind().dialect.name
     insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(db.MechanismDocument)
-    session.execute(insert.values(hash=digest, document=canonical(document), created_at=db.utcnow())
+    session.execute(insert.values(hash=digest, body=pack(document), created_at=db.utcnow())
                     .on_conflict_do_nothing(index_elements=["hash"]))
     return digest
 
 
-def pack(document: dict) -> bytes:
-    """A compact binary form: numeric lists (and lists of lists of equal length) become compressed arrays named
-    by their JSON path; the rest stays JSON in ``document.json``, with ``{"$array": path}`` where an array was."""
-    arrays: dict[str, np.ndarray] = {}
+def stored(session: Session, digest: str) -> bytes:
+    """The packed document at ``digest`` (it exists: a release references it)."""
+    document = session.get(db.MechanismDocument, digest)
+    assert document is not None  # the foreign key of the release that named it
+    return document.body
 
-    def strip(value: Any, path: str) -> Any:
+
+def pack(document: dict) -> bytes:
+    """The binary form: numeric lists become arrays (each distinct one once), the rest stays JSON."""
+    arrays: list[np.ndarray] = []
+    seen: dict[tuple, int] = {}
+
+    def strip(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: strip(v, f"{path}/{k}") for k, v in value.items()}
-        if isinstance(value, list) and value:
+            return {k: strip(v) for k, v in value.items()}
+        if isinstance(value, list):
             array = _numeric_array(value)
-            if array is not None:
-                arrays[path] = array
-                return {"$array": path}
-            return [strip(v, f"{path}/{i}") for i, v in enumerate(value)]
+            if array is None:
+                return [strip(v) for v in value]
+            key = (array.dtype.str, array.shape, array.tobytes())
+            if key not in seen:
+                seen[key] = len(arrays)
+                arrays.append(array)
+            return {"$array": seen[key]}
         return value
 
-    skeleton = strip(document, "")
+    skeleton = canonical(strip(document)).encode()
     buffer = io.BytesIO()
-    members: dict[str, Any] = {"document.json": np.frombuffer(canonical(skeleton).encode(), dtype=np.uint8),
-                               **{f"array{path}": array for path, array in arrays.items()}}
-    np.savez_compressed(buffer, **members)
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(SKELETON, skeleton)
+        for i, array in enumerate(arrays):
+            with archive.open(f"a{i}.npy", "w") as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
     return buffer.getvalue()
 
 
 def unpack(data: bytes) -> dict:
-    with np.load(io.BytesIO(data)) as archive:
-        skeleton = json.loads(archive["document.json"].tobytes())
-        arrays = {name[len("array"):]: archive[name] for name in archive.files if name.startswith("array")}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        skeleton = json.loads(archive.read(SKELETON))
 
-    def fill(value: Any) -> Any:
-        if isinstance(value, dict):
-            if set(value) == {"$array"}:
-                return arrays[value["$array"]].tolist()
-            return {k: fill(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [fill(v) for v in value]
-        return value
+        def fill(value: Any) -> Any:
+            if isinstance(value, dict):
+                if set(value) == {"$array"}:
+                    with archive.open(f"a{value['$array']}.npy") as member:
+                        return np.lib.format.read_array(member, allow_pickle=False).tolist()
+                return {k: fill(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [fill(v) for v in value]
+            return value
 
-    return fill(skeleton)
+        return fill(skeleton)
 
 
 def _numeric_array(value: list) -> np.ndarray | None:
-    """The list as an int64 or float64 array when it is a (possibly nested, rectangular) list of numbers."""
-    if any(isinstance(v, bool | str | dict) or v is None for v in _leaves(value)):
+    """The list as an int64 array when every (possibly nested, rectangular) entry is an int, as a float64 one when
+    every entry is a float; None otherwise — so that :func:`unpack` gives back exactly the same JSON (an int stays
+    an int, a float a float) and the document keeps its address."""
+    kinds = {_kind(v) for v in _leaves(value)}
+    if len(kinds) != 1 or None in kinds:
         return None
     try:
-        array = np.array(value)
-    except ValueError:  # ragged
+        array = np.array(value, dtype=np.int64 if kinds == {int} else np.float64)
+    except (ValueError, OverflowError):  # ragged, or an integer beyond int64
         return None
-    if array.dtype == object or array.dtype.kind not in "if":
-        return None
-    return array.astype(np.int64 if array.dtype.kind == "i" else np.float64)
+    return array if array.size else None
 
 
-def _leaves(value):
+def _kind(value) -> type | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return int if INT64[0] <= value <= INT64[1] else None
+    return float if isinstance(value, float) else None
+
+
+def _leaves(value: list):
     for v in value:
         if isinstance(v, list):
             yield from _leaves(v)

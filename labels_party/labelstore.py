@@ -50,11 +50,20 @@ class RegistryPart:
 
 @dataclass(frozen=True)
 class CoverageSet:
-    """Sorted registry indices (int64 ``.npy``), content-addressed: ``sha256`` of their bytes."""
+    """Sorted registry indices (int64 ``.npy``), content-addressed: ``sha256`` of their bytes. A request's
+    coverage is ``pending`` until its charge: written to a scratch file, stored under ``file`` only by
+    :func:`keep` in the charge's transaction, and removed by :func:`discard` if it is refused — a refused request
+    leaves nothing in the data directory."""
 
     file: str
     sha256: str
     size: int
+    pending: str | None = None  # the scratch file (relative) holding the indices until they are kept
+
+    @property
+    def readable(self) -> str:
+        """Where the indices are now."""
+        return self.pending or self.file
 
 
 @dataclass(frozen=True)
@@ -232,9 +241,12 @@ def _index_chunks(store: DataStore, relative: str) -> Iterator[np.ndarray]:
         yield batch.column(0).to_numpy()
 
 
-def write_coverage(store: DataStore, dataset_id: str, chunks, total: int | None = None) -> CoverageSet:
-    """Store sorted registry indices (given as chunks, in order) once, under their SHA-256."""
-    scratch = store.path(f"tmp/{uuid.uuid4().hex}.npy")
+def write_coverage(store: DataStore, dataset_id: str, chunks, total: int | None = None, *,
+                   pending: bool = False) -> CoverageSet:
+    """Store sorted registry indices (given as chunks, in order) once, under their SHA-256 (``pending``: only in
+    scratch, unless they are stored already; see :class:`CoverageSet`)."""
+    scratch_name = f"tmp/{uuid.uuid4().hex}.npy"
+    scratch = store.path(scratch_name)
     scratch.parent.mkdir(parents=True, exist_ok=True)
     chunks = list(chunks) if total is None else chunks
     total = sum(len(c) for c in chunks) if total is None else total
@@ -259,14 +271,33 @@ def write_coverage(store: DataStore, dataset_id: str, chunks, total: int | None 
     relative = f"datasets/{dataset_id}/coverage/{sha}.npy"
     if store.path(relative).exists():
         scratch.unlink()
+    elif pending:
+        return CoverageSet(relative, sha, total, pending=scratch_name)
     else:
         store.adopt(scratch, relative)
     return CoverageSet(relative, sha, total)
 
 
 def coverage_of(store: DataStore, dataset_id: str, indices: np.ndarray) -> CoverageSet:
-    """The coverage set of some registry indices (any order)."""
-    return write_coverage(store, dataset_id, [np.unique(np.asarray(indices, dtype=np.int64))])
+    """The pending coverage set of some registry indices (any order): a request's, kept only if it is charged."""
+    return write_coverage(store, dataset_id, [np.unique(np.asarray(indices, dtype=np.int64))], pending=True)
+
+
+def keep(store: DataStore, coverage: CoverageSet) -> None:
+    """Store a pending coverage set under its address (in the charge's transaction, once it is admitted); a crash
+    before the commit leaves at worst an unreferenced file, as every write here."""
+    if coverage.pending is None:
+        return
+    if store.path(coverage.file).exists():
+        store.remove(coverage.pending)
+    else:
+        store.adopt(store.path(coverage.pending), coverage.file)
+
+
+def discard(store: DataStore, coverage: CoverageSet) -> None:
+    """Remove a pending coverage set's scratch file (nothing once it was kept)."""
+    if coverage.pending is not None:
+        store.remove(coverage.pending)
 
 
 RANGE_PREFIX = "range:"

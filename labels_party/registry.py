@@ -100,6 +100,14 @@ class MechanismFamily:
     fallback: str | None = None
     # The smallest ε its solver certifies, by the options (None: every ε the library certifies).
     min_epsilon: Callable[[MechanismOptions], float] | None = None
+    # At most how many numbers its description publishes on |Y| labels (by default inputs, outputs and one more
+    # vector: RR's bins, RR-Top-k's candidates); a document's size is predicted from it before a release is charged.
+    published: Callable[[int, MechanismOptions], int] = lambda labels, _options: 3 * labels
+
+    def published_numbers(self, labels: int, options: MechanismOptions) -> int:
+        """:attr:`published`, or its fallback's when that publishes more (a release may end with either)."""
+        own = self.published(labels, options)
+        return max(own, FAMILIES[self.fallback].published(labels, options)) if self.fallback else own
 
     def check(self, domain, options: MechanismOptions, epsilon: float | None = None) -> FiniteLabels:
         """Refuse a domain, options, size or ε this family cannot take (before any solve, on public inputs only);
@@ -187,6 +195,16 @@ MAX_MESH_CELLS = 40_000  # labels x outputs of the mesh LP
 MAX_CONTINUOUS_LABELS = 1000
 _WIDE = "laplace, staircase or dbrr (any size)"
 
+def _opt_unbiased_numbers(labels: int, options: MechanismOptions) -> int:
+    """Inputs, outputs (the mesh, or at most 2|Y| from the continuous solver) and their exact counts."""
+    outputs = options.mesh or 2 * labels
+    return labels * outputs + labels + outputs
+
+
+def _no_vectors(_labels: int, _options: MechanismOptions) -> int:
+    return 0  # a few parameters (additive noise on a lattice, subset selection's two probabilities)
+
+
 def _opt_unbiased_floor(options: MechanismOptions) -> float:
     return (opt_unbiased_continuous.MIN_EPSILON if options.chosen_solver == "continuous"
             else opt_unbiased_mesh.MIN_EPSILON)
@@ -195,14 +213,14 @@ def _opt_unbiased_floor(options: MechanismOptions) -> float:
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
     MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, MAX_CONTINUOUS_LABELS,
                     "rr-on-bins (up to 50,000 labels), " + _WIDE, _opt_unbiased, max_mesh_cells=MAX_MESH_CELLS,
-                    fallback="dbrr", min_epsilon=_opt_unbiased_floor),
+                    fallback="dbrr", min_epsilon=_opt_unbiased_floor, published=_opt_unbiased_numbers),
     MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 50_000, _WIDE, _finite(
         lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline)),
                     fallback="dbrr"),
     MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
-                    on_grid=False),
+                    on_grid=False, published=_no_vectors),
     MechanismFamily("staircase", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.staircase),
-                    on_grid=False),
+                    on_grid=False, published=_no_vectors),
     MechanismFamily("dbrr", REGRESSION, frozenset(), False, None, "", _finite(
         lambda labels, e, _prior, _options: debiased_randomized_response(labels.values, e))),
     MechanismFamily("rr", REGRESSION | CLASSES, frozenset(), False, None, "", _finite(
@@ -210,7 +228,7 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
     MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "rr", _finite(
         lambda _labels, e, prior, _options: rr_with_prior(prior, e)), fallback="rr"),
     MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
-                    Built(SubsetSelectionRandomizer.build(labels.size, e))),
+                    Built(SubsetSelectionRandomizer.build(labels.size, e)), published=_no_vectors),
 )})
 
 

@@ -32,6 +32,15 @@ class LabelsSettings(BaseSettings):
     max_upload_bytes: int = Field(default=4 << 30, gt=0)  # label uploads
     max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies
     max_json_bytes: int = Field(default=64 << 20, gt=0)  # release, evaluation and training requests
+    # Per-request limits on what one release may create, both decided from public inputs before anything private is
+    # computed or charged (labels_party/releases/kinds.py): 400 too_many_groups beyond the groups of a group release
+    # (each gets its own prior, solve and randomizer: a thousand one-example groups on 256 classes grow the server
+    # by ~10 MB and make a ~1 MB document, bench/group_documents.py); 400 document_too_large beyond the mechanism
+    # document bytes a request is predicted to create (8 bytes per number its mechanisms and priors may publish —
+    # |Y|, outputs, groups — an upper bound on the stored, packed document; 32 MiB is 4·10⁶ exact counts, e.g. 256
+    # opt-unbiased randomizers on 88 labels).
+    max_groups_per_release: int = Field(default=1000, gt=0)
+    max_document_bytes: int = Field(default=32 << 20, gt=0)
     # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
     # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
     spark_master: str = "local[*]"

@@ -81,6 +81,23 @@ def downsample_randomized_response(keep: float, output_of_input: np.ndarray, num
     return other * col_sizes[None, :] + (keep - other) * hits / row_sizes[:, None]
 
 
+def downsample_top_k(keep: float, candidates: np.ndarray, num_classes: int, cells: int = MAX_CELLS) -> np.ndarray:
+    """Blocks of RR-Top-k on K classes (a candidate keeps itself with probability ``keep``, moves to another
+    candidate with (1 − keep)/(k − 1); any other class goes to a uniform candidate), without the K x K matrix: a
+    row block R sends (keep − q)·[c ∈ R] + q·|R ∩ C| + |R − C| / k of its mass to candidate c."""
+    k = candidates.size
+    q = (1.0 - keep) / (k - 1) if k > 1 else 0.0
+    rows, cols = _starts(num_classes, cells), _starts(num_classes, cells)
+    row_of, col_of = _block_of(num_classes, rows), _block_of(num_classes, cols)
+    row_sizes = np.diff(np.append(rows, num_classes)).astype(np.float64)
+    inside = np.bincount(row_of[candidates], minlength=rows.size).astype(np.float64)  # |R ∩ C|
+    to_candidate = (q * inside + (row_sizes - inside) / k)[:, None] + np.where(
+        row_of[candidates][None, :] == np.arange(rows.size)[:, None], keep - q, 0.0)  # row blocks x candidates
+    summed = np.zeros((rows.size, cols.size))
+    np.add.at(summed.T, col_of[candidates], to_candidate.T)
+    return summed / row_sizes[:, None]
+
+
 def blocks(description: dict, cells: int = MAX_CELLS) -> Blocks | None:
     """The randomizer of one mechanism description, downsampled; None when it has no finite matrix."""
     inputs, outputs = description.get("input_values") or [], description.get("output_values") or []
@@ -90,6 +107,10 @@ def blocks(description: dict, cells: int = MAX_CELLS) -> Blocks | None:
             return None
         return Blocks(downsample_dense(counts / SCALE, cells), _range(inputs), _range(outputs), counts.shape[0],
                       counts.shape[1], "P(output | input)")
+    if "candidates" in description and "keep_count_over_2_53" in description and inputs:
+        matrix = downsample_top_k(description["keep_count_over_2_53"] / SCALE,
+                                  np.asarray(description["candidates"], dtype=np.int64), len(inputs), cells)
+        return Blocks(matrix, _range(inputs), _range(outputs), len(inputs), len(outputs), "P(output | input)")
     if "keep_count_over_2_53" in description and inputs:
         num_outputs = int(description.get("num_outputs") or len(outputs))
         bins = np.asarray(description.get("output_of_input", range(len(inputs))), dtype=np.int64)

@@ -194,8 +194,8 @@ def _randomizer(title: str, description: dict) -> Randomizer:
 
 def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> ReleasePage:
     release, _ = queries.get_release(ctx, principal, release_id)
-    document = (queries.get_mechanism_document(ctx, principal, release.mechanism_hash) if release.mechanism_hash
-                else {})  # a running or failed release has no mechanism yet
+    document = (documents.unpack(queries.get_mechanism_document(ctx, principal, release.mechanism_hash))
+                if release.mechanism_hash else {})  # a running or failed release has no mechanism yet
     description = document.get("description") or {}
     audit = audit_log.audit(ctx, principal, release.dataset_id)
     org = next((s.org for s in _summaries(audit.events) if s.release_id == release.id), UNNAMED)

@@ -231,7 +231,7 @@ class Ledger:
         _check_recomputable(recorded_event, cost)  # before anything is read or written
         self.check_anchor(dataset)
         state = self.state(account, dataset.registry_size)
-        covered = read_coverage(self.store, coverage.file)
+        covered = read_coverage(self.store, coverage.readable)  # a request's is still pending
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
         for chunk in _chunks(covered, state):
             touched += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)

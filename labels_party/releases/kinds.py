@@ -33,16 +33,29 @@ from labels_party.registry import MechanismOptions
 from labels_party.releases.lifecycle import Computation, Draft, Snapshot
 from labels_party.releases.streamed import plan_version
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
-from labels_party.uploads import parse_groups, parse_priors, upload_format
+from labels_party.uploads import MAX_GROUP_NAME, parse_groups, parse_priors, upload_format
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
 
-# A group release's work and mechanism document grow with its groups (a prior, a solve and a mechanism each): 256
-# groups, and 4·10⁶ cells — the exact counts of 256 opt-unbiased randomizers on 88 labels, ~60 MB of JSON.
-MAX_GROUPS = 256
-MAX_GROUP_CELLS = 4_000_000
 MAX_FEATURE = 1e6  # central training's features: beyond it float32 training overflows (standardized ones are ~1)
+
+
+# What a document holds besides its numeric arrays (field names, parameters, rules: a few kB), and per group of a
+# group release besides its counts (its name, at most MAX_GROUP_NAME characters, size, ε and randomizer index).
+DOCUMENT_OVERHEAD = 64 << 10
+GROUP_OVERHEAD = 64 + MAX_GROUP_NAME
+
+
+def check_document_size(ctx: ServiceContext, numbers: int, what: str, extra_bytes: int = 0) -> None:
+    """Refuse, from public inputs only, a request whose mechanism document could exceed the deployment's
+    ``max_document_bytes``: 8 bytes per number its mechanisms and priors may publish, plus the rest of the document
+    (an upper bound on what :func:`labels_party.documents.pack` stores)."""
+    predicted, limit = 8 * numbers + extra_bytes + DOCUMENT_OVERHEAD, ctx.settings.max_document_bytes
+    if predicted > limit:
+        raise LabelDPError(f"{what} may publish a mechanism document of {predicted:,} bytes; this deployment allows "
+                           f"{limit:,} per request: use fewer groups, fewer labels or outputs, or a smaller model",
+                           code="document_too_large")
 
 
 def finite_param_lists(params: dict) -> dict:
@@ -144,11 +157,17 @@ class LabelRelease(_Defaults):
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, None
 
-    def price(self, _ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _inputs) -> Prepared:
+    def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _inputs) -> Prepared:
         request = self.request
-        return pipeline.prepare(snapshot.domain, request.mechanism, request.epsilon, num_examples,
-                                prior_epsilon=request.prior_epsilon,
-                                options=MechanismOptions(mesh=request.mesh, clip=request.clip, solver=request.solver))
+        prepared = pipeline.prepare(snapshot.domain, request.mechanism, request.epsilon, num_examples,
+                                    prior_epsilon=request.prior_epsilon,
+                                    options=MechanismOptions(mesh=request.mesh, clip=request.clip,
+                                                             solver=request.solver))
+        size = registry.support(snapshot.domain).size
+        numbers = prepared.family.published_numbers(size, prepared.options)
+        check_document_size(ctx, numbers + (2 * size if prepared.family.needs_prior else 0),  # the prior's
+                            f"{request.mechanism} on {size:,} labels")
+        return prepared
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: Prepared, run: Computation) -> Draft:
         result = privatize(priced.with_deadline(run.deadline), labels, run.rng)
@@ -225,32 +244,27 @@ class GroupRelease(_Defaults):
     def inputs(self, snapshot: Snapshot):
         return parse_groups(self.groups.path, upload_format(self.groups.media_type))
 
-    def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, groups) -> Prepared:
-        """Also bounds the work and the document, which grow with the groups: each gets a prior, a solve (or its
-        fallback) and its mechanism in the document — the opt-unbiased ones |Y| x 2|Y| exact counts."""
+    def price(self, ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, groups) -> Prepared:
+        """Also bounds the work and the document, which grow with the groups (public: they come from features):
+        each gets a prior, a solve (or its fallback) and its randomizer and noisy counts in the document."""
         prepared = pipeline.prepare_groups(snapshot.domain, self.mechanism, self.epsilon,
                                            prior_epsilon=self.prior_epsilon)
-        count = int(np.unique(np.asarray(groups)).size)
+        count, limit = int(np.unique(np.asarray(groups)).size), ctx.settings.max_groups_per_release
+        if count > limit:
+            raise LabelDPError(f"{count:,} groups: a group release on this deployment takes at most {limit:,} "
+                               "(max_groups_per_release); merge groups", code="too_many_groups")
         size = registry.support(snapshot.domain).size
-        cells = count * size * (2 * size if self.mechanism == "opt-unbiased" else 1)
-        if count > MAX_GROUPS or cells > MAX_GROUP_CELLS:
-            raise LabelDPError(f"{count:,} groups of {self.mechanism} on {size:,} labels: a group release takes at "
-                               f"most {MAX_GROUPS} groups and {MAX_GROUP_CELLS:,} mechanism cells (groups x labels"
-                               f"{' x 2 labels' if self.mechanism == 'opt-unbiased' else ''}); merge groups",
-                               code="too_large")
+        per_group = prepared.family.published_numbers(size, prepared.options) + size  # its randomizer, its counts
+        check_document_size(ctx, count * per_group + size, f"{count:,} groups of {self.mechanism} on {size:,} labels",
+                            extra_bytes=count * GROUP_OVERHEAD)
         return prepared
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, groups, priced: Prepared, run: Computation) -> Draft:
         result = privatize_by_group(priced.with_deadline(run.deadline), labels, groups, run.rng)
-        per_group = [{"group": str(key), "examples": int(np.sum(groups == key)),
-                      "noisy_prior": part.prior.describe() if part.prior is not None else None,
-                      "certified_epsilon": part.certified_epsilon,
-                      "mechanism": part.describe()}
-                     for key, part in zip(result.groups, result.parts, strict=True)]
         description = {"mechanism": self.mechanism, "group_priors": True, "epsilon": self.epsilon,
                        "prior_epsilon": self.prior_epsilon, "certified_epsilon": result.certified_epsilon,
-                       "num_groups": len(result.groups), "groups": per_group, "groups_sha256": self.groups.sha256,
-                       "budget_split_rule": "override; the groups compose in parallel"}
+                       "num_groups": len(result.groups), "groups_sha256": self.groups.sha256,
+                       "budget_split_rule": "override; the groups compose in parallel", **result.describe()}
         return Draft(result, {"label": result.noisy_labels}, description)
 
 
@@ -314,7 +328,7 @@ class CentralTraining(_JsonBodyKind):
         _needs_classes(snapshot, "central training (LabelDP-Pro)")
         return self.request.example_ids, np.asarray(self.request.features, dtype=np.float32)
 
-    def price(self, _ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> PricedPlan:
+    def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> PricedPlan:
         # Imported here so that the labels service only loads JAX when central training is actually used.
         from labels_party import labeldp_pro
 
@@ -329,6 +343,9 @@ class CentralTraining(_JsonBodyKind):
         config = labeldp_pro.ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=delta,
                                        steps=request.steps, batch_size=min(request.batch_size, num_examples),
                                        learning_rate=request.learning_rate, hidden=tuple(request.hidden))
+        widths = [len(request.features[0]) if request.features else 0, *request.hidden, snapshot.domain.support().size]
+        check_document_size(ctx, sum((a + 1) * b for a, b in zip(widths, widths[1:], strict=False)),
+                            f"a model of {widths} units")  # its weights and biases
         q = min(1.0, config.batch_size / num_examples)
         try:
             sigma = labeldp_pro.calibrate_sigma(config.epsilon, config.delta, q, config.steps, config.denoiser)

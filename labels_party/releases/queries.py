@@ -3,11 +3,9 @@ it (others get the answer of a release that does not exist)."""
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import select
 
-from labels_party import db
+from labels_party import db, documents
 from labels_party.access import Admission, releases_possibly_seen, releases_seen, sees_release
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
@@ -32,11 +30,12 @@ def list_releases(ctx: ServiceContext, admission: Admission) -> list[schemas.Rel
         return [release_view(r) for r in session.scalars(releases_seen(admission, query))]
 
 
-def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_hash: str) -> dict:
-    """A mechanism document, to anyone who can see a release that references it (404 otherwise)."""
+def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_hash: str) -> bytes:
+    """A mechanism document in its packed form (:func:`labels_party.documents.unpack` reads it), to anyone who can
+    see a release that references it (404 otherwise)."""
     with ctx.sessions() as session, session.begin():
         query = select(db.Release).where(db.Release.mechanism_hash == mechanism_hash)
         if not any(sees_release(session, principal, release)
                    for release in session.scalars(releases_possibly_seen(principal, query))):
             raise LabelDPError("no such mechanism document for this key", code="not_found")
-        return json.loads(session.get(db.MechanismDocument, mechanism_hash).document)
+        return documents.stored(session, mechanism_hash)

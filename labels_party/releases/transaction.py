@@ -131,10 +131,13 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
         return begun
     snapshot, completion = begun
     covered = completion.cover(ctx, snapshot, kind)
-    priced = kind.price(ctx, snapshot, covered.coverage.size, covered.inputs)
-    completion.check(snapshot, priced)
-    release_id, fresh = charge(ctx, principal, snapshot, kind, priced, covered.coverage, key, body_hash,
-                               suffix=completion.suffix)
+    try:  # a refusal from here to the charge's commit leaves no coverage file behind
+        priced = kind.price(ctx, snapshot, covered.coverage.size, covered.inputs)
+        completion.check(snapshot, priced)
+        release_id, fresh = charge(ctx, principal, snapshot, kind, priced, covered.coverage, key, body_hash,
+                                   suffix=completion.suffix)
+    finally:
+        labelstore.discard(ctx.store, covered.coverage)
     if not fresh:  # a concurrent request with this key was charged first
         return completion.answer(outcome(ctx, release_id, completion.waits), False)
     try:
@@ -237,6 +240,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             except BudgetExceeded as err:
                 raise err.told_to(is_owner(principal, snapshot.dataset)) from None
             superseded = charged.superseded
+            labelstore.keep(ctx.store, coverage)  # admitted: the record names it from the commit on
             session.add(db.Release(
                 id=release_id, dataset_id=dataset_id, requester_org_id=principal.org_id, idempotency_key=key,
                 body_hash=body_hash, mechanism=kind.mechanism, epsilon=kind.epsilon,

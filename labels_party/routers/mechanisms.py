@@ -14,14 +14,16 @@ router = APIRouter(tags=["mechanisms"], route_class=GuardedRoute)
 
 
 @router.get("/v1/mechanisms/{mechanism_hash}", responses={200: {
-    "description": "the document, as JSON or (by Accept) npz",
+    "description": "the document, as JSON or (by Accept) in its packed binary form",
     "content": {"application/json": {"schema": {"type": "object"}},
                 documents.BINARY_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}})
 def mechanism_document(mechanism_hash: str, request: Request, who: AnyKey, ctx: Context):
-    """The full public description a release references (``mechanism_hash``): output values, exact
-    probabilities, the noisy prior, model parameters. JSON, or with ``Accept:
-    application/vnd.labeldp.mechanism+npz`` a compact ``.npz`` whose arrays are the document's numeric lists."""
-    document = queries.get_mechanism_document(ctx, who.principal, mechanism_hash)
+    """The full public description a release references (``mechanism_hash``, the SHA-256 of the document's
+    canonical JSON): output values, exact probabilities, the noisy prior, the certified ε, model parameters. JSON,
+    or with ``Accept: application/vnd.labeldp.mechanism+npz`` the form it is stored in: an ``.npz`` (zip) whose
+    ``document.json`` is the document with each numeric list replaced by ``{"$array": i}`` and whose ``a{i}.npy``
+    are those lists as int64 or float64 arrays, each distinct one once."""
+    packed = queries.get_mechanism_document(ctx, who.principal, mechanism_hash)
     if documents.BINARY_MEDIA_TYPE in (request.headers.get("accept") or ""):
-        return Response(documents.pack(document), media_type=documents.BINARY_MEDIA_TYPE)
-    return JSONResponse(document)
+        return Response(packed, media_type=documents.BINARY_MEDIA_TYPE)
+    return JSONResponse(documents.unpack(packed))

@@ -11,8 +11,8 @@ import numpy as np
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
-from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
-from shared.mechanisms.randomized_response import rr_top_k
+from shared.mechanisms.finite import normalized_prior
+from shared.mechanisms.randomized_response import TopKRandomizedResponse, rr_top_k
 from shared.privacy import check_epsilon, design_epsilon
 
 
@@ -33,7 +33,7 @@ def best_top_k(prior, epsilon: float) -> tuple[np.ndarray, int]:
     return order[0], int(k[0])
 
 
-def rr_with_prior(prior, epsilon: float) -> FiniteRandomizer:
+def rr_with_prior(prior, epsilon: float) -> TopKRandomizedResponse:
     """RR-Top-k over the k* most likely classes under the prior: maximizes Pr[output = true label] among all
     ε-DP randomizers (optimality theorem of the paper; checked against an LP in the tests)."""
     epsilon = float(epsilon)  # valid: checked by labels_party.registry
@@ -65,12 +65,9 @@ def keep_counts(num_classes: int, epsilon: float) -> np.ndarray:
 
 
 def rr_top_k_epsilon(k: int, keep: int) -> float:
-    """Exact privacy of RR-Top-k with the sampled keep probability keep/2**53: for an output c, the largest
-    probability is keep (c is the true label), the smallest (1 − keep)/(k − 1) (another candidate); a label outside
-    the candidates gives 1/k, in between."""
-    if k <= 1:
-        return 0.0
-    return float(dyadic.log_ratio_upper(keep, dyadic.RESOLUTION - keep) + dyadic.log_ratio_upper(k - 1, 1))
+    """Exact privacy of RR-Top-k with the sampled keep probability keep/2**53 (see
+    :class:`~shared.mechanisms.randomized_response.TopKRandomizedResponse`, which samples the same way)."""
+    return TopKRandomizedResponse.epsilon_of(k, keep)
 
 
 @dataclass(frozen=True, eq=False)

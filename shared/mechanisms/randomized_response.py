@@ -22,7 +22,7 @@ from shared.arrays import readonly
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
-from shared.mechanisms.finite import FiniteRandomizer, OnFiniteInputs, normalized_prior
+from shared.mechanisms.finite import OnFiniteInputs, normalized_prior
 from shared.privacy import check_epsilon, design_epsilon
 
 DENSE_MATRIX_LIMIT = 4096  # ``matrix`` materializes m x m floats only up to this many outputs
@@ -219,21 +219,138 @@ def rr_on_bins(values, bin_of_label, bin_outputs, epsilon: float, name: str = "r
                               bin_of_input=bin_of_label)
 
 
+@dataclass(frozen=True, eq=False)
+class TopKRandomizedResponse(OnFiniteInputs):
+    """RR-Top-k over classes 0..K−1 ("Deep Learning with Label DP"): a label among the k ``candidates`` is reported
+    with probability keep / 2**53, otherwise one of the other k − 1 candidates uniformly (an exact integer draw
+    below k − 1, shifted past its own); a label outside them reports a uniformly random candidate (an integer draw
+    below k). Non-candidates are never output. The distribution is these three numbers — k, keep and the
+    candidates — so memory, sampling tables and the description are O(K), never a K x K matrix (a group release
+    builds one per group).
+
+    For a candidate output c the largest probability is p = keep / 2**53 (c is the label) and the smallest
+    q = (1 − p)/(k − 1) (another candidate; a non-candidate label gives 1/k, in between since p ≥ 1/k), so
+    ``certified_epsilon`` = log(p / q), an upper bound computed from the integers."""
+
+    name: str
+    epsilon: float
+    num_classes: int
+    candidates: np.ndarray = field(repr=False)  # sorted class ids
+    keep: int  # numerator over 2**53
+    parameters: MappingProxyType = field(default_factory=lambda: MappingProxyType({}), repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "candidates", readonly(self.candidates, np.int64))
+        candidates, k = self.candidates, self.candidates.size
+        if k == 0 or np.any(np.diff(candidates) <= 0) or candidates[0] < 0 or candidates[-1] >= self.num_classes:
+            raise ValueError("RR-Top-k needs sorted, distinct candidate classes")
+        if not dyadic.RESOLUTION // k <= self.keep <= dyadic.RESOLUTION:
+            raise CertificationError(f"{self.name}: keep count {self.keep} is not in [2**53 / k, 2**53]")
+        if self.certified_epsilon > self.epsilon:
+            raise CertificationError(f"{self.name}: sampled probabilities are {self.certified_epsilon!r}-DP, above "
+                                     f"the requested epsilon {self.epsilon!r}; refusing to build it")
+
+    @staticmethod
+    def epsilon_of(k: int, keep: int) -> float:
+        """log(p / q) for k candidates and the keep count (0 for one candidate: nothing depends on the label)."""
+        if k <= 1:
+            return 0.0
+        return float(dyadic.log_ratio_upper(keep, dyadic.RESOLUTION - keep) + dyadic.log_ratio_upper(k - 1, 1))
+
+    @cached_property
+    def certified_epsilon(self) -> float:
+        return self.epsilon_of(self.candidates.size, self.keep)
+
+    @cached_property
+    def input_values(self) -> np.ndarray:  # type: ignore[override]  # the classes, derived (not a field)
+        return readonly(np.arange(self.num_classes), np.float64)
+
+    @property
+    def output_values(self) -> np.ndarray:  # type: ignore[override]
+        return self.input_values
+
+    @property
+    def num_outputs(self) -> int:
+        return int(self.candidates.size)
+
+    @property
+    def _p(self) -> float:
+        return self.keep / dyadic.RESOLUTION
+
+    @property
+    def _q(self) -> float:
+        k = self.candidates.size
+        return (1 - self._p) / (k - 1) if k > 1 else 0.0
+
+    @cached_property
+    def _rank(self) -> np.ndarray:
+        """Each class's position among the candidates, −1 outside them."""
+        rank = np.full(self.num_classes, -1, dtype=np.int64)
+        rank[self.candidates] = np.arange(self.candidates.size)
+        return rank
+
+    def sample_indices(self, rows, rng: np.random.Generator) -> np.ndarray:
+        rank = self._rank[np.asarray(rows, dtype=np.int64).ravel()]
+        k = self.candidates.size
+        in_top = rank >= 0
+        kept = in_top & (rng.integers(0, dyadic.RESOLUTION, size=rank.size, dtype=np.int64) < self.keep)
+        other = rng.integers(0, max(k - 1, 1), size=rank.size, dtype=np.int64)
+        other = other + (other >= rank)
+        anyone = rng.integers(0, k, size=rank.size, dtype=np.int64)
+        return self.candidates[np.where(kept, rank, np.where(in_top, np.minimum(other, k - 1), anyone))]
+
+    # -- utility (closed forms, O(K)) ------------------------------------------------------------------------------
+    @property
+    def expected_output(self) -> np.ndarray:
+        y, c = self.input_values, self.candidates.astype(np.float64)
+        inside = self._q * c.sum() + (self._p - self._q) * y
+        return np.where(self._rank >= 0, inside, c.mean())
+
+    def squared_loss_per_label(self) -> np.ndarray:
+        """E[½ (M(y) − y)²]: q Σ_c (c − y)² for a candidate y (its own term is 0), the mean over c otherwise."""
+        y, c = self.input_values, self.candidates.astype(np.float64)
+        around = np.sum(c * c) - 2 * y * c.sum() + c.size * y * y
+        return 0.5 * np.where(self._rank >= 0, self._q * around, around / c.size)
+
+    def noisy_label_loss(self, prior) -> float:
+        return float(normalized_prior(prior, self.num_classes) @ self.squared_loss_per_label())
+
+    def agreement_probability(self, prior) -> float:
+        """Pr[M(y) = y] under the prior: p on the candidates, 0 elsewhere."""
+        return float(normalized_prior(prior, self.num_classes) @ np.where(self._rank >= 0, self._p, 0.0))
+
+    @cached_property
+    def matrix(self) -> np.ndarray:
+        """The realized probabilities as a dense K x K float matrix (small sizes only: tests and estimators)."""
+        if self.num_classes > DENSE_MATRIX_LIMIT:
+            raise LabelDPError(f"{self.name} over {self.num_classes} classes has no dense matrix; use its closed "
+                               "forms", code="too_large")
+        k, inside = self.candidates.size, self._rank >= 0
+        matrix = np.zeros((self.num_classes, self.num_classes))
+        matrix[np.ix_(~inside, self.candidates)] = 1.0 / k
+        matrix[np.ix_(inside, self.candidates)] = self._q
+        matrix[self.candidates, self.candidates] = self._p
+        matrix.setflags(write=False)
+        return matrix
+
+    def dp_event(self) -> LocalRandomizerDpEvent:
+        return LocalRandomizerDpEvent(mechanism=self.name, epsilon=self.certified_epsilon)
+
+    def describe(self) -> dict[str, Any]:
+        """The whole distribution in O(K) numbers: the candidates and the keep count (the outputs are the
+        candidates among ``output_values``, the classes)."""
+        return {"mechanism": self.name, "epsilon": self.epsilon, "certified_epsilon": self.certified_epsilon,
+                "input_values": self.input_values.tolist(), "output_values": self.output_values.tolist(),
+                "num_outputs": self.num_outputs, "candidates": self.candidates.tolist(),
+                "keep_count_over_2_53": self.keep, "parameters": dict(self.parameters)}
+
+
 def rr_top_k(num_classes: int, candidates, epsilon: float, name: str = "rr-top-k",
-             parameters: dict | None = None) -> FiniteRandomizer:
+             parameters: dict | None = None) -> TopKRandomizedResponse:
     """RR-Top-k: if y is a candidate, report y w.p. e^ε/(e^ε+k-1) and each other candidate w.p. 1/(e^ε+k-1);
     otherwise report a uniformly random candidate. Outputs are the classes; non-candidates are never output."""
     epsilon = check_epsilon(epsilon)
-    candidates = np.asarray(candidates, dtype=np.int64)
-    k = candidates.size
-    e = np.exp(design_epsilon(epsilon))
-    matrix = np.zeros((num_classes, num_classes))
-    matrix[:, candidates] = 1.0 / k
-    is_candidate = np.zeros(num_classes, dtype=bool)
-    is_candidate[candidates] = True
-    for c in candidates:
-        matrix[c, candidates] = 1.0 / (e + k - 1)
-        matrix[c, c] = e / (e + k - 1)
-    classes = np.arange(num_classes)
-    return FiniteRandomizer.from_probabilities(name, epsilon, classes, classes, matrix,
-                                               {"k": k, "candidates": candidates.tolist(), **(parameters or {})})
+    candidates = np.sort(np.asarray(candidates, dtype=np.int64))
+    keep = RandomizedResponse.keep_count(candidates.size, design_epsilon(epsilon))
+    return TopKRandomizedResponse(name, epsilon, int(num_classes), candidates, keep,
+                                  MappingProxyType({"k": int(candidates.size), **(parameters or {})}))

@@ -17,7 +17,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
-from labels_party import db
+from labels_party import db, documents
 from labels_party.audit import verify_audit
 from labels_party.context import make_context
 from labels_party.ledger import canonical, chain_hash
@@ -25,7 +25,7 @@ from labels_party.migrations import MIGRATIONS
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
-HEAD = "0011"  # the newest migration in labels_party/migrations/versions
+HEAD = "0012"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -112,8 +112,9 @@ def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(databa
         assert not list((tmp_path / "data" / "datasets" / "d1").glob("spent_*.npy"))  # the old state is gone
         release = session.get(db.Release, "r1")
         assert release.charge_units == 2_856_000_000
-        document = json.loads(session.get(db.MechanismDocument, release.mechanism_hash).document)
+        document = documents.unpack(session.get(db.MechanismDocument, release.mechanism_hash).body)
         assert document == {"description": description, "noisy_prior": None}  # arrays kept, once
+        assert documents.address(document) == release.mechanism_hash
         assert json.loads(release.description_json) == {"mechanism": "rr", "epsilon": 2.856,
                                                         "parameters": {"num_labels": 10}}
         # idempotency keys are now per organization: the owner may use the publisher's key
@@ -240,6 +241,63 @@ def test_an_old_layout_whose_registry_lacks_ids_is_refused_and_changes_nothing(t
         assert MIGRATIONS.current(connection) == "0008"
         assert connection.execute(text("SELECT registry_file FROM datasets")).scalar() is not None
     engine.dispose()
+
+
+def test_stored_documents_are_packed_once_and_old_group_documents_become_columnar(database_url, tmp_path):
+    """Migration 0012: every JSON document is stored packed under the same address; an old group release's document
+    (each group listing its whole randomizer and prior) takes the columnar shape under its new address, and its
+    release points at it. Runtime ~1 s."""
+    grid = [0.0, 1.0, 2.0]
+    matrix = [[9007199254740992, 0, 0]] * 3  # RR-Top-1 as the old finite randomizer: always class 0
+
+    def group(name, counts):
+        return {"group": name, "examples": 1, "certified_epsilon": 0.5,
+                "mechanism": {"mechanism": "rr-with-prior", "input_values": grid, "output_values": grid,
+                              "matrix_counts_over_2_53": matrix, "certified_epsilon": 0.0},
+                "noisy_prior": {"weights": [1.0, 0.0, 0.0], "noisy_counts": counts, "epsilon": 0.5,
+                                "certified_epsilon": 0.5, "noise": "discrete-laplace", "scale": 4.0}}
+
+    old_groups = {"description": {"mechanism": "rr-with-prior", "group_priors": True, "num_groups": 2,
+                                  "groups": [group("a", [3, -1, 0]), group("b", [5, 0, -2])]}, "noisy_prior": None}
+    plain = {"description": {"mechanism": "rr", "output_values": grid, "parameters": {"num_labels": 3}},
+             "noisy_prior": None}
+    engine = db.make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0009")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'owner', :t)"),
+                           {"t": db.utcnow()})
+        connection.execute(text(
+            "INSERT INTO datasets (id, owner_org_id, name, label_kind, domain_json, epsilon_total_units, "
+            "epsilon_spent_units, delta_total, allow_central_training, label_version, num_examples, "
+            "registry_size, ledger_seq, ledger_head, created_at) VALUES ('d1', 1, 'c', 'classes', :domain, "
+            "1000000000, 0, 0, :false, 0, 0, 0, 0, :head, :t)"),
+            {"domain": json.dumps({"kind": "classes", "num_classes": 3}), "head": "0" * 64, "t": db.utcnow(),
+             "false": False})
+        for release_id, document in (("r1", old_groups), ("r2", plain)):
+            digest = hashlib.sha256(canonical(document).encode()).hexdigest()
+            connection.execute(text("INSERT INTO mechanism_documents (hash, document, created_at) "
+                                    "VALUES (:h, :d, :t)"), {"h": digest, "d": canonical(document), "t": db.utcnow()})
+            connection.execute(text(
+                "INSERT INTO releases (id, dataset_id, requester_org_id, idempotency_key, body_hash, mechanism, "
+                "epsilon, charge_units, certified_epsilon, prior_epsilon, randomizer_epsilon, num_examples, "
+                "label_version, description_json, file, mechanism_hash, state, created_at) VALUES (:id, 'd1', 1, "
+                ":id, 'h', 'rr', 1.0, 1000000000, 0.5, 0.5, 0.5, 2, 0, '{}', 'f', :h, 'available', :t)"),
+                {"id": release_id, "h": digest, "t": db.utcnow()})
+    engine.dispose()
+    ctx = make_context(database_url, tmp_path / "data", upgrade=True)
+    with ctx.sessions() as session:
+        stored = {r.id: (r.mechanism_hash, json.loads(r.description_json)) for r in session.query(db.Release)}
+        unpacked = {r: documents.unpack(session.get(db.MechanismDocument, h).body) for r, (h, _) in stored.items()}
+        assert session.query(db.MechanismDocument).count() == 2  # the old group document is gone
+    assert unpacked["r2"] == plain and stored["r2"][0] == documents.address(plain)  # same content, same address
+    columnar = unpacked["r1"]["description"]
+    assert stored["r1"][0] == documents.address(unpacked["r1"]) != documents.address(old_groups)
+    assert columnar["grid"] == grid and columnar["mechanisms"] == [
+        {"mechanism": "rr-with-prior", "matrix_counts_over_2_53": matrix, "certified_epsilon": 0.0}]  # once
+    assert columnar["groups"] == {"group": ["a", "b"], "examples": [1, 1], "certified_epsilon": [0.5, 0.5],
+                                  "mechanism": [0, 0], "noisy_counts": [[3, -1, 0], [5, 0, -2]]}
+    assert columnar["noisy_prior"]["scale"] == 4.0 and "max(noisy_counts, 0)" in columnar["noisy_prior"]["weights"]
+    assert stored["r1"][1]["num_groups"] == 2 and "groups" in stored["r1"][1]  # the summary, recomputed
 
 
 def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(database_url, tmp_path):

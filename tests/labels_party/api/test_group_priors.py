@@ -12,6 +12,7 @@ from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
 from labels_party.pipeline import prepare_groups, privatize_by_group
+from labels_party.settings import LabelsSettings
 from shared.domains import Classes, integer_range
 
 
@@ -58,9 +59,12 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
                                                idempotency_key="groups")
         assert release.certified_epsilon <= 1.0 and release.prior_epsilon == 0.25
         assert release.description["num_groups"] == 4
-        groups_described = client.mechanism_document(release.mechanism_hash)["description"]["groups"]
-        assert sorted(g["group"] for g in groups_described) == ["0", "1", "2", "3"]
-        assert sum(g["examples"] for g in groups_described) == 1200
+        described = client.mechanism_document(release.mechanism_hash)["description"]
+        groups_described = described["groups"]
+        assert groups_described["group"] == ["0", "1", "2", "3"]
+        assert sum(groups_described["examples"]) == 1200 and len(groups_described["noisy_counts"]) == 4
+        assert all(len(counts) == 41 for counts in groups_described["noisy_counts"])
+        assert described["grid"] == list(range(41)) and described["noisy_prior"]["epsilon"] == 0.25
         again = client.request_group_release(dataset, ids, groups, "opt-unbiased", 1.0, 0.25,
                                              idempotency_key="groups")
         assert again.id == release.id
@@ -80,14 +84,16 @@ def test_group_release_over_http_composes_in_parallel(tmp_path):
     assert [e["type"] for e in charged["events"]] == ["DiscreteLaplaceDpEvent", "LocalRandomizerDpEvent"]
     bound = charged["events"][1]["epsilon"]
     assert bound == pytest.approx(0.75, abs=1e-9) and all(
-        g["mechanism"]["certified_epsilon"] <= bound for g in groups_described)
+        described["mechanisms"][i]["certified_epsilon"] <= bound for i in groups_described["mechanism"])
+    assert max(groups_described["certified_epsilon"]) <= 1.0
     assert verify_audit(ctx)["valid"]
 
 
 def test_too_many_groups_are_refused_before_anything_is_drawn(tmp_path):
     """The review of issue 26: 2000 one-example groups took 15 s and a 141 MB document for one request. Groups are
     public (they come from features): too many are refused before the charge."""
-    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
+                       settings=LabelsSettings(max_groups_per_release=256, max_document_bytes=32 << 20))
     with ctx.sessions() as session, session.begin():
         admin = create_key(session, "owner", "admin")
     ids = [f"g{i}" for i in range(600)]
@@ -96,12 +102,12 @@ def test_too_many_groups_are_refused_before_anything_is_drawn(tmp_path):
         client.upload_labels(dataset, ids, np.arange(600) % 41)
         with pytest.raises(LabelsPartyError) as refused:
             client.request_group_release(dataset, ids, np.arange(600) % 300, "rr-on-bins", 1.0, 0.25)
-        assert refused.value.code == "too_large" and "256 groups" in str(refused.value)
+        assert refused.value.code == "too_many_groups" and "at most 256" in str(refused.value)
         wide = client.create_dataset(name="w", label_kind="integer", min=0, max=199, epsilon_total=1.0).id
         client.upload_labels(wide, ids, np.arange(600) % 200)
-        with pytest.raises(LabelsPartyError) as cells:  # 60 groups x 200 x 400 exact counts: 4.8·10⁶ cells
+        with pytest.raises(LabelsPartyError) as cells:  # 60 groups x 200 x 400 exact counts: 4.8·10⁶, 38 MB
             client.request_group_release(wide, ids, np.arange(600) % 60, "opt-unbiased", 1.0, 0.25)
-        assert cells.value.code == "too_large" and "cells" in str(cells.value)
+        assert cells.value.code == "document_too_large" and "33,554,432" in str(cells.value)
         for refused_on in (dataset, wide):
             assert client.budget(refused_on).epsilon_spent == 0.0 and client.audit(refused_on).events == []
         assert client.request_group_release(dataset, ids, np.arange(600) % 20, "opt-unbiased", 1.0, 0.25).id
