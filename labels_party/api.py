@@ -28,7 +28,8 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                       guard_type=access.Access,
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
-                      adjust_openapi=lambda spec: _epsilon_range(spec, ctx.settings),
+                      adjust_openapi=lambda spec: (_epsilon_range(spec, ctx.settings),
+                                                   _request_limits(spec, ctx.settings)),
                       private_dirs=(ctx.settings.data_dir,))
     # The owner's console (HTML for admin keys, its own gate and session cookies; not part of the OpenAPI).
     app.mount("/console", create_console(ctx))
@@ -50,3 +51,19 @@ def _epsilon_range(spec: dict, settings) -> None:
             for parameter in operation.get("parameters", []):
                 if parameter["name"] in ("epsilon", "prior_epsilon"):
                     parameter["schema"].update(minimum=low, maximum=high)
+
+
+def _request_limits(spec: dict, settings) -> None:
+    """This deployment's per-request limits in the description of the routes they refuse (before any charge)."""
+    documents = (f"A request whose mechanism document could exceed {settings.max_document_bytes:,} bytes (predicted "
+                 "from public inputs: labels, outputs, groups, model size) is refused with 400 document_too_large "
+                 "before anything is computed or charged.")
+    groups = (f"At most {settings.max_groups_per_release:,} groups per request (400 too_many_groups, before the "
+              "charge).")
+    for path, item in spec["paths"].items():
+        for operation in item.values():
+            if path.endswith(("/releases", "/central-trainings")) and operation.get("operationId", "").startswith(
+                    "create"):
+                operation["description"] = f"{operation.get('description', '')}\n\n{documents}".strip()
+            if path.endswith("/group-releases"):
+                operation["description"] = f"{operation.get('description', '')}\n\n{groups} {documents}".strip()
