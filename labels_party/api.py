@@ -28,12 +28,16 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                       guard_type=access.Access,
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
-                      adjust_openapi=lambda spec: (_epsilon_range(spec, ctx.settings),
-                                                   _request_limits(spec, ctx.settings)),
+                      adjust_openapi=lambda spec: _deployment(spec, ctx.settings),
                       private_dirs=(ctx.settings.data_dir,))
     # The owner's console (HTML for admin keys, its own gate and session cookies; not part of the OpenAPI).
     app.mount("/console", create_console(ctx))
     return app
+
+
+def _deployment(spec: dict, settings) -> None:
+    _epsilon_range(spec, settings)
+    _request_limits(spec, settings)
 
 
 def _epsilon_range(spec: dict, settings) -> None:
