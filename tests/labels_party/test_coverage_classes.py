@@ -61,6 +61,7 @@ class _Books:
             superseded = self.ledger.charge(session, "d", 1, coverage, event, epsilon, RecordFields(
                 release_id=f"r{dataset.ledger_seq + 1}", created_at="2026-01-01T00:00:00",
                 actor=Actor(org="owner", role="admin"), mechanism="rr", request={}, label_version=1)).superseded
+            labelstore.keep(self.ledger.store, coverage)  # admitted: stored, as the release transaction does
         self.ledger.confirm(self.rows()[0])
         for old in superseded:
             self.ledger.store.remove(old)
