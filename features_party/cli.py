@@ -56,11 +56,10 @@ def _settings(args):
 def serve_command(args) -> int:
     import logging
 
-    import uvicorn
-
     from features_party.api import create_app
     from features_party.context import make_context
     from features_party.train import device_summary
+    from shared.service.serving import serve
 
     tls = tls_options(args)  # flags first: a usage error touches no database
     settings = _settings(args)
@@ -68,8 +67,8 @@ def serve_command(args) -> int:
     log = logging.getLogger("labeldp.features")
     log.info("JAX devices: %s", device_summary())
     log.info("labels parties: %s", ", ".join(f"{k}={v}" for k, v in settings.labels_parties.items()) or "none")
-    uvicorn.run(create_app(make_context(settings, upgrade=args.upgrade_db)), host=args.host, port=args.port,
-                log_level="info", **tls)
+    serve(create_app(make_context(settings, upgrade=args.upgrade_db)), settings, host=args.host, port=args.port,
+          **tls)  # with the HTTP limits
     return 0
 
 

@@ -12,12 +12,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from shared.service.limits import HttpSettings
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 
 
-class TrainerSettings(BaseSettings):
+# The HTTP limits of `serve` (shared.service.limits) are fields of this class too, defined and documented there.
+class TrainerSettings(HttpSettings):
     model_config = SettingsConfigDict(env_prefix="LABELDP_TRAINER_", frozen=True, extra="ignore")
 
     database_url: str = "sqlite:///var/trainer.db"

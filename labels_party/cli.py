@@ -195,14 +195,13 @@ def upgrade_db_command(args) -> int:
 def serve_command(args) -> int:
     import logging
 
-    import uvicorn
-
     from labels_party.api import create_app
+    from shared.service.serving import serve
 
     tls = tls_options(args)  # flags first: a usage error touches no database
     ctx = _context(args, upgrade=args.upgrade_db)  # a refusal to start (say, a restored database) is one line
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    uvicorn.run(create_app(ctx), host=args.host, port=args.port, log_level="info", **tls)
+    serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
     return 0
 
 

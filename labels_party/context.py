@@ -1,6 +1,6 @@
-"""The labels party's context: settings, database sessions, the data store, the ledger and the Spark jobs, built
-once per process by :func:`make_context` (which refuses a database behind its data directory and collects what
-crashed processes left), and passed explicitly to everything that needs it."""
+"""The labels party's context: settings, database sessions, the data store, the ledger, the Spark jobs and the
+release quotas, built once per process by :func:`make_context` (which refuses a database behind its data directory
+and collects what crashed processes left), and passed explicitly to everything that needs it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, migrations, recovery
 from labels_party.ledger import Ledger
+from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
@@ -39,6 +40,7 @@ class ServiceContext:
     random_source: Callable[[], np.random.Generator] = secure_rng
     spark_jobs: SparkJobs = field(kw_only=True)  # source datasets' Spark session and job thread (labels_party.spark)
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
+    quotas: ReleaseQuotas = field(kw_only=True)  # this process's release slots and CPU buckets per organization
 
     def close(self) -> None:
         """Let go of the data directory and the database (a context that is done: tests, commands)."""
@@ -61,7 +63,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
-                         scratch=scratch)
+                         scratch=scratch, quotas=ReleaseQuotas(settings))
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and

@@ -12,12 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from labels_party.quotas import QuotaSettings
 from shared.privacy import EPSILON_MAX, EPSILON_MIN
+from shared.service.limits import HttpSettings
 
 
-class LabelsSettings(BaseSettings):
+# The HTTP limits of `serve` (shared.service.limits) and the per-organization release quotas (labels_party.quotas)
+# are fields of this class too, defined and documented with what enforces them.
+class LabelsSettings(HttpSettings, QuotaSettings):
     model_config = SettingsConfigDict(env_prefix="LABELDP_", frozen=True, extra="ignore")
 
     database_url: str = "sqlite:///var/labels.db"

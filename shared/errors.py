@@ -1,5 +1,6 @@
 """Exceptions with a stable machine-readable code, shared by the CLI and both services (an `ErrorCode` member each)."""
 
+import math
 import re
 
 
@@ -12,6 +13,14 @@ class LabelDPError(ValueError):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+class RetryLater(LabelDPError):
+    """A refusal for now, on the caller's own load or the service's capacity: answered with ``Retry-After``."""
+
+    def __init__(self, message: str, *, code: str, retry_after: float):
+        super().__init__(message, code=code)
+        self.retry_after = max(1, math.ceil(retry_after))  # whole seconds (RFC 9110), never 0
 
 
 class CertificationError(LabelDPError):

@@ -6,6 +6,9 @@
    outcome (waiting while it is still computed; a source dataset's failed job runs again), never a new draw; a key
    used with another body is a 409 — before anything is computed for this request (access was decided before the
    body was read: :mod:`labels_party.access`);
+   Then the organization's **quota**: a release slot, waited for a bounded time, and a CPU bucket that is not
+   empty (:mod:`labels_party.quotas`) — else 429 (or 503 at the service's capacity) with ``Retry-After``,
+   nothing charged; its own load is public to it, so this refusal, too, comes before the charge;
 2. **cover** — the kind names the examples it covers (a list of ids, looked up in one pass over the label
    version, or the whole version, whose coverage set was stored at upload; a source dataset: all its rows, and
    its counts taken at registration); unknown ids are refused;
@@ -130,11 +133,20 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
     if isinstance(begun, Outcome):
         return begun
     snapshot, completion = begun
+    # The organization's quota (its own load: public) is the last refusal that costs nothing: a slot is held, and
+    # its CPU time debited afterwards, from the lookup of the ids to the answer (labels_party.quotas).
+    with ctx.quotas.slot(principal.org_id):
+        return _release(ctx, admission, snapshot, completion, kind, key, body_hash)
+
+
+def _release(ctx: ServiceContext, admission: Admission, snapshot: Snapshot, completion: Completion,
+             kind: ReleaseKind[Any], key: str, body_hash: str) -> Outcome:
+    """Cover, price, charge and complete a new release (steps 2–5 of the module)."""
     covered = completion.cover(ctx, snapshot, kind)
     try:  # a refusal from here to the charge's commit leaves no coverage file behind
         priced = kind.price(ctx, snapshot, covered.coverage.size, covered.inputs)
         completion.check(snapshot, priced)
-        release_id, fresh = charge(ctx, principal, snapshot, kind, priced, covered.coverage, key, body_hash,
+        release_id, fresh = charge(ctx, admission.principal, snapshot, kind, priced, covered.coverage, key, body_hash,
                                    suffix=completion.suffix)
     finally:
         labelstore.discard(ctx.store, covered.coverage)

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, RetryLater
 
 
 class ErrorCode(str, Enum):
@@ -101,9 +101,12 @@ class ErrorCode(str, Enum):
     DELTA_NOT_ALLOCATED = ("delta_not_allocated", 409)  # an event with δ > 0 by an organization with no δ allocation
     # a request with this Idempotency-Key is still being computed (its outcome is the first request's, not a new one)
     RELEASE_IN_PROGRESS = ("release_in_progress", 409)
+    BODY_TIMEOUT = ("body_timeout", 408)  # the body paused too long or came too slowly (shared.service.serving)
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
     INVALID_REQUEST = ("invalid_request", 422)
+    # 429: this organization's own quota (labels_party.quotas), never another's use; Retry-After says when
+    RELEASE_QUOTA_EXCEEDED = ("release_quota_exceeded", 429)
     # 5xx: the service, or one it depends on, could not do it now (nothing was charged, but for release_failed)
     INTERNAL_ERROR = ("internal_error", 500)
     DATABASE_OUTDATED = ("database_outdated", 500)
@@ -113,7 +116,11 @@ class ErrorCode(str, Enum):
     SOLVER_TIMEOUT = ("solver_timeout", 503)
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)
     RELEASE_FAILED = ("release_failed", 503)
-    LEDGER_ROLLBACK = ("ledger_rollback", 503)  # the database is behind the data directory: restore both together
+    LEDGER_ROLLBACK = ("ledger_rollback", 503)
+    # the service's capacity, shared by every organization (Retry-After): all release slots taken, or too many
+    # connections
+    RELEASE_CAPACITY_EXHAUSTED = ("release_capacity_exhausted", 503)
+    SERVER_BUSY = ("server_busy", 503)  # the database is behind the data directory: restore both together
 
 
 def status_of(code: str) -> int:
@@ -165,7 +172,10 @@ def install_error_handlers(app: FastAPI, log: logging.Logger, private_dirs: Iter
     @app.exception_handler(LabelDPError)
     async def _labeldp_error(_request, err: LabelDPError):
         code = err.code if err.code in ErrorCode._value2member_map_ else ErrorCode.INVALID_INPUT
-        return error_response(code, redact(str(err)))
+        response = error_response(code, redact(str(err)))
+        if isinstance(err, RetryLater):
+            response.headers["Retry-After"] = str(err.retry_after)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request, err: RequestValidationError):
@@ -178,8 +188,8 @@ def install_error_handlers(app: FastAPI, log: logging.Logger, private_dirs: Iter
     async def _http_error(request: Request, err: StarletteHTTPException):
         if request.scope.get("state", {}).get("body_too_large"):  # set by the gatekeeper's body limit
             return error_response(ErrorCode.BODY_TOO_LARGE, "request body too large")
-        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(err.status_code,
-                                                                                 ErrorCode.INVALID_INPUT)
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED,
+                408: ErrorCode.BODY_TIMEOUT}.get(err.status_code, ErrorCode.INVALID_INPUT)
         response = error_response(code, redact(str(err.detail)))
         if err.headers:
             response.headers.update(err.headers)

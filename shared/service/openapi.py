@@ -17,17 +17,26 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                  403: "the key may see this but not do it",
                  404: "no such object for this key (the same answer whether it exists or not)",
                  405: "method not allowed (see Allow)", 406: "cannot produce the Accept'ed media type",
+                 408: "body_timeout: the request body paused too long or arrived too slowly; the connection is closed",
                  409: "the current state does not allow it", 413: "body over this endpoint's limit",
                  415: "unsupported content type", 422: "body or parameters do not match the schema",
+                 429: "release_quota_exceeded: over this organization's own release quota (concurrent releases or "
+                      "CPU-seconds per window); nothing charged; retry after Retry-After seconds",
                  500: "internal error; nothing was done", 502: "an upstream service failed or is unreachable",
-                 503: "out of time or resources (release_failed: charged, then failed; any other: nothing charged)"}
+                 503: "out of time or resources (release_failed: charged, then failed; any other: nothing charged; "
+                      "release_capacity_exhausted and server_busy: the service's shared capacity, with Retry-After)"}
 
 
 def error_responses() -> dict:
     """Every error status any route can answer, each with the one error body (for FastAPI's ``responses=``)."""
     statuses = sorted({code.status for code in ErrorCode})
-    return {status: {"model": schemas.ErrorBody, "description": _DESCRIPTIONS.get(status, "error")}
-            for status in statuses}
+    responses: dict = {status: {"model": schemas.ErrorBody, "description": _DESCRIPTIONS.get(status, "error")}
+                       for status in statuses}
+    for status in (429, 503):  # quotas and shared capacity say when to come back
+        responses[status]["headers"] = {"Retry-After": {
+            "description": "seconds to wait before sending the request again (quota and capacity refusals)",
+            "schema": {"type": "integer", "minimum": 1}}}
+    return responses
 
 
 def columnar_body(required: bool = True) -> dict:

@@ -1,0 +1,159 @@
+"""Per-organization quotas on release computation: concurrent releases, and CPU-seconds per window.
+
+Every release (label, per-example prior, group, evaluation, central training) is computed in the request that
+asked for it, in a worker thread: without a limit, one organization's concurrent solves took the server's CPU
+for minutes. :meth:`ReleaseQuotas.slot` is entered by the release transaction after the refusals that cost
+nothing and **before the charge** — a quota refusal is a refusal on public information (the organization's own
+load), so nothing is charged and nothing private has been drawn (:mod:`labels_party.releases.transaction`):
+
+* **concurrency** — an organization computes at most ``release_slots_per_org`` releases at once; at most as many
+  more of its requests wait, each at most ``release_queue_seconds``, for one to finish; beyond that, 429
+  ``release_quota_exceeded`` with ``Retry-After``;
+* **CPU** — the CPU time of each release (its worker thread's, from the slot to the answer: the lookup, the
+  charge, the solve, the sampling, the file) is debited to its organization afterwards from a bucket of
+  ``release_cpu_seconds`` that refills continuously over ``release_cpu_window_seconds``; an organization whose
+  bucket is empty is refused (429 ``release_quota_exceeded``, ``Retry-After``: until it holds a second again).
+  A release is admitted while its organization's bucket is not empty, so the bucket can go below zero by what
+  the releases already admitted cost; they are bounded by the solver limit (``solver_seconds``) and the
+  concurrency limit. The debit is the release's own duration, which its requester sees anyway;
+* **capacity** — the process computes at most ``release_slots`` releases at once, whichever organizations ask.
+  This is the one place another organization's load can show: when every slot is taken a request waits (at most
+  ``release_queue_seconds``), then gets 503 ``release_capacity_exhausted`` with ``Retry-After``. Below that
+  capacity an organization's answers depend on its own releases only.
+
+The state is this process's (in the service context; no module state): replicas each count their own.
+Not counted: a source dataset's Spark job (its one job thread runs jobs one at a time) and native threads a
+solver library may start besides the worker thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field, model_validator
+
+from shared.errors import RetryLater
+
+
+class QuotaSettings(BaseModel):
+    """The quotas' deployment settings (part of :class:`labels_party.settings.LabelsSettings`)."""
+
+    release_slots_per_org: int = Field(default=2, ge=1)
+    release_slots: int = Field(default=4, ge=1)
+    release_queue_seconds: float = Field(default=10.0, ge=0, le=300)
+    release_cpu_seconds: float = Field(default=1800.0, gt=0)
+    release_cpu_window_seconds: float = Field(default=3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _per_org_within_total(self) -> QuotaSettings:
+        if self.release_slots_per_org > self.release_slots:
+            raise ValueError("release_slots_per_org must not exceed release_slots")
+        return self
+
+
+@dataclass
+class _Bucket:
+    balance: float  # CPU-seconds an organization may still start releases with (below 0: in debt)
+    updated: float
+
+
+class ReleaseQuotas:
+    """This process's release slots and CPU buckets, one per organization that used them recently."""
+
+    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+        self.settings, self._clock, self._cpu_clock = settings, clock, cpu_clock
+        self._changed = threading.Condition()
+        self._running: Counter[int] = Counter()
+        self._waiting: Counter[int] = Counter()
+        self._buckets: dict[int, _Bucket] = {}
+
+    @contextmanager
+    def slot(self, org_id: int) -> Iterator[None]:
+        """Hold one of ``org_id``'s release slots while the body runs (in this thread), then debit its CPU time;
+        a refusal (RetryLater) is raised before the body starts."""
+        self._acquire(org_id)
+        started = self._cpu_clock()
+        try:
+            yield
+        finally:
+            self._release(org_id, self._cpu_clock() - started)
+
+    def cpu_balance(self, org_id: int) -> float:
+        """The CPU-seconds ``org_id`` may still start releases with now (its own figure)."""
+        with self._changed:
+            return self._refilled(org_id).balance
+
+    def _acquire(self, org_id: int) -> None:
+        limits = self.settings
+        with self._changed:
+            bucket = self._refilled(org_id)
+            if bucket.balance <= 0:
+                rate = limits.release_cpu_seconds / limits.release_cpu_window_seconds
+                raise RetryLater(
+                    f"this organization used its {limits.release_cpu_seconds:g} CPU-seconds of release computation "
+                    f"per {limits.release_cpu_window_seconds:g} s; nothing was charged",
+                    code="release_quota_exceeded", retry_after=(1 - bucket.balance) / rate)
+            if not self._free(org_id) and self._waiting[org_id] >= limits.release_slots_per_org:
+                raise self._busy(org_id)
+            self._waiting[org_id] += 1
+            try:
+                deadline = self._clock() + limits.release_queue_seconds
+                while not self._free(org_id):
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        raise self._busy(org_id)
+                    self._changed.wait(remaining)
+                self._running[org_id] += 1
+            finally:
+                self._waiting[org_id] -= 1
+                if not self._waiting[org_id]:
+                    del self._waiting[org_id]
+
+    def _release(self, org_id: int, cpu_seconds: float) -> None:
+        with self._changed:
+            self._running[org_id] -= 1
+            if not self._running[org_id]:
+                del self._running[org_id]
+            self._refilled(org_id).balance -= cpu_seconds
+            self._forget_full()
+            self._changed.notify_all()
+
+    def _free(self, org_id: int) -> bool:
+        return (self._running[org_id] < self.settings.release_slots_per_org
+                and self._running.total() < self.settings.release_slots)
+
+    def _busy(self, org_id: int) -> RetryLater:
+        """The refusal of a request that found no slot: its own organization's limit if that is what it met (its
+        own information), else the service's capacity (the documented place other organizations' load shows)."""
+        limits, retry = self.settings, max(1.0, self.settings.release_queue_seconds)
+        if self._running[org_id] >= limits.release_slots_per_org:
+            return RetryLater(f"this organization already has {limits.release_slots_per_org} releases being "
+                              f"computed (and more waiting); nothing was charged", code="release_quota_exceeded",
+                              retry_after=retry)
+        return RetryLater(f"the service is computing its maximum of {limits.release_slots} releases; nothing was "
+                          f"charged", code="release_capacity_exhausted", retry_after=retry)
+
+    def _refilled(self, org_id: int) -> _Bucket:
+        """``org_id``'s bucket, refilled up to now (under the lock)."""
+        now = self._clock()
+        bucket = self._buckets.setdefault(org_id, _Bucket(self.settings.release_cpu_seconds, now))
+        bucket.balance, bucket.updated = self._balance(bucket, now), now
+        return bucket
+
+    def _balance(self, bucket: _Bucket, now: float) -> float:
+        limits = self.settings
+        rate = limits.release_cpu_seconds / limits.release_cpu_window_seconds
+        return min(limits.release_cpu_seconds, bucket.balance + (now - bucket.updated) * rate)
+
+    def _forget_full(self) -> None:
+        """Forget the full buckets of organizations computing nothing (under the lock): the state holds only
+        organizations that used CPU within the window."""
+        now, full = self._clock(), self.settings.release_cpu_seconds
+        for org in [o for o, b in self._buckets.items() if self._balance(b, now) >= full and not self._running[o]]:
+            del self._buckets[org]

@@ -1,0 +1,66 @@
+"""The HTTP limits of both parties' ``serve`` (their settings) and the request-body deadline; the server side is
+:mod:`shared.service.serving`. Kept apart from uvicorn so that settings import no server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class HttpSettings(BaseSettings):
+    """The HTTP limits of a party's ``serve`` (each party's settings class inherits them with its own prefix:
+    ``LABELDP_HEADER_TIMEOUT_SECONDS``, ``LABELDP_TRAINER_HEADER_TIMEOUT_SECONDS``, …)."""
+
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    min_body_bytes_per_second: int = Field(default=1024, ge=0)
+    max_connections: int = Field(default=256, ge=1)
+    log_repeat_seconds: float = Field(default=10.0, gt=0)
+
+
+class BodyDeadline:
+    """ASGI middleware: the request body must keep coming while the application waits for it: a pause over
+    ``idle_seconds``, or, after a grace of ``idle_seconds`` of waiting, a body slower than ``min_bytes_per_second``
+    on average over the waiting time, raises 408 ``body_timeout`` (with ``Connection: close``) where the
+    application reads. Only the time spent waiting in ``receive`` counts."""
+
+    def __init__(self, app: ASGIApp, *, idle_seconds: float, min_bytes_per_second: int,
+                 clock=time.monotonic) -> None:
+        self.app, self.idle_seconds, self.min_rate, self.clock = app, idle_seconds, min_bytes_per_second, clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        waited, received, complete = 0.0, 0, False
+
+        async def timed_receive() -> Message:
+            nonlocal waited, received, complete
+            if complete:  # the body is in; later calls wait for a disconnect (a streamed answer): not timed
+                return await receive()
+            # Allowed waiting so far: a grace of idle_seconds, then received/min_rate more for what has come.
+            allowed = self.idle_seconds + (received / self.min_rate if self.min_rate else math.inf)
+            timeout = min(self.idle_seconds, allowed - waited)
+            started = self.clock()
+            try:
+                message = await asyncio.wait_for(receive(), timeout) if timeout > 0 else None
+            except TimeoutError:
+                message = None
+            waited += self.clock() - started
+            if message is None:
+                raise HTTPException(408, "the request body did not arrive in time",
+                                    headers={"Connection": "close"})
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
+            else:
+                complete = True
+            return message
+
+        await self.app(scope, timed_receive, send)
