@@ -62,8 +62,10 @@ class RepeatFilter(logging.Filter):
             if burst is None and len(self._bursts) >= MAX_KEYS:
                 self._forget(now)
             self._bursts[key] = _Burst(now)
-        if burst is not None and burst.suppressed:
-            record.msg = f"{record.msg} (… repeated {burst.suppressed} times in the last {now - burst.started:.0f} s)"
+        if burst is not None and burst.suppressed:  # the count on the first line, where the message begins
+            first, newline, rest = record.getMessage().partition("\n")
+            summary = f"(… repeated {burst.suppressed} times in the last {now - burst.started:.0f} s)"
+            record.msg, record.args = f"{first} {summary}{newline}{rest}", None
         return True
 
     def _forget(self, now: float) -> None:

@@ -1,0 +1,126 @@
+"""HTTP limits of both ``serve`` commands (shared/service/serving.py), with raw sockets against the real command in
+its own process: a request head trickled header by header is closed at the header timeout, a body trickled byte
+by byte is answered 408 ``body_timeout`` and closed, an unauthenticated body that keeps coming after its 401 is
+closed, and a request beyond the connection cap is answered 503 ``server_busy`` — never the 90 s+ the review saw.
+
+Runtime: about 25 s (two servers started, each limit waited for once at a 2 s setting)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from labeldp.local_services import free_port, serve_process
+
+TIMEOUT = 2.0  # header and body timeouts of the servers under test (seconds)
+SLACK = 1.5  # scheduling on a loaded 2-core machine
+PARTIES = {"labels": ("LABELDP_", "admin"), "features": ("LABELDP_TRAINER_", "admin")}
+POST_PATHS = {"labels": "/v1/datasets", "features": "/v1/jobs"}  # a route that reads a JSON body
+
+
+@pytest.fixture(scope="module", params=sorted(PARTIES))
+def server(request, tmp_path_factory):
+    party = request.param
+    prefix, role = PARTIES[party]
+    tmp = tmp_path_factory.mktemp(party)
+    env = {**os.environ, f"{prefix}DATABASE_URL": f"sqlite:///{tmp}/db.sqlite", f"{prefix}DATA_DIR": str(tmp / "data"),
+           f"{prefix}HEADER_TIMEOUT_SECONDS": str(TIMEOUT), f"{prefix}BODY_TIMEOUT_SECONDS": str(TIMEOUT),
+           f"{prefix}MAX_CONNECTIONS": "8"}
+    cli = [sys.executable, "-m", "labeldp", party]
+    key = subprocess.run(cli + ["create-key", "--org", "o", "--role", role], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    port = free_port()
+    with serve_process(cli + ["serve", "--port", str(port)], f"http://127.0.0.1:{port}", env=env,
+                       log=tmp / "serve.log"):
+        yield party, port, key
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.settimeout(0.2)
+    return sock
+
+
+def _trickle_until_closed(sock: socket.socket, piece: bytes, seconds: float) -> tuple[float | None, bytes]:
+    """Send ``piece`` every 0.2 s for up to ``seconds``: (when the server closed the connection, or None; what
+    it answered)."""
+    started, answer = time.monotonic(), b""
+    while time.monotonic() - started < seconds:
+        try:
+            data = sock.recv(65536)
+            if not data:
+                return time.monotonic() - started, answer
+            answer += data
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return time.monotonic() - started, answer
+        with contextlib.suppress(OSError):  # a closed connection shows at the next recv
+            sock.sendall(piece)
+    return None, answer
+
+
+def _head(method: str, path: str, *headers: str) -> bytes:
+    return "\r\n".join([f"{method} {path} HTTP/1.1", "Host: test", *headers, "", ""]).encode()
+
+
+def test_trickled_request_heads_are_closed_at_the_header_timeout(server):
+    _, port, _ = server
+    connections = [_connect(port) for _ in range(6)]
+    for sock in connections:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n")  # never finished: one more header every 0.2 s
+    silent = _connect(port)  # and one that sends nothing at all
+    closed = [_trickle_until_closed(sock, b"X-Slow: 1\r\n", TIMEOUT + 10)[0] for sock in connections]
+    closed.append(_trickle_until_closed(silent, b"", 1)[0])
+    assert all(t is not None for t in closed), closed
+    # Each was opened before the first was watched: all are closed by the timeout after the first, none before.
+    assert max(t for t in closed if t is not None) <= TIMEOUT + SLACK, closed
+    assert closed[0] is not None and closed[0] >= TIMEOUT - 0.3, closed
+
+
+def test_a_trickled_body_is_answered_408_and_closed(server):
+    party, port, key = server
+    sock = _connect(port)
+    sock.sendall(_head("POST", POST_PATHS[party], f"Authorization: Bearer {key}", "Content-Type: application/json",
+                       "Content-Length: 100000") + b"{")
+    closed, answer = _trickle_until_closed(sock, b" ", TIMEOUT + 10)
+    assert closed is not None and TIMEOUT - 0.3 <= closed <= TIMEOUT + SLACK, closed
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "body_timeout"
+
+
+def test_an_unread_body_after_a_401_is_closed(server):
+    party, port, _ = server
+    sock = _connect(port)
+    sock.sendall(_head("POST", POST_PATHS[party], "Content-Type: application/json", "Content-Length: 100000") + b"{")
+    closed, answer = _trickle_until_closed(sock, b" ", TIMEOUT + 10)
+    assert answer.startswith(b"HTTP/1.1 401 ")  # answered before the body: the gate admits first
+    assert closed is not None and closed <= TIMEOUT + SLACK, closed
+
+
+def test_requests_beyond_the_connection_cap_get_503_server_busy(server):
+    _, port, _ = server
+    held = [_connect(port) for _ in range(8)]  # the cap; each open (its head unfinished)
+    for sock in held:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+    time.sleep(0.3)
+    sock = _connect(port)
+    sock.sendall(_head("GET", "/healthz"))
+    _, answer = _trickle_until_closed(sock, b"", 3)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in head.lower(), answer
+    assert json.loads(body)["error"]["code"] == "server_busy"
+    for sock in held:
+        sock.close()
+    time.sleep(0.3)
+    ok = _connect(port)
+    ok.sendall(_head("GET", "/healthz"))
+    assert _trickle_until_closed(ok, b"", 1)[1].startswith(b"HTTP/1.1 200 ")
