@@ -12,7 +12,7 @@ load), so nothing is charged and nothing private has been drawn (:mod:`labels_pa
 * **CPU** — the CPU time of each release (its worker thread's, from the slot to the answer: the lookup, the
   charge, the solve, the sampling, the file) is debited to its organization afterwards from a bucket of
   ``release_cpu_seconds`` that refills continuously over ``release_cpu_window_seconds``; an organization whose
-  bucket is empty is refused (429 ``release_quota_exceeded``, ``Retry-After``: until it holds a second again).
+  bucket is empty is refused (429 ``release_quota_exceeded``, ``Retry-After``: until it is no longer empty).
   A release is admitted while its organization's bucket is not empty, so the bucket can go below zero by what
   the releases already admitted cost; they are bounded by the solver limit (``solver_seconds``) and the
   concurrency limit. The debit is the release's own duration, which its requester sees anyway;
@@ -98,7 +98,7 @@ class ReleaseQuotas:
                 raise RetryLater(
                     f"this organization used its {limits.release_cpu_seconds:g} CPU-seconds of release computation "
                     f"per {limits.release_cpu_window_seconds:g} s; nothing was charged",
-                    code="release_quota_exceeded", retry_after=(1 - bucket.balance) / rate)
+                    code="release_quota_exceeded", retry_after=-bucket.balance / rate)
             if not self._free(org_id) and self._waiting[org_id] >= limits.release_slots_per_org:
                 raise self._busy(org_id)
             self._waiting[org_id] += 1

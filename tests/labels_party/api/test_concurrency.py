@@ -14,6 +14,7 @@ from labels_party.api import create_app
 from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
+from labels_party.settings import LabelsSettings
 
 
 def _setup(base: str, admin: str, epsilon_total: float, n: int = 400) -> str:
@@ -32,7 +33,9 @@ def _setup(base: str, admin: str, epsilon_total: float, n: int = 400) -> str:
 
 @pytest.mark.parametrize("mechanism", ["rr", "opt-unbiased"])
 def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mechanism):
-    ctx = make_context(database_url, tmp_path / "data")
+    # The ledger under concurrency, not the quotas (tests/labels_party/api/test_quotas.py): all 50 may compute at once.
+    quotas = LabelsSettings(release_slots_per_org=50, release_slots=50)
+    ctx = make_context(database_url, tmp_path / "data", settings=quotas)
     with ctx.sessions() as session, session.begin():
         admin = create_key(session, "owner", "admin")
         consumer = create_key(session, "partner", "consumer")

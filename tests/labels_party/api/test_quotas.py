@@ -1,0 +1,107 @@
+"""Release quotas over HTTP (labels_party/quotas.py): an organization over its CPU-seconds gets 429
+``release_quota_exceeded`` with ``Retry-After`` before anything is charged, its earlier release still replays,
+and another organization is not affected; 30 concurrent requests of one organization on a real server never
+compute more than its slots at once, and each refused one is charged nothing; the OpenAPI lists the quota and
+capacity answers. Runtime: about 10 s."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from labeldp.local_services import serve_in_thread
+from labels_party.api import create_app
+from labels_party.audit import verify_audit
+from labels_party.auth import create_key
+from labels_party.context import make_context
+from labels_party.settings import LabelsSettings
+from tests.labels_party.api.helpers import created, expect_error, labels_csv, release, state
+
+
+@pytest.fixture
+def ctx(db_url, data_dir):
+    # A CPU bucket that one release empties (a release takes milliseconds of CPU at least), refilled over an hour.
+    return make_context(db_url, data_dir, settings=LabelsSettings(release_cpu_seconds=0.001,
+                                                                   release_cpu_window_seconds=3600))
+
+
+def test_an_organization_over_its_cpu_quota_is_refused_before_the_charge(client, admin, consumer, dataset,
+                                                                         dataset_small):
+    first = created(release(client, consumer, dataset, "k1", mechanism="rr", epsilon=0.5))
+    before = state(client, admin, dataset)
+    refused = release(client, consumer, dataset, "k2", mechanism="rr", epsilon=0.5)
+    error = expect_error(refused, 429, "release_quota_exceeded")
+    assert "CPU-seconds" in error["message"] and "nothing was charged" in error["message"]
+    # Until the bucket holds a second again: at 0.001 s per hour, more than an hour.
+    assert int(refused.headers["Retry-After"]) > 3600
+    assert state(client, admin, dataset) == before  # no charge, no ledger record
+    replay = release(client, consumer, dataset, "k1", mechanism="rr", epsilon=0.5)
+    assert replay.status_code == 200 and replay.json()["id"] == first["id"]  # a replay computes nothing
+    # Another organization's bucket is its own (the owner's account of the dataset without a grant).
+    created(release(client, admin, dataset_small, "k3", mechanism="rr", epsilon=0.5))
+
+
+def test_the_openapi_lists_quota_and_capacity_answers(client):
+    spec = client.get("/openapi.json").json()
+    operation = spec["paths"]["/v1/datasets/{dataset_id}/releases"]["post"]
+    for status in ("429", "503"):
+        assert "Retry-After" in operation["responses"][status]["headers"]
+    assert "release_quota_exceeded" in operation["responses"]["429"]["description"]
+    assert "release_capacity_exhausted" in operation["responses"]["503"]["description"]
+    assert "body_timeout" in operation["responses"]["408"]["description"]
+
+
+class _Computing:
+    """A checkpoint that counts the releases between their charge and their finish (the computation)."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str) -> None:
+        with self._lock:
+            if name == "after_charge_commit":
+                self.now += 1
+                self.most = max(self.most, self.now)
+            elif name == "after_finish_commit":
+                self.now -= 1
+        if name == "after_charge_commit":
+            time.sleep(0.2)  # a release that takes a while: the others must queue
+
+
+def test_concurrent_releases_of_one_organization_are_limited_to_its_slots(tmp_path):
+    computing = _Computing()
+    settings = LabelsSettings(release_slots_per_org=2, release_slots=4, release_queue_seconds=1)
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings,
+                       checkpoint=computing)
+    with ctx.sessions() as session, session.begin():
+        admin = {"Authorization": f"Bearer {create_key(session, 'owner', 'admin')}"}
+        consumer = {"Authorization": f"Bearer {create_key(session, 'partner', 'consumer')}"}
+    with serve_in_thread(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=60) as client:
+        dataset = client.post("/v1/datasets", headers=admin, json={
+            "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 100}).json()["id"]
+        labels = labels_csv({f"e{i}": i % 10 for i in range(200)})
+        assert client.put(f"/v1/datasets/{dataset}/labels", content=labels, headers={
+            **admin, "Content-Type": "text/csv"}).status_code == 200
+        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner", "epsilon": 100},
+                           headers=admin).status_code == 201
+
+        def attempt(i: int) -> httpx.Response:
+            return client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1},
+                               headers={**consumer, "Idempotency-Key": f"k{i}"})
+
+        with ThreadPoolExecutor(max_workers=30) as pool:
+            responses = list(pool.map(attempt, range(30)))
+        statuses = [r.status_code for r in responses]
+        spent = client.get(f"/v1/datasets/{dataset}/budget", headers=consumer).json()["epsilon_spent"]
+    assert computing.most == 2  # never more than the organization's two slots at once
+    admitted, refused = statuses.count(201), [r for r in responses if r.status_code == 429]
+    assert admitted + len(refused) == 30 and admitted >= 2 and refused, statuses
+    assert {r.json()["error"]["code"] for r in refused} == {"release_quota_exceeded"}
+    assert all(int(r.headers["Retry-After"]) >= 1 for r in refused)
+    assert spent == float(admitted)  # exactly the admitted ones are charged (ε = 1 each)
+    assert verify_audit(ctx)["valid"]

@@ -1,0 +1,136 @@
+"""ReleaseQuotas (labels_party/quotas.py) on its own, with real threads: per-organization slots and their bounded
+queue, the process's capacity, the CPU bucket and its refill, and that below capacity one organization's load
+changes nothing in another's answers. Runtime: about 2 s."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import ExitStack
+
+import pytest
+
+from labels_party.quotas import QuotaSettings, ReleaseQuotas
+from shared.errors import RetryLater
+
+A, B, C = 1, 2, 3  # organization ids
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _refused(quotas: ReleaseQuotas, org: int) -> RetryLater:
+    with pytest.raises(RetryLater) as refused, quotas.slot(org):
+        pass
+    return refused.value
+
+
+def test_an_organization_computes_at_most_its_slots_and_queues_as_many():
+    quotas = ReleaseQuotas(QuotaSettings(release_slots_per_org=2, release_slots=4, release_queue_seconds=0.5))
+    with ExitStack() as held:
+        held.enter_context(quotas.slot(A))
+        held.enter_context(quotas.slot(A))
+        started = time.monotonic()
+        refused = _refused(quotas, A)  # waited its 0.5 s for one of its two to finish
+        assert 0.45 <= time.monotonic() - started < 2
+        assert (refused.code, refused.retry_after) == ("release_quota_exceeded", 1)
+        assert "2 releases being computed" in str(refused) and "nothing was charged" in str(refused)
+        with quotas.slot(B):  # another organization below the capacity: admitted at once
+            pass
+
+        waiting = []  # two more of A's wait; a third is refused at once, without waiting
+        threads = [threading.Thread(target=lambda: waiting.append(_refused(quotas, A))) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.1)
+        started = time.monotonic()
+        assert _refused(quotas, A).code == "release_quota_exceeded"
+        assert time.monotonic() - started < 0.1
+        for thread in threads:
+            thread.join()
+        assert [r.code for r in waiting] == ["release_quota_exceeded"] * 2
+
+
+def test_a_waiting_release_gets_the_slot_freed_within_its_wait():
+    quotas = ReleaseQuotas(QuotaSettings(release_slots_per_org=1, release_slots=4, release_queue_seconds=5))
+    order = []
+    first = threading.Event()
+
+    def hold():
+        with quotas.slot(A):
+            first.set()
+            time.sleep(0.3)
+            order.append("first done")
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    first.wait()
+    started = time.monotonic()
+    with quotas.slot(A):
+        order.append("second started")
+    thread.join()
+    assert order == ["first done", "second started"]
+    assert 0.2 <= time.monotonic() - started < 2
+
+
+def test_the_capacity_is_the_one_place_other_organizations_show():
+    quotas = ReleaseQuotas(QuotaSettings(release_slots_per_org=2, release_slots=3, release_queue_seconds=0.2))
+    with ExitStack() as held:
+        held.enter_context(quotas.slot(A))
+        held.enter_context(quotas.slot(A))
+        held.enter_context(quotas.slot(B))  # all three slots taken: C has used nothing, yet it must wait
+        refused = _refused(quotas, C)
+        assert (refused.code, refused.retry_after) == ("release_capacity_exhausted", 1)
+        assert "maximum of 3 releases" in str(refused)
+        # B is below its own limit too: it meets the capacity, not a quota of its own.
+        assert _refused(quotas, B).code == "release_capacity_exhausted"
+        assert _refused(quotas, A).code == "release_quota_exceeded"  # A meets its own limit first
+    with quotas.slot(C):
+        pass
+
+
+def test_cpu_is_debited_after_each_release_and_refills_over_the_window():
+    clock, cpu = _Clock(), _Clock()
+    quotas = ReleaseQuotas(QuotaSettings(release_cpu_seconds=10, release_cpu_window_seconds=100), clock=clock,
+                           cpu_clock=cpu)
+    with quotas.slot(A):
+        cpu.now += 4  # four CPU-seconds in this thread
+    assert quotas.cpu_balance(A) == pytest.approx(6)
+    with quotas.slot(A), quotas.slot(A):  # admitted while the bucket is not empty: it can go below zero
+        cpu.now += 5
+    # The inner slot measured 5 s, the outer the same 5 s: both are debited (each release its own thread's time;
+    # here one thread, so counted twice): 6 - 10.
+    assert quotas.cpu_balance(A) == pytest.approx(-4)
+    assert quotas.cpu_balance(B) == pytest.approx(10)  # another organization's bucket is untouched
+    refused = _refused(quotas, A)
+    # Refilled at 0.1 CPU-s per second: no longer empty in 4 / 0.1 = 40 s.
+    assert (refused.code, refused.retry_after) == ("release_quota_exceeded", 40)
+    assert "10 CPU-seconds of release computation per 100 s" in str(refused)
+    with quotas.slot(B):  # B is admitted meanwhile
+        pass
+    clock.now = 35
+    assert _refused(quotas, A).retry_after == 5
+    clock.now = 40.5
+    with quotas.slot(A):
+        pass
+    clock.now = 1000
+    assert quotas.cpu_balance(A) == pytest.approx(10)  # never beyond the bucket
+
+
+def test_idle_organizations_are_forgotten():
+    clock, cpu = _Clock(), _Clock()
+    quotas = ReleaseQuotas(QuotaSettings(release_cpu_seconds=10, release_cpu_window_seconds=100), clock=clock,
+                           cpu_clock=cpu)
+    for org in range(1000):
+        with quotas.slot(org):
+            cpu.now += 1
+    assert len(quotas._buckets) == 1000
+    clock.now = 10  # refilled: each organization's bucket is full again
+    with quotas.slot(A):
+        pass
+    assert len(quotas._buckets) == 0
