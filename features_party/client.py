@@ -1,7 +1,8 @@
 """Typed httpx client for the labels-party API, used by the features party (and by the demo as the owner).
 
 Releases are retried on connection errors and 5xx with the *same* Idempotency-Key, so a retry can never
-produce a second draw of noisy labels or a second charge. 401/403/404/409 become specific exceptions.
+produce a second draw of noisy labels or a second charge; a 429 or 503 with a short ``Retry-After`` (a release
+quota, the service busy) is retried after it. 401/403/404/409 become specific exceptions.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class BudgetExceeded(Conflict):
 
 
 IN_PROGRESS_POLL_SECONDS = 1.0  # how often a call waits again while another with its key is being computed
+# A quota or capacity refusal (429, 503) says when to come back; a retried call waits that long if it is at most
+# this (a CPU quota that refills in an hour is the caller's to report, not to sleep through).
+RETRY_AFTER_MAX_SECONDS = 60.0
 
 
 def _in_progress(response: httpx.Response) -> bool:
@@ -65,6 +69,17 @@ def _in_progress(response: httpx.Response) -> bool:
         return response.json()["error"]["code"] == "release_in_progress"
     except (ValueError, KeyError, TypeError):
         return False
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds a 429 or 503 asks the caller to wait before sending the request again (None: not to)."""
+    if response.status_code not in (429, 503):
+        return None
+    try:
+        seconds = float(response.headers["retry-after"])
+    except (KeyError, ValueError):
+        return None
+    return seconds if 0 <= seconds <= RETRY_AFTER_MAX_SECONDS else None
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -130,6 +145,11 @@ class LabelsPartyClient:
                     if time.monotonic() - waiting_since < self._timeout:
                         time.sleep(IN_PROGRESS_POLL_SECONDS)
                         continue
+                wait = _retry_after(response) if retry and attempt < self.retries else None
+                if wait is not None:  # over a quota, or the service busy: nothing was charged; same key again
+                    attempt += 1
+                    time.sleep(wait)
+                    continue
                 if response.status_code < 500 or not retry or attempt >= self.retries:
                     _raise_for(response)
                     return response

@@ -3,15 +3,21 @@ response never causes a second draw or charge), and 401/404/409 raise specific e
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from features_party.client import BudgetExceeded, Conflict, LabelsPartyClient, NotFound, Unauthorized
 from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.context import make_context
+from labels_party.db import Organization
+from labels_party.settings import LabelsSettings
 
 
 class FaultInjector(httpx.HTTPTransport):
@@ -139,3 +145,40 @@ def test_a_retry_while_the_first_call_computes_waits_for_its_outcome(tmp_path):
             thread.join(60)
             assert retried.id == first["release"].id
             assert client.budget(dataset.id).epsilon_spent == 1.0
+
+
+def test_a_release_over_the_quota_is_retried_after_its_retry_after(tmp_path):
+    """The organization's one release slot is taken (held here, as a release being computed would): the first
+    call gets 429 release_quota_exceeded with Retry-After: 1, the client waits and sends it again with the same
+    key, and the release is made once."""
+    settings = LabelsSettings(release_slots_per_org=1, release_queue_seconds=0)
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
+    with ctx.sessions() as session, session.begin():
+        keys = {"admin": create_key(session, "office", "admin"), "partner": create_key(session, "pub", "consumer")}
+    with ctx.sessions() as session:
+        partner_org = session.scalar(select(Organization.id).where(Organization.name == "pub"))
+    with serve_in_thread(create_app(ctx)) as base:
+        with LabelsPartyClient(base, keys["admin"]) as owner:
+            dataset = owner.create_dataset(name="d", label_kind="integer", min=0, max=20, epsilon_total=1)
+            owner.upload_labels(dataset.id, [f"id{i}" for i in range(100)], [i % 21 for i in range(100)])
+            owner.grant(dataset.id, "pub", 1)
+        transport = FaultInjector([])  # records the requests; injects nothing
+        taken, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with ctx.quotas.slot(partner_org):
+                taken.set()
+                time.sleep(0.5)
+            done.set()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert taken.wait(10)
+        with LabelsPartyClient(base, keys["partner"], transport=transport, retries=2) as client:
+            started = time.monotonic()
+            release = client.request_release(dataset.id, {"mechanism": "rr", "epsilon": 1.0})
+            assert time.monotonic() - started >= 1  # Retry-After: 1
+            assert client.budget(dataset.id).epsilon_spent == pytest.approx(1.0)
+        holder.join()
+    posts = [key for key in transport.keys if key is not None]  # the release's requests (the budget's has none)
+    assert len(posts) == 2 and len(set(posts)) == 1 and release.state == "available"
