@@ -36,8 +36,10 @@ def create_app(ctx: ServiceContext) -> FastAPI:
 
 
 def _deployment(spec: dict, settings) -> None:
+    """This deployment's ε range, request limits and release quotas in the OpenAPI."""
     _epsilon_range(spec, settings)
     _request_limits(spec, settings)
+    spec["info"]["description"] = " ".join(filter(None, (spec["info"].get("description"), settings.describe())))
 
 
 def _epsilon_range(spec: dict, settings) -> None:

@@ -49,6 +49,14 @@ class QuotaSettings(BaseModel):
     release_cpu_seconds: float = Field(default=1800.0, gt=0)
     release_cpu_window_seconds: float = Field(default=3600.0, gt=0)
 
+    def describe(self) -> str:
+        """The quotas as the OpenAPI description states them (this deployment's values)."""
+        return (f"Release quotas per organization: {self.release_slots_per_org} releases computed at once (as many "
+                f"more wait up to {self.release_queue_seconds:g} s) and {self.release_cpu_seconds:g} CPU-seconds "
+                f"per {self.release_cpu_window_seconds:g} s, refilled continuously (429 release_quota_exceeded, "
+                f"Retry-After); {self.release_slots} releases computed at once by the service (503 "
+                f"release_capacity_exhausted, Retry-After). Checked before the charge: nothing is charged.")
+
     @model_validator(mode="after")
     def _per_org_within_total(self) -> QuotaSettings:
         if self.release_slots_per_org > self.release_slots:

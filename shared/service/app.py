@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from shared.service import gate, openapi
+from shared.service import gate, limits, openapi
 from shared.service.errors import install_error_handlers
 
 
@@ -38,5 +38,13 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
         if unguarded:
             raise TypeError(f"routes without a guard: {unguarded}")
         app.include_router(router)
-    openapi.install(app, gate.PUBLIC_PATHS, adjust_openapi)
+    settings = getattr(ctx, "settings", None)
+
+    def adjust(spec: dict) -> None:
+        if isinstance(settings, limits.HttpSettings):  # this deployment's HTTP limits, where clients look
+            spec["info"]["description"] = limits.describe(settings)
+        if adjust_openapi is not None:
+            adjust_openapi(spec)
+
+    openapi.install(app, gate.PUBLIC_PATHS, adjust)
     return app

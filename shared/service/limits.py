@@ -24,6 +24,15 @@ class HttpSettings(BaseSettings):
     log_repeat_seconds: float = Field(default=10.0, gt=0)
 
 
+def describe(settings: HttpSettings) -> str:
+    """The limits as the OpenAPI description states them (this deployment's values)."""
+    return (f"HTTP limits: a request head must be complete within {settings.header_timeout_seconds:g} s of the "
+            f"connection, else the connection is closed; a request body must not pause longer than "
+            f"{settings.body_timeout_seconds:g} s nor, after that long, arrive slower than "
+            f"{settings.min_body_bytes_per_second} bytes/s on average (408 body_timeout); at most "
+            f"{settings.max_connections} connections and requests in progress (503 server_busy, Retry-After).")
+
+
 class BodyDeadline:
     """ASGI middleware: the request body must keep coming while the application waits for it: a pause over
     ``idle_seconds``, or, after a grace of ``idle_seconds`` of waiting, a body slower than ``min_bytes_per_second``

@@ -53,6 +53,10 @@ def test_the_openapi_lists_quota_and_capacity_answers(client):
     assert "release_quota_exceeded" in operation["responses"]["429"]["description"]
     assert "release_capacity_exhausted" in operation["responses"]["503"]["description"]
     assert "body_timeout" in operation["responses"]["408"]["description"]
+    # This deployment's values (the fixture's CPU quota, the default HTTP limits).
+    assert "0.001 CPU-seconds per 3600 s" in spec["info"]["description"]
+    assert "2 releases computed at once" in spec["info"]["description"]
+    assert "within 10 s of the connection" in spec["info"]["description"]
 
 
 class _Computing:
