@@ -1,4 +1,5 @@
-"""The trainer's context: its settings, database sessions, job executor and spool directory, built once per process.
+"""The trainer's context: its settings, database sessions, job executor and the fair queue it takes jobs from
+(:mod:`.scheduling`), and spool directory, built once per process.
 
 At start, jobs a previous process left queued or running become ``interrupted`` and leftovers are collected."""
 
@@ -13,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from features_party import db, migrations
+from features_party.scheduling import FairQueue
 from features_party.settings import TrainerSettings
 from shared.service.database import make_engine
 from shared.service.scratch import Scratch
@@ -26,6 +28,7 @@ class TrainerContext:
     sessions: sessionmaker
     executor: ThreadPoolExecutor
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
+    queue: FairQueue = field(default_factory=FairQueue, kw_only=True)  # queued jobs, taken fairly by organization
 
     @property
     def data_dir(self) -> Path:

@@ -53,6 +53,7 @@ class Job(Base):
     epochs: Mapped[int] = mapped_column(Integer, default=0)
     metrics_json: Mapped[str] = mapped_column(Text, default="[]")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(40), nullable=True)  # an ErrorCode of a failed job
     model_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     predictions_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     num_train_examples: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,9 +1,11 @@
 """A training job of the features party: request a release, download it, join by example id, fit the
 preprocessing on the rows it trains on, train, save the model and the predictions.
 
-:func:`start` requests the release synchronously (its refusals become 4xx for the caller) and queues the rest on
-the trainer's executor. Progress goes to the job's database row as it happens; the labels-party API key lives only
-in this process's memory for the job's duration.
+:func:`start` requests the release synchronously (its refusals become 4xx for the caller) and queues the rest in
+the trainer's fair queue (:mod:`.scheduling`: organizations take turns on the executor's workers). A running job
+has a deadline (``max_job_seconds``): training checks it between device calls and stops, freeing its worker, and
+the job fails with ``job_time_limit``. Progress goes to the job's database row as it happens; the labels-party API
+key lives only in this process's memory for the job's duration.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
 from features_party.planning import JobPlan, labels_party_client, load_frame, upstream_error
-from features_party.train import TrainConfig, save_model, train
+from features_party.train import TimeLimitExceeded, TrainConfig, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.mechanisms.subset import SubsetSelectionRandomizer
@@ -49,7 +51,7 @@ def release_summary(release: schemas.Release) -> dict:
             "num_outputs": release.description.get("num_outputs")}
 
 
-def start(ctx: TrainerContext, job_id: str, plan: JobPlan, *, resume: bool = False) -> None:
+def start(ctx: TrainerContext, job_id: str, org_id: int, plan: JobPlan, *, resume: bool = False) -> None:
     """Request the release (single protocol; the job id is its Idempotency-Key, so a resume gets the same one),
     or take the existing one the job names, and queue the training. Raises the 4xx of a refused release; nothing
     is queued then."""
@@ -78,24 +80,35 @@ def start(ctx: TrainerContext, job_id: str, plan: JobPlan, *, resume: bool = Fal
         finally:
             client.close()
 
-    ctx.executor.submit(work)
+    ctx.queue.put(org_id, work)
+    ctx.executor.submit(ctx.queue.run_next)  # a turn: it runs the job whose organization's turn it is
     log.info("job %s %s (labels party %s)", job_id, "resumed" if resume else "queued", plan.labels_party)
 
 
 @contextlib.contextmanager
 def _running(ctx: TrainerContext, job_id: str):
-    """Marks the job running; on any error records it as failed (the service stays up); records the duration."""
-    started = time.perf_counter()
+    """Marks the job running and yields its deadline (``time.monotonic()``); on any error records it as failed
+    with an error code (the service stays up); records the duration."""
+    started, limit = time.perf_counter(), ctx.settings.max_job_seconds
     _update(ctx, job_id, status="running")
     try:
-        yield
+        yield time.monotonic() + limit
+    except TimeLimitExceeded:
+        log.warning("job %s stopped at the time limit of %g s", job_id, limit)
+        _update(ctx, job_id, status="failed", error_code="job_time_limit",
+                error=f"stopped after {time.perf_counter() - started:.0f} s: over this trainer's limit of {limit:g} "
+                      "s per job (max_job_seconds)")
     except (LabelsPartyError, httpx.HTTPError) as err:
         log.warning("job %s: labels party failed: %s", job_id, type(err).__name__)
-        _update(ctx, job_id, status="failed", error=str(upstream_error(err, "of this job")))
+        failure = upstream_error(err, "of this job")
+        _update(ctx, job_id, status="failed", error=str(failure), error_code=failure.code)
     except Exception as err:
         log.exception("job %s failed", job_id)
-        message = str(err) if isinstance(err, LabelDPError) else f"{type(err).__name__} while training"
-        _update(ctx, job_id, status="failed", error=message)
+        if isinstance(err, LabelDPError):
+            _update(ctx, job_id, status="failed", error=str(err), error_code=err.code)
+        else:
+            _update(ctx, job_id, status="failed", error=f"{type(err).__name__} while training",
+                    error_code="training_failed")
     finally:
         _update(ctx, job_id, seconds=time.perf_counter() - started)
 
@@ -122,13 +135,16 @@ def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
 
 def run_single(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPartyClient,
                release: schemas.Release) -> None:
-    with _running(ctx, job_id):
+    with _running(ctx, job_id) as deadline:
         table = client.download_labels(release.id)
         features = load_frame(plan.features_file)
         ids = pd.Index(table.column("example_id").to_pylist())
         present = features.index.intersection(ids)
-        if len(present) == 0:
-            raise LabelDPError("no released example id has features", code="no_overlap")
+        if len(present) < ctx.settings.min_train_examples:  # an existing release or a source dataset's: planning
+            # named every id otherwise, and the labels party refused any it lacks before charging
+            raise LabelDPError(f"{len(present)} of the released example ids have features; this trainer trains on at "
+                               f"least {ctx.settings.min_train_examples} (min_train_examples)",
+                               code="too_few_examples" if len(present) else "no_overlap")
         position = pd.Series(np.arange(len(ids)), index=ids)[present].to_numpy()
         targets = training_targets(table, release)[position]
         del table
@@ -140,7 +156,7 @@ def run_single(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPa
         numeric, categorical = preprocessor.transform(rows)
         _update(ctx, job_id, epochs=config.epochs, num_train_examples=len(present))
         result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
-                       num_classes=plan.num_classes, on_epoch=_progress(ctx, job_id))
+                       num_classes=plan.num_classes, on_epoch=_progress(ctx, job_id), deadline=deadline)
         _finish(ctx, job_id, result, preprocessor, features,
                 {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
 
@@ -152,7 +168,7 @@ def run_multistage(ctx: TrainerContext, job_id: str, plan: JobPlan, client: Labe
 
     request, num_classes = plan.request, plan.num_classes
     release = request.release
-    with _running(ctx, job_id):
+    with _running(ctx, job_id) as deadline:
         # plan_job: an lp-mst job requests its own releases, of a classes dataset
         assert release is not None and num_classes is not None
         features = load_frame(plan.features_file)
@@ -166,7 +182,7 @@ def run_multistage(ctx: TrainerContext, job_id: str, plan: JobPlan, client: Labe
                                            vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
                                            epsilon=release.epsilon, stages=request.stages, config=config,
                                            temperature=request.temperature, seed=config.seed,
-                                           key_prefix=f"{job_id}-")
+                                           key_prefix=f"{job_id}-", deadline=deadline)
         stages = [dict(r.__dict__) for r in reports]
         _update(ctx, job_id, metrics_json=json.dumps(stages), release_json=json.dumps({
             "stages": stages, "epsilon": release.epsilon,

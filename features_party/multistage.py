@@ -39,11 +39,13 @@ def _logits(result: TrainResult, numeric, categorical) -> np.ndarray:
 def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np.ndarray, numeric: np.ndarray,
                      categorical: np.ndarray, *, vocab_sizes, num_classes: int, epsilon: float, stages: int,
                      config: TrainConfig, temperature: float = 1.0, seed: int = 0,
-                     fractions: list[float] | None = None,
-                     key_prefix: str = "") -> tuple[TrainResult, list[StageReport]]:
+                     fractions: list[float] | None = None, key_prefix: str = "",
+                     deadline: float | None = None) -> tuple[TrainResult, list[StageReport]]:
     """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report.
     Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
-    the same prefix (a resumed job) gets the same releases back instead of new draws and charges."""
+    the same prefix (a resumed job) gets the same releases back instead of new draws and charges. Past
+    ``deadline`` (``time.monotonic()``) a stage's training raises ``TimeLimitExceeded``: no later stage is
+    released."""
     if stages < 1:
         raise ValueError("stages must be >= 1")
     n = len(example_ids)
@@ -80,7 +82,8 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             outside = ~np.any(top == labels[earlier][:, None], axis=1)
             use[np.flatnonzero(earlier)[outside]] = False
         result = train(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
-                       num_classes=num_classes, init_params=None if result is None else result.params)
+                       num_classes=num_classes, init_params=None if result is None else result.params,
+                       deadline=deadline)
         certified = release.certified_epsilon
         assert certified is not None  # its labels were downloaded: the release is available, its mechanism built
         reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified))

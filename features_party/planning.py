@@ -1,6 +1,6 @@
 """Planning a job: everything checked before anything is asked of the labels party (its features table and columns,
-example ids, options, the labels party and the dataset's label kind against the loss, mechanism and protocol), so a
-job that cannot run is a 4xx and spends nothing."""
+example ids, options, its size and the rows it would train on, the labels party and the dataset's label kind against
+the loss, mechanism and protocol), so a job that cannot run is a 4xx and spends nothing."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from features_party import db, schemas
+from features_party import db, losses, schemas
 from features_party.auth import Principal
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import Preprocessor
+from features_party.settings import TrainerSettings
 from features_party.train import TrainConfig
+from shared import models
 from shared import schemas as shared_schemas
 from shared.errors import LabelDPError
 
@@ -74,6 +76,10 @@ def upstream_error(err: Exception, party: str) -> LabelDPError:
     if err.code == "budget_exceeded":
         return LabelDPError(f"labels party {party!r}: the covered examples' budget is exceeded",
                             code="labels_party_budget_exceeded")
+    if err.code == "unknown_example_ids":
+        return LabelDPError(f"labels party {party!r} has no label for some of the example ids the job would train "
+                            "on (a job without release.example_ids asks for every id of its features table); "
+                            "nothing was spent", code="labels_party_refused")
     if 400 <= err.status < 500:
         return LabelDPError(f"labels party {party!r} refused the request ({err.safe_code})",
                             code="labels_party_refused")
@@ -85,6 +91,9 @@ def _invalid(message: str) -> LabelDPError:
 
 
 def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest) -> JobPlan:
+    """The job checked and sized: what can be refused on the trainer's own information (options, the features
+    table, the example ids, the size, the rows to train on) is refused before the labels party is asked anything;
+    then the dataset (a read) decides the loss, the exact size and the ids to request."""
     if (request.release is None) == (request.release_id is None):
         raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
     if request.protocol == "lp-mst" and request.release is None:
@@ -92,7 +101,10 @@ def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequ
     party, url = ctx.settings.labels_party_url(request.labels_party)
     with ctx.sessions() as session, session.begin():
         features_file = feature_row(session, principal, request.features).file
-    _check_columns(features_file, request)
+    frame = load_frame(features_file)
+    Preprocessor.check(frame, request.numeric, request.categorical)
+    rows = _rows_to_train(frame, request, ctx.settings.min_train_examples)
+    _check_size(ctx.settings, request, frame, rows, output_dim=request.num_classes or 1)  # a lower bound
     with labels_party_client(ctx, url, request.api_key) as client:
         try:
             dataset = client.get_dataset(request.dataset_id)
@@ -104,25 +116,61 @@ def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequ
             raise _invalid(f"release {existing.id} is not a release of dataset {request.dataset_id}")
         if existing.mechanism in shared_schemas.LABELLESS_RELEASES:
             raise _invalid(f"release {existing.id} ({existing.mechanism}) publishes no labels to train on")
-    if existing is not None:
-        mechanism = existing.mechanism
+        mechanism, rows = existing.mechanism, min(rows, existing.num_examples)
     else:
         assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
         mechanism = request.release.mechanism
     loss, num_classes = _loss_for(request, mechanism, dataset)
+    _check_size(ctx.settings, request, frame, rows, output_dim=losses.output_dim(loss, num_classes))
     config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
-    return JobPlan(request, party, url, features_file, config, num_classes, existing)
+    return JobPlan(_naming_ids(request, frame, dataset), party, url, features_file, config, num_classes, existing)
 
 
-def _check_columns(features_file: str, request: schemas.JobRequest) -> None:
-    """The columns exist and every requested example has features."""
-    frame = load_frame(features_file)
-    Preprocessor.check(frame, request.numeric, request.categorical)
-    if request.release is not None and request.release.example_ids is not None:
-        missing = pd.Index(request.release.example_ids).difference(frame.index)
+def _rows_to_train(frame: pd.DataFrame, request: schemas.JobRequest, minimum: int) -> int:
+    """How many examples the job would train on at most: its ``example_ids``, each of which must have features, or
+    the rows of its features table (the ids a release of the whole dataset is narrowed to: :func:`_naming_ids`).
+    Counted, never named: no message names an example id."""
+    ids = request.release.example_ids if request.release is not None else None
+    if ids is not None:
+        missing = pd.Index(ids).difference(frame.index)
         if len(missing):
-            raise LabelDPError(f"{len(missing)} requested example id(s) have no features, e.g. "
-                               f"{list(missing[:3])}", code="unknown_example_ids")
+            raise LabelDPError(f"{len(missing)} of the {len(ids)} requested example ids have no features in table "
+                               f"{request.features!r}", code="unknown_example_ids")
+    rows = len(frame) if ids is None else len(ids)
+    if rows < minimum:
+        raise LabelDPError(f"the job would train on {rows} example(s); this trainer trains on at least {minimum} "
+                           "(min_train_examples)", code="too_few_examples")
+    return rows
+
+
+def _naming_ids(request: schemas.JobRequest, frame: pd.DataFrame,
+                dataset: shared_schemas.Dataset) -> schemas.JobRequest:
+    """A release of the whole dataset is asked for the ids of the features table instead: the trainer can only
+    train on examples that have features, so no other example is charged, and ids the dataset lacks are refused by
+    the labels party (counted, before anything is drawn or charged) — a table sharing no id with the labels spends
+    nothing. A source dataset's release covers all its rows (the labels party's rule): it is asked for as it is."""
+    release = request.release
+    if release is None or release.example_ids is not None or dataset.labels_at != "service":
+        return request
+    named = release.model_copy(update={"example_ids": frame.index.astype(str).tolist()})
+    return request.model_copy(update={"release": named})
+
+
+def _check_size(settings: TrainerSettings, request: schemas.JobRequest, frame: pd.DataFrame, rows: int, *,
+                output_dim: int) -> None:
+    """Refuses a job over ``max_job_size`` = parameters × epochs (× stages of lp-mst) × rows, the parameters of the
+    model the job would build (embeddings sized by the distinct values in the features table: an upper bound of
+    what its training rows have)."""
+    vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
+    spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim, tuple(request.train.hidden),
+                            output_dim)
+    parameters = models.num_params(spec)
+    epochs = request.train.epochs * (request.stages if request.protocol == "lp-mst" else 1)
+    size = parameters * epochs * rows
+    if size > settings.max_job_size:
+        raise LabelDPError(f"job size {size:.3g} = {parameters:,} parameters × {epochs:,} epochs × {rows:,} rows is "
+                           f"over this trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer or "
+                           "smaller layers, fewer epochs or rows", code="job_too_large")
 
 
 def _loss_for(request: schemas.JobRequest, mechanism: str,

@@ -89,6 +89,9 @@ class JobView(BaseModel):
     metrics: list[dict[str, Any]]
     release: dict[str, Any] | None
     error: str | None
+    error_code: str | None = Field(description="why a failed job failed, an error code: job_time_limit (stopped at "
+                                   "the trainer's wall-time limit per job), no_overlap, labels_party_*, "
+                                   "training_failed, …")
     num_train_examples: int
     seconds: float
     device: str

@@ -1,10 +1,11 @@
 """Trainer service functions: features tables and jobs, each belonging to one organization.
 
-A job is planned completely before anything is asked of the labels party — its features table and columns, its
-example ids, its training options, the labels party (a configured one) and the dataset's label kind against the
-loss, the mechanism and the protocol — so a job that cannot run is a 4xx and spends nothing. Then the release is
-requested (synchronously: its refusals are 4xx too) and the rest runs in the background (:mod:`.jobs`). The
-planning is :mod:`.planning`, the context :mod:`.context`.
+A job first takes one of its organization's job slots (``max_jobs_per_org`` queued + running; beyond, 429 with
+Retry-After). It is then planned completely before anything is asked of the labels party — its features table and
+columns, its example ids, its training options and size, the labels party (a configured one) and the dataset's label
+kind against the loss, the mechanism and the protocol — so a job that cannot run is a 4xx and spends nothing. Then
+the release is requested (synchronously: its refusals are 4xx too) and the rest runs in the background
+(:mod:`.jobs`). The planning is :mod:`.planning`, the context :mod:`.context`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import uuid
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from features_party import db, jobs, schemas
@@ -21,7 +22,7 @@ from features_party.auth import Principal
 from features_party.context import TrainerContext
 from features_party.features import read_features
 from features_party.planning import feature_row, not_found, plan_job
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, RetryLater
 
 # -- features tables ---------------------------------------------------------------------------------------------
 
@@ -72,8 +73,8 @@ def job_view(row: db.Job) -> schemas.JobView:
         id=row.id, status=row.status, protocol=request.get("protocol", "single"), labels_party=row.labels_party,
         dataset_id=row.dataset_id, progress=schemas.JobProgress(epoch=row.epoch, epochs=row.epochs),
         metrics=json.loads(row.metrics_json), release=json.loads(row.release_json) if row.release_json else None,
-        error=row.error, num_train_examples=row.num_train_examples, seconds=row.seconds, device=row.device,
-        created_at=row.created_at, request=request)
+        error=row.error, error_code=row.error_code, num_train_examples=row.num_train_examples, seconds=row.seconds,
+        device=row.device, created_at=row.created_at, request=request)
 
 
 def stored_request(request: schemas.JobRequest) -> dict:
@@ -88,21 +89,52 @@ def _job_row(session: Session, principal: Principal, job_id: str, *, lock: bool 
     return row
 
 
+# How long a client refused for its organization's job count is told to wait: jobs take seconds to minutes.
+RETRY_AFTER_SECONDS = 30
+
+
+def _take_slot(session: Session, ctx: TrainerContext, principal: Principal) -> None:
+    """Refuses a job beyond ``max_jobs_per_org`` queued + running jobs of this organization. The organization's row
+    is locked first, so concurrent requests of one organization count one after the other (PostgreSQL; SQLite
+    serializes writers anyway)."""
+    session.get(db.Organization, principal.org_id, with_for_update=True)
+    active = session.execute(select(func.count()).select_from(db.Job).where(
+        db.Job.org_id == principal.org_id, db.Job.status.in_(("queued", "running")))).scalar_one()
+    limit = ctx.settings.max_jobs_per_org
+    if active >= limit:
+        raise RetryLater(f"this organization has {limit} jobs queued or running, this trainer's limit "
+                         "(max_jobs_per_org): retry when one has finished", code="too_many_jobs",
+                         retry_after=RETRY_AFTER_SECONDS)
+
+
 def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest) -> schemas.JobView:
-    plan = plan_job(ctx, principal, request)
     with ctx.sessions() as session, session.begin():
-        row = db.Job(org_id=principal.org_id, status="queued", labels_party=plan.labels_party,
+        _take_slot(session, ctx, principal)
+        row = db.Job(org_id=principal.org_id, status="queued", labels_party=request.labels_party or "",
                      dataset_id=request.dataset_id, request_json=json.dumps(stored_request(request)))
         session.add(row)
         session.flush()
         job_id = row.id
     try:
-        jobs.start(ctx, job_id, plan)
+        plan = plan_job(ctx, principal, request)
+        with ctx.sessions() as session, session.begin():  # what the job asks for: a resume asks for the same
+            row = session.get(db.Job, job_id)
+            row.labels_party, row.request_json = plan.labels_party, json.dumps(stored_request(plan.request))
+        jobs.start(ctx, job_id, principal.org_id, plan)
     except LabelDPError:
         with ctx.sessions() as session, session.begin():  # refused: nothing was spent, nothing is kept
             session.delete(session.get(db.Job, job_id))
         raise
+    except BaseException:
+        _update_failed(ctx, job_id)  # an unexpected error: the job must not hold its slot for ever
+        raise
     return get_job(ctx, principal, job_id)
+
+
+def _update_failed(ctx: TrainerContext, job_id: str) -> None:
+    with ctx.sessions() as session, session.begin():
+        row = session.get(db.Job, job_id)
+        row.status, row.error, row.error_code = "failed", "internal error while starting the job", "internal_error"
 
 
 def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: str) -> schemas.JobView:
@@ -110,11 +142,12 @@ def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: 
         row = _job_row(session, principal, job_id, lock=True)
         if row.status != "interrupted":
             raise LabelDPError(f"job is {row.status}; only interrupted jobs resume", code="job_not_resumable")
+        _take_slot(session, ctx, principal)
         stored = json.loads(row.request_json)
-        row.status, row.error, row.updated_at = "queued", None, db.utcnow()
+        row.status, row.error, row.error_code, row.updated_at = "queued", None, None, db.utcnow()
     request = schemas.JobRequest(**stored, api_key=api_key)
     try:
-        jobs.start(ctx, job_id, plan_job(ctx, principal, request), resume=True)
+        jobs.start(ctx, job_id, principal.org_id, plan_job(ctx, principal, request), resume=True)
     except LabelDPError:
         with ctx.sessions() as session, session.begin():
             session.get(db.Job, job_id).status = "interrupted"

@@ -33,6 +33,13 @@ class TrainerSettings(HttpSettings):
     max_features_bytes: int = Field(default=1 << 30, gt=0)
     max_json_bytes: int = Field(default=64 << 20, gt=0)
     workers: int = Field(default=1, ge=1, le=64)
+    # Bounds per job and per organization, each checked before anything is asked of the labels party. The size of
+    # a job is parameters × epochs × rows (× stages for lp-mst): 10¹² is minutes on a CPU core at batch ≥ 64, up to
+    # about an hour at batch 1 (bench/train_throughput.py measures the rate).
+    max_job_size: float = Field(default=1e12, gt=0)  # beyond: 400 job_too_large
+    max_job_seconds: float = Field(default=1800.0, gt=0)  # a running job past it stops: failed, job_time_limit
+    max_jobs_per_org: int = Field(default=4, ge=1)  # queued + running; beyond: 429 too_many_jobs + Retry-After
+    min_train_examples: int = Field(default=10, ge=1)  # fewer to train on: 400 too_few_examples, nothing requested
 
     @field_validator("labels_parties")
     @classmethod

@@ -3,7 +3,8 @@ split of the *privatized* labels (keeping the best parameters), metrics per epoc
 
 ``train`` is prepare → fit → report: ``prepare`` splits and scales on the host, ``fit`` places the data on the
 devices once and runs each epoch as one compiled scan of the pure step built in features_party/train_steps.py (one
-host round trip per epoch, the same code on CPU and GPU), ``report`` writes the metrics and builds the result.
+host round trip per epoch, the same code on CPU and GPU; an epoch longer than about a second of work runs as several
+scans, so that a deadline stops it between them), ``report`` writes the metrics and builds the result.
 State is explicit: ``train`` takes data and a config and returns parameters and history; nothing is global.
 """
 
@@ -87,13 +88,26 @@ class Prepared:
     rng: np.random.Generator
 
 
+# A device call runs at most about this many parameter-example updates (~1 s on one CPU core at batch ≥ 64,
+# measured with bench/train_throughput.py's model and larger ones): a compiled scan cannot be interrupted, so a long
+# epoch runs as several calls and a deadline is checked between them.
+WORK_PER_CALL = 1 << 32
+MEMORY_BOUND_BATCH = 64  # a step of a smaller batch costs about as much as one of this size (it reads every weight)
+
+
+class TimeLimitExceeded(Exception):
+    """Training passed its ``deadline``: raised between device calls, so the thread that ran it is free again."""
+
+
 def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
           vocab_sizes: tuple[int, ...], num_classes: int | None = None, metrics_path: str | Path | None = None,
-          progress: bool = False, on_epoch=None, init_params: dict | None = None) -> TrainResult:
+          progress: bool = False, on_epoch=None, init_params: dict | None = None,
+          deadline: float | None = None) -> TrainResult:
     """Fit on (features, privatized targets); ``targets`` are labels, class ids, or subset weights (n, K).
-    ``init_params`` continues from an earlier model (multi-stage training)."""
+    ``init_params`` continues from an earlier model (multi-stage training). Past ``deadline`` (a
+    ``time.monotonic()`` value) it raises :class:`TimeLimitExceeded` at the next device call."""
     prepared = prepare(config, numeric, categorical, targets, vocab_sizes, num_classes, init_params)
-    best, history = fit(config, prepared, on_epoch=on_epoch, progress=progress)
+    best, history = fit(config, prepared, on_epoch=on_epoch, progress=progress, deadline=deadline)
     return report(config, prepared, best, history, metrics_path)
 
 
@@ -121,34 +135,46 @@ def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, t
     return Prepared(spec, params, data, fit_rows, validation, shift, scale, rng)
 
 
-def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: bool = False
-        ) -> tuple[train_steps.Best, list[dict]]:
+def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: bool = False,
+        deadline: float | None = None) -> tuple[train_steps.Best, list[dict]]:
     """Epochs until ``config.epochs`` or early stopping. The data go to the devices once (replicated); each epoch
-    sends only its batch indices, split over the devices along the batch axis, runs as one compiled scan, and
-    brings back two numbers (the mean training loss and the validation loss)."""
+    sends only its batch indices, split over the devices along the batch axis, runs as compiled scans (one, unless
+    the epoch is longer than :data:`WORK_PER_CALL`), and brings back two numbers (the mean training loss and the
+    validation loss). ``deadline`` is checked before each epoch and between the calls of one."""
     optimizer = optax.chain(optax.add_decayed_weights(config.l2), optax.rmsprop(config.learning_rate))
     objective = train_steps.make_objective(losses.LOSSES[config.loss])
     mesh = Mesh(np.array(jax.devices()), ("data",))
     replicated, by_example = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
-    run_epoch = jax.jit(train_steps.make_epoch(train_steps.make_train_step(objective, optimizer), objective,
-                                               by_example))
+    run_steps = jax.jit(train_steps.make_steps(train_steps.make_train_step(objective, optimizer), by_example))
+    validate = jax.jit(objective)
     data, validation = jax.device_put((prepared.data, prepared.validation), replicated)
     params = jax.device_put(prepared.params, replicated)
     state = train_steps.TrainState(params, jax.device_put(optimizer.init(params), replicated))
     batch_size, steps = batch_shape(config.batch_size, prepared.fit_rows.size, mesh.size)
+    per_call = steps_per_call(models.num_params(prepared.spec), batch_size)
 
-    def shuffled_batches():  # an epoch's batches, drawn from the generator of the validation split
+    def shuffled_batches():  # an epoch's batches, drawn from the generator of the validation split, per call
         permutation = prepared.rng.permutation(prepared.fit_rows)
-        return jax.device_put(train_steps.epoch_batch_indices(permutation, batch_size, steps), by_example)
+        indices = train_steps.epoch_batch_indices(permutation, batch_size, steps)
+        return [jax.device_put(indices[:, s:s + per_call], by_example) for s in range(0, steps, per_call)]
 
     best, history = train_steps.Best(np.inf, params, 0), []
-    indices = shuffled_batches()
+    calls = shuffled_batches()
     bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.loss}", disable=not progress, leave=False)
     for epoch in bar:
+        _check(deadline)
         started = time.perf_counter()
-        state, train_loss, val_loss = run_epoch(state, data, indices, validation)
-        indices = shuffled_batches()  # the host shuffles the next epoch while the device runs this one
-        train_loss, val_loss = (float(x) for x in jax.device_get((train_loss, val_loss)))
+        totals = []
+        for call, indices in enumerate(calls, start=1):
+            state, total = run_steps(state, data, indices)
+            totals.append(total)
+            if call < len(calls):  # wait for this call (dispatch is asynchronous) to stop in time
+                total.block_until_ready()
+                _check(deadline)
+        val_loss = validate(state.params, validation)
+        calls = shuffled_batches()  # the host shuffles the next epoch while the device runs this one
+        totals, val_loss = jax.device_get((totals, val_loss))
+        train_loss, val_loss = float(np.sum(totals)) / steps, float(val_loss)
         record = {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
                   "seconds": time.perf_counter() - started}
         history.append(record)
@@ -159,6 +185,16 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
         if stop:
             break
     return best, history
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeLimitExceeded
+
+
+def steps_per_call(num_params: int, batch_size: int) -> int:
+    """How many steps one device call runs: about :data:`WORK_PER_CALL` parameter-example updates, at least one."""
+    return max(1, WORK_PER_CALL // (num_params * max(batch_size, MEMORY_BOUND_BATCH)))
 
 
 def batch_shape(batch_size: int, fit_size: int, num_devices: int) -> tuple[int, int]:

@@ -3,9 +3,12 @@ and jit-compiled by the caller (features_party/train.py). Nothing here touches t
 
 * ``make_objective(loss_fn)``: ``objective(params, batch) -> loss``, a batch being (numeric, categorical, targets).
 * ``make_train_step(objective, optimizer)``: ``step(state, batch) -> (state, loss)``, one optimizer update.
+* ``make_steps(step, batch_sharding)``: ``steps(state, data, batch_indices) -> (state, summed training loss)``:
+  the steps of the columns of ``batch_indices`` as one ``lax.scan``, each gathering its batch from ``data`` already
+  on the device, the loss summed on the device (an epoch, or a slice of one: a compiled scan cannot be stopped, so
+  the trainer runs a long epoch in slices and checks a job's deadline between them).
 * ``make_epoch(step, objective, batch_sharding)``: ``epoch(state, data, batch_indices, validation) -> (state,
-  mean training loss, validation loss)``: every step of an epoch as one ``lax.scan`` over the columns of
-  ``batch_indices``, each gathering its batch from ``data`` already on the device, the loss summed on the device.
+  mean training loss, validation loss)``: every step of an epoch as one call of ``steps``, then the validation loss.
 * ``epoch_batch_indices(permutation, batch_size, steps)``: the (batch, steps) index matrix of an epoch.
 * ``keep_best(best, val_loss, params, epoch, patience)``: early stopping as a pure update of the best so far.
 """
@@ -52,11 +55,11 @@ def make_train_step(objective: Callable, optimizer: optax.GradientTransformation
     return train_step
 
 
-def make_epoch(train_step: Callable, objective: Callable, batch_sharding: jax.sharding.Sharding | None = None):
+def make_steps(train_step: Callable, batch_sharding: jax.sharding.Sharding | None = None):
     """``batch_indices[:, s]`` are the rows of ``data`` that step s trains on. Its leading (example) axis is the one
     to split over devices: each device then gathers and differentiates its share of every batch, and the gradient
     is summed across devices (data parallelism; ``batch_sharding`` pins each gathered batch to that split)."""
-    def epoch(state: TrainState, data: Batch, batch_indices: jax.Array, validation: Batch):
+    def steps(state: TrainState, data: Batch, batch_indices: jax.Array) -> tuple[TrainState, jax.Array]:
         def step(carry, indices):
             state, total = carry
             batch = jax.tree_util.tree_map(lambda column: column[indices], data)
@@ -66,6 +69,16 @@ def make_epoch(train_step: Callable, objective: Callable, batch_sharding: jax.sh
             return (state, total + value), None
 
         (state, total), _ = jax.lax.scan(step, (state, jnp.zeros((), jnp.float32)), batch_indices.T)
+        return state, total
+    return steps
+
+
+def make_epoch(train_step: Callable, objective: Callable, batch_sharding: jax.sharding.Sharding | None = None):
+    """An epoch in one call: :func:`make_steps` over all of ``batch_indices``, then the validation loss."""
+    steps = make_steps(train_step, batch_sharding)
+
+    def epoch(state: TrainState, data: Batch, batch_indices: jax.Array, validation: Batch):
+        state, total = steps(state, data, batch_indices)
         return state, total / batch_indices.shape[1], objective(state.params, validation)
     return epoch
 

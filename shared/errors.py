@@ -20,7 +20,7 @@ class RetryLater(LabelDPError):
 
     def __init__(self, message: str, *, code: str, retry_after: float):
         super().__init__(message, code=code)
-        self.retry_after = max(1, math.ceil(retry_after))  # whole seconds (RFC 9110), never 0
+        self.retry_after: int = max(1, math.ceil(retry_after))  # whole seconds (RFC 9110), never 0
 
 
 class CertificationError(LabelDPError):

@@ -28,6 +28,14 @@ class ModelSpec:
                    data["output_dim"])
 
 
+def num_params(spec: ModelSpec) -> int:
+    """How many numbers :func:`init_params` makes (embedding tables, then each layer's weights and biases)."""
+    total, width = sum(spec.vocab_sizes) * spec.embed_dim, spec.num_numeric + spec.embed_dim * len(spec.vocab_sizes)
+    for out in (*spec.hidden, spec.output_dim):
+        total, width = total + width * out + out, out
+    return total
+
+
 def init_params(key: jax.Array, spec: ModelSpec) -> dict:
     keys = jax.random.split(key, len(spec.vocab_sizes) + len(spec.hidden) + 1)
     embeddings = [0.05 * jax.random.normal(k, (size, spec.embed_dim))

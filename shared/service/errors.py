@@ -72,6 +72,8 @@ class ErrorCode(str, Enum):
     SOLVER_FAILED = ("solver_failed", 400)
     MECHANISM_NOT_SUPPORTED_ON_SPARK = ("mechanism_not_supported_on_spark", 400)  # labels_party.spark
     NO_OVERLAP = ("no_overlap", 400)
+    JOB_TOO_LARGE = ("job_too_large", 400)  # a trainer job's parameters × epochs × rows over its limit
+    TOO_FEW_EXAMPLES = ("too_few_examples", 400)  # a trainer job would train on fewer examples than its minimum
     SOURCE_NOT_ALLOWED = ("source_not_allowed", 400)  # a source location the operator did not allow
     UNKNOWN_LABELS_PARTY = ("unknown_labels_party", 400)
     LABELS_PARTY_REFUSED = ("labels_party_refused", 400)
@@ -107,20 +109,23 @@ class ErrorCode(str, Enum):
     INVALID_REQUEST = ("invalid_request", 422)
     # 429: this organization's own quota (labels_party.quotas), never another's use; Retry-After says when
     RELEASE_QUOTA_EXCEEDED = ("release_quota_exceeded", 429)
+    TOO_MANY_JOBS = ("too_many_jobs", 429)  # an organization's queued + running trainer jobs at their limit
     # 5xx: the service, or one it depends on, could not do it now (nothing was charged, but for release_failed)
     INTERNAL_ERROR = ("internal_error", 500)
+    TRAINING_FAILED = ("training_failed", 500)  # a trainer job's failure (JobView.error_code): an unexpected error
     DATABASE_OUTDATED = ("database_outdated", 500)
     STORAGE_INCONSISTENT = ("storage_inconsistent", 500)
     LABELS_PARTY_UNREACHABLE = ("labels_party_unreachable", 502)
     LABELS_PARTY_FAILED = ("labels_party_failed", 502)
     SOLVER_TIMEOUT = ("solver_timeout", 503)
+    JOB_TIME_LIMIT = ("job_time_limit", 503)  # a trainer job's failure (JobView.error_code): over its wall time
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)
     RELEASE_FAILED = ("release_failed", 503)
-    LEDGER_ROLLBACK = ("ledger_rollback", 503)
+    LEDGER_ROLLBACK = ("ledger_rollback", 503)  # the database is behind the data directory: restore both together
     # the service's capacity, shared by every organization (Retry-After): all release slots taken, or too many
     # connections
     RELEASE_CAPACITY_EXHAUSTED = ("release_capacity_exhausted", 503)
-    SERVER_BUSY = ("server_busy", 503)  # the database is behind the data directory: restore both together
+    SERVER_BUSY = ("server_busy", 503)
 
 
 def status_of(code: str) -> int:

@@ -252,10 +252,14 @@ def test_non_numeric_values_and_unknown_ids_are_4xx(parties):
     assert bad_numeric.status_code == 400 and "x1" in bad_numeric.json()["error"]["message"]
     frame.loc[3, "x1"] = 0.5
     assert _upload(trainer, frame).status_code == 200
-    unknown = trainer.post("/v1/jobs", json=_job(parties, example_ids=["u1", "u2", "ghost"]))
+    unknown = trainer.post("/v1/jobs", json=_job(parties, example_ids=[f"u{i}" for i in range(20)] + ["ghost"]))
     assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "labels_party_refused"
+    whole = trainer.post("/v1/jobs", json=_job(parties))  # asks for the table's ids, "ghost" among them
+    assert whole.status_code == 400 and whole.json()["error"]["code"] == "labels_party_refused"
     no_features = trainer.post("/v1/jobs", json=_job(parties, example_ids=["u1", "nobody"]))
     assert no_features.status_code == 400 and no_features.json()["error"]["code"] == "unknown_example_ids"
+    assert no_features.json()["error"]["message"].startswith("1 of the 2 requested example ids have no features")
+    assert not any(name in r.text for r in (unknown, whole, no_features) for name in ("ghost", "nobody", "u1"))
     assert _spent(parties) == 0.0
 
 
