@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -21,6 +22,7 @@ import pandas as pd
 import pytest
 
 from features_party import losses, train_steps
+from features_party import train as train_module
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, TrainResult, device_summary, load_model, save_model, train
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
@@ -170,6 +172,48 @@ def test_metrics_log_and_epoch_callback(tmp_path):
     assert [r["epoch"] for r in logged] == [1, 2, 3, 4]
     np.testing.assert_allclose([r["val_loss"] for r in logged], [r["val_loss"] for r in seen], rtol=1e-12)
     assert logged[-1]["val_loss"] < logged[0]["val_loss"]
+
+
+def test_an_epoch_in_several_device_calls_trains_exactly_as_in_one(monkeypatch):
+    """A long epoch runs as several scans (so a deadline can stop it between them): the same updates, the same
+    parameters, as one scan."""
+    x, y, _ = linear_data(2_000, seed=3)
+    config = TrainConfig(hidden=(16,), learning_rate=1e-2, batch_size=32, epochs=3, patience=10)
+    whole = train(config, x, no_categorical(len(y)), y, vocab_sizes=())
+    spec = models.ModelSpec(5, (), hidden=(16,))
+    assert train_module.steps_per_call(models.num_params(spec), 32) >= 50  # 50 steps an epoch: one call
+    monkeypatch.setattr(train_module, "WORK_PER_CALL", models.num_params(spec) * 64 * 7)  # 7 steps a call: 8 calls
+    sliced = train(config, x, no_categorical(len(y)), y, vocab_sizes=())
+    for a, b in zip(jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(sliced.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([r["val_loss"] for r in whole.history], [r["val_loss"] for r in sliced.history],
+                               rtol=1e-5)
+
+
+def test_a_deadline_stops_training_between_device_calls():
+    """An epoch of 8,000 steps of batch 1 through (1024, 1024) takes about 14 s here as one call; it runs as calls
+    of 63 steps (~0.1 s), and a deadline 2 s away stops it between two of them, inside the first epoch."""
+    x, y, _ = linear_data(10_000, seed=4)
+    config = TrainConfig(hidden=(1024, 1024), learning_rate=1e-4, batch_size=1, epochs=1000, patience=1000)
+    spec = models.ModelSpec(5, (), hidden=(1024, 1024))
+    assert train_module.steps_per_call(models.num_params(spec), 1) == 63
+    params = models.init_params(jax.random.PRNGKey(0), spec)  # drawn before the clock starts (seconds on a CPU)
+    epochs = []
+    started = time.monotonic()
+    with pytest.raises(train_module.TimeLimitExceeded):
+        train(config, x, no_categorical(len(y)), y, vocab_sizes=(), on_epoch=epochs.append, init_params=params,
+              deadline=started + 2.0)
+    elapsed = time.monotonic() - started
+    assert epochs == [] and 2.0 <= elapsed < 3.5, (epochs, elapsed)
+    with pytest.raises(train_module.TimeLimitExceeded):  # already past: not a single step
+        train(config, x, no_categorical(len(y)), y, vocab_sizes=(), init_params=params, deadline=started)
+
+
+def test_parameters_are_counted_as_init_params_makes_them():
+    for spec in (models.ModelSpec(3, (5, 2), 4, (8, 6), 3), models.ModelSpec(0, (7,), 2, (), 1),
+                 models.ModelSpec(4, (), 4, (2048,) * 4, 10)):
+        made = jax.eval_shape(lambda key, spec=spec: models.init_params(key, spec), jax.random.PRNGKey(0))
+        assert models.num_params(spec) == sum(leaf.size for leaf in jax.tree_util.tree_leaves(made))
 
 
 def test_unknown_loss_is_rejected():
