@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from features_party import access
 from features_party.context import TrainerContext
 from features_party.routers import features, jobs
+from features_party.settings import TrainerSettings
 from shared.service.app import service_app
 
 log = logging.getLogger("labeldp.features")
@@ -30,4 +31,16 @@ def create_app(ctx: TrainerContext) -> FastAPI:
     return service_app("labeldp features party (trainer)", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                        guard_type=access.Access,
                        routers=(features.router, jobs.router), log=log, lifespan=lifespan,
+                       adjust_openapi=lambda spec: _job_limits(spec, ctx.settings),
                        private_dirs=(ctx.settings.data_dir,))
+
+
+def _job_limits(spec: dict, settings: TrainerSettings) -> None:
+    """This deployment's job limits in the description of ``POST /v1/jobs``, so a client knows them up front."""
+    operation = spec["paths"]["/v1/jobs"]["post"]
+    operation["description"] = operation.get("description", "") + (
+        f"\n\nThis trainer's limits: a job's size (parameters × epochs × stages × rows) at most "
+        f"{settings.max_job_size:.3g} (else 400 job_too_large); at least {settings.min_train_examples} examples to "
+        f"train on (else 400 too_few_examples); {settings.max_job_seconds:g} s of wall time per running job (then it "
+        f"stops and fails with error_code job_time_limit); {settings.max_jobs_per_org} jobs queued or running per "
+        "organization (else 429 too_many_jobs, with Retry-After); organizations' queued jobs take turns.")

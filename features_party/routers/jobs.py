@@ -18,9 +18,11 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
 
 @router.post("", status_code=202, response_model=schemas.JobView)
 def create_job(body: schemas.JobRequest, who: AnyKey, ctx: Context):
-    """Plan the job completely (features, columns, options, the labels party's dataset against the loss, the
-    mechanism and the protocol), request the release, then train in the background. A job that cannot run is
-    a 4xx before any ε is spent; a refused release is a 4xx too."""
+    """Plan the job completely (features, columns, options, its size and rows to train on, the labels party's
+    dataset against the loss, the mechanism and the protocol), request the release, then train in the background.
+    A job that cannot run is a 4xx before any ε is spent; a refused release is a 4xx too. A job without
+    ``release.example_ids`` asks for the ids of its features table (ids the dataset lacks: refused by count, nothing
+    spent)."""
     return service.create_job(ctx, who.principal, body)
 
 
