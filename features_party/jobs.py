@@ -31,6 +31,7 @@ from features_party.train import TimeLimitExceeded, TrainConfig, save_model, tra
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.mechanisms.subset import SubsetSelectionRandomizer
+from shared.service.errors import ErrorCode
 
 log = logging.getLogger("labeldp.jobs")
 
@@ -95,7 +96,7 @@ def _running(ctx: TrainerContext, job_id: str):
         yield time.monotonic() + limit
     except TimeLimitExceeded:
         log.warning("job %s stopped at the time limit of %g s", job_id, limit)
-        _update(ctx, job_id, status="failed", error_code="job_time_limit",
+        _update(ctx, job_id, status="failed", error_code=ErrorCode.JOB_TIME_LIMIT.value,
                 error=f"stopped after {time.perf_counter() - started:.0f} s: over this trainer's limit of {limit:g} "
                       "s per job (max_job_seconds)")
     except (LabelsPartyError, httpx.HTTPError) as err:
@@ -108,7 +109,7 @@ def _running(ctx: TrainerContext, job_id: str):
             _update(ctx, job_id, status="failed", error=str(err), error_code=err.code)
         else:
             _update(ctx, job_id, status="failed", error=f"{type(err).__name__} while training",
-                    error_code="training_failed")
+                    error_code=ErrorCode.TRAINING_FAILED.value)
     finally:
         _update(ctx, job_id, seconds=time.perf_counter() - started)
 

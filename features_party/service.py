@@ -23,6 +23,7 @@ from features_party.context import TrainerContext
 from features_party.features import read_features
 from features_party.planning import feature_row, not_found, plan_job
 from shared.errors import LabelDPError, RetryLater
+from shared.service.errors import ErrorCode
 
 # -- features tables ---------------------------------------------------------------------------------------------
 
@@ -134,7 +135,8 @@ def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRe
 def _update_failed(ctx: TrainerContext, job_id: str) -> None:
     with ctx.sessions() as session, session.begin():
         row = session.get(db.Job, job_id)
-        row.status, row.error, row.error_code = "failed", "internal error while starting the job", "internal_error"
+        row.status, row.error = "failed", "internal error while starting the job"
+        row.error_code = ErrorCode.INTERNAL_ERROR.value
 
 
 def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: str) -> schemas.JobView:
