@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
+from features_party import context as trainer_context_module
 from features_party import scheduling
+from features_party.api import create_app as create_trainer
 from features_party.client import BudgetExceeded, LabelsPartyClient
+from features_party.settings import TrainerSettings
+from labeldp.local_services import serve_in_thread
 from shared import models
 from tests.features_party import test_api
 from tests.features_party.test_api import N, _finish, _job, _Listener, _spent, _upload, trainer_client, trainer_context
@@ -105,6 +111,34 @@ def test_jobs_per_organization_and_organizations_take_turns(parties):
     assert a.post("/v1/jobs", json=reuse).status_code == 202  # its slots are free again
     assert _spent(parties) == 1.0
     ctx.executor.shutdown(wait=True)
+
+
+def test_an_organizations_job_count_holds_under_concurrent_requests(parties, database_url):
+    """Eight jobs of one organization at once over HTTP, on SQLite and PostgreSQL: exactly the limit is kept."""
+    if database_url.startswith("sqlite"):  # the fixture's SQLite file is the labels party's
+        database_url = f"sqlite:///{parties['tmp']}/concurrent.db"
+    ctx = trainer_context_module.make_context(TrainerSettings(
+        database_url=database_url, data_dir=parties["tmp"] / "concurrent", labels_parties={"office": parties[
+            "labels_url"]}, upstream_timeout_seconds=20, upstream_retries=0, workers=1, max_jobs_per_org=3))
+    trainer = trainer_client(ctx, "publisher")
+    assert _upload(trainer, parties["features"]).status_code == 200
+    busy = threading.Event()
+    ctx.executor.submit(busy.wait)  # nothing finishes while the jobs are created
+    first = trainer.post("/v1/jobs", json=_job(parties, mechanism="rr", epsilon=1.0))
+    assert first.status_code == 202, first.text
+    reuse = {**_job(parties), "release": None, "release_id": first.json()["release"]["id"]}
+    with serve_in_thread(create_trainer(ctx)) as url:
+        def post(_):
+            with httpx.Client(base_url=url, headers=dict(trainer.headers), timeout=60) as http:
+                return http.post("/v1/jobs", json=reuse).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = sorted(pool.map(post, range(8)))
+        busy.set()
+        assert statuses == [202] * 2 + [429] * 6
+        jobs = trainer.get("/v1/jobs").json()
+        assert len(jobs) == 3 and all(_finish(trainer, job["id"])["status"] == "succeeded" for job in jobs)
+    ctx.executor.shutdown(wait=True)  # (the server's shutdown, too, ends the executor: its jobs finished first)
 
 
 def test_the_fair_queue_serves_the_organization_served_longest_ago():
