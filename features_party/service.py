@@ -127,12 +127,12 @@ def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRe
             session.delete(session.get(db.Job, job_id))
         raise
     except BaseException:
-        _update_failed(ctx, job_id)  # an unexpected error: the job must not hold its slot for ever
+        _mark_failed(ctx, job_id)  # an unexpected error: the job must not hold its slot for ever
         raise
     return get_job(ctx, principal, job_id)
 
 
-def _update_failed(ctx: TrainerContext, job_id: str) -> None:
+def _mark_failed(ctx: TrainerContext, job_id: str) -> None:
     with ctx.sessions() as session, session.begin():
         row = session.get(db.Job, job_id)
         row.status, row.error = "failed", "internal error while starting the job"
