@@ -3,6 +3,8 @@ recomputation from the stored log alone (:mod:`labels_party.verification`)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from sqlalchemy import select
 
 from labels_party import budgets, db, ledger, verification
@@ -10,6 +12,7 @@ from labels_party.access import administered_datasets, not_found
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from shared import schemas
+from shared.errors import LabelDPError
 
 
 def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> schemas.Audit:
@@ -21,19 +24,39 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
         datasets = list(session.scalars(query))
         if dataset_id is not None and not datasets:
             raise not_found()
-        events, uploads, valid = [], [], True
+        events, facts, uploads, valid = [], [], [], True
         for dataset in datasets:
             chain = ledger.entries(session, dataset.id)
             valid &= ledger.chain_intact(chain, dataset.ledger_head)
-            events += [schemas.AuditEvent(seq=e.seq, dataset_id=e.dataset_id, record=e.record, prev_hash=e.prev_hash,
-                                          hash=e.hash) for e in chain]
+            for e in chain:
+                (events if e.is_release else facts).append(schemas.AuditEvent(
+                    seq=e.seq, dataset_id=e.dataset_id, record=e.record, prev_hash=e.prev_hash, hash=e.hash))
             uploads += [schemas.UploadEvent(dataset_id=dataset.id, label_version=v.version, num_examples=v.num_examples,
                                             clipped_below=v.clipped_below, clipped_above=v.clipped_above,
                                             created_at=v.created_at)
                         for v in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
                                                  .order_by(db.LabelVersion.version))]
         return schemas.Audit(events=events, chain_valid=valid,
-                             budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads)
+                             budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads,
+                             facts=facts)
+
+
+def heads(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> list[schemas.SignedHead]:
+    """The current chain head of each dataset this key administers (or the one named), signed now: what an owner
+    pins. Only the owner's admins see them — a head's sequence number counts every organization's releases. 503
+    ``audit_key_missing`` on a service without an audit key."""
+    signer = ctx.ledger.signer
+    if signer is None:
+        raise LabelDPError("this service has no audit key (LABELDP_AUDIT_KEY_FILE): its heads are not signed",
+                           code="audit_key_missing")
+    with ctx.sessions() as session, session.begin():
+        query = administered_datasets(principal).order_by(db.Dataset.created_at)
+        if dataset_id is not None:
+            query = query.where(db.Dataset.id == dataset_id)
+        datasets = [(d.id, d.ledger_seq, d.ledger_head) for d in session.scalars(query)]
+    if dataset_id is not None and not datasets:
+        raise not_found()
+    return [schemas.SignedHead(**asdict(signer.sign(*row))) for row in datasets]
 
 
 def verify_audit(ctx: ServiceContext, dataset_id: str | None = None) -> dict:

@@ -72,6 +72,8 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
         if held.delta != new_delta:  # its curves now convert at another δ: its spent ε moves
             ctx_ledger.reprice(dataset, held, new_delta)
     session.flush()
+    for held in (owner, account):  # the chain says what each allocation is from now on
+        ctx_ledger.allocation(session, dataset, held)
     dataset.epsilon_spent_units = sum(a.spent_max_units for a in session.scalars(
         select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)))
     return account
@@ -157,6 +159,10 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
                                   dataset.epsilon_total_units - sum(a.epsilon_units for a in granted))
         dataset.delta_total = sum(a.delta for a in accounts.values())
         dataset.epsilon_spent_units = sum(a.spent_max_units for a in accounts.values())
+        session.flush()
+        ledger.dataset_budget(session, dataset, "changed")  # the allocations (and δ_total) this rebuild set
+        for org_id in sorted(accounts):
+            ledger.allocation(session, dataset, accounts[org_id])
         if dataset.ledger_seq and ledger.read_anchor(dataset.id) is None:
             ledger.anchor(dataset)  # records from before anchors: this is the head the data directory now knows
         # the per-dataset layouts: budget/{spent,classes}_*.npy, and older per-example vectors beside the dataset
@@ -168,9 +174,9 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
 
 
 def records_by_org(session: Session, chain: Sequence[Entry]) -> tuple[list[dict], list[int]]:
-    """The records of ledger entries and the organization each charged: its release's requester (records written
-    before they named their actor have no other)."""
-    records = [e.record for e in chain]
+    """The release records of ledger entries and the organization each charged: its release's requester (records
+    written before they named their actor have no other)."""
+    records = [e.record for e in chain if e.is_release]
     requesters = dict(session.execute(select(db.Release.id, db.Release.requester_org_id).where(
         db.Release.id.in_([r["release_id"] for r in records]))).all()) if records else {}
     return records, [requesters[r["release_id"]] for r in records]

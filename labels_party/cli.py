@@ -1,5 +1,5 @@
-"""Labels-party subcommands: ``labeldp randomizer solve|audit`` and ``labeldp labels serve|verify-audit|upgrade-db``
-with the key commands (``create-key``, ``list-keys``, ``revoke-key``, ``rotate-key``)."""
+"""Labels-party subcommands: ``labeldp randomizer solve|audit`` and ``labeldp labels serve|verify-audit|audit-key|
+upgrade-db`` with the key commands (``create-key``, ``list-keys``, ``revoke-key``, ``rotate-key``)."""
 
 from __future__ import annotations
 
@@ -162,7 +162,17 @@ def register_service_commands(commands) -> None:
         commands, "labels", help="run and administer the labels-party service", port=8700, roles=("admin", "consumer"),
         database_help="SQLAlchemy URL (default: $LABELDP_DATABASE_URL or sqlite:///var/labels.db)",
         data_help="label and release files (default: $LABELDP_DATA_DIR or var/data)")
-    verify = parsers.add("verify-audit", "recompute the ledger hash chains and budgets")
+    verify = parsers.add("verify-audit", "recompute the ledger hash chains and budgets; with signed heads pinned "
+                                         "earlier, prove the database was not rewritten or truncated since")
+    verify.add_argument("--pinned", help="a file of signed heads (JSON lines: an exported heads.jsonl, or heads "
+                                         "from GET /v1/audit/heads); default: $LABELDP_AUDIT_LOG_DIR/heads.jsonl")
+    verify.add_argument("--public-key", help="the audit public key (64 hex digits, as audit-key printed it); "
+                                             "default: that of $LABELDP_AUDIT_KEY_FILE")
+    key = parsers.actions.add_parser("audit-key", help="create the Ed25519 key that signs audit heads (mode 0600) "
+                                                       "and print its public key")
+    key.add_argument("--key-file", help="where to write it (default: $LABELDP_AUDIT_KEY_FILE); never overwritten")
+    key.add_argument("--json", action="store_true", help="print one JSON object")
+    key.set_defaults(handler=audit_key_command)
     parsers.serve.set_defaults(handler=serve_command)
     handle_keys(parsers, _keys)
     verify.set_defaults(handler=verify_audit_command)
@@ -219,7 +229,44 @@ def verify_audit_command(args) -> int:
     # Not a service context: the audit must also look at a database the service would refuse (one restored
     # behind its data directory reports that as a problem), and it repairs nothing.
     settings = _settings(args)
+    pinned, public = _pinned(args, settings)
     report = verification.verify(migrations.make_sessionmaker(db.make_engine(settings.database_url)),
-                                 Ledger(DataStore(settings.data_dir)))
+                                 Ledger(DataStore(settings.data_dir)), pinned=pinned, public_key=public)
     print(json.dumps(report, indent=2))
     return 0 if report["valid"] else 1
+
+
+def _pinned(args, settings):
+    """The signed heads to check (a file given, else the configured export) and the public key they verify with."""
+    from pathlib import Path
+
+    from labels_party.ledger import signing
+
+    path = Path(args.pinned) if args.pinned else (
+        settings.audit_log_dir / signing.LOG_NAME if settings.audit_log_dir is not None else None)
+    if path is None or (not args.pinned and not path.exists()):
+        return None, None
+    if args.public_key:
+        public = signing.parse_public_key(args.public_key)
+    elif settings.audit_key_file is not None:
+        public = signing.load_key_file(settings.audit_key_file).public_key()
+    else:
+        raise LabelDPError("checking pinned heads needs the audit public key (--public-key)", code="usage")
+    return signing.read_heads(path), public
+
+
+def audit_key_command(args) -> int:
+    from pathlib import Path
+
+    from labels_party.ledger import signing
+    from labels_party.settings import LabelsSettings
+
+    path = Path(args.key_file) if args.key_file else LabelsSettings().audit_key_file
+    if path is None:
+        raise LabelDPError("say where the key goes: --key-file PATH (or LABELDP_AUDIT_KEY_FILE)", code="usage")
+    public = signing.create_key_file(path)  # the private key is written to the file only, never printed
+    if args.json:
+        print(json.dumps({"public_key": signing.public_hex(public), "key_id": signing.key_id(public)}))
+    else:
+        print(signing.public_hex(public))
+    return 0

@@ -12,7 +12,8 @@ import numpy as np
 from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, migrations, recovery
-from labels_party.ledger import Ledger
+from labels_party.ledger import HeadSigner, Ledger
+from labels_party.ledger.signing import load_key_file
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
@@ -59,7 +60,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     store = DataStore(settings.data_dir)
     sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade,
                                             data_dir=settings.data_dir)
-    ledger = Ledger(store)
+    ledger = Ledger(store, audit_signer(settings))
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
@@ -73,6 +74,13 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
         ctx.close()  # a refused start holds neither the database nor the data directory
         raise
     return ctx
+
+
+def audit_signer(settings: LabelsSettings) -> HeadSigner | None:
+    """The audit key and export directory from settings (a key that others may read is refused at start)."""
+    if settings.audit_key_file is None:
+        return None
+    return HeadSigner(load_key_file(settings.audit_key_file), settings.audit_log_dir)
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

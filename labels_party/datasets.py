@@ -61,7 +61,8 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                                  **source)
             session.add(dataset)
             session.flush()
-            budgets.open_owner_account(session, dataset)
+            ctx.ledger.dataset_budget(session, dataset)
+            ctx.ledger.allocation(session, dataset, budgets.open_owner_account(session, dataset))
             return dataset_view(session, principal, dataset)
     except IntegrityError:  # the same name committed meanwhile (a registration retried while its copy ran)
         source_datasets.discard(ctx, source)
@@ -137,6 +138,7 @@ def grant_access(ctx: ServiceContext, admission: Admission, body: schemas.GrantC
         if not session.scalar(select(db.Grant).where(db.Grant.dataset_id == dataset.id,
                                                      db.Grant.org_id == org.id)):
             session.add(db.Grant(dataset_id=dataset.id, org_id=org.id))
+            ctx.ledger.grant_made(session, dataset, org)
         return schemas.Grant(dataset_id=dataset.id, org=body.org, epsilon=units_epsilon(account.epsilon_units),
                              delta=account.delta)
 

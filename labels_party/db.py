@@ -161,6 +161,10 @@ class Release(Base):
     mechanism_hash: Mapped[str | None] = mapped_column(ForeignKey("mechanism_documents.hash"), nullable=True)
     prior_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # small summary of the noisy prior
     file: Mapped[str] = mapped_column(String(300))
+    # the file as it was when the release became available (storage.DataStore.digest): a download or verify-audit
+    # that finds it otherwise reports it damaged, never serves it
+    file_size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    file_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # running -> available | failed. Charged when it is created, before anything private is drawn: a failed
     # release stays charged (releases/transaction.py)
     state: Mapped[str] = mapped_column(String(20), default="available", server_default="available")

@@ -52,7 +52,7 @@ def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
     written, so a file the database does not know was delivered by a database this one is older than."""
     with sessions() as session, session.begin():
         for dataset_id in ledger.anchored_datasets():
-            if session.get(db.Dataset, dataset_id) is None:
+            if session.get(db.Dataset, dataset_id) is None and not ledger.uncommitted_creation(dataset_id):
                 raise LedgerRollback(rollback_message(dataset_id))
         migrating = set(session.scalars(select(db.BudgetAccount.dataset_id).where(db.BudgetAccount.needs_rebuild)))
         for dataset in session.scalars(select(db.Dataset)):

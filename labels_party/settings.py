@@ -47,6 +47,12 @@ class LabelsSettings(HttpSettings, QuotaSettings):
     max_document_bytes: int = Field(default=32 << 20, gt=0)
     # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
     # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
+    # The audit (docs/design/audit.md): the Ed25519 key that signs chain heads (a PEM file, mode 0600, made by
+    # `labeldp labels audit-key`; keep it where a database writer cannot read it) and the directory, outside the
+    # database and the data directory, where every committed head is appended (heads.jsonl). Unset: heads are not
+    # signed, and verify-audit can only check the database against itself.
+    audit_key_file: Path | None = None
+    audit_log_dir: Path | None = None
     spark_master: str = "local[*]"
     spark_sources: dict[str, list[str]] = Field(default_factory=dict)
 

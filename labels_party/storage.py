@@ -5,6 +5,7 @@ counts once a committed database row points at it — a crash leaves at worst an
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import uuid
@@ -65,11 +66,28 @@ class DataStore:
     def read_array(self, relative: str) -> np.ndarray:
         return np.load(self.path(relative))
 
+    def digest(self, relative: str) -> tuple[int, str]:
+        """(bytes, SHA-256) of a file, or of a directory's Parquet part files in order (a Spark job's output) —
+        what a download serves. Raises OSError if it is missing."""
+        return file_digest(self.path(relative))
+
     def remove(self, relative: str) -> None:
         try:
             self.path(relative).unlink()
         except FileNotFoundError:
             pass
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(bytes, SHA-256) of ``path`` — a directory: of its ``part-*.parquet`` files in name order — read in blocks."""
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    digest, size = hashlib.sha256(), 0
+    for file in files:
+        with open(file, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+                size += len(block)
+    return size, digest.hexdigest()
 
 
 def write_npy(path: Path, dtype, total: int, chunks: Iterable[np.ndarray]) -> None:

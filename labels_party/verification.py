@@ -1,118 +1,305 @@
-"""``labeldp labels verify-audit``: everything the ledger claims, recomputed from its records alone.
+"""``labeldp labels verify-audit``: everything the ledger claims, recomputed from its records alone, and — given
+signed heads pinned earlier — proof that the database was not rewritten or truncated since.
 
-Per dataset: the hash chain and its anchor in the data directory; per record, its (ε, δ) from its ``dp_event``
-(a pure event's ε at most its exact charge; an event with δ > 0 charged exactly the RDP curve the accountant gives
-it), its coverage file against its hash and the registry, and its release (an available release's mechanism
-document exists and certifies at most what was charged); per organization's account, every example's spent state
-recomputed from that organization's records and compared exactly with the stored classes, and its use within its
-allocation; per example, the total over the accounts within the dataset's (ε_total, δ_total).
+Per dataset, in one consistent snapshot (PostgreSQL: a read-only REPEATABLE READ transaction, so a running
+service may keep charging): the hash chain; the heads pinned (each signed by the audit key, contained in the chain
+at its position) and the data directory's anchor (read before the snapshot: the chain must contain what it saw);
+the chain's facts replayed against the tables — totals, grants, every organization's allocation, revoked keys,
+one release row per charged release and no other; per record, its (ε, δ) from its ``dp_event`` (a pure event's ε
+at most its exact charge, compared in integer units; an event with δ > 0 charged exactly the RDP curve the
+accountant gives it), its coverage file against its hash and the registry, and its release (an available
+release's mechanism document exists and certifies at most what was charged, its file is the one recorded when it
+became available); per organization's account, every example's spent state recomputed from that organization's
+records and compared exactly with the stored classes, and its use within its allocation; per example, the total
+over the accounts within the dataset's (ε_total, δ_total). A missing or damaged file is reported, never raised.
+
+A budget file the snapshot names may have been superseded — and removed — by a charge that committed after the
+snapshot began: that dataset is checked again in a fresh snapshot (a file still named by the newest state and
+unreadable is reported).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import sessionmaker
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import budgets, db, labelstore
 from labels_party.ledger import (
     CHUNK,
+    Anchor,
     Charge,
+    Entry,
     Ledger,
-    LedgerRollback,
+    SignedHead,
     chain_intact,
+    charge_units,
     entries,
     rdp_curve,
     units_epsilon,
-    within_charge,
 )
+from labels_party.ledger.chain import replay
 from shared.mechanisms import events
 
+ATTEMPTS = 20  # fresh snapshots of one dataset whose budget files kept changing under the audit
+_STATE_ERRORS = (OSError, ValueError, EOFError)  # a file gone, or cut short / not an array
 
-def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None) -> dict:
-    """Every dataset's (or only ``dataset_id``'s) chain, records, coverage and accounts, recomputed."""
-    datasets: list[dict[str, Any]] = []
-    valid = True
-    hashes: dict[str, str] = {}
+
+class _Changed(Exception):
+    """A budget file the snapshot names is gone because a later charge superseded it: check again."""
+
+
+def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None, *,
+           pinned: Sequence[SignedHead] | None = None, public_key: Ed25519PublicKey | None = None) -> dict:
+    """Every dataset's (or only ``dataset_id``'s) chain, facts, records, files and accounts, recomputed; with
+    ``pinned`` heads (and the ``public_key`` they are signed with), each checked against its dataset's chain."""
+    # Read before any snapshot: every head exported and every anchor written was committed before, or is at most
+    # one pending charge ahead, so a snapshot taken afterwards must contain what they say.
+    heads: dict[str, list[SignedHead]] = {}
+    for head in pinned or ():
+        heads.setdefault(head.dataset_id, []).append(head)
+    anchors = {name: ledger.read_anchor(name) for name in ledger.anchored_datasets()}
     with sessions() as session, session.begin():
-        names = {o.id: o.name for o in session.scalars(select(db.Organization))}
-        query = select(db.Dataset).order_by(db.Dataset.created_at)
+        query = select(db.Dataset.id).order_by(db.Dataset.created_at)
         if dataset_id is not None:
             query = query.where(db.Dataset.id == dataset_id)
-        for dataset in session.scalars(query):
-            chain = entries(session, dataset.id)
-            problems = []
-            if not chain_intact(chain, dataset.ledger_head):
-                problems.append("hash chain broken")
-            try:
-                ledger.check_anchor(dataset)
-            except LedgerRollback:
-                problems.append("the database is behind the data directory's anchor (restored from an older backup)")
-            try:
-                records, orgs = budgets.records_by_org(session, chain)
-            except KeyError:  # a record whose release is gone: reported per record below
-                records, orgs = [e.record for e in chain], [-1] * len(chain)  # no organization's
-            for entry, record in zip(chain, records, strict=True):
-                problems += _record_problems(ledger, session, dataset, entry.seq, record, hashes)
-            accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
-                                       .order_by(db.BudgetAccount.id)).all()
-            for account in accounts:
-                own = [r for r, org in zip(records, orgs, strict=True) if org == account.org_id]
-                problems += [f"{names[account.org_id]}: {p}" for p in ledger.differences(dataset, account, own)]
-                if account.spent_max_units > account.epsilon_units:
-                    problems.append(f"{names[account.org_id]} spent more than its allocation")
-            totals, _counts = ledger.spent_by_example(accounts, dataset.registry_size)
+        ids = list(session.scalars(query))
+    datasets = [_verify_dataset(sessions, ledger, name, anchors.get(name), heads.get(name, []), public_key)
+                for name in ids]
+    valid = all(not d["problems"] for d in datasets)
+    report: dict[str, Any] = {"datasets": datasets, "valid": valid}
+    missing = sorted(name for name in set(anchors) - set(ids) if not ledger.uncommitted_creation(name)) \
+        if dataset_id is None else []
+    if missing:  # the data directory anchored a dataset the database does not have
+        report["problems"] = [f"dataset {name} has an anchor in the data directory but is not in the database"
+                              for name in missing]
+        report["valid"] = False
+    if pinned is not None:
+        gone = sorted({h.dataset_id for h in pinned} - set(ids)) if dataset_id is None else []
+        report["pinned"] = {"heads": len(pinned), "problems": [
+            f"dataset {name} has pinned heads but is not in the database" for name in gone]}
+        report["valid"] &= not gone
+    return report
+
+
+def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
+                    heads: list[SignedHead], public_key: Ed25519PublicKey | None) -> dict:
+    for _attempt in range(ATTEMPTS):
+        try:
+            with sessions() as session, session.begin():
+                _snapshot(session)
+                return _check(session, sessions, ledger, dataset_id, anchor, heads, public_key)
+        except _Changed:
+            continue
+    return {"dataset_id": dataset_id, "problems": [
+        f"its budget files changed under each of {ATTEMPTS} snapshots; run verify-audit again"]}
+
+
+def _snapshot(session: Session) -> None:
+    """PostgreSQL: this transaction reads one snapshot and writes nothing (SQLite's transactions are already
+    serialized: see shared.service.database)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ", "postgresql_readonly": True})
+
+
+def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
+           heads: list[SignedHead], public_key: Ed25519PublicKey | None) -> dict:
+    dataset = session.get(db.Dataset, dataset_id)
+    if dataset is None:  # datasets are never deleted: it was listed a moment ago
+        return {"dataset_id": dataset_id, "problems": ["the dataset row is gone"]}
+    names = {o.id: o.name for o in session.scalars(select(db.Organization))}
+    chain = entries(session, dataset.id)
+    problems: list[str] = []
+    if not chain_intact(chain, dataset.ledger_head):
+        problems.append("hash chain broken")
+    problems += _anchor_problems(ledger, dataset, chain, anchor)
+    problems += _pinned_problems(chain, heads, public_key)
+    replayed = replay(chain)
+    problems += replayed.problems
+    problems += _fact_problems(session, dataset, replayed, names)
+    releases = {r.id: r for r in session.scalars(select(db.Release).where(db.Release.dataset_id == dataset.id))}
+    for missing in sorted(replayed.releases.keys() - releases.keys()):
+        problems.append(f"release {missing} is charged in the chain but missing")
+    for extra in sorted(releases.keys() - replayed.releases.keys()):
+        problems.append(f"release {extra} is not in the chain")
+    for name, units in replayed.releases.items():
+        if name in releases and releases[name].charge_units != units:
+            problems.append(f"release {name}'s charge differs from its record's")
+    records, orgs = budgets.records_by_org(session, chain) if not (replayed.releases.keys() - releases.keys()) \
+        else ([e.record for e in chain if e.is_release], None)
+    coverage_hashes: dict[str, str] = {}
+    for entry in (e for e in chain if e.is_release):
+        problems += _record_problems(ledger, session, dataset, entry, coverage_hashes)
+    for release in sorted(releases.values(), key=lambda r: r.id):
+        problems += _file_problems(ledger, release)
+    accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
+                               .order_by(db.BudgetAccount.id)).all()
+    states = _open_states(sessions, ledger, dataset, accounts)
+    for account, state in zip(accounts, states, strict=True):
+        who = names.get(account.org_id, "?")
+        if state is None:
+            problems.append(f"{who}: its budget state file is missing or damaged")
+            continue
+        if orgs is not None:
+            own = [r for r, org in zip(records, orgs, strict=True) if org == account.org_id]
+            problems += [f"{who}: {p}" for p in ledger.differences(dataset, account, own, state)]
+        if account.spent_max_units > account.epsilon_units:
+            problems.append(f"{who} spent more than its allocation")
+    worst = 0
+    if all(state is not None for state in states):
+        try:
+            totals, _counts = ledger.spent_by_example(accounts, dataset.registry_size, states)  # type: ignore[arg-type]
             worst = int(totals.max()) if totals.size else 0
-            if worst > dataset.epsilon_total_units:
-                problems.append("an example exceeds the dataset's total budget")
-            if sum(a.delta for a in accounts if a.rdp_file) > dataset.delta_total * (1 + 1e-12):
-                problems.append("the organizations' delta exceeds the dataset's")
-            if dataset.epsilon_spent_units != sum(a.spent_max_units for a in accounts):
-                problems.append("the dataset's spent epsilon differs from its accounts'")
-            releases = session.scalar(select(func.count()).select_from(db.Release)
-                                      .where(db.Release.dataset_id == dataset.id))
-            if releases != len(chain):
-                problems.append(f"{releases} releases but {len(chain)} ledger entries")
-            datasets.append({"dataset_id": dataset.id, "name": dataset.name, "entries": len(chain),
-                                       "epsilon_spent": units_epsilon(worst),
-                                       "epsilon_total": units_epsilon(dataset.epsilon_total_units),
-                                       "delta_total": dataset.delta_total, "problems": problems})
-            valid &= not problems
-    return {"datasets": datasets, "valid": valid}
+        except _STATE_ERRORS:
+            problems.append("the per-example totals cannot be read from the budget files")
+    if worst > dataset.epsilon_total_units:
+        problems.append("an example exceeds the dataset's total budget")
+    if sum(a.delta for a in accounts if a.rdp_file) > dataset.delta_total * (1 + 1e-12):
+        problems.append("the organizations' delta exceeds the dataset's")
+    if dataset.epsilon_spent_units != sum(a.spent_max_units for a in accounts):
+        problems.append("the dataset's spent epsilon differs from its accounts'")
+    return {"dataset_id": dataset.id, "name": dataset.name, "entries": len(chain),
+            "releases": len(replayed.releases), "seq": dataset.ledger_seq, "head": dataset.ledger_head,
+            "epsilon_spent": units_epsilon(worst), "epsilon_total": units_epsilon(dataset.epsilon_total_units),
+            "delta_total": dataset.delta_total, "problems": problems}
 
 
-def _record_problems(ledger: Ledger, session, dataset: db.Dataset, seq: int, record: dict, hashes: dict) -> list[str]:
+def _contains(chain: Sequence[Entry], seq: int, head: str) -> bool:
+    """The chain has ``head`` at position ``seq`` (0: the empty chain's)."""
+    if seq == 0:
+        return head == "0" * 64
+    return seq <= len(chain) and chain[seq - 1].seq == seq and chain[seq - 1].hash == head
+
+
+def _anchor_problems(ledger: Ledger, dataset: db.Dataset, chain: Sequence[Entry], anchor: Anchor | None) -> list[str]:
+    """The anchor read before the snapshot: the chain must contain the head it had confirmed (a pending head may
+    be one whose commit failed); a dataset with a chain must have one (re-read: it may have been made since)."""
+    anchor = anchor or ledger.read_anchor(dataset.id)
+    if anchor is None:
+        return ["the chain has entries but the data directory has no anchor for it"] if chain else []
+    if not _contains(chain, anchor.previous_seq, anchor.previous_head):
+        return ["the database is behind the data directory's anchor (restored from an older backup)"]
+    return []
+
+
+def _pinned_problems(chain: Sequence[Entry], heads: Sequence[SignedHead],
+                     public_key: Ed25519PublicKey | None) -> list[str]:
+    problems = []
+    for head in heads:
+        if public_key is None or not head.signed_by(public_key):
+            problems.append(f"pinned head at seq {head.seq}: not signed by the audit key")
+        elif not _contains(chain, head.seq, head.head):
+            problems.append(f"pinned head at seq {head.seq}: the chain no longer contains it (rewritten or "
+                            f"truncated: it has {len(chain)} entries)")
+    return problems
+
+
+def _fact_problems(session: Session, dataset: db.Dataset, replayed, names: dict[int, str]) -> list[str]:
+    """The tables agree with what the chain's facts say now stands."""
+    problems = []
+    if replayed.totals is None:
+        problems.append("the chain records no budget for the dataset")
+    elif replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
+        problems.append("the dataset's totals differ from the chain's")
+    grants = {names.get(g.org_id, "?") for g in session.scalars(select(db.Grant).where(
+        db.Grant.dataset_id == dataset.id))}
+    if grants != replayed.grants:
+        problems.append("the grants differ from the chain's")
+    accounts = {names.get(a.org_id, "?"): (a.epsilon_units, a.delta) for a in session.scalars(
+        select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id))}
+    for org in sorted(accounts.keys() | replayed.allocations.keys()):
+        if accounts.get(org) != replayed.allocations.get(org):
+            problems.append(f"{org}'s allocation differs from the chain's")
+    if replayed.revoked:
+        keys = {k.id: k for k in session.scalars(select(db.ApiKey).where(db.ApiKey.id.in_(replayed.revoked)))}
+        for key_id, prefix in sorted(replayed.revoked.items()):
+            key = keys.get(key_id)
+            if key is None or key.prefix != prefix or not key.revoked:
+                problems.append(f"key {prefix} is revoked in the chain but not in the keys table")
+    return problems
+
+
+def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entry: Entry,
+                     hashes: dict[str, str]) -> list[str]:
+    seq, record = entry.seq, entry.record
     problems = []
     charge = Charge.of_record(record)
-    event = events.from_dict(record["dp_event"])
+    try:
+        event = events.from_dict(record["dp_event"])
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return [f"seq {seq}: its dp_event cannot be read"]
     if charge.rdp is None:
         epsilon = events.epsilon_of(event)
-        if not within_charge(epsilon, charge.units):
-            problems.append(f"seq {seq}: dp_event epsilon {epsilon} exceeds the charge")
+        if not fits(epsilon, charge.units):
+            problems.append(f"seq {seq}: dp_event epsilon {epsilon!r} exceeds the charge of "
+                            f"{charge.units} units")
     elif record.get("rdp_units") is not None and list(rdp_curve(event)) != list(record["rdp_units"]):
         problems.append(f"seq {seq}: the charged RDP curve is not the dp_event's")
+    file = record["coverage"]["file"]
     try:
-        coverage = labelstore.read_coverage(ledger.store, record["coverage"]["file"])
-    except OSError:
-        return problems + [f"seq {seq}: coverage file {record['coverage']['file']} missing"]
-    if _sha256_of(record["coverage"]["file"], coverage, hashes) != record["coverage"]["sha256"]:
+        coverage = labelstore.read_coverage(ledger.store, file)
+        digest = _sha256_of(file, coverage, hashes)
+        last = int(coverage.slice(coverage.size - 1, coverage.size)[0]) if coverage.size else -1
+    except _STATE_ERRORS:
+        return problems + [f"seq {seq}: coverage file {file} missing or damaged"]
+    if digest != record["coverage"]["sha256"]:
         problems.append(f"seq {seq}: coverage file does not match its hash")
-    if coverage.size != record.get("examples_covered", coverage.size) or (
-            coverage.size and int(coverage.slice(coverage.size - 1, coverage.size)[0]) >= dataset.registry_size):
+    if coverage.size != record.get("examples_covered", coverage.size) or last >= dataset.registry_size:
         problems.append(f"seq {seq}: coverage disagrees with the examples covered or the registry")
     release = session.get(db.Release, record["release_id"])
     if release is None:
-        return problems + [f"seq {seq}: release {record['release_id']} missing"]
+        return problems  # reported with the chain's releases
     if "mechanism_hash" in record and release.mechanism_hash != record["mechanism_hash"]:
         problems.append(f"seq {seq}: the release's mechanism document is not the one recorded")
     if release.state == "available":
         if release.mechanism_hash is None or session.get(db.MechanismDocument, release.mechanism_hash) is None:
             problems.append(f"seq {seq}: mechanism document of release {release.id} missing")
-        elif charge.rdp is None and not within_charge(release.certified_epsilon or 0.0, charge.units):
+        elif charge.rdp is None and not fits(release.certified_epsilon or 0.0, charge.units):
             problems.append(f"seq {seq}: the release's mechanism certifies more than was charged")
     return problems
+
+
+def fits(epsilon: float, units: int) -> bool:
+    """A recomputed ε (a double) within a charge of ``units``, compared exactly in integer units: the double is
+    read as the service reads every ε — its shortest decimal, rounded up to a unit (:func:`charge_units`) — so
+    0.1 computed as 0.1000000000000000055… is 100 000 000 units, not a false alarm against a charge of 0.1."""
+    return epsilon == epsilon and epsilon != float("inf") and charge_units(epsilon) <= units
+
+
+def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
+    """An available release's labels file is the one recorded when it became available."""
+    if release.state != "available":
+        return []
+    if release.file_size is None or release.file_sha256 is None:
+        return [f"release {release.id}: its file's size and hash were never recorded"]
+    try:
+        found = ledger.store.digest(release.file)
+    except OSError:
+        return [f"release {release.id}: its labels file is missing"]
+    if found != (release.file_size, release.file_sha256):
+        return [f"release {release.id}: its labels file is damaged ({found[0]} bytes, {release.file_size} recorded)"]
+    return []
+
+
+def _open_states(sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset, accounts) -> list:
+    """Every account's state, opened now (an opened file stays readable when a later charge removes it); None for
+    one whose files are missing or damaged although the newest state still names them."""
+    states = []
+    for account in accounts:
+        try:
+            states.append(ledger.state(account, dataset.registry_size))
+        except _STATE_ERRORS:
+            named = (account.classes_file, account.spent_file, account.rdp_file)
+            with sessions() as fresh, fresh.begin():
+                now = fresh.get(db.BudgetAccount, account.id)
+                if now is None or (now.classes_file, now.spent_file, now.rdp_file) != named:
+                    raise _Changed from None
+            states.append(None)
+    return states
 
 
 def _sha256_of(file: str, coverage, cache: dict) -> str:

@@ -385,7 +385,21 @@ class UploadEvent(BaseModel):
 
 
 class Audit(BaseModel):
-    events: list[AuditEvent]
+    events: list[AuditEvent]  # the releases' charges
     chain_valid: bool
     budgets: list[Budget]
     uploads: list[UploadEvent]
+    # the chain's other entries: totals, grants, allocations, keys (with events, in seq order: the whole chain)
+    facts: list[AuditEvent] = Field(default_factory=list)
+
+
+class SignedHead(BaseModel):
+    """A dataset's chain head, signed with the labels party's Ed25519 audit key: pin it, and later have
+    ``labeldp labels verify-audit --pinned`` prove the chain still contains it (docs/design/audit.md)."""
+
+    dataset_id: str
+    seq: int
+    head: str
+    signed_at: str
+    key_id: str
+    signature: str  # hex; Ed25519 over b"labeldp audit head v1\n" + canonical JSON of the four fields above

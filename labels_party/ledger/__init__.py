@@ -25,6 +25,10 @@ example and one row per class — (pure units, size) and the RDP curve when the 
 it does not grow with releases × examples; every pass over it goes block by block (:data:`CHUNK`). The state can
 always be rebuilt from the records alone (:meth:`Ledger.rebuild`, which :func:`verify` compares with it).
 
+**Chain.** Besides charges, the chain records every budget-relevant fact — totals, grants, allocations, keys
+(:mod:`.chain`) — and its head is signed and exported after every commit (:mod:`.signing`), so that an outsider
+who pinned a head can prove the database was not rewritten or truncated since (``verify-audit --pinned``).
+
 **Anchor.** Inside each charge, just before it commits, the data directory gets the dataset's new chain head and
 the one before it (:class:`Anchor`). A database restored from a backup older than the data directory is behind its
 anchor; a data directory without the anchor of a dataset that has records is not this database's: the service
@@ -32,7 +36,8 @@ refuses to start, and to charge, rather than re-draw releases it already deliver
 (``docs/design/exact-ledger.md``, "Restoring").
 
 The package's modules: :mod:`.units` (exact units, remaining budget), :mod:`.charges` (what an event costs),
-:mod:`.records` (the record, its chain, its reader), :mod:`.books` (the accounts' state, the charge, the anchor,
+:mod:`.records` (the record, the facts, their reader), :mod:`.chain` (appending, after-commit export),
+:mod:`.signing` (signed heads), :mod:`.books` (the accounts' state, the charge, the anchor,
 the recomputation). Everything else imports from ``labels_party.ledger``.
 """
 
@@ -55,8 +60,12 @@ from labels_party.ledger.charges import (
 from labels_party.ledger.records import (
     UNNAMED,
     Actor,
+    AllocationFact,
+    BudgetFact,
     Charged,
     Entry,
+    GrantFact,
+    KeyFact,
     LedgerRecord,
     RecordFields,
     RecordSummary,
@@ -64,8 +73,11 @@ from labels_party.ledger.records import (
     chain_hash,
     chain_intact,
     entries,
+    is_release,
+    read_fact,
     verify_chain,
 )
+from labels_party.ledger.signing import HeadSigner, SignedHead
 from labels_party.ledger.units import (
     UNITS_PER_EPSILON,
     budget_figures,
@@ -78,6 +90,7 @@ from labels_party.ledger.units import (
 )
 
 __all__ = [
+    "AllocationFact", "BudgetFact", "GrantFact", "HeadSigner", "KeyFact", "SignedHead", "is_release", "read_fact",
     "CHUNK", "RDP_ORDERS", "UNITS_PER_EPSILON", "UNNAMED", "Actor", "Anchor", "BudgetExceeded", "Charge", "Charged",
     "Entry", "Ledger", "LedgerRecord", "LedgerRollback", "RecordFields", "RecordSummary", "budget_figures",
     "budget_units", "canonical", "chain_hash", "chain_intact", "charge_units", "charged_units", "entries",

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
+from labels_party.ledger import chain
 from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_curve, rdp_epsilon_units
 from labels_party.ledger.records import (
     AccountTerms,
@@ -23,9 +24,10 @@ from labels_party.ledger.records import (
     Coverage,
     LedgerRecord,
     RecordFields,
+    _Fact,
     canonical,
-    chain_hash,
 )
+from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
@@ -148,9 +150,11 @@ class Anchor:
 
 @dataclass
 class Ledger:
-    """Budgets, charges, records and anchors of every dataset in one :class:`DataStore`."""
+    """Budgets, charges, records and anchors of every dataset in one :class:`DataStore`; ``signer``: the audit key
+    that signs and exports chain heads after each commit (:mod:`.signing`; None: heads are not signed)."""
 
     store: DataStore
+    signer: HeadSigner | None = None
 
     # -- reading ------------------------------------------------------------------------------------------------
     def state(self, account: db.BudgetAccount, registry_size: int) -> AccountState:
@@ -195,11 +199,13 @@ class Ledger:
         return self.store.write_array(f"{directory}/spent_{generation:08d}.npy",
                                       np.column_stack([units, sizes, spent]).astype(np.int64))
 
-    def spent_by_example(self, accounts: Sequence[db.BudgetAccount], registry_size: int
-                         ) -> tuple[np.ndarray, np.ndarray]:
+    def spent_by_example(self, accounts: Sequence[db.BudgetAccount], registry_size: int,
+                         opened: Sequence[AccountState] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(total spent units over all accounts, number of examples) per distinct total: the per-example
-        distribution, one pass block by block (the owner's console and summaries)."""
-        states = [(self.state(a, registry_size), a.delta) for a in accounts]
+        distribution, one pass block by block (the owner's console and summaries). ``opened``: the accounts'
+        states, already opened (verify-audit opens them once, at the start of its snapshot)."""
+        opened = opened if opened is not None else [self.state(a, registry_size) for a in accounts]
+        states = [(state, a.delta) for state, a in zip(opened, accounts, strict=True)]
         spent = [state.spent_with_fresh() for state, _ in states]
         totals: dict[int, int] = {}
         for start in range(0, registry_size, CHUNK):
@@ -313,12 +319,11 @@ class Ledger:
 
     def _append(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
                 charge: Charge, fields: dict[str, Any]) -> LedgerRecord:
-        """The record and its chained entry (the only place a ledger entry is written)."""
-        seq = dataset.ledger_seq + 1
+        """The charge's record, appended to the dataset's chain."""
         owner = session.get(db.Organization, account.org_id)
         org = owner.name if owner is not None else "?"
         record = LedgerRecord(
-            **fields, seq=seq, dataset_id=dataset.id,
+            **fields, seq=dataset.ledger_seq + 1, dataset_id=dataset.id,
             account=AccountTerms(org=org, epsilon_units=account.epsilon_units, delta=account.delta),
             charge_units=charge.units, charge=units_epsilon(charge.units),
             rdp_units=list(charge.rdp) if charge.rdp is not None else None,
@@ -326,16 +331,35 @@ class Ledger:
             coverage=Coverage(file=coverage.file, sha256=coverage.sha256),
             spent_max_after_units=account.spent_max_units, epsilon_total_units=dataset.epsilon_total_units,
             delta_total=dataset.delta_total)
-        record_json = canonical(record.model_dump(mode="json"))
-        digest = chain_hash(dataset.ledger_head, record_json)
-        session.add(db.LedgerEntry(dataset_id=dataset.id, seq=seq, release_id=record.release_id, record=record_json,
-                                   prev_hash=dataset.ledger_head, hash=digest))
-        previous = (dataset.ledger_seq, dataset.ledger_head)
-        dataset.ledger_seq, dataset.ledger_head = seq, digest
-        # Before the commit, so that the data directory never lags the database: a database later found behind
-        # this anchor (and its predecessor) was restored from an older backup.
-        self.anchor(dataset, previous)
+        chain.append(self, session, dataset, record.model_dump(mode="json"), record.release_id)
         return record
+
+    # -- facts (labels_party/ledger/chain.py): one call from the module that owns each, in its transaction --------
+    def record(self, session: Session, dataset: db.Dataset, fact: _Fact) -> None:
+        """Any fact, on ``dataset``'s chain (the caller holds the dataset's row lock or made the row)."""
+        chain.record_fact(self, session, dataset, fact)
+
+    def dataset_budget(self, session: Session, dataset: db.Dataset, change: str = "created") -> None:
+        """The dataset's (ε_total, δ_total) as they now stand: at creation, and after any change."""
+        chain.budget(self, session, dataset, change)
+
+    def grant_made(self, session: Session, dataset: db.Dataset, org: db.Organization) -> None:
+        chain.grant(self, session, dataset, org, "created")
+
+    def grant_removed(self, session: Session, dataset: db.Dataset, org: db.Organization) -> None:
+        chain.grant(self, session, dataset, org, "removed")
+
+    def allocation(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> None:
+        """An account's allocation as it now stands (made or changed)."""
+        chain.allocation(self, session, dataset, account)
+
+    def key_created(self, session: Session, key: db.ApiKey) -> int:
+        """A key made: on the chain of every dataset its organization holds an account on (returns how many)."""
+        return chain.key(self, session, key, "created")
+
+    def key_revoked(self, session: Session, key: db.ApiKey) -> int:
+        """A key revoked: on the chain of every dataset its organization holds an account on (returns how many)."""
+        return chain.key(self, session, key, "revoked")
 
     # -- the anchor ---------------------------------------------------------------------------------------------
     def read_anchor(self, dataset_id: str) -> Anchor | None:
@@ -369,6 +393,13 @@ class Ledger:
         if anchor is None or not anchor.admits(dataset.ledger_seq, dataset.ledger_head):
             raise LedgerRollback(rollback_message(dataset.id))
 
+    def uncommitted_creation(self, dataset_id: str) -> bool:
+        """An anchor still pending from the transaction that made its dataset (a commit that failed): no dataset
+        row is expected for it. (A database restored from before that dataset, with the anchor unconfirmed, is
+        not told apart — the same instant as for a charge.)"""
+        anchor = self.read_anchor(dataset_id)
+        return anchor is not None and anchor.previous_seq == 0 and anchor.seq != 0
+
     def anchored_datasets(self) -> list[str]:
         directory = self.store.path("anchors")
         return sorted(p.stem for p in directory.glob("*.json")) if directory.exists() else []
@@ -401,17 +432,19 @@ class Ledger:
         account.generation = generation
         account.spent_max_units = int(spent[new_sizes > 0].max()) if np.any(new_sizes > 0) else 0
 
-    def differences(self, dataset: db.Dataset, account: db.BudgetAccount, records: Sequence[dict]) -> list[str]:
-        """Where ``account``'s stored state differs from the one its records imply (empty: none), compared
-        exactly, example by example, in blocks."""
+    def differences(self, dataset: db.Dataset, account: db.BudgetAccount, records: Sequence[dict],
+                    state: AccountState | None = None) -> list[str]:
+        """Where ``account``'s stored state (``state``, if already opened) differs from the one its records imply
+        (empty: none), compared exactly, example by example, in blocks."""
         recomputed = _Recomputed(self.store, records, dataset.registry_size)
         try:
-            state = self.state(account, dataset.registry_size)
+            state = state if state is not None else self.state(account, dataset.registry_size)
             if not np.array_equal(state.spent_with_fresh(), state.spent_at(account.delta)):
                 return ["a class's spent epsilon is not its units and curve at the account's delta"]
             return self._compare(state, recomputed)
-        except OSError:  # a coverage or budget file is gone (the records name the missing coverage files)
-            return ["its budget cannot be recomputed: a file it depends on is missing"]
+        except (OSError, ValueError, EOFError):  # a coverage or budget file is gone or cut short (the records
+            # name the coverage files that are)
+            return ["its budget cannot be recomputed: a file it depends on is missing or damaged"]
 
     @staticmethod
     def _compare(state: AccountState, recomputed: _Recomputed) -> list[str]:

@@ -7,9 +7,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -42,6 +42,15 @@ class Entry:
     @property
     def record(self) -> dict[str, Any]:
         return json.loads(self.record_json)
+
+    @property
+    def is_release(self) -> bool:
+        """A release's charge (a :class:`LedgerRecord`), not a :data:`Fact` about budgets, grants or keys."""
+        return is_release(self.record)
+
+
+def is_release(record: dict[str, Any]) -> bool:
+    return record.get("event", "label_release") == "label_release"  # records from before the field: releases
 
 
 def entries(session: Session, dataset_id: str) -> list[Entry]:
@@ -116,6 +125,63 @@ class LedgerRecord(BaseModel):
     epsilon_total_units: int  # the dataset's
     delta_total: float
     composition: str = COMPOSITION
+
+
+class _Fact(BaseModel):
+    """What every fact carries besides its own fields; the chain fills these in when it appends it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    seq: int = 0
+    dataset_id: str = ""
+    created_at: str = ""
+
+
+class BudgetFact(_Fact):
+    """The dataset's per-example budget: at creation, at any change, and once for datasets made before facts were
+    chained (``migrated``)."""
+
+    event: Literal["dataset_budget"] = "dataset_budget"
+    change: Literal["created", "changed", "migrated"]
+    epsilon_total_units: int
+    delta_total: float
+
+
+class GrantFact(_Fact):
+    """An organization's grant on the dataset."""
+
+    event: Literal["grant"] = "grant"
+    change: Literal["created", "removed", "migrated"]
+    org: str
+
+
+class AllocationFact(_Fact):
+    """An organization's account as it stands from now on: its allocation of every example's budget."""
+
+    event: Literal["allocation"] = "allocation"
+    org: str
+    epsilon_units: int
+    delta: float
+
+
+class KeyFact(_Fact):
+    """An API key of an organization holding an account on the dataset, made or revoked (a revoked key charges
+    nothing after this fact). Keys are named by their public prefix, never their secret."""
+
+    event: Literal["key"] = "key"
+    change: Literal["created", "revoked"]
+    org: str
+    role: str
+    key_prefix: str
+    key_id: int
+
+
+Fact = Annotated[BudgetFact | GrantFact | AllocationFact | KeyFact, Field(discriminator="event")]
+_FACT = TypeAdapter(Fact)
+
+
+def read_fact(record: dict[str, Any]) -> BudgetFact | GrantFact | AllocationFact | KeyFact:
+    """A stored fact (raises pydantic's ValidationError on a record that is none)."""
+    return _FACT.validate_python(record)
 
 
 UNNAMED = "(unrecorded)"  # the organization of a record written before records named their actor

@@ -242,11 +242,19 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "
         release.description_json = json.dumps(documents.summary(draft.description))
         release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
         release.state = state
+        if state == "available":
+            seal(ctx, release)
         session.flush()
         ctx.checkpoint("before_finish_commit")
         view = release_view(release)
     ctx.checkpoint("after_finish_commit")
     return view
+
+
+def seal(ctx: ServiceContext, release: db.Release) -> None:
+    """Record the size and SHA-256 of the file a release makes available (in its transaction): what is served, and
+    what verify-audit checks, must be that file."""
+    release.file_size, release.file_sha256 = ctx.store.digest(release.file)
 
 
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:

@@ -23,6 +23,38 @@ def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> t
         return release_view(release), release.file
 
 
+def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, whole: bool) -> str:
+    """The file of an available release this key sees, checked against the size and SHA-256 recorded when it
+    became available: 503 ``release_file_damaged`` rather than a 200 cut short. ``whole``: the download reads
+    the whole file (its hash is checked); a JSON page checks the size and reads its rows before answering."""
+    with ctx.sessions() as session, session.begin():
+        release = session.get(db.Release, release_id)
+        if not sees_release(session, principal, release):
+            raise LabelDPError("no such release for this key", code="not_found")
+        if release.state != "available":
+            raise LabelDPError(f"release {release_id} is {release.state}; its labels are not readable",
+                               code="release_not_ready")
+        file, size, sha256 = release.file, release.file_size, release.file_sha256
+    try:
+        found = ctx.store.digest(file) if whole else (file_size(ctx, file), sha256)
+    except OSError:
+        found = None
+    if size is None or found != (size, sha256):
+        raise damaged(release_id)
+    return file
+
+
+def file_size(ctx: ServiceContext, file: str) -> int:
+    path = ctx.store.path(file)
+    parts = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    return sum(part.stat().st_size for part in parts)
+
+
+def damaged(release_id: str) -> LabelDPError:
+    return LabelDPError(f"the labels file of release {release_id} is missing or damaged on the server; it is not "
+                        "served (the operator restores it from a backup)", code="release_file_damaged")
+
+
 def list_releases(ctx: ServiceContext, admission: Admission) -> list[schemas.Release]:
     """The releases of the admitted dataset this key sees."""
     with ctx.sessions() as session, session.begin():

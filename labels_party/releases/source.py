@@ -35,7 +35,7 @@ from labels_party.pipeline import Prepared, plan
 from labels_party.recovery import FAILED
 from labels_party.registry import support
 from labels_party.releases.kinds import LabelRelease
-from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish
+from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish, seal
 from labels_party.solvers.deadline import Deadline
 from labels_party.source_datasets import snapshot_uri, stored_histogram
 from shared import schemas
@@ -156,3 +156,5 @@ def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None
         row = session.get(db.Release, release_id, with_for_update=True)
         if row.state == "running":
             row.state, row.error_json = state, json.dumps(error) if error else None
+            if state == "available":
+                seal(ctx, row)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from labels_party import budgets, db, labelstore
@@ -268,11 +268,6 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             if existing is None:
                 raise
             return existing.id, False
-    try:  # under the dataset's lock: a later charge's pending anchor is never overwritten by this older head
-        with ctx.sessions() as session, session.begin():
-            ctx.ledger.confirm(session.get(db.Dataset, dataset_id, with_for_update=True))
-    except (OSError, SQLAlchemyError):  # the pending anchor stands: a restore one charge old is not told apart
-        log.warning("could not confirm the ledger anchor of dataset %s", dataset_id)
     try:  # charged: from here on a failure is the release's, paid for
         ctx.checkpoint("after_charge_commit")
     except Exception:

@@ -16,3 +16,10 @@ router = APIRouter(tags=["audit"], route_class=GuardedRoute)
 def audit(who: AdminKey, ctx: Context, dataset: str | None = None):
     """The hash-chained ledger events and budgets of the datasets this key administers (one, with ``dataset``)."""
     return audit_log.audit(ctx, who.principal, dataset)
+
+
+@router.get("/v1/audit/heads", response_model=list[schemas.SignedHead])
+def heads(who: AdminKey, ctx: Context, dataset: str | None = None):
+    """The chain head of each dataset this key administers (one, with ``dataset``), signed with the service's audit
+    key: pin one and later check it with ``labeldp labels verify-audit --pinned FILE --public-key HEX``."""
+    return audit_log.heads(ctx, who.principal, dataset)

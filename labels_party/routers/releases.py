@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import pyarrow as pa
 from fastapi import APIRouter, Query, Request
 
 from labels_party.releases import kinds, queries, transaction
@@ -97,13 +98,19 @@ def get_release(release_id: str, who: AnyKey, ctx: Context):
 def download(release_id: str, request: Request, who: AnyKey, ctx: Context,
              offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
     """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
-    sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for."""
-    release, file = queries.get_release(ctx, who.principal, release_id)
-    if release.state != "available":
-        raise LabelDPError(f"release {release_id} is {release.state}; its labels are not readable",
-                           code="release_not_ready")
-    return tables.table_response(ctx.store.path(file), request.headers.get("accept"), offset, limit, release_id,
-                                 _rows)
+    sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for. A file that is not
+    the one recorded when the release became available (size and SHA-256) is never served: 503
+    ``release_file_damaged``."""
+    accept = request.headers.get("accept")
+    try:
+        page = tables.negotiate(accept) == "application/json"
+    except LabelDPError:  # a 406, answered below after the release's own checks (404, 409)
+        page = True
+    file = queries.labels_file(ctx, who.principal, release_id, whole=not page)
+    try:  # a JSON page is read before it is answered: a file damaged inside is a 503 too, never a 500
+        return tables.table_response(ctx.store.path(file), accept, offset, limit, release_id, _rows)
+    except (OSError, pa.ArrowException):
+        raise queries.damaged(release_id) from None
 
 
 def _rows(batch) -> list[dict]:

@@ -126,6 +126,9 @@ class ErrorCode(str, Enum):
     # connections
     RELEASE_CAPACITY_EXHAUSTED = ("release_capacity_exhausted", 503)
     SERVER_BUSY = ("server_busy", 503)
+    # a release's labels file is not the one recorded when it became available (size, SHA-256): never served
+    RELEASE_FILE_DAMAGED = ("release_file_damaged", 503)
+    AUDIT_KEY_MISSING = ("audit_key_missing", 503)  # the service has no audit key: its chain heads are not signed
 
 
 def status_of(code: str) -> int:

@@ -24,8 +24,10 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                       "per window; too_many_jobs: queued and running trainer jobs); nothing charged; retry after "
                       "Retry-After seconds",
                  500: "internal error; nothing was done", 502: "an upstream service failed or is unreachable",
-                 503: "out of time or resources (release_failed: charged, then failed; any other: nothing charged; "
-                      "release_capacity_exhausted and server_busy: the service's shared capacity, with Retry-After)"}
+                 503: "out of time or resources (release_failed: charged, then failed; release_file_damaged: a "
+                      "release's stored labels file is missing or not the one recorded, never served; any other: "
+                      "nothing charged; release_capacity_exhausted and server_busy: the service's shared capacity, "
+                      "with Retry-After)"}
 
 
 def error_responses() -> dict:

@@ -41,9 +41,20 @@ def test_audit_events(client, admin, consumer, dataset):
     assert audit["chain_valid"] is True
     assert [{key: b[key] for key in FIGURES} for b in audit["budgets"]] == [
         {"dataset_id": dataset, "epsilon_total": 3.0, "epsilon_spent": 1.5, "epsilon_remaining": 1.5}]
+    # The chain starts with the dataset's facts: its totals and the owner's account at creation, then the grant
+    # (the owner's allocation moved to the publisher's, and the grant itself); the charges follow.
+    facts = audit["facts"]
+    assert [{k: f["record"][k] for k in ("seq", "event", "org", "epsilon_units", "epsilon_total_units", "change")
+             if k in f["record"]} for f in facts] == [
+        {"seq": 1, "event": "dataset_budget", "epsilon_total_units": 3_000_000_000, "change": "created"},
+        {"seq": 2, "event": "allocation", "org": "hospital", "epsilon_units": 3_000_000_000},
+        {"seq": 3, "event": "allocation", "org": "hospital", "epsilon_units": 0},
+        {"seq": 4, "event": "allocation", "org": "publisher", "epsilon_units": 3_000_000_000},
+        {"seq": 5, "event": "grant", "org": "publisher", "change": "created"}]
+    assert facts[0]["prev_hash"] == "0" * 64 and all(f["dataset_id"] == dataset for f in facts)
     events = audit["events"]
-    assert [e["seq"] for e in events] == [1, 2]
-    assert events[0]["prev_hash"] == "0" * 64 and events[1]["prev_hash"] == events[0]["hash"]
+    assert [e["seq"] for e in events] == [6, 7]
+    assert events[0]["prev_hash"] == facts[-1]["hash"] and events[1]["prev_hash"] == events[0]["hash"]
     for event, rel, covered in ((events[0], a, NUM_LABELS), (events[1], b, 2)):
         record = event["record"]
         assert RECORD_FIELDS <= set(record)
@@ -80,7 +91,8 @@ def test_verify_audit_detects_tampering(ctx, client, consumer, dataset):
     created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
     report = audit_log.verify_audit(ctx)
     assert report["valid"] is True
-    assert [(d["dataset_id"], d["entries"], d["problems"]) for d in report["datasets"]] == [(dataset, 1, [])]
+    assert [(d["dataset_id"], d["entries"], d["releases"], d["problems"]) for d in report["datasets"]] == [
+        (dataset, 6, 1, [])]  # five facts, one release
     _tamper(ctx)
     report = audit_log.verify_audit(ctx)
     assert report["valid"] is False

@@ -1,0 +1,198 @@
+"""The per-dataset hash chain: the one writer of ledger rows, the budget-relevant facts it records besides charges,
+and what follows every commit that moved a chain (its anchor confirmed, its head signed and exported).
+
+**What the chain covers.** Every fact an outsider needs to recompute a dataset's budgets: its totals (ε_total,
+δ_total) at creation and at every change, grants (made, removed), each organization's allocation whenever it is
+set, API keys of organizations holding an account (made, revoked), and every release's charge
+(:class:`~.records.LedgerRecord`). A new kind of fact is a model in :mod:`.records` and one call, from the module
+that owns the fact, to :meth:`labels_party.ledger.Ledger.record` (or one of its named shorthands) inside the
+transaction that changes it.
+
+**Why one chain per dataset.** The dataset is the unit of budget and of locking: each append happens under the
+dataset's row lock, which the release transaction already takes first — so appends never fork or lose a link, and
+the lock order is the one every writer follows (dataset rows, in id order when several, then anything else). A
+dataset's chain is shown to its owner's admins only (its length counts every organization's releases); a consumer
+sees no chain, head or count.
+
+**After the commit** (a session hook registered by the append, so that callers make one call): under the
+dataset's lock, the anchor in the data directory is confirmed (:class:`~.books.Anchor`) and, when the service has
+an audit key, the head is signed and appended to the exported log (:mod:`.signing`). Both come after the commit,
+never before: an exported head is always one the database had. A process that dies in between exports nothing
+for that commit; the next commit's head covers it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
+
+from labels_party import db
+from labels_party.ledger.charges import charged_units
+from labels_party.ledger.records import (
+    AllocationFact,
+    BudgetFact,
+    Entry,
+    GrantFact,
+    KeyFact,
+    _Fact,
+    canonical,
+    chain_hash,
+    is_release,
+    read_fact,
+)
+
+if TYPE_CHECKING:
+    from labels_party.ledger.books import Ledger
+
+log = logging.getLogger("labeldp.labels")
+
+_PENDING = "labeldp_ledger_moved"  # session.info: the datasets whose chains this transaction moved
+
+
+def append(ledger: Ledger, session: Session, dataset: db.Dataset, record: dict[str, Any],
+           release_id: str | None = None) -> tuple[int, str]:
+    """Append ``record`` (its ``seq`` already the dataset's next) to ``dataset``'s chain; the caller holds the
+    dataset's row lock. The only place a ledger row is written. Returns (seq, hash)."""
+    seq = dataset.ledger_seq + 1
+    if record.get("seq") != seq:
+        raise ValueError(f"a record for seq {seq} says {record.get('seq')}")
+    record_json = canonical(record)
+    digest = chain_hash(dataset.ledger_head, record_json)
+    session.add(db.LedgerEntry(dataset_id=dataset.id, seq=seq, release_id=release_id, record=record_json,
+                               prev_hash=dataset.ledger_head, hash=digest))
+    # The head before this transaction (not before this append: a transaction may append several facts, and if
+    # its commit fails the database stays where it was before all of them).
+    previous = _moved(ledger, session).setdefault(dataset.id, (dataset.ledger_seq, dataset.ledger_head))
+    dataset.ledger_seq, dataset.ledger_head = seq, digest
+    # Before the commit, so that the data directory never lags the database: a database later found behind
+    # this anchor (and its predecessor) was restored from an older backup.
+    ledger.anchor(dataset, previous)
+    return seq, digest
+
+
+def record_fact(ledger: Ledger, session: Session, dataset: db.Dataset, fact: _Fact) -> None:
+    """Append a fact to ``dataset``'s chain (the caller holds its row lock, or made the row in this transaction)."""
+    session.flush()  # the dataset row exists before a ledger row names it
+    filled = fact.model_copy(update={"seq": dataset.ledger_seq + 1, "dataset_id": dataset.id,
+                                     "created_at": db.utcnow().isoformat()})
+    append(ledger, session, dataset, filled.model_dump(mode="json"))
+
+
+def budget(ledger: Ledger, session: Session, dataset: db.Dataset, change: str) -> None:
+    record_fact(ledger, session, dataset, BudgetFact(change=change, epsilon_total_units=dataset.epsilon_total_units,
+                                                     delta_total=dataset.delta_total))
+
+
+def grant(ledger: Ledger, session: Session, dataset: db.Dataset, org: db.Organization, change: str) -> None:
+    record_fact(ledger, session, dataset, GrantFact(change=change, org=org.name))
+
+
+def allocation(ledger: Ledger, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> None:
+    org = session.get(db.Organization, account.org_id)
+    record_fact(ledger, session, dataset, AllocationFact(org=org.name if org else "?",
+                                                        epsilon_units=account.epsilon_units, delta=account.delta))
+
+
+def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: str) -> int:
+    """A key made or revoked, on the chain of every dataset its organization holds an account on (locked in id
+    order, the one order of several dataset locks). Returns how many chains it went to."""
+    org = session.get(db.Organization, api_key.org_id)
+    datasets = session.scalars(
+        select(db.Dataset).join(db.BudgetAccount, db.BudgetAccount.dataset_id == db.Dataset.id)
+        .where(db.BudgetAccount.org_id == api_key.org_id).order_by(db.Dataset.id)
+        .with_for_update(of=db.Dataset)).unique().all()
+    for dataset in datasets:
+        record_fact(ledger, session, dataset, KeyFact(change=change, org=org.name if org else "?",
+                                                      role=api_key.role, key_prefix=api_key.prefix,
+                                                      key_id=api_key.id))
+    return len(datasets)
+
+
+def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[int, str]]:
+    """The datasets whose chains ``session``'s transaction moved, with their heads before it; on its first use in
+    a session, registers what happens when the transaction commits (:func:`_committed`) or rolls back."""
+    moved = session.info.get(_PENDING)
+    if moved is None:
+        moved = session.info[_PENDING] = {}
+        event.listen(session, "after_commit", lambda committed: _committed(ledger, committed))
+        event.listen(session, "after_rollback", lambda rolled: rolled.info.get(_PENDING, {}).clear())
+    return moved
+
+
+def _committed(ledger: Ledger, session: Session) -> None:
+    moved = sorted(session.info.get(_PENDING, {}))
+    session.info.get(_PENDING, {}).clear()
+    if not moved:
+        return
+    bind = session.get_bind()
+    for dataset_id in moved:
+        try:  # under the dataset's lock: a later charge's pending anchor is never overwritten by this older head
+            with Session(bind=bind) as fresh, fresh.begin():
+                dataset = fresh.get(db.Dataset, dataset_id, with_for_update=True)
+                if dataset is None:
+                    continue
+                ledger.confirm(dataset)
+                if ledger.signer is not None:
+                    ledger.signer.export(ledger.signer.sign(dataset.id, dataset.ledger_seq, dataset.ledger_head))
+        except Exception:  # noqa: BLE001 - committed: the pending anchor stands, the next commit exports its head
+            log.warning("could not confirm or export the ledger head of dataset %s", dataset_id, exc_info=True)
+
+
+@dataclass
+class Replayed:
+    """What a dataset's chain says now stands, replayed fact by fact: totals (None: the chain records none),
+    grants, allocations (organization name -> (ε units, δ)), revoked keys (id -> prefix), the releases charged
+    (release id -> standalone units), and what in the chain itself is inconsistent."""
+
+    totals: tuple[int, float] | None = None
+    grants: set[str] = field(default_factory=set)
+    allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
+    revoked: dict[int, str] = field(default_factory=dict)
+    releases: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def replay(entries: Sequence[Entry]) -> Replayed:
+    """Replay a dataset's chain (in order). A release's record must agree with the facts before it: the totals
+    and its organization's allocation it states are the ones then in force (when the chain had recorded them:
+    records older than facts are checked against their own)."""
+    out = Replayed()
+    for entry in entries:
+        record = entry.record
+        if is_release(record):
+            _replay_release(out, entry.seq, record)
+            continue
+        try:
+            fact = read_fact(record)
+        except ValidationError:
+            out.problems.append(f"seq {entry.seq}: a record that is neither a release nor a known fact")
+            continue
+        if isinstance(fact, BudgetFact):
+            out.totals = (fact.epsilon_total_units, fact.delta_total)
+        elif isinstance(fact, GrantFact):
+            (out.grants.discard if fact.change == "removed" else out.grants.add)(fact.org)
+        elif isinstance(fact, AllocationFact):
+            out.allocations[fact.org] = (fact.epsilon_units, fact.delta)
+        elif fact.change == "revoked":
+            out.revoked[fact.key_id] = fact.key_prefix
+    return out
+
+
+def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
+    release_id = str(record.get("release_id"))
+    if release_id in out.releases:
+        out.problems.append(f"seq {seq}: release {release_id} charged twice")
+    out.releases[release_id] = charged_units(record)
+    if out.totals is not None and "epsilon_total_units" in record and \
+            (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
+        out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")
+    account = record.get("account") or {}
+    terms = out.allocations.get(str(account.get("org")))
+    if terms is not None and (account.get("epsilon_units"), account.get("delta")) != terms:
+        out.problems.append(f"seq {seq}: the record's allocation is not the one the chain set")

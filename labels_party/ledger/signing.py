@@ -1,0 +1,167 @@
+"""Signed chain heads: what lets an outsider check that the database was not rewritten or truncated.
+
+A dataset's chain head (its sequence number and hash) is signed with the service's Ed25519 audit key (a file set
+in settings, ``LABELDP_AUDIT_KEY_FILE``, made by ``labeldp labels audit-key``) and, after every commit that moved
+it, appended to ``heads.jsonl`` in a directory outside the database and the data directory
+(``LABELDP_AUDIT_LOG_DIR``): one JSON line per head, fsynced, never rewritten. Anyone holding the public key can
+pin a head (a line of that file, or ``GET /v1/audit/heads``) and later have ``verify-audit --pinned`` prove the
+chain still contains it and continues from it. Whoever can write the database cannot forge a head (no key), and
+cannot drop or rewrite what a pinned head covers without the chain no longer containing it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import stat
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from shared.errors import LabelDPError
+
+# Signed bytes start with this, so that a head signature can never be mistaken for a signature of anything else.
+CONTEXT = b"labeldp audit head v1\n"
+LOG_NAME = "heads.jsonl"
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    """A dataset's chain at ``seq`` ends with ``head``, as the holder of key ``key_id`` said at ``signed_at``."""
+
+    dataset_id: str
+    seq: int
+    head: str
+    signed_at: str
+    key_id: str  # the first 16 hex digits of SHA-256 of the raw public key
+    signature: str  # hex
+
+    def payload(self) -> bytes:
+        body = {"dataset_id": self.dataset_id, "seq": self.seq, "head": self.head, "signed_at": self.signed_at}
+        return CONTEXT + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def line(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, data: dict) -> SignedHead:
+        return cls(str(data["dataset_id"]), int(data["seq"]), str(data["head"]), str(data["signed_at"]),
+                   str(data["key_id"]), str(data["signature"]))
+
+    def signed_by(self, public: Ed25519PublicKey) -> bool:
+        try:
+            public.verify(bytes.fromhex(self.signature), self.payload())
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
+def public_hex(public: Ed25519PublicKey) -> str:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    return hashlib.sha256(bytes.fromhex(public_hex(public))).hexdigest()[:16]
+
+
+def parse_public_key(text: str) -> Ed25519PublicKey:
+    """A public key as ``audit-key`` prints it: 64 hex digits (the raw key)."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text.strip()))
+    except ValueError:
+        raise LabelDPError("an audit public key is 64 hexadecimal digits (as labeldp labels audit-key prints it)",
+                           code="invalid_input") from None
+
+
+def create_key_file(path: Path) -> Ed25519PublicKey:
+    """A new Ed25519 key in ``path`` (PKCS #8 PEM, mode 0600, never an existing file); its public key."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise LabelDPError(f"{path.name} already exists: an audit key is never overwritten (heads signed with it "
+                           "would no longer verify)", code="usage") from None
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(pem)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return key.public_key()
+
+
+def load_key_file(path: Path) -> Ed25519PrivateKey:
+    """The audit key; refused if others may read it (or it is not an Ed25519 key). The message never shows it."""
+    try:
+        mode = path.stat().st_mode
+        data = path.read_bytes()
+    except OSError:
+        raise LabelDPError("the audit key file (LABELDP_AUDIT_KEY_FILE) cannot be read; make one with "
+                           "labeldp labels audit-key", code="usage") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise LabelDPError("the audit key file may be read by others: chmod 600 it", code="usage")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise LabelDPError("the audit key file is not an Ed25519 private key (PEM)", code="usage")
+    return key
+
+
+@dataclass(frozen=True)
+class HeadSigner:
+    """The audit key and where signed heads go (``directory/heads.jsonl``; None: signed on request only)."""
+
+    key: Ed25519PrivateKey
+    directory: Path | None
+
+    @property
+    def public(self) -> Ed25519PublicKey:
+        return self.key.public_key()
+
+    def sign(self, dataset_id: str, seq: int, head: str) -> SignedHead:
+        unsigned = SignedHead(dataset_id, int(seq), head, datetime.now(timezone.utc).isoformat(),
+                              key_id(self.public), "")
+        return SignedHead(**{**asdict(unsigned), "signature": self.key.sign(unsigned.payload()).hex()})
+
+    def export(self, signed: SignedHead) -> None:
+        """Append one line, durably; concurrent writers (threads, processes) each append whole lines."""
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self.directory / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            os.write(descriptor, (signed.line() + "\n").encode())
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)  # releases the lock
+
+
+def read_heads(path: Path) -> list[SignedHead]:
+    """Signed heads from a file of JSON lines (an exported log, or one pinned line); a malformed line is refused,
+    but for an exported log's unterminated last line."""
+    try:
+        text = path.read_text()
+    except OSError:
+        raise LabelDPError(f"cannot read the pinned heads file {path.name}", code="usage") from None
+    lines = text.split("\n")
+    heads = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            heads.append(SignedHead.parse(json.loads(line)))
+        except (ValueError, KeyError, TypeError):
+            if number == len(lines) and len(lines) > 1:  # an exported line cut short by a crash (no newline yet)
+                continue
+            raise LabelDPError(f"line {number} of {path.name} is not a signed head", code="usage") from None
+    return heads
