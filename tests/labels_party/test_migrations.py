@@ -131,7 +131,7 @@ def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(databa
                                   "release r2: its file's size and hash were never recorded"]
     with ctx.sessions() as session:
         events = [e.record.get("event", "label_release") for e in entries(session, "d1")]
-    assert events == ["label_release", "dataset_budget", "allocation", "allocation",  # migration 0010, once
+    assert events == ["label_release", "dataset_budget", "allocation",  # migration 0010, once (the owner's account)
                       "dataset_budget", "allocation", "allocation"]  # the accounts rebuilt at the first start
     fresh = tmp_path / "fresh.sqlite"
     make_context(f"sqlite:///{fresh}", tmp_path / "fresh-data")
