@@ -138,7 +138,7 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
         problems += _file_problems(ledger, release)
     accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
                                .order_by(db.BudgetAccount.id)).all()
-    states = _open_states(sessions, ledger, dataset, accounts)
+    states = _open_states(session, sessions, ledger, dataset, accounts)
     for account, state in zip(accounts, states, strict=True):
         who = names.get(account.org_id, "?")
         if state is None:
@@ -285,14 +285,18 @@ def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
     return []
 
 
-def _open_states(sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset, accounts) -> list:
+def _open_states(session: Session, sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset, accounts) -> list:
     """Every account's state, opened now (an opened file stays readable when a later charge removes it); None for
-    one whose files are missing or damaged although the newest state still names them."""
+    one whose files are missing or damaged although the newest state still names them (SQLite: the snapshot holds
+    the write lock, so what it names is the newest)."""
     states = []
     for account in accounts:
         try:
             states.append(ledger.state(account, dataset.registry_size))
         except _STATE_ERRORS:
+            if session.get_bind().dialect.name != "postgresql":
+                states.append(None)
+                continue
             named = (account.classes_file, account.spent_file, account.rdp_file)
             with sessions() as fresh, fresh.begin():
                 now = fresh.get(db.BudgetAccount, account.id)
