@@ -37,10 +37,10 @@ from labels_party.ledger import (
     Ledger,
     SignedHead,
     chain_intact,
-    charge_units,
     entries,
     rdp_curve,
     units_epsilon,
+    within_charge,
 )
 from labels_party.ledger.chain import replay
 from shared.mechanisms import events
@@ -234,7 +234,7 @@ def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entr
         return [f"seq {seq}: its dp_event cannot be read"]
     if charge.rdp is None:
         epsilon = events.epsilon_of(event)
-        if not fits(epsilon, charge.units):
+        if not within_charge(epsilon, charge.units):
             problems.append(f"seq {seq}: dp_event epsilon {epsilon!r} exceeds the charge of "
                             f"{charge.units} units")
     elif record.get("rdp_units") is not None and list(rdp_curve(event)) != list(record["rdp_units"]):
@@ -258,16 +258,9 @@ def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entr
     if release.state == "available":
         if release.mechanism_hash is None or session.get(db.MechanismDocument, release.mechanism_hash) is None:
             problems.append(f"seq {seq}: mechanism document of release {release.id} missing")
-        elif charge.rdp is None and not fits(release.certified_epsilon or 0.0, charge.units):
+        elif charge.rdp is None and not within_charge(release.certified_epsilon or 0.0, charge.units):
             problems.append(f"seq {seq}: the release's mechanism certifies more than was charged")
     return problems
-
-
-def fits(epsilon: float, units: int) -> bool:
-    """A recomputed ε (a double) within a charge of ``units``, compared exactly in integer units: the double is
-    read as the service reads every ε — its shortest decimal, rounded up to a unit (:func:`charge_units`) — so
-    0.1 computed as 0.1000000000000000055… is 100 000 000 units, not a false alarm against a charge of 0.1."""
-    return epsilon == epsilon and epsilon != float("inf") and charge_units(epsilon) <= units
 
 
 def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:

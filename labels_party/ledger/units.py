@@ -48,12 +48,9 @@ def legacy_units(spent: float | np.ndarray):
     return np.ceil(np.round(np.asarray(spent, dtype=np.float64) * UNITS_PER_EPSILON, 3)).astype(np.int64)
 
 
-# An ε recomputed from an event's double parameters (a noise scale s/t as a double, times a sensitivity) may exceed
-# the exact rational the mechanism was calibrated to by a few units in the last place; this relative slack absorbs
-# that and nothing more: at ε ≤ 50 it is below 3·10⁻¹² absolute, far below one unit (10⁻⁹).
-RECOMPUTATION_SLACK = Decimal(2) ** -44
-
-
 def within_charge(epsilon: float, units: int) -> bool:
-    """Is a recomputed ε (a float) at most the charged units (up to :data:`RECOMPUTATION_SLACK`)?"""
-    return math.isfinite(epsilon) and Decimal(epsilon) * UNITS_PER_EPSILON * (1 - RECOMPUTATION_SLACK) <= units
+    """Is a recomputed ε (a double, e.g. an event's ε from its double parameters) within a charge of ``units``?
+    Compared exactly in integer units: the double is read as the service reads every ε — its shortest decimal,
+    rounded up to a unit (:func:`charge_units`) — so 0.1 computed as 0.1000000000000000055… is 100 000 000 units
+    (not a false alarm against a charge of 0.1), and 0.1 + 0.2 = 0.30000000000000004 is 300 000 001."""
+    return math.isfinite(epsilon) and charge_units(epsilon) <= units

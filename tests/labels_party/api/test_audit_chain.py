@@ -16,7 +16,7 @@ from labels_party import audit as audit_log
 from labels_party import db, verification
 from labels_party.auth import create_key
 from labels_party.context import make_context
-from labels_party.ledger import canonical, chain_hash, signing
+from labels_party.ledger import canonical, chain_hash, signing, within_charge
 from labels_party.settings import LabelsSettings
 from tests.labels_party.api.helpers import created, expect_error, release
 
@@ -188,12 +188,12 @@ def test_no_false_alarm_on_honest_additive_releases(ctx, client, consumer, datas
     assert report["datasets"][0]["releases"] == 3
 
 
-def test_fits_compares_in_exact_units():
-    assert verification.fits(0.1, 100_000_000)  # 0.1000000000000000055… is the decimal 0.1
-    assert verification.fits(0.30000000000000004, 300_000_001)
-    assert not verification.fits(0.30000000000000004, 300_000_000)  # 0.1 + 0.2 as a double is not 0.3
-    assert not verification.fits(0.100000001, 100_000_000)
-    assert not verification.fits(float("nan"), 10**18) and not verification.fits(float("inf"), 10**18)
+def test_a_recomputed_epsilon_is_compared_in_exact_units():
+    assert within_charge(0.1, 100_000_000)  # 0.1000000000000000055… is the decimal 0.1
+    assert within_charge(0.30000000000000004, 300_000_001)
+    assert not within_charge(0.30000000000000004, 300_000_000)  # 0.1 + 0.2 as a double is not 0.3
+    assert not within_charge(0.100000001, 100_000_000)
+    assert not within_charge(float("nan"), 10**18) and not within_charge(float("inf"), 10**18)
 
 
 def _a_budget_file(ctx, dataset, kind="spent"):
