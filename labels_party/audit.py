@@ -24,7 +24,9 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
         datasets = list(session.scalars(query))
         if dataset_id is not None and not datasets:
             raise not_found()
-        events, facts, uploads, valid = [], [], [], True
+        events: list[schemas.AuditEvent] = []
+        facts: list[schemas.AuditEvent] = []
+        uploads, valid = [], True
         for dataset in datasets:
             chain = ledger.entries(session, dataset.id)
             valid &= ledger.chain_intact(chain, dataset.ledger_head)

@@ -12,8 +12,7 @@ import numpy as np
 from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, migrations, recovery
-from labels_party.ledger import HeadSigner, Ledger
-from labels_party.ledger.signing import load_key_file
+from labels_party.ledger import HeadSigner, Ledger, load_key_file
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs

@@ -31,18 +31,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from labels_party import budgets, db, labelstore
 from labels_party.ledger import (
     CHUNK,
+    AccountState,
     Anchor,
     Charge,
     Entry,
     Ledger,
+    Replayed,
     SignedHead,
     chain_intact,
     entries,
     rdp_curve,
+    replay,
     units_epsilon,
     within_charge,
 )
-from labels_party.ledger.chain import replay
 from shared.mechanisms import events
 
 ATTEMPTS = 20  # fresh snapshots of one dataset whose budget files kept changing under the audit
@@ -152,7 +154,8 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     worst = 0
     if all(state is not None for state in states):
         try:
-            totals, _counts = ledger.spent_by_example(accounts, dataset.registry_size, states)  # type: ignore[arg-type]
+            opened = [state for state in states if state is not None]
+            totals, _counts = ledger.spent_by_example(accounts, dataset.registry_size, opened)
             worst = int(totals.max()) if totals.size else 0
         except _STATE_ERRORS:
             problems.append("the per-example totals cannot be read from the budget files")
@@ -198,7 +201,7 @@ def _pinned_problems(chain: Sequence[Entry], heads: Sequence[SignedHead],
     return problems
 
 
-def _fact_problems(session: Session, dataset: db.Dataset, replayed, names: dict[int, str]) -> list[str]:
+def _fact_problems(session: Session, dataset: db.Dataset, replayed: Replayed, names: dict[int, str]) -> list[str]:
     """The tables agree with what the chain's facts say now stands."""
     problems = []
     if replayed.totals is None:
@@ -278,11 +281,12 @@ def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
     return []
 
 
-def _open_states(session: Session, sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset, accounts) -> list:
+def _open_states(session: Session, sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset,
+                 accounts: Sequence[db.BudgetAccount]) -> list[AccountState | None]:
     """Every account's state, opened now (an opened file stays readable when a later charge removes it); None for
     one whose files are missing or damaged although the newest state still names them (SQLite: the snapshot holds
     the write lock, so what it names is the newest)."""
-    states = []
+    states: list[AccountState | None] = []
     for account in accounts:
         try:
             states.append(ledger.state(account, dataset.registry_size))

@@ -43,12 +43,14 @@ the recomputation). Everything else imports from ``labels_party.ledger``.
 
 from labels_party.ledger.books import (
     CHUNK,
+    AccountState,
     Anchor,
     BudgetExceeded,
     Ledger,
     LedgerRollback,
     rollback_message,
 )
+from labels_party.ledger.chain import Replayed, replay
 from labels_party.ledger.charges import (
     RDP_ORDERS,
     Charge,
@@ -77,7 +79,7 @@ from labels_party.ledger.records import (
     read_fact,
     verify_chain,
 )
-from labels_party.ledger.signing import HeadSigner, SignedHead
+from labels_party.ledger.signing import HeadSigner, SignedHead, load_key_file
 from labels_party.ledger.units import (
     UNITS_PER_EPSILON,
     budget_figures,
@@ -90,7 +92,8 @@ from labels_party.ledger.units import (
 )
 
 __all__ = [
-    "AllocationFact", "BudgetFact", "GrantFact", "HeadSigner", "KeyFact", "SignedHead", "is_release", "read_fact",
+    "AccountState", "AllocationFact", "BudgetFact", "GrantFact", "HeadSigner", "KeyFact", "Replayed", "SignedHead",
+    "is_release", "load_key_file", "read_fact", "replay",
     "CHUNK", "RDP_ORDERS", "UNITS_PER_EPSILON", "UNNAMED", "Actor", "Anchor", "BudgetExceeded", "Charge", "Charged",
     "Entry", "Ledger", "LedgerRecord", "LedgerRollback", "RecordFields", "RecordSummary", "budget_figures",
     "budget_units", "canonical", "chain_hash", "chain_intact", "charge_units", "charged_units", "entries",
