@@ -248,11 +248,12 @@ def test_a_rollback_while_serving_is_a_503_not_a_fresh_draw(tmp_path):
         assert client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
                            headers={**keys["publisher"], "Idempotency-Key": key}).status_code == 201
     with ctx.sessions() as session, session.begin():
-        release_id = session.execute(text("SELECT release_id FROM ledger WHERE seq = 2")).scalar()
-        session.execute(text("DELETE FROM ledger WHERE seq = 2"))
+        last = session.execute(text("SELECT max(seq) FROM ledger")).scalar()  # the chain's facts come first
+        release_id = session.execute(text("SELECT release_id FROM ledger WHERE seq = :s"), {"s": last}).scalar()
+        session.execute(text("DELETE FROM ledger WHERE seq = :s"), {"s": last})
         session.execute(text("DELETE FROM releases WHERE id = :r"), {"r": release_id})
-        head = session.execute(text("SELECT hash FROM ledger WHERE seq = 1")).scalar()
-        session.execute(text("UPDATE datasets SET ledger_seq = 1, ledger_head = :h"), {"h": head})
+        head = session.execute(text("SELECT hash FROM ledger WHERE seq = :s"), {"s": last - 1}).scalar()
+        session.execute(text("UPDATE datasets SET ledger_seq = :s, ledger_head = :h"), {"s": last - 1, "h": head})
     retried = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
                           headers={**keys["publisher"], "Idempotency-Key": "b"})
     expect_error(retried, 503, "ledger_rollback")
@@ -376,11 +377,12 @@ def test_a_backup_from_before_the_accounts_migration_is_still_checked(tmp_path):
         assert client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
                            headers={**keys["publisher"], "Idempotency-Key": key}).status_code == 201
     with ctx.sessions() as session, session.begin():  # the old database as the migration leaves it: one release
-        release_id = session.execute(text("SELECT release_id FROM ledger WHERE seq = 2")).scalar()
-        session.execute(text("DELETE FROM ledger WHERE seq = 2"))
+        last = session.execute(text("SELECT max(seq) FROM ledger")).scalar()  # the chain's facts come first
+        release_id = session.execute(text("SELECT release_id FROM ledger WHERE seq = :s"), {"s": last}).scalar()
+        session.execute(text("DELETE FROM ledger WHERE seq = :s"), {"s": last})
         session.execute(text("DELETE FROM releases WHERE id = :r"), {"r": release_id})
-        head = session.execute(text("SELECT hash FROM ledger WHERE seq = 1")).scalar()
-        session.execute(text("UPDATE datasets SET ledger_seq = 1, ledger_head = :h"), {"h": head})
+        head = session.execute(text("SELECT hash FROM ledger WHERE seq = :s"), {"s": last - 1}).scalar()
+        session.execute(text("UPDATE datasets SET ledger_seq = :s, ledger_head = :h"), {"s": last - 1, "h": head})
         session.execute(text("UPDATE budget_accounts SET needs_rebuild = :t"), {"t": True})
     ctx.close()
     with pytest.raises(LabelDPError) as refused:
