@@ -21,6 +21,7 @@ unreadable is reported).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,12 +91,13 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
 
 def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
                     heads: list[SignedHead], public_key: Ed25519PublicKey | None) -> dict:
-    for _attempt in range(ATTEMPTS):
+    for attempt in range(ATTEMPTS):
         try:
             with sessions() as session, session.begin():
                 _snapshot(session)
                 return _check(session, sessions, ledger, dataset_id, anchor, heads, public_key)
         except _Changed:
+            time.sleep(0.01 * attempt)  # let the charges in flight commit: the next snapshot opens their files
             continue
     return {"dataset_id": dataset_id, "problems": [
         f"its budget files changed under each of {ATTEMPTS} snapshots; run verify-audit again"]}
@@ -113,6 +115,11 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     dataset = session.get(db.Dataset, dataset_id)
     if dataset is None:  # datasets are never deleted: it was listed a moment ago
         return {"dataset_id": dataset_id, "problems": ["the dataset row is gone"]}
+    # The budget files first: a charge that commits after the snapshot began removes the files it superseded, so
+    # the snapshot's are opened before anything slow is read (an opened file stays readable).
+    accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
+                               .order_by(db.BudgetAccount.id)).all()
+    states = _open_states(session, sessions, ledger, dataset, accounts)
     names = {o.id: o.name for o in session.scalars(select(db.Organization))}
     chain = entries(session, dataset.id)
     problems: list[str] = []
@@ -138,9 +145,6 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
         problems += _record_problems(ledger, session, dataset, entry, coverage_hashes)
     for release in sorted(releases.values(), key=lambda r: r.id):
         problems += _file_problems(ledger, release)
-    accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
-                               .order_by(db.BudgetAccount.id)).all()
-    states = _open_states(session, sessions, ledger, dataset, accounts)
     for account, state in zip(accounts, states, strict=True):
         who = names.get(account.org_id, "?")
         if state is None:
