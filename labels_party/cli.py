@@ -216,9 +216,13 @@ def serve_command(args) -> int:
 
 
 def _keys(args):
+    import dataclasses
+
     from labels_party.auth import KEYS
 
-    return KEYS, _context(args).sessions
+    ctx = _context(args)
+    # keys made and revoked here go on the audit chain of every dataset their organization holds an account on
+    return dataclasses.replace(KEYS, audit=ctx.ledger.key_changed), ctx.sessions
 
 
 def verify_audit_command(args) -> int:

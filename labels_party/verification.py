@@ -223,10 +223,13 @@ def _fact_problems(session: Session, dataset: db.Dataset, replayed: Replayed, na
             problems.append(f"{org}'s allocation differs from the chain's")
     if replayed.revoked:
         keys = {k.id: k for k in session.scalars(select(db.ApiKey).where(db.ApiKey.id.in_(replayed.revoked)))}
-        for key_id, prefix in sorted(replayed.revoked.items()):
+        for key_id, (prefix, revoked_at) in sorted(replayed.revoked.items()):
             key = keys.get(key_id)
-            if key is None or key.prefix != prefix or not key.revoked:
+            if key is None or key.prefix != prefix or key.revoked_at is None:
                 problems.append(f"key {prefix} is revoked in the chain but not in the keys table")
+            elif revoked_at is not None and key.revoked_at.isoformat() != revoked_at:
+                problems.append(f"key {prefix} is revoked from {key.revoked_at.isoformat()} in the keys table but "
+                                f"from {revoked_at} in the chain")
     return problems
 
 

@@ -7,7 +7,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from dp_accounting import dp_event
@@ -32,6 +32,7 @@ from labels_party.ledger.units import remaining_units, units_epsilon, within_cha
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
 from shared.mechanisms import events
+from shared.service.keys import ApiKeyColumns
 
 CHUNK = 1 << 22  # registry indices per step of a pass: bounded memory at any dataset size
 
@@ -353,13 +354,11 @@ class Ledger:
         """An account's allocation as it now stands (made or changed)."""
         chain.allocation(self, session, dataset, account)
 
-    def key_created(self, session: Session, key: db.ApiKey) -> int:
-        """A key made: on the chain of every dataset its organization holds an account on (returns how many)."""
-        return chain.key(self, session, key, "created")
-
-    def key_revoked(self, session: Session, key: db.ApiKey) -> int:
-        """A key revoked: on the chain of every dataset its organization holds an account on (returns how many)."""
-        return chain.key(self, session, key, "revoked")
+    def key_changed(self, session: Session, key: ApiKeyColumns, change: Literal["created", "revoked"]) -> int:
+        """A key made or revoked (:attr:`shared.service.keys.KeyRing.audit`): on the chain of every dataset its
+        organization holds an account on, with the revocation's time and who (returns how many chains)."""
+        assert isinstance(key, db.ApiKey)  # the labels party's key ring holds only its own keys
+        return chain.key(self, session, key, change)
 
     # -- the anchor ---------------------------------------------------------------------------------------------
     def read_anchor(self, dataset_id: str) -> Anchor | None:

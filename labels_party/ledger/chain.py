@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 from sqlalchemy import event, select
@@ -99,7 +99,7 @@ def allocation(ledger: Ledger, session: Session, dataset: db.Dataset, account: d
                                                         epsilon_units=account.epsilon_units, delta=account.delta))
 
 
-def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: str) -> int:
+def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"]) -> int:
     """A key made or revoked, on the chain of every dataset its organization holds an account on (locked in id
     order, the one order of several dataset locks). Returns how many chains it went to."""
     org = session.get(db.Organization, api_key.org_id)
@@ -108,9 +108,11 @@ def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: str) -> in
         .where(db.BudgetAccount.org_id == api_key.org_id).order_by(db.Dataset.id)
         .with_for_update(of=db.Dataset)).unique().all()
     for dataset in datasets:
-        record_fact(ledger, session, dataset, KeyFact(change=change, org=org.name if org else "?",
-                                                      role=api_key.role, key_prefix=api_key.prefix,
-                                                      key_id=api_key.id))
+        revoked_at = api_key.revoked_at if change == "revoked" else None
+        record_fact(ledger, session, dataset, KeyFact(
+            change=change, org=org.name if org else "?", role=api_key.role, key_prefix=api_key.prefix,
+            key_id=api_key.id, revoked_at=revoked_at.isoformat() if revoked_at is not None else None,
+            revoked_by=api_key.revoked_by if revoked_at is not None else None))
     return len(datasets)
 
 
@@ -147,13 +149,14 @@ def _committed(ledger: Ledger, session: Session) -> None:
 @dataclass
 class Replayed:
     """What a dataset's chain says now stands, replayed fact by fact: totals (None: the chain records none),
-    grants, allocations (organization name -> (ε units, δ)), revoked keys (id -> prefix), the releases charged
+    grants, allocations (organization name -> (ε units, δ)), revoked keys (id -> (prefix, from when: ISO time, or
+    None in facts before revocations carried it)), the releases charged
     (release id -> standalone units), and what in the chain itself is inconsistent."""
 
     totals: tuple[int, float] | None = None
     grants: set[str] = field(default_factory=set)
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
-    revoked: dict[int, str] = field(default_factory=dict)
+    revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -180,7 +183,7 @@ def replay(entries: Sequence[Entry]) -> Replayed:
         elif isinstance(fact, AllocationFact):
             out.allocations[fact.org] = (fact.epsilon_units, fact.delta)
         elif fact.change == "revoked":
-            out.revoked[fact.key_id] = fact.key_prefix
+            out.revoked[fact.key_id] = (fact.key_prefix, fact.revoked_at)
     return out
 
 

@@ -173,6 +173,9 @@ class KeyFact(_Fact):
     role: str
     key_prefix: str
     key_id: int
+    # a revocation: from when the key is refused (a rotation's grace may put it later) and who revoked it
+    revoked_at: str | None = None
+    revoked_by: str | None = None
 
 
 Fact = Annotated[BudgetFact | GrantFact | AllocationFact | KeyFact, Field(discriminator="event")]

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -167,6 +168,9 @@ def expiry(*, days: float | None = None, at: str | None = None, now: datetime | 
     return when
 
 
+KeyAudit = Callable[[Session, "ApiKeyColumns", Literal["created", "revoked"]], object]
+
+
 @dataclass(frozen=True)
 class KeyRing:
     """One service's keys: its organization and key tables, the roles a key may have and the key prefix."""
@@ -175,6 +179,9 @@ class KeyRing:
     api_key: type[ApiKeyColumns]
     roles: tuple[str, ...]
     kind: str
+    # Called in the same transaction whenever a key is made or revoked: a party whose audit covers its keys binds
+    # it (the labels party's key commands: its ledger chains the fact); None records nothing beyond the key's row.
+    audit: KeyAudit | None = None
 
     def create(self, session: Session, org_name: str, role: str, *, expires_at: datetime | None = None) -> str:
         """Create the organization if needed and return a new key (shown once, stored hashed)."""
@@ -201,6 +208,8 @@ class KeyRing:
                            expires_at=expires_at)
         session.add(row)
         session.flush()
+        if self.audit is not None:
+            self.audit(session, row, "created")
         return IssuedKey(key, self._info(row, org.name, utcnow()))
 
     def authenticate(self, session: Session, authorization: str | None) -> Principal:
@@ -261,6 +270,8 @@ class KeyRing:
             raise LabelDPError("who revokes a key is named in 1-200 characters", code="usage")
         key.revoked_at, key.revoked_by = effective_at, by
         session.flush()
+        if self.audit is not None:
+            self.audit(session, key, "revoked")
 
     def _find(self, session: Session, ref: KeyRef) -> ApiKeyColumns:
         """The key ``ref`` names, locked for this transaction (two revocations of one key serialize)."""

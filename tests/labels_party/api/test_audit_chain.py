@@ -4,9 +4,11 @@ without false alarms on honest ledgers, and without crashing on damaged files. ~
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import text
@@ -14,10 +16,11 @@ from sqlalchemy import text
 from labeldp import cli
 from labels_party import audit as audit_log
 from labels_party import db, verification
-from labels_party.auth import create_key
+from labels_party.auth import KEYS, create_key
 from labels_party.context import make_context
 from labels_party.ledger import canonical, chain_hash, signing, within_charge
 from labels_party.settings import LabelsSettings
+from shared.service.keys import KeyRef
 from tests.labels_party.api.helpers import created, expect_error, release
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
@@ -265,16 +268,27 @@ def test_key_facts_are_chained_and_checked(ctx, client, admin, consumer, dataset
     account on, and the keys table must agree."""
     with ctx.sessions() as s, s.begin():
         key = s.query(db.ApiKey).join(db.Organization).filter(db.Organization.name == "publisher").one()
-        key.revoked = True
-        assert ctx.ledger.key_revoked(s, key) == 1  # the one dataset the publisher holds an account on
+        key = s.query(db.ApiKey).join(db.Organization).filter(db.Organization.name == "publisher").one()
         prefix = key.prefix
+    # the key commands' key ring, as `labeldp labels revoke-key` binds it
+    keys = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)
+    with ctx.sessions() as s, s.begin():
+        keys.revoke(s, KeyRef(None, prefix), by="ops")
     facts = client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()["facts"]
-    assert {k: facts[-1]["record"][k] for k in ("event", "change", "org", "role", "key_prefix")} == {
-        "event": "key", "change": "revoked", "org": "publisher", "role": "consumer", "key_prefix": prefix}
+    assert {k: facts[-1]["record"][k] for k in ("event", "change", "org", "role", "key_prefix", "revoked_by")} == {
+        "event": "key", "change": "revoked", "org": "publisher", "role": "consumer", "key_prefix": prefix,
+        "revoked_by": "ops"}
     assert _verify(ctx, tmp_path, audit_key)["valid"] is True
-    _sql(ctx, "UPDATE api_keys SET revoked = :f WHERE prefix = :p", f=False, p=prefix)  # un-revoked by SQL
+    _sql(ctx, "UPDATE api_keys SET revoked_at = :t WHERE prefix = :p", t=None, p=prefix)  # un-revoked by SQL
     assert f"key {prefix} is revoked in the chain but not in the keys table" in _problems(
         _verify(ctx, tmp_path, audit_key))
+    with ctx.sessions() as s, s.begin():  # made and then revoked later: the chain names another time
+        issued = keys.issue(s, "publisher", "consumer")
+        keys.revoke(s, KeyRef(issued.info.id, None), by="ops")
+        s.get(db.ApiKey, issued.info.id).revoked_at += timedelta(days=1)
+    facts = client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()["facts"]
+    assert [f["record"]["change"] for f in facts[-2:]] == ["created", "revoked"]
+    assert any(f"key {issued.info.prefix} is revoked from" in p for p in _problems(_verify(ctx, tmp_path, audit_key)))
 
 
 def test_audit_key_command(tmp_path, capsys):
