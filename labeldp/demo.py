@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -76,10 +77,42 @@ class Services:
     admin_key: str  # the office's admin key (labels party)
     consumer_key: str  # the publisher's key at the labels party
     trainer_key: str  # the publisher's key at its own trainer
+    labels_storage: tuple[str, ...]  # the labels service's --database-url and --data-dir flags
+    audit: SignedAudit
+
 
     def parties(self) -> Parties:
         """The same services and keys as the benchmarks' :class:`Parties` (the classification round's helpers)."""
         return Parties(self.labels_url, self.trainer_url, self.admin_key, self.consumer_key, self.trainer_key)
+
+
+@dataclass(frozen=True)
+class SignedAudit:
+    """The labels service's audit key and the log its signed chain heads are exported to, both outside its database
+    and data directory (docs/design/audit.md), as an operator keeps them."""
+
+    key_file: Path
+    heads_dir: Path
+    public_key: str
+
+    @classmethod
+    def create(cls, directory: Path) -> SignedAudit:
+        key_file = directory / "audit-key.pem"
+        made = subprocess.run(_cli("labels", "audit-key", "--key-file", str(key_file), "--json"), check=True,
+                              capture_output=True, text=True)
+        return cls(key_file, directory / "heads", json.loads(made.stdout)["public_key"])
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "LABELDP_AUDIT_KEY_FILE": str(self.key_file),
+                "LABELDP_AUDIT_LOG_DIR": str(self.heads_dir)}
+
+    def verify(self, storage: tuple[str, ...]) -> dict:
+        """``labeldp labels verify-audit`` against every head the service exported: the database was not rewritten
+        or truncated since, and every ledger figure recomputes."""
+        checked = subprocess.run(_cli("labels", "verify-audit", *storage, "--pinned",
+                                      str(self.heads_dir / "heads.jsonl"), "--public-key", self.public_key),
+                                 capture_output=True, text=True)
+        return json.loads(checked.stdout)
 
 
 @contextlib.contextmanager
@@ -87,10 +120,11 @@ def services(out: Path) -> Iterator[Services]:
     """Both services started with ``labeldp labels serve`` and ``labeldp features serve`` on loopback ports,
     their keys created with ``create-key``, as an operator would."""
     labels_dir, trainer_dir = out / "labels", out / "trainer"
-    for directory in (labels_dir, trainer_dir):
+    for directory in (labels_dir, trainer_dir, out / "audit"):
         subprocess.run(["rm", "-rf", str(directory)], check=True)
         directory.mkdir(parents=True)
     labels_db = ["--database-url", f"sqlite:///{labels_dir / 'labels.db'}", "--data-dir", str(labels_dir / "data")]
+    audit = SignedAudit.create(out / "audit")  # beside, not inside, the labels party's storage
     trainer_db = ["--database-url", f"sqlite:///{trainer_dir / 'trainer.db'}", "--data-dir", str(trainer_dir)]
     labels_port, trainer_port = free_port(), free_port()
     labels_url, trainer_url = f"http://127.0.0.1:{labels_port}", f"http://127.0.0.1:{trainer_port}"
@@ -100,13 +134,13 @@ def services(out: Path) -> Iterator[Services]:
                               check=True, capture_output=True, text=True).stdout.strip()
 
     with serve_process(_cli("labels", "serve", "--port", str(labels_port), *labels_db), labels_url,
-                       log=out / "labels-service.log"), \
+                       env=audit.env(), log=out / "labels-service.log"), \
             serve_process(_cli("features", "serve", "--port", str(trainer_port), *trainer_db,
                                "--labels-party", f"{LABELS_PARTY}={labels_url}"), trainer_url,
                           log=out / "trainer-service.log"):
         yield Services(labels_url, trainer_url, new_key("labels", OFFICE, "admin", labels_db),
                        new_key("labels", PUBLISHER, "consumer", labels_db),
-                       new_key("features", PUBLISHER, "admin", trainer_db))
+                       new_key("features", PUBLISHER, "admin", trainer_db), tuple(labels_db), audit)
 
 
 def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
@@ -151,7 +185,8 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
         audit, budget = office.audit(dataset.id), office.budget(dataset.id)
         classification = demo_classification.run_round(running.parties(), classification_epsilons,
                                                        epochs=class_epochs, reference=class_reference.result)
-    _write(out, rows, audit, budget, classification, time.perf_counter() - started)
+    verified = running.audit.verify(running.labels_storage)  # the service stopped: its storage as it was left
+    _write(out, rows, audit, budget, verified, classification, time.perf_counter() - started)
     return rows
 
 
@@ -202,8 +237,8 @@ def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConf
             "certified_epsilon": None}
 
 
-def _write(out: Path, rows: list[dict], audit, budget, classification: demo_classification.ClassificationRound,
-           seconds: float) -> None:
+def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
+           classification: demo_classification.ClassificationRound, seconds: float) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     frame = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
     baseline = next(r["test_mse"] for r in rows if r["epsilon"] is None)
@@ -222,6 +257,9 @@ def _write(out: Path, rows: list[dict], audit, budget, classification: demo_clas
              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
              f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released.",
+             f"`labeldp labels verify-audit` against the {verified.get('pinned', {}).get('heads', 0)} Ed25519-signed "
+             f"chain heads the service exported: {'valid' if verified['valid'] else 'INVALID'} (every charge, total, "
+             f"grant and allocation recomputed; nothing rewritten or truncated since).",
              "", *demo_classification.report_lines(classification, out),
              "", f"Demo wall time: {seconds:.0f} s."]
     (out / "results.md").write_text("\n".join(lines) + "\n")

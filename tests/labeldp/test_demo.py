@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -38,6 +39,10 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
     report = (out / "results.md").read_text()
     assert "4 privacy events, hash chain valid: True" in report
     assert "epsilon_spent = 4 of 4" in report
+    # every head the service signed and exported still verifies against the database it left (both datasets: at
+    # least their creation, upload-free facts and releases)
+    heads = re.search(r"verify-audit` against the (\d+) Ed25519-signed chain heads the service exported: valid", report)
+    assert heads is not None and int(heads.group(1)) >= 4 + 2, report
 
 
 @pytest.mark.slow
