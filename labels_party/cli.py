@@ -211,6 +211,10 @@ def serve_command(args) -> int:
     tls = tls_options(args)  # flags first: a usage error touches no database
     ctx = _context(args, upgrade=args.upgrade_db)  # a refusal to start (say, a restored database) is one line
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if ctx.settings.audit_key_file is None:  # allowed (a first try, a test), never silent
+        logging.getLogger("labels_party").warning(
+            "no audit key (LABELDP_AUDIT_KEY_FILE, made by `labeldp labels audit-key`): chain heads are neither "
+            "signed nor exported, so verify-audit can check this database only against itself")
     serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
     return 0
 
