@@ -164,7 +164,7 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
             parts = registry_parts(session, dataset)
         ingested = labelstore.ingest(ctx.store, dataset.id, seen[0] + 1, path, fmt, domain_from_spec(spec),
-                                     spec.get("clip"), parts, seen[1])
+                                     spec.get("clip"), parts, seen[1], ctx.settings.upload_memory_mb)
         with ctx.sessions() as session, session.begin():
             dataset = admitted_dataset(session, admission, lock=True)
             if (dataset.label_version, dataset.registry_size) != seen:

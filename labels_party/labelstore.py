@@ -11,7 +11,20 @@ not a structure of its own: the ids a version introduced are the rows of that ve
 layout were rewritten into it once: migration 0009).
 
 Duplicate ids and the join of an upload against the registry run in DuckDB with a memory limit and a spill
-directory (its external hash aggregation, join and sort), never in Python structures.
+directory under the data directory, never in Python structures. Memory stays bounded whatever the upload's or the
+registry's size (issue 28, item 5: a second upload of 4·10⁶ 64-character ids ran out of DuckDB's 244 MiB):
+
+* every query has one blocking operator (DuckDB spills each of its hash aggregate, hash join and sort, but a
+  query stacking a join under a sort and a window, as the registry join did, can exhaust the limit between them):
+  duplicates (aggregate), the join (written to a file), the sort by registry index (written to a file), then a
+  streaming pass in Python numbers the new ids;
+* the files DuckDB reads are written in row groups bounded in *bytes* (:data:`ROW_GROUP_BYTES`): its Parquet
+  reader holds a whole column chunk per thread, and row groups of 2²⁰ rows held 68 MiB of 64-character ids;
+* DuckDB gets at least 128 MB per thread (its documented minimum; ``LabelsSettings.upload_memory_mb``);
+* Python reads bodies and files through buffered streams in batches of :data:`PARSE_ROWS` rows.
+
+DuckDB is used rather than a hand-written sort-merge: its out-of-core aggregate, join and sort are maintained and
+tested at scales this service is not, and the fault was in how they were fed, not in them.
 """
 
 from __future__ import annotations
@@ -35,8 +48,12 @@ from shared.domains import check_labels
 from shared.errors import LabelDPError, library_message
 
 BATCH_ROWS = 1 << 20
+PARSE_ROWS = 1 << 16  # rows per batch where ids are in memory (64 Ki ids of 1 KB: 64 MB)
+ROW_GROUP_BYTES = 4 << 20  # uncompressed bytes per row group of the files DuckDB reads
+STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (not a whole column chunk at once)
 VERSION_SCHEMA = pa.schema([("registry_index", pa.int64()), ("example_id", pa.string()), ("label", pa.float64())])
-DUCKDB_MEMORY = "256MB"  # DuckDB spills to the data directory beyond this
+DUCKDB_MEMORY_MB = 256  # LabelsSettings.upload_memory_mb by default
+DUCKDB_MB_PER_THREAD = 128  # DuckDB's documented minimum per thread
 
 
 @dataclass(frozen=True)
@@ -78,13 +95,15 @@ class Ingested:
     clipped_above: int
 
 
-def duckdb_connection(store: DataStore) -> tuple[duckdb.DuckDBPyConnection, Path]:
-    """An in-memory DuckDB with a memory limit, spilling under the data directory."""
+def duckdb_connection(store: DataStore, memory_mb: int = DUCKDB_MEMORY_MB) -> tuple[duckdb.DuckDBPyConnection, Path]:
+    """An in-memory DuckDB with a memory limit, spilling under the data directory, with as many threads (at most
+    2) as the limit gives DuckDB's minimum each."""
     # One spill directory per connection: concurrent DuckDB instances name their spill files alike.
     spill = store.path(f"tmp/duckdb-{uuid.uuid4().hex}")
     spill.mkdir(parents=True)
-    return duckdb.connect(config={"memory_limit": DUCKDB_MEMORY, "temp_directory": str(spill),
-                                  "preserve_insertion_order": False, "threads": 2}), spill
+    threads = max(1, min(2, memory_mb // DUCKDB_MB_PER_THREAD))
+    return duckdb.connect(config={"memory_limit": f"{int(memory_mb)}MB", "temp_directory": str(spill),
+                                  "preserve_insertion_order": False, "threads": threads}), spill
 
 
 # -- uploads ----------------------------------------------------------------------------------------------------
@@ -96,17 +115,28 @@ def _batches(path: Path, fmt: str) -> Iterator[pa.RecordBatch]:
 
 def _batches_of(handle, fmt: str) -> Iterator[pa.RecordBatch]:
     if fmt == "csv":
-        yield from pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=1 << 24),
+        yield from pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=1 << 22),
                                   convert_options=pacsv.ConvertOptions(
                                       column_types={"example_id": pa.string(), "label": pa.float64()},
                                       include_columns=["example_id", "label"]))
     elif fmt == "ndjson":
         # labels are doubles whatever the first block holds (types are fixed from the first block otherwise)
-        yield from pajson.open_json(handle, read_options=pajson.ReadOptions(block_size=1 << 24),
+        yield from pajson.open_json(handle, read_options=pajson.ReadOptions(block_size=1 << 22),
                                     parse_options=pajson.ParseOptions(
                                         explicit_schema=pa.schema([("label", pa.float64())])))
     else:
-        yield from pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS)
+        yield from _parquet(handle).iter_batches(batch_size=PARSE_ROWS)
+
+
+def _parquet(source) -> pq.ParquetFile:
+    """Read page by page through a buffer: a row group's column chunk (any size the writer chose) is never held
+    whole."""
+    return pq.ParquetFile(source, buffer_size=STREAM_BUFFER, pre_buffer=False)
+
+
+def _row_group_rows(table: pa.Table) -> int:
+    """Rows per row group for about :data:`ROW_GROUP_BYTES` of ``table``'s kind of rows."""
+    return max(1, min(BATCH_ROWS, table.num_rows * ROW_GROUP_BYTES // max(1, table.nbytes)))
 
 
 @dataclass
@@ -144,9 +174,9 @@ def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> 
         with pq.ParquetWriter(target, VERSION_SCHEMA, compression="zstd") as writer:
             for batch in _batches(path, fmt):
                 ids, values = _checked(batch, domain, clip, counts)
-                writer.write_table(pa.table({"registry_index": np.arange(rows, rows + len(values)),
-                                             "example_id": ids, "label": values}, schema=VERSION_SCHEMA),
-                                   row_group_size=BATCH_ROWS)
+                table = pa.table({"registry_index": np.arange(rows, rows + len(values)), "example_id": ids,
+                                  "label": values}, schema=VERSION_SCHEMA)
+                writer.write_table(table, row_group_size=_row_group_rows(table))
                 rows += len(values)
     except (pa.ArrowException, OSError) as err:  # any Arrow parse/convert/missing-column failure
         raise LabelDPError(f"cannot parse the {fmt} body: {library_message(err)}", code="malformed_file") \
@@ -172,32 +202,50 @@ def _refuse_duplicates(connection, staged: Path) -> None:
         raise LabelDPError(f"duplicate example_id {duplicate[0]!r}", code="duplicate_example_id")
 
 
+def _copy(connection, query: str, target: Path) -> None:
+    connection.execute(f"COPY ({query}) TO {_quoted(target)} (FORMAT parquet, COMPRESSION zstd, "
+                       f"ROW_GROUP_SIZE {BATCH_ROWS}, ROW_GROUP_SIZE_BYTES '{ROW_GROUP_BYTES // 1024}KB')")
+
+
+def _quoted(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
 def _assign_indices(connection, store: DataStore, staged: Path, parts, registry_size: int, target: Path) -> int:
     """Known ids keep their index; new ones get registry_size, registry_size + 1, … in upload order. Writes the
-    version sorted by index; returns the number of new ids."""
-    connection.execute(f"""
-        CREATE TEMP TABLE joined AS
-        SELECT u.registry_index AS position, u.example_id, u.label, r.registry_index AS known
-        FROM read_parquet('{str(staged).replace("'", "''")}') u
-        LEFT JOIN ({_registry_sql(store, parts)}) r USING (example_id)""")
-    new = connection.execute("SELECT count(*) FROM joined WHERE known IS NULL").fetchone()[0]
-    connection.execute(f"""
-        COPY (
-          SELECT registry_index::BIGINT AS registry_index, example_id::VARCHAR AS example_id,
-                 label::DOUBLE AS label FROM (
-            SELECT known AS registry_index, example_id, label FROM joined WHERE known IS NOT NULL
-            UNION ALL
-            SELECT {int(registry_size)} + row_number() OVER (ORDER BY position) - 1, example_id, label
-            FROM joined WHERE known IS NULL)
-          ORDER BY registry_index
-        ) TO '{str(target).replace("'", "''")}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {BATCH_ROWS})""")
-    return int(new)
+    version sorted by index; returns the number of new ids.
+
+    Sorting by ``coalesce(known index, registry_size + position)`` puts the known ids in index order and the new
+    ones after them (every known index is below registry_size) in upload order: numbering the new ones is then a
+    running count over the sorted rows, done while they are written (no window function, no table in DuckDB)."""
+    joined, ordered = target.with_name("joined.parquet"), target.with_name("ordered.parquet")
+    _copy(connection, f"""
+        SELECT coalesce(r.registry_index, {int(registry_size)} + u.registry_index) AS sort_key,
+               r.registry_index AS known, u.example_id, u.label
+        FROM read_parquet({_quoted(staged)}) u LEFT JOIN ({_registry_sql(store, parts)}) r USING (example_id)""",
+          joined)
+    _copy(connection, f"SELECT known, example_id, label FROM read_parquet({_quoted(joined)}) ORDER BY sort_key",
+          ordered)
+    joined.unlink()
+    new = 0
+    with pq.ParquetWriter(target, VERSION_SCHEMA, compression="zstd") as writer:
+        for batch in _parquet(ordered).iter_batches(batch_size=PARSE_ROWS):
+            known = batch.column("known")
+            fresh = known.is_null().to_numpy(zero_copy_only=False)
+            index = pc.fill_null(known, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            index[fresh] = registry_size + new + np.arange(np.count_nonzero(fresh))
+            new += int(np.count_nonzero(fresh))
+            table = pa.table({"registry_index": index, "example_id": batch.column("example_id"),
+                              "label": batch.column("label")}, schema=VERSION_SCHEMA)
+            writer.write_table(table, row_group_size=_row_group_rows(table))
+    ordered.unlink()
+    return new
 
 
 def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str, domain, clip: dict | None,
-           parts: Sequence[RegistryPart], registry_size: int) -> Ingested:
+           parts: Sequence[RegistryPart], registry_size: int, memory_mb: int = DUCKDB_MEMORY_MB) -> Ingested:
     """Parse, check and store an upload as label version ``version`` (files only; the caller commits the rows
-    that make them count)."""
+    that make them count). ``memory_mb``: DuckDB's memory limit (it spills beyond it)."""
     # unique per attempt: a concurrent upload of the same version never overwrites (or later removes) this one's
     relative = f"datasets/{dataset_id}/labels_v{version:06d}_{uuid.uuid4().hex}.parquet"
     scratch = store.path(f"tmp/{uuid.uuid4().hex}")
@@ -205,7 +253,7 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
     try:
         staged = scratch / "staged.parquet"
         rows, counts = _parse_to(path, fmt, domain, clip, staged)
-        connection, spill = duckdb_connection(store)
+        connection, spill = duckdb_connection(store, memory_mb)
         try:
             _refuse_duplicates(connection, staged)
             if parts:  # an existing registry: join, number the new ids, sort by index
@@ -236,8 +284,7 @@ def _remove_tree(path: Path) -> None:
 # -- coverage sets ----------------------------------------------------------------------------------------------
 
 def _index_chunks(store: DataStore, relative: str) -> Iterator[np.ndarray]:
-    for batch in pq.ParquetFile(store.path(relative)).iter_batches(batch_size=BATCH_ROWS,
-                                                                   columns=["registry_index"]):
+    for batch in _parquet(store.path(relative)).iter_batches(batch_size=BATCH_ROWS, columns=["registry_index"]):
         yield batch.column(0).to_numpy()
 
 
@@ -346,7 +393,7 @@ def read_coverage(store: DataStore, coverage_file: str) -> MappedArray | RangeCo
 def iter_version(store: DataStore, file: str,
                  columns: Sequence[str] = ("registry_index", "example_id", "label")) -> Iterator[pa.RecordBatch]:
     """The version's rows in index order, one row group at a time."""
-    for batch in pq.ParquetFile(store.path(file)).iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
+    for batch in _parquet(store.path(file)).iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
         yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})  # in the order asked
 
 

@@ -45,6 +45,9 @@ class LabelsSettings(HttpSettings, QuotaSettings):
     # opt-unbiased randomizers on 88 labels).
     max_groups_per_release: int = Field(default=1000, gt=0)
     max_document_bytes: int = Field(default=32 << 20, gt=0)
+    # DuckDB's memory limit while an upload is checked and joined against the registry (it spills to the data
+    # directory beyond it, so any upload fits): one thread per 128 MB (DuckDB's minimum), at most 2.
+    upload_memory_mb: int = Field(default=256, ge=64)
     # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
     # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
     # The audit (docs/design/audit.md): the Ed25519 key that signs chain heads (a PEM file, mode 0600, made by

@@ -3,7 +3,12 @@ re-upload against the registry), and two uploads of the same version never share
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import threading
+
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -57,3 +62,54 @@ def test_duplicates_are_found_out_of_core_and_leave_nothing(tmp_path):
     assert refused.value.code == "duplicate_example_id" and "e1" in str(refused.value)
     leftovers = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
     assert leftovers == []
+
+
+def _hex_ids(start: int, stop: int) -> pa.Array:
+    """64-character ids (the length that broke the registry join at 4·10⁶ rows: issue 28, item 5)."""
+    return pa.array([hashlib.sha256(b"%d" % i).hexdigest() for i in range(start, stop)])
+
+
+def _parquet_body(path, start, stop):
+    pq.write_table(pa.table({"example_id": _hex_ids(start, stop), "label": np.arange(start, stop) % 10.0}), path)
+    return path
+
+
+def _spilled_bytes(data_dir, stop: threading.Event, seen: list[int]) -> None:
+    """The largest size DuckDB's spill directories under ``data_dir/tmp`` reached (polled)."""
+    while not stop.wait(0.002):
+        total = 0
+        for spill in (data_dir / "tmp").glob("duckdb-*"):
+            for file in spill.rglob("*"):
+                with contextlib.suppress(OSError):
+                    total += file.stat().st_size
+        seen[0] = max(seen[0], total)
+
+
+def test_a_re_upload_larger_than_the_memory_limit_spills_and_stays_correct(tmp_path):
+    """10⁶ 64-character ids on top of 10⁶ (half known) with DuckDB held to 64 MB: the duplicates check, the join
+    and the sort spill to the data directory (observed there) and the version is still exact. ~15 s."""
+    n = 1_000_000
+    store = DataStore(tmp_path / "data")
+    first = labelstore.ingest(store, "d", 1, _parquet_body(tmp_path / "a.parquet", 0, n), "parquet", DOMAIN, None,
+                              [], 0, memory_mb=64)
+    stop, seen = threading.Event(), [0]
+    watcher = threading.Thread(target=_spilled_bytes, args=(tmp_path / "data", stop, seen))
+    watcher.start()
+    try:
+        second = labelstore.ingest(store, "d", 2, _parquet_body(tmp_path / "b.parquet", n // 2, n + n // 2),
+                                   "parquet", DOMAIN, None, [labelstore.RegistryPart(first.file, 0, n)], n,
+                                   memory_mb=64)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen[0] > 64 << 20  # more than the limit went to disk
+    assert (second.num_examples, second.new_examples, second.registry_end) == (n, n // 2, n + n // 2)
+    table = pq.read_table(store.path(second.file))
+    index = table.column("registry_index").to_numpy()
+    assert np.array_equal(index, np.arange(n // 2, n + n // 2))  # known ids kept theirs; new ones in upload order
+    assert table.column("example_id").to_pylist()[::99_999] == _hex_ids(n // 2, n + n // 2).to_pylist()[::99_999]
+    assert np.array_equal(table.column("label").to_numpy(), np.arange(n // 2, n + n // 2) % 10.0)
+    sizes = [pq.ParquetFile(store.path(second.file)).metadata.row_group(i).total_byte_size
+             for i in range(pq.ParquetFile(store.path(second.file)).metadata.num_row_groups)]
+    assert max(sizes) <= 2 * labelstore.ROW_GROUP_BYTES  # DuckDB reads a whole column chunk per thread
+    assert not list((tmp_path / "data" / "tmp").glob("duckdb-*"))  # spill directories removed
