@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from shared.errors import LabelDPError, library_message
+from shared.errors import LabelDPError, library_message, resource_error
 
 ID = "example_id"
 
@@ -19,7 +19,8 @@ def read_features(path: str | Path) -> pd.DataFrame:
         with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
             frame = pd.read_csv(handle, dtype={ID: str}, keep_default_na=True)
     except (ValueError, OSError) as err:  # pandas' ParserError, EmptyDataError and UnicodeDecodeError among them
-        raise LabelDPError(f"cannot parse features file: {library_message(err)}", code="malformed_file") from None
+        raise resource_error(err) or LabelDPError(f"cannot parse features file: {library_message(err)}",
+                                                  code="malformed_file") from None
     return check_features(frame)
 
 

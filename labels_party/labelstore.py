@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.domains import check_labels
-from shared.errors import LabelDPError, library_message
+from shared.errors import LabelDPError, library_message, resource_error
 
 BATCH_ROWS = 1 << 20
 PARSE_ROWS = 1 << 16  # rows per batch where ids are in memory (64 Ki ids of 1 KB: 64 MB)
@@ -179,8 +179,9 @@ def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> 
                 writer.write_table(table, row_group_size=_row_group_rows(table))
                 rows += len(values)
     except (pa.ArrowException, OSError) as err:  # any Arrow parse/convert/missing-column failure
-        raise LabelDPError(f"cannot parse the {fmt} body: {library_message(err)}", code="malformed_file") \
-            from None
+        # ... but a full disk or exhausted memory while the staged file is written is the service's (507/503)
+        raise resource_error(err) or LabelDPError(f"cannot parse the {fmt} body: {library_message(err)}",
+                                                  code="malformed_file") from None
     if rows == 0:
         raise LabelDPError("the upload holds no labels", code="empty_labels")
     return rows, counts
@@ -261,6 +262,11 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
                 new = _assign_indices(connection, store, staged, parts, registry_size, final)
             else:  # the first upload: the row number is the index, already sorted
                 final, new = staged, rows
+        except duckdb.Error as err:  # its spill directory's disk full, or its memory limit: 507/503
+            resource = resource_error(err)
+            if resource is None:
+                raise
+            raise resource from None
         finally:
             connection.close()
             _remove_tree(spill)

@@ -20,7 +20,7 @@ from labels_party import db
 from labels_party.context import ServiceContext
 from labels_party.registry import support
 from labels_party.spark import snapshot
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, resource_error
 
 
 def register(ctx: ServiceContext, org_name: str, dataset_id: str, source: str, domain) -> dict:
@@ -55,9 +55,10 @@ def _count(ctx: ServiceContext, location: str, source: str, support_values: np.n
         return label_histogram(ctx.spark_jobs.session(), uri, support_values)
     except LabelDPError as err:
         raise LabelDPError(str(err).replace(uri, source).replace(path, source), code=err.code) from None
-    except Exception:  # Spark's own failures (an unreadable Parquet file) carry the snapshot's paths: not echoed
-        raise LabelDPError("Spark could not read the source's files as Parquet; nothing was registered",
-                           code="malformed_file") from None
+    except Exception as err:  # Spark's own failures (an unreadable Parquet file) carry the snapshot's paths: not echoed
+        raise resource_error(err) or LabelDPError(
+            "Spark could not read the source's files as Parquet; nothing was registered",
+            code="malformed_file") from None
 
 
 def stored_histogram(ctx: ServiceContext, session: Session, dataset: db.Dataset, domain):

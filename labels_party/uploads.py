@@ -15,7 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from shared.errors import LabelDPError, library_message
+from shared.errors import LabelDPError, library_message, resource_error
 
 FORMATS = {
     "text/csv": "csv",
@@ -90,13 +90,15 @@ def _group_of_rows(column: pa.ChunkedArray) -> np.ndarray:
 
 @contextlib.contextmanager
 def _parsing(what: str):
-    """A body Arrow cannot read or convert is a 400 that says what is wrong with it (never a 500)."""
+    """A body Arrow cannot read or convert is a 400 that says what is wrong with it (never a 500); the service
+    running out of disk, memory or descriptors meanwhile is not the body's fault (507/503)."""
     try:
         yield
     except LabelDPError:
         raise
     except (pa.ArrowException, OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
-        raise LabelDPError(f"cannot parse {what}: {library_message(err)}", code="malformed_file") from None
+        raise resource_error(err) or LabelDPError(f"cannot parse {what}: {library_message(err)}",
+                                                  code="malformed_file") from None
 
 
 # Parquet compresses: a small body can hold gigabytes of values (2 MB held 1.8 GB of group names). Its metadata

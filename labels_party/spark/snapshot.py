@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, resource_error
 
 SNAPSHOTS = "sources"  # under the data directory: sources/<dataset id>/, the files as registered
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: opening a FIFO must not hang
@@ -126,9 +126,9 @@ def _copy_source(prefix: str, parts: list[str], target: Path, source: str,
                  checkpoint: Callable[[str], None]) -> list[SnapshotFile]:
     try:
         fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        raise LabelDPError("this organization's source directory cannot be read on this service",
-                           code="source_not_allowed") from None
+    except OSError as err:
+        raise resource_error(err) or LabelDPError(
+            "this organization's source directory cannot be read on this service", code="source_not_allowed") from None
     try:
         for index, name in enumerate(parts):  # down to the source, one component at a time, no link followed
             below = _open(fd, name, "/".join(parts[:index + 1]), source)
@@ -174,6 +174,9 @@ def _open(directory: int, name: str, path: str, source: str) -> int:
     try:
         return os.open(name, _OPEN, dir_fd=directory)
     except OSError as err:
+        resource = resource_error(err)  # out of descriptors or memory: the service's, not the source's (503)
+        if resource is not None:
+            raise resource from None
         if err.errno == errno.ELOOP:
             raise LabelDPError(f"{path!r} (at the source location {source!r}) is a symbolic link; a source may "
                                f"hold only directories and regular files", code="source_not_allowed") from None

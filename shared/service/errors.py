@@ -15,10 +15,11 @@ from typing import overload
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from shared.errors import LabelDPError, RetryLater
+from shared.errors import LabelDPError, RetryLater, resource_error
 
 
 class ErrorCode(str, Enum):
@@ -129,6 +130,9 @@ class ErrorCode(str, Enum):
     # a release's labels file is not the one recorded when it became available (size, SHA-256): never served
     RELEASE_FILE_DAMAGED = ("release_file_damaged", 503)
     AUDIT_KEY_MISSING = ("audit_key_missing", 503)  # the service has no audit key: its chain heads are not signed
+    # the service ran out of memory or file descriptors (shared.errors.resource_error); nothing was changed
+    RESOURCE_EXHAUSTED = ("resource_exhausted", 503)
+    INSUFFICIENT_STORAGE = ("insufficient_storage", 507)  # the service's disk (or quota) is full; nothing changed
 
 
 def status_of(code: str) -> int:
@@ -205,7 +209,20 @@ def install_error_handlers(app: FastAPI, log: logging.Logger, private_dirs: Iter
             response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
 
-    @app.exception_handler(Exception)
-    async def _internal_error(_request, _err: Exception):
+    async def _resource_or_internal(_request, err: Exception):
+        """Running out of disk, memory or descriptors wherever it happens (a library's error, the database's) is
+        the service's condition, answered as such; anything else is a bug."""
+        resource = resource_error(err)
+        if resource is not None:
+            log.warning("refused: %s (%s)", resource, type(err).__name__)  # one line: no stack to flood the log
+            return error_response(resource.code, str(resource))
         log.exception("internal error")
         return error_response(ErrorCode.INTERNAL_ERROR, "internal error; the operation did not complete")
+
+    # Registered by type, not only under Exception (which Starlette answers and then raises again to the server)
+    for kind in (OSError, MemoryError, SQLAlchemyError):
+        app.add_exception_handler(kind, _resource_or_internal)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request, err: Exception):
+        return await _resource_or_internal(request, err)

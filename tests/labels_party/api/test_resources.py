@@ -1,0 +1,208 @@
+"""Running out of resources is the service's condition, never the client's fault and never a 500 (issue 28, item 6).
+
+A full disk is real here: the database and the data directory live on a small tmpfs mounted for the test (root
+only; skipped with the reason otherwise), filled with a filler file. Every refusal is 507 ``insufficient_storage``
+and changes nothing (no label version, no charge, no grant, no source copy); with space again, the same request
+succeeds. Running out of file descriptors is real too (the process's own limit, lowered for one request): 503
+``resource_exhausted``. ~5 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import resource
+import subprocess
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+
+from labels_party.api import create_app
+from labels_party.auth import create_key
+from labels_party.context import make_context
+from labels_party.settings import LabelsSettings
+from shared.errors import resource_error
+from tests.labels_party.api.helpers import bearer, expect_error, new_dataset, release, state, upload
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+
+DISK_MB = 24
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of DISK_MB mounted for this test, unmounted after it."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _free(path: Path) -> int:
+    status = os.statvfs(path)
+    return status.f_bavail * status.f_frsize
+
+
+@contextlib.contextmanager
+def _filled(disk: Path, leave: int = 0):
+    """The disk filled but for about ``leave`` bytes, for the duration of the block."""
+    filler = disk / f"filler-{uuid.uuid4().hex}"
+    try:
+        with open(filler, "wb") as handle:
+            block = b"\0" * (1 << 20)
+            while _free(disk) > leave + len(block):
+                handle.write(block)
+            with contextlib.suppress(OSError):
+                handle.write(b"\0" * max(0, _free(disk) - leave))
+                handle.flush()
+        yield filler
+    finally:
+        filler.unlink(missing_ok=True)
+
+
+def _service(disk: Path, sources: Path | None = None):
+    settings = LabelsSettings(database_url=f"sqlite:///{disk}/db.sqlite", data_dir=disk / "data",
+                              spark_sources={"hospital": [f"{sources}/"]} if sources else {})
+    ctx = make_context(settings=settings)
+    with ctx.sessions() as session, session.begin():
+        admin, consumer = create_key(session, "hospital", "admin"), create_key(session, "publisher", "consumer")
+    return TestClient(create_app(ctx), raise_server_exceptions=False), bearer(admin), bearer(consumer)
+
+
+def _csv(n: int, offset: int = 0) -> bytes:
+    """n labels with 64-character ids: random-looking text that compresses little."""
+    return ("example_id,label\n" + "".join(f"{hashlib.sha256(b'%d' % i).hexdigest()},{i % 52 + 1}\n"
+                                           for i in range(offset, offset + n))).encode()
+
+
+def _leftovers(disk: Path) -> list[str]:
+    """Files under the data directory's scratch space (spools, staged uploads, DuckDB spills)."""
+    return sorted(str(p.relative_to(disk)) for p in (disk / "data" / "tmp").rglob("*")
+                  if p.is_file() and "spool" not in p.parts and p.name != "live.lock")
+
+
+def test_an_upload_onto_a_full_disk_is_507_and_leaves_no_version(small_disk):
+    client, admin, _ = _service(small_disk)
+    with client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
+        assert upload(client, admin, dataset, _csv(1000)).status_code == 200
+        before = state(client, admin, dataset)
+        body = _csv(60_000, offset=500)  # 4.9 MB: its staged Parquet copy does not fit beside it
+        with _filled(small_disk, leave=len(body) + (256 << 10)):
+            refused = expect_error(upload(client, admin, dataset, body), 507, "insufficient_storage")
+            assert refused["message"] == "the service's storage is full; nothing was changed, try again later"
+            assert state(client, admin, dataset) == before
+            assert _leftovers(small_disk) == []
+            # a body larger than the free space fails while it is spooled: the same answer
+            expect_error(upload(client, admin, dataset, body + body), 507, "insufficient_storage")
+            assert state(client, admin, dataset) == before
+        accepted = upload(client, admin, dataset, body)  # with space again, the same body is taken
+        assert accepted.status_code == 200, accepted.text
+        assert (accepted.json()["label_version"], accepted.json()["new_examples"]) == (2, 59_500)
+
+
+def test_releases_and_grants_onto_a_full_disk_are_507_and_charge_nothing(small_disk):
+    client, admin, consumer = _service(small_disk)
+    with client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
+        assert upload(client, admin, dataset, _csv(20_000)).status_code == 200
+        before = state(client, admin, dataset)
+        with _filled(small_disk):
+            expect_error(release(client, admin, dataset, "full", mechanism="rr", epsilon=1), 507,
+                         "insufficient_storage")
+            expect_error(client.post(f"/v1/datasets/{dataset}/grants", headers=admin,
+                                     json={"org": "publisher", "epsilon": 1}), 507, "insufficient_storage")
+            assert state(client, admin, dataset) == before
+            assert client.get(f"/v1/datasets/{dataset}/budget", headers=consumer).status_code == 404  # no grant
+        charged = release(client, admin, dataset, "full", mechanism="rr", epsilon=1)  # the same key, with space
+        assert charged.status_code == 201, charged.text
+        assert state(client, admin, dataset)["epsilon_spent"] == 1.0
+
+
+def test_a_source_copied_onto_a_full_disk_is_507_and_registers_nothing(small_disk, tmp_path):
+    sources = tmp_path / "sources"
+    (sources / "weeks").mkdir(parents=True)
+    ids = [hashlib.sha256(b"%d" % i).hexdigest() for i in range(100_000)]
+    pq.write_table(pa.table({"example_id": ids, "label": [i % 52 + 1 for i in range(100_000)]}),
+                   sources / "weeks" / "part-0.parquet", compression="none")
+    client, admin, _ = _service(small_disk, sources)
+    body = {"name": "weeks", "label_kind": "integer", "min": 1, "max": 52, "epsilon_total": 5,
+            "source": f"{sources}/weeks"}
+    with client:
+        with _filled(small_disk, leave=1 << 20):  # the source is 7 MB
+            response = client.post("/v1/datasets", json=body, headers=admin)
+            if response.status_code == 400 and response.json()["error"]["code"] == "source_not_allowed":
+                pytest.skip(f"no Spark on this machine: {response.json()['error']['message']}")
+            expect_error(response, 507, "insufficient_storage")
+            assert client.get("/v1/datasets", headers=admin).json() == []
+            assert not list((small_disk / "data" / "sources").iterdir())  # the partial copy removed
+
+
+def test_a_body_that_quotes_a_resource_error_is_still_the_clients(tmp_path):
+    """A parser's message quotes the body: words in it never make a malformed file the service's condition."""
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        admin = bearer(create_key(session, "hospital", "admin"))
+    with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
+        for body in (b"example_id,label\nNo space left on device\n", b"example_id,label\na,Too many open files\n"):
+            expect_error(upload(client, admin, dataset, body), 400, "malformed_file")
+
+
+def test_out_of_descriptors_is_503(tmp_path):
+    """The process's descriptor limit lowered to what it holds, for one upload: the body cannot be spooled."""
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        admin = bearer(create_key(session, "hospital", "admin"))
+    with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
+        before = state(client, admin, dataset)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        held: list[int] = []
+        try:
+            highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+            with contextlib.suppress(OSError):  # fill the gaps below the limit
+                while True:
+                    held.append(os.open(os.devnull, os.O_RDONLY))
+            response = upload(client, admin, dataset, _csv(10))
+        finally:
+            for fd in held:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        error = expect_error(response, 503, "resource_exhausted")
+        assert error["message"] == "the service has too many open files; nothing was changed, try again later"
+        assert state(client, admin, dataset) == before
+        assert upload(client, admin, dataset, _csv(10)).status_code == 200
+
+
+def test_resource_errors_are_recognized_from_what_libraries_raise():
+    """The errors libraries raise when a resource runs out, made for real where this process can."""
+    import duckdb
+
+    assert resource_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))).code == "insufficient_storage"
+    assert resource_error(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))).code == "insufficient_storage"
+    assert resource_error(OSError(errno.EMFILE, os.strerror(errno.EMFILE))).code == "resource_exhausted"
+    connection = duckdb.connect(config={"memory_limit": "8MB", "threads": 1})
+    with pytest.raises(duckdb.Error) as out_of_memory:  # no temp directory: it cannot spill
+        connection.execute("SELECT list(range) FROM range(10000000)").fetchall()
+    assert resource_error(out_of_memory.value).code == "resource_exhausted"
+    with pytest.raises(MemoryError) as too_much:
+        bytearray(1 << 62)
+    assert resource_error(too_much.value).code == "resource_exhausted"
+    for ordinary in (OSError(errno.ENOENT, "No such file or directory"), ValueError("bad"),
+                     OSError("No space in the header"),
+                     pa.ArrowInvalid("CSV parse error: Expected 2 columns, got 1: No space left on device")):
+        assert resource_error(ordinary) is None
