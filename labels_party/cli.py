@@ -103,7 +103,7 @@ def _domain(mechanism: str, spec: str):
 
 def _print(report: dict, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report))
+        print(json.dumps(report, allow_nan=False))  # one JSON document: never NaN or Infinity
         return
     width = max(len(k) for k in report)
     for key, value in report.items():

@@ -20,6 +20,17 @@ import numpy as np
 from shared.arrays import number, readonly
 from shared.errors import LabelDPError
 
+# A label value a domain declares: within ±10¹⁵, so that every mechanism's outputs (dbRR's reach K/ε times the
+# range), losses and solver diagnostics stay finite doubles — at ±1.7·10³⁰⁸ they were ±inf, and the release failed
+# after it was charged; at ±10³⁰⁰ opt-unbiased's loss overflowed and its report was not JSON (issue 28, item 7).
+# Checked here, where every domain is built (the API's schema states it too: shared.schemas.LabelValue).
+LABEL_VALUE_LIMIT = 1e15
+
+
+def _within_limit(values) -> None:
+    if np.any(np.abs(np.asarray(values, dtype=np.float64)) > LABEL_VALUE_LIMIT):
+        raise LabelDPError(f"label values must lie within ±{LABEL_VALUE_LIMIT:g}", code="invalid_domain")
+
 
 @dataclass(frozen=True)
 class FiniteLabels:
@@ -38,6 +49,7 @@ class FiniteLabels:
             raise LabelDPError("label domain is empty", code="invalid_domain")
         if not np.all(np.isfinite(values)):
             raise LabelDPError("label domain has a non-finite value", code="invalid_domain")
+        _within_limit(values)
         with np.errstate(over="ignore"):  # the difference of two huge values is +inf, still increasing
             increasing = values.size < 2 or bool(np.all(np.diff(values) > 0))
         if not increasing:
@@ -225,6 +237,7 @@ class ContinuousInterval:
     def __post_init__(self):
         if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.high <= self.low:
             raise LabelDPError("continuous domain needs finite bounds with low < high", code="invalid_domain")
+        _within_limit([self.low, self.high])
         if int(self.grid_size) != self.grid_size or self.grid_size < 2:
             raise LabelDPError("continuous domain grid needs at least 2 points", code="invalid_domain")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-from shared.domains import domain_spec
+from shared.domains import LABEL_VALUE_LIMIT, domain_spec
 
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
@@ -74,9 +74,7 @@ class ErrorBody(BaseModel):
 # Numbers a request carries: NaN and ±inf are refused, and the OpenAPI schema says so (``exclusiveMinimum``).
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-# A label value a domain declares: within ±10¹⁵, so that every mechanism's outputs (dbRR's reach K/ε times the
-# range) stay finite doubles — at ±1.7·10³⁰⁸ they were ±inf, and the release failed after it was charged.
-LABEL_VALUE_LIMIT = 1e15
+# A label value a domain declares: within ±10¹⁵ (shared.domains.LABEL_VALUE_LIMIT says why), stated in the schema.
 LabelValue = Annotated[float, Field(ge=-LABEL_VALUE_LIMIT, le=LABEL_VALUE_LIMIT, allow_inf_nan=False)]
 
 # A privacy parameter a request asks for: any finite number parses; the service refuses one outside its range

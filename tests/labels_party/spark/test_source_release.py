@@ -240,3 +240,21 @@ def test_a_withdrawn_location_is_refused_before_the_charge(service, tmp_path):
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "source_not_allowed", refused.text
     assert client.get(f"/v1/datasets/{dataset}/budget", headers=as_("publisher")).json()["epsilon_spent"] == 0.0
     assert client.get(f"/v1/datasets/{dataset}/releases", headers=as_("publisher")).json() == []
+
+
+def test_locations_with_commas_register_and_missing_ones_are_a_400(service):
+    """Issue 28, item 7: a source path holding a comma (Hadoop reads one as a list of paths: PATH_NOT_FOUND, a 500)
+    registers and is counted like any other — Spark reads the copy, named by the dataset's id — and a
+    location that does not exist is a 400 that names the location as given, never the data directory."""
+    ctx, client, as_, sources, _, _ = service  # ~5 s once Spark runs
+    location = sources / "weeks,2024"
+    write_source(location, [f"q{i}" for i in range(100)], np.arange(100) % 10, files=2)
+    (location / "part-01.parquet").rename(location / "part,01.parquet")  # and a file name with one
+    created = _create(client, as_("owner"), str(location))
+    assert created.status_code == 201, created.text
+    assert created.json()["num_examples"] == 100
+    for missing in (f"{sources}/nowhere", f"{sources}/nowhere,else", f"{sources}/weeks,2024/part-9.parquet"):
+        refused = _create(client, as_("owner"), missing, name="missing")
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "malformed_file", refused.text
+        assert "does not exist" in refused.json()["error"]["message"]
+        assert str(ctx.store.root) not in refused.text and "sources/" not in refused.text.replace(str(sources), "")
