@@ -206,3 +206,16 @@ def test_resource_errors_are_recognized_from_what_libraries_raise():
                      OSError("No space in the header"),
                      pa.ArrowInvalid("CSV parse error: Expected 2 columns, got 1: No space left on device")):
         assert resource_error(ordinary) is None
+
+
+def test_the_openapi_documents_resource_refusals(tmp_path):
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    paths = TestClient(create_app(ctx)).get("/openapi.json").json()["paths"]
+    for path, method in [("/v1/datasets/{dataset_id}/labels", "put"), ("/v1/datasets", "post"),
+                         ("/v1/datasets/{dataset_id}/releases", "post"), ("/v1/datasets/{dataset_id}/grants", "post"),
+                         ("/v1/datasets/{dataset_id}/group-releases", "post"),
+                         ("/v1/mechanisms/{mechanism_hash}", "get")]:
+        responses = paths[path][method]["responses"]
+        assert "insufficient_storage" in responses["507"]["description"], path
+        assert "resource_exhausted" in responses["503"]["description"], path
+        assert responses["507"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
