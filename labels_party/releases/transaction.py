@@ -24,7 +24,10 @@
    or by a Spark job (:data:`~.source.SPARK_JOB`: planned from the stored counts, the document stored, the job
    started: 202 and ``running`` until it wrote the labels). If anything fails after the charge — a crash, a full
    disk — the release is ``failed`` and stays charged; its outcome says nothing about the data (503
-   ``release_failed``).
+   ``release_failed``, whatever the cause: a full disk is not told apart as 507 here, since whether the disk fills
+   while the privatized labels are written depends on their compressed size, a function of the data). Before the
+   charge, running out of disk, memory or descriptors is 507 ``insufficient_storage`` / 503 ``resource_exhausted``
+   with nothing charged (:func:`shared.errors.resource_error`).
 
 A release belongs to the organization that requested it: its idempotency key, its visibility and its download are
 that organization's (and the dataset owner's admins').

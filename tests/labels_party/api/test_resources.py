@@ -3,7 +3,8 @@
 A full disk is real here: the database and the data directory live on a small tmpfs mounted for the test (root
 only; skipped with the reason otherwise), filled with a filler file. Every refusal is 507 ``insufficient_storage``
 and changes nothing (no label version, no charge, no grant, no source copy); with space again, the same request
-succeeds. Running out of file descriptors is real too (the process's own limit, lowered for one request): 503
+succeeds. A disk that fills after a release's charge leaves it failed and charged (503 ``release_failed``).
+Running out of file descriptors is real too (the process's own limit, lowered for one request): 503
 ``resource_exhausted``. ~5 s.
 """
 
@@ -219,3 +220,21 @@ def test_the_openapi_documents_resource_refusals(tmp_path):
         assert "insufficient_storage" in responses["507"]["description"], path
         assert "resource_exhausted" in responses["503"]["description"], path
         assert responses["507"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+
+
+def test_a_disk_that_fills_after_the_charge_leaves_the_release_failed_and_charged(small_disk):
+    """Room for the charge (the ledger's files and rows: ~0.3 MB) but not for the labels (~2.2 MB): the release is
+    charged, then fails — 503 release_failed, the same answer whatever the cause (whether a disk fills while the
+    privatized labels are written depends on their compressed size, a function of the data) — and a retry with
+    its key answers the stored failure without a second charge."""
+    client, admin, _ = _service(small_disk)
+    with client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
+        assert upload(client, admin, dataset, _csv(60_000)).status_code == 200
+        with _filled(small_disk, leave=1 << 20):
+            failed = expect_error(release(client, admin, dataset, "late", mechanism="rr", epsilon=1), 503,
+                                  "release_failed")
+            assert "No space" not in failed["message"] and "storage" not in failed["message"]
+            assert state(client, admin, dataset)["epsilon_spent"] == 1.0
+        expect_error(release(client, admin, dataset, "late", mechanism="rr", epsilon=1), 503, "release_failed")
+        assert state(client, admin, dataset)["epsilon_spent"] == 1.0
