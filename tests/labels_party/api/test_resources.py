@@ -5,7 +5,8 @@ only; skipped with the reason otherwise), filled with a filler file. Every refus
 and changes nothing (no label version, no charge, no grant, no source copy); with space again, the same request
 succeeds. A disk that fills after a release's charge leaves it failed and charged (503 ``release_failed``).
 Running out of file descriptors is real too (the process's own limit, lowered for one request): 503
-``resource_exhausted``. ~5 s.
+``resource_exhausted``. A PostgreSQL tablespace on a full tmpfs: 507 (when LABELDP_TEST_POSTGRES_URL names a
+local server). ~6 s.
 """
 
 from __future__ import annotations
@@ -238,3 +239,61 @@ def test_a_disk_that_fills_after_the_charge_leaves_the_release_failed_and_charge
             assert state(client, admin, dataset)["epsilon_spent"] == 1.0
         expect_error(release(client, admin, dataset, "late", mechanism="rr", epsilon=1), 503, "release_failed")
         assert state(client, admin, dataset)["epsilon_spent"] == 1.0
+
+
+def test_a_full_postgresql_tablespace_is_507_and_charges_nothing(tmp_path):
+    """The ledger's rows on PostgreSQL, whose database lives in a tablespace on a small tmpfs: once the tablespace
+    is full, the request that cannot extend a table is 507 (disk_full, SQLSTATE 53100) and charges nothing; every
+    release before it was charged exactly once."""
+    import pwd
+
+    from sqlalchemy import create_engine, text
+
+    from tests.support.databases import POSTGRES_URL
+
+    if not POSTGRES_URL or not any(host in POSTGRES_URL for host in ("@127.0.0.1", "@localhost")):
+        pytest.skip("needs LABELDP_TEST_POSTGRES_URL naming a PostgreSQL server on this machine")
+    try:
+        postgres = pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("no 'postgres' system user to own the tablespace's directory")
+    name = f"labeldp_full_{uuid.uuid4().hex[:10]}"
+    mount = Path(f"/tmp/{name}")  # PostgreSQL's user must reach it: not under pytest's 0700 directories
+    mount.mkdir(mode=0o755)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        mount.rmdir()
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    admin_engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        (mount / "space").mkdir()
+        os.chown(mount / "space", postgres.pw_uid, postgres.pw_gid)
+        with admin_engine.connect() as connection:
+            connection.execute(text(f"CREATE TABLESPACE {name} LOCATION '{mount}/space'"))
+            connection.execute(text(f'CREATE DATABASE "{name}" TABLESPACE {name}'))
+        ctx = make_context(POSTGRES_URL.rsplit("/", 1)[0] + "/" + name, tmp_path / "data")
+        with ctx.sessions() as session, session.begin():
+            admin = bearer(create_key(session, "hospital", "admin"))
+        with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
+            dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52,
+                                  epsilon_total=1000)
+            assert upload(client, admin, dataset, _csv(1000)).status_code == 200
+            with _filled(mount):
+                for charged in range(200):
+                    response = release(client, admin, dataset, f"k{charged}", mechanism="rr", epsilon=1)
+                    if response.status_code != 201:
+                        break
+                expect_error(response, 507, "insufficient_storage")
+            assert state(client, admin, dataset)["epsilon_spent"] == charged  # the refused one charged nothing
+            assert len(client.get(f"/v1/datasets/{dataset}/releases", headers=admin).json()) == charged
+            again = release(client, admin, dataset, f"k{charged}", mechanism="rr", epsilon=1)  # space again
+            assert again.status_code == 201, again.text
+            assert state(client, admin, dataset)["epsilon_spent"] == charged + 1
+    finally:
+        with admin_engine.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            connection.execute(text(f"DROP TABLESPACE IF EXISTS {name}"))
+        admin_engine.dispose()
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        mount.rmdir()
