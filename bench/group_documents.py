@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,10 +21,9 @@ import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from service_e2e import labels_server
 
 from labels_party import db
-from labels_party.auth import create_key
-from labels_party.context import make_context
 from labels_party.documents import BINARY_MEDIA_TYPE
 
 
@@ -65,52 +61,33 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="labeldp-bench-"))
     url = f"sqlite:///{work}/labels.db"
-    ctx = make_context(url, work / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "bench", "admin")
-    port = 18000 + os.getpid() % 1000
-    env = {**os.environ, "LABELDP_MAX_GROUPS_PER_RELEASE": str(max(args.groups, 1000))}
-    server = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
-                               "--database-url", url, "--data-dir", str(work / "data")], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=3600) as client:
-            dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "classes",
-                                                        "num_classes": args.classes,
-                                                        "epsilon_total": 10.0}).json()["id"]
-            labels = np.random.default_rng(0).integers(0, args.classes, size=args.groups)
-            body = "example_id,label\n" + "".join(f"e{i},{v}\n" for i, v in enumerate(labels))
-            client.put(f"/v1/datasets/{dataset}/labels", content=body,
-                       headers={"Content-Type": "text/csv"}).raise_for_status()
-            group_release(client, dataset, "warm-up", min(50, args.groups), args)
-            before = rss_mb(server.pid)
-            started = time.perf_counter()
-            release = group_release(client, dataset, "bench", args.groups, args)
-            seconds = time.perf_counter() - started
-            after = rss_mb(server.pid)
-            digest = release["mechanism_hash"]
-            started = time.perf_counter()
-            as_json = client.get(f"/v1/mechanisms/{digest}")
-            as_json.raise_for_status()
-            t_json = time.perf_counter() - started
-            started = time.perf_counter()
-            binary = client.get(f"/v1/mechanisms/{digest}", headers={"Accept": BINARY_MEDIA_TYPE})
-            binary.raise_for_status()
-            t_binary = time.perf_counter() - started
-            after_fetch = rss_mb(server.pid)
+    limits = {"LABELDP_MAX_GROUPS_PER_RELEASE": str(max(args.groups, 1000))}
+    with labels_server(work, url, limits) as (server, client, ctx):
+        dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "classes",
+                                                    "num_classes": args.classes,
+                                                    "epsilon_total": 10.0}).json()["id"]
+        labels = np.random.default_rng(0).integers(0, args.classes, size=args.groups)
+        body = "example_id,label\n" + "".join(f"e{i},{v}\n" for i, v in enumerate(labels))
+        client.put(f"/v1/datasets/{dataset}/labels", content=body,
+                   headers={"Content-Type": "text/csv"}).raise_for_status()
+        group_release(client, dataset, "warm-up", min(50, args.groups), args)
+        before = rss_mb(server.pid)
+        started = time.perf_counter()
+        release = group_release(client, dataset, "bench", args.groups, args)
+        seconds = time.perf_counter() - started
+        after = rss_mb(server.pid)
+        digest = release["mechanism_hash"]
+        started = time.perf_counter()
+        as_json = client.get(f"/v1/mechanisms/{digest}")
+        as_json.raise_for_status()
+        t_json = time.perf_counter() - started
+        started = time.perf_counter()
+        binary = client.get(f"/v1/mechanisms/{digest}", headers={"Accept": BINARY_MEDIA_TYPE})
+        binary.raise_for_status()
+        t_binary = time.perf_counter() - started
+        after_fetch = rss_mb(server.pid)
         with ctx.sessions() as session:
             stored = len(session.get(db.MechanismDocument, digest).body)
-    finally:
-        server.terminate()
-        server.wait()
-        ctx.close()
     description = as_json.json()["description"]
     result = {"groups": args.groups, "classes": args.classes, "mechanism": "rr-with-prior", "epsilon": args.epsilon,
               "prior_epsilon": args.prior_epsilon, "certified_epsilon": release["certified_epsilon"],

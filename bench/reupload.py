@@ -13,20 +13,14 @@ import binascii
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-from service_e2e import MemoryWatch, file_body, peak_rss_mb
-
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from service_e2e import MemoryWatch, file_body, labels_server, peak_rss_mb
 
 
 def _mixed(values: np.ndarray) -> np.ndarray:
@@ -67,44 +61,25 @@ def main() -> None:
     write_csv(first_body, 0, n)
     write_csv(second_body, n // 2, n + n // 2)
     url = f"sqlite:///{work}/labels.db"
-    ctx = make_context(url, work / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "bench", "admin")
-    port = 19000 + os.getpid() % 1000
-    server = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
-                               "--database-url", url, "--data-dir", str(work / "data")],
-                              env={**os.environ, "LABELDP_UPLOAD_MEMORY_MB": str(args.memory_mb)},
-                              stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=3600) as client:
-            dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "integer", "min": 1,
-                                                        "max": 52, "epsilon_total": 10}).json()["id"]
-            watch = MemoryWatch(server.pid)
-            time.sleep(0.5)  # phase "start": the idle server
-            results, seconds = [], {}
-            for phase, body in (("first", first_body), ("second", second_body)):
-                watch.phase = phase
-                started = time.perf_counter()
-                response = client.put(f"/v1/datasets/{dataset}/labels", content=file_body(body),
-                                      headers={"Content-Type": "text/csv"})
-                seconds[phase] = time.perf_counter() - started
-                response.raise_for_status()
-                results.append(response.json())
-            watch.phase = "after"
-            time.sleep(0.3)
-        server_peak = peak_rss_mb(server.pid)
+    with labels_server(work, url, {"LABELDP_UPLOAD_MEMORY_MB": str(args.memory_mb)}) as (server, client, _ctx):
+        dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "integer", "min": 1,
+                                                    "max": 52, "epsilon_total": 10}).json()["id"]
+        watch = MemoryWatch(server.pid)
+        time.sleep(0.5)  # phase "start": the idle server
+        results, seconds = [], {}
+        for phase, body in (("first", first_body), ("second", second_body)):
+            watch.phase = phase
+            started = time.perf_counter()
+            response = client.put(f"/v1/datasets/{dataset}/labels", content=file_body(body),
+                                  headers={"Content-Type": "text/csv"})
+            seconds[phase] = time.perf_counter() - started
+            response.raise_for_status()
+            results.append(response.json())
+        watch.phase = "after"
+        time.sleep(0.3)
+        server_peak = peak_rss_mb(server.pid)  # while it runs
         phases = watch.stop()
-    finally:
-        server.terminate()
-        server.wait()
-        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     result = {"labels": n, "id_characters": 64, "upload_memory_mb": args.memory_mb,
               "first": results[0], "second": results[1], "seconds": seconds,
               "peak_rss_mb": {"server": server_peak,

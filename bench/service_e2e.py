@@ -8,6 +8,7 @@ Run: `.venv/bin/python bench/service_e2e.py [--n 100000000] [--json] [--database
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,8 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from labeldp.local_services import free_port, serve_process
 from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.context import ServiceContext, make_context
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -69,6 +72,27 @@ class MemoryWatch:
         return self.peaks
 
 
+@contextlib.contextmanager
+def labels_server(work: Path, url: str, env: dict[str, str] | None = None
+                  ) -> Iterator[tuple[subprocess.Popen, httpx.Client, ServiceContext]]:
+    """``labeldp labels serve`` over ``url`` and ``work/data`` on a free loopback port (its log in
+    ``work/server.log``), an admin key made for it, a client with that key (long timeouts: benches upload 10⁷
+    rows) and a context on the same storage (to read what the server stored)."""
+    ctx = make_context(url, work / "data")
+    with ctx.sessions() as session, session.begin():
+        key = create_key(session, "bench", "admin")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port), "--database-url", url,
+               "--data-dir", str(work / "data")]
+    try:
+        with serve_process(command, base, env={**os.environ, **(env or {})}, log=work / "server.log") as server, \
+                httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=3600) as client:
+            yield server, client, ctx
+    finally:
+        ctx.close()
+
+
 def write_csv(path: Path, n: int, chunk: int = 1_000_000) -> None:
     """u0..u{n-1} with labels 1..52 (weeks), as pyarrow writes CSV (fast enough for 10⁸ rows)."""
     rng = np.random.default_rng(0)
@@ -96,52 +120,33 @@ def main() -> None:
     body = work / "labels.csv"
     write_csv(body, args.n)
     url = args.database_url or f"sqlite:///{work}/labels.db"
-    ctx = make_context(url, work / "data")
-    with ctx.sessions() as session, session.begin():
-        key = create_key(session, "bench", "admin")
-    port = 18000 + os.getpid() % 1000
-    server = subprocess.Popen([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port),
-                               "--database-url", url, "--data-dir", str(work / "data")],
-                              stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "wb"))
-    base = f"http://127.0.0.1:{port}"
-    headers = {"Authorization": f"Bearer {key}"}
-    try:
-        for _ in range(300):
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        with httpx.Client(base_url=base, headers=headers, timeout=3600) as client:
-            dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "integer", "min": 1,
-                                                        "max": 52, "epsilon_total": 10}).json()["id"]
-            watch = MemoryWatch(server.pid)
-            watch.phase = "upload"
-            started = time.perf_counter()
-            upload = client.put(f"/v1/datasets/{dataset}/labels", content=file_body(body),
-                                headers={"Content-Type": "text/csv"})
-            upload.raise_for_status()
-            t_upload = time.perf_counter() - started
-            watch.phase = "release"
-            started = time.perf_counter()
-            release = client.post(f"/v1/datasets/{dataset}/releases", headers={"Idempotency-Key": "bench"},
-                                  json={"mechanism": "opt-unbiased", "epsilon": 1.0, "mesh": args.mesh})
-            release.raise_for_status()
-            t_release = time.perf_counter() - started
-            watch.phase = "download"
-            started = time.perf_counter()
-            rows, size = 0, 0
-            with client.stream("GET", f"/v1/releases/{release.json()['id']}/labels") as response:
-                response.raise_for_status()
-                for chunk in response.iter_bytes():
-                    rows += chunk.count(b"\n")
-                    size += len(chunk)
-            t_download = time.perf_counter() - started
-        server_peak = peak_rss_mb(server.pid)
+    with labels_server(work, url) as (server, client, _ctx):
+        dataset = client.post("/v1/datasets", json={"name": "bench", "label_kind": "integer", "min": 1,
+                                                    "max": 52, "epsilon_total": 10}).json()["id"]
+        watch = MemoryWatch(server.pid)
+        watch.phase = "upload"
+        started = time.perf_counter()
+        upload = client.put(f"/v1/datasets/{dataset}/labels", content=file_body(body),
+                            headers={"Content-Type": "text/csv"})
+        upload.raise_for_status()
+        t_upload = time.perf_counter() - started
+        watch.phase = "release"
+        started = time.perf_counter()
+        release = client.post(f"/v1/datasets/{dataset}/releases", headers={"Idempotency-Key": "bench"},
+                              json={"mechanism": "opt-unbiased", "epsilon": 1.0, "mesh": args.mesh})
+        release.raise_for_status()
+        t_release = time.perf_counter() - started
+        watch.phase = "download"
+        started = time.perf_counter()
+        rows, size = 0, 0
+        with client.stream("GET", f"/v1/releases/{release.json()['id']}/labels") as response:
+            response.raise_for_status()
+            for chunk in response.iter_bytes():
+                rows += chunk.count(b"\n")
+                size += len(chunk)
+        t_download = time.perf_counter() - started
+        server_peak = peak_rss_mb(server.pid)  # while it runs
         phases = watch.stop()
-    finally:
-        server.terminate()
-        server.wait()
     client_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {"labels": args.n, "database": url.split(":")[0], "mechanism": "opt-unbiased", "mesh": args.mesh,
               "epsilon": 1.0, "certified_epsilon": release.json()["certified_epsilon"],
