@@ -11,6 +11,7 @@ from labels_party import budgets, db, ledger, verification
 from labels_party.access import administered_datasets, not_found
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
+from labels_party.ledger import signing
 from shared import schemas
 from shared.errors import LabelDPError
 
@@ -64,4 +65,9 @@ def heads(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
 def verify_audit(ctx: ServiceContext, dataset_id: str | None = None) -> dict:
     """Recompute everything (or one dataset) from the stored log alone (:func:`labels_party.verification.verify`);
     the caller decided access (the console: the dataset's owner)."""
-    return verification.verify(ctx.sessions, ctx.ledger, dataset_id)
+    signer = ctx.ledger.signer
+    if signer is None:
+        return verification.verify(ctx.sessions, ctx.ledger, dataset_id)
+    directory = signer.directory
+    return verification.verify(ctx.sessions, ctx.ledger, dataset_id, public_key=signer.public,
+                               heads_log=None if directory is None else lambda: signing.read_log(directory))

@@ -166,6 +166,9 @@ def register_service_commands(commands) -> None:
                                          "earlier, prove the database was not rewritten or truncated since")
     verify.add_argument("--pinned", help="a file of signed heads (JSON lines: an exported heads.jsonl, or heads "
                                          "from GET /v1/audit/heads); default: $LABELDP_AUDIT_LOG_DIR/heads.jsonl")
+    verify.add_argument("--heads-log", help="the service's whole export of signed heads (its heads.jsonl), which "
+                                            "must cover every ledger entry written since signing began; default: "
+                                            "$LABELDP_AUDIT_LOG_DIR/heads.jsonl when it exists")
     verify.add_argument("--public-key", help="the audit public key (64 hex digits, as audit-key printed it); "
                                              "default: that of $LABELDP_AUDIT_KEY_FILE")
     key = parsers.actions.add_parser("audit-key", help="create the Ed25519 key that signs audit heads (mode 0600) "
@@ -237,30 +240,37 @@ def verify_audit_command(args) -> int:
     # Not a service context: the audit must also look at a database the service would refuse (one restored
     # behind its data directory reports that as a problem), and it repairs nothing.
     settings = _settings(args)
-    pinned, public = _pinned(args, settings)
+    pinned, public, heads_log = _pinned(args, settings)
     report = verification.verify(migrations.make_sessionmaker(db.make_engine(settings.database_url)),
-                                 Ledger(DataStore(settings.data_dir)), pinned=pinned, public_key=public)
+                                 Ledger(DataStore(settings.data_dir)), pinned=pinned, public_key=public,
+                                 heads_log=heads_log)
     print(json.dumps(report, indent=2))
     return 0 if report["valid"] else 1
 
 
 def _pinned(args, settings):
-    """The signed heads to check (a file given, else the configured export) and the public key they verify with."""
+    """The signed heads to check (a file given, else the configured export), the public key they verify with, and
+    how to read the service's whole export of transitions (``--heads-log``, else the configured one), which must
+    cover every entry written since signing began."""
     from pathlib import Path
 
     from labels_party.ledger import signing
 
-    path = Path(args.pinned) if args.pinned else (
+    exported = Path(args.heads_log) if args.heads_log else (
         settings.audit_log_dir / signing.LOG_NAME if settings.audit_log_dir is not None else None)
-    if path is None or (not args.pinned and not path.exists()):
-        return None, None
+    if exported is not None and not args.heads_log and not exported.exists():
+        exported = None
+    path = Path(args.pinned) if args.pinned else exported
+    if path is None:
+        return None, None, None
     if args.public_key:
         public = signing.parse_public_key(args.public_key)
     elif settings.audit_key_file is not None:
         public = signing.load_key_file(settings.audit_key_file).public_key()
     else:
-        raise LabelDPError("checking pinned heads needs the audit public key (--public-key)", code="usage")
-    return signing.read_heads(path), public
+        raise LabelDPError("checking signed heads needs the audit public key (--public-key)", code="usage")
+    pinned = signing.read_heads(path)
+    return pinned, public, None if exported is None else (lambda: signing.read_heads(exported))
 
 
 def audit_key_command(args) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -49,6 +49,10 @@ from labels_party.ledger import (
 from shared.mechanisms import events
 
 ATTEMPTS = 20  # fresh snapshots of one dataset whose budget files kept changing under the audit
+# How often a chain whose newest entries no exported transition covers yet is looked at again, 0.25 s apart: a
+# head is exported right after its commit, so a live service's lag is milliseconds; entries still unsigned after
+# 3 s were written by someone else (or by a process that died between its commit and its export).
+UNSIGNED_TAIL_WAITS = 12
 _STATE_ERRORS = (OSError, ValueError, EOFError)  # a file gone, or cut short / not an array
 
 
@@ -57,9 +61,13 @@ class _Changed(Exception):
 
 
 def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None, *,
-           pinned: Sequence[SignedHead] | None = None, public_key: Ed25519PublicKey | None = None) -> dict:
+           pinned: Sequence[SignedHead] | None = None, public_key: Ed25519PublicKey | None = None,
+           heads_log: Callable[[], Sequence[SignedHead]] | None = None) -> dict:
     """Every dataset's (or only ``dataset_id``'s) chain, facts, records, files and accounts, recomputed; with
-    ``pinned`` heads (and the ``public_key`` they are signed with), each checked against its dataset's chain."""
+    ``pinned`` heads (and the ``public_key`` they are signed with), each checked against its dataset's chain; with
+    ``heads_log`` (reads the service's whole export of signed transitions), every entry since signing began must be
+    covered by a transition the service signed: an entry appended by anyone else is found, even after later
+    signed heads."""
     # Read before any snapshot: every head exported and every anchor written was committed before, or is at most
     # one pending charge ahead, so a snapshot taken afterwards must contain what they say.
     heads: dict[str, list[SignedHead]] = {}
@@ -71,8 +79,8 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
         if dataset_id is not None:
             query = query.where(db.Dataset.id == dataset_id)
         ids = list(session.scalars(query))
-    datasets = [_verify_dataset(sessions, ledger, name, anchors.get(name), heads.get(name, []), public_key)
-                for name in ids]
+    datasets = [_verify_dataset(sessions, ledger, name, anchors.get(name), heads.get(name, []), public_key,
+                                heads_log) for name in ids]
     valid = all(not d["problems"] for d in datasets)
     report: dict[str, Any] = {"datasets": datasets, "valid": valid}
     missing = sorted(name for name in set(anchors) - set(ids) if not ledger.uncommitted_creation(name)) \
@@ -90,15 +98,25 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
 
 
 def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
-                    heads: list[SignedHead], public_key: Ed25519PublicKey | None) -> dict:
+                    heads: list[SignedHead], public_key: Ed25519PublicKey | None,
+                    heads_log: Callable[[], Sequence[SignedHead]] | None) -> dict:
+    unsigned_waits = 0
     for attempt in range(ATTEMPTS):
+        # Read before the snapshot, like the pinned heads; re-read when the snapshot's newest entries are not signed
+        # yet (a head is exported just after its commit).
+        exported = None if heads_log is None else [h for h in heads_log() if h.dataset_id == dataset_id]
         try:
             with sessions() as session, session.begin():
                 _snapshot(session)
-                return _check(session, sessions, ledger, dataset_id, anchor, heads, public_key)
+                report = _check(session, sessions, ledger, dataset_id, anchor, heads, public_key, exported)
         except _Changed:
             time.sleep(0.01 * attempt)  # let the charges in flight commit: the next snapshot opens their files
             continue
+        if report.pop("unsigned_tail", False) and unsigned_waits < UNSIGNED_TAIL_WAITS:
+            unsigned_waits += 1
+            time.sleep(0.25)
+            continue
+        return report
     return {"dataset_id": dataset_id, "problems": [
         f"its budget files changed under each of {ATTEMPTS} snapshots; run verify-audit again"]}
 
@@ -111,7 +129,8 @@ def _snapshot(session: Session) -> None:
 
 
 def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
-           heads: list[SignedHead], public_key: Ed25519PublicKey | None) -> dict:
+           heads: list[SignedHead], public_key: Ed25519PublicKey | None,
+           exported: list[SignedHead] | None) -> dict:
     dataset = session.get(db.Dataset, dataset_id)
     if dataset is None:  # datasets are never deleted: it was listed a moment ago
         return {"dataset_id": dataset_id, "problems": ["the dataset row is gone"]}
@@ -127,6 +146,10 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
         problems.append("hash chain broken")
     problems += _anchor_problems(ledger, dataset, chain, anchor)
     problems += _pinned_problems(chain, heads, public_key)
+    unsigned_tail = False
+    if exported is not None:
+        signed, unsigned_tail = _signed_coverage(chain, exported, public_key)
+        problems += signed
     replayed = replay(chain)
     problems += replayed.problems
     problems += _fact_problems(session, dataset, replayed, names)
@@ -172,7 +195,49 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     return {"dataset_id": dataset.id, "name": dataset.name, "entries": len(chain),
             "releases": len(replayed.releases), "seq": dataset.ledger_seq, "head": dataset.ledger_head,
             "epsilon_spent": units_epsilon(worst), "epsilon_total": units_epsilon(dataset.epsilon_total_units),
-            "delta_total": dataset.delta_total, "problems": problems}
+            "delta_total": dataset.delta_total, "problems": problems, "unsigned_tail": unsigned_tail}
+
+
+def _signed_coverage(chain: Sequence[Entry], exported: Sequence[SignedHead],
+                     public_key: Ed25519PublicKey | None) -> tuple[list[str], bool]:
+    """Problems with the chain against the service's exported transitions, and whether the only one is entries at
+    its end that no transition covers yet. Entries before the first transition were written before the audit key
+    was configured (or by a migration) and are only checked by the hash chain."""
+    transitions = [h for h in exported if h.transition]
+    if public_key is None:
+        return (["the audit log cannot be checked without the audit public key"] if transitions else []), False
+    problems, covered = [], [False] * (len(chain) + 1)  # covered[seq]
+    start = None
+    for head in transitions:
+        assert head.previous_seq is not None and head.previous_head is not None  # a transition
+        if not head.signed_by(public_key):
+            problems.append(f"exported head at seq {head.seq}: not signed by the audit key")
+        elif not (_contains(chain, head.previous_seq, head.previous_head) and _contains(chain, head.seq, head.head)):
+            problems.append(f"exported transition seq {head.previous_seq}→{head.seq}: the chain no longer contains "
+                            f"it (rewritten or truncated: it has {len(chain)} entries)")
+        else:
+            start = head.previous_seq if start is None else min(start, head.previous_seq)
+            for seq in range(head.previous_seq + 1, head.seq + 1):
+                covered[seq] = True
+    first = 1 if start is None else start + 1  # a chain never signed at all: every entry is unsigned
+    gaps = _ranges([seq for seq in range(first, len(chain) + 1) if not covered[seq]])
+    if not gaps:
+        return problems, False
+    tail = gaps[-1][1] == len(chain)
+    for low, high in gaps:
+        problems.append(f"entries {low}–{high} are covered by no head the service signed and exported (written "
+                        "outside the service, or by a process that died between its commit and its export)")
+    return problems, tail and len(gaps) == 1 and len(problems) == 1
+
+
+def _ranges(seqs: Sequence[int]) -> list[tuple[int, int]]:
+    ranges: list[tuple[int, int]] = []
+    for seq in seqs:
+        if ranges and ranges[-1][1] == seq - 1:
+            ranges[-1] = (ranges[-1][0], seq)
+        else:
+            ranges.append((seq, seq))
+    return ranges
 
 
 def _contains(chain: Sequence[Entry], seq: int, head: str) -> bool:

@@ -401,3 +401,6 @@ class SignedHead(BaseModel):
     signed_at: str
     key_id: str
     signature: str  # hex; Ed25519 over b"labeldp audit head v1\n" + canonical JSON of the four fields above
+    # set on exported transitions only (the heads log): the head before the transaction that wrote up to seq
+    previous_seq: int | None = None
+    previous_head: str | None = None

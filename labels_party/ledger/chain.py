@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import ValidationError
 from sqlalchemy import event, select
@@ -48,7 +48,18 @@ from labels_party.ledger.records import (
 )
 
 if TYPE_CHECKING:
-    from labels_party.ledger.books import Ledger
+    from labels_party.ledger.signing import HeadSigner
+
+
+class Ledger(Protocol):
+    """What the chain needs of :class:`labels_party.ledger.Ledger` (which calls into this module): its anchors in
+    the data directory and its audit key."""
+
+    signer: HeadSigner | None
+
+    def anchor(self, dataset: db.Dataset, previous: tuple[int, str] | None = None) -> None: ...
+
+    def confirm(self, dataset: db.Dataset) -> None: ...
 
 log = logging.getLogger("labeldp.labels")
 
@@ -68,7 +79,9 @@ def append(ledger: Ledger, session: Session, dataset: db.Dataset, record: dict[s
                                prev_hash=dataset.ledger_head, hash=digest))
     # The head before this transaction (not before this append: a transaction may append several facts, and if
     # its commit fails the database stays where it was before all of them).
-    previous = _moved(ledger, session).setdefault(dataset.id, (dataset.ledger_seq, dataset.ledger_head))
+    moved = _moved(ledger, session)
+    previous = moved[dataset.id][0] if dataset.id in moved else (dataset.ledger_seq, dataset.ledger_head)
+    moved[dataset.id] = (previous, (seq, digest))  # what this transaction's exported transition will say
     dataset.ledger_seq, dataset.ledger_head = seq, digest
     # Before the commit, so that the data directory never lags the database: a database later found behind
     # this anchor (and its predecessor) was restored from an older backup.
@@ -116,9 +129,10 @@ def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["c
     return len(datasets)
 
 
-def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[int, str]]:
-    """The datasets whose chains ``session``'s transaction moved, with their heads before it; on its first use in
-    a session, registers what happens when the transaction commits (:func:`_committed`) or rolls back."""
+def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
+    """The datasets whose chains ``session``'s transaction moved, with their heads before it and after it; on its
+    first use in a session, registers what happens when the transaction commits (:func:`_committed`) or rolls
+    back."""
     moved = session.info.get(_PENDING)
     if moved is None:
         moved = session.info[_PENDING] = {}
@@ -128,20 +142,20 @@ def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[int, str]]:
 
 
 def _committed(ledger: Ledger, session: Session) -> None:
-    moved = sorted(session.info.get(_PENDING, {}))
+    moved = sorted(session.info.get(_PENDING, {}).items())
     session.info.get(_PENDING, {}).clear()
     if not moved:
         return
     bind = session.get_bind()
-    for dataset_id in moved:
+    for dataset_id, (previous, written) in moved:
         try:  # under the dataset's lock: a later charge's pending anchor is never overwritten by this older head
             with Session(bind=bind) as fresh, fresh.begin():
                 dataset = fresh.get(db.Dataset, dataset_id, with_for_update=True)
                 if dataset is None:
                     continue
                 ledger.confirm(dataset)
-                if ledger.signer is not None:
-                    ledger.signer.export(ledger.signer.sign(dataset.id, dataset.ledger_seq, dataset.ledger_head))
+                if ledger.signer is not None:  # exactly what this transaction wrote, never the table's head now
+                    ledger.signer.export(ledger.signer.sign(dataset.id, written[0], written[1], previous=previous))
         except Exception:  # noqa: BLE001 - committed: the pending anchor stands, the next commit exports its head
             log.warning("could not confirm or export the ledger head of dataset %s", dataset_id, exc_info=True)
 

@@ -33,7 +33,11 @@ LOG_NAME = "heads.jsonl"
 
 @dataclass(frozen=True)
 class SignedHead:
-    """A dataset's chain at ``seq`` ends with ``head``, as the holder of key ``key_id`` said at ``signed_at``."""
+    """A dataset's chain at ``seq`` ends with ``head``, as the holder of key ``key_id`` said at ``signed_at``; an
+    exported head is a *transition*: the entries after ``previous_seq`` (whose hash was ``previous_head``) up to
+    ``seq`` were written by one committed transaction of the service. A log of transitions that join up covers
+    every entry the service wrote; an entry no transition covers was written by someone else (or by a process that
+    died between its commit and its export)."""
 
     dataset_id: str
     seq: int
@@ -41,18 +45,30 @@ class SignedHead:
     signed_at: str
     key_id: str  # the first 16 hex digits of SHA-256 of the raw public key
     signature: str  # hex
+    previous_seq: int | None = None  # None: a head signed on request (GET /v1/audit/heads), not a transition
+    previous_head: str | None = None
 
     def payload(self) -> bytes:
-        body = {"dataset_id": self.dataset_id, "seq": self.seq, "head": self.head, "signed_at": self.signed_at}
+        body: dict[str, object] = {"dataset_id": self.dataset_id, "seq": self.seq, "head": self.head,
+                                   "signed_at": self.signed_at}
+        if self.previous_seq is not None:
+            body.update(previous_seq=self.previous_seq, previous_head=self.previous_head)
         return CONTEXT + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def transition(self) -> bool:
+        return self.previous_seq is not None and self.previous_head is not None
 
     def line(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def parse(cls, data: dict) -> SignedHead:
+        previous_seq, previous_head = data.get("previous_seq"), data.get("previous_head")
         return cls(str(data["dataset_id"]), int(data["seq"]), str(data["head"]), str(data["signed_at"]),
-                   str(data["key_id"]), str(data["signature"]))
+                   str(data["key_id"]), str(data["signature"]),
+                   None if previous_seq is None else int(previous_seq),
+                   None if previous_head is None else str(previous_head))
 
     def signed_by(self, public: Ed25519PublicKey) -> bool:
         try:
@@ -127,9 +143,11 @@ class HeadSigner:
     def public(self) -> Ed25519PublicKey:
         return self.key.public_key()
 
-    def sign(self, dataset_id: str, seq: int, head: str) -> SignedHead:
+    def sign(self, dataset_id: str, seq: int, head: str, previous: tuple[int, str] | None = None) -> SignedHead:
+        """``previous``: the head before the transaction that wrote up to ``seq`` (an exported transition)."""
         unsigned = SignedHead(dataset_id, int(seq), head, datetime.now(timezone.utc).isoformat(),
-                              key_id(self.public), "")
+                              key_id(self.public), "", None if previous is None else int(previous[0]),
+                              None if previous is None else previous[1])
         return SignedHead(**{**asdict(unsigned), "signature": self.key.sign(unsigned.payload()).hex()})
 
     def export(self, signed: SignedHead) -> None:
@@ -165,3 +183,9 @@ def read_heads(path: Path) -> list[SignedHead]:
                 continue
             raise LabelDPError(f"line {number} of {path.name} is not a signed head", code="usage") from None
     return heads
+
+
+def read_log(directory: Path) -> list[SignedHead]:
+    """Every head a service exported to ``directory`` (none yet: an empty list)."""
+    path = directory / LOG_NAME
+    return read_heads(path) if path.exists() else []
