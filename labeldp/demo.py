@@ -109,9 +109,9 @@ class SignedAudit:
     def verify(self, storage: tuple[str, ...]) -> dict:
         """``labeldp labels verify-audit`` against every head the service exported: the database was not rewritten
         or truncated since, and every ledger figure recomputes."""
-        checked = subprocess.run(_cli("labels", "verify-audit", *storage, "--pinned",
-                                      str(self.heads_dir / "heads.jsonl"), "--public-key", self.public_key),
-                                 capture_output=True, text=True)
+        log = str(self.heads_dir / "heads.jsonl")  # pinned, and the whole export every entry must be covered by
+        checked = subprocess.run(_cli("labels", "verify-audit", *storage, "--pinned", log, "--heads-log", log,
+                                      "--public-key", self.public_key), capture_output=True, text=True)
         return json.loads(checked.stdout)
 
 

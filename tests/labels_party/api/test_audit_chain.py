@@ -11,7 +11,7 @@ import stat
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from labeldp import cli
 from labels_party import audit as audit_log
@@ -87,6 +87,66 @@ def test_heads_are_signed_and_exported_after_every_commit(ctx, client, admin, co
     assert client.get("/v1/audit/heads", headers=other_admin).json() == []
     report = _verify(ctx, tmp_path, audit_key, [polled, *heads])
     assert report["valid"] is True and report["pinned"] == {"heads": 5, "problems": []}, report
+
+
+def _verify_log(ctx, tmp_path, audit_key) -> dict:
+    """verify-audit as an outsider runs it with the service's whole export of signed transitions."""
+    return verification.verify(ctx.sessions, ctx.ledger, pinned=_log(tmp_path),
+                               public_key=signing.parse_public_key(audit_key[1]), heads_log=lambda: _log(tmp_path))
+
+
+def _append_forged_facts(ctx, dataset) -> int:
+    """The review's attack, as a database (and data-directory) writer: facts appended at the chain's end with their
+    hashes computed as the service would — the dataset's total × 100 and the publisher's allocation raised to
+    match — the tables and the anchor moved along. Returns the new head's seq."""
+    with ctx.sessions() as s, s.begin():
+        row = s.get(db.Dataset, dataset)
+        seq, head, total = row.ledger_seq, row.ledger_head, row.epsilon_total_units * 100
+        facts = [{"event": "dataset_budget", "change": "changed", "epsilon_total_units": total, "delta_total": 0.0},
+                 {"event": "allocation", "org": "publisher", "epsilon_units": total // 2, "delta": 0.0}]
+        for fact in facts:
+            seq += 1
+            record = canonical({**fact, "seq": seq, "dataset_id": dataset, "created_at": db.utcnow().isoformat()})
+            digest = chain_hash(head, record)
+            s.add(db.LedgerEntry(dataset_id=dataset, seq=seq, record=record, prev_hash=head, hash=digest))
+            head = digest
+        row.epsilon_total_units, row.ledger_seq, row.ledger_head = total, seq, head
+        publisher = s.scalar(select(db.Organization).where(db.Organization.name == "publisher"))
+        s.execute(text("UPDATE budget_accounts SET epsilon_units = :u WHERE dataset_id = :d AND org_id = :o"),
+                  {"u": total // 2, "d": dataset, "o": publisher.id})
+        ctx.ledger.anchor(row)  # the anchor is a plain file in the data directory: moved too
+    return seq
+
+
+def test_facts_appended_outside_the_service_are_found_even_under_later_signed_heads(
+        ctx, client, consumer, dataset, tmp_path, audit_key):
+    """Every head the service exports is a transition (the head before its transaction → the head after): entries
+    appended by anyone else are covered by none, even once the service has signed heads on top of them."""
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    assert _verify_log(ctx, tmp_path, audit_key)["valid"] is True
+    last = _append_forged_facts(ctx, dataset)
+    # with only the pinned heads (each still contained), the forged tail would pass; the transitions do not
+    assert _verify(ctx, tmp_path, audit_key)["valid"] is True
+    gap = f"entries {last - 1}–{last} are covered by no head the service signed and exported"
+    report = _verify_log(ctx, tmp_path, audit_key)
+    assert report["valid"] is False and any(p.startswith(gap) for p in _problems(report)), _problems(report)
+    # the service goes on (its anchor agrees with the forged table) and signs its next transaction on top
+    created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
+    assert _log(tmp_path)[-1].previous_seq == last  # a transition from the forged head, not a head covering it
+    report = _verify_log(ctx, tmp_path, audit_key)
+    assert report["valid"] is False and any(p.startswith(gap) for p in _problems(report)), _problems(report)
+
+
+def test_the_cli_checks_the_configured_heads_log(ctx, client, consumer, dataset, tmp_path, audit_key, db_url,
+                                                 data_dir, capsys):
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    flags = ["labels", "verify-audit", "--database-url", db_url, "--data-dir", str(data_dir), "--heads-log",
+             str(tmp_path / "audit" / signing.LOG_NAME), "--public-key", audit_key[1]]
+    assert cli.main(flags) == 0
+    capsys.readouterr()
+    _append_forged_facts(ctx, dataset)
+    assert cli.main(flags) == 1
+    assert "covered by no head the service signed" in capsys.readouterr().out
 
 
 def _delete_everything(ctx, dataset):
