@@ -64,7 +64,8 @@ def run(database_url: str, root: Path, releases: int, workers: int = 2) -> dict:
                     started = time.monotonic()
                     try:
                         pinned = signing.read_heads(log) if log.exists() else []
-                        report = verification.verify(ctx.sessions, ctx.ledger, pinned=pinned, public_key=public)
+                        report = verification.verify(ctx.sessions, ctx.ledger, pinned=pinned, public_key=public,
+                                                     heads_log=lambda: signing.read_log(log.parent))
                     except Exception as err:  # noqa: BLE001 - a crash is what this measures
                         errors.append(f"verify-audit raised {type(err).__name__}: {err}")
                         continue
@@ -84,7 +85,8 @@ def run(database_url: str, root: Path, releases: int, workers: int = 2) -> dict:
             charging = time.monotonic() - started
             done.set()
             auditor.join()
-            final = verification.verify(ctx.sessions, ctx.ledger, pinned=signing.read_heads(log), public_key=public)
+            final = verification.verify(ctx.sessions, ctx.ledger, pinned=signing.read_heads(log), public_key=public,
+                                        heads_log=lambda: signing.read_log(log.parent))
         seconds = [r["seconds"] for r in runs]
         return {"releases": releases, "workers": workers, "database": database_url.split(":", 1)[0],
                 "charging_seconds": round(charging, 2), "verify_runs": len(runs),
