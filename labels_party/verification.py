@@ -4,14 +4,15 @@ signed heads pinned earlier — proof that the database was not rewritten or tru
 Per dataset, in one consistent snapshot (PostgreSQL: a read-only REPEATABLE READ transaction, so a running
 service may keep charging): the hash chain; the heads pinned (each signed by the audit key, contained in the chain
 at its position) and the data directory's anchor (read before the snapshot: the chain must contain what it saw);
-the chain's facts replayed against the tables — totals, grants, every organization's allocation, revoked keys,
-one release row per charged release and no other; per record, its (ε, δ) from its ``dp_event`` (a pure event's ε
-at most its exact charge, compared in integer units; an event with δ > 0 charged exactly the RDP curve the
-accountant gives it), its coverage file against its hash and the registry, and its release (an available
-release's mechanism document exists and certifies at most what was charged, its file is the one recorded when it
-became available); per organization's account, every example's spent state recomputed from that organization's
-records and compared exactly with the stored classes, and its use within its allocation; per example, the total
-over the accounts within the dataset's (ε_total, δ_total). A missing or damaged file is reported, never raised.
+the chain's facts replayed against the tables — totals, grants, every organization's allocation, revoked keys (and
+no release charged by a key after its revocation's fact took effect), one release row per charged release and no
+other; per record, its (ε, δ) from its ``dp_event`` (a pure event's ε at most its exact charge, compared in integer
+units; an event with δ > 0 charged exactly the RDP curve the accountant gives it), its coverage file against its
+hash and the registry, and its release (an available release's mechanism document exists and certifies at most what
+was charged, its file is the one recorded when it became available); per organization's account, every example's
+spent state recomputed from that organization's records and compared exactly with the stored classes, and its use
+within its allocation; per example, the total over the accounts within the dataset's (ε_total, δ_total). A missing
+or damaged file is reported, never raised.
 
 A budget file the snapshot names may have been superseded — and removed — by a charge that committed after the
 snapshot began: that dataset is checked again in a fresh snapshot (a file still named by the newest state and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -153,6 +155,7 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     replayed = replay(chain)
     problems += replayed.problems
     problems += _fact_problems(session, dataset, replayed, names)
+    problems += _revoked_key_problems(chain)
     releases = {r.id: r for r in session.scalars(select(db.Release).where(db.Release.dataset_id == dataset.id))}
     for missing in sorted(replayed.releases.keys() - releases.keys()):
         problems.append(f"release {missing} is charged in the chain but missing")
@@ -295,6 +298,38 @@ def _fact_problems(session: Session, dataset: db.Dataset, replayed: Replayed, na
             elif revoked_at is not None and key.revoked_at.isoformat() != revoked_at:
                 problems.append(f"key {prefix} is revoked from {key.revoked_at.isoformat()} in the keys table but "
                                 f"from {revoked_at} in the chain")
+    return problems
+
+
+def _revoked_key_problems(chain: Sequence[Entry]) -> list[str]:
+    """No release is charged by a key whose revocation fact precedes its record on the chain (a revoked key charges
+    nothing after its :class:`~labels_party.ledger.KeyFact`), unless the revocation had not yet taken effect when
+    it was charged (a rotation's grace period). Records name their key from when they carry its id or prefix."""
+    revoked: dict[tuple[str, object], tuple[int, str | None]] = {}  # (by id / prefix) -> (fact's seq, from when)
+    problems = []
+    for entry in chain:
+        record = entry.record
+        if not entry.is_release:
+            if record.get("event") == "key" and record.get("change") == "revoked":
+                when = record.get("revoked_at")
+                # the newest fact stands (a revocation during a rotation's grace takes effect earlier)
+                revoked[("id", record.get("key_id"))] = revoked[("prefix", record.get("key_prefix"))] = (entry.seq,
+                                                                                                         when)
+            continue
+        actor = record.get("actor") or {}
+        key = ("id", actor["key_id"]) if actor.get("key_id") is not None else ("prefix", actor.get("key_prefix"))
+        if key[1] is None or key not in revoked:
+            continue
+        seq, when = revoked[key]
+        created = record.get("created_at")
+        try:
+            before_effect = when is not None and isinstance(created, str) and \
+                datetime.fromisoformat(created) < datetime.fromisoformat(when)
+        except ValueError:
+            before_effect = False
+        if not before_effect:
+            problems.append(f"seq {entry.seq}: key {actor.get('key_prefix') or actor.get('key_id')} charged release "
+                            f"{record.get('release_id')} after its revocation at seq {seq}")
     return problems
 
 

@@ -91,7 +91,7 @@ class Sessions:
             now = db.utcnow()
             if console_session.expires_at <= now or not key.in_force(now) or key.role != "admin":
                 return None
-            return Principal(org.id, org.name, key.role)
+            return Principal(org.id, org.name, key.role, key.id, key.prefix)
 
     def sign_out(self, token: str) -> None:
         with self.sessions() as session, session.begin():

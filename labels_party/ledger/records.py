@@ -78,9 +78,14 @@ def verify_chain(entries, head: str | None = None) -> bool:
 
 
 class Actor(BaseModel):
+    """Who requested a release: the organization, the key's role, and the key — its id and public prefix (never
+    its secret), so that an audit can tell that no key charged after its revocation (None: not recorded)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
     org: str
     role: str
+    key_id: int | None = None
+    key_prefix: str | None = None
 
 
 class Coverage(BaseModel):

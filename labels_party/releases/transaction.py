@@ -14,7 +14,9 @@
    its counts taken at registration); unknown ids are refused;
 3. **price** — the kind decides, from public inputs only, everything that can refuse the request (mechanism,
    domain, options, solver limits, ε split) and what it costs: its ``dp_event``;
-4. **charge** — one transaction under the dataset lock reserves the key, has the ledger check the organization's
+4. **charge** — one transaction checks that the request's API key is still in force (its row read again and
+   locked: a key revoked while the request waited is the same 401 as any invalid key, nothing charged), then,
+   under the dataset lock, reserves the Idempotency-Key, has the ledger check the organization's
    account exactly and charge it (the record appended), and inserts the release ``running``. Only after it
    commits is any private quantity (a noisy prior, a privatized label, a noisy loss, a trained parameter) drawn;
 5. **complete** — the :class:`Completion`, the strategy of what follows the commit: in process
@@ -40,6 +42,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -71,6 +74,7 @@ from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
+from shared.service.keys import UNAUTHORIZED_MESSAGE
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
@@ -240,7 +244,8 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
     superseded: tuple[str, ...] = ()
     try:
         with ctx.sessions() as session, session.begin():
-            # The dataset's lock first (the ledger takes it too): a concurrent request on this key waits here and
+            now = _key_in_force(session, principal)
+            # The dataset's lock next (the ledger takes it too): a concurrent request on this key waits here and
             # then finds this one's release, instead of charging and losing the key's unique constraint.
             session.get(db.Dataset, dataset_id, with_for_update=True)
             existing = existing_release(session, principal, dataset_id, key, body_hash)
@@ -249,8 +254,9 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             try:
                 charged = ctx.ledger.charge(
                     session, dataset_id, principal.org_id, coverage, priced.dp_event(), kind.epsilon, RecordFields(
-                        release_id=release_id, created_at=db.utcnow().isoformat(),
-                        actor=Actor(org=principal.org_name, role=principal.role), mechanism=kind.mechanism,
+                        release_id=release_id, created_at=now.isoformat(),
+                        actor=Actor(org=principal.org_name, role=principal.role, key_id=principal.key_id,
+                                    key_prefix=principal.key_prefix), mechanism=kind.mechanism,
                         request=kind.record(), label_version=snapshot.version))
             except BudgetExceeded as err:
                 raise err.told_to(is_owner(principal, snapshot.dataset)) from None
@@ -283,3 +289,20 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
         except OSError:
             pass
     return release_id, True
+
+
+def _key_in_force(session: Session, principal: Principal) -> datetime:
+    """The request's API key is still in force now, at the charge (it was checked when the request was admitted,
+    but a release may have waited since — for its organization's slot, for the dataset's lock): its row read
+    again, and locked against a concurrent revocation (PostgreSQL: ``FOR SHARE`` — charges by one key do not wait
+    for each other, a revocation's update waits for them and they for it). So either the revocation commits first
+    and this charge is refused, or the charge commits first and its record precedes the revocation's fact on the
+    chain. The key's row is locked before the dataset's, the order the revocation takes them in
+    (:meth:`shared.service.keys.KeyRing.revoke`, then :func:`labels_party.ledger.chain.key`). A key no longer in
+    force is the same 401 as any invalid key, before anything is charged or drawn. Returns the time it was checked
+    at: the record's ``created_at``, so that a record after a rotation's revocation fact predates its end."""
+    key = session.get(db.ApiKey, principal.key_id, with_for_update={"read": True})
+    now = db.utcnow()
+    if key is None or not key.in_force(now):
+        raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
+    return now

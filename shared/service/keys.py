@@ -71,11 +71,14 @@ class ApiKeyColumns:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request is: the key's organization and role."""
+    """Who a request is: the key's organization and role, and the key itself (its row's id and public prefix —
+    never its secret), so that what the request does later can check the key again and name it."""
 
     org_id: int
     org_name: str
     role: str
+    key_id: int
+    key_prefix: str
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ class KeyRing:
                               .where(api_key.key_hash == hash_key(bearer_key(authorization)))).first()
         if row is None or not row[0].in_force(utcnow()):
             raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
-        return Principal(row[1].id, row[1].name, row[0].role)
+        return Principal(row[1].id, row[1].name, row[0].role, row[0].id, row[0].prefix)
 
     def list_keys(self, session: Session, org_name: str | None = None) -> list[KeyInfo]:
         """Every key (or one organization's), oldest first."""

@@ -116,8 +116,9 @@ def test_releases_belong_to_the_organization_that_asked(service):
         {mine["id"], theirs["id"]}
     assert client.get(f"/v1/releases/{mine['id']}/labels", headers=as_("owner")).status_code == 200
     audit = client.get("/v1/audit", params={"dataset": d}, headers=as_("owner")).json()
-    assert [e["record"]["actor"] for e in audit["events"]] == [{"org": "publisher", "role": "consumer"},
-                                                               {"org": "adnet", "role": "consumer"}]
+    assert [{k: e["record"]["actor"][k] for k in ("org", "role")} for e in audit["events"]] == [
+        {"org": "publisher", "role": "consumer"}, {"org": "adnet", "role": "consumer"}]
+    assert all(len(e["record"]["actor"]["key_prefix"]) == 8 for e in audit["events"])  # the key that asked
     assert client.get(f"/v1/datasets/{d}/budget", headers=as_("owner")).json()["epsilon_spent"] == 1.0
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from labeldp import cli
 from labels_party import audit as audit_log
+from labels_party import db
 from shared.mechanisms import events as events_
+from shared.service.keys import hash_key
 from tests.labels_party.api.helpers import FIGURES, NUM_LABELS, created, expect_error, release
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
@@ -26,7 +28,7 @@ def _tamper(ctx) -> None:
         assert result.rowcount == 1
 
 
-def test_audit_events(client, admin, consumer, dataset):
+def test_audit_events(ctx, client, admin, consumer, keys, dataset):
     a = created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=1))
     b = created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5, example_ids=["e1", "e2"]))
     # Refused or repeated requests add no event.
@@ -53,6 +55,8 @@ def test_audit_events(client, admin, consumer, dataset):
         {"seq": 5, "event": "grant", "org": "publisher", "change": "created"}]
     assert facts[0]["prev_hash"] == "0" * 64 and all(f["dataset_id"] == dataset for f in facts)
     events = audit["events"]
+    with ctx.sessions() as session:
+        consumer_key = session.scalars(select(db.ApiKey).where(db.ApiKey.key_hash == hash_key(keys["consumer"]))).one()
     assert [e["seq"] for e in events] == [6, 7]
     assert events[0]["prev_hash"] == facts[-1]["hash"] and events[1]["prev_hash"] == events[0]["hash"]
     for event, rel, covered in ((events[0], a, NUM_LABELS), (events[1], b, 2)):
@@ -66,7 +70,10 @@ def test_audit_events(client, admin, consumer, dataset):
         assert rel["certified_epsilon"] <= charged + 1e-12 and charged <= record["charge"]
         assert record["account"] == {"org": "publisher", "epsilon_units": 3_000_000_000, "delta": 0.0}
         assert record["examples_covered"] == covered
-        assert record["actor"] == {"org": "publisher", "role": "consumer"}
+        # the key that asked, named by its id and public prefix (never its secret)
+        assert record["actor"] == {"org": "publisher", "role": "consumer", "key_id": consumer_key.id,
+                                   "key_prefix": consumer_key.prefix}
+        assert consumer_key.prefix == keys["consumer"].split("_")[1] and keys["consumer"] not in json.dumps(record)
         assert isinstance(record["dp_event"], dict) and record["dp_event"]["type"] == "ComposedDpEvent"
         assert event["dataset_id"] == dataset
     assert events[0]["record"]["dp_event"]["events"][0]["type"] in ("LaplaceDpEvent", "DiscreteLaplaceDpEvent")
