@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import stat
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select, text
@@ -381,3 +381,57 @@ def test_a_service_without_an_audit_key_says_so(tmp_path):
                          "audit_key_missing")
     finally:
         plain.close()
+
+
+def _move_after(ctx, dataset, release_id: str, fact_seq: int) -> None:
+    """Forge the chain so that ``release_id``'s record comes right after the fact at ``fact_seq`` (dated just after
+    it), everything re-numbered and re-chained: a consistent chain in which a key charged after its revocation."""
+    with ctx.sessions() as s, s.begin():
+        rows = s.execute(text("SELECT id, seq, record, release_id FROM ledger WHERE dataset_id = :d ORDER BY seq"),
+                         {"d": dataset}).all()
+        records = [(json.loads(r.record), r.release_id) for r in rows]
+        moved = next(i for i, (record, _) in enumerate(records) if record.get("release_id") == release_id)
+        record, name = records.pop(moved)
+        fact = next(i for i, (r, _) in enumerate(records) if r["seq"] == fact_seq)
+        record["created_at"] = (datetime.fromisoformat(records[fact][0]["created_at"])
+                                + timedelta(seconds=1)).isoformat()
+        records.insert(fact + 1, (record, name))
+        head = "0" * 64
+        for row, (record, name) in zip(rows, records, strict=True):
+            record["seq"] = row.seq
+            record_json = canonical(record)
+            digest = chain_hash(head, record_json)
+            s.execute(text("UPDATE ledger SET record = :r, release_id = :n, prev_hash = :p, hash = :h WHERE id = :id"),
+                      {"r": record_json, "n": name, "p": head, "h": digest, "id": row.id})
+            head = digest
+        s.execute(text("UPDATE datasets SET ledger_head = :h WHERE id = :d"), {"h": head, "d": dataset})
+
+
+def test_a_release_charged_by_a_key_after_its_revocation_is_flagged(ctx, client, admin, consumer, keys, dataset,
+                                                                     tmp_path, audit_key):
+    """Each record names the key that asked (its id and public prefix, never its secret); verify-audit flags a
+    record that follows its key's revocation fact on the chain — but not one charged during a rotation's grace."""
+    keyring = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)
+    first = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    events = client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()["events"]
+    prefix = keys["consumer"].split("_")[1]
+    assert events[-1]["record"]["actor"]["key_prefix"] == prefix
+    assert keys["consumer"] not in json.dumps(events[-1]["record"])
+    # a rotation with a grace period: the old key still charges until it ends — after the revocation's fact
+    with ctx.sessions() as s, s.begin():
+        new, _old = keyring.rotate(s, KeyRef(None, prefix), by="ops", grace=timedelta(hours=1))
+    in_grace = created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
+    created(release(client, {"Authorization": f"Bearer {new.secret}"}, dataset, "c", mechanism="rr", epsilon=0.5))
+    with ctx.sessions() as s, s.begin():  # the grace ended early: from now on the old key is refused
+        keyring.revoke(s, KeyRef(None, prefix), by="ops")
+    expect_error(release(client, consumer, dataset, "d", mechanism="rr", epsilon=0.5), 401, "unauthorized")
+    chain = client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()
+    assert [e["record"]["release_id"] for e in chain["events"]][:2] == [first["id"], in_grace["id"]]
+    revocation = chain["facts"][-1]["record"]
+    assert (revocation["change"], revocation["key_prefix"]) == ("revoked", prefix)
+    assert _verify(ctx, tmp_path, audit_key, pinned=[])["valid"] is True  # honest: nothing after its revocation
+    _move_after(ctx, dataset, first["id"], revocation["seq"])
+    problems = _problems(_verify(ctx, tmp_path, audit_key, pinned=[]))
+    assert f"seq {revocation['seq']}: key {prefix} charged release {first['id']} after its revocation at seq " \
+           f"{revocation['seq'] - 1}" in problems, problems
+    assert not any(in_grace["id"] in p for p in problems)  # charged in the grace: still no problem

@@ -2,23 +2,28 @@
 ``release_quota_exceeded`` with ``Retry-After`` before anything is charged, its earlier release still replays,
 and another organization is not affected; 30 concurrent requests of one organization on a real server never
 compute more than its slots at once, and each refused one is charged nothing; the OpenAPI lists the quota and
-capacity answers. Runtime: about 10 s."""
+capacity answers; a release whose key is revoked while it waits for its organization's slot is refused at the
+charge (401, nothing charged). Runtime: about 10 s."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from labeldp.local_services import serve_in_thread
+from labels_party import db
 from labels_party.api import create_app
 from labels_party.audit import verify_audit
-from labels_party.auth import create_key
+from labels_party.auth import KEYS, create_key
 from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
+from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRef
 from tests.labels_party.api.helpers import created, expect_error, labels_csv, release, state
 
 
@@ -109,3 +114,49 @@ def test_concurrent_releases_of_one_organization_are_limited_to_its_slots(tmp_pa
     assert all(int(r.headers["Retry-After"]) >= 1 for r in refused)
     assert spent == float(admitted)  # exactly the admitted ones are charged (ε = 1 each)
     assert verify_audit(ctx)["valid"]
+
+
+def test_a_key_revoked_while_its_release_waits_for_a_slot_is_refused_with_nothing_charged(tmp_path):
+    """The hostile review's sequence: a consumer's release waits behind its organization's slot (held here, as
+    another release of the organization would), the operator revokes the key meanwhile (its fact on the chain),
+    then the slot frees: the waiting release is the same 401 as any invalid key, and nothing is charged."""
+    settings = LabelsSettings(release_slots_per_org=1, release_queue_seconds=30)
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
+    keys = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)  # as `labeldp labels revoke-key` binds it
+    with ctx.sessions() as session, session.begin():
+        admin = {"Authorization": f"Bearer {create_key(session, 'owner', 'admin')}"}
+        issued = keys.issue(session, "partner", "consumer")
+        consumer = {"Authorization": f"Bearer {issued.secret}"}
+        org_id = session.scalar(select(db.Organization.id).where(db.Organization.name == "partner"))
+    with serve_in_thread(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=60) as client:
+        dataset = client.post("/v1/datasets", headers=admin, json={
+            "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 10}).json()["id"]
+        labels = labels_csv({f"e{i}": i % 10 for i in range(200)})
+        assert client.put(f"/v1/datasets/{dataset}/labels", content=labels, headers={
+            **admin, "Content-Type": "text/csv"}).status_code == 200
+        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner", "epsilon": 5},
+                           headers=admin).status_code == 201
+        created(release(client, consumer, dataset, "first", mechanism="rr", epsilon=1))  # the key works
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            with ctx.quotas.slot(org_id):  # the organization's one slot, taken by "another release"
+                waiting = pool.submit(release, client, consumer, dataset, "queued", mechanism="rr", epsilon=1)
+                deadline = time.monotonic() + 10
+                while not ctx.quotas._waiting[org_id]:  # admitted (the key checked) and queued for the slot
+                    assert time.monotonic() < deadline and not waiting.done(), "the release never queued"
+                    time.sleep(0.01)
+                with ctx.sessions() as session, session.begin():
+                    keys.revoke(session, KeyRef(id=issued.info.id), by="ops")
+                before = state(client, admin, dataset)  # with the revocation's fact, before the slot frees
+                assert not waiting.done()
+            refused = waiting.result(timeout=30)
+        error = expect_error(refused, 401, "unauthorized")
+        assert error["message"] == UNAUTHORIZED_MESSAGE  # the very answer of an unknown key
+        assert state(client, admin, dataset) == before  # no charge, no ledger record
+        chain = client.get("/v1/audit", params={"dataset": dataset}, headers=admin).json()
+        assert chain["facts"][-1]["record"]["change"] == "revoked"
+        assert [e["record"]["release_id"] for e in chain["events"]] == [
+            client.get(f"/v1/datasets/{dataset}/releases", headers=admin).json()[0]["id"]]  # the first alone
+        assert len(client.get(f"/v1/datasets/{dataset}/releases", headers=admin).json()) == 1
+        assert client.get(f"/v1/datasets/{dataset}/budget", headers=admin).json()["epsilon_spent"] == 1.0
+    report = verify_audit(ctx)
+    assert report["valid"], report
