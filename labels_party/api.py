@@ -66,10 +66,16 @@ def _request_limits(spec: dict, settings) -> None:
                  "before anything is computed or charged.")
     groups = (f"At most {settings.max_groups_per_release:,} groups per request (400 too_many_groups, before the "
               "charge).")
+    training = (f"A training whose work, steps × (padded batch + the denoiser's rows) × model parameters, is above "
+                f"{settings.max_central_training_size:,}, or one step's above {settings.max_central_training_step:,} "
+                "(from public inputs: steps, batch size, denoiser, example count, feature count, hidden sizes, "
+                "classes), is refused with 400 training_too_large before anything is computed or charged.")
     for path, item in spec["paths"].items():
         for operation in item.values():
             if path.endswith(("/releases", "/central-trainings")) and operation.get("operationId", "").startswith(
                     "create"):
                 operation["description"] = f"{operation.get('description', '')}\n\n{documents}".strip()
+            if path.endswith("/central-trainings") and operation.get("operationId", "").startswith("create"):
+                operation["description"] = f"{operation['description']}\n\n{training}"
             if path.endswith("/group-releases"):
                 operation["description"] = f"{operation.get('description', '')}\n\n{groups} {documents}".strip()

@@ -54,6 +54,22 @@ class ProConfig:
     hidden: tuple[int, ...] = (64,)
 
 
+def batch_capacity(expected: float) -> int:
+    """The padded batch a step computes per-example gradients for (a fixed shape for jit): the expected Poisson
+    batch size plus four standard deviations, plus one (a larger draw grows it, :func:`draw_step_inputs`)."""
+    return int(np.ceil(expected + 4 * np.sqrt(expected) + 1))
+
+
+def training_size(config: ProConfig, num_examples: int, num_params: int) -> tuple[int, int]:
+    """(per step, whole run) of the work a run does, in example-rows × model parameters, from public inputs only:
+    each step takes per-example gradients on the padded batch (their memory is rows × parameters floats) and the
+    denoiser differentiates the model on its hull rows (``altconv``: an alternative batch; ``selfspan``/``selfconv``:
+    the batch again). ``config.batch_size`` is already at most ``num_examples``."""
+    hull = {"noop": 0, "altconv": min(config.alt_batch_size, num_examples)}.get(config.denoiser, config.batch_size)
+    per_step = (batch_capacity(min(1.0, config.batch_size / num_examples) * num_examples) + hull) * num_params
+    return per_step, per_step * config.steps
+
+
 def amplified(denoiser: str) -> bool:
     return denoiser in ("noop", "altconv")
 
@@ -307,7 +323,7 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
     step = jax.jit(make_private_step(optimizer))
     xs, ys = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.int32)
     # Padded batch size (a fixed shape for jit), grown by draw_step_inputs when a Poisson batch exceeds it.
-    capacity = int(np.ceil(q * n + 4 * np.sqrt(q * n) + 1))
+    capacity = batch_capacity(q * n)
     history = []
     for t in range(config.steps):
         inputs = draw_step_inputs(rng, n, q, capacity, config, noise_size, sigma)

@@ -45,6 +45,16 @@ class LabelsSettings(HttpSettings, QuotaSettings):
     # opt-unbiased randomizers on 88 labels).
     max_groups_per_release: int = Field(default=1000, gt=0)
     max_document_bytes: int = Field(default=32 << 20, gt=0)
+    # Central training (400 training_too_large, from public inputs, before the charge): the whole run's work and one
+    # step's, in example-rows × model parameters (labeldp_pro.training_size: the padded batch plus the denoiser's
+    # rows, times the parameters shared.models.num_params counts). XLA's threads escape the CPU quota (it counts the
+    # worker thread) and a running training cannot be stopped, so the size must bound it. Measured on 2 cores
+    # (bench/central_training_size.py, altconv): 450 steps × 2,000 examples × a [64, 64] MLP (size 4.9·10⁹) in
+    # 31 s, 20,000 steps × 700 × [64] (1.1·10¹⁰) in 59 s, 40 steps × 2,000 × [512, 512] (2.2·10¹⁰) not done after
+    # 180 s: 5·10⁹ keeps a run within about a minute. One step holds its per-example gradients (~10 bytes of RSS per
+    # unit: 2,000 rows × 268,290 parameters took 5.2 GB; a step of 1.1·10⁸, 1.3 GB): 10⁸ keeps it near 1 GB.
+    max_central_training_size: int = Field(default=5_000_000_000, gt=0)
+    max_central_training_step: int = Field(default=100_000_000, gt=0)
     # DuckDB's memory limit while an upload is checked and joined against the registry (it spills to the data
     # directory beyond it, so any upload fits): one thread per 128 MB (DuckDB's minimum), at most 2.
     upload_memory_mb: int = Field(default=256, ge=64)

@@ -58,6 +58,24 @@ def check_document_size(ctx: ServiceContext, numbers: int, what: str, extra_byte
                            code="document_too_large")
 
 
+def check_training_size(ctx: ServiceContext, config, num_examples: int, widths: list[int]) -> None:
+    """Refuse, from public inputs only (steps, batch size, denoiser, the number of examples, the model's widths), a
+    central training whose work or one step's is beyond the deployment's limits: a run cannot be stopped once it
+    started, and XLA's threads escape the per-organization CPU quota."""
+    from labels_party import labeldp_pro
+    from shared import models
+
+    spec = models.ModelSpec(widths[0], (), 4, tuple(widths[1:-1]), widths[-1])  # as train_labeldp_pro builds it
+    per_step, total = labeldp_pro.training_size(config, num_examples, models.num_params(spec))
+    settings = ctx.settings
+    for size, limit, what in ((total, settings.max_central_training_size, "the run"),
+                              (per_step, settings.max_central_training_step, "one step")):
+        if size > limit:
+            raise LabelDPError(f"{what} of this training is {size:,} example-rows × model parameters; this deployment "
+                               f"allows {limit:,}: ask for fewer steps, a smaller batch or a smaller model",
+                               code="training_too_large")
+
+
 def finite_param_lists(params: dict) -> dict:
     """The parameters as JSON lists (the layout of :func:`shared.models.params_to_lists`) with every non-finite
     entry replaced by 0 — numpy only, so that this module does not load JAX."""
@@ -344,6 +362,7 @@ class CentralTraining(_JsonBodyKind):
                                        steps=request.steps, batch_size=min(request.batch_size, num_examples),
                                        learning_rate=request.learning_rate, hidden=tuple(request.hidden))
         widths = [len(request.features[0]) if request.features else 0, *request.hidden, snapshot.domain.support().size]
+        check_training_size(ctx, config, num_examples, widths)
         check_document_size(ctx, sum((a + 1) * b for a, b in zip(widths, widths[1:], strict=False)),
                             f"a model of {widths} units")  # its weights and biases
         q = min(1.0, config.batch_size / num_examples)

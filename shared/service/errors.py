@@ -69,6 +69,9 @@ class ErrorCode(str, Enum):
     TOO_MANY_GROUPS = ("too_many_groups", 400)  # a group release beyond the deployment's max_groups_per_release
     # the mechanism documents a request would create, predicted from public inputs, beyond max_document_bytes
     DOCUMENT_TOO_LARGE = ("document_too_large", 400)
+    # a central training whose work (steps × rows × model parameters), predicted from public inputs, is beyond
+    # max_central_training_size, or one step's beyond max_central_training_step
+    TRAINING_TOO_LARGE = ("training_too_large", 400)
     CERTIFICATION_FAILED = ("certification_failed", 400)
     SOLVER_FAILED = ("solver_failed", 400)
     MECHANISM_NOT_SUPPORTED_ON_SPARK = ("mechanism_not_supported_on_spark", 400)  # labels_party.spark

@@ -193,3 +193,61 @@ def test_a_new_delta_allocation_reprices_what_was_spent(setup):
                                                                   "delta": 1e-300})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "allocation_exceeded"
     assert verify_audit(ctx)["valid"]
+
+
+def test_the_unbounded_training_of_the_review_is_refused_before_the_charge(setup):
+    """The hostile review: a consumer with a δ allocation asked for 300 steps of a [512, 512] MLP at batch 2,000 on
+    8 features; it ran for 13 minutes, unstoppable, beyond the CPU quota. Now the run's size, steps × (padded batch
+    + the denoiser's rows) × parameters, is decided from public inputs and refused before anything is charged."""
+    from labels_party.auth import create_key
+    from tests.labels_party.api.helpers import bearer
+
+    ctx, client, datasets, ids, x, _ = setup
+    dataset = datasets[True]
+    with ctx.sessions() as session, session.begin():
+        consumer = bearer(create_key(session, "consumer", "consumer"))
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "consumer", "epsilon": 2.5,
+                                                               "delta": 5e-7}).status_code == 201
+    review = {"epsilon": 1, "steps": 300, "batch_size": 2000, "hidden": [512, 512], "example_ids": ids,
+              "features": x[:, :8].tolist()}
+    refused = client.post(f"/v1/datasets/{dataset}/central-trainings", json=review,
+                          headers={**consumer, "Idempotency-Key": "big"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "training_too_large", refused.text
+    # 1,797 examples: the batch is all of them, padded to ⌈1797 + 4·√1797 + 1⌉ = 1,968 rows, plus altconv's 64;
+    # parameters 8·512 + 512 + 512·512 + 512 + 512·10 + 10 = 272,394; 300 steps
+    assert f"{300 * (1968 + 64) * 272_394:,}" in refused.json()["error"]["message"]
+    # one step alone may be too large too: its per-example gradients are held at once
+    one_step = client.post(f"/v1/datasets/{dataset}/central-trainings", json={**review, "steps": 1},
+                           headers={**consumer, "Idempotency-Key": "step"})
+    assert one_step.status_code == 400 and one_step.json()["error"]["code"] == "training_too_large"
+    assert f"one step of this training is {(1968 + 64) * 272_394:,}" in one_step.json()["error"]["message"]
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=consumer).json()["epsilon_spent"] == 0.0
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+    assert client.get("/v1/audit", params={"dataset": dataset}).json()["events"] == []
+    description = client.get("/openapi.json").json()["paths"]["/v1/datasets/{dataset_id}/central-trainings"]["post"][
+        "description"]
+    assert "training_too_large" in description and f"{ctx.settings.max_central_training_size:,}" in description
+
+
+def test_the_training_size_limit_is_exact():
+    """At the limit a training is allowed, one unit above it refused (whole run and one step)."""
+    from types import SimpleNamespace
+
+    from labels_party import labeldp_pro
+    from labels_party.releases.kinds import check_training_size
+    from labels_party.settings import LabelsSettings
+    from shared.errors import LabelDPError
+
+    config = labeldp_pro.ProConfig(denoiser="selfconv", steps=7, batch_size=100, hidden=(16,))
+    # 1,000 examples: batch 100 padded to 141 rows, plus selfconv's 100; (8 + 1)·16 + (16 + 1)·3 = 195 parameters
+    step, run = (141 + 100) * 195, 7 * (141 + 100) * 195
+    assert labeldp_pro.training_size(config, 1000, 195) == (step, run)
+    for total, per_step, allowed in ((run, step, True), (run - 1, step, False), (run, step - 1, False)):
+        ctx = SimpleNamespace(settings=LabelsSettings(max_central_training_size=total,
+                                                      max_central_training_step=per_step))
+        if allowed:
+            check_training_size(ctx, config, 1000, [8, 16, 3])
+        else:
+            with pytest.raises(LabelDPError) as refused:
+                check_training_size(ctx, config, 1000, [8, 16, 3])
+            assert refused.value.code == "training_too_large"
