@@ -435,3 +435,31 @@ def test_a_release_charged_by_a_key_after_its_revocation_is_flagged(ctx, client,
     assert f"seq {revocation['seq']}: key {prefix} charged release {first['id']} after its revocation at seq " \
            f"{revocation['seq'] - 1}" in problems, problems
     assert not any(in_grace["id"] in p for p in problems)  # charged in the grace: still no problem
+DAMAGED_RECORDS = {"not_json": "notjson", "a_list": "[1,2]",
+                   "a_release_without_its_charge": '{"event":"label_release","release_id":"x"}'}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_RECORDS))
+def test_a_damaged_ledger_row_is_reported_and_the_other_datasets_still_verified(
+        ctx, client, admin, consumer, dataset, dataset_small, tmp_path, audit_key, db_url, data_dir, capsys, damage):
+    """The hostile review: one ledger row's record set to something unreadable crashed verify-audit ("internal
+    error: JSONDecodeError", an AttributeError, a KeyError 'charge') with no report for any dataset. Now the row is
+    that dataset's problem, named by its seq, and every other dataset is still verified."""
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    created(release(client, admin, dataset_small, "s", mechanism="rr", epsilon=0.25))
+    with ctx.sessions() as s:
+        seq = s.scalar(text("SELECT seq FROM ledger WHERE dataset_id = :d AND release_id IS NOT NULL"), {"d": dataset})
+        rows = s.scalar(text("SELECT count(*) FROM ledger WHERE dataset_id = :d"), {"d": dataset})
+    _sql(ctx, "UPDATE ledger SET record = :r WHERE dataset_id = :d AND seq = :s", r=DAMAGED_RECORDS[damage],
+         d=dataset, s=seq)
+    for report in (_verify(ctx, tmp_path, audit_key), None):
+        if report is None:  # the same from the command line
+            assert cli.main(["labels", "verify-audit", "--database-url", db_url, "--data-dir", str(data_dir),
+                             "--public-key", audit_key[1]]) == 1
+            report = json.loads(capsys.readouterr().out)
+        by_id = {d["dataset_id"]: d for d in report["datasets"]}
+        assert report["valid"] is False and set(by_id) == {dataset, dataset_small}
+        damaged = [p for p in by_id[dataset]["problems"] if p.startswith(f"seq {seq}: record damaged: ")]
+        assert len(damaged) == 1 and "Traceback" not in damaged[0], by_id[dataset]["problems"]
+        assert by_id[dataset]["entries"] == rows >= seq  # every row is counted, the damaged one too
+        assert by_id[dataset_small]["problems"] == [] and by_id[dataset_small]["releases"] == 1
