@@ -135,7 +135,7 @@ def _copy_source(prefix: str, parts: list[str], target: Path, source: str,
             os.close(fd)
             fd = below
             if index < len(parts) - 1 and not stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise LabelDPError(f"{source!r}: a component of the path is not a directory", code="malformed_file")
+                raise _not_found()
         mode = os.fstat(fd).st_mode
         if stat.S_ISREG(mode):  # a single file (never the prefix, opened as a directory): copied under its name
             return [_copy_file(fd, target / parts[-1], parts[-1], source, checkpoint)]
@@ -180,12 +180,14 @@ def _open(directory: int, name: str, path: str, source: str) -> int:
         if err.errno == errno.ELOOP:
             raise LabelDPError(f"{path!r} (at the source location {source!r}) is a symbolic link; a source may "
                                f"hold only directories and regular files", code="source_not_allowed") from None
-        if err.errno == errno.ENOENT:
-            raise LabelDPError(f"{path!r} (at the source location {source!r}) does not exist (or vanished while it was "
-                               f"copied)", code="malformed_file") from None
-        reason = os.strerror(err.errno or 0)
-        raise LabelDPError(f"{path!r} (at the source location {source!r}) cannot be read ({reason})",
-                           code="malformed_file") from None
+        raise _not_found() from None  # missing, vanished while it was copied, or unreadable: all one answer
+
+
+def _not_found() -> LabelDPError:
+    """A source (or a path in it) that is missing, vanished while it was copied, unreadable or below a file. The
+    message names no path, not even the part the request gave: which server paths exist is not the client's to
+    learn, nor to have echoed back cut at a comma."""
+    return LabelDPError("the source location does not exist or is not readable", code="source_not_found")
 
 
 def _refuse_unless_directory(mode: int, path: str, source: str) -> None:

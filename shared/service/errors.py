@@ -79,6 +79,7 @@ class ErrorCode(str, Enum):
     JOB_TOO_LARGE = ("job_too_large", 400)  # a trainer job's parameters × epochs × rows over its limit
     TOO_FEW_EXAMPLES = ("too_few_examples", 400)  # a trainer job would train on fewer examples than its minimum
     SOURCE_NOT_ALLOWED = ("source_not_allowed", 400)  # a source location the operator did not allow
+    SOURCE_NOT_FOUND = ("source_not_found", 400)  # a source location that does not exist or cannot be read
     UNKNOWN_LABELS_PARTY = ("unknown_labels_party", 400)
     LABELS_PARTY_REFUSED = ("labels_party_refused", 400)
     IDEMPOTENCY_KEY_REQUIRED = ("idempotency_key_required", 400)

@@ -107,7 +107,8 @@ def test_missing_and_empty_sources_are_refused(tree):
     (a / "empty" / "_temporary").mkdir(parents=True)
     with pytest.raises(LabelDPError) as empty:
         _take(a / "empty", a, data)
-    assert (missing.value.code, empty.value.code) == ("malformed_file", "empty_labels")
+    assert (missing.value.code, empty.value.code) == ("source_not_found", "empty_labels")
+    assert "nothing" not in str(missing.value) and str(a) not in str(missing.value)
     assert _left(data) == []
 
 
