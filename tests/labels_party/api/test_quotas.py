@@ -24,7 +24,15 @@ from labels_party.auth import KEYS, create_key
 from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRef
-from tests.labels_party.api.helpers import created, expect_error, labels_csv, release, state
+from tests.labels_party.api.helpers import (
+    created,
+    expect_error,
+    labels_csv,
+    new_dataset,
+    release,
+    state,
+    upload,
+)
 
 
 @pytest.fixture
@@ -82,6 +90,15 @@ class _Computing:
             time.sleep(0.2)  # a release that takes a while: the others must queue
 
 
+def _shared_dataset(client, admin, *, epsilon_total: float, granted: float) -> str:
+    """200 labels 0..9 of the owner's, ``granted`` of every example's ε allocated to the organization 'partner'."""
+    dataset = new_dataset(client, admin, name="d", label_kind="integer", min=0, max=9, epsilon_total=epsilon_total)
+    assert upload(client, admin, dataset, labels_csv({f"e{i}": i % 10 for i in range(200)})).status_code == 200
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner", "epsilon": granted},
+                       headers=admin).status_code == 201
+    return dataset
+
+
 def test_concurrent_releases_of_one_organization_are_limited_to_its_slots(tmp_path):
     computing = _Computing()
     settings = LabelsSettings(release_slots_per_org=2, release_slots=4, release_queue_seconds=1)
@@ -91,13 +108,7 @@ def test_concurrent_releases_of_one_organization_are_limited_to_its_slots(tmp_pa
         admin = {"Authorization": f"Bearer {create_key(session, 'owner', 'admin')}"}
         consumer = {"Authorization": f"Bearer {create_key(session, 'partner', 'consumer')}"}
     with serve_in_thread(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=60) as client:
-        dataset = client.post("/v1/datasets", headers=admin, json={
-            "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 100}).json()["id"]
-        labels = labels_csv({f"e{i}": i % 10 for i in range(200)})
-        assert client.put(f"/v1/datasets/{dataset}/labels", content=labels, headers={
-            **admin, "Content-Type": "text/csv"}).status_code == 200
-        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner", "epsilon": 100},
-                           headers=admin).status_code == 201
+        dataset = _shared_dataset(client, admin, epsilon_total=100, granted=100)
 
         def attempt(i: int) -> httpx.Response:
             return client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1},
@@ -129,13 +140,7 @@ def test_a_key_revoked_while_its_release_waits_for_a_slot_is_refused_with_nothin
         consumer = {"Authorization": f"Bearer {issued.secret}"}
         org_id = session.scalar(select(db.Organization.id).where(db.Organization.name == "partner"))
     with serve_in_thread(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=60) as client:
-        dataset = client.post("/v1/datasets", headers=admin, json={
-            "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 10}).json()["id"]
-        labels = labels_csv({f"e{i}": i % 10 for i in range(200)})
-        assert client.put(f"/v1/datasets/{dataset}/labels", content=labels, headers={
-            **admin, "Content-Type": "text/csv"}).status_code == 200
-        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "partner", "epsilon": 5},
-                           headers=admin).status_code == 201
+        dataset = _shared_dataset(client, admin, epsilon_total=10, granted=5)
         created(release(client, consumer, dataset, "first", mechanism="rr", epsilon=1))  # the key works
         with ThreadPoolExecutor(max_workers=1) as pool:
             with ctx.quotas.slot(org_id):  # the organization's one slot, taken by "another release"
