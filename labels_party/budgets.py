@@ -163,8 +163,6 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
         ledger.dataset_budget(session, dataset, "changed")  # the allocations (and δ_total) this rebuild set
         for org_id in sorted(accounts):
             ledger.allocation(session, dataset, accounts[org_id])
-        if dataset.ledger_seq and ledger.read_anchor(dataset.id) is None:
-            ledger.anchor(dataset)  # records from before anchors: this is the head the data directory now knows
         # the per-dataset layouts: budget/{spent,classes}_*.npy, and older per-example vectors beside the dataset
         root = ledger.store.path(f"datasets/{dataset_id}")
         for old in [*root.glob("budget/*.npy"), *root.glob("spent_*.npy")]:

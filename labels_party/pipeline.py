@@ -24,7 +24,7 @@ from dp_accounting import dp_event
 
 from labels_party import registry
 from labels_party.prior import NoisyPrior, estimate_prior, noise_event, prior_noise
-from labels_party.registry import Built, MechanismFamily, MechanismOptions, support
+from labels_party.registry import Built, MechanismFamily, MechanismOptions
 from labels_party.solvers.deadline import Deadline
 from shared.domains import Domain
 from shared.errors import LabelDPError
@@ -116,7 +116,7 @@ def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_ep
     if num_labels <= 0:
         raise LabelDPError("no labels to privatize", code="empty_labels")
     if family.needs_prior:
-        split = split_budget(epsilon, support(domain).size, num_labels, prior_epsilon)
+        split = split_budget(epsilon, domain.support().size, num_labels, prior_epsilon)
         prior_noise(split.prior_epsilon)  # refuses an ε₁ the discrete Laplace cannot calibrate
     else:
         if prior_epsilon is not None:
@@ -149,7 +149,7 @@ def privatize(prepared: Prepared, labels, rng: np.random.Generator) -> Privatiza
     """Plan on ``labels`` and sample them; ``rng`` is :func:`shared.randomness.secure_rng` for releases (tests and
     benchmarks pass a seeded one)."""
     labels = np.asarray(labels, dtype=np.float64).ravel()
-    finite = support(prepared.domain)
+    finite = prepared.domain.support()
     rows = support_rows(prepared.domain, labels, prepared.mechanism, rng)
     counts = np.bincount(rows, minlength=finite.size) if rows is not None else None
     planned = plan(prepared, counts, rng)
@@ -245,4 +245,4 @@ def privatize_by_group(prepared: Prepared, labels, groups, rng: np.random.Genera
         part = privatize(prepared, labels[members], rng)
         noisy[members] = part.noisy_labels
         parts.append(dataclasses.replace(part, noisy_labels=None))  # the labels live in ``noisy`` only
-    return GroupPrivatization(list(keys), sizes, parts, noisy, support(prepared.domain).values)
+    return GroupPrivatization(list(keys), sizes, parts, noisy, prepared.domain.support().values)

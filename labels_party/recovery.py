@@ -1,9 +1,10 @@
 """What the labels service checks and repairs when it starts, before it answers a request.
 
-1. **The database is not behind the data directory.** Every charge anchors the dataset's chain head in the data
-   directory before it commits (:class:`labels_party.ledger.Anchor`). A database restored from a backup older than
-   the data directory has lost ledger records of releases that were delivered; answering from it would re-draw
-   them (a retried Idempotency-Key would get fresh noise) and under-count every budget. The service refuses to
+1. **The database is not behind the data directory.** Every append to a dataset's chain (a charge or a fact)
+   anchors its head in the data directory before it commits (:class:`labels_party.ledger.Anchor`). A database
+   restored from a backup older than the data directory has lost ledger records of releases that were delivered;
+   answering from it would re-draw them (a retried Idempotency-Key would get fresh noise) and under-count every
+   budget. The service refuses to
    start instead (``ledger_rollback``), naming the restore procedure: restore both from the same backup. A dataset
    with records but no anchor (a data directory that is not this database's, or whose anchors were removed) is
    refused the same way; datasets from before anchors get theirs when their accounts are rebuilt (2).

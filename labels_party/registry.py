@@ -112,7 +112,7 @@ class MechanismFamily:
     def check(self, domain, options: MechanismOptions, epsilon: float | None = None) -> FiniteLabels:
         """Refuse a domain, options, size or ε this family cannot take (before any solve, on public inputs only);
         the finite support."""
-        kind = label_kind(domain)
+        kind = domain.label_kind
         if kind not in self.label_kinds:
             accepting = ", ".join(f.name for f in FAMILIES.values() if kind in f.label_kinds)
             what = "classification" if kind == "classes" else "regression"
@@ -125,7 +125,7 @@ class MechanismFamily:
         if options.mesh is not None and options.chosen_solver != "mesh":
             raise LabelDPError(f"a mesh size only applies to the mesh solver, not {options.solver!r}",
                                code="invalid_mesh")
-        labels = support(domain)
+        labels = domain.support()
         if self.max_labels is not None and labels.size > self.max_labels:
             instead = f"use {self.beyond_limit}"
             if kind != "classes":  # a concrete grid: randomized rounding onto it keeps unbiased mechanisms unbiased
@@ -145,15 +145,6 @@ class MechanismFamily:
                                f"{floor:g}; this request leaves it {epsilon:.6g}: use dbrr or laplace, or a larger "
                                "epsilon", code="epsilon_out_of_range")
         return labels
-
-
-def label_kind(domain: Domain) -> str:
-    return domain.label_kind
-
-
-def support(domain: Domain) -> FiniteLabels:
-    """The finite labels a mechanism's matrix is indexed by (the grid for continuous domains)."""
-    return domain.support()
 
 
 def _on_domain(domain, finite: FiniteRandomizer | RandomizedResponse) -> Mechanism:

@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.context import ServiceContext
-from labels_party.registry import support
 from labels_party.spark import snapshot
 from shared.errors import LabelDPError, resource_error
 
@@ -29,7 +28,7 @@ def register(ctx: ServiceContext, org_name: str, dataset_id: str, source: str, d
     taken = snapshot.take(source, ctx.settings.spark_sources.get(org_name, []), ctx.store.root, dataset_id,
                           ctx.checkpoint)
     try:
-        histogram = _count(ctx, taken.location, source, support(domain).values)
+        histogram = _count(ctx, taken.location, source, domain.support().values)
         counts = ctx.store.write_array(f"datasets/{dataset_id}/source_counts.npy", histogram.counts)
     except BaseException:
         snapshot.remove(ctx.store.root, taken.location)
@@ -74,7 +73,7 @@ def stored_histogram(ctx: ServiceContext, session: Session, dataset: db.Dataset,
     if owner is None or dataset.source_uri is None or dataset.source_counts_file is None:  # set at registration
         raise LabelDPError("this source dataset's registration is incomplete", code="storage_inconsistent")
     snapshot.locate(dataset.source_uri, ctx.settings.spark_sources.get(owner.name, []))  # also if withdrawn
-    values = support(domain).values
+    values = domain.support().values
     counts = ctx.store.read_array(dataset.source_counts_file)
     if counts.shape != values.shape or int(counts.sum()) != dataset.num_examples:
         raise LabelDPError("this source dataset's stored counts do not match its domain and rows; its owner must "

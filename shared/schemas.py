@@ -44,11 +44,6 @@ def _integral(value: Any) -> Any:
 INTEGRAL = BeforeValidator(_integral)
 
 
-def integer(**bounds: Any) -> Any:
-    """``Annotated[int, Field(**bounds), INTEGRAL]``, built at run time (a type checker cannot read it)."""
-    return Annotated[int, Field(**bounds), INTEGRAL]
-
-
 _T = TypeVar("_T")
 if TYPE_CHECKING:
     # A field a request may leave out (then None) but not send as null.

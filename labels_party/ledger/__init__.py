@@ -29,11 +29,11 @@ always be rebuilt from the records alone (:meth:`Ledger.rebuild`, which :func:`v
 (:mod:`.chain`) — and its head is signed and exported after every commit (:mod:`.signing`), so that an outsider
 who pinned a head can prove the database was not rewritten or truncated since (``verify-audit --pinned``).
 
-**Anchor.** Inside each charge, just before it commits, the data directory gets the dataset's new chain head and
-the one before it (:class:`Anchor`). A database restored from a backup older than the data directory is behind its
-anchor; a data directory without the anchor of a dataset that has records is not this database's: the service
-refuses to start, and to charge, rather than re-draw releases it already delivered
-(``docs/design/exact-ledger.md``, "Restoring").
+**Anchor.** Inside each transaction that appends to a chain (a charge or a fact), just before it commits, the
+data directory gets the dataset's new chain head and the one before it (:class:`Anchor`). A database restored from
+a backup older than the data directory is behind its anchor; a data directory without the anchor of a dataset that
+has records is not this database's: the service refuses to start, and to charge, rather than re-draw releases it
+already delivered (``docs/design/exact-ledger.md``, "Restoring").
 
 The package's modules: :mod:`.units` (exact units, remaining budget), :mod:`.charges` (what an event costs),
 :mod:`.records` (the record, the facts, their reader), :mod:`.chain` (appending, after-commit export),

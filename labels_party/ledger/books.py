@@ -24,7 +24,6 @@ from labels_party.ledger.records import (
     Coverage,
     LedgerRecord,
     RecordFields,
-    _Fact,
     canonical,
 )
 from labels_party.ledger.signing import HeadSigner
@@ -336,19 +335,12 @@ class Ledger:
         return record
 
     # -- facts (labels_party/ledger/chain.py): one call from the module that owns each, in its transaction --------
-    def record(self, session: Session, dataset: db.Dataset, fact: _Fact) -> None:
-        """Any fact, on ``dataset``'s chain (the caller holds the dataset's row lock or made the row)."""
-        chain.record_fact(self, session, dataset, fact)
-
     def dataset_budget(self, session: Session, dataset: db.Dataset, change: str = "created") -> None:
         """The dataset's (ε_total, δ_total) as they now stand: at creation, and after any change."""
         chain.budget(self, session, dataset, change)
 
     def grant_made(self, session: Session, dataset: db.Dataset, org: db.Organization) -> None:
         chain.grant(self, session, dataset, org, "created")
-
-    def grant_removed(self, session: Session, dataset: db.Dataset, org: db.Organization) -> None:
-        chain.grant(self, session, dataset, org, "removed")
 
     def allocation(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> None:
         """An account's allocation as it now stands (made or changed)."""
@@ -376,8 +368,9 @@ class Ledger:
             "previous_head": previous_head})))
 
     def confirm(self, dataset: db.Dataset) -> None:
-        """After a charge committed, with ``dataset``'s row locked and fresh: its head alone is admitted from now
-        on (the lock keeps a later charge's pending anchor from being overwritten with this older head)."""
+        """After a transaction that moved the chain committed, with ``dataset``'s row locked and fresh: its head
+        alone is admitted from now on (the lock keeps a later charge's pending anchor from being overwritten with
+        this older head)."""
         anchor = self.read_anchor(dataset.id)
         if anchor is not None and (anchor.seq, anchor.head) == (dataset.ledger_seq, dataset.ledger_head):
             self.anchor(dataset)

@@ -5,8 +5,8 @@ and what follows every commit that moved a chain (its anchor confirmed, its head
 δ_total) at creation and at every change, grants (made, removed), each organization's allocation whenever it is
 set, API keys of organizations holding an account (made, revoked), and every release's charge
 (:class:`~.records.LedgerRecord`). A new kind of fact is a model in :mod:`.records` and one call, from the module
-that owns the fact, to :meth:`labels_party.ledger.Ledger.record` (or one of its named shorthands) inside the
-transaction that changes it.
+that owns the fact, to a named method of :class:`labels_party.ledger.Ledger` (``dataset_budget``, ``grant_made``,
+``allocation``, ``key_changed``, each over :func:`record_fact`) inside the transaction that changes it.
 
 **Why one chain per dataset.** The dataset is the unit of budget and of locking: each append happens under the
 dataset's row lock, which the release transaction already takes first — so appends never fork or lose a link, and

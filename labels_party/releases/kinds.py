@@ -181,7 +181,7 @@ class LabelRelease(_Defaults):
                                     prior_epsilon=request.prior_epsilon,
                                     options=MechanismOptions(mesh=request.mesh, clip=request.clip,
                                                              solver=request.solver))
-        size = registry.support(snapshot.domain).size
+        size = snapshot.domain.support().size
         numbers = prepared.family.published_numbers(size, prepared.options)
         check_document_size(ctx, numbers + (2 * size if prepared.family.needs_prior else 0),  # the prior's
                             f"{request.mechanism} on {size:,} labels")
@@ -271,7 +271,7 @@ class GroupRelease(_Defaults):
         if count > limit:
             raise LabelDPError(f"{count:,} groups: a group release on this deployment takes at most {limit:,} "
                                "(max_groups_per_release); merge groups", code="too_many_groups")
-        size = registry.support(snapshot.domain).size
+        size = snapshot.domain.support().size
         per_group = prepared.family.published_numbers(size, prepared.options) + size  # its randomizer, its counts
         check_document_size(ctx, count * per_group + size, f"{count:,} groups of {self.mechanism} on {size:,} labels",
                             extra_bytes=count * GROUP_OVERHEAD)

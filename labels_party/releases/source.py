@@ -33,7 +33,6 @@ from labels_party import db
 from labels_party.context import ServiceContext
 from labels_party.pipeline import Prepared, plan
 from labels_party.recovery import FAILED
-from labels_party.registry import support
 from labels_party.releases.kinds import LabelRelease
 from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish, seal
 from labels_party.solvers.deadline import Deadline
@@ -70,7 +69,7 @@ class SparkJob:
         if priced.built is not None:  # a label-set mechanism cannot be written as one number per row
             from labels_party.spark.jobs import check_one_output_per_label
 
-            check_one_output_per_label(priced.built.mechanism, support(snapshot.domain).values)
+            check_one_output_per_label(priced.built.mechanism, snapshot.domain.support().values)
 
     def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
                  covered: Covered, priced: Priced) -> schemas.Release:

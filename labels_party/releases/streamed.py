@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 from randomgen import AESCounter
 
 from labels_party.pipeline import Plan, Prepared, plan, support_rows
-from labels_party.registry import support
 
 ROUNDING_KEY_BYTES = 16  # an AES-128 key for the rounding stream
 
@@ -38,7 +37,7 @@ def plan_version(prepared: Prepared, read: Callable[[], Iterator[pa.RecordBatch]
                  rng: np.random.Generator) -> StreamedRelease:
     """``read()`` yields the version's row groups (columns example_id, label), the same ones on every call."""
     domain, mechanism = prepared.domain, prepared.mechanism
-    finite = support(domain)
+    finite = domain.support()
     rounding_key = int.from_bytes(rng.bytes(ROUNDING_KEY_BYTES), "little")
 
     def rows_of_batches() -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:

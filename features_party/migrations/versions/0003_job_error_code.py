@@ -1,7 +1,7 @@
 """A failed job's error code (issue 28: a job stopped at the wall-time limit fails with ``job_time_limit``).
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 """
 
 import sqlalchemy as sa

@@ -6,7 +6,7 @@ migration — its true time was never recorded — "by" a note saying so; the se
 Keys made before carry no expiry.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 """
 
 from datetime import datetime, timezone

@@ -20,7 +20,7 @@ Written with numpy and the standard library only, so that later changes to the s
 what this migration does; one document in memory at a time.
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 """
 
 import hashlib
