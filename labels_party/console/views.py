@@ -199,16 +199,18 @@ def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> 
     description = document.get("description") or {}
     audit = audit_log.audit(ctx, principal, release.dataset_id)
     org = next((s.org for s in _summaries(audit.events) if s.release_id == release.id), UNNAMED)
-    listed = description.get("groups")
-    groups: list = listed if isinstance(listed, list) else []
-    if groups:
-        shown = [_randomizer(f"group {g.get('group')} ({g.get('examples')} examples)", g.get("mechanism") or {})
-                 for g in groups[:MAX_GROUPS_SHOWN]]
+    groups = description.get("groups") or {}
+    names = groups.get("group") or []
+    if names:  # a group release, described in columns (pipeline.GroupPrivatization.describe)
+        grid = {"input_values": description.get("grid") or [], "output_values": description.get("grid") or []}
+        shown = [_randomizer(f"group {name} ({examples} examples)", {**grid, **description["mechanisms"][index]})
+                 for name, examples, index in zip(names[:MAX_GROUPS_SHOWN], groups["examples"],
+                                                  groups["mechanism"], strict=False)]
     else:
         shown = [_randomizer(str(description.get("mechanism", release.mechanism)), description)]
     prior = (document.get("noisy_prior") or {}).get("noisy_counts")
     return ReleasePage(release, org, _flat(documents.summary(description))[:MAX_FIELDS], shown,
-                       randomizer.summed_bars(prior) if prior else None, len(groups))
+                       randomizer.summed_bars(prior) if prior else None, len(names))
 
 
 def verify(ctx: ServiceContext, principal: Principal, dataset_id: str) -> tuple[bool, dict]:

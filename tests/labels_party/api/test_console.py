@@ -22,7 +22,15 @@ from labels_party import db
 from labels_party.auth import create_key
 from labels_party.console import sessions
 from shared.service.keys import hash_key
-from tests.labels_party.api.helpers import MISSING_DATASET, budget, created, new_dataset, release, upload
+from tests.labels_party.api.helpers import (
+    MISSING_DATASET,
+    budget,
+    created,
+    labels_csv,
+    new_dataset,
+    release,
+    upload,
+)
 from tests.labels_party.api.test_audit import _tamper
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
@@ -317,6 +325,29 @@ def test_a_release_page_shows_the_mechanism_and_stays_bounded_for_wide_randomize
         assert 1 <= heatmap.count("<rect") <= 48 * 48
         assert "downsampled to 48 ×" in html and "rows are true labels (10000)" in html
     assert f"Output values ({10000})" in page(browser, f"/console/releases/{rel['id']}")
+
+
+def test_a_group_release_page_shows_its_first_groups_randomizers(client, admin, keys):
+    """A group release is described in columns (each distinct randomizer once, the grid once): the page shows how
+    many groups there are and a heatmap for each of the first few, their matrices rebuilt on the shared grid."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    classes = new_dataset(client, admin, name="segments", label_kind="classes", num_classes=4, epsilon_total=10)
+    ids = [f"g{i}" for i in range(40)]
+    assert upload(client, admin, classes, labels_csv({e: i % 4 for i, e in enumerate(ids)})).status_code == 200
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"example_id": ids, "group": [f"s{i % 5}" for i in range(40)]}), sink)
+    r = client.post(f"/v1/datasets/{classes}/group-releases", content=sink.getvalue(),
+                    params={"mechanism": "rr-with-prior", "epsilon": 2, "prior_epsilon": 1},
+                    headers={**admin, "Content-Type": "application/vnd.apache.parquet", "Idempotency-Key": "g"})
+    html = page(signed_in(client.app, keys["admin"]), f"/console/releases/{created(r)['id']}")
+    assert "5 groups, each with its own prior and randomizer; the first 3 are shown" in html
+    assert html.count('aria-label="randomizer heatmap"') == 3
+    for name in ("s0", "s1", "s2"):
+        assert f"group {name} (8 examples)" in html
 
 
 def test_additive_and_evaluation_releases_have_no_matrix(client, admin, consumer, keys, dataset):
