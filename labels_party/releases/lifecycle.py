@@ -230,8 +230,10 @@ def write_file(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: 
                                                      **draft.columns}))
 
 
-def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "available") -> schemas.Release:
-    """Store the public mechanism document and make the release ``state`` (available; a job's: running)."""
+def finish(ctx: ServiceContext, release_id: str, draft: Draft, *,
+           sealed: tuple[int, str] | None = None) -> schemas.Release:
+    """Store the public mechanism document; with ``sealed`` — the (size, SHA-256) of the file it makes available,
+    computed before its row is locked — the release is available (without: a job's, still running)."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
@@ -241,9 +243,8 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "
         release.certified_epsilon = draft.privacy.certified_epsilon
         release.description_json = json.dumps(documents.summary(draft.description))
         release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
-        release.state = state
-        if state == "available":
-            seal(ctx, release)
+        if sealed is not None:
+            seal(release, sealed)
         session.flush()
         ctx.checkpoint("before_finish_commit")
         view = release_view(release)
@@ -251,10 +252,11 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, state: str = "
     return view
 
 
-def seal(ctx: ServiceContext, release: db.Release) -> None:
-    """Record the size and SHA-256 of the file a release makes available (in its transaction): what is served, and
-    what verify-audit checks, must be that file."""
-    release.file_size, release.file_sha256 = ctx.store.digest(release.file)
+def seal(release: db.Release, sealed: tuple[int, str]) -> None:
+    """Make a release available with the size and SHA-256 of its file (read before the transaction: a large file
+    is not hashed under the row lock): what is served, and what verify-audit checks, must be that file."""
+    release.state = "available"
+    release.file_size, release.file_sha256 = sealed
 
 
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:

@@ -82,7 +82,7 @@ class SparkJob:
         ctx.store.write_with(_job_file(release_id), lambda path: path.write_bytes(cloudpickle.dumps(
             {"sampler": planned.sampler, "secret": new_release_secret(), "support": histogram.support_values,
              "source": snapshot.dataset.source_sha256})))
-        view = finish(ctx, release_id, kind.draft(planned, {}), state="running")
+        view = finish(ctx, release_id, kind.draft(planned, {}))  # running: its job makes it available
         _start(ctx, release_id)
         return view
 
@@ -139,21 +139,23 @@ def _privatize(ctx: ServiceContext, release_id: str) -> None:
         ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
         if result.rows_written != expected:
             raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged", code="source_dataset")
+        sealed = ctx.store.digest(f"releases/{release_id}")  # a file it cannot read fails the job, not a hang
     except Exception:  # the job's outcome is the release's state, not an exception in a thread
         log.exception("the Spark job of release %s failed", release_id)
         _finish(ctx, release_id, "failed", {**FAILED, "message": "the Spark job failed; send the request again "
                                                                  "with its Idempotency-Key to run it again (the "
                                                                  "same charge and noise)"})
         return
-    _finish(ctx, release_id, "available", None)
+    _finish(ctx, release_id, "available", None, sealed)
     ctx.store.remove(_job_file(release_id))
 
 
-def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None) -> None:
+def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None,
+            sealed: tuple[int, str] | None = None) -> None:
     """Only a running release finishes (a job that lost a race with a finished one changes nothing)."""
     with ctx.sessions() as session, session.begin():
         row = session.get(db.Release, release_id, with_for_update=True)
         if row.state == "running":
             row.state, row.error_json = state, json.dumps(error) if error else None
-            if state == "available":
-                seal(ctx, row)
+            if sealed is not None:
+                seal(row, sealed)

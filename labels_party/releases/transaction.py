@@ -104,8 +104,8 @@ class InProcess:
             draft = kind.compute_version(snapshot, snapshot.read(ctx), priced, computation)
         else:
             draft = kind.compute(snapshot, covered.labels, covered.inputs, priced, computation)
-        write_file(ctx, release_id, draft, covered.example_ids)
-        return finish(ctx, release_id, draft)
+        file = write_file(ctx, release_id, draft, covered.example_ids)
+        return finish(ctx, release_id, draft, sealed=ctx.store.digest(file))
 
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:
         pass  # fail removed the release's file
