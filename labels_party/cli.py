@@ -165,7 +165,7 @@ def register_service_commands(commands) -> None:
     verify = parsers.add("verify-audit", "recompute the ledger hash chains and budgets; with signed heads pinned "
                                          "earlier, prove the database was not rewritten or truncated since")
     verify.add_argument("--pinned", help="a file of signed heads (JSON lines: an exported heads.jsonl, or heads "
-                                         "from GET /v1/audit/heads); default: $LABELDP_AUDIT_LOG_DIR/heads.jsonl")
+                                         "from GET /v1/audit/heads); without it, the heads log below is checked")
     verify.add_argument("--heads-log", help="the service's whole export of signed heads (its heads.jsonl), which "
                                             "must cover every ledger entry written since signing began; default: "
                                             "$LABELDP_AUDIT_LOG_DIR/heads.jsonl when it exists")
@@ -260,8 +260,7 @@ def _pinned(args, settings):
         settings.audit_log_dir / signing.LOG_NAME if settings.audit_log_dir is not None else None)
     if exported is not None and not args.heads_log and not exported.exists():
         exported = None
-    path = Path(args.pinned) if args.pinned else exported
-    if path is None:
+    if args.pinned is None and exported is None:
         return None, None, None
     if args.public_key:
         public = signing.parse_public_key(args.public_key)
@@ -269,7 +268,9 @@ def _pinned(args, settings):
         public = signing.load_key_file(settings.audit_key_file).public_key()
     else:
         raise LabelDPError("checking signed heads needs the audit public key (--public-key)", code="usage")
-    pinned = signing.read_heads(path)
+    # Without --pinned the export is checked as the heads log (every transition in it, both ends in the chain):
+    # pinning it too would check each head twice.
+    pinned = signing.read_heads(Path(args.pinned)) if args.pinned else None
     return pinned, public, None if exported is None else (lambda: signing.read_heads(exported))
 
 

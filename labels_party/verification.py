@@ -84,6 +84,11 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
     heads: dict[str, list[SignedHead]] = {}
     for head in pinned or ():
         heads.setdefault(head.dataset_id, []).append(head)
+    exported: dict[str, list[SignedHead]] | None = None
+    if heads_log is not None:  # read once; again only for a dataset whose newest entries are not exported yet
+        exported = {}
+        for head in heads_log():
+            exported.setdefault(head.dataset_id, []).append(head)
     anchors = {name: ledger.read_anchor(name) for name in ledger.anchored_datasets()}
     with sessions() as session, session.begin():
         query = select(db.Dataset.id).order_by(db.Dataset.created_at)
@@ -91,7 +96,7 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
             query = query.where(db.Dataset.id == dataset_id)
         ids = list(session.scalars(query))
     datasets = [_verify_dataset(sessions, ledger, name, anchors.get(name), heads.get(name, []), public_key,
-                                heads_log) for name in ids]
+                                None if exported is None else exported.get(name, []), heads_log) for name in ids]
     valid = all(not d["problems"] for d in datasets)
     report: dict[str, Any] = {"datasets": datasets, "valid": valid}
     missing = sorted(name for name in set(anchors) - set(ids) if not ledger.uncommitted_creation(name)) \
@@ -110,12 +115,12 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
 
 def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
                     heads: list[SignedHead], public_key: Ed25519PublicKey | None,
-                    heads_log: Callable[[], Sequence[SignedHead]] | None) -> dict:
+                    exported: list[SignedHead] | None, heads_log: Callable[[], Sequence[SignedHead]] | None) -> dict:
+    """``exported``: this dataset's heads in the log, read before any snapshot (like the pinned heads); the log is
+    read again only when a snapshot's newest entries are not exported yet (a head is exported just after its
+    commit)."""
     unsigned_waits = 0
     for attempt in range(ATTEMPTS):
-        # Read before the snapshot, like the pinned heads; re-read when the snapshot's newest entries are not signed
-        # yet (a head is exported just after its commit).
-        exported = None if heads_log is None else [h for h in heads_log() if h.dataset_id == dataset_id]
         try:
             with sessions() as session, session.begin():
                 _snapshot(session)
@@ -128,9 +133,10 @@ def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anc
             log.warning("verify-audit could not check dataset %s", dataset_id, exc_info=True)
             return {"dataset_id": dataset_id, "problems": [
                 f"it could not be checked: {type(error).__name__}: {str(error)[:200]}"]}
-        if report.pop("unsigned_tail", False) and unsigned_waits < UNSIGNED_TAIL_WAITS:
+        if report.pop("unsigned_tail", False) and unsigned_waits < UNSIGNED_TAIL_WAITS and heads_log is not None:
             unsigned_waits += 1
             time.sleep(0.25)
+            exported = [h for h in heads_log() if h.dataset_id == dataset_id]
             continue
         return report
     return {"dataset_id": dataset_id, "problems": [

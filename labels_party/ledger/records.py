@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -39,8 +40,9 @@ class Entry:
     prev_hash: str
     hash: str
 
-    @property
+    @functools.cached_property
     def record(self) -> dict[str, Any]:
+        """Parsed once per entry (verify-audit reads each record in several passes); not to be modified."""
         return json.loads(self.record_json)
 
     @property
