@@ -12,7 +12,7 @@ from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import normalized_prior
-from shared.mechanisms.randomized_response import TopKRandomizedResponse, rr_top_k
+from shared.mechanisms.randomized_response import RandomizedResponse, TopKRandomizedResponse, keep_epsilon, rr_top_k
 from shared.privacy import check_epsilon, design_epsilon
 
 
@@ -56,18 +56,10 @@ class PerExampleRelease:
 
 
 def keep_counts(num_classes: int, epsilon: float) -> np.ndarray:
-    """counts[k] / 2**53 = Pr[report the true label | it is among the k candidates] = e^ε / (e^ε + k − 1)."""
-    e = math.exp(epsilon)
-    k = np.arange(num_classes + 1, dtype=np.float64)
-    counts = np.rint(e / (e + np.maximum(k, 1) - 1) * dyadic.RESOLUTION).astype(np.int64)
-    counts[1] = dyadic.RESOLUTION  # one candidate: always reported (and then nothing depends on the label)
-    return counts
-
-
-def rr_top_k_epsilon(k: int, keep: int) -> float:
-    """Exact privacy of RR-Top-k with the sampled keep probability keep/2**53 (see
-    :class:`~shared.mechanisms.randomized_response.TopKRandomizedResponse`, which samples the same way)."""
-    return TopKRandomizedResponse.epsilon_of(k, keep)
+    """counts[k] / 2**53 = Pr[report the true label | it is among the k candidates], rounded as RR-Top-k with one
+    prior rounds it (:meth:`RandomizedResponse.keep_count`); counts[0] is unused."""
+    return np.array([dyadic.RESOLUTION] + [RandomizedResponse.keep_count(k, epsilon)
+                                           for k in range(1, num_classes + 1)], dtype=np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +87,7 @@ def plan_per_example(priors, epsilon: float) -> PerExamplePlan:
     eps = design_epsilon(epsilon)
     order, k = top_k_candidates(priors, eps)
     counts = keep_counts(priors.shape[1], eps)
-    certified = max(rr_top_k_epsilon(int(kk), int(counts[kk])) for kk in np.unique(k))
+    certified = max(keep_epsilon(int(kk), int(counts[kk])) for kk in np.unique(k))
     if certified > epsilon:
         raise CertificationError(f"rr-with-prior: sampled probabilities are {certified}-DP, above {epsilon}")
     return PerExamplePlan(order, k, counts, epsilon, certified)

@@ -28,6 +28,15 @@ from shared.privacy import check_epsilon, design_epsilon
 DENSE_MATRIX_LIMIT = 4096  # ``matrix`` materializes m x m floats only up to this many outputs
 
 
+
+def keep_epsilon(outputs: int, keep: int) -> float:
+    """Exact privacy of randomized response over ``outputs`` values that keeps the true one with probability
+    keep / 2**53 and spreads the rest evenly: log(p / q) = log(keep (outputs − 1) / (2**53 − keep)), an upper bound
+    from the integers (0 for one output: nothing depends on the label). RR, RR-on-bins and RR-Top-k all use it."""
+    if outputs <= 1:
+        return 0.0
+    return float(dyadic.log_ratio_upper(keep, dyadic.RESOLUTION - keep) + dyadic.log_ratio_upper(outputs - 1, 1))
+
 @dataclass(frozen=True, eq=False)
 class RandomizedResponse(OnFiniteInputs):
     """Randomized response over m output values (Definition 21; dbRR, Definition 23, when the outputs are the
@@ -91,10 +100,7 @@ class RandomizedResponse(OnFiniteInputs):
 
     @cached_property
     def certified_epsilon(self) -> float:
-        if self._m == 1:
-            return 0.0
-        rest = dyadic.RESOLUTION - self.keep  # log(p / q) = log(keep (m − 1) / (2**53 − keep))
-        return float(dyadic.log_ratio_upper(self.keep, rest) + dyadic.log_ratio_upper(self._m - 1, 1))
+        return keep_epsilon(self._m, self.keep)
 
     @property
     def num_outputs(self) -> int:
@@ -250,16 +256,9 @@ class TopKRandomizedResponse(OnFiniteInputs):
             raise CertificationError(f"{self.name}: sampled probabilities are {self.certified_epsilon!r}-DP, above "
                                      f"the requested epsilon {self.epsilon!r}; refusing to build it")
 
-    @staticmethod
-    def epsilon_of(k: int, keep: int) -> float:
-        """log(p / q) for k candidates and the keep count (0 for one candidate: nothing depends on the label)."""
-        if k <= 1:
-            return 0.0
-        return float(dyadic.log_ratio_upper(keep, dyadic.RESOLUTION - keep) + dyadic.log_ratio_upper(k - 1, 1))
-
     @cached_property
     def certified_epsilon(self) -> float:
-        return self.epsilon_of(self.candidates.size, self.keep)
+        return keep_epsilon(self.candidates.size, self.keep)
 
     @cached_property
     def input_values(self) -> np.ndarray:  # type: ignore[override]  # the classes, derived (not a field)
