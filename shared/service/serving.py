@@ -22,7 +22,6 @@ Repeated errors are logged once per ``log_repeat_seconds`` (:mod:`shared.service
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import h11
@@ -30,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from shared.service import logs
-from shared.service.errors import ErrorCode
+from shared.service.errors import ErrorCode, error_response
 from shared.service.limits import BodyDeadline, HttpSettings
 
 
@@ -51,8 +50,9 @@ class LimitedH11Protocol(H11Protocol):
         cap = self.limits.max_connections
         if len(self.connections) > cap or len(self.tasks) > cap:  # both count this connection and request
             self.logger.warning("over %d connections: 503 server_busy", cap)
-            await _send_error(send, ErrorCode.SERVER_BUSY, "the server has too many connections; try again later",
-                              {"Retry-After": "1", "Connection": "close"})
+            busy = error_response(ErrorCode.SERVER_BUSY, "the server has too many connections; try again later")
+            busy.headers["Retry-After"] = "1"  # and Connection: close, as every 5xx of the envelope
+            await busy(scope, receive, send)
             return
         await self._app(scope, receive, send)
 
@@ -107,14 +107,6 @@ class LimitedH11Protocol(H11Protocol):
 def protocol_class(limits: HttpSettings) -> type[LimitedH11Protocol]:
     """The protocol uvicorn instantiates per connection, with these limits."""
     return type("LimitedH11Protocol", (LimitedH11Protocol,), {"limits": limits})
-
-
-async def _send_error(send: Send, code: ErrorCode, message: str, headers: dict[str, str]) -> None:
-    body = json.dumps({"error": {"code": code.value, "message": message}}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": code.status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
 
 
 def serve(app: ASGIApp, limits: HttpSettings, *, host: str, port: int, **uvicorn_options: Any) -> None:
