@@ -60,6 +60,11 @@ def batch_capacity(expected: float) -> int:
     return int(np.ceil(expected + 4 * np.sqrt(expected) + 1))
 
 
+def model_spec(num_features: int, hidden, num_classes: int) -> models.ModelSpec:
+    """The classifier central training trains (numeric features only), which its size limit also counts."""
+    return models.ModelSpec(num_features, (), 4, tuple(hidden), num_classes)
+
+
 def training_size(config: ProConfig, num_examples: int, num_params: int) -> tuple[int, int]:
     """(per step, whole run) of the work a run does, in example-rows × model parameters, from public inputs only:
     each step takes per-example gradients on the padded batch (their memory is rows × parameters floats) and the
@@ -315,7 +320,7 @@ def train_labeldp_pro(config: ProConfig, x: np.ndarray, y: np.ndarray, num_class
     q = min(1.0, config.batch_size / n)
     sigma = sigma if sigma is not None else calibrate_sigma(config.epsilon, config.delta, q, config.steps,
                                                             config.denoiser)
-    spec = models.ModelSpec(x.shape[1], (), 4, tuple(config.hidden), num_classes)
+    spec = model_spec(x.shape[1], config.hidden, num_classes)
     params = models.init_params(jax.random.PRNGKey(int(rng.integers(0, 2**63 - 1))), spec)
     noise_size = jax.flatten_util.ravel_pytree(params)[0].size
     optimizer = private_optimizer(config, num_classes)

@@ -58,15 +58,13 @@ def check_document_size(ctx: ServiceContext, numbers: int, what: str, extra_byte
                            code="document_too_large")
 
 
-def check_training_size(ctx: ServiceContext, config, num_examples: int, widths: list[int]) -> None:
-    """Refuse, from public inputs only (steps, batch size, denoiser, the number of examples, the model's widths), a
+def check_training_size(ctx: ServiceContext, config, num_examples: int, num_params: int) -> None:
+    """Refuse, from public inputs only (steps, batch size, denoiser, the number of examples, the model's size), a
     central training whose work or one step's is beyond the deployment's limits: a run cannot be stopped once it
     started, and XLA's threads escape the per-organization CPU quota."""
     from labels_party import labeldp_pro
-    from shared import models
 
-    spec = models.ModelSpec(widths[0], (), 4, tuple(widths[1:-1]), widths[-1])  # as train_labeldp_pro builds it
-    per_step, total = labeldp_pro.training_size(config, num_examples, models.num_params(spec))
+    per_step, total = labeldp_pro.training_size(config, num_examples, num_params)
     settings = ctx.settings
     for size, limit, what in ((total, settings.max_central_training_size, "the run"),
                               (per_step, settings.max_central_training_step, "one step")):
@@ -349,6 +347,7 @@ class CentralTraining(_JsonBodyKind):
     def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> PricedPlan:
         # Imported here so that the labels service only loads JAX when central training is actually used.
         from labels_party import labeldp_pro
+        from shared import models
 
         request, allocated = self.request, snapshot.delta
         if allocated <= 0:
@@ -361,10 +360,11 @@ class CentralTraining(_JsonBodyKind):
         config = labeldp_pro.ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=delta,
                                        steps=request.steps, batch_size=min(request.batch_size, num_examples),
                                        learning_rate=request.learning_rate, hidden=tuple(request.hidden))
-        widths = [len(request.features[0]) if request.features else 0, *request.hidden, snapshot.domain.support().size]
-        check_training_size(ctx, config, num_examples, widths)
-        check_document_size(ctx, sum((a + 1) * b for a, b in zip(widths, widths[1:], strict=False)),
-                            f"a model of {widths} units")  # its weights and biases
+        spec = labeldp_pro.model_spec(len(request.features[0]) if request.features else 0, request.hidden,
+                                      snapshot.domain.support().size)
+        num_params = models.num_params(spec)
+        check_training_size(ctx, config, num_examples, num_params)
+        check_document_size(ctx, num_params, f"a model of {num_params:,} parameters")  # its weights and biases
         q = min(1.0, config.batch_size / num_examples)
         try:
             sigma = labeldp_pro.calibrate_sigma(config.epsilon, config.delta, q, config.steps, config.denoiser)

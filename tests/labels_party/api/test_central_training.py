@@ -236,18 +236,21 @@ def test_the_training_size_limit_is_exact():
     from labels_party import labeldp_pro
     from labels_party.releases.kinds import check_training_size
     from labels_party.settings import LabelsSettings
+    from shared import models
     from shared.errors import LabelDPError
 
     config = labeldp_pro.ProConfig(denoiser="selfconv", steps=7, batch_size=100, hidden=(16,))
     # 1,000 examples: batch 100 padded to 141 rows, plus selfconv's 100; (8 + 1)·16 + (16 + 1)·3 = 195 parameters
     step, run = (141 + 100) * 195, 7 * (141 + 100) * 195
     assert labeldp_pro.training_size(config, 1000, 195) == (step, run)
+    num_params = models.num_params(labeldp_pro.model_spec(8, config.hidden, 3))
+    assert num_params == 195
     for total, per_step, allowed in ((run, step, True), (run - 1, step, False), (run, step - 1, False)):
         ctx = SimpleNamespace(settings=LabelsSettings(max_central_training_size=total,
                                                       max_central_training_step=per_step))
         if allowed:
-            check_training_size(ctx, config, 1000, [8, 16, 3])
+            check_training_size(ctx, config, 1000, num_params)
         else:
             with pytest.raises(LabelDPError) as refused:
-                check_training_size(ctx, config, 1000, [8, 16, 3])
+                check_training_size(ctx, config, 1000, num_params)
             assert refused.value.code == "training_too_large"
