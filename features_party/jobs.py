@@ -36,6 +36,13 @@ from shared.service.errors import ErrorCode
 log = logging.getLogger("labeldp.jobs")
 
 
+def fail_unexpectedly(ctx: TrainerContext, job_id: str) -> None:
+    """A job whose start or resume failed on something other than a refusal: failed, so that it does not hold its
+    organization's slot for ever."""
+    _update(ctx, job_id, status="failed", error="internal error while starting the job",
+            error_code=ErrorCode.INTERNAL_ERROR.value)
+
+
 def _update(ctx: TrainerContext, job_id: str, **fields) -> None:
     with ctx.sessions() as session, session.begin():
         row = session.get(db.Job, job_id)

@@ -104,7 +104,9 @@ def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequ
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
     rows = _rows_to_train(frame, request, ctx.settings.min_train_examples)
-    _check_size(ctx.settings, request, frame, rows, output_dim=request.num_classes or 1)  # a lower bound
+    # embeddings sized by the distinct values in the features table: an upper bound of what its training rows have
+    vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
+    _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=request.num_classes or 1)  # a lower bound
     with labels_party_client(ctx, url, request.api_key) as client:
         try:
             dataset = client.get_dataset(request.dataset_id)
@@ -121,7 +123,7 @@ def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequ
         assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
         mechanism = request.release.mechanism
     loss, num_classes = _loss_for(request, mechanism, dataset)
-    _check_size(ctx.settings, request, frame, rows, output_dim=losses.output_dim(loss, num_classes))
+    _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=losses.output_dim(loss, num_classes))
     config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
     return JobPlan(_naming_ids(request, frame, dataset), party, url, features_file, config, num_classes, existing)
 
@@ -156,12 +158,10 @@ def _naming_ids(request: schemas.JobRequest, frame: pd.DataFrame,
     return request.model_copy(update={"release": named})
 
 
-def _check_size(settings: TrainerSettings, request: schemas.JobRequest, frame: pd.DataFrame, rows: int, *,
-                output_dim: int) -> None:
+def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_sizes: tuple[int, ...], rows: int,
+                *, output_dim: int) -> None:
     """Refuses a job over ``max_job_size`` = parameters × epochs (× stages of lp-mst) × rows, the parameters of the
-    model the job would build (embeddings sized by the distinct values in the features table: an upper bound of
-    what its training rows have)."""
-    vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
+    model the job would build."""
     spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim, tuple(request.train.hidden),
                             output_dim)
     parameters = models.num_params(spec)

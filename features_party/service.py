@@ -23,7 +23,6 @@ from features_party.context import TrainerContext
 from features_party.features import read_features
 from features_party.planning import feature_row, not_found, plan_job
 from shared.errors import LabelDPError, RetryLater
-from shared.service.errors import ErrorCode
 
 # -- features tables ---------------------------------------------------------------------------------------------
 
@@ -127,16 +126,9 @@ def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRe
             session.delete(session.get(db.Job, job_id))
         raise
     except BaseException:
-        _mark_failed(ctx, job_id)  # an unexpected error: the job must not hold its slot for ever
+        jobs.fail_unexpectedly(ctx, job_id)
         raise
     return get_job(ctx, principal, job_id)
-
-
-def _mark_failed(ctx: TrainerContext, job_id: str) -> None:
-    with ctx.sessions() as session, session.begin():
-        row = session.get(db.Job, job_id)
-        row.status, row.error = "failed", "internal error while starting the job"
-        row.error_code = ErrorCode.INTERNAL_ERROR.value
 
 
 def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: str) -> schemas.JobView:
@@ -153,6 +145,9 @@ def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: 
     except LabelDPError:
         with ctx.sessions() as session, session.begin():
             session.get(db.Job, job_id).status = "interrupted"
+        raise
+    except BaseException:  # as for a new job: never queued for ever, holding the slot
+        jobs.fail_unexpectedly(ctx, job_id)
         raise
     return get_job(ctx, principal, job_id)
 
