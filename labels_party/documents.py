@@ -96,12 +96,18 @@ def pack(document: dict) -> bytes:
 def unpack(data: bytes) -> dict:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         skeleton = json.loads(archive.read(SKELETON))
+        arrays: dict[int, list] = {}  # each stored array read once, however many places name it
+
+        def array(index: int) -> list:
+            if index not in arrays:
+                with archive.open(f"a{index}.npy") as member:
+                    arrays[index] = np.lib.format.read_array(member, allow_pickle=False).tolist()
+            return arrays[index]
 
         def fill(value: Any) -> Any:
             if isinstance(value, dict):
                 if set(value) == {"$array"}:
-                    with archive.open(f"a{value['$array']}.npy") as member:
-                        return np.lib.format.read_array(member, allow_pickle=False).tolist()
+                    return list(array(value["$array"]))  # a list of its own: callers may change theirs
                 return {k: fill(v) for k, v in value.items()}
             if isinstance(value, list):
                 return [fill(v) for v in value]

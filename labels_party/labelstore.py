@@ -20,7 +20,8 @@ registry's size (issue 28, item 5: a second upload of 4·10⁶ 64-character ids 
   streaming pass in Python numbers the new ids;
 * the files DuckDB reads are written in row groups bounded in *bytes* (:data:`ROW_GROUP_BYTES`): its Parquet
   reader holds a whole column chunk per thread, and row groups of 2²⁰ rows held 68 MiB of 64-character ids;
-* DuckDB gets at least 128 MB per thread (its documented minimum; ``LabelsSettings.upload_memory_mb``);
+* DuckDB runs one thread per 128 MB of ``LabelsSettings.upload_memory_mb`` (its documented minimum per thread; one
+  thread below that, at most two);
 * Python reads bodies and files through buffered streams in batches of :data:`PARSE_ROWS` rows.
 
 DuckDB is used rather than a hand-written sort-merge: its out-of-core aggregate, join and sort are maintained and
@@ -190,8 +191,7 @@ def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> 
 def _registry_sql(store: DataStore, parts: Sequence[RegistryPart]) -> str:
     selects = []
     for part in parts:
-        path = str(store.path(part.file)).replace("'", "''")
-        selects.append(f"SELECT example_id, registry_index FROM read_parquet('{path}') "
+        selects.append(f"SELECT example_id, registry_index FROM read_parquet({_quoted(store.path(part.file))}) "
                        f"WHERE registry_index >= {int(part.start)} AND registry_index < {int(part.end)}")
     return " UNION ALL ".join(selects)
 

@@ -56,16 +56,16 @@ class LabelsSettings(HttpSettings, QuotaSettings):
     max_central_training_size: int = Field(default=5_000_000_000, gt=0)
     max_central_training_step: int = Field(default=100_000_000, gt=0)
     # DuckDB's memory limit while an upload is checked and joined against the registry (it spills to the data
-    # directory beyond it, so any upload fits): one thread per 128 MB (DuckDB's minimum), at most 2.
+    # directory beyond it, so any upload fits): one thread per 128 MB (DuckDB's minimum), at least one, at most 2.
     upload_memory_mb: int = Field(default=256, ge=64)
-    # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
-    # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
     # The audit (docs/design/audit.md): the Ed25519 key that signs chain heads (a PEM file, mode 0600, made by
     # `labeldp labels audit-key`; keep it where a database writer cannot read it) and the directory, outside the
     # database and the data directory, where every committed head is appended (heads.jsonl). Unset: heads are not
     # signed, and verify-audit can only check the database against itself.
     audit_key_file: Path | None = None
     audit_log_dir: Path | None = None
+    # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
+    # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
     spark_master: str = "local[*]"
     spark_sources: dict[str, list[str]] = Field(default_factory=dict)
 
