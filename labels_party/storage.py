@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shared.service.tables import parquet_parts
+
 
 class DataStore:
     def __init__(self, root: str | Path):
@@ -71,6 +73,10 @@ class DataStore:
         what a download serves. Raises OSError if it is missing."""
         return file_digest(self.path(relative))
 
+    def size(self, relative: str) -> int:
+        """Bytes of a file, or of a directory's Parquet part files — what :meth:`digest` reads, without reading it."""
+        return sum(part.stat().st_size for part in parquet_parts(self.path(relative)))
+
     def remove(self, relative: str) -> None:
         try:
             self.path(relative).unlink()
@@ -80,9 +86,8 @@ class DataStore:
 
 def file_digest(path: Path) -> tuple[int, str]:
     """(bytes, SHA-256) of ``path`` — a directory: of its ``part-*.parquet`` files in name order — read in blocks."""
-    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     digest, size = hashlib.sha256(), 0
-    for file in files:
+    for file in parquet_parts(path):
         with open(file, "rb") as handle:
             while block := handle.read(1 << 20):
                 digest.update(block)

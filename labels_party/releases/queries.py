@@ -36,18 +36,12 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, w
                                code="release_not_ready")
         file, size, sha256 = release.file, release.file_size, release.file_sha256
     try:
-        found = ctx.store.digest(file) if whole else (file_size(ctx, file), sha256)
+        found = ctx.store.digest(file) if whole else (ctx.store.size(file), sha256)
     except OSError:
         found = None
     if size is None or found != (size, sha256):
         raise damaged(release_id)
     return file
-
-
-def file_size(ctx: ServiceContext, file: str) -> int:
-    path = ctx.store.path(file)
-    parts = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
-    return sum(part.stat().st_size for part in parts)
 
 
 def damaged(release_id: str) -> LabelDPError:

@@ -45,13 +45,13 @@ def table_response(path: Path, accept: str | None, offset: int, limit: int, file
     return StreamingResponse(stream, media_type=media, headers=disposition)
 
 
-def _files(path: Path) -> list[Path]:
+def parquet_parts(path: Path) -> list[Path]:
     """A Parquet file, or a directory of part files (a Spark job's output) in their order."""
     return sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
 
 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
-    for file in _files(path):
+    for file in parquet_parts(path):
         yield from pq.ParquetFile(file).iter_batches(batch_size=1 << 16)
 
 
@@ -72,7 +72,7 @@ def _ndjson_stream(path: Path, rows) -> Iterator[bytes]:
 
 def _parquet_stream(path: Path) -> Iterator[bytes]:
     if path.is_dir():  # part files: one Parquet stream re-encoded row group by row group
-        yield from _merged_parquet(_files(path))
+        yield from _merged_parquet(parquet_parts(path))
         return
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -119,7 +119,7 @@ def _merged_parquet(files: list[Path]) -> Iterator[bytes]:
 
 def _json_page(path: Path, offset: int, limit: int, rows) -> JSONResponse:
     table, total = None, 0
-    for file in _files(path):  # the part files hold consecutive rows
+    for file in parquet_parts(path):  # the part files hold consecutive rows
         parquet = pq.ParquetFile(file)
         count = parquet.metadata.num_rows
         if total + count > offset and total < offset + limit:
