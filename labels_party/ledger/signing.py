@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from labels_party.ledger.records import canonical
 from shared.errors import LabelDPError
 
 # Signed bytes start with this, so that a head signature can never be mistaken for a signature of anything else.
@@ -53,14 +54,14 @@ class SignedHead:
                                    "signed_at": self.signed_at}
         if self.previous_seq is not None:
             body.update(previous_seq=self.previous_seq, previous_head=self.previous_head)
-        return CONTEXT + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return CONTEXT + canonical(body).encode()
 
     @property
     def transition(self) -> bool:
         return self.previous_seq is not None and self.previous_head is not None
 
     def line(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return canonical(asdict(self))
 
     @classmethod
     def parse(cls, data: dict) -> SignedHead:

@@ -58,8 +58,8 @@ class ApiKeyColumns:
     revoked_by: Mapped[str | None] = mapped_column(String(200), nullable=True)  # who revoked it, as the CLI named
 
     def in_force(self, now: datetime) -> bool:
-        """The one validity rule of a key, for the API and the console alike."""
-        return (self.revoked_at is None or now < self.revoked_at) and (self.expires_at is None or now < self.expires_at)
+        """The one validity rule of a key, for the API, the console and the charge alike."""
+        return self.status(now) in ("active", "rotating")
 
     def status(self, now: datetime) -> str:
         if self.revoked_at is not None and now >= self.revoked_at:
