@@ -7,8 +7,6 @@ and jit-compiled by the caller (features_party/train.py). Nothing here touches t
   the steps of the columns of ``batch_indices`` as one ``lax.scan``, each gathering its batch from ``data`` already
   on the device, the loss summed on the device (an epoch, or a slice of one: a compiled scan cannot be stopped, so
   the trainer runs a long epoch in slices and checks a job's deadline between them).
-* ``make_epoch(step, objective, batch_sharding)``: ``epoch(state, data, batch_indices, validation) -> (state,
-  mean training loss, validation loss)``: every step of an epoch as one call of ``steps``, then the validation loss.
 * ``epoch_batch_indices(permutation, batch_size, steps)``: the (batch, steps) index matrix of an epoch.
 * ``keep_best(best, val_loss, params, epoch, patience)``: early stopping as a pure update of the best so far.
 """
@@ -71,16 +69,6 @@ def make_steps(train_step: Callable, batch_sharding: jax.sharding.Sharding | Non
         (state, total), _ = jax.lax.scan(step, (state, jnp.zeros((), jnp.float32)), batch_indices.T)
         return state, total
     return steps
-
-
-def make_epoch(train_step: Callable, objective: Callable, batch_sharding: jax.sharding.Sharding | None = None):
-    """An epoch in one call: :func:`make_steps` over all of ``batch_indices``, then the validation loss."""
-    steps = make_steps(train_step, batch_sharding)
-
-    def epoch(state: TrainState, data: Batch, batch_indices: jax.Array, validation: Batch):
-        state, total = steps(state, data, batch_indices)
-        return state, total / batch_indices.shape[1], objective(state.params, validation)
-    return epoch
 
 
 def epoch_batch_indices(permutation: np.ndarray, batch_size: int, steps: int) -> np.ndarray:
