@@ -1,7 +1,7 @@
-"""The commands every party's service has — ``serve``, ``upgrade-db`` and the key commands ``create-key``,
-``list-keys``, ``revoke-key`` and ``rotate-key`` — with the same database and data-directory flags, the same TLS
-flags and the same behaviour; each party adds its own handlers (the key commands' through :func:`handle_keys`) and
-any further subcommands.
+"""The commands every party's service has — ``serve``, ``upgrade-db``, ``secret-key`` and the key commands
+``create-key``, ``list-keys``, ``revoke-key`` and ``rotate-key`` — with the same database and data-directory flags,
+the same TLS flags and the same behaviour; each party adds its own handlers (the key commands' through
+:func:`handle_keys`) and any further subcommands.
 
 A key's secret is printed once, on stdout, and nowhere else (no log, no stderr); ``--json`` prints exactly one
 JSON document."""
@@ -80,7 +80,20 @@ def add_service_commands(commands, party: str, *, help: str, port: int, roles: t
     _expiry_arguments(rotate, "the new key expires (default: after the old key's lifetime; never if it had none)")
     for parser in (key, listing, revoke, rotate):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+    secret = actions.add_parser("secret-key", help="create the key that seals jobs' secrets (32 random bytes, "
+                                                   "base64, a new file of mode 0600; printed nowhere)")
+    secret.add_argument("--key-file", required=True, help="where to write it (never overwritten); point the "
+                                                          "service's secret_key_file setting at it")
+    secret.set_defaults(handler=_secret_key)
     return ServiceParsers(actions, storage, serve, key, upgrade, listing, revoke, rotate)
+
+
+def _secret_key(args: argparse.Namespace) -> int:
+    from shared.service.sealing import write_key_file
+
+    write_key_file(Path(args.key_file))
+    print(f"wrote a new secret key to {args.key_file}", file=sys.stderr)
+    return 0
 
 
 def _expiry_arguments(parser: argparse.ArgumentParser, what: str) -> None:

@@ -1,0 +1,263 @@
+"""Durable jobs under leases, for services run as several processes on one database.
+
+A job is a row (each party's own table, with :class:`LeaseColumns`). A worker *claims* one with
+``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL: replicas never block on, or take, each other's rows; SQLite has
+one writer at a time and its ``BEGIN IMMEDIATE`` serializes claims — run one process there): a row in a claimable
+state whose lease is free or expired, not before its ``run_after``. The claim writes the worker's id as
+``lease_owner``, an expiry ``lease_seconds`` ahead and one more ``attempts``; the worker's heartbeat renews the
+expiry of every job it holds every ``lease_seconds / 3``. A worker that dies stops renewing, and once the lease has
+expired any replica's worker claims the job again — no client action needed.
+
+At most one live lease: a claim takes only a free or expired lease, under the row lock. A worker that lost its
+lease (paused past the expiry, or cut from the database) may still be computing; what it *finishes* is fenced:
+:meth:`LeaseTable.held` locks the row and checks that the owner and attempt are still its own, and a worker that
+does not hold the lease changes nothing. Jobs are written to be re-run from the start (a source release re-derives
+the same noise from its sealed secret; a trainer job gets its release back by its Idempotency-Key), so a takeover
+repeats work but never its effect.
+
+Attempts are bounded: a job claimed ``max_attempts`` times that comes back once more (its worker died, or it asked
+to be retried) is finished by its table's ``exhausted`` callback (the party's ``failed`` with a code).
+
+Times are the workers' clocks (UTC): replicas need synchronized clocks (NTP), far tighter than a lease of seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Integer, String, or_, select
+from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
+
+from shared.service.database import UtcDateTime, utcnow
+
+log = logging.getLogger("labeldp.jobs")
+
+
+class LeaseColumns:
+    """Columns of a job table's rows that workers lease (mixed into a party's declarative table)."""
+
+    if TYPE_CHECKING:
+        id: Mapped[str]
+
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    run_after: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claim of one job: its owner and attempt number are the fencing token."""
+
+    job_id: str
+    owner: str
+    attempt: int
+
+
+def worker_id() -> str:
+    """This process's id as a lease owner: readable (host and pid, for operators) and unique (a reused pid)."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class LeaseTable:
+    """How one party's job table is leased: the mapped class, its state column's name, the states a worker may
+    claim (a job in ``running_state`` only when its lease expired), and what becomes of a job out of attempts."""
+
+    model: Any  # the mapped class (with LeaseColumns)
+    state_column: str
+    claimable: tuple[str, ...]
+    running_state: str
+    max_attempts: int
+    exhausted: Callable[[Session, Any], None]  # finish a row out of attempts (locked, in the claim's transaction)
+    order_by: Callable[[], Sequence[Any]] = field(default=lambda: ())  # claim order (default: insertion)
+
+    def claim(self, session: Session, owner: str, lease_seconds: float) -> Lease | None:
+        """Take the first claimable job (its row locked, others' locked rows skipped), or None."""
+        model, now = self.model, utcnow()
+        state = getattr(model, self.state_column)
+        free = or_(model.lease_owner.is_(None), model.lease_expires_at < now)
+        due = or_(model.run_after.is_(None), model.run_after <= now)
+        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due)
+                 .order_by(*self.order_by(), model.created_at).limit(1).with_for_update(skip_locked=True))
+        while True:
+            row = session.scalars(query).first()
+            if row is None:
+                return None
+            if row.attempts >= self.max_attempts:
+                self.exhausted(session, row)
+                self._clear(row)
+                session.flush()
+                continue
+            setattr(row, self.state_column, self.running_state)
+            row.attempts += 1
+            row.lease_owner, row.heartbeat_at = owner, now
+            row.lease_expires_at = now + timedelta(seconds=lease_seconds)
+            row.run_after = None
+            return Lease(row.id, owner, row.attempts)
+
+    def renew(self, session: Session, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
+        """Extend each lease still held; the ids of those held (a lease lost to a takeover is not renewed)."""
+        if not leases:
+            return set()
+        model, now = self.model, utcnow()
+        rows = session.scalars(select(model).where(model.id.in_([lease.job_id for lease in leases]))
+                               .with_for_update(skip_locked=True)).all()
+        by_id = {row.id: row for row in rows}
+        held = set()
+        for lease in leases:
+            row = by_id.get(lease.job_id)
+            if row is not None and self._holds(row, lease):
+                row.heartbeat_at, row.lease_expires_at = now, now + timedelta(seconds=lease_seconds)
+                held.add(lease.job_id)
+            elif row is None and session.get(model, lease.job_id) is not None:
+                held.add(lease.job_id)  # locked by its own worker finishing it: not lost
+        return held
+
+    def held(self, session: Session, lease: Lease) -> Any | None:
+        """The job's row, locked, if ``lease`` still holds it (else None: another worker took it over, or it was
+        finished): what a worker checks in the transaction that records its outcome."""
+        row = session.get(self.model, lease.job_id, with_for_update=True)
+        return row if row is not None and self._holds(row, lease) else None
+
+    def finish(self, row: Any, state: str) -> None:
+        """The job done (by the worker holding it, in the transaction of :meth:`held`)."""
+        setattr(row, self.state_column, state)
+        self._clear(row)
+
+    def retry_later(self, row: Any, state: str, seconds: float) -> None:
+        """Give the job back to be claimed again (by any worker) after ``seconds``; attempts stay counted."""
+        setattr(row, self.state_column, state)
+        self._clear(row)
+        row.run_after = utcnow() + timedelta(seconds=seconds)
+
+    def _holds(self, row: Any, lease: Lease) -> bool:
+        return (row.lease_owner == lease.owner and row.attempts == lease.attempt
+                and getattr(row, self.state_column) == self.running_state)
+
+    @staticmethod
+    def _clear(row: Any) -> None:
+        row.lease_owner = row.lease_expires_at = None
+
+
+RunJob = Callable[[Lease, threading.Event], None]
+
+
+class JobRunner:
+    """A process's workers for one job table: ``threads`` threads claim and run jobs, one heartbeat thread renews
+    their leases. ``run(lease, lost)`` does the job and records its outcome through :meth:`LeaseTable.held`;
+    ``lost`` is set when the heartbeat finds the lease taken over, so a long job can stop early. A job that raises
+    is given back to be claimed again after ``retry_seconds`` (its attempt counted: a crash loop is bounded by
+    ``max_attempts``, and a transient fault such as a database restart has passed), never left holding its lease."""
+
+    def __init__(self, name: str, sessions: sessionmaker, table: LeaseTable, run: RunJob, *, threads: int = 1,
+                 lease_seconds: float = 30.0, poll_seconds: float = 1.0, retry_seconds: float = 5.0,
+                 retry_state: str | None = None):
+        self.name, self.sessions, self.table, self._run = name, sessions, table, run
+        self.threads, self.lease_seconds, self.poll_seconds = threads, lease_seconds, poll_seconds
+        self.retry_seconds, self.retry_state = retry_seconds, retry_state or table.claimable[0]
+        self.owner = worker_id()
+        self._wake = threading.Condition()
+        self._stopping = threading.Event()
+        self._held: dict[str, tuple[Lease, threading.Event]] = {}
+        self._lock = threading.Lock()
+        self._workers: list[threading.Thread] = []
+        self._last_beat = utcnow()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def start(self) -> JobRunner:
+        threads = [threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
+                   for i in range(self.threads)]
+        threads.append(threading.Thread(target=self._heartbeat, name=f"{self.name}-heartbeat", daemon=True))
+        self._workers = threads
+        for thread in threads:
+            thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop claiming; wait up to ``timeout`` for running jobs (whose leases then expire if they go on)."""
+        self._stopping.set()
+        self.wake()
+        for thread in self._workers:
+            thread.join(timeout)
+
+    def alive(self) -> bool:
+        """Every thread running and the leases renewed recently (readiness)."""
+        fresh = (utcnow() - self._last_beat).total_seconds() < 2 * self.lease_seconds
+        return bool(self._workers) and all(t.is_alive() for t in self._workers) and fresh
+
+    def wake(self) -> None:
+        """A job was just queued (here): claim now rather than at the next poll."""
+        with self._wake:
+            self._wake.notify_all()
+
+    def holding(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    # -- threads -------------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                lease = self._claim()
+            except Exception:  # the database is away: try again at the next poll
+                log.warning("%s: cannot claim jobs (database unavailable?)", self.name, exc_info=True)
+                lease = None
+            if lease is None:
+                with self._wake:
+                    self._wake.wait(self.poll_seconds)
+                continue
+            lost = threading.Event()
+            with self._lock:
+                self._held[lease.job_id] = (lease, lost)
+            try:
+                self._run(lease, lost)
+            except Exception:
+                log.exception("%s: job %s failed unexpectedly (attempt %d)", self.name, lease.job_id, lease.attempt)
+                self._give_back(lease)
+            finally:
+                with self._lock:
+                    self._held.pop(lease.job_id, None)
+
+    def _claim(self) -> Lease | None:
+        with self.sessions() as session, session.begin():
+            return self.table.claim(session, self.owner, self.lease_seconds)
+
+    def _give_back(self, lease: Lease) -> None:
+        try:
+            with self.sessions() as session, session.begin():
+                row = self.table.held(session, lease)
+                if row is not None:
+                    self.table.retry_later(row, self.retry_state, self.retry_seconds)
+        except Exception:  # its lease expires and another attempt claims it
+            log.warning("%s: could not give job %s back", self.name, lease.job_id, exc_info=True)
+
+    def _heartbeat(self) -> None:
+        while not self._stopping.wait(self.lease_seconds / 3):
+            self.beat()
+
+    def beat(self) -> None:
+        """Renew every lease held; flag those lost (tests call it directly)."""
+        with self._lock:
+            held = dict(self._held)
+        try:
+            with self.sessions() as session, session.begin():
+                kept = self.table.renew(session, [lease for lease, _ in held.values()], self.lease_seconds)
+        except Exception:
+            log.warning("%s: cannot renew leases (database unavailable?)", self.name, exc_info=True)
+            return
+        self._last_beat = utcnow()
+        for job_id, (lease, lost) in held.items():
+            if job_id not in kept:
+                log.warning("%s: lost the lease of job %s (attempt %d): another worker has it", self.name, job_id,
+                            lease.attempt)
+                lost.set()

@@ -1,0 +1,228 @@
+"""Durable jobs under leases (shared.service.leases): claims skip locked rows, an expired lease is taken over, a
+worker that lost its lease changes nothing, attempts are bounded, and runners on one database run each job once
+(a killed runner's job finished by the other)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import MetaData, String, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from shared.service.database import UtcDateTime, make_engine, new_id, utcnow
+from shared.service.leases import JobRunner, Lease, LeaseColumns, LeaseTable
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData()
+
+
+class Chore(LeaseColumns, Base):
+    __tablename__ = "chores"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    state: Mapped[str] = mapped_column(String(20), default="queued")
+    error: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    done_by: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+def _exhausted(_session, row) -> None:
+    row.state, row.error = "failed", "attempts_exhausted"
+
+
+TABLE = LeaseTable(Chore, "state", ("queued",), "running", max_attempts=3, exhausted=_exhausted)
+
+
+@pytest.fixture
+def sessions(database_url):
+    from sqlalchemy.orm import sessionmaker
+
+    engine = make_engine(database_url)
+    Base.metadata.create_all(engine)
+    yield sessionmaker(engine, expire_on_commit=False)
+    engine.dispose()
+
+
+def _add(sessions, n: int = 1) -> list[str]:
+    with sessions() as session, session.begin():
+        rows = [Chore() for _ in range(n)]
+        session.add_all(rows)
+        session.flush()
+        return [row.id for row in rows]
+
+
+def _claim(sessions, owner: str, seconds: float = 30.0) -> Lease | None:
+    with sessions() as session, session.begin():
+        return TABLE.claim(session, owner, seconds)
+
+
+def _row(sessions, job_id: str) -> Chore:
+    with sessions() as session:
+        return session.get(Chore, job_id)
+
+
+def test_a_live_lease_is_never_claimed_twice_and_an_expired_one_is_taken_over(sessions):
+    [job] = _add(sessions)
+    first = _claim(sessions, "a")
+    assert first == Lease(job, "a", 1)
+    assert _claim(sessions, "b") is None  # held: nothing to claim
+    with sessions() as session, session.begin():  # the holder stops renewing: the lease runs out
+        session.get(Chore, job).lease_expires_at = utcnow() - timedelta(seconds=1)
+    second = _claim(sessions, "b")
+    assert second == Lease(job, "b", 2)
+    with sessions() as session, session.begin():  # the first worker, back, cannot record anything
+        assert TABLE.held(session, first) is None
+        assert TABLE.renew(session, [first], 30) == set()
+    with sessions() as session, session.begin():
+        row = TABLE.held(session, second)
+        assert row is not None
+        TABLE.finish(row, "done")
+    row = _row(sessions, job)
+    assert (row.state, row.attempts, row.lease_owner) == ("done", 2, None)
+    assert _claim(sessions, "c") is None  # finished jobs are not claimable
+
+
+def test_attempts_are_bounded(sessions):
+    [job] = _add(sessions)
+    for attempt in (1, 2, 3):
+        lease = _claim(sessions, f"w{attempt}")
+        assert lease is not None and lease.attempt == attempt
+        with sessions() as session, session.begin():
+            session.get(Chore, job).lease_expires_at = utcnow() - timedelta(seconds=1)  # its worker died
+    assert _claim(sessions, "w4") is None
+    row = _row(sessions, job)
+    assert (row.state, row.error, row.attempts, row.lease_owner) == ("failed", "attempts_exhausted", 3, None)
+
+
+def test_retry_later_waits_for_its_time(sessions):
+    [job] = _add(sessions)
+    lease = _claim(sessions, "a")
+    with sessions() as session, session.begin():
+        TABLE.retry_later(TABLE.held(session, lease), "queued", 0.5)
+    assert _claim(sessions, "b") is None
+    time.sleep(0.6)
+    assert _claim(sessions, "b") == Lease(job, "b", 2)
+
+
+def test_concurrent_claims_take_distinct_jobs(sessions, database_url):
+    """16 claimers on 8 jobs: each job once (PostgreSQL: SKIP LOCKED; SQLite: serialized writers)."""
+    jobs = set(_add(sessions, 8))
+    got: list[Lease | None] = []
+    lock = threading.Lock()
+
+    def claimer(i: int) -> None:
+        lease = _claim(sessions, f"w{i}")
+        with lock:
+            got.append(lease)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    claimed = [lease.job_id for lease in got if lease is not None]
+    assert sorted(claimed) == sorted(jobs)  # every job exactly once, 8 claimers empty-handed
+
+
+def test_a_locked_row_is_skipped_not_waited_for(sessions, database_url):
+    """PostgreSQL: while one transaction holds a job's row, another claim takes the next job at once (SQLite has
+    one writer: a second process's claim would wait — one process there)."""
+    if database_url.startswith("sqlite"):
+        pytest.skip("SQLite serializes writers: no row locks to skip")
+    first_id, second_id = _add(sessions, 2)
+    with sessions() as holder, holder.begin():
+        holder.get(Chore, first_id, with_for_update=True)
+        started = time.perf_counter()
+        lease = _claim(sessions, "b")
+        assert lease is not None and lease.job_id == second_id
+        assert time.perf_counter() - started < 2
+
+
+class FreezableRunner(JobRunner):
+    """A runner whose heartbeat can be stopped while its worker goes on: a process paused or cut off."""
+
+    frozen = False
+
+    def beat(self) -> None:
+        if not self.frozen:
+            super().beat()
+
+
+def test_runners_run_each_job_once_and_take_over_a_stopped_runners_job(sessions):
+    """Two runners, 6 jobs: each done once. Then a runner that stops renewing mid-job (as if killed) loses its
+    job to the other, which finishes it; the first, when it wakes, records nothing."""
+    done: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    release_stuck = threading.Event()
+
+    def run_for(runner_name: str):
+        def run(lease: Lease, lost: threading.Event) -> None:
+            with sessions() as session:
+                stuck = session.get(Chore, lease.job_id).error == "stick"
+            if stuck and runner_name == "A":
+                release_stuck.wait(20)  # "killed": holds the job, renews nothing (its heartbeat is stopped)
+            with sessions() as session, session.begin():
+                row = TABLE.held(session, lease)
+                if row is None:
+                    return
+                row.done_by = runner_name
+                TABLE.finish(row, "done")
+                with lock:
+                    done.append((lease.job_id, runner_name))
+        return run
+
+    a = FreezableRunner("A", sessions, TABLE, run_for("A"), lease_seconds=1.5, poll_seconds=0.1).start()
+    b = JobRunner("B", sessions, TABLE, run_for("B"), lease_seconds=1.5, poll_seconds=0.1).start()
+    jobs = _add(sessions, 6)
+    deadline = time.monotonic() + 20
+    while len(done) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(job for job, _ in done) == sorted(jobs)
+    assert a.alive() and b.alive()
+
+    b.stop()  # only A claims the next job
+    a.frozen = True  # A's heartbeat stops: its lease will run out while its worker is stuck
+    with sessions() as session, session.begin():
+        stuck = Chore(error="stick")
+        session.add(stuck)
+        session.flush()
+        stuck_id = stuck.id
+    a.wake()
+    while _row(sessions, stuck_id).lease_owner != a.owner and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _row(sessions, stuck_id).lease_owner == a.owner
+    c = JobRunner("B", sessions, TABLE, run_for("B"), lease_seconds=1.5, poll_seconds=0.1).start()
+    started = time.monotonic()
+    while _row(sessions, stuck_id).state != "done" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    taken_over = time.monotonic() - started
+    release_stuck.set()
+    c.stop()
+    a.stop()
+    row = _row(sessions, stuck_id)
+    assert (row.state, row.done_by, row.attempts) == ("done", "B", 2)
+    assert taken_over < 1.5 + 1.0  # the lease, then the next poll
+    assert [runner for job, runner in done if job == stuck_id] == ["B"]  # A, woken, recorded nothing
+
+
+def test_a_job_that_raises_is_given_back_and_finally_fails(sessions):
+    calls: list[int] = []
+
+    def run(lease: Lease, _lost: threading.Event) -> None:
+        calls.append(lease.attempt)
+        raise RuntimeError("boom")
+
+    runner = JobRunner("R", sessions, TABLE, run, lease_seconds=5, poll_seconds=0.05, retry_seconds=0).start()
+    [job] = _add(sessions)
+    deadline = time.monotonic() + 10
+    while _row(sessions, job).state != "failed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    runner.stop()
+    assert calls == [1, 2, 3]
+    row = _row(sessions, job)
+    assert (row.state, row.error) == ("failed", "attempts_exhausted")
+    with sessions() as session:
+        assert session.scalars(select(Chore.lease_owner)).all() == [None]
