@@ -204,6 +204,15 @@ class JobRunner:
         with self._lock:
             return list(self._held)
 
+    def run_pending(self) -> int:
+        """Claim and run jobs in the calling thread until none is claimable now; how many ran (tests and commands
+        that run a service's jobs without its threads)."""
+        ran = 0
+        while (lease := self._claim()) is not None:
+            self._execute(lease)
+            ran += 1
+        return ran
+
     # -- threads -------------------------------------------------------------------------------------------------
     def _work(self) -> None:
         while not self._stopping.is_set():
@@ -216,17 +225,20 @@ class JobRunner:
                 with self._wake:
                     self._wake.wait(self.poll_seconds)
                 continue
-            lost = threading.Event()
+            self._execute(lease)
+
+    def _execute(self, lease: Lease) -> None:
+        lost = threading.Event()
+        with self._lock:
+            self._held[lease.job_id] = (lease, lost)
+        try:
+            self._run(lease, lost)
+        except Exception:
+            log.exception("%s: job %s failed unexpectedly (attempt %d)", self.name, lease.job_id, lease.attempt)
+            self._give_back(lease)
+        finally:
             with self._lock:
-                self._held[lease.job_id] = (lease, lost)
-            try:
-                self._run(lease, lost)
-            except Exception:
-                log.exception("%s: job %s failed unexpectedly (attempt %d)", self.name, lease.job_id, lease.attempt)
-                self._give_back(lease)
-            finally:
-                with self._lock:
-                    self._held.pop(lease.job_id, None)
+                self._held.pop(lease.job_id, None)
 
     def _claim(self) -> Lease | None:
         with self.sessions() as session, session.begin():

@@ -226,3 +226,18 @@ def test_a_job_that_raises_is_given_back_and_finally_fails(sessions):
     assert (row.state, row.error) == ("failed", "attempts_exhausted")
     with sessions() as session:
         assert session.scalars(select(Chore.lease_owner)).all() == [None]
+
+
+def test_run_pending_runs_what_is_claimable_in_the_calling_thread(sessions):
+    ran: list[str] = []
+
+    def run(lease: Lease, _lost: threading.Event) -> None:
+        ran.append(threading.current_thread().name)
+        with sessions() as session, session.begin():
+            TABLE.finish(TABLE.held(session, lease), "done")
+
+    runner = JobRunner("R", sessions, TABLE, run)  # not started: no threads
+    _add(sessions, 3)
+    assert runner.run_pending() == 3
+    assert ran == [threading.current_thread().name] * 3
+    assert runner.run_pending() == 0
