@@ -111,7 +111,7 @@ def integer_vector(description: dict, key: str) -> np.ndarray:
 
 def integer_matrix(description: dict, key: str) -> np.ndarray:
     """A non-empty rectangular list of lists of integers as an int64 matrix. The type check runs row by row in C
-    (``map(type, row)``): a few million entries take ~0.1 s, no Python loop over them."""
+    (``map(type, row)``): a few million entries take ~0.1 s, with no Python loop over the entries."""
     rows = entry(description, key)
     if not isinstance(rows, list) or not rows or not all(isinstance(row, list) and row for row in rows):
         raise invalid(f"{key!r} must be a non-empty list of non-empty rows")
@@ -146,12 +146,12 @@ def agrees(description: dict, key: str, rebuilt: Any) -> None:
 
 
 @contextmanager
-def building(what: str) -> Iterator[None]:
+def building() -> Iterator[None]:
     """Constructs an object from checked fields: its own refusals (a certification above ε, bins outside the
-    outputs, labels out of order) mean the document is inconsistent."""
+    outputs, labels out of order; each names what it refuses) mean the document is inconsistent."""
     try:
         yield
     except InvalidMechanismDocument:
         raise
     except (ValueError, ArithmeticError) as err:  # LabelDPError (CertificationError, invalid_domain) is a ValueError
-        raise invalid(f"{what}: {err}") from None
+        raise invalid(str(err)) from None

@@ -187,7 +187,7 @@ class Lattice:
         released values, the same JSON); ``invalid_mechanism_document`` for anything else."""
         low, step = described.real(description, "low"), described.real(description, "step", positive=True)
         steps = described.integer(description, "steps", 1, MAX_LATTICE_STEPS)
-        with described.building("lattice"):
+        with described.building():
             return cls(low, step, steps)
 
 

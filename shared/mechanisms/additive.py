@@ -153,10 +153,12 @@ class AdditiveNoiseRandomizer:
         """The additive mechanism ``describe()`` states, rebuilt exactly: the same lattice numbers and integer
         noise parameters, so the same draws from the same generator. Refuses (``invalid_mechanism_document``) a
         malformed description, noise that is not ε-DP over the lattice at the described ε, and stated numbers
-        (certified ε, the lattice's ends, its sensitivity) that are not the rebuilt ones. The finite input labels
-        (``input_values``, for bias and loss) are not described: the rebuilt mechanism samples, certifies and
-        describes itself as the original, and computes its per-label utility only given them (``dataclasses.replace``).
-        """
+        (certified ε, the lattice's ends, its sensitivity) that are not the rebuilt ones.
+
+        The finite labels an original may hold for its bias and loss (``input_values``) are not in its description
+        (which publishes no vectors, whatever |Y|): the rebuilt mechanism samples, certifies and describes itself as
+        the original does, and has per-label utility numbers once they are given back
+        (``dataclasses.replace(rebuilt, input_values=...)``)."""
         name = described.text(description, "mechanism")
         lattice = Lattice.from_description(described.mapping(description, "lattice"))
         noise = noise_from_description(described.mapping(description, "noise"))
@@ -165,7 +167,7 @@ class AdditiveNoiseRandomizer:
                                     f"{lattice.steps} steps (its sensitivity)")
         clip = described.flag(description, "clip")
         epsilon = described.real(description, "epsilon", positive=True)
-        with described.building(name):
+        with described.building():
             randomizer = cls(name, epsilon, lattice, noise, clip)
         described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
         described.agrees(description, "low", lattice.low)

@@ -239,7 +239,7 @@ class FiniteRandomizer(OnFiniteInputs):
         counts = described.integer_matrix(description, "matrix_counts_over_2_53")
         epsilon = described.real(description, "epsilon", positive=True)
         parameters = MappingProxyType(described.mapping(description, "parameters"))
-        with described.building(name):
+        with described.building():
             FiniteLabels(inputs)  # labels are looked up by value: the inputs must be strictly increasing
             randomizer = cls(name, epsilon, inputs, outputs, counts, parameters)
         described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)

@@ -189,7 +189,7 @@ class DiscreteLaplace:
         """The noise ``describe()`` states, from its exact scale ``t/s`` (as written, unreduced: the sampler draws
         below t); ``scale`` must be that ratio's float."""
         t, s = described.ratio(description, "scale_rational", _MAX_DENOMINATOR)
-        with described.building("discrete Laplace"):
+        with described.building():
             noise = cls(s, t)
         described.agrees(description, "scale", noise.scale)
         return noise
@@ -334,7 +334,7 @@ class DiscreteStaircase:
         weights = described.integer_vector(description, "offset_weights")
         if weights.size != 2:
             raise described.invalid("'offset_weights' must be [w_low, w_high]")
-        with described.building("discrete staircase"):
+        with described.building():
             return cls(s, t, period, r, int(weights[0]), int(weights[1]))
 
 

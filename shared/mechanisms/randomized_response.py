@@ -199,7 +199,7 @@ class RandomizedResponse(OnFiniteInputs):
         keep = described.integer(description, "keep_count_over_2_53", 1, dyadic.RESOLUTION)
         epsilon = described.real(description, "epsilon", positive=True)
         parameters = MappingProxyType(described.mapping(description, "parameters"))
-        with described.building(name):
+        with described.building():
             FiniteLabels(inputs)  # labels are looked up by value: the inputs must be strictly increasing
             randomizer = cls(name, epsilon, inputs, outputs, keep, parameters, bin_of_input=bins)
         described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
@@ -382,7 +382,7 @@ class TopKRandomizedResponse(OnFiniteInputs):
         keep = described.integer(description, "keep_count_over_2_53", 1, dyadic.RESOLUTION)
         epsilon = described.real(description, "epsilon", positive=True)
         parameters = MappingProxyType(described.mapping(description, "parameters"))
-        with described.building(name):
+        with described.building():
             randomizer = cls(name, epsilon, inputs.size, candidates, keep, parameters)
         described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
         described.agrees(description, "num_outputs", randomizer.num_outputs)
