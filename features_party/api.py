@@ -15,9 +15,11 @@ from fastapi import FastAPI
 
 from features_party import access
 from features_party.context import TrainerContext
+from features_party.migrations import MIGRATIONS
 from features_party.routers import features, jobs
 from features_party.settings import TrainerSettings
 from shared.service.app import service_app
+from shared.service.health import readiness_checks
 
 log = logging.getLogger("labeldp.features")
 
@@ -31,6 +33,7 @@ def create_app(ctx: TrainerContext) -> FastAPI:
     return service_app("labeldp features party (trainer)", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                        guard_type=access.Access,
                        routers=(features.router, jobs.router), log=log, lifespan=lifespan,
+                       readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks={}),
                        adjust_openapi=lambda spec: _job_limits(spec, ctx.settings),
                        private_dirs=(ctx.settings.data_dir,))
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 
 from shared.errors import LabelDPError
-from shared.service.commands import add_service_commands, ensure_sqlite_directory, handle_keys, upgrade_database
+from shared.service.commands import (
+    add_service_commands,
+    check_workers,
+    ensure_sqlite_directory,
+    handle_keys,
+    upgrade_database,
+)
 from shared.service.tls import tls_options
 
 
@@ -49,6 +55,7 @@ def _settings(args):
         settings = TrainerSettings(**overrides)
     except ValueError as err:
         raise LabelDPError(f"invalid trainer settings: {str(err).splitlines()[-1].strip()}", code="usage") from None
+    check_workers(getattr(args, "workers", 1), settings.database_url)  # serve: before a SQLite file is made
     ensure_sqlite_directory(settings.database_url)
     return settings
 
@@ -59,17 +66,30 @@ def serve_command(args) -> int:
     from features_party.api import create_app
     from features_party.context import make_context
     from features_party.train import device_summary
-    from shared.service.serving import serve
+    from shared.service.serving import configure_logging, serve, serve_workers
 
     tls = tls_options(args)  # flags first: a usage error touches no database
     settings = _settings(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     log = logging.getLogger("labeldp.features")
     log.info("JAX devices: %s", device_summary())
     log.info("labels parties: %s", ", ".join(f"{k}={v}" for k, v in settings.labels_parties.items()) or "none")
-    serve(create_app(make_context(settings, upgrade=args.upgrade_db)), settings, host=args.host, port=args.port,
-          **tls)  # with the HTTP limits
-    return 0
+    if args.workers == 1:
+        serve(create_app(make_context(settings, upgrade=args.upgrade_db)), settings, host=args.host,
+              port=args.port, **tls)  # with the HTTP limits
+        return 0
+    # Several processes: this one migrates and checks the database once (a refusal is one line) and lets it go;
+    # each worker makes its own context from the same settings.
+    make_context(settings, upgrade=args.upgrade_db).close()
+    return serve_workers(worker_app, settings, workers=args.workers, host=args.host, port=args.port, **tls)
+
+
+def worker_app(settings):
+    """One worker process's application (``serve --workers N``): its own context on the supervisor's settings."""
+    from features_party.api import create_app
+    from features_party.context import make_context
+
+    return create_app(make_context(settings))
 
 
 def _keys(args):

@@ -37,6 +37,12 @@ class TrainerContext:
     def org_dir(self, org_id: int) -> Path:
         return self.data_dir / "orgs" / str(int(org_id))
 
+    def close(self) -> None:
+        """Let go of the job threads, the spool directory and the database (a context that is done)."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.scratch.close()
+        self.sessions.kw["bind"].dispose()
+
 
 def make_context(settings: TrainerSettings | None = None, *, upgrade: bool = False) -> TrainerContext:
     settings = settings or TrainerSettings()

@@ -18,8 +18,10 @@ from fastapi import FastAPI
 from labels_party import access
 from labels_party.console.app import create_console
 from labels_party.context import ServiceContext
+from labels_party.migrations import MIGRATIONS
 from labels_party.routers import audit, datasets, mechanisms, releases
 from shared.service.app import service_app
+from shared.service.health import readiness_checks
 
 log = logging.getLogger("labeldp.labels")
 
@@ -28,6 +30,7 @@ def create_app(ctx: ServiceContext) -> FastAPI:
     app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                       guard_type=access.Access,
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
+                      readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks={}),
                       adjust_openapi=lambda spec: _deployment(spec, ctx.settings),
                       private_dirs=(ctx.settings.data_dir,))
     # The owner's console (HTML for admin keys, its own gate and session cookies; not part of the OpenAPI).

@@ -20,7 +20,13 @@ from shared.mechanisms.protocol import LabelRandomizer
 from shared.privacy import check_epsilon
 from shared.randomness import secure_rng
 from shared.schemas import Solver
-from shared.service.commands import add_service_commands, ensure_sqlite_directory, handle_keys, upgrade_database
+from shared.service.commands import (
+    add_service_commands,
+    check_workers,
+    ensure_sqlite_directory,
+    handle_keys,
+    upgrade_database,
+)
 from shared.service.tls import tls_options
 
 
@@ -187,6 +193,7 @@ def _settings(args):
 
     overrides = {k: v for k, v in (("database_url", args.database_url), ("data_dir", args.data_dir)) if v}
     settings = LabelsSettings(**overrides)
+    check_workers(getattr(args, "workers", 1), settings.database_url)  # serve: before a SQLite file is made
     ensure_sqlite_directory(settings.database_url)
     return settings
 
@@ -209,17 +216,30 @@ def serve_command(args) -> int:
     import logging
 
     from labels_party.api import create_app
-    from shared.service.serving import serve
+    from shared.service.serving import configure_logging, serve, serve_workers
 
     tls = tls_options(args)  # flags first: a usage error touches no database
     ctx = _context(args, upgrade=args.upgrade_db)  # a refusal to start (say, a restored database) is one line
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     if ctx.settings.audit_key_file is None:  # allowed (a first try, a test), never silent
         logging.getLogger("labels_party").warning(
             "no audit key (LABELDP_AUDIT_KEY_FILE, made by `labeldp labels audit-key`): chain heads are neither "
             "signed nor exported, so verify-audit can check this database only against itself")
-    serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
-    return 0
+    if args.workers == 1:
+        serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
+        return 0
+    # Several processes: this one has migrated and checked the database (its refusals are one line, above); each
+    # worker makes its own context from the same settings.
+    ctx.close()
+    return serve_workers(worker_app, ctx.settings, workers=args.workers, host=args.host, port=args.port, **tls)
+
+
+def worker_app(settings):
+    """One worker process's application (``serve --workers N``): its own context on the supervisor's settings."""
+    from labels_party.api import create_app
+    from labels_party.context import make_context
+
+    return create_app(make_context(settings=settings))
 
 
 def _keys(args):

@@ -66,6 +66,13 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class ReadyBody(BaseModel):
+    """``GET /readyz`` when every check passed (each named, ``"ok"``); otherwise the error body, 503 not_ready."""
+
+    status: Literal["ready"]
+    checks: dict[str, Literal["ok"]]
+
+
 # Numbers a request carries: NaN and ±inf are refused, and the OpenAPI schema says so (``exclusiveMinimum``).
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

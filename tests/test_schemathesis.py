@@ -101,7 +101,7 @@ def test_labels_party(labels_party, tmp_path):
                                                                   for k in ("office", "rival")})),
            "LABELDP_ST_DATASET_ID": labels_party["dataset"], "LABELDP_ST_RELEASE_ID": labels_party["release"]["id"],
            "LABELDP_ST_MECHANISM_HASH": labels_party["release"]["mechanism_hash"]}
-    assert _assert_clean(_schemathesis(labels_party["url"], tmp_path, env), operations=18) > 500
+    assert _assert_clean(_schemathesis(labels_party["url"], tmp_path, env), operations=19) > 500
 
 
 def test_trainer(labels_party, tmp_path):
@@ -127,6 +127,6 @@ def test_trainer(labels_party, tmp_path):
            "LABELDP_ST_FEATURES_NAME": "f", "LABELDP_ST_JOB_ID": job["id"]}
     try:
         with serve_in_thread(create_trainer(ctx)) as url:
-            assert _assert_clean(_schemathesis(url, tmp_path, env), operations=10) > 500
+            assert _assert_clean(_schemathesis(url, tmp_path, env), operations=11) > 500
     finally:
         ctx.executor.shutdown(wait=True)

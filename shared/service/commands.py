@@ -61,6 +61,8 @@ def add_service_commands(commands, party: str, *, help: str, port: int, roles: t
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=port)
     serve.add_argument("--upgrade-db", action="store_true", help="migrate an older database schema first")
+    serve.add_argument("--workers", type=_workers, default=1, metavar="N",
+                       help="server processes sharing the port (default 1); more than one needs PostgreSQL")
     add_tls_arguments(serve)
     key = _subcommand(actions, storage, "create-key", "create an API key (printed once on stdout)")
     key.add_argument("--org", required=True)
@@ -94,6 +96,20 @@ def _secret_key(args: argparse.Namespace) -> int:
     write_key_file(Path(args.key_file))
     print(f"wrote a new secret key to {args.key_file}", file=sys.stderr)
     return 0
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of processes, at least 1, is needed, not {text!r}")
+    return int(text)
+
+
+def check_workers(workers: int, database_url: str) -> None:
+    """``serve --workers N``: several processes share one database, which SQLite cannot serve them (a file's
+    writers wait on one lock, and its WAL is per host); refused before anything is opened or created."""
+    if workers > 1 and database_url.startswith("sqlite"):
+        raise LabelDPError(f"--workers {workers} needs a PostgreSQL database (--database-url); SQLite serves one "
+                           "process: use --workers 1", code="usage")
 
 
 def _expiry_arguments(parser: argparse.ArgumentParser, what: str) -> None:

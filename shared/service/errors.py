@@ -138,6 +138,7 @@ class ErrorCode(str, Enum):
     AUDIT_KEY_MISSING = ("audit_key_missing", 503)  # the service has no audit key: its chain heads are not signed
     # the service ran out of memory or file descriptors (shared.errors.resource_error); nothing was changed
     RESOURCE_EXHAUSTED = ("resource_exhausted", 503)
+    NOT_READY = ("not_ready", 503)  # GET /readyz: a readiness check failed (shared.service.health)
     INSUFFICIENT_STORAGE = ("insufficient_storage", 507)  # the service's disk (or quota) is full; nothing changed
 
 

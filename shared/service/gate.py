@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from shared.errors import LabelDPError
 
-PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
+PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 
 
 class Guard:

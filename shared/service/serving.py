@@ -17,30 +17,57 @@ but no header-read timeout) or a body, and answers past ``limit_concurrency`` wi
   503 ``server_busy`` with ``Retry-After`` and its connection closed.
 
 Repeated errors are logged once per ``log_repeat_seconds`` (:mod:`shared.service.logs`).
+
+**Several processes** (``serve --workers N``, :func:`serve_workers`): uvicorn's supervisor binds the socket once and
+starts N worker processes (spawned, not forked) that share it, pings each and starts a new one for any that dies
+or hangs. Each worker calls the party's ``build(settings)`` with the settings the supervisor built (environment
+and flags, passed to it with uvicorn's pickled configuration, never on a command line), so it has its own context:
+its own connection pool, spool directory and background threads. The limits travel the same way
+(:class:`LimitedConfig`): the protocol reads them from the configuration it is made with, in every process.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import h11
+import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.supervisors.multiprocess import Multiprocess
 
+from shared.errors import LabelDPError
 from shared.service import logs
 from shared.service.errors import ErrorCode, error_response
 from shared.service.limits import BodyDeadline, HttpSettings
 
+Settings = TypeVar("Settings", bound=HttpSettings)
+
+
+class LimitedConfig(uvicorn.Config):
+    """uvicorn's configuration with the service's HTTP limits, which :class:`LimitedH11Protocol` reads (a worker
+    process receives it pickled: the limits reach every process with it)."""
+
+    def __init__(self, app: Any, limits: HttpSettings, **options: Any) -> None:
+        self.limits = limits
+        super().__init__(app, http=LimitedH11Protocol, log_level="info", **options)
+
 
 class LimitedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a request-head deadline, a deadline on an unread body after the answer, and a
-    connection cap answered in the service's error envelope. ``limits`` is set by :func:`protocol_class`."""
+    connection cap answered in the service's error envelope; the limits are its :class:`LimitedConfig`'s."""
 
-    limits: HttpSettings
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(config, LimitedConfig):
+            raise TypeError("LimitedH11Protocol runs with a LimitedConfig (it carries the HTTP limits)")
+        super().__init__(config, *args, **kwargs)
+        self.limits: HttpSettings = config.limits
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_for: str | None = None  # "head" or "unread_body": what the armed deadline waits for
         self.limit_concurrency = None  # uvicorn's own check answers in plain text: ours, below, in the envelope
@@ -104,18 +131,45 @@ class LimitedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def protocol_class(limits: HttpSettings) -> type[LimitedH11Protocol]:
-    """The protocol uvicorn instantiates per connection, with these limits."""
-    return type("LimitedH11Protocol", (LimitedH11Protocol,), {"limits": limits})
+def configure_logging() -> None:
+    """The services' log format (``serve`` in the one process, and each worker process)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _limited(app: ASGIApp, limits: HttpSettings) -> ASGIApp:
+    return BodyDeadline(app, idle_seconds=limits.body_timeout_seconds,
+                        min_bytes_per_second=limits.min_body_bytes_per_second)
 
 
 def serve(app: ASGIApp, limits: HttpSettings, *, host: str, port: int, **uvicorn_options: Any) -> None:
     """Run ``app`` (a party's, from its ``serve`` command) with these limits until the process is stopped."""
-    import uvicorn
-
-    app = BodyDeadline(app, idle_seconds=limits.body_timeout_seconds,
-                       min_bytes_per_second=limits.min_body_bytes_per_second)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", http=protocol_class(limits),
-                            **uvicorn_options)  # configures uvicorn's loggers: the filter goes on after
+    config = LimitedConfig(_limited(app, limits), limits, host=host, port=port,
+                           **uvicorn_options)  # configures uvicorn's loggers: the filter goes on after
     logs.rate_limit(logs.service_handlers(), limits.log_repeat_seconds)
     uvicorn.Server(config).run()
+
+
+def serve_workers(build: Callable[[Settings], ASGIApp], settings: Settings, *, workers: int, host: str, port: int,
+                  **uvicorn_options: Any) -> int:
+    """Run ``workers`` processes of the party's application on one listening socket until the supervisor is
+    stopped (SIGINT, SIGTERM); each calls ``build(settings)`` — a module-level function: it is pickled by name — to
+    make its own. A worker that dies is replaced; one that refuses to start (a :class:`LabelDPError`) stops them
+    all, and the exit status is then uvicorn's ``STARTUP_FAILURE`` (3), else 0."""
+    config = LimitedConfig(functools.partial(_worker, build, settings), settings, factory=True, workers=workers,
+                           host=host, port=port, **uvicorn_options)
+    logs.rate_limit(logs.service_handlers(), settings.log_repeat_seconds)
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])  # what uvicorn.run does for workers > 1
+    supervisor.run()
+    return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
+
+
+def _worker(build: Callable[[Settings], ASGIApp], settings: Settings) -> ASGIApp:
+    """The application factory uvicorn calls in each worker process (after configuring its own loggers)."""
+    configure_logging()
+    try:
+        app = build(settings)
+    except LabelDPError as err:  # a refusal to start: the same in every worker, so not one to restart
+        logging.getLogger("labeldp").error("worker process could not start: %s", err)
+        sys.exit(STARTUP_FAILURE)
+    logs.rate_limit(logs.service_handlers(), settings.log_repeat_seconds)
+    return _limited(app, settings)

@@ -66,7 +66,7 @@ def test_every_route_declares_one_guard():
     plain.add_api_route("/v1/plain", lambda: {})
     with pytest.raises(TypeError, match="without a guard"):
         service_app("t", None, admit=lambda *_: None, guard_type=access.Access, routers=[plain],
-                    log=logging.getLogger("t"))
+                    log=logging.getLogger("t"), readiness={})
 
 
 def test_labels_routes_refuse_before_reading_the_body(ctx, client, keys, dataset):
@@ -114,7 +114,7 @@ def test_a_guard_is_checked_against_its_route_when_defined():
     plain.add_route("/v1/raw", lambda request: None)
     with pytest.raises(TypeError, match="without a guard"):
         service_app("t", None, admit=lambda *_: None, guard_type=access.Access, routers=[plain],
-                    log=logging.getLogger("t"))
+                    log=logging.getLogger("t"), readiness={})
 
 
 def test_a_route_guarded_by_another_partys_guard_is_refused_when_the_app_is_built():
@@ -124,4 +124,4 @@ def test_a_route_guarded_by_another_partys_guard_is_refused_when_the_app_is_buil
     router.add_api_route("/v1/theirs", lambda who=Depends(trainer_access.ANY_KEY): {})  # noqa: B008
     with pytest.raises(TypeError, match="without a guard"):
         service_app("t", None, admit=lambda *_: None, guard_type=access.Access, routers=[router],
-                    log=logging.getLogger("t"))
+                    log=logging.getLogger("t"), readiness={})
