@@ -67,8 +67,15 @@ def serve_command(args) -> int:
     log = logging.getLogger("labeldp.features")
     log.info("JAX devices: %s", device_summary())
     log.info("labels parties: %s", ", ".join(f"{k}={v}" for k, v in settings.labels_parties.items()) or "none")
-    serve(create_app(make_context(settings, upgrade=args.upgrade_db)), settings, host=args.host, port=args.port,
-          **tls)  # with the HTTP limits
+    ctx = make_context(settings, upgrade=args.upgrade_db)
+    if ctx.sealer.ephemeral:
+        log.warning("no secret key (secret_key_file): jobs this process leaves unfinished cannot be run by another "
+                    "process until they are resumed with their api_key; replicas need one shared key")
+    ctx.jobs.start()  # the job workers: this process claims jobs from the database, as every replica does
+    try:
+        serve(create_app(ctx), settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
+    finally:
+        ctx.jobs.stop()  # a job still running past this is taken over by another replica once its lease expires
     return 0
 
 

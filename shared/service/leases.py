@@ -80,6 +80,7 @@ class LeaseTable:
     max_attempts: int
     exhausted: Callable[[Session, Any], None]  # finish a row out of attempts (locked, in the claim's transaction)
     order_by: Callable[[], Sequence[Any]] = field(default=lambda: ())  # claim order (default: insertion)
+    where: Callable[[], Sequence[Any]] = field(default=lambda: ())  # more conditions a claimable row meets
 
     def claim(self, session: Session, owner: str, lease_seconds: float) -> Lease | None:
         """Take the first claimable job (its row locked, others' locked rows skipped), or None."""
@@ -87,7 +88,7 @@ class LeaseTable:
         state = getattr(model, self.state_column)
         free = or_(model.lease_owner.is_(None), model.lease_expires_at < now)
         due = or_(model.run_after.is_(None), model.run_after <= now)
-        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due)
+        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due, *self.where())
                  .order_by(*self.order_by(), model.created_at).limit(1).with_for_update(skip_locked=True))
         while True:
             row = session.scalars(query).first()
