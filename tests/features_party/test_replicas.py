@@ -320,6 +320,8 @@ def test_two_trainer_processes_a_killed_ones_job_is_finished_by_the_other_charge
             succeeded = time.monotonic() - killed
             final = lease()
             engine.dispose()
+        spent = owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"]
+        releases = owner.get(f"/v1/datasets/{dataset}/releases").json()
     print(f"\nkill -9 of the training trainer (pid {holder}) at epoch {state[2]}: taken over after "
           f"{taken_over if taken_over is None else round(taken_over, 1)} s, succeeded after {succeeded:.1f} s "
           f"(lease {lease_seconds} s)")
@@ -327,6 +329,5 @@ def test_two_trainer_processes_a_killed_ones_job_is_finished_by_the_other_charge
     assert view["release"]["charged_epsilon"] == epsilon
     assert taken_over is not None and taken_over < lease_seconds + 3
     assert succeeded < lease_seconds + 30  # the takeover, then the job redone from its (replayed) release
-    budget = owner.get(f"/v1/datasets/{dataset}/budget").json()
-    assert budget["epsilon_spent"] == epsilon  # charged once
-    assert len(owner.get(f"/v1/datasets/{dataset}/releases").json()) == 1
+    assert spent == epsilon and len(releases) == 1  # charged once
+    assert view["release"]["id"] == releases[0]["id"]
