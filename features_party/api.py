@@ -8,7 +8,6 @@ trainer's configuration (``--labels-party NAME=URL``); a job names one, never a 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from fastapi import FastAPI
@@ -20,20 +19,20 @@ from features_party.routers import features, jobs
 from features_party.settings import TrainerSettings
 from shared.service.app import service_app
 from shared.service.health import readiness_checks
+from shared.service.leases import serving
 
 log = logging.getLogger("labeldp.features")
 
 
-def create_app(ctx: TrainerContext) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_app):
-        yield
-        ctx.executor.shutdown(wait=False, cancel_futures=True)
-
+def create_app(ctx: TrainerContext, *, run_jobs: bool = False) -> FastAPI:
+    """The HTTP API on ``ctx``; with ``run_jobs`` (``serve``) it runs this process's job workers (``ctx.jobs``) while
+    it serves, and ``/readyz`` checks they are alive (tests run jobs with ``ctx.jobs.run_pending()``)."""
+    extra = {"job_workers": ctx.jobs.alive} if run_jobs else {}
+    lifespan = serving(ctx.jobs if run_jobs else None)
     return service_app("labeldp features party (trainer)", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                        guard_type=access.Access,
                        routers=(features.router, jobs.router), log=log, lifespan=lifespan,
-                       readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks={}),
+                       readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks=extra),
                        adjust_openapi=lambda spec: _job_limits(spec, ctx.settings),
                        private_dirs=(ctx.settings.data_dir,))
 
@@ -46,4 +45,6 @@ def _job_limits(spec: dict, settings: TrainerSettings) -> None:
         f"{settings.max_job_size:.3g} (else 400 job_too_large); at least {settings.min_train_examples} examples to "
         f"train on (else 400 too_few_examples); {settings.max_job_seconds:g} s of wall time per running job (then it "
         f"stops and fails with error_code job_time_limit); {settings.max_jobs_per_org} jobs queued or running per "
-        "organization (else 429 too_many_jobs, with Retry-After); organizations' queued jobs take turns.")
+        "organization (else 429 too_many_jobs, with Retry-After); organizations' queued jobs take turns; a job whose "
+        f"labels party did not answer asks again after {settings.upstream_retry_seconds:g} s; a job starts at most "
+        f"{settings.job_max_attempts} times (then it fails with error_code job_attempts_exhausted).")

@@ -8,6 +8,7 @@ import os
 from shared.errors import LabelDPError
 from shared.service.commands import (
     add_service_commands,
+    check_shared_secret_key,
     check_workers,
     ensure_sqlite_directory,
     handle_keys,
@@ -74,13 +75,16 @@ def serve_command(args) -> int:
     log = logging.getLogger("labeldp.features")
     log.info("JAX devices: %s", device_summary())
     log.info("labels parties: %s", ", ".join(f"{k}={v}" for k, v in settings.labels_parties.items()) or "none")
+    ctx = make_context(settings, upgrade=args.upgrade_db)  # migrates and checks once; a refusal is one line
+    check_shared_secret_key(ctx.sealer, args.workers)
+    if ctx.sealer.ephemeral:
+        log.warning("no secret key (secret_key_file): jobs this process leaves unfinished cannot be run by another "
+                    "process until they are resumed with their api_key; replicas need one shared key")
     if args.workers == 1:
-        serve(create_app(make_context(settings, upgrade=args.upgrade_db)), settings, host=args.host,
-              port=args.port, **tls)  # with the HTTP limits
+        serve(create_app(ctx, run_jobs=True), settings, host=args.host, port=args.port, **tls)  # the HTTP limits
         return 0
-    # Several processes: this one migrates and checks the database once (a refusal is one line) and lets it go;
-    # each worker makes its own context from the same settings.
-    make_context(settings, upgrade=args.upgrade_db).close()
+    # Several processes: each worker makes its own context from the same settings and runs its own job workers.
+    ctx.close()
     return serve_workers(worker_app, settings, workers=args.workers, host=args.host, port=args.port, **tls)
 
 
@@ -89,7 +93,7 @@ def worker_app(settings):
     from features_party.api import create_app
     from features_party.context import make_context
 
-    return create_app(make_context(settings))
+    return create_app(make_context(settings), run_jobs=True)
 
 
 def _keys(args):

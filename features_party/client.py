@@ -56,6 +56,11 @@ class BudgetExceeded(Conflict):
     """This organization's allocation does not allow the request (its figures: :meth:`LabelsPartyClient.budget`)."""
 
 
+class ReleaseFailed(LabelsPartyError):
+    """A release that was charged but whose computation failed, also when sent again with its key (a source
+    dataset's Spark job failing twice): it stays charged; only a new key would draw (and charge) again."""
+
+
 IN_PROGRESS_POLL_SECONDS = 1.0  # how often a call waits again while another with its key is being computed
 # A quota or capacity refusal (429, 503) says when to come back; a retried call waits that long if it is at most
 # this (a CPU quota that refills in an hour is the caller's to report, not to sleep through).
@@ -221,8 +226,8 @@ class LabelsPartyClient:
             if release.state == "failed":
                 if resent:
                     error = release.error or {}
-                    raise LabelsPartyError(409, error.get("code", "release_failed"),
-                                           f"release {release.id} failed: {error.get('message', '')}")
+                    raise ReleaseFailed(409, error.get("code", "release_failed"),
+                                        f"release {release.id} failed: {error.get('message', '')}")
                 release, resent = send(), True
                 continue
             if time.monotonic() > deadline:

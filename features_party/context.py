@@ -1,23 +1,25 @@
-"""The trainer's context: its settings, database sessions, job executor and the fair queue it takes jobs from
-(:mod:`.scheduling`), and spool directory, built once per process.
+"""The trainer's context, built once per process: its settings, database sessions, the sealer of jobs' labels-party
+API keys (:mod:`shared.service.sealing`), the process's job workers (``jobs``: a
+:class:`~shared.service.leases.JobRunner` on the jobs table, :func:`features_party.jobs.make_runner`; ``serve``
+starts it, ``ctx.jobs.alive()`` says whether it runs) and its spool directory.
 
-At start, jobs a previous process left queued or running become ``interrupted`` and leftovers are collected."""
+Nothing is done at start to jobs other processes may be running: a job whose process died is taken over by any
+process's workers once its lease expires. Leftover files of dead processes are collected."""
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from features_party import db, migrations
-from features_party.scheduling import FairQueue
+from features_party import migrations
 from features_party.settings import TrainerSettings
 from shared.service.database import make_engine
+from shared.service.leases import JobRunner
 from shared.service.scratch import Scratch
+from shared.service.sealing import Sealer, sealer
 
 log = logging.getLogger("labeldp.features")
 
@@ -26,9 +28,14 @@ log = logging.getLogger("labeldp.features")
 class TrainerContext:
     settings: TrainerSettings
     sessions: sessionmaker
-    executor: ThreadPoolExecutor
+    sealer: Sealer = field(kw_only=True)  # seals and opens jobs' labels-party API keys
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
-    queue: FairQueue = field(default_factory=FairQueue, kw_only=True)  # queued jobs, taken fairly by organization
+    jobs: JobRunner = field(init=False, repr=False)  # this process's job workers (not started: `serve` starts them)
+
+    def __post_init__(self) -> None:
+        from features_party.jobs import make_runner  # the jobs module works on this context
+
+        object.__setattr__(self, "jobs", make_runner(self))
 
     @property
     def data_dir(self) -> Path:
@@ -48,9 +55,7 @@ def make_context(settings: TrainerSettings | None = None, *, upgrade: bool = Fal
     settings = settings or TrainerSettings()
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     ctx = TrainerContext(settings, migrations.make_sessionmaker(make_engine(settings.database_url), upgrade=upgrade),
-                         ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="train"),
-                         scratch=Scratch(settings.data_dir))
-    mark_interrupted(ctx)
+                         sealer=sealer(settings), scratch=Scratch(settings.data_dir))
     collect_leftovers(ctx)
     return ctx
 
@@ -63,15 +68,3 @@ def collect_leftovers(ctx: TrainerContext) -> int:
     if removed:
         log.info("removed %d leftover file(s) of earlier processes from the data directory", removed)
     return removed
-
-
-def mark_interrupted(ctx: TrainerContext) -> int:
-    """Jobs a previous process left queued or running cannot continue on their own: the labels-party key they
-    ran with was never stored. They become ``interrupted``; ``POST /v1/jobs/{id}/resume`` with the key continues
-    them, reusing their releases (same Idempotency-Keys: no second draw, no second charge)."""
-    with ctx.sessions() as session, session.begin():
-        jobs = list(session.scalars(select(db.Job).where(db.Job.status.in_(("queued", "running")))))
-        for job in jobs:
-            job.status, job.updated_at = "interrupted", db.utcnow()
-            job.error = "interrupted by a restart of the trainer: resume it with the labels-party api_key"
-        return len(jobs)

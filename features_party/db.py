@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import Float, ForeignKey, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from shared.service.database import NAMING_CONVENTION, UtcDateTime, new_id, utcnow  # noqa: F401 (new_id: API)
 from shared.service.keys import ApiKeyColumns, OrganizationColumns
+from shared.service.leases import LeaseColumns
 
 
 class Base(DeclarativeBase):
@@ -37,11 +38,16 @@ class FeatureTable(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
-class Job(Base):
-    """A training job. Its request is stored without the labels-party API key (that only lives in memory while
-    the job runs); its progress and result are updated as it goes, so a restart loses nothing but the run."""
+class Job(LeaseColumns, Base):
+    """A training job, and the trainer's queue: workers of any replica claim rows under leases
+    (:mod:`shared.service.leases`, :mod:`features_party.jobs`). Its request is stored without the labels-party API
+    key, which is kept sealed (``sealed_api_key``, :mod:`shared.service.sealing`) only until the job ends; its
+    progress and result are updated as it goes. ``idempotency_key`` (the client's, unique per organization) and
+    ``request_sha256`` (of the request without the API key) make a resent ``POST /v1/jobs`` the same job;
+    ``started_at`` (its last claim) orders claims fairly across organizations."""
 
     __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("org_id", "idempotency_key"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
     status: Mapped[str] = mapped_column(String(20))  # queued | running | succeeded | failed | interrupted
@@ -61,4 +67,8 @@ class Job(Base):
     device: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    sealed_api_key: Mapped[bytes | None] = mapped_column(LargeBinary(), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 

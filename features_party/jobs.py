@@ -1,11 +1,29 @@
 """A training job of the features party: request a release, download it, join by example id, fit the
-preprocessing on the rows it trains on, train, save the model and the predictions.
+preprocessing on the rows it trains on, train, save the model and the predictions — run by whichever replica's
+worker claims it.
 
-:func:`start` requests the release synchronously (its refusals become 4xx for the caller) and queues the rest in
-the trainer's fair queue (:mod:`.scheduling`: organizations take turns on the executor's workers). A running job
-has a deadline (``max_job_seconds``): training checks it between device calls and stops, freeing its worker, and
-the job fails with ``job_time_limit``. Progress goes to the job's database row as it happens; the labels-party API
-key lives only in this process's memory for the job's duration.
+**The jobs table is the queue.** ``POST /v1/jobs`` (:mod:`.service`) plans a job and requests its release while
+holding the new row under its own lease (:func:`creating`), then leaves it ``queued``; the workers of every trainer
+process (:func:`make_runner`, a :class:`~shared.service.leases.JobRunner` per process, started by ``serve``) claim
+queued and ``interrupted`` jobs that are due, fairly across organizations (:func:`_fair_order`: the organization
+whose last job started longest ago first, never started first, then the oldest job), and run them
+(:class:`Attempt`). The labels-party API key a job runs with is stored sealed under the deployment's secret key
+(``sealed_api_key``, :mod:`shared.service.sealing`), so any replica can run it, and cleared when the job ends.
+
+**Charged once.** Every attempt requests the job's release again with the same Idempotency-Key, the job id: the
+labels party answers the release it already committed (no second draw, no second charge), so a job may be redone
+from the start whenever its outcome is in doubt — the answer to the release request lost (a transport error, a
+5xx: the job is ``interrupted`` and retried after ``upstream_retry_seconds``), its worker's process dead (its lease
+expires and another worker takes it over), or its worker cut off (it lost its lease: the ``lost`` event stops its
+training at the next deadline check, and it records nothing — every write of an attempt is fenced by
+:meth:`~shared.service.leases.LeaseTable.held`). LP-MST stage keys start with the job id. Attempts are bounded
+(``job_max_attempts``; then ``failed``, ``job_attempts_exhausted``). A sealed key that cannot be opened (no secret
+key, or another one) leaves the job ``interrupted`` with ``secret_key_missing``; ``POST /v1/jobs/{id}/resume``
+with the API key seals it again.
+
+A running job has a deadline (``max_job_seconds``): training checks it between device calls and stops, freeing its
+worker, and the job fails with ``job_time_limit``. Each attempt writes its files in its own directory, recorded
+only by the attempt that finishes holding the lease.
 """
 
 from __future__ import annotations
@@ -13,42 +31,164 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, aliased
 
 from features_party import db
-from features_party.client import LabelsPartyClient, LabelsPartyError
+from features_party import schemas as trainer_schemas
+from features_party.client import LabelsPartyClient, LabelsPartyError, ReleaseFailed
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
-from features_party.planning import JobPlan, labels_party_client, load_frame, upstream_error
-from features_party.train import TimeLimitExceeded, TrainConfig, save_model, train
+from features_party.planning import JobPlan, labels_party_client, load_frame, plan_job, upstream_error
+from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainConfig, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.service.errors import ErrorCode
+from shared.service.leases import JobRunner, Lease, LeaseTable
 
 log = logging.getLogger("labeldp.jobs")
 
-
-def fail_unexpectedly(ctx: TrainerContext, job_id: str) -> None:
-    """A job whose start or resume failed on something other than a refusal: failed, so that it does not hold its
-    organization's slot for ever."""
-    _update(ctx, job_id, status="failed", error="internal error while starting the job",
-            error_code=ErrorCode.INTERNAL_ERROR.value)
+CLAIMABLE = ("queued", "interrupted")  # an interrupted job is claimed once due (run_after) and holding its key
+RUNNING = "running"
+# plan_job's codes for a labels party that could not be read: the job may be retried (nothing was charged)
+UPSTREAM_TRANSIENT = (ErrorCode.LABELS_PARTY_UNREACHABLE.value, ErrorCode.LABELS_PARTY_FAILED.value)
 
 
-def _update(ctx: TrainerContext, job_id: str, **fields) -> None:
+def api_key_context(job_id: str) -> str:
+    """What a job's sealed API key is bound to: it opens for this job's row only."""
+    return f"labels-api-key:{job_id}"
+
+
+def seal_api_key(ctx: TrainerContext, job_id: str, api_key: str) -> bytes:
+    return ctx.sealer.seal(api_key.encode(), api_key_context(job_id))
+
+
+# -- the queue -------------------------------------------------------------------------------------------------
+
+class JobTable(LeaseTable):
+    """The jobs table as leased: a claim also records when the job started (its organization's turn)."""
+
+    def claim(self, session: Session, owner: str, lease_seconds: float) -> Lease | None:
+        lease = super().claim(session, owner, lease_seconds)
+        if lease is not None:
+            row = session.get(db.Job, lease.job_id)  # the row claim locked, from the session
+            assert row is not None
+            row.started_at = row.updated_at = db.utcnow()
+        return lease
+
+
+def _fair_order() -> tuple[Any, ...]:
+    """Claim order before the oldest job first: the organization whose last job started longest ago (one that
+    never started a job first), so one organization's backlog waits behind another's next job."""
+    earlier = aliased(db.Job)
+    last_started = (select(func.max(earlier.started_at)).where(earlier.org_id == db.Job.org_id)
+                    .correlate(db.Job).scalar_subquery())
+    return (last_started.asc().nulls_first(),)
+
+
+def _exhausted(_session: Session, row: db.Job) -> None:
+    row.status, row.error_code, row.sealed_api_key = "failed", ErrorCode.JOB_ATTEMPTS_EXHAUSTED.value, None
+    row.error = (f"the job was started {row.attempts} times without finishing (its workers stopped, or its labels "
+                 "party kept failing): this trainer's limit (job_max_attempts)")
+    row.updated_at = db.utcnow()
+
+
+def job_table(ctx: TrainerContext) -> JobTable:
+    return JobTable(db.Job, "status", CLAIMABLE, RUNNING, max_attempts=ctx.settings.job_max_attempts,
+                    exhausted=_exhausted, order_by=_fair_order,
+                    where=lambda: (db.Job.sealed_api_key.is_not(None),))  # else only a resume runs it
+
+
+def make_runner(ctx: TrainerContext) -> JobRunner:
+    """A process's job workers (``workers`` threads) on the jobs table; ``serve`` starts them, tests call
+    ``run_pending()`` or start them. Each runner is its own lease owner (host:pid:random)."""
+    settings, table = ctx.settings, job_table(ctx)
+    return JobRunner("train", ctx.sessions, table, lambda lease, lost: run(ctx, table, lease, lost),
+                     threads=settings.workers, lease_seconds=settings.job_lease_seconds,
+                     poll_seconds=settings.job_poll_seconds, retry_seconds=settings.upstream_retry_seconds,
+                     retry_state="queued")
+
+
+# -- a job being created ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def creating(ctx: TrainerContext, job_id: str) -> Iterator[None]:
+    """While ``POST /v1/jobs`` plans the job it inserted (``queued``, leased to this process, attempt 0) and
+    requests its release, its lease is renewed here; if the process dies, the lease expires and a worker takes the
+    job from the start (its release requested with the same key)."""
+    settings, owner, stop = ctx.settings, ctx.jobs.owner, threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(settings.job_lease_seconds / 3):
+            try:
+                with ctx.sessions() as session, session.begin():
+                    session.execute(update(db.Job).where(*created_by(owner, job_id)).values(
+                        lease_expires_at=db.utcnow() + timedelta(seconds=settings.job_lease_seconds)))
+            except Exception:  # the database is away: the lease may expire, and a worker then does the job
+                log.warning("job %s: cannot renew the lease of its creation", job_id, exc_info=True)
+
+    renewer = threading.Thread(target=renew, name=f"create-{job_id[:8]}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+
+
+def created_by(owner: str, job_id: str) -> tuple[Any, ...]:
+    """A job still held by the request that created it (no worker has claimed it)."""
+    return (db.Job.id == job_id, db.Job.lease_owner == owner, db.Job.status == "queued", db.Job.attempts == 0)
+
+
+@contextlib.contextmanager
+def created_row(ctx: TrainerContext, job_id: str) -> Iterator[db.Job | None]:
+    """The job's row, locked, while the creating request still holds it; None once a worker has it (the worker's
+    outcome is the job's: the request then answers the job as it is)."""
     with ctx.sessions() as session, session.begin():
-        row = session.get(db.Job, job_id)
-        for name, value in fields.items():
-            setattr(row, name, value)
-        row.updated_at = db.utcnow()
+        row = session.scalar(select(db.Job).where(*created_by(ctx.jobs.owner, job_id)).with_for_update())
+        yield row
+        if row is not None:
+            row.updated_at = db.utcnow()
+
+
+def upstream_outcome(err: BaseException) -> str:
+    """What a failed call to the labels party means for a job: ``"refused"`` (a 4xx: nothing was charged),
+    ``"failed"`` (a release charged whose computation failed for good: the job fails) or ``"retry"`` (anything
+    else — unreachable, a 5xx, an answer lost or unreadable, still being computed: the release may have been
+    charged, so the job keeps its key and asks again later, getting the same release back)."""
+    if isinstance(err, ReleaseFailed):
+        return "failed"
+    if isinstance(err, LabelsPartyError) and 400 <= err.status < 500 and err.code != "release_in_progress":
+        return "refused"
+    if isinstance(err, LabelDPError):  # plan_job's own reading of the labels party
+        return "retry" if err.code in UPSTREAM_TRANSIENT else "refused"
+    return "retry"
+
+
+def retry_error(err: BaseException, party: str) -> LabelDPError:
+    """The error a job waiting to ask its labels party again shows (never the upstream body)."""
+    if isinstance(err, LabelDPError):
+        return err
+    if isinstance(err, LabelsPartyError | httpx.HTTPError):
+        return upstream_error(err, party)
+    return LabelDPError(f"labels party {party!r} answered what the trainer could not read",
+                        code="labels_party_failed")
 
 
 def release_summary(release: schemas.Release) -> dict:
@@ -59,76 +199,151 @@ def release_summary(release: schemas.Release) -> dict:
             "num_outputs": release.description.get("num_outputs")}
 
 
-def start(ctx: TrainerContext, job_id: str, org_id: int, plan: JobPlan, *, resume: bool = False) -> None:
-    """Request the release (single protocol; the job id is its Idempotency-Key, so a resume gets the same one),
-    or take the existing one the job names, and queue the training. Raises the 4xx of a refused release; nothing
-    is queued then."""
-    client = labels_party_client(ctx, plan.url, plan.request.api_key)
-    release = plan.existing_release
-    try:
-        if release is None and plan.request.protocol == "single":
-            requested = plan.request.release
-            assert requested is not None  # plan_job: a job without an existing release gives the one to request
-            try:
-                release = client.request_release(plan.request.dataset_id, requested, idempotency_key=job_id)
-            except (LabelsPartyError, httpx.HTTPError) as err:
-                raise upstream_error(err, plan.labels_party) from None
-        if release is not None:
-            _update(ctx, job_id, release_json=json.dumps(release_summary(release)))
-    except BaseException:
-        client.close()
-        raise
+# -- an attempt ------------------------------------------------------------------------------------------------
 
-    def work():
-        try:
-            if release is not None:
-                run_single(ctx, job_id, plan, client, release)
+class LeaseLost(Exception):
+    """This worker no longer holds the job's lease (another took it over): it stops and records nothing."""
+
+
+@dataclass
+class Attempt:
+    """One claim of one job by one worker: every write goes through :meth:`holding`, so a worker that lost the
+    lease changes nothing."""
+
+    ctx: TrainerContext
+    table: LeaseTable
+    lease: Lease
+    lost: threading.Event
+    started: float = field(default_factory=time.perf_counter)  # its claim
+    succeeded: bool = False
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.job_id
+
+    @property
+    def workdir(self) -> Path:
+        return self.ctx.data_dir / "jobs" / self.job_id / f"attempt-{self.lease.attempt}"
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[db.Job]:
+        """The job's row, locked, if this attempt still holds its lease; else :class:`LeaseLost`."""
+        with self.ctx.sessions() as session, session.begin():
+            row = self.table.held(session, self.lease)
+            if row is None:
+                self.lost.set()
+                raise LeaseLost(self.job_id)
+            yield row
+            row.updated_at = db.utcnow()
+
+    def update(self, **fields: Any) -> None:
+        with self.holding() as row:
+            for name, value in fields.items():
+                setattr(row, name, value)
+
+    def end(self, status: str, **fields: Any) -> None:
+        """Succeeded or failed: the lease is released and the sealed API key cleared."""
+        with self.holding() as row:
+            for name, value in fields.items():
+                setattr(row, name, value)
+            row.sealed_api_key = None
+            self.table.finish(row, status)
+        self.succeeded = status == "succeeded"
+
+    def fail(self, error: LabelDPError, **fields: Any) -> None:
+        self.end("failed", error=str(error), error_code=error.code, **fields)
+
+    def interrupt(self, error: LabelDPError, *, retry_seconds: float | None, **fields: Any) -> None:
+        """``interrupted``: claimed again after ``retry_seconds`` with its sealed key, or (None) only once resumed
+        with the API key (its sealed key, which cannot be opened, cleared)."""
+        with self.holding() as row:
+            row.error, row.error_code = str(error), error.code
+            for name, value in fields.items():
+                setattr(row, name, value)
+            if retry_seconds is None:
+                row.sealed_api_key = None
+                self.table.finish(row, "interrupted")
             else:
-                run_multistage(ctx, job_id, plan, client)
-        finally:
-            client.close()
-
-    ctx.queue.put(org_id, work)
-    ctx.executor.submit(ctx.queue.run_next)  # a turn: it runs the job whose organization's turn it is
-    log.info("job %s %s (labels party %s)", job_id, "resumed" if resume else "queued", plan.labels_party)
+                self.table.retry_later(row, "interrupted", retry_seconds)
 
 
-@contextlib.contextmanager
-def _running(ctx: TrainerContext, job_id: str):
-    """Marks the job running and yields its deadline (``time.monotonic()``); on any error records it as failed
-    with an error code (the service stays up); records the duration."""
-    started, limit = time.perf_counter(), ctx.settings.max_job_seconds
-    _update(ctx, job_id, status="running")
+def run(ctx: TrainerContext, table: LeaseTable, lease: Lease, lost: threading.Event) -> None:
+    """A worker's run of a job it claimed (the JobRunner's callback)."""
+    attempt = Attempt(ctx, table, lease, lost)
     try:
-        yield time.monotonic() + limit
+        _execute(attempt)
+    except LeaseLost:
+        log.warning("job %s: attempt %d lost its lease to another worker and recorded nothing", lease.job_id,
+                    lease.attempt)
+    finally:
+        if not attempt.succeeded:
+            shutil.rmtree(attempt.workdir, ignore_errors=True)
+
+
+def _execute(attempt: Attempt) -> None:
+    ctx, job_id = attempt.ctx, attempt.job_id
+    with attempt.holding() as row:
+        org_id, stored, sealed = row.org_id, json.loads(row.request_json), row.sealed_api_key
+        labels_party = row.labels_party
+        row.epoch, row.metrics_json, row.error, row.error_code = 0, "[]", None, None
+    log.info("job %s: attempt %d by %s", job_id, attempt.lease.attempt, attempt.lease.owner)
+    try:
+        assert sealed is not None  # claims take jobs holding a sealed key only
+        api_key = ctx.sealer.open(sealed, api_key_context(job_id)).decode()
+    except LabelDPError as err:  # secret_key_missing, sealed_secret_damaged: the key must be given again
+        log.warning("job %s: its labels-party API key cannot be opened (%s)", job_id, err.code)
+        attempt.interrupt(LabelDPError(f"{err} — resume the job with the labels-party api_key", code=err.code),
+                          retry_seconds=None)
+        return
+    limit = ctx.settings.max_job_seconds
+    deadline = Deadline(time.monotonic() + limit, attempt.lost)
+
+    def took() -> float:
+        return time.perf_counter() - attempt.started
+
+    try:
+        plan = plan_job(ctx, org_id, trainer_schemas.JobRequest(**stored, api_key=api_key))
+        with labels_party_client(ctx, plan.url, api_key) as client:
+            release = plan.existing_release
+            if release is None and plan.request.protocol == "single":
+                requested = plan.request.release
+                assert requested is not None  # plan_job: a job without an existing release gives the one to request
+                # the job id is the key: every attempt gets the release the first one was charged for
+                release = client.request_release(plan.request.dataset_id, requested, idempotency_key=job_id)
+            if release is not None:
+                attempt.update(release_json=json.dumps(release_summary(release)))
+                run_single(attempt, plan, client, release, deadline)
+            else:
+                run_multistage(attempt, plan, client, deadline)
+    except (LeaseLost, Stopped):
+        raise LeaseLost(job_id) from None
     except TimeLimitExceeded:
         log.warning("job %s stopped at the time limit of %g s", job_id, limit)
-        _update(ctx, job_id, status="failed", error_code=ErrorCode.JOB_TIME_LIMIT.value,
-                error=f"stopped after {time.perf_counter() - started:.0f} s: over this trainer's limit of {limit:g} "
-                      "s per job (max_job_seconds)")
-    except (LabelsPartyError, httpx.HTTPError) as err:
-        log.warning("job %s: labels party failed: %s", job_id, type(err).__name__)
-        failure = upstream_error(err, "of this job")
-        _update(ctx, job_id, status="failed", error=str(failure), error_code=failure.code)
+        attempt.end("failed", error_code=ErrorCode.JOB_TIME_LIMIT.value, seconds=took(),
+                    error=f"stopped after {took():.0f} s: over this trainer's limit of {limit:g} s per job "
+                          "(max_job_seconds)")
+    except (LabelsPartyError, httpx.HTTPError, TimeoutError, LabelDPError) as err:
+        outcome = upstream_outcome(err) if not _own_refusal(err) else "refused"
+        if outcome == "retry":
+            log.warning("job %s: labels party failed (%s): asking again in %g s", job_id, type(err).__name__,
+                        ctx.settings.upstream_retry_seconds)
+            attempt.interrupt(retry_error(err, labels_party), retry_seconds=ctx.settings.upstream_retry_seconds,
+                              seconds=took())
+        elif isinstance(err, LabelDPError):
+            log.warning("job %s failed: %s", job_id, err.code)
+            attempt.fail(err, seconds=took())
+        else:
+            log.warning("job %s: labels party refused (%s)", job_id, type(err).__name__)
+            attempt.fail(upstream_error(err, labels_party), seconds=took())
     except Exception as err:
         log.exception("job %s failed", job_id)
-        if isinstance(err, LabelDPError):
-            _update(ctx, job_id, status="failed", error=str(err), error_code=err.code)
-        else:
-            _update(ctx, job_id, status="failed", error=f"{type(err).__name__} while training",
+        attempt.end("failed", error=f"{type(err).__name__} while training", seconds=took(),
                     error_code=ErrorCode.TRAINING_FAILED.value)
-    finally:
-        _update(ctx, job_id, seconds=time.perf_counter() - started)
 
 
-def _progress(ctx: TrainerContext, job_id: str):
-    history: list[dict] = []
-
-    def on_epoch(record: dict) -> None:
-        history.append(record)
-        _update(ctx, job_id, epoch=record["epoch"], metrics_json=json.dumps(history))
-
-    return on_epoch
+def _own_refusal(err: BaseException) -> bool:
+    """A refusal of the trainer's own (a LabelDPError that is not about reading the labels party)."""
+    return isinstance(err, LabelDPError) and err.code not in UPSTREAM_TRANSIENT
 
 
 def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
@@ -141,68 +356,77 @@ def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
     return SubsetSelectionRandomizer.from_description(release.description).unbiased_weights(sets)
 
 
-def run_single(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPartyClient,
-               release: schemas.Release) -> None:
-    with _running(ctx, job_id) as deadline:
-        table = client.download_labels(release.id)
-        features = load_frame(plan.features_file)
-        ids = pd.Index(table.column("example_id").to_pylist())
-        present = features.index.intersection(ids)
-        if len(present) < ctx.settings.min_train_examples:  # an existing release or a source dataset's: planning
-            # named every id otherwise, and the labels party refused any it lacks before charging
-            raise LabelDPError(f"{len(present)} of the released example ids have features; this trainer trains on at "
-                               f"least {ctx.settings.min_train_examples} (min_train_examples)",
-                               code="too_few_examples" if len(present) else "no_overlap")
-        position = pd.Series(np.arange(len(ids)), index=ids)[present].to_numpy()
-        targets = training_targets(table, release)[position]
-        del table
-        config = plan.config
-        if config.loss == "cross_entropy":
-            targets = np.rint(targets).astype(np.int32)
-        rows = features.loc[present]
-        preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
-        numeric, categorical = preprocessor.transform(rows)
-        _update(ctx, job_id, epochs=config.epochs, num_train_examples=len(present))
-        result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
-                       num_classes=plan.num_classes, on_epoch=_progress(ctx, job_id), deadline=deadline)
-        _finish(ctx, job_id, result, preprocessor, features,
-                {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
+def _progress(attempt: Attempt):
+    history: list[dict] = []
+
+    def on_epoch(record: dict) -> None:
+        history.append(record)
+        attempt.update(epoch=record["epoch"], metrics_json=json.dumps(history))
+
+    return on_epoch
 
 
-def run_multistage(ctx: TrainerContext, job_id: str, plan: JobPlan, client: LabelsPartyClient) -> None:
+def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, release: schemas.Release,
+               deadline: Deadline) -> None:
+    settings = attempt.ctx.settings
+    table = client.download_labels(release.id)
+    features = load_frame(plan.features_file)
+    ids = pd.Index(table.column("example_id").to_pylist())
+    present = features.index.intersection(ids)
+    if len(present) < settings.min_train_examples:  # an existing release or a source dataset's: planning
+        # named every id otherwise, and the labels party refused any it lacks before charging
+        raise LabelDPError(f"{len(present)} of the released example ids have features; this trainer trains on at "
+                           f"least {settings.min_train_examples} (min_train_examples)",
+                           code="too_few_examples" if len(present) else "no_overlap")
+    position = pd.Series(np.arange(len(ids)), index=ids)[present].to_numpy()
+    targets = training_targets(table, release)[position]
+    del table
+    config = plan.config
+    if config.loss == "cross_entropy":
+        targets = np.rint(targets).astype(np.int32)
+    rows = features.loc[present]
+    preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
+    numeric, categorical = preprocessor.transform(rows)
+    attempt.update(epochs=config.epochs, num_train_examples=len(present))
+    result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
+                   num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
+    _finish(attempt, result, preprocessor, features,
+            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
+
+
+def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadline: Deadline) -> None:
     """LP-MST as a trainer job: the stages' releases happen inside the job (each stage needs the last model);
-    their Idempotency-Keys start with the job id, so a resumed job gets the same releases back."""
+    their Idempotency-Keys start with the job id, so a job run again gets the same releases back."""
     from features_party.multistage import train_multistage
 
     request, num_classes = plan.request, plan.num_classes
     release = request.release
-    with _running(ctx, job_id) as deadline:
-        # plan_job: an lp-mst job requests its own releases, of a classes dataset
-        assert release is not None and num_classes is not None
-        features = load_frame(plan.features_file)
-        ids = pd.Index(release.example_ids) if release.example_ids else features.index
-        rows = features.loc[ids]
-        preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
-        numeric, categorical = preprocessor.transform(rows)
-        config: TrainConfig = plan.config
-        _update(ctx, job_id, epochs=config.epochs * request.stages, num_train_examples=len(rows))
-        result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
-                                           vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
-                                           epsilon=release.epsilon, stages=request.stages, config=config,
-                                           temperature=request.temperature, seed=config.seed,
-                                           key_prefix=f"{job_id}-", deadline=deadline)
-        stages = [dict(r.__dict__) for r in reports]
-        _update(ctx, job_id, metrics_json=json.dumps(stages), release_json=json.dumps({
-            "stages": stages, "epsilon": release.epsilon,
-            "certified_epsilon": max(r.certified_epsilon for r in reports)}))
-        _finish(ctx, job_id, result, preprocessor, features, {"protocol": "lp-mst", "stages": stages,
-                                                               "epsilon": release.epsilon})
+    # plan_job: an lp-mst job requests its own releases, of a classes dataset
+    assert release is not None and num_classes is not None
+    features = load_frame(plan.features_file)
+    ids = pd.Index(release.example_ids) if release.example_ids else features.index
+    rows = features.loc[ids]
+    preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
+    numeric, categorical = preprocessor.transform(rows)
+    config: TrainConfig = plan.config
+    attempt.update(epochs=config.epochs * request.stages, num_train_examples=len(rows))
+    result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
+                                       vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
+                                       epsilon=release.epsilon, stages=request.stages, config=config,
+                                       temperature=request.temperature, seed=config.seed,
+                                       key_prefix=f"{attempt.job_id}-", deadline=deadline)
+    stages = [dict(r.__dict__) for r in reports]
+    attempt.update(metrics_json=json.dumps(stages), release_json=json.dumps({
+        "stages": stages, "epsilon": release.epsilon,
+        "certified_epsilon": max(r.certified_epsilon for r in reports)}))
+    _finish(attempt, result, preprocessor, features, {"protocol": "lp-mst", "stages": stages,
+                                                      "epsilon": release.epsilon})
 
 
-def _finish(ctx: TrainerContext, job_id: str, result, preprocessor: Preprocessor, features: pd.DataFrame,
-            extra: dict) -> None:
-    """Save the model and the predictions for every row of the features table (Parquet, streamed on request)."""
-    workdir = ctx.data_dir / "jobs" / job_id
+def _finish(attempt: Attempt, result, preprocessor: Preprocessor, features: pd.DataFrame, extra: dict) -> None:
+    """Save the model and the predictions for every row of the features table (Parquet, streamed on request) in
+    this attempt's directory, and record them if the attempt still holds the job; earlier attempts' files go."""
+    workdir = attempt.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     save_model(workdir / "model.npz", result, preprocessor.to_dict(), extra)
     numeric, categorical = preprocessor.transform(features)
@@ -214,8 +438,11 @@ def _finish(ctx: TrainerContext, job_id: str, result, preprocessor: Preprocessor
     else:
         columns["prediction"] = pa.array(predicted)
     pq.write_table(pa.table(columns), workdir / "predictions.parquet")
-    _update(ctx, job_id, status="succeeded", model_file=str(workdir / "model.npz"),
-            predictions_file=str(workdir / "predictions.parquet"), device=result.device)
+    attempt.end("succeeded", model_file=str(workdir / "model.npz"), device=result.device,
+                predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started)
+    for other in workdir.parent.iterdir():  # attempts that never finished (their workers died or lost the lease)
+        if other != workdir:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.DataFrame:

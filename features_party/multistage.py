@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from features_party.client import LabelsPartyClient
-from features_party.train import TrainConfig, TrainResult, train
+from features_party.train import Deadline, TrainConfig, TrainResult, train
 from shared import models
 
 
@@ -40,12 +40,12 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
                      categorical: np.ndarray, *, vocab_sizes, num_classes: int, epsilon: float, stages: int,
                      config: TrainConfig, temperature: float = 1.0, seed: int = 0,
                      fractions: list[float] | None = None, key_prefix: str = "",
-                     deadline: float | None = None) -> tuple[TrainResult, list[StageReport]]:
+                     deadline: float | Deadline | None = None) -> tuple[TrainResult, list[StageReport]]:
     """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report.
     Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
     the same prefix (a resumed job) gets the same releases back instead of new draws and charges. Past
-    ``deadline`` (``time.monotonic()``) a stage's training raises ``TimeLimitExceeded``: no later stage is
-    released."""
+    ``deadline`` (``time.monotonic()``, or a :class:`~features_party.train.Deadline`) a stage's training raises
+    ``TimeLimitExceeded`` (or ``Stopped``): no later stage is released."""
     if stages < 1:
         raise ValueError("stages must be >= 1")
     n = len(example_ids)

@@ -12,7 +12,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from features_party import db, losses, schemas
-from features_party.auth import Principal
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import Preprocessor
@@ -27,8 +26,8 @@ def not_found(what: str) -> LabelDPError:
     return LabelDPError(f"no such {what} for this key", code="not_found")
 
 
-def feature_row(session: Session, principal: Principal, name: str) -> db.FeatureTable:
-    row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == principal.org_id,
+def feature_row(session: Session, org_id: int, name: str) -> db.FeatureTable:
+    row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == org_id,
                                                        db.FeatureTable.name == name))
     if row is None:
         raise not_found("features table")
@@ -90,17 +89,17 @@ def _invalid(message: str) -> LabelDPError:
     return LabelDPError(message, code="invalid_job")
 
 
-def plan_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest) -> JobPlan:
-    """The job checked and sized: what can be refused on the trainer's own information (options, the features
-    table, the example ids, the size, the rows to train on) is refused before the labels party is asked anything;
-    then the dataset (a read) decides the loss, the exact size and the ids to request."""
+def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest) -> JobPlan:
+    """The job of organization ``org_id`` checked and sized: what can be refused on the trainer's own information
+    (options, the features table, the example ids, the size, the rows to train on) is refused before the labels
+    party is asked anything; then the dataset (a read) decides the loss, the exact size and the ids to request."""
     if (request.release is None) == (request.release_id is None):
         raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
     if request.protocol == "lp-mst" and request.release is None:
         raise _invalid("lp-mst requests its own releases: give release, not release_id")
     party, url = ctx.settings.labels_party_url(request.labels_party)
     with ctx.sessions() as session, session.begin():
-        features_file = feature_row(session, principal, request.features).file
+        features_file = feature_row(session, org_id, request.features).file
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
     rows = _rows_to_train(frame, request, ctx.settings.min_train_examples)

@@ -1,28 +1,39 @@
 """Trainer service functions: features tables and jobs, each belonging to one organization.
 
-A job first takes one of its organization's job slots (``max_jobs_per_org`` queued + running; beyond, 429 with
-Retry-After). It is then planned completely before anything is asked of the labels party — its features table and
-columns, its example ids, its training options and size, the labels party (a configured one) and the dataset's label
-kind against the loss, the mechanism and the protocol — so a job that cannot run is a 4xx and spends nothing. Then
-the release is requested (synchronously: its refusals are 4xx too) and the rest runs in the background
-(:mod:`.jobs`). The planning is :mod:`.planning`, the context :mod:`.context`.
+``POST /v1/jobs`` with an ``Idempotency-Key`` already used by the organization answers that job (200) if the
+request (without its api_key) is the same, else 409 ``idempotency_key_reused``; nothing else happens. A new job first
+takes one of its organization's job slots (``max_jobs_per_org`` queued, running or interrupted waiting to be retried;
+beyond, 429 with Retry-After) and is stored with its labels-party API key sealed. It is then planned completely
+before anything is asked of the labels party — its features table and columns, its example ids, its training
+options and size, the labels party (a configured one) and the dataset's label kind against the loss, the mechanism
+and the protocol — so a job that cannot run is a 4xx, spends nothing and is not kept. Then the release is requested
+(synchronously, its Idempotency-Key the job id): a refusal (4xx) is answered and the job not kept (nothing was
+charged); an answer that does not come (unreachable, a 5xx, lost on the way) leaves the job ``interrupted``, to ask
+again later with the same key (202). The rest runs on any replica's workers (:mod:`.jobs`). The planning is
+:mod:`.planning`, the context :mod:`.context`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from features_party import db, jobs, schemas
 from features_party.auth import Principal
 from features_party.context import TrainerContext
 from features_party.features import read_features
-from features_party.planning import feature_row, not_found, plan_job
+from features_party.planning import feature_row, labels_party_client, not_found, plan_job, upstream_error
 from shared.errors import LabelDPError, RetryLater
+
+log = logging.getLogger("labeldp.features")
 
 # -- features tables ---------------------------------------------------------------------------------------------
 
@@ -59,7 +70,7 @@ def list_features(ctx: TrainerContext, principal: Principal) -> list[schemas.Fea
 
 def get_features(ctx: TrainerContext, principal: Principal, name: str) -> schemas.FeatureTableView:
     with ctx.sessions() as session, session.begin():
-        return _table_view(feature_row(session, principal, name))
+        return _table_view(feature_row(session, principal.org_id, name))
 
 
 # -- jobs ----------------------------------------------------------------------------------------------------
@@ -78,8 +89,14 @@ def job_view(row: db.Job) -> schemas.JobView:
 
 
 def stored_request(request: schemas.JobRequest) -> dict:
-    """What a job record keeps of its request: everything but the api key (a resume rebuilds the request)."""
+    """What a job record keeps of its request: everything but the api key (sealed apart, until the job ends)."""
     return request.model_dump(mode="json", exclude={"api_key"})
+
+
+def request_digest(request: schemas.JobRequest) -> str:
+    """SHA-256 of the request without its api key (canonical JSON): what makes a resent request the same job."""
+    text = json.dumps(stored_request(request), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _job_row(session: Session, principal: Principal, job_id: str, *, lock: bool = False) -> db.Job:
@@ -94,12 +111,14 @@ RETRY_AFTER_SECONDS = 30
 
 
 def _take_slot(session: Session, ctx: TrainerContext, principal: Principal) -> None:
-    """Refuses a job beyond ``max_jobs_per_org`` queued + running jobs of this organization. The organization's row
-    is locked first, so concurrent requests of one organization count one after the other (PostgreSQL; SQLite
-    serializes writers anyway)."""
-    session.get(db.Organization, principal.org_id, with_for_update=True)
+    """Refuses a job beyond ``max_jobs_per_org`` jobs of this organization that will run without anyone's action:
+    queued, running, or interrupted holding their sealed key (to be retried). The organization's row is locked
+    (:func:`_lock_organization`) by the caller first, so concurrent requests of one organization count one after
+    the other."""
+    will_run = or_(db.Job.status.in_(("queued", "running")),
+                   and_(db.Job.status == "interrupted", db.Job.sealed_api_key.is_not(None)))
     active = session.execute(select(func.count()).select_from(db.Job).where(
-        db.Job.org_id == principal.org_id, db.Job.status.in_(("queued", "running")))).scalar_one()
+        db.Job.org_id == principal.org_id, will_run)).scalar_one()
     limit = ctx.settings.max_jobs_per_org
     if active >= limit:
         raise RetryLater(f"this organization has {limit} jobs queued or running, this trainer's limit "
@@ -107,49 +126,134 @@ def _take_slot(session: Session, ctx: TrainerContext, principal: Principal) -> N
                          retry_after=RETRY_AFTER_SECONDS)
 
 
-def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest) -> schemas.JobView:
-    with ctx.sessions() as session, session.begin():
-        _take_slot(session, ctx, principal)
-        row = db.Job(org_id=principal.org_id, status="queued", labels_party=request.labels_party or "",
-                     dataset_id=request.dataset_id, request_json=json.dumps(stored_request(request)))
-        session.add(row)
-        session.flush()
-        job_id = row.id
+def _lock_organization(session: Session, principal: Principal) -> None:
+    """PostgreSQL: one request of an organization at a time counts its jobs and uses its keys (SQLite serializes
+    writers anyway)."""
+    session.get(db.Organization, principal.org_id, with_for_update=True)
+
+
+def _replay(session: Session, principal: Principal, key: str, digest: str) -> schemas.JobView | None:
+    """The job an earlier request with this Idempotency-Key created (None: no such job)."""
+    row = session.scalar(select(db.Job).where(db.Job.org_id == principal.org_id, db.Job.idempotency_key == key))
+    if row is None:
+        return None
+    if row.request_sha256 != digest:
+        raise LabelDPError("this Idempotency-Key was already used by this organization for another job request",
+                           code="idempotency_key_reused")
+    return job_view(row)
+
+
+def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest,
+               idempotency_key: str | None = None) -> tuple[schemas.JobView, bool]:
+    """The job and whether this request created it (False: the replay of an earlier request with its key)."""
+    digest, job_id = request_digest(request), db.new_id()
+    sealed = jobs.seal_api_key(ctx, job_id, request.api_key)  # 503 secret_key_missing: nothing stored
+    settings = ctx.settings
     try:
-        plan = plan_job(ctx, principal, request)
-        with ctx.sessions() as session, session.begin():  # what the job asks for: a resume asks for the same
-            row = session.get(db.Job, job_id)
-            row.labels_party, row.request_json = plan.labels_party, json.dumps(stored_request(plan.request))
-        jobs.start(ctx, job_id, principal.org_id, plan)
-    except LabelDPError:
-        with ctx.sessions() as session, session.begin():  # refused: nothing was spent, nothing is kept
-            session.delete(session.get(db.Job, job_id))
+        with ctx.sessions() as session, session.begin():
+            _lock_organization(session, principal)
+            if idempotency_key is not None and (replay := _replay(session, principal, idempotency_key, digest)):
+                return replay, False
+            _take_slot(session, ctx, principal)
+            # leased to this process while it plans and asks for the release (jobs.creating)
+            session.add(db.Job(
+                id=job_id, org_id=principal.org_id, status="queued", labels_party=request.labels_party or "",
+                dataset_id=request.dataset_id, request_json=json.dumps(stored_request(request)),
+                idempotency_key=idempotency_key, request_sha256=digest, sealed_api_key=sealed, attempts=0,
+                lease_owner=ctx.jobs.owner,
+                lease_expires_at=db.utcnow() + timedelta(seconds=settings.job_lease_seconds)))
+    except IntegrityError:  # a concurrent request with this key created it first (SQLite)
+        if idempotency_key is None:
+            raise
+        with ctx.sessions() as session, session.begin():
+            replay = _replay(session, principal, idempotency_key, digest)
+        if replay is None:  # created, then refused and not kept, in the meantime: this request tries for itself
+            return create_job(ctx, principal, request, idempotency_key)
+        return replay, False
+    with jobs.creating(ctx, job_id):
+        _start(ctx, principal, request, job_id)
+    ctx.jobs.wake()
+    return get_job(ctx, principal, job_id), True
+
+
+def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest, job_id: str) -> None:
+    """Plan the new job and request its release; then it is queued for the workers (or, with the labels party's
+    answer missing, interrupted to ask again). A refusal deletes it and is raised."""
+    try:
+        plan = plan_job(ctx, principal.org_id, request)
+    except Exception:  # refused (a 4xx), or failed: nothing was asked of the labels party but reads
+        _discard(ctx, job_id)
         raise
-    except BaseException:
-        jobs.fail_unexpectedly(ctx, job_id)
-        raise
-    return get_job(ctx, principal, job_id)
+    release = plan.existing_release
+    with jobs.created_row(ctx, job_id) as row:  # what the job asks for: every attempt asks for the same
+        if row is None:
+            return
+        row.labels_party, row.request_json = plan.labels_party, json.dumps(stored_request(plan.request))
+    if release is None and plan.request.protocol == "single":
+        requested = plan.request.release
+        assert requested is not None  # plan_job: a job without an existing release gives the one to request
+        try:
+            with labels_party_client(ctx, plan.url, request.api_key) as client:
+                release = client.request_release(plan.request.dataset_id, requested, idempotency_key=job_id)
+        except Exception as err:
+            outcome = jobs.upstream_outcome(err)
+            if outcome == "refused":  # nothing was charged: nothing is kept
+                _discard(ctx, job_id)
+                raise upstream_error(err, plan.labels_party) from None
+            log.warning("job %s: no answer to its release request (%s): %s", job_id, type(err).__name__,
+                        "it failed" if outcome == "failed" else "it will ask again")
+            error = (upstream_error(err, plan.labels_party) if outcome == "failed"
+                     else jobs.retry_error(err, plan.labels_party))
+            with jobs.created_row(ctx, job_id) as row:
+                if row is not None:
+                    row.error, row.error_code = str(error), error.code
+                    row.lease_owner = row.lease_expires_at = None
+                    if outcome == "failed":
+                        row.status, row.sealed_api_key = "failed", None
+                    else:
+                        row.status = "interrupted"
+                        row.run_after = db.utcnow() + timedelta(seconds=ctx.settings.upstream_retry_seconds)
+            return
+    with jobs.created_row(ctx, job_id) as row:
+        if row is not None:  # queued: the workers take it from here
+            if release is not None:
+                row.release_json = json.dumps(jobs.release_summary(release))
+            row.lease_owner = row.lease_expires_at = None
+
+
+def _discard(ctx: TrainerContext, job_id: str) -> None:
+    """A refused job is not kept (unless a worker has it already: then its outcome is the job's)."""
+    with ctx.sessions() as session, session.begin():
+        session.execute(delete(db.Job).where(*jobs.created_by(ctx.jobs.owner, job_id)))
 
 
 def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: str) -> schemas.JobView:
+    """An interrupted job queued again with the labels-party API key (sealed again: a job whose sealed key could
+    not be opened, or one waiting to ask its labels party again, now). The key is checked by planning the job
+    again (reads only); its release is asked for with the same Idempotency-Key, so nothing is charged again."""
     with ctx.sessions() as session, session.begin():
-        row = _job_row(session, principal, job_id, lock=True)
+        row = _job_row(session, principal, job_id)
         if row.status != "interrupted":
-            raise LabelDPError(f"job is {row.status}; only interrupted jobs resume", code="job_not_resumable")
-        _take_slot(session, ctx, principal)
+            raise _not_resumable(row)
         stored = json.loads(row.request_json)
-        row.status, row.error, row.error_code, row.updated_at = "queued", None, None, db.utcnow()
-    request = schemas.JobRequest(**stored, api_key=api_key)
-    try:
-        jobs.start(ctx, job_id, principal.org_id, plan_job(ctx, principal, request), resume=True)
-    except LabelDPError:
-        with ctx.sessions() as session, session.begin():
-            session.get(db.Job, job_id).status = "interrupted"
-        raise
-    except BaseException:  # as for a new job: never queued for ever, holding the slot
-        jobs.fail_unexpectedly(ctx, job_id)
-        raise
+    sealed = jobs.seal_api_key(ctx, job_id, api_key)  # 503 secret_key_missing while there is no secret key
+    plan_job(ctx, principal.org_id, schemas.JobRequest(**stored, api_key=api_key))  # 4xx: it stays interrupted
+    with ctx.sessions() as session, session.begin():
+        _lock_organization(session, principal)
+        row = _job_row(session, principal, job_id, lock=True)
+        if row.status != "interrupted" or row.lease_owner is not None:  # resumed or claimed meanwhile
+            raise _not_resumable(row)
+        if row.sealed_api_key is None:  # not counted among the organization's jobs that will run
+            _take_slot(session, ctx, principal)
+        row.status, row.sealed_api_key, row.run_after, row.attempts = "queued", sealed, None, 0
+        row.error = row.error_code = None
+        row.updated_at = db.utcnow()
+    ctx.jobs.wake()
     return get_job(ctx, principal, job_id)
+
+
+def _not_resumable(row: db.Job) -> LabelDPError:
+    return LabelDPError(f"job is {row.status}; only interrupted jobs resume", code="job_not_resumable")
 
 
 def get_job(ctx: TrainerContext, principal: Principal, job_id: str) -> schemas.JobView:
@@ -172,4 +276,3 @@ def job_file(ctx: TrainerContext, principal: Principal, job_id: str, kind: str) 
         file = row.model_file if kind == "model" else row.predictions_file
         assert file is not None  # a job succeeds with its model and predictions written (jobs._finish)
         return Path(file)
-

@@ -15,12 +15,14 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.service.limits import HttpSettings
+from shared.service.sealing import SecretKeySettings
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 
 
-# The HTTP limits of `serve` (shared.service.limits) are fields of this class too, defined and documented there.
-class TrainerSettings(HttpSettings):
+# The HTTP limits of `serve` (shared.service.limits) and the key that seals jobs' labels-party API keys
+# (secret_key, secret_key_file: shared.service.sealing) are fields of this class too, defined and documented there.
+class TrainerSettings(HttpSettings, SecretKeySettings):
     model_config = SettingsConfigDict(env_prefix="LABELDP_TRAINER_", frozen=True, extra="ignore")
 
     database_url: str = "sqlite:///var/trainer.db"
@@ -32,7 +34,16 @@ class TrainerSettings(HttpSettings):
     upstream_ca_bundle: str | None = None  # verify the labels party's TLS certificate against this CA file
     max_features_bytes: int = Field(default=1 << 30, gt=0)
     max_json_bytes: int = Field(default=64 << 20, gt=0)
-    workers: int = Field(default=1, ge=1, le=64)
+    workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
+    # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease it renews every third
+    # of job_lease_seconds; a job whose worker died is taken over by any replica once its lease expired. Idle
+    # workers look for jobs every job_poll_seconds (a job created by this process wakes them at once). A job
+    # claimed job_max_attempts times that is due again fails (job_attempts_exhausted). A job whose labels party
+    # could not be reached or failed (5xx) is retried after upstream_retry_seconds, with the same release key.
+    job_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
+    job_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    job_max_attempts: int = Field(default=5, ge=1, le=100)
+    upstream_retry_seconds: float = Field(default=10.0, ge=0, le=3600)
     # Bounds per job and per organization, each checked before anything is asked of the labels party. The size of
     # a job is parameters × epochs × rows (× stages for lp-mst): 10¹² is minutes on a CPU core at batch ≥ 64, up to
     # about an hour at batch 1 (bench/train_throughput.py measures the rate).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,13 +100,38 @@ class TimeLimitExceeded(Exception):
     """Training passed its ``deadline``: raised between device calls, so the thread that ran it is free again."""
 
 
+class Stopped(Exception):
+    """Training was told to stop (its job's lease went to another worker): raised between device calls."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When training stops: past ``at`` (a ``time.monotonic()`` value: :class:`TimeLimitExceeded`), or as soon as
+    ``stop`` is set (:class:`Stopped`), each checked between device calls."""
+
+    at: float
+    stop: threading.Event | None = None
+
+
+def _check(deadline: float | Deadline | None) -> None:
+    if deadline is None:
+        return
+    if isinstance(deadline, Deadline):
+        if deadline.stop is not None and deadline.stop.is_set():
+            raise Stopped
+        deadline = deadline.at
+    if time.monotonic() > deadline:
+        raise TimeLimitExceeded
+
+
 def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
           vocab_sizes: tuple[int, ...], num_classes: int | None = None, metrics_path: str | Path | None = None,
           progress: bool = False, on_epoch=None, init_params: dict | None = None,
-          deadline: float | None = None) -> TrainResult:
+          deadline: float | Deadline | None = None) -> TrainResult:
     """Fit on (features, privatized targets); ``targets`` are labels, class ids, or subset weights (n, K).
     ``init_params`` continues from an earlier model (multi-stage training). Past ``deadline`` (a
-    ``time.monotonic()`` value) it raises :class:`TimeLimitExceeded` at the next device call."""
+    ``time.monotonic()`` value, or a :class:`Deadline`) it raises :class:`TimeLimitExceeded` at the next device
+    call (or :class:`Stopped`, its stop event set)."""
     prepared = prepare(config, numeric, categorical, targets, vocab_sizes, num_classes, init_params)
     best, history = fit(config, prepared, on_epoch=on_epoch, progress=progress, deadline=deadline)
     return report(config, prepared, best, history, metrics_path)
@@ -136,7 +162,7 @@ def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, t
 
 
 def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: bool = False,
-        deadline: float | None = None) -> tuple[train_steps.Best, list[dict]]:
+        deadline: float | Deadline | None = None) -> tuple[train_steps.Best, list[dict]]:
     """Epochs until ``config.epochs`` or early stopping. The data go to the devices once (replicated); each epoch
     sends only its batch indices, split over the devices along the batch axis, runs as compiled scans (one, unless
     the epoch is longer than :data:`WORK_PER_CALL`), and brings back two numbers (the mean training loss and the
@@ -185,11 +211,6 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
         if stop:
             break
     return best, history
-
-
-def _check(deadline: float | None) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise TimeLimitExceeded
 
 
 def steps_per_call(num_params: int, batch_size: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import ssl
 import time
+import uuid
 
 import httpx
 import pandas as pd
@@ -40,10 +41,22 @@ class TrainerClient:
                               headers={"Content-Type": "text/csv"})
         return schemas.FeatureTableView(**response.json())
 
-    def create_job(self, request: schemas.JobRequest | dict) -> schemas.JobView:
+    def create_job(self, request: schemas.JobRequest | dict, *, idempotency_key: str | None = None,
+                   retries: int = 2) -> schemas.JobView:
+        """A new job; sent again up to ``retries`` times when the answer does not come, with one Idempotency-Key
+        (``idempotency_key``, else a random one), so a lost answer never makes a second job or a second charge."""
         body = request if isinstance(request, schemas.JobRequest) else schemas.JobRequest(**request)
-        return schemas.JobView(**self._call("POST", "/v1/jobs", json=body.model_dump(mode="json",
-                                                                                    exclude_none=True)).json())
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        for attempt in range(retries + 1):
+            try:
+                response = self._call("POST", "/v1/jobs", json=body.model_dump(mode="json", exclude_none=True),
+                                      headers=headers)
+                return schemas.JobView(**response.json())
+            except httpx.TransportError:
+                if attempt >= retries:
+                    raise
+                time.sleep(0.5 * 2 ** attempt)
+        raise AssertionError("unreachable")
 
     def job(self, job_id: str) -> schemas.JobView:
         return schemas.JobView(**self._call("GET", f"/v1/jobs/{_segment(job_id)}").json())

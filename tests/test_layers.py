@@ -43,7 +43,7 @@ from features_party.context import make_context
 from features_party.settings import TrainerSettings
 ctx = make_context(TrainerSettings(database_url="sqlite:///{tmp}/db.sqlite", data_dir="{tmp}/data"))
 assert "/v1/jobs" in create_app(ctx).openapi()["paths"]
-ctx.executor.shutdown()
+ctx.jobs.stop()
 import features_party.train, features_party.multistage  # the trainer
 from labeldp.cli import build_parser
 commands = build_parser()._subparsers._group_actions[0].choices

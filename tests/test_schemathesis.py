@@ -108,6 +108,7 @@ def test_trainer(labels_party, tmp_path):
     ctx = trainer_context_module.make_context(TrainerSettings(
         database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "trainer",
         labels_parties={"office": labels_party["url"]}, upstream_timeout_seconds=20, upstream_retries=0))
+    ctx.jobs.start()
     with ctx.sessions() as session, session.begin():
         keys = {"publisher": create_trainer_key(session, "publisher", "admin"),
                 "rival": create_trainer_key(session, "rival", "admin")}
@@ -129,4 +130,4 @@ def test_trainer(labels_party, tmp_path):
         with serve_in_thread(create_trainer(ctx)) as url:
             assert _assert_clean(_schemathesis(url, tmp_path, env), operations=11) > 500
     finally:
-        ctx.executor.shutdown(wait=True)
+        ctx.jobs.stop()

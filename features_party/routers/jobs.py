@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
 from features_party import schemas, service
@@ -14,16 +14,32 @@ from shared.service.gate import GuardedRoute
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=GuardedRoute)
 JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$")]
+IdempotencyKey = Annotated[str | None, Header(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$", description=(
+    "optional, 1-200 printable ASCII characters without spaces: one key per logical job, sent again with every "
+    "retry of the request (keys are per organization). The same key with the same request (its api_key aside) "
+    "answers the job it created (200), never a second job or a second charge; with another request, 409 "
+    "idempotency_key_reused"))]
 
 
-@router.post("", status_code=202, response_model=schemas.JobView)
-def create_job(body: schemas.JobRequest, who: AnyKey, ctx: Context):
+@router.post("", status_code=202, response_model=schemas.JobView, responses={
+    202: {"description": "the job, accepted: `queued` (its release granted; the training runs on the trainer's "
+                         "workers), or `interrupted` when the labels party's answer to the release request did not "
+                         "come (unreachable, a 5xx, lost on the way): the job asks again by itself after a while "
+                         "with the same release Idempotency-Key, so it is charged at most once"},
+    200: {"model": schemas.JobView, "description": "an earlier request with this Idempotency-Key and the same "
+                                                   "request: its job as it is now"}})
+def create_job(body: schemas.JobRequest, who: AnyKey, ctx: Context, response: Response,
+               idempotency_key: IdempotencyKey = None):
     """Plan the job completely (features, columns, options, its size and rows to train on, the labels party's
-    dataset against the loss, the mechanism and the protocol), request the release, then train in the background.
-    A job that cannot run is a 4xx before any ε is spent; a refused release is a 4xx too. A job without
-    ``release.example_ids`` asks for the ids of its features table (ids the dataset lacks: refused by count, nothing
-    spent)."""
-    return service.create_job(ctx, who.principal, body)
+    dataset against the loss, the mechanism and the protocol), request the release (its Idempotency-Key is the job
+    id), then train on the trainer's workers. A job that cannot run is a 4xx before any ε is spent, and is not kept;
+    a refused release is a 4xx too. A job without ``release.example_ids`` asks for the ids of its features table
+    (ids the dataset lacks: refused by count, nothing spent). Send an ``Idempotency-Key`` to be able to resend the
+    request when its answer is lost."""
+    view, created = service.create_job(ctx, who.principal, body, idempotency_key)
+    if not created:
+        response.status_code = 200
+    return view
 
 
 @router.get("", response_model=list[schemas.JobView])
@@ -38,8 +54,9 @@ def get_job(job_id: JobId, who: AnyKey, ctx: Context):
 
 @router.post("/{job_id}/resume", status_code=202, response_model=schemas.JobView)
 def resume_job(job_id: JobId, body: schemas.ResumeRequest, who: AnyKey, ctx: Context):
-    """Continue a job a restart interrupted, with the labels-party api_key (never stored); its releases are
-    reused (same Idempotency-Keys), not drawn or charged again."""
+    """Queue an interrupted job again with the labels-party api_key (sealed again until the job ends): one whose
+    sealed key could not be opened (error_code secret_key_missing), or one waiting to ask its labels party again.
+    Its releases are reused (same Idempotency-Keys), not drawn or charged again."""
     return service.resume_job(ctx, who.principal, job_id, body.api_key)
 
 

@@ -62,5 +62,9 @@ def two_parties(workdir: Path, seed: int) -> Iterator[Parties]:
                                                   labels_parties={LABELS_PARTY: labels_url}))
         with trainer.sessions() as session, session.begin():
             publisher = trainer_key(session, CONSUMER, "admin")
-        with serve_in_thread(trainer_app(trainer)) as trainer_url:
-            yield Parties(labels_url, trainer_url, owner, consumer, publisher)
+        trainer.jobs.start()  # the trainer's job workers, as `labeldp features serve` starts them
+        try:
+            with serve_in_thread(trainer_app(trainer)) as trainer_url:
+                yield Parties(labels_url, trainer_url, owner, consumer, publisher)
+        finally:
+            trainer.jobs.stop()

@@ -104,6 +104,14 @@ def _workers(text: str) -> int:
     return int(text)
 
 
+def check_shared_secret_key(sealer, workers: int) -> None:
+    """``serve --workers N``: the workers run each other's jobs, so they must open each other's sealed secrets."""
+    if workers > 1 and sealer.ephemeral:
+        raise LabelDPError(f"--workers {workers} needs a secret key the workers share (secret_key_file, made by "
+                           "`labeldp <party> secret-key`): a key of one process only cannot open another's jobs",
+                           code="usage")
+
+
 def check_workers(workers: int, database_url: str) -> None:
     """``serve --workers N``: several processes share one database, which SQLite cannot serve them (a file's
     writers wait on one lock, and its WAL is per host); refused before anything is opened or created."""

@@ -98,6 +98,8 @@ class ErrorCode(str, Enum):
     BUDGET_EXCEEDED = ("budget_exceeded", 409)
     LABELS_PARTY_BUDGET_EXCEEDED = ("labels_party_budget_exceeded", 409)
     IDEMPOTENCY_CONFLICT = ("idempotency_conflict", 409)
+    # a trainer job's Idempotency-Key already used by this organization with another request
+    IDEMPOTENCY_KEY_REUSED = ("idempotency_key_reused", 409)
     DATASET_EXISTS = ("dataset_exists", 409)
     CENTRAL_TRAINING_DISABLED = ("central_training_disabled", 409)  # the dataset's setting, not the key's rights
     NO_LABELS = ("no_labels", 409)
@@ -126,6 +128,13 @@ class ErrorCode(str, Enum):
     LABELS_PARTY_FAILED = ("labels_party_failed", 502)
     SOLVER_TIMEOUT = ("solver_timeout", 503)
     JOB_TIME_LIMIT = ("job_time_limit", 503)  # a trainer job's failure (JobView.error_code): over its wall time
+    # a trainer job's failure (JobView.error_code): claimed job_max_attempts times (its workers died, or its labels
+    # party kept failing) and due again
+    JOB_ATTEMPTS_EXHAUSTED = ("job_attempts_exhausted", 503)
+    # a job's sealed secret cannot be opened (shared.service.sealing): no secret key now, or not the one it was
+    # sealed with; or the sealed value is damaged
+    SECRET_KEY_MISSING = ("secret_key_missing", 503)
+    SEALED_SECRET_DAMAGED = ("sealed_secret_damaged", 503)
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)
     RELEASE_FAILED = ("release_failed", 503)
     LEDGER_ROLLBACK = ("ledger_rollback", 503)  # the database is behind the data directory: restore both together

@@ -23,6 +23,7 @@ Times are the workers' clocks (UTC): replicas need synchronized clocks (NTP), fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -80,6 +81,7 @@ class LeaseTable:
     max_attempts: int
     exhausted: Callable[[Session, Any], None]  # finish a row out of attempts (locked, in the claim's transaction)
     order_by: Callable[[], Sequence[Any]] = field(default=lambda: ())  # claim order (default: insertion)
+    where: Callable[[], Sequence[Any]] = field(default=lambda: ())  # more conditions a claimable row meets
 
     def claim(self, session: Session, owner: str, lease_seconds: float) -> Lease | None:
         """Take the first claimable job (its row locked, others' locked rows skipped), or None."""
@@ -87,7 +89,7 @@ class LeaseTable:
         state = getattr(model, self.state_column)
         free = or_(model.lease_owner.is_(None), model.lease_expires_at < now)
         due = or_(model.run_after.is_(None), model.run_after <= now)
-        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due)
+        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due, *self.where())
                  .order_by(*self.order_by(), model.created_at).limit(1).with_for_update(skip_locked=True))
         while True:
             row = session.scalars(query).first()
@@ -273,3 +275,21 @@ class JobRunner:
                 log.warning("%s: lost the lease of job %s (attempt %d): another worker has it", self.name, job_id,
                             lease.attempt)
                 lost.set()
+
+
+def serving(runner: JobRunner | None):
+    """A FastAPI lifespan that runs ``runner``'s workers while the application serves — in every ``serve``
+    process, one or one of several workers — and stops them at shutdown (a job still running then is taken over
+    once its lease expires). None: the jobs are run by the caller (tests: ``run_pending``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        if runner is not None:
+            runner.start()
+        try:
+            yield
+        finally:
+            if runner is not None:
+                runner.stop()
+
+    return lifespan

@@ -28,10 +28,16 @@ from tests.support.paths import assert_path_free
 N = 1500
 
 
-def trainer_context(tmp_path, labels_url: str, **settings):
-    return trainer_context_module.make_context(TrainerSettings(
-        database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "trainer",
-        labels_parties={"office": labels_url}, upstream_timeout_seconds=20, upstream_retries=0, **settings))
+def trainer_context(tmp_path, labels_url: str, *, start: bool = True, **settings):
+    """A trainer on ``tmp_path``; its job workers started unless ``start`` is False (then nothing runs until
+    ``ctx.jobs.run_pending()`` or ``ctx.jobs.start()``). Stop them with ``ctx.jobs.stop()``."""
+    ctx = trainer_context_module.make_context(TrainerSettings(**{
+        "database_url": f"sqlite:///{tmp_path}/trainer.db", "data_dir": tmp_path / "trainer",
+        "labels_parties": {"office": labels_url}, "upstream_timeout_seconds": 20, "upstream_retries": 0,
+        "job_poll_seconds": 0.1, **settings}))
+    if start:
+        ctx.jobs.start()
+    return ctx
 
 
 def trainer_client(ctx, org: str, role: str = "admin") -> TestClient:
@@ -63,7 +69,7 @@ def parties(tmp_path):
         features = pd.DataFrame({"example_id": ids, "x0": x[:, 0], "x1": x[:, 1], "group": group})
         yield {"trainer": trainer, "trainer_ctx": tctx, "owner": owner, "consumer": consumer, "dataset": dataset,
                "features": features, "labels": pd.Series(labels, index=ids), "tmp": tmp_path, "labels_url": labels_url}
-        tctx.executor.shutdown(wait=True)
+        tctx.jobs.stop()
 
 
 def _job(parties, **release):
@@ -202,7 +208,7 @@ def test_no_request_can_choose_where_the_trainer_connects(parties):
             response = trainer.post("/v1/jobs", json={**job, **change})
             assert response.status_code == status and response.json()["error"]["code"] == code, (change, response.text)
         assert listener.connections == 0
-        ctx.executor.shutdown(wait=True)
+        ctx.jobs.stop()
     finally:
         listener.close()
 
@@ -279,34 +285,35 @@ def test_scaling_is_fitted_on_the_training_rows_only(parties):
     assert header["preprocessing"]["means"][0] == pytest.approx(frame["x0"][: N // 2].mean(), rel=1e-9)
 
 
-def test_jobs_persist_and_interrupted_jobs_resume_without_a_second_release(parties):
-    trainer, ctx = parties["trainer"], parties["trainer_ctx"]
+def test_a_job_left_by_a_dead_process_runs_elsewhere_or_resumes_without_a_second_release(parties):
+    """A job queued by a process that died before running it stays in the database, the queue; another process
+    takes it. Without a shared secret key (the default: a key for each process only) that process cannot open the
+    job's sealed api key: the job is interrupted (secret_key_missing) until resumed with the key — and its release
+    is the one already charged."""
+    tmp = parties["tmp"] / "persist"
+    ctx = trainer_context(tmp, parties["labels_url"], start=False)  # its workers never run: it "dies"
+    trainer = trainer_client(ctx, "publisher")
     assert _upload(trainer, parties["features"]).status_code == 200
-    busy = threading.Event()
-    ctx.executor.submit(busy.wait)  # the only worker is busy: the job stays queued
     view = trainer.post("/v1/jobs", json=_job(parties))
     assert view.status_code == 202 and view.json()["status"] == "queued"
-    ctx.executor.shutdown(wait=False, cancel_futures=True)  # the process dies with the job still queued
-    busy.set()
-    jobs = trainer.get("/v1/jobs").json()
-    assert len(jobs) == 1 and jobs[0]["status"] == "queued"
     spent = _spent(parties)
     assert spent == 4.0  # the release was made before the job was queued
-    # a new process on the same database and data directory
-    restarted = trainer_context(parties["tmp"], parties["labels_url"])
+    restarted = trainer_context(tmp, parties["labels_url"], start=False)  # a new process, same database and files
     client = TestClient(create_trainer(restarted), raise_server_exceptions=False, headers=dict(trainer.headers))
-    job = client.get(f"/v1/jobs/{jobs[0]['id']}").json()
-    assert job["status"] == "interrupted" and "resume" in job["error"]
+    assert restarted.jobs.run_pending() == 1
+    job = client.get(f"/v1/jobs/{view.json()['id']}").json()
+    assert job["status"] == "interrupted" and job["error_code"] == "secret_key_missing" and "resume" in job["error"]
+    assert restarted.jobs.run_pending() == 0  # not retried by itself: it needs the key
     assert client.post(f"/v1/jobs/{job['id']}/resume", json={"api_key": "ldp_00000000_wrong"}).status_code == 403
     resumed = client.post(f"/v1/jobs/{job['id']}/resume", json={"api_key": parties["consumer"]})
-    assert resumed.status_code == 202, resumed.text
-    finished = _finish(client, job["id"])
+    assert resumed.status_code == 202 and resumed.json()["status"] == "queued", resumed.text
+    assert restarted.jobs.run_pending() == 1
+    finished = client.get(f"/v1/jobs/{job['id']}").json()
     assert finished["status"] == "succeeded", finished["error"]
-    assert finished["release"]["id"] == jobs[0]["release"]["id"]
+    assert finished["release"]["id"] == view.json()["release"]["id"]
     assert _spent(parties) == spent  # no second release, no second charge
     again = client.post(f"/v1/jobs/{job['id']}/resume", json={"api_key": parties["consumer"]})
     assert again.status_code == 409 and again.json()["error"]["code"] == "job_not_resumable"
-    restarted.executor.shutdown(wait=True)
 
 
 def test_lp_mst_job_over_http(tmp_path):
@@ -345,7 +352,7 @@ def test_lp_mst_job_over_http(tmp_path):
         held_out = [f"d{i}" for i in range(500, 600)]
         assert np.mean(predicted[held_out].to_numpy() == digits.target[500:600]) > 0.5  # chance: 0.1
         assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 4.0
-        tctx.executor.shutdown(wait=True)
+        tctx.jobs.stop()
 
 
 def _consumer_post(parties, path: str, key: str, headers=(), **kwargs):

@@ -6,7 +6,6 @@ About 40 s on the 2-core development machine."""
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +13,6 @@ import httpx
 import pytest
 
 from features_party import context as trainer_context_module
-from features_party import scheduling
 from features_party.api import create_app as create_trainer
 from features_party.client import BudgetExceeded, LabelsPartyClient
 from features_party.settings import TrainerSettings
@@ -46,7 +44,7 @@ def test_a_job_over_the_size_limit_is_refused_before_the_labels_party_is_asked_a
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "job_too_large", refused.text
         assert f"{parameters:,} parameters × 1,000 epochs × {N:,} rows" in refused.json()["error"]["message"]
         assert listener.connections == 0 and trainer.get("/v1/jobs").json() == []
-        ctx.executor.shutdown(wait=True)
+        ctx.jobs.stop()
     finally:
         listener.close()
     before = _ledger(parties)
@@ -78,16 +76,15 @@ def test_a_job_over_the_time_limit_stops_fails_with_its_code_and_frees_its_worke
     done = _finish(trainer, quick.json()["id"])  # the worker was freed: the next job ran to the end
     assert done["status"] == "succeeded" and done["error_code"] is None, done
     assert _spent(parties) == 1.0  # the stopped job's release was drawn, so it stays charged; the other reused it
-    ctx.executor.shutdown(wait=True)
+    ctx.jobs.stop()
 
 
 def test_jobs_per_organization_and_organizations_take_turns(parties):
-    ctx = trainer_context(parties["tmp"] / "fair", parties["labels_url"], workers=1, max_jobs_per_org=4)
+    ctx = trainer_context(parties["tmp"] / "fair", parties["labels_url"], start=False, workers=1,
+                          max_jobs_per_org=4)  # its one worker starts once every job is queued
     a, b = trainer_client(ctx, "publisher"), trainer_client(ctx, "adnet")
     for client in (a, b):
         assert _upload(client, parties["features"]).status_code == 200
-    busy = threading.Event()
-    ctx.executor.submit(busy.wait)  # the only worker is busy until every job is queued
     first = a.post("/v1/jobs", json=_job(parties, mechanism="rr", epsilon=1.0))  # the one release; the rest reuse it
     assert first.status_code == 202, first.text
     seconds = {"hidden": [256, 256], "batch_size": 16, "epochs": 30, "patience": 30}  # ~1 s each
@@ -100,7 +97,7 @@ def test_jobs_per_organization_and_organizations_take_turns(parties):
     other = b.post("/v1/jobs", json=reuse)  # another organization's job: its own slots, its own turn
     assert other.status_code == 202, other.text
     order = [first.json()["id"]] + [r.json()["id"] for r in queued]
-    busy.set()  # A's four jobs, then B's, were queued: A's first runs, then B's
+    ctx.jobs.start()  # A's four jobs, then B's, were queued: A's first runs, then B's (first in, first out: A's four)
     while (view := b.get(f"/v1/jobs/{other.json()['id']}").json())["status"] not in ("succeeded", "failed"):
         time.sleep(0.02)
     statuses = [a.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in order]
@@ -110,7 +107,7 @@ def test_jobs_per_organization_and_organizations_take_turns(parties):
     assert all(_finish(a, job_id)["status"] == "succeeded" for job_id in order)
     assert a.post("/v1/jobs", json=reuse).status_code == 202  # its slots are free again
     assert _spent(parties) == 1.0
-    ctx.executor.shutdown(wait=True)
+    ctx.jobs.stop()
 
 
 def test_an_organizations_job_count_holds_under_concurrent_requests(parties, database_url):
@@ -119,11 +116,10 @@ def test_an_organizations_job_count_holds_under_concurrent_requests(parties, dat
         database_url = f"sqlite:///{parties['tmp']}/concurrent.db"
     ctx = trainer_context_module.make_context(TrainerSettings(
         database_url=database_url, data_dir=parties["tmp"] / "concurrent", labels_parties={"office": parties[
-            "labels_url"]}, upstream_timeout_seconds=20, upstream_retries=0, workers=1, max_jobs_per_org=3))
+            "labels_url"]}, upstream_timeout_seconds=20, upstream_retries=0, workers=1, max_jobs_per_org=3,
+        job_poll_seconds=0.1))  # its workers start once the jobs are created: nothing finishes before
     trainer = trainer_client(ctx, "publisher")
     assert _upload(trainer, parties["features"]).status_code == 200
-    busy = threading.Event()
-    ctx.executor.submit(busy.wait)  # nothing finishes while the jobs are created
     first = trainer.post("/v1/jobs", json=_job(parties, mechanism="rr", epsilon=1.0))
     assert first.status_code == 202, first.text
     reuse = {**_job(parties), "release": None, "release_id": first.json()["release"]["id"]}
@@ -134,31 +130,58 @@ def test_an_organizations_job_count_holds_under_concurrent_requests(parties, dat
 
         with ThreadPoolExecutor(8) as pool:
             statuses = sorted(pool.map(post, range(8)))
-        busy.set()
+        ctx.jobs.start()
         assert statuses == [202] * 2 + [429] * 6
         jobs = trainer.get("/v1/jobs").json()
         assert len(jobs) == 3 and all(_finish(trainer, job["id"])["status"] == "succeeded" for job in jobs)
-    ctx.executor.shutdown(wait=True)  # (the server's shutdown, too, ends the executor: its jobs finished first)
+    ctx.jobs.stop()
 
 
-def test_the_fair_queue_serves_the_organization_served_longest_ago():
-    queue, ran = scheduling.FairQueue(), []
+def test_workers_claim_for_the_organization_that_started_a_job_longest_ago(database_url, tmp_path):
+    """The claim order of the jobs table (features_party.jobs), on SQLite and PostgreSQL: the organization whose
+    last job started longest ago first (one that never started a job first), then the oldest job."""
+    from datetime import timedelta
 
-    def job(name):
-        return lambda: ran.append(name)
+    from features_party import db
+    from features_party.jobs import job_table
+    from shared.service.database import utcnow
 
-    queue.put(1, job("a1"))
-    queue.run_next()  # a1 runs at once (a free worker)
-    for name in ("a2", "a3", "a4"):
-        queue.put(1, job(name))
-    queue.put(2, job("b1"))
-    queue.put(3, job("c1"))
-    queue.put(2, job("b2"))
-    while len(queue):
-        queue.run_next()
+    if database_url.startswith("sqlite"):
+        database_url = f"sqlite:///{tmp_path}/fair.db"
+    ctx = trainer_context_module.make_context(TrainerSettings(database_url=database_url, data_dir=tmp_path / "t"))
+    table, names = job_table(ctx), {}
+    with ctx.sessions() as session, session.begin():
+        orgs = [db.Organization(name=name) for name in ("a", "b", "c")]
+        session.add_all(orgs)
+        session.flush()
+        org_ids = {org.name: org.id for org in orgs}
+    created = utcnow()
+
+    def queue(name: str) -> None:
+        nonlocal created
+        created += timedelta(seconds=1)  # the order they were created in, whatever the clock's resolution
+        with ctx.sessions() as session, session.begin():
+            row = db.Job(org_id=org_ids[name[0]], status="queued", labels_party="office", dataset_id="d",
+                         request_json="{}", sealed_api_key=b"sealed", created_at=created)
+            session.add(row)
+            session.flush()
+            names[row.id] = name
+
+    def claim_and_finish() -> str | None:
+        with ctx.sessions() as session, session.begin():
+            lease = table.claim(session, "worker", 30)
+            if lease is None:
+                return None
+            table.finish(session.get(db.Job, lease.job_id), "succeeded")
+            return names[lease.job_id]
+
+    queue("a1")
+    ran = [claim_and_finish()]  # a1 runs at once (a free worker)
+    for name in ("a2", "a3", "a4", "b1", "c1", "b2"):
+        queue(name)
+    while (name := claim_and_finish()) is not None:
+        ran.append(name)
     assert ran == ["a1", "b1", "c1", "a2", "b2", "a3", "a4"]
-    queue.run_next()  # a turn with nothing queued does nothing
-    assert len(ran) == 7
 
 
 def test_a_job_sharing_no_id_or_too_few_with_the_labels_is_refused_and_charges_nothing(parties):

@@ -17,7 +17,7 @@ from features_party.migrations import MIGRATIONS, make_sessionmaker
 from shared.service.database import make_engine
 from tests.support.databases import fresh_database
 
-HEAD = "0003"  # the newest revision of features_party/migrations/versions
+HEAD = "0004"  # the newest revision of features_party/migrations/versions
 
 
 def _schema(url: str) -> dict:
@@ -101,4 +101,30 @@ def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(data
         assert authenticate(session, "Bearer trn_0000000a_kept").role == "member"
         with pytest.raises(LabelDPError, match="invalid API key"):
             authenticate(session, "Bearer trn_0000000b_flagged")
+    engine.dispose()
+
+
+def test_jobs_an_older_trainer_left_queued_or_running_become_interrupted(database_url):
+    """Migration 0004 (the jobs table becomes the queue): an older trainer's queued or running jobs never stored
+    their labels-party key, so no worker could run them: they become interrupted, resumable with the key."""
+    from shared.service.database import utcnow
+
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0003")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'publisher', :t)"),
+                           {"t": utcnow()})
+        for job_id, status in (("a" * 32, "queued"), ("b" * 32, "running"), ("c" * 32, "succeeded")):
+            connection.execute(text(
+                "INSERT INTO jobs (id, org_id, status, labels_party, dataset_id, request_json, epoch, epochs, "
+                "metrics_json, num_train_examples, seconds, device, created_at, updated_at) VALUES (:i, 1, :s, 'o', "
+                "'d', '{}', 0, 0, '[]', 0, 0, '', :t, :t)"), {"i": job_id, "s": status, "t": utcnow()})
+    sessions = make_sessionmaker(engine, upgrade=True)
+    with sessions() as session:
+        jobs = {job.id[0]: job for job in session.query(db.Job)}
+        assert {k: job.status for k, job in jobs.items()} == {"a": "interrupted", "b": "interrupted",
+                                                              "c": "succeeded"}
+        assert "resume" in jobs["a"].error and jobs["c"].error is None
+        assert all(job.attempts == 0 and job.sealed_api_key is None and job.lease_owner is None
+                   for job in jobs.values())
     engine.dispose()
