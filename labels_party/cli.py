@@ -218,7 +218,16 @@ def serve_command(args) -> int:
         logging.getLogger("labels_party").warning(
             "no audit key (LABELDP_AUDIT_KEY_FILE, made by `labeldp labels audit-key`): chain heads are neither "
             "signed nor exported, so verify-audit can check this database only against itself")
-    serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
+    if ctx.sealer.ephemeral:  # allowed (one process), never silent
+        logging.getLogger("labels_party").warning(
+            "no secret key (LABELDP_SECRET_KEY_FILE, made by `labeldp labels secret-key`): jobs' secrets are sealed "
+            "with a key of this process only, so a job it leaves behind (a source release) cannot be run by another "
+            "replica or after a restart: it fails with secret_key_missing")
+    ctx.jobs.start()  # this process's job workers: only a server runs jobs
+    try:
+        serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
+    finally:
+        ctx.jobs.stop()
     return 0
 
 

@@ -2,8 +2,8 @@
 
 A release is inserted ``running`` by the charge (:func:`labels_party.releases.transaction.charge`), and then becomes
 ``available`` (:func:`finish`: its mechanism document stored; a source dataset's release stays ``running`` until its
-Spark job wrote the labels) or ``failed`` (:func:`fail`: charged, its file removed). Nothing here decides access or
-charges anything.
+Spark job — a durable job, :mod:`labels_party.jobs` — wrote the labels) or ``failed`` (:func:`fail`: charged, its
+file removed). Nothing here decides access or charges anything.
 """
 
 from __future__ import annotations
@@ -230,10 +230,11 @@ def write_file(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: 
                                                      **draft.columns}))
 
 
-def finish(ctx: ServiceContext, release_id: str, draft: Draft, *,
-           sealed: tuple[int, str] | None = None) -> schemas.Release:
+def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[int, str] | None = None,
+           also: Callable[[Session, db.Release], None] | None = None) -> schemas.Release:
     """Store the public mechanism document; with ``sealed`` — the (size, SHA-256) of the file it makes available,
-    computed before its row is locked — the release is available (without: a job's, still running)."""
+    computed before its row is locked — the release is available (without: a job's, still running, which ``also``
+    queues in the same transaction)."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
@@ -245,6 +246,8 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *,
         release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
         if sealed is not None:
             seal(release, sealed)
+        if also is not None:
+            also(session, release)
         session.flush()
         ctx.checkpoint("before_finish_commit")
         view = release_view(release)
