@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from shared import described
 from shared.arrays import number, readonly
 from shared.errors import LabelDPError
 
@@ -179,6 +180,15 @@ class Lattice:
 
     def describe(self) -> dict:
         return {"low": self.low, "step": self.step, "steps": int(self.steps)}
+
+    @classmethod
+    def from_description(cls, description: dict) -> Lattice:
+        """The lattice ``describe()`` states, its numbers as written (an int ``low`` stays an int: the same
+        released values, the same JSON); ``invalid_mechanism_document`` for anything else."""
+        low, step = described.real(description, "low"), described.real(description, "step", positive=True)
+        steps = described.integer(description, "steps", 1, MAX_LATTICE_STEPS)
+        with described.building("lattice"):
+            return cls(low, step, steps)
 
 
 def lattice_of(domain) -> Lattice:

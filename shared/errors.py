@@ -32,6 +32,13 @@ class CertificationError(LabelDPError):
     code = "certification_failed"
 
 
+class InvalidMechanismDocument(LabelDPError):
+    """A mechanism document (a ``describe()`` output) that does not state a certified mechanism exactly: malformed,
+    or inconsistent with the mechanism it rebuilds to (:mod:`shared.described`)."""
+
+    code = "invalid_mechanism_document"
+
+
 # pyarrow's preamble naming what it read (a path, or '<Buffer>' for a handle): says nothing about the file.
 _OPENING = re.compile(r"^Could not open Parquet input source '[^']*': ")
 # An absolute path (or file:// URI) in a library's message: at the start, after a blank, a quote, '=' or ':'.

@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
+from shared import described
 from shared.domains import Lattice
 from shared.errors import CertificationError
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import normalized_prior
-from shared.mechanisms.integer_noise import DiscreteLaplace, DiscreteStaircase
+from shared.mechanisms.integer_noise import DiscreteLaplace, DiscreteStaircase, noise_from_description
 from shared.privacy import check_epsilon
 
 
@@ -146,6 +147,31 @@ class AdditiveNoiseRandomizer:
                 "lattice": self.lattice.describe(), "noise": self.noise.describe(),
                 "rounding": "labels off the lattice: unbiased randomized rounding to a neighbouring lattice point",
                 "parameters": {"sensitivity_steps": self.lattice.steps}}
+
+    @classmethod
+    def from_description(cls, description: dict) -> AdditiveNoiseRandomizer:
+        """The additive mechanism ``describe()`` states, rebuilt exactly: the same lattice numbers and integer
+        noise parameters, so the same draws from the same generator. Refuses (``invalid_mechanism_document``) a
+        malformed description, noise that is not ε-DP over the lattice at the described ε, and stated numbers
+        (certified ε, the lattice's ends, its sensitivity) that are not the rebuilt ones. The finite input labels
+        (``input_values``, for bias and loss) are not described: the rebuilt mechanism samples, certifies and
+        describes itself as the original, and computes its per-label utility only given them (``dataclasses.replace``).
+        """
+        name = described.text(description, "mechanism")
+        lattice = Lattice.from_description(described.mapping(description, "lattice"))
+        noise = noise_from_description(described.mapping(description, "noise"))
+        if isinstance(noise, DiscreteStaircase) and noise.period != lattice.steps:
+            raise described.invalid(f"{name}: the staircase's period {noise.period} is not the lattice's "
+                                    f"{lattice.steps} steps (its sensitivity)")
+        clip = described.flag(description, "clip")
+        epsilon = described.real(description, "epsilon", positive=True)
+        with described.building(name):
+            randomizer = cls(name, epsilon, lattice, noise, clip)
+        described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
+        described.agrees(description, "low", lattice.low)
+        described.agrees(description, "high", lattice.high)
+        described.agrees(described.mapping(description, "parameters"), "sensitivity_steps", lattice.steps)
+        return randomizer
 
 
 # -- constructors ----------------------------------------------------------------------------------------------

@@ -33,6 +33,19 @@ def quantize_rows(probabilities: np.ndarray) -> np.ndarray:
     return np.diff(thresholds, axis=1, prepend=0)
 
 
+def rows_are_distributions(counts: np.ndarray) -> bool:
+    """Whether every row of an integer count matrix is a distribution over 2**53: entries in [0, 2**53] summing to
+    exactly 2**53. The int64 row sum alone is not enough for counts read from a document: 1025 entries of up to 2**53
+    can reach 2**63 and wrap around to exactly 2**53. Such a row's float64 sum is at least ~2**63, while a true
+    2**53 sums in float64 to within a factor 1 + m·2**-53 of it, so requiring the float sum below 2**54 rules the
+    wrap out."""
+    counts = np.asarray(counts)
+    if counts.ndim != 2 or np.any(counts < 0) or np.any(counts > RESOLUTION):
+        return False
+    return bool(np.all(counts.sum(axis=1) == RESOLUTION)
+                and np.all(counts.sum(axis=1, dtype=np.float64) < 2.0 * RESOLUTION))
+
+
 def log_ratio_bound(counts: np.ndarray) -> float:
     """max over columns of log(max_row / min_row) for a nonnegative count matrix (columns = outputs).
 

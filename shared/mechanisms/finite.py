@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import described
 from shared.arrays import readonly
 from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
@@ -126,7 +127,10 @@ class FiniteRandomizer(OnFiniteInputs):
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise LabelDPError(f"epsilon must be a positive finite number, got {self.epsilon!r}",
                                code="invalid_epsilon")
-        if np.any(self.counts < 0) or np.any(self.counts.sum(axis=1) != dyadic.RESOLUTION):
+        if self.counts.shape != (self.input_values.size, self.output_values.size):
+            raise ValueError(f"{self.name}: counts of shape {self.counts.shape} for {self.input_values.size} inputs "
+                             f"x {self.output_values.size} outputs")
+        if not dyadic.rows_are_distributions(self.counts):
             raise CertificationError(f"{self.name}: counts are not a row-stochastic matrix over 2**53")
         if self.certified_epsilon > self.epsilon:
             raise CertificationError(f"{self.name}: realized probabilities are {self.certified_epsilon!r}-DP, "
@@ -221,3 +225,23 @@ class FiniteRandomizer(OnFiniteInputs):
         if include_matrix:
             description["matrix_counts_over_2_53"] = self.counts.tolist()
         return description
+
+    @classmethod
+    def from_description(cls, description: dict) -> FiniteRandomizer:
+        """The randomizer ``describe()`` (with its matrix) states, rebuilt exactly: the same values and integer
+        counts, so the same alias tables and the same draws from the same generator. Refuses
+        (``invalid_mechanism_document``) a malformed description, counts that are not distributions over 2**53 or
+        not ε-DP at the described ε, and derived numbers (certified ε, outputs) that are not the rebuilt ones.
+        Fields it does not read (a release's budget split, a rounding domain) are left to their readers."""
+        name = described.text(description, "mechanism")
+        inputs = described.real_vector(description, "input_values")
+        outputs = described.real_vector(description, "output_values")
+        counts = described.integer_matrix(description, "matrix_counts_over_2_53")
+        epsilon = described.real(description, "epsilon", positive=True)
+        parameters = MappingProxyType(described.mapping(description, "parameters"))
+        with described.building(name):
+            FiniteLabels(inputs)  # labels are looked up by value: the inputs must be strictly increasing
+            randomizer = cls(name, epsilon, inputs, outputs, counts, parameters)
+        described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
+        described.agrees(description, "num_outputs", randomizer.num_outputs)
+        return randomizer

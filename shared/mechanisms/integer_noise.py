@@ -30,6 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from shared import described
 from shared.errors import LabelDPError
 
 # Numerators and denominators are kept below these so that every intermediate (d·K, U + t·V) fits in int64.
@@ -132,6 +133,10 @@ class DiscreteLaplace:
     s: int
     t: int
 
+    def __post_init__(self):
+        if not (1 <= self.s <= _MAX_DENOMINATOR and 1 <= self.t <= _MAX_DENOMINATOR):
+            raise ValueError("discrete Laplace needs integers 1 <= s, t <= 2**56 (its draws stay inside int64)")
+
     @classmethod
     def calibrated(cls, epsilon: float, sensitivity: int) -> DiscreteLaplace:
         """The smallest scale (see :func:`_ratio_at_most` for the precision) whose exact ε at ``sensitivity`` is
@@ -179,6 +184,16 @@ class DiscreteLaplace:
         return {"type": "discrete-laplace", "scale": self.scale, "scale_rational": f"{self.t}/{self.s}",
                 "sampler": "CKS20 Algorithm 2 (exact, integer draws only)"}
 
+    @classmethod
+    def from_description(cls, description: dict) -> DiscreteLaplace:
+        """The noise ``describe()`` states, from its exact scale ``t/s`` (as written, unreduced: the sampler draws
+        below t); ``scale`` must be that ratio's float."""
+        t, s = described.ratio(description, "scale_rational", _MAX_DENOMINATOR)
+        with described.building("discrete Laplace"):
+            noise = cls(s, t)
+        described.agrees(description, "scale", noise.scale)
+        return noise
+
 
 @dataclass(frozen=True)
 class DiscreteStaircase:
@@ -201,8 +216,12 @@ class DiscreteStaircase:
     w_high: int
 
     def __post_init__(self):
+        if not (1 <= self.s <= _MAX_DENOMINATOR and 1 <= self.t <= _MAX_DENOMINATOR):
+            raise ValueError("staircase needs integers 1 <= s, t <= 2**56 (its draws stay inside int64)")
         if not (1 <= self.r <= self.period) or not (1 <= self.w_high <= self.w_low):
             raise ValueError("staircase needs 1 <= r <= period and 1 <= w_high <= w_low")
+        if self._total_weight > 1 << 62:
+            raise ValueError("staircase offset weights above 2**62 in total (one int64 draw below them)")
         # Logs of integers below 2**62 are correct to ~1e-14; calibrated() leaves 1e-12 of room.
         if math.log(self.w_low) - math.log(self.w_high) > self.s / self.t - 1e-13:
             raise ValueError("staircase weights exceed the ratio e^epsilon")
@@ -304,6 +323,29 @@ class DiscreteStaircase:
         return {"type": "discrete-staircase", "period": self.period, "r": self.r,
                 "epsilon_rational": f"{self.s}/{self.t}", "offset_weights": [self.w_low, self.w_high],
                 "sampler": "exact geometric periods (CKS20) and one uniform integer for the offset"}
+
+    @classmethod
+    def from_description(cls, description: dict) -> DiscreteStaircase:
+        """The noise ``describe()`` states: its exact ε ``s/t`` (as written), period, r and integer offset
+        weights."""
+        s, t = described.ratio(description, "epsilon_rational", _MAX_DENOMINATOR)
+        period = described.integer(description, "period", 1)
+        r = described.integer(description, "r", 1)
+        weights = described.integer_vector(description, "offset_weights")
+        if weights.size != 2:
+            raise described.invalid("'offset_weights' must be [w_low, w_high]")
+        with described.building("discrete staircase"):
+            return cls(s, t, period, r, int(weights[0]), int(weights[1]))
+
+
+def noise_from_description(description: dict) -> DiscreteLaplace | DiscreteStaircase:
+    """The integer noise a description's ``type`` names, rebuilt exactly."""
+    kind = described.text(description, "type")
+    if kind == "discrete-laplace":
+        return DiscreteLaplace.from_description(description)
+    if kind == "discrete-staircase":
+        return DiscreteStaircase.from_description(description)
+    raise described.invalid(f"unknown noise type {kind!r}")
 
 
 def discrete_staircase_second_moments(epsilon: float, sensitivity: int) -> np.ndarray:

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
+from shared import described
 from shared.arrays import readonly
+from shared.domains import FiniteLabels
 from shared.errors import CertificationError, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
@@ -183,6 +185,27 @@ class RandomizedResponse(OnFiniteInputs):
             description["output_of_input"] = self._bins.tolist()
         return description
 
+    @classmethod
+    def from_description(cls, description: dict) -> RandomizedResponse:
+        """The randomized response ``describe()`` states, rebuilt exactly: the same values, keep count and bins,
+        so the same draws from the same generator. Refuses (``invalid_mechanism_document``) a malformed
+        description, sizes or bins that disagree, a keep count outside (0, 2**53] or not ε-DP at the described ε,
+        and derived numbers (certified ε, outputs) that are not the rebuilt ones."""
+        name = described.text(description, "mechanism")
+        inputs = described.real_vector(description, "input_values")
+        outputs = described.real_vector(description, "output_values")
+        bins = (described.integer_vector(description, "output_of_input") if "output_of_input" in description
+                else None)  # absent: one output per input, in order
+        keep = described.integer(description, "keep_count_over_2_53", 1, dyadic.RESOLUTION)
+        epsilon = described.real(description, "epsilon", positive=True)
+        parameters = MappingProxyType(described.mapping(description, "parameters"))
+        with described.building(name):
+            FiniteLabels(inputs)  # labels are looked up by value: the inputs must be strictly increasing
+            randomizer = cls(name, epsilon, inputs, outputs, keep, parameters, bin_of_input=bins)
+        described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
+        described.agrees(description, "num_outputs", randomizer.num_outputs)
+        return randomizer
+
 
 def randomized_response(values, epsilon: float) -> RandomizedResponse:
     """Output the true label w.p. e^ε/(e^ε+K-1), each other label w.p. 1/(e^ε+K-1)."""
@@ -342,6 +365,28 @@ class TopKRandomizedResponse(OnFiniteInputs):
                 "input_values": self.input_values.tolist(), "output_values": self.output_values.tolist(),
                 "num_outputs": self.num_outputs, "candidates": self.candidates.tolist(),
                 "keep_count_over_2_53": self.keep, "parameters": dict(self.parameters)}
+
+    @classmethod
+    def from_description(cls, description: dict) -> TopKRandomizedResponse:
+        """The RR-Top-k ``describe()`` states, rebuilt exactly: K (the classes its inputs and outputs list), the
+        candidates and the keep count, so the same draws from the same generator. Refuses
+        (``invalid_mechanism_document``) a malformed description, inputs or outputs other than 0..K−1, candidates
+        that are not sorted distinct classes, a keep count outside [2**53 / k, 2**53] or not ε-DP at the described
+        ε, and derived numbers (certified ε, outputs) that are not the rebuilt ones."""
+        name = described.text(description, "mechanism")
+        inputs = described.real_vector(description, "input_values")
+        outputs = described.real_vector(description, "output_values")
+        if not (np.array_equal(inputs, np.arange(inputs.size)) and np.array_equal(outputs, inputs)):
+            raise described.invalid(f"{name}: the inputs and outputs of RR-Top-k are the classes 0..K-1")
+        candidates = described.integer_vector(description, "candidates")
+        keep = described.integer(description, "keep_count_over_2_53", 1, dyadic.RESOLUTION)
+        epsilon = described.real(description, "epsilon", positive=True)
+        parameters = MappingProxyType(described.mapping(description, "parameters"))
+        with described.building(name):
+            randomizer = cls(name, epsilon, inputs.size, candidates, keep, parameters)
+        described.agrees(description, "certified_epsilon", randomizer.certified_epsilon)
+        described.agrees(description, "num_outputs", randomizer.num_outputs)
+        return randomizer
 
 
 def rr_top_k(num_classes: int, candidates, epsilon: float, name: str = "rr-top-k",

@@ -75,6 +75,8 @@ class ErrorCode(str, Enum):
     CERTIFICATION_FAILED = ("certification_failed", 400)
     SOLVER_FAILED = ("solver_failed", 400)
     MECHANISM_NOT_SUPPORTED_ON_SPARK = ("mechanism_not_supported_on_spark", 400)  # labels_party.spark
+    # a mechanism document that does not state a certified mechanism exactly (shared.mechanisms.documents)
+    INVALID_MECHANISM_DOCUMENT = ("invalid_mechanism_document", 400)
     NO_OVERLAP = ("no_overlap", 400)
     JOB_TOO_LARGE = ("job_too_large", 400)  # a trainer job's parameters × epochs × rows over its limit
     TOO_FEW_EXAMPLES = ("too_few_examples", 400)  # a trainer job would train on fewer examples than its minimum
