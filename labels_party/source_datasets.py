@@ -88,9 +88,21 @@ def _count(ctx: ServiceContext, location: str, source: str, support_values: np.n
     except LabelDPError as err:
         raise LabelDPError(str(err).replace(uri, source).replace(path, source), code=err.code) from None
     except Exception as err:  # Spark's own failures (an unreadable Parquet file) carry the copy's paths: not echoed
+        if spark_unavailable(err):
+            raise  # the service's condition (retried), not the source's
         raise resource_error(err) or LabelDPError(
             "Spark could not read the source's files as Parquet; nothing was registered",
             code="malformed_file") from None
+
+
+_SPARK_GONE = ("SparkContext was shut down", "stopped SparkContext", "Connection refused", "Master removed our "
+               "application", "All masters are unresponsive", "Py4JNetworkError", "Answer from Java side is empty")
+
+
+def spark_unavailable(err: BaseException) -> bool:
+    """A failure of Spark itself (its master or driver gone), not of the files it read."""
+    return isinstance(err, ConnectionError) or type(err).__name__ == "Py4JNetworkError" or any(
+        marker in str(err)[:4000] for marker in _SPARK_GONE)
 
 
 def stored_histogram(ctx: ServiceContext, session: Session, dataset: db.Dataset, domain):

@@ -21,7 +21,7 @@ class SparkJobs:
         from labels_party.spark.session import spark_session  # PySpark only where source datasets are used
 
         with self._lock:
-            if self._session is None:
+            if self._session is None or self._session.sparkContext._jsc is None:  # none yet, or it was stopped
                 conf = {"spark.local.dir": self.local_dir} if self.local_dir else None
                 self._session = spark_session(self.master, conf=conf)
             return self._session
