@@ -1,12 +1,12 @@
 """Running out of resources is the service's condition, never the client's fault and never a 500 (issue 28, item 6).
 
-A full disk is real here: the database and the data directory live on a small tmpfs mounted for the test (root
-only; skipped with the reason otherwise), filled with a filler file. Every refusal is 507 ``insufficient_storage``
-and changes nothing (no label version, no charge, no grant); a source's copy, made by its registration's job, fails
-its dataset with that code and leaves no copy; with space again, the same request succeeds. A disk that fills after a release's charge leaves it failed and charged (503 ``release_failed``).
-Running out of file descriptors is real too (the process's own limit, lowered for one request): 503
-``resource_exhausted``. A PostgreSQL tablespace on a full tmpfs: 507 (when LABELDP_TEST_POSTGRES_URL names a
-local server). ~6 s.
+A full disk is real here: the database and the data directory live on a small tmpfs mounted for the test (root only;
+skipped with the reason otherwise), filled with a filler file. Every refusal is 507 ``insufficient_storage`` and changes
+nothing (no label version, no charge, no grant); a source's copy, made by its registration's job, fails its dataset with
+that code and leaves no copy; with space again, the same request succeeds. A disk that fills after a release's charge
+leaves it failed and charged (503 ``release_failed``). Running out of file descriptors is real too (the process's own
+limit, lowered for one request): 503 ``resource_exhausted``. A PostgreSQL tablespace on a full tmpfs: 507 (when
+LABELDP_TEST_POSTGRES_URL names a local server). ~6 s.
 """
 
 from __future__ import annotations

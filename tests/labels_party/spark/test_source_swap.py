@@ -1,7 +1,8 @@
 """Issue 26, item 2: an organization registers a decoy under its own prefix and swaps it for a symbolic link into
-another organization's prefix. After registration the swap changes nothing (releases read the copy taken then:
-the labels and the published noisy prior are the decoy's); during registration it is refused: the dataset is
-failed and nothing else is created. The decoy's labels are all 1 and the other organization's all 5, so a release shows which was read."""
+another organization's prefix. After registration the swap changes nothing (releases read the copy taken then: the
+labels and the published noisy prior are the decoy's); during registration it is refused: the dataset is failed and
+nothing else is created. The decoy's labels are all 1 and the other organization's all 5, so a release shows which was
+read."""
 
 from __future__ import annotations
 
