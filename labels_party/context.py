@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy.orm import sessionmaker
 
-from labels_party import db, housekeeping, jobs, migrations, recovery
+from labels_party import db, housekeeping, jobs, migrations, recovery, workers
 from labels_party.ledger import HeadSigner, Ledger, load_key_file
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
@@ -73,7 +73,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))
 
     def run_job(lease: Lease, lost: threading.Event) -> None:
-        jobs.run(ctx, lease, lost)  # the context below: a job runs only once it exists
+        workers.run(ctx, lease, lost)  # the context below: a job runs only once it exists
 
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
                          scratch=scratch, quotas=ReleaseQuotas(settings), sealer=secrets,

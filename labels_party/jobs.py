@@ -29,23 +29,53 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import db
 from labels_party.settings import LabelsSettings
-from shared.errors import LabelDPError, resource_error
+from labels_party.spark.runner import SparkJobs
+from labels_party.storage import DataStore
+from shared.errors import resource_error
 from shared.service.leases import JobRunner, Lease, LeaseTable
-
-if TYPE_CHECKING:
-    from labels_party.context import ServiceContext
+from shared.service.sealing import Sealer
 
 log = logging.getLogger("labeldp.jobs")
 
 REGISTER_SOURCE, PRIVATIZE_SOURCE = "register_source", "privatize_source"
 ATTEMPTS = "tmp/jobs"  # under the data directory: each attempt's files until it records them (collected when alone)
+
+
+class JobContext(Protocol):
+    """What a job uses of the service's context (:class:`labels_party.context.ServiceContext` is one): jobs run
+    below the context, which builds the workers that run them (:mod:`labels_party.workers`)."""
+
+    @property
+    def sessions(self) -> sessionmaker: ...
+
+    @property
+    def store(self) -> DataStore: ...
+
+    @property
+    def settings(self) -> LabelsSettings: ...
+
+    @property
+    def checkpoint(self) -> Callable[[str], None]: ...
+
+    @property
+    def random_source(self) -> Callable[[], np.random.Generator]: ...
+
+    @property
+    def spark_jobs(self) -> SparkJobs: ...
+
+    @property
+    def sealer(self) -> Sealer: ...
+
+    @property
+    def jobs(self) -> JobRunner: ...
 
 
 @dataclass(frozen=True)
@@ -110,31 +140,10 @@ def job_of(session: Session, kind: str, subject_id: str, *, lock: bool = False) 
     return session.scalar(query.with_for_update() if lock else query)
 
 
-# -- running -------------------------------------------------------------------------------------------------------
-
-def run(ctx: ServiceContext, lease: Lease, lost: threading.Event) -> None:
-    """The JobRunner's callable: one attempt at the job ``lease`` holds, its outcome recorded while the lease is."""
-    with ctx.sessions() as session, session.begin():
-        job = session.get(db.Job, lease.job_id)
-        claimed = Claimed(lease, job.kind, job.subject_id, job.org_id, json.loads(job.spec_json), job.sealed_secret,
-                          lost)
-    kind = _KINDS[claimed.kind]
-    try:
-        kind.run(ctx, claimed)
-    except Exception as err:
-        failure, final = kind.classify(err)
-        final = final or claimed.attempt >= ctx.settings.job_max_attempts
-        if isinstance(err, LabelDPError):
-            log.warning("job %s (%s of %s), attempt %d: %s (%s)", lease.job_id, claimed.kind, claimed.subject_id,
-                        claimed.attempt, err.code, "final" if final else "retried")
-        else:
-            log.exception("job %s (%s of %s), attempt %d failed (%s)", lease.job_id, claimed.kind,
-                          claimed.subject_id, claimed.attempt, "final" if final else "retried")
-        settle_failure(ctx, claimed, failure, final)
-
+# -- recording ------------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def holding(ctx: ServiceContext, claimed: Claimed) -> Iterator[tuple[Session, db.Job, Any] | None]:
+def holding(ctx: JobContext, claimed: Claimed) -> Iterator[tuple[Session, db.Job, Any] | None]:
     """A transaction in which the attempt's lease is still held: its subject's row locked (the order every writer
     of both takes them in), then the job's, checked (:meth:`LeaseTable.held`). Yields (session, job, subject), or
     None if the lease was lost — then the attempt records nothing."""
@@ -144,7 +153,7 @@ def holding(ctx: ServiceContext, claimed: Claimed) -> Iterator[tuple[Session, db
         yield (session, job, subject) if job is not None else None
 
 
-def settle_failure(ctx: ServiceContext, claimed: Claimed, failure: Failure, final: bool) -> None:
+def settle_failure(ctx: JobContext, claimed: Claimed, failure: Failure, final: bool) -> None:
     """A failed attempt: the job (and its subject) failed with ``failure``, or given back to be retried."""
     with holding(ctx, claimed) as held:
         if held is None:
@@ -188,48 +197,19 @@ def _fail_subject(kind: str, subject: Any, failure: Failure) -> None:
 def _exhausted(session: Session, job: db.Job) -> None:
     """A job claimed ``job_max_attempts`` times that came back once more (its last worker died): failed, with the
     last attempt's failure if it recorded one (the job row is locked: the claim's transaction)."""
-    kind = _KINDS[job.kind]
-    failure = Failure(job.error_code, job.error_message) if job.error_code and job.error_message else kind.exhausted
+    failure = Failure(job.error_code, job.error_message) if job.error_code and job.error_message \
+        else EXHAUSTED[job.kind]
     job.error_code, job.error_message = failure.code, failure.message
     _fail_subject(job.kind, _lock_subject(session, job.kind, job.subject_id), failure)
     job.state = "failed"
 
 
-@dataclass(frozen=True)
-class _Kind:
-    run: Callable[[ServiceContext, Claimed], None]
-    classify: Callable[[Exception], tuple[Failure, bool]]  # (what the subject shows, whether it is final at once)
-    exhausted: Failure  # when its attempts ran out with no failure recorded (workers that died)
-
-
-def _registration(ctx: ServiceContext, claimed: Claimed) -> None:
-    from labels_party.source_datasets import run_registration
-
-    run_registration(ctx, claimed)
-
-
-def _registration_failure(err: Exception) -> tuple[Failure, bool]:
-    from labels_party.source_datasets import classify
-
-    return classify(err)
-
-
-def _privatization(ctx: ServiceContext, claimed: Claimed) -> None:
-    from labels_party.releases.source import run_privatization
-
-    run_privatization(ctx, claimed)
-
-
-def _privatization_failure(err: Exception) -> tuple[Failure, bool]:
-    from labels_party.releases.source import classify
-
-    return classify(err)
-
-
-_KINDS = {
-    REGISTER_SOURCE: _Kind(_registration, _registration_failure, unexpected(
-        "registration_failed", "copying and counting the source (its workers stopped, attempts exhausted)")),
-    PRIVATIZE_SOURCE: _Kind(_privatization, _privatization_failure, Failure(
-        "release_failed", "the release's Spark job did not complete (its workers stopped, attempts exhausted); send "
-                          "the request again with its Idempotency-Key to run it again (the same charge and noise)")),
+# What a job's subject shows when its attempts ran out with no failure recorded (its workers died).
+EXHAUSTED = {
+    REGISTER_SOURCE: unexpected(code="registration_failed", what="copying and counting the source (its workers "
+                                                                 "stopped, attempts exhausted)"),
+    PRIVATIZE_SOURCE: Failure(
+        code="release_failed", message="the release's Spark job did not complete (its workers stopped, attempts "
+                                       "exhausted); send the request again with its Idempotency-Key to run it again "
+                                       "(the same charge and noise)"),
 }

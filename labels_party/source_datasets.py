@@ -25,8 +25,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from labels_party import db, jobs
-from labels_party.context import ServiceContext
-from labels_party.jobs import Claimed, Failure
+from labels_party.jobs import Claimed, Failure, JobContext
 from labels_party.spark import snapshot
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError, resource_error
@@ -36,7 +35,7 @@ REFUSALS = frozenset({"source_not_allowed", "source_not_found", "malformed_file"
                       "duplicate_example_id", "empty_labels", "invalid_domain"})
 
 
-def run_registration(ctx: ServiceContext, claimed: Claimed) -> None:
+def run_registration(ctx: JobContext, claimed: Claimed) -> None:
     """The ``register_source`` job: copy and count the dataset's source; recorded only while the lease is held."""
     with ctx.sessions() as session, session.begin():
         dataset = session.get(db.Dataset, claimed.subject_id)
@@ -72,11 +71,12 @@ def classify(err: Exception) -> tuple[Failure, bool]:
     are (with their texts: the owner's own data); the service's conditions are retried."""
     if isinstance(err, LabelDPError) and err.code in REFUSALS:
         return Failure(err.code, str(err)), True
-    return jobs.resource_failure(err) or jobs.unexpected("registration_failed", "copying and counting the source"), \
-        False
+    failure = jobs.resource_failure(err) or jobs.unexpected(code="registration_failed",
+                                                            what="copying and counting the source")
+    return failure, False
 
 
-def _count(ctx: ServiceContext, location: str, source: str, support_values: np.ndarray):
+def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarray):
     """The exact histogram of the copy; its refusals name the admin's source, never the data directory."""
     from labels_party.spark.jobs import label_histogram  # PySpark only where source datasets are used
 
@@ -105,7 +105,7 @@ def spark_unavailable(err: BaseException) -> bool:
         marker in str(err)[:4000] for marker in _SPARK_GONE)
 
 
-def stored_histogram(ctx: ServiceContext, session: Session, dataset: db.Dataset, domain):
+def stored_histogram(ctx: JobContext, session: Session, dataset: db.Dataset, domain):
     """The exact counts taken at registration (a :class:`~labels_party.spark.jobs.HistogramResult`), after
     checking the source is still where the operator allows its owner to register labels."""
     from labels_party.spark.jobs import HistogramResult
@@ -126,7 +126,7 @@ def stored_histogram(ctx: ServiceContext, session: Session, dataset: db.Dataset,
     return HistogramResult(values, counts.astype(np.int64), int(dataset.num_examples))
 
 
-def snapshot_uri(ctx: ServiceContext, dataset: db.Dataset) -> str:
+def snapshot_uri(ctx: JobContext, dataset: db.Dataset) -> str:
     """The ``file:`` URI Spark reads the dataset's labels from: its snapshot, on this file system."""
     if dataset.source_snapshot is None:
         raise LabelDPError("this source dataset was registered before sources were copied at registration; its "

@@ -26,6 +26,7 @@ from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.ledger import units_epsilon
 from labels_party.recovery import FAILED
+from labels_party.releases.privatization import seal
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import Domain
@@ -253,13 +254,6 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
         view = release_view(release)
     ctx.checkpoint("after_finish_commit")
     return view
-
-
-def seal(release: db.Release, sealed: tuple[int, str]) -> None:
-    """Make a release available with the size and SHA-256 of its file (read before the transaction: a large file
-    is not hashed under the row lock): what is served, and what verify-audit checks, must be that file."""
-    release.state = "available"
-    release.file_size, release.file_sha256 = sealed
 
 
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:

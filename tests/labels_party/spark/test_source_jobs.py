@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party import db, documents, jobs
+from labels_party import db, documents, jobs, workers
 from labels_party.api import create_app
 from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
 from labels_party.ledger import entries
-from labels_party.releases.source import secret_context
+from labels_party.releases.privatization import secret_context
 from labels_party.settings import LabelsSettings
 from labels_party.spark.jobs import privatize
 from shared.mechanisms.documents import sampler_from_description
@@ -138,7 +138,7 @@ def test_a_worker_that_lost_its_lease_changes_nothing(replicas):
     _expire(first, paused.job_id)
     holder = _claim(second)  # taken over; its worker has not finished yet
     assert (holder.job_id, holder.attempt) == (paused.job_id, 2)
-    jobs.run(first, paused, threading.Event())  # the paused worker wakes up and runs the whole job
+    workers.run(first, paused, threading.Event())  # the paused worker wakes up and runs the whole job
     with first.sessions() as session:
         release, job = session.get(db.Release, release_id), session.get(db.Job, paused.job_id)
         assert (release.state, release.file_sha256) == ("running", None)  # nothing recorded
@@ -146,7 +146,7 @@ def test_a_worker_that_lost_its_lease_changes_nothing(replicas):
     assert not first.store.path(f"releases/{release_id}").exists()
     assert list(first.store.path(jobs.ATTEMPTS).iterdir()) == []  # its attempt's files discarded
     _, reference = _secret_and_reference(second, release_id, dataset, tmp_path / "reference")
-    jobs.run(second, holder, threading.Event())
+    workers.run(second, holder, threading.Event())
     done = clients[1].get(f"/v1/releases/{release_id}", headers=headers["publisher"]).json()
     assert done["state"] == "available", done
     assert [p.read_bytes() for p in _parts(second, release_id)] == [p.read_bytes() for p in reference]

@@ -20,7 +20,7 @@ from labels_party.api import create_app
 from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
-from labels_party.releases.source import secret_context
+from labels_party.releases.privatization import secret_context
 from labels_party.settings import LabelsSettings
 from labels_party.spark.jobs import privatize
 from shared.mechanisms.documents import sampler_from_description
