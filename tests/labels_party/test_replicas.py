@@ -109,7 +109,7 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
                 answer = http.post(f"{bases[index % 2]}/v1/datasets/{dataset}/releases",
                                    headers={**publisher, "Idempotency-Key": f"r{index}"},
                                    json={"mechanism": "rr", "epsilon": 1})
-                return answer.status_code, answer.json().get("error", {}).get("code", "")
+                return answer.status_code, (answer.json().get("error") or {}).get("code", "")
 
             started = time.monotonic()
             with ThreadPoolExecutor(RELEASES) as pool:
@@ -134,8 +134,8 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
             assert ready["state"] == "ready" and ready["num_examples"] == SOURCE_ROWS, ready
             assert http.post(f"{bases[0]}/v1/datasets/{source}/grants", headers=owner,
                              json={"org": "publisher", "epsilon": 3}).status_code == 201
-            asked = http.post(f"{bases[0]}/v1/datasets/{source}/releases",
-                              headers={**publisher, "Idempotency-Key": "weekly"}, json={"mechanism": "rr", "epsilon": 1})
+            asked = http.post(f"{bases[0]}/v1/datasets/{source}/releases", json={"mechanism": "rr", "epsilon": 1},
+                              headers={**publisher, "Idempotency-Key": "weekly"})
             assert asked.status_code == 202, asked.text
             release_id = asked.json()["id"]
 
