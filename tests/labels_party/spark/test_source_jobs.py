@@ -8,7 +8,8 @@ secret key file); Spark is a real local session.
 * the secret key file removed between the charge and the job: the release is failed with ``secret_key_missing`` at
   once (no retry), the service still answers, a new release is refused before its charge (503), and with the key
   back the same request runs it;
-* no file under the data directory, and no log line, ever holds the release's 32-byte secret.
+* no file under the data directory, and no log line, ever holds the release's 32-byte secret;
+* a job whose workers keep dying is failed once its attempts ran out (release_failed, charged), and re-sent runs.
 """
 
 from __future__ import annotations
@@ -211,3 +212,31 @@ def test_no_file_or_log_line_holds_the_release_secret(replicas, caplog):
     logged = caplog.text
     for form in (secret.hex(), base64.b64encode(secret).decode(), repr(secret)):
         assert form not in logged
+
+
+def test_a_job_whose_workers_keep_dying_is_failed_after_its_attempts_and_can_be_sent_again(replicas):
+    """Each claim's worker dies (claimed, lease expired, never finished): after job_max_attempts claims the next claim
+    fails the job and its release (release_failed, charged) instead of running it; re-sent with its Idempotency-Key
+    it is queued again with its attempts reset, and runs."""
+    (first, second), clients, headers, dataset, _, _ = replicas
+    release_id = _release(clients[0], headers, dataset).json()["id"]
+    for attempt in range(1, first.settings.job_max_attempts + 1):
+        lease = _claim(first if attempt % 2 else second)
+        assert lease.attempt == attempt
+        _expire(first, lease.job_id)
+    assert second.jobs.run_pending() == 0  # out of attempts: failed by the claim, nothing run
+    failed = clients[1].get(f"/v1/releases/{release_id}", headers=headers["publisher"]).json()
+    assert failed["state"] == "failed" and failed["error"]["code"] == "release_failed", failed
+    assert "attempts exhausted" in failed["error"]["message"]
+    with first.sessions() as session:
+        job = session.get(db.Job, lease.job_id)
+        assert (job.state, job.attempts, job.lease_owner) == ("failed", 3, None) and job.sealed_secret is not None
+    again = _release(clients[1], headers, dataset)
+    assert again.status_code == 202 and again.json()["id"] == release_id
+    with first.sessions() as session:
+        job = session.get(db.Job, lease.job_id)
+        assert (job.state, job.attempts, job.error_code) == ("queued", 0, None)
+    assert first.jobs.run_pending() == 1
+    assert clients[0].get(f"/v1/releases/{release_id}", headers=headers["publisher"]).json()["state"] == "available"
+    with first.sessions() as session:
+        assert len([e for e in entries(session, dataset) if e.is_release]) == 1
