@@ -22,15 +22,20 @@ from labels_party.migrations import MIGRATIONS
 from labels_party.routers import audit, datasets, mechanisms, releases
 from shared.service.app import service_app
 from shared.service.health import readiness_checks
+from shared.service.leases import serving
 
 log = logging.getLogger("labeldp.labels")
 
 
-def create_app(ctx: ServiceContext) -> FastAPI:
+def create_app(ctx: ServiceContext, *, run_jobs: bool = False) -> FastAPI:
+    """The HTTP API on ``ctx``; with ``run_jobs`` (``serve``) it runs this process's job workers (``ctx.jobs``) while
+    it serves, and ``/readyz`` checks they are alive (tests run jobs with ``ctx.jobs.run_pending()``)."""
+    extra = {"job_workers": ctx.jobs.alive} if run_jobs else {}
     app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                       guard_type=access.Access,
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
-                      readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks={}),
+                      lifespan=serving(ctx.jobs if run_jobs else None),
+                      readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks=extra),
                       adjust_openapi=lambda spec: _deployment(spec, ctx.settings),
                       private_dirs=(ctx.settings.data_dir,))
     # The owner's console (HTML for admin keys, its own gate and session cookies; not part of the OpenAPI).

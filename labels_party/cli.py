@@ -22,6 +22,7 @@ from shared.randomness import secure_rng
 from shared.schemas import Solver
 from shared.service.commands import (
     add_service_commands,
+    check_shared_secret_key,
     check_workers,
     ensure_sqlite_directory,
     handle_keys,
@@ -225,11 +226,17 @@ def serve_command(args) -> int:
         logging.getLogger("labels_party").warning(
             "no audit key (LABELDP_AUDIT_KEY_FILE, made by `labeldp labels audit-key`): chain heads are neither "
             "signed nor exported, so verify-audit can check this database only against itself")
+    check_shared_secret_key(ctx.sealer, args.workers)
+    if ctx.sealer.ephemeral:  # allowed (one process), never silent
+        logging.getLogger("labels_party").warning(
+            "no secret key (LABELDP_SECRET_KEY_FILE, made by `labeldp labels secret-key`): jobs' secrets are sealed "
+            "with a key of this process only, so a job it leaves behind (a source release) cannot be run by another "
+            "replica or after a restart: it fails with secret_key_missing")
     if args.workers == 1:
-        serve(create_app(ctx), ctx.settings, host=args.host, port=args.port, **tls)  # with the HTTP limits
+        serve(create_app(ctx, run_jobs=True), ctx.settings, host=args.host, port=args.port, **tls)  # HTTP limits
         return 0
     # Several processes: this one has migrated and checked the database (its refusals are one line, above); each
-    # worker makes its own context from the same settings.
+    # worker makes its own context from the same settings and runs its own job workers.
     ctx.close()
     return serve_workers(worker_app, ctx.settings, workers=args.workers, host=args.host, port=args.port, **tls)
 
@@ -239,7 +246,7 @@ def worker_app(settings):
     from labels_party.api import create_app
     from labels_party.context import make_context
 
-    return create_app(make_context(settings=settings))
+    return create_app(make_context(settings=settings), run_jobs=True)
 
 
 def _keys(args):

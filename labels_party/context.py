@@ -1,9 +1,12 @@
-"""The labels party's context: settings, database sessions, the data store, the ledger, the Spark jobs and the
-release quotas, built once per process by :func:`make_context` (which refuses a database behind its data directory
-and collects what crashed processes left), and passed explicitly to everything that needs it."""
+"""The labels party's context: settings, database sessions, the data store, the ledger, the Spark session, the job
+workers and the sealer of their secrets, and the release quotas, built once per process by :func:`make_context`
+(which refuses a database behind its data directory and collects what crashed processes left), and passed
+explicitly to everything that needs it. The job workers (:mod:`labels_party.jobs`) are built here and started only
+by ``serve``: commands such as ``create-key`` run none, and tests drive them with ``ctx.jobs.run_pending()``."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy.orm import sessionmaker
 
-from labels_party import db, housekeeping, migrations, recovery
+from labels_party import db, housekeeping, jobs, migrations, recovery, workers
 from labels_party.ledger import HeadSigner, Ledger, load_key_file
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
@@ -19,7 +22,9 @@ from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 from shared.randomness import secure_rng
+from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import Scratch
+from shared.service.sealing import Sealer, sealer
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -38,12 +43,15 @@ class ServiceContext:
     # A fresh generator for each release's randomness: the cryptographic source; tests and benchmarks inject a
     # seeded one (shared.randomness.SeededSource) to make runs repeatable.
     random_source: Callable[[], np.random.Generator] = secure_rng
-    spark_jobs: SparkJobs = field(kw_only=True)  # source datasets' Spark session and job thread (labels_party.spark)
+    spark_jobs: SparkJobs = field(kw_only=True)  # this process's Spark session (labels_party.spark)
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
     quotas: ReleaseQuotas = field(kw_only=True)  # this process's release slots and CPU buckets per organization
+    sealer: Sealer = field(kw_only=True)  # seals jobs' secrets under the deployment's key (shared.service.sealing)
+    jobs: JobRunner = field(kw_only=True)  # this process's job workers (labels_party.jobs); `serve` starts them
 
     def close(self) -> None:
         """Let go of the data directory and the database (a context that is done: tests, commands)."""
+        self.jobs.stop()
         self.scratch.close()
         self.sessions.kw["bind"].dispose()
 
@@ -56,14 +64,20 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     URL or data directory overrides them."""
     overrides = {k: v for k, v in (("database_url", database_url), ("data_dir", data_dir)) if v is not None}
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
+    secrets = sealer(settings)  # a malformed or exposed key file is refused at start
     store = DataStore(settings.data_dir)
     sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade,
                                             data_dir=settings.data_dir)
     ledger = Ledger(store, audit_signer(settings))
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))
+
+    def run_job(lease: Lease, lost: threading.Event) -> None:
+        workers.run(ctx, lease, lost)  # the context below: a job runs only once it exists
+
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
-                         scratch=scratch, quotas=ReleaseQuotas(settings))
+                         scratch=scratch, quotas=ReleaseQuotas(settings), sealer=secrets,
+                         jobs=jobs.make_runner(sessions, settings, run_job))
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and

@@ -1,5 +1,6 @@
-"""Datasets: create (with their per-example budget; a source dataset is copied and counted first), list, read,
-upload label versions, grant organizations an allocation, and the budget view."""
+"""Datasets: create (with their per-example budget; a source dataset is registered by a job that copies and counts
+it: :mod:`labels_party.source_datasets`), list, read, upload label versions, grant organizations an allocation, and
+the budget view."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from labels_party import budgets, db, labelstore, source_datasets
-from labels_party.access import Admission, admitted_dataset, owned_datasets
+from labels_party import budgets, db, jobs, labelstore
+from labels_party.access import Admission, admitted_dataset, is_owner, owned_datasets
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.ledger import budget_units, units_epsilon
@@ -30,14 +31,19 @@ def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) ->
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
         **budgets.figures_for(session, principal, dataset),
         num_examples=dataset.num_examples, label_version=dataset.label_version,
-        created_at=dataset.created_at, labels_at="source" if dataset.source_uri else "service")
+        created_at=dataset.created_at, labels_at="source" if dataset.source_uri else "service",
+        state=dataset.state, error=json.loads(dataset.error_json) if dataset.error_json and is_owner(principal, dataset)
+        else None)
 
 
 def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
-    """A dataset owned by the key's organization (its route admits admin keys only)."""
+    """A dataset owned by the key's organization (its route admits admin keys only). A source dataset is created
+    ``registering`` with the job that copies and counts it, in one transaction (its route answers 202); sent again
+    after its registration failed — the same name, source, domain and budget — its job is queued again."""
     spec = body.domain_spec()
     if body.source is not None:
         check_source(ctx, principal, body)
+        domain_from_spec(spec)  # what the count will use: refused now, not by the job
     total = budget_units(body.epsilon_total)
     if total < budget_units(ctx.settings.epsilon_min):
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
@@ -45,31 +51,52 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
     if body.delta_total > ctx.settings.delta_max:
         raise LabelDPError(f"delta_total must be at most this service's ceiling, {ctx.settings.delta_max:g} per "
                            "example", code="epsilon_out_of_range")
-    with ctx.sessions() as session, session.begin():
-        _refuse_taken_name(session, principal, body.name)  # before a source is copied and counted
-    dataset_id = db.new_id()
-    # A source is copied and counted (Spark) before its row exists; the copy goes if the row is not written.
-    source = {} if body.source is None else source_datasets.register(
-        ctx, principal.org_name, dataset_id, body.source, domain_from_spec(spec))
     try:
         with ctx.sessions() as session, session.begin():
-            _refuse_taken_name(session, principal, body.name)
-            dataset = db.Dataset(id=dataset_id, owner_org_id=principal.org_id, name=body.name,
-                                 label_kind=body.label_kind, domain_json=json.dumps(spec), epsilon_total_units=total,
-                                 epsilon_spent_units=0, delta_total=body.delta_total,
-                                 allow_central_training=body.allow_central_training, source_uri=body.source,
-                                 **source)
-            session.add(dataset)
-            session.flush()
-            ctx.ledger.dataset_budget(session, dataset)
-            ctx.ledger.allocation(session, dataset, budgets.open_owner_account(session, dataset))
-            return dataset_view(session, principal, dataset)
-    except IntegrityError:  # the same name committed meanwhile (a registration retried while its copy ran)
-        source_datasets.discard(ctx, source)
+            again = _failed_registration(session, principal, body, spec, total)
+            if again is not None:
+                view = dataset_view(session, principal, again)
+            else:
+                _refuse_taken_name(session, principal, body.name)
+                dataset = db.Dataset(id=db.new_id(), owner_org_id=principal.org_id, name=body.name,
+                                     label_kind=body.label_kind, domain_json=json.dumps(spec),
+                                     epsilon_total_units=total, epsilon_spent_units=0, delta_total=body.delta_total,
+                                     allow_central_training=body.allow_central_training, source_uri=body.source,
+                                     state="ready" if body.source is None else "registering",
+                                     num_examples=0, registry_size=0)
+                session.add(dataset)
+                session.flush()
+                ctx.ledger.dataset_budget(session, dataset)
+                ctx.ledger.allocation(session, dataset, budgets.open_owner_account(session, dataset))
+                if body.source is not None:
+                    jobs.queue(session, org_id=principal.org_id, kind=jobs.REGISTER_SOURCE, subject_id=dataset.id,
+                               spec={"dataset_id": dataset.id, "source": body.source})
+                view = dataset_view(session, principal, dataset)
+    except IntegrityError:  # the same name committed meanwhile
         raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists") from None
-    except BaseException:
-        source_datasets.discard(ctx, source)
-        raise
+    if body.source is not None:
+        ctx.jobs.wake()  # this process's workers claim it now (another replica's at its next poll)
+    return view
+
+
+def _failed_registration(session: Session, principal: Principal, body, spec: dict, total: int) -> db.Dataset | None:
+    """The organization's source dataset of this name whose registration failed, if the request is the same one
+    (source, domain, budget): its job queued again, the dataset ``registering`` (locked: one re-queue at a time)."""
+    if body.source is None:
+        return None
+    dataset = session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
+                                                      db.Dataset.name == body.name).with_for_update())
+    if dataset is None or dataset.state != "failed" or (
+            dataset.source_uri, dataset.label_kind, json.loads(dataset.domain_json), dataset.epsilon_total_units,
+            dataset.delta_total, dataset.allow_central_training) != (
+            body.source, body.label_kind, spec, total, body.delta_total, body.allow_central_training):
+        return None
+    job = jobs.job_of(session, jobs.REGISTER_SOURCE, dataset.id, lock=True)
+    if job is None:
+        return None
+    jobs.requeue(job)
+    dataset.state, dataset.error_json = "registering", None
+    return dataset
 
 
 def _refuse_taken_name(session: Session, principal: Principal, name: str) -> None:
@@ -95,6 +122,7 @@ def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
     if not _under_allowed_prefix(uri, allowed):
         raise LabelDPError("this source location is not one this organization may register",
                            code="source_not_allowed")
+    snapshot.locate(uri, allowed)  # what the copy refuses before it opens anything
     if body.label_kind not in ("integer", "classes") or getattr(body, "clip", None) is not None or \
             getattr(body, "grid_size", None) is not None:
         raise LabelDPError("source datasets take integer (min, max) or classes labels", code="source_not_allowed")

@@ -30,6 +30,7 @@ from shared.service.database import (  # noqa: F401 (make_engine, new_id, utcnow
     utcnow,
 )
 from shared.service.keys import ApiKeyColumns, OrganizationColumns
+from shared.service.leases import LeaseColumns
 
 
 class Base(DeclarativeBase):
@@ -72,6 +73,10 @@ class Dataset(Base):
     source_snapshot: Mapped[str | None] = mapped_column(String(300), nullable=True)
     source_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     source_counts_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    # ready, or (a source dataset) registering -> ready | failed: its copy and count are a job (labels_party/jobs.py);
+    # a failed registration's {"code", "message"} (the refusal of its owner's source) in error_json
+    state: Mapped[str] = mapped_column(String(20), default="ready", server_default="ready")
+    error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
@@ -186,6 +191,27 @@ class LedgerEntry(Base):
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class Job(LeaseColumns, Base):
+    """A durable job (:mod:`labels_party.jobs`), run by any replica's workers under a lease: ``register_source``
+    copies and counts a source dataset (subject: the dataset), ``privatize_source`` runs a source release's Spark job
+    (subject: the release). ``spec`` is public JSON; a release's secret is only ever stored sealed
+    (:mod:`shared.service.sealing`, context ``release-secret:<release id>``), and dropped once it is available."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("kind", "subject_id"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))  # whose request made it
+    kind: Mapped[str] = mapped_column(String(30))
+    subject_id: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(20), default="queued")  # queued | running | succeeded | failed
+    spec_json: Mapped[str] = mapped_column(Text)
+    sealed_secret: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(50), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 
 
 class ConsoleSession(Base):

@@ -5,11 +5,11 @@ garbage: spooled request bodies of dead processes, ``.tmp`` temporaries of inter
 spill directories under ``tmp/`` (Spark's scratch among them), privatized release files (``releases/{id}.parquet``,
 a Spark job's ``releases/{id}/``) that no release row references — only versions before releases were charged
 first leave those: since, a release file without its row means a database older than the data directory, which
-:mod:`labels_party.recovery` refuses before this runs — source copies (``sources/{id}/``) no dataset row names, and
-Spark job files (``jobs/{id}.pickle``) of releases that do
-not exist. All but the dead spools only when no other process uses the data directory (their work in progress
-looks the same: :class:`shared.service.scratch.Scratch`). Budget vectors, coverage sets and label versions are not
-collected here.
+:mod:`labels_party.recovery` refuses before this runs — and source copies (``sources/{id}/``) no dataset row names.
+Jobs' attempts (a registration's copy, a release's Spark output, under ``tmp/jobs/``) of workers that died go with
+the rest of ``tmp/``. All but the dead spools only when no other process uses the data directory (their work in
+progress — another replica's jobs among it — looks the same: :class:`shared.service.scratch.Scratch`). Budget
+vectors, coverage sets and label versions are not collected here.
 """
 
 from __future__ import annotations
@@ -35,13 +35,10 @@ def collect(store: DataStore, sessions: sessionmaker, scratch: Scratch) -> int:
         removed = scratch.remove_leftovers()
         with sessions() as session, session.begin():
             files = {Path(file).name for file in session.scalars(select(db.Release.file))}
-            releases = set(session.scalars(select(db.Release.id)))
             snapshots = {Path(s).name for s in session.scalars(select(db.Dataset.source_snapshot)) if s}
         removed += _remove_unlisted(store.path("releases"), files, lambda entry: entry.name)
         # a source copied by a registration that died before its dataset row was written
         removed += _remove_unlisted(store.path("sources"), snapshots, lambda entry: entry.name)
-        removed += _remove_unlisted(store.path("jobs"), releases,
-                                    lambda entry: entry.stem if entry.suffix == ".pickle" else entry.name)
     if removed:
         log.info("removed %d leftover file(s) of earlier processes from the data directory", removed)
     return removed

@@ -67,6 +67,11 @@ class Prepared:
                                                                 epsilon=self.split.randomizer_epsilon)])
 
 
+# What a plan's description adds to its mechanism's (Plan.describe): a job that rebuilds the mechanism from a stored
+# description restates it with these (labels_party.releases.source).
+PLAN_FIELDS = ("budget_split_rule", "randomizer_epsilon", "fallback", "fallback_from", "reason")
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """The mechanism built and certified from the labels' histogram (and the noisy prior, if any), before any
@@ -95,9 +100,8 @@ class Plan:
 
     def describe(self) -> dict:
         """The public description a release stores: the mechanism's, how ε was split, and — when the solve on the
-        noisy prior could not certify — which fallback was built and why."""
-        fallback = {key: self.diagnostics[key] for key in ("fallback", "fallback_from", "reason")
-                    if key in self.diagnostics}
+        noisy prior could not certify — which fallback was built and why (the fields of :data:`PLAN_FIELDS`)."""
+        fallback = {key: self.diagnostics[key] for key in PLAN_FIELDS[2:] if key in self.diagnostics}
         return {**self.mechanism.describe(), "budget_split_rule": self.split.rule,
                 "randomizer_epsilon": self.split.randomizer_epsilon, **fallback}
 

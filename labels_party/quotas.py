@@ -22,8 +22,8 @@ load), so nothing is charged and nothing private has been drawn (:mod:`labels_pa
   capacity an organization's answers depend on its own releases only.
 
 The state is this process's (in the service context; no module state): replicas each count their own.
-Not counted: a source dataset's Spark job (its one job thread runs jobs one at a time) and native threads a
-solver library may start besides the worker thread.
+Not counted: a source dataset's Spark job (the process's job workers run it, ``job_threads`` at a time) and native
+threads a solver library may start besides the worker thread.
 """
 
 from __future__ import annotations

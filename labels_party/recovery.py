@@ -11,7 +11,13 @@
 2. **Accounts the migration to per-organization budgets left empty** are rebuilt from the ledger's records
    (:func:`labels_party.budgets.rebuild_migrated`), once.
 3. **Releases a dead process was computing** were charged before they were computed; they become ``failed`` and
-   stay charged (their files, if any, go). Releases of source datasets are Spark jobs, run again when re-sent.
+   stay charged (their files, if any, go). A source release is a durable job (:mod:`labels_party.jobs`) once
+   planned, which any replica takes over when its worker's lease expires; one whose process died while planning
+   it (before its job was queued) fails here like the others.
+
+The check (1) runs beside other live replicas too: each dataset's row is read locked (PostgreSQL: ``FOR SHARE``) while
+its anchor is read, so a charge another replica is committing cannot be seen half done (its anchor written, its
+row not yet). 2 takes the datasets' locks; 3 runs only when this process is alone on the data directory.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from sqlalchemy.orm import sessionmaker
 from labels_party import budgets, db
 from labels_party.ledger import Ledger, LedgerRollback, rollback_message
 from labels_party.storage import DataStore
-from shared.service.scratch import TEMPORARY, Scratch
+from shared.service.scratch import TEMPORARY, Scratch, remove
 
 log = logging.getLogger("labeldp.labels")
 
@@ -56,7 +62,8 @@ def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
             if session.get(db.Dataset, dataset_id) is None and not ledger.uncommitted_creation(dataset_id):
                 raise LedgerRollback(rollback_message(dataset_id))
         migrating = set(session.scalars(select(db.BudgetAccount.dataset_id).where(db.BudgetAccount.needs_rebuild)))
-        for dataset in session.scalars(select(db.Dataset)):
+        # locked while their anchors are read: another replica's charge commits before or after, never between
+        for dataset in session.scalars(select(db.Dataset).with_for_update(read=True)):
             if dataset.id not in migrating or ledger.read_anchor(dataset.id) is not None:
                 # (a database from before anchors, restored beside a data directory that has them, is checked too)
                 ledger.check_anchor(dataset)
@@ -74,12 +81,16 @@ def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
 
 
 def fail_interrupted(store: DataStore, sessions: sessionmaker) -> int:
+    """Releases ``running`` without anything to finish them (only when no other process is live): an uploaded
+    dataset's (computed in its request), or a source release's without a job (its process died planning it)."""
     with sessions() as session, session.begin():
+        queued = select(db.Job.subject_id).where(db.Job.kind == "privatize_source")
         rows = session.scalars(select(db.Release).join(db.Dataset, db.Dataset.id == db.Release.dataset_id).where(
-            db.Release.state == "running", db.Dataset.source_uri.is_(None))).all()
+            db.Release.state == "running",
+            db.Dataset.source_uri.is_(None) | db.Release.id.not_in(queued))).all()
         for release in rows:
             release.state, release.error_json = "failed", json.dumps(FAILED)
         files = [release.file for release in rows]
     for file in files:
-        store.remove(file)
+        remove(store.path(file))  # a file, or a Spark job's directory
     return len(files)

@@ -17,11 +17,13 @@ from pydantic_settings import SettingsConfigDict
 from labels_party.quotas import QuotaSettings
 from shared.privacy import EPSILON_MAX, EPSILON_MIN
 from shared.service.limits import HttpSettings
+from shared.service.sealing import SecretKeySettings
 
 
-# The HTTP limits of `serve` (shared.service.limits) and the per-organization release quotas (labels_party.quotas)
-# are fields of this class too, defined and documented with what enforces them.
-class LabelsSettings(HttpSettings, QuotaSettings):
+# The HTTP limits of `serve` (shared.service.limits), the per-organization release quotas (labels_party.quotas) and
+# the key that seals jobs' secrets (shared.service.sealing: LABELDP_SECRET_KEY or LABELDP_SECRET_KEY_FILE; unset,
+# a key for this process only) are fields of this class too, defined and documented with what uses them.
+class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     model_config = SettingsConfigDict(env_prefix="LABELDP_", frozen=True, extra="ignore")
 
     database_url: str = "sqlite:///var/labels.db"
@@ -68,6 +70,16 @@ class LabelsSettings(HttpSettings, QuotaSettings):
     # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
     spark_master: str = "local[*]"
     spark_sources: dict[str, list[str]] = Field(default_factory=dict)
+    # Durable jobs (labels_party/jobs.py: a source's registration, a source release's Spark job), run by every
+    # `serve` process on the shared database under leases (shared/service/leases.py): a lease lasts
+    # job_lease_seconds and is renewed every third of it — a killed replica's job is taken over by another within
+    # about that long; idle workers look for jobs every job_poll_seconds; a job is claimed at most job_max_attempts
+    # times (a failure is retried after job_retry_seconds), then it is failed; job_threads jobs run at once.
+    job_lease_seconds: float = Field(default=30.0, gt=0)
+    job_poll_seconds: float = Field(default=1.0, gt=0)
+    job_max_attempts: int = Field(default=3, ge=1)
+    job_retry_seconds: float = Field(default=5.0, ge=0)
+    job_threads: int = Field(default=1, ge=1, le=16)
 
     @model_validator(mode="after")
     def _range_inside_what_mechanisms_certify(self) -> LabelsSettings:

@@ -236,6 +236,10 @@ class Dataset(BaseModel):
     label_version: int
     created_at: datetime
     labels_at: Literal["service", "source"] = "service"  # "source": a Parquet dataset released by Spark jobs
+    # a source dataset is "registering" while its copy is taken and counted, then "ready" or "failed" (its error,
+    # {"code", "message"}, shown to its owner's admins); releases need "ready" (409 dataset_not_ready)
+    state: Literal["registering", "ready", "failed"] = "ready"
+    error: dict[str, str] | None = None
 
 
 class UploadResult(BaseModel):

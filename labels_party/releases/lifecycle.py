@@ -2,8 +2,8 @@
 
 A release is inserted ``running`` by the charge (:func:`labels_party.releases.transaction.charge`), and then becomes
 ``available`` (:func:`finish`: its mechanism document stored; a source dataset's release stays ``running`` until its
-Spark job wrote the labels) or ``failed`` (:func:`fail`: charged, its file removed). Nothing here decides access or
-charges anything.
+Spark job — a durable job, :mod:`labels_party.jobs` — wrote the labels) or ``failed`` (:func:`fail`: charged, its
+file removed). Nothing here decides access or charges anything.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.ledger import units_epsilon
 from labels_party.recovery import FAILED
+from labels_party.releases.privatization import seal
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import Domain
@@ -230,10 +231,11 @@ def write_file(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: 
                                                      **draft.columns}))
 
 
-def finish(ctx: ServiceContext, release_id: str, draft: Draft, *,
-           sealed: tuple[int, str] | None = None) -> schemas.Release:
+def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[int, str] | None = None,
+           also: Callable[[Session, db.Release], None] | None = None) -> schemas.Release:
     """Store the public mechanism document; with ``sealed`` — the (size, SHA-256) of the file it makes available,
-    computed before its row is locked — the release is available (without: a job's, still running)."""
+    computed before its row is locked — the release is available (without: a job's, still running, which ``also``
+    queues in the same transaction)."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
@@ -245,18 +247,13 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *,
         release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
         if sealed is not None:
             seal(release, sealed)
+        if also is not None:
+            also(session, release)
         session.flush()
         ctx.checkpoint("before_finish_commit")
         view = release_view(release)
     ctx.checkpoint("after_finish_commit")
     return view
-
-
-def seal(release: db.Release, sealed: tuple[int, str]) -> None:
-    """Make a release available with the size and SHA-256 of its file (read before the transaction: a large file
-    is not hashed under the row lock): what is served, and what verify-audit checks, must be that file."""
-    release.state = "available"
-    release.file_size, release.file_sha256 = sealed
 
 
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:

@@ -2,47 +2,57 @@
 (:mod:`labels_party.source_datasets`), released by Spark jobs. The control plane is here; the data plane is
 :mod:`labels_party.spark`. The same release transaction as any other release (:mod:`.transaction`):
 
-1. **price** — from public inputs only: the mechanism, the domain, the ε split (refusals here cost nothing);
+1. **price** — from public inputs only: the mechanism, the domain, the ε split (refusals here cost nothing). A
+   deployment that cannot seal the release's secret now (its configured secret key file is missing) refuses here
+   too: 503 ``secret_key_missing``, nothing charged;
 2. **charge** — :func:`.transaction.charge`: the key reserved, the exact charge to every row of the source
    (coverage ``range:0:n``), the ledger record and the release ``running``, in one transaction;
 3. **plan** — after the commit: the noisy prior from the counts taken at registration, the solve (falling back
-   deterministically if it cannot certify), the mechanism document, and the job file (the sampler and the
-   release's secret). The POST answers 202 with a Location;
-4. **privatize** — a Spark job on this service's thread reads the registration's copy and writes
-   ``releases/{id}/`` (Parquet part files); the release becomes ``available``, or ``failed``. Nothing is
-   readable before ``available``.
+   deterministically if it cannot certify), the mechanism document, and — in the transaction that stores the
+   document — a ``privatize_source`` job (:mod:`labels_party.jobs`): a row whose spec is public JSON (the release,
+   the document's address, the support, the source's fingerprint, the partitioning) and whose only secret, the
+   release's 32 bytes (:func:`shared.randomness.new_release_secret`), is stored sealed under the deployment's key
+   (:mod:`shared.service.sealing`, context ``release-secret:<release id>``) — never in plain text, on disk or in a
+   log. The POST answers 202 with a Location;
+4. **privatize** — any replica's worker claims the job (:mod:`.privatization`): it rebuilds the sampler from
+   the stored document (:func:`shared.mechanisms.documents.sampler_from_description`, checked against the
+   document's address), opens the secret, and runs the Spark job over the registration's copy into a directory of
+   its own attempt; then, in one transaction that checks its lease is still held, that directory becomes
+   ``releases/{id}/`` (Parquet part files), their digest is sealed and the release is ``available`` — and the
+   sealed secret is dropped. Nothing is readable before ``available``.
 
-A failed (or orphaned ``running``) release whose job file was written runs again when its request is sent again
-with its Idempotency-Key: the same charge (no second ledger record) and the same noise — every partition derives
-its stream from the release's secret (:mod:`labels_party.spark.jobs`). The job file is as sensitive as the labels
-(with it and the output the noise can be recomputed); it lives in the data directory beside the labels and is
-deleted once the release is available. A release that failed before its job file existed stays failed (charged).
+The noise is the secret's: every partition derives its stream from it (:mod:`labels_party.spark.jobs`), so an
+attempt taken over after its worker died, a retry after a failure, and a run queued again by re-sending the request
+with its Idempotency-Key after the release ``failed`` (the same charge, no second ledger record) all write the same
+bytes. Failures: a missing or wrong secret key fails the job and the release at once with ``secret_key_missing``
+(no retry: the key has to come back first; re-sending the request then runs it), as does a document that does not
+rebuild (``invalid_mechanism_document``); anything else (Spark's failures, a full disk) is retried up to
+``job_max_attempts`` claims, then the release is ``failed`` (``release_failed``), re-sendable while its sealed
+secret is kept. A release that failed without a job (its process died while planning it) stays failed (charged).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import pickle
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from labels_party import db
+from labels_party import db, jobs
 from labels_party.context import ServiceContext
+from labels_party.jobs import Failure
 from labels_party.pipeline import Prepared, plan
-from labels_party.recovery import FAILED
 from labels_party.releases.kinds import LabelRelease
-from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish, seal
+from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish, release_failed
+from labels_party.releases.privatization import secret_context
 from labels_party.solvers.deadline import Deadline
-from labels_party.source_datasets import snapshot_uri, stored_histogram
+from labels_party.source_datasets import stored_histogram
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.randomness import new_release_secret
 
 log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class SparkJob:
@@ -62,6 +72,7 @@ class SparkJob:
         with ctx.sessions() as session, session.begin():
             histogram = stored_histogram(ctx, session, session.get(db.Dataset, snapshot.dataset.id),
                                          snapshot.domain)
+        ctx.sealer.seal(bytes(32), "probe")  # the release's secret can be sealed (secret_key_missing, 503)
         return Covered(snapshot.coverage, counts=histogram)
 
     def check(self, snapshot: Snapshot, priced: Priced) -> None:
@@ -74,88 +85,67 @@ class SparkJob:
     def complete(self, ctx: ServiceContext, release_id: str, snapshot: Snapshot, kind: ReleaseKind[Any],
                  covered: Covered, priced: Priced) -> schemas.Release:
         assert isinstance(kind, LabelRelease) and isinstance(priced, Prepared)  # cover refused every other kind
+        from labels_party.spark.jobs import DEFAULT_MAX_PARTITION_BYTES, DEFAULT_MIN_PARTITIONS
+
         histogram = covered.counts
         planned = plan(priced.with_deadline(Deadline(ctx.settings.solver_seconds)), histogram.counts,
                        ctx.random_source())
-        from pyspark import cloudpickle  # what Spark ships the sampler to executors with (it also pickles views)
+        try:
+            sealed = ctx.sealer.seal(new_release_secret(), secret_context(release_id))  # the only copy: sealed
+        except LabelDPError as err:  # the key file went since the check before the charge: failed, and why
+            _fail(ctx, release_id, Failure(err.code, str(err)))
+            raise
 
-        ctx.store.write_with(_job_file(release_id), lambda path: path.write_bytes(cloudpickle.dumps(
-            {"sampler": planned.sampler, "secret": new_release_secret(), "support": histogram.support_values,
-             "source": snapshot.dataset.source_sha256})))
-        view = finish(ctx, release_id, kind.draft(planned, {}))  # running: its job makes it available
-        _start(ctx, release_id)
+        def queue(session: Session, release: db.Release) -> None:
+            jobs.queue(session, org_id=release.requester_org_id, kind=jobs.PRIVATIZE_SOURCE, subject_id=release_id,
+                       sealed_secret=sealed, spec={
+                           "release_id": release_id, "dataset_id": release.dataset_id,
+                           "mechanism_hash": release.mechanism_hash,
+                           "support": [float(v) for v in histogram.support_values],
+                           "source_sha256": snapshot.dataset.source_sha256,
+                           "max_partition_bytes": DEFAULT_MAX_PARTITION_BYTES,
+                           "min_partitions": DEFAULT_MIN_PARTITIONS})
+
+        view = finish(ctx, release_id, kind.draft(planned, {}), also=queue)  # running: its job makes it available
+        ctx.jobs.wake()
         return view
 
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:
-        ctx.store.remove(_job_file(release_id))
+        pass  # the job is queued with the document, in one transaction: nothing else was written
 
     def replayed(self, ctx: ServiceContext, session: Session, release: db.Release) -> bool:
-        """A failed (or orphaned ``running``) release whose job file was written runs again: the same charge and
-        job file, so the job redraws the same noise."""
+        """A failed release whose job still holds its sealed secret runs again: its job queued again (attempts
+        reset), the same charge and the same noise. A running one is its job's (a dead worker's lease expires)."""
         session.refresh(release, with_for_update=True)  # locked: a job finishing now cannot interleave
-        restart = ctx.store.path(_job_file(release.id)).exists() and (release.state == "failed" or (
-            release.state == "running" and not ctx.spark_jobs.running(release.id)))
-        if restart:
-            release.state, release.error_json = "running", None
-        return restart
+        if release.state != "failed":
+            return False
+        job = jobs.job_of(session, jobs.PRIVATIZE_SOURCE, release.id, lock=True)
+        if job is None or job.sealed_secret is None:
+            return False
+        jobs.requeue(job)
+        release.state, release.error_json = "running", None
+        return True
 
     def restart(self, ctx: ServiceContext, release_id: str) -> None:
-        _start(ctx, release_id)
+        ctx.jobs.wake()
 
     @property
     def waits(self) -> bool:
         return False
 
     def answer(self, release: schemas.Release, created: bool) -> Outcome:
+        if release.state == "failed":  # and not run again: it has no job, or its secret is gone
+            if release.error and release.error.get("code") == "job_format_retired":
+                raise LabelDPError(release.error["message"], code="job_format_retired")
+            raise release_failed(release.id)
         return Outcome(release, 202 if release.state != "available" else 200, f"/v1/releases/{release.id}")
 
 
 SPARK_JOB = SparkJob()
 
 
-def _job_file(release_id: str) -> str:
-    return f"jobs/{release_id}.pickle"
-
-
-def _start(ctx: ServiceContext, release_id: str) -> None:
-    ctx.spark_jobs.submit(release_id, lambda: _privatize(ctx, release_id))
-
-
-def _privatize(ctx: ServiceContext, release_id: str) -> None:
-    """The job: the release's dataset's snapshot (the files counted at registration), sampled and written."""
-    from labels_party.spark.jobs import privatize
-
-    try:
-        job = pickle.loads(ctx.store.path(_job_file(release_id)).read_bytes())
-        with ctx.sessions() as session, session.begin():
-            row = session.get(db.Release, release_id)
-            expected, dataset = row.num_examples, session.get(db.Dataset, row.dataset_id)
-            source = snapshot_uri(ctx, dataset)
-        if dataset.source_sha256 != job["source"]:  # a job planned for other files (cannot happen: checked anyway)
-            raise LabelDPError("the release was planned for other source files", code="source_dataset")
-        output = ctx.store.path(f"releases/{release_id}").resolve().as_uri()  # this file system, not fs.defaultFS
-        result = privatize(ctx.spark_jobs.session(), source, output,
-                           job["sampler"], job["secret"], support_values=job["support"])
-        ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
-        if result.rows_written != expected:
-            raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged", code="source_dataset")
-        sealed = ctx.store.digest(f"releases/{release_id}")  # a file it cannot read fails the job, not a hang
-    except Exception:  # the job's outcome is the release's state, not an exception in a thread
-        log.exception("the Spark job of release %s failed", release_id)
-        _finish(ctx, release_id, "failed", {**FAILED, "message": "the Spark job failed; send the request again "
-                                                                 "with its Idempotency-Key to run it again (the "
-                                                                 "same charge and noise)"})
-        return
-    _finish(ctx, release_id, "available", None, sealed)
-    ctx.store.remove(_job_file(release_id))
-
-
-def _finish(ctx: ServiceContext, release_id: str, state: str, error: dict | None,
-            sealed: tuple[int, str] | None = None) -> None:
-    """Only a running release finishes (a job that lost a race with a finished one changes nothing)."""
+def _fail(ctx: ServiceContext, release_id: str, failure: Failure) -> None:
     with ctx.sessions() as session, session.begin():
-        row = session.get(db.Release, release_id, with_for_update=True)
-        if row.state == "running":
-            row.state, row.error_json = state, json.dumps(error) if error else None
-            if sealed is not None:
-                seal(row, sealed)
+        release = session.get(db.Release, release_id, with_for_update=True)
+        if release.state == "running":
+            release.state, release.error_json = "failed", failure.as_json()

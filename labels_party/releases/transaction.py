@@ -209,6 +209,9 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
     restart = False
     with ctx.sessions() as session, session.begin():
         dataset = admitted_dataset(session, admission)
+        if dataset.state != "ready":  # public to whoever sees the dataset: refused before anything is read
+            raise LabelDPError(f"dataset {dataset.id} is {dataset.state}: it takes releases once its registration "
+                               "is ready", code="dataset_not_ready")
         completion: Completion = SPARK_JOB if dataset.source_uri is not None else IN_PROCESS
         existing = existing_release(session, principal, dataset.id, key, body_hash)
         if existing is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from labels_party import datasets
@@ -15,10 +16,20 @@ from shared.service.gate import GuardedRoute
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=GuardedRoute)
 
 
-@router.post("", status_code=201, response_model=schemas.Dataset)
+@router.post("", status_code=201, response_model=schemas.Dataset, responses={202: {
+    "model": schemas.Dataset, "description": (
+        "a source dataset (``source``): created ``registering``; a job copies and counts the source. Poll the "
+        "Location until ``state`` is ``ready`` (or ``failed``: ``error`` says why, to the owner's admins)")}})
 def create_dataset(body: schemas.DatasetCreate, who: AdminKey, ctx: Context):
-    """A dataset and its per-example budget (admin keys); the fields its domain needs depend on ``label_kind``."""
-    return datasets.create_dataset(ctx, who.principal, body)
+    """A dataset and its per-example budget (admin keys); the fields its domain needs depend on ``label_kind``.
+    With ``source`` (a Parquet location the operator allowed the organization), 202: the source is copied and
+    counted by a job, and releases are refused (409 ``dataset_not_ready``) until the dataset is ``ready``; sent
+    again after a failed registration, the same request registers it again."""
+    view = datasets.create_dataset(ctx, who.principal, body)
+    if view.state == "ready":
+        return view
+    return JSONResponse(view.model_dump(mode="json"), status_code=202,
+                        headers={"Location": f"/v1/datasets/{view.id}"})
 
 
 @router.get("", response_model=list[schemas.Dataset])

@@ -93,13 +93,39 @@ def _components(path: str) -> list[str]:
 def take(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
          checkpoint: Callable[[str], None] = lambda _name: None) -> Snapshot:
     """Copy ``source`` (under one of ``prefixes``) to ``sources/<dataset_id>/`` under ``data_dir``, or refuse and
-    leave nothing behind. ``checkpoint`` is called with ``"source_listed"`` once a directory was listed (before its
-    entries are opened) and ``"source_opened"`` once a file was opened and checked (before it is copied): tests
-    change the source there."""
+    leave nothing behind: :func:`copy` then :func:`place`."""
+    copied = copy(source, prefixes, data_dir, dataset_id, checkpoint)
+    try:
+        return place(data_dir, copied)
+    except BaseException:
+        discard(copied)
+        raise
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A source copied into a temporary directory of the data directory (``<id>.<hex>.copy``, under ``sources/``
+    or the caller's scratch directory — not a hidden name: Spark warns about reading one): what its registration
+    counts, then :func:`place`-s as the dataset's snapshot (or :func:`discard`-s)."""
+
+    dataset_id: str
+    temporary: Path
+    location: str  # the temporary directory, relative to the data directory
+    files: tuple[SnapshotFile, ...]
+    sha256: str
+
+
+def copy(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
+         checkpoint: Callable[[str], None] = lambda _name: None, into: Path | None = None) -> Copy:
+    """Copy ``source`` (under one of ``prefixes``) into a fresh temporary directory (each call its own: a
+    registration taken over copies again from scratch), or refuse and leave nothing behind. ``checkpoint`` is
+    called with ``"source_listed"`` once a directory was listed (before its entries are opened) and
+    ``"source_opened"`` once a file was opened and checked (before it is copied): tests change the source there.
+    ``into``: the directory the temporary goes in (on the data directory's file system; default ``sources/``)."""
     prefix, parts = locate(source, prefixes)
-    root = Path(data_dir) / SNAPSHOTS
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = root / f".{dataset_id}.{uuid.uuid4().hex}.tmp"
+    parent = into if into is not None else Path(data_dir) / SNAPSHOTS
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = parent / f"{dataset_id}.{uuid.uuid4().hex}.copy"
     temporary.mkdir(mode=0o700)
     try:
         files = _copy_source(prefix, parts, temporary, source, checkpoint)
@@ -107,15 +133,30 @@ def take(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
             raise LabelDPError("the source holds no files (names starting with _ or . are skipped, as Spark does)",
                                code="empty_labels")
         _fsync_directory(temporary)
-        os.rename(temporary, root / dataset_id)  # a new dataset's id: nothing is there
-        _fsync_directory(root)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     digest = hashlib.sha256()
     for file in files:
         digest.update(f"{file.path}\t{file.size}\t{file.sha256}\n".encode())
-    return Snapshot(f"{SNAPSHOTS}/{dataset_id}", tuple(files), digest.hexdigest())
+    return Copy(dataset_id, temporary, str(temporary.relative_to(data_dir)), tuple(files), digest.hexdigest())
+
+
+def place(data_dir: Path, copied: Copy) -> Snapshot:
+    """The copy renamed to ``sources/<dataset id>/``, durably. What is there already is an earlier attempt's that
+    died after its rename and before its dataset row said so (the caller holds the registration's lease): it goes."""
+    root = Path(data_dir) / SNAPSHOTS
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = root / copied.dataset_id
+    if target.exists():
+        shutil.rmtree(target)
+    os.rename(copied.temporary, target)
+    _fsync_directory(root)
+    return Snapshot(f"{SNAPSHOTS}/{copied.dataset_id}", copied.files, copied.sha256)
+
+
+def discard(copied: Copy) -> None:
+    shutil.rmtree(copied.temporary, ignore_errors=True)
 
 
 def remove(data_dir: Path, location: str) -> None:

@@ -112,6 +112,8 @@ class ErrorCode(str, Enum):
     DELTA_NOT_ALLOCATED = ("delta_not_allocated", 409)  # an event with δ > 0 by an organization with no δ allocation
     # a request with this Idempotency-Key is still being computed (its outcome is the first request's, not a new one)
     RELEASE_IN_PROGRESS = ("release_in_progress", 409)
+    # a source dataset still being copied and counted (or whose registration failed): nothing is charged
+    DATASET_NOT_READY = ("dataset_not_ready", 409)
     BODY_TIMEOUT = ("body_timeout", 408)  # the body paused too long or came too slowly (shared.service.serving)
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
@@ -148,6 +150,9 @@ class ErrorCode(str, Enum):
     # the service ran out of memory or file descriptors (shared.errors.resource_error); nothing was changed
     RESOURCE_EXHAUSTED = ("resource_exhausted", 503)
     NOT_READY = ("not_ready", 503)  # GET /readyz: a readiness check failed (shared.service.health)
+    # a source release whose job was written (pickled) by a version before jobs were rows: it cannot run again
+    JOB_FORMAT_RETIRED = ("job_format_retired", 503)
+    REGISTRATION_FAILED = ("registration_failed", 503)  # a source's copy or count failed for the service's reasons
     INSUFFICIENT_STORAGE = ("insufficient_storage", 507)  # the service's disk (or quota) is full; nothing changed
 
 

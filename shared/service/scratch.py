@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-# Temporaries of writes that rename them when done (``DataStore.write_with``'s files, the trainer's, source
-# snapshots' directories): ``.{name}.{uuid hex}.tmp``, never referenced.
+# Temporaries of writes that rename them when done (``DataStore.write_with``'s files, the trainer's):
+# ``.{name}.{uuid hex}.tmp``, never referenced.
 TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
 _SPOOL, _LIVE_LOCK = "spool", "live.lock"
 

@@ -1,6 +1,7 @@
 """What a crash leaves under the data directory goes when the labels party starts again (issue 26): temporaries
-of interrupted writes, scratch and DuckDB spill directories, release files no release row references and Spark job
-files of releases that do not exist. Referenced release files, label versions, coverage and budget files stay."""
+of interrupted writes, scratch and DuckDB spill directories, release files no release row references, source copies
+no dataset names and the attempts of jobs whose workers died. Referenced release files, label versions, coverage and
+budget files stay."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def _plant(data: Path, dataset: str) -> list[Path]:
         f"datasets/{dataset}/.labels_v000002_{hex32}.parquet.{uuid.uuid4().hex}.tmp": b"half a label version",
         f"datasets/{dataset}/budget/.classes_00000009.npy.{uuid.uuid4().hex}.tmp": b"half a budget file",
         f"releases/.{hex32}.parquet.{uuid.uuid4().hex}.tmp": b"half a release",
-        f"jobs/{uuid.uuid4().hex}.pickle": b"a job file of a release that does not exist",
+        f"tmp/jobs/{uuid.uuid4().hex}.{uuid.uuid4().hex}/part-00000.parquet": b"a dead worker's Spark output",
+        f"tmp/jobs/{uuid.uuid4().hex}.{uuid.uuid4().hex}.copy/part-0.parquet": b"a dead worker's source copy",
         f"sources/{uuid.uuid4().hex}/part-0.parquet": b"a source copied by a registration that died",
         f"tmp/duckdb-{uuid.uuid4().hex}/duckdb_temp_storage-0.tmp": b"spilled labels",
         f"tmp/{uuid.uuid4().hex}/staged.parquet": b"raw labels, parsed",
@@ -55,7 +57,7 @@ def test_leftovers_go_at_startup_and_referenced_files_stay(tmp_path):
     ctx.scratch.close()  # the first process ends
     restarted = make_context(f"sqlite:///{tmp_path}/db.sqlite", data)
     assert [path for path in leftovers if path.exists()] == []
-    assert not list((data / "jobs").iterdir())
+    assert not (data / "tmp" / "jobs").exists()
     assert sorted(p.name for p in (data / "tmp").iterdir()) == ["live.lock", "spool"]
     assert _files(data) == kept  # label versions, coverage, budget files and the committed release
     assert download_rows(client, {}, release["id"]) == rows

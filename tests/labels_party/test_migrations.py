@@ -25,7 +25,7 @@ from labels_party.migrations import MIGRATIONS
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
-HEAD = "0012"  # the newest migration in labels_party/migrations/versions
+HEAD = "0013"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -337,3 +337,75 @@ def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(data
     client = TestClient(create_app(ctx))
     assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000a_kept"}).status_code == 200
     assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000b_flagged"}).status_code == 401
+
+
+def test_pickled_source_jobs_are_retired_and_their_files_deleted(database_url, tmp_path):
+    """Migration 0013: source releases left running or failed with a pickled job file (it held their secret in
+    plain bytes) become failed with job_format_retired — charged, never run again, and re-sending them says so —
+    a running one without a job file is failed like any interrupted release, and every pickle goes. Without the data
+    directory the upgrade is refused and changes nothing; existing datasets become ready."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.releases.kinds import LabelRelease
+    from labels_party.releases.transaction import body_hash_of
+    from shared import schemas
+
+    data = tmp_path / "data"
+    jobs = data / "jobs"
+    jobs.mkdir(parents=True)
+    request = schemas.ReleaseRequest(mechanism="rr", epsilon=1)
+    engine = db.make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0012")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'owner', :t)"),
+                           {"t": db.utcnow()})
+        connection.execute(text(
+            "INSERT INTO datasets (id, owner_org_id, name, label_kind, domain_json, epsilon_total_units, "
+            "epsilon_spent_units, delta_total, allow_central_training, label_version, num_examples, registry_size, "
+            "ledger_seq, ledger_head, source_uri, created_at) VALUES ('d1', 1, 'weeks', 'integer', :domain, "
+            "5000000000, 0, 0, :false, 0, 10, 10, 0, :head, '/somewhere/weeks', :t)"),
+            {"domain": json.dumps({"kind": "integer", "min": 0, "max": 9}), "head": "0" * 64, "t": db.utcnow(),
+             "false": False})
+        for release_id, state in (("running", "running"), ("failed", "failed"), ("orphan", "running"),
+                                  ("early", "failed"), ("done", "available")):
+            connection.execute(text(
+                "INSERT INTO releases (id, dataset_id, requester_org_id, idempotency_key, body_hash, mechanism, "
+                "epsilon, charge_units, certified_epsilon, prior_epsilon, randomizer_epsilon, num_examples, "
+                "label_version, description_json, file, state, error_json, created_at) VALUES (:id, 'd1', 1, :id, "
+                ":body, 'rr', 1.0, 1000000000, NULL, 0, 1.0, 10, 0, '{}', :file, :state, :error, :t)"),
+                {"id": release_id, "body": body_hash_of(LabelRelease(request)), "file": f"releases/{release_id}",
+                 "state": state, "t": db.utcnow(),
+                 "error": json.dumps({"code": "release_failed", "message": "old"}) if state == "failed" else None})
+    engine.dispose()
+    secret = bytes(range(32))
+    for name in ("running.pickle", "failed.pickle", "unknown.pickle", f".done.pickle.{'0' * 32}.tmp"):
+        (jobs / name).write_bytes(b"cloudpickle of a sampler and " + secret)
+    with pytest.raises(LabelDPError) as refused:
+        MIGRATIONS.prepare(db.make_engine(database_url), upgrade=True)  # no data directory given
+    assert refused.value.code == "database_outdated" and "--data-dir" in str(refused.value)
+    engine = db.make_engine(database_url)
+    with engine.connect() as connection:
+        assert MIGRATIONS.current(connection) == "0012"
+    engine.dispose()
+    assert len(list(jobs.iterdir())) == 4
+
+    ctx = make_context(database_url, data, upgrade=True)
+    with ctx.sessions() as session, session.begin():
+        releases = {r.id: (r.state, json.loads(r.error_json)["code"] if r.error_json else None)
+                    for r in session.query(db.Release)}
+        assert releases == {"running": ("failed", "job_format_retired"), "failed": ("failed", "job_format_retired"),
+                            "orphan": ("failed", "release_failed"), "early": ("failed", "release_failed"),
+                            "done": ("available", None)}
+        assert session.get(db.Dataset, "d1").state == "ready"
+        assert session.query(db.Job).count() == 0
+        key = create_key(session, "owner", "admin")
+    assert not jobs.exists()  # every pickle deleted, and the directory
+    client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+    again = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "running"},
+                        json=request.model_dump(exclude_none=True))
+    assert again.status_code == 503 and again.json()["error"]["code"] == "job_format_retired", again.text
+    early = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "early"},
+                        json=request.model_dump(exclude_none=True))
+    assert early.status_code == 503 and early.json()["error"]["code"] == "release_failed", early.text

@@ -1,12 +1,12 @@
 """Running out of resources is the service's condition, never the client's fault and never a 500 (issue 28, item 6).
 
-A full disk is real here: the database and the data directory live on a small tmpfs mounted for the test (root
-only; skipped with the reason otherwise), filled with a filler file. Every refusal is 507 ``insufficient_storage``
-and changes nothing (no label version, no charge, no grant, no source copy); with space again, the same request
-succeeds. A disk that fills after a release's charge leaves it failed and charged (503 ``release_failed``).
-Running out of file descriptors is real too (the process's own limit, lowered for one request): 503
-``resource_exhausted``. A PostgreSQL tablespace on a full tmpfs: 507 (when LABELDP_TEST_POSTGRES_URL names a
-local server). ~6 s.
+A full disk is real here: the database and the data directory live on a small tmpfs mounted for the test (root only;
+skipped with the reason otherwise), filled with a filler file. Every refusal is 507 ``insufficient_storage`` and changes
+nothing (no label version, no charge, no grant); a source's copy, made by its registration's job, fails its dataset with
+that code and leaves no copy; with space again, the same request succeeds. A disk that fills after a release's charge
+leaves it failed and charged (503 ``release_failed``). Running out of file descriptors is real too (the process's own
+limit, lowered for one request): 503 ``resource_exhausted``. A PostgreSQL tablespace on a full tmpfs: 507 (when
+LABELDP_TEST_POSTGRES_URL names a local server). ~6 s.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
+from labels_party import db
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.context import make_context
@@ -76,7 +77,7 @@ def _filled(disk: Path, leave: int = 0):
 
 def _service(disk: Path, sources: Path | None = None):
     settings = LabelsSettings(database_url=f"sqlite:///{disk}/db.sqlite", data_dir=disk / "data",
-                              spark_sources={"hospital": [f"{sources}/"]} if sources else {})
+                              spark_sources={"hospital": [f"{sources}/"]} if sources else {}, job_retry_seconds=0)
     ctx = make_context(settings=settings)
     with ctx.sessions() as session, session.begin():
         admin, consumer = create_key(session, "hospital", "admin"), create_key(session, "publisher", "consumer")
@@ -133,13 +134,17 @@ def test_releases_and_grants_onto_a_full_disk_are_507_and_charge_nothing(small_d
         assert state(client, admin, dataset)["epsilon_spent"] == 1.0
 
 
-def test_a_source_copied_onto_a_full_disk_is_507_and_registers_nothing(small_disk, tmp_path):
+def test_a_source_copied_onto_a_full_disk_fails_its_registration_and_registers_nothing(small_disk, tmp_path):
+    """The copy runs in the registration's job: on a full disk each attempt fails with insufficient_storage and
+    leaves nothing; after the last one the dataset is failed with that code, and the same request sent again once
+    there is space queues its registration again (not run here: Spark would keep its scratch on this tmpfs)."""
     sources = tmp_path / "sources"
     (sources / "weeks").mkdir(parents=True)
     ids = [hashlib.sha256(b"%d" % i).hexdigest() for i in range(100_000)]
     pq.write_table(pa.table({"example_id": ids, "label": [i % 52 + 1 for i in range(100_000)]}),
                    sources / "weeks" / "part-0.parquet", compression="none")
     client, admin, _ = _service(small_disk, sources)
+    ctx = client.app.state.ctx
     body = {"name": "weeks", "label_kind": "integer", "min": 1, "max": 52, "epsilon_total": 5,
             "source": f"{sources}/weeks"}
     with client:
@@ -147,9 +152,19 @@ def test_a_source_copied_onto_a_full_disk_is_507_and_registers_nothing(small_dis
             response = client.post("/v1/datasets", json=body, headers=admin)
             if response.status_code == 400 and response.json()["error"]["code"] == "source_not_allowed":
                 pytest.skip(f"no Spark on this machine: {response.json()['error']['message']}")
-            expect_error(response, 507, "insufficient_storage")
-            assert client.get("/v1/datasets", headers=admin).json() == []
-            assert not list((small_disk / "data" / "sources").iterdir())  # the partial copy removed
+            assert response.status_code == 202, response.text
+            assert ctx.jobs.run_pending() == ctx.settings.job_max_attempts  # retried: the disk may free up
+            failed = client.get(response.headers["location"], headers=admin).json()
+            assert failed["state"] == "failed" and failed["error"]["code"] == "insufficient_storage", failed
+            assert failed["num_examples"] == 0
+            assert not (small_disk / "data" / "sources").exists()  # the partial copies removed
+            assert list((small_disk / "data" / "tmp" / "jobs").iterdir()) == []
+        again = client.post("/v1/datasets", json=body, headers=admin)  # with space, the same registration
+        assert again.status_code == 202 and again.json()["id"] == failed["id"], again.text
+        assert again.json()["state"] == "registering" and again.json()["error"] is None
+        with ctx.sessions() as session:
+            job = session.query(db.Job).one()
+            assert (job.state, job.attempts, job.error_code) == ("queued", 0, None)
 
 
 def test_a_body_that_quotes_a_resource_error_is_still_the_clients(tmp_path):

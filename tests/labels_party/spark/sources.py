@@ -27,3 +27,16 @@ def read_parts(output: str) -> list[pa.Table]:
 
 def read_all(output: str) -> pa.Table:
     return pa.concat_tables(read_parts(output))
+
+
+def register(ctx, client, headers: dict, body: dict) -> dict:
+    """``POST /v1/datasets`` of a source (202, ``registering``, its Location), its job run here, then the dataset as
+    its owner's admin reads it (``ready``, or ``failed`` with its error)."""
+    response = client.post("/v1/datasets", headers=headers, json=body)
+    assert response.status_code == 202, response.text
+    created = response.json()
+    assert created["state"] == "registering" and response.headers["location"] == f"/v1/datasets/{created['id']}"
+    ctx.jobs.run_pending()
+    read = client.get(response.headers["location"], headers=headers)
+    assert read.status_code == 200, read.text
+    return read.json()

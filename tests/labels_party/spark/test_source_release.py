@@ -1,7 +1,7 @@
-"""Source datasets over the HTTP service: labels registered from an allowed Parquet location (copied and counted
-when registered), released as Spark jobs — 202 and a Location, charged once before any label is written, the same
-ledger and audit shape as uploaded datasets, a failed job re-run by its request with the same charge and the same
-noise."""
+"""Source datasets over the HTTP service: labels registered from an allowed Parquet location (202: copied and counted
+by a job), released as Spark jobs — 202 and a Location, charged once before any label is written, the same ledger
+and audit shape as uploaded datasets, a failing job retried and a failed one re-run by its request with the same
+charge and the same noise."""
 
 from __future__ import annotations
 
@@ -15,26 +15,29 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party import db
+from labels_party import db, documents, jobs
 from labels_party.api import create_app
 from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
+from labels_party.releases.privatization import secret_context
 from labels_party.settings import LabelsSettings
-from tests.labels_party.spark.sources import read_parts, write_source
+from labels_party.spark.jobs import privatize
+from shared.mechanisms.documents import sampler_from_description
+from tests.labels_party.spark.sources import read_parts, register, write_source
 
 N = 20_000
 
 
 class FailOnce:
-    """A checkpoint that fails the first Spark job at ``name`` (the crash tests' injection point)."""
+    """A checkpoint that fails the first ``times`` Spark jobs at ``name`` (the crash tests' injection point)."""
 
-    def __init__(self, name: str):
-        self.name, self.failed = name, False
+    def __init__(self, name: str, times: int = 1):
+        self.name, self.times, self.failed = name, times, 0
 
     def __call__(self, name: str) -> None:
-        if name == self.name and not self.failed:
-            self.failed = True
+        if name == self.name and self.failed < self.times:
+            self.failed += 1
             raise RuntimeError("executor lost")
 
 
@@ -45,7 +48,7 @@ def service(spark, tmp_path):
     labels = rng.integers(0, 10, size=N)
     write_source(sources / "weeks", [f"p{i}" for i in range(N)], labels.astype(np.int64), files=3)
     settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
-                              spark_sources={"hospital": [f"{sources}/"]})
+                              spark_sources={"hospital": [f"{sources}/"]}, job_retry_seconds=0)
     checkpoint = FailOnce("spark_job_written")
     ctx = make_context(settings=settings, checkpoint=checkpoint)
     with ctx.sessions() as session, session.begin():
@@ -59,9 +62,13 @@ def service(spark, tmp_path):
     return ctx, client, as_, sources, labels, checkpoint
 
 
+def _body(source, **extra):
+    return {"name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3, "source": source,
+            **extra}
+
+
 def _create(client, headers, source, **extra):
-    return client.post("/v1/datasets", headers=headers, json={
-        "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3, "source": source, **extra})
+    return client.post("/v1/datasets", headers=headers, json=_body(source, **extra))
 
 
 def test_only_allowed_locations_can_be_registered(service):
@@ -84,14 +91,25 @@ def test_only_allowed_locations_can_be_registered(service):
         assert session.query(db.Dataset).count() == 0  # nothing was created
 
 
-def test_a_source_release_is_a_spark_job_charged_once(service):
+def test_a_source_release_is_a_spark_job_charged_once(service, tmp_path):
+    """Registration answers 202 and its job makes the dataset ready (releases before are refused, nothing charged);
+    a release's job that fails is retried, then failed after job_max_attempts (charged, its error saying nothing of
+    the labels); re-sent with its Idempotency-Key it is queued again and writes exactly the bytes an undisturbed run
+    with the release's secret writes — one ledger record through it all."""
     ctx, client, as_, sources, labels, checkpoint = service
+    checkpoint.times = 3  # the job's three attempts all fail after writing their files
     created = _create(client, as_("owner"), f"{sources}/weeks")
-    assert created.status_code == 201 and created.json()["labels_at"] == "source"
-    assert created.json()["num_examples"] == N  # counted when registered
+    assert created.status_code == 202 and created.json()["labels_at"] == "source"
+    assert created.json()["state"] == "registering" and created.json()["num_examples"] == 0
     dataset = created.json()["id"]
     assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
                        headers=as_("owner")).status_code == 201
+    early = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "early"},
+                        json={"mechanism": "rr", "epsilon": 1})
+    assert early.status_code == 409 and early.json()["error"]["code"] == "dataset_not_ready", early.text
+    assert ctx.jobs.run_pending() == 1
+    ready = client.get(f"/v1/datasets/{dataset}", headers=as_("owner")).json()
+    assert ready["state"] == "ready" and ready["num_examples"] == N and ready["error"] is None  # counted by its job
     upload = client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\nx,1\n",
                         headers={**as_("owner"), "Content-Type": "text/csv"})
     assert upload.status_code == 409 and upload.json()["error"]["code"] == "source_dataset"
@@ -106,22 +124,36 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     release = started.json()
     assert started.headers["location"] == f"/v1/releases/{release['id']}" and release["state"] == "running"
     assert release["num_examples"] == N and release["charged_epsilon"] == 1.0
-    ctx.spark_jobs.wait()
+    assert ctx.jobs.run_pending() == 3  # retried (job_retry_seconds 0 here), then failed
     failed = client.get(f"/v1/releases/{release['id']}", headers=as_("publisher")).json()
-    assert checkpoint.failed and failed["state"] == "failed" and failed["error"]["code"] == "release_failed"
+    assert checkpoint.failed == 3 and failed["state"] == "failed" and failed["error"]["code"] == "release_failed"
     assert "executor lost" not in json.dumps(failed)  # an internal failure's text is not echoed
     refused = client.get(f"/v1/releases/{release['id']}/labels", headers=as_("publisher"))
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "release_not_ready"
-    first = read_parts(str(ctx.store.path(f"releases/{release['id']}")))  # written before the failure
+    assert not ctx.store.path(f"releases/{release['id']}").exists()  # the attempts' files went with them
+    assert list(ctx.store.path(jobs.ATTEMPTS).iterdir()) == []
+    with ctx.sessions() as session:
+        job = jobs.job_of(session, jobs.PRIVATIZE_SOURCE, release["id"])
+        assert (job.state, job.attempts, job.error_code) == ("failed", 3, "release_failed")
+        secret = ctx.sealer.open(job.sealed_secret, secret_context(release["id"]))  # kept: it can run again
+        document = documents.unpack(documents.stored(session, release["mechanism_hash"]))
+    # what an undisturbed run with the release's secret writes (the test opens it; the service never shows it)
+    reference = privatize(ctx.spark_jobs.session(), ctx.store.path(f"sources/{dataset}").resolve().as_uri(),
+                          str(tmp_path / "reference"), sampler_from_description(document["description"]), secret,
+                          support_values=np.arange(10, dtype=np.float64))
 
     again = client.post(f"/v1/datasets/{dataset}/releases", headers=headers, json=request)
-    assert again.status_code == 202 and again.json()["id"] == release["id"]
-    ctx.spark_jobs.wait()
+    assert again.status_code == 202 and again.json()["id"] == release["id"] and again.json()["state"] == "running"
+    assert ctx.jobs.run_pending() == 1
     done = client.get(f"/v1/releases/{release['id']}", headers=as_("publisher")).json()
     assert done["state"] == "available" and done["error"] is None
-    second = read_parts(str(ctx.store.path(f"releases/{release['id']}")))
-    assert [t.equals(u) for t, u in zip(first, second, strict=True)] == [True] * len(first)  # the same noise
-    assert not ctx.store.path(f"jobs/{release['id']}.pickle").exists()  # the secret is gone once available
+    second = sorted(ctx.store.path(f"releases/{release['id']}").glob("part-*.parquet"))
+    first = sorted((tmp_path / "reference").glob("part-*.parquet"))
+    assert len(first) == len(second) == reference.partitions
+    assert [a.read_bytes() == b.read_bytes() for a, b in zip(first, second, strict=True)] == [True] * len(first)
+    with ctx.sessions() as session:
+        job = jobs.job_of(session, jobs.PRIVATIZE_SOURCE, release["id"])
+        assert (job.state, job.sealed_secret) == ("succeeded", None)  # the secret is gone once available
 
     replay = client.post(f"/v1/datasets/{dataset}/releases", headers=headers, json=request)
     assert replay.status_code == 200 and replay.json()["id"] == release["id"]
@@ -133,7 +165,7 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     assert abs(kept - np.e / (np.e + 9)) < 0.02  # randomized response at eps 1 over 10 labels: e / (e + 9) kept
 
     audit = client.get("/v1/audit", headers=as_("owner")).json()
-    assert len(audit["events"]) == 1 and audit["chain_valid"]  # charged once, through a failure and two retries
+    assert len(audit["events"]) == 1 and audit["chain_valid"]  # charged once, through failures and a re-run
     record = audit["events"][0]["record"]
     assert record["coverage"]["file"] == f"range:0:{N}" and record["examples_covered"] == N
     assert record["charge_units"] == 10**9 and record["mechanism"] == "rr"
@@ -153,7 +185,7 @@ def test_a_source_release_is_a_spark_job_charged_once(service):
     later = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "n"},
                         json={"mechanism": "rr", "epsilon": 1})
     assert later.status_code == 202 and later.json()["num_examples"] == N, later.text
-    ctx.spark_jobs.wait()
+    assert ctx.jobs.run_pending() == 1
     assert client.get(f"/v1/releases/{later.json()['id']}", headers=as_("publisher")).json()["state"] == "available"
     assert sum(t.num_rows for t in read_parts(str(ctx.store.path(f"releases/{later.json()['id']}")))) == N
 
@@ -165,20 +197,27 @@ def test_the_features_party_client_waits_for_a_source_release(service):
     from labeldp.local_services import serve_in_thread
 
     ctx, client, as_, sources, labels, checkpoint = service
-    dataset = _create(client, as_("owner"), f"{sources}/weeks").json()["id"]
+    dataset = register(ctx, client, as_("owner"), _body(f"{sources}/weeks"))["id"]
     client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
     key = as_("publisher")["Authorization"].removeprefix("Bearer ")
-    with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, key) as publisher:
-        release = publisher.request_release(dataset, {"mechanism": "rr", "epsilon": 1}, poll_seconds=0.2)
-        table = publisher.download_labels(release.id)
-    assert checkpoint.failed and release.state == "available" and table.num_rows == N
+    checkpoint.times = 3  # every attempt fails: the release is failed, and the client sends it again once
+    ctx.jobs.start()  # as `serve` does
+    try:
+        with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, key) as publisher:
+            release = publisher.request_release(dataset, {"mechanism": "rr", "epsilon": 1}, poll_seconds=0.2)
+            table = publisher.download_labels(release.id)
+    finally:
+        ctx.jobs.stop()
+    assert checkpoint.failed == 3 and release.state == "available" and table.num_rows == N
     assert len(client.get("/v1/audit", headers=as_("owner")).json()["events"]) == 1
 
 
 def test_refusals_at_registration_and_before_any_charge(service):
-    """A link under the source and labels Spark cannot count are refused to the owner's admin registering them
-    (nothing is created, nothing is left in the data directory, no server path in the message); a mechanism Spark
-    cannot release and a source registered before sources were copied are refused before anything is charged."""
+    """A link under the source and labels Spark cannot count are refused by the registration's job: the dataset is
+    failed with the refusal, which its owner's admins read (no server path in it; nothing else is created, nothing
+    is left in the data directory) and a granted organization sees failed without it; its releases are refused
+    (dataset_not_ready) before anything is charged. A mechanism Spark cannot release and a source registered before
+    sources were copied are refused before anything is charged."""
     ctx, client, as_, sources, _, _ = service
     elsewhere = sources.parent / "elsewhere"
     write_source(elsewhere, ["x1", "x2"], np.array([1, 2]), files=1)
@@ -187,26 +226,49 @@ def test_refusals_at_registration_and_before_any_charge(service):
     (sources / "garbage").mkdir()
     (sources / "garbage" / "part-00.parquet").write_bytes(b"not parquet" * 100)
 
-    def create(name, location, **extra):
+    def body(name, location, **extra):
         body = {"name": name, "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3, "source": location}
         if extra:
             body = {k: v for k, v in body.items() if k not in ("min", "max")} | extra
-        return client.post("/v1/datasets", headers=as_("owner"), json=body)
+        return body
 
+    failed = {}
     for name, code, told in [("link", "source_not_allowed", "symbolic link"), ("bad", "label_out_of_domain", "1 of 3"),
                              ("garbage", "malformed_file", "Parquet")]:
-        refused = create(name, f"{sources}/{name}")
-        assert refused.status_code == 400 and refused.json()["error"]["code"] == code, refused.text
-        message = refused.json()["error"]["message"]
+        dataset = register(ctx, client, as_("owner"), body(name, f"{sources}/{name}"))
+        assert dataset["state"] == "failed" and dataset["num_examples"] == 0, dataset
+        assert dataset["error"]["code"] == code, dataset
+        message = dataset["error"]["message"]
         assert told in message and str(ctx.store.root) not in message and "elsewhere" not in message, message
+        failed[name] = dataset["id"]
     with ctx.sessions() as session:
-        assert session.query(db.Dataset).count() == 0
-    assert list((ctx.store.root / "sources").iterdir()) == []  # no copy, no temporary left
+        assert {d.state for d in session.query(db.Dataset)} == {"failed"}
+        assert {(j.state, j.attempts) for j in session.query(db.Job)} == {("failed", 1)}  # refusals: not retried
+        assert session.query(db.Release).count() == 0
+    assert not (ctx.store.root / "sources").exists()  # no copy
+    assert list(ctx.store.path(jobs.ATTEMPTS).iterdir()) == []  # no temporary left
     assert not (ctx.store.root / "datasets").exists() or list((ctx.store.root / "datasets").rglob("*.npy")) == []
+    link = failed["link"]
+    assert client.post(f"/v1/datasets/{link}/grants", json={"org": "publisher", "epsilon": 1},
+                       headers=as_("owner")).status_code == 201
+    seen = client.get(f"/v1/datasets/{link}", headers=as_("publisher")).json()
+    assert seen["state"] == "failed" and seen["error"] is None  # the refusal is the owner's
+    refused = client.post(f"/v1/datasets/{link}/releases", headers={**as_("publisher"), "Idempotency-Key": "k"},
+                          json={"mechanism": "rr", "epsilon": 1})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "dataset_not_ready"
+    again = client.post("/v1/datasets", headers=as_("owner"), json=body("bad", f"{sources}/link"))
+    assert again.status_code == 409 and again.json()["error"]["code"] == "dataset_exists"  # another request
 
-    created = create("classes", f"{sources}/weeks", label_kind="classes", num_classes=10)
-    assert created.status_code == 201, created.text
-    dataset = created.json()["id"]
+    # the owner fixes the source and sends the same registration again: its job runs again, the dataset is ready
+    (sources / "link").unlink()
+    write_source(sources / "link", ["x1", "x2"], np.array([1, 2]), files=1)
+    fixed = register(ctx, client, as_("owner"), body("link", f"{sources}/link"))
+    assert (fixed["id"], fixed["state"], fixed["num_examples"], fixed["error"]) == (link, "ready", 2, None)
+
+    created = register(ctx, client, as_("owner"), body("classes", f"{sources}/weeks", label_kind="classes",
+                                                       num_classes=10))
+    assert created["state"] == "ready", created
+    dataset = created["id"]
     client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
 
     def release(mechanism="rr", key="k"):
@@ -228,7 +290,7 @@ def test_a_withdrawn_location_is_refused_before_the_charge(service, tmp_path):
     """The review of issue 26: after the operator withdrew the owner's prefix, each release was charged and then
     failed. The location is public configuration: it is checked before anything is charged."""
     ctx, client, as_, sources, _, _ = service
-    dataset = _create(client, as_("owner"), f"{sources}/weeks").json()["id"]
+    dataset = register(ctx, client, as_("owner"), _body(f"{sources}/weeks"))["id"]
     client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
     ctx.close()
     withdrawn = make_context(settings=LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite",
@@ -242,22 +304,24 @@ def test_a_withdrawn_location_is_refused_before_the_charge(service, tmp_path):
     assert client.get(f"/v1/datasets/{dataset}/releases", headers=as_("publisher")).json() == []
 
 
-def test_locations_with_commas_register_and_missing_ones_are_a_400(service):
+def test_locations_with_commas_register_and_missing_ones_are_refused_by_the_job(service):
     """Issue 28, item 7: a source path holding a comma (Hadoop reads one as a list of paths: PATH_NOT_FOUND, a 500)
-    registers and is counted like any other — Spark reads the copy, named by the dataset's id — and a
-    location that does not exist is a 400 source_not_found that names no path at all."""
+    registers and is counted like any other — Spark reads the copy, named by the dataset's id — and a location that
+    does not exist fails its registration with source_not_found, whose message names no path at all."""
     ctx, client, as_, sources, _, _ = service  # ~5 s once Spark runs
     location = sources / "weeks,2024"
     write_source(location, [f"q{i}" for i in range(100)], np.arange(100) % 10, files=2)
     (location / "part-01.parquet").rename(location / "part,01.parquet")  # and a file name with one
-    created = _create(client, as_("owner"), str(location))
-    assert created.status_code == 201, created.text
-    assert created.json()["num_examples"] == 100
-    for missing in (f"{sources}/nowhere", f"{sources}/nowhere,else", f"{sources}/weeks,2024/part-9.parquet"):
-        refused = _create(client, as_("owner"), missing, name="missing")
-        assert refused.status_code == 400 and refused.json()["error"] == {
+    created = register(ctx, client, as_("owner"), _body(str(location)))
+    assert created["state"] == "ready" and created["num_examples"] == 100, created
+    for index, missing in enumerate((f"{sources}/nowhere", f"{sources}/nowhere,else",
+                                     f"{sources}/weeks,2024/part-9.parquet")):
+        response = client.post("/v1/datasets", headers=as_("owner"), json=_body(missing, name=f"missing{index}"))
+        ctx.jobs.run_pending()
+        refused = client.get(response.headers["location"], headers=as_("owner"))
+        assert refused.json()["state"] == "failed" and refused.json()["error"] == {
             "code": "source_not_found", "message": "the source location does not exist or is not readable"}
         # no part of any path: not the source's (the review saw "'nowhere,else' (at the source location ...)"), not
         # the data directory's
         for fragment in (*missing.strip("/").split("/"), *missing.split(","), str(ctx.store.root), "sources"):
-            assert fragment not in refused.text, fragment
+            assert fragment not in response.text + refused.text, fragment

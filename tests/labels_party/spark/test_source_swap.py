@@ -1,7 +1,8 @@
 """Issue 26, item 2: an organization registers a decoy under its own prefix and swaps it for a symbolic link into
-another organization's prefix. After registration the swap changes nothing (releases read the copy taken then:
-the labels and the published noisy prior are the decoy's); during registration it is refused and nothing is
-created. The decoy's labels are all 1 and the other organization's all 5, so a release shows which was read."""
+another organization's prefix. After registration the swap changes nothing (releases read the copy taken then: the
+labels and the published noisy prior are the decoy's); during registration it is refused: the dataset is failed and
+nothing else is created. The decoy's labels are all 1 and the other organization's all 5, so a release shows which was
+read."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
-from tests.labels_party.spark.sources import read_all, write_source
+from tests.labels_party.spark.sources import read_all, register, write_source
 
 N = 2_000
 DECOY, OTHERS = 1, 5  # every label of the decoy, every label of the other organization's source
@@ -52,8 +53,8 @@ def service(spark, tmp_path):
     return ctx, client, {"Authorization": f"Bearer {key}"}, tmp_path, checkpoints
 
 
-def _register(client, headers, tmp_path):
-    return client.post("/v1/datasets", headers=headers, json={
+def _register(ctx, client, headers, tmp_path):
+    return register(ctx, client, headers, {
         "name": "decoy", "label_kind": "classes", "num_classes": 10, "epsilon_total": 50,
         "source": f"{tmp_path}/hospital/decoy"})
 
@@ -69,9 +70,9 @@ def _swap(tmp_path) -> None:
 
 def test_a_link_swapped_in_after_registration_releases_the_decoy(service):
     ctx, client, owner, tmp_path, _ = service
-    created = _register(client, owner, tmp_path)
-    assert created.status_code == 201 and created.json()["num_examples"] == N, created.text
-    dataset = created.json()["id"]
+    created = _register(ctx, client, owner, tmp_path)
+    assert created["state"] == "ready" and created["num_examples"] == N, created
+    dataset = created["id"]
     _swap(tmp_path)
     assert (tmp_path / "hospital" / "decoy" / "part-00.parquet").is_symlink()
 
@@ -79,7 +80,7 @@ def test_a_link_swapped_in_after_registration_releases_the_decoy(service):
         response = client.post(f"/v1/datasets/{dataset}/releases", headers={**owner, "Idempotency-Key": key},
                                json=request)
         assert response.status_code == 202, response.text
-        ctx.spark_jobs.wait()
+        assert ctx.jobs.run_pending() == 1
         done = client.get(f"/v1/releases/{response.json()['id']}", headers=owner).json()
         assert done["state"] == "available", done
         labels = read_all(str(ctx.store.path(f"releases/{done['id']}"))).column("label").to_numpy()
@@ -102,10 +103,11 @@ def test_a_link_swapped_in_after_registration_releases_the_decoy(service):
 def test_a_link_swapped_in_during_registration_is_refused(service, point):
     ctx, client, owner, tmp_path, checkpoints = service
     checkpoints.actions[point] = lambda: _swap(tmp_path)
-    refused = _register(client, owner, tmp_path)
+    refused = _register(ctx, client, owner, tmp_path)
     assert checkpoints.reached == [point]
-    assert refused.status_code == 400 and refused.json()["error"]["code"] == "source_not_allowed", refused.text
+    assert refused["state"] == "failed" and refused["error"]["code"] == "source_not_allowed", refused
     with ctx.sessions() as session:
-        assert session.query(db.Dataset).count() == 0
-    assert list((ctx.store.root / "sources").iterdir()) == []  # no copy, no temporary
+        assert session.query(db.Dataset).one().source_snapshot is None
+    assert not (ctx.store.root / "sources").exists()  # no copy
+    assert list((ctx.store.root / "tmp" / "jobs").iterdir()) == []  # no temporary
     assert not (ctx.store.root / "datasets").exists()  # no counts

@@ -1,0 +1,139 @@
+"""The ``privatize_source`` job of a source release (:mod:`labels_party.releases.source` queues it; any replica's
+worker runs it, :mod:`labels_party.workers`): the sampler rebuilt from the release's stored mechanism document, the
+release's secret opened from its seal, the Spark job run over the registration's copy into this attempt's own
+directory, and — only while the attempt still holds its lease — that directory made the release's files, their
+digest sealed and the release ``available``. Every attempt with the same secret writes the same bytes
+(:mod:`labels_party.spark.jobs`), so a takeover or a retry repeats the work, never a draw.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+
+import numpy as np
+
+from labels_party import db, documents, jobs
+from labels_party.jobs import Claimed, Failure, JobContext
+from labels_party.pipeline import PLAN_FIELDS
+from labels_party.source_datasets import snapshot_uri
+from shared.errors import LabelDPError
+
+log = logging.getLogger(__name__)
+
+# A job's failures that running it again cannot cure: the release fails at once, with this code and message (about
+# the deployment's key or the public document, nothing about the labels).
+FINAL = frozenset({"secret_key_missing", "sealed_secret_damaged", "invalid_mechanism_document",
+                   "mechanism_not_supported_on_spark", "job_format_retired"})
+RETRIED = ("the release's Spark job failed; it is retried (the same charge and noise) a few times, then the release "
+           "is failed: send the request again with its Idempotency-Key to run it again")
+
+
+def secret_context(release_id: str) -> str:
+    """What a release's sealed secret is bound to (:meth:`shared.service.sealing.Sealer.seal`)."""
+    return f"release-secret:{release_id}"
+
+
+def seal(release: db.Release, sealed: tuple[int, str]) -> None:
+    """Make a release available with the size and SHA-256 of its file (read before the transaction: a large file
+    is not hashed under the row lock): what is served, and what verify-audit checks, must be that file."""
+    release.state = "available"
+    release.file_size, release.file_sha256 = sealed
+
+
+def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
+    """The ``privatize_source`` job: the release's dataset's snapshot (the files counted at registration), sampled
+    with the rebuilt mechanism and the release's secret, written to this attempt's directory, and made the
+    release's files only while the lease is held."""
+    from labels_party.spark.jobs import privatize
+
+    spec, release_id = claimed.spec, claimed.subject_id
+    with ctx.sessions() as session, session.begin():
+        release = session.get(db.Release, release_id)
+        state, expected, mechanism_hash = release.state, release.num_examples, release.mechanism_hash
+        dataset = session.get(db.Dataset, release.dataset_id)
+        source, source_sha256 = snapshot_uri(ctx, dataset), dataset.source_sha256
+        document = documents.unpack(documents.stored(session, spec["mechanism_hash"])) \
+            if state == "running" and mechanism_hash == spec["mechanism_hash"] else None
+    if state != "running":  # nothing to do (cannot happen: a job is queued only with its release running)
+        with jobs.holding(ctx, claimed) as held:
+            if held is not None:
+                ctx.jobs.table.finish(held[1], "succeeded" if state == "available" else "failed")
+        return
+    if document is None:
+        raise LabelDPError("the job names another mechanism document than its release",
+                           code="invalid_mechanism_document")
+    sampler = _sampler(document, spec["mechanism_hash"])
+    if claimed.sealed_secret is None:
+        raise LabelDPError("this release's secret is gone; it cannot run again", code="job_format_retired")
+    secret = ctx.sealer.open(claimed.sealed_secret, secret_context(release_id))
+    if source_sha256 != spec["source_sha256"]:  # a job planned for other files (cannot happen: checked anyway)
+        raise LabelDPError("the release was planned for other source files", code="source_dataset")
+    attempt = f"{jobs.ATTEMPTS}/{release_id}.{uuid.uuid4().hex}"  # this attempt's own output
+    ctx.store.path(jobs.ATTEMPTS).mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        result = privatize(ctx.spark_jobs.session(), source, ctx.store.path(attempt).resolve().as_uri(), sampler,
+                           secret, support_values=np.asarray(spec["support"], dtype=np.float64),
+                           max_partition_bytes=spec["max_partition_bytes"], min_partitions=spec["min_partitions"])
+        ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
+        if result.rows_written != expected:
+            raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged", code="source_dataset")
+        sealed = ctx.store.digest(attempt)  # a file it cannot read fails the attempt, not a hang
+        with jobs.holding(ctx, claimed) as held:
+            if held is None:  # taken over: the attempt holding the lease records its own (identical) files
+                log.warning("release %s: the job's lease was lost; this attempt's files are discarded", release_id)
+                return
+            _session, job, release = held
+            if release.state != "running":
+                ctx.jobs.table.finish(job, "failed")
+                return
+            _put_in_place(ctx, attempt, release.file)
+            seal(release, sealed)
+            release.error_json = None
+            job.sealed_secret = None  # available: nothing is run again, the secret is not kept
+            ctx.jobs.table.finish(job, "succeeded")
+    finally:
+        shutil.rmtree(ctx.store.path(attempt), ignore_errors=True)  # gone already once in place
+
+
+def classify(err: Exception) -> tuple[Failure, bool]:
+    """A privatization's failure as its release shows it (charged: nothing about the labels), and whether it is
+    final at once."""
+    if isinstance(err, LabelDPError) and err.code in FINAL:
+        return Failure(err.code, str(err)), True
+    if isinstance(err, LabelDPError) and err.code == "source_dataset":
+        return Failure("release_failed", "the release's source files are not the ones it was planned for"), True
+    return Failure("release_failed", RETRIED), False
+
+
+def _sampler(document: dict, mechanism_hash: str):
+    """The release's sampler rebuilt from its stored document, which must be exactly what the rebuilt mechanism
+    describes (with the plan's own fields): else ``invalid_mechanism_document``."""
+    from shared.mechanisms.documents import sampler_from_description
+
+    description = document.get("description")
+    if not isinstance(description, dict):
+        raise LabelDPError("the release's mechanism document has no description", code="invalid_mechanism_document")
+    sampler = sampler_from_description(description)
+    restated = {**sampler.describe(), **{key: description[key] for key in PLAN_FIELDS if key in description}}
+    if documents.address({**document, "description": restated}) != mechanism_hash:
+        raise LabelDPError("the mechanism rebuilt from the release's document does not describe itself as the "
+                           "document does", code="invalid_mechanism_document")
+    return sampler
+
+
+def _put_in_place(ctx: JobContext, attempt: str, file: str) -> None:
+    """This attempt's directory becomes the release's (one left by an attempt that died after its rename and before
+    its commit goes first: the caller holds the lease), durably."""
+    target = ctx.store.path(file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    os.rename(ctx.store.path(attempt), target)
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

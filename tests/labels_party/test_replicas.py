@@ -1,0 +1,187 @@
+"""Issue 29: the labels party as two replicas for real — two ``labeldp labels serve`` processes on one PostgreSQL
+database and one data directory, with one secret key file (and one audit key, whose signed heads both export).
+
+* 64 concurrent releases of one dataset, alternating between the replicas, on a budget that admits exactly 5:
+  exactly 5 are charged and the rest refused ``budget_exceeded``; the dataset's spent ε is their exact sum (the
+  datasets' row locks serialize charges from both processes; anchors and signed heads keep up);
+* a source dataset registered through one replica is copied and counted by whichever claims its job; its release's
+  Spark job is killed mid-run with its process (``kill -9`` of the replica whose worker holds the job's lease, read
+  from ``lease_owner``): the other replica takes it over once the lease (5 s) expires and makes the release
+  available without the client sending anything again; one ledger record; ``verify-audit`` (with the signed heads
+  log) is clean; the killed replica starts again beside the live one and collects nothing of its.
+
+Needs PostgreSQL (LABELDP_TEST_POSTGRES_URL) and Java. The measured times are printed. ~2 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy import create_engine, text
+
+from labeldp.local_services import free_port, serve_process
+from tests.labels_party.spark.sources import write_source
+from tests.support.databases import POSTGRES_URL, fresh_database
+
+pytestmark = pytest.mark.slow
+
+LEASE_SECONDS = 5
+RELEASES, ADMITTED = 64, 5
+SOURCE_ROWS = 400_000
+
+
+def _cli(env: dict, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "labeldp", "labels", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _until(what: str, check, seconds: float, every: float = 0.1):
+    deadline = time.monotonic() + seconds
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {seconds:g} s")
+        time.sleep(every)
+
+
+def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
+    if not POSTGRES_URL:
+        pytest.skip("set LABELDP_TEST_POSTGRES_URL: replicas share a PostgreSQL database")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs a Java runtime")
+    sources = tmp_path / "sources"
+    labels = np.random.default_rng(5).integers(0, 10, size=SOURCE_ROWS)
+    write_source(sources / "weeks", [f"p{i:07d}" for i in range(SOURCE_ROWS)], labels.astype(np.int64), files=8)
+    with fresh_database("postgresql", tmp_path) as url:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+               "LABELDP_DATABASE_URL": url, "LABELDP_DATA_DIR": str(tmp_path / "data"),
+               "LABELDP_SECRET_KEY_FILE": str(tmp_path / "secret.key"),
+               "LABELDP_AUDIT_KEY_FILE": str(tmp_path / "audit.pem"), "LABELDP_AUDIT_LOG_DIR": str(tmp_path / "heads"),
+               "LABELDP_JOB_LEASE_SECONDS": str(LEASE_SECONDS), "LABELDP_JOB_POLL_SECONDS": "0.5",
+               "LABELDP_SPARK_SOURCES": json.dumps({"hospital": [f"{sources}/"]}), "LABELDP_SPARK_MASTER": "local[2]",
+               # every request computed at once (the quotas are per process): the budget is what refuses
+               "LABELDP_RELEASE_SLOTS": "64", "LABELDP_RELEASE_SLOTS_PER_ORG": "64",
+               "LABELDP_RELEASE_QUEUE_SECONDS": "120"}
+        (tmp_path / "heads").mkdir()
+        _cli(env, "secret-key", "--key-file", str(tmp_path / "secret.key"))
+        _cli(env, "audit-key", "--key-file", str(tmp_path / "audit.pem"))
+        admin = _cli(env, "create-key", "--org", "hospital", "--role", "admin").strip()  # also builds the schema
+        consumer = _cli(env, "create-key", "--org", "publisher", "--role", "consumer").strip()
+        ports = [free_port(), free_port()]
+        bases = [f"http://127.0.0.1:{port}" for port in ports]
+
+        def serve(index: int, log: str):
+            return serve_process([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(ports[index])],
+                                 bases[index], env=env, log=tmp_path / log, seconds=120)
+
+        engine = create_engine(url)
+        with serve(0, "a.log") as first, serve(1, "b.log") as second, httpx.Client(timeout=300) as http:
+            processes = {first.pid: 0, second.pid: 1}
+            owner = {"Authorization": f"Bearer {admin}"}
+            publisher = {"Authorization": f"Bearer {consumer}"}
+
+            # -- one budget, two writers ---------------------------------------------------------------------------
+            dataset = http.post(f"{bases[0]}/v1/datasets", headers=owner, json={
+                "name": "small", "label_kind": "classes", "num_classes": 3, "epsilon_total": ADMITTED}).json()["id"]
+            rows = "".join(f"e{i},{i % 3}\n" for i in range(500))
+            assert http.put(f"{bases[1]}/v1/datasets/{dataset}/labels", content="example_id,label\n" + rows,
+                            headers={**owner, "Content-Type": "text/csv"}).status_code == 200
+            assert http.post(f"{bases[0]}/v1/datasets/{dataset}/grants", headers=owner,
+                             json={"org": "publisher", "epsilon": ADMITTED}).status_code == 201
+
+            def release(index: int) -> tuple[int, str]:
+                answer = http.post(f"{bases[index % 2]}/v1/datasets/{dataset}/releases",
+                                   headers={**publisher, "Idempotency-Key": f"r{index}"},
+                                   json={"mechanism": "rr", "epsilon": 1})
+                return answer.status_code, (answer.json().get("error") or {}).get("code", "")
+
+            started = time.monotonic()
+            with ThreadPoolExecutor(RELEASES) as pool:
+                outcomes = Counter(pool.map(release, range(RELEASES)))
+            print(f"\n{RELEASES} concurrent releases on two replicas: {dict(outcomes)} in "
+                  f"{time.monotonic() - started:.1f} s")
+            assert outcomes == {(201, ""): ADMITTED, (409, "budget_exceeded"): RELEASES - ADMITTED}
+            spent = http.get(f"{bases[1]}/v1/datasets/{dataset}/budget", headers=owner).json()
+            assert spent["epsilon_spent"] == ADMITTED and spent["epsilon_remaining"] == 0
+            audit = http.get(f"{bases[0]}/v1/audit", params={"dataset": dataset}, headers=owner).json()
+            assert len(audit["events"]) == ADMITTED and audit["chain_valid"]
+            assert sum(e["record"]["charge_units"] for e in audit["events"]) == ADMITTED * 10**9  # exactly
+
+            # -- a source registered through one replica, its release's job killed with the replica running it -----
+            registered = http.post(f"{bases[1]}/v1/datasets", headers=owner, json={
+                "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3,
+                "source": f"{sources}/weeks"})
+            assert registered.status_code == 202, registered.text
+            source = registered.json()["id"]
+            ready = _until("the registration", lambda: (lambda d: d if d["state"] != "registering" else None)(
+                http.get(f"{bases[0]}{registered.headers['location']}", headers=owner).json()), 180, 0.5)
+            assert ready["state"] == "ready" and ready["num_examples"] == SOURCE_ROWS, ready
+            assert http.post(f"{bases[0]}/v1/datasets/{source}/grants", headers=owner,
+                             json={"org": "publisher", "epsilon": 3}).status_code == 201
+            asked = http.post(f"{bases[0]}/v1/datasets/{source}/releases", json={"mechanism": "rr", "epsilon": 1},
+                              headers={**publisher, "Idempotency-Key": "weekly"})
+            assert asked.status_code == 202, asked.text
+            release_id = asked.json()["id"]
+
+            def lease():
+                with engine.connect() as connection:
+                    return connection.execute(text(
+                        "SELECT lease_owner, attempts FROM jobs WHERE kind = 'privatize_source' AND subject_id = :r "
+                        "AND state = 'running'"), {"r": release_id}).first()
+
+            holder = _until("the job's first lease", lease, 60)
+            pid = int(holder.lease_owner.split(":")[1])
+            assert pid in processes and holder.attempts == 1, holder
+            attempts = tmp_path / "data" / "tmp" / "jobs"
+            _until("the Spark job writing", lambda: list(attempts.glob(f"{release_id}.*/*")), 120, 0.05)
+            assert http.get(f"{bases[processes[pid]]}/v1/releases/{release_id}",
+                            headers=publisher).json()["state"] == "running"
+            os.kill(pid, signal.SIGKILL)  # mid-job: no heartbeat, no cleanup
+            killed = time.monotonic()
+            survivor = bases[1 - processes[pid]]
+            taken = _until("the takeover", lambda: (lambda h: h if h and h.attempts == 2 else None)(lease()),
+                           LEASE_SECONDS + 30)
+            claimed = time.monotonic()
+            assert int(taken.lease_owner.split(":")[1]) != pid
+            done = _until("the release", lambda: (lambda r: r if r["state"] != "running" else None)(
+                http.get(f"{survivor}/v1/releases/{release_id}", headers=publisher).json()), LEASE_SECONDS + 120, 0.2)
+            available = time.monotonic()
+            print(f"replica {processes[pid]} (pid {pid}) killed mid-job: its lease taken over after "
+                  f"{claimed - killed:.1f} s (lease {LEASE_SECONDS} s), the release available "
+                  f"{available - killed:.1f} s after the kill")
+            assert done["state"] == "available", done
+            assert claimed - killed <= LEASE_SECONDS + 5  # the lease's expiry, then the next poll
+            assert list(attempts.glob(f"{release_id}.*")) != []  # the dead attempt's files: left for a lone start
+            table = http.get(f"{survivor}/v1/releases/{release_id}/labels", headers=publisher)
+            assert table.status_code == 200 and table.text.count("\n") == SOURCE_ROWS + 1
+            with engine.connect() as connection:
+                records = connection.execute(text("SELECT count(*) FROM ledger WHERE release_id = :r"),
+                                             {"r": release_id}).scalar()
+                job = connection.execute(text("SELECT state, attempts, sealed_secret FROM jobs WHERE subject_id = :r"),
+                                         {"r": release_id}).first()
+            assert records == 1 and tuple(job) == ("succeeded", 2, None)
+
+            # the killed replica starts again beside the live one: it collects nothing, answers the same
+            with serve(processes[pid], "restarted.log"):
+                assert list(attempts.glob(f"{release_id}.*")) != []  # another process is live: nothing collected
+                again = http.get(f"{bases[processes[pid]]}/v1/releases/{release_id}/labels", headers=publisher)
+                assert again.status_code == 200 and again.text == table.text
+        engine.dispose()
+        report = json.loads(_cli(env, "verify-audit"))
+        assert report["valid"], report
