@@ -45,8 +45,8 @@ class TrainerContext:
         return self.data_dir / "orgs" / str(int(org_id))
 
     def close(self) -> None:
-        """Let go of the job threads, the spool directory and the database (a context that is done)."""
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        """Let go of the job workers, the spool directory and the database (a context that is done)."""
+        self.jobs.stop()
         self.scratch.close()
         self.sessions.kw["bind"].dispose()
 
