@@ -65,7 +65,7 @@ def serve_command(args) -> int:
     import logging
 
     from features_party.api import create_app
-    from features_party.context import make_context
+    from features_party.process import make_context
     from features_party.train import device_summary
     from shared.service.serving import configure_logging, serve, serve_workers
 
@@ -91,7 +91,7 @@ def serve_command(args) -> int:
 def worker_app(settings):
     """One worker process's application (``serve --workers N``): its own context on the supervisor's settings."""
     from features_party.api import create_app
-    from features_party.context import make_context
+    from features_party.process import make_context
 
     return create_app(make_context(settings), run_jobs=True)
 

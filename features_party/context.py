@@ -30,12 +30,9 @@ class TrainerContext:
     sessions: sessionmaker
     sealer: Sealer = field(kw_only=True)  # seals and opens jobs' labels-party API keys
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
-    jobs: JobRunner = field(init=False, repr=False)  # this process's job workers (not started: `serve` starts them)
-
-    def __post_init__(self) -> None:
-        from features_party.jobs import make_runner  # the jobs module works on this context
-
-        object.__setattr__(self, "jobs", make_runner(self))
+    # this process's job workers (not started: `serve` starts them), bound by features_party.process.make_context:
+    # the jobs module works on this context, so the context cannot import it (no import circles)
+    jobs: JobRunner = field(init=False, repr=False)
 
     @property
     def data_dir(self) -> Path:
@@ -51,7 +48,8 @@ class TrainerContext:
         self.sessions.kw["bind"].dispose()
 
 
-def make_context(settings: TrainerSettings | None = None, *, upgrade: bool = False) -> TrainerContext:
+def build_context(settings: TrainerSettings | None = None, *, upgrade: bool = False) -> TrainerContext:
+    """The context without its job workers (:func:`features_party.process.make_context` binds them)."""
     settings = settings or TrainerSettings()
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     ctx = TrainerContext(settings, migrations.make_sessionmaker(make_engine(settings.database_url), upgrade=upgrade),

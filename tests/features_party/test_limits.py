@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from features_party import context as trainer_context_module
+from features_party import process as trainer_context_module
 from features_party.api import create_app as create_trainer
 from features_party.client import BudgetExceeded, LabelsPartyClient
 from features_party.settings import TrainerSettings

@@ -13,8 +13,8 @@ with warnings.catch_warnings():  # starlette: "Using `httpx` with `starlette.tes
 import pytest
 
 from features_party.api import create_app
-from features_party.context import make_context
 from features_party.migrations import MIGRATIONS
+from features_party.process import make_context
 from features_party.settings import TrainerSettings
 from tests.support.readiness import (
     assert_not_ready,

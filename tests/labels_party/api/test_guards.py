@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, FastAPI
 
 from features_party.api import create_app as trainer_app
 from features_party.auth import create_key as trainer_key
-from features_party.context import make_context as trainer_context
+from features_party.process import make_context as trainer_context
 from features_party.settings import TrainerSettings
 from labels_party import access
 from labels_party.api import create_app

@@ -26,7 +26,7 @@ with warnings.catch_warnings():  # starlette: "Using `httpx` with `starlette.tes
 from features_party import db as trainer_db
 from features_party.api import create_app as create_trainer
 from features_party.auth import KEYS as TRAINER_KEYS
-from features_party.context import make_context as make_trainer_context
+from features_party.process import make_context as make_trainer_context
 from features_party.settings import TrainerSettings
 from labeldp.cli import main
 from labeldp.local_services import free_port, serve_process

@@ -17,7 +17,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from features_party.context import make_context as trainer_context
+from features_party.process import make_context as trainer_context
 from features_party.settings import TrainerSettings
 from labels_party.context import make_context as labels_context
 from shared.service import gate

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from labeldp.local_services import free_port, serve_process
+from shared.service.sealing import write_key_file
 from tests.shared.service.test_tls import _certificate
 from tests.support.databases import POSTGRES_URL, fresh_database
 from tests.support.workers import holder_of_connection, worker_pids
@@ -130,7 +131,9 @@ def test_two_workers_serve_on_postgresql(tmp_path, party, https):
     if https:
         cert, key = _certificate(tmp_path)
         flags, tls = ["--ssl-certfile", cert, "--ssl-keyfile", key], ssl.create_default_context(cafile=cert)
-    env = {**os.environ, f"{prefix}HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT)}
+    write_key_file(tmp_path / "secret.key")  # workers run each other's jobs: one shared key (required)
+    env = {**os.environ, f"{prefix}HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT),
+           f"{prefix}SECRET_KEY_FILE": str(tmp_path / "secret.key")}
     with fresh_database("postgresql", tmp_path) as url:
         command = [sys.executable, "-m", "labeldp", party, "serve", "--workers", "2", "--port", str(port),
                    "--database-url", url, "--data-dir", str(tmp_path / "data"), *flags]
