@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,24 +34,9 @@ from labeldp.local_services import free_port, serve_process  # noqa: E402
 from labels_party.auth import create_key  # noqa: E402
 from labels_party.context import make_context  # noqa: E402
 from shared.service.sealing import write_key_file  # noqa: E402
+from tests.support.databases import fresh_database  # noqa: E402
 
 EPSILON = 0.01
-
-
-@contextlib.contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
-    from sqlalchemy import create_engine, text
-
-    name = f"labeldp_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(server_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield server_url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @contextlib.contextmanager
@@ -74,7 +58,9 @@ def replicas(url: str, work: Path, count: int) -> Iterator[list[str]]:
 
 
 def run(server_url: str, replica_count: int, releases: int, concurrency: int, orgs: int, n: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="labeldp-replicas-") as root, fresh_database(server_url) as url:
+    server = server_url.replace("postgresql://", "postgresql+psycopg://", 1)  # the driver installed here
+    with tempfile.TemporaryDirectory(prefix="labeldp-replicas-") as root, \
+            fresh_database("postgresql", root, server) as url:
         work = Path(root)
         ctx = make_context(url, work / "data", upgrade=True)
         with ctx.sessions() as session, session.begin():

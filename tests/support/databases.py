@@ -15,19 +15,22 @@ DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def fresh_database(kind: str, tmp_path):
-    """Yield a SQLAlchemy URL to an empty database; PostgreSQL databases are created and dropped per test."""
+def fresh_database(kind: str, tmp_path, server_url: str | None = None):
+    """Yield a SQLAlchemy URL to an empty database; PostgreSQL databases (on ``server_url``, by default the tests'
+    server) are created and dropped per use."""
     if kind == "sqlite":
         yield f"sqlite:///{tmp_path}/labels.db"
         return
     from sqlalchemy import create_engine, text
 
+    server = server_url or POSTGRES_URL
+    assert server is not None
     name = f"labeldp_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
+        yield server.rsplit("/", 1)[0] + "/" + name
     finally:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

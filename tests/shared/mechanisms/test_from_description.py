@@ -361,7 +361,10 @@ def test_the_unmutated_descriptions_rebuild():
     """The refusals above are the mutations': each description they start from rebuilds as it is."""
     for make in (_finite_description, _rr_description, _dbrr_description, _top_k_description, _laplace_description,
                  _staircase_description):
-        sampler_from_description(make())
+        description = make()
+        rebuilt = sampler_from_description(description)
+        assert (rebuilt.name, rebuilt.certified_epsilon) == (description["mechanism"],
+                                                             description["certified_epsilon"])
 
 
 def test_a_count_row_that_wraps_around_int64_to_2_53_is_refused():
