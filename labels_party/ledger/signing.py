@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import json
 import os
-import stat
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from labels_party.ledger.records import canonical
 from shared.errors import LabelDPError
+from shared.service.keyfiles import create_private_file, read_private_file
 
 # Signed bytes start with this, so that a head signature can never be mistaken for a signature of anything else.
 CONTEXT = b"labeldp audit head v1\n"
@@ -101,29 +101,17 @@ def create_key_file(path: Path) -> Ed25519PublicKey:
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise LabelDPError(f"{path.name} already exists: an audit key is never overwritten (heads signed with it "
-                           "would no longer verify)", code="usage") from None
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(pem)
-        handle.flush()
-        os.fsync(handle.fileno())
+    create_private_file(path, pem, exists=f"{path.name} already exists: an audit key is never overwritten (heads "
+                                          "signed with it would no longer verify)")
     return key.public_key()
 
 
 def load_key_file(path: Path) -> Ed25519PrivateKey:
     """The audit key; refused if others may read it (or it is not an Ed25519 key). The message never shows it."""
-    try:
-        mode = path.stat().st_mode
-        data = path.read_bytes()
-    except OSError:
-        raise LabelDPError("the audit key file (LABELDP_AUDIT_KEY_FILE) cannot be read; make one with "
-                           "labeldp labels audit-key", code="usage") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise LabelDPError("the audit key file may be read by others: chmod 600 it", code="usage")
+    hint = "; make one with labeldp labels audit-key"
+    data = read_private_file(path, what="the audit key file (LABELDP_AUDIT_KEY_FILE)", code="usage", hint=hint)
+    if data is None:
+        raise LabelDPError(f"the audit key file (LABELDP_AUDIT_KEY_FILE) cannot be read{hint}", code="usage")
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):

@@ -19,7 +19,6 @@ import base64
 import binascii
 import hashlib
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import BaseModel, SecretStr
 
 from shared.errors import LabelDPError
+from shared.service.keyfiles import create_private_file, read_private_file
 
 MAGIC = b"LDS1"
 KEY_BYTES = 32
@@ -58,16 +58,13 @@ def parse_key(text: str) -> bytes:
 
 def read_key_file(path: Path) -> bytes | None:
     """The key in ``path``; None if the file is gone. Refused if others may read it. Never shows it."""
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text()
-    except FileNotFoundError:
+    data = read_private_file(path, what="the secret key file", code="secret_key_missing")
+    if data is None:
         return None
-    except (OSError, UnicodeDecodeError):
+    try:
+        return parse_key(data.decode("ascii"))
+    except UnicodeDecodeError:
         raise LabelDPError("the secret key file cannot be read", code="secret_key_missing") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise LabelDPError("the secret key file may be read by others: chmod 600 it", code="secret_key_missing")
-    return parse_key(text)
 
 
 def key_id(key: bytes) -> bytes:
@@ -124,10 +121,5 @@ def sealer(settings: SecretKeySettings) -> Sealer:
 
 def write_key_file(path: Path) -> None:
     """A new random key in ``path`` (created 0600; an existing file is never overwritten)."""
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise LabelDPError(f"{path} exists; a secret key is never overwritten (jobs sealed with it would be "
-                           "lost)", code="usage") from None
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(base64.b64encode(os.urandom(KEY_BYTES)).decode() + "\n")
+    create_private_file(path, base64.b64encode(os.urandom(KEY_BYTES)) + b"\n",
+                        exists=f"{path} exists; a secret key is never overwritten (jobs sealed with it would be lost)")
