@@ -28,6 +28,7 @@ class FaultInjector(httpx.HTTPTransport):
         super().__init__()
         self.faults = faults
         self.keys: list[str | None] = []
+        self.answered = threading.Event()  # the server answered a request (the first: the others do not reset it)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self.keys.append(request.headers.get("Idempotency-Key"))
@@ -37,6 +38,7 @@ class FaultInjector(httpx.HTTPTransport):
         if fault == "503":
             return httpx.Response(503, json={"error": {"code": "unavailable", "message": "injected"}})
         response = super().handle_request(request)
+        self.answered.set()
         if fault == "lose":
             response.read()
             response.close()
@@ -165,10 +167,10 @@ def test_a_release_over_the_quota_is_retried_after_its_retry_after(tmp_path):
         transport = FaultInjector([])  # records the requests; injects nothing
         taken, done = threading.Event(), threading.Event()
 
-        def hold() -> None:
+        def hold() -> None:  # until the client's first request was answered (429): never a race with a slow server
             with ctx.quotas.slot(partner_org):
                 taken.set()
-                time.sleep(0.5)
+                transport.answered.wait(60)
             done.set()
 
         holder = threading.Thread(target=hold)
