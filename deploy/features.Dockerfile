@@ -1,15 +1,22 @@
-# The features-party trainer service (FastAPI + JAX). For a GPU host install ".[features,gpu]".
-# Settings from the environment: LABELDP_TRAINER_* (see deploy/features.env.example); the schema is migrated on
-# start (--upgrade-db).
-FROM python:3.11-slim
+# The features-party trainer service (FastAPI + JAX). For a GPU host install ".[features,gpu]". Settings come from
+# the environment: LABELDP_TRAINER_* (see deploy/features.env.example).
+#
+# BASE_IMAGE: python:3.11-slim from a registry, or labeldp/python:3.11-bookworm built from Debian's packages by
+# deploy/images/build.sh --bases local (no registry).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 WORKDIR /app
+# Dependencies first, from pyproject.toml alone: a code change rebuilds only the last layers.
 COPY pyproject.toml README.md ./
+RUN mkdir -p shared labeldp features_party \
+ && touch shared/__init__.py labeldp/__init__.py features_party/__init__.py \
+ && pip install --no-cache-dir --quiet ".[features]" \
+ && pip uninstall --quiet --yes labeldp && rm -rf shared labeldp features_party build *.egg-info
 COPY shared ./shared
 COPY labeldp ./labeldp
 COPY features_party ./features_party
-# this party's code and dependencies only (pyproject's extra 'features')
-RUN pip install --no-cache-dir ".[features]"
-RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
+RUN pip install --no-cache-dir --quiet --no-deps . && rm -rf build *.egg-info
+RUN useradd --uid 10002 --create-home labeldp && mkdir -p /data /keys && chown labeldp /data /keys
 USER labeldp
 EXPOSE 8701
 CMD ["labeldp", "features", "serve", "--host", "0.0.0.0", "--port", "8701", "--upgrade-db"]

@@ -1,20 +1,29 @@
-# The labels-party service (FastAPI + uvicorn). Database and data directory come from the environment:
-# LABELDP_DATABASE_URL, LABELDP_DATA_DIR and the policy settings (see deploy/labels.env.example); the schema is
-# migrated on start (--upgrade-db).
-FROM python:3.11-slim
+# The labels-party service (FastAPI + uvicorn); with EXTRAS=labels,spark (as docker-compose.yml builds it) also
+# Spark, Java 17 from Debian, and the same image runs the Spark standalone master and workers, so the executors run
+# exactly the driver's Python and labels_party. Settings come from the environment (deploy/labels.env.example).
+#
+# BASE_IMAGE: python:3.11-slim from a registry, or labeldp/python:3.11-bookworm built from Debian's packages by
+# deploy/images/build.sh --bases local (no registry). Either provides `python` and `pip` on PATH.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+ARG EXTRAS=labels
+RUN case ",$EXTRAS," in *,spark,*) apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+      --no-install-recommends openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/* ;; esac
 WORKDIR /app
+# Dependencies first, from pyproject.toml alone (empty packages stand in for the code): a code change rebuilds only
+# the last layers.
 COPY pyproject.toml README.md ./
+RUN mkdir -p shared labeldp labels_party \
+ && touch shared/__init__.py labeldp/__init__.py labels_party/__init__.py \
+ && pip install --no-cache-dir --quiet ".[$EXTRAS]" \
+ && pip uninstall --quiet --yes labeldp && rm -rf shared labeldp labels_party build *.egg-info
 COPY shared ./shared
 COPY labeldp ./labeldp
 COPY labels_party ./labels_party
-# this party's code and dependencies only (pyproject's extra 'labels'); source datasets released by Spark need
-# EXTRAS=labels,spark, which also installs Debian's Java 17 runtime (`docker compose build --build-arg
-# EXTRAS=labels,spark labels`)
-ARG EXTRAS=labels
-RUN case ",$EXTRAS," in *,spark,*) apt-get update && apt-get install -y --no-install-recommends \
-      openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/* ;; esac
-RUN pip install --no-cache-dir ".[$EXTRAS]"
-RUN useradd --create-home labeldp && mkdir -p /data && chown labeldp /data
+RUN pip install --no-cache-dir --quiet --no-deps . && rm -rf build *.egg-info
+# One fixed uid: the replicas and the Spark workers share volumes (data, sources) and must own the same files.
+RUN useradd --uid 10001 --create-home labeldp && mkdir -p /data /keys /audit /sources \
+ && chown labeldp /data /keys /audit /sources
 USER labeldp
 EXPOSE 8700
 CMD ["labeldp", "labels", "serve", "--host", "0.0.0.0", "--port", "8700", "--upgrade-db"]

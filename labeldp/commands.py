@@ -3,6 +3,8 @@ They play the labels party and the features party at once, which is why they liv
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from shared.errors import LabelDPError
 
 
@@ -66,7 +68,24 @@ def register(commands) -> None:
     demo.add_argument("--out", default="demo-output")
     demo.add_argument("--epsilons", default="0.5,1,2,4")
     demo.add_argument("--quick", action="store_true", help="fewer epochs and examples (tests)")
+    demo.add_argument("--labels-url", help="a running labels party (its gateway) instead of one started here; "
+                                           "with --trainer-url and --keys-file")
+    demo.add_argument("--trainer-url", help="a running trainer instead of one started here")
+    demo.add_argument("--keys-file", help="JSON {admin, consumer, trainer}: the office's admin key and the "
+                                          "publisher's keys at both services (mode 0600, as key files are)")
     demo.set_defaults(handler=demo_command)
+
+    stack = commands.add_parser("compose-demo", help="build and start the docker-compose stack (PostgreSQL, two "
+                                                     "labels replicas, the trainer, a Spark cluster), run the demo "
+                                                     "against it, tear it down (make compose-demo)")
+    stack.add_argument("--out", default="compose-demo-output")
+    stack.add_argument("--epsilons", default="0.5,1,2,4")
+    stack.add_argument("--quick", action="store_true", help="fewer epochs and examples")
+    stack.add_argument("--bases", choices=["auto", "registry", "local"], default="auto",
+                       help="base images: the registry's, or built from Debian packages (default: registry if "
+                            "reachable)")
+    stack.add_argument("--remove-volumes", action="store_true", help="also delete the databases and keys")
+    stack.set_defaults(handler=compose_demo_command)
 
 
 def _epsilons(text: str) -> list[float]:
@@ -154,7 +173,22 @@ def bench_pro_command(args) -> int:
 
 
 def demo_command(args) -> int:
-    from labeldp.demo import run_demo
+    from labeldp.demo import external_services, run_demo
 
-    run_demo(args.out, _epsilons(args.epsilons), quick=args.quick)
+    given = [args.labels_url, args.trainer_url, args.keys_file]
+    if any(given) and not all(given):
+        raise LabelDPError("--labels-url, --trainer-url and --keys-file go together", code="usage")
+    if all(given):
+        run_demo(args.out, _epsilons(args.epsilons), quick=args.quick,
+                 deployment=external_services(args.labels_url, args.trainer_url, args.keys_file))
+    else:
+        run_demo(args.out, _epsilons(args.epsilons), quick=args.quick)
+    return 0
+
+
+def compose_demo_command(args) -> int:
+    from labeldp.compose_stack import compose_demo
+
+    compose_demo(Path(args.out), bases=args.bases, quick=args.quick, epsilons=_epsilons(args.epsilons),
+                 remove_volumes=args.remove_volumes)
     return 0

@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +39,10 @@ from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, device_summary, train
 from features_party.trainer_client import TrainerClient
-from labeldp import demo_classification, report
+from labeldp import demo_classification, demo_source, report
 from labeldp.benchmarks.parties import CONSUMER, LABELS_PARTY, Parties
 from labeldp.local_services import free_port, serve_process
+from shared.errors import LabelDPError
 
 MECHANISMS: list[tuple[str, dict[str, Any]]] = [
     ("opt-unbiased", {}),  # the optimum over continuous outputs (the default solver; certified gap)
@@ -70,15 +71,18 @@ def _cli(*args: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Services:
-    """The two services as separate processes, and the keys an operator of each created with the CLI."""
+    """The two services the demo talks to — started here as separate processes, or a deployment's (the compose
+    stack) — and the keys an operator of each created with the CLI."""
 
     labels_url: str
     trainer_url: str
     admin_key: str  # the office's admin key (labels party)
     consumer_key: str  # the publisher's key at the labels party
     trainer_key: str  # the publisher's key at its own trainer
-    labels_storage: tuple[str, ...]  # the labels service's --database-url and --data-dir flags
-    audit: SignedAudit
+    # `labeldp labels verify-audit` where the labels party's storage is, once the demo's requests are done
+    verify_audit: Callable[[], dict]
+    # where the office puts a Parquet source the labels party may register (a deployment with source datasets)
+    sources: demo_source.SourceStore | None = None
 
 
     def parties(self) -> Parties:
@@ -140,14 +144,36 @@ def services(out: Path) -> Iterator[Services]:
                           log=out / "trainer-service.log"):
         yield Services(labels_url, trainer_url, new_key("labels", OFFICE, "admin", labels_db),
                        new_key("labels", PUBLISHER, "consumer", labels_db),
-                       new_key("features", PUBLISHER, "admin", trainer_db), tuple(labels_db), audit)
+                       new_key("features", PUBLISHER, "admin", trainer_db),
+                       verify_audit=lambda: audit.verify(tuple(labels_db)))
+
+
+def external_services(labels_url: str, trainer_url: str, keys_file: str | Path,
+                      ) -> Callable[[Path], contextlib.AbstractContextManager[Services]]:
+    """Services the demo did not start: their URLs, and the keys (JSON ``{admin, consumer, trainer}``, a file
+    of mode 0600). ``verify-audit`` needs the labels party's database: not run from here."""
+    from shared.service.keyfiles import read_private_file
+
+    text = read_private_file(Path(keys_file), what=f"keys file {keys_file}", code="usage")
+    if text is None:
+        raise LabelDPError(f"no keys file {keys_file}", code="usage")
+    try:
+        keys = json.loads(text)
+        running = Services(labels_url.rstrip("/"), trainer_url.rstrip("/"), keys["admin"], keys["consumer"],
+                           keys["trainer"], verify_audit=lambda: {"valid": None})
+    except (ValueError, KeyError, TypeError):
+        raise LabelDPError(f"{keys_file} must be JSON with the keys admin, consumer and trainer",
+                           code="usage") from None
+    return lambda _out: contextlib.nullcontext(running)
 
 
 def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
-             classification_epsilons: list[float] | None = None) -> list[dict]:
+             classification_epsilons: list[float] | None = None,
+             deployment: Callable[[Path], contextlib.AbstractContextManager[Services]] = services) -> list[dict]:
     """The regression round at ``epsilons``, then the classification round at ``classification_epsilons``
-    (default 1, 2, 4; quick: 1, 4). Returns the regression rows (``results.json``); the classification round's
-    are in ``classification.json``."""
+    (default 1, 2, 4; quick: 1, 4), then — when the ``deployment`` takes source datasets — one release of a Parquet
+    source run by Spark. Returns the regression rows (``results.json``); the classification round's are in
+    ``classification.json``. ``deployment``: the services talked to (default: both started here)."""
     if classification_epsilons is None:
         classification_epsilons = demo_classification.QUICK_EPSILONS if quick else demo_classification.EPSILONS
     out = Path(out_dir)
@@ -167,7 +193,8 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="non-private")
     reference = background.submit(_non_private, train_part, test, config)
     class_reference = background.submit(demo_classification.non_private_reference, class_epochs)
-    with background, services(out) as running, LabelsPartyClient(running.labels_url, running.admin_key) as office, \
+    with background, deployment(out) as running, \
+            LabelsPartyClient(running.labels_url, running.admin_key) as office, \
             TrainerClient(running.trainer_url, running.trainer_key) as trainer:
         total = len(MECHANISMS) * sum(epsilons)
         dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
@@ -185,8 +212,10 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
         audit, budget = office.audit(dataset.id), office.budget(dataset.id)
         classification = demo_classification.run_round(running.parties(), classification_epsilons,
                                                        epochs=class_epochs, reference=class_reference.result)
-    verified = running.audit.verify(running.labels_storage)  # the service stopped: its storage as it was left
-    _write(out, rows, audit, budget, verified, classification, time.perf_counter() - started)
+        source = None if running.sources is None else demo_source.run_round(
+            running.parties(), running.sources, train_part, label="hours", maximum=MAX_HOURS)
+    verified = running.verify_audit()  # started here: the services stopped, their storage as it was left
+    _write(out, rows, audit, budget, verified, classification, time.perf_counter() - started, source)
     return rows
 
 
@@ -238,7 +267,8 @@ def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConf
 
 
 def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
-           classification: demo_classification.ClassificationRound, seconds: float) -> None:
+           classification: demo_classification.ClassificationRound, seconds: float,
+           source: demo_source.SourceRound | None = None) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     frame = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
     baseline = next(r["test_mse"] for r in rows if r["epsilon"] is None)
@@ -257,10 +287,9 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
              f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released.",
-             f"`labeldp labels verify-audit` against the {verified.get('pinned', {}).get('heads', 0)} Ed25519-signed "
-             f"chain heads the service exported: {'valid' if verified['valid'] else 'INVALID'} (every charge, total, "
-             f"grant and allocation recomputed; nothing rewritten or truncated since).",
+             _verified_line(verified),
              "", *demo_classification.report_lines(classification, out),
+             *([] if source is None else ["", *demo_source.report_lines(source, out)]),
              "", f"Demo wall time: {seconds:.0f} s."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     report.loss_vs_epsilon(frame, out / "test_loss_vs_epsilon.png", test="test_mse", noisy="noisy_label_mse",
@@ -270,3 +299,12 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
     print("\n".join(lines))
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'test_loss_vs_epsilon.png'}, "
           f"{out / demo_classification.RESULTS}, {out / demo_classification.PLOT}")
+
+
+def _verified_line(verified: dict) -> str:
+    if verified.get("valid") is None:
+        return ("`labeldp labels verify-audit` was not run: the labels party's database is not reachable from the "
+                "demo (run it where it is).")
+    return (f"`labeldp labels verify-audit` against the {verified.get('pinned', {}).get('heads', 0)} Ed25519-signed "
+            f"chain heads the service exported: {'valid' if verified['valid'] else 'INVALID'} (every charge, total, "
+            f"grant and allocation recomputed; nothing rewritten or truncated since).")
