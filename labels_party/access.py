@@ -3,7 +3,8 @@
 Datasets belong to their owner organization: its admin keys see and administer them; a granted organization's
 consumer keys see them (and release within their allocation). Everyone else gets the 404 of a dataset that does not
 exist, so a key never learns of other organizations' datasets. Releases (and the mechanism documents they reference)
-are seen by the organization they went to and by the dataset owner's admins.
+are seen by the organization they went to and by the dataset owner's admins; where a source release's Spark job
+ran, by the owner's admins only.
 
 A route declares what it needs with one of the guards below; the gatekeeper (:mod:`shared.service.gate`) calls
 :func:`admitter`'s function with it before the body is read, and the route and the services below it work with the
@@ -151,6 +152,14 @@ def sees_release(session: Session, principal: Principal, release: db.Release | N
     except LabelDPError:
         return False
     return owner or release.requester_org_id == principal.org_id
+
+
+def sees_execution(session: Session, principal: Principal, release: db.Release) -> bool:
+    """Where a release's Spark job ran (master URL, application id, executors) is seen by the dataset owner's admins
+    only: not even by the consumer that requested it, whom an application id's start time and sequence number would
+    tell how many Spark applications ran for others, and when."""
+    dataset = session.get(db.Dataset, release.dataset_id)
+    return dataset is not None and is_owner(principal, dataset)
 
 
 def releases_possibly_seen(principal: Principal, query: Select) -> Select:

@@ -197,7 +197,8 @@ class Job(LeaseColumns, Base):
     """A durable job (:mod:`labels_party.jobs`), run by any replica's workers under a lease: ``register_source``
     copies and counts a source dataset (subject: the dataset), ``privatize_source`` runs a source release's Spark job
     (subject: the release). ``spec`` is public JSON; a release's secret is only ever stored sealed
-    (:mod:`shared.service.sealing`, context ``release-secret:<release id>``), and dropped once it is available."""
+    (:mod:`shared.service.sealing`, context ``release-secret:<release id>``), and dropped once it is available.
+    ``result_json`` (no secret, nothing about the labels) is written when the job succeeds: where its Spark work ran."""
 
     __tablename__ = "jobs"
     __table_args__ = (UniqueConstraint("kind", "subject_id"),)
@@ -210,6 +211,7 @@ class Job(LeaseColumns, Base):
     sealed_secret: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(50), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 

@@ -50,7 +50,7 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
     copied = snapshot.copy(source, ctx.settings.spark_sources.get(owner.name, []), ctx.store.root, dataset.id,
                            ctx.checkpoint, into=ctx.store.path(jobs.ATTEMPTS))
     try:
-        histogram = _count(ctx, copied.location, source, domain.support().values)
+        histogram, ran = _count(ctx, copied.location, source, domain.support().values)
         with jobs.holding(ctx, claimed) as held:
             if held is None:  # taken over: the other attempt records its own copy
                 return
@@ -61,6 +61,7 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
                 taken.location, taken.sha256, counts
             dataset.num_examples = dataset.registry_size = histogram.num_examples
             dataset.state, dataset.error_json = "ready", None
+            job.result_json = json.dumps(ran)
             ctx.jobs.table.finish(job, "succeeded")
     finally:
         snapshot.discard(copied)  # gone already once placed
@@ -77,14 +78,16 @@ def classify(err: Exception) -> tuple[Failure, bool]:
 
 
 def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarray):
-    """The exact histogram of the copy; its refusals name the admin's source, never the data directory."""
+    """The exact histogram of the copy and where Spark counted it (:func:`labels_party.spark.session.execution`);
+    its refusals name the admin's source, never the data directory."""
     from labels_party.spark.jobs import label_histogram  # PySpark only where source datasets are used
+    from labels_party.spark.session import execution
 
     path = str(ctx.store.path(location).resolve())
     uri = ctx.store.path(location).resolve().as_uri()
     spark = ctx.spark_jobs.session()  # a Spark that does not start is the service's condition (retried)
     try:
-        return label_histogram(spark, uri, support_values)
+        histogram = label_histogram(spark, uri, support_values)
     except LabelDPError as err:
         raise LabelDPError(str(err).replace(uri, source).replace(path, source), code=err.code) from None
     except Exception as err:  # Spark's own failures (an unreadable Parquet file) carry the copy's paths: not echoed
@@ -93,6 +96,7 @@ def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarr
         raise resource_error(err) or LabelDPError(
             "Spark could not read the source's files as Parquet; nothing was registered",
             code="malformed_file") from None
+    return histogram, execution(spark)
 
 
 _SPARK_GONE = ("SparkContext was shut down", "stopped SparkContext", "Connection refused", "Master removed our "

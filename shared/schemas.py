@@ -315,6 +315,19 @@ class CentralTrainingRequest(BaseModel):
     features: list[list[FiniteFloat]] = Field(min_length=2)
 
 
+class ReleaseExecution(BaseModel):
+    """Where a source release's Spark job ran, as its job recorded it when the release became available."""
+
+    engine: Literal["spark"]
+    master: str  # the SparkContext's master URL: local[...] in local mode, spark://host:port on a standalone cluster
+    application_id: str  # Spark's: local-<start ms> in local mode, app-<start time>-<sequence number> on a cluster
+    # executors registered besides the driver when the labels were written: 0 in local mode (the driver runs every
+    # task), a cluster's executors otherwise
+    executors: int
+    partitions: int  # the source's input splits: one task, one derived key each
+    rows: int  # written
+
+
 class Release(BaseModel):
     """A release as its requester sees it: small whatever |Y| is. The mechanism's full public description (output
     values, exact probabilities, noisy prior, model parameters) is at ``GET /v1/mechanisms/{mechanism_hash}``;
@@ -342,6 +355,9 @@ class Release(BaseModel):
     # same charge and the same noise, when its request is sent again with its key; any other stays failed.
     state: Literal["running", "available", "failed"] = "available"
     error: dict[str, str] | None = None
+    # A source release's, once available, in GET /v1/releases/{id} for the dataset owner's admins only (a consumer's
+    # application ids would tell it how many Spark applications ran for others); null otherwise.
+    execution: ReleaseExecution | None = None
 
 
 class AccountBudget(BaseModel):

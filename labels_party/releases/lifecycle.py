@@ -193,7 +193,9 @@ class Outcome:
     location: str | None = None
 
 
-def release_view(release: db.Release) -> schemas.Release:
+def release_view(release: db.Release, execution: schemas.ReleaseExecution | None = None) -> schemas.Release:
+    """The release as the API shows it; ``execution`` only for a key that sees it
+    (:func:`labels_party.access.sees_execution`)."""
     return schemas.Release(
         id=release.id, dataset_id=release.dataset_id, mechanism=release.mechanism, epsilon=release.epsilon,
         charged_epsilon=units_epsilon(release.charge_units), certified_epsilon=release.certified_epsilon,
@@ -202,7 +204,7 @@ def release_view(release: db.Release) -> schemas.Release:
         created_at=release.created_at, idempotency_key=release.idempotency_key,
         mechanism_hash=release.mechanism_hash, description=json.loads(release.description_json or "{}"),
         noisy_prior=json.loads(release.prior_json) if release.prior_json else None, state=release.state or "available",
-        error=json.loads(release.error_json) if release.error_json else None)
+        error=json.loads(release.error_json) if release.error_json else None, execution=execution)
 
 
 def existing_release(session: Session, principal: Principal, dataset_id: str, key: str,

@@ -8,17 +8,20 @@ digest sealed and the release ``available``. Every attempt with the same secret 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import uuid
 
 import numpy as np
+from sqlalchemy.orm import Session
 
 from labels_party import db, documents, jobs
 from labels_party.jobs import Claimed, Failure, JobContext
 from labels_party.pipeline import PLAN_FIELDS
 from labels_party.source_datasets import snapshot_uri
+from shared import schemas
 from shared.errors import LabelDPError
 
 log = logging.getLogger(__name__)
@@ -93,9 +96,20 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
             seal(release, sealed)
             release.error_json = None
             job.sealed_secret = None  # available: nothing is run again, the secret is not kept
+            job.result_json = json.dumps({**result.execution, "partitions": result.partitions,
+                                          "rows": result.rows_written})
             ctx.jobs.table.finish(job, "succeeded")
     finally:
         shutil.rmtree(ctx.store.path(attempt), ignore_errors=True)  # gone already once in place
+
+
+def recorded_execution(session: Session, release_id: str) -> schemas.ReleaseExecution | None:
+    """Where the release's Spark job ran, as it recorded it when the release became available (None for a release
+    that had no job, or whose job has not succeeded)."""
+    job = jobs.job_of(session, jobs.PRIVATIZE_SOURCE, release_id)
+    if job is None or job.result_json is None:
+        return None
+    return schemas.ReleaseExecution.model_validate_json(job.result_json)
 
 
 def classify(err: Exception) -> tuple[Failure, bool]:

@@ -6,21 +6,23 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from labels_party import db, documents
-from labels_party.access import Admission, releases_possibly_seen, releases_seen, sees_release
+from labels_party.access import Admission, releases_possibly_seen, releases_seen, sees_execution, sees_release
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.releases.lifecycle import release_view
+from labels_party.releases.privatization import recorded_execution
 from shared import schemas
 from shared.errors import LabelDPError
 
 
 def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> tuple[schemas.Release, str]:
-    """The release and its file."""
+    """The release (with where its Spark job ran, for those who see that) and its file."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
             raise LabelDPError("no such release for this key", code="not_found")
-        return release_view(release), release.file
+        execution = recorded_execution(session, release.id) if sees_execution(session, principal, release) else None
+        return release_view(release, execution), release.file
 
 
 def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, whole: bool) -> str:

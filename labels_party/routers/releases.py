@@ -91,6 +91,8 @@ def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: See
 
 @router.get("/v1/releases/{release_id}", response_model=schemas.Release)
 def get_release(release_id: str, who: AnyKey, ctx: Context):
+    """A release the key sees. ``execution`` — where a source release's Spark job ran (master, application id,
+    executors) — is shown to the dataset owner's admins only; others, its requester included, get null."""
     return queries.get_release(ctx, who.principal, release_id)[0]
 
 

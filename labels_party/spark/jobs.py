@@ -46,7 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, NumericType, StringType
 
-from labels_party.spark.session import ARROW_BATCH_ROWS
+from labels_party.spark.session import ARROW_BATCH_ROWS, execution
 from shared.errors import LabelDPError
 from shared.randomness import derived_rng
 
@@ -72,6 +72,7 @@ class PrivatizeResult:
     max_partition_bytes: int
     min_partitions: int
     batch_rows: int  # Arrow batch size the samplers saw
+    execution: dict[str, str | int]  # where the write ran (labels_party.spark.session.execution)
 
 
 def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray) -> HistogramResult:
@@ -140,8 +141,9 @@ def privatize(spark: SparkSession, source: str, output: str, sampler, secret: by
         if refusal is None:
             raise
         raise LabelDPError(refusal.group(2), code=refusal.group(1)) from err
+    ran = execution(session)
     rows = session.read.parquet(output).count()  # from the files' footers
-    return PrivatizeResult(output, int(rows), partitions, max_partition_bytes, min_partitions, ARROW_BATCH_ROWS)
+    return PrivatizeResult(output, int(rows), partitions, max_partition_bytes, min_partitions, ARROW_BATCH_ROWS, ran)
 
 
 def _partition_sampler(sampler, secret: bytes, support: np.ndarray

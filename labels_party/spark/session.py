@@ -40,3 +40,19 @@ def spark_session(master: str = "local[*]", app_name: str = "labeldp-release",
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def execution(spark: SparkSession) -> dict[str, str | int]:
+    """Where ``spark``'s jobs run, as a job records it (no path, nothing about the data): the engine, the
+    SparkContext's master URL and application id, and the executors registered besides the driver. Read it right
+    after the job: a cluster's executors register asynchronously (before the first job there may be none yet), and
+    one lost mid-job and not replaced is no longer counted."""
+    java = spark.sparkContext._jsc
+    assert java is not None  # a stopped context ran nothing
+    context = java.sc()  # the JVM's SparkContext
+    # Its status tracker lists the live executors and always the driver, whose block manager registers as the
+    # SparkContext starts (PySpark's StatusTracker does not expose this list). In local mode the driver is the only
+    # entry and runs every task: 0. On a standalone cluster, one entry per worker's executor besides it.
+    listed = context.statusTracker().getExecutorInfos()
+    return {"engine": "spark", "master": str(context.master()), "application_id": str(context.applicationId()),
+            "executors": len(listed) - 1}

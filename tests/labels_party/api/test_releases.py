@@ -38,6 +38,8 @@ def test_release_created(client, admin, consumer, dataset):
     got = client.get(f"/v1/releases/{body['id']}", headers=consumer)
     assert got.status_code == 200
     assert_same_release(got.json(), body)
+    owned = client.get(f"/v1/releases/{body['id']}", headers=admin).json()
+    assert owned["execution"] is None  # its owner's admin: no Spark job ran
 
 
 def test_idempotent_retry_returns_same_release_and_charges_once(client, admin, consumer, dataset):

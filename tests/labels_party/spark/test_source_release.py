@@ -190,6 +190,35 @@ def test_a_source_release_is_a_spark_job_charged_once(service, tmp_path):
     assert sum(t.num_rows for t in read_parts(str(ctx.store.path(f"releases/{later.json()['id']}")))) == N
 
 
+def test_where_a_source_release_ran_is_shown_to_the_owners_admins_only(service, spark):
+    """A source release's job records where its Spark work ran when the release becomes available: here the tests'
+    local session — its master and application id, and no executor besides the driver, which runs the tasks in local
+    mode. The owner's admins see it; the consumer that requested the release sees null. The registration's job
+    records where it counted the source."""
+    ctx, client, as_, sources, _, checkpoint = service
+    checkpoint.times = 0  # no attempt fails
+    write_source(sources / "small", [f"s{i}" for i in range(100)], np.arange(100) % 10, files=2)
+    dataset = register(ctx, client, as_("owner"), _body(f"{sources}/small"))["id"]
+    client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3}, headers=as_("owner"))
+    started = client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("publisher"), "Idempotency-Key": "k"},
+                          json={"mechanism": "rr", "epsilon": 1})
+    assert started.status_code == 202 and started.json()["execution"] is None, started.text
+    assert ctx.jobs.run_pending() == 1
+    release = f"/v1/releases/{started.json()['id']}"
+
+    local = {"engine": "spark", "master": spark.sparkContext.master,
+             "application_id": spark.sparkContext.applicationId, "executors": 0}
+    seen = client.get(release, headers=as_("owner")).json()
+    assert seen["state"] == "available" and seen["execution"]["master"].startswith("local"), seen
+    assert seen["execution"].pop("partitions") >= 1
+    assert seen["execution"] == {**local, "rows": 100}
+    requested = client.get(release, headers=as_("publisher")).json()
+    assert requested["state"] == "available" and requested["execution"] is None
+    with ctx.sessions() as session:
+        registration = jobs.job_of(session, jobs.REGISTER_SOURCE, dataset)
+        assert json.loads(registration.result_json) == local
+
+
 def test_the_features_party_client_waits_for_a_source_release(service):
     """The features party's client polls a 202 release until it is available, re-sending a failed one once (the
     job's first run fails after writing: the re-run has the same charge and noise)."""
