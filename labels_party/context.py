@@ -22,6 +22,7 @@ from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 from shared.randomness import secure_rng
+from shared.service.keyfiles import read_private_file
 from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
@@ -70,7 +71,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
                                             data_dir=settings.data_dir)
     ledger = Ledger(store, audit_signer(settings))
     scratch = Scratch(settings.data_dir)
-    spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"))
+    spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
+                           spark_secret(settings))
 
     def run_job(lease: Lease, lost: threading.Event) -> None:
         workers.run(ctx, lease, lost)  # the context below: a job runs only once it exists
@@ -94,6 +96,22 @@ def audit_signer(settings: LabelsSettings) -> HeadSigner | None:
     if settings.audit_key_file is None:
         return None
     return HeadSigner(load_key_file(settings.audit_key_file), settings.audit_log_dir)
+
+
+def spark_secret(settings: LabelsSettings) -> str | None:
+    """The Spark cluster's shared authentication secret from settings; a cluster master without one, or a secret
+    file that others may read, is refused at start (labels_party/spark/session.py)."""
+    secret = None
+    if settings.spark_secret_file is not None:
+        data = read_private_file(settings.spark_secret_file, what="the Spark secret file", code="spark_not_secured")
+        secret = data.decode().strip() if data is not None else None
+        if not secret:
+            raise LabelDPError("the Spark secret file (spark_secret_file) is missing or empty",
+                               code="spark_not_secured")
+    if not settings.spark_master.startswith("local") and secret is None:
+        raise LabelDPError(f"the Spark master {settings.spark_master} needs the deployment's shared authentication "
+                           "secret: set spark_secret_file (LABELDP_SPARK_SECRET_FILE)", code="spark_not_secured")
+    return secret
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

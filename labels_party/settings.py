@@ -70,6 +70,10 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     # may register (URI prefixes by organization name, as JSON). Empty: no source datasets on this deployment.
     spark_master: str = "local[*]"
     spark_sources: dict[str, list[str]] = Field(default_factory=dict)
+    # A cluster master's shared authentication secret (a file of mode 0600; the master and workers read the same
+    # one): Spark's RPC between the driver and executors is authenticated and encrypted with it. Required with a
+    # master that is not local (labels_party/spark/session.py says why).
+    spark_secret_file: Path | None = None
     # Durable jobs (labels_party/jobs.py: a source's registration, a source release's Spark job), run by every
     # `serve` process on the shared database under leases (shared/service/leases.py): a lease lasts
     # job_lease_seconds and is renewed every third of it — a killed replica's job is taken over by another within

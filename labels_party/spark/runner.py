@@ -10,10 +10,11 @@ import threading
 class SparkJobs:
     """This process's Spark session (started on first use: seconds), shared by its job workers."""
 
-    def __init__(self, master: str, local_dir: str | None = None):
+    def __init__(self, master: str, local_dir: str | None = None, secret: str | None = None):
         """``local_dir``: where Spark keeps its scratch (shuffle blocks hold per-partition label counts and example
-        ids): under the service's data directory, which a starting service cleans, never ``/tmp``."""
-        self.master, self.local_dir = master, local_dir
+        ids): under the service's data directory, which a starting service cleans, never ``/tmp``. ``secret``: the
+        cluster's shared authentication secret (none needed in local mode)."""
+        self.master, self.local_dir, self._secret = master, local_dir, secret
         self._session = None
         self._lock = threading.Lock()
 
@@ -23,5 +24,5 @@ class SparkJobs:
         with self._lock:
             if self._session is None or self._session.sparkContext._jsc is None:  # none yet, or it was stopped
                 conf = {"spark.local.dir": self.local_dir} if self.local_dir else None
-                self._session = spark_session(self.master, conf=conf)
+                self._session = spark_session(self.master, conf=conf, secret=self._secret)
             return self._session

@@ -4,6 +4,15 @@ The settings pinned here are the ones the jobs' results depend on or that keep a
 transfer between the JVM and Python workers with a fixed batch size (the batches a task's sampler sees, hence which
 random draws go to which label — see :mod:`labels_party.spark.jobs`), UTC session time, and WARN-level logs without
 the console progress bar. The master is the caller's: ``local[*]`` by default, any cluster URL otherwise.
+
+Every session is secured (:func:`security_conf`), because a release's secret travels to the executors inside its
+tasks and Spark keeps it on the driver as a broadcast block: an outside review fetched it, with no credentials,
+from an unauthenticated local driver that listened on the host's external address, and recovered every true label
+from the released ones. So: RPC authentication and AES encryption between driver and executors, encrypted local
+spill and shuffle files, no driver web UI (it listed every organization's jobs and the data directory), and in
+local mode a driver bound to loopback (Spark generates the authentication secret itself there). On a cluster the
+shared secret is the deployment's (``LABELDP_SPARK_SECRET_FILE``, the same one the master and workers read); a
+cluster master without one is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ import sys
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
+
+from shared.errors import LabelDPError
 
 ARROW_BATCH_ROWS = 1 << 16  # labels per Arrow batch handed to a Python worker (the samplers' own chunk size)
 
@@ -24,9 +35,25 @@ SESSION_CONF: Mapping[str, str] = {
 }
 
 
+def security_conf(master: str, secret: str | None) -> dict[str, str]:
+    """The settings that keep a release's secret on the driver and its executors (see the module's docstring)."""
+    conf = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true",
+            "spark.io.encryption.enabled": "true", "spark.ui.enabled": "false"}
+    if master.startswith("local"):
+        conf |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
+    elif not secret:
+        raise LabelDPError(f"the Spark master {master} needs the deployment's shared authentication secret "
+                           "(LABELDP_SPARK_SECRET_FILE, also read by the master and workers): without it a "
+                           "release's secret would cross the network unauthenticated", code="spark_not_secured")
+    if secret:
+        conf["spark.authenticate.secret"] = secret
+    return conf
+
+
 def spark_session(master: str = "local[*]", app_name: str = "labeldp-release",
-                  conf: Mapping[str, object] | None = None) -> SparkSession:
-    """The active session, or a new one on ``master`` with :data:`SESSION_CONF` and ``conf`` (``conf`` wins).
+                  conf: Mapping[str, object] | None = None, secret: str | None = None) -> SparkSession:
+    """The active session, or a new one on ``master`` with :data:`SESSION_CONF` and ``conf`` (``conf`` wins),
+    secured by :func:`security_conf` (nothing overrides that).
 
     Like :meth:`SparkSession.Builder.getOrCreate`, an already running SparkContext is reused whatever ``master``
     says. Python workers run ``PYSPARK_PYTHON``; for a local master, where the workers are this machine's
@@ -35,7 +62,7 @@ def spark_session(master: str = "local[*]", app_name: str = "labeldp-release",
     if master.startswith("local") and "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = sys.executable  # read once, when the SparkContext starts
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**SESSION_CONF, **(conf or {})}.items():
+    for key, value in {**SESSION_CONF, **(conf or {}), **security_conf(master, secret)}.items():
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
