@@ -69,6 +69,9 @@ def _only_json_on_stdout(enabled: bool):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Everything this tool writes — uploaded labels, releases, databases, keys, Spark's scratch in local mode — is
+    # its user's alone: a review found labels files readable by every local user under the usual umask 022.
+    os.umask(0o077)
     with _only_json_on_stdout("--json" in argv):
         return _run(argv)
 

@@ -1,6 +1,7 @@
 """`labeldp randomizer solve`: the JSON contract and one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,17 @@ def test_json_is_the_only_thing_on_stdout_of_a_solving_process():
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["solver"] == "mesh"  # the whole of stdout parses as one document
     assert "HiGHS" in done.stderr and "HiGHS" not in done.stdout
+
+
+def test_files_the_tool_writes_are_its_users_alone(tmp_path):
+    """A review found uploaded labels files readable by every local user (umask 022): every command runs with
+    umask 077, so the database, the data directory and what is written under it are the service user's only."""
+    env = {**os.environ, "LABELDP_DATABASE_URL": f"sqlite:///{tmp_path}/labels.db",
+           "LABELDP_DATA_DIR": str(tmp_path / "data")}
+    made = subprocess.run([sys.executable, "-m", "labeldp", "labels", "create-key", "--org", "o", "--role",
+                           "admin"], env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    written = [tmp_path / "labels.db", *(tmp_path / "data").rglob("*")]
+    assert len(written) > 1
+    assert all(path.stat().st_mode & 0o077 == 0 for path in written), [
+        (str(path), oct(path.stat().st_mode)) for path in written if path.stat().st_mode & 0o077]
