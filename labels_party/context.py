@@ -79,7 +79,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
 
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
                          scratch=scratch, quotas=ReleaseQuotas(settings), sealer=secrets,
-                         jobs=jobs.make_runner(sessions, settings, run_job))
+                         jobs=jobs.make_runner(sessions, settings, store, run_job))
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and

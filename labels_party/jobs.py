@@ -2,14 +2,18 @@
 under leases (:mod:`shared.service.leases`), so that a job survives the request that made it and the process that
 ran it.
 
-Two kinds:
+Three kinds:
 
 * ``register_source`` (subject: a dataset ``registering``) — the source is copied and Spark counts the copy
   (:func:`labels_party.source_datasets.run_registration`); the dataset becomes ``ready``, or ``failed`` with the
   refusal its owner's admins see;
 * ``privatize_source`` (subject: a source release ``running``) — the Spark job that samples every label
   (:func:`labels_party.releases.source.run_privatization`) from the stored mechanism document and the release's
-  secret, which the job row holds sealed (:mod:`shared.service.sealing`); the release becomes ``available``.
+  secret, which the job row holds sealed (:mod:`shared.service.sealing`); the release becomes ``available``;
+* ``compute_release`` (subject: an uploaded dataset's release ``running``) — the release is computed by its own
+  request, which inserts this job already leased by its process (:func:`lease_request`) and finishes it with the
+  release's outcome; a worker claims it only once that lease expired — the process died, or was cut off past it —
+  and fails the release (:mod:`labels_party.releases.liveness`).
 
 A job records its outcome only in a transaction that locks its subject's row, then its own, and checks that its
 lease is still held (:func:`holding`): a worker that lost its lease (paused past it, cut from the database) and
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import db
@@ -41,11 +45,12 @@ from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
 from shared.errors import resource_error
 from shared.service.leases import JobRunner, Lease, LeaseTable
+from shared.service.scratch import remove
 from shared.service.sealing import Sealer
 
 log = logging.getLogger("labeldp.jobs")
 
-REGISTER_SOURCE, PRIVATIZE_SOURCE = "register_source", "privatize_source"
+REGISTER_SOURCE, PRIVATIZE_SOURCE, COMPUTE_RELEASE = "register_source", "privatize_source", "compute_release"
 ATTEMPTS = "tmp/jobs"  # under the data directory: each attempt's files until it records them (collected when alone)
 
 
@@ -108,14 +113,22 @@ class Claimed:
         return self.lease.attempt
 
 
-def lease_table(settings: LabelsSettings) -> LeaseTable:
-    return LeaseTable(db.Job, "state", ("queued",), "running", settings.job_max_attempts, exhausted=_exhausted)
+# What a release shows that was charged and then not completed — its request failed, or its process died: nothing
+# about the data (the same for every cause).
+INTERRUPTED = Failure("release_failed", "the release could not be completed after it was charged")
 
 
-def make_runner(sessions: sessionmaker, settings: LabelsSettings,
+def lease_table(settings: LabelsSettings, store: DataStore) -> LeaseTable:
+    def exhausted(session: Session, job: db.Job) -> None:
+        _exhausted(store, session, job)
+
+    return LeaseTable(db.Job, "state", ("queued",), "running", settings.job_max_attempts, exhausted=exhausted)
+
+
+def make_runner(sessions: sessionmaker, settings: LabelsSettings, store: DataStore,
                 run: Callable[[Lease, threading.Event], None]) -> JobRunner:
     """The process's workers (started by ``serve`` only; tests and commands call ``run_pending``)."""
-    return JobRunner("labels-jobs", sessions, lease_table(settings), run, threads=settings.job_threads,
+    return JobRunner("labels-jobs", sessions, lease_table(settings, store), run, threads=settings.job_threads,
                      lease_seconds=settings.job_lease_seconds, poll_seconds=settings.job_poll_seconds,
                      retry_seconds=settings.job_retry_seconds)
 
@@ -127,6 +140,13 @@ def queue(session: Session, *, org_id: int, kind: str, subject_id: str, spec: di
                  spec_json=json.dumps(spec, sort_keys=True), sealed_secret=sealed_secret, attempts=0)
     session.add(job)
     return job
+
+
+def lease_request(runner: JobRunner, session: Session, *, org_id: int, kind: str, subject_id: str) -> Lease:
+    """A new job for work its request does itself, inserted in the caller's transaction already leased by this
+    process (:meth:`~shared.service.leases.JobRunner.lease_new`): claimable by any worker once that lease expires."""
+    return runner.lease_new(session, id=db.new_id(), org_id=org_id, kind=kind, subject_id=subject_id,
+                            spec_json="{}", sealed_secret=None)
 
 
 def requeue(job: db.Job) -> None:
@@ -190,18 +210,24 @@ def _fail_subject(kind: str, subject: Any, failure: Failure) -> None:
         return
     if kind == REGISTER_SOURCE and subject.state == "registering":
         subject.state, subject.error_json = "failed", failure.as_json()
-    elif kind == PRIVATIZE_SOURCE and subject.state == "running":
+    elif kind in (PRIVATIZE_SOURCE, COMPUTE_RELEASE) and subject.state == "running":
         subject.state, subject.error_json = "failed", failure.as_json()
 
 
-def _exhausted(session: Session, job: db.Job) -> None:
+def _exhausted(store: DataStore, session: Session, job: db.Job) -> None:
     """A job claimed ``job_max_attempts`` times that came back once more (its last worker died): failed, with the
-    last attempt's failure if it recorded one (the job row is locked: the claim's transaction)."""
+    last attempt's failure if it recorded one (the job row is locked: the claim's transaction). A request's release
+    loses its file too, once the release is recorded failed."""
     failure = Failure(job.error_code, job.error_message) if job.error_code and job.error_message \
         else EXHAUSTED[job.kind]
     job.error_code, job.error_message = failure.code, failure.message
-    _fail_subject(job.kind, _lock_subject(session, job.kind, job.subject_id), failure)
+    subject = _lock_subject(session, job.kind, job.subject_id)
+    _fail_subject(job.kind, subject, failure)
     job.state = "failed"
+    if job.kind == COMPUTE_RELEASE and subject is not None and subject.state == "failed":
+        path = store.path(subject.file)
+        # after the commit: a file removed from a release that then stayed running could be made available
+        event.listen(session, "after_commit", lambda _session: remove(path), once=True)
 
 
 # What a job's subject shows when its attempts ran out with no failure recorded (its workers died).
@@ -212,4 +238,5 @@ EXHAUSTED = {
         code="release_failed", message="the release's Spark job did not complete (its workers stopped, attempts "
                                        "exhausted); send the request again with its Idempotency-Key to run it again "
                                        "(the same charge and noise)"),
+    COMPUTE_RELEASE: INTERRUPTED,
 }

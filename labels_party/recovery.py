@@ -11,9 +11,12 @@
 2. **Accounts the migration to per-organization budgets left empty** are rebuilt from the ledger's records
    (:func:`labels_party.budgets.rebuild_migrated`), once.
 3. **Releases a dead process was computing** were charged before they were computed; they become ``failed`` and
-   stay charged (their files, if any, go). A source release is a durable job (:mod:`labels_party.jobs`) once
-   planned, which any replica takes over when its worker's lease expires; one whose process died while planning
-   it (before its job was queued) fails here like the others.
+   stay charged (their files, if any, go). Beside live replicas, an uploaded dataset's release is failed by
+   whichever replica claims its ``compute_release`` job once the dead process's lease expired
+   (:mod:`labels_party.releases.liveness`); alone, this start fails it at once and finishes that job, so no worker
+   handles it again. A source release is a durable job (:mod:`labels_party.jobs`) once planned, which any replica
+   takes over when its worker's lease expires; one whose process died while planning it (before its job was
+   queued) fails here like the others.
 
 The check (1) runs beside other live replicas too: each dataset's row is read locked (PostgreSQL: ``FOR SHARE``) while
 its anchor is read, so a charge another replica is committing cannot be seen half done (its anchor written, its
@@ -22,21 +25,19 @@ row not yet). 2 takes the datasets' locks; 3 runs only when this process is alon
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import budgets, db
+from labels_party.jobs import COMPUTE_RELEASE, INTERRUPTED, PRIVATIZE_SOURCE
 from labels_party.ledger import Ledger, LedgerRollback, rollback_message
 from labels_party.storage import DataStore
 from shared.service.scratch import TEMPORARY, Scratch, remove
 
 log = logging.getLogger("labeldp.labels")
-
-FAILED = {"code": "release_failed", "message": "the release could not be completed after it was charged"}
 
 
 def recover(store: DataStore, sessions: sessionmaker, ledger: Ledger, scratch: Scratch) -> None:
@@ -82,15 +83,28 @@ def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
 
 def fail_interrupted(store: DataStore, sessions: sessionmaker) -> int:
     """Releases ``running`` without anything to finish them (only when no other process is live): an uploaded
-    dataset's (computed in its request), or a source release's without a job (its process died planning it)."""
+    dataset's (computed in its request; its ``compute_release`` job is finished with it), or a source release's
+    without a job (its process died planning it)."""
     with sessions() as session, session.begin():
-        queued = select(db.Job.subject_id).where(db.Job.kind == "privatize_source")
+        queued = select(db.Job.subject_id).where(db.Job.kind == PRIVATIZE_SOURCE)
         rows = session.scalars(select(db.Release).join(db.Dataset, db.Dataset.id == db.Release.dataset_id).where(
             db.Release.state == "running",
             db.Dataset.source_uri.is_(None) | db.Release.id.not_in(queued))).all()
         for release in rows:
-            release.state, release.error_json = "failed", json.dumps(FAILED)
+            release.state, release.error_json = "failed", INTERRUPTED.as_json()
+        _finish_request_jobs(session, [release.id for release in rows])
         files = [release.file for release in rows]
     for file in files:
         remove(store.path(file))  # a file, or a Spark job's directory
     return len(files)
+
+
+def _finish_request_jobs(session: Session, release_ids: list[str]) -> None:
+    """The ``compute_release`` jobs of releases failed here: failed with them, their dead owners' leases cleared
+    (a worker claiming one later would find its release failed already, and change nothing but the job)."""
+    if not release_ids:
+        return
+    for job in session.scalars(select(db.Job).where(db.Job.kind == COMPUTE_RELEASE, db.Job.state == "running",
+                                                    db.Job.subject_id.in_(release_ids))):
+        job.state, job.error_code, job.error_message = "failed", INTERRUPTED.code, INTERRUPTED.message
+        job.lease_owner = job.lease_expires_at = None

@@ -78,7 +78,10 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     # `serve` process on the shared database under leases (shared/service/leases.py): a lease lasts
     # job_lease_seconds and is renewed every third of it — a killed replica's job is taken over by another within
     # about that long; idle workers look for jobs every job_poll_seconds; a job is claimed at most job_max_attempts
-    # times (a failure is retried after job_retry_seconds), then it is failed; job_threads jobs run at once.
+    # times (a failure is retried after job_retry_seconds), then it is failed; job_threads jobs run at once. An
+    # uploaded dataset's release, computed in its request, holds such a lease too (labels_party/releases/liveness.py):
+    # a replica killed while computing one has it failed by another within about job_lease_seconds +
+    # job_poll_seconds.
     job_lease_seconds: float = Field(default=30.0, gt=0)
     job_poll_seconds: float = Field(default=1.0, gt=0)
     job_max_attempts: int = Field(default=3, ge=1)

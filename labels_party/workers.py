@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from labels_party import db, jobs, source_datasets
 from labels_party.jobs import Claimed, Failure, JobContext
-from labels_party.releases import privatization
+from labels_party.releases import liveness, privatization
 from shared.errors import LabelDPError
 from shared.service.leases import Lease
 
@@ -27,7 +27,8 @@ class Kind:
 
 
 KINDS = {jobs.REGISTER_SOURCE: Kind(source_datasets.run_registration, source_datasets.classify),
-         jobs.PRIVATIZE_SOURCE: Kind(privatization.run_privatization, privatization.classify)}
+         jobs.PRIVATIZE_SOURCE: Kind(privatization.run_privatization, privatization.classify),
+         jobs.COMPUTE_RELEASE: Kind(liveness.run_abandoned, liveness.classify)}
 
 
 def run(ctx: JobContext, lease: Lease, lost: threading.Event) -> None:

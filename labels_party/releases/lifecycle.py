@@ -3,7 +3,8 @@
 A release is inserted ``running`` by the charge (:func:`labels_party.releases.transaction.charge`), and then becomes
 ``available`` (:func:`finish`: its mechanism document stored; a source dataset's release stays ``running`` until its
 Spark job — a durable job, :mod:`labels_party.jobs` — wrote the labels) or ``failed`` (:func:`fail`: charged, its
-file removed). Nothing here decides access or charges anything.
+file removed). An uploaded dataset's release is computed under a lease (:mod:`.liveness`): both record its
+outcome only while the request still holds it. Nothing here decides access or charges anything.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from sqlalchemy.orm import Session
 from labels_party import db, documents, labelstore
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
+from labels_party.jobs import INTERRUPTED
 from labels_party.ledger import units_epsilon
-from labels_party.recovery import FAILED
+from labels_party.releases import liveness
 from labels_party.releases.privatization import seal
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
@@ -180,6 +182,10 @@ class Completion(Protocol):
     def waits(self) -> bool:
         """Whether a replay waits (a few seconds) for a running release's outcome: a job's state is news."""
 
+    @property
+    def computed_in_request(self) -> bool:
+        """Whether the request computes the release itself after its charge, under a lease (:mod:`.liveness`)."""
+
     def answer(self, release: schemas.Release, created: bool) -> Outcome: ...
 
 
@@ -237,11 +243,14 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
            also: Callable[[Session, db.Release], None] | None = None) -> schemas.Release:
     """Store the public mechanism document; with ``sealed`` — the (size, SHA-256) of the file it makes available,
     computed before its row is locked — the release is available (without: a job's, still running, which ``also``
-    queues in the same transaction)."""
+    queues in the same transaction). Refused if the request lost its lease: another replica fails the release."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
             raise LabelDPError(f"release {release_id} is {release.state}", code="release_failed")
+        if not liveness.settle(ctx.jobs, session, release_id, "succeeded"):
+            log.warning("release %s: its lease was lost; another process fails it", release_id)
+            raise LabelDPError(f"release {release_id} was taken over by another process", code="release_failed")
         release.mechanism_hash = documents.store(session, {"description": draft.description,
                                                            "noisy_prior": draft.noisy_prior})
         release.certified_epsilon = draft.privacy.certified_epsilon
@@ -260,17 +269,21 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
 
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:
     """A charged release that could not be completed: failed, charged, no file. Only a release still running
-    fails (one that became available keeps its labels); if the database is gone too, the startup sweep does it."""
-    failed = False
+    fails (one that became available keeps its labels), and only while the request holds its lease: one taken over
+    is the other replica's to fail, but the file this request may have written goes all the same. If the database
+    is gone too, the lease expires and a replica fails it (or the startup sweep, alone)."""
+    discard = False
     try:
         with ctx.sessions() as session, session.begin():
             release = session.get(db.Release, release_id, with_for_update=True)
-            if release.state == "running":
-                release.state, release.error_json = "failed", json.dumps(FAILED)
-                file, failed = file or release.file, True
+            file = file or release.file
+            if release.state != "available":
+                if liveness.settle(ctx.jobs, session, release_id, "failed") and release.state == "running":
+                    release.state, release.error_json = "failed", INTERRUPTED.as_json()
+                discard = True
     except Exception:  # noqa: BLE001 - the original failure is what the caller reports
         log.exception("could not record release %s as failed", release_id)
-    if failed and file is not None:
+    if discard and file is not None:
         try:
             ctx.store.remove(file)
         except OSError:

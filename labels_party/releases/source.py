@@ -133,6 +133,10 @@ class SparkJob:
     def waits(self) -> bool:
         return False
 
+    @property
+    def computed_in_request(self) -> bool:
+        return False  # planned in the request (seconds), then computed by its job under the job's own lease
+
     def answer(self, release: schemas.Release, created: bool) -> Outcome:
         if release.state == "failed":  # and not run again: it has no job, or its secret is gone
             if release.error and release.error.get("code") == "job_format_retired":

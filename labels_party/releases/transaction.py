@@ -17,8 +17,10 @@
 4. **charge** — one transaction checks that the request's API key is still in force (its row read again and
    locked: a key revoked while the request waited is the same 401 as any invalid key, nothing charged), then,
    under the dataset lock, reserves the Idempotency-Key, has the ledger check the organization's
-   account exactly and charge it (the record appended), and inserts the release ``running``. Only after it
-   commits is any private quantity (a noisy prior, a privatized label, a noisy loss, a trained parameter) drawn;
+   account exactly and charge it (the record appended), and inserts the release ``running`` — computed in the
+   request, with its ``compute_release`` job leased by this process (:mod:`.liveness`: a replica fails it if this
+   process dies). Only after it commits is any private quantity (a noisy prior, a privatized label, a noisy loss,
+   a trained parameter) drawn;
 5. **complete** — the :class:`Completion`, the strategy of what follows the commit: in process
    (:data:`IN_PROCESS`: the kind computes a :class:`~.lifecycle.Draft` outside any transaction — it never
    refuses: a solve that cannot certify falls back deterministically, see :mod:`labels_party.registry` — the file
@@ -54,6 +56,7 @@ from labels_party.access import Admission, admitted_dataset, is_owner
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext, check_epsilon_range
 from labels_party.ledger import Actor, BudgetExceeded, RecordFields, canonical
+from labels_party.releases import liveness
 from labels_party.releases.lifecycle import (
     Completion,
     Computation,
@@ -75,6 +78,7 @@ from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 from shared.service.keys import UNAUTHORIZED_MESSAGE
+from shared.service.leases import Lease
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
@@ -105,6 +109,7 @@ class InProcess:
         else:
             draft = kind.compute(snapshot, covered.labels, covered.inputs, priced, computation)
         file = write_file(ctx, release_id, draft, covered.example_ids)
+        ctx.checkpoint("release_written")  # tests take the release over here, its labels written, not yet visible
         return finish(ctx, release_id, draft, sealed=ctx.store.digest(file))
 
     def abandon(self, ctx: ServiceContext, release_id: str) -> None:
@@ -117,6 +122,10 @@ class InProcess:
     def waits(self) -> bool:
         return True
 
+    @property
+    def computed_in_request(self) -> bool:
+        return True
+
     def restart(self, ctx: ServiceContext, release_id: str) -> None:
         raise AssertionError("an in-process release is never restarted")
 
@@ -125,6 +134,16 @@ class InProcess:
 
 
 IN_PROCESS = InProcess()
+
+
+@dataclass(frozen=True)
+class Charged:
+    """What the charge left: the release the key stands for, whether this request charged it (else a concurrent
+    request with its key did), and the lease this request computes it under (None: not computed in the request)."""
+
+    release_id: str
+    fresh: bool
+    lease: Lease | None = None
 
 
 def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, kind: ReleaseKind[Any]) -> Outcome:
@@ -153,21 +172,23 @@ def _release(ctx: ServiceContext, admission: Admission, snapshot: Snapshot, comp
     try:  # a refusal from here to the charge's commit leaves no coverage file behind
         priced = kind.price(ctx, snapshot, covered.coverage.size, covered.inputs)
         completion.check(snapshot, priced)
-        release_id, fresh = charge(ctx, admission.principal, snapshot, kind, priced, covered.coverage, key, body_hash,
-                                   suffix=completion.suffix)
+        charged = charge(ctx, admission.principal, snapshot, kind, priced, covered.coverage, key, body_hash,
+                         suffix=completion.suffix, leased=completion.computed_in_request)
     finally:
         labelstore.discard(ctx.store, covered.coverage)
-    if not fresh:  # a concurrent request with this key was charged first
+    release_id = charged.release_id
+    if not charged.fresh:  # a concurrent request with this key was charged first
         return completion.answer(outcome(ctx, release_id, completion.waits), False)
-    try:
-        return completion.answer(completion.complete(ctx, release_id, snapshot, kind, covered, priced), True)
-    except BaseException as err:
-        fail(ctx, release_id, None)
-        completion.abandon(ctx, release_id)
-        if not isinstance(err, Exception):  # a process going down: the startup sweep records it as failed
-            raise
-        log.exception("release %s failed after it was charged", release_id)
-        raise release_failed(release_id) from None
+    with liveness.computing(ctx.jobs, charged.lease):
+        try:
+            return completion.answer(completion.complete(ctx, release_id, snapshot, kind, covered, priced), True)
+        except BaseException as err:
+            fail(ctx, release_id, None)
+            completion.abandon(ctx, release_id)
+            if not isinstance(err, Exception):  # a process going down: its lease expires, a replica fails it
+                raise
+            log.exception("release %s failed after it was charged", release_id)
+            raise release_failed(release_id) from None
 
 
 def checked_key(idempotency_key: str | None) -> str:
@@ -238,11 +259,11 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
 
 
 def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: ReleaseKind[Any], priced: Priced,
-           coverage: labelstore.CoverageSet, key: str, body_hash: str, *, suffix: str) -> tuple[str, bool]:
-    """Reserve the key and charge the release in one transaction under the dataset lock: (release id, True), or
-    (the id of the release a concurrent request with this key was charged for, False). Nothing private has been
-    drawn yet; from the commit on, the release is paid whatever happens. Its labels will be ``releases/{id}``
-    + ``suffix``."""
+           coverage: labelstore.CoverageSet, key: str, body_hash: str, *, suffix: str, leased: bool) -> Charged:
+    """Reserve the key and charge the release in one transaction under the dataset lock: this request's release
+    (``leased``: with its lease, :mod:`.liveness`), or the release a concurrent request with this key was charged
+    for. Nothing private has been drawn yet; from the commit on, the release is paid whatever happens. Its labels
+    will be ``releases/{id}`` + ``suffix``."""
     dataset_id, release_id = snapshot.dataset.id, db.new_id()
     superseded: tuple[str, ...] = ()
     try:
@@ -253,7 +274,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             session.get(db.Dataset, dataset_id, with_for_update=True)
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is not None:
-                return existing.id, False
+                return Charged(existing.id, False)
             try:
                 charged = ctx.ledger.charge(
                     session, dataset_id, principal.org_id, coverage, priced.dp_event(), kind.epsilon, RecordFields(
@@ -265,21 +286,23 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
                 raise err.told_to(is_owner(principal, snapshot.dataset)) from None
             superseded = charged.superseded
             labelstore.keep(ctx.store, coverage)  # admitted: the record names it from the commit on
-            session.add(db.Release(
+            release = db.Release(
                 id=release_id, dataset_id=dataset_id, requester_org_id=principal.org_id, idempotency_key=key,
                 body_hash=body_hash, mechanism=kind.mechanism, epsilon=kind.epsilon,
                 charge_units=charged.standalone_units, certified_epsilon=None,
                 prior_epsilon=priced.prior_epsilon, randomizer_epsilon=kind.epsilon - priced.prior_epsilon,
                 num_examples=coverage.size, label_version=snapshot.version, description_json="{}",
-                file=f"releases/{release_id}{suffix}", state="running"))
+                file=f"releases/{release_id}{suffix}", state="running")
+            session.add(release)
             session.flush()
+            lease = liveness.lease(ctx.jobs, session, release) if leased else None
             ctx.checkpoint("before_charge_commit")
     except IntegrityError:  # the key's unique constraint: a concurrent request got there first
         with ctx.sessions() as session, session.begin():
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is None:
                 raise
-            return existing.id, False
+            return Charged(existing.id, False)
     try:  # charged: from here on a failure is the release's, paid for
         ctx.checkpoint("after_charge_commit")
     except Exception:
@@ -291,7 +314,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             ctx.store.remove(old)
         except OSError:
             pass
-    return release_id, True
+    return Charged(release_id, True, lease)
 
 
 def _key_in_force(session: Session, principal: Principal) -> datetime:

@@ -18,6 +18,13 @@ repeats work but never its effect.
 Attempts are bounded: a job claimed ``max_attempts`` times that comes back once more (its worker died, or it asked
 to be retried) is finished by its table's ``exhausted`` callback (the party's ``failed`` with a code).
 
+Work a request does itself can be leased too (:meth:`JobRunner.lease_new`): its row is inserted already claimed by
+the process (attempt 1) in the transaction that creates the work, and the process's runner renews it while the
+request works (:meth:`JobRunner.adopted`). If the process dies, the lease expires and any worker claims the row —
+whose job is then to clean up after the request — like any other. The heartbeat runs whenever the runner holds a
+lease: a runner whose workers were not started (tests, commands) starts it on demand for adopted leases and stops
+it once they are let go, so such a lease is valid exactly as long as its process lives and reaches the database.
+
 Times are the workers' clocks (UTC): replicas need synchronized clocks (NTP), far tighter than a lease of seconds.
 """
 
@@ -29,7 +36,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -107,6 +114,13 @@ class LeaseTable:
             row.run_after = None
             return Lease(row.id, owner, row.attempts)
 
+    def leased_row(self, owner: str, lease_seconds: float, **columns: Any) -> Any:
+        """A new row (``columns`` besides the lease's) already claimed by ``owner``, attempt 1: for work its
+        creator does at once, added in the transaction that creates the work."""
+        now = utcnow()
+        return self.model(**columns, **{self.state_column: self.running_state}, attempts=1, lease_owner=owner,
+                          heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_seconds), run_after=None)
+
     def renew(self, session: Session, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend each lease still held; the ids of those held (a lease lost to a takeover is not renewed)."""
         if not leases:
@@ -172,30 +186,37 @@ class JobRunner:
         self._stopping = threading.Event()
         self._held: dict[str, tuple[Lease, threading.Event]] = {}
         self._lock = threading.Lock()
-        self._workers: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []  # the claiming threads, once started
+        self._beating: threading.Thread | None = None  # the heartbeat, while it runs
         self._last_beat = utcnow()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> JobRunner:
         threads = [threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
                    for i in range(self.threads)]
-        threads.append(threading.Thread(target=self._heartbeat, name=f"{self.name}-heartbeat", daemon=True))
-        self._workers = threads
+        with self._lock:
+            self._workers = threads
+            self._start_heartbeat()
         for thread in threads:
             thread.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop claiming; wait up to ``timeout`` for running jobs (whose leases then expire if they go on)."""
+        """Stop claiming and renewing; wait up to ``timeout`` for running jobs (whose leases then expire if they
+        go on)."""
         self._stopping.set()
         self.wake()
-        for thread in self._workers:
+        with self._lock:
+            threads = [*self._workers, *([self._beating] if self._beating is not None else [])]
+        for thread in threads:
             thread.join(timeout)
 
     def alive(self) -> bool:
         """Every thread running and the leases renewed recently (readiness)."""
         fresh = (utcnow() - self._last_beat).total_seconds() < 2 * self.lease_seconds
-        return bool(self._workers) and all(t.is_alive() for t in self._workers) and fresh
+        with self._lock:
+            threads = [*self._workers, self._beating]
+        return bool(self._workers) and all(t is not None and t.is_alive() for t in threads) and fresh
 
     def wake(self) -> None:
         """A job was just queued (here): claim now rather than at the next poll."""
@@ -205,6 +226,30 @@ class JobRunner:
     def holding(self) -> list[str]:
         with self._lock:
             return list(self._held)
+
+    # -- leases taken outside a claim ------------------------------------------------------------------------------
+    def lease_new(self, session: Session, **columns: Any) -> Lease:
+        """Insert, in the caller's transaction, a job already claimed by this runner (attempt 1, a lease of
+        ``lease_seconds``): work the caller does itself, renewed once :meth:`adopted` after the commit, and claimed
+        by any worker if the lease expires."""
+        row = self.table.leased_row(self.owner, self.lease_seconds, **columns)
+        session.add(row)
+        session.flush()  # its id
+        return Lease(row.id, self.owner, row.attempts)
+
+    @contextlib.contextmanager
+    def adopted(self, lease: Lease) -> Iterator[threading.Event]:
+        """Renew ``lease`` with the others this runner holds while the block runs, then let it go (a lease let go
+        expires unless its job was finished). Yields the event set when the heartbeat finds it lost."""
+        lost = threading.Event()
+        with self._lock:
+            self._held[lease.job_id] = (lease, lost)
+            self._start_heartbeat()
+        try:
+            yield lost
+        finally:
+            with self._lock:
+                self._held.pop(lease.job_id, None)
 
     def run_pending(self) -> int:
         """Claim and run jobs in the calling thread until none is claimable now; how many ran (tests and commands
@@ -255,8 +300,18 @@ class JobRunner:
         except Exception:  # its lease expires and another attempt claims it
             log.warning("%s: could not give job %s back", self.name, lease.job_id, exc_info=True)
 
+    def _start_heartbeat(self) -> None:
+        """The heartbeat, unless it runs (called holding ``_lock``); never once the runner is stopping."""
+        if self._beating is None and not self._stopping.is_set():
+            self._beating = threading.Thread(target=self._heartbeat, name=f"{self.name}-heartbeat", daemon=True)
+            self._beating.start()
+
     def _heartbeat(self) -> None:
         while not self._stopping.wait(self.lease_seconds / 3):
+            with self._lock:
+                if not self._workers and not self._held:  # started for adopted leases only, and all let go
+                    self._beating = None
+                    return
             self.beat()
 
     def beat(self) -> None:

@@ -8,7 +8,10 @@ database and one data directory, with one secret key file (and one audit key, wh
   Spark job is killed mid-run with its process (``kill -9`` of the replica whose worker holds the job's lease, read
   from ``lease_owner``): the other replica takes it over once the lease (5 s) expires and makes the release
   available without the client sending anything again; one ledger record; ``verify-audit`` (with the signed heads
-  log) is clean; the killed replica starts again beside the live one and collects nothing of its.
+  log) is clean; the killed replica starts again beside the live one and collects nothing of its;
+* an uploaded dataset's release, computed in its request, whose replica is killed (``kill -9``) mid-way: the other
+  replica's worker fails it once its lease (5 s) expired — no process starts alone — charged once, no file; the
+  client's re-send with its Idempotency-Key answers ``release_failed`` (no longer ``release_in_progress``).
 
 Needs PostgreSQL (LABELDP_TEST_POSTGRES_URL) and Java. The measured times are printed. ~2 min on 2 cores.
 """
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.slow
 LEASE_SECONDS = 5
 RELEASES, ADMITTED = 64, 5
 SOURCE_ROWS = 400_000
+UPLOADED_ROWS = 5_000_000  # a release computed in its request for seconds: killed while it computes
 
 
 def _cli(env: dict, *args: str) -> str:
@@ -58,6 +62,58 @@ def _until(what: str, check, seconds: float, every: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {seconds:g} s")
         time.sleep(every)
+
+
+def _a_release_killed_in_its_request(http, engine, data: Path, process, victim: str, survivor: str, owner: dict,
+                                     publisher: dict) -> float:
+    """A release of an uploaded dataset sent to ``victim``, whose process is killed while the request computes it:
+    the survivor's worker fails it once its lease expired (no process starts alone); the client's re-send with its
+    key answers ``release_failed``, charged once, no file. Returns the seconds from the kill to the failure."""
+    dataset = http.post(f"{survivor}/v1/datasets", headers=owner, json={
+        "name": "uploaded", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 3}).json()["id"]
+    rows = "".join(f"u{i},{i % 10}\n" for i in range(UPLOADED_ROWS))
+    assert http.put(f"{survivor}/v1/datasets/{dataset}/labels", content="example_id,label\n" + rows,
+                    headers={**owner, "Content-Type": "text/csv"}).status_code == 200
+    assert http.post(f"{survivor}/v1/datasets/{dataset}/grants", headers=owner,
+                     json={"org": "publisher", "epsilon": 3}).status_code == 201
+    body, headers = {"mechanism": "opt-unbiased", "epsilon": 1}, {**publisher, "Idempotency-Key": "uploaded"}
+
+    def computing():
+        with engine.connect() as connection:
+            return connection.execute(text(
+                "SELECT r.id, j.lease_owner FROM releases r JOIN jobs j ON j.subject_id = r.id "
+                "AND j.kind = 'compute_release' WHERE r.dataset_id = :d AND r.state = 'running' "
+                "AND j.state = 'running'"), {"d": dataset}).first()
+
+    def outcome():
+        with engine.connect() as connection:
+            found = connection.execute(text(
+                "SELECT r.state, r.error_json, j.state AS job, j.attempts, j.lease_owner FROM releases r "
+                "JOIN jobs j ON j.subject_id = r.id AND j.kind = 'compute_release' WHERE r.id = :r"),
+                {"r": release_id}).first()
+        return found if found.state != "running" else None
+
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(http.post, f"{victim}/v1/datasets/{dataset}/releases", json=body, headers=headers)
+        release_id, lease_owner = _until("the release computing", computing, 120, 0.02)
+        assert int(lease_owner.split(":")[1]) == process.pid
+        os.kill(process.pid, signal.SIGKILL)  # mid-request: no failure recorded, no renewal
+        killed = time.monotonic()
+        with pytest.raises(httpx.TransportError):
+            sent.result()
+    done = _until("the release failed by the survivor", outcome, LEASE_SECONDS + 30)
+    failed_after = time.monotonic() - killed
+    assert (done.state, json.loads(done.error_json)["code"], done.job, done.attempts, done.lease_owner) == \
+        ("failed", "release_failed", "failed", 2, None)
+    assert failed_after <= LEASE_SECONDS + 5  # the lease's expiry, then the survivor's next poll
+    resent = http.post(f"{survivor}/v1/datasets/{dataset}/releases", json=body, headers=headers)
+    assert (resent.status_code, resent.json()["error"]["code"]) == (503, "release_failed"), resent.text
+    with engine.connect() as connection:
+        records = connection.execute(text("SELECT count(*) FROM ledger WHERE release_id = :r"),
+                                     {"r": release_id}).scalar()
+    assert records == 1
+    assert not (data / "releases" / f"{release_id}.parquet").exists()
+    return failed_after
 
 
 def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
@@ -178,10 +234,16 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
             assert records == 1 and tuple(job) == ("succeeded", 2, None)
 
             # the killed replica starts again beside the live one: it collects nothing, answers the same
-            with serve(processes[pid], "restarted.log"):
+            with serve(processes[pid], "restarted.log") as restarted:
                 assert list(attempts.glob(f"{release_id}.*")) != []  # another process is live: nothing collected
                 again = http.get(f"{bases[processes[pid]]}/v1/releases/{release_id}/labels", headers=publisher)
                 assert again.status_code == 200 and again.text == table.text
+
+                # -- a release computed in its request, its replica killed mid-way -------------------------------
+                failed_after = _a_release_killed_in_its_request(http, engine, tmp_path / "data", restarted,
+                                                                bases[processes[pid]], survivor, owner, publisher)
+                print(f"replica {processes[pid]} killed while computing a release in its request: the release "
+                      f"failed by the other {failed_after:.1f} s after the kill (lease {LEASE_SECONDS} s)")
         engine.dispose()
         report = json.loads(_cli(env, "verify-audit"))
         assert report["valid"], report

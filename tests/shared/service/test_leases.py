@@ -241,3 +241,78 @@ def test_run_pending_runs_what_is_claimable_in_the_calling_thread(sessions):
     assert runner.run_pending() == 3
     assert ran == [threading.current_thread().name] * 3
     assert runner.run_pending() == 0
+
+
+def _noop(_lease: Lease, _lost: threading.Event) -> None:
+    raise AssertionError("nothing is claimed here")
+
+
+def _expire(sessions, job_id: str) -> None:
+    with sessions() as session, session.begin():
+        session.get(Chore, job_id).lease_expires_at = utcnow() - timedelta(seconds=1)
+
+
+def test_a_lease_taken_by_its_creator_is_renewed_while_adopted_and_taken_over_once_let_go(sessions):
+    """Work a request does itself: its row inserted already leased (attempt 1), renewed by the runner's heartbeat
+    while adopted (even by a runner whose workers were not started), fenced like a claim's, and claimed by another
+    worker once it is let go and its lease has expired."""
+    runner = JobRunner("R", sessions, TABLE, _noop, lease_seconds=3600)  # not started
+    with sessions() as session, session.begin():
+        lease = runner.lease_new(session)
+    row = _row(sessions, lease.job_id)
+    assert lease == Lease(row.id, runner.owner, 1)
+    assert (row.state, row.attempts, row.lease_owner) == ("running", 1, runner.owner)
+    assert row.lease_expires_at > utcnow() + timedelta(seconds=3500)
+    assert _claim(sessions, "b") is None  # live: nobody else's
+    with runner.adopted(lease) as lost:
+        assert runner.holding() == [lease.job_id]
+        _expire(sessions, lease.job_id)
+        runner.beat()
+        assert _row(sessions, lease.job_id).lease_expires_at > utcnow() and not lost.is_set()  # renewed
+    assert runner.holding() == []
+    _expire(sessions, lease.job_id)
+    runner.beat()  # let go: not renewed
+    assert _claim(sessions, "b") == Lease(lease.job_id, "b", 2)
+    with sessions() as session, session.begin():
+        assert TABLE.held(session, lease) is None  # its creator, still going, records nothing
+    runner.stop()
+
+
+def test_an_adopted_lease_taken_over_is_flagged_lost(sessions):
+    runner = JobRunner("R", sessions, TABLE, _noop, lease_seconds=3600)
+    with sessions() as session, session.begin():
+        lease = runner.lease_new(session)
+    with runner.adopted(lease) as lost:
+        _expire(sessions, lease.job_id)
+        assert _claim(sessions, "b") == Lease(lease.job_id, "b", 2)
+        runner.beat()
+        assert lost.is_set()
+        assert _row(sessions, lease.job_id).lease_owner == "b"  # not renewed back
+    runner.stop()
+
+
+def _heartbeats(name: str) -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == f"{name}-heartbeat"]
+
+
+def _until(check, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_runner_not_started_beats_only_while_it_holds_adopted_leases(sessions):
+    """The heartbeat of a runner whose workers were not started (tests, commands) runs on demand: it renews an
+    adopted lease in the background, and ends once nothing is held."""
+    runner = JobRunner("OnDemand", sessions, TABLE, _noop, lease_seconds=0.3)
+    with sessions() as session, session.begin():
+        lease = runner.lease_new(session)
+    first_beat = _row(sessions, lease.job_id).heartbeat_at
+    assert _heartbeats("OnDemand") == []
+    with runner.adopted(lease):
+        assert len(_heartbeats("OnDemand")) == 1
+        _until(lambda: _row(sessions, lease.job_id).heartbeat_at > first_beat)  # renewed by the heartbeat
+    _until(lambda: _heartbeats("OnDemand") == [])
+    assert not runner.alive()  # no workers: not a serving runner
+    runner.stop()
