@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -201,7 +202,7 @@ class Job(LeaseColumns, Base):
     ``result_json`` (no secret, nothing about the labels) is written when the job succeeds: where its Spark work ran."""
 
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("kind", "subject_id"),)
+    __table_args__ = (UniqueConstraint("kind", "subject_id"), Index("ix_jobs_state", "state"))
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))  # whose request made it
     kind: Mapped[str] = mapped_column(String(30))

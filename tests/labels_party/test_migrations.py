@@ -25,7 +25,7 @@ from labels_party.migrations import MIGRATIONS
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 
-HEAD = "0014"  # the newest migration in labels_party/migrations/versions
+HEAD = "0015"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
