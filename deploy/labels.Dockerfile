@@ -22,8 +22,8 @@ COPY labeldp ./labeldp
 COPY labels_party ./labels_party
 RUN pip install --no-cache-dir --quiet --no-deps . && rm -rf build *.egg-info
 # One fixed uid: the replicas and the Spark workers share volumes (data, sources) and must own the same files.
-RUN useradd --uid 10001 --create-home labeldp && mkdir -p /data /keys /audit /sources \
- && chown labeldp /data /keys /audit /sources
+RUN useradd --uid 10001 --create-home labeldp && mkdir -p /data /keys /spark-keys /audit /sources \
+ && chown labeldp /data /keys /spark-keys /audit /sources
 USER labeldp
 EXPOSE 8700
 CMD ["labeldp", "labels", "serve", "--host", "0.0.0.0", "--port", "8700", "--upgrade-db"]
