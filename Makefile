@@ -4,7 +4,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint browser java bench clean
+.PHONY: demo compose-demo test test-fast lint browser java bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -15,6 +15,14 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/labeldp demo --out demo-output
+
+# The docker-compose deployment, built and run for real (labeldp/compose_stack.py): a Docker engine (Debian's dockerd,
+# started as root with its own data root when none runs), images built without a registry when none is reachable
+# (deploy/images/build.sh), PostgreSQL, two labels replicas behind a gateway, the trainer and a Spark cluster, the
+# demo against them, then teardown (volumes kept). COMPOSE_DEMO_ARGS="--quick" for a short run, "--remove-volumes"
+# to delete the databases and keys too.
+compose-demo: $(STAMP)
+	$(VENV)/bin/labeldp compose-demo $(COMPOSE_DEMO_ARGS)
 
 test: lint browser java
 	$(PY) -m pytest -q
@@ -51,4 +59,4 @@ bench: $(STAMP)
 	$(PY) bench/sampling_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output bench-output
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output compose-demo-output bench-output
