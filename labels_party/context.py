@@ -73,6 +73,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
                            spark_secret(settings))
+    check_source_prefixes(settings)
 
     def run_job(lease: Lease, lost: threading.Event) -> None:
         workers.run(ctx, lease, lost)  # the context below: a job runs only once it exists
@@ -112,6 +113,26 @@ def spark_secret(settings: LabelsSettings) -> str | None:
         raise LabelDPError(f"the Spark master {settings.spark_master} needs the deployment's shared authentication "
                            "secret: set spark_secret_file (LABELDP_SPARK_SECRET_FILE)", code="spark_not_secured")
     return secret
+
+
+def check_source_prefixes(settings: LabelsSettings) -> None:
+    """Refuse at start an organization's source prefix that holds the service's own files or lies among them (its
+    data directory: every organization's labels; the audit export): a review registered another organization's
+    uploaded labels file as its own source through a prefix above the data directory."""
+    from labels_party.spark.snapshot import local_path
+
+    protected = [Path(p).resolve() for p in (settings.data_dir, settings.audit_log_dir) if p is not None]
+    for organization, prefixes in settings.spark_sources.items():
+        for prefix in prefixes:
+            path = local_path(prefix)
+            if path is None:
+                continue  # not a local prefix: registering from it is refused anyway
+            allowed = Path(path).resolve()
+            for own in protected:
+                if allowed == own or own.is_relative_to(allowed) or allowed.is_relative_to(own):
+                    raise LabelDPError(f"the source prefix {prefix!r} of {organization!r} overlaps the service's own "
+                                       f"files ({own}): choose a prefix outside the data and audit directories",
+                                       code="usage")
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:

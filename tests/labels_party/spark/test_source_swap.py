@@ -18,6 +18,7 @@ from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
+from shared.errors import LabelDPError
 from tests.labels_party.spark.sources import read_all, register, write_source
 
 N = 2_000
@@ -111,3 +112,16 @@ def test_a_link_swapped_in_during_registration_is_refused(service, point):
     assert not (ctx.store.root / "sources").exists()  # no copy
     assert list((ctx.store.root / "tmp" / "jobs").iterdir()) == []  # no temporary
     assert not (ctx.store.root / "datasets").exists()  # no counts
+
+
+@pytest.mark.parametrize("prefix", ["{tmp}", "{tmp}/", "file://{tmp}/data", "{tmp}/data/datasets", "{tmp}/audit"])
+def test_a_source_prefix_over_the_services_own_files_is_refused_at_start(tmp_path, prefix):
+    """A review registered another organization's uploaded labels file (under the data directory) as its own source
+    through a prefix above it: a prefix that holds, or lies in, the data or audit directory stops the service."""
+    settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
+                              audit_log_dir=tmp_path / "audit", spark_sources={"o": [prefix.format(tmp=tmp_path)]})
+    with pytest.raises(LabelDPError) as refused:
+        make_context(settings=settings)
+    assert refused.value.code == "usage" and "overlaps the service's own files" in str(refused.value)
+    beside = settings.model_copy(update={"spark_sources": {"o": [f"{tmp_path}/sources/"]}})
+    make_context(settings=beside).close()
