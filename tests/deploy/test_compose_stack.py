@@ -156,6 +156,9 @@ def test_replicas_killed_during_a_stream_of_releases_converge_and_charge_once(st
     assert budget.epsilon_spent == pytest.approx(STREAMS * PER_STREAM * EPSILON, abs=1e-9)
     verified = stack.verify_audit()
     assert verified["valid"] is True, verified
+    failed = sum(outcome.startswith("failed:") for outcome in outcomes.values())
+    print(f"\n{len(outcomes)} releases: {len(outcomes) - failed} available, {failed} failed after their charge "
+          f"(computing on a killed replica); spent {budget.epsilon_spent:g} = {len(outcomes)} x {EPSILON:g}")
 
 
 def test_postgres_restarted_mid_run_the_services_reconnect(stack, keys):
