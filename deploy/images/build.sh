@@ -49,7 +49,7 @@ pull_registry_bases() {
   local image
   for image in "${REGISTRY_BASES[@]}"; do
     have_image "$image" && continue
-    timeout 300 docker pull -q "$image" >/dev/null 2>&1 || return 1
+    timeout 60 docker pull -q "$image" >/dev/null 2>&1 || return 1
   done
 }
 

@@ -94,3 +94,24 @@ def test_quick_demo_classification_round_accuracy_table_plot_and_audit(quick_dem
     assert result["epsilon_total"] == pytest.approx(requested, abs=1e-9)
     assert (f"epsilon_spent = {requested:g} of {requested:g}" in report
             and f"{len(result['events'])} privacy events on the digits dataset" in report)
+
+
+def test_the_demo_takes_services_it_did_not_start_with_keys_from_a_private_file(tmp_path):
+    """``labeldp demo --labels-url … --trainer-url … --keys-file F`` (what runs against a compose stack): the keys
+    file must be the user's alone and name the three keys; the URLs are used as given."""
+    from labeldp.demo import external_services
+    from shared.errors import LabelDPError
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"admin": "a-key", "consumer": "c-key", "trainer": "t-key"}))
+    keys.chmod(0o644)
+    with pytest.raises(LabelDPError, match="may be read by others"):
+        external_services("http://labels:8700", "http://trainer:8701", keys)
+    keys.chmod(0o600)
+    with external_services("http://labels:8700/", "http://trainer:8701", keys)(tmp_path) as running:
+        assert (running.labels_url, running.trainer_url) == ("http://labels:8700", "http://trainer:8701")
+        assert (running.admin_key, running.consumer_key, running.trainer_key) == ("a-key", "c-key", "t-key")
+        assert running.sources is None and running.verify_audit() == {"valid": None}
+    keys.write_text(json.dumps({"admin": "a-key"}))
+    with pytest.raises(LabelDPError, match="admin, consumer and trainer"):
+        external_services("http://labels:8700", "http://trainer:8701", keys)
