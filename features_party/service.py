@@ -140,7 +140,18 @@ def _replay(session: Session, principal: Principal, key: str, digest: str) -> sc
     if row.request_sha256 != digest:
         raise LabelDPError("this Idempotency-Key was already used by this organization for another job request",
                            code="idempotency_key_reused")
+    if _still_being_created(row):
+        # Its request is still asking for the release, which may be refused — and then the job is not kept: a 200
+        # now would answer a job that later reads 404. The outcome is that request's: ask again.
+        raise LabelDPError("a request with this Idempotency-Key is still creating its job; send it again shortly",
+                           code="release_in_progress")
     return job_view(row)
+
+
+def _still_being_created(row: db.Job) -> bool:
+    """Held by the request that inserted it (queued, attempt 0, a live lease), not yet by a worker."""
+    return (row.status == "queued" and row.attempts == 0 and row.lease_owner is not None
+            and row.lease_expires_at is not None and row.lease_expires_at > db.utcnow())
 
 
 def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest,

@@ -12,7 +12,9 @@ import httpx
 import pandas as pd
 
 from features_party import schemas
-from features_party.client import _raise_for, _segment
+from features_party.client import LabelsPartyError, _raise_for, _segment
+
+IN_PROGRESS_SECONDS = 300.0  # how long a resent job request waits for the first send's outcome
 
 
 class TrainerClient:
@@ -47,16 +49,21 @@ class TrainerClient:
         (``idempotency_key``, else a random one), so a lost answer never makes a second job or a second charge."""
         body = request if isinstance(request, schemas.JobRequest) else schemas.JobRequest(**request)
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        for attempt in range(retries + 1):
+        attempt, deadline = 0, time.monotonic() + IN_PROGRESS_SECONDS
+        while True:
             try:
                 response = self._call("POST", "/v1/jobs", json=body.model_dump(mode="json", exclude_none=True),
                                       headers=headers)
                 return schemas.JobView(**response.json())
+            except LabelsPartyError as err:  # an earlier send with this key still creating the job: its outcome
+                if err.code != "release_in_progress" or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
             except httpx.TransportError:
                 if attempt >= retries:
                     raise
                 time.sleep(0.5 * 2 ** attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def job(self, job_id: str) -> schemas.JobView:
         return schemas.JobView(**self._call("GET", f"/v1/jobs/{_segment(job_id)}").json())

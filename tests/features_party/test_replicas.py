@@ -331,3 +331,26 @@ def test_two_trainer_processes_a_killed_ones_job_is_finished_by_the_other_charge
     assert succeeded < lease_seconds + 30  # the takeover, then the job redone from its (replayed) release
     assert spent == epsilon and len(releases) == 1  # charged once
     assert view["release"]["id"] == releases[0]["id"]
+
+
+def test_a_replay_while_the_first_request_still_creates_the_job_waits_for_its_outcome(parties):
+    """The review's race: while the first request with a key still asks for the release (which may be refused, and
+    then its job is not kept), a replay answered 200 with a job that later read 404. Now it answers 409
+    release_in_progress until the creating request is done, then the job as it is."""
+    ctx, trainer = parties["trainer_ctx"], parties["trainer"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    body, key = _job(parties), {"Idempotency-Key": "still-creating"}
+    created = trainer.post("/v1/jobs", json=body, headers=key)
+    assert created.status_code == 202, created.text
+    job_id = created.json()["id"]
+    with ctx.sessions() as session, session.begin():  # as the creating request of another process holds it
+        session.execute(update(db.Job).where(db.Job.id == job_id).values(
+            status="queued", attempts=0, lease_owner="another-process",
+            lease_expires_at=utcnow() + timedelta(seconds=60)))
+    replay = trainer.post("/v1/jobs", json=body, headers=key)
+    assert replay.status_code == 409 and replay.json()["error"]["code"] == "release_in_progress", replay.text
+    with ctx.sessions() as session, session.begin():  # that process died: its lease expired
+        session.execute(update(db.Job).where(db.Job.id == job_id).values(
+            lease_expires_at=utcnow() - timedelta(seconds=1)))
+    replay = trainer.post("/v1/jobs", json=body, headers=key)
+    assert (replay.status_code, replay.json()["id"]) == (200, job_id), replay.text
