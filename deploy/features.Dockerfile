@@ -6,12 +6,14 @@
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 WORKDIR /app
-# Dependencies first, from pyproject.toml alone: a code change rebuilds only the last layers.
-COPY pyproject.toml README.md ./
+# Dependencies first, from pyproject.toml alone (empty packages and README stand in): a change to the code or the
+# README rebuilds only the last layers.
+COPY pyproject.toml ./
 RUN mkdir -p shared labeldp features_party \
- && touch shared/__init__.py labeldp/__init__.py features_party/__init__.py \
+ && touch README.md shared/__init__.py labeldp/__init__.py features_party/__init__.py \
  && pip install --no-cache-dir --quiet ".[features]" \
- && pip uninstall --quiet --yes labeldp && rm -rf shared labeldp features_party build *.egg-info
+ && pip uninstall --quiet --yes labeldp && rm -rf README.md shared labeldp features_party build *.egg-info
+COPY README.md ./
 COPY shared ./shared
 COPY labeldp ./labeldp
 COPY features_party ./features_party

@@ -10,13 +10,14 @@ ARG EXTRAS=labels
 RUN case ",$EXTRAS," in *,spark,*) apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
       --no-install-recommends openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/* ;; esac
 WORKDIR /app
-# Dependencies first, from pyproject.toml alone (empty packages stand in for the code): a code change rebuilds only
-# the last layers.
-COPY pyproject.toml README.md ./
+# Dependencies first, from pyproject.toml alone (empty packages and README stand in): a change to the code or the
+# README rebuilds only the last layers.
+COPY pyproject.toml ./
 RUN mkdir -p shared labeldp labels_party \
- && touch shared/__init__.py labeldp/__init__.py labels_party/__init__.py \
+ && touch README.md shared/__init__.py labeldp/__init__.py labels_party/__init__.py \
  && pip install --no-cache-dir --quiet ".[$EXTRAS]" \
- && pip uninstall --quiet --yes labeldp && rm -rf shared labeldp labels_party build *.egg-info
+ && pip uninstall --quiet --yes labeldp && rm -rf README.md shared labeldp labels_party build *.egg-info
+COPY README.md ./
 COPY shared ./shared
 COPY labeldp ./labeldp
 COPY labels_party ./labels_party

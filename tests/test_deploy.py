@@ -107,7 +107,7 @@ def test_commands_ports_and_dockerfiles_match_the_code(name, party):
     copied = re.findall(r"^COPY (\S+)", dockerfile, re.M)
     assert all((ROOT / path).exists() for path in copied), copied
     package = f"{party}_party"  # one party's code and its own extra, nothing of the other party
-    assert set(copied) == {"pyproject.toml", "shared", "labeldp", package}
+    assert set(copied) == {"pyproject.toml", "README.md", "shared", "labeldp", package}
     assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile  # the registry's base by default
     gateway = (ROOT / "deploy" / "images" / "gateway.cfg").read_text()
     if party == "labels":
