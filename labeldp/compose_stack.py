@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from labeldp.local_services import stop_process
 from shared.errors import LabelDPError
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: docker-compose.yml, deploy/
@@ -104,12 +105,7 @@ def docker_engine(log: Path) -> Iterator[dict[str, str]]:
         print(f"engine: started dockerd (data root {OWN_DATA_ROOT}, log {log})", flush=True)
         yield own
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_process(daemon, 60)
 
 
 def _stop_own_engine() -> None:

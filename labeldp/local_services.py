@@ -54,12 +54,17 @@ def serve_process(command: list[str], base_url: str, *, env: dict | None = None,
             _wait_healthy(process, command, base_url, verify, seconds, log)
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process, 30)
+
+
+def stop_process(process: subprocess.Popen, seconds: float) -> None:
+    """SIGTERM, and SIGKILL if it is still running after ``seconds``."""
+    process.terminate()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_healthy(process: subprocess.Popen, command: list[str], base_url: str, verify, seconds: float,
