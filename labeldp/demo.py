@@ -197,7 +197,9 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
             LabelsPartyClient(running.labels_url, running.admin_key) as office, \
             TrainerClient(running.trainer_url, running.trainer_key) as trainer:
         total = len(MECHANISMS) * sum(epsilons)
-        dataset = office.create_dataset(name="hours-worked", label_kind="integer", min=0, max=MAX_HOURS,
+        # names are unique per organization: a run's own, so the demo runs again against the same services
+        run = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        dataset = office.create_dataset(name=f"hours-worked-{run}", label_kind="integer", min=0, max=MAX_HOURS,
                                         epsilon_total=total)
         office.upload_labels(dataset.id, data["example_id"], data["hours"].astype(float))
         office.grant(dataset.id, PUBLISHER, total)
@@ -211,9 +213,11 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
         print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}")
         audit, budget = office.audit(dataset.id), office.budget(dataset.id)
         classification = demo_classification.run_round(running.parties(), classification_epsilons,
-                                                       epochs=class_epochs, reference=class_reference.result)
+                                                       epochs=class_epochs, reference=class_reference.result,
+                                                       dataset_name=f"digits-{run}")
         source = None if running.sources is None else demo_source.run_round(
-            running.parties(), running.sources, train_part, label="hours", maximum=MAX_HOURS)
+            running.parties(), running.sources, train_part, label="hours", maximum=MAX_HOURS,
+            dataset_name=f"hours-worked-source-{run}")
     verified = running.verify_audit()  # started here: the services stopped, their storage as it was left
     _write(out, rows, audit, budget, verified, classification, time.perf_counter() - started, source)
     return rows

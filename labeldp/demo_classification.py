@@ -72,14 +72,14 @@ def non_private_reference(epochs: int) -> dict:
 
 
 def run_round(parties: Parties, epsilons: list[float], *, epochs: int,
-              reference: Callable[[], dict] | None = None) -> ClassificationRound:
+              reference: Callable[[], dict] | None = None, dataset_name: str = "digits") -> ClassificationRound:
     """Every mechanism at every ε as trainer jobs over HTTP, then the non-private reference (``reference()``, or
     trained here), the labels party's audit and budget of the round's dataset."""
     digits = Digits.load()
     fit, test = digits.split(SEED)
     config = train_config(epochs)
     total = len(MECHANISMS) * sum(epsilons)
-    dataset_id = register_digits(parties, "digits", digits, total)
+    dataset_id = register_digits(parties, dataset_name, digits, total)
     print(f"\nclassification: scikit-learn digits, {NUM_CLASSES} classes, {len(fit)} train / {len(test)} test; "
           f"labels party: dataset {dataset_id} with {len(digits.y)} labels, epsilon_total {total:g}", flush=True)
     with parties.trainer() as trainer:

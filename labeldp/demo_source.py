@@ -54,14 +54,14 @@ class SourceRound:
     alive_workers: int
 
 
-def run_round(parties: Parties, sources: SourceStore, train_part: pd.DataFrame, *, label: str,
-              maximum: int) -> SourceRound:
+def run_round(parties: Parties, sources: SourceStore, train_part: pd.DataFrame, *, label: str, maximum: int,
+              dataset_name: str = "hours-worked-source") -> SourceRound:
     truth = train_part.set_index("example_id")[label].astype(float)
     location = sources.put(f"labels-{uuid.uuid4().hex[:8]}.parquet", _parquet(truth))
     with LabelsPartyClient(parties.labels_url, parties.owner_key) as office, \
             LabelsPartyClient(parties.labels_url, parties.consumer_key) as publisher:
         started = time.perf_counter()
-        dataset = office.create_dataset(name="hours-worked-source", label_kind="integer", min=0, max=maximum,
+        dataset = office.create_dataset(name=dataset_name, label_kind="integer", min=0, max=maximum,
                                         epsilon_total=EPSILON, source=location)
         dataset = _registered(office, dataset)
         registered = time.perf_counter()
