@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from sqlalchemy import event, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from labels_party import db
 from labels_party.settings import LabelsSettings
@@ -122,7 +122,18 @@ def lease_table(settings: LabelsSettings, store: DataStore) -> LeaseTable:
     def exhausted(session: Session, job: db.Job) -> None:
         _exhausted(store, session, job)
 
-    return LeaseTable(db.Job, "state", ("queued",), "running", settings.job_max_attempts, exhausted=exhausted)
+    return LeaseTable(db.Job, "state", ("queued",), "running", settings.job_max_attempts, exhausted=exhausted,
+                      order_by=_fair_order)
+
+
+def _fair_order() -> tuple[Any, ...]:
+    """Claim order before the oldest job first: the organization with the fewest jobs running now. An outside review
+    queued 20 cheap source releases and delayed another organization's next one from 1.7 s to 20.8 s; now that one
+    runs as soon as a worker is free."""
+    other = aliased(db.Job)
+    running = (select(func.count()).select_from(other).where(other.org_id == db.Job.org_id, other.state == "running")
+               .correlate(db.Job).scalar_subquery())
+    return (running.asc(),)
 
 
 def make_runner(sessions: sessionmaker, settings: LabelsSettings, store: DataStore,

@@ -315,3 +315,28 @@ def test_a_job_out_of_attempts_fails_its_release_the_same_way(replicas, monkeypa
         _charged_once(once, dataset, release.id)
     finally:
         once.close()
+
+
+def test_workers_take_the_job_of_the_organization_with_the_fewest_running_first(tmp_path, database_url):
+    """The review's starvation: one organization queued 20 source releases and another's next one waited behind
+    them all. Claims now go to the organization with the fewest jobs running, then the oldest job."""
+    settings = LabelsSettings(database_url=database_url, data_dir=tmp_path / "data")
+    ctx = make_context(settings=settings)
+    try:
+        with ctx.sessions() as session, session.begin():
+            create_key(session, "busy", "admin")
+            create_key(session, "other", "admin")
+            orgs = {org.name: org.id for org in session.scalars(select(db.Organization))}
+            busy = [jobs.queue(session, org_id=orgs["busy"], kind="privatize_source", subject_id=f"b{i}", spec={})
+                    for i in range(3)]
+        with ctx.sessions() as session, session.begin():  # the later job of the other organization
+            theirs = jobs.queue(session, org_id=orgs["other"], kind="privatize_source", subject_id="o0", spec={})
+        table = jobs.lease_table(settings, ctx.store)
+        with ctx.sessions() as session, session.begin():
+            assert table.claim(session, "worker-1", 60).job_id == busy[0].id  # none running: the oldest first
+        with ctx.sessions() as session, session.begin():
+            assert table.claim(session, "worker-2", 60).job_id == theirs.id  # busy has one running: other first
+        with ctx.sessions() as session, session.begin():
+            assert table.claim(session, "worker-3", 60).job_id == busy[1].id  # one running each: the oldest
+    finally:
+        ctx.close()
