@@ -136,6 +136,8 @@ class ErrorCode(str, Enum):
     # a job's sealed secret cannot be opened (shared.service.sealing): no secret key now, or not the one it was
     # sealed with; or the sealed value is damaged
     SECRET_KEY_MISSING = ("secret_key_missing", 503)
+    # a Spark cluster master without the deployment's shared authentication secret (labels_party/spark/session.py)
+    SPARK_NOT_SECURED = ("spark_not_secured", 503)
     SEALED_SECRET_DAMAGED = ("sealed_secret_damaged", 503)
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)
     RELEASE_FAILED = ("release_failed", 503)

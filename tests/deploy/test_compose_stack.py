@@ -4,9 +4,10 @@ registry's bases, or Debian's bootstrapped locally), ``docker-compose up`` with 
 ``docker-compose exec``. Then the faults an operator meets:
 
 * a labels replica's process crashes (SIGKILL from the host, as the OOM killer would) during a stream of releases
-  and its restart policy brings it back; another replica is ``docker kill``-ed and ``docker-compose up -d`` brings
-  it back. Every logical request's retries (same Idempotency-Key) converge on one release; the ledger charged
-  exactly one ε per release; ``verify-audit`` is clean.
+  (between requests: :class:`Between`) and its restart policy brings it back; another replica is
+  ``docker kill``-ed and ``docker-compose up -d`` brings it back. Every logical request's retries (same
+  Idempotency-Key) converge on one release; the ledger charged exactly one ε per release; ``verify-audit`` is
+  clean.
 * PostgreSQL restarted mid-run: once it is back, both replicas and the trainer are ready again and requests are
   answered without a 5xx (the pools' pre-ping).
 * a source dataset released on the Spark cluster's executors (two workers), not in local mode.
@@ -93,6 +94,44 @@ def _dataset(parties, epsilon_total: float) -> str:
     return dataset.id
 
 
+class Between:
+    """Kills land between the streams' requests: the streams wait at a gate, and a kill waits for the requests in
+    flight to be answered. A process killed between a charge's commit and the export of its signed head leaves
+    ledger entries no exported head covers, which verify-audit reports — it cannot tell them from entries written
+    outside the service (docs/design/audit.md). A kill in the middle of a release's computation is
+    tests/labels_party/test_replicas.py's, after its head was exported. Requests sent while a replica is down
+    still reach it through the gateway until its health check fails: those are refused connections, retried on the
+    other replica by the gateway or, with the same Idempotency-Key, by the client."""
+
+    def __init__(self) -> None:
+        self._open, self._idle = threading.Event(), threading.Condition()
+        self._open.set()
+        self._in_flight = 0
+
+    @contextlib.contextmanager
+    def request(self):
+        self._open.wait()
+        with self._idle:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    @contextlib.contextmanager
+    def pause(self):
+        self._open.clear()
+        with self._idle:
+            assert self._idle.wait_for(lambda: self._in_flight == 0, timeout=300)
+        time.sleep(1)  # the last answers' heads exported (right after their commits, before their answers)
+        try:
+            yield
+        finally:
+            self._open.set()
+
+
 def _crash(stack: Stack, service: str) -> None:
     """SIGKILL to the container's main process from the host: a crash, which the restart policy answers (a
     ``docker kill`` is a manual stop that it does not)."""
@@ -110,17 +149,19 @@ def test_replicas_killed_during_a_stream_of_releases_converge_and_charge_once(st
     dataset_id = _dataset(keys, STREAMS * PER_STREAM * EPSILON)
     outcomes: dict[str, str] = {}  # Idempotency-Key -> release id, or "failed:<code>"
     progress = threading.Semaphore(0)
+    between = Between()
 
     def stream(index: int) -> None:
         with LabelsPartyClient(keys.labels_url, keys.consumer_key, retries=10, backoff=0.5) as client:
             for number in range(PER_STREAM):
                 key = f"stream{index}-{number}"
-                try:
-                    release = client.request_release(dataset_id, {"mechanism": "rr", "epsilon": EPSILON},
-                                                     idempotency_key=key)
-                    outcomes[key] = release.id
-                except ReleaseFailed as failed:  # charged before it was computed, then its replica died
-                    outcomes[key] = f"failed:{failed.code}"
+                with between.request():
+                    try:
+                        release = client.request_release(dataset_id, {"mechanism": "rr", "epsilon": EPSILON},
+                                                         idempotency_key=key)
+                        outcomes[key] = release.id
+                    except ReleaseFailed as failed:  # charged before it was computed, then its replica died
+                        outcomes[key] = f"failed:{failed.code}"
                 progress.release()
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
@@ -129,11 +170,13 @@ def test_replicas_killed_during_a_stream_of_releases_converge_and_charge_once(st
     for _ in range(6):
         progress.acquire()
     restarts = _restarts(stack, "labels-a")
-    _crash(stack, "labels-a")
+    with between.pause():
+        _crash(stack, "labels-a")
     for _ in range(12):
         progress.acquire()
-    subprocess.run(["docker", "kill", stack.container("labels-b")], env=stack.env, check=True,
-                   capture_output=True)
+    with between.pause():
+        subprocess.run(["docker", "kill", stack.container("labels-b")], env=stack.env, check=True,
+                       capture_output=True)
     time.sleep(2)
     stack.compose("up", "-d", "--no-build", "labels-b")  # compose brings back what was stopped
     for thread in threads:
