@@ -81,8 +81,10 @@ def docker_engine(log: Path) -> Iterator[dict[str, str]]:
         return
     own = {**env, "DOCKER_HOST": f"unix://{OWN_ENGINE / 'docker.sock'}"}
     if _engine_answers(own):  # left running by an interrupted run: used, and stopped as if started here
-        yield own
-        _stop_own_engine()
+        try:
+            yield own
+        finally:
+            _stop_own_engine()
         return
     if os.geteuid() != 0:
         raise LabelDPError("no Docker engine answers (DOCKER_HOST, /var/run/docker.sock); start one, or run as "
