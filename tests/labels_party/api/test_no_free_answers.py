@@ -12,6 +12,7 @@ for, and nothing around the mechanism depends on a label.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import sqlite3
 import subprocess
@@ -212,6 +213,9 @@ def _backup(database, target) -> None:
 
 
 def _restore(backup, database) -> None:
+    # A SQLite connection the pool let go of stays open until it is collected; replacing the file and removing its
+    # -shm under it made the next open fail with "disk I/O error" once in a full run: collect them first.
+    gc.collect()
     for leftover in (database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
         leftover.unlink(missing_ok=True)
     shutil.copy(backup, database)
