@@ -19,6 +19,8 @@ from labels_party.ledger import HeadSigner, Ledger, load_key_file
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
+from labels_party.spark.security import security_conf
+from labels_party.spark.snapshot import local_path
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 from shared.randomness import secure_rng
@@ -100,8 +102,8 @@ def audit_signer(settings: LabelsSettings) -> HeadSigner | None:
 
 
 def spark_secret(settings: LabelsSettings) -> str | None:
-    """The Spark cluster's shared authentication secret from settings; a cluster master without one, or a secret
-    file that others may read, is refused at start (labels_party/spark/session.py)."""
+    """The Spark cluster's shared authentication secret from settings; a secret file that others may read, or a
+    cluster master without one, is refused at start rather than at a release's first job."""
     secret = None
     if settings.spark_secret_file is not None:
         data = read_private_file(settings.spark_secret_file, what="the Spark secret file", code="spark_not_secured")
@@ -109,9 +111,7 @@ def spark_secret(settings: LabelsSettings) -> str | None:
         if not secret:
             raise LabelDPError("the Spark secret file (spark_secret_file) is missing or empty",
                                code="spark_not_secured")
-    if not settings.spark_master.startswith("local") and secret is None:
-        raise LabelDPError(f"the Spark master {settings.spark_master} needs the deployment's shared authentication "
-                           "secret: set spark_secret_file (LABELDP_SPARK_SECRET_FILE)", code="spark_not_secured")
+    security_conf(settings.spark_master, secret)  # the session's own rule
     return secret
 
 
@@ -119,8 +119,6 @@ def check_source_prefixes(settings: LabelsSettings) -> None:
     """Refuse at start an organization's source prefix that holds the service's own files or lies among them (its
     data directory: every organization's labels; the audit export): a review registered another organization's
     uploaded labels file as its own source through a prefix above the data directory."""
-    from labels_party.spark.snapshot import local_path
-
     protected = [Path(p).resolve() for p in (settings.data_dir, settings.audit_log_dir) if p is not None]
     for organization, prefixes in settings.spark_sources.items():
         for prefix in prefixes:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from shared.errors import LabelDPError
+from labels_party.spark.security import security_conf
 
 ARROW_BATCH_ROWS = 1 << 16  # labels per Arrow batch handed to a Python worker (the samplers' own chunk size)
 
@@ -33,21 +33,6 @@ SESSION_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
 }
-
-
-def security_conf(master: str, secret: str | None) -> dict[str, str]:
-    """The settings that keep a release's secret on the driver and its executors (see the module's docstring)."""
-    conf = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true",
-            "spark.io.encryption.enabled": "true", "spark.ui.enabled": "false"}
-    if master.startswith("local"):
-        conf |= {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
-    elif not secret:
-        raise LabelDPError(f"the Spark master {master} needs the deployment's shared authentication secret "
-                           "(LABELDP_SPARK_SECRET_FILE, also read by the master and workers): without it a "
-                           "release's secret would cross the network unauthenticated", code="spark_not_secured")
-    if secret:
-        conf["spark.authenticate.secret"] = secret
-    return conf
 
 
 def spark_session(master: str = "local[*]", app_name: str = "labeldp-release",

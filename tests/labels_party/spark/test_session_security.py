@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from labels_party.spark.session import security_conf
+from labels_party.spark.security import security_conf
 from shared.errors import LabelDPError
 from tests.support.spark_blocks import fetch_block
 
