@@ -286,12 +286,13 @@ def compose_demo(out: Path, *, bases: str = "auto", quick: bool = False, epsilon
                     with contextlib.suppress(LabelDPError):
                         stack.revoke_key(party, key)
         finally:
-            _save_logs(stack, out)
+            save_logs(stack, out)
             stack.down(volumes=remove_volumes)
             print(f"stack: down ({'volumes removed' if remove_volumes else 'volumes kept'})", flush=True)
 
 
-def _save_logs(stack: Stack, out: Path) -> None:
+def save_logs(stack: Stack, out: Path) -> None:
+    """Every container's log, to ``out/compose.log`` (kept after the stack is down)."""
     with contextlib.suppress(LabelDPError, OSError):
         out.mkdir(parents=True, exist_ok=True)
         (out / "compose.log").write_bytes(stack.compose("logs", "--no-color", check=False).stdout)

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from features_party.client import LabelsPartyClient, ReleaseFailed
-from labeldp.compose_stack import Stack, build_images, docker_engine, ensure_env_files
+from labeldp.compose_stack import Stack, build_images, docker_engine, ensure_env_files, save_logs
 from labeldp.demo_source import EPSILON as SOURCE_EPSILON
 from labeldp.demo_source import run_round
 from labeldp.local_services import free_port
@@ -68,7 +68,7 @@ def stack(tmp_path_factory):
             running.up()
             yield running
         finally:
-            (out / "compose.log").write_bytes(running.compose("logs", "--no-color", check=False).stdout)
+            save_logs(running, out)
             running.down(volumes=True)
 
 

@@ -175,13 +175,18 @@ def update_lease(job_id: str, expires):
     return update(db.Job).where(db.Job.id == job_id).values(lease_expires_at=expires)
 
 
-def test_a_job_whose_secret_key_is_gone_is_interrupted_and_resumes_with_its_api_key(parties):
-    tmp = parties["tmp"] / "sealed"
+def _sealing_trainer(parties, name: str):
+    """A trainer context with its own secret key file (in a fresh directory), and its publisher's client."""
+    tmp = parties["tmp"] / name
     tmp.mkdir()
     key_file = tmp / "secret.key"
     write_key_file(key_file)
     ctx = trainer_context(tmp, parties["labels_url"], start=False, secret_key_file=key_file)
-    trainer = trainer_client(ctx, "publisher")
+    return ctx, trainer_client(ctx, "publisher"), key_file
+
+
+def test_a_job_whose_secret_key_is_gone_is_interrupted_and_resumes_with_its_api_key(parties):
+    ctx, trainer, key_file = _sealing_trainer(parties, "sealed")
     assert _upload(trainer, parties["features"]).status_code == 200
     created = trainer.post("/v1/jobs", json=_job(parties))
     assert created.status_code == 202, created.text
@@ -206,12 +211,8 @@ def test_a_job_whose_secret_key_is_gone_is_interrupted_and_resumes_with_its_api_
 
 
 def test_no_file_or_row_holds_the_labels_party_api_key_in_plain_text(parties, caplog):
-    tmp = parties["tmp"] / "plain"
-    tmp.mkdir()
-    key_file = tmp / "secret.key"
-    write_key_file(key_file)
-    ctx = trainer_context(tmp, parties["labels_url"], start=False, secret_key_file=key_file)
-    trainer = trainer_client(ctx, "publisher")
+    ctx, trainer, key_file = _sealing_trainer(parties, "plain")
+    tmp = key_file.parent
     secret = parties["consumer"].encode()
 
     def holders() -> list[str]:
