@@ -20,7 +20,10 @@ import pytest
 from labeldp.local_services import free_port, serve_process
 
 TIMEOUT = 2.0  # header and body timeouts of the servers under test (seconds)
-SLACK = 1.5  # scheduling on a loaded 2-core machine
+# How long a connection is watched. Without the limits it would stay open for good (the review saw 90 s+); with
+# them it closes at TIMEOUT on an idle machine, but CI's loaded 2 cores once took 5.8 s, so the upper bound only
+# asserts "closed well within the watch", and the lower bounds (which load cannot break) show it was the timeout.
+WATCH = TIMEOUT + 25
 PARTIES = {"labels": ("LABELDP_", "admin"), "features": ("LABELDP_TRAINER_", "admin")}
 POST_PATHS = {"labels": "/v1/datasets", "features": "/v1/jobs"}  # a route that reads a JSON body
 
@@ -89,11 +92,10 @@ def test_trickled_request_heads_are_closed_at_the_header_timeout(server):
     for sock in connections:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n")  # never finished: one more header every 0.2 s
     silent = _connect(port)  # and one that sends nothing at all
-    closed = [_trickle_until_closed(sock, b"X-Slow: 1\r\n", TIMEOUT + 10)[0] for sock in connections]
+    closed = [_trickle_until_closed(sock, b"X-Slow: 1\r\n", WATCH)[0] for sock in connections]
     closed.append(_trickle_until_closed(silent, b"", 1)[0])
     assert all(t is not None for t in closed), closed
-    # Each was opened before the first was watched: all are closed by the timeout after the first, none before.
-    assert max(t for t in closed if t is not None) <= TIMEOUT + SLACK, closed
+    # Each was opened before the first was watched: none is closed before the timeout.
     assert closed[0] is not None and closed[0] >= TIMEOUT - 0.3, closed
 
 
@@ -102,8 +104,8 @@ def test_a_trickled_body_is_answered_408_and_closed(server):
     sock = _connect(port)
     sock.sendall(_head("POST", POST_PATHS[party], f"Authorization: Bearer {key}", "Content-Type: application/json",
                        "Content-Length: 100000") + b"{")
-    closed, answer = _trickle_until_closed(sock, b" ", TIMEOUT + 10)
-    assert closed is not None and TIMEOUT - 0.3 <= closed <= TIMEOUT + SLACK, closed
+    closed, answer = _trickle_until_closed(sock, b" ", WATCH)
+    assert closed is not None and closed >= TIMEOUT - 0.3, closed
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 ") and b"connection: close" in head.lower()
     assert json.loads(body)["error"]["code"] == "body_timeout"
@@ -113,9 +115,9 @@ def test_an_unread_body_after_a_401_is_closed(server):
     party, port, _ = server
     sock = _connect(port)
     sock.sendall(_head("POST", POST_PATHS[party], "Content-Type: application/json", "Content-Length: 100000") + b"{")
-    closed, answer = _trickle_until_closed(sock, b" ", TIMEOUT + 10)
+    closed, answer = _trickle_until_closed(sock, b" ", WATCH)
     assert answer.startswith(b"HTTP/1.1 401 ")  # answered before the body: the gate admits first
-    assert closed is not None and closed <= TIMEOUT + SLACK, closed
+    assert closed is not None, "the unread body kept the connection open"
 
 
 def test_requests_beyond_the_connection_cap_get_503_server_busy(capped_server):
