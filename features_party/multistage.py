@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import jax
 import numpy as np
 
-from features_party.client import LabelsPartyClient
+from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.train import Deadline, TrainConfig, TrainResult, train
 from shared import models
 
@@ -26,10 +26,11 @@ from shared import models
 class StageReport:
     stage: int
     examples: int
-    release_id: str
+    release_id: str | None  # None: the stage was not released (see ``skipped``)
     mean_k: float
     trained_on: int
     certified_epsilon: float
+    skipped: str | None = None  # why the stage's labels were not released (nothing was spent on them)
 
 
 def _logits(result: TrainResult, numeric, categorical) -> np.ndarray:
@@ -66,8 +67,18 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             mean_k = float(num_classes)
         else:
             priors = np.asarray(jax.nn.softmax(_logits(result, numeric[rows], categorical[rows]) / temperature))
-            release = client.request_prior_release(dataset_id, ids, priors, epsilon,
-                                                   idempotency_key=f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
+            try:
+                release = client.request_prior_release(
+                    dataset_id, ids, priors, epsilon,
+                    idempotency_key=f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
+            except LabelsPartyError as err:
+                if err.code != "uninformative_release":
+                    raise
+                # The model is so confident (k = 1 for every example at this ε) that RRWithPrior would release
+                # its own predictions: refused before any charge, and later stages would be the same. The job
+                # ends with the model so far; these examples keep their budget.
+                reports.append(StageReport(stage, len(rows), None, 1.0, 0, 0.0, skipped=err.code))
+                break
             mean_k = float(release.description["mean_k"])
         table = client.download_labels(release.id)
         position = {example: i for i, example in enumerate(table.column("example_id").to_pylist())}

@@ -49,6 +49,9 @@ def register(commands) -> None:
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")
     solve.add_argument("--show-matrix", action="store_true", help="include outputs and matrix in the JSON")
+    solve.add_argument("--allow-uninformative", action="store_true",
+                       help="research use: report a randomizer whose output does not depend on the label (e.g. "
+                            "RRWithPrior keeping one class) instead of refusing it with uninformative_release")
     solve.set_defaults(handler=solve_command)
     audit = actions.add_parser("audit", help="sample a randomizer and report a 95%% lower bound on its epsilon "
                                              "next to the certified one")
@@ -146,6 +149,8 @@ def solve_command(args) -> int:
     built = registry.build(args.mechanism, domain, epsilon, prior if family.needs_prior else None, options)
     mechanism = built.mechanism
     seconds = time.perf_counter() - started
+    if not args.allow_uninformative:
+        registry.refuse_uninformative(mechanism, epsilon, prior_known=args.prior_file is not None)
     report = {
         "mechanism": mechanism.name,
         "epsilon": epsilon,

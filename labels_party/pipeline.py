@@ -43,6 +43,7 @@ class Prepared:
     split: BudgetSplit
     options: MechanismOptions
     built: Built | None  # the mechanism itself when it needs no prior (it is public)
+    allow_uninformative: bool = False  # research use: keep a mechanism whose output does not depend on the label
 
     @property
     def mechanism(self) -> str:
@@ -112,9 +113,15 @@ class Privatization(Plan):
 
 
 def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_epsilon: float | None = None,
-            options: MechanismOptions | None = None) -> Prepared:
+            options: MechanismOptions | None = None, allow_uninformative: bool = False) -> Prepared:
     """Everything public: refusals (family, label kind, options, |Y| limits, ε split, the solver's ε floor) and,
-    for mechanisms without a prior, the mechanism itself."""
+    for mechanisms without a prior, the mechanism itself.
+
+    Unless ``allow_uninformative``, a release whose labels could say nothing is refused here, before any charge
+    (400 ``uninformative_release``): a mechanism without a prior whose output does not depend on the label, or —
+    for a mechanism built later on the noisy prior — a fallback that would not either. What the noisy prior alone
+    makes uninformative cannot be known before it is drawn (and paid for): :func:`plan` builds the fallback then
+    (:func:`labels_party.registry.build_on_private_prior`)."""
     options = options or MechanismOptions()
     family = registry.family(mechanism)
     if num_labels <= 0:
@@ -129,7 +136,16 @@ def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_ep
         split = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed")
     registry.check(mechanism, domain, split.randomizer_epsilon, options)
     built = None if family.needs_prior else registry.build(mechanism, domain, split.randomizer_epsilon, None, options)
-    return Prepared(domain, family, split, options, built)
+    if not allow_uninformative:
+        public = built if built is not None else _fallback(family, domain, split.randomizer_epsilon)
+        if public is not None:
+            registry.refuse_uninformative(public.mechanism, split.randomizer_epsilon, prior_known=False)
+    return Prepared(domain, family, split, options, built, allow_uninformative)
+
+
+def _fallback(family: MechanismFamily, domain, epsilon: float) -> Built | None:
+    """What a family built on a noisy prior falls back to (from public inputs: checked before the charge)."""
+    return registry.build(family.fallback, domain, epsilon) if family.fallback is not None else None
 
 
 def plan(prepared: Prepared, counts: np.ndarray | None, rng: np.random.Generator) -> Plan:
@@ -139,7 +155,8 @@ def plan(prepared: Prepared, counts: np.ndarray | None, rng: np.random.Generator
         return Plan(prepared.built.mechanism, prepared.split, None, prepared.built.diagnostics)
     prior = estimate_prior(counts, prepared.split.prior_epsilon, rng)
     built = registry.build_on_private_prior(prepared.mechanism, prepared.domain, prepared.split.randomizer_epsilon,
-                                            prior.weights, prepared.options)
+                                            prior.weights, prepared.options,
+                                            allow_uninformative=prepared.allow_uninformative)
     return Plan(built.mechanism, prepared.split, prior, built.diagnostics)
 
 
@@ -163,12 +180,12 @@ def privatize(prepared: Prepared, labels, rng: np.random.Generator) -> Privatiza
 
 
 def privatize_labels(domain, labels, mechanism: str, epsilon: float, rng: np.random.Generator, *,
-                     prior_epsilon: float | None = None,
-                     options: MechanismOptions | None = None) -> Privatization:
+                     prior_epsilon: float | None = None, options: MechanismOptions | None = None,
+                     allow_uninformative: bool = False) -> Privatization:
     """:func:`prepare` and :func:`privatize` in one call (the CLI, tests and benchmarks)."""
     labels = np.asarray(labels, dtype=np.float64).ravel()
-    return privatize(prepare(domain, mechanism, epsilon, labels.size, prior_epsilon=prior_epsilon, options=options),
-                     labels, rng)
+    return privatize(prepare(domain, mechanism, epsilon, labels.size, prior_epsilon=prior_epsilon, options=options,
+                             allow_uninformative=allow_uninformative), labels, rng)
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,11 +243,12 @@ WEIGHTS_RULE = "max(noisy_counts, 0) / their sum; uniform when every count is at
 
 
 def prepare_groups(domain, mechanism: str, epsilon: float, *, prior_epsilon: float,
-                   options: MechanismOptions | None = None) -> Prepared:
+                   options: MechanismOptions | None = None, allow_uninformative: bool = False) -> Prepared:
     """The same public preparation for every group: ε_p for each group's prior is given, so the split does not
     depend on a group's size (which could be 1). Each example pays its own group's ε (parallel composition), so
     the prepared event is what every covered example is charged."""
-    return prepare(domain, mechanism, epsilon, 1, prior_epsilon=prior_epsilon, options=options)
+    return prepare(domain, mechanism, epsilon, 1, prior_epsilon=prior_epsilon, options=options,
+                   allow_uninformative=allow_uninformative)
 
 
 def privatize_by_group(prepared: Prepared, labels, groups, rng: np.random.Generator) -> GroupPrivatization:

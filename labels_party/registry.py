@@ -38,7 +38,7 @@ from shared.domains import ContinuousInterval, Domain, FiniteLabels, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms import additive
 from shared.mechanisms.finite import FiniteRandomizer
-from shared.mechanisms.protocol import Mechanism
+from shared.mechanisms.protocol import Mechanism, uninformative_reason
 from shared.mechanisms.randomized_response import (
     RandomizedResponse,
     debiased_randomized_response,
@@ -253,17 +253,38 @@ def build(name: str, domain, epsilon: float, prior=None, options: MechanismOptio
     return chosen.builder(domain, labels, epsilon, prior, options)
 
 
+def refuse_uninformative(mechanism: Mechanism, epsilon: float, *, prior_known: bool) -> None:
+    """Refuse (400 ``uninformative_release``) a mechanism built from public inputs whose output does not depend on
+    the label: releasing it would charge ``epsilon`` for noise alone. Research use opts in
+    (``allow_uninformative``) and does not call this."""
+    reason = uninformative_reason(mechanism)
+    if reason is None:
+        return
+    better = "a prior that is less concentrated on one label, " if prior_known else ""
+    raise LabelDPError(f"{reason}, so its release would carry no information about the labels for epsilon "
+                       f"{epsilon:g}: use a larger epsilon, {better}or another mechanism (rr, dbrr, opt-unbiased); "
+                       "allow_uninformative (CLI: --allow-uninformative) opts in for research",
+                       code="uninformative_release")
+
+
 def build_on_private_prior(name: str, domain, epsilon: float, prior,
-                           options: MechanismOptions | None = None) -> Built:
+                           options: MechanismOptions | None = None, *, allow_uninformative: bool = False) -> Built:
     """:func:`build` on a private (noisy) prior, after :func:`check` passed: never refuses. If the solve cannot
     certify, fails or runs past the deadline — outcomes that depend on the prior — the family's fallback is built
     instead from public inputs alone, deterministically, and the diagnostics say so (``fallback``, ``reason``).
-    Both branches are functions of the noisy prior (already ε₁-DP and published with the release) and of public
-    parameters: post-processing, so neither the choice nor its record reveals anything more."""
+    So is a mechanism that the noisy prior makes *uninformative* (reason ``uninformative``: RRWithPrior keeping only
+    the most likely class, RR-on-Bins with one bin — its output would not depend on the label), unless
+    ``allow_uninformative``. The release was charged before the prior was drawn, so refusing here would charge ε
+    for nothing; the fallback spends it on labels that say something. Every branch is a function of the noisy prior
+    (already ε₁-DP and published with the release) and of public parameters: post-processing, so neither the
+    choice nor its record reveals anything more."""
     chosen = family(name)
     options = options or MechanismOptions()
     try:
-        return chosen.builder(domain, chosen.check(domain, options, epsilon), epsilon, prior, options)
+        built = chosen.builder(domain, chosen.check(domain, options, epsilon), epsilon, prior, options)
+        if allow_uninformative or uninformative_reason(built.mechanism) is None:
+            return built
+        reason = "uninformative"
     except SolverTimeout:
         reason = "solver_timeout"
     except LabelDPError as err:  # certification_failed, solver_failed: the repaired solution did not certify

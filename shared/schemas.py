@@ -279,6 +279,16 @@ class ReleaseRequest(BaseModel):
                                   "anywhere in ℝ, certified gap) or 'mesh' (the default when a mesh size is given)")
     clip: bool = False
     example_ids: list[str] | None = Field(default=None, min_length=1)
+    allow_uninformative: bool = Field(default=False, description=(
+        "research use: release even a mechanism whose output does not depend on the label. By default such a "
+        "request is refused before anything is charged (400 uninformative_release), and a mechanism that the "
+        "noisy prior makes uninformative (RRWithPrior keeping only the most likely class, RR-on-Bins with one "
+        "bin) is replaced by its fallback, which the mechanism document names"))
+
+    def identity(self) -> dict:
+        """What the request says (its Idempotency-Key's body hash, the ledger's record): the opt-in only when
+        given, so a request without it hashes as it did before the field existed."""
+        return self.model_dump(exclude=set() if self.allow_uninformative else {"allow_uninformative"})
 
 
 

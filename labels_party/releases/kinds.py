@@ -165,10 +165,10 @@ class LabelRelease(_Defaults):
         return {"epsilon": self.epsilon, **({"prior_epsilon": prior} if prior is not None else {})}
 
     def identity(self) -> dict:
-        return self.request.model_dump()
+        return self.request.identity()
 
     def record(self) -> dict:
-        return self.request.model_dump(exclude={"example_ids"})
+        return {key: value for key, value in self.request.identity().items() if key != "example_ids"}
 
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, None
@@ -178,7 +178,8 @@ class LabelRelease(_Defaults):
         prepared = pipeline.prepare(snapshot.domain, request.mechanism, request.epsilon, num_examples,
                                     prior_epsilon=request.prior_epsilon,
                                     options=MechanismOptions(mesh=request.mesh, clip=request.clip,
-                                                             solver=request.solver))
+                                                             solver=request.solver),
+                                    allow_uninformative=request.allow_uninformative)
         size = snapshot.domain.support().size
         numbers = prepared.family.published_numbers(size, prepared.options)
         check_document_size(ctx, numbers + (2 * size if prepared.family.needs_prior else 0),  # the prior's
@@ -221,6 +222,11 @@ class ExamplePriorRelease(_Defaults):
 
     def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, priors) -> PricedPlan:
         plan = plan_per_example(priors, self.epsilon)
+        if plan.certified_epsilon == 0.0:  # decided by the priors (public: from features), before any charge
+            raise LabelDPError("every example's prior puts k = 1: each label would be released as its prior's most "
+                               "likely class, whatever it is, so the release would carry no information for epsilon "
+                               f"{self.epsilon:g}: use a larger epsilon or less confident priors",
+                               code="uninformative_release")
         return PricedPlan(plan.dp_event(), plan)
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _priors, priced: PricedPlan, run: Computation) -> Draft:

@@ -42,3 +42,14 @@ class LabelRandomizer(Mechanism, Protocol):
     def max_abs_bias(self) -> float: ...
 
     def noisy_label_loss(self, prior: Any) -> float: ...
+
+
+def uninformative_reason(mechanism: Mechanism) -> str | None:
+    """Why ``mechanism``'s output says nothing about the label, or None when it does. Its certified ε is the exact
+    max log-ratio of the probabilities it samples, so it is 0 exactly when every label has the same output
+    distribution (one possible output, or identical rows): a release of it would be charged for noise alone."""
+    if mechanism.certified_epsilon > 0.0:
+        return None
+    if mechanism.num_outputs == 1:
+        return f"{mechanism.name} has a single possible output: every label would be released as the same value"
+    return f"{mechanism.name} draws every label's output from the same distribution (its certified epsilon is 0)"

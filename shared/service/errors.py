@@ -58,6 +58,7 @@ class ErrorCode(str, Enum):
     MALFORMED_FILE = ("malformed_file", 400)
     LABEL_OUT_OF_DOMAIN = ("label_out_of_domain", 400)
     MECHANISM_DOMAIN_MISMATCH = ("mechanism_domain_mismatch", 400)
+    UNINFORMATIVE_RELEASE = ("uninformative_release", 400)
     UNKNOWN_MECHANISM = ("unknown_mechanism", 400)
     UNKNOWN_EXAMPLE_IDS = ("unknown_example_ids", 400)
     DUPLICATE_EXAMPLE_ID = ("duplicate_example_id", 400)

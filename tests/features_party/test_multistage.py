@@ -54,3 +54,29 @@ def test_quick_classification_benchmark(tmp_path):
     assert (private.certified_epsilon <= 2.0).all() and (private.accuracy > 0.3).all()
     assert "spent/total, max over examples): 10/10" in (tmp_path / "summary.md").read_text()
     assert "chain valid: True" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_stage_whose_priors_would_say_nothing_is_not_released_and_spends_nothing(tmp_path):
+    """A sharpened model (temperature 0.01) gives every stage-2 example a prior with k = 1: RRWithPrior would
+    release the model's own predictions. The labels party refuses that before any charge; the job keeps the
+    stage-1 model and the stage-2 examples keep their budget. (The one feature is the label itself, so the model
+    separates the two classes and every example's sharpened prior is one-hot.)"""
+    y = np.arange(300) % 2
+    x = np.eye(2, dtype=np.float32)[y]
+    ids = np.array([f"b{i}" for i in range(300)])
+    none = np.zeros((300, 0), np.int32)
+    with two_parties(tmp_path, seed=0) as parties:
+        with parties.owner() as owner:
+            dataset = owner.create_dataset(name="binary", label_kind="classes", num_classes=2, epsilon_total=1.0)
+            owner.upload_labels(dataset.id, ids, y.astype(float))
+            owner.grant(dataset.id, CONSUMER, 1.0)
+        with parties.consumer() as client:
+            _, reports = train_multistage(
+                client, dataset.id, ids, x, none, vocab_sizes=(), num_classes=2, epsilon=1.0, stages=2,
+                temperature=0.01, config=TrainConfig(loss="cross_entropy", hidden=(16,), learning_rate=3e-3,
+                                                     epochs=10, batch_size=32, patience=10), seed=0)
+        with parties.owner() as owner:
+            audit = owner.audit(dataset.id)
+    assert [(r.stage, r.examples, r.skipped) for r in reports] == [(1, 150, None), (2, 150, "uninformative_release")]
+    assert reports[1].release_id is None and reports[1].trained_on == 0
+    assert [e.record["examples_covered"] for e in audit.events] == [150]  # stage 2 charged nothing

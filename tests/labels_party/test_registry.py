@@ -123,9 +123,13 @@ def test_a_build_on_a_private_prior_certifies_or_falls_back_deterministically(na
     assert built.mechanism.certified_epsilon <= epsilon
     again = registry.build_on_private_prior(name, domain, epsilon, prior, options)
     assert again.diagnostics.get("fallback") == built.diagnostics.get("fallback")
+    assert built.mechanism.certified_epsilon > 0  # never a release whose output does not depend on the label
     if "fallback" in built.diagnostics:
         assert built.diagnostics["fallback"] == family.fallback == built.mechanism.name
-        assert built.diagnostics["reason"] in ("certification_failed", "solver_failed")
+        assert built.diagnostics["reason"] in ("certification_failed", "solver_failed", "uninformative")
+        if built.diagnostics["reason"] == "uninformative":  # the family's own build would have said nothing
+            own = registry.build_on_private_prior(name, domain, epsilon, prior, options, allow_uninformative=True)
+            assert own.mechanism.certified_epsilon == 0.0 and own.mechanism.name == name
 
 
 def test_the_failures_of_issue_26_now_fall_back():
