@@ -49,6 +49,22 @@ def test_pages_reference_no_other_host(client):
     assert "fonts.googleapis" not in client.get("/redoc").text
 
 
+def test_pages_may_load_from_their_own_origin_only(client):
+    """Whatever a bundle hard-codes (ReDoc's logo on its vendor's CDN), the browser may not fetch it: each page's
+    policy names no other host."""
+    allowed = {"'self'", "'none'", "data:", "blob:"}
+    for page in (*PAGES, "/docs/oauth2-redirect"):
+        policy = {name: sources for name, *sources in
+                  (directive.split() for directive in client.get(page).headers["content-security-policy"].split(";"))}
+        assert policy["default-src"] == ["'self'"] and policy["base-uri"] == ["'none'"], (page, policy)
+        assert set(policy["style-src"]) == {"'self'", "'unsafe-inline'"}  # ReDoc writes its styles in the page
+        for name, sources in policy.items():
+            other = [s for s in sources if s not in allowed and not (name == "script-src" and s.startswith("'sha256-"))
+                     and not (name == "style-src" and s == "'unsafe-inline'")]
+            assert other == [], (page, name, other)
+        assert len(policy["script-src"]) == (1 if page == "/redoc" else 2), policy  # 'self' and its one inline script
+
+
 def test_pages_and_assets_are_public_as_before(client):
     """Like /openapi.json, the pages (and so their assets) need no key, and a bad key changes nothing; they stay out
     of the OpenAPI."""
@@ -92,3 +108,11 @@ def test_no_path_leaves_the_assets_directory(kind, tmp_path):
             status, body = _raw_get(base, target)
             assert status == 404, (target, status)
             assert b"import" not in body and b"root:" not in body, target
+
+
+@pytest.mark.parametrize("kind", sorted(SERVICES))
+def test_behind_a_proxy_prefix_every_url_keeps_it(kind, tmp_path):
+    with TestClient(service_app(kind, tmp_path), root_path="/labeldp") as client:
+        for page in PAGES:
+            urls = [a or b for a, b in _urls(client.get(page).text)]
+            assert urls and all(u.startswith(("/labeldp/docs-assets/", "/labeldp/openapi.json")) for u in urls), urls
