@@ -35,12 +35,13 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-# The console's browser test (tests/labels_party/console/test_browser.py) drives Debian's chromium through
-# Playwright; installed here when missing (as root, or with sudo), never downloaded by Playwright.
+# The browser tests (the console's, tests/labels_party/console/test_browser.py, and the API docs' offline,
+# tests/shared/service/test_docs_browser.py) drive Debian's chromium through Playwright (tests/support/browser.py);
+# installed here when missing (as root, or with sudo), never downloaded by Playwright.
 SUDO := $(shell test "$$(id -u)" -eq 0 || echo sudo)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "installing Debian's chromium for the console's browser test"; \
+	  echo "installing Debian's chromium for the browser tests"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing" >&2; exit 1; }

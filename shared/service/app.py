@@ -1,7 +1,8 @@
 """A party's FastAPI application on the skeleton: the gatekeeper in front of every route, the JSON error envelope,
-``/healthz`` and ``/readyz``, the party's routers and an OpenAPI that documents the API key. Each party supplies
-only what is its own: how a key is authorized for a path, body limits per endpoint, routers, its readiness checks
-(:mod:`shared.service.health`), and any OpenAPI adjustment."""
+``/healthz`` and ``/readyz``, the party's routers, an OpenAPI that documents the API key and the pages that show it
+(:mod:`shared.service.docs`, whole without internet access). Each party supplies only what is its own: how a key is
+authorized for a path, body limits per endpoint, routers, its readiness checks (:mod:`shared.service.health`), and
+any OpenAPI adjustment."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fastapi import APIRouter, FastAPI
 
 from shared import schemas
 from shared.errors import LabelDPError
-from shared.service import gate, health, limits, openapi
+from shared.service import docs, gate, health, limits, openapi
 from shared.service.errors import install_error_handlers
 
 _NOT_READY = ("not_ready: a check failed (its name in the message): database, the database did not answer in time; "
@@ -33,7 +34,8 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
     party's context (``app.state.ctx``); ``readiness``: the named checks ``/readyz`` runs
     (:func:`shared.service.health.readiness_checks`); no error message names a path under ``private_dirs`` (the
     data directory) or the temporary directory."""
-    app = FastAPI(title=title, version="1", lifespan=lifespan, responses=openapi.error_responses())
+    app = FastAPI(title=title, version="1", lifespan=lifespan, responses=openapi.error_responses(),
+                  docs_url=None, redoc_url=None)  # FastAPI's pages load from a CDN: ours are served whole
     app.state.ctx, app.state.admit, app.state.routers = ctx, admit, tuple(routers)
     install_error_handlers(app, log, private_dirs)
 
@@ -68,4 +70,5 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
             adjust_openapi(spec)
 
     openapi.install(app, gate.PUBLIC_PATHS, adjust)
+    docs.install(app)
     return app

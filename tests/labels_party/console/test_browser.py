@@ -7,9 +7,6 @@ to the test's ``tmp_path``."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import httpx
 import numpy as np
 import pytest
@@ -18,8 +15,7 @@ from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.context import make_context
-
-CHROMIUM = shutil.which("chromium")
+from tests.support.browser import chromium
 
 
 @pytest.fixture
@@ -53,18 +49,11 @@ def service(tmp_path):
 
 
 def test_the_console_in_chromium(service, tmp_path):
-    if CHROMIUM is None:
-        pytest.fail("chromium is not installed: `make test` (target `browser`) installs Debian's package")
-    from playwright.sync_api import sync_playwright
-
     base, dataset = service["base"], service["dataset"]
     api_budget = service["owner"].get(f"/v1/datasets/{dataset}/budget").json()
     assert api_budget["epsilon_spent"] == 1.5
     requests, problems = [], []
-    # Chromium will not run as root with its sandbox (CI runs as root); the page is our own, on loopback.
-    arguments = ["--no-sandbox"] if os.geteuid() == 0 else []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=arguments)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1100, "height": 900})
         page.on("request", lambda request: requests.append(request.url))
         page.on("console", lambda message: problems.append(message.text) if message.type in ("error", "warning")
@@ -127,7 +116,5 @@ def test_the_console_in_chromium(service, tmp_path):
         except BaseException:
             page.screenshot(path=tmp_path / f"failed-at-{step}.png", full_page=True)
             raise
-        finally:
-            browser.close()
     assert requests and all(url.startswith(f"{base}/console/") for url in requests), requests
     assert not problems, problems  # no CSP violation, no failed load
