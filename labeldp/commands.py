@@ -121,8 +121,8 @@ def _jobs_epilog() -> str:
     grid = choices.DEFAULT
 
     def jobs(table: dict) -> str:
-        private = [m for m, fields in table.items() if fields is not None]
-        return f"{grid.seeds} × {len(grid.epsilons)} × {len(private)} = {grid.seeds * len(grid.epsilons) * len(private)}"
+        private = len([m for m, fields in table.items() if fields is not None])
+        return f"{grid.seeds} × {len(grid.epsilons)} × {private} = {grid.seeds * len(grid.epsilons) * private}"
 
     return ("Jobs: per dataset, seeds × ε × private mechanisms trainer jobs (each a labels-party release and a "
             "training), plus one in-process non-private model per seed. With the defaults: "

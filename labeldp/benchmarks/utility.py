@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -449,7 +450,7 @@ def runs_of(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float
     return runs
 
 
-def run_bench(config: BenchConfig, plans: list[tuple[Prepared, list[str]]], out: str | Path,
+def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], out: str | Path,
               progress: bool = True) -> pd.DataFrame:
     """Every planned dataset (:func:`labeldp.benchmarks.plan.plan_bench`: prepared, with its mechanisms, every
     problem with a dataset or a mechanism's domain refused before the services start) through the same protocol."""

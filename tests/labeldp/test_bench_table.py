@@ -128,9 +128,9 @@ def test_columns_inferred_and_id_like_ones_left_out():
     numeric, categorical, ignored = infer_columns(frame, "label")
     assert numeric == ("x", "count")
     assert categorical == ("flag", "group", "level")
+    assert ignored.pop("when").endswith("is neither a number nor a category")  # datetime64[ns] or [us]
     assert ignored == {"rownames": "id-like name", "user_id": "id-like name",
-                       "row": "id-like: integers numbering the rows", "code": "id-like: a distinct string on every row",
-                       "when": "type datetime64[ns] is neither a number nor a category"}
+                       "row": "id-like: integers numbering the rows", "code": "id-like: a distinct string on every row"}
 
 
 def test_kind_and_loss_inferred(tmp_path):
