@@ -35,8 +35,10 @@ def register(commands) -> None:
                          "all, unless --data)")
     utility.add_argument("--data", default=None, metavar="FILE", help="your own table: .csv (.tsv) or .parquet")
     utility.add_argument("--label", default=None, metavar="COL", help="--data: the label column")
-    utility.add_argument("--features", default=None, metavar="A,B,...", help="--data: numeric feature columns")
-    utility.add_argument("--categorical", default=None, metavar="C,D,...", help="--data: categorical columns")
+    utility.add_argument("--features", default=None, metavar="A,B,...",
+                         help="--data: numeric feature columns (default: inferred, see above)")
+    utility.add_argument("--categorical", default=None, metavar="C,D,...",
+                         help="--data: categorical columns (default: inferred)")
     utility.add_argument("--kind", default=None, choices=("integer", "continuous", "finite", "classes"),
                          help="--data: the label kind (default: inferred); classes/finite with cross_entropy: "
                          "classification (RR, LP-2ST/3ST, subset, cluster priors; accuracy)")
@@ -44,11 +46,13 @@ def register(commands) -> None:
                          help="--data: declared label bounds, clipped by the labels service, e.g. -60:180 (default: "
                          "the labels' own min and max)")
     utility.add_argument("--grid", type=int, default=None, metavar="N",
-                         help="--data: release integer/continuous labels on a grid of N points (grid_size)")
+                         help="--data: release integer/continuous labels on a grid of N points (grid_size; default: "
+                         "none for integer labels, 101 points for continuous ones)")
     utility.add_argument("--loss", default=None, choices=("squared", "poisson", "cross_entropy"),
-                         help="--data: default squared (regression), cross_entropy (classes)")
+                         help="--data: the training loss (default: squared for regression, cross_entropy for "
+                         "classes)")
     utility.add_argument("--test-fraction", type=float, default=None, metavar="F",
-                         help="--data: share of rows held out for scoring (default 0.2)")
+                         help="--data: share of rows held out for scoring (default: 0.2)")
     grid = choices.DEFAULT
     utility.add_argument("--epsilons", default=",".join(f"{e:g}" for e in grid.epsilons), metavar="E,E,...",
                          help="the ε grid: every private mechanism is released and trained at each (default: "
