@@ -10,7 +10,9 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import sys
+import textwrap
 
 from shared.errors import LabelDPError
 
@@ -19,7 +21,32 @@ _COMMANDS = (("labels_party.cli", ("labels_party",)), ("features_party.cli", ("f
              ("labeldp.commands", ("labels_party", "features_party")))
 
 
+# A dash then a digit (or a point and a digit) starts a value, never an option: a negative number, a range with a
+# negative bound (--labels -60:180, --clip -5:5) or a list (--labels -1,0,1). argparse reads only plain negative
+# numbers as values (its private _negative_number_matcher, the one hook it has) and "-60:180" as an unknown option,
+# then fails with "expected one argument". No option of this CLI starts with a dash and a digit.
+_STARTS_A_VALUE = re.compile(r"^-\.?\d")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps help at spaces only, so that a name with a hyphen (laplace-clipped, --test-fraction) stays whole."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser (subparsers are made with ``parser_class=type(parent)``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _STARTS_A_VALUE
+
     def error(self, message):  # argparse's default prints usage; keep bad input to one line
         raise LabelDPError(message, code="usage")
 
@@ -72,8 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     # Everything this tool writes — uploaded labels, releases, databases, keys, Spark's scratch in local mode — is
     # its user's alone: a review found labels files readable by every local user under the usual umask 022.
     os.umask(0o077)
-    with _only_json_on_stdout("--json" in argv):
+    with _only_json_on_stdout(_asks_for_json(argv)):
         return _run(argv)
+
+
+def _asks_for_json(argv: list[str]) -> bool:
+    """``--json`` or an abbreviation argparse accepts for it (``--js``), decided before parsing so that nothing the
+    parsers' imports write reaches stdout either; a stray match (a value spelled --json) costs nothing."""
+    return any(len(arg) > 2 and "--json".startswith(arg) for arg in argv)
 
 
 def _run(argv: list[str]) -> int:

@@ -9,10 +9,14 @@ from shared.errors import LabelDPError
 
 
 def register(commands) -> None:
+    from labeldp.benchmarks import choices
+
     bench = commands.add_parser("bench", help="benchmarks")
     bench_actions = bench.add_subparsers(dest="bench", required=True, parser_class=type(bench))
+    quick = choices.QUICK
     utility = bench_actions.add_parser(
         "utility", help="privacy-utility curves on real datasets, or on your own table (--data FILE --label COL)",
+        epilog=_jobs_epilog(),
         description="The optimal-unbiased paper's privacy-utility comparison through both services, on the bundled "
         "datasets (--dataset) or on your own CSV or Parquet table (--data FILE --label COL). Columns of --data: "
         "with --features/--categorical exactly those are used; otherwise every other column is — numbers as "
@@ -22,31 +26,58 @@ def register(commands) -> None:
         "numeric feature are dropped. --kind is inferred (integer-valued labels: integer, else continuous). "
         "Without --clip the label bounds are the labels' own min and max (data-dependent: fine for a benchmark, "
         "not for a release); with --clip the service clips the uploaded labels and the test labels are scored "
-        "after the same clip.")
+        "after the same clip. Warnings (on stderr, and in --dry-run's plan) name categorical columns with more than "
+        f"{choices.MAX_LEVELS} levels or more levels than {choices.MAX_LEVEL_SHARE:.0%} of the rows, and numeric "
+        f"columns whose |correlation| with the label is {choices.LEAK_ASSOCIATION:g} or more (they may leak it); "
+        "nothing is dropped because of them.")
     utility.add_argument("--dataset", default=None,
-                         help="psid-weeks, doctor-contacts, hours-worked, cps-wages, comma list, or all (default)")
+                         help="psid-weeks, doctor-contacts, hours-worked, cps-wages, a comma list, or all (default: "
+                         "all, unless --data)")
     utility.add_argument("--data", default=None, metavar="FILE", help="your own table: .csv (.tsv) or .parquet")
     utility.add_argument("--label", default=None, metavar="COL", help="--data: the label column")
-    utility.add_argument("--features", default=None, metavar="A,B,...", help="--data: numeric feature columns")
-    utility.add_argument("--categorical", default=None, metavar="C,D,...", help="--data: categorical columns")
+    utility.add_argument("--features", default=None, metavar="A,B,...",
+                         help="--data: numeric feature columns (default: inferred, see above)")
+    utility.add_argument("--categorical", default=None, metavar="C,D,...",
+                         help="--data: categorical columns (default: inferred)")
     utility.add_argument("--kind", default=None, choices=("integer", "continuous", "finite", "classes"),
                          help="--data: the label kind (default: inferred); classes/finite with cross_entropy: "
                          "classification (RR, LP-2ST/3ST, subset, cluster priors; accuracy)")
     utility.add_argument("--clip", default=None, metavar="LOW:HIGH",
-                         help="--data: declared label bounds, clipped by the labels service (negative LOW: "
-                         "--clip=-5:5)")
+                         help="--data: declared label bounds, clipped by the labels service, e.g. -60:180 (default: "
+                         "the labels' own min and max)")
     utility.add_argument("--grid", type=int, default=None, metavar="N",
-                         help="--data: release integer/continuous labels on a grid of N points (grid_size)")
+                         help="--data: release integer/continuous labels on a grid of N points (grid_size; default: "
+                         "none for integer labels, 101 points for continuous ones)")
     utility.add_argument("--loss", default=None, choices=("squared", "poisson", "cross_entropy"),
-                         help="--data: default squared (regression), cross_entropy (classes)")
+                         help="--data: the training loss (default: squared for regression, cross_entropy for "
+                         "classes)")
     utility.add_argument("--test-fraction", type=float, default=None, metavar="F",
-                         help="--data: share of rows held out for scoring (default 0.2)")
-    utility.add_argument("--epsilons", default="0.25,0.5,1,2,4,8")
-    utility.add_argument("--seeds", type=int, default=10)
-    utility.add_argument("--mechanisms", default=None, help="comma list (default: all that fit the labels)")
-    utility.add_argument("--epochs", type=int, default=30)
-    utility.add_argument("--out", default="bench-output/utility")
-    utility.add_argument("--quick", action="store_true", help="2 seeds, 2 ε, few epochs; 1 dataset without --data")
+                         help="--data: share of rows held out for scoring (default: 0.2)")
+    grid = choices.DEFAULT
+    utility.add_argument("--epsilons", default=",".join(f"{e:g}" for e in grid.epsilons), metavar="E,E,...",
+                         help="the ε grid: every private mechanism is released and trained at each (default: "
+                         "%(default)s)")
+    utility.add_argument("--seeds", type=int, default=grid.seeds, metavar="N",
+                         help="seeds 0..N-1 per mechanism and ε (the split, the model, the release; default: "
+                         "%(default)s)")
+    utility.add_argument("--mechanisms", default=None, metavar="M,M,...",
+                         help=f"comma list; regression: {', '.join(choices.MECHANISMS)}; class labels: "
+                         f"{', '.join(choices.CLASSIFICATION_MECHANISMS)} (default: all that fit the labels)")
+    utility.add_argument("--epochs", type=int, default=grid.epochs, metavar="N",
+                         help="training epochs per job (default: %(default)s)")
+    utility.add_argument("--rows", type=int, default=None, metavar="N",
+                         help="use N rows of each dataset drawn uniformly at random with a fixed seed (the same N "
+                         "rows on every run), after rows missing the label are dropped (default: every row)")
+    utility.add_argument("--out", default="bench-output/utility", metavar="DIR",
+                         help="runs.csv, summary.md, datasets.json and the plots (default: %(default)s)")
+    utility.add_argument("--quick", action="store_true",
+                         help=f"a smoke run: {quick.seeds} seeds, ε {','.join(f'{e:g}' for e in quick.epsilons)}, "
+                         f"{quick.epochs} epochs; psid-weeks only without --data")
+    utility.add_argument("--dry-run", action="store_true",
+                         help="print the plan (label kind and bounds, ε grid, mechanisms, seeds, features with their "
+                         "types and cardinalities, left-out columns and why, warnings, number of jobs) and exit "
+                         "without starting a service or training")
+    utility.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON document")
     utility.set_defaults(handler=bench_utility_command)
 
     classification = bench_actions.add_parser("classification", help="LP-1ST/2ST/3ST and subset on digits")
@@ -86,6 +117,21 @@ def register(commands) -> None:
                             "reachable)")
     stack.add_argument("--remove-volumes", action="store_true", help="also delete the databases and keys")
     stack.set_defaults(handler=compose_demo_command)
+
+
+def _jobs_epilog() -> str:
+    from labeldp.benchmarks import choices
+
+    grid = choices.DEFAULT
+
+    def jobs(table: dict) -> str:
+        private = len([m for m, fields in table.items() if fields is not None])
+        return f"{grid.seeds} × {len(grid.epsilons)} × {private} = {grid.seeds * len(grid.epsilons) * private}"
+
+    return ("Jobs: per dataset, seeds × ε × private mechanisms trainer jobs (each a labels-party release and a "
+            "training), plus one in-process non-private model per seed. With the defaults: "
+            f"{jobs(choices.MECHANISMS)} jobs per regression dataset (every bundled dataset without --data), "
+            f"{jobs(choices.CLASSIFICATION_MECHANISMS)} per table of class labels. --dry-run prints the exact plan.")
 
 
 def _epsilons(text: str) -> list[float]:
@@ -134,8 +180,17 @@ def _table_source(args):
 
 
 def bench_utility_command(args) -> int:
+    import json
+    import sys
+
+    from labeldp.benchmarks import plan
     from labeldp.benchmarks.utility import CLASSIFICATION_MECHANISMS, DATASETS, MECHANISMS, BenchConfig, run_bench
 
+    if args.json and not args.dry_run:
+        raise LabelDPError("--json applies to --dry-run (a run writes runs.csv, summary.md and datasets.json)",
+                           code="usage")
+    if args.rows is not None and args.rows < 1:
+        raise LabelDPError(f"--rows must be at least 1, got {args.rows}", code="usage")
     table = _table_source(args)
     if table is not None:
         sources = [table]
@@ -151,10 +206,18 @@ def bench_utility_command(args) -> int:
         raise LabelDPError(f"unknown mechanism; choose from {', '.join(MECHANISMS)} (regression) or "
                            f"{', '.join(m for m in CLASSIFICATION_MECHANISMS if m != 'non-private')} (classes)",
                            code="usage")
-    config = BenchConfig(sources, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs)
     if args.quick:
-        config = BenchConfig(sources if table is not None else ["psid-weeks"], [1.0, 2.0], 2, mechanisms, epochs=8)
-    run_bench(config, args.out)
+        config = BenchConfig.quick(sources if table is not None else ["psid-weeks"], mechanisms, args.rows)
+    else:
+        config = BenchConfig(sources, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs, args.rows)
+    plans = plan.plan_bench(config)
+    if args.dry_run:
+        document = plan.describe(plans, config)
+        print(json.dumps(document, allow_nan=False) if args.json else plan.render(document))
+        return 0
+    for line in plan.warning_lines(plans):
+        print(f"labeldp: {line}", file=sys.stderr)
+    run_bench(config, plans, args.out)
     return _print_summary(args.out)
 
 

@@ -55,7 +55,7 @@ def parse_clip(text: str | None) -> tuple[float, float] | None:
     except ValueError:
         low = high = math.nan
     if not (math.isfinite(low) and math.isfinite(high)):
-        raise _usage(f"--clip takes LOW:HIGH, two finite numbers (e.g. --clip 0:15000 or --clip=-5:5), not {text!r}")
+        raise _usage(f"--clip takes LOW:HIGH, two finite numbers (e.g. --clip 0:15000 or --clip -5:5), not {text!r}")
     if low >= high:
         raise _usage(f"--clip {text}: LOW must be below HIGH")
     return low, high
@@ -98,18 +98,23 @@ def read_table(path: str | Path) -> pd.DataFrame:
     return frame
 
 
-def id_like(frame: pd.DataFrame, column: str) -> bool:
-    """An identifier, not a feature: by name, or distinct strings on every row, or integers that number the rows
-    consecutively (0..n-1, 1..n, ...)."""
+def id_reason(frame: pd.DataFrame, column: str) -> str | None:
+    """Why ``column`` is an identifier, not a feature (None: it is not one): its name, distinct strings on every
+    row, or integers that number the rows consecutively (0..n-1, 1..n, ...)."""
     if _ID_NAME.search(column.strip()):
-        return True
+        return "id-like name"
     values = frame[column]
     if _is_text(values) and values.nunique(dropna=False) == len(values) and len(values) > 1:
-        return True
+        return "id-like: a distinct string on every row"
     if pd.api.types.is_integer_dtype(values) and not pd.api.types.is_bool_dtype(values) and len(values) > 1:
         ordered = np.sort(values.to_numpy())
-        return bool(np.all(np.diff(ordered) == 1))
-    return False
+        if np.all(np.diff(ordered) == 1):
+            return "id-like: integers numbering the rows"
+    return None
+
+
+def id_like(frame: pd.DataFrame, column: str) -> bool:
+    return id_reason(frame, column) is not None
 
 
 def _is_text(values: pd.Series) -> bool:
@@ -117,22 +122,25 @@ def _is_text(values: pd.Series) -> bool:
             or isinstance(values.dtype, pd.CategoricalDtype) or pd.api.types.is_bool_dtype(values))
 
 
-def infer_columns(frame: pd.DataFrame, label: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(numeric, categorical, ignored) under the rule of the module docstring."""
-    numeric, categorical, ignored = [], [], []
+def infer_columns(frame: pd.DataFrame, label: str) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """(numeric, categorical, {left-out column: why}) under the rule of the module docstring."""
+    numeric: list[str] = []
+    categorical: list[str] = []
+    ignored: dict[str, str] = {}
     for column in frame.columns:
         if column == label:
             continue
         values = frame[column]
-        if id_like(frame, column):
-            ignored.append(column)
+        reason = id_reason(frame, column)
+        if reason is not None:
+            ignored[column] = reason
         elif _is_text(values):
             categorical.append(column)
         elif pd.api.types.is_numeric_dtype(values):
             numeric.append(column)
         else:
-            ignored.append(column)
-    return tuple(numeric), tuple(categorical), tuple(ignored)
+            ignored[column] = f"type {values.dtype} is neither a number nor a category"
+    return tuple(numeric), tuple(categorical), ignored
 
 
 def infer_kind(labels: np.ndarray) -> str:
@@ -213,8 +221,7 @@ class TableSource:
         notes = [f"Table `{self.path.name}`: {len(frame) + dropped} rows"
                  + (f", {dropped} dropped (missing label or numeric feature)" if dropped else "")
                  + f"; label `{self.label}`; numeric features {_listing(numeric)}; categorical "
-                 f"{_listing(categorical)}" + (f"; not used (id-like or other types): {_listing(ignored)}"
-                                                if ignored else "") + "."]
+                 f"{_listing(categorical)}" + (f"; not used: {_reasons(ignored)}" if ignored else "") + "."]
         if classification:
             return self._classes(frame, kind, numeric, categorical, notes, dropped)
         labels = pd.to_numeric(frame[self.label], errors="coerce").to_numpy(dtype=float)
@@ -230,7 +237,7 @@ class TableSource:
         return Prepared.build(self.name, description, frame, labels, truth, numeric, categorical, loss, domain,
                               test_fraction=self.test_fraction, notes=tuple(notes),
                               info={"source": str(self.path), "label": self.label, "kind": kind,
-                                    "dropped_rows": dropped, "ignored_columns": list(ignored)})
+                                    "dropped_rows": dropped, "ignored_columns": ignored})
 
     def _columns(self, frame: pd.DataFrame, where: str):
         if self.numeric is None and self.categorical is None:
@@ -254,11 +261,12 @@ class TableSource:
             if text:
                 raise _usage(f"{where}: feature column(s) {', '.join(map(repr, text))} are not numeric; "
                              "list them under --categorical")
-            ignored = tuple(c for c in frame.columns if c not in given and c != self.label)
+            ignored = {c: "not in --features/--categorical" for c in frame.columns
+                       if c not in given and c != self.label}
         if not numeric and not categorical:
             raise _usage(f"{where}: no feature columns to train on (besides the label {self.label!r}); "
                          "name them with --features/--categorical")
-        return tuple(numeric), tuple(categorical), tuple(ignored)
+        return tuple(numeric), tuple(categorical), ignored
 
     def _kind_and_loss(self, column: pd.Series) -> tuple[str, str]:
         kind, loss = self.kind, self.loss
@@ -347,3 +355,7 @@ def _names(columns) -> str:
 
 def _listing(columns) -> str:
     return ", ".join(f"`{c}`" for c in columns) if columns else "none"
+
+
+def _reasons(ignored: dict[str, str]) -> str:
+    return ", ".join(f"`{c}` ({why})" for c, why in ignored.items())

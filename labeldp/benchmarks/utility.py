@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import report
 from labeldp.benchmarks import classification
+from labeldp.benchmarks.choices import CLASSIFICATION_MECHANISMS, DEFAULT_EPOCHS, MECHANISMS, QUICK
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
 from shared import schemas
@@ -87,9 +89,13 @@ class Prepared:
         return "relative_test_loss" if self.loss == "poisson" else "test_loss"
 
     def sample(self, n: int | None) -> Prepared:
+        """``n`` rows drawn uniformly without replacement (``--rows``), the same ones on every run: the draw is
+        seeded (benchmark-only randomness) so that runs with different --seeds or mechanisms compare one table."""
         if n is None or len(self.frame) <= n:
             return self
-        return dataclasses.replace(self, frame=self.frame.sample(n=n, random_state=0))
+        note = f"Subsampled to {n} of {len(self.frame)} rows (`--rows`, a fixed seeded draw)."
+        return dataclasses.replace(self, frame=self.frame.sample(n=n, random_state=ROWS_SEED),
+                                   notes=(*self.notes, note))
 
 
 @dataclass(frozen=True)
@@ -164,29 +170,6 @@ DATASETS = {
         "squared", "continuous", clip_quantile=0.95),
 }
 
-# Each benchmark mechanism as the release fields a job asks for (ε added per run); None: the non-private model.
-# "group_release": the publisher first requests a group release (one prior + randomizer per k-means cluster of
-# the features) and the job trains on it; "protocol"/"stages" are job fields (multi-stage RRWithPrior).
-MECHANISMS = {
-    "non-private": None,
-    "laplace": {"mechanism": "laplace"},
-    "laplace-clipped": {"mechanism": "laplace", "clip": True},
-    "staircase": {"mechanism": "staircase"},
-    "staircase-clipped": {"mechanism": "staircase", "clip": True},
-    "rr-on-bins": {"mechanism": "rr-on-bins"},
-    "opt-unbiased": {"mechanism": "opt-unbiased"},
-    "opt-unbiased-mesh": {"mechanism": "opt-unbiased", "solver": "mesh"},  # Algorithm 1 on a 2|Y| grid, to compare
-    "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
-}
-# Class labels: the protocols of `labeldp bench classification` (labeldp.benchmarks.classification.METHODS).
-CLASSIFICATION_MECHANISMS = {
-    "non-private": None,
-    "rr": {"mechanism": "rr"},  # LP-1ST
-    "lp-2st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 2},
-    "lp-3st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 3},
-    "subset": {"mechanism": "subset"},
-    "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
-}
 GROUPS = 8  # clusters for the per-group randomizer (regression)
 GROUP_PRIOR_SHARE = 0.25  # ε_p = ε/4 for the per-group discrete-Laplace histograms (regression)
 _JOB_FIELDS = ("protocol", "stages")
@@ -217,14 +200,21 @@ def feature_clusters(frame: pd.DataFrame, prepared: Prepared, seed: int) -> np.n
     return KMeans(n_clusters=_groups(prepared)[0], n_init=4, random_state=seed).fit_predict(np.hstack(parts))
 
 
+ROWS_SEED = 0  # the --rows draw
+
+
 @dataclass
 class BenchConfig:
     datasets: list  # names of DATASETS or dataset sources (objects with ``name`` and ``prepare() -> Prepared``)
     epsilons: list[float]
     seeds: int
     mechanisms: list[str] | None = None  # None: every mechanism that fits the dataset's labels
-    epochs: int = 30
-    max_examples: int | None = None
+    epochs: int = DEFAULT_EPOCHS
+    max_examples: int | None = None  # --rows: a seeded subsample of each dataset's rows (Prepared.sample)
+
+    @classmethod
+    def quick(cls, datasets: list, mechanisms: list[str] | None, max_examples: int | None = None) -> BenchConfig:
+        return cls(datasets, list(QUICK.epsilons), QUICK.seeds, mechanisms, QUICK.epochs, max_examples)
 
     def sources(self) -> list:
         return [DATASETS[d] if isinstance(d, str) else d for d in self.datasets]
@@ -450,7 +440,7 @@ def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFram
             **_score(prepared, predictions, test[TRUTH].to_numpy(dtype=float))}
 
 
-def _runs(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float | None, int]]:
+def runs_of(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float | None, int]]:
     runs: list[tuple[str, float | None, int]] = []
     for seed in range(config.seeds):
         if "non-private" in mechanisms:
@@ -460,16 +450,11 @@ def _runs(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float |
     return runs
 
 
-def run_bench(config: BenchConfig, out: str | Path, progress: bool = True) -> pd.DataFrame:
-    """Every source's dataset through the same protocol; every problem with a dataset or a mechanism's domain is
-    refused (LabelDPError) before the services start."""
+def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], out: str | Path,
+              progress: bool = True) -> pd.DataFrame:
+    """Every planned dataset (:func:`labeldp.benchmarks.plan.plan_bench`: prepared, with its mechanisms, every
+    problem with a dataset or a mechanism's domain refused before the services start) through the same protocol."""
     out = Path(out)
-    prepared = [source.prepare().sample(config.max_examples) for source in config.sources()]
-    plans = []
-    for dataset in prepared:
-        mechanisms = config.mechanisms_of(dataset)
-        preflight(dataset, mechanisms)
-        plans.append((dataset, mechanisms))
     out.mkdir(parents=True, exist_ok=True)
     rows, registered = [], []
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-utility-") as tmp, \
@@ -478,7 +463,7 @@ def run_bench(config: BenchConfig, out: str | Path, progress: bool = True) -> pd
             private = [m for m in mechanisms if mechanisms_for(dataset)[m] is not None]
             budget = max(config.seeds * len(private) * sum(config.epsilons), 1.0)  # each run releases each label once
             registered.append(register(parties, dataset, budget))
-            for mechanism, epsilon, seed in tqdm(_runs(mechanisms, config), desc=f"bench utility {dataset.name}",
+            for mechanism, epsilon, seed in tqdm(runs_of(mechanisms, config), desc=f"bench utility {dataset.name}",
                                                  disable=not progress):
                 rows.append(run_one(parties, registered[-1], mechanism, epsilon, seed, config.epochs))
                 _write_csv(out / "runs.csv", rows)

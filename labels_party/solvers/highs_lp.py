@@ -12,6 +12,25 @@ from labels_party.solvers.deadline import SolverTimeout
 from shared.errors import LabelDPError
 
 
+class _SilentCore(highspy._core._Highs):
+    def setCallback(self, *args):
+        self.setOptionValue("output_flag", False)  # before the first call that logs
+        return super().setCallback(*args)
+
+
+class _SilentHighs(highspy.Highs, _SilentCore):
+    """highspy's solver with its output off from the start. ``Highs()`` registers its callbacks in its constructor
+    (``super().setCallback``), a HiGHS call that writes the banner ("Running HiGHS 1.16.0 ...") to file
+    descriptor 1 while output_flag still has its default, true — before any caller can turn it off, and in the
+    middle of a ``--json`` document on stdout. In this class's method order that ``super()`` is
+    :class:`_SilentCore`, which turns the output off first."""
+
+
+def quiet_highs() -> highspy.Highs:
+    """A HiGHS solver that never writes to stdout (every solver of this package is made here)."""
+    return _SilentHighs()
+
+
 @dataclass(frozen=True)
 class LPResult:
     x: np.ndarray
@@ -36,8 +55,7 @@ def solve_lp(cost, col_lower, col_upper, row_lower, row_upper, starts, indices, 
     lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
     lp.a_matrix_.index_ = np.asarray(indices, dtype=np.int32)
     lp.a_matrix_.value_ = np.asarray(values, dtype=np.float64)
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
+    highs = quiet_highs()
     highs.setOptionValue("primal_feasibility_tolerance", tolerance)
     highs.setOptionValue("dual_feasibility_tolerance", tolerance)
     highs.setOptionValue("solver", solver)

@@ -53,6 +53,7 @@ import scipy.sparse as sparse
 import scipy.sparse.linalg as sparse_linalg
 
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline
+from labels_party.solvers.highs_lp import quiet_highs
 from labels_party.solvers.opt_unbiased_mesh import certify_solution
 from labels_party.solvers.signature_cone import Level, cone_phase
 from labels_party.solvers.staircase import Problem, heaviest_path
@@ -138,8 +139,7 @@ def vertex(problem: Problem, columns: _Columns, deadline: Deadline = NO_DEADLINE
     matrix.sort_indices()
     targets = np.concatenate([np.diff(np.ones(k), prepend=0.0), np.diff(y, prepend=0.0)])
     count = columns.weights.size
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
+    highs = quiet_highs()
     highs.setOptionValue("solver", "ipm")
     highs.setOptionValue("primal_feasibility_tolerance", 1e-10)
     highs.setOptionValue("dual_feasibility_tolerance", 1e-10)

@@ -72,7 +72,7 @@ def test_own_csv_with_declared_clip(tmp_path, capsys):
     assert dataset["kind"] == "integer" and dataset["domain"] == {"label_kind": "integer",
                                                                   "clip": {"low": LOW, "high": HIGH}}
     assert dataset["numeric"] == ["x1", "x2"] and dataset["categorical"] == ["c"]
-    assert dataset["ignored_columns"] == ["id"]
+    assert dataset["ignored_columns"] == {"id": "id-like name"}
     summary = (out / "summary.md").read_text()
     assert f"clipped {below} labels up and {above} down at upload" in summary
     assert "| opt-unbiased |" in summary and "# Privacy–utility benchmark" in stdout
@@ -128,7 +128,9 @@ def test_columns_inferred_and_id_like_ones_left_out():
     numeric, categorical, ignored = infer_columns(frame, "label")
     assert numeric == ("x", "count")
     assert categorical == ("flag", "group", "level")
-    assert ignored == ("rownames", "user_id", "row", "code", "when")
+    assert ignored.pop("when").endswith("is neither a number nor a category")  # datetime64[ns] or [us]
+    assert ignored == {"rownames": "id-like name", "user_id": "id-like name",
+                       "row": "id-like: integers numbering the rows", "code": "id-like: a distinct string on every row"}
 
 
 def test_kind_and_loss_inferred(tmp_path):

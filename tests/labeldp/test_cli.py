@@ -113,17 +113,6 @@ def test_the_continuous_solver_is_chosen_by_flag_and_at_least_as_good_as_a_mesh(
     assert code != 0 and out == "" and len(err.strip().splitlines()) == 1 and "mesh" in err
 
 
-def test_json_is_the_only_thing_on_stdout_of_a_solving_process():
-    """The mesh LP builds a HiGHS solver, whose library prints a banner to file descriptor 1 when it is made: with
-    --json it goes to stderr, and stdout is exactly one JSON document (what `| jq` needs)."""
-    done = subprocess.run([sys.executable, "-m", "labeldp", "randomizer", "solve", "--mechanism", "opt-unbiased",
-                           "--solver", "mesh", "--epsilon", "1", "--labels", "1:5", "--json"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["solver"] == "mesh"  # the whole of stdout parses as one document
-    assert "HiGHS" in done.stderr and "HiGHS" not in done.stdout
-
-
 def test_files_the_tool_writes_are_its_users_alone(tmp_path):
     """A review found uploaded labels files readable by every local user (umask 022): every command runs with
     umask 077, so the database, the data directory and what is written under it are the service user's only."""

@@ -1,0 +1,47 @@
+"""What ``labeldp bench utility`` can be asked for — its mechanisms by name and its defaults — in a module that
+imports nothing, so that the command's ``--help`` lists them without loading the benchmark (JAX, the solvers)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# Each benchmark mechanism as the release fields a job asks for (ε added per run); None: the non-private model.
+# "group_release": the publisher first requests a group release (one prior + randomizer per k-means cluster of
+# the features) and the job trains on it; "protocol"/"stages" are job fields (multi-stage RRWithPrior).
+MECHANISMS = {
+    "non-private": None,
+    "laplace": {"mechanism": "laplace"},
+    "laplace-clipped": {"mechanism": "laplace", "clip": True},
+    "staircase": {"mechanism": "staircase"},
+    "staircase-clipped": {"mechanism": "staircase", "clip": True},
+    "rr-on-bins": {"mechanism": "rr-on-bins"},
+    "opt-unbiased": {"mechanism": "opt-unbiased"},
+    "opt-unbiased-mesh": {"mechanism": "opt-unbiased", "solver": "mesh"},  # Algorithm 1 on a 2|Y| grid, to compare
+    "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
+}
+# Class labels: the protocols of `labeldp bench classification` (labeldp.benchmarks.classification.METHODS).
+CLASSIFICATION_MECHANISMS = {
+    "non-private": None,
+    "rr": {"mechanism": "rr"},  # LP-1ST
+    "lp-2st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 2},
+    "lp-3st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 3},
+    "subset": {"mechanism": "subset"},
+    "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
+}
+
+
+class Grid(NamedTuple):
+    epsilons: tuple[float, ...]
+    seeds: int
+    epochs: int
+
+
+DEFAULT = Grid(epsilons=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0), seeds=10, epochs=30)
+DEFAULT_EPOCHS = DEFAULT.epochs
+QUICK = Grid(epsilons=(1.0, 2.0), seeds=2, epochs=8)  # --quick: a smoke run
+
+
+# The plan's warnings (labeldp.benchmarks.plan): named, never acted on.
+MAX_LEVELS = 1000  # a categorical column with more levels ...
+MAX_LEVEL_SHARE = 0.05  # ... or more levels than this share of the rows: few rows per level, likely an identifier
+LEAK_ASSOCIATION = 0.95  # a numeric column this associated with the label may be computed from it
