@@ -36,8 +36,9 @@ MIN_LEFT = 56
 
 
 def tick(value: float) -> str:
-    """An axis label of at most 6 characters: 3 significant digits with an SI suffix from a thousand up (619k,
-    1.23M), plain below (0.125, 42), a short exponent for tiny values (1.2e-5); never Python's ``6.19e+05``."""
+    """An axis label of at most 6 characters (and a minus sign): 3 significant digits with an SI suffix from a
+    thousand up (619k, 1.23M), plain below (0.125, 42), 2 in a short exponent for tiny or huge values (1.2e-5,
+    2.3e20); never Python's ``6.19e+05``."""
     if not np.isfinite(value):
         return str(value)
     rounded = float(f"{value:.3g}")  # rounding first: 999,950 is "1M", not "1e+03k"
@@ -51,8 +52,8 @@ def tick(value: float) -> str:
 
 
 def _exponent(value: float) -> str:
-    mantissa, exponent = f"{value:.2e}".split("e")
-    return f"{float(mantissa):.3g}e{int(exponent)}"
+    mantissa, exponent = f"{value:.1e}".split("e")  # two significant digits: 1.2e-5, not 1.23e-05
+    return f"{float(mantissa):g}e{int(exponent)}"
 
 
 def _left_margin(*labels: str) -> int:
