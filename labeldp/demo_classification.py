@@ -168,7 +168,7 @@ def plot(result: ClassificationRound, path: Path) -> None:
         right.plot(rows["epsilon"], rows["released_label_accuracy"], marker="o", label=name)
     report.reference_lines(left, result.yardsticks.plot_lines())
     for axis in (left, right):
-        axis.axhline(1 / NUM_CLASSES, color="gray", linestyle=":", label=f"chance (1/{NUM_CLASSES})")
+        axis.axhline(1 / NUM_CLASSES, color="silver", linestyle="-.", label=f"chance (1/{NUM_CLASSES})")
         axis.set_xscale("log")
         axis.set_xticks(result.epsilons, [f"{e:g}" for e in result.epsilons])
         axis.minorticks_off()

@@ -81,11 +81,11 @@ class Yardsticks:
         """A table cell's text, with :data:`WARNING` when its model is worse than the mean predictor."""
         return f"{text} {WARNING}" if self.worse_than_constant(value) else text
 
-    def lines(self, metric: str, digits: str = ".4g") -> list[str]:
+    def lines(self, metric: str, digits: str = ".4g", sd_digits: str = ".2g") -> list[str]:
         """The two reference lines of a summary (mean ± sd over seeds, :data:`SD_RULE`)."""
         return [f"Non-private reference (a model trained on the true labels), {metric}: "
-                f"{mean_sd(self.non_private, digits)}.",
-                f"Mean predictor ({self.constant_name}), {metric}: {mean_sd(self.constant, digits)}."]
+                f"{mean_sd(self.non_private, digits, sd_digits)}.",
+                f"Mean predictor ({self.constant_name}), {metric}: {mean_sd(self.constant, digits, sd_digits)}."]
 
     def legend(self, digits: str = ".4g") -> str:
         return f"{WARNING}: worse than {self.constant_name} ({np.mean(self.constant):{digits}})"

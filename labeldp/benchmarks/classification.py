@@ -173,7 +173,7 @@ def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audi
     warning = refs.warning({key: float(value) for key, value in means.items()}, ".3f")
     lines = ["# Label-DP classification on scikit-learn digits (10 classes, 1438 train / 359 test)", "",
              f"Test accuracy, mean ± sd over {runs.seed.nunique()} seeds ({references.SD_RULE}).",
-             *refs.lines("test accuracy", ".3f"),
+             *refs.lines("test accuracy", ".3f", ".3f"),
              "Every private method releases each training example's label once at ε "
              "(LP-MST: one stage per example) and trains with a trainer-service job, both parties over HTTP. "
              f"Cluster priors: k-means ({CLUSTERS} clusters) on the features, a discrete-Laplace label histogram per "

@@ -90,7 +90,7 @@ def _summary(runs: pd.DataFrame, epsilons: list[float], seeds: int, steps: int, 
              f"Test accuracy, mean ± sd over {seeds} seeds ({references.SD_RULE}). RR / LP-2ST: ε-label-DP releases "
              "and trainer jobs; DP-SGD and LabelDP-Pro: central (ε, δ = 1e-5)-label-DP training at the labels party, "
              f"σ calibrated with dp-accounting (RDP, Poisson sampling q = 256/1438, {steps} steps); both parties over "
-             "HTTP.", *refs.lines("test accuracy", ".3f"), "", f"{refs.legend('.3f')}.", "",
+             "HTTP.", *refs.lines("test accuracy", ".3f", ".3f"), "", f"{refs.legend('.3f')}.", "",
              *report.epsilon_table(METHODS, epsilons, lambda m, e: refs.mark(
                  means.loc[(m, e)], references.mean_sd(cells.get_group((m, e)), ".3f", ".3f")), header="method"),
              *([] if warning is None else ["", warning])]

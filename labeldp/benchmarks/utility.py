@@ -12,11 +12,14 @@ labels from the labels-party service (private prior with ε₁ = √(k/n) where 
 and train on it with a job of the trainer service (:mod:`labeldp.benchmarks.parties`: both are real servers on
 loopback); the benchmark then scores the job's predictions on the held-out *true* labels (clipped like the
 uploaded ones) — it plays both parties, which no real participant can. The non-private baseline is trained in
-process: the product has no path that trains on true labels. Regression labels are scored by the loss (squared:
-MSE; Poisson: relative loss against the non-private model); class labels (``classes``) by accuracy, with the
-classification protocols of ``labeldp bench classification`` (RR, LP-2ST/3ST, subset, cluster priors). Writes
-``runs.csv`` (every run), ``summary.md`` (mean ± sd), ``datasets.json`` (what each dataset was: columns, domain,
-clipped counts) and per-dataset PNG plots (test metric and noisy-label loss vs ε, with error bars).
+process for every seed, listed among the mechanisms or not, beside the mean predictor: the product has no path that
+trains on true labels, and every summary sets its private models against both (:mod:`labeldp.references`).
+Regression labels are scored by the loss (squared: MSE; Poisson: relative loss against the non-private model);
+class labels (``classes``) by accuracy, with the classification protocols of ``labeldp bench classification``
+(RR, LP-2ST/3ST, subset, cluster priors). Writes ``runs.csv`` (every run), ``summary.md`` (mean ± sample sd, the
+references, cells worse than the mean predictor flagged, max |bias| next to the noisy-label loss),
+``datasets.json`` (what each dataset was: columns, domain, clipped counts) and per-dataset PNG plots (test metric
+with the two references as lines, and noisy-label loss vs ε, with error bars).
 """
 
 from __future__ import annotations
