@@ -39,7 +39,7 @@ from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
 from features_party.train import TrainConfig, device_summary, train
 from features_party.trainer_client import TrainerClient
-from labeldp import demo_classification, demo_source, report
+from labeldp import demo_classification, demo_source, references, report
 from labeldp.benchmarks.parties import CONSUMER, LABELS_PARTY, Parties
 from labeldp.local_services import free_port, serve_process
 from shared.errors import LabelDPError
@@ -210,7 +210,8 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
         rows = [publisher.train_and_score(mechanism, options, epsilon)
                 for epsilon in epsilons for mechanism, options in MECHANISMS]
         rows.append(reference.result())
-        print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}")
+        print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}   predicting the training mean: test MSE "
+              f"{rows[-1]['mean_predictor_test_mse']:8.2f}")
         audit, budget = office.audit(dataset.id), office.budget(dataset.id)
         classification = demo_classification.run_round(running.parties(), classification_epsilons,
                                                        epochs=class_epochs, reference=class_reference.result,
@@ -247,27 +248,34 @@ class Publisher:
         release = job.release
         assert release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
         noisy = self.office.download_labels(release["id"]).to_pandas().set_index("example_id")["label"]
+        document = self.office.mechanism_document(release["mechanism_hash"])
         truth_test = self.test.set_index("example_id")["hours"]
         truth_train = self.train_part.set_index("example_id")["hours"]
         row = {"mechanism": mechanism, "epsilon": epsilon,
                "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
                "noisy_label_mse": float(np.mean((noisy[truth_train.index] - truth_train) ** 2)),
+               "max_abs_bias": references.max_abs_bias(document["description"], np.arange(MAX_HOURS + 1.0)),
                "certified_epsilon": release["certified_epsilon"], "prior_epsilon": release["prior_epsilon"],
                "num_outputs": release["num_outputs"], "train_seconds": job.seconds, "release_id": release["id"]}
         print(f"  eps={epsilon:<4g} {mechanism:<13} test MSE {row['test_mse']:8.2f}   noisy-label "
-              f"MSE {row['noisy_label_mse']:10.1f}   certified eps {row['certified_epsilon']:.6f}", flush=True)
+              f"MSE {row['noisy_label_mse']:10.1f}   max |bias| {row['max_abs_bias']:6.3g}   certified eps "
+              f"{row['certified_epsilon']:.6f}", flush=True)
         return row
 
 
 def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
+    """The references, trained and scored here on the true labels (the demo plays both parties): the non-private
+    model and the mean predictor (the training mean's test MSE)."""
+    truth = test["hours"].to_numpy(dtype=float)
+    constant = references.constant_prediction(train_part["hours"], classes=False)
     preprocessor = Preprocessor.fit(train_part, NUMERIC, CATEGORICAL)
     numeric, categorical = preprocessor.transform(train_part)
     result = train(config, numeric, categorical, train_part["hours"].to_numpy(dtype=float),
                    vocab_sizes=preprocessor.vocab_sizes)
     predictions = result.predict(*preprocessor.transform(test))
     return {"mechanism": "non-private", "epsilon": None,
-            "test_mse": float(np.mean((predictions - test["hours"].to_numpy()) ** 2)), "noisy_label_mse": 0.0,
-            "certified_epsilon": None}
+            "test_mse": float(np.mean((predictions - truth) ** 2)), "noisy_label_mse": 0.0, "max_abs_bias": 0.0,
+            "certified_epsilon": None, "mean_predictor_test_mse": float(np.mean((constant - truth) ** 2))}
 
 
 def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
@@ -275,18 +283,26 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
            source: demo_source.SourceRound | None = None) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     frame = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
-    baseline = next(r["test_mse"] for r in rows if r["epsilon"] is None)
+    reference = next(r for r in rows if r["epsilon"] is None)
+    refs = references.Yardsticks((reference["test_mse"],), (reference["mean_predictor_test_mse"],))
     mechanisms, epsilons = [m for m, _ in MECHANISMS], sorted(frame["epsilon"].unique())
     test = frame.set_index(["mechanism", "epsilon"])["test_mse"]
     noisy = frame.set_index(["mechanism", "epsilon"])["noisy_label_mse"]
+    bias = frame.set_index(["mechanism", "epsilon"])["max_abs_bias"]
     best = test.groupby(level="epsilon").min()
     spent = sum(e.record["charge"] for e in audit.events)
+    warning = refs.warning(test.to_dict(), ".2f")
     lines = ["# Two-party demo: test MSE (hours per week, squared)", "",
-             f"Non-private baseline: {baseline:.2f}. Lower is better; each cell is one release + one model.", "",
-             *report.epsilon_table(mechanisms, epsilons, lambda m, e: (
-                 f"**{test[(m, e)]:.2f}**" if test[(m, e)] == best[e] else f"{test[(m, e)]:.2f}")),
-             "", "Noisy-label MSE on the training labels (what the features party trains on):", "",
-             *report.epsilon_table(mechanisms, epsilons, lambda m, e: f"{noisy[(m, e)]:.1f}"),
+             *refs.lines("test MSE", ".2f"),
+             f"Lower is better; each cell is one release + one model (bold: best at that ε; {refs.legend('.2f')}).",
+             "", *report.epsilon_table(mechanisms, epsilons, lambda m, e: refs.mark(test[(m, e)], (
+                 f"**{test[(m, e)]:.2f}**" if test[(m, e)] == best[e] else f"{test[(m, e)]:.2f}"))),
+             *([] if warning is None else ["", warning]),
+             "", "Noisy-label MSE on the training labels (what the features party trains on) and, in parentheses, "
+             "the max |bias| max_y |E[ỹ | y] − y| of the randomizer the release used:", "",
+             *report.epsilon_table(mechanisms, epsilons,
+                                   lambda m, e: f"{noisy[(m, e)]:.1f} (bias {bias[(m, e)]:.3g})"),
+             "", references.NOISY_LOSS_CAVEAT,
              "", "## Audit", "",
              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
@@ -297,7 +313,8 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
              "", f"Demo wall time: {seconds:.0f} s."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     report.loss_vs_epsilon(frame, out / "test_loss_vs_epsilon.png", test="test_mse", noisy="noisy_label_mse",
-                           test_label="test MSE", title="Test loss vs ε (Ecdat HI, hours/week)", baseline=baseline,
+                           test_label="test MSE", title="Test loss vs ε (Ecdat HI, hours/week)",
+                           references=refs.plot_lines(),
                            noisy_label="noisy-label MSE")
     print()
     print("\n".join(lines))

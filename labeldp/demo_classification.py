@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from labeldp import report
+from labeldp import references, report
 from labeldp.benchmarks.classification import Digits, non_private, private_run, register_digits, train_config
 from labeldp.benchmarks.parties import Parties
 
@@ -57,6 +57,13 @@ class ClassificationRound:
     @property
     def reference(self) -> dict:
         return next(r for r in self.rows if r["epsilon"] is None)
+
+    @property
+    def yardsticks(self) -> references.Yardsticks:
+        """The non-private reference and the mean predictor (the training classes' majority) on the round's
+        split, computed here from the true classes (the demo plays both parties)."""
+        return references.Yardsticks((self.reference["test_accuracy"],), (Digits.load().majority_accuracy(SEED),),
+                                     higher_is_better=True)
 
     @property
     def charged_per_example(self) -> float:
@@ -123,13 +130,18 @@ def report_lines(result: ClassificationRound, out: Path) -> list[str]:
     labels = {(r["mechanism"], r["epsilon"]): r["released_label_accuracy"] for r in result.private}
     best = {e: max(test[(m, e)] for m in MECHANISMS) for e in result.epsilons}
     requested = len(MECHANISMS) * sum(result.epsilons)
+    refs = result.yardsticks
+    warning = refs.warning(test, ".3f")
     return [f"# Classification round: test accuracy (scikit-learn digits, {NUM_CLASSES} classes, "
             f"{result.num_train} train / {result.num_test} test)", "",
-            f"Non-private reference: {result.reference['test_accuracy']:.3f}; chance: {1 / NUM_CLASSES:.3f}. Higher "
-            "is better; each cell is one job (LP-2ST: two releases) and one model, scored on the true held-out "
-            "classes. RRWithPrior: cluster priors (k-means on the pixels, label histogram per cluster at ε/10).", "",
-            *report.epsilon_table(MECHANISMS, result.epsilons, lambda m, e: (
-                f"**{test[(m, e)]:.3f}**" if test[(m, e)] == best[e] else f"{test[(m, e)]:.3f}")),
+            *refs.lines("test accuracy", ".3f"),
+            f"Chance: {1 / NUM_CLASSES:.3f}. Higher is better; each cell is one job (LP-2ST: two releases) and one "
+            "model, scored on the true held-out classes (bold: best at that ε; "
+            f"{refs.legend('.3f')}). RRWithPrior: cluster priors (k-means on the pixels, label histogram per "
+            "cluster at ε/10).", "",
+            *report.epsilon_table(MECHANISMS, result.epsilons, lambda m, e: refs.mark(test[(m, e)], (
+                f"**{test[(m, e)]:.3f}**" if test[(m, e)] == best[e] else f"{test[(m, e)]:.3f}"))),
+            *([] if warning is None else ["", warning]),
             "", "Accuracy of the released training labels (what the features party trains on):", "",
             *report.epsilon_table(MECHANISMS, result.epsilons, lambda m, e: f"{labels[(m, e)]:.3f}"),
             "", "## Audit (classification)", "",
@@ -141,7 +153,8 @@ def report_lines(result: ClassificationRound, out: Path) -> list[str]:
 
 
 def plot(result: ClassificationRound, path: Path) -> None:
-    """Test accuracy (left) and released-label accuracy (right) against ε, one line per mechanism."""
+    """Test accuracy (left) and released-label accuracy (right) against ε, one line per mechanism; the non-private
+    model and the majority class as reference lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,9 +166,9 @@ def plot(result: ClassificationRound, path: Path) -> None:
         rows = frame[frame["mechanism"] == name].sort_values("epsilon")
         left.plot(rows["epsilon"], rows["test_accuracy"], marker="o", label=name)
         right.plot(rows["epsilon"], rows["released_label_accuracy"], marker="o", label=name)
-    left.axhline(result.reference["test_accuracy"], color="black", linestyle="--", label="non-private")
+    report.reference_lines(left, result.yardsticks.plot_lines())
     for axis in (left, right):
-        axis.axhline(1 / NUM_CLASSES, color="gray", linestyle=":", label=f"chance (1/{NUM_CLASSES})")
+        axis.axhline(1 / NUM_CLASSES, color="silver", linestyle="-.", label=f"chance (1/{NUM_CLASSES})")
         axis.set_xscale("log")
         axis.set_xticks(result.epsilons, [f"{e:g}" for e in result.epsilons])
         axis.minorticks_off()

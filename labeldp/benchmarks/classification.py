@@ -16,7 +16,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from features_party.train import TrainConfig, train
-from labeldp import report
+from labeldp import references, report
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 
 METHODS = ["non-private", "rr (LP-1ST)", "LP-2ST", "LP-3ST", "subset", "cluster priors"]
@@ -64,6 +64,18 @@ class Digits:
     def accuracy(self, predicted: np.ndarray, rows: np.ndarray) -> float:
         return float(np.mean(predicted == self.y[rows]))
 
+    def majority_accuracy(self, seed: int) -> float:
+        """The mean predictor's test accuracy on ``split(seed)``: the training labels' majority class."""
+        fit, test = self.split(seed)
+        majority = references.constant_prediction(self.y[fit], classes=True)
+        return self.accuracy(np.full(len(test), majority), test)
+
+    def yardsticks(self, reference: pd.DataFrame) -> references.Yardsticks:
+        """The references of a summary: ``reference`` has the non-private rows (``seed``, ``accuracy``)."""
+        return references.Yardsticks(tuple(reference["accuracy"]),
+                                     tuple(self.majority_accuracy(s) for s in reference["seed"]),
+                                     higher_is_better=True)
+
 
 def register_digits(parties: Parties, name: str, digits: Digits, budget: float, *,
                     central_training: bool = False) -> str:
@@ -99,7 +111,7 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
             audit = owner.audit(datasets[0])
     runs = pd.DataFrame(rows)
     runs.to_csv(out / "runs.csv", index=False)
-    _summary(runs, epsilons, out, budgets, audit)
+    _summary(runs, epsilons, out, budgets, audit, digits.yardsticks(runs[runs.method == "non-private"]))
     return runs
 
 
@@ -147,22 +159,28 @@ def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, 
             "release_ids": [s["release_id"] for s in stages] if stages else [trained_on["id"]]}
 
 
-def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audit) -> None:
-    baseline = runs[runs.method == "non-private"]["accuracy"]
-    stats = runs[runs.method != "non-private"].groupby(["method", "epsilon"])["accuracy"].agg(["mean", "std"])
+def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audit,
+             refs: references.Yardsticks) -> None:
+    private = runs[runs.method != "non-private"]
+    cells = private.groupby(["method", "epsilon"])["accuracy"]
+    means = cells.mean()
 
     def cell(method: str, epsilon: float) -> str:
-        mean, std = stats.loc[(method, epsilon)]
-        return f"{mean:.3f} ± {0 if np.isnan(std) else std:.3f}"
+        return refs.mark(means.loc[(method, epsilon)],
+                         references.mean_sd(cells.get_group((method, epsilon)), ".3f", ".3f"))
 
     spent = ", ".join(f"{b.epsilon_spent:g}/{b.epsilon_total:g}" for b in budgets)
+    warning = refs.warning({key: float(value) for key, value in means.items()}, ".3f")
     lines = ["# Label-DP classification on scikit-learn digits (10 classes, 1438 train / 359 test)", "",
-             f"Test accuracy, mean ± sd over {runs.seed.nunique()} seeds. Non-private: {baseline.mean():.3f} ± "
-             f"{baseline.std(ddof=0):.3f}. Every private method releases each training example's label once at ε "
+             f"Test accuracy, mean ± sd over {runs.seed.nunique()} seeds ({references.SD_RULE}).",
+             *refs.lines("test accuracy", ".3f", ".3f"),
+             "Every private method releases each training example's label once at ε "
              "(LP-MST: one stage per example) and trains with a trainer-service job, both parties over HTTP. "
              f"Cluster priors: k-means ({CLUSTERS} clusters) on the features, a discrete-Laplace label histogram per "
              f"cluster at ε_p = ε/{round(1 / CLUSTER_PRIOR_SHARE)}, RRWithPrior per cluster at the rest.", "",
-             *report.epsilon_table(METHODS[1:], epsilons, cell, header="method"), "",
+             f"{refs.legend('.3f')}.", "",
+             *report.epsilon_table(METHODS[1:], epsilons, cell, header="method"),
+             *([] if warning is None else ["", warning]), "",
              f"Budget per seed's dataset (spent/total, max over examples): {spent}. Audit of seed 0: "
              f"{len(audit.events)} events, chain valid: {audit.chain_valid}."]
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -1,6 +1,7 @@
 """``labeldp bench labeldp-pro``: the high-privacy regime on scikit-learn digits — randomized response (LP-1ST),
 RRWithPrior (LP-2ST), DP-SGD (LabelDP-Pro with the NOOP denoiser) and LabelDP-Pro (ALTCONV), mean ± sd over
-seeds, all through the parties' HTTP APIs. RR and LP-2ST are trainer-service jobs on ε-label-DP releases; the
+seeds, all through the parties' HTTP APIs, against the non-private model (trained in process on the true labels)
+and the majority class. RR and LP-2ST are trainer-service jobs on ε-label-DP releases; the
 DP-SGD methods are central training at the labels party ((ε, δ)-label-DP with δ = 1e-5), whose trained parameters
 come back in the release's mechanism document and are applied here."""
 
@@ -14,8 +15,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from labeldp import report
-from labeldp.benchmarks.classification import Digits, register_digits
+from labeldp import references, report
+from labeldp.benchmarks.classification import Digits, non_private, register_digits, train_config
 from labeldp.benchmarks.parties import Parties, two_parties
 from shared import models
 
@@ -29,7 +30,9 @@ def run_pro_bench(epsilons: list[float], seeds: int, out: str | Path, *, steps: 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     digits = Digits.load()
-    rows = []
+    # the references every summary shows: trained here, on the true labels (no party could)
+    rows = [{**non_private(digits, seed, train_config()), "delta": None, "certified_epsilon": None}
+            for seed in range(seeds)]
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-pro-") as tmp, \
             two_parties(Path(tmp), RELEASE_SEED) as parties:
         datasets = {s: register_digits(parties, f"digits-{s}", digits, len(METHODS) * sum(epsilons),
@@ -44,7 +47,8 @@ def run_pro_bench(epsilons: list[float], seeds: int, out: str | Path, *, steps: 
                          "certified_epsilon": certified, "accuracy": digits.accuracy(predicted, digits.split(seed)[1])})
             pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
     runs = pd.DataFrame(rows)
-    _summary(runs, epsilons, seeds, steps, out)
+    runs.to_csv(out / "runs.csv", index=False)
+    _summary(runs, epsilons, seeds, steps, out, digits.yardsticks(runs[runs.method == "non-private"]))
     return runs
 
 
@@ -77,12 +81,17 @@ def _central(parties: Parties, dataset_id: str, digits: Digits, method: str, eps
     return np.argmax(np.asarray(logits), axis=1), release.certified_epsilon, DELTA
 
 
-def _summary(runs: pd.DataFrame, epsilons: list[float], seeds: int, steps: int, out: Path) -> None:
-    stats = runs.groupby(["method", "epsilon"])["accuracy"].agg(["mean", "std"])
+def _summary(runs: pd.DataFrame, epsilons: list[float], seeds: int, steps: int, out: Path,
+             refs: references.Yardsticks) -> None:
+    cells = runs[runs.method != "non-private"].groupby(["method", "epsilon"])["accuracy"]
+    means = cells.mean()
+    warning = refs.warning({key: float(value) for key, value in means.items()}, ".3f")
     lines = ["# High-privacy regime on scikit-learn digits (1438 train / 359 test)", "",
-             f"Test accuracy, mean ± sd over {seeds} seeds. RR / LP-2ST: ε-label-DP releases and trainer jobs; "
-             "DP-SGD and LabelDP-Pro: central (ε, δ = 1e-5)-label-DP training at the labels party, σ calibrated with "
-             f"dp-accounting (RDP, Poisson sampling q = 256/1438, {steps} steps); both parties over HTTP.", "",
-             *report.epsilon_table(METHODS, epsilons, lambda m, e: (
-                 f"{stats.loc[(m, e), 'mean']:.3f} ± {np.nan_to_num(stats.loc[(m, e), 'std']):.3f}"), header="method")]
+             f"Test accuracy, mean ± sd over {seeds} seeds ({references.SD_RULE}). RR / LP-2ST: ε-label-DP releases "
+             "and trainer jobs; DP-SGD and LabelDP-Pro: central (ε, δ = 1e-5)-label-DP training at the labels party, "
+             f"σ calibrated with dp-accounting (RDP, Poisson sampling q = 256/1438, {steps} steps); both parties over "
+             "HTTP.", *refs.lines("test accuracy", ".3f", ".3f"), "", f"{refs.legend('.3f')}.", "",
+             *report.epsilon_table(METHODS, epsilons, lambda m, e: refs.mark(
+                 means.loc[(m, e)], references.mean_sd(cells.get_group((m, e)), ".3f", ".3f")), header="method"),
+             *([] if warning is None else ["", warning])]
     (out / "summary.md").write_text("\n".join(lines) + "\n")

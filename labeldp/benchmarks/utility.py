@@ -12,11 +12,14 @@ labels from the labels-party service (private prior with ε₁ = √(k/n) where 
 and train on it with a job of the trainer service (:mod:`labeldp.benchmarks.parties`: both are real servers on
 loopback); the benchmark then scores the job's predictions on the held-out *true* labels (clipped like the
 uploaded ones) — it plays both parties, which no real participant can. The non-private baseline is trained in
-process: the product has no path that trains on true labels. Regression labels are scored by the loss (squared:
-MSE; Poisson: relative loss against the non-private model); class labels (``classes``) by accuracy, with the
-classification protocols of ``labeldp bench classification`` (RR, LP-2ST/3ST, subset, cluster priors). Writes
-``runs.csv`` (every run), ``summary.md`` (mean ± sd), ``datasets.json`` (what each dataset was: columns, domain,
-clipped counts) and per-dataset PNG plots (test metric and noisy-label loss vs ε, with error bars).
+process for every seed, listed among the mechanisms or not, beside the mean predictor: the product has no path that
+trains on true labels, and every summary sets its private models against both (:mod:`labeldp.references`).
+Regression labels are scored by the loss (squared: MSE; Poisson: relative loss against the non-private model);
+class labels (``classes``) by accuracy, with the classification protocols of ``labeldp bench classification``
+(RR, LP-2ST/3ST, subset, cluster priors). Writes ``runs.csv`` (every run), ``summary.md`` (mean ± sample sd, the
+references, cells worse than the mean predictor flagged, max |bias| next to the noisy-label loss),
+``datasets.json`` (what each dataset was: columns, domain, clipped counts) and per-dataset PNG plots (test metric
+with the two references as lines, and noisy-label loss vs ε, with error bars).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from features_party.client import LabelsPartyError
 from features_party.features import Preprocessor
 from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
-from labeldp import report
+from labeldp import references, report
 from labeldp.benchmarks import classification
 from labeldp.benchmarks.choices import CLASSIFICATION_MECHANISMS, DEFAULT_EPOCHS, MECHANISMS, QUICK
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
@@ -260,11 +263,11 @@ def _score(prepared: Prepared, predictions: np.ndarray, truth: np.ndarray) -> di
 
 
 def _constant(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFrame) -> float:
-    """The metric of predicting one constant, the training labels' mean (regression) or majority class."""
-    y, truth = train_part[TRUTH].to_numpy(dtype=float), test[TRUTH].to_numpy(dtype=float)
-    if prepared.classification:
-        return float(np.mean(truth == np.bincount(y.astype(int)).argmax()))
-    return _test_loss(prepared.loss, np.full(truth.shape, y.mean()), truth)
+    """The metric of the mean predictor: the training labels' mean (regression) or majority class."""
+    truth = test[TRUTH].to_numpy(dtype=float)
+    constant = references.constant_prediction(train_part[TRUTH], classes=prepared.classification)
+    return _score(prepared, np.full(truth.shape, constant), truth)["accuracy" if prepared.classification
+                                                                   else "test_loss"]
 
 
 RELEASE_SEED = 7919  # the labels party's (seeded, benchmark-only) randomness
@@ -312,17 +315,25 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
     return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above)
 
 
+def label_domain(prepared: Prepared):
+    """The label domain the labels service creates from the dataset's fields (pydantic's ValidationError or a
+    LabelDPError for one it would refuse)."""
+    from shared.domains import domain_from_spec
+
+    body = {"name": prepared.name, "epsilon_total": 1.0, **prepared.domain}
+    return domain_from_spec(schemas.dataset_create.validate_python(body).domain_spec())
+
+
 def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
     """Refuse, before any server starts, a domain the labels service would refuse at creation or that a chosen
     mechanism cannot take (the service's own checks and messages, plus the bench's flag to use instead)."""
     from pydantic import ValidationError
 
     from labels_party.registry import MechanismOptions, family
-    from shared.domains import domain_from_spec, lattice_of
+    from shared.domains import lattice_of
 
-    body = {"name": prepared.name, "epsilon_total": 1.0, **prepared.domain}
     try:
-        domain = domain_from_spec(schemas.dataset_create.validate_python(body).domain_spec())
+        domain = label_domain(prepared)
     except ValidationError as err:
         raise LabelDPError(f"{prepared.name}: the labels service would refuse the label domain: "
                            f"{err.errors()[0]['msg']}", code="usage") from None
@@ -372,7 +383,7 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
     config = _config(prepared, epochs, seed)
     if mechanisms_for(prepared)[mechanism] is None:
         return {**row, **_non_private(prepared, train_part, test, config)}
-    assert epsilon is not None  # only the non-private model runs without ε (_runs)
+    assert epsilon is not None  # only the non-private model runs without ε (runs_of)
     job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config)
     with parties.trainer() as trainer:
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
@@ -381,8 +392,19 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
     return {**row, "prior_epsilon": release.get("prior_epsilon"),
             "certified_epsilon": release["certified_epsilon"],
             "noisy_label_loss": _noisy_label_loss(parties, prepared, release, train_part),
+            "max_abs_bias": _max_abs_bias(parties, prepared, release),
             "train_seconds": job.seconds, "constant_test_loss": None,
             **_score(prepared, predicted[test["example_id"]].to_numpy(), test[TRUTH].to_numpy(dtype=float))}
+
+
+def _max_abs_bias(parties: Parties, prepared: Prepared, release: dict) -> float | None:
+    """max |E[ỹ | y] − y| of the randomizer the release used, rebuilt from its public mechanism document (a
+    regression release's; None for classes, whose ids are not quantities, and for multi-stage jobs)."""
+    if prepared.classification or not release.get("mechanism_hash"):
+        return None
+    with parties.consumer() as consumer:
+        document = consumer.mechanism_document(release["mechanism_hash"])
+    return references.max_abs_bias(document["description"], label_domain(prepared).support().values)
 
 
 def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train_part: pd.DataFrame) -> float:
@@ -435,16 +457,18 @@ def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFram
     predictions = model.predict(*preprocessor.transform(test))
     if prepared.classification:
         predictions = np.argmax(predictions, axis=1)
-    return {"prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0, "train_seconds": None,
+    return {"prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0, "max_abs_bias": 0.0,
+            "train_seconds": None,
             "constant_test_loss": _constant(prepared, train_part, test),
             **_score(prepared, predictions, test[TRUTH].to_numpy(dtype=float))}
 
 
 def runs_of(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float | None, int]]:
+    """Every seed's non-private reference (with the mean predictor), listed or not — every summary shows both —
+    then its private runs."""
     runs: list[tuple[str, float | None, int]] = []
     for seed in range(config.seeds):
-        if "non-private" in mechanisms:
-            runs.append(("non-private", None, seed))
+        runs.append(("non-private", None, seed))
         for epsilon in config.epsilons:
             runs += [(m, epsilon, seed) for m in mechanisms if m != "non-private"]
     return runs
@@ -504,9 +528,12 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
     lines = ["# Privacy–utility benchmark", "",
              f"Seeds: {config.seeds}; ε: {', '.join(f'{e:g}' for e in config.epsilons)}. Cells: mean ± sd over seeds "
              "of the test metric on the true labels, clipped like the uploaded ones (squared: MSE; Poisson: "
-             "relative loss (L − L*)/L* vs the non-private model; classes: accuracy). ε₁ for the private prior "
-             "(opt-unbiased, RR-on-Bins) is √(k/n), as in App. C. Every private model is a trainer-service job on a "
-             "labels-party release, both over HTTP.", ""]
+             "relative loss (L − L*)/L* vs the non-private model; classes: accuracy); "
+             f"{references.SD_RULE}. Every dataset shows two references the benchmark computes from the true "
+             "labels it holds (no deployment does): the non-private model and the mean predictor (the training "
+             f"labels' mean; for classes their majority class); {references.WARNING} marks a private model worse "
+             "than the mean predictor. ε₁ for the private prior (opt-unbiased, RR-on-Bins) is √(k/n), as in "
+             "App. C. Every private model is a trainer-service job on a labels-party release, both over HTTP.", ""]
     for (prepared, mechanisms), entry in zip(plans, registered, strict=True):
         lines += _dataset_section(runs[runs.dataset == prepared.name], entry, mechanisms, config, out)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -523,12 +550,23 @@ def _labels_line(registered: Registered) -> str:
     return text
 
 
+def yardsticks(part: pd.DataFrame, prepared: Prepared) -> references.Yardsticks:
+    """The dataset's non-private model and mean predictor per seed, in the summary's metric (relative Poisson
+    loss: the mean predictor's (L − L*)/L* against the same seed's non-private L*)."""
+    reference = part[part.mechanism == "non-private"]
+    constant = reference["constant_test_loss"].to_numpy(dtype=float)
+    if prepared.metric == "relative_test_loss":
+        optimum = reference["test_loss"].to_numpy(dtype=float)
+        return references.Yardsticks(tuple(np.zeros(len(reference))), tuple((constant - optimum) / optimum))
+    return references.Yardsticks(tuple(reference[prepared.metric].to_numpy(dtype=float)), tuple(constant),
+                                 higher_is_better=prepared.classification)
+
+
 def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: list[str], config: BenchConfig,
                      out: Path) -> list[str]:
-    """The dataset's two tables (test metric, noisy-label loss) and its figure."""
+    """The dataset's references, its two tables (test metric; noisy-label loss with max |bias|) and its figure."""
     prepared = registered.prepared
     metric = prepared.metric
-    baseline = part[part.mechanism == "non-private"]
     global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins"])]
     clusters, share = _groups(prepared)
     grouped = [m for m in mechanisms if (mechanisms_for(prepared)[m] or {}).get("group_release")]
@@ -536,44 +574,53 @@ def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
                    f"ε_p = ε·{share:g}." if grouped else "")
     private = part[part.mechanism != "non-private"]
     private_names = [m for m in mechanisms if m != "non-private"]
+    test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(metric, "test MSE")
+    refs = yardsticks(part, prepared)
     lines = [f"## {prepared.name}: {prepared.description}", "", *[f"{n}" for n in prepared.notes],
-             _labels_line(registered), ""]
-    if len(baseline):
-        which = "accuracy" if prepared.classification else "test loss"
-        constant = "majority class" if prepared.classification else "training mean"
-        ref = baseline[metric if prepared.classification else "test_loss"]
-        lines.append(f"Non-private {which}: {ref.mean():.4g} ± {ref.std(ddof=0):.2g}; predicting the {constant}: "
-                     f"{baseline['constant_test_loss'].mean():.4g}.")
+             _labels_line(registered), "", *refs.lines(test_label)]
+    if metric == "relative_test_loss":
+        optimum = part[part.mechanism == "non-private"]["test_loss"]
+        lines.append(f"Non-private Poisson loss L*: {references.mean_sd(optimum)}.")
     if len(global_prior):
         lines.append(f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}")
     elif groups_note:
         lines.append(groups_note.strip())
     if not private_names:
         return [*lines, ""]
-    stats = private.groupby(["mechanism", "epsilon"])[metric].agg(["mean", "std"])
-    means = stats["mean"].groupby(level="epsilon")
-    best = means.max() if prepared.classification else means.min()
+    cells = private.groupby(["mechanism", "epsilon"])[metric]
+    means = cells.mean()
+    best = means.groupby(level="epsilon").max() if prepared.classification else means.groupby(level="epsilon").min()
 
-    def loss_cell(mechanism: str, epsilon: float) -> str:
-        mean, std = stats.loc[(mechanism, epsilon)]
-        text = f"{mean:.4g} ± {0 if np.isnan(std) else std:.2g}"
-        return f"**{text}**" if mean == best[epsilon] else text
+    def test_cell(mechanism: str, epsilon: float) -> str:
+        mean = means.loc[(mechanism, epsilon)]
+        text = references.mean_sd(cells.get_group((mechanism, epsilon)))
+        return refs.mark(mean, f"**{text}**" if mean == best[epsilon] else text)
 
     noisy = private.groupby(["mechanism", "epsilon"])["noisy_label_loss"].mean()
+
+    def noisy_cell(mechanism: str, epsilon: float) -> str:
+        loss = noisy.loc[(mechanism, epsilon)]
+        text = "—" if np.isnan(loss) else f"{loss:.4g}"
+        if prepared.classification:
+            return text
+        worst = private[(private.mechanism == mechanism) & (private.epsilon == epsilon)]["max_abs_bias"].max()
+        return f"{text} (bias {'—' if pd.isna(worst) else format(worst, '.3g')})"
+
     noisy_what = ("Share of released training labels that differ from the true class (— for multi-stage and "
                   "subset releases)" if prepared.classification
-                  else "Noisy-label loss on the training labels, E ½(ŷ − y)²")
-    test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(metric, "test MSE")
+                  else "Noisy-label loss on the training labels, E ½(ŷ − y)², mean over seeds, and in parentheses "
+                       "the max |bias| max_y |E[ỹ | y] − y| of the randomizer the release used (the largest over "
+                       "seeds and groups)")
     report.loss_vs_epsilon(private, out / f"{prepared.name}.png", test=metric, noisy="noisy_label_loss",
-                           title=f"{prepared.name}: test", test_label=test_label,
-                           baseline=baseline[metric].mean() if metric != "relative_test_loss" and len(baseline)
-                           else None,
+                           title=f"{prepared.name}: test", test_label=test_label, references=refs.plot_lines(),
                            noisy_label="P(ỹ ≠ y)" if prepared.classification else "E ½(ŷ − y)²")
     table_what = {"accuracy": "Test accuracy", "relative_test_loss": "Relative test loss (L − L*)/L*"}.get(
         metric, "Test MSE")
-    return [*lines, "", f"{table_what} (bold: best at that ε):", "",
-            *report.epsilon_table(private_names, config.epsilons, loss_cell),
-            "", f"{noisy_what} (mean over seeds):", "",
-            *report.epsilon_table(private_names, config.epsilons,
-                                  lambda m, e: "—" if np.isnan(noisy.loc[(m, e)]) else f"{noisy.loc[(m, e)]:.4g}"),
+    warning = refs.warning({key: float(value) for key, value in means.items()})
+    return [*lines, "", f"{table_what} (bold: best at that ε; {refs.legend()}):", "",
+            *report.epsilon_table(private_names, config.epsilons, test_cell),
+            *([] if warning is None else ["", warning]),
+            "", f"{noisy_what}:", "",
+            *report.epsilon_table(private_names, config.epsilons, noisy_cell),
+            *([] if prepared.classification else ["", references.NOISY_LOSS_CAVEAT]),
             ""]

@@ -30,6 +30,37 @@ def number(value: float) -> str:
     return f"{value:.4g}"
 
 
+SI_SUFFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+CHAR_WIDTH = 7  # px: an upper bound of a digit's or letter's advance at font-size 11 (sans-serif)
+MIN_LEFT = 56
+
+
+def tick(value: float) -> str:
+    """An axis label of at most 6 characters (and a minus sign): 3 significant digits with an SI suffix from a
+    thousand up (619k, 1.23M), plain below (0.125, 42), 2 in a short exponent for tiny or huge values (1.2e-5,
+    2.3e20); never Python's ``6.19e+05``."""
+    if not np.isfinite(value):
+        return str(value)
+    rounded = float(f"{value:.3g}")  # rounding first: 999,950 is "1M", not "1e+03k"
+    magnitude = abs(rounded)
+    if magnitude >= 1e18 or 0 < magnitude < 0.01:
+        return _exponent(rounded)
+    for scale, suffix in SI_SUFFIXES:
+        if magnitude >= scale:
+            return f"{rounded / scale:.3g}{suffix}"
+    return f"{rounded:.3g}"
+
+
+def _exponent(value: float) -> str:
+    mantissa, exponent = f"{value:.1e}".split("e")  # two significant digits: 1.2e-5, not 1.23e-05
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _left_margin(*labels: str) -> int:
+    """The plot's left edge: room for its longest y-axis label, right-aligned 6 px before the axis."""
+    return max(MIN_LEFT, 12 + CHAR_WIDTH * max(len(label) for label in labels))
+
+
 def budget_bar(spent: float, total: float, *, width: int = 320, height: int = 18, label: str = "") -> Markup:
     """Spent of total as a filled bar (clipped at the end: a sum of charges can exceed a per-example total)."""
     share = 0.0 if total <= 0 else min(1.0, max(0.0, spent / total))
@@ -42,7 +73,7 @@ def budget_bar(spent: float, total: float, *, width: int = 320, height: int = 18
 def step_chart(points: Sequence[tuple[datetime, float]], total: float, *, width: int = 640,
                height: int = 220) -> Markup:
     """ε spent (the dataset's maximum over examples) after each release, over time, with the total dashed."""
-    left, right, top, bottom = 56, 12, 12, 34
+    left, right, top, bottom = _left_margin(tick(total)), 12, 12, 34
     plot_w, plot_h = width - left - right, height - top - bottom
     body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="{INK}"/>',
             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="{INK}"/>']
@@ -50,8 +81,8 @@ def step_chart(points: Sequence[tuple[datetime, float]], total: float, *, width:
     y = lambda v: top + plot_h * (1 - v / ceiling)  # noqa: E731
     body.append(f'<line x1="{left}" y1="{y(total):.1f}" x2="{left + plot_w}" y2="{y(total):.1f}" '
                 f'stroke="{TOTAL}" stroke-dasharray="4 3"/>')
-    body += [_text(left - 6, y(total) + 4, number(total), anchor="end"), _text(left - 6, top + plot_h + 4, "0",
-                                                                              anchor="end")]
+    body += [_text(left - 6, y(total) + 4, tick(total), anchor="end"),
+             _text(left - 6, top + plot_h + 4, "0", anchor="end")]
     if points:
         times = [t.timestamp() for t, _ in points]
         span = times[-1] - times[0]
@@ -75,18 +106,18 @@ def step_chart(points: Sequence[tuple[datetime, float]], total: float, *, width:
 def bar_chart(values: Sequence[float], *, labels: tuple[str, str] = ("", ""), width: int = 640, height: int = 180,
               title: str = "", color: str = SPENT) -> Markup:
     """Vertical bars, one per value (the caller bounds their number), with the first and last labels."""
-    left, right, top, bottom = 56, 12, 12, 30
-    plot_w, plot_h = width - left - right, height - top - bottom
     heights = np.asarray(values, dtype=np.float64)
     highest = float(heights.max()) if heights.size and heights.max() > 0 else 1.0
+    left, right, top, bottom = _left_margin(tick(highest)), 12, 12, 30
+    plot_w, plot_h = width - left - right, height - top - bottom
     step = plot_w / max(1, heights.size)
     body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="{INK}"/>']
     for i, value in enumerate(heights.tolist()):
         h = plot_h * max(0.0, value) / highest
         body.append(f'<rect x="{left + i * step + 0.5:.1f}" y="{top + plot_h - h:.1f}" '
                     f'width="{max(0.5, step - 1):.1f}" height="{h:.1f}" fill="{color}"/>')
-    body += [_text(left - 6, top + 8, number(highest), anchor="end"), _text(left - 6, top + plot_h + 4, "0",
-                                                                            anchor="end"),
+    body += [_text(left - 6, top + 8, tick(highest), anchor="end"), _text(left - 6, top + plot_h + 4, "0",
+                                                                          anchor="end"),
              _text(left, height - 10, labels[0]), _text(left + plot_w, height - 10, labels[1], anchor="end")]
     return _svg(width, height, title, body)
 

@@ -37,6 +37,13 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
     assert rows[-1]["test_mse"] < 0.9 * hours.var()  # the features carry signal
     assert (out / "test_loss_vs_epsilon.png").read_bytes()[:8] == PNG
     report = (out / "results.md").read_text()
+    # the references (the demo holds the true labels) and the max |bias| of each release's mechanism
+    reference = rows[-1]
+    assert reference["test_mse"] < reference["mean_predictor_test_mse"]
+    assert f"Mean predictor (predicting the training mean), test MSE: {reference['mean_predictor_test_mse']:.2f}" \
+        in report
+    bias = {r["mechanism"]: r["max_abs_bias"] for r in rows[:-1]}
+    assert bias["laplace"] == bias["staircase"] == 0.0 and bias["opt-unbiased"] < 1e-9 and bias["rr-on-bins"] > 1.0
     assert "4 privacy events, hash chain valid: True" in report
     assert "epsilon_spent = 4 of 4" in report
     # every head the service signed and exported still verifies against the database it left (both datasets: at

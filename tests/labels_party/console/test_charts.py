@@ -50,3 +50,24 @@ def test_bar_chart_and_heatmap_are_bounded_by_their_input():
 def test_text_is_escaped():
     svg = charts.heatmap(np.ones((1, 1)), rows=("<b>", "&"), columns=('"x"', "y"), title="<script>")
     assert "<b>" not in svg and "&lt;b&gt;" in svg and "&amp;" in svg and "&lt;script&gt;" in svg
+
+
+def test_axis_ticks_are_short_and_readable():
+    """Real y-axis maxima (noisy prior counts of a 327k-row table, budgets, probabilities): never Python's
+    ``6.19e+05`` that the old 56 px margin cut to ``19e+05``."""
+    cases = {618_923.4: "619k", 999_950: "1M", 1_234_567: "1.23M", 327_000_000: "327M", 4.2e12: "4.2T",
+             999.95: "1k", 512: "512", 3.0: "3", 0.125: "0.125", 0.001234: "1.2e-3", 0.0: "0", -61_900: "-61.9k"}
+    assert {value: charts.tick(value) for value in cases} == cases
+    assert all(len(charts.tick(v)) <= 6 for v in np.geomspace(1e-9, 1e22, 300))
+
+
+def test_the_y_axis_label_fits_left_of_the_axis():
+    svg = charts.bar_chart([618_923.4, 12.0, 300_000.0], labels=("first label", "last label"))
+    _clean(svg)
+    label = re.search(r'<text x="([\d.]+)"[^>]*text-anchor="end"[^>]*>619k</text>', svg)
+    assert label is not None and "e+0" not in svg
+    axis = float(re.search(r'<line x1="([\d.]+)"', svg).group(1))
+    assert float(label.group(1)) == axis - 6 and axis - 6 >= charts.CHAR_WIDTH * len("619k")
+    wide = charts.step_chart([(T0, 0.0)], 1_234_567_890.0)  # a long label widens the margin
+    assert ">1.23G</text>" in wide
+    assert float(re.search(r'<line x1="([\d.]+)"', wide).group(1)) - 6 >= charts.CHAR_WIDTH * len("1.23G")
