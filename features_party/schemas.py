@@ -118,11 +118,12 @@ class JobView(BaseModel):
     dataset_id: str
     progress: JobProgress
     metrics: list[dict[str, Any]] = Field(description=(
-        "per epoch (an lp-mst job: per stage): `train_loss` and `val_loss`, the training loss on the job's "
-        "privatized labels (validation: the `train.validation_fraction` of the training rows), in label units — "
-        "for the squared loss ½(prediction − label)² in squared label units, and `val_mse`, the mean squared error "
-        "(2 × val_loss); for cross_entropy and subset nats per example; for poisson the negative log-likelihood "
-        "up to a term free of the prediction"))
+        "per epoch: `epoch`, `seconds`, and `train_loss` and `val_loss`, the training loss on the job's privatized "
+        "labels (validation: the `train.validation_fraction` of the training rows) in label units, whatever scaling "
+        "training used — for the squared loss ½(prediction − label)² in squared label units, with `val_mse` the "
+        "mean squared error (2 × val_loss); for cross_entropy and subset nats per example; for poisson the negative "
+        "log-likelihood up to a term free of the prediction. An lp-mst job: per stage, its examples, release, mean "
+        "k and certified ε"))
     release: dict[str, Any] | None
     error: str | None
     error_code: str | None = Field(description="why a failed job failed, an error code: job_time_limit (stopped at "

@@ -611,7 +611,7 @@ def test_keep_best_is_early_stopping_with_patience():
 
 def reference_train(config: TrainConfig, x: np.ndarray, y: np.ndarray):
     """train() as the plain per-step Python loop it replaced (squared loss, no categorical features, one device):
-    (history as (train_loss, val_loss) pairs, best epoch, best parameters)."""
+    (history as (train_loss, val_loss) pairs in label units, best epoch, best parameters)."""
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(len(y))
     n_val = int(round(config.validation_fraction * len(y)))
@@ -640,7 +640,8 @@ def reference_train(config: TrainConfig, x: np.ndarray, y: np.ndarray):
             rows = permutation[s * batch:(s + 1) * batch]
             params, opt_state, value = step(params, opt_state, x[rows], scaled[rows])
             total += float(value)
-        history.append((total / (len(fit) // batch), float(objective(params, val))))
+        unit = float(np.std(y[fit])) ** 2  # losses are reported in label units
+        history.append((total / (len(fit) // batch) * unit, float(objective(params, val)) * unit))
         if history[-1][1] < best[0]:
             best = (history[-1][1], epoch, params)
         elif epoch - best[1] >= config.patience:
