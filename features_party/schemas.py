@@ -46,7 +46,7 @@ class HoldoutFraction(BaseModel):
     model_config = schemas.REQUEST_CONFIG
 
     holdout_fraction: float = Field(gt=0, le=0.9, description="the expected share of rows held out")
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1), schemas.INTEGRAL]
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1), schemas.INTEGRAL]
 
 
 class HoldoutIds(BaseModel):
