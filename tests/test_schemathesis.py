@@ -4,9 +4,9 @@ not_a_server_error, status_code_conformance, content_type_conformance, response_
 response_schema_conformance, positive_data_acceptance, negative_data_rejection, missing_required_header,
 ignored_auth, unsupported_method, allow_header_conformance, use_after_free, ensure_resource_availability and
 object_level_authorization — the last with two organizations' admin keys as peers that must not see each other's
-objects. Seeded objects (a dataset with labels, a release, a features table, a finished job) let requests reach
-past "not found"; ``tests/schemathesis.toml`` says which refusals of schema-valid data are legitimate (never 422).
-The run must report no failure."""
+objects. Seeded objects (a dataset with labels, a release, a features table, an id list, a finished job) let requests
+reach past "not found"; ``tests/schemathesis.toml`` says which refusals of schema-valid data are legitimate (never
+422). The run must report no failure."""
 
 from __future__ import annotations
 
@@ -115,6 +115,9 @@ def test_trainer(labels_party, tmp_path):
     trainer = TestClient(create_trainer(ctx), headers={"Authorization": f"Bearer {keys['publisher']}"})
     features = pd.DataFrame({"example_id": labels_party["ids"], "x0": np.arange(N, dtype=float)})
     trainer.put("/v1/features/f", content=features.to_csv(index=False), headers={"Content-Type": "text/csv"})
+    # an id list of the same name: the routes' {name} parameter is one for features tables and id lists
+    trainer.put("/v1/id-lists/f", content=features[["example_id"]].head(20).to_csv(index=False),
+                headers={"Content-Type": "text/csv"})
     job = trainer.post("/v1/jobs", json={
         "features": "f", "api_key": labels_party["keys"]["publisher"], "dataset_id": labels_party["dataset"],
         "release": {"mechanism": "rr", "epsilon": 1.0}, "numeric": ["x0"], "train": {"epochs": 2}}).json()
@@ -128,6 +131,6 @@ def test_trainer(labels_party, tmp_path):
            "LABELDP_ST_FEATURES_NAME": "f", "LABELDP_ST_JOB_ID": job["id"]}
     try:
         with serve_in_thread(create_trainer(ctx)) as url:
-            assert _assert_clean(_schemathesis(url, tmp_path, env), operations=11) > 500
+            assert _assert_clean(_schemathesis(url, tmp_path, env), operations=14) > 500
     finally:
         ctx.jobs.stop()
