@@ -1,5 +1,5 @@
 """Who may do what on the trainer: every route needs a trainer key; replacing a features table needs an admin key.
-Features tables, jobs, models and predictions belong to the key's organization (:mod:`features_party.service`
+Features tables, id lists, jobs, models and predictions belong to the key's organization (:mod:`features_party.service`
 looks them up by it, so another organization's are the 404 of a missing one).
 
 A route declares its guard; the gatekeeper (:mod:`shared.service.gate`) decides it before the body is read."""
@@ -20,7 +20,8 @@ from shared.service.gate import Guard
 
 @dataclass(frozen=True)
 class Access(Guard):
-    """A route's requirement: an admin key or any key, and its body limit (``features``: features tables)."""
+    """A route's requirement: an admin key or any key, and its body limit (``features``: features tables and id
+    lists)."""
 
     admin_key: bool = False
     body: Literal["json", "features"] = "json"
@@ -28,6 +29,8 @@ class Access(Guard):
 
 ANY_KEY = Access()
 UPLOAD_FEATURES = Access(admin_key=True, body="features")
+# an id list is a job's input, like a job body (any key of the organization), bounded like a features table
+UPLOAD_ID_LIST = Access(body="features")
 
 
 @dataclass(frozen=True)

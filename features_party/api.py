@@ -1,8 +1,8 @@
 """The features-party trainer service (FastAPI), on the service skeleton of :mod:`shared.service`: the routers of
-:mod:`features_party.routers` (features tables, jobs) over :mod:`features_party.service`.
+:mod:`features_party.routers` (features tables, id lists, jobs) over :mod:`features_party.service`.
 
-Every route under ``/v1`` needs a trainer API key, checked before any body is read; features tables, jobs, models
-and predictions belong to the key's organization (others get 404). The labels parties a job may use are the
+Every route under ``/v1`` needs a trainer API key, checked before any body is read; features tables, id lists, jobs,
+models and predictions belong to the key's organization (others get 404). The labels parties a job may use are the
 trainer's configuration (``--labels-party NAME=URL``); a job names one, never a URL.
 """
 
@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from features_party import access
 from features_party.context import TrainerContext
 from features_party.migrations import MIGRATIONS
-from features_party.routers import features, jobs
+from features_party.routers import features, id_lists, jobs
 from features_party.settings import TrainerSettings
 from shared.service.app import service_app
 from shared.service.health import readiness_checks
@@ -31,7 +31,7 @@ def create_app(ctx: TrainerContext, *, run_jobs: bool = False) -> FastAPI:
     lifespan = serving(ctx.jobs if run_jobs else None)
     return service_app("labeldp features party (trainer)", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
                        guard_type=access.Access,
-                       routers=(features.router, jobs.router), log=log, lifespan=lifespan,
+                       routers=(features.router, id_lists.router, jobs.router), log=log, lifespan=lifespan,
                        readiness=readiness_checks(ctx.sessions.kw["bind"], MIGRATIONS.head(), extra_checks=extra),
                        adjust_openapi=lambda spec: _job_limits(spec, ctx.settings),
                        private_dirs=(ctx.settings.data_dir,))

@@ -1,6 +1,6 @@
-"""The trainer's database: organizations and their API keys, features tables and jobs (SQLAlchemy 2; SQLite by
-default, PostgreSQL in production). Files (features, models, predictions) live under the data directory; rows
-point at them. Every features table and job belongs to one organization."""
+"""The trainer's database: organizations and their API keys, features tables, id lists and jobs (SQLAlchemy 2;
+SQLite by default, PostgreSQL in production). Files (features, id lists, models, predictions) live under the data
+directory; rows point at them. Every features table, id list and job belongs to one organization."""
 
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ class FeatureTable(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
+class IdList(Base):
+    """A named list of example ids of one organization (a job's ``split.holdout_ids``): its ids in ``file``."""
+
+    __tablename__ = "id_lists"
+    __table_args__ = (UniqueConstraint("org_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    org_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    file: Mapped[str] = mapped_column(String(300))
+    num_ids: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
 class Job(LeaseColumns, Base):
     """A training job, and the trainer's queue: workers of any replica claim rows under leases
     (:mod:`shared.service.leases`, :mod:`features_party.jobs`). Its request is stored without the labels-party API
@@ -63,6 +76,7 @@ class Job(LeaseColumns, Base):
     model_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     predictions_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
     num_train_examples: Mapped[int] = mapped_column(Integer, default=0)
+    num_holdout_examples: Mapped[int] = mapped_column(Integer, default=0)  # features rows its split held out
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
     device: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,26 +14,38 @@ from shared.errors import LabelDPError, library_message, resource_error
 ID = "example_id"
 
 
-def read_features(path: str | Path) -> pd.DataFrame:
-    """A features CSV with an ``example_id`` column and unique ids."""
+def read_features(path: str | Path, what: str = "features") -> pd.DataFrame:
+    """A features CSV (or another CSV keyed by example id: ``what`` names it in messages) with an ``example_id``
+    column and unique ids."""
     try:
         with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
             frame = pd.read_csv(handle, dtype={ID: str}, keep_default_na=True)
     except (ValueError, OSError) as err:  # pandas' ParserError, EmptyDataError and UnicodeDecodeError among them
-        raise resource_error(err) or LabelDPError(f"cannot parse features file: {library_message(err)}",
+        raise resource_error(err) or LabelDPError(f"cannot parse {what} file: {library_message(err)}",
                                                   code="malformed_file") from None
-    return check_features(frame)
+    return check_features(frame, what)
 
 
-def check_features(frame: pd.DataFrame) -> pd.DataFrame:
+def store_frame(directory: Path, name: str, frame: pd.DataFrame) -> Path:
+    """``frame`` (keyed by example id) as ``directory/name.parquet``, replaced at once: a reader sees the old file or
+    the new one, never half of one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{name}.parquet"
+    staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
+    frame.reset_index(drop=True).to_parquet(staged, index=False)
+    staged.replace(target)
+    return target
+
+
+def check_features(frame: pd.DataFrame, what: str = "features") -> pd.DataFrame:
     if ID not in frame.columns:
-        raise LabelDPError(f"features need an {ID!r} column", code="malformed_file")
+        raise LabelDPError(f"the {what} file needs an {ID!r} column", code="malformed_file")
     if frame[ID].isna().any():
         raise LabelDPError("an example_id is missing", code="malformed_file")
     frame = frame.assign(**{ID: frame[ID].astype(str)})
     duplicated = frame[ID].duplicated()
     if duplicated.any():
-        raise LabelDPError(f"duplicate example_id {frame[ID][duplicated].iloc[0]!r} in features",
+        raise LabelDPError(f"duplicate example_id {frame[ID][duplicated].iloc[0]!r} in {what}",
                            code="duplicate_example_id")
     return frame.set_index(ID, drop=False)
 

@@ -302,7 +302,7 @@ def _execute(attempt: Attempt) -> None:
         return time.perf_counter() - attempt.started
 
     try:
-        plan = plan_job(ctx, org_id, trainer_schemas.JobRequest(**stored, api_key=api_key))
+        plan = plan_job(ctx, org_id, trainer_schemas.JobRequest(**stored, api_key=api_key), stored=True)
         with labels_party_client(ctx, plan.url, api_key) as client:
             release = plan.existing_release
             if release is None and plan.request.protocol == "single":
@@ -373,11 +373,13 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     features = load_frame(plan.features_file)
     ids = pd.Index(table.column("example_id").to_pylist())
     present = features.index.intersection(ids)
+    overlap = len(present)
+    present = present[~present.isin(plan.held_out)]  # a release of the whole dataset covers held-out rows too
     if len(present) < settings.min_train_examples:  # an existing release or a source dataset's: planning
         # named every id otherwise, and the labels party refused any it lacks before charging
-        raise LabelDPError(f"{len(present)} of the released example ids have features; this trainer trains on at "
-                           f"least {settings.min_train_examples} (min_train_examples)",
-                           code="too_few_examples" if len(present) else "no_overlap")
+        raise LabelDPError(f"{len(present)} of the released example ids have features and are not held out; this "
+                           f"trainer trains on at least {settings.min_train_examples} (min_train_examples)",
+                           code="too_few_examples" if overlap else "no_overlap")
     position = pd.Series(np.arange(len(ids)), index=ids)[present].to_numpy()
     targets = training_targets(table, release)[position]
     del table
@@ -387,10 +389,10 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     rows = features.loc[present]
     preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
     numeric, categorical = preprocessor.transform(rows)
-    attempt.update(epochs=config.epochs, num_train_examples=len(present))
+    attempt.update(epochs=config.epochs, num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
     result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
                    num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
-    _finish(attempt, result, preprocessor, features,
+    _finish(attempt, result, preprocessor, features, plan.held_out,
             {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
 
 
@@ -405,11 +407,12 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
     assert release is not None and num_classes is not None
     features = load_frame(plan.features_file)
     ids = pd.Index(release.example_ids) if release.example_ids else features.index
-    rows = features.loc[ids]
+    rows = features.loc[ids[~ids.isin(plan.held_out)]]
     preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
     numeric, categorical = preprocessor.transform(rows)
     config: TrainConfig = plan.config
-    attempt.update(epochs=config.epochs * request.stages, num_train_examples=len(rows))
+    attempt.update(epochs=config.epochs * request.stages, num_train_examples=len(rows),
+                   num_holdout_examples=len(plan.held_out))
     result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
                                        vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
                                        epsilon=release.epsilon, stages=request.stages, config=config,
@@ -419,13 +422,16 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
     attempt.update(metrics_json=json.dumps(stages), release_json=json.dumps({
         "stages": stages, "epsilon": release.epsilon,
         "certified_epsilon": max(r.certified_epsilon for r in reports)}))
-    _finish(attempt, result, preprocessor, features, {"protocol": "lp-mst", "stages": stages,
-                                                      "epsilon": release.epsilon})
+    _finish(attempt, result, preprocessor, features, plan.held_out, {"protocol": "lp-mst", "stages": stages,
+                                                                     "epsilon": release.epsilon})
 
 
-def _finish(attempt: Attempt, result, preprocessor: Preprocessor, features: pd.DataFrame, extra: dict) -> None:
-    """Save the model and the predictions for every row of the features table (Parquet, streamed on request) in
-    this attempt's directory, and record them if the attempt still holds the job; earlier attempts' files go."""
+def _finish(attempt: Attempt, result, preprocessor: Preprocessor, features: pd.DataFrame, held_out: pd.Index,
+            extra: dict) -> None:
+    """Save the model and the predictions for every row of the features table (Parquet, streamed on request; a
+    ``holdout`` column marks the rows the job's split held out) in this attempt's directory, and record them with
+    the job's outcome — its status, files and seconds in one update, so no reader sees a succeeded job without its
+    seconds — if the attempt still holds the job; earlier attempts' files go."""
     workdir = attempt.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     save_model(workdir / "model.npz", result, preprocessor.to_dict(), extra)
@@ -437,6 +443,7 @@ def _finish(attempt: Attempt, result, preprocessor: Preprocessor, features: pd.D
         columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
     else:
         columns["prediction"] = pa.array(predicted)
+    columns["holdout"] = pa.array(np.asarray(features.index.isin(held_out)))
     pq.write_table(pa.table(columns), workdir / "predictions.parquet")
     attempt.end("succeeded", model_file=str(workdir / "model.npz"), device=result.device,
                 predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started)

@@ -1,17 +1,22 @@
 """Planning a job: everything checked before anything is asked of the labels party (its features table and columns,
-example ids, options, its size and the rows it would train on, the labels party and the dataset's label kind against
-the loss, mechanism and protocol), so a job that cannot run is a 4xx and spends nothing."""
+example ids or split, options, its size and the rows it would train on, the labels party and the dataset's label kind
+against the loss, mechanism and protocol), so a job that cannot run is a 4xx and spends nothing.
+
+A job is planned when it is created, from the client's request, and again by every attempt and resume, from the
+request its record keeps (``stored=True``): the planned one, whose ``release.example_ids`` name what the first plan
+asked for (:func:`_naming_ids`), so every attempt asks the labels party for the same release."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
+import numpy as np
 import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from features_party import db, losses, schemas
+from features_party import db, id_lists, losses, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import Preprocessor
@@ -51,6 +56,8 @@ class JobPlan:
     config: TrainConfig
     num_classes: int | None
     existing_release: shared_schemas.Release | None = None  # to train on instead of requesting one
+    # the features table's ids its split holds out: never trained on, marked in the predictions
+    held_out: pd.Index = field(default_factory=lambda: pd.Index([], dtype=object))
 
 
 def labels_party_client(ctx: TrainerContext, url: str, api_key: str) -> LabelsPartyClient:
@@ -89,12 +96,16 @@ def _invalid(message: str) -> LabelDPError:
     return LabelDPError(message, code="invalid_job")
 
 
-def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest) -> JobPlan:
+def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, stored: bool = False) -> JobPlan:
     """The job of organization ``org_id`` checked and sized: what can be refused on the trainer's own information
-    (options, the features table, the example ids, the size, the rows to train on) is refused before the labels
-    party is asked anything; then the dataset (a read) decides the loss, the exact size and the ids to request."""
+    (options, the features table, the example ids, the split, the size, the rows to train on) is refused before the
+    labels party is asked anything; then the dataset (a read) decides the loss, the exact size and the ids to
+    request. ``stored``: the request a job's record keeps (planned before: its ids may come with its split)."""
     if (request.release is None) == (request.release_id is None):
         raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
+    if not stored and request.split is not None and request.release is not None \
+            and request.release.example_ids is not None:
+        raise _invalid("give either split (the rows to hold out) or release.example_ids (the rows to train on)")
     if request.protocol == "lp-mst" and request.release is None:
         raise _invalid("lp-mst requests its own releases: give release, not release_id")
     party, url = ctx.settings.labels_party_url(request.labels_party)
@@ -102,7 +113,8 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest) -> J
         features_file = feature_row(session, org_id, request.features).file
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
-    rows = _rows_to_train(frame, request, ctx.settings.min_train_examples)
+    held_out = frame.index[id_lists.held_out(ctx, org_id, request.split, frame.index)]  # 404: no such id list
+    rows = _rows_to_train(frame, request, held_out, ctx.settings.min_train_examples)
     # embeddings sized by the distinct values in the features table: an upper bound of what its training rows have
     vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
     _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=request.num_classes or 1)  # a lower bound
@@ -124,36 +136,41 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest) -> J
     loss, num_classes = _loss_for(request, mechanism, dataset)
     _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=losses.output_dim(loss, num_classes))
     config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
-    return JobPlan(_naming_ids(request, frame, dataset), party, url, features_file, config, num_classes, existing)
+    return JobPlan(_naming_ids(request, frame, held_out, dataset), party, url, features_file, config, num_classes,
+                   existing, held_out)
 
 
-def _rows_to_train(frame: pd.DataFrame, request: schemas.JobRequest, minimum: int) -> int:
+def _rows_to_train(frame: pd.DataFrame, request: schemas.JobRequest, held_out: pd.Index, minimum: int) -> int:
     """How many examples the job would train on at most: its ``example_ids``, each of which must have features, or
-    the rows of its features table (the ids a release of the whole dataset is narrowed to: :func:`_naming_ids`).
-    Counted, never named: no message names an example id."""
+    the rows of its features table (the ids a release of the whole dataset is narrowed to: :func:`_naming_ids`),
+    less those its split holds out. Counted, never named: no message names an example id."""
     ids = request.release.example_ids if request.release is not None else None
     if ids is not None:
         missing = pd.Index(ids).difference(frame.index)
         if len(missing):
             raise LabelDPError(f"{len(missing)} of the {len(ids)} requested example ids have no features in table "
                                f"{request.features!r}", code="unknown_example_ids")
-    rows = len(frame) if ids is None else len(ids)
+    candidates = frame.index if ids is None else pd.Index(ids)
+    rows = int(np.count_nonzero(~candidates.isin(held_out)))
     if rows < minimum:
-        raise LabelDPError(f"the job would train on {rows} example(s); this trainer trains on at least {minimum} "
-                           "(min_train_examples)", code="too_few_examples")
+        split = f" ({len(held_out)} of the table's rows held out by its split)" if request.split is not None else ""
+        raise LabelDPError(f"the job would train on {rows} example(s){split}; this trainer trains on at least "
+                           f"{minimum} (min_train_examples)", code="too_few_examples")
     return rows
 
 
-def _naming_ids(request: schemas.JobRequest, frame: pd.DataFrame,
+def _naming_ids(request: schemas.JobRequest, frame: pd.DataFrame, held_out: pd.Index,
                 dataset: shared_schemas.Dataset) -> schemas.JobRequest:
-    """A release of the whole dataset is asked for the ids of the features table instead: the trainer can only
-    train on examples that have features, so no other example is charged, and ids the dataset lacks are refused by
-    the labels party (counted, before anything is drawn or charged) — a table sharing no id with the labels spends
-    nothing. A source dataset's release covers all its rows (the labels party's rule): it is asked for as it is."""
+    """A release of the whole dataset is asked for the ids of the features table instead (less those its split
+    holds out): the trainer can only train on examples that have features, so no other example is charged, and ids
+    the dataset lacks are refused by the labels party (counted, before anything is drawn or charged) — a table
+    sharing no id with the labels spends nothing. A source dataset's release covers all its rows (the labels
+    party's rule): it is asked for as it is, and the job trains on its rows that are not held out."""
     release = request.release
     if release is None or release.example_ids is not None or dataset.labels_at != "service":
         return request
-    named = release.model_copy(update={"example_ids": frame.index.astype(str).tolist()})
+    training = frame.index[~frame.index.isin(held_out)]
+    named = release.model_copy(update={"example_ids": training.astype(str).tolist()})
     return request.model_copy(update={"release": named})
 
 

@@ -38,6 +38,25 @@ class TrainOptions(BaseModel):
     standardize_targets: bool = True
 
 
+class HoldoutFraction(BaseModel):
+    """Hold out the rows that :func:`shared.splits.holdout_mask` holds out: the SHA-256 of ``"{seed}:{example_id}"``
+    as a number in [0, 1) below ``holdout_fraction`` (a public rule: anyone with the ids and the seed draws the same
+    split)."""
+
+    model_config = schemas.REQUEST_CONFIG
+
+    holdout_fraction: float = Field(gt=0, le=0.9, description="the expected share of rows held out")
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1), schemas.INTEGRAL]
+
+
+class HoldoutIds(BaseModel):
+    """Hold out the rows whose ids are in an id list of the caller's organization (``PUT /v1/id-lists/{name}``)."""
+
+    model_config = schemas.REQUEST_CONFIG
+
+    holdout_ids: str = Field(pattern=NAME_PATTERN, description="the name of an id list")
+
+
 class JobRequest(BaseModel):
     model_config = schemas.REQUEST_CONFIG
 
@@ -52,6 +71,10 @@ class JobRequest(BaseModel):
     release_id: str | None = Field(default=None, pattern=RELEASE_ID_PATTERN, description=(
         "instead of `release`: train on a release of the dataset this organization already has (a group or "
         "per-example-prior release, or one trained on before); nothing more is spent"))
+    split: HoldoutFraction | HoldoutIds | None = Field(default=None, description=(
+        "rows of the features table held out of training (not with `release.example_ids`): the job trains on the "
+        "others, a release it requests covers only those, and its predictions mark the held-out rows "
+        "(`holdout`)"))
     numeric: list[str] = Field(default_factory=list, max_length=1000)
     categorical: list[str] = Field(default_factory=list, max_length=1000)
     num_classes: Annotated[int, Field(ge=2, le=100_000), schemas.INTEGRAL] | None = None
@@ -63,6 +86,14 @@ class JobRequest(BaseModel):
 class ResumeRequest(BaseModel):
     model_config = schemas.REQUEST_CONFIG
     api_key: str = Field(pattern=API_KEY_PATTERN, repr=False)
+
+
+class IdListView(BaseModel):
+    """An id list as its organization sees it: never its ids."""
+
+    name: str
+    num_ids: int
+    updated_at: datetime
 
 
 class FeatureTableView(BaseModel):
@@ -86,13 +117,20 @@ class JobView(BaseModel):
     labels_party: str
     dataset_id: str
     progress: JobProgress
-    metrics: list[dict[str, Any]]
+    metrics: list[dict[str, Any]] = Field(description=(
+        "per epoch (an lp-mst job: per stage): `train_loss` and `val_loss`, the training loss on the job's "
+        "privatized labels (validation: the `train.validation_fraction` of the training rows), in label units — "
+        "for the squared loss ½(prediction − label)² in squared label units, and `val_mse`, the mean squared error "
+        "(2 × val_loss); for cross_entropy and subset nats per example; for poisson the negative log-likelihood "
+        "up to a term free of the prediction"))
     release: dict[str, Any] | None
     error: str | None
     error_code: str | None = Field(description="why a failed job failed, an error code: job_time_limit (stopped at "
                                    "the trainer's wall-time limit per job), no_overlap, labels_party_*, "
                                    "training_failed, …")
     num_train_examples: int
+    num_holdout_examples: int = Field(description="rows of the features table the job's split held out (0 without "
+                                      "a split)")
     seconds: float
     device: str
     created_at: datetime

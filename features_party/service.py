@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from sqlalchemy.orm import Session
 from features_party import db, jobs, schemas
 from features_party.auth import Principal
 from features_party.context import TrainerContext
-from features_party.features import read_features
+from features_party.features import read_features, store_frame
 from features_party.planning import feature_row, labels_party_client, not_found, plan_job, upstream_error
 from shared.errors import LabelDPError, RetryLater
 
@@ -44,12 +43,7 @@ def _table_view(row: db.FeatureTable) -> schemas.FeatureTableView:
 
 def upload_features(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.FeatureTableView:
     frame = read_features(path)  # 400 on a malformed file, before anything is stored
-    directory = ctx.org_dir(principal.org_id) / "features"
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{name}.parquet"
-    staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
-    frame.reset_index(drop=True).to_parquet(staged, index=False)
-    staged.replace(target)
+    target = store_frame(ctx.org_dir(principal.org_id) / "features", name, frame)
     with ctx.sessions() as session, session.begin():
         row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == principal.org_id,
                                                            db.FeatureTable.name == name))
@@ -84,8 +78,9 @@ def job_view(row: db.Job) -> schemas.JobView:
         id=row.id, status=row.status, protocol=request.get("protocol", "single"), labels_party=row.labels_party,
         dataset_id=row.dataset_id, progress=schemas.JobProgress(epoch=row.epoch, epochs=row.epochs),
         metrics=json.loads(row.metrics_json), release=json.loads(row.release_json) if row.release_json else None,
-        error=row.error, error_code=row.error_code, num_train_examples=row.num_train_examples, seconds=row.seconds,
-        device=row.device, created_at=row.created_at, request=request)
+        error=row.error, error_code=row.error_code, num_train_examples=row.num_train_examples,
+        num_holdout_examples=row.num_holdout_examples, seconds=row.seconds, device=row.device,
+        created_at=row.created_at, request=request)
 
 
 def stored_request(request: schemas.JobRequest) -> dict:
@@ -248,7 +243,7 @@ def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: 
             raise _not_resumable(row)
         stored = json.loads(row.request_json)
     sealed = jobs.seal_api_key(ctx, job_id, api_key)  # 503 secret_key_missing while there is no secret key
-    plan_job(ctx, principal.org_id, schemas.JobRequest(**stored, api_key=api_key))  # 4xx: it stays interrupted
+    plan_job(ctx, principal.org_id, schemas.JobRequest(**stored, api_key=api_key), stored=True)  # 4xx: stays so
     with ctx.sessions() as session, session.begin():
         _lock_organization(session, principal)
         row = _job_row(session, principal, job_id, lock=True)

@@ -1,5 +1,6 @@
 """Training with JAX + optax: data-parallel over all local devices (jax.sharding), early stopping on a validation
-split of the *privatized* labels (keeping the best parameters), metrics per epoch.
+split of the *privatized* labels (keeping the best parameters), metrics per epoch in label units (``train_loss``,
+``val_loss``; ``val_mse`` for the squared loss), whatever scaling the targets were fitted with.
 
 ``train`` is prepare → fit → report: ``prepare`` splits and scales on the host, ``fit`` places the data on the
 devices once and runs each epoch as one compiled scan of the pure step built in features_party/train_steps.py (one
@@ -184,6 +185,9 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
         indices = train_steps.epoch_batch_indices(permutation, batch_size, steps)
         return [jax.device_put(indices[:, s:s + per_call], by_example) for s in range(0, steps, per_call)]
 
+    # Losses are reported in label units: the squared loss of standardized targets times the scale² (the only loss
+    # fitted on rescaled targets); a constant factor, so early stopping picks the same epoch either way.
+    unit = prepared.target_scale ** 2
     best, history = train_steps.Best(np.inf, params, 0), []
     calls = shuffled_batches()
     bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.loss}", disable=not progress, leave=False)
@@ -200,8 +204,9 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
         val_loss = validate(state.params, validation)
         calls = shuffled_batches()  # the host shuffles the next epoch while the device runs this one
         totals, val_loss = jax.device_get((totals, val_loss))
-        train_loss, val_loss = float(np.sum(totals)) / steps, float(val_loss)
+        train_loss, val_loss = float(np.sum(totals)) / steps * unit, float(val_loss) * unit
         record = {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
+                  **({"val_mse": 2.0 * val_loss} if config.loss == "squared" else {}),
                   "seconds": time.perf_counter() - started}
         history.append(record)
         bar.set_postfix(val=f"{val_loss:.4g}")

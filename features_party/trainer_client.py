@@ -1,5 +1,5 @@
-"""Typed httpx client for the features party's own trainer service: features tables, training jobs and their
-predictions. The demo and the benchmarks drive the trainer through it, as a publisher's scripts would."""
+"""Typed httpx client for the features party's own trainer service: features tables, id lists, training jobs and
+their predictions. The demo and the benchmarks drive the trainer through it, as a publisher's scripts would."""
 
 from __future__ import annotations
 
@@ -43,6 +43,17 @@ class TrainerClient:
                               headers={"Content-Type": "text/csv"})
         return schemas.FeatureTableView(**response.json())
 
+    def put_id_list(self, name: str, ids) -> schemas.IdListView:
+        """Create or replace the id list ``name`` (any iterable of example ids, unique), sent as a one-column CSV;
+        jobs name it as ``split={"holdout_ids": name}``."""
+        frame = pd.DataFrame({"example_id": pd.Series(list(ids), dtype=str)})
+        response = self._call("PUT", f"/v1/id-lists/{_segment(name)}", content=frame.to_csv(index=False),
+                              headers={"Content-Type": "text/csv"})
+        return schemas.IdListView(**response.json())
+
+    def id_lists(self) -> list[schemas.IdListView]:
+        return [schemas.IdListView(**item) for item in self._call("GET", "/v1/id-lists").json()]
+
     def create_job(self, request: schemas.JobRequest | dict, *, idempotency_key: str | None = None,
                    retries: int = 2) -> schemas.JobView:
         """A new job; sent again up to ``retries`` times when the answer does not come, with one Idempotency-Key
@@ -84,7 +95,8 @@ class TrainerClient:
         return job
 
     def predictions(self, job_id: str) -> pd.DataFrame:
-        """``example_id, prediction[, p_class_k…]`` for every row of the job's features table."""
+        """``example_id, prediction[, p_class_k…], holdout`` for every row of the job's features table; ``holdout``
+        (bool) marks the rows the job's split held out of training."""
         response = self._call("GET", f"/v1/jobs/{_segment(job_id)}/predictions",
                               headers={"Accept": "application/vnd.apache.parquet"})
         return pd.read_parquet(io.BytesIO(response.content))

@@ -34,8 +34,13 @@ def create_job(body: schemas.JobRequest, who: AnyKey, ctx: Context, response: Re
     dataset against the loss, the mechanism and the protocol), request the release (its Idempotency-Key is the job
     id), then train on the trainer's workers. A job that cannot run is a 4xx before any ε is spent, and is not kept;
     a refused release is a 4xx too. A job without ``release.example_ids`` asks for the ids of its features table
-    (ids the dataset lacks: refused by count, nothing spent). Send an ``Idempotency-Key`` to be able to resend the
-    request when its answer is lost."""
+    (ids the dataset lacks: refused by count, nothing spent), less those its ``split`` holds out: either
+    ``{"holdout_fraction": f, "seed": s}``, the rows whose SHA-256 of ``"{s}:{example_id}"`` (first 8 bytes,
+    big-endian, top 53 bits / 2⁵³) is below f — a public rule anyone can compute (``shared.splits.holdout_mask``) —
+    or ``{"holdout_ids": name}``, the ids of an id list uploaded once (``PUT /v1/id-lists/{name}``). A split with
+    ``release.example_ids``, an unknown id list, or a split that leaves too few rows to train on is a 400 before
+    anything is asked of the labels party. Send an ``Idempotency-Key`` to be able to resend the request when its
+    answer is lost."""
     view, created = service.create_job(ctx, who.principal, body, idempotency_key)
     if not created:
         response.status_code = 200
@@ -70,7 +75,8 @@ def get_model(job_id: JobId, who: AnyKey, ctx: Context):
 @router.get("/{job_id}/predictions", responses=openapi.table_download())
 def predictions(job_id: JobId, request: Request, who: AnyKey, ctx: Context,
                 offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
-    """Predictions for every row of the job's features table: ``example_id, prediction[, p_class_k…]``, in the
-    media type ``Accept`` asks for."""
+    """Predictions for every row of the job's features table: ``example_id, prediction[, p_class_k…], holdout``
+    (``holdout``: true for the rows the job's split held out of training, its test rows; false everywhere for a job
+    without a split), in the media type ``Accept`` asks for."""
     path = service.job_file(ctx, who.principal, job_id, "predictions")
     return tables.table_response(path, request.headers.get("accept"), offset, limit, f"{job_id}-predictions")

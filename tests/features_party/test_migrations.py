@@ -17,7 +17,7 @@ from features_party.migrations import MIGRATIONS, make_sessionmaker
 from shared.service.database import make_engine
 from tests.support.databases import fresh_database
 
-HEAD = "0004"  # the newest revision of features_party/migrations/versions
+HEAD = "0005"  # the newest revision of features_party/migrations/versions
 
 
 def _schema(url: str) -> dict:
@@ -47,7 +47,7 @@ def test_the_baseline_migration_builds_the_declared_schema(database_url, tmp_pat
         make_sessionmaker(engine)  # an empty database: created from the models and stamped at head
         engine.dispose()
         migrated, declared = _schema(database_url), _schema(declared_url)
-    assert set(migrated) == {"alembic_version", "organizations", "api_keys", "feature_tables", "jobs"}
+    assert set(migrated) == {"alembic_version", "organizations", "api_keys", "feature_tables", "id_lists", "jobs"}
     assert migrated == declared
 
 

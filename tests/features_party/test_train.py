@@ -135,15 +135,39 @@ def test_early_stopping_keeps_the_best_parameters():
     # It stopped because validation loss went up, `patience` epochs after the best one, well before `epochs`.
     assert len(result.history) == best + config.patience < config.epochs
     assert val_losses[-1] > val_losses[best - 1] * 1.05
-    # The returned parameters are those of the best epoch: their validation loss (on the standardized targets,
-    # exactly what train() records) is the minimum of the history, not the last epoch's.
+    # The returned parameters are those of the best epoch: their validation loss (½ squared error in label units,
+    # what train() records) is the minimum of the history, not the last epoch's.
     val, fit = split_like_train(config, len(y))
     assert result.target_shift == pytest.approx(float(np.mean(y[fit])), rel=1e-6)
     assert result.target_scale == pytest.approx(float(np.std(y[fit])), rel=1e-6)
     prediction = result.predict(x[val], no_categorical(len(val)))
-    recomputed = 0.5 * mse(prediction, y[val]) / result.target_scale**2
+    recomputed = 0.5 * mse(prediction, y[val])
     assert recomputed == pytest.approx(val_losses.min(), rel=1e-4)
     assert abs(recomputed - val_losses[-1]) > 0.04 * val_losses.min()
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_metrics_are_in_label_units(standardize):
+    """Labels around 1000 with sd 300: the reported validation MSE is the MSE of the model's own predictions on the
+    validation rows, in squared label units (standardized, it would be ~90,000 times smaller)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(800, 3)).astype(np.float32)
+    y = 1000.0 + 300.0 * (x @ np.array([0.8, -0.5, 0.3])) + rng.normal(0.0, 60.0, 800)
+    config = TrainConfig(hidden=(), learning_rate=1e-2, batch_size=64, epochs=6, patience=6,
+                         standardize_targets=standardize)
+    result = train(config, x, no_categorical(len(y)), y, vocab_sizes=())
+    assert len(result.history) == result.best_epoch == 6  # the last parameters are the reported epoch's
+    val, _ = split_like_train(config, len(y))
+    recomputed = mse(result.predict(x[val], no_categorical(len(val))), y[val])
+    last = result.history[-1]
+    assert last["val_mse"] == pytest.approx(recomputed, rel=1e-3)
+    assert last["val_loss"] == pytest.approx(recomputed / 2, rel=1e-3)
+    assert recomputed > 60.0**2  # the noise floor, in label units
+    if standardize:  # it learned: better than a constant (whose MSE is about the variance, 97,600)
+        assert recomputed < 0.2 * np.var(y)
+        assert result.target_scale == pytest.approx(np.std(y[split_like_train(config, len(y))[1]]), rel=1e-6)
+    else:
+        assert result.target_scale == 1.0
 
 
 def test_best_parameters_equal_a_run_that_ends_at_the_best_epoch():
