@@ -53,7 +53,7 @@ def services(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_readme_python_sdk_block_runs_as_written(services, capsys):
+def test_readme_python_sdk_block_runs_as_written(services: None, capsys: pytest.CaptureFixture[str]) -> None:
     from shared.splits import holdout_mask  # the trainer's split (hashed on example ids)
 
     namespace: dict = {"__name__": "readme_sdk"}
