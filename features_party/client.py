@@ -16,10 +16,13 @@ from urllib.parse import quote
 
 import httpx
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared import schemas
+from shared.errors import LabelDPError
+from shared.estimates import MSEEstimate, unbiased_mse_estimate_from_document
 
 
 class LabelsPartyError(Exception):
@@ -184,6 +187,15 @@ class LabelsPartyClient:
         )
         return schemas.UploadResult(**response.json())
 
+    def upload_frame(self, dataset_id: str, frame: pd.DataFrame, *, id_column: str = "example_id",
+                     label_column: str = "label") -> schemas.UploadResult:
+        """:meth:`upload_labels` from two columns of a frame (ids as strings, labels as numbers)."""
+        missing = [c for c in (id_column, label_column) if c not in frame.columns]
+        if missing:
+            columns = ", ".join(map(str, frame.columns))
+            raise LabelDPError(f"the frame has no column {missing[0]!r} (its columns: {columns})", code="invalid_input")
+        return self.upload_labels(dataset_id, frame[id_column].astype(str), frame[label_column].to_numpy(np.float64))
+
     def grant(self, dataset_id: str, org: str, epsilon: float, delta: float = 0.0) -> schemas.Grant:
         """Let ``org`` release, spending at most ``epsilon`` (and ``delta``) of every example's budget."""
         body = {"org": org, "epsilon": epsilon, "delta": delta}
@@ -313,6 +325,34 @@ class LabelsPartyClient:
             schemas.Release(**r)
             for r in self._request("GET", f"/v1/datasets/{_segment(dataset_id)}/releases", retry=True).json()
         ]
+
+    def download_frame(self, release_id: str) -> pd.DataFrame:
+        """:meth:`download_labels` as a pandas frame: ``example_id`` and ``label`` (or ``in_class_k`` columns)."""
+        return self.download_labels(release_id).to_pandas()
+
+    def estimate_test_mse(self, release_id: str, predictions: pd.Series, *, level: float = 0.95) -> MSEEstimate:
+        """The unbiased estimate of the true-label MSE of ``predictions`` (indexed by example id) on the examples of
+        a release by an unbiased mechanism — held out from training — with its confidence interval at ``level``;
+        from the release's privatized labels and its mechanism document only (:mod:`shared.estimates`), so nothing
+        more is charged. Every released example needs a prediction; other predictions are ignored."""
+        release = self.get_release(release_id)
+        if release.mechanism_hash is None:
+            raise LabelDPError(f"release {release_id} is {release.state}: no mechanism document yet",
+                               code="release_not_ready")
+        document = self.mechanism_document(release.mechanism_hash)
+        released = self.download_frame(release_id)
+        if "label" not in released.columns:
+            raise LabelDPError(f"release {release_id} ({release.mechanism}) releases no label per example",
+                               code="mechanism_not_estimable")
+        predicted = pd.Series(np.asarray(predictions, dtype=np.float64), index=predictions.index.astype(str))
+        if predicted.index.has_duplicates:
+            raise LabelDPError("predictions has duplicate example ids in its index", code="invalid_input")
+        missing = ~released["example_id"].isin(predicted.index)
+        if missing.any():
+            raise LabelDPError(f"{int(missing.sum())} of the release's {len(released)} examples have no prediction, "
+                               f"e.g. {released['example_id'][missing].iloc[0]!r}", code="invalid_input")
+        return unbiased_mse_estimate_from_document(predicted[released["example_id"]].to_numpy(),
+                                                   released["label"].to_numpy(), document, level=level)
 
     def download_labels(self, release_id: str) -> pa.Table:
         """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""

@@ -7,6 +7,9 @@ losses is an integer S that one label moves by at most 2^20 levels. The release 
 (sampled exactly, :mod:`shared.mechanisms.integer_noise`) calibrated to that sensitivity — ε-DP in the labels —
 reported as the mean low + W (S + Z) / (2^20 n). Rounding a loss moves it by at most W / 2^21; clipping biases
 the loss when C is too small; nothing else about the labels is released.
+
+The free alternative, the features party's unbiased MSE estimate from held-out labels it already has privatized by
+an unbiased mechanism, is :mod:`shared.estimates` (built from the release's mechanism document).
 """
 
 from __future__ import annotations
@@ -127,21 +130,3 @@ def evaluate(metric: str, predictions, labels, epsilon: float, clip: float,
     """:func:`plan_evaluation` and :func:`score` in one call."""
     return score(plan_evaluation(metric, epsilon, clip), check_predictions(predictions), labels, rng)
 
-
-def unbiased_mse_estimate(predictions, noisy_labels, mechanism) -> tuple[float, float]:
-    """The features party's own estimate of the true-label MSE from labels privatized by an *unbiased* mechanism.
-
-    E[(f − ŷ)² | y] = (f − y)² + Var(ŷ | y), and Var(ŷ | y) depends on the unknown y; with h solving
-    Σ_ŷ M[y, ŷ] h(ŷ) = Var(ŷ | y) for every y (least squares on the public matrix, exact when M has full row
-    rank), E[(f − ŷ)² − h(ŷ) | y] = (f − y)². Additive noise has constant variance, so h is that constant.
-    Returns (estimate, standard error from the per-example terms)."""
-    predictions = np.asarray(predictions, dtype=np.float64)
-    noisy_labels = np.asarray(noisy_labels, dtype=np.float64)
-    if hasattr(mechanism, "noise_variance"):  # unclipped additive noise (the rounding's variance is ignored)
-        correction = np.full(noisy_labels.size, mechanism.noise_variance)
-    else:
-        h, *_ = np.linalg.lstsq(mechanism.matrix, mechanism.conditional_variance, rcond=None)
-        index = np.searchsorted(mechanism.output_values, noisy_labels)
-        correction = h[np.minimum(index, h.size - 1)]
-    terms = (predictions - noisy_labels) ** 2 - correction
-    return float(terms.mean()), float(terms.std(ddof=1) / math.sqrt(terms.size))

@@ -79,6 +79,10 @@ class ErrorCode(str, Enum):
     # a mechanism document that does not state a certified mechanism exactly (shared.mechanisms.documents)
     INVALID_MECHANISM_DOCUMENT = ("invalid_mechanism_document", 400)
     NO_OVERLAP = ("no_overlap", 400)
+    # the unbiased test-MSE estimate (shared.estimates) refused for a biased mechanism, or one whose outputs admit no
+    # unbiased correction of their variance (or that releases no number per label)
+    MECHANISM_BIASED = ("mechanism_biased", 400)
+    MECHANISM_NOT_ESTIMABLE = ("mechanism_not_estimable", 400)
     JOB_TOO_LARGE = ("job_too_large", 400)  # a trainer job's parameters × epochs × rows over its limit
     TOO_FEW_EXAMPLES = ("too_few_examples", 400)  # a trainer job would train on fewer examples than its minimum
     SOURCE_NOT_ALLOWED = ("source_not_allowed", 400)  # a source location the operator did not allow

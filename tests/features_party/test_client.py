@@ -8,6 +8,7 @@ import time
 
 import httpx
 import numpy as np
+import pandas as pd
 import pytest
 from sqlalchemy import select
 
@@ -18,6 +19,8 @@ from labels_party.auth import create_key
 from labels_party.context import make_context
 from labels_party.db import Organization
 from labels_party.settings import LabelsSettings
+from shared.errors import LabelDPError
+from shared.estimates import unbiased_mse_estimate_from_document
 
 
 class FaultInjector(httpx.HTTPTransport):
@@ -113,6 +116,40 @@ def test_a_clipped_dataset_through_the_client(service):
         uploaded = owner.upload_labels(dataset.id, ["a", "b", "c", "d"], [-2, 4, 11, 30])
         assert (uploaded.clipped_below, uploaded.clipped_above) == (1, 2)
         assert [u.clipped_above for u in owner.audit(dataset.id).uploads] == [2]
+
+
+def test_frames_and_the_test_mse_estimate_through_the_client(service):
+    """A dataset from a frame, a held-out release downloaded as a frame, and the unbiased test-MSE estimate from the
+    release's document: the one the shared function computes, close to the truth; refused without predictions for
+    every released example and for a biased mechanism."""
+    base, keys, _, _ = service
+    rng = np.random.default_rng(4)
+    frame = pd.DataFrame({"id": [f"x{i}" for i in range(600)], "y": rng.integers(0, 21, size=600)})
+    with LabelsPartyClient(base, keys["admin"]) as owner:
+        dataset = owner.create_dataset(name="frame", label_kind="integer", min=0, max=20, epsilon_total=1).id
+        with pytest.raises(LabelDPError, match="no column 'example_id'"):
+            owner.upload_frame(dataset, frame)
+        assert owner.upload_frame(dataset, frame, id_column="id", label_column="y").num_examples == 600
+        owner.grant(dataset, "pub", 1)
+    predictions = pd.Series(frame.y.to_numpy() + rng.normal(0, 2, size=600), index=frame.id)
+    held_out, other = frame.id[:400].tolist(), frame.id[400:].tolist()
+    with LabelsPartyClient(base, keys["partner"]) as client:
+        release = client.request_release(dataset, {"mechanism": "dbrr", "epsilon": 1.0, "example_ids": held_out})
+        released = client.download_frame(release.id)
+        assert list(released.columns) == ["example_id", "label"] and released.example_id.tolist() == held_out
+        estimate = client.estimate_test_mse(release.id, predictions)  # 200 predictions more than released: ignored
+        document = client.mechanism_document(release.mechanism_hash)
+        assert estimate == unbiased_mse_estimate_from_document(predictions[held_out], released.label, document)
+        truth = float(np.mean((predictions[:400] - frame.y[:400].to_numpy()) ** 2))
+        assert abs(estimate.estimate - truth) < 5 * estimate.standard_error
+        assert estimate.confidence_interval[0] < estimate.estimate < estimate.confidence_interval[1]
+        with pytest.raises(LabelDPError, match="100 of the release's 400 examples have no prediction"):
+            client.estimate_test_mse(release.id, predictions[100:])
+        biased = client.request_release(dataset, {"mechanism": "laplace", "clip": True, "epsilon": 1.0,
+                                                  "example_ids": other})
+        with pytest.raises(LabelDPError) as refused:
+            client.estimate_test_mse(biased.id, predictions)
+        assert refused.value.code == "mechanism_biased"
 
 
 def test_a_retry_while_the_first_call_computes_waits_for_its_outcome(tmp_path):

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from labels_party.audit import verify_audit
-from labels_party.evaluation import evaluate, unbiased_mse_estimate
+from labels_party.evaluation import evaluate
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from shared.domains import integer_range, lattice_of
 from shared.errors import LabelDPError
+from shared.estimates import unbiased_mse_estimate
 from shared.mechanisms.additive import laplace
 from tests.labels_party.api.helpers import admin_client
 
@@ -51,9 +52,9 @@ def test_features_party_unbiased_mse_estimate_from_private_labels(mechanism):
     randomizer = (solve_optimal_unbiased(np.arange(11.0), prior, 2.0, mesh=22) if mechanism == "opt-unbiased"
                   else laplace(lattice_of(integer_range(0, 10)), 2.0, input_values=np.arange(11.0)))
     noisy = randomizer.sample(labels, np.random.default_rng(4))
-    estimate, stderr = unbiased_mse_estimate(predictions, noisy, randomizer)
-    assert abs(estimate - truth) < 4 * stderr
-    assert np.mean((predictions - noisy) ** 2) > truth + 20 * stderr  # the naive estimate is far off
+    result = unbiased_mse_estimate(predictions, noisy, randomizer)
+    assert abs(result.estimate - truth) < 4 * result.standard_error
+    assert np.mean((predictions - noisy) ** 2) > truth + 20 * result.standard_error  # the naive estimate is far off
 
 
 @pytest.fixture()
