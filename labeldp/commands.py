@@ -3,6 +3,7 @@ They play the labels party and the features party at once, which is why they liv
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from shared.errors import LabelDPError
@@ -78,6 +79,10 @@ def register(commands) -> None:
                          "types and cardinalities, left-out columns and why, warnings, number of jobs) and exit "
                          "without starting a service or training")
     utility.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON document")
+    utility.add_argument("--allow-uninformative", action="store_true",
+                         help="research use: release even randomizers whose output does not depend on the label "
+                         "(RRWithPrior keeping one class); by default the labels service releases its fallback "
+                         "then, and the summary counts the fallbacks")
     utility.set_defaults(handler=bench_utility_command)
 
     classification = bench_actions.add_parser("classification", help="LP-1ST/2ST/3ST and subset on digits")
@@ -210,6 +215,7 @@ def bench_utility_command(args) -> int:
         config = BenchConfig.quick(sources if table is not None else ["psid-weeks"], mechanisms, args.rows)
     else:
         config = BenchConfig(sources, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs, args.rows)
+    config = dataclasses.replace(config, allow_uninformative=args.allow_uninformative)
     plans = plan.plan_bench(config)
     if args.dry_run:
         document = plan.describe(plans, config)

@@ -214,6 +214,7 @@ class BenchConfig:
     mechanisms: list[str] | None = None  # None: every mechanism that fits the dataset's labels
     epochs: int = DEFAULT_EPOCHS
     max_examples: int | None = None  # --rows: a seeded subsample of each dataset's rows (Prepared.sample)
+    allow_uninformative: bool = False  # --allow-uninformative: keep randomizers that say nothing (research)
 
     @classmethod
     def quick(cls, datasets: list, mechanisms: list[str] | None, max_examples: int | None = None) -> BenchConfig:
@@ -376,7 +377,7 @@ def _config(prepared: Prepared, epochs: int, seed: int) -> TrainConfig:
 
 
 def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
-            epochs: int) -> dict:
+            epochs: int, *, allow_uninformative: bool = False) -> dict:
     prepared = registered.prepared
     train_part, test = _split(registered.frame, prepared, seed)
     row = {"dataset": prepared.name, "mechanism": mechanism, "epsilon": epsilon, "seed": seed}
@@ -384,7 +385,8 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
     if mechanisms_for(prepared)[mechanism] is None:
         return {**row, **_non_private(prepared, train_part, test, config)}
     assert epsilon is not None  # only the non-private model runs without ε (runs_of)
-    job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config)
+    job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config,
+                            allow_uninformative=allow_uninformative)
     with parties.trainer() as trainer:
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
     release = job.release
@@ -393,6 +395,8 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
             "certified_epsilon": release["certified_epsilon"],
             "noisy_label_loss": _noisy_label_loss(parties, prepared, release, train_part),
             "max_abs_bias": _max_abs_bias(parties, prepared, release),
+            # the family's fallback when the build on the noisy prior could not certify or would say nothing
+            "fallback": (release.get("description") or {}).get("reason"),
             "train_seconds": job.seconds, "constant_test_loss": None,
             **_score(prepared, predicted[test["example_id"]].to_numpy(), test[TRUTH].to_numpy(dtype=float))}
 
@@ -425,7 +429,7 @@ def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train
 
 
 def _train_on_release(parties: Parties, registered: Registered, train_part: pd.DataFrame, mechanism: str,
-                      epsilon: float, seed: int, config: TrainConfig) -> JobView:
+                      epsilon: float, seed: int, config: TrainConfig, *, allow_uninformative: bool) -> JobView:
     """One trainer job on a release of the training examples' labels (the job requests it, or, for the group
     mechanisms, trains on the group release the publisher requested first)."""
     prepared = registered.prepared
@@ -440,7 +444,8 @@ def _train_on_release(parties: Parties, registered: Registered, train_part: pd.D
                 epsilon, share * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
         source: dict[str, Any] = {"release_id": release.id}
     else:
-        source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids}}
+        opt_in = {"allow_uninformative": True} if allow_uninformative else {}
+        source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids, **opt_in}}
     # classes: the trainer chooses the loss from the release (cross-entropy, or the subset loss for subsets)
     train_options = {**config.__dict__, "hidden": list(config.hidden),
                      "loss": None if prepared.classification else config.loss}
@@ -489,7 +494,8 @@ def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], 
             registered.append(register(parties, dataset, budget))
             for mechanism, epsilon, seed in tqdm(runs_of(mechanisms, config), desc=f"bench utility {dataset.name}",
                                                  disable=not progress):
-                rows.append(run_one(parties, registered[-1], mechanism, epsilon, seed, config.epochs))
+                rows.append(run_one(parties, registered[-1], mechanism, epsilon, seed, config.epochs,
+                                    allow_uninformative=config.allow_uninformative))
                 _write_csv(out / "runs.csv", rows)
     runs = _relative(pd.DataFrame(rows))
     runs.to_csv(out / "runs.csv", index=False)
@@ -617,6 +623,12 @@ def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
     table_what = {"accuracy": "Test accuracy", "relative_test_loss": "Relative test loss (L − L*)/L*"}.get(
         metric, "Test MSE")
     warning = refs.warning({key: float(value) for key, value in means.items()})
+    fell = private[private["fallback"].notna()] if "fallback" in private else private.iloc[:0]
+    if len(fell):
+        lines.append("Fallbacks (the labels service released the family's fallback — dbRR, or RR for classes — when "
+                     "the build on the noisy prior could not certify, or would have said nothing about the labels): "
+                     + "; ".join(f"{m} at ε = {e:g}: {len(r)} of {config.seeds} seeds ({', '.join(sorted(set(r)))})"
+                                 for (m, e), r in fell.groupby(["mechanism", "epsilon"])["fallback"]) + ".")
     return [*lines, "", f"{table_what} (bold: best at that ε; {refs.legend()}):", "",
             *report.epsilon_table(private_names, config.epsilons, test_cell),
             *([] if warning is None else ["", warning]),
