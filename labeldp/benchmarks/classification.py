@@ -78,13 +78,14 @@ class Digits:
 
 
 def register_digits(parties: Parties, name: str, digits: Digits, budget: float, *,
-                    central_training: bool = False) -> str:
-    """The labels party's dataset of the digits' classes, granted to the publisher; its id."""
+                    central_training: bool = False, delta: float = 0.0) -> str:
+    """The labels party's dataset of the digits' classes, granted to the publisher (ε ``budget`` and ``delta``:
+    central training's (ε, δ) runs are charged at the organization's δ, which must be allocated); its id."""
     with parties.owner() as owner:
         dataset = owner.create_dataset(name=name, label_kind="classes", num_classes=10, epsilon_total=budget,
-                                       allow_central_training=central_training)
+                                       delta_total=delta, allow_central_training=central_training)
         owner.upload_labels(dataset.id, digits.ids, digits.y.astype(float))
-        owner.grant(dataset.id, CONSUMER, budget)
+        owner.grant(dataset.id, CONSUMER, budget, delta)
     return dataset.id
 
 
