@@ -119,6 +119,9 @@ class _Defaults:
     def check(self) -> None:
         pass
 
+    def covers(self, _inputs) -> np.ndarray | None:
+        return None  # every example the request names
+
     def record(self) -> dict:
         return self.identity()
 
@@ -204,9 +207,44 @@ class LabelRelease(_Defaults):
 
 
 @dataclass(frozen=True)
+class InformativePriors:
+    """The plan of a per-example prior release: which of the requested examples it covers (k ≥ 2) and their
+    RRWithPrior, decided from the priors alone."""
+
+    covers: np.ndarray  # over the request's rows
+    plan: PerExamplePlan  # of the covered examples, in their order
+
+    @property
+    def left_out(self) -> int:
+        return int(self.covers.size - self.covers.sum())
+
+
+@dataclass(frozen=True)
 class ExamplePriorRelease(_Defaults):
     """The priors arrive as a columnar body (example_id, p_0..p_{K-1}) computed from features only — inputs the
-    features party chooses, like the subset of examples, and not privacy-relevant as long as they are."""
+    features party chooses, like the subset of examples, and not privacy-relevant as long as they are.
+
+    **Examples whose prior gives k = 1 are neither charged nor released.** RR-Top-1 releases the prior's most
+    likely class whatever the label, so such an example's output says nothing about its label. k is decided per
+    example from the priors and ε (:meth:`PerExamplePlan.informative`) before the coverage is computed; the
+    release covers — charges, samples and writes — the examples with k ≥ 2 only, and its description states how
+    many were left out. Why this is private:
+
+    * the set left out is a deterministic function of the priors and ε, which are public to the analysis (they
+      come from features, and the features party sends them): leaving an example out, and the count of them
+      published, reveal nothing about any label. Its labels were read by the lookup (which refuses unknown ids,
+      as for every requested id) but enter nothing that is published or charged;
+    * for two datasets that differ in the label of one left-out example, every output — the covered examples'
+      labels, the description, the charge and any refusal — has the same distribution: it costs 0, and nothing
+      is charged on it (its budget is untouched);
+    * each covered example gets exactly the randomizer and the charge it had before (ε-DP RR-Top-k with k ≥ 2 of
+      its prior; the certified ε is the same max, k = 1 adding 0 to it): the covered examples are charged as
+      before.
+
+    What the left-out examples would have "released" is their prior's most likely class: the features party
+    computes it from its own priors (LP-MST does, :mod:`features_party.multistage`). If every example has k = 1 the
+    request is refused (``uninformative_release``) before any label is read or anything charged.
+    """
 
     epsilon: float
     priors: SpooledBody
@@ -216,25 +254,36 @@ class ExamplePriorRelease(_Defaults):
         return {"mechanism": self.mechanism, "epsilon": self.epsilon, "per_example_priors": True,
                 "priors_sha256": self.priors.sha256}
 
-    def inputs(self, snapshot: Snapshot):
+    def inputs(self, snapshot: Snapshot) -> tuple[list[str], InformativePriors]:
         num_classes = _needs_classes(snapshot, "per-example priors")
-        return parse_priors(self.priors.path, upload_format(self.priors.media_type), num_classes)
-
-    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, priors) -> PricedPlan:
-        plan = plan_per_example(priors, self.epsilon)
-        if plan.certified_epsilon == 0.0:  # decided by the priors (public: from features), before any charge
+        ids, priors = parse_priors(self.priors.path, upload_format(self.priors.media_type), num_classes)
+        covers, plan = plan_per_example(priors, self.epsilon).informative()
+        if not covers.any():  # decided by the priors (public: from features), before the ids are even looked up
             raise LabelDPError("every example's prior puts k = 1: each label would be released as its prior's most "
                                "likely class, whatever it is, so the release would carry no information for epsilon "
                                f"{self.epsilon:g}: use a larger epsilon or less confident priors",
                                code="uninformative_release")
-        return PricedPlan(plan.dp_event(), plan)
+        return ids, InformativePriors(covers, plan)
+
+    def covers(self, priors: InformativePriors) -> np.ndarray:
+        return priors.covers
+
+    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int,
+              priors: InformativePriors) -> PricedPlan:
+        return PricedPlan(priors.plan.dp_event(), priors)
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _priors, priced: PricedPlan, run: Computation) -> Draft:
-        plan: PerExamplePlan = priced.plan
-        result = sample_per_example(plan, labels.astype(np.int64), run.rng)
+        priors: InformativePriors = priced.plan
+        result = sample_per_example(priors.plan, labels.astype(np.int64), run.rng)
         description = {"mechanism": self.mechanism, "per_example_priors": True, "epsilon": self.epsilon,
                        "certified_epsilon": result.certified_epsilon, "mean_k": float(result.k.mean()),
                        "k_histogram": np.bincount(result.k, minlength=snapshot.domain.support().size + 1)[1:].tolist(),
+                       "requested_examples": int(priors.covers.size),
+                       "uninformative_examples": priors.left_out,
+                       "uninformative_rule": "left out, neither charged nor released: exactly the requested examples "
+                                             "whose prior gives k = 1 at this epsilon (computable from the priors); "
+                                             "RR-Top-1 would have released their prior's most likely class, "
+                                             "whatever the label. mean_k and k_histogram count the released ones",
                        "priors_sha256": self.priors.sha256,
                        "budget_split_rule": "priors come from features: no budget spent on them"}
         return Draft(result, {"label": result.outputs.astype(np.float64)}, description)

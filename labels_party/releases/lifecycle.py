@@ -121,6 +121,11 @@ class ReleaseKind(Protocol[P]):
         """Refusals that need the dataset; (the example ids to cover, None for all; per-example inputs aligned
         with them)."""
 
+    def covers(self, inputs: Any) -> np.ndarray | None:
+        """Which of the ids ``inputs`` named the release covers — charges and releases — as a boolean mask over
+        them (None: all of them), decided from those public inputs alone before the coverage is computed; the
+        others are checked like them (known, not repeated) and left out, neither charged nor released."""
+
     def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, inputs: Any) -> P:
         """Every remaining refusal, from public inputs only, and the event the release is charged."""
 

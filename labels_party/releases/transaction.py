@@ -11,7 +11,9 @@
    nothing charged; its own load is public to it, so this refusal, too, comes before the charge;
 2. **cover** — the kind names the examples it covers (a list of ids, looked up in one pass over the label
    version, or the whole version, whose coverage set was stored at upload; a source dataset: all its rows, and
-   its counts taken at registration); unknown ids are refused;
+   its counts taken at registration); unknown ids are refused. A kind may leave some of the ids it named out of
+   the coverage, from its public inputs alone (``covers``: per-example priors that give k = 1); they are neither
+   charged nor released;
 3. **price** — the kind decides, from public inputs only, everything that can refuse the request (mechanism,
    domain, options, solver limits, ε split) and what it costs: its ``dp_event``;
 4. **charge** — one transaction checks that the request's API key is still in force (its row read again and
@@ -96,6 +98,10 @@ class InProcess:
         if example_ids is None:
             return Covered(snapshot.coverage, inputs=inputs)
         index, labels = labelstore.lookup(ctx.store, snapshot.file, example_ids)
+        covers = kind.covers(inputs)
+        if covers is not None:  # the rest were looked up only to refuse unknown ids: neither charged nor released
+            example_ids = [example for example, covered in zip(example_ids, covers, strict=True) if covered]
+            index, labels = index[covers], labels[covers]
         return Covered(labelstore.coverage_of(ctx.store, snapshot.dataset.id, index), example_ids, labels, inputs)
 
     def check(self, snapshot: Snapshot, priced: Priced) -> None:

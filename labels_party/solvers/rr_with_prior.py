@@ -77,6 +77,14 @@ class PerExamplePlan:
     def dp_event(self) -> LocalRandomizerDpEvent:
         return LocalRandomizerDpEvent(mechanism="rr-with-prior", epsilon=self.certified_epsilon)
 
+    def informative(self) -> tuple[np.ndarray, PerExamplePlan]:
+        """Which examples have k ≥ 2 (a mask over the rows) and the plan of those alone. An example with k = 1 gets
+        RR-Top-1: its prior's most likely class whatever its label, an output that says nothing about the label
+        and that anyone holding the prior computes. The certified ε is unchanged: k = 1 contributes 0 to its max
+        (:func:`keep_epsilon` of one output)."""
+        mask = self.k >= 2
+        return mask, PerExamplePlan(self.order[mask], self.k[mask], self.counts, self.epsilon, self.certified_epsilon)
+
 
 def plan_per_example(priors, epsilon: float) -> PerExamplePlan:
     epsilon = check_epsilon(epsilon)

@@ -104,6 +104,46 @@ def test_per_example_priors_that_all_keep_one_class_are_refused_before_any_charg
     assert post_priors(client, dataset, ids, mixed).status_code == 201
 
 
+def test_a_mixed_request_charges_and_releases_only_the_examples_whose_prior_says_something(skewed_dataset):
+    """99 priors with k = 1 and one flat prior (k = 10): only the flat one is covered, charged and released; the
+    99 keep their whole budget, and the description says how many were left out."""
+    client, dataset = skewed_dataset
+    ids = [f"e{i}" for i in range(100)]
+    mixed = np.tile(SKEWED, (100, 1))
+    mixed[37] = np.full(10, 0.1)
+    response = post_priors(client, dataset, ids, mixed, key="mixed")
+    assert response.status_code == 201, response.text
+    release = response.json()
+    assert release["num_examples"] == 1 and release["certified_epsilon"] <= 1.0
+    assert release["description"]["uninformative_examples"] == 99
+    assert release["description"]["requested_examples"] == 100 and release["description"]["mean_k"] == 10.0
+    document = client.get(f"/v1/mechanisms/{release['mechanism_hash']}").json()["description"]
+    assert document["uninformative_examples"] == 99 and document["k_histogram"] == [0] * 9 + [1]
+    rows = client.get(f"/v1/releases/{release['id']}/labels", headers={"Accept": "application/json"},
+                      params={"limit": 1000}).json()["items"]
+    assert [row["example_id"] for row in rows] == ["e37"]
+    replay = post_priors(client, dataset, ids, mixed, key="mixed")  # the same release, not a second charge
+    assert replay.status_code == 200 and replay.json()["id"] == release["id"]
+    events = client.get("/v1/audit", params={"dataset": dataset}).json()["events"]
+    assert [e["record"]["examples_covered"] for e in events] == [1]
+    # the 99 were not charged: a release of the whole budget (4.0) on them fits; on e37 (1.0 spent) it does not
+    others = [i for i in ids if i != "e37"]
+    whole = {"mechanism": "rr", "epsilon": 4.0}
+    assert client.post(f"/v1/datasets/{dataset}/releases", headers={"Idempotency-Key": "others"},
+                       json={**whole, "example_ids": others}).status_code == 201
+    expect_error(client.post(f"/v1/datasets/{dataset}/releases", headers={"Idempotency-Key": "e37"},
+                             json={**whole, "example_ids": ["e37"]}), 409, "budget_exceeded")
+
+
+def test_the_ids_a_release_leaves_out_are_still_checked(skewed_dataset):
+    client, dataset = skewed_dataset
+    priors = np.tile(SKEWED, (3, 1))
+    priors[0] = np.full(10, 0.1)
+    expect_error(post_priors(client, dataset, ["e0", "e1", "nobody"], priors), 400, "unknown_example_ids")
+    expect_error(post_priors(client, dataset, ["e0", "e1", "e1"], priors), 400, "duplicate_example_id")
+    assert client.get("/v1/audit", params={"dataset": dataset}).json()["events"] == []
+
+
 def test_the_cli_refuses_a_one_class_randomizer_unless_opted_in(tmp_path, capsys):
     prior = tmp_path / "prior.csv"
     prior.write_text("label,weight\n" + "".join(f"{k},{w}\n" for k, w in enumerate(SKEWED)))
