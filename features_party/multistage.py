@@ -3,9 +3,11 @@
 The training examples are split into T stages at random — a partition that does not look at labels. Stage 1 asks
 the labels party for plain randomized response (RRWithPrior under a uniform prior is RR over all K classes) and
 trains a model. Stage t > 1 sends, for each of its examples, the current model's softmax (with a temperature) as
-that example's prior; the labels party answers with RRWithPrior. Every example is released once, at ε, so by
-parallel composition over the disjoint stages the whole run is ε-label-DP — the labels party's per-example ledger
-enforces and audits exactly that. Stage t trains on all labels so far, starting from the stage t−1 model, and drops
+that example's prior; the labels party answers with RRWithPrior, leaving out the examples whose prior gives k = 1
+(RR-Top-1 would release the prior's most likely class whatever the label): they take that class as their label,
+computed here and charged nothing. Every other example is released once, at ε, so by parallel composition over the
+disjoint stages the whole run is ε-label-DP — the labels party's per-example ledger enforces and audits exactly
+that. A stage where every example has k = 1 is refused before any charge and adds no labels. Stage t trains on all labels so far, starting from the stage t−1 model, and drops
 earlier-stage labels that fall outside the current model's top-k (k = the mean k of the stage's RRWithPrior
 answers), as the supplement describes.
 """
@@ -31,6 +33,7 @@ class StageReport:
     trained_on: int
     certified_epsilon: float
     skipped: str | None = None  # why the stage's labels were not released (nothing was spent on them)
+    uninformative: int = 0  # examples left out of the release (k = 1), labelled with their prior's argmax
 
 
 def _logits(result: TrainResult, numeric, categorical) -> np.ndarray:
@@ -56,7 +59,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     parts = [order[bounds[t]:bounds[t + 1]] for t in range(stages)]
     config = replace(config, loss="cross_entropy")
     labels = np.full(n, -1, dtype=np.int64)
-    released = np.zeros(n, dtype=bool)
+    labelled = np.zeros(n, dtype=bool)
     result: TrainResult | None = None
     reports: list[StageReport] = []
     for stage, rows in enumerate(parts, start=1):
@@ -74,21 +77,32 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             except LabelsPartyError as err:
                 if err.code != "uninformative_release":
                     raise
-                # The model is so confident (k = 1 for every example at this ε) that RRWithPrior would release
-                # its own predictions: refused before any charge, and later stages would be the same. The job
-                # ends with the model so far; these examples keep their budget.
+                # The model is so confident on this stage's examples (k = 1 for each at this ε) that RRWithPrior
+                # would release its own predictions: refused before any charge, and these examples keep their
+                # budget. No labels arrived, so the model is unchanged; later stages hold other examples, on
+                # which it may be less sure.
                 reports.append(StageReport(stage, len(rows), None, 1.0, 0, 0.0, skipped=err.code))
-                break
-            mean_k = float(release.description["mean_k"])
+                continue
         table = client.download_labels(release.id)
         position = {example: i for i, example in enumerate(table.column("example_id").to_pylist())}
         noisy = table.column("label").to_numpy()
-        labels[rows] = np.rint(noisy[[position[i] for i in ids]]).astype(np.int64)
-        released[rows] = True
-        use = released.copy()
+        found = np.array([i in position for i in ids], dtype=bool)
+        uninformative = int((~found).sum())
+        if uninformative != release.description.get("uninformative_examples", 0):  # a release always says so
+            raise ValueError(f"release {release.id} lacks {uninformative} of the stage's examples but says it left "
+                             f"out {release.description.get('uninformative_examples', 0)}")
+        if result is not None:
+            # The examples left out of the release are exactly those whose prior gives k = 1: RR-Top-1 would have
+            # released the prior's most likely class (ties to the smaller class, as the labels party sorts them),
+            # computed here and charged nothing. The stage's mean k counts them (k = 1).
+            labels[rows[~found]] = np.argmax(priors[~found], axis=1)
+            mean_k = (float(release.description["mean_k"]) * (len(rows) - uninformative) + uninformative) / len(rows)
+        labels[rows[found]] = np.rint(noisy[[position[i] for i, f in zip(ids, found) if f]]).astype(np.int64)
+        labelled[rows] = True
+        use = labelled.copy()
         if result is not None:  # drop earlier-stage labels outside the current model's top-k
             k = max(1, int(round(mean_k)))
-            earlier = released & ~np.isin(np.arange(n), rows)
+            earlier = labelled & ~np.isin(np.arange(n), rows)
             top = np.argsort(-_logits(result, numeric[earlier], categorical[earlier]), axis=1)[:, :k]
             outside = ~np.any(top == labels[earlier][:, None], axis=1)
             use[np.flatnonzero(earlier)[outside]] = False
@@ -97,6 +111,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
                        deadline=deadline)
         certified = release.certified_epsilon
         assert certified is not None  # its labels were downloaded: the release is available, its mechanism built
-        reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified))
+        reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified,
+                                   uninformative=uninformative))
     assert result is not None  # stages >= 1: at least one stage trained
     return result, reports

@@ -50,7 +50,8 @@ async def create_prior_release(dataset_id: str, request: Request, who: SeesDatas
                                epsilon: Annotated[schemas.QueryEpsilon, Query()], idempotency_key: IdempotencyKey):
     """RRWithPrior with one prior per example, sent as a columnar body (Parquet; CSV or NDJSON also work):
     example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
-    already-private stages)."""
+    already-private stages). Examples whose prior gives k = 1 are neither charged nor released (the description's
+    ``uninformative_examples`` counts them)."""
     return await with_columnar_body(request, ctx, who, lambda body: (
         transaction.run(ctx, who, idempotency_key, kinds.ExamplePriorRelease(epsilon, body))))
 

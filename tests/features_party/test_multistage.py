@@ -33,13 +33,21 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
                 client.request_release(dataset.id, {"mechanism": "rr", "epsilon": 0.1,
                                                     "example_ids": ids[:700].tolist()})
             assert getattr(refused.value, "code", None) == "budget_exceeded"
+            # stage-2 examples whose prior gave k = 1 were left out of its release and kept their whole budget
+            stage_2 = set(client.download_labels(reports[1].release_id).column("example_id").to_pylist())
+            stage_1 = set(client.download_labels(reports[0].release_id).column("example_id").to_pylist())
+            left_out = sorted(set(ids[:700].tolist()) - stage_1 - stage_2)
+            assert len(left_out) == reports[1].uninformative > 0
+            assert client.request_release(dataset.id, {"mechanism": "rr", "epsilon": 2.0,
+                                                       "example_ids": left_out}).num_examples == len(left_out)
         with parties.owner() as owner:
             audit = owner.audit(dataset.id)
             budget = owner.budget(dataset.id)
-    assert [r.examples for r in reports] == [350, 350]
+    assert [r.examples for r in reports] == [350, 350] and reports[0].uninformative == 0
     assert reports[1].mean_k < 10 and reports[1].trained_on <= 700
     assert all(r.certified_epsilon <= 2.0 for r in reports)
-    assert [e.record["examples_covered"] for e in audit.events] == [350, 350] and audit.chain_valid
+    covered = [350, 350 - reports[1].uninformative, reports[1].uninformative]  # the last: the left-out ones at 2.0
+    assert [e.record["examples_covered"] for e in audit.events] == covered and audit.chain_valid
     assert budget.epsilon_spent == 2.0  # parallel composition over the disjoint stages
     accuracy = np.mean(np.argmax(model.predict(x[700:], none[700:]), axis=1) == y[700:])
     assert accuracy > 0.6
@@ -56,11 +64,12 @@ def test_quick_classification_benchmark(tmp_path):
     assert "chain valid: True" in (tmp_path / "summary.md").read_text()
 
 
-def test_a_stage_whose_priors_would_say_nothing_is_not_released_and_spends_nothing(tmp_path):
-    """A sharpened model (temperature 0.01) gives every stage-2 example a prior with k = 1: RRWithPrior would
-    release the model's own predictions. The labels party refuses that before any charge; the job keeps the
-    stage-1 model and the stage-2 examples keep their budget. (The one feature is the label itself, so the model
-    separates the two classes and every example's sharpened prior is one-hot.)"""
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_stage_whose_priors_would_say_nothing_is_not_released_and_spends_nothing(tmp_path, stages):
+    """A sharpened model (temperature 0.01) gives every later-stage example a prior with k = 1: RRWithPrior would
+    release the model's own predictions. The labels party refuses that before any charge; the job goes on to the
+    next stage with the stage-1 model, and the refused stages' examples keep their budget. (The one feature is the
+    label itself, so the model separates the two classes and every example's sharpened prior is one-hot.)"""
     y = np.arange(300) % 2
     x = np.eye(2, dtype=np.float32)[y]
     ids = np.array([f"b{i}" for i in range(300)])
@@ -72,11 +81,13 @@ def test_a_stage_whose_priors_would_say_nothing_is_not_released_and_spends_nothi
             owner.grant(dataset.id, CONSUMER, 1.0)
         with parties.consumer() as client:
             _, reports = train_multistage(
-                client, dataset.id, ids, x, none, vocab_sizes=(), num_classes=2, epsilon=1.0, stages=2,
+                client, dataset.id, ids, x, none, vocab_sizes=(), num_classes=2, epsilon=1.0, stages=stages,
                 temperature=0.01, config=TrainConfig(loss="cross_entropy", hidden=(16,), learning_rate=3e-3,
                                                      epochs=10, batch_size=32, patience=10), seed=0)
         with parties.owner() as owner:
             audit = owner.audit(dataset.id)
-    assert [(r.stage, r.examples, r.skipped) for r in reports] == [(1, 150, None), (2, 150, "uninformative_release")]
-    assert reports[1].release_id is None and reports[1].trained_on == 0
-    assert [e.record["examples_covered"] for e in audit.events] == [150]  # stage 2 charged nothing
+    size = 300 // stages
+    assert [(r.stage, r.examples, r.skipped) for r in reports] == \
+        [(1, size, None)] + [(t, size, "uninformative_release") for t in range(2, stages + 1)]
+    assert all(r.release_id is None and r.trained_on == 0 for r in reports[1:])
+    assert [e.record["examples_covered"] for e in audit.events] == [size]  # the later stages charged nothing
