@@ -7,9 +7,9 @@ that example's prior; the labels party answers with RRWithPrior, leaving out the
 (RR-Top-1 would release the prior's most likely class whatever the label): they take that class as their label,
 computed here and charged nothing. Every other example is released once, at ε, so by parallel composition over the
 disjoint stages the whole run is ε-label-DP — the labels party's per-example ledger enforces and audits exactly
-that. A stage where every example has k = 1 is refused before any charge and adds no labels. Stage t trains on all labels so far, starting from the stage t−1 model, and drops
-earlier-stage labels that fall outside the current model's top-k (k = the mean k of the stage's RRWithPrior
-answers), as the supplement describes.
+that. A stage where every example has k = 1 is refused before any charge and adds no labels. Stage t trains on
+all labels so far, starting from the stage t−1 model, and drops earlier-stage labels that fall outside the current
+model's top-k (k = the mean k of the stage's RRWithPrior answers), as the supplement describes.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             # computed here and charged nothing. The stage's mean k counts them (k = 1).
             labels[rows[~found]] = np.argmax(priors[~found], axis=1)
             mean_k = (float(release.description["mean_k"]) * (len(rows) - uninformative) + uninformative) / len(rows)
-        labels[rows[found]] = np.rint(noisy[[position[i] for i, f in zip(ids, found) if f]]).astype(np.int64)
+        labels[rows[found]] = np.rint(noisy[[position[i] for i in ids if i in position]]).astype(np.int64)
         labelled[rows] = True
         use = labelled.copy()
         if result is not None:  # drop earlier-stage labels outside the current model's top-k
