@@ -109,6 +109,13 @@ def _segment(value: str) -> str:
     return quote(str(value), safe="")
 
 
+def release_body(request: schemas.ReleaseRequest) -> dict:
+    """A release request as sent: what it says (:meth:`~shared.schemas.ReleaseRequest.identity`: an opt-in such as
+    ``allow_uninformative`` only when given), without unset options — a labels party older than a field, which
+    forbids fields it does not know, accepts every request that does not use it."""
+    return {name: value for name, value in request.identity().items() if value is not None}
+
+
 class LabelsPartyClient:
     def __init__(
         self,
@@ -228,7 +235,7 @@ class LabelsPartyClient:
             return schemas.Release(**self._request(
                 "POST",
                 f"/v1/datasets/{_segment(dataset_id)}/releases",
-                json=body.model_dump(exclude_none=True),
+                json=release_body(body),
                 headers={"Idempotency-Key": key},
                 retry=True,
             ).json())

@@ -3,6 +3,7 @@ response never causes a second draw or charge), and 401/404/409 raise specific e
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -75,6 +76,31 @@ def test_retries_reuse_the_key_and_never_double_charge(service, faults):
     with LabelsPartyClient(base, keys["admin"]) as owner:
         assert len(owner.audit(dataset).events) == 1
         assert owner.audit(dataset).events[0].record["release_id"] == release.id
+
+
+class BodyRecorder(httpx.HTTPTransport):
+    """Forwards to the real server and keeps the JSON body of every request it sends."""
+
+    def __init__(self):
+        super().__init__()
+        self.bodies: list[dict] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.headers.get("content-type") == "application/json":
+            self.bodies.append(json.loads(request.read()))
+        return super().handle_request(request)
+
+
+def test_a_release_request_sends_the_uninformative_opt_in_only_when_given(service):
+    """A labels party from before ``allow_uninformative`` forbids fields it does not know: a request that does not
+    opt in must not name the field (nor unset options), so a new client still talks to it."""
+    base, keys, dataset, _ = service
+    transport = BodyRecorder()
+    with LabelsPartyClient(base, keys["partner"], transport=transport) as client:
+        client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.5})
+        client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.5, "allow_uninformative": True})
+    assert transport.bodies == [{"mechanism": "rr", "epsilon": 0.5, "clip": False},
+                                {"mechanism": "rr", "epsilon": 0.5, "clip": False, "allow_uninformative": True}]
 
 
 def test_download_returns_the_released_labels(service):
