@@ -119,6 +119,9 @@ class ErrorCode(str, Enum):
     RELEASE_IN_PROGRESS = ("release_in_progress", 409)
     # a source dataset still being copied and counted (or whose registration failed): nothing is charged
     DATASET_NOT_READY = ("dataset_not_ready", 409)
+    # a trainer job's id list (split.holdout_ids) is not the version it pinned: replaced or deleted since
+    ID_LIST_CHANGED = ("id_list_changed", 409)
+    TOO_MANY_ID_LISTS = ("too_many_id_lists", 409)  # a new id list beyond the trainer's max_id_lists_per_org
     BODY_TIMEOUT = ("body_timeout", 408)  # the body paused too long or came too slowly (shared.service.serving)
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
