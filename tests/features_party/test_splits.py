@@ -89,6 +89,9 @@ def test_a_job_by_an_id_list_uploaded_once_through_the_client(parties):
         assert job.release is not None and job.release["num_examples"] == N - 300
         assert _released_ids(parties, job.release["id"]).isdisjoint(test_ids)
         predictions = client.predictions(job.id).set_index("example_id")
+        client.put_id_list("spare", ["u1"])
+        client.delete_id_list("spare")
+        assert [v.name for v in client.id_lists()] == ["test-rows"]
     assert set(predictions.index[predictions["holdout"]]) == set(test_ids)
     shown = trainer.get("/v1/id-lists/test-rows")
     assert shown.status_code == 200 and set(shown.json()) == {"name", "num_ids", "sha256", "updated_at"}
