@@ -79,6 +79,8 @@ class ErrorCode(str, Enum):
     # a mechanism document that does not state a certified mechanism exactly (shared.mechanisms.documents)
     INVALID_MECHANISM_DOCUMENT = ("invalid_mechanism_document", 400)
     NO_OVERLAP = ("no_overlap", 400)
+    # the test-MSE estimate (features_party.client) refused on examples the model was trained on (holdout false)
+    NOT_HELD_OUT = ("not_held_out", 400)
     # the unbiased test-MSE estimate (shared.estimates) refused for a biased mechanism, or one whose outputs admit no
     # unbiased correction of their variance (or that releases no number per label)
     MECHANISM_BIASED = ("mechanism_biased", 400)
