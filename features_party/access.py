@@ -20,17 +20,17 @@ from shared.service.gate import Guard
 
 @dataclass(frozen=True)
 class Access(Guard):
-    """A route's requirement: an admin key or any key, and its body limit (``features``: features tables and id
-    lists)."""
+    """A route's requirement: an admin key or any key, and its body limit (``json``, ``features`` tables or
+    ``id_list``)."""
 
     admin_key: bool = False
-    body: Literal["json", "features"] = "json"
+    body: Literal["json", "features", "id_list"] = "json"
 
 
 ANY_KEY = Access()
 UPLOAD_FEATURES = Access(admin_key=True, body="features")
-# an id list is a job's input, like a job body (any key of the organization), bounded like a features table
-UPLOAD_ID_LIST = Access(body="features")
+# an id list is a job's input, like a job body (any key of the organization), with a limit of its own
+UPLOAD_ID_LIST = Access(body="id_list")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ def admitter(sessions: sessionmaker, settings: TrainerSettings
         assert isinstance(guard, Access)  # service_app refused routes guarded by anything else
         if guard.admin_key and principal.role != "admin":
             raise LabelDPError("creating or replacing a features table needs an admin key", code="forbidden")
-        limit = settings.max_features_bytes if guard.body == "features" else settings.max_json_bytes
+        limit = {"features": settings.max_features_bytes, "id_list": settings.max_id_list_bytes,
+                 "json": settings.max_json_bytes}[guard.body]
         return Admission(principal, limit)
 
     return admit

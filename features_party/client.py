@@ -109,6 +109,44 @@ def _segment(value: str) -> str:
     return quote(str(value), safe="")
 
 
+def release_body(request: schemas.ReleaseRequest) -> dict:
+    """A release request as sent: what it says (:meth:`~shared.schemas.ReleaseRequest.identity`: an opt-in such as
+    ``allow_uninformative`` only when given), without unset options — a labels party older than a field, which
+    forbids fields it does not know, accepts every request that does not use it."""
+    return {name: value for name, value in request.identity().items() if value is not None}
+
+
+def _scored_predictions(predictions: pd.Series | pd.DataFrame, holdout) -> tuple[pd.Series, pd.Series | None]:
+    """Predictions (float) and, if known, which were held out of training (bool), both indexed by example id (str):
+    from a predictions frame (``example_id`` column or index, ``prediction``, ``holdout``) or a Series and a mask."""
+    if isinstance(predictions, pd.DataFrame):
+        if "prediction" not in predictions.columns:
+            raise LabelDPError("a predictions frame has a 'prediction' column (and 'example_id', 'holdout')",
+                               code="invalid_input")
+        frame = predictions.set_index("example_id") if "example_id" in predictions.columns else predictions
+        if holdout is None and "holdout" in frame.columns:
+            holdout = frame["holdout"]
+        predictions = frame["prediction"]
+    index = predictions.index.astype(str)
+    if index.has_duplicates:
+        raise LabelDPError("predictions has duplicate example ids", code="invalid_input")
+    predicted = pd.Series(np.asarray(predictions, dtype=np.float64), index=index)
+    if holdout is None:
+        return predicted, None
+    malformed = LabelDPError(f"holdout is booleans: a Series by example id, or one per prediction ({len(index)}) in "
+                             "their order", code="invalid_input")
+    if isinstance(holdout, pd.Series):
+        held = holdout.set_axis(holdout.index.astype(str))
+    else:
+        mask = np.asarray(holdout)
+        if mask.shape != (len(index),):
+            raise malformed
+        held = pd.Series(mask, index=index)
+    if held.dtype != bool or held.index.has_duplicates:
+        raise malformed
+    return predicted, held
+
+
 class LabelsPartyClient:
     def __init__(
         self,
@@ -228,7 +266,7 @@ class LabelsPartyClient:
             return schemas.Release(**self._request(
                 "POST",
                 f"/v1/datasets/{_segment(dataset_id)}/releases",
-                json=body.model_dump(exclude_none=True),
+                json=release_body(body),
                 headers={"Idempotency-Key": key},
                 retry=True,
             ).json())
@@ -330,29 +368,50 @@ class LabelsPartyClient:
         """:meth:`download_labels` as a pandas frame: ``example_id`` and ``label`` (or ``in_class_k`` columns)."""
         return self.download_labels(release_id).to_pandas()
 
-    def estimate_test_mse(self, release_id: str, predictions: pd.Series, *, level: float = 0.95) -> MSEEstimate:
-        """The unbiased estimate of the true-label MSE of ``predictions`` (indexed by example id) on the examples of
-        a release by an unbiased mechanism — held out from training — with its confidence interval at ``level``;
-        from the release's privatized labels and its mechanism document only (:mod:`shared.estimates`), so nothing
-        more is charged. Every released example needs a prediction; other predictions are ignored."""
+    def estimate_test_mse(self, release_id: str, predictions: pd.Series | pd.DataFrame, *, holdout=None,
+                          level: float = 0.95) -> MSEEstimate:
+        """The unbiased estimate of the true-label MSE of a model's predictions on the examples of a release by an
+        unbiased mechanism, with its confidence interval at ``level`` (widened by the estimate's ``bias_bound``
+        and ``rounding_bound``: :class:`~shared.estimates.MSEEstimate`); from the release's privatized labels, its
+        mechanism document and its dataset's domain only (:mod:`shared.estimates`), so nothing more is charged.
+
+        ``predictions``: a job's predictions frame (``TrainerClient.predictions``: ``example_id``, ``prediction``,
+        ``holdout``), or a Series of predictions indexed by example id (then ``holdout``, optional, is a boolean
+        Series indexed by example id or a mask in the order of ``predictions``). Every released example needs a
+        prediction (others are ignored) and, where ``holdout`` is known, must have been held out of training: an
+        example the model trained on is refused (``not_held_out``) — its error is not a test error.
+
+        Unbiased for a model fixed before these labels were looked at: choosing among many models by their
+        estimates on the same release biases the chosen one's estimate downward (adaptive reuse of a holdout; see
+        :mod:`shared.estimates`)."""
+        predicted, held = _scored_predictions(predictions, holdout)
         release = self.get_release(release_id)
         if release.mechanism_hash is None:
             raise LabelDPError(f"release {release_id} is {release.state}: no mechanism document yet",
                                code="release_not_ready")
         document = self.mechanism_document(release.mechanism_hash)
+        domain = self.get_dataset(release.dataset_id).domain
         released = self.download_frame(release_id)
         if "label" not in released.columns:
             raise LabelDPError(f"release {release_id} ({release.mechanism}) releases no label per example",
                                code="mechanism_not_estimable")
-        predicted = pd.Series(np.asarray(predictions, dtype=np.float64), index=predictions.index.astype(str))
-        if predicted.index.has_duplicates:
-            raise LabelDPError("predictions has duplicate example ids in its index", code="invalid_input")
-        missing = ~released["example_id"].isin(predicted.index)
+        ids = released["example_id"]
+        missing = ~ids.isin(predicted.index)
         if missing.any():
             raise LabelDPError(f"{int(missing.sum())} of the release's {len(released)} examples have no prediction, "
-                               f"e.g. {released['example_id'][missing].iloc[0]!r}", code="invalid_input")
-        return unbiased_mse_estimate_from_document(predicted[released["example_id"]].to_numpy(),
-                                                   released["label"].to_numpy(), document, level=level)
+                               f"e.g. {ids[missing].iloc[0]!r}", code="invalid_input")
+        if held is not None:
+            unknown = ~ids.isin(held.index)
+            if unknown.any():
+                raise LabelDPError(f"holdout does not say whether {int(unknown.sum())} of the release's examples were "
+                                   f"held out, e.g. {ids[unknown].iloc[0]!r}", code="invalid_input")
+            trained = ~held[ids].to_numpy()
+            if trained.any():
+                raise LabelDPError(f"{int(trained.sum())} of the release's {len(released)} examples were trained on "
+                                   f"(holdout false), e.g. {ids[trained].iloc[0]!r}: the estimate is of the error on "
+                                   "examples the model did not see", code="not_held_out")
+        return unbiased_mse_estimate_from_document(predicted[ids].to_numpy(), released["label"].to_numpy(),
+                                                   document, level=level, domain=domain)
 
     def download_labels(self, release_id: str) -> pa.Table:
         """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""

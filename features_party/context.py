@@ -12,9 +12,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from features_party import migrations
+from features_party import db, migrations
 from features_party.settings import TrainerSettings
 from shared.service.database import make_engine
 from shared.service.leases import JobRunner
@@ -60,9 +61,21 @@ def build_context(settings: TrainerSettings | None = None, *, upgrade: bool = Fa
 
 def collect_leftovers(ctx: TrainerContext) -> int:
     """What a crashed process left: spooled bodies of dead processes (removed by :class:`Scratch` itself) and,
-    when no other process uses the data directory, its ``.tmp`` temporaries (features tables being written)."""
+    when no other process uses the data directory, its ``.tmp`` temporaries (features tables being written) and id
+    list files no row points at."""
     with ctx.scratch.alone() as alone:
-        removed = ctx.scratch.remove_leftovers() if alone else 0
+        removed = ctx.scratch.remove_leftovers() + _unreferenced_id_lists(ctx) if alone else 0
     if removed:
         log.info("removed %d leftover file(s) of earlier processes from the data directory", removed)
     return removed
+
+
+def _unreferenced_id_lists(ctx: TrainerContext) -> int:
+    """Id-list files (each upload writes its own, :mod:`features_party.id_lists`) that no row names: an upload that
+    died before its row was written, or after, before it removed the file its row named until then."""
+    with ctx.sessions() as session, session.begin():
+        kept = {Path(file).resolve() for file in session.scalars(select(db.IdList.file))}
+    stray = [f for f in ctx.data_dir.glob("orgs/*/id-lists/*.parquet") if f.resolve() not in kept]
+    for file in stray:
+        file.unlink(missing_ok=True)
+    return len(stray)

@@ -39,7 +39,8 @@ class FeatureTable(Base):
 
 
 class IdList(Base):
-    """A named list of example ids of one organization (a job's ``split.holdout_ids``): its ids in ``file``."""
+    """A named list of example ids of one organization (a job's ``split.holdout_ids``): its ids in ``file``, a file
+    of this upload's own, and their content hash (``features_party.id_lists.ids_sha256``), which a job pins."""
 
     __tablename__ = "id_lists"
     __table_args__ = (UniqueConstraint("org_id", "name"),)
@@ -48,6 +49,7 @@ class IdList(Base):
     name: Mapped[str] = mapped_column(String(100))
     file: Mapped[str] = mapped_column(String(300))
     num_ids: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

@@ -1,17 +1,25 @@
 """Id lists: named lists of example ids an organization uploads once (``PUT /v1/id-lists/{name}``, CSV with one
 ``example_id`` column) and names in jobs (``split: {"holdout_ids": name}``) instead of sending the ids in every job
-body. Stored like features tables: a Parquet file under the organization's directory and a row pointing at it;
-another organization's list is the 404 of a missing one, and no view ever shows the ids.
+body. Each upload is a Parquet file of its own under the organization's directory and the list's row points at it
+with the ids' content hash (:func:`ids_sha256`); another organization's list is the 404 of a missing one, and no
+view ever shows the ids. An organization holds at most ``max_id_lists_per_org`` lists (``DELETE`` frees a name).
 
-A job's split is resolved here too (:func:`held_out`): which rows of its features table it holds out."""
+A job's split is resolved here too (:func:`held_out`): which rows of its features table it holds out. A job pins its
+list's content hash when it is created, so every attempt holds out the same rows or none: a list replaced (or
+deleted) since is 409 ``id_list_changed``, before anything is asked of the labels party."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from features_party import db, schemas
@@ -21,13 +29,27 @@ from features_party.features import ID, read_features, store_frame
 from shared.errors import LabelDPError
 from shared.splits import holdout_mask
 
+Split = schemas.HoldoutFraction | schemas.HoldoutIds | None
+READ_ATTEMPTS = 3  # a list replaced this many times while one job plan reads it: that plan gives up (409)
+
+
+def ids_sha256(ids: Iterable[object]) -> str:
+    """An id list's content hash: the SHA-256 (hex) of the JSON array of its ids as strings, sorted (by code
+    point), without spaces, UTF-8 — the same for the same ids in any order, so anyone can compute it."""
+    text = json.dumps(sorted(str(i) for i in ids), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
 
 def _view(row: db.IdList) -> schemas.IdListView:
-    return schemas.IdListView(name=row.name, num_ids=row.num_ids, updated_at=row.updated_at)
+    return schemas.IdListView(name=row.name, num_ids=row.num_ids, sha256=row.sha256, updated_at=row.updated_at)
+
+
+def _find(session: Session, org_id: int, name: str) -> db.IdList | None:
+    return session.scalar(select(db.IdList).where(db.IdList.org_id == org_id, db.IdList.name == name))
 
 
 def _row(session: Session, org_id: int, name: str) -> db.IdList:
-    row = session.scalar(select(db.IdList).where(db.IdList.org_id == org_id, db.IdList.name == name))
+    row = _find(session, org_id, name)
     if row is None:
         raise LabelDPError("no such id list for this key", code="not_found")
     return row
@@ -39,15 +61,69 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     if list(frame.columns) != [ID]:
         raise LabelDPError(f"an id list has one column, {ID!r}; this one has {len(frame.columns)}",
                            code="malformed_file")
-    target = store_frame(ctx.org_dir(principal.org_id) / "id-lists", name, frame)
+    # A file of its own per upload: the row names it with the hash of its ids in one transaction, so the row and
+    # the file always agree, and a reader of the previous row still finds the previous file until that commits.
+    target = store_frame(ctx.org_dir(principal.org_id) / "id-lists", f"{name}.{uuid.uuid4().hex}", frame)
+    try:
+        view, replaced = _record(ctx, principal.org_id, name, target, len(frame), ids_sha256(frame[ID]))
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    if replaced is not None:
+        Path(replaced).unlink(missing_ok=True)  # a crash before this leaves it to collect_leftovers
+    return view
+
+
+def _record(ctx: TrainerContext, org_id: int, name: str, target: Path, num_ids: int,
+            sha256: str) -> tuple[schemas.IdListView, str | None]:
+    """Points the list's row (a new one, room permitting) at ``target``; the view and the file it replaced."""
+    for attempt in range(2):
+        try:
+            with ctx.sessions() as session, session.begin():
+                _lock_organization(session, org_id)
+                row, replaced = _find(session, org_id, name), None
+                if row is None:
+                    _check_room(session, ctx, org_id)
+                    row = db.IdList(org_id=org_id, name=name)
+                    session.add(row)
+                else:
+                    replaced = row.file
+                row.file, row.num_ids, row.sha256, row.updated_at = str(target), num_ids, sha256, db.utcnow()
+                session.flush()
+                return _view(row), replaced
+        except IntegrityError:
+            # Another writer inserted this name after the lookup (one not holding the organization's lock): the
+            # row exists now, and this upload replaces it like any other.
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _lock_organization(session: Session, org_id: int) -> None:
+    """PostgreSQL: one id-list change of an organization at a time, so its count and a name's first upload are
+    decided one after the other (SQLite serializes writers anyway). FOR NO KEY UPDATE: rows that merely reference
+    the organization (a job being inserted) are not held up."""
+    session.get(db.Organization, org_id, with_for_update={"key_share": True})
+
+
+def _check_room(session: Session, ctx: TrainerContext, org_id: int) -> None:
+    limit = ctx.settings.max_id_lists_per_org
+    count = session.execute(select(func.count()).select_from(db.IdList).where(db.IdList.org_id == org_id)
+                            ).scalar_one()
+    if count >= limit:
+        raise LabelDPError(f"this organization has {count} id lists, this trainer's limit (max_id_lists_per_org): "
+                           "delete one (DELETE /v1/id-lists/{name}) or replace one of the same name",
+                           code="too_many_id_lists")
+
+
+def delete(ctx: TrainerContext, principal: Principal, name: str) -> None:
+    """Removes the list and its file. A job created with it that runs again refuses (``id_list_changed``)."""
     with ctx.sessions() as session, session.begin():
-        row = session.scalar(select(db.IdList).where(db.IdList.org_id == principal.org_id, db.IdList.name == name))
-        if row is None:
-            row = db.IdList(org_id=principal.org_id, name=name, file=str(target))
-            session.add(row)
-        row.num_ids, row.updated_at = len(frame), db.utcnow()
-        session.flush()
-        return _view(row)
+        _lock_organization(session, principal.org_id)
+        row = _row(session, principal.org_id, name)
+        file = row.file
+        session.delete(row)
+    Path(file).unlink(missing_ok=True)
 
 
 def list_all(ctx: TrainerContext, principal: Principal) -> list[schemas.IdListView]:
@@ -61,18 +137,42 @@ def get(ctx: TrainerContext, principal: Principal, name: str) -> schemas.IdListV
         return _view(_row(session, principal.org_id, name))
 
 
-def read_ids(ctx: TrainerContext, org_id: int, name: str) -> pd.Index:
-    """The ids of an id list of organization ``org_id`` (404 not_found: none of that name)."""
-    with ctx.sessions() as session, session.begin():
-        file = _row(session, org_id, name).file
-    return pd.Index(pd.read_parquet(file, columns=[ID])[ID].astype(str))
+def _changed(name: str, *, stored: bool) -> LabelDPError:
+    if stored:
+        return LabelDPError(f"the id list {name!r} was replaced or deleted after this job was created; create a new "
+                            "job", code="id_list_changed")
+    return LabelDPError(f"the id list {name!r} is not the version split.sha256 names (it was replaced): give its "
+                        "current sha256 (GET /v1/id-lists/{name}), or none", code="id_list_changed")
 
 
-def held_out(ctx: TrainerContext, org_id: int, split: schemas.HoldoutFraction | schemas.HoldoutIds | None,
-             index: pd.Index) -> np.ndarray:
-    """Which of ``index`` (a features table's ids) the job's split holds out: all False without a split."""
+def _pinned_ids(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, *, stored: bool) -> tuple[pd.Index, str]:
+    """The ids of the list a split names and their hash; refused when it is not the version the split pins (a
+    stored split always pins one: its job's creation did)."""
+    for _attempt in range(READ_ATTEMPTS):
+        with ctx.sessions() as session, session.begin():
+            row = _find(session, org_id, split.holdout_ids)
+            if row is None:  # a stored split's list was deleted since
+                raise _changed(split.holdout_ids, stored=True) if stored else LabelDPError(
+                    "no such id list for this key", code="not_found")
+            file, sha256 = row.file, row.sha256
+        if sha256 != split.sha256 and (stored or split.sha256 is not None):
+            raise _changed(split.holdout_ids, stored=stored)
+        try:
+            return pd.Index(pd.read_parquet(file, columns=[ID])[ID].astype(str)), sha256
+        except FileNotFoundError:  # replaced since the row was read (its file removed): read the row again
+            continue
+    raise LabelDPError(f"the id list {split.holdout_ids!r} was replaced while it was being read; try again",
+                       code="upload_conflict")
+
+
+def held_out(ctx: TrainerContext, org_id: int, split: Split, index: pd.Index, *,
+             stored: bool = False) -> tuple[np.ndarray, Split]:
+    """Which of ``index`` (a features table's ids) the job's split holds out (all False without a split), and the
+    split as the job keeps it: an id list's with the content hash of the version read (``sha256``). ``stored``: the
+    split of a job created before, which must find that version (else 409 ``id_list_changed``)."""
     if split is None:
-        return np.zeros(len(index), dtype=bool)
+        return np.zeros(len(index), dtype=bool), None
     if isinstance(split, schemas.HoldoutFraction):
-        return holdout_mask(index, split.holdout_fraction, split.seed)
-    return np.asarray(index.isin(read_ids(ctx, org_id, split.holdout_ids)))
+        return holdout_mask(index, split.holdout_fraction, split.seed), split
+    ids, sha256 = _pinned_ids(ctx, org_id, split, stored=stored)
+    return np.asarray(index.isin(ids)), split.model_copy(update={"sha256": sha256})

@@ -4,7 +4,8 @@ against the loss, mechanism and protocol), so a job that cannot run is a 4xx and
 
 A job is planned when it is created, from the client's request, and again by every attempt and resume, from the
 request its record keeps (``stored=True``): the planned one, whose ``release.example_ids`` name what the first plan
-asked for (:func:`_naming_ids`), so every attempt asks the labels party for the same release."""
+asked for (:func:`_naming_ids`) and whose id list split names the version the first plan read (its ``sha256``), so
+every attempt asks the labels party for the same release — or, the list replaced, for nothing (``id_list_changed``)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,9 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         features_file = feature_row(session, org_id, request.features).file
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
-    held_out = frame.index[id_lists.held_out(ctx, org_id, request.split, frame.index)]  # 404: no such id list
+    # 404: no such id list; 409: not the version the split pins. The request keeps the version read (its sha256).
+    mask, split = id_lists.held_out(ctx, org_id, request.split, frame.index, stored=stored)
+    held_out, request = frame.index[mask], request.model_copy(update={"split": split})
     rows = _rows_to_train(frame, request, held_out, ctx.settings.min_train_examples)
     # embeddings sized by the distinct values in the features table: an upper bound of what its training rows have
     vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)

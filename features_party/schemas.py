@@ -16,6 +16,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
 DATASET_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 API_KEY_PATTERN = r"^[A-Za-z0-9_-]{1,200}$"  # an API key of the labels party (ASCII only)
 RELEASE_ID_PATTERN = DATASET_ID_PATTERN
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 class TrainOptions(BaseModel):
@@ -55,6 +56,10 @@ class HoldoutIds(BaseModel):
     model_config = schemas.REQUEST_CONFIG
 
     holdout_ids: str = Field(pattern=NAME_PATTERN, description="the name of an id list")
+    sha256: str | None = Field(default=None, pattern=SHA256_PATTERN, description=(
+        "the list's content hash; the trainer fills it in when the job is created, so every attempt holds out the "
+        "same rows; give it to pin a version yourself (the list's `sha256`: the SHA-256 of the JSON array of its "
+        "ids, sorted, without spaces, UTF-8). A list replaced since: 409 id_list_changed"))
 
 
 class JobRequest(BaseModel):
@@ -93,6 +98,8 @@ class IdListView(BaseModel):
 
     name: str
     num_ids: int
+    sha256: str = Field(description="the content hash of its ids (a job's `split.sha256`: the SHA-256 of the JSON "
+                        "array of the ids, sorted, without spaces, UTF-8)")
     updated_at: datetime
 
 

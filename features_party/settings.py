@@ -34,6 +34,11 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     upstream_ca_bundle: str | None = None  # verify the labels party's TLS certificate against this CA file
     max_features_bytes: int = Field(default=1 << 30, gt=0)
     max_json_bytes: int = Field(default=64 << 20, gt=0)
+    # Id lists (any key of an organization uploads them): a body of at most max_id_list_bytes (64 MiB: some million
+    # ids; beyond, 413), at most max_id_lists_per_org names per organization (a new one beyond: 409
+    # too_many_id_lists; replacing a list is always allowed, DELETE frees a name).
+    max_id_list_bytes: int = Field(default=64 << 20, gt=0)
+    max_id_lists_per_org: int = Field(default=100, ge=1)
     workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
     # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease it renews every third
     # of job_lease_seconds; a job whose worker died is taken over by any replica once its lease expired. Idle

@@ -54,6 +54,10 @@ class TrainerClient:
     def id_lists(self) -> list[schemas.IdListView]:
         return [schemas.IdListView(**item) for item in self._call("GET", "/v1/id-lists").json()]
 
+    def delete_id_list(self, name: str) -> None:
+        """Remove the id list ``name`` (``NotFound`` if the organization has none of that name)."""
+        self._call("DELETE", f"/v1/id-lists/{_segment(name)}")
+
     def create_job(self, request: schemas.JobRequest | dict, *, idempotency_key: str | None = None,
                    retries: int = 2) -> schemas.JobView:
         """A new job; sent again up to ``retries`` times when the answer does not come, with one Idempotency-Key

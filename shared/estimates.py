@@ -20,10 +20,20 @@ Then each term (f − ŷ)² − h(ŷ) has mean (f − y)², and their average ha
   near 250 and a standard error near 17; the realized bias about a tenth of the bound).
 
 The standard error is the per-example terms' sample standard deviation over √n (the terms are independent, one
-draw each), so it covers the noise and the spread of the squared errors; the interval is normal at the asked
-level. Labels off the mechanism's grid (continuous labels, rounded at random to a neighbouring grid point before the
-mechanism) add the rounding's variance, which no function of ŷ can remove: the estimate then overstates the MSE by
-at most Δ²/4 for grid spacing Δ (:attr:`MSEEstimate.rounding_bound`).
+draw each), so it covers the noise and the spread of the squared errors. Labels off the mechanism's grid (continuous
+labels, rounded at random to a neighbouring grid point before the mechanism) add the rounding's variance, which no
+function of ŷ can remove: the estimate then overstates the MSE by at most Δ²/4 for grid spacing Δ
+(:attr:`MSEEstimate.rounding_bound`; 0 when the domain's labels lie on the grid, e.g. integers on a lattice of step
+1 — pass the dataset's ``domain`` to say so, else an additive mechanism's bound is its lattice's). The interval is the
+normal one at the asked level widened by those bounds — by ``bias_bound`` on both sides and by ``rounding_bound``
+below — so it covers the MSE at least as often as a normal interval covers the estimate's mean; it is the plain
+normal interval exactly when both bounds are 0.
+
+**For a model fixed before these labels were looked at.** The estimate is unbiased for one model chosen without
+them. Scoring many models on the same privatized held-out labels and keeping the best one reuses them adaptively:
+the chosen model's estimate is then biased downward (it is the minimum of noisy estimates — the reusable-holdout
+problem), and its interval does not cover at its level. Choose among models on their own validation rows (a job's
+``val_loss``), or on another release of other held-out examples, and score the chosen one here.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from shared.domains import Domain, FiniteLabels, Lattice, domain_from_spec
 from shared.errors import LabelDPError
 from shared.mechanisms.additive import AdditiveNoiseRandomizer
 from shared.mechanisms.documents import Sampler, sampler_from_description
@@ -52,26 +63,32 @@ VARIANCE_TOLERANCE = 1e-6
 
 @dataclass(frozen=True)
 class MSEEstimate:
-    """The unbiased estimate of the mean of (prediction − true label)² over the scored examples."""
+    """The unbiased estimate of the mean of (prediction − true label)² over the scored examples (of a model fixed
+    before they were looked at: see the module on choosing among models)."""
 
     estimate: float
     standard_error: float
     level: float
-    confidence_interval: tuple[float, float]  # normal, at ``level``
+    # estimate ± z·standard_error at ``level``, widened by bias_bound on both sides and rounding_bound below (see
+    # the module): its coverage is the normal interval's exactly when both bounds are 0, at least that otherwise
+    confidence_interval: tuple[float, float]
     num_examples: int
     mechanism: str
     # |E[estimate] − MSE| is at most this (0 when the variance correction is exact; see the module)
     bias_bound: float
     # how much of the estimate can be the randomized rounding's variance, for labels off the mechanism's grid
-    # (continuous labels); labels on it (integers on an integer grid) add nothing
+    # (continuous labels, or a domain not given with an additive mechanism); labels on it (integers on a lattice of
+    # step 1) add nothing
     rounding_bound: float
 
 
-def unbiased_mse_estimate_from_document(predictions, noisy_labels, document: dict, *,
-                                        level: float = 0.95) -> MSEEstimate:
+def unbiased_mse_estimate_from_document(predictions, noisy_labels, document: dict, *, level: float = 0.95,
+                                        domain: Domain | dict | None = None) -> MSEEstimate:
     """:func:`unbiased_mse_estimate` for the mechanism a release's mechanism document states
     (``GET /v1/mechanisms/{hash}``: ``{"description": ..., "noisy_prior": ...}``), rebuilt exactly by
-    :func:`~shared.mechanisms.documents.sampler_from_description`."""
+    :func:`~shared.mechanisms.documents.sampler_from_description`. ``domain``: the dataset's (its ``domain``
+    object, or the domain), which says whether its labels lie on an additive mechanism's lattice (a document
+    does not)."""
     description = document.get("description") if isinstance(document, dict) else None
     if not isinstance(description, dict):
         raise LabelDPError("a mechanism document is a JSON object with a 'description' object",
@@ -86,17 +103,18 @@ def unbiased_mse_estimate_from_document(predictions, noisy_labels, document: dic
                            code="mechanism_not_estimable") from None
     rounding = description.get("rounding")  # a finite randomizer on a continuous domain's grid states the domain
     on_grid = isinstance(rounding, dict) and rounding.get("kind") == "continuous"
-    return _estimate(predictions, noisy_labels, mechanism, level, _rounding_bound(mechanism, on_grid))
+    return _estimate(predictions, noisy_labels, mechanism, level, _rounding_bound(mechanism, on_grid, domain))
 
 
 def unbiased_mse_estimate(predictions, noisy_labels, mechanism: Sampler | RoundedRandomizer, *,
-                          level: float = 0.95) -> MSEEstimate:
+                          level: float = 0.95, domain: Domain | dict | None = None) -> MSEEstimate:
     """The estimate, its standard error and confidence interval (see the module) from each example's prediction
-    and privatized label, in the same order. Refuses a biased mechanism (``mechanism_biased``), privatized labels
-    it cannot output and mismatched or non-finite inputs (``invalid_input``)."""
+    and privatized label, in the same order (``domain``: as for :func:`unbiased_mse_estimate_from_document`).
+    Refuses a biased mechanism (``mechanism_biased``), privatized labels it cannot output and mismatched or
+    non-finite inputs (``invalid_input``)."""
     on_grid = isinstance(mechanism, RoundedRandomizer)
     sampler = mechanism.inner if isinstance(mechanism, RoundedRandomizer) else mechanism
-    return _estimate(predictions, noisy_labels, sampler, level, _rounding_bound(sampler, on_grid))
+    return _estimate(predictions, noisy_labels, sampler, level, _rounding_bound(sampler, on_grid, domain))
 
 
 def _estimate(predictions, noisy_labels, mechanism: Sampler, level: float, rounding_bound: float) -> MSEEstimate:
@@ -109,8 +127,10 @@ def _estimate(predictions, noisy_labels, mechanism: Sampler, level: float, round
     estimate = float(terms.mean())
     standard_error = float(terms.std(ddof=1) / math.sqrt(terms.size))
     half = NormalDist().inv_cdf(0.5 + level / 2) * standard_error
-    return MSEEstimate(estimate, standard_error, level, (estimate - half, estimate + half), int(terms.size),
-                       mechanism.name, bias_bound, rounding_bound)
+    # E[estimate] is within bias_bound of the MSE, and above it by at most rounding_bound
+    interval = (estimate - half - bias_bound - rounding_bound, estimate + half + bias_bound)
+    return MSEEstimate(estimate, standard_error, level, interval, int(terms.size), mechanism.name, bias_bound,
+                       rounding_bound)
 
 
 def _vectors(predictions, noisy_labels) -> tuple[np.ndarray, np.ndarray]:
@@ -179,12 +199,31 @@ def _at(values: np.ndarray, h: np.ndarray, noisy_labels: np.ndarray, mechanism: 
     return h[index]
 
 
-def _rounding_bound(mechanism: Sampler, on_grid: bool) -> float:
+def _rounding_bound(mechanism: Sampler, on_grid: bool, domain: Domain | dict | None) -> float:
     """Δ²/4 for the grid (additive noise: the lattice) that labels may be rounded onto (see :class:`MSEEstimate`);
-    0 for a finite randomizer on the labels themselves."""
+    0 for a finite randomizer on the labels themselves, and for additive noise on a domain of finite labels that
+    all lie on its lattice (integers on a lattice of step 1: nothing is rounded)."""
     if isinstance(mechanism, AdditiveNoiseRandomizer):
-        return mechanism.lattice.step**2 / 4
+        labels = _finite_labels(domain)
+        on_lattice = labels is not None and _on_lattice(labels, mechanism.lattice)
+        return 0.0 if on_lattice else mechanism.lattice.step**2 / 4
     if on_grid:  # an evenly spaced grid: its spacing is the range over the gaps
         inputs = mechanism.input_values
         return float(((inputs.max() - inputs.min()) / (inputs.size - 1)) ** 2 / 4)
     return 0.0
+
+
+def _finite_labels(domain: Domain | dict | None) -> np.ndarray | None:
+    """The label values of a domain of finite labels (given as a domain or as a dataset's ``domain`` object); None
+    for a continuous domain or none."""
+    if isinstance(domain, dict):
+        domain = domain_from_spec(domain)
+    return domain.values if isinstance(domain, FiniteLabels) else None
+
+
+def _on_lattice(labels: np.ndarray, lattice: Lattice) -> bool:
+    try:
+        positions = lattice.positions(labels)  # snapped when within 1e-9 of a lattice point
+    except LabelDPError:  # labels beyond the lattice's ends: not the domain it was built for
+        return False
+    return bool(np.array_equal(positions, np.rint(positions)))

@@ -71,12 +71,13 @@ def test_readme_python_sdk_block_runs_as_written(services: None, capsys: pytest.
     assert release.num_examples == len(noisy) == estimate.num_examples == len(expected)
 
     # The estimate is within 4 of its standard errors of the true held-out MSE (a 6·10⁻⁵ chance otherwise), and its
-    # interval is the normal one at 95 %.
+    # interval is the normal one at 95 % widened by its bias bound (integer labels under opt-unbiased: no rounding).
     truth_of = table.set_index("example_id").hours.astype(float)
     predicted = predictions.set_index("example_id").prediction
     truth = float(np.mean((predicted[expected] - truth_of[expected]) ** 2))
     assert abs(estimate.estimate - truth) < 4 * estimate.standard_error
     low, high = estimate.confidence_interval
-    assert (high - low) / 2 == pytest.approx(1.959964 * estimate.standard_error)
+    assert estimate.rounding_bound == 0.0
+    assert (high - low) / 2 == pytest.approx(1.959964 * estimate.standard_error + estimate.bias_bound)
     assert truth < 0.9 * float(np.var(truth_of[expected]))  # the model learned something from the features
     assert f"{job.num_holdout_examples} held out" in capsys.readouterr().out

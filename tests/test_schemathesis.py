@@ -131,6 +131,6 @@ def test_trainer(labels_party, tmp_path):
            "LABELDP_ST_FEATURES_NAME": "f", "LABELDP_ST_JOB_ID": job["id"]}
     try:
         with serve_in_thread(create_trainer(ctx)) as url:
-            assert _assert_clean(_schemathesis(url, tmp_path, env), operations=14) > 500
+            assert _assert_clean(_schemathesis(url, tmp_path, env), operations=15) > 500
     finally:
         ctx.jobs.stop()

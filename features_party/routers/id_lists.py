@@ -1,10 +1,10 @@
-"""Id lists: upload (any key of the organization), list, read — never their ids."""
+"""Id lists: upload and delete (any key of the organization), list, read — never their ids."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from features_party import id_lists, schemas
@@ -18,8 +18,10 @@ ListName = Annotated[str, Path(pattern=schemas.NAME_PATTERN, description="letter
 
 @router.put("/{name}", response_model=schemas.IdListView, openapi_extra=CSV_BODY)
 async def upload_id_list(name: ListName, request: Request, who: UploadsIdList, ctx: Context):
-    """An id list: CSV with one column, ``example_id``, and unique ids (replaces a list of that name), bounded
-    like a features table. Jobs name it as ``split: {"holdout_ids": name}`` to hold those rows out of training."""
+    """An id list: CSV with one column, ``example_id``, and unique ids (replaces a list of that name), at most
+    ``max_id_list_bytes`` (413) and ``max_id_lists_per_org`` lists (a new one beyond: 409 too_many_id_lists). Jobs
+    name it as ``split: {"holdout_ids": name}`` to hold those rows out of training; a job pins the version it was
+    created with (``sha256``), so replacing a list makes its jobs that run again fail with id_list_changed."""
     require_csv(request, "id lists")
     directory, body = await gate.spool(request, who.body_limit, ctx.scratch.spools)
     with directory:
@@ -35,3 +37,11 @@ def list_id_lists(who: AnyKey, ctx: Context):
 def get_id_list(name: ListName, who: AnyKey, ctx: Context):
     """The list's name, size and time of upload (never its ids)."""
     return id_lists.get(ctx, who.principal, name)
+
+
+@router.delete("/{name}", status_code=204, response_class=Response)
+def delete_id_list(name: ListName, who: AnyKey, ctx: Context):
+    """Removes the list (404 for none of that name in this organization); jobs created with it that run again fail
+    with id_list_changed."""
+    id_lists.delete(ctx, who.principal, name)
+    return Response(status_code=204)

@@ -37,9 +37,11 @@ def create_job(body: schemas.JobRequest, who: AnyKey, ctx: Context, response: Re
     (ids the dataset lacks: refused by count, nothing spent), less those its ``split`` holds out: either
     ``{"holdout_fraction": f, "seed": s}``, the rows whose SHA-256 of ``"{s}:{example_id}"`` (first 8 bytes,
     big-endian, top 53 bits / 2⁵³) is below f — a public rule anyone can compute (``shared.splits.holdout_mask``) —
-    or ``{"holdout_ids": name}``, the ids of an id list uploaded once (``PUT /v1/id-lists/{name}``). A split with
-    ``release.example_ids``, an unknown id list, or a split that leaves too few rows to train on is a 400 before
-    anything is asked of the labels party. Send an ``Idempotency-Key`` to be able to resend the request when its
+    or ``{"holdout_ids": name}``, the ids of an id list uploaded once (``PUT /v1/id-lists/{name}``), pinned to the
+    version read (the job's ``split.sha256``: a list replaced since makes its attempts and resumes 409
+    id_list_changed). A split with ``release.example_ids`` or a split that leaves too few rows to train on is a 400,
+    an unknown id list a 404, a ``split.sha256`` that is not the list's a 409, before anything is asked of the
+    labels party. Send an ``Idempotency-Key`` to be able to resend the request when its
     answer is lost."""
     view, created = service.create_job(ctx, who.principal, body, idempotency_key)
     if not created:

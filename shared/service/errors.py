@@ -79,6 +79,8 @@ class ErrorCode(str, Enum):
     # a mechanism document that does not state a certified mechanism exactly (shared.mechanisms.documents)
     INVALID_MECHANISM_DOCUMENT = ("invalid_mechanism_document", 400)
     NO_OVERLAP = ("no_overlap", 400)
+    # the test-MSE estimate (features_party.client) refused on examples the model was trained on (holdout false)
+    NOT_HELD_OUT = ("not_held_out", 400)
     # the unbiased test-MSE estimate (shared.estimates) refused for a biased mechanism, or one whose outputs admit no
     # unbiased correction of their variance (or that releases no number per label)
     MECHANISM_BIASED = ("mechanism_biased", 400)
@@ -119,6 +121,9 @@ class ErrorCode(str, Enum):
     RELEASE_IN_PROGRESS = ("release_in_progress", 409)
     # a source dataset still being copied and counted (or whose registration failed): nothing is charged
     DATASET_NOT_READY = ("dataset_not_ready", 409)
+    # a trainer job's id list (split.holdout_ids) is not the version it pinned: replaced or deleted since
+    ID_LIST_CHANGED = ("id_list_changed", 409)
+    TOO_MANY_ID_LISTS = ("too_many_id_lists", 409)  # a new id list beyond the trainer's max_id_lists_per_org
     BODY_TIMEOUT = ("body_timeout", 408)  # the body paused too long or came too slowly (shared.service.serving)
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)

@@ -3,6 +3,7 @@ response never causes a second draw or charge), and 401/404/409 raise specific e
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -77,6 +78,31 @@ def test_retries_reuse_the_key_and_never_double_charge(service, faults):
         assert owner.audit(dataset).events[0].record["release_id"] == release.id
 
 
+class BodyRecorder(httpx.HTTPTransport):
+    """Forwards to the real server and keeps the JSON body of every request it sends."""
+
+    def __init__(self):
+        super().__init__()
+        self.bodies: list[dict] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.headers.get("content-type") == "application/json":
+            self.bodies.append(json.loads(request.read()))
+        return super().handle_request(request)
+
+
+def test_a_release_request_sends_the_uninformative_opt_in_only_when_given(service):
+    """A labels party from before ``allow_uninformative`` forbids fields it does not know: a request that does not
+    opt in must not name the field (nor unset options), so a new client still talks to it."""
+    base, keys, dataset, _ = service
+    transport = BodyRecorder()
+    with LabelsPartyClient(base, keys["partner"], transport=transport) as client:
+        client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.5})
+        client.request_release(dataset, {"mechanism": "rr", "epsilon": 0.5, "allow_uninformative": True})
+    assert transport.bodies == [{"mechanism": "rr", "epsilon": 0.5, "clip": False},
+                                {"mechanism": "rr", "epsilon": 0.5, "clip": False, "allow_uninformative": True}]
+
+
 def test_download_returns_the_released_labels(service):
     base, keys, dataset, labels = service
     with LabelsPartyClient(base, keys["partner"]) as client:
@@ -126,11 +152,11 @@ def test_frames_and_the_test_mse_estimate_through_the_client(service):
     rng = np.random.default_rng(4)
     frame = pd.DataFrame({"id": [f"x{i}" for i in range(600)], "y": rng.integers(0, 21, size=600)})
     with LabelsPartyClient(base, keys["admin"]) as owner:
-        dataset = owner.create_dataset(name="frame", label_kind="integer", min=0, max=20, epsilon_total=1).id
+        dataset = owner.create_dataset(name="frame", label_kind="integer", min=0, max=20, epsilon_total=2).id
         with pytest.raises(LabelDPError, match="no column 'example_id'"):
             owner.upload_frame(dataset, frame)
         assert owner.upload_frame(dataset, frame, id_column="id", label_column="y").num_examples == 600
-        owner.grant(dataset, "pub", 1)
+        owner.grant(dataset, "pub", 2)
     predictions = pd.Series(frame.y.to_numpy() + rng.normal(0, 2, size=600), index=frame.id)
     held_out, other = frame.id[:400].tolist(), frame.id[400:].tolist()
     with LabelsPartyClient(base, keys["partner"]) as client:
@@ -145,11 +171,34 @@ def test_frames_and_the_test_mse_estimate_through_the_client(service):
         assert estimate.confidence_interval[0] < estimate.estimate < estimate.confidence_interval[1]
         with pytest.raises(LabelDPError, match="100 of the release's 400 examples have no prediction"):
             client.estimate_test_mse(release.id, predictions[100:])
+        # A job's predictions frame: its holdout column says which examples the model did not train on
+        job_frame = pd.DataFrame({"example_id": frame.id, "prediction": predictions.to_numpy(),
+                                  "holdout": frame.id.isin(held_out).to_numpy()})
+        assert client.estimate_test_mse(release.id, job_frame) == estimate
+        assert client.estimate_test_mse(release.id, predictions, holdout=job_frame.holdout.to_numpy()) == estimate
+        job_frame.loc[[3, 7], "holdout"] = False  # two released examples the model trained on
+        for given in (job_frame, job_frame.set_index("example_id")):
+            with pytest.raises(LabelDPError, match="2 of the release's 400 examples were trained on") as trained:
+                client.estimate_test_mse(release.id, given)
+            assert trained.value.code == "not_held_out"
+        with pytest.raises(LabelDPError) as trained:
+            client.estimate_test_mse(release.id, predictions, holdout=job_frame.set_index("example_id").holdout)
+        assert trained.value.code == "not_held_out"
+        for holdout in (np.ones(5, dtype=bool), np.ones(600), pd.Series(True, index=frame.id[:10])):
+            with pytest.raises(LabelDPError) as malformed:
+                client.estimate_test_mse(release.id, predictions, holdout=holdout)
+            assert malformed.value.code == "invalid_input"
         biased = client.request_release(dataset, {"mechanism": "laplace", "clip": True, "epsilon": 1.0,
                                                   "example_ids": other})
         with pytest.raises(LabelDPError) as refused:
             client.estimate_test_mse(biased.id, predictions)
         assert refused.value.code == "mechanism_biased"
+        # the dataset's integer labels lie on Laplace's lattice (step 1): nothing is rounded, nothing to own up to
+        laplace = client.request_release(dataset, {"mechanism": "laplace", "epsilon": 1.0, "example_ids": other})
+        on_lattice = client.estimate_test_mse(laplace.id, predictions)
+        assert (on_lattice.rounding_bound, on_lattice.bias_bound) == (0.0, 0.0)
+        half = 1.959964 * on_lattice.standard_error
+        assert on_lattice.confidence_interval == pytest.approx((on_lattice.estimate - half, on_lattice.estimate + half))
 
 
 def test_a_retry_while_the_first_call_computes_waits_for_its_outcome(tmp_path):

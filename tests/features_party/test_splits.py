@@ -10,11 +10,13 @@ import io
 import numpy as np
 import pandas as pd
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, insert, select
 
-from features_party import db
+from features_party import db, id_lists
 from features_party.api import create_app as create_trainer
+from features_party.auth import Principal
 from features_party.client import LabelsPartyClient
+from features_party.id_lists import ids_sha256
 from features_party.trainer_client import TrainerClient
 from labeldp.local_services import serve_in_thread
 from shared.splits import holdout_mask
@@ -87,9 +89,13 @@ def test_a_job_by_an_id_list_uploaded_once_through_the_client(parties):
         assert job.release is not None and job.release["num_examples"] == N - 300
         assert _released_ids(parties, job.release["id"]).isdisjoint(test_ids)
         predictions = client.predictions(job.id).set_index("example_id")
+        client.put_id_list("spare", ["u1"])
+        client.delete_id_list("spare")
+        assert [v.name for v in client.id_lists()] == ["test-rows"]
     assert set(predictions.index[predictions["holdout"]]) == set(test_ids)
     shown = trainer.get("/v1/id-lists/test-rows")
-    assert shown.status_code == 200 and set(shown.json()) == {"name", "num_ids", "updated_at"}
+    assert shown.status_code == 200 and set(shown.json()) == {"name", "num_ids", "sha256", "updated_at"}
+    assert shown.json()["sha256"] == ids_sha256(test_ids) == job.request["split"]["sha256"]  # the job pinned it
     assert not any(i in shown.text or i in trainer.get("/v1/id-lists").text for i in test_ids[:20])
     other = trainer_client(ctx, "adnet")  # another organization: its 404s, its own namespace
     assert other.get("/v1/id-lists/test-rows").status_code == 404 and other.get("/v1/id-lists").json() == []
@@ -111,6 +117,8 @@ def test_a_job_by_an_id_list_uploaded_once_through_the_client(parties):
     ({"holdout_fraction": 0.2}, {}, 422, "invalid_request"),
     ({"holdout_fraction": 0.2, "seed": 7, "holdout_ids": "everyone"}, {}, 422, "invalid_request"),
     ({"holdout_ids": "../x"}, {}, 422, "invalid_request"),
+    ({"holdout_ids": "everyone", "sha256": "0" * 64}, {}, 409, "id_list_changed"),  # another version of the list
+    ({"holdout_ids": "everyone", "sha256": "A" * 64}, {}, 422, "invalid_request"),
 ], ids=repr)
 def test_splits_that_cannot_run_spend_nothing(parties, split, release, status, code):
     trainer, owner = parties["trainer"], parties["owner"]
@@ -136,7 +144,8 @@ def test_splits_that_cannot_run_spend_nothing(parties, split, release, status, c
     ("example_id\n" + "x" * 2000 + "\n", "text/csv", 413, "body_too_large"),
 ], ids=repr)
 def test_bad_id_lists_are_refused(tmp_path, body, media, status, code):
-    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", max_features_bytes=1000)
+    """An id list has a body limit of its own (``max_id_list_bytes``), not the admins' features tables' limit."""
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", max_id_list_bytes=1000)
     trainer = trainer_client(ctx, "publisher", role="member")
     response = trainer.put("/v1/id-lists/bad", content=body, headers={"Content-Type": media})
     assert response.status_code == status and response.json()["error"]["code"] == code, response.text
@@ -202,3 +211,126 @@ def test_a_split_of_an_existing_release_trains_on_its_rows_that_are_not_held_out
     predictions = pd.read_csv(io.StringIO(trainer.get(f"/v1/jobs/{finished['id']}/predictions").text))
     assert predictions.set_index("example_id")["holdout"][features["example_id"]].tolist() == held.tolist()
     assert _spent(parties) == spent
+
+
+def test_a_job_holds_out_the_version_of_its_id_list_it_was_created_with(parties):
+    """An lp-mst job asks for its releases when it runs. Created with an id list that is replaced before it runs
+    (or resumes), it fails with id_list_changed rather than hold out other rows — and train, and be charged, on
+    other ids under new keys: nothing reaches the labels party."""
+    owner, features = parties["owner"], parties["features"]
+    classes = owner.post("/v1/datasets", json={"name": "c", "label_kind": "classes", "num_classes": 3,
+                                               "epsilon_total": 10}).json()["id"]
+    labels = "example_id,label\n" + "".join(f"{i},{n % 3}\n" for n, i in enumerate(features["example_id"]))
+    assert owner.put(f"/v1/datasets/{classes}/labels", content=labels,
+                     headers={"Content-Type": "text/csv"}).status_code == 200
+    assert owner.post(f"/v1/datasets/{classes}/grants", json={"org": "publisher", "epsilon": 10}).status_code == 201
+    ctx = trainer_context(parties["tmp"] / "pinned", parties["labels_url"], start=False)
+    trainer = trainer_client(ctx, "publisher")
+    assert _upload(trainer, features).status_code == 200
+    test_ids = features["example_id"][:300].tolist()
+    pinned = trainer.put("/v1/id-lists/test-rows", content=_csv(test_ids), headers={"Content-Type": "text/csv"})
+    assert pinned.status_code == 200 and pinned.json()["sha256"] == ids_sha256(test_ids)
+    job = {**_split_job(parties, {"holdout_ids": "test-rows"}), "dataset_id": classes, "protocol": "lp-mst",
+           "release": {"mechanism": "rr", "epsilon": 2.0}, "num_classes": 3}
+    queued, interrupted = (trainer.post("/v1/jobs", json=job).json() for _ in range(2))
+    assert queued["status"] == interrupted["status"] == "queued", queued
+    assert queued["request"]["split"] == {"holdout_ids": "test-rows", "sha256": ids_sha256(test_ids)}
+    same = trainer.put("/v1/id-lists/test-rows", content=_csv(test_ids[::-1]), headers={"Content-Type": "text/csv"})
+    assert same.json()["sha256"] == pinned.json()["sha256"]  # the same ids in another order: the same version
+    with ctx.sessions() as session, session.begin():  # left interrupted: its sealed key could not be opened
+        row = session.get(db.Job, interrupted["id"])
+        row.status, row.sealed_api_key = "interrupted", None
+    replaced = trainer.put("/v1/id-lists/test-rows", content=_csv(test_ids[:200]), headers={"Content-Type": "text/csv"})
+    assert replaced.status_code == 200 and replaced.json()["sha256"] == ids_sha256(test_ids[:200])
+    resumed = trainer.post(f"/v1/jobs/{interrupted['id']}/resume", json={"api_key": parties["consumer"]})
+    assert resumed.status_code == 409 and resumed.json()["error"]["code"] == "id_list_changed", resumed.text
+    assert "create a new job" in resumed.json()["error"]["message"]
+    assert trainer.get(f"/v1/jobs/{interrupted['id']}").json()["status"] == "interrupted"
+    assert ctx.jobs.run_pending() == 1
+    failed = trainer.get(f"/v1/jobs/{queued['id']}").json()
+    assert (failed["status"], failed["error_code"]) == ("failed", "id_list_changed"), failed
+    assert owner.get(f"/v1/datasets/{classes}/budget").json()["epsilon_spent"] == 0.0
+    assert owner.get("/v1/audit", params={"dataset": classes}).json()["events"] == []
+    assert trainer.delete("/v1/id-lists/test-rows").status_code == 204  # deleted: the same refusal
+    resumed = trainer.post(f"/v1/jobs/{interrupted['id']}/resume", json={"api_key": parties["consumer"]})
+    assert resumed.status_code == 409 and resumed.json()["error"]["code"] == "id_list_changed", resumed.text
+
+
+def test_id_lists_per_organization_are_bounded_and_deleted(tmp_path):
+    """At most max_id_lists_per_org names: a new one beyond is 409 too_many_id_lists, replacing one is always
+    allowed, and DELETE frees a name (its file too); another organization's list is the 404 of a missing one."""
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", max_id_lists_per_org=2, start=False)
+    member, other = trainer_client(ctx, "publisher", role="member"), trainer_client(ctx, "adnet")
+
+    def put(client, name, ids):
+        return client.put(f"/v1/id-lists/{name}", content=_csv(ids), headers={"Content-Type": "text/csv"})
+
+    assert put(member, "a", ["1"]).status_code == put(member, "b", ["2"]).status_code == 200
+    refused = put(member, "c", ["3"])
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "too_many_id_lists", refused.text
+    assert put(member, "a", ["1", "4"]).json()["num_ids"] == 2  # a replacement
+    assert put(other, "c", ["3"]).status_code == 200  # another organization's count
+    assert other.delete("/v1/id-lists/a").status_code == 404
+    deleted = member.delete("/v1/id-lists/b")
+    assert deleted.status_code == 204 and deleted.content == b""
+    assert member.delete("/v1/id-lists/b").json()["error"]["code"] == "not_found"
+    assert put(member, "c", ["3"]).status_code == 200
+    assert [v["name"] for v in member.get("/v1/id-lists").json()] == ["a", "c"]
+    files = sorted(p.name.split(".")[0] for p in (tmp_path / "trainer" / "orgs").glob("*/id-lists/*.parquet"))
+    assert files == ["a", "c", "c"]  # one file per list, the replaced and the deleted ones gone
+
+
+def test_a_new_list_inserted_by_another_writer_meanwhile_is_replaced_not_a_500(database_url, tmp_path):
+    """Two first uploads of one name: the other writer's row appears between this upload's lookup and its insert
+    (forced here, deterministically: on PostgreSQL another connection commits it; SQLite serializes writers, so it
+    is inserted on the upload's own connection). The unique constraint refuses the insert; the upload then
+    replaces the row, never a 500, and the row names a file holding the ids its sha256 is of."""
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", start=False, database_url=database_url)
+    trainer_client(ctx, "publisher", role="member")
+    with ctx.sessions() as session, session.begin():
+        org_id = session.scalar(select(db.Organization.id).where(db.Organization.name == "publisher"))
+    principal = Principal(org_id, "publisher", "member", 0, "")
+    theirs = tmp_path / "theirs.parquet"
+    pd.DataFrame({"example_id": ["x"]}).to_parquet(theirs)
+    competing = {"org_id": org_id, "name": "rows", "file": str(theirs), "num_ids": 1, "sha256": ids_sha256(["x"]),
+                 "updated_at": db.utcnow()}
+
+    def another_writer(_mapper, connection, _target) -> None:
+        if connection.dialect.name == "sqlite":
+            connection.execute(insert(db.IdList), competing)
+            return
+        with ctx.sessions.kw["bind"].begin() as other:
+            other.execute(insert(db.IdList), competing)
+
+    body = tmp_path / "ours.csv"
+    body.write_text(_csv(["1", "2", "3"]))
+    event.listen(db.IdList, "before_insert", another_writer, once=True)
+    try:
+        view = id_lists.upload(ctx, principal, "rows", body)
+    finally:
+        if event.contains(db.IdList, "before_insert", another_writer):
+            event.remove(db.IdList, "before_insert", another_writer)
+    assert (view.num_ids, view.sha256) == (3, ids_sha256(["1", "2", "3"]))
+    with ctx.sessions() as session, session.begin():
+        rows = session.scalars(select(db.IdList)).all()
+        assert [(r.name, r.sha256) for r in rows] == [("rows", view.sha256)]
+        file = rows[0].file
+    assert sorted(pd.read_parquet(file)["example_id"]) == ["1", "2", "3"]
+    assert not theirs.exists() or database_url.startswith("sqlite")  # the file of the row it replaced: removed
+    ctx.close()
+
+
+def test_id_list_files_no_row_names_are_collected_at_start(tmp_path):
+    """An upload that died between writing its file and its row (or before removing the file it replaced) leaves a
+    file no row names: the next start removes it, and keeps every list's file."""
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", start=False)
+    member = trainer_client(ctx, "publisher", role="member")
+    assert member.put("/v1/id-lists/a", content=_csv(["1"]), headers={"Content-Type": "text/csv"}).status_code == 200
+    (listed,) = (tmp_path / "trainer" / "orgs").glob("*/id-lists/*.parquet")
+    stray = listed.with_name("a.0123456789abcdef0123456789abcdef.parquet")
+    stray.write_bytes(listed.read_bytes())
+    ctx.close()
+    restarted = trainer_context(tmp_path, "http://127.0.0.1:9", start=False)
+    assert listed.exists() and not stray.exists()
+    assert trainer_client(restarted, "publisher").get("/v1/id-lists/a").json()["num_ids"] == 1
+    restarted.close()

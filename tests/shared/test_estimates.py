@@ -11,7 +11,7 @@ import pytest
 
 from labels_party import pipeline
 from labels_party.registry import MechanismOptions
-from shared.domains import ContinuousInterval, integer_range
+from shared.domains import ContinuousInterval, FiniteLabels, integer_range
 from shared.errors import LabelDPError
 from shared.estimates import unbiased_mse_estimate, unbiased_mse_estimate_from_document
 from shared.mechanisms.documents import sampler_from_description
@@ -47,14 +47,16 @@ def test_estimate_is_unbiased_and_its_interval_covers(test_set, mechanism):
     estimates, covered = [], 0
     for seed in range(REPETITIONS):
         noisy = sampler.sample(labels, np.random.default_rng(1000 + seed))
-        result = unbiased_mse_estimate_from_document(predictions, noisy, document)
+        result = unbiased_mse_estimate_from_document(predictions, noisy, document, domain=DOMAIN)
         estimates.append(result.estimate)
         low, high = result.confidence_interval
         covered += low <= truth <= high
     estimates = np.array(estimates)
     assert abs(estimates.mean() - truth) < 3 * estimates.std(ddof=1) / np.sqrt(REPETITIONS)
     assert 0.90 * REPETITIONS <= covered <= 0.99 * REPETITIONS
-    assert result.bias_bound == 0.0 and result.rounding_bound == (0.25 if mechanism == "laplace" else 0.0)
+    assert result.bias_bound == result.rounding_bound == 0.0  # integer labels on an integer lattice: no rounding
+    low, high = result.confidence_interval  # both bounds 0: the plain normal interval
+    assert (result.estimate - low, high - result.estimate) == pytest.approx((1.959964 * result.standard_error,) * 2)
     # the interval's width is the spread of the estimates it describes (its standard error is not a loose bound)
     assert result.standard_error == pytest.approx(estimates.std(ddof=1), rel=0.25)
     naive = np.mean((predictions - noisy) ** 2)
@@ -95,6 +97,10 @@ def test_a_correction_that_cannot_be_exact_states_its_bias_bound(test_set):
         predictions, sampler.sample(labels, np.random.default_rng(seed)), document) for seed in range(REPETITIONS)]
     bound = results[0].bias_bound
     assert 0.01 < bound < 0.5 * truth
+    for result in results[:3]:  # the interval owns up to the bias: widened by the bound on both sides
+        half = 1.959964 * result.standard_error
+        assert result.confidence_interval == pytest.approx((result.estimate - half - bound,
+                                                            result.estimate + half + bound))
     estimates = np.array([r.estimate for r in results])
     assert abs(estimates.mean() - truth) < bound + 3 * estimates.std(ddof=1) / np.sqrt(REPETITIONS)
 
@@ -122,3 +128,38 @@ def test_continuous_labels_state_the_rounding_bound():
     result = unbiased_mse_estimate_from_document(predictions, released.noisy_labels, document)
     assert result.rounding_bound == pytest.approx(6.25)
     assert unbiased_mse_estimate(predictions, released.noisy_labels, released.mechanism) == result
+    # the estimate may overstate the MSE by the bound: the interval reaches that much lower, no higher
+    half = 1.959964 * result.standard_error
+    assert result.confidence_interval == pytest.approx((result.estimate - half - 6.25, result.estimate + half))
+    assert result.bias_bound == 0.0
+
+
+@pytest.mark.parametrize(("domain", "bound"), [
+    (DOMAIN, 0.0),  # integers on the lattice of step 1: nothing is rounded
+    ({"kind": "integer", "min": 0, "max": 10}, 0.0),  # a dataset's domain object, as the client passes it
+    ({"kind": "finite", "values": [0.0, 2.0, 5.0, 10.0]}, 0.0),  # each on the release's lattice (step 1)
+    ({"kind": "finite", "values": [0.0, 2.5, 10.0]}, 0.25),  # 2.5 is not: it would be rounded to 2 or 3
+    (None, 0.25),  # not given: the labels may lie anywhere between lattice points
+])
+def test_additive_noise_rounds_nothing_when_the_domain_lies_on_its_lattice(test_set, domain, bound):
+    labels, predictions, _ = test_set
+    document = release_document("laplace", labels)
+    noisy = sampler_from_description(document["description"]).sample(labels, np.random.default_rng(3))
+    result = unbiased_mse_estimate_from_document(predictions, noisy, document, domain=domain)
+    assert result.rounding_bound == bound
+
+
+def test_additive_noise_on_labels_off_its_lattice_states_the_rounding_bound():
+    """Finite labels that are not evenly spaced, or continuous ones, are rounded onto the lattice."""
+    uneven = FiniteLabels(np.array([0.0, 1.0, 2.5]))  # its lattice: 3 steps of 5/6
+    rng = np.random.default_rng(8)
+    labels = rng.choice(uneven.values, size=400)
+    document = release_document("laplace", labels, domain=uneven)
+    step = document["description"]["lattice"]["step"]
+    assert step == pytest.approx(2.5 / 3)
+    noisy = sampler_from_description(document["description"]).sample(labels, rng)
+    result = unbiased_mse_estimate_from_document(labels + 1.0, noisy, document, domain=uneven)
+    assert result.rounding_bound == pytest.approx(step**2 / 4)
+    continuous = ContinuousInterval(0.0, 10.0, grid_size=11)
+    assert unbiased_mse_estimate_from_document(labels + 1.0, noisy, document,
+                                               domain=continuous).rounding_bound == pytest.approx(step**2 / 4)

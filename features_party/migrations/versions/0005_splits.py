@@ -1,4 +1,5 @@
-"""Jobs by split (issue 31): named id lists of an organization (``id_lists``, a job's ``split.holdout_ids``) and the
+"""Jobs by split (issue 31): named id lists of an organization (``id_lists``, a job's ``split.holdout_ids``, with the
+content hash of its ids that a job pins) and the
 number of rows a job's split held out (``jobs.num_holdout_examples``; 0 for every earlier job, which had no split).
 
 Revision ID: 0005
@@ -20,6 +21,7 @@ def upgrade() -> None:
                     sa.Column("name", sa.String(100), nullable=False),
                     sa.Column("file", sa.String(300), nullable=False),
                     sa.Column("num_ids", sa.Integer(), nullable=False),
+                    sa.Column("sha256", sa.String(64), nullable=False),
                     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
                     sa.UniqueConstraint("org_id", "name"))
     with op.batch_alter_table("jobs") as batch:
