@@ -16,15 +16,11 @@ import pandas as pd
 import pytest
 
 from labeldp.local_services import free_port
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+from tests.support.readme import readme_block
 
 
 def own_data_block() -> str:
-    text = README.read_text()
-    block = re.search(r"<!-- your-own-data:begin -->\n```sh\n(.*?)```\n<!-- your-own-data:end -->", text, re.S)
-    assert block, "README lost its your-own-data block"
-    return block.group(1)
+    return readme_block("your-own-data", "sh")
 
 
 @pytest.mark.slow

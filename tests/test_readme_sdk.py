@@ -5,24 +5,18 @@ this test, playing both parties, can compute."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from labeldp.local_services import free_port, serve_process
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+from tests.support.readme import README, readme_block
 
 
 def sdk_block() -> str:
-    text = README.read_text()
-    block = re.search(r"<!-- python-sdk:begin -->\n```python\n(.*?)```\n<!-- python-sdk:end -->", text, re.S)
-    assert block, "README lost its python-sdk block"
-    return block.group(1)
+    return readme_block("python-sdk", "python")
 
 
 def _cli(*args: str) -> list[str]:
