@@ -68,7 +68,8 @@ class ClassificationRound:
     @property
     def charged_per_example(self) -> float:
         """Σ over the events of charge × examples covered / training examples: ε per training example when every
-        release covers all of them or (LP-2ST's stages) a partition of them."""
+        release covers all of them or (LP-2ST's stages) a partition of them — less what LP-2ST's uncharged
+        examples (a prior keeping one class) would have cost."""
         return sum(e["charge"] * e["examples_covered"] for e in self.events) / self.num_train
 
 
@@ -98,17 +99,22 @@ def run_round(parties: Parties, epsilons: list[float], *, epochs: int,
             for name, method in MECHANISMS.items():
                 run = private_run(parties, dataset_id, digits, method, epsilon, SEED, config)
                 released = pd.concat([office.download_labels(r).to_pandas() for r in run["release_ids"]])
+                # LP-2ST's stage-2 examples whose prior keeps one class: neither charged nor released (their label
+                # is that class, computed by the features party)
+                uninformative = sum(int(office.get_release(r).description.get("uninformative_examples", 0))
+                                    for r in run["release_ids"])
                 label_accuracy = float(np.mean(np.rint(released["label"].to_numpy())
                                                == truth[released["example_id"]].to_numpy()))
                 rows.append({"mechanism": name, "protocol": method, "epsilon": epsilon,
                              "test_accuracy": run["accuracy"], "released_label_accuracy": label_accuracy,
                              "certified_epsilon": run["certified_epsilon"], "mean_k": run["mean_k"],
-                             "release_ids": run["release_ids"]})
+                             "release_ids": run["release_ids"], "uninformative_examples": uninformative})
                 print(f"  eps={epsilon:<4g} {name:<13} test accuracy {run['accuracy']:.3f}   released-label accuracy "
                       f"{label_accuracy:.3f}   certified eps {run['certified_epsilon']:.6f}", flush=True)
         accuracy = (reference() if reference else non_private(digits, SEED, config))["accuracy"]
         rows.append({"mechanism": "non-private", "protocol": None, "epsilon": None, "test_accuracy": accuracy,
-                     "released_label_accuracy": None, "certified_epsilon": None, "mean_k": None, "release_ids": []})
+                     "released_label_accuracy": None, "certified_epsilon": None, "mean_k": None, "release_ids": [],
+                     "uninformative_examples": 0})
         print(f"  non-private       test accuracy {accuracy:.3f}", flush=True)
         audit, budget = office.audit(dataset_id), office.budget(dataset_id)
     events = [{"seq": e.seq, "release_id": e.record["release_id"], "mechanism": e.record["mechanism"],
@@ -130,6 +136,7 @@ def report_lines(result: ClassificationRound, out: Path) -> list[str]:
     labels = {(r["mechanism"], r["epsilon"]): r["released_label_accuracy"] for r in result.private}
     best = {e: max(test[(m, e)] for m in MECHANISMS) for e in result.epsilons}
     requested = len(MECHANISMS) * sum(result.epsilons)
+    uncharged = sum(row.get("uninformative_examples", 0) for row in result.rows)
     refs = result.yardsticks
     warning = refs.warning(test, ".3f")
     return [f"# Classification round: test accuracy (scikit-learn digits, {NUM_CLASSES} classes, "
@@ -148,7 +155,8 @@ def report_lines(result: ClassificationRound, out: Path) -> list[str]:
             f"{len(result.events)} privacy events on the digits dataset (RR and RRWithPrior: one release per ε; "
             f"LP-2ST: one per stage), hash chain valid: {result.chain_valid}. Charged per training example "
             f"(Σ charge × examples covered / {result.num_train}): {result.charged_per_example:g}, requested "
-            f"{len(MECHANISMS)} mechanisms × Σε = {requested:g}; the labels party reports epsilon_spent = "
+            f"{len(MECHANISMS)} mechanisms × Σε = {requested:g} ({uncharged} LP-2ST stage-2 examples whose prior "
+            "kept one class were neither charged nor released); the labels party reports epsilon_spent = "
             f"{result.epsilon_spent:g} of {result.epsilon_total:g}. Test examples: never released."]
 
 
