@@ -58,7 +58,7 @@ from features_party.gbdt import is_model_file as is_gbdt_model
 from features_party.gbdt import load_model as load_gbdt
 from features_party.gbdt import save_model as save_gbdt
 from features_party.planning import JobPlan, labels_party_client, load_frame, plan_job, upstream_error
-from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainConfig, TrainResult, save_model, train
+from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.mechanisms.subset import SubsetSelectionRandomizer
@@ -429,8 +429,8 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
     preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
     numeric, categorical = preprocessor.transform(rows)
     config = plan.config
-    assert isinstance(config, TrainConfig)  # plan_job: lp-mst trains the MLP
-    attempt.update(epochs=config.epochs * request.stages, num_train_examples=len(rows),
+    rounds = config.n_estimators if isinstance(config, GbdtConfig) else config.epochs
+    attempt.update(epochs=rounds * request.stages, num_train_examples=len(rows),
                    num_holdout_examples=len(plan.held_out))
     result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
                                        vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,

@@ -187,7 +187,7 @@ MLP_OPTIONS = ("hidden", "embed_dim", "learning_rate", "l2", "batch_size", "epoc
 
 def _check_model(request: schemas.JobRequest) -> None:
     """The learner's options fit the learner: no tree options on an MLP job, no MLP option (other than its default)
-    on a tree job, and the trees need at least one feature column and the single-release protocol."""
+    on a tree job, and the trees need at least one feature column."""
     options = request.train
     if options.model == "mlp":
         if options.gbdt is not None:
@@ -200,9 +200,6 @@ def _check_model(request: schemas.JobRequest) -> None:
                        "in train.gbdt (learning_rate, n_estimators, max_depth, ...)")
     if not request.numeric and not request.categorical:
         raise _invalid("train.model 'gbdt' needs at least one numeric or categorical feature column")
-    if request.protocol != "single":
-        raise _invalid("lp-mst trains the MLP only (its stages' priors come from the MLP's softmax): use "
-                       "train.model 'mlp' with protocol 'lp-mst', or model 'gbdt' on one rr/rr-with-prior release")
 
 
 def _config(options: schemas.TrainOptions, loss: str) -> TrainConfig | gbdt.GbdtConfig:
@@ -216,14 +213,16 @@ def _config(options: schemas.TrainOptions, loss: str) -> TrainConfig | gbdt.Gbdt
 def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_sizes: tuple[int, ...], rows: int,
                 *, output_dim: int) -> None:
     """Refuses a job over ``max_job_size``: for the MLP parameters × epochs (× stages of lp-mst) × rows, the
-    parameters of the model the job would build; for trees :func:`features_party.gbdt.work` (rounds × trees per
-    round × rows × features × depth)."""
+    parameters of the model the job would build; for trees :func:`features_party.gbdt.work` (a tree unit's cost ×
+    rounds × trees per round × rows × features × depth)."""
     if request.train.model == "gbdt":
         options = request.train.gbdt or schemas.GbdtOptions()
         features, trees = len(request.numeric) + len(request.categorical), max(output_dim, 1)
-        size = gbdt.work(options.n_estimators, options.max_depth, trees, rows, features)
+        rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
+        size = gbdt.work(rounds, options.max_depth, trees, rows, features)
         if size > settings.max_job_size:
-            raise LabelDPError(f"job size {size:.3g} = {options.n_estimators:,} rounds × {trees:,} tree(s) per round "
+            raise LabelDPError(f"job size {size:.3g} = {gbdt.UNIT_COST} × {rounds:,} rounds × "
+                               f"{trees:,} tree(s) per round "
                                f"× {rows:,} rows × {features:,} features × depth {options.max_depth} is over this "
                                f"trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer rounds, "
                                "shallower trees, fewer features or rows", code="job_too_large")

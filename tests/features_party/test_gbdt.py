@@ -146,33 +146,54 @@ def test_tree_options_that_do_not_fit_are_refused_before_anything_is_spent(parti
     assert trainer.get("/v1/jobs").json() == []
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"release": {"mechanism": "subset", "epsilon": 1.0}}, "model gbdt has no 'subset' loss"),
-    ({"protocol": "lp-mst", "release": {"mechanism": "rr", "epsilon": 1.0}}, "lp-mst trains the MLP only"),
-])
-def test_trees_refuse_the_subset_loss_and_lp_mst_on_class_labels(parties, change, words):
+def test_trees_refuse_the_subset_loss_of_class_labels(parties):
     trainer = parties["trainer"]
     dataset, _ = _classes(parties)
     assert _upload(trainer, parties["features"]).status_code == 200
-    response = trainer.post("/v1/jobs", json={**_gbdt_job(parties, dataset), **change})
+    response = trainer.post("/v1/jobs", json=_gbdt_job(parties, dataset, mechanism="subset", epsilon=1.0))
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_job", response.text
-    assert words in response.json()["error"]["message"]
+    assert "model gbdt has no 'subset' loss" in response.json()["error"]["message"]
     assert parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
 
 
+def test_lp_mst_boosts_trees_stage_after_stage(parties):
+    """LP-2ST with trees: stage 2's priors are the stage-1 trees' softmax, and its model boosts on from them."""
+    trainer, features = parties["trainer"], parties["features"]
+    dataset, classes = _classes(parties)
+    assert _upload(trainer, features).status_code == 200
+    body = {**_gbdt_job(parties, dataset, mechanism="rr", epsilon=1.0), "protocol": "lp-mst", "stages": 2,
+            "num_classes": 3}
+    created = trainer.post("/v1/jobs", json=body)
+    assert created.status_code == 202, created.text
+    job = _finish(trainer, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    stages = job["release"]["stages"]
+    assert len(stages) == 2 and sum(s["examples"] for s in stages) == job["num_train_examples"]
+    assert stages[1]["mean_k"] < 3  # the stage-1 trees' priors narrowed stage 2's randomized response
+    assert job["progress"]["epochs"] == 2 * TREES["n_estimators"] and job["device"].startswith("xgboost")
+    predictions = _predictions(trainer, job["id"])
+    test_ids = predictions.index[predictions["holdout"]]
+    accuracy = float(np.mean(predictions["prediction"][test_ids] == classes[test_ids]))
+    assert accuracy > float(classes[test_ids].value_counts(normalize=True).max()) + 0.3, accuracy
+    booster = xgb.Booster(model_file=bytearray(trainer.get(f"/v1/jobs/{job['id']}/model").content))
+    header = json.loads(booster.attr("labeldp"))
+    assert header["protocol"] == "lp-mst" and booster.num_boosted_rounds() == header["best_epoch"]
+    assert parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 1.0
+
+
 def test_a_tree_job_over_the_size_limit_is_refused(parties):
-    ctx = trainer_context(parties["tmp"] / "sized", parties["labels_url"], max_job_size=1e7)
+    ctx = trainer_context(parties["tmp"] / "sized", parties["labels_url"], max_job_size=1e8)
     trainer = trainer_client(ctx, "publisher")
     assert _upload(trainer, parties["features"]).status_code == 200
     big = _gbdt_job(parties, trees={"n_estimators": 2000, "max_depth": 8})
     refused = trainer.post("/v1/jobs", json=big)
     rows = N - int(holdout_mask(parties["features"]["example_id"], 0.2, 5).sum())
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "job_too_large", refused.text
-    # 2,000 rounds × 1 tree × rows × 3 feature columns × depth 8, counted by hand
-    assert f"job size {2000 * rows * 3 * 8:.3g} = 2,000 rounds × 1 tree(s) per round × {rows:,} rows × 3 " \
-           "features × depth 8" in refused.json()["error"]["message"]
+    # a tree unit's cost (16) × 2,000 rounds × 1 tree × rows × 3 feature columns × depth 8, counted by hand
+    assert f"job size {16 * 2000 * rows * 3 * 8:.3g} = 16 × 2,000 rounds × 1 tree(s) per round × {rows:,} rows × " \
+           "3 features × depth 8" in refused.json()["error"]["message"]
     assert _spent(parties) == 0.0
-    small = _gbdt_job(parties, trees={"n_estimators": 100, "max_depth": 4})  # 1.4e6
+    small = _gbdt_job(parties, trees={"n_estimators": 100, "max_depth": 4})  # 2.3e7
     assert trainer.post("/v1/jobs", json=small).status_code == 202
     ctx.jobs.stop()
 
