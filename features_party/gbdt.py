@@ -152,7 +152,7 @@ class _Rounds(xgb.callback.TrainingCallback):
         self.history.append(record)
         if self.on_epoch is not None:
             self.on_epoch(record)
-        return not np.isfinite(val_loss)
+        return False  # early stopping's to decide (a stop before its first round would leave it no best round)
 
 
 def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
