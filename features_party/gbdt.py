@@ -17,7 +17,9 @@ unbiased randomizers deliberately output (XGBoost's own ``count:poisson`` refuse
 * Features: the MLP's preprocessing (:class:`features_party.features.Preprocessor`, fitted on the training rows):
   standardized numeric columns, then categorical codes 1..V (0 = unseen), given to XGBoost as native categorical
   features — one vocabulary and one saved preprocessing for both learners.
-* Device: chosen as for JAX — CUDA when JAX sees a GPU, else the CPU.
+* Device: chosen as for JAX — CUDA when JAX sees a GPU, else the CPU, where a job takes its worker's share of the
+  cores (:func:`threads_per_job`): XGBoost's threads spin at their barriers, so two jobs each on every core run
+  several times slower than on half of them each (bench/train_throughput_gbdt.py ``--threads``).
 * A deadline is checked before every boosting round (:class:`features_party.train.TimeLimitExceeded`, or
   ``Stopped``), as the MLP checks it between device calls.
 * The model is XGBoost's JSON (never pickle); the preprocessing, loss and history ride in its ``labeldp`` attribute,
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -79,6 +82,11 @@ def device() -> str:
 # development machine bench/train_throughput_gbdt.py measured 1.7–3.4·10⁸ tree units/s against 5.7–6.7·10⁹ MLP
 # units/s (a ratio of 17–35).
 UNIT_COST = 16
+
+
+def threads_per_job(job_workers: int) -> int:
+    """CPU threads of one tree job: the cores shared among the trainer's ``job_workers`` job threads."""
+    return max(1, (os.cpu_count() or 1) // max(job_workers, 1))
 
 
 def work(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, num_features: int) -> int:
@@ -157,11 +165,12 @@ class _Rounds(xgb.callback.TrainingCallback):
 
 def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
                num_classes: int | None = None, on_epoch: Callable | None = None,
-               deadline: float | Deadline | None = None, init_model: xgb.Booster | None = None) -> GbdtResult:
+               deadline: float | Deadline | None = None, init_model: xgb.Booster | None = None,
+               threads: int | None = None) -> GbdtResult:
     """Boost on (features, privatized targets): labels, or class ids. Validation: the job's split of the same
     privatized targets. ``init_model`` goes on boosting an earlier model (multi-stage training: up to
-    ``n_estimators`` more rounds). Past ``deadline`` it raises ``TimeLimitExceeded`` (or ``Stopped``) before the
-    next round."""
+    ``n_estimators`` more rounds). ``threads``: CPU threads (default: every core). Past ``deadline`` it raises
+    ``TimeLimitExceeded`` (or ``Stopped``) before the next round."""
     if config.loss not in OBJECTIVES:
         raise ValueError(f"loss {config.loss!r} has no tree objective")
     check_deadline(deadline)
@@ -176,7 +185,7 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
     params = {"objective": OBJECTIVES[config.loss], "device": device(), "tree_method": "hist",
               "eta": config.learning_rate, "max_depth": config.max_depth, "min_child_weight": config.min_child_weight,
               "subsample": config.subsample, "colsample_bytree": config.colsample, "lambda": config.reg_lambda,
-              "seed": config.seed, "disable_default_eval_metric": 1}
+              "seed": config.seed, "disable_default_eval_metric": 1, **({"nthread": threads} if threads else {})}
     objective = None
     if config.loss == "cross_entropy":
         params["num_class"] = losses.output_dim(config.loss, num_classes)

@@ -53,7 +53,7 @@ from features_party import schemas as trainer_schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError, ReleaseFailed
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
-from features_party.gbdt import GbdtConfig, GbdtResult, train_gbdt
+from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
 from features_party.gbdt import is_model_file as is_gbdt_model
 from features_party.gbdt import load_model as load_gbdt
 from features_party.gbdt import save_model as save_gbdt
@@ -404,7 +404,8 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
         attempt.update(epochs=config.n_estimators, num_train_examples=len(present),
                        num_holdout_examples=len(plan.held_out))
         result = train_gbdt(config, numeric, categorical, targets, num_classes=plan.num_classes,
-                            on_epoch=_progress(attempt, every_seconds=1.0), deadline=deadline)
+                            on_epoch=_progress(attempt, every_seconds=1.0), deadline=deadline,
+                            threads=threads_per_job(settings.workers))
     else:
         attempt.update(epochs=config.epochs, num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
         result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
@@ -436,7 +437,8 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
                                        vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
                                        epsilon=release.epsilon, stages=request.stages, config=config,
                                        temperature=request.temperature, seed=config.seed,
-                                       key_prefix=f"{attempt.job_id}-", deadline=deadline)
+                                       key_prefix=f"{attempt.job_id}-", deadline=deadline,
+                                       threads=threads_per_job(attempt.ctx.settings.workers))
     stages = [dict(r.__dict__) for r in reports]
     attempt.update(metrics_json=json.dumps(stages), release_json=json.dumps({
         "stages": stages, "epsilon": release.epsilon,

@@ -47,12 +47,12 @@ def _logits(result: TrainResult | GbdtResult, numeric, categorical) -> np.ndarra
 
 def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, labels: np.ndarray, *,
          vocab_sizes, num_classes: int, previous: TrainResult | GbdtResult | None,
-         deadline: float | Deadline | None) -> TrainResult | GbdtResult:
+         deadline: float | Deadline | None, threads: int | None) -> TrainResult | GbdtResult:
     """A stage's model, starting from the last stage's: the MLP from its parameters, trees boosting on."""
     if isinstance(config, GbdtConfig):
         assert previous is None or isinstance(previous, GbdtResult)
         return train_gbdt(config, numeric, categorical, labels, num_classes=num_classes, deadline=deadline,
-                          init_model=None if previous is None else previous.booster)
+                          init_model=None if previous is None else previous.booster, threads=threads)
     assert previous is None or isinstance(previous, TrainResult)
     return train(config, numeric, categorical, labels, vocab_sizes=vocab_sizes, num_classes=num_classes,
                  init_params=None if previous is None else previous.params, deadline=deadline)
@@ -62,7 +62,8 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
                      categorical: np.ndarray, *, vocab_sizes, num_classes: int, epsilon: float, stages: int,
                      config: TrainConfig | GbdtConfig, temperature: float = 1.0, seed: int = 0,
                      fractions: list[float] | None = None, key_prefix: str = "",
-                     deadline: float | Deadline | None = None) -> tuple[TrainResult | GbdtResult, list[StageReport]]:
+                     deadline: float | Deadline | None = None,
+                     threads: int | None = None) -> tuple[TrainResult | GbdtResult, list[StageReport]]:
     """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report.
     Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
     the same prefix (a resumed job) gets the same releases back instead of new draws and charges. Past
@@ -125,7 +126,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             outside = ~np.any(top == labels[earlier][:, None], axis=1)
             use[np.flatnonzero(earlier)[outside]] = False
         result = _fit(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
-                      num_classes=num_classes, previous=result, deadline=deadline)
+                      num_classes=num_classes, previous=result, deadline=deadline, threads=threads)
         certified = release.certified_epsilon
         assert certified is not None  # its labels were downloaded: the release is available, its mechanism built
         reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified,
