@@ -79,8 +79,8 @@ def device() -> str:
 
 # What one unit of :func:`work` (a row's feature binned into a histogram at one depth) costs in the MLP's unit (one
 # parameter updated for one example), so that ``max_job_size`` bounds both learners' time alike: on the 2-core
-# development machine bench/train_throughput_gbdt.py measured 1.7–3.4·10⁸ tree units/s against 5.7–6.7·10⁹ MLP
-# units/s (a ratio of 17–35).
+# development machine bench/train_throughput_gbdt.py measured 2.8–3.4·10⁸ tree units/s on one thread against
+# 5.7–7.1·10⁹ MLP units/s (a ratio of 17–25; docs/results/train-throughput-gbdt.json).
 UNIT_COST = 16
 
 
