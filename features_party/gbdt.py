@@ -43,12 +43,13 @@ import xgboost as xgb
 
 from features_party import losses
 from features_party.train import Deadline, check_deadline, validation_split
+from shared.errors import LabelDPError
 
 log = logging.getLogger("labeldp.gbdt")
 
 OBJECTIVES = {"squared": "reg:squarederror", "poisson": "count:poisson", "cross_entropy": "multi:softprob"}
 ATTRIBUTE = "labeldp"  # the model's string attribute holding our header (JSON)
-MIN_PROBABILITY = 1e-16  # log of a class probability XGBoost rounded to 0
+MIN_PROBABILITY = 1e-16  # a class probability's floor before its log (XGBoost may round one to 0)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,6 @@ def work(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, num
 class GbdtResult:
     booster: xgb.Booster
     config: GbdtConfig
-    num_categorical: int
     best_epoch: int  # the round kept (1-based)
     history: list[dict] = field(default_factory=list)
     device: str = ""
@@ -113,11 +113,11 @@ class GbdtResult:
         return np.asarray(self.booster.predict(matrix(numeric, categorical), output_margin=True))
 
 
-def matrix(numeric: np.ndarray, categorical: np.ndarray, label: np.ndarray | None = None) -> xgb.DMatrix:
+def matrix(numeric: np.ndarray, categorical: np.ndarray) -> xgb.DMatrix:
     """The preprocessed features as XGBoost takes them: numeric columns, then the categorical codes as native
     categorical features."""
     data, feature_types = _columns(numeric, categorical)
-    return xgb.DMatrix(data, label=label, feature_types=feature_types, enable_categorical=True)
+    return xgb.DMatrix(data, feature_types=feature_types, enable_categorical=True)
 
 
 def _columns(numeric: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -215,7 +215,7 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
     best = booster.num_boosted_rounds()  # save_best: the model ends at the best round
     summary = f"xgboost {xgb.__version__} on {params['device']}"
     log.info("trained on %s: best round %d of %d", summary, best, len(rounds.history))
-    return GbdtResult(booster, config, categorical.shape[1], best, rounds.history, summary)
+    return GbdtResult(booster, config, best, rounds.history, summary)
 
 
 def save_model(path: str | Path, result: GbdtResult, preprocessing: dict, extra: dict | None = None) -> None:
@@ -227,13 +227,16 @@ def save_model(path: str | Path, result: GbdtResult, preprocessing: dict, extra:
 
 
 def load_model(path: str | Path) -> tuple[GbdtResult, dict]:
-    booster = xgb.Booster(model_file=str(path))
+    try:
+        booster = xgb.Booster(model_file=str(path))
+    except xgb.core.XGBoostError:
+        raise LabelDPError("the model file is not an XGBoost model", code="malformed_file") from None
     text = booster.attr(ATTRIBUTE)
     if text is None:
-        raise ValueError("not a labeldp tree model (no labeldp attribute)")
+        raise LabelDPError("the model file is an XGBoost model but not a labeldp job's (no labeldp attribute)",
+                           code="malformed_file")
     header = json.loads(text)
-    result = GbdtResult(booster, GbdtConfig.from_dict(header["config"]),
-                        len(header["preprocessing"]["categorical"]), header["best_epoch"], header["history"])
+    result = GbdtResult(booster, GbdtConfig.from_dict(header["config"]), header["best_epoch"], header["history"])
     return result, header
 
 

@@ -233,3 +233,16 @@ def test_a_passed_deadline_grows_no_tree_and_poisson_trees_take_negative_labels(
     margins = np.log(predicted[validation])
     expected = float(np.mean(np.exp(margins) - noisy[validation] * margins))
     assert result.history[result.best_epoch - 1]["val_loss"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_predict_refuses_json_that_is_not_a_tree_model_of_a_job(tmp_path, capsys):
+    features = tmp_path / "features.csv"
+    features.write_text("example_id,x0\na,1.0\nb,2.0\n")
+    plain = xgb.train({"max_depth": 1}, xgb.DMatrix(np.array([[1.0], [2.0]]), label=np.array([0.0, 1.0])), 2)
+    (tmp_path / "plain.json").write_bytes(bytes(plain.save_raw("json")))  # XGBoost's, without our header
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    for name, words in (("plain.json", "not a labeldp job's"), ("other.json", "not an XGBoost model")):
+        assert cli(["predict", "--model", str(tmp_path / name), "--features", str(features),
+                    "--out", str(tmp_path / "p.csv")]) != 0
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
