@@ -53,8 +53,12 @@ from features_party import schemas as trainer_schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError, ReleaseFailed
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
+from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
+from features_party.gbdt import is_model_file as is_gbdt_model
+from features_party.gbdt import load_model as load_gbdt
+from features_party.gbdt import save_model as save_gbdt
 from features_party.planning import JobPlan, labels_party_client, load_frame, plan_job, upstream_error
-from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainConfig, save_model, train
+from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.mechanisms.subset import SubsetSelectionRandomizer
@@ -356,12 +360,18 @@ def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
     return SubsetSelectionRandomizer.from_description(release.description).unbiased_weights(sets)
 
 
-def _progress(attempt: Attempt):
+def _progress(attempt: Attempt, every_seconds: float = 0.0):
+    """Records each epoch (or boosting round) on the job's row, at most once per ``every_seconds`` (boosting rounds
+    may take milliseconds each: the job's final metrics are written when it ends)."""
     history: list[dict] = []
+    last = -np.inf
 
     def on_epoch(record: dict) -> None:
+        nonlocal last
         history.append(record)
-        attempt.update(epoch=record["epoch"], metrics_json=json.dumps(history))
+        if time.monotonic() - last >= every_seconds:
+            attempt.update(epoch=record["epoch"], metrics_json=json.dumps(history))
+            last = time.monotonic()
 
     return on_epoch
 
@@ -389,11 +399,20 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     rows = features.loc[present]
     preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
     numeric, categorical = preprocessor.transform(rows)
-    attempt.update(epochs=config.epochs, num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
-    result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
-                   num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
+    result: TrainResult | GbdtResult
+    if isinstance(config, GbdtConfig):
+        attempt.update(epochs=config.n_estimators, num_train_examples=len(present),
+                       num_holdout_examples=len(plan.held_out))
+        result = train_gbdt(config, numeric, categorical, targets, num_classes=plan.num_classes,
+                            on_epoch=_progress(attempt, every_seconds=1.0), deadline=deadline,
+                            threads=threads_per_job(settings.workers))
+    else:
+        attempt.update(epochs=config.epochs, num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
+        result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
+                       num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
     _finish(attempt, result, preprocessor, features, plan.held_out,
-            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon})
+            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon},
+            epoch=len(result.history), metrics_json=json.dumps(result.history))
 
 
 def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadline: Deadline) -> None:
@@ -410,14 +429,16 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
     rows = features.loc[ids[~ids.isin(plan.held_out)]]
     preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
     numeric, categorical = preprocessor.transform(rows)
-    config: TrainConfig = plan.config
-    attempt.update(epochs=config.epochs * request.stages, num_train_examples=len(rows),
+    config = plan.config
+    rounds = config.n_estimators if isinstance(config, GbdtConfig) else config.epochs
+    attempt.update(epochs=rounds * request.stages, num_train_examples=len(rows),
                    num_holdout_examples=len(plan.held_out))
     result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
                                        vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
                                        epsilon=release.epsilon, stages=request.stages, config=config,
                                        temperature=request.temperature, seed=config.seed,
-                                       key_prefix=f"{attempt.job_id}-", deadline=deadline)
+                                       key_prefix=f"{attempt.job_id}-", deadline=deadline,
+                                       threads=threads_per_job(attempt.ctx.settings.workers))
     stages = [dict(r.__dict__) for r in reports]
     attempt.update(metrics_json=json.dumps(stages), release_json=json.dumps({
         "stages": stages, "epsilon": release.epsilon,
@@ -426,15 +447,21 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
                                                                      "epsilon": release.epsilon})
 
 
-def _finish(attempt: Attempt, result, preprocessor: Preprocessor, features: pd.DataFrame, held_out: pd.Index,
-            extra: dict) -> None:
-    """Save the model and the predictions for every row of the features table (Parquet, streamed on request; a
-    ``holdout`` column marks the rows the job's split held out) in this attempt's directory, and record them with
-    the job's outcome — its status, files and seconds in one update, so no reader sees a succeeded job without its
-    seconds — if the attempt still holds the job; earlier attempts' files go."""
+def _finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Preprocessor, features: pd.DataFrame,
+            held_out: pd.Index, extra: dict, **fields: Any) -> None:
+    """Save the model (the MLP's .npz, or the trees' XGBoost JSON) and the predictions for every row of the features
+    table (Parquet, streamed on request; a ``holdout`` column marks the rows the job's split held out) in this
+    attempt's directory, and record them with the job's outcome — its status, files, seconds and ``fields`` in one
+    update, so no reader sees a succeeded job without its seconds — if the attempt still holds the job; earlier
+    attempts' files go."""
     workdir = attempt.workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    save_model(workdir / "model.npz", result, preprocessor.to_dict(), extra)
+    if isinstance(result, GbdtResult):
+        model_file = workdir / "model.json"
+        save_gbdt(model_file, result, preprocessor.to_dict(), extra)
+    else:
+        model_file = workdir / "model.npz"
+        save_model(model_file, result, preprocessor.to_dict(), extra)
     numeric, categorical = preprocessor.transform(features)
     predicted = result.predict(numeric, categorical)
     columns = {ID: pa.array(features.index.astype(str).to_numpy())}
@@ -445,18 +472,20 @@ def _finish(attempt: Attempt, result, preprocessor: Preprocessor, features: pd.D
         columns["prediction"] = pa.array(predicted)
     columns["holdout"] = pa.array(np.asarray(features.index.isin(held_out)))
     pq.write_table(pa.table(columns), workdir / "predictions.parquet")
-    attempt.end("succeeded", model_file=str(workdir / "model.npz"), device=result.device,
-                predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started)
+    attempt.end("succeeded", model_file=str(model_file), device=result.device,
+                predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started,
+                **fields)
     for other in workdir.parent.iterdir():  # attempts that never finished (their workers died or lost the lease)
         if other != workdir:
             shutil.rmtree(other, ignore_errors=True)
 
 
 def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.DataFrame:
-    """Predictions of a saved model on a features table (``labeldp predict``)."""
+    """Predictions of a saved model, the MLP's or the trees', on a features table (``labeldp predict``)."""
     from features_party.train import load_model
 
-    result, header = load_model(model_path)
+    result: TrainResult | GbdtResult
+    result, header = load_gbdt(model_path) if is_gbdt_model(model_path) else load_model(model_path)
     numeric, categorical = Preprocessor.from_dict(header["preprocessing"]).transform(features)
     predicted = result.predict(numeric, categorical)
     if predicted.ndim == 2:

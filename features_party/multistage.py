@@ -9,7 +9,9 @@ computed here and charged nothing. Every other example is released once, at ε, 
 disjoint stages the whole run is ε-label-DP — the labels party's per-example ledger enforces and audits exactly
 that. A stage where every example has k = 1 is refused before any charge and adds no labels. Stage t trains on
 all labels so far, starting from the stage t−1 model, and drops earlier-stage labels that fall outside the current
-model's top-k (k = the mean k of the stage's RRWithPrior answers), as the supplement describes.
+model's top-k (k = the mean k of the stage's RRWithPrior answers), as the supplement describes. The MLP starts from
+the last stage's parameters; gradient-boosted trees (features_party/gbdt.py) go on boosting the last stage's model,
+each stage adding up to ``n_estimators`` rounds, and the softmax of their margins is the next stage's prior.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import jax
 import numpy as np
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
+from features_party.gbdt import GbdtConfig, GbdtResult, train_gbdt
 from features_party.train import Deadline, TrainConfig, TrainResult, train
 from shared import models
 
@@ -36,15 +39,31 @@ class StageReport:
     uninformative: int = 0  # examples left out of the release (k = 1), labelled with their prior's argmax
 
 
-def _logits(result: TrainResult, numeric, categorical) -> np.ndarray:
+def _logits(result: TrainResult | GbdtResult, numeric, categorical) -> np.ndarray:
+    if isinstance(result, GbdtResult):
+        return result.logits(numeric, categorical)
     return np.asarray(models.apply(result.params, numeric, categorical))
+
+
+def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, labels: np.ndarray, *,
+         vocab_sizes, num_classes: int, previous: TrainResult | GbdtResult | None,
+         deadline: float | Deadline | None, threads: int | None) -> TrainResult | GbdtResult:
+    """A stage's model, starting from the last stage's: the MLP from its parameters, trees boosting on."""
+    if isinstance(config, GbdtConfig):
+        assert previous is None or isinstance(previous, GbdtResult)
+        return train_gbdt(config, numeric, categorical, labels, num_classes=num_classes, deadline=deadline,
+                          init_model=None if previous is None else previous.booster, threads=threads)
+    assert previous is None or isinstance(previous, TrainResult)
+    return train(config, numeric, categorical, labels, vocab_sizes=vocab_sizes, num_classes=num_classes,
+                 init_params=None if previous is None else previous.params, deadline=deadline)
 
 
 def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np.ndarray, numeric: np.ndarray,
                      categorical: np.ndarray, *, vocab_sizes, num_classes: int, epsilon: float, stages: int,
-                     config: TrainConfig, temperature: float = 1.0, seed: int = 0,
+                     config: TrainConfig | GbdtConfig, temperature: float = 1.0, seed: int = 0,
                      fractions: list[float] | None = None, key_prefix: str = "",
-                     deadline: float | Deadline | None = None) -> tuple[TrainResult, list[StageReport]]:
+                     deadline: float | Deadline | None = None,
+                     threads: int | None = None) -> tuple[TrainResult | GbdtResult, list[StageReport]]:
     """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report.
     Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
     the same prefix (a resumed job) gets the same releases back instead of new draws and charges. Past
@@ -60,7 +79,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     config = replace(config, loss="cross_entropy")
     labels = np.full(n, -1, dtype=np.int64)
     labelled = np.zeros(n, dtype=bool)
-    result: TrainResult | None = None
+    result: TrainResult | GbdtResult | None = None
     reports: list[StageReport] = []
     for stage, rows in enumerate(parts, start=1):
         ids = [str(i) for i in example_ids[rows]]
@@ -106,9 +125,8 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             top = np.argsort(-_logits(result, numeric[earlier], categorical[earlier]), axis=1)[:, :k]
             outside = ~np.any(top == labels[earlier][:, None], axis=1)
             use[np.flatnonzero(earlier)[outside]] = False
-        result = train(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
-                       num_classes=num_classes, init_params=None if result is None else result.params,
-                       deadline=deadline)
+        result = _fit(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
+                      num_classes=num_classes, previous=result, deadline=deadline, threads=threads)
         certified = release.certified_epsilon
         assert certified is not None  # its labels were downloaded: the release is available, its mechanism built
         reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified,

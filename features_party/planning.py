@@ -17,7 +17,7 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from features_party import db, id_lists, losses, schemas
+from features_party import db, gbdt, id_lists, losses, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import Preprocessor
@@ -54,7 +54,7 @@ class JobPlan:
     labels_party: str
     url: str
     features_file: str
-    config: TrainConfig
+    config: TrainConfig | gbdt.GbdtConfig  # the learner's options (train.model)
     num_classes: int | None
     existing_release: shared_schemas.Release | None = None  # to train on instead of requesting one
     # the features table's ids its split holds out: never trained on, marked in the predictions
@@ -114,6 +114,7 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         features_file = feature_row(session, org_id, request.features).file
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
+    _check_model(request)
     # 404: no such id list; 409: not the version the split pins. The request keeps the version read (its sha256).
     mask, split = id_lists.held_out(ctx, org_id, request.split, frame.index, stored=stored)
     held_out, request = frame.index[mask], request.model_copy(update={"split": split})
@@ -137,8 +138,11 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
         mechanism = request.release.mechanism
     loss, num_classes = _loss_for(request, mechanism, dataset)
+    if request.train.model == "gbdt" and loss not in gbdt.OBJECTIVES:
+        raise _invalid(f"model gbdt has no {loss!r} loss (the subset randomizer's labels train the MLP only); use "
+                       f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
     _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=losses.output_dim(loss, num_classes))
-    config = TrainConfig.from_dict({**request.train.model_dump(), "loss": loss})
+    config = _config(request.train, loss)
     return JobPlan(_naming_ids(request, frame, held_out, dataset), party, url, features_file, config, num_classes,
                    existing, held_out)
 
@@ -177,10 +181,52 @@ def _naming_ids(request: schemas.JobRequest, frame: pd.DataFrame, held_out: pd.I
     return request.model_copy(update={"release": named})
 
 
+# Options of the MLP alone: a gbdt job gives them at their defaults (or not at all).
+MLP_OPTIONS = ("hidden", "embed_dim", "learning_rate", "l2", "batch_size", "epochs", "patience", "standardize_targets")
+
+
+def _check_model(request: schemas.JobRequest) -> None:
+    """The learner's options fit the learner: no tree options on an MLP job, no MLP option (other than its default)
+    on a tree job, and the trees need at least one feature column."""
+    options = request.train
+    if options.model == "mlp":
+        if options.gbdt is not None:
+            raise _invalid("train.gbdt options are for train.model 'gbdt'; this job trains the MLP")
+        return
+    defaults = schemas.TrainOptions()
+    given = [name for name in MLP_OPTIONS if getattr(options, name) != getattr(defaults, name)]
+    if given:
+        raise _invalid(f"train.model 'gbdt' does not use the MLP option(s) {', '.join(given)}: give tree options "
+                       "in train.gbdt (learning_rate, n_estimators, max_depth, ...)")
+    if not request.numeric and not request.categorical:
+        raise _invalid("train.model 'gbdt' needs at least one numeric or categorical feature column")
+
+
+def _config(options: schemas.TrainOptions, loss: str) -> TrainConfig | gbdt.GbdtConfig:
+    if options.model == "gbdt":
+        trees = (options.gbdt or schemas.GbdtOptions()).model_dump()
+        return gbdt.GbdtConfig.from_dict({**trees, "loss": loss, "validation_fraction": options.validation_fraction,
+                                          "seed": options.seed})
+    return TrainConfig.from_dict({**options.model_dump(exclude={"model", "gbdt"}), "loss": loss})
+
+
 def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_sizes: tuple[int, ...], rows: int,
                 *, output_dim: int) -> None:
-    """Refuses a job over ``max_job_size`` = parameters × epochs (× stages of lp-mst) × rows, the parameters of the
-    model the job would build."""
+    """Refuses a job over ``max_job_size``: for the MLP parameters × epochs (× stages of lp-mst) × rows, the
+    parameters of the model the job would build; for trees :func:`features_party.gbdt.work` (a tree unit's cost ×
+    rounds × trees per round × rows × features × depth)."""
+    if request.train.model == "gbdt":
+        options = request.train.gbdt or schemas.GbdtOptions()
+        features, trees = len(request.numeric) + len(request.categorical), max(output_dim, 1)
+        rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
+        size = gbdt.work(rounds, options.max_depth, trees, rows, features)
+        if size > settings.max_job_size:
+            raise LabelDPError(f"job size {size:.3g} = {gbdt.UNIT_COST} × {rounds:,} rounds × "
+                               f"{trees:,} tree(s) per round "
+                               f"× {rows:,} rows × {features:,} features × depth {options.max_depth} is over this "
+                               f"trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer rounds, "
+                               "shallower trees, fewer features or rows", code="job_too_large")
+        return
     spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim, tuple(request.train.hidden),
                             output_dim)
     parameters = models.num_params(spec)

@@ -19,12 +19,41 @@ RELEASE_ID_PATTERN = DATASET_ID_PATTERN
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
-class TrainOptions(BaseModel):
-    """Training options (features_party/train.py:TrainConfig), each with its range. ``loss`` defaults to what the
-    labels are: cross-entropy for classes, the subset loss for subset releases, squared for regression."""
+class GbdtOptions(BaseModel):
+    """Gradient-boosted trees (XGBoost: features_party/gbdt.py), each option with its range. The defaults lean to
+    noisy labels: small steps (``learning_rate``), leaves backed by many examples (``min_child_weight``), row
+    subsampling, and early stopping on the job's validation split of its *privatized* labels."""
 
     model_config = schemas.REQUEST_CONFIG
 
+    n_estimators: Annotated[int, Field(ge=1, le=10_000, description=(
+        "the most boosting rounds (a round adds one tree, or one per class for class labels)")),
+        schemas.INTEGRAL] = 500
+    learning_rate: float = Field(default=0.05, gt=0, le=1, description="shrinkage of each round's trees (eta)")
+    max_depth: Annotated[int, Field(ge=1, le=16), schemas.INTEGRAL] = 6
+    min_child_weight: float = Field(default=10.0, ge=0, le=1e6, description=(
+        "the least hessian sum of a leaf: examples for the squared loss, fewer-weighted ones for the others"))
+    subsample: float = Field(default=0.8, gt=0, le=1, description="the share of rows each tree is grown on")
+    colsample: float = Field(default=1.0, gt=0, le=1, description="the share of features each tree may use")
+    reg_lambda: float = Field(default=1.0, ge=0, le=1e4, description="L2 penalty on leaf values")
+    early_stopping_rounds: Annotated[int, Field(ge=1, le=1000, description=(
+        "stop after this many rounds without a better validation loss (on the privatized validation labels) and "
+        "keep the best round's model")), schemas.INTEGRAL] = 20
+
+
+class TrainOptions(BaseModel):
+    """Training options (features_party/train.py:TrainConfig), each with its range. ``loss`` defaults to what the
+    labels are: cross-entropy for classes, the subset loss for subset releases, squared for regression.
+    ``model`` picks the learner: the JAX MLP/GLM (``mlp``, the default: ``hidden``, ``embed_dim``,
+    ``learning_rate``, ``l2``, ``batch_size``, ``epochs``, ``patience``, ``standardize_targets``) or gradient-boosted
+    trees (``gbdt``, with the options of ``gbdt``); ``loss``, ``validation_fraction`` and ``seed`` apply to both.
+    A ``gbdt`` job with an MLP option other than its default, or ``gbdt`` options on an ``mlp`` job, is refused
+    (``invalid_job``)."""
+
+    model_config = schemas.REQUEST_CONFIG
+
+    model: Literal["mlp", "gbdt"] = Field(default="mlp", description="the learner: a JAX MLP/GLM or XGBoost trees")
+    gbdt: GbdtOptions | None = Field(default=None, description="the options of model gbdt (default: their defaults)")
     loss: Literal["squared", "poisson", "cross_entropy", "subset"] | None = None
     hidden: list[Annotated[int, Field(ge=1, le=4096), schemas.INTEGRAL]] = Field(default_factory=lambda: [64, 32],
                                                                             max_length=8)
@@ -125,12 +154,12 @@ class JobView(BaseModel):
     dataset_id: str
     progress: JobProgress
     metrics: list[dict[str, Any]] = Field(description=(
-        "per epoch: `epoch`, `seconds`, and `train_loss` and `val_loss`, the training loss on the job's privatized "
-        "labels (validation: the `train.validation_fraction` of the training rows) in label units, whatever scaling "
-        "training used — for the squared loss ½(prediction − label)² in squared label units, with `val_mse` the "
-        "mean squared error (2 × val_loss); for cross_entropy and subset nats per example; for poisson the negative "
-        "log-likelihood up to a term free of the prediction. An lp-mst job: per stage, its examples, release, mean "
-        "k and certified ε"))
+        "per epoch (model gbdt: per boosting round) `epoch`, `seconds`, and `train_loss` and `val_loss`, the "
+        "training loss on the job's privatized labels (validation: the `train.validation_fraction` of the training "
+        "rows) in label units, whatever scaling training used — for the squared loss ½(prediction − label)² in "
+        "squared label units, with `val_mse` the mean squared error (2 × val_loss); for cross_entropy and subset "
+        "nats per example; for poisson the negative log-likelihood up to a term free of the prediction. An lp-mst "
+        "job: per stage, its examples, release, mean k and certified ε"))
     release: dict[str, Any] | None
     error: str | None
     error_code: str | None = Field(description="why a failed job failed, an error code: job_time_limit (stopped at "

@@ -51,7 +51,8 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     upstream_retry_seconds: float = Field(default=10.0, ge=0, le=3600)
     # Bounds per job and per organization, each checked before anything is asked of the labels party. The size of
     # a job is parameters × epochs × rows (× stages for lp-mst): 10¹² is minutes on a CPU core at batch ≥ 64, up to
-    # about an hour at batch 1 (bench/train_throughput.py measures the rate).
+    # about an hour at batch 1 (bench/train_throughput.py measures the rate); trees count in the same unit
+    # (features_party.gbdt.work; bench/train_throughput_gbdt.py measures both).
     max_job_size: float = Field(default=1e12, gt=0)  # beyond: 400 job_too_large
     max_job_seconds: float = Field(default=1800.0, gt=0)  # a running job past it stops: failed, job_time_limit
     max_jobs_per_org: int = Field(default=4, ge=1)  # queued + running; beyond: 429 too_many_jobs + Retry-After

@@ -114,7 +114,7 @@ class Deadline:
     stop: threading.Event | None = None
 
 
-def _check(deadline: float | Deadline | None) -> None:
+def check_deadline(deadline: float | Deadline | None) -> None:
     if deadline is None:
         return
     if isinstance(deadline, Deadline):
@@ -138,6 +138,15 @@ def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, tar
     return report(config, prepared, best, history, metrics_path)
 
 
+def validation_split(n: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(validation rows, rows to fit on) of ``n`` training rows: a permutation drawn from ``rng`` (the job's seed),
+    its first round(``fraction`` × n) rows for validation (none below 10 rows). Every learner splits this way, so
+    the MLP and the trees of one job's seed validate on the same rows of its privatized labels."""
+    order = rng.permutation(n)
+    n_val = int(round(fraction * n)) if n >= 10 else 0
+    return order[:n_val], order[n_val:]
+
+
 def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray,
             vocab_sizes: tuple[int, ...], num_classes: int | None, init_params: dict | None) -> Prepared:
     """The validation split (from ``config.seed``), the target standardization of the squared loss (fitted on the
@@ -145,16 +154,13 @@ def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, t
     if config.loss not in losses.LOSSES:
         raise ValueError(f"unknown loss {config.loss!r}")
     rng = np.random.default_rng(config.seed)
-    n = numeric.shape[0]
-    order = rng.permutation(n)
-    n_val = int(round(config.validation_fraction * n)) if n >= 10 else 0
-    val, fit_rows = order[:n_val], order[n_val:]
+    val, fit_rows = validation_split(numeric.shape[0], config.validation_fraction, rng)
     shift, scale = 0.0, 1.0
     if config.loss == "squared" and config.standardize_targets:
         shift, scale = float(np.mean(targets[fit_rows])), float(np.std(targets[fit_rows]) or 1.0)
     data = (np.asarray(numeric, np.float32), np.asarray(categorical, np.int32),
             ((targets - shift) / scale).astype(np.float32))
-    eval_rows = val if n_val else fit_rows
+    eval_rows = val if val.size else fit_rows
     validation = (data[0][eval_rows], data[1][eval_rows], data[2][eval_rows])
     spec = models.ModelSpec(numeric.shape[1], tuple(vocab_sizes), config.embed_dim, tuple(config.hidden),
                             losses.output_dim(config.loss, num_classes))
@@ -192,7 +198,7 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
     calls = shuffled_batches()
     bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.loss}", disable=not progress, leave=False)
     for epoch in bar:
-        _check(deadline)
+        check_deadline(deadline)
         started = time.perf_counter()
         totals = []
         for call, indices in enumerate(calls, start=1):
@@ -200,7 +206,7 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
             totals.append(total)
             if call < len(calls):  # wait for this call (dispatch is asynchronous) to stop in time
                 total.block_until_ready()
-                _check(deadline)
+                check_deadline(deadline)
         val_loss = validate(state.params, validation)
         calls = shuffled_batches()  # the host shuffles the next epoch while the device runs this one
         totals, val_loss = jax.device_get((totals, val_loss))

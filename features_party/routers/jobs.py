@@ -67,11 +67,16 @@ def resume_job(job_id: JobId, body: schemas.ResumeRequest, who: AnyKey, ctx: Con
     return service.resume_job(ctx, who.principal, job_id, body.api_key)
 
 
-@router.get("/{job_id}/model", responses={200: {"content": {"application/octet-stream": {
-    "schema": {"type": "string", "format": "binary"}}}, "description": "the model (.npz)"}})
+@router.get("/{job_id}/model", responses={200: {"content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+    "application/json": {"schema": {"type": "object"}}}, "description": (
+        "the model: the MLP's .npz (`application/octet-stream`), or for `train.model` gbdt XGBoost's JSON model "
+        "(`application/json`; `xgboost.Booster(model_file=...)` loads it, its `labeldp` attribute holds the "
+        "preprocessing, loss and history). `labeldp predict --model` takes either")}})
 def get_model(job_id: JobId, who: AnyKey, ctx: Context):
     path = service.job_file(ctx, who.principal, job_id, "model")
-    return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}.npz")
+    media_type = "application/json" if path.suffix == ".json" else "application/octet-stream"
+    return FileResponse(path, media_type=media_type, filename=f"{job_id}{path.suffix}")
 
 
 @router.get("/{job_id}/predictions", responses=openapi.table_download())
