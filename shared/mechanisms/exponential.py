@@ -13,7 +13,7 @@ Sampling is rejection from the uniform distribution: a candidate i uniform on {0
 with probability exp(-(s/t)·(D_i − min D)) — one Bernoulli(exp(-r/t)) for the fractional part r = s·ΔD mod t and
 ⌊s·ΔD / t⌋ Bernoulli(exp(-1)) for the integer part, all from Canonne, Kamath & Steinke's exact Algorithm 1
 (:func:`shared.mechanisms.integer_noise.bernoulli_exp_neg`). The first kept candidate has exactly the distribution
-P; each trial keeps at least the best candidate's 1/m, so a batch of m trials usually decides. Nothing here is a
+P; each trial keeps at least the best candidate's 1/m, so a batch of 2m trials usually decides. Nothing here is a
 float: the Gumbel-max trick (argmax of score + Gumbel noise) realizes P only up to the rounding of the floats it
 draws, which is why it is not used.
 """
@@ -57,7 +57,7 @@ class ExactExponential:
         excess = _excess(penalties)
         whole, fraction = self._split(excess)
         m = excess.size
-        batch = min(MAX_BATCH, max(1024, m))
+        batch = min(MAX_BATCH, 2 * m + 16)  # one round decides with probability >= 1 - e^-2 (each trial: >= 1/m)
         while True:
             picked = rng.integers(0, m, size=batch, dtype=np.int64)
             kept = bernoulli_exp_neg(fraction[picked], self.t, rng)
