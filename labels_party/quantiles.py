@@ -55,7 +55,7 @@ def check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
         raise LabelDPError(f"ask for 1 to {MAX_QUANTILES} quantiles", code="invalid_input")
     if not all(0.0 < q < 1.0 for q in values):
         raise LabelDPError("quantiles must lie strictly between 0 and 1", code="invalid_input")
-    if any(b <= a for a, b in zip(values, values[1:])):
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
         raise LabelDPError("quantiles must be sorted and distinct (strictly increasing)", code="invalid_input")
     return values
 
@@ -144,7 +144,8 @@ class PrivateQuantiles:
 
     def describe(self) -> dict:
         plan = self.plan
-        return {"mechanism": MECHANISM, "values": {repr(q): v for q, v in zip(plan.quantiles, self.values)},
+        values = {repr(q): v for q, v in zip(plan.quantiles, self.values, strict=True)}
+        return {"mechanism": MECHANISM, "values": values,
                 "epsilon": plan.epsilon, "epsilon_per_quantile": plan.epsilon_per_quantile,
                 "certified_epsilon": plan.certified_epsilon, "num_examples": self.num_examples,
                 "candidates": int(plan.candidates.size), "candidate_low": float(plan.candidates[0]),

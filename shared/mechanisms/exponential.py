@@ -25,7 +25,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from shared.mechanisms.integer_noise import DiscreteLaplace, _round_up, bernoulli_exp_neg
+from shared.mechanisms.integer_noise import _ratio_at_most, _round_up, bernoulli_exp_neg
 
 MAX_BATCH = 1 << 17  # trials per vectorized round
 MAX_WHOLE = 1 << 62  # ⌊rate · penalty⌋ counted in int64
@@ -33,8 +33,9 @@ MAX_WHOLE = 1 << 62  # ⌊rate · penalty⌋ counted in int64
 
 @dataclass(frozen=True)
 class ExactExponential:
-    """Weights exp(-(s/t)·D) over integer penalties D: an exact rational rate, as :class:`DiscreteLaplace` keeps
-    its scale (the same calibration to one part in 2**31, never above the request)."""
+    """Weights exp(-(s/t)·D) over integer penalties D: an exact rational rate, calibrated as the discrete Laplace's
+    scale is (:class:`~shared.mechanisms.integer_noise.DiscreteLaplace`: to one part in 2**31, never above the
+    request)."""
 
     s: int
     t: int
@@ -42,8 +43,9 @@ class ExactExponential:
     @classmethod
     def calibrated(cls, epsilon: Fraction | float, sensitivity: int) -> ExactExponential:
         """The largest rate s/t (to one part in 2**31) with 2·sensitivity·s/t <= ``epsilon``."""
-        rate = DiscreteLaplace.calibrated(Fraction(epsilon), 2 * int(sensitivity))  # s/t <= epsilon / (2Δ)
-        return cls(rate.s, rate.t)
+        if sensitivity < 1:
+            raise ValueError("sensitivity must be a positive integer")
+        return cls(*_ratio_at_most(Fraction(epsilon) / (2 * int(sensitivity))))
 
     def epsilon(self, sensitivity: int) -> Fraction:
         return Fraction(2 * int(sensitivity) * self.s, self.t)
