@@ -314,10 +314,6 @@ class TableSource:
     def _bounded(self, labels: np.ndarray, kind: str, notes: list[str]) -> tuple[dict, np.ndarray]:
         """The dataset's clip fields and the labels as scored (clipped the same way); with ``--clip auto``, the
         outer range's (the clip itself is chosen once the services run: :mod:`labeldp.benchmarks.private_clip`)."""
-        if isinstance(self.clip, AutoClip):
-            notes.append(f"Clip to be chosen privately (`--clip auto`): the DP {self.clip.low_quantile:g} and "
-                         f"{self.clip.high_quantile:g} quantiles at ε = {self.clip.epsilon:g}, on the outer range "
-                         + ("given" if self.clip.outer else "of the labels' own minimum and maximum") + ".")
         bounds = self._declared_bounds
         if bounds is not None:
             low, high = bounds
@@ -343,7 +339,8 @@ class TableSource:
         domain: dict[str, Any] = {"label_kind": kind, "clip": {"low": low, "high": high}}
         if self.grid is not None:
             domain["grid_size"] = self.grid
-            notes.append(f"Released on a grid of {self.grid} points over [{low:g}, {high:g}] (`--grid`): each label "
+            over = "the chosen clip" if isinstance(self.clip, AutoClip) else f"[{low:g}, {high:g}]"
+            notes.append(f"Released on a grid of {self.grid} points over {over} (`--grid`): each label "
                          "is moved to a neighbouring grid point by unbiased randomized rounding; test labels are "
                          "scored unrounded.")
         elif kind == "continuous":
