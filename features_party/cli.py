@@ -165,6 +165,12 @@ def _read_ids(path: str) -> list[str]:
     return ids[1:] if ids[:1] == ["example_id"] else ids
 
 
+def _exact(value: float) -> str:
+    """The shortest text that reads back as ``value`` (an integer without its ".0")."""
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
 def quantiles_command(args) -> int:
     import json
 
@@ -193,8 +199,8 @@ def quantiles_command(args) -> int:
     if args.json:
         print(json.dumps(release.model_dump(mode="json"), allow_nan=False))
         return 0
-    for q, value in quantile_values(release).items():
-        print(f"{q:g}\t{value:g}")
+    for q, value in quantile_values(release).items():  # the value exactly (a shell script may declare it a clip)
+        print(f"{q:g}\t{_exact(value)}")
     print(f"epsilon {release.charged_epsilon:g} charged to each of {release.num_examples} examples "
           f"(release {release.id})", file=sys.stderr)
     return 0
