@@ -21,7 +21,6 @@ widened to the next value of the outer domain (post-processing of the DP output,
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -103,38 +102,36 @@ def clip_from_quantiles(values: tuple[float, float], candidates: np.ndarray) -> 
     return float(low), float(high)
 
 
-def choose_clip(parties, prepared):
-    """The outer dataset, its DP quantiles and the prepared dataset with the clip they give (the module
-    docstring); returns (prepared, :class:`ChosenClip`)."""
+def request_clip(parties, name: str, domain: dict, example_ids, raw: np.ndarray, request: AutoClip,
+                 candidates: np.ndarray) -> ChosenClip:
+    """Step 1 of the module docstring for the dataset ``name`` (``domain``: its creation fields on the outer
+    range; ``candidates``: that domain's values): the outer dataset, its raw labels and the owner's DP quantiles."""
     from features_party.client import LabelsPartyError, quantile_values
-    from labeldp.benchmarks.utility import RAW, TRUTH, label_domain
 
-    request: AutoClip = prepared.clip_choice
-    raw = prepared.frame[RAW].to_numpy(dtype=float)
-    outer = (prepared.domain["clip"]["low"], prepared.domain["clip"]["high"])
-    name = f"{prepared.name}-outer"
+    outer = (domain["clip"]["low"], domain["clip"]["high"])
     with parties.owner() as owner:
         try:
-            dataset = owner.create_dataset(name=name, epsilon_total=request.epsilon, **prepared.domain)
-            owner.upload_labels(dataset.id, prepared.frame["example_id"], raw)
+            dataset = owner.create_dataset(name=f"{name}-outer", epsilon_total=request.epsilon, **domain)
+            owner.upload_labels(dataset.id, example_ids, raw)
             release = owner.request_quantiles(dataset.id, [request.low_quantile, request.high_quantile],
-                                              request.epsilon, idempotency_key=f"clip-{prepared.name}")
+                                              request.epsilon, idempotency_key=f"clip-{name}")
         except LabelsPartyError as err:
-            raise _usage(f"the labels service refused the private clip of {prepared.name}: {err.message}") from None
+            raise _usage(f"the labels service refused the private clip of {name}: {err.message}") from None
         spent = owner.budget(dataset.id).epsilon_spent
     found = quantile_values(release)
     values = (found[request.low_quantile], found[request.high_quantile])
-    low, high = clip_from_quantiles(values, label_domain(prepared).support().values)
-    if prepared.domain["label_kind"] == "integer":
+    low, high = clip_from_quantiles(values, candidates)
+    if domain["label_kind"] == "integer":
         low, high = int(low), int(high)
-    chosen = ChosenClip(request, outer, values, (low, high), dataset.id, release.id, spent)
+    return ChosenClip(request, outer, values, (low, high), dataset.id, release.id, spent)
+
+
+def note(chosen: ChosenClip, name: str) -> str:
+    """The summary's sentence on where the clip came from and what it cost."""
+    request, (low, high), outer = chosen.request, chosen.clip, chosen.outer
     source = ("declared" if request.outer else
               "the labels' own min and max: a data-dependent choice, fine for a benchmark, not for a release")
-    note = (f"Clip [{low:g}, {high:g}] chosen privately (`--clip auto`): the labels service's DP quantiles "
+    return (f"Clip [{low:g}, {high:g}] chosen privately (`--clip auto`): the labels service's DP quantiles "
             f"{request.low_quantile:g} and {request.high_quantile:g} of the uploaded labels on the outer range "
             f"[{outer[0]:g}, {outer[1]:g}] ({source}), ε = {request.epsilon:g} charged to every example on dataset "
-            f"{name} (its ledger: {spent:g} spent).")
-    frame = prepared.frame.assign(**{TRUTH: np.clip(raw, low, high)})
-    return dataclasses.replace(prepared, frame=frame, domain={**prepared.domain, "clip": {"low": low, "high": high}},
-                               notes=(*prepared.notes, note),
-                               info={**prepared.info, "private_clip": chosen.describe()}), chosen
+            f"{name}-outer (its ledger: {chosen.epsilon_spent:g} spent).")

@@ -43,10 +43,10 @@ from features_party.features import Preprocessor
 from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import references, report
-from labeldp.benchmarks import classification
+from labeldp.benchmarks import classification, private_clip
 from labeldp.benchmarks.choices import CLASSIFICATION_MECHANISMS, DEFAULT_EPOCHS, MECHANISMS, QUICK
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
-from labeldp.benchmarks.private_clip import AutoClip, ChosenClip, choose_clip
+from labeldp.benchmarks.private_clip import AutoClip, ChosenClip
 from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
 from shared import schemas
 from shared.errors import LabelDPError
@@ -315,7 +315,7 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
     (:mod:`labeldp.benchmarks.private_clip`)."""
     chosen = None
     if prepared.clip_choice is not None:
-        prepared, chosen = choose_clip(parties, prepared)
+        prepared, chosen = _with_private_clip(parties, prepared)
     frame = prepared.frame
     with parties.owner() as owner:
         try:
@@ -330,6 +330,20 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
     with parties.trainer() as trainer:
         trainer.put_features(prepared.name, frame[["example_id", *prepared.numeric, *prepared.categorical]])
     return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above, budget, chosen)
+
+
+def _with_private_clip(parties: Parties, prepared: Prepared) -> tuple[Prepared, ChosenClip]:
+    """The dataset declared with the clip its DP quantiles give, its labels as scored clipped the same way."""
+    assert prepared.clip_choice is not None
+    raw = prepared.frame[RAW].to_numpy(dtype=float)
+    chosen = private_clip.request_clip(parties, prepared.name, prepared.domain, prepared.frame["example_id"], raw,
+                                       prepared.clip_choice, label_domain(prepared).support().values)
+    low, high = chosen.clip
+    return dataclasses.replace(
+        prepared, frame=prepared.frame.assign(**{TRUTH: np.clip(raw, low, high)}),
+        domain={**prepared.domain, "clip": {"low": low, "high": high}},
+        notes=(*prepared.notes, private_clip.note(chosen, prepared.name)),
+        info={**prepared.info, "private_clip": chosen.describe()}), chosen
 
 
 def label_domain(prepared: Prepared):
