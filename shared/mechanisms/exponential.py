@@ -83,14 +83,12 @@ class ExactExponential:
     def _split(self, excess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(⌊s·ΔD/t⌋, s·ΔD mod t) per candidate, computed in Python integers: s·ΔD can pass 2**63 even where
         the quotient (a count of Bernoulli(exp(-1)) successes) is small."""
-        whole = np.empty(excess.size, dtype=np.int64)
-        fraction = np.empty(excess.size, dtype=np.int64)
-        for value in np.unique(excess):
-            quotient, remainder = divmod(self.s * int(value), self.t)
-            if quotient > MAX_WHOLE:
-                raise ValueError("a penalty times the rate is beyond 2**62")
-            at = excess == value
-            whole[at], fraction[at] = quotient, remainder
+        values, inverse = np.unique(excess, return_inverse=True)
+        pairs = [divmod(self.s * int(value), self.t) for value in values.tolist()]
+        if pairs[-1][0] > MAX_WHOLE:  # the largest penalty's: the quotient grows with it
+            raise ValueError("a penalty times the rate is beyond 2**62")
+        whole = np.array([quotient for quotient, _ in pairs], dtype=np.int64)[inverse]
+        fraction = np.array([remainder for _, remainder in pairs], dtype=np.int64)[inverse]
         return whole, fraction
 
     def describe(self, sensitivity: int) -> dict:
