@@ -39,6 +39,7 @@ from dp_accounting import dp_event
 
 from shared.domains import Domain
 from shared.errors import LabelDPError
+from shared.mechanisms import events
 from shared.mechanisms.events import ExponentialMechanismDpEvent
 from shared.mechanisms.exponential import ExactExponential
 from shared.privacy import COMPOSITION_MARGIN, check_epsilon
@@ -155,7 +156,8 @@ class PrivateQuantiles:
                 "utility": "D(v) = max(2·#{y < v} − R, R − 2·#{y ≤ v}, 0) with R = round(2·q·n); one label moves "
                            "D by at most 2; P(v) ∝ exp(−(ε_q/4)·D(v))",
                 "composition": "basic: epsilon split evenly across the quantiles, one exact exponential-mechanism "
-                               "draw each", "draw": plan.draw.describe(PENALTY_SENSITIVITY)}
+                               "draw each", "draw": plan.draw.describe(PENALTY_SENSITIVITY),
+                "dp_event": events.to_dict(plan.dp_event())}
 
 
 def release_quantiles(plan: QuantilePlan, counts: RankCounts, rng: np.random.Generator) -> PrivateQuantiles:

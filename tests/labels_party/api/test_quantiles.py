@@ -71,6 +71,7 @@ def test_the_whole_version_by_default_and_an_idempotent_retry_returns_the_same_v
     document = client.get(f"/v1/mechanisms/{first['mechanism_hash']}", headers=consumer).json()["description"]
     assert document["values"] == first["description"]["values"]
     assert document["draw"]["rate_rational"].count("/") == 1
+    assert [e["epsilon"] for e in document["dp_event"]["events"]] == [document["epsilon_per_quantile"]] * 3
 
 
 @pytest.mark.parametrize(("body", "status", "code"), [
