@@ -1,9 +1,12 @@
 """Features-party subcommands: ``labeldp features serve|upgrade-db`` with the key commands (``create-key``,
-``list-keys``, ``revoke-key``, ``rotate-key``), and ``labeldp predict``."""
+``list-keys``, ``revoke-key``, ``rotate-key``), ``labeldp predict``, and ``labeldp quantiles`` — a client of a
+labels party (:class:`~features_party.client.LabelsPartyClient`): DP quantiles of a dataset's labels, to choose
+its clip bounds privately."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 from shared.errors import LabelDPError
 from shared.service.commands import (
@@ -15,6 +18,8 @@ from shared.service.commands import (
     upgrade_database,
 )
 from shared.service.tls import tls_options
+
+KEY_VARIABLE = "LABELDP_API_KEY"  # labeldp quantiles' key when --key is not given (keeps it out of ps)
 
 
 def register(commands) -> None:
@@ -36,6 +41,27 @@ def register(commands) -> None:
     predict.add_argument("--features", required=True, help="features CSV with an example_id column")
     predict.add_argument("--out", required=True, help="output CSV (example_id, prediction[, p_class_k...])")
     predict.set_defaults(handler=predict_command)
+
+    quantiles = commands.add_parser(
+        "quantiles", help="DP quantiles of a dataset's labels at a labels party (to choose clip bounds privately)",
+        description="Ask a labels party for DP quantiles of a dataset's labels on its declared domain: one exact "
+        "exponential-mechanism draw per quantile among the domain's values (integers, listed values or the "
+        "continuous grid), epsilon split evenly across the quantiles and charged to every covered example. The "
+        "same --idempotency-key sent again returns the same values, charged once.")
+    quantiles.add_argument("--url", required=True, help="the labels party, e.g. http://127.0.0.1:8700")
+    quantiles.add_argument("--key", default=os.environ.get(KEY_VARIABLE), required=not os.environ.get(KEY_VARIABLE),
+                           help=f"an API key that sees the dataset (default: ${KEY_VARIABLE})")
+    quantiles.add_argument("--dataset", required=True, help="the dataset id")
+    quantiles.add_argument("--quantiles", required=True, metavar="Q,Q,...",
+                           help="strictly increasing, each in (0, 1), e.g. 0.01,0.99")
+    quantiles.add_argument("--epsilon", required=True, type=float, help="charged to every covered example")
+    quantiles.add_argument("--example-ids", metavar="FILE",
+                           help="only these examples' labels: one id a line (a first line 'example_id' is a header); "
+                                "default: every label of the dataset")
+    quantiles.add_argument("--idempotency-key", help="default: a new random one")
+    quantiles.add_argument("--cacert", help="the labels party's CA bundle (https)")
+    quantiles.add_argument("--json", action="store_true", help="print the release as one JSON document")
+    quantiles.set_defaults(handler=quantiles_command)
 
 
 def _settings(args):
@@ -122,4 +148,59 @@ def predict_command(args) -> int:
     frame = predictions_frame(args.model, read_features(args.features))
     frame.to_csv(args.out, index=False)
     print(f"wrote {len(frame)} predictions to {args.out}")
+    return 0
+
+
+def parse_quantiles(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise LabelDPError(f"--quantiles takes numbers separated by commas, e.g. 0.01,0.99, not {text!r}",
+                           code="usage") from None
+
+
+def _read_ids(path: str) -> list[str]:
+    with open(path) as handle:
+        ids = [line.strip() for line in handle if line.strip()]
+    return ids[1:] if ids[:1] == ["example_id"] else ids
+
+
+def _exact(value: float) -> str:
+    """The shortest text that reads back as ``value`` (an integer without its ".0")."""
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
+def quantiles_command(args) -> int:
+    import json
+
+    import httpx
+    from pydantic import ValidationError
+
+    from features_party.client import LabelsPartyClient, LabelsPartyError, quantile_values
+
+    quantiles = parse_quantiles(args.quantiles)
+    example_ids = _read_ids(args.example_ids) if args.example_ids else None
+    try:
+        with LabelsPartyClient(args.url, args.key, verify=args.cacert or True) as client:
+            release = client.request_quantiles(args.dataset, quantiles, args.epsilon, example_ids=example_ids,
+                                               idempotency_key=args.idempotency_key)
+    except ValidationError as err:  # the request's own schema, checked before it is sent
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise LabelDPError(f"{where}: {first['msg']}", code="usage") from None
+    except LabelsPartyError as err:
+        code = "labels_party_refused" if 400 <= err.status < 500 else "labels_party_failed"
+        raise LabelDPError(f"the labels party answered {err.status} {err.safe_code}: {err.message}", code=code) \
+            from None
+    except httpx.HTTPError as err:
+        raise LabelDPError(f"cannot reach the labels party at {args.url}: {err}", code="labels_party_unreachable") \
+            from None
+    if args.json:
+        print(json.dumps(release.model_dump(mode="json"), allow_nan=False))
+        return 0
+    for q, value in quantile_values(release).items():  # the value exactly (a shell script may declare it a clip)
+        print(f"{q:g}\t{_exact(value)}")
+    print(f"epsilon {release.charged_epsilon:g} charged to each of {release.num_examples} examples "
+          f"(release {release.id})", file=sys.stderr)
     return 0

@@ -147,6 +147,11 @@ def _scored_predictions(predictions: pd.Series | pd.DataFrame, holdout) -> tuple
     return predicted, held
 
 
+def quantile_values(release: schemas.Release) -> dict[float, float]:
+    """A quantile release's values by quantile (``description.values`` keys each quantile as its decimal text)."""
+    return {float(q): float(v) for q, v in release.description["values"].items()}
+
+
 class LabelsPartyClient:
     def __init__(
         self,
@@ -347,6 +352,18 @@ class LabelsPartyClient:
                                               features=np.asarray(features, dtype=np.float64).tolist(), **options)
         response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/central-trainings",
                                  json=body.model_dump(), retry=True,
+                                 headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
+        return schemas.Release(**response.json())
+
+    def request_quantiles(self, dataset_id: str, quantiles: Iterable[float], epsilon: float, *,
+                          example_ids: Iterable | None = None,
+                          idempotency_key: str | None = None) -> schemas.Release:
+        """DP quantiles of the dataset's labels (of ``example_ids``' labels, else all of them) on its declared
+        domain, ε charged to every covered example; :func:`quantile_values` reads them from the release."""
+        body = schemas.QuantilesRequest(quantiles=[float(q) for q in quantiles], epsilon=epsilon,
+                                        example_ids=None if example_ids is None else [str(i) for i in example_ids])
+        response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/quantiles",
+                                 json=body.model_dump(exclude_none=True), retry=True,
                                  headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
         return schemas.Release(**response.json())
 

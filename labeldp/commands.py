@@ -45,7 +45,10 @@ def register(commands) -> None:
                          "classification (RR, LP-2ST/3ST, subset, cluster priors; accuracy)")
     utility.add_argument("--clip", default=None, metavar="LOW:HIGH",
                          help="--data: declared label bounds, clipped by the labels service, e.g. -60:180 (default: "
-                         "the labels' own min and max)")
+                         "the labels' own min and max); or auto:Q_LOW:Q_HIGH:EPS[:LOW:HIGH] to choose them "
+                         "privately: the labels service's DP quantiles Q_LOW and Q_HIGH of the uploaded labels on the "
+                         "outer range LOW:HIGH (default: the labels' min and max), charged EPS per example on a "
+                         "dataset of its own, and the summary adds EPS to each example's budget")
     utility.add_argument("--grid", type=int, default=None, metavar="N",
                          help="--data: release integer/continuous labels on a grid of N points (grid_size; default: "
                          "none for integer labels, 101 points for continuous ones)")

@@ -54,7 +54,7 @@ def _epsilon_range(spec: dict, settings) -> None:
     """This deployment's ε range on every ε a request carries (schemas and query parameters), so generated
     clients and fuzzers know it."""
     low, high = settings.epsilon_min, settings.epsilon_max
-    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest"):
+    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest", "QuantilesRequest"):
         for name, prop in spec["components"]["schemas"][model]["properties"].items():
             if name in ("epsilon", "prior_epsilon"):
                 for option in prop.get("anyOf", [prop]):

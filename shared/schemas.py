@@ -21,8 +21,8 @@ LabelKind = Literal["finite", "integer", "continuous", "classes"]
 MechanismName = Literal["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr", "rr-with-prior", "subset"]
 REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
 CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset")
-# Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters.
-LABELLESS_RELEASES = ("evaluation", "labeldp-pro")
+# Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters, DP quantiles.
+LABELLESS_RELEASES = ("evaluation", "labeldp-pro", "quantiles")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
 GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
 # opt-unbiased's solvers: outputs anywhere in ℝ (cone programs, certified gap) or on a fixed mesh (one LP)
@@ -303,6 +303,21 @@ class EvaluationRequest(BaseModel):
     clip: float = Field(default=1e4, gt=0, le=1e15)
     example_ids: list[str] = Field(min_length=1)
     predictions: list[FiniteFloat] = Field(min_length=1)  # one per example id (else 400 invalid_input)
+
+
+MAX_QUANTILES = 100  # per quantile release
+
+
+class QuantilesRequest(BaseModel):
+    """DP quantiles of the dataset's labels (or of ``example_ids``' labels) on its declared domain: one exact
+    exponential-mechanism draw per quantile among the domain's support, ε split evenly (basic composition)."""
+
+    model_config = REQUEST_CONFIG
+
+    quantiles: list[Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]] = Field(
+        min_length=1, max_length=MAX_QUANTILES, description="strictly increasing, each in (0, 1), e.g. [0.01, 0.99]")
+    epsilon: Epsilon
+    example_ids: list[str] | None = Field(default=None, min_length=1)
 
 
 class CentralTrainingRequest(BaseModel):

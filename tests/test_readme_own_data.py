@@ -1,5 +1,6 @@
-"""The README's "Your own data" commands run as written: both services started by the block itself, a clipped
-dataset, a job on an ε = 1 release, predictions, a private evaluation and the owner's audit — checked with numbers."""
+"""The README's "Your own data" commands run as written: both services started by the block itself, a clip chosen by
+a DP quantile, the clipped dataset, a job on an ε = 1 release, predictions, a private evaluation and the owner's
+audits — checked with numbers."""
 
 from __future__ import annotations
 
@@ -40,19 +41,31 @@ def test_readme_own_data_commands_run_as_written(tmp_path):
             pass
     assert process.returncode == 0, err[-3000:]
 
-    upload = json.loads(re.search(r'\{"dataset_id".*?"clipped_above":\d+\}', out).group(0))
-    assert (upload["num_examples"], upload["clipped_below"], upload["clipped_above"]) == (53_940, 0, 1655)
+    prices = pd.read_csv(tmp_path / "labels.csv").label.to_numpy(dtype=float)
+    high = float(re.search(r"^clip \[0, (\S+)\]$", out, re.M).group(1))
+    # the DP 97th percentile at ε = 0.1 on 53,940 prices: on the outer grid (steps of 20), its rank within 0.5 %
+    # (each further step of rank costs a factor e^-0.05: beyond 270 ranks the mass is below 10^-5)
+    assert high % 20 == 0 and abs(np.mean(prices < high) - 0.97) <= 0.005, high
+    clipped = int((prices > high).sum())
+    uploads = [json.loads(u) for u in re.findall(r'\{"dataset_id".*?"clipped_above":\d+\}', out)]
+    assert [(u["num_examples"], u["clipped_below"], u["clipped_above"]) for u in uploads] == \
+        [(53_940, 0, 0), (53_940, 0, clipped)]  # the outer range clips nothing; [0, high] the prices above it
 
+    clip_audit = json.loads((tmp_path / "clip-audit.json").read_text())
+    assert clip_audit["chain_valid"] is True
+    [quantiles] = [e["record"] for e in clip_audit["events"]]
+    assert (quantiles["mechanism"], quantiles["examples_covered"], quantiles["charge_units"]) == \
+        ("quantiles", 53_940, 100_000_000)  # ε = 0.1 on every example
     audit = json.loads((tmp_path / "audit.json").read_text())
     assert audit["chain_valid"] is True
     assert [e["record"]["mechanism"] for e in audit["events"]] == ["opt-unbiased", "evaluation"]
     assert sum(e["record"]["charge_units"] for e in audit["events"]) == 1_500_000_000  # ε 1 + 0.5, exactly
-    assert [(u["clipped_above"], u["num_examples"]) for u in audit["uploads"]] == [(1655, 53_940)]
+    assert [(u["clipped_above"], u["num_examples"]) for u in audit["uploads"]] == [(clipped, 53_940)]
 
     # The private evaluation is within its noise of the held-out MSE on the clipped labels (which only this test,
     # playing both parties, can compute).
     evaluation = json.JSONDecoder().raw_decode(out[out.rindex('{"id"'):])[0]["description"]
-    labels = pd.read_csv(tmp_path / "labels.csv").assign(label=lambda d: d.label.clip(0, 15000))
+    labels = pd.read_csv(tmp_path / "labels.csv").assign(label=lambda d: d.label.clip(0, high))
     held_out = pd.read_csv(tmp_path / "held-out.csv").merge(pd.read_csv(tmp_path / "predictions.csv")) \
         .merge(labels, on="example_id")
     true_mse = float(np.mean(np.minimum((held_out.prediction - held_out.label) ** 2, 2.25e8)))

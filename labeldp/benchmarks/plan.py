@@ -2,9 +2,10 @@
 
 :func:`plan_bench` prepares every dataset (reads the table, infers its columns and label kind, draws ``--rows``)
 and refuses what the services would refuse (:func:`~labeldp.benchmarks.utility.preflight`) — before any server
-starts. :func:`describe` is the plan as one JSON-able document: per dataset the label kind, clip bounds and grid,
-the ε grid, mechanisms and seeds, the features with their types and cardinalities, the columns left out and why,
-and the number of trainer jobs (seeds × ε × private mechanisms; the non-private model trains in process, once per
+starts. :func:`describe` is the plan as one JSON-able document: per dataset the label kind, clip bounds (with
+``--clip auto``: the outer range and the quantiles the clip will come from) and grid, the ε grid, mechanisms and
+seeds, the features with their types and cardinalities, the columns left out and why, and the number of trainer
+jobs (seeds × ε × private mechanisms; the non-private model trains in process, once per
 seed). :func:`render` is the same for a terminal.
 
 Warnings name columns that look wrong for a benchmark; nothing is dropped because of them (the user decides, with
@@ -142,6 +143,7 @@ def _describe_one(plan: DatasetPlan, config: BenchConfig) -> dict:
     return {"name": prepared.name, "description": prepared.description, "source": prepared.info.get("source"),
             "label": prepared.info.get("label"), "label_kind": prepared.domain["label_kind"],
             "clip": prepared.domain.get("clip"), "grid_size": prepared.domain.get("grid_size"),
+            "private_clip": prepared.clip_choice.describe() if prepared.clip_choice is not None else None,
             "num_classes": prepared.domain.get("num_classes"), "loss": prepared.loss, "metric": prepared.metric,
             "rows": len(frame), "dropped_rows": prepared.info.get("dropped_rows", 0),
             "test_fraction": prepared.test_fraction, "group": prepared.group, "mechanisms": plan.mechanisms,
@@ -163,7 +165,11 @@ def render(plan: dict) -> str:
              f"over {len(plan['datasets'])} dataset(s); nothing has been trained.",
              f"ε: {epsilons}; seeds: {plan['seeds']}; epochs: {plan['epochs']}; rows: {rows}."]
     for d in plan["datasets"]:
-        bounds = (f", clip [{d['clip']['low']:g}, {d['clip']['high']:g}]" if d["clip"] else "") + \
+        chosen = d["private_clip"]
+        bounds = (f", clip [{d['clip']['low']:g}, {d['clip']['high']:g}]" if d["clip"] and not chosen else "") + \
+            (f", outer range [{d['clip']['low']:g}, {d['clip']['high']:g}], clip from its DP "
+             f"{chosen['quantiles'][0]:g} and {chosen['quantiles'][1]:g} quantiles at ε = {chosen['epsilon']:g}"
+             if chosen else "") + \
             (f", grid {d['grid_size']}" if d["grid_size"] else "") + \
             (f", {d['num_classes']} classes" if d["num_classes"] else "")
         lines += ["", f"{d['name']}: {d['description']}",

@@ -19,6 +19,8 @@ The rules (also in ``labeldp bench utility --help``):
 * **Bounds.** ``--clip LOW:HIGH`` is the labels service's declared clipping: the bench uploads the raw labels,
   the service clips and counts them; the test labels are scored after the same clip. Without it the bounds are
   the labels' own minimum and maximum — a data-dependent choice, fine for a benchmark, not for a release.
+  ``--clip auto:Q_LOW:Q_HIGH:EPS[:LOW:HIGH]`` chooses them privately: the labels service's DP quantiles on the
+  outer range LOW:HIGH (default: the labels' min and max), at ε = EPS (:mod:`labeldp.benchmarks.private_clip`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from labeldp.benchmarks.private_clip import PREFIX, AutoClip, parse_auto_clip
 from shared.errors import LabelDPError
 
 KINDS = ("integer", "continuous", "finite", "classes")
@@ -45,10 +48,12 @@ def _usage(message: str) -> LabelDPError:
     return LabelDPError(message, code="usage")
 
 
-def parse_clip(text: str | None) -> tuple[float, float] | None:
-    """``LOW:HIGH`` as two finite numbers with LOW < HIGH."""
+def parse_clip(text: str | None) -> tuple[float, float] | AutoClip | None:
+    """``LOW:HIGH`` as two finite numbers with LOW < HIGH, or ``auto:…`` (:func:`parse_auto_clip`)."""
     if text is None:
         return None
+    if text.startswith(PREFIX):
+        return parse_auto_clip(text)
     parts = text.split(":")
     try:  # NaN: not two numbers
         low, high = (float(parts[0]), float(parts[1])) if len(parts) == 2 else (math.nan, math.nan)
@@ -157,7 +162,7 @@ class TableSource:
     numeric: tuple[str, ...] | None = None
     categorical: tuple[str, ...] | None = None
     kind: str | None = None
-    clip: tuple[float, float] | None = None
+    clip: tuple[float, float] | AutoClip | None = None
     grid: int | None = None
     loss: str | None = None
     test_fraction: float = 0.2
@@ -237,7 +242,8 @@ class TableSource:
         return Prepared.build(self.name, description, frame, labels, truth, numeric, categorical, loss, domain,
                               test_fraction=self.test_fraction, notes=tuple(notes),
                               info={"source": str(self.path), "label": self.label, "kind": kind,
-                                    "dropped_rows": dropped, "ignored_columns": ignored})
+                                    "dropped_rows": dropped, "ignored_columns": ignored},
+                              clip_choice=self.clip if isinstance(self.clip, AutoClip) else None)
 
     def _columns(self, frame: pd.DataFrame, where: str):
         if self.numeric is None and self.categorical is None:
@@ -293,33 +299,48 @@ class TableSource:
         if loss is None:
             loss = "squared"
         if loss == "poisson":
-            low = self.clip[0] if self.clip else present.min()
+            bounds = self._declared_bounds
+            low = bounds[0] if bounds else present.min()
             if low < 0:
-                raise _usage(f"--loss poisson needs labels ≥ 0; the lowest {'clip bound' if self.clip else 'label'} "
+                raise _usage(f"--loss poisson needs labels ≥ 0; the lowest {'clip bound' if bounds else 'label'} "
                              f"is {low:g}")
         return kind, loss
 
+    @property
+    def _declared_bounds(self) -> tuple[float, float] | None:
+        """The bounds given on the command line: ``--clip LOW:HIGH``, or the outer range of ``--clip auto``."""
+        return self.clip.outer if isinstance(self.clip, AutoClip) else self.clip
+
     def _bounded(self, labels: np.ndarray, kind: str, notes: list[str]) -> tuple[dict, np.ndarray]:
-        """The dataset's clip fields and the labels as scored (clipped the same way)."""
-        if self.clip is not None:
-            low, high = self.clip
+        """The dataset's clip fields and the labels as scored (clipped the same way); with ``--clip auto``, the
+        outer range's (the clip itself is chosen once the services run: :mod:`labeldp.benchmarks.private_clip`)."""
+        bounds = self._declared_bounds
+        if bounds is not None:
+            low, high = bounds
             if kind == "integer" and (low != round(low) or high != round(high)):
                 raise _usage(f"--clip {low:g}:{high:g}: integer labels need integer bounds")
-            notes.append(f"Declared clipping [{low:g}, {high:g}] (`--clip`): the bench uploads the raw labels and "
-                         "the labels service clips them (counts below); the test labels are scored after the same "
-                         "clip.")
+            if isinstance(self.clip, AutoClip):
+                notes.append(f"Outer range [{low:g}, {high:g}] declared (`--clip auto`): where the quantiles are "
+                             "chosen from.")
+            else:
+                notes.append(f"Declared clipping [{low:g}, {high:g}] (`--clip`): the bench uploads the raw labels "
+                             "and the labels service clips them (counts below); the test labels are scored after the "
+                             "same clip.")
         else:
             low, high = float(labels.min()), float(labels.max())
             if low == high:
                 raise _usage(f"label column {self.label!r} has a single value ({low:g}): nothing to learn")
-            notes.append(f"Bounds [{low:g}, {high:g}] are the labels' own minimum and maximum: a data-dependent "
-                         "choice, fine for a benchmark, not for a release (declare public bounds with --clip).")
+            what = "The outer range [{}, {}] is" if isinstance(self.clip, AutoClip) else "Bounds [{}, {}] are"
+            notes.append(what.format(f"{low:g}", f"{high:g}") + " the labels' own minimum and maximum: a "
+                         "data-dependent choice, fine for a benchmark, not for a release (declare public bounds with "
+                         "--clip).")
         if kind == "integer":
             low, high = int(low), int(high)
         domain: dict[str, Any] = {"label_kind": kind, "clip": {"low": low, "high": high}}
         if self.grid is not None:
             domain["grid_size"] = self.grid
-            notes.append(f"Released on a grid of {self.grid} points over [{low:g}, {high:g}] (`--grid`): each label "
+            over = "the chosen clip" if isinstance(self.clip, AutoClip) else f"[{low:g}, {high:g}]"
+            notes.append(f"Released on a grid of {self.grid} points over {over} (`--grid`): each label "
                          "is moved to a neighbouring grid point by unbiased randomized rounding; test labels are "
                          "scored unrounded.")
         elif kind == "continuous":

@@ -43,9 +43,10 @@ from features_party.features import Preprocessor
 from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import references, report
-from labeldp.benchmarks import classification
+from labeldp.benchmarks import classification, private_clip
 from labeldp.benchmarks.choices import CLASSIFICATION_MECHANISMS, DEFAULT_EPOCHS, MECHANISMS, QUICK
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
+from labeldp.benchmarks.private_clip import AutoClip, ChosenClip
 from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
 from shared import schemas
 from shared.errors import LabelDPError
@@ -68,6 +69,8 @@ class Prepared:
     group: str | None = None  # split by this column (repeated individuals)
     notes: tuple[str, ...] = ()  # for summary.md: where the columns, bounds and classes came from
     info: dict = field(default_factory=dict)  # for datasets.json
+    # --clip auto: the clip is chosen by the labels service once it runs; until then domain's clip is the outer range
+    clip_choice: AutoClip | None = None
 
     @classmethod
     def build(cls, name: str, description: str, frame: pd.DataFrame, raw: np.ndarray, truth: np.ndarray,
@@ -282,6 +285,15 @@ class Registered:
     dataset_id: str
     clipped_below: int
     clipped_above: int
+    budget: float = 0.0  # the dataset's ε per example, which its releases spend
+    private_clip: ChosenClip | None = None  # --clip auto: the quantiles the clip came from, and their cost
+
+    @property
+    def epsilon_per_example(self) -> dict[str, float]:
+        """What each example's labels may cost in all: the releases' budget and the private clip's ε (charged on
+        the outer dataset of the same examples: basic composition adds them)."""
+        clip = self.private_clip.request.epsilon if self.private_clip is not None else 0.0
+        return {"releases": self.budget, "clip": clip, "total": self.budget + clip}
 
     @property
     def features(self) -> str:
@@ -299,7 +311,11 @@ def _refused(what: str, err: LabelsPartyError) -> LabelDPError:
 def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
     """The labels party creates the dataset, uploads every raw label (the service clips them to the declared
     bounds and counts them) and grants the publisher; the publisher uploads the features (never the labels) to
-    its trainer."""
+    its trainer. With ``--clip auto`` the owner first chooses the clip by DP quantiles
+    (:mod:`labeldp.benchmarks.private_clip`)."""
+    chosen = None
+    if prepared.clip_choice is not None:
+        prepared, chosen = _with_private_clip(parties, prepared)
     frame = prepared.frame
     with parties.owner() as owner:
         try:
@@ -313,7 +329,21 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
         owner.grant(created.id, CONSUMER, budget)
     with parties.trainer() as trainer:
         trainer.put_features(prepared.name, frame[["example_id", *prepared.numeric, *prepared.categorical]])
-    return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above)
+    return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above, budget, chosen)
+
+
+def _with_private_clip(parties: Parties, prepared: Prepared) -> tuple[Prepared, ChosenClip]:
+    """The dataset declared with the clip its DP quantiles give, its labels as scored clipped the same way."""
+    assert prepared.clip_choice is not None
+    raw = prepared.frame[RAW].to_numpy(dtype=float)
+    chosen = private_clip.request_clip(parties, prepared.name, prepared.domain, prepared.frame["example_id"], raw,
+                                       prepared.clip_choice, label_domain(prepared).support().values)
+    low, high = chosen.clip
+    return dataclasses.replace(
+        prepared, frame=prepared.frame.assign(**{TRUTH: np.clip(raw, low, high)}),
+        domain={**prepared.domain, "clip": {"low": low, "high": high}},
+        notes=(*prepared.notes, private_clip.note(chosen, prepared.name)),
+        info={**prepared.info, "private_clip": chosen.describe()}), chosen
 
 
 def label_domain(prepared: Prepared):
@@ -527,7 +557,8 @@ def _write_datasets(registered: list[Registered], out: Path) -> None:
          "loss": r.prepared.loss, "domain": r.prepared.domain, "numeric": list(r.prepared.numeric),
          "categorical": list(r.prepared.categorical), "rows": len(r.frame),
          "test_fraction": r.prepared.test_fraction, "clipped_below": r.clipped_below,
-         "clipped_above": r.clipped_above} for r in registered], indent=2) + "\n")
+         "clipped_above": r.clipped_above, "epsilon_per_example": r.epsilon_per_example} for r in registered],
+        indent=2) + "\n")
 
 
 def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[Registered], out: Path) -> None:
@@ -553,6 +584,14 @@ def _labels_line(registered: Registered) -> str:
     if "clip" in domain:
         text += (f" Declared clip [{domain['clip']['low']:g}, {domain['clip']['high']:g}]: the labels service "
                  f"clipped {registered.clipped_below} labels up and {registered.clipped_above} down at upload.")
+    chosen = registered.private_clip
+    if chosen is not None:
+        cost = registered.epsilon_per_example
+        text += (f" The clip cost ε = {chosen.request.epsilon:g} per example (DP quantiles "
+                 f"{chosen.request.low_quantile:g} → {chosen.values[0]:g}, {chosen.request.high_quantile:g} → "
+                 f"{chosen.values[1]:g}; ledger of dataset {chosen.outer_dataset_id}: {chosen.epsilon_spent:g} "
+                 f"spent): each example's budget is {cost['clip']:g} (clip) + {cost['releases']:g} (releases) = "
+                 f"{cost['total']:g}.")
     return text
 
 

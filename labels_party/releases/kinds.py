@@ -6,6 +6,7 @@ audit record come from the transaction, the same for all of them.
 * :class:`ExamplePriorRelease` — RRWithPrior with one prior per example (multi-stage training);
 * :class:`GroupRelease` — one private prior and one randomizer per group of examples;
 * :class:`Evaluation` — a noisy test loss of the caller's predictions;
+* :class:`Quantiles` — DP quantiles of the labels, to choose clip bounds with;
 * :class:`CentralTraining` — LabelDP-Pro trained here; only the parameters leave.
 
 Each kind prices itself from public inputs (``price``: every refusal it can make, and the event it is charged)
@@ -29,9 +30,10 @@ from labels_party import pipeline, registry
 from labels_party.context import ServiceContext
 from labels_party.evaluation import EvaluationPlan, plan_evaluation, score
 from labels_party.pipeline import Plan, Prepared, privatize, privatize_by_group
+from labels_party.quantiles import QuantilePlan, RankCounts, check_quantiles, plan_quantiles, release_quantiles
 from labels_party.registry import MechanismOptions
 from labels_party.releases.lifecycle import Computation, Draft, Snapshot
-from labels_party.releases.streamed import plan_version
+from labels_party.releases.streamed import plan_version, write_example_ids
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.uploads import MAX_GROUP_NAME, parse_groups, parse_priors, upload_format
 from shared import schemas
@@ -130,7 +132,7 @@ class _JsonBodyKind(_Defaults):
     """A kind whose request is one JSON body with an ε and per-example lists; the record keeps the body without
     those lists (the coverage records the examples)."""
 
-    request: schemas.EvaluationRequest | schemas.CentralTrainingRequest
+    request: schemas.EvaluationRequest | schemas.CentralTrainingRequest | schemas.QuantilesRequest
     per_example: ClassVar[frozenset[str]]
 
     @property
@@ -371,6 +373,42 @@ class Evaluation(_JsonBodyKind):
                        "certified_epsilon": result.certified_epsilon, "noisy_sum": result.noisy_sum,
                        "unit": result.unit, "loss_levels": result.levels, "noise": result.noise.describe()}
         return Draft(result, {}, description)
+
+
+@dataclass(frozen=True)
+class Quantiles(_JsonBodyKind):
+    """DP quantiles of the covered labels on the dataset's declared domain (:mod:`labels_party.quantiles`),
+    accounted like a release of those examples; the release's file lists them, as an evaluation's does."""
+
+    request: schemas.QuantilesRequest
+    mechanism: str = "quantiles"
+    per_example: ClassVar[frozenset[str]] = frozenset({"example_ids"})
+
+    def check(self) -> None:
+        check_quantiles(self.request.quantiles)
+
+    def inputs(self, snapshot: Snapshot):
+        return self.request.example_ids, None
+
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, _inputs) -> PricedPlan:
+        plan = plan_quantiles(snapshot.domain, self.request.quantiles, self.request.epsilon)
+        return PricedPlan(plan.dp_event(), plan)
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: PricedPlan,
+                run: Computation) -> Draft:
+        plan: QuantilePlan = priced.plan
+        counts = RankCounts(plan.candidates)
+        counts.add(labels)
+        result = release_quantiles(plan, counts, run.rng)
+        return Draft(result, {}, result.describe())
+
+    def compute_version(self, snapshot: Snapshot, read, priced: PricedPlan, run: Computation) -> Draft:
+        plan: QuantilePlan = priced.plan
+        counts = RankCounts(plan.candidates)
+        for batch in read():
+            counts.add(batch.column("label").to_numpy(zero_copy_only=False))
+        result = release_quantiles(plan, counts, run.rng)
+        return Draft(result, {}, result.describe(), write=write_example_ids(read))
 
 
 @dataclass(frozen=True)

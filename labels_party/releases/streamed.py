@@ -71,6 +71,23 @@ def plan_version(prepared: Prepared, read: Callable[[], Iterator[pa.RecordBatch]
     return StreamedRelease(planned, write)
 
 
+def write_example_ids(read: Callable[[], Iterator[pa.RecordBatch]]) -> Callable[[Path], None]:
+    """The file of a labelless release of a whole version: its examples' ids, one row group per batch read."""
+
+    def write(path: Path) -> None:
+        writer = None
+        try:
+            for batch in read():
+                table = pa.table({"example_id": batch.column("example_id")})
+                writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd")
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+
+    return write
+
+
 def _release_table(example_ids: pa.Array, noisy: np.ndarray) -> pa.Table:
     if noisy.ndim == 2:  # label sets: one boolean column per class
         return pa.table({"example_id": example_ids, **{f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])}})

@@ -1,5 +1,5 @@
-"""Releases: request one (labels, per-example priors, groups, central training, evaluation), list a dataset's,
-read one and download its privatized labels."""
+"""Releases: request one (labels, per-example priors, groups, central training, evaluation, quantiles), list a
+dataset's, read one and download its privatized labels."""
 
 from __future__ import annotations
 
@@ -88,6 +88,17 @@ def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: See
     """Test loss of the caller's predictions on true labels, discrete-Laplace-noised and charged to those
     examples; the result is in ``description.value`` (with ``noise_scale``, ``ci95_low`` and ``ci95_high``)."""
     return answer(transaction.run(ctx, who, idempotency_key, kinds.Evaluation(body)))
+
+
+@router.post("/v1/datasets/{dataset_id}/quantiles", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE)
+def create_quantiles(dataset_id: str, body: schemas.QuantilesRequest, who: SeesDataset, ctx: Context,
+                     idempotency_key: IdempotencyKey):
+    """DP quantiles of the dataset's labels (or ``example_ids``' labels), to choose clip bounds privately: one
+    exponential-mechanism draw per quantile among the declared domain's support (integers, listed values or the
+    continuous grid), sampled exactly, ε split evenly across the quantiles and charged to every covered example.
+    The values are in ``description.values`` (quantile → value); class labels are refused."""
+    return answer(transaction.run(ctx, who, idempotency_key, kinds.Quantiles(body)))
 
 
 @router.get("/v1/releases/{release_id}", response_model=schemas.Release)

@@ -25,6 +25,15 @@ class LocalRandomizerDpEvent(dp_event.DpEvent):
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
+class ExponentialMechanismDpEvent(dp_event.DpEvent):
+    """One draw of the exponential mechanism among ``candidates`` outputs, pure ε-DP with ε = ``epsilon``: its
+    certified ε from the exact rate it samples with (:mod:`shared.mechanisms.exponential`)."""
+
+    epsilon: float
+    candidates: int
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
 class ParallelDpEvent(dp_event.DpEvent):
     """Events on disjoint sets of examples (one per group): each example pays only its own group's, so the
     release's ε is the largest of them."""
@@ -52,7 +61,7 @@ def epsilon_of(event: dp_event.DpEvent, delta: float = 0.0) -> float:
     if isinstance(event, dp_event.RandomizedResponseDpEvent):
         p, k = event.noise_parameter, event.num_buckets
         return math.log((1 - p + p / k) / (p / k))
-    if isinstance(event, LocalRandomizerDpEvent):
+    if isinstance(event, LocalRandomizerDpEvent | ExponentialMechanismDpEvent):
         return event.epsilon
     raise ValueError(f"no ε rule for {type(event).__name__}")
 
@@ -73,8 +82,8 @@ def to_dict(event: dp_event.DpEvent) -> dict:
 def from_dict(data: dict) -> dp_event.DpEvent:
     data = dict(data)
     name = data.pop("type")
-    cls = {"LocalRandomizerDpEvent": LocalRandomizerDpEvent, "ParallelDpEvent": ParallelDpEvent}.get(name) or \
-        getattr(dp_event, name)
+    cls = {"LocalRandomizerDpEvent": LocalRandomizerDpEvent, "ParallelDpEvent": ParallelDpEvent,
+           "ExponentialMechanismDpEvent": ExponentialMechanismDpEvent}.get(name) or getattr(dp_event, name)
     if "events" in data:
         data["events"] = [from_dict(e) for e in data["events"]]
     if isinstance(data.get("event"), dict):  # SelfComposed / PoissonSampled wrap one event

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from labeldp.benchmarks.private_clip import AutoClip, clip_from_quantiles
 from labeldp.benchmarks.tables import TableSource, infer_columns, infer_kind, parse_clip
 from labeldp.benchmarks.utility import RAW, TRUTH
 from labeldp.cli import main
@@ -96,6 +97,44 @@ def test_own_parquet_continuous_on_a_grid(tmp_path, capsys):
     assert "a data-dependent choice, fine for a benchmark, not for a release" in (out / "summary.md").read_text()
 
 
+def test_own_table_with_a_private_clip(tmp_path, capsys):
+    """--clip auto: the owner's DP quantiles on an outer dataset of the same labels give the clip the releases are
+    made under; their ε is charged there and added to each example's budget in the summary."""
+    table = linear_table(seed=1, integer=False)
+    table.to_csv(tmp_path / "linear.csv", index=False)
+    out = tmp_path / "out"
+    code, _, err = _cli(capsys, "--data", tmp_path / "linear.csv", "--label", "y", "--clip", "auto:0.05:0.95:1:0:100",
+                        "--grid", 21, "--seeds", 1, "--epsilons", 2, "--mechanisms", "non-private,laplace",
+                        "--epochs", 10, "--out", out)
+    assert code == 0, err
+    [dataset] = json.loads((out / "datasets.json").read_text())
+    chosen = dataset["private_clip"]
+    low, high = chosen["clip"]
+    assert chosen["values"] == [low, high] and chosen["epsilon_spent"] == 1.0
+    for q, value in zip((0.05, 0.95), (low, high), strict=True):  # grid step 5, ~20 labels a step, ε = 1/2 each
+        assert value % 5 == 0 and abs(value - np.quantile(table.y, q)) <= 10
+    assert dataset["domain"] == {"label_kind": "continuous", "clip": {"low": low, "high": high}, "grid_size": 21}
+    assert (dataset["clipped_below"], dataset["clipped_above"]) == (int((table.y < low).sum()),
+                                                                    int((table.y > high).sum()))
+    assert dataset["epsilon_per_example"] == {"releases": 2.0, "clip": 1.0, "total": 3.0}
+    summary = (out / "summary.md").read_text()
+    assert "each example's budget is 1 (clip) + 2 (releases) = 3" in summary
+    assert f"Clip [{low:g}, {high:g}] chosen privately" in summary
+    runs = _check_runs(out, ["laplace"], [2.0], 1)
+    assert np.isfinite(runs["test_loss"]).all()
+
+
+def test_a_private_clip_is_planned_on_its_outer_range(tmp_path, capsys):
+    linear_table().to_csv(tmp_path / "linear.csv", index=False)
+    code, stdout, err = _cli(capsys, "--data", tmp_path / "linear.csv", "--label", "y", "--clip", "auto:0.01:0.99:0.2",
+                             "--seeds", 1, "--epsilons", 1, "--mechanisms", "laplace", "--dry-run", "--json")
+    assert code == 0, err
+    [planned] = json.loads(stdout)["datasets"]
+    table = linear_table()
+    assert planned["clip"] == {"low": int(table.y.min()), "high": int(table.y.max())}  # the labels' own: no outer
+    assert planned["private_clip"] == {"quantiles": [0.01, 0.99], "epsilon": 0.2, "outer": None}
+
+
 @pytest.mark.slow
 def test_own_table_of_classes(tmp_path, capsys):
     """String labels with --kind classes: the classification protocols, scored by accuracy."""
@@ -159,6 +198,15 @@ def test_kind_and_loss_inferred(tmp_path):
 
 def test_parse_clip():
     assert parse_clip("0:15000") == (0.0, 15000.0) and parse_clip("-5:5") == (-5.0, 5.0)
+    assert parse_clip("auto:0.01:0.99:0.1") == AutoClip(0.01, 0.99, 0.1)
+    assert parse_clip("auto:0.01:0.99:0.1:-60:180") == AutoClip(0.01, 0.99, 0.1, (-60.0, 180.0))
+
+
+def test_quantiles_that_cross_or_meet_still_give_a_clip():
+    grid = np.arange(0.0, 11.0)
+    assert clip_from_quantiles((7.0, 3.0), grid) == (3.0, 7.0)
+    assert clip_from_quantiles((4.0, 4.0), grid) == (4.0, 5.0) and clip_from_quantiles((10.0, 10.0), grid) == (9.0,
+                                                                                                           10.0)
 
 
 # -- one stderr line and exit code 2 for every bad table or option ---------------------------------------------------
@@ -192,6 +240,12 @@ BAD = {
     "non-numeric labels": (["--data", "{d}/text.csv", "--label", "y"], "is not numeric (e.g. 'many')"),
     "clip low >= high": (["--data", "{d}/ok.csv", "--label", "y", "--clip", "9:9"], "LOW must be below HIGH"),
     "malformed clip": (["--data", "{d}/ok.csv", "--label", "y", "--clip", "0-100"], "--clip takes LOW:HIGH"),
+    "auto clip without ε": (["--data", "{d}/ok.csv", "--label", "y", "--clip", "auto:0.1:0.9"],
+                            "--clip auto:Q_LOW:Q_HIGH:EPS[:LOW:HIGH]"),
+    "auto clip quantiles crossed": (["--data", "{d}/ok.csv", "--label", "y", "--clip", "auto:0.9:0.1:1"],
+                                    "0 < Q_LOW < Q_HIGH < 1"),
+    "auto clip outer crossed": (["--data", "{d}/ok.csv", "--label", "y", "--clip", "auto:0.1:0.9:1:5:-5"],
+                                "LOW must be below HIGH"),
     "too few rows": (["--data", "{d}/small.csv", "--label", "y"], "32 training and 8 test rows"),
     "test fraction 0": (["--data", "{d}/ok.csv", "--label", "y", "--test-fraction", "0"], "between 0 and 1"),
     "test fraction 1.5": (["--data", "{d}/ok.csv", "--label", "y", "--test-fraction", "1.5"], "between 0 and 1"),

@@ -4,6 +4,8 @@ new one fails here until it is given arguments below."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.features_party.test_quantiles_cli import labels_party
 from tests.labeldp.test_bench_plan import flights
 from tests.support.cli_parsers import commands, takes
 
@@ -37,6 +40,16 @@ def _table(tmp: Path) -> str:
     return str(path)
 
 
+_SERVERS = contextlib.ExitStack()  # labels parties the commands talk to, stopped when the session ends
+atexit.register(_SERVERS.close)
+
+
+def _quantiles(tmp: Path) -> list[str]:
+    party = labels_party(tmp, _SERVERS)
+    return ["--url", party["url"], "--key", party["key"], "--dataset", party["dataset"], "--quantiles", "0.5",
+            "--epsilon", "0.5"]
+
+
 def _key_commands(party: str) -> dict[tuple[str, ...], Callable[[Path], list[str]]]:
     return {(party, "create-key"): lambda tmp: ["--org", "o", "--role", "admin", *_storage(party, tmp)],
             (party, "list-keys"): lambda tmp: _storage(party, tmp),
@@ -53,6 +66,7 @@ ARGUMENTS: dict[tuple[str, ...], Callable[[Path], list[str]]] = {
                                           "--labels", "-2:2"],
     ("randomizer", "audit"): lambda tmp: ["--mechanism", "rr", "--epsilon", "1", "--labels", "0:2",
                                           "--samples", "100", "--seed", "0"],
+    ("quantiles",): _quantiles,
     ("bench", "utility"): lambda tmp: ["--dry-run", "--data", _table(tmp), "--label", "delay", "--seeds", "1",
                                        "--epsilons", "1", "--mechanisms", "laplace"],
 }

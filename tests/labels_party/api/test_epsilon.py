@@ -77,7 +77,7 @@ def test_openapi_states_the_deployment_range(tmp_path):
     settings = LabelsSettings(epsilon_min=0.01, epsilon_max=8.0)
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
     spec = TestClient(create_app(ctx)).get("/openapi.json").json()
-    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest"):
+    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest", "QuantilesRequest"):
         epsilon = spec["components"]["schemas"][model]["properties"]["epsilon"]
         assert epsilon["minimum"] == 0.01 and epsilon["maximum"] == 8.0
     prior = spec["components"]["schemas"]["ReleaseRequest"]["properties"]["prior_epsilon"]["anyOf"][0]
@@ -109,6 +109,7 @@ def test_every_endpoint_refuses_an_epsilon_outside_the_range(service, epsilon):
         ("/evaluations", {"metric": "mse", "epsilon": epsilon, "clip": 10.0, "example_ids": ["e1"],
                           "predictions": [1.0]}),
         ("/central-trainings", {"epsilon": epsilon, "example_ids": ["e1", "e2"], "features": [[0.0], [1.0]]}),
+        ("/quantiles", {"quantiles": [0.5], "epsilon": epsilon}),
         ("/releases", {"mechanism": "rr-on-bins", "epsilon": 1.0, "prior_epsilon": epsilon}),
     ]
     for path, body in requests:

@@ -63,6 +63,11 @@ def test_an_integer_epsilon_is_a_number(client, admin, consumer, dataset):
     ("/central-trainings", {"epsilon": "1", "example_ids": ["e1", "e2"], "features": [[0.0], [1.0]]}),
     ("/central-trainings", {"epsilon": 1, "steps": "3", "example_ids": ["e1", "e2"], "features": [[0.0], [1.0]]}),
     ("/central-trainings", {"epsilon": 1, "example_ids": ["e1", "e2"], "features": [[0.0], [True]]}),
+    ("/quantiles", {"quantiles": [0.5], "epsilon": True}),
+    ("/quantiles", {"quantiles": [True], "epsilon": 1}),
+    ("/quantiles", {"quantiles": 0.5, "epsilon": 1}),
+    ("/quantiles", {"quantiles": [0.5], "epsilon": 1, "example_ids": "e1"}),
+    ("/quantiles", {"quantiles": [0.5], "epsilon": 1, "clip": 3}),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_evaluation_and_training_bodies_are_strict(client, admin, dataset, path, body):
     before = state(client, admin, dataset)

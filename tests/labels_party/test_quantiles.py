@@ -1,0 +1,117 @@
+"""DP quantiles (labels_party.quantiles on shared.mechanisms.exponential): the exact exponential mechanism samples
+the stated probabilities, lands near the true quantile, and is charged what it certifies."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from labels_party.quantiles import RankCounts, penalties, plan_quantiles, private_quantiles
+from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
+from shared.errors import LabelDPError
+from shared.mechanisms.events import epsilon_of
+from shared.mechanisms.exponential import ExactExponential
+
+
+def _chi_square_p(draws: np.ndarray, probabilities: np.ndarray) -> float:
+    observed = np.bincount(draws, minlength=probabilities.size)
+    return float(stats.chisquare(observed, probabilities * draws.size).pvalue)
+
+
+def test_the_sampler_realizes_the_exact_exponential_weights():
+    """Penalties whose rate × excess passes 1 (the integer part's Bernoulli(exp(-1)) chain) and stays below it."""
+    draw = ExactExponential.calibrated(1.2, 1)  # rate 0.6
+    assert draw.epsilon(1) <= Fraction(1.2) and draw.certified_epsilon(1) > 1.2 * (1 - 2**-30)
+    scores = np.array([5, 3, 7, 3, 12, 4])
+    expected = np.exp(-0.6 * (scores - 3))
+    expected /= expected.sum()
+    assert np.allclose(draw.probabilities(scores), expected, rtol=1e-9)
+    rng = np.random.default_rng(11)
+    draws = np.array([draw.sample(scores, rng) for _ in range(20_000)])
+    assert _chi_square_p(draws, expected) > 1e-3
+    assert abs(np.mean(draws == 4) - expected[4]) < 0.001  # 0.15 %: its weight e^-5.4 needs 5 Bernoulli(e^-1) in a row
+
+
+def _rank_interval(labels: np.ndarray, value: float) -> tuple[int, int]:
+    return int(np.sum(labels < value)), int(np.sum(labels <= value))
+
+
+def test_penalties_are_twice_the_distance_to_the_target_rank_ties_included():
+    labels = np.array([1, 1, 1, 1, 2, 3, 3, 5], dtype=float)  # n = 8
+    counts = RankCounts(np.arange(0.0, 7.0))
+    counts.add(labels[:5])  # batches add up
+    counts.add(labels[5:])
+    for q in (0.1, 0.25, 0.5, 0.6, 0.9):
+        target = round(Fraction(q) * 16)
+        expected = [max(2 * low - target, target - 2 * high, 0)
+                    for low, high in (_rank_interval(labels, v) for v in range(7))]
+        assert penalties(counts, q).tolist() == expected
+    # the median of four 1s, a 2, two 3s and a 5: 1 and 2 cover rank 4 (no penalty), 3 starts at rank 5
+    assert penalties(counts, 0.5).tolist() == [8, 0, 0, 2, 6, 6, 8]
+
+
+def test_quantile_draws_match_their_exact_distribution_on_a_tiny_support():
+    """The whole path — counts, penalties, the calibrated rate — against probabilities computed here from the
+    definition: P(v) ∝ exp(−(ε/4)·D(v)) with D twice the distance from q·n to v's rank interval."""
+    labels = np.array([0, 1, 1, 2, 2, 2, 3, 4, 4, 4], dtype=float)
+    domain = integer_range(0, 4)
+    epsilon, q = 2.0, 0.3
+    rng = np.random.default_rng(5)
+    draws = np.array([int(private_quantiles(domain, labels, [q], epsilon, rng).values[0]) for _ in range(8000)])
+    distance = np.array([max(low - q * 10, q * 10 - high, 0.0)
+                         for low, high in (_rank_interval(labels, v) for v in range(5))])
+    exact = np.exp(-(epsilon / 4) * 2 * distance)
+    exact /= exact.sum()
+    assert _chi_square_p(draws, exact) > 1e-3
+    assert exact[1] > 0.4 and np.mean(draws == 1) == pytest.approx(exact[1], abs=0.02)
+
+
+@pytest.mark.parametrize("q", [0.01, 0.5, 0.99])
+def test_the_quantile_lands_near_the_true_one_at_epsilon_1_on_10k_labels(q):
+    rng = np.random.default_rng(2024)
+    labels = np.clip(rng.normal(500.0, 100.0, size=10_000), 0, 1000)
+    domain = ContinuousInterval(0.0, 1000.0, 1001)  # grid step 1
+    truth = float(np.quantile(labels, q))
+    for seed in range(10):
+        value = private_quantiles(domain, labels, [q], 1.0, np.random.default_rng(seed)).values[0]
+        low, high = _rank_interval(labels, value)
+        # rank within 40 of q·n: each step further costs a factor e^{-1/2}, so beyond it the mass is < 10^-5
+        assert low - 40 <= q * labels.size <= high + 40, (seed, value, truth)
+        assert abs(value - truth) <= (3 if q == 0.5 else 12), (seed, value, truth)
+
+
+def test_several_quantiles_split_epsilon_by_basic_composition():
+    domain = FiniteLabels(np.array([0.5, 1.0, 2.5, 4.0, 8.0]))
+    plan = plan_quantiles(domain, [0.1, 0.5, 0.9], 0.3)
+    assert [e.epsilon for e in plan.dp_event().events] == [plan.epsilon_per_quantile] * 3
+    assert plan.epsilon_per_quantile <= 0.1 and plan.epsilon_per_quantile == pytest.approx(0.1, rel=1e-9)
+    total = epsilon_of(plan.dp_event())
+    assert total <= 0.3 and plan.certified_epsilon <= 0.3 and total == pytest.approx(0.3, rel=1e-9)
+    assert plan.candidates.tolist() == [0.5, 1.0, 2.5, 4.0, 8.0]
+    result = private_quantiles(domain, [0.5, 1.0, 1.0, 2.5, 8.0], [0.1, 0.5, 0.9], 0.3, np.random.default_rng(0))
+    assert set(result.values) <= {0.5, 1.0, 2.5, 4.0, 8.0}
+    assert list(result.describe()["values"]) == ["0.1", "0.5", "0.9"]
+
+
+@pytest.mark.parametrize(("domain", "quantiles", "code"), [
+    (Classes(3), [0.5], "mechanism_domain_mismatch"),
+    (integer_range(0, 9), [0.9, 0.1], "invalid_input"),
+    (integer_range(0, 9), [0.5, 0.5], "invalid_input"),
+    (integer_range(0, 9), [0.0, 0.5], "invalid_input"),
+    (integer_range(0, 9), [1.0], "invalid_input"),
+    (integer_range(0, 9), [], "invalid_input"),
+])
+def test_public_refusals(domain, quantiles, code):
+    with pytest.raises(LabelDPError) as err:
+        plan_quantiles(domain, quantiles, 1.0)
+    assert err.value.code == code
+
+
+def test_the_certified_epsilon_is_the_sampled_rational_rounded_up():
+    """The charged ε bounds the exact rational the sampler uses: 2·Δ·s/t with Δ = 2 per quantile."""
+    plan = plan_quantiles(integer_range(0, 9), [0.5], 0.7)
+    exact = Fraction(4 * plan.draw.s, plan.draw.t)
+    assert exact <= Fraction(0.7) and Fraction(plan.certified_epsilon) >= exact and plan.certified_epsilon <= 0.7
