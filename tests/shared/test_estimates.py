@@ -21,7 +21,7 @@ REPETITIONS = 200
 
 
 @pytest.fixture(scope="module")
-def test_set():
+def held_out():
     """A fixed held-out set: labels, a model's predictions (errors of sd 1.5, slightly biased) and their MSE."""
     rng = np.random.default_rng(11)
     labels = rng.binomial(10, 0.35, size=2000).astype(float)
@@ -40,8 +40,8 @@ def release_document(mechanism: str, labels, epsilon: float = 2.0, domain=DOMAIN
 
 
 @pytest.mark.parametrize("mechanism", ["opt-unbiased", "dbrr", "laplace"])
-def test_estimate_is_unbiased_and_its_interval_covers(test_set, mechanism):
-    labels, predictions, truth = test_set
+def test_estimate_is_unbiased_and_its_interval_covers(held_out, mechanism):
+    labels, predictions, truth = held_out
     document = release_document(mechanism, labels)
     sampler = sampler_from_description(document["description"])
     estimates, covered = [], 0
@@ -63,8 +63,8 @@ def test_estimate_is_unbiased_and_its_interval_covers(test_set, mechanism):
     assert naive > truth + 10 * result.standard_error  # what the correction removes: the noise's variance
 
 
-def test_same_estimate_from_the_mechanism_and_from_its_json_document(test_set):
-    labels, predictions, _ = test_set
+def test_same_estimate_from_the_mechanism_and_from_its_json_document(held_out):
+    labels, predictions, _ = held_out
     prepared = pipeline.prepare(DOMAIN, "opt-unbiased", 2.0, labels.size)
     planned = pipeline.plan(prepared, np.bincount(labels.astype(int), minlength=11), np.random.default_rng(5))
     noisy = planned.sampler.sample(labels, np.random.default_rng(6))
@@ -77,8 +77,8 @@ def test_same_estimate_from_the_mechanism_and_from_its_json_document(test_set):
 
 
 @pytest.mark.parametrize("mechanism, options", [("rr-on-bins", {}), ("laplace", {"clip": True})])
-def test_a_biased_mechanism_is_refused(test_set, mechanism, options):
-    labels, predictions, _ = test_set
+def test_a_biased_mechanism_is_refused(held_out, mechanism, options):
+    labels, predictions, _ = held_out
     document = release_document(mechanism, labels, **options)
     noisy = sampler_from_description(document["description"]).sample(labels, np.random.default_rng(1))
     with pytest.raises(LabelDPError, match="biased") as refused:
@@ -86,10 +86,10 @@ def test_a_biased_mechanism_is_refused(test_set, mechanism, options):
     assert refused.value.code == "mechanism_biased"
 
 
-def test_a_correction_that_cannot_be_exact_states_its_bias_bound(test_set):
+def test_a_correction_that_cannot_be_exact_states_its_bias_bound(held_out):
     """The mesh solver's few outputs leave no function of ŷ whose mean is Var(ŷ | y) for every label: the estimate
     states how far off its mean can be, and is within that (and its noise) of the truth."""
-    labels, predictions, truth = test_set
+    labels, predictions, truth = held_out
     document = release_document("opt-unbiased", labels, epsilon=1.0, mesh=12)
     sampler = sampler_from_description(document["description"])
     assert sampler.max_abs_bias < 1e-9 and sampler.output_values.size < 11
@@ -105,8 +105,8 @@ def test_a_correction_that_cannot_be_exact_states_its_bias_bound(test_set):
     assert abs(estimates.mean() - truth) < bound + 3 * estimates.std(ddof=1) / np.sqrt(REPETITIONS)
 
 
-def test_labels_that_the_mechanism_cannot_output_are_refused(test_set):
-    labels, predictions, _ = test_set
+def test_labels_that_the_mechanism_cannot_output_are_refused(held_out):
+    labels, predictions, _ = held_out
     document = release_document("dbrr", labels)
     noisy = sampler_from_description(document["description"]).sample(labels, np.random.default_rng(1))
     noisy[3] = 4.25  # not one of dbRR's outputs: labels of some other release
@@ -141,8 +141,8 @@ def test_continuous_labels_state_the_rounding_bound():
     ({"kind": "finite", "values": [0.0, 2.5, 10.0]}, 0.25),  # 2.5 is not: it would be rounded to 2 or 3
     (None, 0.25),  # not given: the labels may lie anywhere between lattice points
 ])
-def test_additive_noise_rounds_nothing_when_the_domain_lies_on_its_lattice(test_set, domain, bound):
-    labels, predictions, _ = test_set
+def test_additive_noise_rounds_nothing_when_the_domain_lies_on_its_lattice(held_out, domain, bound):
+    labels, predictions, _ = held_out
     document = release_document("laplace", labels)
     noisy = sampler_from_description(document["description"]).sample(labels, np.random.default_rng(3))
     result = unbiased_mse_estimate_from_document(predictions, noisy, document, domain=domain)
