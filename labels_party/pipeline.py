@@ -117,11 +117,11 @@ def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_ep
     """Everything public: refusals (family, label kind, options, |Y| limits, ε split, the solver's ε floor) and,
     for mechanisms without a prior, the mechanism itself.
 
-    Unless ``allow_uninformative``, a release whose labels could say nothing is refused here, before any charge
-    (400 ``uninformative_release``): a mechanism without a prior whose output does not depend on the label, or —
-    for a mechanism built later on the noisy prior — a fallback that would not either. What the noisy prior alone
-    makes uninformative cannot be known before it is drawn (and paid for): :func:`plan` builds the fallback then
-    (:func:`labels_party.registry.build_on_private_prior`)."""
+    Unless ``allow_uninformative``, a mechanism without a prior whose output does not depend on the label is refused
+    here, before any charge (400 ``uninformative_release``). What the noisy prior makes uninformative cannot be
+    known before it is drawn (and paid for): :func:`plan` builds the family's fallback then
+    (:func:`labels_party.registry.build_on_private_prior`), RR or dbRR, informative at every ε the library
+    certifies (tests/labels_party/api/test_uninformative.py)."""
     options = options or MechanismOptions()
     family = registry.family(mechanism)
     if num_labels <= 0:
@@ -136,16 +136,9 @@ def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_ep
         split = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed")
     registry.check(mechanism, domain, split.randomizer_epsilon, options)
     built = None if family.needs_prior else registry.build(mechanism, domain, split.randomizer_epsilon, None, options)
-    if not allow_uninformative:
-        public = built if built is not None else _fallback(family, domain, split.randomizer_epsilon)
-        if public is not None:
-            registry.refuse_uninformative(public.mechanism, split.randomizer_epsilon, prior_known=False)
+    if built is not None and not allow_uninformative:
+        registry.refuse_uninformative(built.mechanism, split.randomizer_epsilon, prior_known=False)
     return Prepared(domain, family, split, options, built, allow_uninformative)
-
-
-def _fallback(family: MechanismFamily, domain, epsilon: float) -> Built | None:
-    """What a family built on a noisy prior falls back to (from public inputs: checked before the charge)."""
-    return registry.build(family.fallback, domain, epsilon) if family.fallback is not None else None
 
 
 def plan(prepared: Prepared, counts: np.ndarray | None, rng: np.random.Generator) -> Plan:

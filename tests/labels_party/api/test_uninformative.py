@@ -11,9 +11,10 @@ import pytest
 
 from labeldp.cli import main as labels_cli
 from labels_party import pipeline, registry
-from shared.domains import Classes
+from shared.domains import Classes, domain_from_spec
 from shared.errors import LabelDPError
 from shared.mechanisms.protocol import uninformative_reason
+from shared.privacy import EPSILON_MIN
 from tests.labels_party.api.helpers import admin_client, expect_error
 from tests.labels_party.api.test_per_example_priors import _post as post_priors
 
@@ -155,3 +156,18 @@ def test_the_cli_refuses_a_one_class_randomizer_unless_opted_in(tmp_path, capsys
     assert labels_cli([*args, "--allow-uninformative"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["num_outputs"] == 1 and report["certified_epsilon"] == 0.0
+
+
+GRID_50K = domain_from_spec({"kind": "continuous", "min": 0, "max": 1, "grid_size": 50_000})
+
+
+@pytest.mark.parametrize("domain", [Classes(2), Classes(2000), GRID_50K],
+                         ids=["2 classes", "2000 classes", "grid of 50k"])
+def test_every_fallback_says_something_at_the_smallest_epsilon(domain):
+    """Why a release built on a noisy prior needs no public check of its fallback: RR and dbRR are informative at
+    every ε the library certifies, on the largest domains the families take."""
+    fallbacks = {f.fallback for f in registry.FAMILIES.values() if f.fallback and domain.label_kind in f.label_kinds}
+    assert fallbacks
+    for name in fallbacks:
+        mechanism = registry.build(name, domain, EPSILON_MIN).mechanism
+        assert uninformative_reason(mechanism) is None and 0 < mechanism.certified_epsilon <= EPSILON_MIN
