@@ -400,14 +400,13 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
     numeric, categorical = preprocessor.transform(rows)
     result: TrainResult | GbdtResult
+    attempt.update(epochs=config.n_estimators if isinstance(config, GbdtConfig) else config.epochs,
+                   num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
     if isinstance(config, GbdtConfig):
-        attempt.update(epochs=config.n_estimators, num_train_examples=len(present),
-                       num_holdout_examples=len(plan.held_out))
         result = train_gbdt(config, numeric, categorical, targets, num_classes=plan.num_classes,
                             on_epoch=_progress(attempt, every_seconds=1.0), deadline=deadline,
                             threads=threads_per_job(settings.workers))
     else:
-        attempt.update(epochs=config.epochs, num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
         result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
                        num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
     _finish(attempt, result, preprocessor, features, plan.held_out,
