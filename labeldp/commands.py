@@ -165,7 +165,7 @@ def _models(text: str) -> tuple[str, ...]:
     models = tuple(dict.fromkeys(m.strip() for m in text.split(",")))
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
-        raise LabelDPError(f"unknown --model {','.join(unknown) or text!r}; choose from {', '.join(MODELS)} or a "
+        raise LabelDPError(f"unknown --model {','.join(unknown) or repr(text)}; choose from {', '.join(MODELS)} or a "
                            "comma list of them", code="usage")
     return models
 
