@@ -38,8 +38,7 @@ import pandas as pd
 
 from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
-from features_party.gbdt import GbdtConfig, train_gbdt
-from features_party.schemas import GbdtOptions
+from features_party.gbdt import train_gbdt
 from features_party.train import TrainConfig, device_summary, train
 from features_party.trainer_client import TrainerClient
 from labeldp import demo_classification, demo_source, references, report
@@ -260,9 +259,9 @@ class Publisher:
                   "max_abs_bias": references.max_abs_bias(document["description"], np.arange(MAX_HOURS + 1.0))}
         rows = [self._score(job, model, shared) for model, job in zip(LEARNERS, (mlp, trees), strict=True)]
         for row in rows:
-            print(f"  eps={epsilon:<4g} {mechanism:<13} {row['model']:<5} test MSE {row['test_mse']:8.2f}   noisy-label "
-                  f"MSE {row['noisy_label_mse']:10.1f}   max |bias| {row['max_abs_bias']:6.3g}   certified eps "
-                  f"{row['certified_epsilon']:.6f}", flush=True)
+            print(f"  eps={epsilon:<4g} {mechanism:<13} {row['model']:<5} test MSE {row['test_mse']:8.2f}   "
+                  f"noisy-label MSE {row['noisy_label_mse']:10.1f}   max |bias| {row['max_abs_bias']:6.3g}   "
+                  f"certified eps {row['certified_epsilon']:.6f}", flush=True)
         return rows
 
     def _train(self, source: dict, train: dict):
@@ -291,9 +290,9 @@ def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConf
     preprocessor = Preprocessor.fit(train_part, NUMERIC, CATEGORICAL)
     numeric, categorical = preprocessor.transform(train_part)
     labels = train_part["hours"].to_numpy(dtype=float)
-    fitted = {"mlp": train(config, numeric, categorical, labels, vocab_sizes=preprocessor.vocab_sizes),
-              "gbdt": train_gbdt(GbdtConfig.from_dict({**GbdtOptions().model_dump(), "loss": "squared"}), numeric,
-                                 categorical, labels)}
+    fitted: dict[str, Any] = {
+        "mlp": train(config, numeric, categorical, labels, vocab_sizes=preprocessor.vocab_sizes),
+        "gbdt": train_gbdt(references.job_trees("squared"), numeric, categorical, labels)}
     return [{"mechanism": "non-private", "model": model, "epsilon": None,
              "test_mse": float(np.mean((fitted[model].predict(*preprocessor.transform(test)) - truth) ** 2)),
              "noisy_label_mse": 0.0, "max_abs_bias": 0.0, "certified_epsilon": None,

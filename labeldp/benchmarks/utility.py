@@ -11,9 +11,10 @@ For every dataset × ε × seed × mechanism, as a publisher would: request a re
 labels from the labels-party service (private prior with ε₁ = √(k/n) where the mechanism needs one, as in App. C)
 and train on it with a job of the trainer service (:mod:`labeldp.benchmarks.parties`: both are real servers on
 loopback) — per learner of ``--model`` (the MLP, gradient-boosted trees, or both: then each trains on the same
-release, so one charge and paired noisy labels; runs.csv's ``model`` column); the benchmark then scores the job's predictions on the held-out *true* labels (clipped like the
-uploaded ones) — it plays both parties, which no real participant can. The non-private baseline is trained in
-process for every seed and learner (with the trainer's own code and options), listed among the mechanisms or not, beside the mean predictor: the product has no path that
+release, so one charge and paired noisy labels; runs.csv's ``model`` column); the benchmark then scores the job's
+predictions on the held-out *true* labels (clipped like the uploaded ones) — it plays both parties, which no real
+participant can. The non-private baseline is trained in process for every seed and learner (with the trainer's own
+code and options), listed among the mechanisms or not, beside the mean predictor: the product has no path that
 trains on true labels, and every summary sets its private models against both (:mod:`labeldp.references`).
 Regression labels are scored by the loss (squared: MSE; Poisson: relative loss against the non-private model);
 class labels (``classes``) by accuracy, with the classification protocols of ``labeldp bench classification``
@@ -41,8 +42,8 @@ from tqdm.auto import tqdm
 
 from features_party.client import LabelsPartyError
 from features_party.features import Preprocessor
-from features_party.gbdt import GbdtConfig, train_gbdt
-from features_party.schemas import GbdtOptions, JobView
+from features_party.gbdt import train_gbdt
+from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import references, report
 from labeldp.benchmarks import classification, private_clip
@@ -433,11 +434,6 @@ def _config(prepared: Prepared, epochs: int, seed: int) -> TrainConfig:
                        batch_size=512, epochs=epochs, patience=6, seed=seed)
 
 
-def _gbdt_config(prepared: Prepared, seed: int) -> GbdtConfig:
-    """The trees a bench job trains (the job's default ``train.gbdt``), for the in-process non-private reference."""
-    return GbdtConfig.from_dict({**GbdtOptions().model_dump(), "loss": prepared.loss, "seed": seed})
-
-
 def run_cell(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
              config: BenchConfig) -> list[dict]:
     """Every learner on one mechanism × ε × seed: the first learner's job requests the release and the others
@@ -549,7 +545,8 @@ def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFram
     preprocessor = Preprocessor.fit(train_part, prepared.numeric, prepared.categorical)
     truth = train_part[TRUTH].to_numpy(dtype=float)
     if model == "gbdt":
-        fitted: Any = train_gbdt(_gbdt_config(prepared, config.seed), *preprocessor.transform(train_part), truth,
+        fitted: Any = train_gbdt(references.job_trees(prepared.loss, config.seed, config.validation_fraction),
+                                 *preprocessor.transform(train_part), truth,
                                  num_classes=prepared.num_classes)
     else:
         fitted = train(config, *preprocessor.transform(train_part), truth, vocab_sizes=preprocessor.vocab_sizes,
@@ -639,7 +636,8 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
              "references (its non-private model trained in process with the trainer's code and options)"
              + (", and each trains on the same release of every mechanism × ε × seed (one charge; a multi-stage "
                 "protocol releases per learner)." if len(config.models) > 1 else "."), ""]
-    for (prepared, mechanisms), entry in zip(plans, registered, strict=True):
+    for (_, mechanisms), entry in zip(plans, registered, strict=True):
+        prepared = entry.prepared  # as registered: with --clip auto, the clip chosen and its note
         part = runs[runs.dataset == prepared.name]
         lines += [f"## {prepared.name}: {prepared.description}", "", *prepared.notes, _labels_line(entry), ""]
         for model in config.models:
@@ -729,7 +727,8 @@ def _learner_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
                        "seeds and groups)")
     figure = f"{prepared.name}.png" if model == "mlp" else f"{prepared.name}-{model}.png"
     report.loss_vs_epsilon(private, out / figure, test=metric, noisy="noisy_label_loss",
-                           title=f"{prepared.name} ({model}): test", test_label=test_label, references=refs.plot_lines(),
+                           title=f"{prepared.name} ({model}): test", test_label=test_label,
+                           references=refs.plot_lines(),
                            noisy_label="P(ỹ ≠ y)" if prepared.classification else "E ½(ŷ − y)²")
     table_what = {"accuracy": "Test accuracy", "relative_test_loss": "Relative test loss (L − L*)/L*"}.get(
         metric, "Test MSE")
