@@ -67,8 +67,12 @@ def register(commands) -> None:
     utility.add_argument("--mechanisms", default=None, metavar="M,M,...",
                          help=f"comma list; regression: {', '.join(choices.MECHANISMS)}; class labels: "
                          f"{', '.join(choices.CLASSIFICATION_MECHANISMS)} (default: all that fit the labels)")
+    utility.add_argument("--model", default=choices.DEFAULT_MODEL, metavar="M[,M]",
+                         help="the learner: " + "; ".join(f"{m}: {what}" for m, what in choices.MODELS.items())
+                         + "; mlp,gbdt trains both on each release (no further ε) and the summary has one table per "
+                         f"learner ({', '.join(choices.NO_TREES)} is for mlp only; default: %(default)s)")
     utility.add_argument("--epochs", type=int, default=grid.epochs, metavar="N",
-                         help="training epochs per job (default: %(default)s)")
+                         help="training epochs per MLP job (default: %(default)s)")
     utility.add_argument("--rows", type=int, default=None, metavar="N",
                          help="use N rows of each dataset drawn uniformly at random with a fixed seed (the same N "
                          "rows on every run), after rows missing the label are dropped (default: every row)")
@@ -136,8 +140,9 @@ def _jobs_epilog() -> str:
         private = len([m for m, fields in table.items() if fields is not None])
         return f"{grid.seeds} × {len(grid.epsilons)} × {private} = {grid.seeds * len(grid.epsilons) * private}"
 
-    return ("Jobs: per dataset, seeds × ε × private mechanisms trainer jobs (each a labels-party release and a "
-            "training), plus one in-process non-private model per seed. With the defaults: "
+    return ("Jobs: per dataset and learner, seeds × ε × private mechanisms trainer jobs (each a labels-party "
+            "release and a training; a second learner trains on the same releases, but for multi-stage protocols), "
+            "plus one in-process non-private model per seed and learner. With the defaults (one learner): "
             f"{jobs(choices.MECHANISMS)} jobs per regression dataset (every bundled dataset without --data), "
             f"{jobs(choices.CLASSIFICATION_MECHANISMS)} per table of class labels. --dry-run prints the exact plan.")
 
@@ -152,6 +157,17 @@ def _seeds(args) -> int:
     if args.seeds < 1:
         raise LabelDPError("--seeds must be at least 1", code="usage")
     return args.seeds
+
+
+def _models(text: str) -> tuple[str, ...]:
+    from labeldp.benchmarks.choices import MODELS
+
+    models = tuple(dict.fromkeys(m.strip() for m in text.split(",")))
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        raise LabelDPError(f"unknown --model {','.join(unknown) or repr(text)}; choose from {', '.join(MODELS)} or a "
+                           "comma list of them", code="usage")
+    return models
 
 
 def _print_summary(out: str) -> int:
@@ -218,7 +234,7 @@ def bench_utility_command(args) -> int:
         config = BenchConfig.quick(sources if table is not None else ["psid-weeks"], mechanisms, args.rows)
     else:
         config = BenchConfig(sources, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs, args.rows)
-    config = dataclasses.replace(config, allow_uninformative=args.allow_uninformative)
+    config = dataclasses.replace(config, allow_uninformative=args.allow_uninformative, models=_models(args.model))
     plans = plan.plan_bench(config)
     if args.dry_run:
         document = plan.describe(plans, config)

@@ -9,8 +9,9 @@ education, race, region.
 Both services run as separate processes on loopback ports and talk over HTTP: the office creates a dataset,
 uploads every label, and grants the publisher; the publisher uploads features to its trainer service, which
 for each mechanism and ε requests a release of the *training* examples' labels (the test labels never leave the
-office), trains an MLP with JAX, and serves predictions. The demo plays both roles, so it may score the
-predictions against the true test labels.
+office), trains an MLP with JAX, and serves predictions; a second job trains gradient-boosted trees (XGBoost) on the
+same release, by its id, so the trees cost no further ε and both learners see the same noisy labels. The demo plays
+both roles, so it may score the predictions against the true test labels.
 
 Then a classification round (:mod:`labeldp.demo_classification`) on a second dataset of the same labels service:
 the 10 classes of scikit-learn's digits, released with RR, RRWithPrior (cluster priors) and LP-2ST at ε = 1, 2, 4
@@ -37,6 +38,7 @@ import pandas as pd
 
 from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
+from features_party.gbdt import train_gbdt
 from features_party.train import TrainConfig, device_summary, train
 from features_party.trainer_client import TrainerClient
 from labeldp import demo_classification, demo_source, references, report
@@ -53,6 +55,8 @@ MECHANISMS: list[tuple[str, dict[str, Any]]] = [
 NUMERIC = ["experience", "kidslt6", "kids618", "husby"]
 CATEGORICAL = ["hhi", "whi", "hhi2", "education", "race", "hispanic", "region"]
 MAX_HOURS = 60
+# The regression round's learners (a job's train.model); the first requests each release, the others train on it.
+LEARNERS = ("mlp", "gbdt")
 OFFICE, PUBLISHER = "statistics-office", CONSUMER
 
 
@@ -207,11 +211,12 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
               f"(one release per mechanism and epsilon, for comparison)")
         trainer.put_features("hours", data[["example_id", *NUMERIC, *CATEGORICAL]])
         publisher = Publisher(running.consumer_key, office, trainer, dataset.id, config, train_part, test)
-        rows = [publisher.train_and_score(mechanism, options, epsilon)
-                for epsilon in epsilons for mechanism, options in MECHANISMS]
-        rows.append(reference.result())
-        print(f"  non-private       test MSE {rows[-1]['test_mse']:8.2f}   predicting the training mean: test MSE "
-              f"{rows[-1]['mean_predictor_test_mse']:8.2f}")
+        rows = [row for epsilon in epsilons for mechanism, options in MECHANISMS
+                for row in publisher.train_and_score(mechanism, options, epsilon)]
+        rows += reference.result()
+        for row in rows[-len(LEARNERS):]:
+            print(f"  non-private {row['model']:<5} test MSE {row['test_mse']:8.2f}   predicting the training mean: "
+                  f"test MSE {row['mean_predictor_test_mse']:8.2f}")
         audit, budget = office.audit(dataset.id), office.budget(dataset.id)
         classification = demo_classification.run_round(running.parties(), classification_epsilons,
                                                        epochs=class_epochs, reference=class_reference.result,
@@ -237,65 +242,91 @@ class Publisher:
     train_part: pd.DataFrame
     test: pd.DataFrame
 
-    def train_and_score(self, mechanism: str, options: dict, epsilon: float) -> dict:
+    def train_and_score(self, mechanism: str, options: dict, epsilon: float) -> list[dict]:
+        """One row per learner: the MLP job requests a release of the training examples' labels, the tree job
+        trains on that release by its id (no further ε)."""
         ids = self.train_part["example_id"].tolist()
-        job = self.trainer.train({
-            "features": "hours", "labels_party": "office", "api_key": self.consumer_key,
-            "dataset_id": self.dataset_id, "numeric": NUMERIC, "categorical": CATEGORICAL,
-            "release": {"mechanism": mechanism, "epsilon": epsilon, "example_ids": ids, **options},
-            "train": {**self.config.__dict__, "hidden": list(self.config.hidden)}})
-        predictions = self.trainer.predictions(job.id).set_index("example_id")["prediction"]
-        release = job.release
+        mlp = self._train({"release": {"mechanism": mechanism, "epsilon": epsilon, "example_ids": ids, **options}},
+                          {**self.config.__dict__, "hidden": list(self.config.hidden)})
+        release = mlp.release
         assert release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
+        trees = self._train({"release_id": release["id"]}, {"model": "gbdt"})
         noisy = self.office.download_labels(release["id"]).to_pandas().set_index("example_id")["label"]
         document = self.office.mechanism_document(release["mechanism_hash"])
-        truth_test = self.test.set_index("example_id")["hours"]
         truth_train = self.train_part.set_index("example_id")["hours"]
-        row = {"mechanism": mechanism, "epsilon": epsilon,
-               "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
-               "noisy_label_mse": float(np.mean((noisy[truth_train.index] - truth_train) ** 2)),
-               "max_abs_bias": references.max_abs_bias(document["description"], np.arange(MAX_HOURS + 1.0)),
-               "certified_epsilon": release["certified_epsilon"], "prior_epsilon": release["prior_epsilon"],
-               "num_outputs": release["num_outputs"], "train_seconds": job.seconds, "release_id": release["id"]}
-        print(f"  eps={epsilon:<4g} {mechanism:<13} test MSE {row['test_mse']:8.2f}   noisy-label "
-              f"MSE {row['noisy_label_mse']:10.1f}   max |bias| {row['max_abs_bias']:6.3g}   certified eps "
-              f"{row['certified_epsilon']:.6f}", flush=True)
-        return row
+        shared = {"mechanism": mechanism, "epsilon": epsilon,
+                  "noisy_label_mse": float(np.mean((noisy[truth_train.index] - truth_train) ** 2)),
+                  "max_abs_bias": references.max_abs_bias(document["description"], np.arange(MAX_HOURS + 1.0))}
+        rows = [self._score(job, model, shared) for model, job in zip(LEARNERS, (mlp, trees), strict=True)]
+        for row in rows:
+            print(f"  eps={epsilon:<4g} {mechanism:<13} {row['model']:<5} test MSE {row['test_mse']:8.2f}   "
+                  f"noisy-label MSE {row['noisy_label_mse']:10.1f}   max |bias| {row['max_abs_bias']:6.3g}   "
+                  f"certified eps {row['certified_epsilon']:.6f}", flush=True)
+        return rows
+
+    def _train(self, source: dict, train: dict):
+        return self.trainer.train({
+            "features": "hours", "labels_party": "office", "api_key": self.consumer_key,
+            "dataset_id": self.dataset_id, "numeric": NUMERIC, "categorical": CATEGORICAL, **source, "train": train})
+
+    def _score(self, job, model: str, shared: dict) -> dict:
+        """The job's test MSE and the release it trained on, as its job reports it."""
+        predictions = self.trainer.predictions(job.id).set_index("example_id")["prediction"]
+        truth_test = self.test.set_index("example_id")["hours"]
+        release = job.release
+        assert release is not None
+        return {**shared, "model": model,
+                "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
+                "certified_epsilon": release["certified_epsilon"], "prior_epsilon": release["prior_epsilon"],
+                "num_outputs": release["num_outputs"], "train_seconds": job.seconds, "release_id": release["id"]}
 
 
-def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
-    """The references, trained and scored here on the true labels (the demo plays both parties): the non-private
-    model and the mean predictor (the training mean's test MSE)."""
+def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> list[dict]:
+    """The references, trained and scored here on the true labels (the demo plays both parties): each learner's
+    non-private model (the trees with the jobs' default options) and the mean predictor (the training mean's test
+    MSE)."""
     truth = test["hours"].to_numpy(dtype=float)
     constant = references.constant_prediction(train_part["hours"], classes=False)
     preprocessor = Preprocessor.fit(train_part, NUMERIC, CATEGORICAL)
     numeric, categorical = preprocessor.transform(train_part)
-    result = train(config, numeric, categorical, train_part["hours"].to_numpy(dtype=float),
-                   vocab_sizes=preprocessor.vocab_sizes)
-    predictions = result.predict(*preprocessor.transform(test))
-    return {"mechanism": "non-private", "epsilon": None,
-            "test_mse": float(np.mean((predictions - truth) ** 2)), "noisy_label_mse": 0.0, "max_abs_bias": 0.0,
-            "certified_epsilon": None, "mean_predictor_test_mse": float(np.mean((constant - truth) ** 2))}
+    labels = train_part["hours"].to_numpy(dtype=float)
+    fitted: dict[str, Any] = {
+        "mlp": train(config, numeric, categorical, labels, vocab_sizes=preprocessor.vocab_sizes),
+        "gbdt": train_gbdt(references.job_trees("squared"), numeric, categorical, labels)}
+    return [{"mechanism": "non-private", "model": model, "epsilon": None,
+             "test_mse": float(np.mean((fitted[model].predict(*preprocessor.transform(test)) - truth) ** 2)),
+             "noisy_label_mse": 0.0, "max_abs_bias": 0.0, "certified_epsilon": None,
+             "mean_predictor_test_mse": float(np.mean((constant - truth) ** 2))} for model in LEARNERS]
 
 
 def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
            classification: demo_classification.ClassificationRound, seconds: float,
            source: demo_source.SourceRound | None = None) -> None:
     (out / "results.json").write_text(json.dumps(rows, indent=2))
-    frame = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
-    reference = next(r for r in rows if r["epsilon"] is None)
-    refs = references.Yardsticks((reference["test_mse"],), (reference["mean_predictor_test_mse"],))
+    private = pd.DataFrame([r for r in rows if r["epsilon"] is not None])
+    # one series per mechanism and learner, in the table and the plot
+    frame = private.assign(mechanism=private["mechanism"] + " · " + private["model"])
+    refs = {r["model"]: references.Yardsticks((r["test_mse"],), (r["mean_predictor_test_mse"],))
+            for r in rows if r["epsilon"] is None}
     mechanisms, epsilons = [m for m, _ in MECHANISMS], sorted(frame["epsilon"].unique())
+    series = [f"{m} · {model}" for model in LEARNERS for m in mechanisms]
     test = frame.set_index(["mechanism", "epsilon"])["test_mse"]
-    noisy = frame.set_index(["mechanism", "epsilon"])["noisy_label_mse"]
-    bias = frame.set_index(["mechanism", "epsilon"])["max_abs_bias"]
+    released = private[private.model == LEARNERS[0]].set_index(["mechanism", "epsilon"])  # one row per release
+    noisy, bias = released["noisy_label_mse"], released["max_abs_bias"]
     best = test.groupby(level="epsilon").min()
+    plot_lines = {**{f"non-private {model} (true labels)": float(np.mean(r.non_private)) for model, r in refs.items()},
+                  **refs[LEARNERS[0]].plot_lines()}
+    plot_lines.pop(refs[LEARNERS[0]].non_private_name)
     spent = sum(e.record["charge"] for e in audit.events)
-    warning = refs.warning(test.to_dict(), ".2f")
+    mean = refs[LEARNERS[0]]  # the mean predictor: the same for every learner
+    warning = mean.warning(test.to_dict(), ".2f")
     lines = ["# Two-party demo: test MSE (hours per week, squared)", "",
-             *refs.lines("test MSE", ".2f"),
-             f"Lower is better; each cell is one release + one model (bold: best at that ε; {refs.legend('.2f')}).",
-             "", *report.epsilon_table(mechanisms, epsilons, lambda m, e: refs.mark(test[(m, e)], (
+             *[refs[model].lines(f"{model} test MSE", ".2f")[0] for model in LEARNERS],
+             mean.lines("test MSE", ".2f")[1],
+             "Learners: mlp (the JAX MLP) and gbdt (XGBoost trees, the jobs' default train.gbdt); the gbdt job of each "
+             "mechanism and ε trains on the mlp job's release, by its id: no further ε, the same noisy labels.",
+             f"Lower is better; each cell is one release + one model (bold: best at that ε; {mean.legend('.2f')}).",
+             "", *report.epsilon_table(series, epsilons, lambda m, e: mean.mark(test[(m, e)], (
                  f"**{test[(m, e)]:.2f}**" if test[(m, e)] == best[e] else f"{test[(m, e)]:.2f}"))),
              *([] if warning is None else ["", warning]),
              "", "Noisy-label MSE on the training labels (what the features party trains on) and, in parentheses, "
@@ -306,7 +337,8 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
              "", "## Audit", "",
              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
-             f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released.",
+             f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released. "
+             f"The {len(released)} gbdt jobs requested no release: they trained on the mlp jobs' releases.",
              _verified_line(verified),
              "", *demo_classification.report_lines(classification, out),
              *([] if source is None else ["", *demo_source.report_lines(source, out)]),
@@ -314,7 +346,7 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
     (out / "results.md").write_text("\n".join(lines) + "\n")
     report.loss_vs_epsilon(frame, out / "test_loss_vs_epsilon.png", test="test_mse", noisy="noisy_label_mse",
                            test_label="test MSE", title="Test loss vs ε (Ecdat HI, hours/week)",
-                           references=refs.plot_lines(),
+                           references=plot_lines,
                            noisy_label="noisy-label MSE")
     print()
     print("\n".join(lines))

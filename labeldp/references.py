@@ -9,6 +9,8 @@
   (:func:`max_abs_bias`): reported next to the noisy-label loss, which alone does not rank mechanisms
   (:data:`NOISY_LOSS_CAVEAT`).
 * One **sd** rule (:func:`sd`, :data:`SD_RULE`): the sample standard deviation over seeds, for every row.
+* The **trees** of a non-private reference (:func:`job_trees`): what a trainer job with the default ``train.gbdt``
+  trains, so that the trees' reference and their private jobs differ only in the labels.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def mean_sd(values: Iterable[float], digits: str = ".4g", sd_digits: str = ".2g"
     array = [float(v) for v in values]
     spread = sd(array)
     return f"{np.mean(array):{digits}} ± {'—' if math.isnan(spread) else format(spread, sd_digits)}"
+
+
+def job_trees(loss: str, seed: int = 0, validation_fraction: float = 0.2):
+    """The :class:`features_party.gbdt.GbdtConfig` of a trainer job with the default tree options (``train.gbdt``
+    omitted), for training the trees in process on the true labels."""
+    from features_party.gbdt import GbdtConfig  # XGBoost and JAX: only where trees are trained
+    from features_party.schemas import GbdtOptions
+
+    return GbdtConfig.from_dict({**GbdtOptions().model_dump(), "loss": loss, "seed": seed,
+                                 "validation_fraction": validation_fraction})
 
 
 def constant_prediction(train_labels, *, classes: bool) -> float:

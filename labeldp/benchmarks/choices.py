@@ -29,6 +29,12 @@ CLASSIFICATION_MECHANISMS = {
     "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
 }
 
+# The learners a job may train (features_party/schemas.py TrainOptions.model), as the bench names them in runs.csv and
+# summary.md; the first is the default. Trees take no label sets: a subset release needs the MLP's subset loss.
+MODELS = {"mlp": "the JAX MLP/GLM", "gbdt": "XGBoost gradient-boosted trees with the job defaults of train.gbdt"}
+DEFAULT_MODEL = "mlp"
+NO_TREES = ("subset",)  # mechanisms whose releases no tree objective takes
+
 
 class Grid(NamedTuple):
     epsilons: tuple[float, ...]

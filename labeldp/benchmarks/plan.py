@@ -5,8 +5,8 @@ and refuses what the services would refuse (:func:`~labeldp.benchmarks.utility.p
 starts. :func:`describe` is the plan as one JSON-able document: per dataset the label kind, clip bounds (with
 ``--clip auto``: the outer range and the quantiles the clip will come from) and grid, the ε grid, mechanisms and
 seeds, the features with their types and cardinalities, the columns left out and why, and the number of trainer
-jobs (seeds × ε × private mechanisms; the non-private model trains in process, once per
-seed). :func:`render` is the same for a terminal.
+jobs (seeds × ε × private mechanisms × learners; the non-private model trains in process, once per
+seed and learner). :func:`render` is the same for a terminal.
 
 Warnings name columns that look wrong for a benchmark; nothing is dropped because of them (the user decides, with
 ``--features``/``--categorical``):
@@ -70,10 +70,11 @@ def _check_rows(prepared: Prepared, rows: int) -> None:
 
 
 def _jobs(plan: DatasetPlan, config: BenchConfig) -> tuple[int, int]:
-    """(trainer jobs, in-process non-private models): the runs the bench will make, counted, not re-derived."""
+    """(trainer jobs, in-process non-private models): the runs the bench will make (each cell once per learner),
+    counted, not re-derived."""
     runs = runs_of(plan.mechanisms, config)
     non_private = sum(1 for mechanism, _, _ in runs if mechanisms_for(plan.prepared)[mechanism] is None)
-    return len(runs) - non_private, non_private
+    return (len(runs) - non_private) * len(config.models), non_private * len(config.models)
 
 
 def column_warnings(prepared: Prepared) -> list[dict]:
@@ -126,7 +127,8 @@ def _left_out(prepared: Prepared) -> dict[str, str]:
 
 def describe(plans: list[DatasetPlan], config: BenchConfig) -> dict:
     datasets = [_describe_one(plan, config) for plan in plans]
-    return {"epsilons": list(config.epsilons), "seeds": config.seeds, "epochs": config.epochs,
+    return {"models": list(config.models), "epsilons": list(config.epsilons), "seeds": config.seeds,
+            "epochs": config.epochs,
             "rows": config.max_examples, "rows_seed": ROWS_SEED if config.max_examples is not None else None,
             "jobs": sum(d["jobs"] for d in datasets),
             "non_private_models": sum(d["non_private_models"] for d in datasets), "datasets": datasets}
@@ -140,6 +142,7 @@ def _describe_one(plan: DatasetPlan, config: BenchConfig) -> dict:
                 + [{"name": c, "type": "categorical", "levels": int(frame[c].nunique(dropna=False))}
                    for c in prepared.categorical])
     private = [m for m in plan.mechanisms if mechanisms_for(prepared)[m] is not None]
+    learners = f" × {len(config.models)} learners" if len(config.models) > 1 else ""
     return {"name": prepared.name, "description": prepared.description, "source": prepared.info.get("source"),
             "label": prepared.info.get("label"), "label_kind": prepared.domain["label_kind"],
             "clip": prepared.domain.get("clip"), "grid_size": prepared.domain.get("grid_size"),
@@ -148,7 +151,9 @@ def _describe_one(plan: DatasetPlan, config: BenchConfig) -> dict:
             "rows": len(frame), "dropped_rows": prepared.info.get("dropped_rows", 0),
             "test_fraction": prepared.test_fraction, "group": prepared.group, "mechanisms": plan.mechanisms,
             "jobs": jobs, "jobs_formula": f"{config.seeds} seeds × {len(config.epsilons)} ε × {len(private)} "
-                                          "private mechanisms",
+                                          f"private mechanisms{learners}",
+            "releases": config.seeds * len(config.epsilons) * sum(config.releases_per_cell(prepared, m)
+                                                                   for m in plan.mechanisms),
             "non_private_models": non_private, "features": features, "left_out": _left_out(prepared),
             "warnings": column_warnings(prepared)}
 
@@ -163,7 +168,8 @@ def render(plan: dict) -> str:
     rows = "all" if plan["rows"] is None else f"at most {plan['rows']} per dataset (seeded draw)"
     lines = [f"Plan: {plan['jobs']} trainer jobs and {plan['non_private_models']} non-private models (in process) "
              f"over {len(plan['datasets'])} dataset(s); nothing has been trained.",
-             f"ε: {epsilons}; seeds: {plan['seeds']}; epochs: {plan['epochs']}; rows: {rows}."]
+             f"learners: {', '.join(plan['models'])}; ε: {epsilons}; seeds: {plan['seeds']}; epochs (MLP): "
+             f"{plan['epochs']}; rows: {rows}."]
     for d in plan["datasets"]:
         chosen = d["private_clip"]
         bounds = (f", clip [{d['clip']['low']:g}, {d['clip']['high']:g}]" if d["clip"] and not chosen else "") + \
@@ -177,7 +183,8 @@ def render(plan: dict) -> str:
                   f"test fraction {d['test_fraction']:g}" + (f", split by {d['group']}" if d["group"] else ""),
                   f"  label: {d['label']} ({d['label_kind']}{bounds}); loss {d['loss']}; metric {d['metric']}",
                   f"  mechanisms: {', '.join(d['mechanisms'])}",
-                  f"  jobs: {d['jobs_formula']} = {d['jobs']}; non-private models: {d['non_private_models']}",
+                  f"  jobs: {d['jobs_formula']} = {d['jobs']} ({d['releases']} releases); non-private models: "
+                  f"{d['non_private_models']}",
                   "  features:"]
         for f in d["features"]:
             size = f"{f['levels']} levels" if f["type"] == "categorical" else f"{f['distinct']} distinct values"

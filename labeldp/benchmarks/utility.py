@@ -10,9 +10,11 @@ counts them), the loss and the test fraction. Everything after that is one proto
 For every dataset × ε × seed × mechanism, as a publisher would: request a release of the training examples'
 labels from the labels-party service (private prior with ε₁ = √(k/n) where the mechanism needs one, as in App. C)
 and train on it with a job of the trainer service (:mod:`labeldp.benchmarks.parties`: both are real servers on
-loopback); the benchmark then scores the job's predictions on the held-out *true* labels (clipped like the
-uploaded ones) — it plays both parties, which no real participant can. The non-private baseline is trained in
-process for every seed, listed among the mechanisms or not, beside the mean predictor: the product has no path that
+loopback) — per learner of ``--model`` (the MLP, gradient-boosted trees, or both: then each trains on the same
+release, so one charge and paired noisy labels; runs.csv's ``model`` column); the benchmark then scores the job's
+predictions on the held-out *true* labels (clipped like the uploaded ones) — it plays both parties, which no real
+participant can. The non-private baseline is trained in process for every seed and learner (with the trainer's own
+code and options), listed among the mechanisms or not, beside the mean predictor: the product has no path that
 trains on true labels, and every summary sets its private models against both (:mod:`labeldp.references`).
 Regression labels are scored by the loss (squared: MSE; Poisson: relative loss against the non-private model);
 class labels (``classes``) by accuracy, with the classification protocols of ``labeldp bench classification``
@@ -40,11 +42,20 @@ from tqdm.auto import tqdm
 
 from features_party.client import LabelsPartyError
 from features_party.features import Preprocessor
+from features_party.gbdt import train_gbdt
 from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import references, report
 from labeldp.benchmarks import classification, private_clip
-from labeldp.benchmarks.choices import CLASSIFICATION_MECHANISMS, DEFAULT_EPOCHS, MECHANISMS, QUICK
+from labeldp.benchmarks.choices import (
+    CLASSIFICATION_MECHANISMS,
+    DEFAULT_EPOCHS,
+    DEFAULT_MODEL,
+    MECHANISMS,
+    MODELS,
+    NO_TREES,
+    QUICK,
+)
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 from labeldp.benchmarks.private_clip import AutoClip, ChosenClip
 from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
@@ -218,6 +229,7 @@ class BenchConfig:
     epochs: int = DEFAULT_EPOCHS
     max_examples: int | None = None  # --rows: a seeded subsample of each dataset's rows (Prepared.sample)
     allow_uninformative: bool = False  # --allow-uninformative: keep randomizers that say nothing (research)
+    models: tuple[str, ...] = (DEFAULT_MODEL,)  # --model: the learners (choices.MODELS), each on every release
 
     @classmethod
     def quick(cls, datasets: list, mechanisms: list[str] | None, max_examples: int | None = None) -> BenchConfig:
@@ -228,14 +240,30 @@ class BenchConfig:
 
     def mechanisms_of(self, prepared: Prepared) -> list[str]:
         table = mechanisms_for(prepared)
-        chosen = list(table) if self.mechanisms is None else list(self.mechanisms)
+        trees = "gbdt" in self.models
+        if self.mechanisms is None:  # every mechanism that fits the labels and the learners
+            return [m for m in table if not (trees and m in NO_TREES)]
+        chosen = list(self.mechanisms)
         wrong = [m for m in chosen if m not in table]
         if wrong:
             other = "classes" if not prepared.classification else "regression"
             raise LabelDPError(f"mechanism(s) {', '.join(wrong)} do not fit the {prepared.name} labels "
                                f"({'classes' if prepared.classification else 'regression'}; those are for {other}); "
                                f"choose from {', '.join(table)}", code="usage")
+        untreed = [m for m in chosen if trees and m in NO_TREES]
+        if untreed:
+            raise LabelDPError(f"mechanism(s) {', '.join(untreed)} release label sets, which --model gbdt cannot "
+                               "train on (no tree objective for the subset loss); leave them out or use --model mlp",
+                               code="usage")
         return chosen
+
+    def releases_per_cell(self, prepared: Prepared, mechanism: str) -> int:
+        """Releases of one mechanism × ε × seed: one, whatever the learners (each trains on it by its id), but for
+        a multi-stage protocol, whose stages' releases depend on the learner's own model: one per learner."""
+        fields = mechanisms_for(prepared)[mechanism]
+        if fields is None:
+            return 0
+        return len(self.models) if "protocol" in fields else 1
 
 
 def _split(frame: pd.DataFrame, prepared: Prepared, seed: int):
@@ -406,23 +434,41 @@ def _config(prepared: Prepared, epochs: int, seed: int) -> TrainConfig:
                        batch_size=512, epochs=epochs, patience=6, seed=seed)
 
 
+def run_cell(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
+             config: BenchConfig) -> list[dict]:
+    """Every learner on one mechanism × ε × seed: the first learner's job requests the release and the others
+    train on the same release by its id (no further ε; the learners compare on the same noisy labels) — but for
+    multi-stage protocols, which release per learner (:meth:`BenchConfig.releases_per_cell`)."""
+    rows: list[dict] = []
+    release_id = None
+    for model in config.models:
+        rows.append(run_one(parties, registered, mechanism, epsilon, seed, config.epochs, model=model,
+                            release_id=release_id, allow_uninformative=config.allow_uninformative))
+        release_id = release_id or rows[-1].get("release_id")
+    return rows
+
+
 def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
-            epochs: int, *, allow_uninformative: bool = False) -> dict:
+            epochs: int, *, model: str = DEFAULT_MODEL, release_id: str | None = None,
+            allow_uninformative: bool = False) -> dict:
+    """One learner's run: a trainer job on a release (``release_id``: an earlier one of the same examples), or
+    the non-private reference in process."""
     prepared = registered.prepared
     train_part, test = _split(registered.frame, prepared, seed)
-    row = {"dataset": prepared.name, "mechanism": mechanism, "epsilon": epsilon, "seed": seed}
+    row = {"dataset": prepared.name, "model": model, "mechanism": mechanism, "epsilon": epsilon, "seed": seed}
     config = _config(prepared, epochs, seed)
     if mechanisms_for(prepared)[mechanism] is None:
-        return {**row, **_non_private(prepared, train_part, test, config)}
+        return {**row, **_non_private(prepared, train_part, test, config, model)}
     assert epsilon is not None  # only the non-private model runs without ε (runs_of)
-    job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config,
-                            allow_uninformative=allow_uninformative)
+    job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config, model=model,
+                            release_id=release_id, allow_uninformative=allow_uninformative)
     with parties.trainer() as trainer:
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
     release = job.release
     assert release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
     return {**row, "prior_epsilon": release.get("prior_epsilon"),
             "certified_epsilon": release["certified_epsilon"],
+            "release_id": release.get("id"),  # None for a multi-stage job's several releases
             "noisy_label_loss": _noisy_label_loss(parties, prepared, release, train_part),
             "max_abs_bias": _max_abs_bias(parties, prepared, release),
             # the family's fallback when the build on the noisy prior could not certify or would say nothing
@@ -459,37 +505,53 @@ def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train
 
 
 def _train_on_release(parties: Parties, registered: Registered, train_part: pd.DataFrame, mechanism: str,
-                      epsilon: float, seed: int, config: TrainConfig, *, allow_uninformative: bool) -> JobView:
-    """One trainer job on a release of the training examples' labels (the job requests it, or, for the group
-    mechanisms, trains on the group release the publisher requested first)."""
+                      epsilon: float, seed: int, config: TrainConfig, *, model: str, release_id: str | None,
+                      allow_uninformative: bool) -> JobView:
+    """One trainer job of the learner ``model`` on a release of the training examples' labels: ``release_id``
+    (another learner's), or the job requests it, or, for the group mechanisms, trains on the group release the
+    publisher requested first."""
     prepared = registered.prepared
     fields = dict(mechanisms_for(prepared)[mechanism])
     job_fields = {k: fields.pop(k) for k in _JOB_FIELDS if k in fields}
     ids = train_part["example_id"].tolist()
-    if fields.pop("group_release", False):
+    source: dict[str, Any]
+    if release_id is not None:
+        assert not job_fields  # a multi-stage job releases its own stages (BenchConfig.releases_per_cell)
+        source = {"release_id": release_id}
+    elif fields.pop("group_release", False):
         _, share = _groups(prepared)
         with parties.consumer() as consumer:
             release = consumer.request_group_release(
                 registered.dataset_id, ids, feature_clusters(train_part, prepared, seed), fields["mechanism"],
                 epsilon, share * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
-        source: dict[str, Any] = {"release_id": release.id}
+        source = {"release_id": release.id}
     else:
         opt_in = {"allow_uninformative": True} if allow_uninformative else {}
         source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids, **opt_in}}
     # classes: the trainer chooses the loss from the release (cross-entropy, or the subset loss for subsets)
-    train_options = {**config.__dict__, "hidden": list(config.hidden),
-                     "loss": None if prepared.classification else config.loss}
+    loss = None if prepared.classification else config.loss
+    train_options: dict[str, Any] = (
+        {"model": "gbdt", "loss": loss, "seed": seed, "validation_fraction": config.validation_fraction}
+        if model == "gbdt" else {**config.__dict__, "hidden": list(config.hidden), "loss": loss})
     with parties.trainer() as trainer:
         return trainer.train(parties.job(registered.features, registered.dataset_id, **source, **job_fields,
                                          numeric=list(prepared.numeric), categorical=list(prepared.categorical),
                                          train=train_options))
 
 
-def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> dict:
+def _non_private(prepared: Prepared, train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig,
+                 model: str = DEFAULT_MODEL) -> dict:
+    """The learner's model on the true labels (the bench holds them), with the trainer's code and options."""
     preprocessor = Preprocessor.fit(train_part, prepared.numeric, prepared.categorical)
-    model = train(config, *preprocessor.transform(train_part), train_part[TRUTH].to_numpy(dtype=float),
-                  vocab_sizes=preprocessor.vocab_sizes, num_classes=prepared.num_classes)
-    predictions = model.predict(*preprocessor.transform(test))
+    truth = train_part[TRUTH].to_numpy(dtype=float)
+    if model == "gbdt":
+        fitted: Any = train_gbdt(references.job_trees(prepared.loss, config.seed, config.validation_fraction),
+                                 *preprocessor.transform(train_part), truth,
+                                 num_classes=prepared.num_classes)
+    else:
+        fitted = train(config, *preprocessor.transform(train_part), truth, vocab_sizes=preprocessor.vocab_sizes,
+                       num_classes=prepared.num_classes)
+    predictions = fitted.predict(*preprocessor.transform(test))
     if prepared.classification:
         predictions = np.argmax(predictions, axis=1)
     return {"prior_epsilon": 0.0, "certified_epsilon": None, "noisy_label_loss": 0.0, "max_abs_bias": 0.0,
@@ -519,13 +581,12 @@ def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], 
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-utility-") as tmp, \
             two_parties(Path(tmp), RELEASE_SEED) as parties:
         for dataset, mechanisms in plans:
-            private = [m for m in mechanisms if mechanisms_for(dataset)[m] is not None]
-            budget = max(config.seeds * len(private) * sum(config.epsilons), 1.0)  # each run releases each label once
+            releases = sum(config.releases_per_cell(dataset, m) for m in mechanisms)
+            budget = max(config.seeds * releases * sum(config.epsilons), 1.0)  # each release: each label once
             registered.append(register(parties, dataset, budget))
             for mechanism, epsilon, seed in tqdm(runs_of(mechanisms, config), desc=f"bench utility {dataset.name}",
                                                  disable=not progress):
-                rows.append(run_one(parties, registered[-1], mechanism, epsilon, seed, config.epochs,
-                                    allow_uninformative=config.allow_uninformative))
+                rows += run_cell(parties, registered[-1], mechanism, epsilon, seed, config)
                 _write_csv(out / "runs.csv", rows)
     runs = _relative(pd.DataFrame(rows))
     runs.to_csv(out / "runs.csv", index=False)
@@ -543,10 +604,10 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _relative(runs: pd.DataFrame) -> pd.DataFrame:
-    """(L − L*)/L* against the non-private model of the same dataset and seed (the paper's Figure 5b)."""
+    """(L − L*)/L* against the non-private model of the same dataset, seed and learner (the paper's Figure 5b)."""
     runs = runs.astype({"test_loss": float})
-    baseline = runs[runs.mechanism == "non-private"].set_index(["dataset", "seed"])["test_loss"]
-    key = pd.MultiIndex.from_frame(runs[["dataset", "seed"]])
+    baseline = runs[runs.mechanism == "non-private"].set_index(["dataset", "seed", "model"])["test_loss"]
+    key = pd.MultiIndex.from_frame(runs[["dataset", "seed", "model"]])
     reference = baseline.reindex(key).to_numpy() if len(baseline) else np.full(len(runs), np.nan)
     return runs.assign(relative_test_loss=(runs["test_loss"].to_numpy() - reference) / reference)
 
@@ -570,9 +631,17 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
              "labels it holds (no deployment does): the non-private model and the mean predictor (the training "
              f"labels' mean; for classes their majority class); {references.WARNING} marks a private model worse "
              "than the mean predictor. ε₁ for the private prior (opt-unbiased, RR-on-Bins) is √(k/n), as in "
-             "App. C. Every private model is a trainer-service job on a labels-party release, both over HTTP.", ""]
-    for (prepared, mechanisms), entry in zip(plans, registered, strict=True):
-        lines += _dataset_section(runs[runs.dataset == prepared.name], entry, mechanisms, config, out)
+             "App. C. Every private model is a trainer-service job on a labels-party release, both over HTTP.",
+             f"Learners: {'; '.join(f'{m} ({MODELS[m]})' for m in config.models)}; each has its own tables and "
+             "references (its non-private model trained in process with the trainer's code and options)"
+             + (", and each trains on the same release of every mechanism × ε × seed (one charge; a multi-stage "
+                "protocol releases per learner)." if len(config.models) > 1 else "."), ""]
+    for (_, mechanisms), entry in zip(plans, registered, strict=True):
+        prepared = entry.prepared  # as registered: with --clip auto, the clip chosen and its note
+        part = runs[runs.dataset == prepared.name]
+        lines += [f"## {prepared.name}: {prepared.description}", "", *prepared.notes, _labels_line(entry), ""]
+        for model in config.models:
+            lines += _learner_section(part[part.model == model], entry, mechanisms, config, out, model)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
@@ -607,9 +676,10 @@ def yardsticks(part: pd.DataFrame, prepared: Prepared) -> references.Yardsticks:
                                  higher_is_better=prepared.classification)
 
 
-def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: list[str], config: BenchConfig,
-                     out: Path) -> list[str]:
-    """The dataset's references, its two tables (test metric; noisy-label loss with max |bias|) and its figure."""
+def _learner_section(part: pd.DataFrame, registered: Registered, mechanisms: list[str], config: BenchConfig,
+                     out: Path, model: str) -> list[str]:
+    """One learner on the dataset: its references, its two tables (test metric; noisy-label loss with max |bias|)
+    and its figure (``NAME.png`` for the MLP, ``NAME-gbdt.png`` for trees)."""
     prepared = registered.prepared
     metric = prepared.metric
     global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins"])]
@@ -621,8 +691,7 @@ def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
     private_names = [m for m in mechanisms if m != "non-private"]
     test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(metric, "test MSE")
     refs = yardsticks(part, prepared)
-    lines = [f"## {prepared.name}: {prepared.description}", "", *[f"{n}" for n in prepared.notes],
-             _labels_line(registered), "", *refs.lines(test_label)]
+    lines = [f"### {prepared.name}, learner {model}: {MODELS[model]}", "", *refs.lines(test_label)]
     if metric == "relative_test_loss":
         optimum = part[part.mechanism == "non-private"]["test_loss"]
         lines.append(f"Non-private Poisson loss L*: {references.mean_sd(optimum)}.")
@@ -656,8 +725,10 @@ def _dataset_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
                   else "Noisy-label loss on the training labels, E ½(ŷ − y)², mean over seeds, and in parentheses "
                        "the max |bias| max_y |E[ỹ | y] − y| of the randomizer the release used (the largest over "
                        "seeds and groups)")
-    report.loss_vs_epsilon(private, out / f"{prepared.name}.png", test=metric, noisy="noisy_label_loss",
-                           title=f"{prepared.name}: test", test_label=test_label, references=refs.plot_lines(),
+    figure = f"{prepared.name}.png" if model == "mlp" else f"{prepared.name}-{model}.png"
+    report.loss_vs_epsilon(private, out / figure, test=metric, noisy="noisy_label_loss",
+                           title=f"{prepared.name} ({model}): test", test_label=test_label,
+                           references=refs.plot_lines(),
                            noisy_label="P(ỹ ≠ y)" if prepared.classification else "E ½(ŷ − y)²")
     table_what = {"accuracy": "Test accuracy", "relative_test_loss": "Relative test loss (L − L*)/L*"}.get(
         metric, "Test MSE")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from labeldp import demo_classification
-from labeldp.demo import MECHANISMS, load_hours_worked, run_demo
+from labeldp.demo import LEARNERS, MECHANISMS, load_hours_worked, run_demo
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -28,24 +28,41 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
     out, rows = quick_demo
     saved = json.loads((out / "results.json").read_text())
     assert saved == rows
-    assert [r["mechanism"] for r in rows] == [m for m, _ in MECHANISMS] + ["non-private"]
-    for row in rows[:-1]:
+    # each mechanism: an MLP row, then the trees' row; then each learner's non-private reference
+    assert [(r["mechanism"], r["model"]) for r in rows] == [
+        (m, model) for m, _ in MECHANISMS for model in LEARNERS] + [("non-private", model) for model in LEARNERS]
+    private, non_private = rows[:-2], rows[-2:]
+    for row in private:
         assert row["epsilon"] == 1.0 and 0.99 < row["certified_epsilon"] <= 1.0
         assert np.isfinite(row["test_mse"]) and row["noisy_label_mse"] > 0
-    assert rows[-1]["epsilon"] is None and rows[-1]["certified_epsilon"] is None
     hours = load_hours_worked()["hours"]
-    assert rows[-1]["test_mse"] < 0.9 * hours.var()  # the features carry signal
+    for reference in non_private:
+        assert reference["epsilon"] is None and reference["certified_epsilon"] is None
+        assert reference["test_mse"] < 0.9 * hours.var()  # the features carry signal, for both learners
+        assert reference["test_mse"] < reference["mean_predictor_test_mse"]
     assert (out / "test_loss_vs_epsilon.png").read_bytes()[:8] == PNG
     report = (out / "results.md").read_text()
     # the references (the demo holds the true labels) and the max |bias| of each release's mechanism
-    reference = rows[-1]
-    assert reference["test_mse"] < reference["mean_predictor_test_mse"]
-    assert f"Mean predictor (predicting the training mean), test MSE: {reference['mean_predictor_test_mse']:.2f}" \
-        in report
-    bias = {r["mechanism"]: r["max_abs_bias"] for r in rows[:-1]}
+    assert (f"Mean predictor (predicting the training mean), test MSE: "
+            f"{non_private[0]['mean_predictor_test_mse']:.2f}") in report
+    for reference in non_private:
+        assert (f"Non-private reference (a model trained on the true labels), {reference['model']} test MSE: "
+                f"{reference['test_mse']:.2f}") in report
+    # the trees trained on the MLP job's release, certified alike; each learner has its own row in the table
+    for mlp, trees in zip(private[::2], private[1::2], strict=True):
+        assert (mlp["model"], trees["model"]) == ("mlp", "gbdt")
+        assert trees["release_id"] == mlp["release_id"] and trees["certified_epsilon"] == mlp["certified_epsilon"]
+        assert (trees["noisy_label_mse"], trees["max_abs_bias"]) == (mlp["noisy_label_mse"], mlp["max_abs_bias"])
+        for row in (mlp, trees):
+            line = next(line for line in report.splitlines() if line.startswith(f"| {row['mechanism']} · "
+                                                                                 f"{row['model']} | "))
+            assert f"{row['test_mse']:.2f}" in line
+    bias = {r["mechanism"]: r["max_abs_bias"] for r in private}
     assert bias["laplace"] == bias["staircase"] == 0.0 and bias["opt-unbiased"] < 1e-9 and bias["rr-on-bins"] > 1.0
+    # four releases, one per mechanism: the trees' jobs charged nothing more
     assert "4 privacy events, hash chain valid: True" in report
     assert "epsilon_spent = 4 of 4" in report
+    assert "The 4 gbdt jobs requested no release" in report
     # every head the service signed and exported still verifies against the database it left (both datasets: at
     # least their creation, upload-free facts and releases)
     heads = re.search(r"verify-audit` against the (\d+) Ed25519-signed chain heads the service exported: valid", report)
