@@ -23,6 +23,7 @@ MECHANISMS = {
 CLASSIFICATION_MECHANISMS = {
     "non-private": None,
     "rr": {"mechanism": "rr"},  # LP-1ST
+    "rr-with-prior": {"mechanism": "rr-with-prior"},  # RRWithPrior on the labels party's noisy global prior
     "lp-2st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 2},
     "lp-3st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 3},
     "subset": {"mechanism": "subset"},

