@@ -143,13 +143,19 @@ def test_own_table_of_classes(tmp_path, capsys):
     table.to_csv(tmp_path / "classes.csv", index=False)
     out = tmp_path / "out"
     code, _, err = _cli(capsys, "--data", tmp_path / "classes.csv", "--label", "y", "--kind", "classes",
-                        "--seeds", 1, "--epsilons", 4, "--mechanisms", "non-private,rr", "--epochs", 30,
-                        "--out", out)
+                        "--seeds", 1, "--epsilons", 4, "--mechanisms", "non-private,rr,rr-with-prior",
+                        "--epochs", 30, "--out", out)
     assert code == 0, err
-    runs = _check_runs(out, ["rr"], [4.0], 1)
+    runs = _check_runs(out, ["rr", "rr-with-prior"], [4.0], 1)
     reference = runs[runs.mechanism == "non-private"].iloc[0]
     assert reference.accuracy > reference.constant_test_loss + 0.2  # beats the majority class
     assert 0 < runs[runs.mechanism == "rr"].iloc[0].accuracy <= 1
+    # RRWithPrior on the labels party's noisy global prior: ε₁ = √(k/n) of the 4, the whole ε certified
+    with_prior = runs[runs.mechanism == "rr-with-prior"].iloc[0]
+    trained = round(len(table) * 0.8)
+    assert with_prior.prior_epsilon == pytest.approx((3 / trained) ** 0.5, rel=0.02)
+    assert with_prior.certified_epsilon == pytest.approx(4.0, abs=1e-6)
+    assert with_prior.accuracy > reference.constant_test_loss
     assert "Test accuracy" in (out / "summary.md").read_text()
 
 
