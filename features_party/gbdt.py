@@ -96,6 +96,14 @@ def work(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, num
     return UNIT_COST * n_estimators * trees_per_round * rows * num_features * max_depth
 
 
+def most_nodes(n_estimators: int, max_depth: int, trees_per_round: int, rows: int) -> int:
+    """The most nodes a tree job's model can have (what its memory and its JSON grow with, about 56 bytes a node in
+    the JSON; :func:`work` does not count them): rounds × trees per round × nodes per tree, a tree holding at most
+    2^(depth+1) − 1 nodes, and never more than 2·rows − 1 (each leaf holds at least one row)."""
+    per_tree = min((1 << (max_depth + 1)) - 1, 2 * max(rows, 1) - 1)
+    return n_estimators * trees_per_round * per_tree
+
+
 @dataclass
 class GbdtResult:
     booster: xgb.Booster

@@ -141,7 +141,9 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
     if request.train.model == "gbdt" and loss not in gbdt.OBJECTIVES:
         raise _invalid(f"model gbdt has no {loss!r} loss (the subset randomizer's labels train the MLP only); use "
                        f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
-    _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=losses.output_dim(loss, num_classes))
+    output_dim = losses.output_dim(loss, num_classes)
+    _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=output_dim)
+    _check_outputs(ctx.settings, request, len(frame), rows, output_dim)
     config = _config(request.train, loss)
     return JobPlan(_naming_ids(request, frame, held_out, dataset), party, url, features_file, config, num_classes,
                    existing, held_out)
@@ -236,6 +238,32 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_si
         raise LabelDPError(f"job size {size:.3g} = {parameters:,} parameters × {epochs:,} epochs × {rows:,} rows is "
                            f"over this trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer or "
                            "smaller layers, fewer epochs or rows", code="job_too_large")
+
+
+def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, table_rows: int, rows: int,
+                   output_dim: int) -> None:
+    """Refuses a job whose predictions (every row of its features table × the model's outputs) are over
+    ``max_prediction_cells``, or whose trees may grow more nodes than ``max_tree_nodes``
+    (:func:`features_party.gbdt.most_nodes`): memory that neither learner's ``max_job_size`` counts — a job training
+    on ten rows of a 100,000-class dataset is small by it."""
+    cells = table_rows * output_dim
+    if cells > settings.max_prediction_cells:
+        raise LabelDPError(f"the job's predictions are {cells:.3g} numbers = {table_rows:,} rows of features table "
+                           f"{request.features!r} × {output_dim:,} outputs, over this trainer's limit of "
+                           f"{settings.max_prediction_cells:.3g} (max_prediction_cells): use a smaller features "
+                           "table or fewer classes", code="job_too_large")
+    if request.train.model != "gbdt":
+        return
+    options = request.train.gbdt or schemas.GbdtOptions()
+    rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
+    trees = max(output_dim, 1)
+    nodes = gbdt.most_nodes(rounds, options.max_depth, trees, rows)
+    if nodes > settings.max_tree_nodes:
+        per_tree = nodes // (rounds * trees)
+        raise LabelDPError(f"the trees may grow {nodes:,} tree nodes = {rounds:,} rounds × {trees:,} tree(s) per "
+                           f"round × {per_tree:,} nodes (depth {options.max_depth}, {rows:,} rows), over this "
+                           f"trainer's limit of {settings.max_tree_nodes:.3g} (max_tree_nodes): use fewer rounds "
+                           "or shallower trees", code="job_too_large")
 
 
 def _loss_for(request: schemas.JobRequest, mechanism: str,

@@ -1,0 +1,82 @@
+"""The trainer's bounds on what a job holds besides its training work (review of issue 32): its predictions — one
+number per row of its features table and model output (a class's probability), for either learner — and, for trees,
+the model itself (rounds × trees per round × nodes per tree). ``max_job_size`` counts neither: a job training on 10
+rows of a 100,000-class dataset was accepted, to predict 1.5·10⁸ probabilities and grow up to 5·10⁷ trees."""
+
+from __future__ import annotations
+
+from features_party import gbdt
+from tests.features_party import test_api
+from tests.features_party.test_api import N, _job, _upload, trainer_client, trainer_context
+
+parties = test_api.parties  # the fixture: a labels-party server with a dataset of N labels, and a trainer
+
+
+def _classes_dataset(parties, num_classes: int) -> str:
+    """A classes dataset of the features' examples, granted to the publisher."""
+    owner, ids = parties["owner"], parties["features"]["example_id"]
+    dataset = owner.post("/v1/datasets", json={"name": f"k{num_classes}", "label_kind": "classes",
+                                               "num_classes": num_classes, "epsilon_total": 10}).json()["id"]
+    body = "example_id,label\n" + "\n".join(f"{i},{n % num_classes}" for n, i in enumerate(ids))
+    assert owner.put(f"/v1/datasets/{dataset}/labels", content=body,
+                     headers={"Content-Type": "text/csv"}).status_code == 200
+    assert owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 10}).status_code < 300
+    return dataset
+
+
+def _rr_job(parties, dataset: str, train: dict) -> dict:
+    ids = parties["features"]["example_id"].tolist()[:10]  # ten rows to train on: a tiny job by max_job_size
+    return {**_job(parties), "dataset_id": dataset, "release": {"mechanism": "rr", "epsilon": 1.0, "example_ids": ids},
+            "train": train}
+
+
+MLP = {"hidden": [], "epochs": 1, "batch_size": 16, "patience": 1}
+TREES = {"model": "gbdt", "gbdt": {"n_estimators": 100, "max_depth": 4}}
+
+
+def test_many_classes_on_a_tiny_job_are_refused_by_the_default_limits(parties):
+    ctx = trainer_context(parties["tmp"] / "defaults", parties["labels_url"], start=False)
+    trainer = trainer_client(ctx, "publisher")
+    assert _upload(trainer, parties["features"]).status_code == 200
+    dataset = _classes_dataset(parties, 100_000)
+    for train in (MLP, {"model": "gbdt"}):
+        refused = trainer.post("/v1/jobs", json=_rr_job(parties, dataset, train))
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "job_too_large", refused.text
+    assert trainer.get("/v1/jobs").json() == []
+    assert parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+
+
+def test_predictions_are_bounded_for_either_learner(parties):
+    cells = N * 3  # every row of the features table (not only the 10 trained on) × 3 class probabilities
+    dataset = _classes_dataset(parties, 3)
+    for limit, accepted in ((cells - 1, False), (cells, True)):
+        ctx = trainer_context(parties["tmp"] / f"cells{limit}", parties["labels_url"], start=False,
+                              max_prediction_cells=limit)
+        trainer = trainer_client(ctx, "publisher")
+        assert _upload(trainer, parties["features"]).status_code == 200
+        for train in (MLP, TREES):
+            answer = trainer.post("/v1/jobs", json=_rr_job(parties, dataset, train))
+            if accepted:
+                assert answer.status_code == 202, answer.text
+                continue
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
+            assert f"{N:,} rows of features table 'f' × 3 outputs" in answer.json()["error"]["message"]
+
+
+def test_a_tree_model_is_bounded_by_its_rounds_trees_and_depth(parties):
+    # 100 rounds × 3 trees (one per class) × 19 nodes: a depth-4 tree has at most 31, but 10 rows at most 2·10 − 1
+    nodes = 100 * 3 * 19
+    assert gbdt.most_nodes(100, 4, 3, 10) == nodes and gbdt.most_nodes(100, 4, 3, 10_000) == 100 * 3 * 31
+    dataset = _classes_dataset(parties, 3)
+    for limit, accepted in ((nodes - 1, False), (nodes, True)):
+        ctx = trainer_context(parties["tmp"] / f"nodes{limit}", parties["labels_url"], start=False,
+                              max_tree_nodes=limit)
+        trainer = trainer_client(ctx, "publisher")
+        assert _upload(trainer, parties["features"]).status_code == 200
+        answer = trainer.post("/v1/jobs", json=_rr_job(parties, dataset, TREES))
+        if accepted:
+            assert answer.status_code == 202, answer.text
+            continue
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
+        assert f"{nodes:,} tree nodes = 100 rounds × 3 tree(s) per round × 19 nodes" in \
+            answer.json()["error"]["message"]
