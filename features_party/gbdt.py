@@ -243,8 +243,14 @@ def load_model(path: str | Path) -> tuple[GbdtResult, dict]:
     if text is None:
         raise LabelDPError("the model file is an XGBoost model but not a labeldp job's (no labeldp attribute)",
                            code="malformed_file")
-    header = json.loads(text)
-    result = GbdtResult(booster, GbdtConfig.from_dict(header["config"]), header["best_epoch"], header["history"])
+    try:  # a file from elsewhere: its header is input, not ours
+        header = json.loads(text)
+        result = GbdtResult(booster, GbdtConfig.from_dict(header["config"]), header["best_epoch"], header["history"])
+        if not isinstance(header.get("preprocessing"), dict):  # labeldp predict reads it next
+            raise KeyError("preprocessing")
+    except (ValueError, KeyError, TypeError):
+        raise LabelDPError("the model file's labeldp header is damaged (not a labeldp job's trees)",
+                           code="malformed_file") from None
     return result, header
 
 

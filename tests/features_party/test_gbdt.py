@@ -241,7 +241,13 @@ def test_predict_refuses_json_that_is_not_a_tree_model_of_a_job(tmp_path, capsys
     plain = xgb.train({"max_depth": 1}, xgb.DMatrix(np.array([[1.0], [2.0]]), label=np.array([0.0, 1.0])), 2)
     (tmp_path / "plain.json").write_bytes(bytes(plain.save_raw("json")))  # XGBoost's, without our header
     (tmp_path / "other.json").write_text('{"a": 1}')
-    for name, words in (("plain.json", "not a labeldp job's"), ("other.json", "not an XGBoost model")):
+    for name, header in (("garbled.json", "not json"), ("headless.json", '{"family": "gbdt"}'),
+                         ("alien.json", '{"config": {"depth": 1}, "best_epoch": 1, "history": []}')):
+        plain.set_attr(labeldp=header)  # an XGBoost model whose labeldp header is not a job's
+        (tmp_path / name).write_bytes(bytes(plain.save_raw("json")))
+    for name, words in (("plain.json", "not a labeldp job's"), ("other.json", "not an XGBoost model"),
+                        ("garbled.json", "header is damaged"), ("headless.json", "header is damaged"),
+                        ("alien.json", "header is damaged")):
         assert cli(["predict", "--model", str(tmp_path / name), "--features", str(features),
                     "--out", str(tmp_path / "p.csv")]) != 0
         err = capsys.readouterr().err
