@@ -507,10 +507,19 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
             "release_id": release.get("id"),  # None for a multi-stage job's several releases
             "noisy_label_loss": _noisy_label_loss(parties, prepared, release, train_part),
             "max_abs_bias": _max_abs_bias(parties, prepared, release),
-            # the family's fallback when the build on the noisy prior could not certify or would say nothing
-            "fallback": (release.get("description") or {}).get("reason"),
+            "fallback": _fallback(parties, release),
             "train_seconds": job.seconds, "constant_test_loss": None,
             **_score(prepared, predicted[test["example_id"]].to_numpy(), test[TRUTH].to_numpy(dtype=float))}
+
+
+def _fallback(parties: Parties, release: dict) -> str | None:
+    """Why the labels service released the family's fallback (the build on the noisy prior could not certify or
+    would say nothing), else None — from the release itself: the job's summary of it has no description. None for
+    a multi-stage job's several releases."""
+    if release.get("id") is None:
+        return None
+    with parties.consumer() as consumer:
+        return consumer.get_release(release["id"]).description.get("reason")
 
 
 def _max_abs_bias(parties: Parties, prepared: Prepared, release: dict) -> float | None:

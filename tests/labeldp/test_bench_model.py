@@ -109,3 +109,27 @@ def test_help_shows_the_default_learner(capsys):
         main(["bench", "utility", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--model M[,M]" in text and "default: mlp)" in text and "gbdt: XGBoost" in text
+
+
+def test_a_release_that_fell_back_says_so_in_every_learners_row(capsys, tmp_path):
+    """RRWithPrior on a prior 97 % sure of one class keeps k = 1 at ε = 0.5 (it would release that class whatever
+    the label): the labels service releases its fallback, plain RR, and says why in the release's description.
+    Both learners' rows (one release) must say so, and the summary count it — the trainer's job view carries no
+    description, so the bench reads the release itself (review of issue 32: the column was always empty)."""
+    rng = np.random.default_rng(4)
+    n = 400
+    x = rng.normal(size=n)
+    y = np.where(np.arange(n) < 12, np.where(x > 0, "b", "c"), "a")  # 97 % a
+    path = tmp_path / "skewed.csv"
+    pd.DataFrame({"x": x, "y": y}).to_csv(path, index=False)
+    out = tmp_path / "out"
+    code = main(["bench", "utility", "--data", str(path), "--label", "y", "--kind", "classes", "--seeds", "1",
+                 "--epsilons", "0.5", "--mechanisms", "rr-with-prior", "--epochs", "2", "--model", "mlp,gbdt",
+                 "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    runs = pd.read_csv(out / "runs.csv")
+    private = runs[runs.mechanism == "rr-with-prior"].set_index("model")
+    assert private.loc["mlp", "release_id"] == private.loc["gbdt", "release_id"]
+    assert list(private["fallback"]) == ["uninformative", "uninformative"]
+    assert (out / "summary.md").read_text().count("Fallbacks (the labels service released") == 2  # each learner
