@@ -30,7 +30,14 @@ from labels_party import pipeline, registry
 from labels_party.context import ServiceContext
 from labels_party.evaluation import EvaluationPlan, plan_evaluation, score
 from labels_party.pipeline import Plan, Prepared, privatize, privatize_by_group
-from labels_party.quantiles import QuantilePlan, RankCounts, check_quantiles, plan_quantiles, release_quantiles
+from labels_party.quantiles import (
+    QuantilePlan,
+    RankCounts,
+    at_least,
+    check_quantiles,
+    plan_quantiles,
+    release_quantiles,
+)
 from labels_party.registry import MechanismOptions
 from labels_party.releases.lifecycle import Computation, Draft, Snapshot
 from labels_party.releases.streamed import plan_version, write_example_ids
@@ -399,7 +406,8 @@ class Quantiles(_JsonBodyKind):
         plan: QuantilePlan = priced.plan
         counts = RankCounts(plan.candidates)
         counts.add(labels)
-        result = release_quantiles(plan, counts, run.rng)
+        with at_least(plan.floor_seconds):  # the draws' time depends on the labels; the response's must not
+            result = release_quantiles(plan, counts, run.rng)
         return Draft(result, {}, result.describe())
 
     def compute_version(self, snapshot: Snapshot, read, priced: PricedPlan, run: Computation) -> Draft:
@@ -407,7 +415,8 @@ class Quantiles(_JsonBodyKind):
         counts = RankCounts(plan.candidates)
         for batch in read():
             counts.add(batch.column("label").to_numpy(zero_copy_only=False))
-        result = release_quantiles(plan, counts, run.rng)
+        with at_least(plan.floor_seconds):
+            result = release_quantiles(plan, counts, run.rng)
         return Draft(result, {}, result.describe(), write=write_example_ids(read))
 
 

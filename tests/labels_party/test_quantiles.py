@@ -4,13 +4,23 @@ the stated probabilities, lands near the true quantile, and is charged what it c
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from fractions import Fraction
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from labels_party.quantiles import RankCounts, penalties, plan_quantiles, private_quantiles
+from labels_party.quantiles import (
+    MIN_DRAW_SECONDS,
+    RankCounts,
+    at_least,
+    draw_floor_seconds,
+    penalties,
+    plan_quantiles,
+    private_quantiles,
+)
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 from shared.errors import LabelDPError
 from shared.mechanisms.events import epsilon_of
@@ -156,3 +166,21 @@ def test_the_penalty_sensitivity_is_needed():
     plan = plan_quantiles(integer_range(0, 3), [0.5], 1.0)
     sharp = dataclasses.replace(plan, draw=ExactExponential.calibrated(1.0, 1))
     assert _worst_ratio(sharp, 4, 4) > np.exp(1.3)
+
+
+def test_the_draws_time_floor_is_a_function_of_public_inputs_only():
+    assert draw_floor_seconds(52, 2) == MIN_DRAW_SECONDS  # small requests: the minimum
+    # the largest request (100 quantiles over an integer range of 10^5): ~4x its slowest measured 4.8 s
+    assert draw_floor_seconds(100_000, 100) == pytest.approx(21.0)
+    plan = plan_quantiles(integer_range(1, 52), [0.1, 0.9], 1.0)
+    assert plan.floor_seconds == draw_floor_seconds(52, 2)
+
+
+def test_at_least_pads_a_quick_body_and_logs_an_overrun(caplog):
+    started = time.monotonic()
+    with at_least(0.2):
+        pass
+    assert time.monotonic() - started >= 0.2
+    with caplog.at_level(logging.WARNING, logger="labels_party.quantiles"), at_least(0.0):
+        time.sleep(0.01)
+    assert "over their floor of 0.00 s" in caplog.text

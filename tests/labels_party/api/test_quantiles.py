@@ -3,10 +3,13 @@ public inputs before the charge, invisible to other organizations."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from labels_party.audit import verify_audit
+from labels_party.quantiles import MIN_DRAW_SECONDS, draw_floor_seconds
 from tests.labels_party.api.helpers import (
     MISSING_DATASET,
     audit_events,
@@ -52,6 +55,16 @@ def test_a_consumer_gets_quantiles_charged_to_the_covered_examples_and_audited(c
     assert quantiles(client, consumer, dataset, "q2", quantiles=[0.5], epsilon=3.0, example_ids=rest).status_code \
         == 201
     assert verify_audit(ctx)["valid"]
+
+
+def test_a_quick_draw_is_padded_to_the_public_floor(client, consumer, dataset, ctx):
+    """Whether the labels are concentrated or spread (the rejection sampler's time depends on it), the response
+    takes at least the floor computed from the candidates and the number of quantiles."""
+    ids = [f"e{i}" for i in range(10)]
+    started = time.monotonic()
+    r = quantiles(client, consumer, dataset, "floor", quantiles=[0.5], epsilon=0.5, example_ids=ids)
+    assert r.status_code == 201, r.text
+    assert time.monotonic() - started >= draw_floor_seconds(52, 1) == MIN_DRAW_SECONDS
 
 
 def test_the_whole_version_by_default_and_an_idempotent_retry_returns_the_same_values(client, admin, consumer,
