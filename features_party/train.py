@@ -65,10 +65,20 @@ class TrainResult:
     device: str = ""
 
     def predict(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+        """In batches of :data:`PREDICT_ROWS`: the hidden layers' activations of a whole features table (rows ×
+        the widest layer) are bounded by nothing a job declares, a batch's are."""
+        parts = [self._predict(numeric[start:start + PREDICT_ROWS], categorical[start:start + PREDICT_ROWS])
+                 for start in range(0, max(numeric.shape[0], 1), PREDICT_ROWS)]
+        return np.concatenate(parts, axis=0)
+
+    def _predict(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         outputs = models.apply(self.params, jnp.asarray(numeric), jnp.asarray(categorical))
         if self.config.loss == "squared":
             return np.asarray(outputs[:, 0]) * self.target_scale + self.target_shift
         return np.asarray(losses.predict(self.config.loss, outputs))
+
+
+PREDICT_ROWS = 16_384  # rows per prediction batch: 4096-wide layers take 256 MiB of float32 activations each
 
 
 def device_summary() -> str:

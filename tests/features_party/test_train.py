@@ -719,3 +719,20 @@ def test_linear_model_is_affine_in_the_features_and_embeddings():
     expected = features @ np.asarray(params["layers"][0]["w"]) + 0.7
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(losses.predict("squared", jnp.asarray(out))), expected[:, 0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["squared", "cross_entropy"])
+def test_predictions_in_batches_equal_one_pass(monkeypatch, loss):
+    """The MLP predicts a features table in batches (its activations are bounded by the batch, not the table):
+    the same numbers as one pass, with a last batch shorter than the others, and none for an empty table."""
+    x, y, _ = linear_data(500, seed=3)
+    labels = (y > np.median(y)).astype(float) if loss == "cross_entropy" else y
+    config = TrainConfig(loss=loss, hidden=(8,), epochs=2, batch_size=64)
+    result = train(config, x, no_categorical(len(y)), labels, vocab_sizes=(), num_classes=2 if loss != "squared"
+                   else None)
+    whole = result.predict(x, no_categorical(len(y)))
+    monkeypatch.setattr(train_module, "PREDICT_ROWS", 7)  # 500 = 71 x 7 + 3
+    batched = result.predict(x, no_categorical(len(y)))
+    assert batched.shape == whole.shape == ((500,) if loss == "squared" else (500, 2))
+    np.testing.assert_allclose(batched, whole, rtol=1e-5, atol=1e-6)
+    assert result.predict(x[:0], no_categorical(0)).shape[0] == 0
