@@ -46,7 +46,7 @@ from features_party.gbdt import train_gbdt
 from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import references, report
-from labeldp.benchmarks import classification, private_clip
+from labeldp.benchmarks import classification, learners, private_clip
 from labeldp.benchmarks.choices import (
     CLASSIFICATION_MECHANISMS,
     DEFAULT_EPOCHS,
@@ -687,7 +687,23 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
         lines += [f"## {prepared.name}: {prepared.description}", "", *prepared.notes, _labels_line(entry), ""]
         for model in config.models:
             lines += _learner_section(part[part.model == model], entry, mechanisms, config, out, model)
+        lines += _comparison_section(part, prepared, mechanisms, config)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def _comparison_section(part: pd.DataFrame, prepared: Prepared, mechanisms: list[str],
+                        config: BenchConfig) -> list[str]:
+    """With both learners: trees against the MLP, and the best mechanism under each (:mod:`.learners`)."""
+    private = [m for m in mechanisms if m != "non-private"]
+    scoring = learners.scoring_for(prepared.classification)
+    lines = []
+    if set(config.models) == {learners.TREES, learners.NETWORK}:
+        lines += [f"### {prepared.name}: trees against the MLP", "",
+                  *learners.learner_lines(part, scoring, private, config.epsilons)]
+    if len(private) > 1:
+        lines += [f"### {prepared.name}: the best mechanism under each learner", "",
+                  *learners.winner_lines(part, scoring, config.models, private, config.epsilons)]
+    return lines
 
 
 def _labels_line(registered: Registered) -> str:

@@ -66,8 +66,14 @@ def test_both_learners_train_on_the_same_release(capsys, table, tmp_path):
     assert references.loc["mlp", "test_loss"] != references.loc["gbdt", "test_loss"]  # each learner's own
     assert references.loc["mlp", "constant_test_loss"] == references.loc["gbdt", "constant_test_loss"]
     mlp, gbdt = summary.index("### linear, learner mlp"), summary.index("### linear, learner gbdt")
-    assert mlp < gbdt and summary.count("| laplace | ") == 4  # each learner: its test table and noisy-loss table
+    assert mlp < gbdt and summary.count("| laplace | ") == 5  # each learner's two tables, the comparison
     assert (tmp_path / "linear.png").exists() and (tmp_path / "linear-gbdt.png").exists()
+    # the learners compared on the same release, after both learners' sections
+    trees = private.loc["gbdt", "test_loss"] / private.loc["mlp", "test_loss"] - 1
+    won = int(private.loc["gbdt", "test_loss"] < private.loc["mlp", "test_loss"])
+    assert summary.index("### linear: trees against the MLP") > gbdt
+    assert f"| laplace | {'**' * won}{100 * trees:+.1f} % ({won}/1){'**' * won} |" in summary
+    assert "the best mechanism under each learner" not in summary  # one private mechanism: nothing to rank
 
 
 def test_the_dry_run_names_the_learners_and_counts_their_jobs(capsys, table):
