@@ -21,11 +21,15 @@ rate, integer draws from the release's cryptographic source, no floats).
 the composition of k pure-ε :class:`~shared.mechanisms.events.ExponentialMechanismDpEvent`; its certified ε,
 k·(4·s/t) rounded up, is at most ε, which every covered example is charged.
 
-**Timing.** The exact sampler rejects until it keeps a candidate, so its running time depends on the penalties,
-that is on the labels (measured on this 2-core machine, 100 quantiles of 10⁵ labels over 10⁵ candidates: 1.7 s when
-the labels sit at both ends, 4.8 s when they are spread evenly). The draws are therefore padded to a floor computed
-from public inputs alone (:func:`draw_floor_seconds`: the candidates and the number of quantiles), about four
-times the slowest time measured; a draw that overruns it is logged for the operator.
+**Timing.** The exact sampler rejects until it keeps a candidate, and counting the labels' ranks runs a binary
+search per label, so their running time depends on the labels. Everything from the first label read to the last
+draw therefore runs inside :func:`at_least`, padded to a floor computed from public inputs alone
+(:func:`draw_floor_seconds`: the number of labels, of candidates and of quantiles), a few times the slowest time
+measured on the labels that cost most (``bench/quantile_timing.py``); a computation that fails is padded too; one
+that overruns the floor (a machine much busier or slower than the one it was measured on) is logged for the
+operator. The sampler's own arithmetic is the same whatever the penalties (:meth:`ExactExponential._split`, with
+the public bound 2n on them). The release-seconds quota debits the padded wall-clock time, not the CPU time,
+which the padding does not hide (:mod:`labels_party.quotas`).
 
 Why not OpenDP's ``make_private_quantile`` (its Rust core scores the candidates and runs report-noisy-max with
 exact noise from its own cryptographic RNG): it draws from a source the service cannot inject, so neither a seeded
@@ -57,28 +61,36 @@ from shared.schemas import MAX_QUANTILES
 log = logging.getLogger(__name__)
 PENALTY_SENSITIVITY = 2  # D counts ranks twice (half-integer targets): one label moves it by at most 2
 MECHANISM = "quantiles"
-# The draws' time floor (module docstring, "Timing"): the slowest draw measured was 2 ms per quantile over 10³
-# candidates and 50 ms per quantile over 10⁵ (0.5 µs per candidate); these constants allow about four times that.
-DRAW_SECONDS = 0.01  # per quantile
-DRAW_SECONDS_PER_CANDIDATE = 2e-6  # per quantile and candidate
-MIN_DRAW_SECONDS = 0.25
+# The floor (module docstring, "Timing"), from bench/quantile_timing.py's slowest cases on this 2-core machine with
+# both cores busy: counting 0.35 µs per label (10⁶ labels over 10⁵ candidates), a draw 0.7 ms over 52 candidates
+# and 24 ms over 10⁵ (0.22 µs per candidate: the penalties and a batch of 2·10⁵ exact Bernoulli trials); each
+# constant allows four to eight times that.
+SECONDS_PER_LABEL = 2e-6
+DRAW_SECONDS = 0.006  # per quantile
+DRAW_SECONDS_PER_CANDIDATE = 1e-6  # per quantile and candidate
+MIN_SECONDS = 0.25
 
 
-def draw_floor_seconds(candidates: int, quantiles: int) -> float:
-    """How long a release's draws take at least, from public inputs only (module docstring, "Timing")."""
-    return max(MIN_DRAW_SECONDS, quantiles * (DRAW_SECONDS + DRAW_SECONDS_PER_CANDIDATE * candidates))
+def draw_floor_seconds(labels: int, candidates: int, quantiles: int) -> float:
+    """How long counting ``labels`` and the draws take at least, from public inputs only (module docstring,
+    "Timing")."""
+    return max(MIN_SECONDS, labels * SECONDS_PER_LABEL
+               + quantiles * (DRAW_SECONDS + DRAW_SECONDS_PER_CANDIDATE * candidates))
 
 
 @contextmanager
 def at_least(seconds: float) -> Iterator[None]:
-    """Take at least ``seconds``: what runs inside ends at the floor, whatever its own running time."""
+    """Take at least ``seconds``: what runs inside ends at the floor, whatever its own running time — and so does
+    a failure inside (its answer, 503 ``release_failed``, is the same for every cause; its timing must be too)."""
     started = time.monotonic()
-    yield
-    spent = time.monotonic() - started
-    if spent < seconds:
-        time.sleep(seconds - spent)
-    else:  # the timing then depends on the draws: the floor is too low for this machine
-        log.warning("quantile draws took %.2f s, over their floor of %.2f s", spent, seconds)
+    try:
+        yield
+    finally:
+        spent = time.monotonic() - started
+        if spent < seconds:
+            time.sleep(seconds - spent)
+        else:  # the timing then depends on the labels: the floor is too low for this machine's load
+            log.warning("quantile counting and draws took %.2f s, over their floor of %.2f s", spent, seconds)
 
 
 def check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
@@ -114,20 +126,25 @@ class QuantilePlan:
     def prior_epsilon(self) -> float:
         return 0.0
 
-    @property
-    def floor_seconds(self) -> float:
-        return draw_floor_seconds(int(self.candidates.size), len(self.quantiles))
+    def floor_seconds(self, labels: int) -> float:
+        """:func:`draw_floor_seconds` of this plan on ``labels`` covered labels (a public count)."""
+        return draw_floor_seconds(labels, int(self.candidates.size), len(self.quantiles))
 
     def dp_event(self) -> dp_event.DpEvent:
         one = ExponentialMechanismDpEvent(epsilon=self.epsilon_per_quantile, candidates=int(self.candidates.size))
         return dp_event.ComposedDpEvent([one] * len(self.quantiles))
 
 
-def plan_quantiles(domain: Domain, quantiles: Sequence[float], epsilon: float) -> QuantilePlan:
-    """Every refusal of a quantile release, before any label is read, and its mechanism."""
+def check_ordered(domain: Domain) -> None:
+    """Quantiles need ordered labels: class labels are refused (before any label is looked up)."""
     if domain.label_kind == "classes":
         raise LabelDPError("quantiles need ordered labels; this dataset's are classes",
                            code="mechanism_domain_mismatch")
+
+
+def plan_quantiles(domain: Domain, quantiles: Sequence[float], epsilon: float) -> QuantilePlan:
+    """Every refusal of a quantile release, before any label is read, and its mechanism."""
+    check_ordered(domain)
     chosen = check_quantiles(quantiles)
     epsilon = check_epsilon(epsilon)
     per_quantile = Fraction(epsilon) * (1 - Fraction(COMPOSITION_MARGIN)) / len(chosen)
@@ -197,9 +214,11 @@ class PrivateQuantiles:
 
 
 def release_quantiles(plan: QuantilePlan, counts: RankCounts, rng: np.random.Generator) -> PrivateQuantiles:
-    """One exact exponential-mechanism draw per quantile (never refuses). The service pads it to the plan's
-    floor (:func:`at_least`)."""
-    values = tuple(float(plan.candidates[plan.draw.sample(penalties(counts, q), rng)]) for q in plan.quantiles)
+    """One exact exponential-mechanism draw per quantile (never refuses). The service pads the counting and the
+    draws to the plan's floor (:func:`at_least`)."""
+    bound = 2 * counts.total  # D <= 2n: the public bound that fixes the sampler's arithmetic
+    values = tuple(float(plan.candidates[plan.draw.sample(penalties(counts, q), rng, bound=bound)])
+                   for q in plan.quantiles)
     return PrivateQuantiles(plan, values, counts.total)
 
 

@@ -1,4 +1,4 @@
-"""Per-organization quotas on release computation: concurrent releases, and CPU-seconds per window.
+"""Per-organization quotas on release computation: concurrent releases, and release-seconds per window.
 
 Every release (label, per-example prior, group, evaluation, central training) is computed in the request that
 asked for it, in a worker thread: without a limit, one organization's concurrent solves took the server's CPU
@@ -9,13 +9,18 @@ load), so nothing is charged and nothing private has been drawn (:mod:`labels_pa
 * **concurrency** — an organization computes at most ``release_slots_per_org`` releases at once; at most as many
   more of its requests wait, each at most ``release_queue_seconds``, for one to finish; beyond that, 429
   ``release_quota_exceeded`` with ``Retry-After``;
-* **CPU** — the CPU time of each release (its worker thread's, from the slot to the answer: the lookup, the
+* **time** — the wall-clock time each release holds its slot (from the slot to the answer: the lookup, the
   charge, the solve, the sampling, the file) is debited to its organization afterwards from a bucket of
-  ``release_cpu_seconds`` that refills continuously over ``release_cpu_window_seconds``; an organization whose
-  bucket is empty is refused (429 ``release_quota_exceeded``, ``Retry-After``: until it is no longer empty).
-  A release is admitted while its organization's bucket is not empty, so the bucket can go below zero by what
-  the releases already admitted cost; they are bounded by the solver limit (``solver_seconds``) and the
-  concurrency limit. The debit is the release's own duration, which its requester sees anyway;
+  ``release_seconds`` that refills continuously over ``release_window_seconds``; an organization whose bucket is
+  empty is refused (429 ``release_quota_exceeded``, ``Retry-After``: until it is no longer empty). A release is
+  admitted while its organization's bucket is not empty, so the bucket can go below zero by what the releases
+  already admitted cost; they are bounded by the solver limit (``solver_seconds``) and the concurrency limit.
+  Why wall-clock time and not the worker thread's CPU time: the debit shows in ``Retry-After``, so it must carry
+  nothing its requester has not seen — the release's duration it has (its response time), but the CPU time of a
+  computation whose running time depends on the labels it has not: a DP quantile's exact sampler is padded to a
+  floor in wall-clock time (:mod:`labels_party.quantiles`), its CPU time is not, and Retry-After told concentrated
+  labels from spread ones. Wall-clock time also bounds the worker thread's CPU time and counts what a padded
+  release holds its slot for;
 * **capacity** — the process computes at most ``release_slots`` releases at once, whichever organizations ask.
   This is the one place another organization's load can show: when every slot is taken a request waits (at most
   ``release_queue_seconds``), then gets 503 ``release_capacity_exhausted`` with ``Retry-After``. Below that
@@ -46,16 +51,16 @@ class QuotaSettings(BaseModel):
     release_slots_per_org: int = Field(default=2, ge=1)
     release_slots: int = Field(default=4, ge=1)
     release_queue_seconds: float = Field(default=10.0, ge=0, le=300)
-    release_cpu_seconds: float = Field(default=1800.0, gt=0)
-    release_cpu_window_seconds: float = Field(default=3600.0, gt=0)
+    release_seconds: float = Field(default=1800.0, gt=0)
+    release_window_seconds: float = Field(default=3600.0, gt=0)
 
     def describe(self) -> str:
         """The quotas as the OpenAPI description states them (this deployment's values)."""
         return (f"Release quotas per organization: {self.release_slots_per_org} releases computed at once (as many "
-                f"more wait up to {self.release_queue_seconds:g} s) and {self.release_cpu_seconds:g} CPU-seconds "
-                f"per {self.release_cpu_window_seconds:g} s, refilled continuously (429 release_quota_exceeded, "
-                f"Retry-After); {self.release_slots} releases computed at once by the service (503 "
-                f"release_capacity_exhausted, Retry-After). Checked before the charge: nothing is charged.")
+                f"more wait up to {self.release_queue_seconds:g} s) and {self.release_seconds:g} seconds of release "
+                f"computation per {self.release_window_seconds:g} s, refilled continuously (429 "
+                f"release_quota_exceeded, Retry-After); {self.release_slots} releases computed at once by the service "
+                f"(503 release_capacity_exhausted, Retry-After). Checked before the charge: nothing is charged.")
 
     @model_validator(mode="after")
     def _per_org_within_total(self) -> QuotaSettings:
@@ -66,16 +71,15 @@ class QuotaSettings(BaseModel):
 
 @dataclass
 class _Bucket:
-    balance: float  # CPU-seconds an organization may still start releases with (below 0: in debt)
+    balance: float  # release-seconds an organization may still start releases with (below 0: in debt)
     updated: float
 
 
 class ReleaseQuotas:
-    """This process's release slots and CPU buckets, one per organization that used them recently."""
+    """This process's release slots and time buckets, one per organization that used them recently."""
 
-    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
-        self.settings, self._clock, self._cpu_clock = settings, clock, cpu_clock
+    def __init__(self, settings: QuotaSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self._clock = settings, clock
         self._changed = threading.Condition()
         self._running: Counter[int] = Counter()
         self._waiting: Counter[int] = Counter()
@@ -83,17 +87,17 @@ class ReleaseQuotas:
 
     @contextmanager
     def slot(self, org_id: int) -> Iterator[None]:
-        """Hold one of ``org_id``'s release slots while the body runs (in this thread), then debit its CPU time;
-        a refusal (RetryLater) is raised before the body starts."""
+        """Hold one of ``org_id``'s release slots while the body runs, then debit the time it held it; a refusal
+        (RetryLater) is raised before the body starts."""
         self._acquire(org_id)
-        started = self._cpu_clock()
+        started = self._clock()
         try:
             yield
         finally:
-            self._release(org_id, self._cpu_clock() - started)
+            self._release(org_id, self._clock() - started)
 
-    def cpu_balance(self, org_id: int) -> float:
-        """The CPU-seconds ``org_id`` may still start releases with now (its own figure)."""
+    def balance(self, org_id: int) -> float:
+        """The release-seconds ``org_id`` may still start releases with now (its own figure)."""
         with self._changed:
             return self._refilled(org_id).balance
 
@@ -102,10 +106,10 @@ class ReleaseQuotas:
         with self._changed:
             bucket = self._refilled(org_id)
             if bucket.balance <= 0:
-                rate = limits.release_cpu_seconds / limits.release_cpu_window_seconds
+                rate = limits.release_seconds / limits.release_window_seconds
                 raise RetryLater(
-                    f"this organization used its {limits.release_cpu_seconds:g} CPU-seconds of release computation "
-                    f"per {limits.release_cpu_window_seconds:g} s; nothing was charged",
+                    f"this organization used its {limits.release_seconds:g} seconds of release computation "
+                    f"per {limits.release_window_seconds:g} s; nothing was charged",
                     code="release_quota_exceeded", retry_after=-bucket.balance / rate)
             if not self._free(org_id) and self._waiting[org_id] >= limits.release_slots_per_org:
                 raise self._busy(org_id)
@@ -123,12 +127,12 @@ class ReleaseQuotas:
                 if not self._waiting[org_id]:
                     del self._waiting[org_id]
 
-    def _release(self, org_id: int, cpu_seconds: float) -> None:
+    def _release(self, org_id: int, seconds: float) -> None:
         with self._changed:
             self._running[org_id] -= 1
             if not self._running[org_id]:
                 del self._running[org_id]
-            self._refilled(org_id).balance -= cpu_seconds
+            self._refilled(org_id).balance -= seconds
             self._forget_full()
             self._changed.notify_all()
 
@@ -150,18 +154,18 @@ class ReleaseQuotas:
     def _refilled(self, org_id: int) -> _Bucket:
         """``org_id``'s bucket, refilled up to now (under the lock)."""
         now = self._clock()
-        bucket = self._buckets.setdefault(org_id, _Bucket(self.settings.release_cpu_seconds, now))
+        bucket = self._buckets.setdefault(org_id, _Bucket(self.settings.release_seconds, now))
         bucket.balance, bucket.updated = self._balance(bucket, now), now
         return bucket
 
     def _balance(self, bucket: _Bucket, now: float) -> float:
         limits = self.settings
-        rate = limits.release_cpu_seconds / limits.release_cpu_window_seconds
-        return min(limits.release_cpu_seconds, bucket.balance + (now - bucket.updated) * rate)
+        rate = limits.release_seconds / limits.release_window_seconds
+        return min(limits.release_seconds, bucket.balance + (now - bucket.updated) * rate)
 
     def _forget_full(self) -> None:
         """Forget the full buckets of organizations computing nothing (under the lock): the state holds only
-        organizations that used CPU within the window."""
-        now, full = self._clock(), self.settings.release_cpu_seconds
+        organizations that computed releases within the window."""
+        now, full = self._clock(), self.settings.release_seconds
         for org in [o for o, b in self._buckets.items() if self._balance(b, now) >= full and not self._running[o]]:
             del self._buckets[org]

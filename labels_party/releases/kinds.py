@@ -34,6 +34,7 @@ from labels_party.quantiles import (
     QuantilePlan,
     RankCounts,
     at_least,
+    check_ordered,
     check_quantiles,
     plan_quantiles,
     release_quantiles,
@@ -395,27 +396,30 @@ class Quantiles(_JsonBodyKind):
         check_quantiles(self.request.quantiles)
 
     def inputs(self, snapshot: Snapshot):
+        check_ordered(snapshot.domain)  # a refusal on the domain, before the ids' labels are looked up
         return self.request.example_ids, None
 
     def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, _inputs) -> PricedPlan:
         plan = plan_quantiles(snapshot.domain, self.request.quantiles, self.request.epsilon)
         return PricedPlan(plan.dp_event(), plan)
 
+    # Counting the ranks and the draws take a time that depends on the labels; the response's must not: both run
+    # inside the plan's floor for the (public) number of covered labels.
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: PricedPlan,
                 run: Computation) -> Draft:
         plan: QuantilePlan = priced.plan
-        counts = RankCounts(plan.candidates)
-        counts.add(labels)
-        with at_least(plan.floor_seconds):  # the draws' time depends on the labels; the response's must not
+        with at_least(plan.floor_seconds(len(labels))):
+            counts = RankCounts(plan.candidates)
+            counts.add(labels)
             result = release_quantiles(plan, counts, run.rng)
         return Draft(result, {}, result.describe())
 
     def compute_version(self, snapshot: Snapshot, read, priced: PricedPlan, run: Computation) -> Draft:
         plan: QuantilePlan = priced.plan
-        counts = RankCounts(plan.candidates)
-        for batch in read():
-            counts.add(batch.column("label").to_numpy(zero_copy_only=False))
-        with at_least(plan.floor_seconds):
+        with at_least(plan.floor_seconds(snapshot.num_examples)):
+            counts = RankCounts(plan.candidates)
+            for batch in read():
+                counts.add(batch.column("label").to_numpy(zero_copy_only=False))
             result = release_quantiles(plan, counts, run.rng)
         return Draft(result, {}, result.describe(), write=write_example_ids(read))
 

@@ -20,9 +20,9 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                  408: "body_timeout: the request body paused too long or arrived too slowly; the connection is closed",
                  409: "the current state does not allow it", 413: "body over this endpoint's limit",
                  415: "unsupported content type", 422: "body or parameters do not match the schema",
-                 429: "over this organization's own limit (release_quota_exceeded: concurrent releases or CPU-seconds "
-                      "per window; too_many_jobs: queued and running trainer jobs); nothing charged; retry after "
-                      "Retry-After seconds",
+                 429: "over this organization's own limit (release_quota_exceeded: concurrent releases or "
+                      "release-seconds per window; too_many_jobs: queued and running trainer jobs); nothing charged; "
+                      "retry after Retry-After seconds",
                  500: "internal error; nothing was done", 502: "an upstream service failed or is unreachable",
                  503: "out of time or resources (release_failed: charged, then failed; release_file_damaged: a "
                       "release's stored labels file is missing or not the one recorded, never served; any other: "

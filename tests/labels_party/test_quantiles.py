@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from labels_party.quantiles import (
-    MIN_DRAW_SECONDS,
+    MIN_SECONDS,
     RankCounts,
     at_least,
     draw_floor_seconds,
@@ -168,12 +168,31 @@ def test_the_penalty_sensitivity_is_needed():
     assert _worst_ratio(sharp, 4, 4) > np.exp(1.3)
 
 
-def test_the_draws_time_floor_is_a_function_of_public_inputs_only():
-    assert draw_floor_seconds(52, 2) == MIN_DRAW_SECONDS  # small requests: the minimum
-    # the largest request (100 quantiles over an integer range of 10^5): ~4x its slowest measured 4.8 s
-    assert draw_floor_seconds(100_000, 100) == pytest.approx(21.0)
+def test_the_time_floor_is_a_function_of_public_inputs_only():
+    assert draw_floor_seconds(1000, 52, 2) == MIN_SECONDS  # small requests: the minimum
+    # the largest draws (100 quantiles over an integer range of 10^5) on 10^6 labels: 2 s for counting (0.35 s
+    # measured) and 100 x 0.106 s for the draws (24 ms each measured): bench/quantile_timing.py
+    assert draw_floor_seconds(1_000_000, 100_000, 100) == pytest.approx(2.0 + 10.6)
     plan = plan_quantiles(integer_range(1, 52), [0.1, 0.9], 1.0)
-    assert plan.floor_seconds == draw_floor_seconds(52, 2)
+    assert plan.floor_seconds(2000) == draw_floor_seconds(2000, 52, 2)
+
+
+@pytest.mark.parametrize("rate", [Fraction(1, 7), Fraction(3, 1), Fraction(40, 1)])
+def test_the_samplers_arithmetic_is_exact_on_either_path_and_chosen_by_the_public_bound(rate):
+    """(⌊s·ΔD/t⌋, s·ΔD mod t) in int64 where s·bound fits, else in Python integers: the same numbers; which one
+    runs depends on the stated bound only, never on the penalties (their time must not)."""
+    draw = ExactExponential.calibrated(rate * 4, 2)
+    rng = np.random.default_rng(5)
+    bound = 2 * 10**6
+    excess = np.concatenate([[0, 1, bound], rng.integers(0, bound, size=1000)]).astype(np.int64)
+    expected = [divmod(draw.s * int(d), draw.t) for d in excess]
+    for stated in (bound, None, bound << 20):  # int64 (s·bound < 2^63); Python integers without a bound, and past it
+        assert (stated == bound) == (stated is not None and draw.s * stated < 1 << 63)
+        whole, fraction = draw._split(excess, stated)
+        assert whole.dtype == fraction.dtype == np.int64
+        assert [(int(w), int(f)) for w, f in zip(whole, fraction, strict=True)] == expected
+    with pytest.raises(ValueError, match="above its stated bound"):
+        draw.sample(np.array([0, 5]), rng, bound=4)
 
 
 def test_at_least_pads_a_quick_body_and_logs_an_overrun(caplog):
@@ -184,3 +203,12 @@ def test_at_least_pads_a_quick_body_and_logs_an_overrun(caplog):
     with caplog.at_level(logging.WARNING, logger="labels_party.quantiles"), at_least(0.0):
         time.sleep(0.01)
     assert "over their floor of 0.00 s" in caplog.text
+
+
+def test_a_failure_inside_is_padded_too():
+    """A computation that fails after the charge answers 503 release_failed whatever the cause; its time must not
+    tell the causes apart either."""
+    started = time.monotonic()
+    with pytest.raises(ArithmeticError), at_least(0.2):
+        raise ArithmeticError("a draw failed")
+    assert time.monotonic() - started >= 0.2

@@ -7,9 +7,12 @@ import time
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
+import labels_party.releases.kinds as kinds
+from labels_party import db
 from labels_party.audit import verify_audit
-from labels_party.quantiles import MIN_DRAW_SECONDS, draw_floor_seconds
+from labels_party.quantiles import MIN_SECONDS, RankCounts, draw_floor_seconds
 from tests.labels_party.api.helpers import (
     MISSING_DATASET,
     audit_events,
@@ -64,7 +67,56 @@ def test_a_quick_draw_is_padded_to_the_public_floor(client, consumer, dataset, c
     started = time.monotonic()
     r = quantiles(client, consumer, dataset, "floor", quantiles=[0.5], epsilon=0.5, example_ids=ids)
     assert r.status_code == 201, r.text
-    assert time.monotonic() - started >= draw_floor_seconds(52, 1) == MIN_DRAW_SECONDS
+    assert time.monotonic() - started >= draw_floor_seconds(10, 52, 1) == MIN_SECONDS
+
+
+def test_counting_and_a_failing_draw_run_inside_the_padding(client, admin, consumer, dataset, monkeypatch):
+    """Counting the ranks (a binary search per label: its time depends on the labels) runs inside the padded
+    section, and a draw that fails there still answers after the floor: 503 release_failed, charged."""
+    inside = []
+
+    class Padded:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def __enter__(self):
+            inside.append(self.seconds)
+
+        def __exit__(self, *exc):
+            inside.append("exit")
+            time.sleep(self.seconds)
+
+    counted = RankCounts.add
+
+    def add(self, labels):
+        assert inside and inside[-1] != "exit", "labels counted outside the padding"
+        counted(self, labels)
+
+    def fail(*_):
+        raise ArithmeticError("Bernoulli(exp(-gamma)) ran past K = 64")
+
+    monkeypatch.setattr(kinds, "at_least", Padded)
+    monkeypatch.setattr(RankCounts, "add", add)
+    monkeypatch.setattr(kinds, "release_quantiles", fail)
+    started = time.monotonic()
+    r = quantiles(client, consumer, dataset, "fails", quantiles=[0.5], epsilon=0.5)
+    error = expect_error(r, 503, "release_failed")
+    assert "Bernoulli" not in error["message"]
+    assert time.monotonic() - started >= MIN_SECONDS and inside == [draw_floor_seconds(2000, 52, 1), "exit"]
+    assert budget(client, consumer, dataset)["epsilon_spent"] == 0.5  # drawn (or about to be): charged
+
+
+def test_the_quota_debits_the_padded_time_not_the_cpu_time(client, consumer, dataset, ctx):
+    """The release-seconds bucket loses the padded floor (what the response time shows anyway), not the few
+    milliseconds of CPU the draws took — those depend on the labels and Retry-After would show them."""
+    with ctx.sessions() as session:
+        org = session.scalar(select(db.Organization.id).where(db.Organization.name == "publisher"))
+    before = ctx.quotas.balance(org)
+    started = time.monotonic()
+    r = quantiles(client, consumer, dataset, "debit", quantiles=[0.5], epsilon=0.5, example_ids=["e1", "e2"])
+    assert r.status_code == 201, r.text
+    spent = before - ctx.quotas.balance(org)
+    assert MIN_SECONDS <= spent <= time.monotonic() - started
 
 
 def test_the_whole_version_by_default_and_an_idempotent_retry_returns_the_same_values(client, admin, consumer,
@@ -115,6 +167,9 @@ def test_class_labels_are_refused_before_the_charge(client, admin):
     before = state(client, admin, dataset)
     expect_error(quantiles(client, admin, dataset, "c", quantiles=[0.5], epsilon=0.5), 400,
                  "mechanism_domain_mismatch")
+    # refused on the domain before the ids are looked up: an unknown id is not what it reports
+    expect_error(quantiles(client, admin, dataset, "c2", quantiles=[0.5], epsilon=0.5, example_ids=["a", "zz"]),
+                 400, "mechanism_domain_mismatch")
     assert state(client, admin, dataset) == before
 
 

@@ -1,4 +1,4 @@
-"""Release quotas over HTTP (labels_party/quotas.py): an organization over its CPU-seconds gets 429
+"""Release quotas over HTTP (labels_party/quotas.py): an organization over its release-seconds gets 429
 ``release_quota_exceeded`` with ``Retry-After`` before anything is charged, its earlier release still replays,
 and another organization is not affected; 30 concurrent requests of one organization on a real server never
 compute more than its slots at once, and each refused one is charged nothing; the OpenAPI lists the quota and
@@ -37,18 +37,18 @@ from tests.labels_party.api.helpers import (
 
 @pytest.fixture
 def ctx(db_url, data_dir):
-    # A CPU bucket that one release empties (a release takes milliseconds of CPU at least), refilled over an hour.
-    return make_context(db_url, data_dir, settings=LabelsSettings(release_cpu_seconds=0.001,
-                                                                   release_cpu_window_seconds=3600))
+    # A bucket that one release empties (a release holds its slot milliseconds at least), refilled over an hour.
+    return make_context(db_url, data_dir, settings=LabelsSettings(release_seconds=0.001,
+                                                                   release_window_seconds=3600))
 
 
-def test_an_organization_over_its_cpu_quota_is_refused_before_the_charge(client, admin, consumer, dataset,
+def test_an_organization_over_its_time_quota_is_refused_before_the_charge(client, admin, consumer, dataset,
                                                                          dataset_small):
     first = created(release(client, consumer, dataset, "k1", mechanism="rr", epsilon=0.5))
     before = state(client, admin, dataset)
     refused = release(client, consumer, dataset, "k2", mechanism="rr", epsilon=0.5)
     error = expect_error(refused, 429, "release_quota_exceeded")
-    assert "CPU-seconds" in error["message"] and "nothing was charged" in error["message"]
+    assert "seconds of release computation" in error["message"] and "nothing was charged" in error["message"]
     # Until the bucket holds a second again: at 0.001 s per hour, more than an hour.
     assert int(refused.headers["Retry-After"]) > 3600
     assert state(client, admin, dataset) == before  # no charge, no ledger record
@@ -66,8 +66,8 @@ def test_the_openapi_lists_quota_and_capacity_answers(client):
     assert "release_quota_exceeded" in operation["responses"]["429"]["description"]
     assert "release_capacity_exhausted" in operation["responses"]["503"]["description"]
     assert "body_timeout" in operation["responses"]["408"]["description"]
-    # This deployment's values (the fixture's CPU quota, the default HTTP limits).
-    assert "0.001 CPU-seconds per 3600 s" in spec["info"]["description"]
+    # This deployment's values (the fixture's time quota, the default HTTP limits).
+    assert "0.001 seconds of release computation per 3600 s" in spec["info"]["description"]
     assert "2 releases computed at once" in spec["info"]["description"]
     assert "within 10 s of the connection" in spec["info"]["description"]
 
