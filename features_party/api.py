@@ -43,7 +43,8 @@ def _job_limits(spec: dict, settings: TrainerSettings) -> None:
     operation["description"] = operation.get("description", "") + (
         f"\n\nThis trainer's limits: a job's size (parameters × epochs × stages × rows) at most "
         f"{settings.max_job_size:.3g}, its predictions (features-table rows × model outputs) at most "
-        f"{settings.max_prediction_cells:.3g} and a tree model's nodes at most {settings.max_tree_nodes:.3g} (else 400 "
+        f"{settings.max_prediction_cells:.3g} and a tree job's memory (model, histograms, matrices) at most "
+        f"{settings.max_tree_bytes:.3g} bytes (else 400 "
         f"job_too_large); at least {settings.min_train_examples} examples to "
         f"train on (else 400 too_few_examples); {settings.max_job_seconds:g} s of wall time per running job (then it "
         f"stops and fails with error_code job_time_limit); {settings.max_jobs_per_org} jobs queued or running per "

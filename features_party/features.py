@@ -107,7 +107,13 @@ class Preprocessor:
                    tuple(tuple(v) for v in data["vocabularies"]))
 
 
+MAX_MAGNITUDE = 1e100  # a numeric feature's largest |value|: squares and sums of any table stay finite
+
+
 def _numeric(frame: pd.DataFrame, columns) -> np.ndarray:
+    """The numeric columns as float64: every value a finite number of magnitude at most :data:`MAX_MAGNITUDE` —
+    planning checks the whole table, so that standardizing any subset of its rows (after a release was drawn) is
+    finite: an ``inf`` made the mean infinite and the trees' training fail after the charge."""
     if not columns:
         return np.zeros((len(frame), 0))
     values = frame[list(columns)].apply(pd.to_numeric, errors="coerce")
@@ -115,4 +121,9 @@ def _numeric(frame: pd.DataFrame, columns) -> np.ndarray:
     if bad.any():
         raise LabelDPError(f"non-numeric or missing values in numeric column(s) {list(bad[bad].index)}",
                            code="malformed_file")
-    return values.to_numpy(dtype=np.float64)
+    array = values.to_numpy(dtype=np.float64)
+    outside = ~(np.abs(array) <= MAX_MAGNITUDE).all(axis=0)
+    if outside.any():
+        raise LabelDPError(f"infinite values, or values beyond ±{MAX_MAGNITUDE:g}, in numeric column(s) "
+                           f"{[c for c, o in zip(columns, outside, strict=True) if o]}", code="malformed_file")
+    return array

@@ -23,17 +23,17 @@ unbiased randomizers deliberately output (XGBoost's own ``count:poisson`` refuse
 * A deadline is checked before every boosting round (:class:`features_party.train.TimeLimitExceeded`, or
   ``Stopped``), as the MLP checks it between device calls.
 * The model is XGBoost's JSON (never pickle); the preprocessing, loss and history ride in its ``labeldp`` attribute,
-  so one file serves ``xgboost.Booster(model_file=...)`` and ``labeldp predict``.
+  so one file serves ``xgboost.Booster(model_file=...)`` and ``labeldp predict``, which checks it first
+  (:mod:`features_party.gbdt_file`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -43,12 +43,10 @@ import xgboost as xgb
 
 from features_party import losses
 from features_party.train import Deadline, check_deadline, validation_split
-from shared.errors import LabelDPError
 
 log = logging.getLogger("labeldp.gbdt")
 
 OBJECTIVES = {"squared": "reg:squarederror", "poisson": "count:poisson", "cross_entropy": "multi:softprob"}
-ATTRIBUTE = "labeldp"  # the model's string attribute holding our header (JSON)
 MIN_PROBABILITY = 1e-16  # a class probability's floor before its log (XGBoost may round one to 0)
 
 
@@ -74,8 +72,16 @@ class GbdtConfig:
 
 
 def device() -> str:
-    """XGBoost's device, as JAX chose: CUDA when JAX sees a GPU."""
-    return "cuda" if any(d.platform == "gpu" for d in jax.devices()) else "cpu"
+    """XGBoost's device, as JAX chose: CUDA when JAX sees an NVIDIA GPU and this XGBoost build has CUDA (a CPU-only
+    build, or a ROCm GPU, trains on the CPU rather than fail after the job's release was drawn)."""
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        return "cpu"
+    platform = str(getattr(gpus[0].client, "platform_version", "")).lower()
+    if not xgb.build_info().get("USE_CUDA") or "rocm" in platform:
+        log.warning("JAX sees a GPU (%s) that this XGBoost build cannot train on: trees train on the CPU", platform)
+        return "cpu"
+    return "cuda"
 
 
 # What one unit of :func:`work` (a row's feature binned into a histogram at one depth) costs in the MLP's unit (one
@@ -83,25 +89,93 @@ def device() -> str:
 # development machine bench/train_throughput_gbdt.py measured 2.8–3.4·10⁸ tree units/s on one thread against
 # 5.7–7.1·10⁹ MLP units/s (a ratio of 17–25; docs/results/train-throughput-gbdt.json).
 UNIT_COST = 16
+# A categorical split sorts and scans its column's levels at every node: measured 4·10⁷ level-nodes/s on one thread
+# (10⁵ levels, 40 rounds of depth 6: 6.9 s against 0.6 s for 100 levels), about 7 tree units each.
+CATEGORY_UNITS = 8
+MAX_CATEGORIES = (1 << 24) - 1  # XGBoost's categorical features take codes below 2^24
+# What a tree job holds (:func:`memory`; ``max_tree_bytes``), measured with XGBoost 3.2 on this machine: a node of the
+# saved JSON 56–59 bytes, a depth-1 tree 534 bytes in all; a categorical split lists the levels on one side, up to
+# half its column's, ~7 bytes each; XGBoost keeps at most HISTOGRAM_NODES nodes' histograms (max_cached_hist_node,
+# set to it: its default of 65536 took 1.9 GB at depth 16 on 10⁵ rows × 40 features, 1024 took 0.29 GB), each
+# bin a float64 gradient and hessian sum, MAX_BIN bins a numeric feature, one a level; a training cell is a float32,
+# its copy for the validation split and its uint8 bin.
+NODE_BYTES, TREE_BYTES, CATEGORY_BYTES = 64, 600, 7
+HISTOGRAM_NODES, MAX_BIN, BIN_BYTES = 1024, 256, 16
+CELL_BYTES = 13
+
+
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
 
 
 def threads_per_job(job_workers: int) -> int:
-    """CPU threads of one tree job: the cores shared among the trainer's ``job_workers`` job threads."""
-    return max(1, (os.cpu_count() or 1) // max(job_workers, 1))
+    """CPU threads of one tree job: the cores this process may use shared among the trainer's ``job_workers`` job
+    threads."""
+    return max(1, usable_cores() // max(job_workers, 1))
 
 
-def work(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, num_features: int) -> int:
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a container's cpuset), and a cgroup v2
+    CPU quota (``docker --cpus``) when one is set — ``os.cpu_count()`` counts the machine's."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = CPU_MAX.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota readable: the affinity alone
+    return max(1, cores)
+
+
+def nodes_per_tree(max_depth: int, rows: int) -> int:
+    """A tree's most nodes: 2^(depth+1) − 1, and never more than 2·rows − 1 (each leaf holds at least one row)."""
+    return min((1 << (max_depth + 1)) - 1, 2 * max(rows, 1) - 1)
+
+
+def work(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, num_features: int,
+         vocab_sizes: Sequence[int] = ()) -> int:
     """The size of a tree job in the MLP's unit (its parameters × epochs × rows): :data:`UNIT_COST` × rounds × trees
-    per round × rows × features × depth — growing a tree bins, at each of its levels, every row's every feature."""
-    return UNIT_COST * n_estimators * trees_per_round * rows * num_features * max_depth
+    per round × (rows × features × depth — growing a tree bins, at each of its levels, every row's every feature —
+    + :data:`CATEGORY_UNITS` × splits per tree × the categorical columns' levels, each split's scan of them)."""
+    splits = nodes_per_tree(max_depth, rows) // 2
+    return UNIT_COST * n_estimators * trees_per_round * (rows * num_features * max_depth
+                                                         + CATEGORY_UNITS * splits * sum(vocab_sizes))
 
 
 def most_nodes(n_estimators: int, max_depth: int, trees_per_round: int, rows: int) -> int:
-    """The most nodes a tree job's model can have (what its memory and its JSON grow with, about 56 bytes a node in
-    the JSON; :func:`work` does not count them): rounds × trees per round × nodes per tree, a tree holding at most
-    2^(depth+1) − 1 nodes, and never more than 2·rows − 1 (each leaf holds at least one row)."""
-    per_tree = min((1 << (max_depth + 1)) - 1, 2 * max(rows, 1) - 1)
-    return n_estimators * trees_per_round * per_tree
+    """The most nodes a tree job's model can have: rounds × trees per round × :func:`nodes_per_tree`."""
+    return n_estimators * trees_per_round * nodes_per_tree(max_depth, rows)
+
+
+@dataclass(frozen=True)
+class TreeMemory:
+    """What a tree job holds at most, in bytes (the constants above): its model (and JSON download), the histograms
+    XGBoost caches while growing a tree, and the training matrices."""
+
+    model: int
+    histograms: int
+    matrices: int
+
+    @property
+    def total(self) -> int:
+        return self.model + self.histograms + self.matrices
+
+    def describe(self) -> str:
+        return (f"{self.total:.3g} bytes = model {self.model:.3g} + histograms {self.histograms:.3g} + training "
+                f"matrices {self.matrices:.3g}")
+
+
+def memory(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, num_numeric: int,
+           vocab_sizes: Sequence[int] = ()) -> TreeMemory:
+    """:class:`TreeMemory` of a tree job, from public inputs: the request and its features table's vocabularies."""
+    trees, nodes = n_estimators * trees_per_round, most_nodes(n_estimators, max_depth, trees_per_round, rows)
+    node = NODE_BYTES + CATEGORY_BYTES * (max(vocab_sizes, default=0) // 2)
+    bins = MAX_BIN * num_numeric + sum(vocab_sizes)
+    cached = min(HISTOGRAM_NODES, nodes_per_tree(max_depth, rows))
+    return TreeMemory(trees * TREE_BYTES + nodes * node, cached * bins * BIN_BYTES,
+                      rows * (num_numeric + len(vocab_sizes)) * CELL_BYTES)
+
+
+PREDICT_ROWS = 65_536  # rows per prediction batch: a batch's matrix and outputs, not the whole table's
 
 
 @dataclass
@@ -111,21 +185,30 @@ class GbdtResult:
     best_epoch: int  # the round kept (1-based)
     history: list[dict] = field(default_factory=list)
     device: str = ""
+    threads: int | None = None  # CPU threads for predictions (None: every core)
 
     def predict(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         """On the label scale, like the MLP's: values (squared), rates (poisson), class probabilities (n, K)."""
-        return np.asarray(self.booster.predict(matrix(numeric, categorical)))
+        return self._batches(numeric, categorical, margins=False)
 
     def logits(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         """The margins (class logits (n, K) for classes), as the MLP's outputs."""
-        return np.asarray(self.booster.predict(matrix(numeric, categorical), output_margin=True))
+        return self._batches(numeric, categorical, margins=True)
+
+    def _batches(self, numeric: np.ndarray, categorical: np.ndarray, *, margins: bool) -> np.ndarray:
+        """In batches of :data:`PREDICT_ROWS` rows: a features table's matrix is bounded by nothing a job declares."""
+        parts = [np.asarray(self.booster.predict(
+                     matrix(numeric[start:start + PREDICT_ROWS], categorical[start:start + PREDICT_ROWS],
+                            threads=self.threads), output_margin=margins))
+                 for start in range(0, max(numeric.shape[0], 1), PREDICT_ROWS)]
+        return np.concatenate(parts, axis=0)
 
 
-def matrix(numeric: np.ndarray, categorical: np.ndarray) -> xgb.DMatrix:
+def matrix(numeric: np.ndarray, categorical: np.ndarray, *, threads: int | None = None) -> xgb.DMatrix:
     """The preprocessed features as XGBoost takes them: numeric columns, then the categorical codes as native
     categorical features."""
     data, feature_types = _columns(numeric, categorical)
-    return xgb.DMatrix(data, feature_types=feature_types, enable_categorical=True)
+    return xgb.DMatrix(data, feature_types=feature_types, enable_categorical=True, nthread=threads or -1)
 
 
 def _columns(numeric: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -187,13 +270,14 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
     targets = np.asarray(targets, np.float32)
     data, feature_types = _columns(numeric, categorical)
     fit = xgb.QuantileDMatrix(data[fit_rows], label=targets[fit_rows], feature_types=feature_types,
-                              enable_categorical=True)
+                              enable_categorical=True, nthread=threads or -1)
     validation = xgb.QuantileDMatrix(data[eval_rows], label=targets[eval_rows], feature_types=feature_types,
-                                     enable_categorical=True, ref=fit)
+                                     enable_categorical=True, ref=fit, nthread=threads or -1)
     params = {"objective": OBJECTIVES[config.loss], "device": device(), "tree_method": "hist",
               "eta": config.learning_rate, "max_depth": config.max_depth, "min_child_weight": config.min_child_weight,
               "subsample": config.subsample, "colsample_bytree": config.colsample, "lambda": config.reg_lambda,
-              "seed": config.seed, "disable_default_eval_metric": 1, **({"nthread": threads} if threads else {})}
+              "seed": config.seed, "disable_default_eval_metric": 1, "max_cached_hist_node": HISTOGRAM_NODES,
+              **({"nthread": threads} if threads else {})}
     objective = None
     if config.loss == "cross_entropy":
         params["num_class"] = losses.output_dim(config.loss, num_classes)
@@ -204,15 +288,18 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
         params["base_score"] = max(float(np.mean(targets[fit_rows])), 1e-3)
         params["max_delta_step"] = 0.7  # count:poisson's safeguard of the exponential's steps
 
-    # compiled once per shape (the training and the validation rows)
+    # compiled once per shape (the training and the validation rows), run on JAX's CPU device: on a GPU it would
+    # take device memory from XGBoost's CUDA training for two numbers a round
     loss_fn = jax.jit(lambda predictions, labels: losses.LOSSES[config.loss](_outputs(config.loss, predictions),
                                                                                labels))
+    cpu = jax.devices("cpu")[0]
 
     def metric(predictions: np.ndarray, evaluated: xgb.DMatrix) -> tuple[str, float]:
         labels = evaluated.get_label()
         if config.loss == "cross_entropy":
             labels = np.rint(labels).astype(np.int32)
-        return "loss", float(loss_fn(predictions, labels))
+        with jax.default_device(cpu):
+            return "loss", float(loss_fn(predictions, labels))
 
     rounds = _Rounds(config, deadline, on_epoch)
     stopping = xgb.callback.EarlyStopping(rounds=config.early_stopping_rounds, metric_name="loss",
@@ -223,38 +310,4 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
     best = booster.num_boosted_rounds()  # save_best: the model ends at the best round
     summary = f"xgboost {xgb.__version__} on {params['device']}"
     log.info("trained on %s: best round %d of %d", summary, best, len(rounds.history))
-    return GbdtResult(booster, config, best, rounds.history, summary)
-
-
-def save_model(path: str | Path, result: GbdtResult, preprocessing: dict, extra: dict | None = None) -> None:
-    """XGBoost's JSON model, its ``labeldp`` attribute the header (config, preprocessing, best round, history)."""
-    header = {"family": "gbdt", "config": asdict(result.config), "preprocessing": preprocessing,
-              "best_epoch": result.best_epoch, "history": result.history, **(extra or {})}
-    result.booster.set_attr(**{ATTRIBUTE: json.dumps(header)})
-    Path(path).write_bytes(bytes(result.booster.save_raw("json")))
-
-
-def load_model(path: str | Path) -> tuple[GbdtResult, dict]:
-    try:
-        booster = xgb.Booster(model_file=str(path))
-    except xgb.core.XGBoostError:
-        raise LabelDPError("the model file is not an XGBoost model", code="malformed_file") from None
-    text = booster.attr(ATTRIBUTE)
-    if text is None:
-        raise LabelDPError("the model file is an XGBoost model but not a labeldp job's (no labeldp attribute)",
-                           code="malformed_file")
-    try:  # a file from elsewhere: its header is input, not ours
-        header = json.loads(text)
-        result = GbdtResult(booster, GbdtConfig.from_dict(header["config"]), header["best_epoch"], header["history"])
-        if not isinstance(header.get("preprocessing"), dict):  # labeldp predict reads it next
-            raise KeyError("preprocessing")
-    except (ValueError, KeyError, TypeError):
-        raise LabelDPError("the model file's labeldp header is damaged (not a labeldp job's trees)",
-                           code="malformed_file") from None
-    return result, header
-
-
-def is_model_file(path: str | Path) -> bool:
-    """A tree model (XGBoost JSON, starting with ``{``) rather than the MLP's .npz (a zip, starting with ``PK``)."""
-    with open(path, "rb") as handle:
-        return handle.read(1) == b"{"
+    return GbdtResult(booster, config, best, rounds.history, summary, threads)

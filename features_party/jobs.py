@@ -54,9 +54,9 @@ from features_party.client import LabelsPartyClient, LabelsPartyError, ReleaseFa
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
 from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
-from features_party.gbdt import is_model_file as is_gbdt_model
-from features_party.gbdt import load_model as load_gbdt
-from features_party.gbdt import save_model as save_gbdt
+from features_party.gbdt_file import is_model_file as is_gbdt_model
+from features_party.gbdt_file import load_model as load_gbdt
+from features_party.gbdt_file import save_model as save_gbdt
 from features_party.planning import JobPlan, labels_party_client, load_frame, plan_job, upstream_error
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, save_model, train
 from shared import schemas

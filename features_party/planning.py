@@ -143,7 +143,7 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
                        f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
     output_dim = losses.output_dim(loss, num_classes)
     _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=output_dim)
-    _check_outputs(ctx.settings, request, len(frame), rows, output_dim)
+    _check_outputs(ctx.settings, request, len(frame), rows, output_dim, vocab_sizes)
     config = _config(request.train, loss)
     return JobPlan(_naming_ids(request, frame, held_out, dataset), party, url, features_file, config, num_classes,
                    existing, held_out)
@@ -202,6 +202,10 @@ def _check_model(request: schemas.JobRequest) -> None:
                        "in train.gbdt (learning_rate, n_estimators, max_depth, ...)")
     if not request.numeric and not request.categorical:
         raise _invalid("train.model 'gbdt' needs at least one numeric or categorical feature column")
+    if options.validation_fraction <= 0:
+        raise _invalid("train.model 'gbdt' stops early on a validation split of the privatized labels: give "
+                       "train.validation_fraction > 0 (to boost a fixed number of rounds, set "
+                       "train.gbdt.early_stopping_rounds to n_estimators)")
 
 
 def _config(options: schemas.TrainOptions, loss: str) -> TrainConfig | gbdt.GbdtConfig:
@@ -221,13 +225,21 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_si
         options = request.train.gbdt or schemas.GbdtOptions()
         features, trees = len(request.numeric) + len(request.categorical), max(output_dim, 1)
         rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
-        size = gbdt.work(rounds, options.max_depth, trees, rows, features)
+        wide = [c for c, v in zip(request.categorical, vocab_sizes, strict=True) if v - 1 > gbdt.MAX_CATEGORIES]
+        if wide:
+            raise _invalid(f"categorical column(s) {wide} have more than {gbdt.MAX_CATEGORIES:,} levels, more than "
+                           "XGBoost's categorical features take: group rare levels, or give the column to the MLP")
+        size = gbdt.work(rounds, options.max_depth, trees, rows, features, vocab_sizes)
         if size > settings.max_job_size:
+            splits = gbdt.nodes_per_tree(options.max_depth, rows) // 2
+            levels = f" + {gbdt.CATEGORY_UNITS} × {splits:,} splits × {sum(vocab_sizes):,} categorical bins" \
+                if vocab_sizes else ""
             raise LabelDPError(f"job size {size:.3g} = {gbdt.UNIT_COST} × {rounds:,} rounds × "
                                f"{trees:,} tree(s) per round "
-                               f"× {rows:,} rows × {features:,} features × depth {options.max_depth} is over this "
-                               f"trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer rounds, "
-                               "shallower trees, fewer features or rows", code="job_too_large")
+                               f"× ({rows:,} rows × {features:,} features × depth {options.max_depth}{levels}) is "
+                               f"over this trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer "
+                               "rounds, shallower trees, fewer features, rows or categorical levels",
+                               code="job_too_large")
         return
     spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim, tuple(request.train.hidden),
                             output_dim)
@@ -241,10 +253,11 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_si
 
 
 def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, table_rows: int, rows: int,
-                   output_dim: int) -> None:
+                   output_dim: int, vocab_sizes: tuple[int, ...]) -> None:
     """Refuses a job whose predictions (every row of its features table × the model's outputs) are over
-    ``max_prediction_cells``, or whose trees may grow more nodes than ``max_tree_nodes``
-    (:func:`features_party.gbdt.most_nodes`): memory that neither learner's ``max_job_size`` counts — a job training
+    ``max_prediction_cells``, or whose trees may take more than ``max_tree_bytes``
+    (:func:`features_party.gbdt.memory`: the model, XGBoost's cached histograms and the training matrices): memory
+    that neither learner's ``max_job_size`` counts — a job training
     on ten rows of a 100,000-class dataset is small by it."""
     cells = table_rows * output_dim
     if cells > settings.max_prediction_cells:
@@ -256,14 +269,14 @@ def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, table
         return
     options = request.train.gbdt or schemas.GbdtOptions()
     rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
-    trees = max(output_dim, 1)
-    nodes = gbdt.most_nodes(rounds, options.max_depth, trees, rows)
-    if nodes > settings.max_tree_nodes:
-        per_tree = nodes // (rounds * trees)
-        raise LabelDPError(f"the trees may grow {nodes:,} tree nodes = {rounds:,} rounds × {trees:,} tree(s) per "
-                           f"round × {per_tree:,} nodes (depth {options.max_depth}, {rows:,} rows), over this "
-                           f"trainer's limit of {settings.max_tree_nodes:.3g} (max_tree_nodes): use fewer rounds "
-                           "or shallower trees", code="job_too_large")
+    memory = gbdt.memory(rounds, options.max_depth, max(output_dim, 1), rows, len(request.numeric), vocab_sizes)
+    if memory.total > settings.max_tree_bytes:
+        raise LabelDPError(f"the trees may take {memory.describe()} ({rounds:,} rounds, depth {options.max_depth}, "
+                           f"{rows:,} rows, {len(request.numeric)} numeric features, categorical levels "
+                           f"{', '.join(f'{v - 1:,}' for v in vocab_sizes) or 'none'}), over this trainer's limit "
+                           f"of {settings.max_tree_bytes:.3g} (max_tree_bytes): use fewer rounds, shallower trees, "
+                           "fewer rows, features or categorical levels (a categorical split lists its levels)",
+                           code="job_too_large")
 
 
 def _loss_for(request: schemas.JobRequest, mechanism: str,

@@ -56,10 +56,11 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     max_job_size: float = Field(default=1e12, gt=0)  # beyond: 400 job_too_large
     # What a job holds besides its work, which max_job_size does not count (beyond either: 400 job_too_large): its
     # predictions, one number per row of its features table (not only those it trains on) and model output (a
-    # class's probability; trees also hold a gradient per training row and class), and a tree model's nodes
-    # (rounds × trees per round × nodes per tree: memory and the JSON download, ~56 bytes a node).
+    # class's probability; trees also hold a gradient per training row and class), and a tree job's memory in bytes
+    # (features_party.gbdt.memory: its model — rounds × trees per round × nodes per tree, ~64 bytes a node and ~7
+    # per categorical level a split lists — XGBoost's cached histograms and the training matrices).
     max_prediction_cells: float = Field(default=1e8, gt=0)
-    max_tree_nodes: float = Field(default=1e7, gt=0)
+    max_tree_bytes: float = Field(default=2e9, gt=0)
     max_job_seconds: float = Field(default=1800.0, gt=0)  # a running job past it stops: failed, job_time_limit
     max_jobs_per_org: int = Field(default=4, ge=1)  # queued + running; beyond: 429 too_many_jobs + Retry-After
     min_train_examples: int = Field(default=10, ge=1)  # fewer to train on: 400 too_few_examples, nothing requested

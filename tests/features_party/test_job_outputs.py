@@ -1,7 +1,8 @@
 """The trainer's bounds on what a job holds besides its training work (review of issue 32): its predictions — one
 number per row of its features table and model output (a class's probability), for either learner — and, for trees,
-the model itself (rounds × trees per round × nodes per tree). ``max_job_size`` counts neither: a job training on 10
-rows of a 100,000-class dataset was accepted, to predict 1.5·10⁸ probabilities and grow up to 5·10⁷ trees."""
+its memory (the model, XGBoost's cached histograms, the training matrices). ``max_job_size`` counts neither: a job
+training on 10 rows of a 100,000-class dataset was accepted, to predict 1.5·10⁸ probabilities and grow up to 5·10⁷
+trees."""
 
 from __future__ import annotations
 
@@ -63,14 +64,24 @@ def test_predictions_are_bounded_for_either_learner(parties):
             assert f"{N:,} rows of features table 'f' × 3 outputs" in answer.json()["error"]["message"]
 
 
-def test_a_tree_model_is_bounded_by_its_rounds_trees_and_depth(parties):
-    # 100 rounds × 3 trees (one per class) × 19 nodes: a depth-4 tree has at most 31, but 10 rows at most 2·10 − 1
-    nodes = 100 * 3 * 19
-    assert gbdt.most_nodes(100, 4, 3, 10) == nodes and gbdt.most_nodes(100, 4, 3, 10_000) == 100 * 3 * 31
+def test_a_tree_jobs_memory_is_bounded_by_its_model_histograms_and_matrices(parties):
+    """10 rows, 100 rounds × 3 trees (one per class) of depth 4: a tree holds at most 2·10 − 1 = 19 nodes (not 31);
+    each node ~64 bytes plus ~7 per level a categorical split may list (half of the column's 3 levels and the
+    unseen code: 2), each tree 600; XGBoost caches min(1024, 19) nodes' histograms of 256 bins per numeric feature
+    (2) and one per categorical code (4), 16 bytes a bin; 10 rows × 3 cells × 13 bytes of matrices."""
+    model = 300 * 600 + 100 * 3 * 19 * (64 + 7 * 2)
+    histograms = 19 * (256 * 2 + 4) * 16
+    expected = model + histograms + 10 * 3 * 13
+    memory = gbdt.memory(100, 4, 3, 10, 2, (4,))
+    assert (memory.model, memory.histograms, memory.total) == (model, histograms, expected)
+    assert gbdt.most_nodes(100, 4, 3, 10) == 100 * 3 * 19 and gbdt.most_nodes(100, 4, 3, 10_000) == 100 * 3 * 31
+    # a wide categorical column: its splits list up to half its levels, and its bins are histogram bins
+    wide = gbdt.memory(100, 4, 3, 10, 2, (100_001,))
+    assert wide.model == 300 * 600 + 100 * 3 * 19 * (64 + 7 * 50_000)
     dataset = _classes_dataset(parties, 3)
-    for limit, accepted in ((nodes - 1, False), (nodes, True)):
-        ctx = trainer_context(parties["tmp"] / f"nodes{limit}", parties["labels_url"], start=False,
-                              max_tree_nodes=limit)
+    for limit, accepted in ((expected - 1, False), (expected, True)):
+        ctx = trainer_context(parties["tmp"] / f"bytes{limit}", parties["labels_url"], start=False,
+                              max_tree_bytes=limit)
         trainer = trainer_client(ctx, "publisher")
         assert _upload(trainer, parties["features"]).status_code == 200
         answer = trainer.post("/v1/jobs", json=_rr_job(parties, dataset, TREES))
@@ -78,5 +89,5 @@ def test_a_tree_model_is_bounded_by_its_rounds_trees_and_depth(parties):
             assert answer.status_code == 202, answer.text
             continue
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
-        assert f"{nodes:,} tree nodes = 100 rounds × 3 tree(s) per round × 19 nodes" in \
+        assert f"the trees may take {expected:.3g} bytes = model {model:.3g} + histograms {histograms:.3g}" in \
             answer.json()["error"]["message"]
