@@ -257,15 +257,17 @@ class _Rounds(xgb.callback.TrainingCallback):
 def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
                num_classes: int | None = None, on_epoch: Callable | None = None,
                deadline: float | Deadline | None = None, init_model: xgb.Booster | None = None,
-               threads: int | None = None) -> GbdtResult:
+               threads: int | None = None, validate_on: np.ndarray | None = None) -> GbdtResult:
     """Boost on (features, privatized targets): labels, or class ids. Validation: the job's split of the same
     privatized targets. ``init_model`` goes on boosting an earlier model (multi-stage training: up to
-    ``n_estimators`` more rounds). ``threads``: CPU threads (default: every core). Past ``deadline`` it raises
+    ``n_estimators`` more rounds); ``validate_on`` the rows that may validate (:func:`features_party.train.
+    validation_split`). ``threads``: CPU threads (default: every core). Past ``deadline`` it raises
     ``TimeLimitExceeded`` (or ``Stopped``) before the next round."""
     if config.loss not in OBJECTIVES:
         raise ValueError(f"loss {config.loss!r} has no tree objective")
     check_deadline(deadline)
-    val, fit_rows = validation_split(len(targets), config.validation_fraction, np.random.default_rng(config.seed))
+    val, fit_rows = validation_split(len(targets), config.validation_fraction, np.random.default_rng(config.seed),
+                                     validate_on)
     eval_rows = val if val.size else fit_rows
     targets = np.asarray(targets, np.float32)
     data, feature_types = _columns(numeric, categorical)

@@ -47,15 +47,18 @@ def _logits(result: TrainResult | GbdtResult, numeric, categorical) -> np.ndarra
 
 def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, labels: np.ndarray, *,
          vocab_sizes, num_classes: int, previous: TrainResult | GbdtResult | None,
-         deadline: float | Deadline | None, threads: int | None) -> TrainResult | GbdtResult:
-    """A stage's model, starting from the last stage's: the MLP from its parameters, trees boosting on."""
+         deadline: float | Deadline | None, threads: int | None, validate_on: np.ndarray) -> TrainResult | GbdtResult:
+    """A stage's model, starting from the last stage's: the MLP from its parameters, trees boosting on; validated
+    on ``validate_on``, the stage's own released labels."""
     if isinstance(config, GbdtConfig):
         assert previous is None or isinstance(previous, GbdtResult)
         return train_gbdt(config, numeric, categorical, labels, num_classes=num_classes, deadline=deadline,
-                          init_model=None if previous is None else previous.booster, threads=threads)
+                          init_model=None if previous is None else previous.booster, threads=threads,
+                          validate_on=validate_on)
     assert previous is None or isinstance(previous, TrainResult)
     return train(config, numeric, categorical, labels, vocab_sizes=vocab_sizes, num_classes=num_classes,
-                 init_params=None if previous is None else previous.params, deadline=deadline)
+                 init_params=None if previous is None else previous.params, deadline=deadline,
+                 validate_on=validate_on)
 
 
 def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np.ndarray, numeric: np.ndarray,
@@ -125,8 +128,11 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
             top = np.argsort(-_logits(result, numeric[earlier], categorical[earlier]), axis=1)[:, :k]
             outside = ~np.any(top == labels[earlier][:, None], axis=1)
             use[np.flatnonzero(earlier)[outside]] = False
+        released = np.zeros(n, dtype=bool)  # this stage's examples whose labels its release drew
+        released[rows[found]] = True
         result = _fit(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
-                      num_classes=num_classes, previous=result, deadline=deadline, threads=threads)
+                      num_classes=num_classes, previous=result, deadline=deadline, threads=threads,
+                      validate_on=released[use])
         certified = release.certified_epsilon
         assert certified is not None  # its labels were downloaded: the release is available, its mechanism built
         reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified,

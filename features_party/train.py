@@ -138,33 +138,42 @@ def check_deadline(deadline: float | Deadline | None) -> None:
 def train(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
           vocab_sizes: tuple[int, ...], num_classes: int | None = None, metrics_path: str | Path | None = None,
           progress: bool = False, on_epoch=None, init_params: dict | None = None,
-          deadline: float | Deadline | None = None) -> TrainResult:
+          deadline: float | Deadline | None = None, validate_on: np.ndarray | None = None) -> TrainResult:
     """Fit on (features, privatized targets); ``targets`` are labels, class ids, or subset weights (n, K).
-    ``init_params`` continues from an earlier model (multi-stage training). Past ``deadline`` (a
-    ``time.monotonic()`` value, or a :class:`Deadline`) it raises :class:`TimeLimitExceeded` at the next device
-    call (or :class:`Stopped`, its stop event set)."""
-    prepared = prepare(config, numeric, categorical, targets, vocab_sizes, num_classes, init_params)
+    ``init_params`` continues from an earlier model (multi-stage training); ``validate_on`` the rows that may
+    validate (:func:`validation_split`). Past ``deadline`` (a ``time.monotonic()`` value, or a :class:`Deadline`) it
+    raises :class:`TimeLimitExceeded` at the next device call (or :class:`Stopped`, its stop event set)."""
+    prepared = prepare(config, numeric, categorical, targets, vocab_sizes, num_classes, init_params, validate_on)
     best, history = fit(config, prepared, on_epoch=on_epoch, progress=progress, deadline=deadline)
     return report(config, prepared, best, history, metrics_path)
 
 
-def validation_split(n: int, fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def validation_split(n: int, fraction: float, rng: np.random.Generator,
+                     validate_on: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(validation rows, rows to fit on) of ``n`` training rows: a permutation drawn from ``rng`` (the job's seed),
-    its first round(``fraction`` × n) rows for validation (none below 10 rows). Every learner splits this way, so
-    the MLP and the trees of one job's seed validate on the same rows of its privatized labels."""
+    its first round(``fraction`` × m) rows among the m that may validate (``validate_on``, a mask; default all) for
+    validation (none below 10), every other row to fit on. Every learner splits this way, so the MLP and the trees
+    of one job's seed validate on the same rows of its privatized labels. LP-MST validates a stage's model on that
+    stage's released labels only: the earlier stages' were fitted by the model it starts from, and the examples
+    labelled by the model's own prediction would reward agreeing with it."""
     order = rng.permutation(n)
-    n_val = int(round(fraction * n)) if n >= 10 else 0
-    return order[:n_val], order[n_val:]
+    candidates = order if validate_on is None else order[np.asarray(validate_on, dtype=bool)[order]]
+    n_val = int(round(fraction * candidates.size)) if candidates.size >= 10 else 0
+    validation = candidates[:n_val]
+    if validate_on is None:
+        return validation, order[n_val:]
+    return validation, order[~np.isin(order, validation)]
 
 
 def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray,
-            vocab_sizes: tuple[int, ...], num_classes: int | None, init_params: dict | None) -> Prepared:
+            vocab_sizes: tuple[int, ...], num_classes: int | None, init_params: dict | None,
+            validate_on: np.ndarray | None = None) -> Prepared:
     """The validation split (from ``config.seed``), the target standardization of the squared loss (fitted on the
     training rows only), the model and its starting parameters."""
     if config.loss not in losses.LOSSES:
         raise ValueError(f"unknown loss {config.loss!r}")
     rng = np.random.default_rng(config.seed)
-    val, fit_rows = validation_split(numeric.shape[0], config.validation_fraction, rng)
+    val, fit_rows = validation_split(numeric.shape[0], config.validation_fraction, rng, validate_on)
     shift, scale = 0.0, 1.0
     if config.loss == "squared" and config.standardize_targets:
         shift, scale = float(np.mean(targets[fit_rows])), float(np.std(targets[fit_rows]) or 1.0)

@@ -7,13 +7,21 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from features_party import multistage
 from features_party.multistage import train_multistage
-from features_party.train import TrainConfig
+from features_party.train import TrainConfig, train, validation_split
 from labeldp.benchmarks.classification import run_classification_bench
 from labeldp.benchmarks.parties import CONSUMER, two_parties
 
 
-def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
+def test_two_stage_training_spends_epsilon_once_per_example(tmp_path, monkeypatch):
+    validated = []  # each stage's rows that may validate, as the stage's training saw them
+
+    def spy(*args, validate_on, **kwargs):
+        validated.append(np.asarray(validate_on, dtype=bool))
+        return train(*args, validate_on=validate_on, **kwargs)
+
+    monkeypatch.setattr(multistage, "train", spy)
     digits = load_digits()
     x = (digits.data[:900] / 16.0).astype(np.float32)
     y = digits.target[:900]
@@ -51,6 +59,10 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path):
     assert budget.epsilon_spent == 2.0  # parallel composition over the disjoint stages
     accuracy = np.mean(np.argmax(model.predict(x[700:], none[700:]), axis=1) == y[700:])
     assert accuracy > 0.6
+    # a stage validates on its own released labels only: not on earlier stages' (the model it starts from fitted
+    # them) nor on examples labelled by the model's own prediction (uninformative ones)
+    assert [v.size for v in validated] == [350, reports[1].trained_on]
+    assert validated[0].all() and validated[1].sum() == 350 - reports[1].uninformative
 
 
 @pytest.mark.slow
@@ -91,3 +103,15 @@ def test_a_stage_whose_priors_would_say_nothing_is_not_released_and_spends_nothi
         [(1, size, None)] + [(t, size, "uninformative_release") for t in range(2, stages + 1)]
     assert all(r.release_id is None and r.trained_on == 0 for r in reports[1:])
     assert [e.record["examples_covered"] for e in audit.events] == [size]  # the later stages charged nothing
+
+
+def test_a_validation_split_restricted_to_some_rows_draws_only_from_them():
+    rng = np.random.default_rng
+    everything = validation_split(100, 0.2, rng(3))
+    same = validation_split(100, 0.2, rng(3), np.ones(100, dtype=bool))  # all rows may validate: the same split
+    assert all(np.array_equal(a, b) for a, b in zip(everything, same, strict=True))
+    mask = np.arange(100) % 4 == 0  # 25 rows may validate
+    validation, fit = validation_split(100, 0.2, rng(3), mask)
+    assert validation.size == 5 and mask[validation].all()  # round(0.2 × 25)
+    assert np.array_equal(np.sort(np.concatenate([validation, fit])), np.arange(100))
+    assert validation_split(100, 0.2, rng(3), np.arange(100) < 9)[0].size == 0  # fewer than 10 candidates: none
