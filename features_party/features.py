@@ -91,6 +91,9 @@ class Preprocessor:
         if missing:
             raise LabelDPError(f"feature columns missing: {missing}", code="malformed_file")
         numeric = (_numeric(frame, self.numeric) - np.array(self.means)) / np.array(self.stds)
+        # float32 for the learners: a row far outside the training rows' spread (1e60 against a standard deviation
+        # of 1) must stay a large finite number, not become inf after the release was drawn
+        numeric = np.clip(numeric, -FLOAT32_LIMIT, FLOAT32_LIMIT)
         categorical = np.zeros((len(frame), len(self.categorical)), dtype=np.int32)
         for i, (column, vocabulary) in enumerate(zip(self.categorical, self.vocabularies, strict=True)):
             lookup = {value: j + 1 for j, value in enumerate(vocabulary)}
@@ -108,6 +111,7 @@ class Preprocessor:
 
 
 MAX_MAGNITUDE = 1e100  # a numeric feature's largest |value|: squares and sums of any table stay finite
+FLOAT32_LIMIT = 1e30  # standardized values are clipped here: finite in float32, squares too
 
 
 def _numeric(frame: pd.DataFrame, columns) -> np.ndarray:

@@ -93,6 +93,9 @@ UNIT_COST = 16
 # (10⁵ levels, 40 rounds of depth 6: 6.9 s against 0.6 s for 100 levels), about 7 tree units each.
 CATEGORY_UNITS = 8
 MAX_CATEGORIES = (1 << 24) - 1  # XGBoost's categorical features take codes below 2^24
+# The largest model file `labeldp predict` reads (features_party/gbdt_file.py): checking and loading it take about
+# ten times its size in memory (measured: 275 MB took 2.7 GB); planning refuses a job whose model could be larger.
+MAX_MODEL_BYTES = 1 << 30
 # What a tree job holds (:func:`memory`; ``max_tree_bytes``), measured with XGBoost 3.2 on this machine: a node of the
 # saved JSON 56–59 bytes, a depth-1 tree 534 bytes in all; a categorical split lists the levels on one side, up to
 # half its column's, ~7 bytes each; XGBoost keeps at most HISTOGRAM_NODES nodes' histograms (max_cached_hist_node,
@@ -176,6 +179,7 @@ def memory(n_estimators: int, max_depth: int, trees_per_round: int, rows: int, n
 
 
 PREDICT_ROWS = 65_536  # rows per prediction batch: a batch's matrix and outputs, not the whole table's
+PREDICT_CELLS = 1 << 22  # outputs per prediction batch (rows × classes)
 
 
 @dataclass
@@ -186,6 +190,7 @@ class GbdtResult:
     history: list[dict] = field(default_factory=list)
     device: str = ""
     threads: int | None = None  # CPU threads for predictions (None: every core)
+    num_classes: int | None = None  # class labels: K (the model's outputs per row); else None
 
     def predict(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         """On the label scale, like the MLP's: values (squared), rates (poisson), class probabilities (n, K)."""
@@ -196,11 +201,13 @@ class GbdtResult:
         return self._batches(numeric, categorical, margins=True)
 
     def _batches(self, numeric: np.ndarray, categorical: np.ndarray, *, margins: bool) -> np.ndarray:
-        """In batches of :data:`PREDICT_ROWS` rows: a features table's matrix is bounded by nothing a job declares."""
+        """In batches of :data:`PREDICT_ROWS` rows, fewer with many classes (at most :data:`PREDICT_CELLS` outputs):
+        a features table's matrix and outputs are bounded by nothing a job declares, a batch's are."""
+        rows = max(1, min(PREDICT_ROWS, PREDICT_CELLS // max(self.num_classes or 1, 1)))
         parts = [np.asarray(self.booster.predict(
-                     matrix(numeric[start:start + PREDICT_ROWS], categorical[start:start + PREDICT_ROWS],
-                            threads=self.threads), output_margin=margins))
-                 for start in range(0, max(numeric.shape[0], 1), PREDICT_ROWS)]
+                     matrix(numeric[start:start + rows], categorical[start:start + rows], threads=self.threads),
+                     output_margin=margins))
+                 for start in range(0, max(numeric.shape[0], 1), rows)]
         return np.concatenate(parts, axis=0)
 
 
@@ -281,8 +288,9 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
               "seed": config.seed, "disable_default_eval_metric": 1, "max_cached_hist_node": HISTOGRAM_NODES,
               **({"nthread": threads} if threads else {})}
     objective = None
-    if config.loss == "cross_entropy":
-        params["num_class"] = losses.output_dim(config.loss, num_classes)
+    outputs = losses.output_dim(config.loss, num_classes) if config.loss == "cross_entropy" else None
+    if outputs is not None:
+        params["num_class"] = outputs
     if config.loss == "poisson":
         # our gradient, under count:poisson's log link (kept for predictions); the rate starts at the mean label,
         # given, since XGBoost's own estimate of it refuses labels below 0 (floored: a rate is positive)
@@ -312,4 +320,4 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
     best = booster.num_boosted_rounds()  # save_best: the model ends at the best round
     summary = f"xgboost {xgb.__version__} on {params['device']}"
     log.info("trained on %s: best round %d of %d", summary, best, len(rounds.history))
-    return GbdtResult(booster, config, best, rounds.history, summary, threads)
+    return GbdtResult(booster, config, best, rounds.history, summary, threads, outputs)

@@ -20,14 +20,16 @@ from typing import Any
 
 import numpy as np
 import xgboost as xgb
+from pydantic import ValidationError
 
 from features_party.features import Preprocessor
-from features_party.gbdt import MAX_CATEGORIES, GbdtConfig, GbdtResult
+from features_party.gbdt import MAX_CATEGORIES, MAX_MODEL_BYTES, OBJECTIVES, GbdtConfig, GbdtResult
+from features_party.schemas import GbdtOptions
 from shared.errors import LabelDPError
 
 ATTRIBUTE = "labeldp"  # the model's string attribute holding our header (JSON)
-MAX_FILE_BYTES = 4 << 30  # above any model a trainer's max_tree_bytes lets it save
 MAX_CLASSES = 1 << 20
+MAX_HISTORY = 1 << 20  # rounds recorded in the header (n_estimators × stages is at most 10⁴ × 10)
 ROOT_PARENT = (1 << 31) - 1  # the root's parent as XGBoost writes it
 NODE_ARRAYS = ("base_weights", "default_left", "left_children", "right_children", "parents", "loss_changes",
                "split_conditions", "split_indices", "split_type", "sum_hessian")
@@ -41,7 +43,8 @@ class _Malformed(Exception):
 def save_model(path: str | Path, result: GbdtResult, preprocessing: dict, extra: dict | None = None) -> None:
     """XGBoost's JSON model, its ``labeldp`` attribute the header (config, preprocessing, best round, history)."""
     header = {"family": "gbdt", "config": asdict(result.config), "preprocessing": preprocessing,
-              "best_epoch": result.best_epoch, "history": result.history, **(extra or {})}
+              "num_classes": result.num_classes, "best_epoch": result.best_epoch, "history": result.history,
+              **(extra or {})}
     result.booster.set_attr(**{ATTRIBUTE: json.dumps(header)})
     Path(path).write_bytes(bytes(result.booster.save_raw("json")))
 
@@ -52,7 +55,7 @@ def is_model_file(path: str | Path) -> bool:
         return handle.read(1) == b"{"
 
 
-def load_model(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> tuple[GbdtResult, dict]:
+def load_model(path: str | Path, *, max_bytes: int = MAX_MODEL_BYTES) -> tuple[GbdtResult, dict]:
     """The trees and header of a model file, checked (module docstring) before XGBoost reads a byte of it."""
     size = Path(path).stat().st_size
     if size > max_bytes:
@@ -68,7 +71,8 @@ def load_model(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> tuple[Gb
         booster = xgb.Booster(model_file=bytearray(raw))
     except xgb.core.XGBoostError:
         raise LabelDPError("the model file is not an XGBoost model XGBoost can read", code="malformed_file") from None
-    return GbdtResult(booster, config, int(header["best_epoch"]), list(header["history"])), header
+    return GbdtResult(booster, config, int(header["best_epoch"]), list(header["history"]),
+                      num_classes=header["num_classes"]), header
 
 
 def check_model(raw: bytes) -> tuple[dict, GbdtConfig]:
@@ -79,7 +83,7 @@ def check_model(raw: bytes) -> tuple[dict, GbdtConfig]:
         raise _Malformed("not JSON") from err
     try:
         return _check(document)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as err:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, ValidationError) as err:
         raise _Malformed(f"{type(err).__name__}: {err}") from err
 
 
@@ -109,21 +113,32 @@ def _check(document: dict) -> tuple[dict, GbdtConfig]:
     header = json.loads(learner["attributes"][ATTRIBUTE])
     if not isinstance(header, dict) or header.get("family") != "gbdt":
         raise ValueError("not a labeldp tree header")
-    config = GbdtConfig.from_dict(header["config"])
+    config = _check_config(header["config"])
+    classes = header["num_classes"]  # K for class labels, else None
+    if config.loss == "cross_entropy":
+        if type(classes) is not int or not 2 <= classes <= MAX_CLASSES:
+            raise ValueError("num_classes")
+    elif classes is not None:
+        raise ValueError("num_classes without class labels")
     preprocessor = Preprocessor.from_dict(header["preprocessing"])
     _check_preprocessing(preprocessor)
-    int(header["best_epoch"])
-    if not isinstance(header["history"], list):
+    history = header["history"]
+    if not isinstance(history, list) or len(history) > MAX_HISTORY or not all(isinstance(h, dict) for h in history):
         raise TypeError("history")
     numeric, vocab = len(preprocessor.numeric), [len(v) + 1 for v in preprocessor.vocabularies]
     features = numeric + len(vocab)
-    if learner["feature_types"] != ["q"] * numeric + ["c"] * len(vocab):
-        raise ValueError("feature types differ from the preprocessing")
+    if learner["feature_types"] != ["q"] * numeric + ["c"] * len(vocab) or learner["feature_names"] != []:
+        raise ValueError("feature types or names differ from the preprocessing")
+    if learner["objective"]["name"] != OBJECTIVES[config.loss]:
+        raise ValueError("objective")
     parameters = learner["learner_model_param"]
-    classes = _int(parameters["num_class"])
-    if _int(parameters["num_feature"]) != features or not 0 <= classes <= MAX_CLASSES \
+    outputs = classes or 1
+    if _int(parameters["num_class"]) != (classes or 0) or _int(parameters["num_feature"]) != features \
             or _int(parameters["num_target"]) != 1:
-        raise ValueError("model parameters differ from the preprocessing")
+        raise ValueError("model parameters differ from the header")
+    base = [float(v) for v in str(parameters["base_score"]).strip("[]").split(",")]
+    if len(base) != outputs or not np.all(np.isfinite(base)):
+        raise ValueError("base_score")
     booster = learner["gradient_booster"]
     if booster["name"] != "gbtree":
         raise ValueError("not a tree booster")
@@ -134,16 +149,29 @@ def _check(document: dict) -> tuple[dict, GbdtConfig]:
     count = _int(shape["num_trees"])
     if not isinstance(trees, list) or len(trees) != count or _int(shape["num_parallel_tree"]) != 1:
         raise ValueError("tree count")
+    if type(header["best_epoch"]) is not int or not 0 <= header["best_epoch"] <= count:
+        raise ValueError("best_epoch")
     groups = np.asarray(model["tree_info"], dtype=np.int64) if count else np.zeros(0, np.int64)
-    if groups.shape != (count,) or np.any(groups < 0) or np.any(groups >= max(classes, 1)):
+    if groups.shape != (count,) or np.any(groups < 0) or np.any(groups >= outputs):
         raise ValueError("tree_info")
     pointers = np.asarray(model["iteration_indptr"], dtype=np.int64)
     if pointers.ndim != 1 or pointers.size < 1 or pointers[0] != 0 or pointers[-1] != count \
             or np.any(np.diff(pointers) < 0):
         raise ValueError("iteration_indptr")
     for index, tree in enumerate(trees):
-        _check_tree(tree, index, features, numeric, vocab)
+        _check_tree(tree, index, features, numeric, vocab, config.max_depth)
     return header, config
+
+
+def _check_config(fields: dict) -> GbdtConfig:
+    """The trees' options within the job schema's ranges (GbdtOptions), a tree loss, a split and a seed."""
+    config = GbdtConfig.from_dict(fields)
+    options = {name: getattr(config, name) for name in GbdtOptions.model_fields}
+    GbdtOptions.model_validate(options, strict=True)
+    if config.loss not in OBJECTIVES or type(config.seed) is not int \
+            or not 0 <= float(config.validation_fraction) < 1:
+        raise ValueError("config")
+    return config
 
 
 def _check_preprocessing(preprocessor: Preprocessor) -> None:
@@ -159,16 +187,18 @@ def _check_preprocessing(preprocessor: Preprocessor) -> None:
         raise ValueError("vocabularies")
 
 
-def _check_tree(tree: dict, index: int, features: int, numeric: int, vocab: list[int]) -> None:
+def _check_tree(tree: dict, index: int, features: int, numeric: int, vocab: list[int], max_depth: int) -> None:
     parameters = tree["tree_param"]
     size = _int(parameters["num_nodes"])
-    if _int(tree["id"]) != index or size < 1 or _int(parameters["num_feature"]) != features \
+    if _int(tree["id"]) != index or not 1 <= size <= (1 << (max_depth + 1)) - 1 \
+            or _int(parameters["num_feature"]) != features \
             or _int(parameters["size_leaf_vector"]) not in (0, 1) or _int(parameters["num_deleted"]) != 0:
         raise ValueError("tree parameters")
     left, right = _array(tree, "left_children", size, int), _array(tree, "right_children", size, int)
     split_index, split_type = _array(tree, "split_indices", size, int), _array(tree, "split_type", size, int)
     parents = _array(tree, "parents", size, int)
-    _array(tree, "default_left", size, int)
+    if np.any((_array(tree, "default_left", size, int) != 0) & (_array(tree, "default_left", size, int) != 1)):
+        raise ValueError("default_left")
     for name in ("base_weights", "loss_changes", "split_conditions", "sum_hessian"):
         _array(tree, name, size, float)
     leaf = left == -1
@@ -183,9 +213,20 @@ def _check_tree(tree: dict, index: int, features: int, numeric: int, vocab: list
     if parents[0] != ROOT_PARENT or np.any(parents[left[~leaf]] != nodes[~leaf]) \
             or np.any(parents[right[~leaf]] != nodes[~leaf]):
         raise ValueError("parents")
+    # no deeper than the header's max_depth: a chain of 10⁶ nodes passed every check above and crashed XGBoost's
+    # prediction (its traversal recursed); a level at a time, each a node's children
+    level, depth = np.array([0]), 0
+    while True:
+        level = level[~leaf[level]]
+        if not level.size:
+            break
+        depth += 1
+        if depth > max_depth:
+            raise ValueError("a tree deeper than max_depth")
+        level = np.concatenate([left[level], right[level]])
     inner = ~leaf
     if np.any(split_index[inner] < 0) or np.any(split_index[inner] >= features) \
-            or np.any((split_type != 0) & (split_type != 1)):
+            or np.any((split_type != 0) & (split_type != 1)) or np.any(split_type[leaf] != 0):
         raise ValueError("splits")
     categorical = inner & (split_type == 1)
     if np.any(split_index[categorical] < numeric):

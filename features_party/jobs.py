@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xgboost as xgb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
@@ -486,7 +487,11 @@ def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.Data
     result: TrainResult | GbdtResult
     result, header = load_gbdt(model_path) if is_gbdt_model(model_path) else load_model(model_path)
     numeric, categorical = Preprocessor.from_dict(header["preprocessing"]).transform(features)
-    predicted = result.predict(numeric, categorical)
+    try:
+        predicted = result.predict(numeric, categorical)
+    except xgb.core.XGBoostError:  # a checked tree file XGBoost still refuses at prediction: one line, no stack
+        raise LabelDPError("the model file's trees cannot predict (a damaged labeldp tree model)",
+                           code="malformed_file") from None
     if predicted.ndim == 2:
         frame = pd.DataFrame(predicted, columns=[f"p_class_{k}" for k in range(predicted.shape[1])])
         frame.insert(0, "prediction", predicted.argmax(axis=1))

@@ -277,6 +277,10 @@ def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, table
                            f"of {settings.max_tree_bytes:.3g} (max_tree_bytes): use fewer rounds, shallower trees, "
                            "fewer rows, features or categorical levels (a categorical split lists its levels)",
                            code="job_too_large")
+    if memory.model > gbdt.MAX_MODEL_BYTES:
+        raise LabelDPError(f"the trees' model may take {memory.model:.3g} bytes, more than labeldp predict reads "
+                           f"({gbdt.MAX_MODEL_BYTES:.3g}): use fewer rounds, shallower trees or fewer categorical "
+                           "levels", code="job_too_large")
 
 
 def _loss_for(request: schemas.JobRequest, mechanism: str,

@@ -14,6 +14,8 @@ import re
 import sys
 import textwrap
 
+from pydantic import ValidationError
+
 from shared.errors import LabelDPError
 
 # (the module that registers subcommands, the packages it needs)
@@ -119,6 +121,11 @@ def _run(argv: list[str]) -> int:
     except (OSError, KeyboardInterrupt) as err:
         print(f"labeldp: error: {err}", file=sys.stderr)
         return 1
+    except ValidationError as err:  # settings (LABELDP_*) out of their ranges: one line, each field and why
+        problems = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg']}"
+                             for e in err.errors())
+        print(f"labeldp: error: invalid {err.title}: {problems}", file=sys.stderr)
+        return 2
     except Exception as err:  # a bug: still one line unless debugging
         if os.environ.get("LABELDP_DEBUG"):
             raise

@@ -48,7 +48,7 @@ class ServiceContext:
     random_source: Callable[[], np.random.Generator] = secure_rng
     spark_jobs: SparkJobs = field(kw_only=True)  # this process's Spark session (labels_party.spark)
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
-    quotas: ReleaseQuotas = field(kw_only=True)  # this process's release slots and CPU buckets per organization
+    quotas: ReleaseQuotas = field(kw_only=True)  # this process's release slots and time buckets per organization
     sealer: Sealer = field(kw_only=True)  # seals jobs' secrets under the deployment's key (shared.service.sealing)
     jobs: JobRunner = field(kw_only=True)  # this process's job workers (labels_party.jobs); `serve` starts them
 

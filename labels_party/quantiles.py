@@ -22,14 +22,17 @@ the composition of k pure-ε :class:`~shared.mechanisms.events.ExponentialMechan
 k·(4·s/t) rounded up, is at most ε, which every covered example is charged.
 
 **Timing.** The exact sampler rejects until it keeps a candidate, and counting the labels' ranks runs a binary
-search per label, so their running time depends on the labels. Everything from the first label read to the last
-draw therefore runs inside :func:`at_least`, padded to a floor computed from public inputs alone
-(:func:`draw_floor_seconds`: the number of labels, of candidates and of quantiles), a few times the slowest time
-measured on the labels that cost most (``bench/quantile_timing.py``); a computation that fails is padded too; one
-that overruns the floor (a machine much busier or slower than the one it was measured on) is logged for the
-operator. The sampler's own arithmetic is the same whatever the penalties (:meth:`ExactExponential._split`, with
-the public bound 2n on them). The release-seconds quota debits the padded wall-clock time, not the CPU time,
-which the padding does not hide (:mod:`labels_party.quotas`).
+search per label, so their running time depends on the labels. Counting and the draws therefore run inside
+:func:`at_least`, padded to a floor computed from public inputs alone (:func:`draw_floor_seconds`: the number of
+labels, of candidates and of quantiles), a few times the slowest time measured on the labels that cost most
+(``bench/quantile_timing.py``); a computation that fails is padded too; one that overruns the floor (a machine much
+busier or slower than the one it was measured on) is padded to the next doubling of the floor, so that its time
+says only which of a few doublings it took, and logged for the operator. The sampler's own arithmetic is the same
+whatever the penalties (:meth:`ExactExponential._split`, with the public bound 2n on them). The release-seconds
+quota debits the padded wall-clock time, not the CPU time, which the padding does not hide
+(:mod:`labels_party.quotas`). Not padded: the lookup of requested ids before the charge, which reads the label
+version file as every release kind's does (its time follows that whole file's size and compression, the same for
+every request on the version, not the requested examples' labels).
 
 Why not OpenDP's ``make_private_quantile`` (its Rust core scores the candidates and runs report-noisy-max with
 exact noise from its own cryptographic RNG): it draws from a source the service cannot inject, so neither a seeded
@@ -41,6 +44,7 @@ calibrated to directly.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -87,10 +91,14 @@ def at_least(seconds: float) -> Iterator[None]:
         yield
     finally:
         spent = time.monotonic() - started
-        if spent < seconds:
-            time.sleep(seconds - spent)
-        else:  # the timing then depends on the labels: the floor is too low for this machine's load
-            log.warning("quantile counting and draws took %.2f s, over their floor of %.2f s", spent, seconds)
+        target = seconds
+        if spent >= seconds > 0:  # over the floor (a machine far busier than measured): its timing would follow the
+            # labels; padded to the next doubling of the floor, it says only which of a few doublings it took
+            target = seconds * 2 ** math.ceil(math.log2(spent / seconds))
+            log.warning("quantile counting and draws took %.2f s, over their floor of %.2f s: padded to %.2f s",
+                        spent, seconds, target)
+        if spent < target:
+            time.sleep(target - spent)
 
 
 def check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:

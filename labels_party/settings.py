@@ -9,6 +9,7 @@ it e^ε ≈ 5·10²¹ makes any label recoverable: a request for more is a reque
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -19,12 +20,23 @@ from shared.privacy import EPSILON_MAX, EPSILON_MIN
 from shared.service.limits import HttpSettings
 from shared.service.sealing import SecretKeySettings
 
+RENAMED = {"LABELDP_RELEASE_CPU_SECONDS": "LABELDP_RELEASE_SECONDS",
+           "LABELDP_RELEASE_CPU_WINDOW_SECONDS": "LABELDP_RELEASE_WINDOW_SECONDS"}
+
 
 # The HTTP limits of `serve` (shared.service.limits), the per-organization release quotas (labels_party.quotas) and
 # the key that seals jobs' secrets (shared.service.sealing: LABELDP_SECRET_KEY or LABELDP_SECRET_KEY_FILE; unset,
 # a key for this process only) are fields of this class too, defined and documented with what uses them.
 class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     model_config = SettingsConfigDict(env_prefix="LABELDP_", frozen=True, extra="ignore")
+
+    @model_validator(mode="after")
+    def _no_renamed_variables(self) -> LabelsSettings:
+        """A variable that was renamed would be ignored silently (a tightened quota back at its default)."""
+        for old, new in RENAMED.items():
+            if old in os.environ:
+                raise ValueError(f"{old} is now {new} (the quota debits a release's wall-clock time in its slot)")
+        return self
 
     database_url: str = "sqlite:///var/labels.db"
     data_dir: Path = Path("var/data")
@@ -49,8 +61,8 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     max_document_bytes: int = Field(default=32 << 20, gt=0)
     # Central training (400 training_too_large, from public inputs, before the charge): the whole run's work and one
     # step's, in example-rows × model parameters (labeldp_pro.training_size: the padded batch plus the denoiser's
-    # rows, times the parameters shared.models.num_params counts). XLA's threads escape the CPU quota (it counts the
-    # worker thread) and a running training cannot be stopped, so the size must bound it. Measured on 2 cores
+    # rows, times the parameters shared.models.num_params counts). A running training cannot be stopped (the quota
+    # debits its time only afterwards), so the size must bound it. Measured on 2 cores
     # (bench/central_training_size.py, altconv): 450 steps × 2,000 examples × a [64, 64] MLP (size 4.9·10⁹) in
     # 31 s, 20,000 steps × 700 × [64] (1.1·10¹⁰) in 59 s, 40 steps × 2,000 × [512, 512] (2.2·10¹⁰) not done after
     # 180 s: 5·10⁹ keeps a run within about a minute. One step holds its per-example gradients (~10 bytes of RSS per

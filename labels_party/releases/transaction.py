@@ -6,7 +6,7 @@
    outcome (waiting while it is still computed; a source dataset's failed job runs again), never a new draw; a key
    used with another body is a 409 — before anything is computed for this request (access was decided before the
    body was read: :mod:`labels_party.access`);
-   Then the organization's **quota**: a release slot, waited for a bounded time, and a CPU bucket that is not
+   Then the organization's **quota**: a release slot, waited for a bounded time, and a time bucket that is not
    empty (:mod:`labels_party.quotas`) — else 429 (or 503 at the service's capacity) with ``Retry-After``,
    nothing charged; its own load is public to it, so this refusal, too, comes before the charge;
 2. **cover** — the kind names the examples it covers (a list of ids, looked up in one pass over the label
@@ -166,7 +166,7 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
         return begun
     snapshot, completion = begun
     # The organization's quota (its own load: public) is the last refusal that costs nothing: a slot is held, and
-    # its CPU time debited afterwards, from the lookup of the ids to the answer (labels_party.quotas).
+    # the time it held the slot debited afterwards, from the lookup of the ids to the answer (labels_party.quotas).
     with ctx.quotas.slot(principal.org_id):
         return _release(ctx, admission, snapshot, completion, kind, key, body_hash)
 

@@ -306,3 +306,55 @@ def test_tree_predictions_in_batches_equal_one_pass(monkeypatch):
     np.testing.assert_array_equal(result.predict(numeric, categorical), whole)
     np.testing.assert_array_equal(result.logits(numeric, categorical), margins)
     assert whole.shape == (500,) and result.predict(numeric[:0], categorical[:0]).shape == (0,)
+
+
+def test_a_row_far_outside_the_training_spread_stays_finite():
+    """Fitted on the training rows, a held-out row at 1e60 (planning allows up to 1e100) was inf in float32 and
+    failed the trees' predictions after the charge (second review of issue 32): clipped, it is a finite number."""
+    frame = pd.DataFrame({"x": np.r_[np.random.default_rng(0).normal(size=100), 1e60], "g": ["a"] * 101})
+    preprocessor = Preprocessor.fit(frame.iloc[:100], ["x"], ["g"])
+    numeric, _ = preprocessor.transform(frame)
+    assert numeric.dtype == np.float32 and np.all(np.isfinite(numeric)) and numeric[-1, 0] == np.float32(1e30)
+
+
+def test_predictions_with_many_classes_are_batched_by_cells(monkeypatch):
+    rng = np.random.default_rng(9)
+    numeric, categorical = rng.normal(size=(300, 2)), rng.integers(1, 4, size=(300, 1))
+    classes = (numeric[:, 0] > 0).astype(int) + categorical[:, 0] % 2
+    result = gbdt.train_gbdt(gbdt.GbdtConfig(loss="cross_entropy", n_estimators=5, early_stopping_rounds=50),
+                             numeric, categorical, classes, num_classes=3, threads=1)
+    assert result.num_classes == 3
+    whole = result.predict(numeric, categorical)
+    monkeypatch.setattr(gbdt, "PREDICT_CELLS", 7)  # 3 classes: 2 rows a batch
+    np.testing.assert_array_equal(result.predict(numeric, categorical), whole)
+
+
+def test_trees_that_fail_to_predict_are_one_line(monkeypatch, tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    numeric, categorical = rng.normal(size=(200, 1)), np.zeros((200, 0), np.int32)
+    result = gbdt.train_gbdt(gbdt.GbdtConfig(n_estimators=3, early_stopping_rounds=5), numeric, categorical,
+                             numeric[:, 0], threads=1)
+    from features_party.gbdt_file import save_model
+
+    save_model(tmp_path / "m.json", result, {"numeric": ["x"], "categorical": [], "means": [0.0], "stds": [1.0],
+                                             "vocabularies": []})
+    (tmp_path / "f.csv").write_text("example_id,x\na,1.0\n")
+
+    def refuse(*_args, **_kwargs):
+        raise xgb.core.XGBoostError("[12:00:00] src/predictor.cc:1: Check failed: ...\nStack trace: ...")
+
+    monkeypatch.setattr(gbdt.GbdtResult, "predict", refuse)
+    assert cli(["predict", "--model", str(tmp_path / "m.json"), "--features", str(tmp_path / "f.csv"),
+                "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["labeldp: error: the model file's trees cannot predict (a damaged labeldp tree model)"]
+
+
+def test_a_model_larger_than_predict_reads_is_refused_before_anything_is_spent(parties, monkeypatch):
+    monkeypatch.setattr(gbdt, "MAX_MODEL_BYTES", 10_000)
+    trainer = parties["trainer"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    response = trainer.post("/v1/jobs", json=_gbdt_job(parties))
+    assert response.status_code == 400 and response.json()["error"]["code"] == "job_too_large", response.text
+    assert "more than labeldp predict reads (1e+04)" in response.json()["error"]["message"]
+    assert _spent(parties) == 0.0

@@ -80,7 +80,57 @@ EDITS = {
     "numeric columns not a list": lambda d: _header(d, numeric=5),
     "means and columns differ": lambda d: _header(d, means=[0.0]),
     "no header": lambda d: d["learner"]["attributes"].pop("labeldp"),
+    # the second review's: a chain deeper than the header's max_depth (10⁶ levels crashed XGBoost's prediction),
+    # a class count beyond the header's (2²⁰ classes took gigabytes to predict), and what XGBoost refuses only late
+    "a tree deeper than max_depth": lambda d: _chain(_trees(d)[0], 5),
+    "num_class other than the header's": lambda d: d["learner"]["learner_model_param"].__setitem__("num_class", "4"),
+    "no num_classes in the header": lambda d: _edit_header(d, num_classes=None),
+    "another objective": lambda d: d["learner"]["objective"].__setitem__("name", "reg:squarederror"),
+    "base_score of the wrong length": lambda d: d["learner"]["learner_model_param"].__setitem__(
+        "base_score", "[0.5,0.5]"),
+    "feature names": lambda d: d["learner"].__setitem__("feature_names", ["a", "b", "c"]),
+    "default_left of 7": lambda d: _trees(d)[0]["default_left"].__setitem__(0, 7),
+    "a categorical split type on a leaf": lambda d: _trees(d)[0]["split_type"].__setitem__(
+        _trees(d)[0]["left_children"].index(-1), 1),
+    "an unknown loss": lambda d: _edit_header(d, config={**_header_of(d)["config"], "loss": "bogus"}),
+    "a depth beyond the options' range": lambda d: _edit_header(d, config={**_header_of(d)["config"],
+                                                                            "max_depth": 40}),
+    "a string for a number of rounds": lambda d: _edit_header(d, config={**_header_of(d)["config"],
+                                                                          "n_estimators": "x"}),
+    "best_epoch past the trees": lambda d: _edit_header(d, best_epoch=10**30),
+    "a history of strings": lambda d: _edit_header(d, history=["x"] * 3),
 }
+
+
+def _header_of(document: dict) -> dict:
+    return json.loads(document["learner"]["attributes"]["labeldp"])
+
+
+def _edit_header(document: dict, **changes) -> None:
+    document["learner"]["attributes"]["labeldp"] = json.dumps({**_header_of(document), **changes})
+
+
+def _chain(tree: dict, depth: int) -> None:
+    """Replace ``tree`` with a consistent chain of ``depth`` splits on feature 0: each even node i < 2·depth splits,
+    its left child i + 1 a leaf, its right child i + 2 the next split (node 2·depth a leaf)."""
+    size = 2 * depth + 1
+    right = [i + 2 if i % 2 == 0 and i < 2 * depth else -1 for i in range(size)]
+    left = [i + 1 if i % 2 == 0 and i < 2 * depth else -1 for i in range(size)]
+    parents = [(1 << 31) - 1] + [i - 1 if i % 2 == 1 else i - 2 for i in range(1, size)]
+    tree.update({"left_children": left, "right_children": right, "parents": parents,
+                 "split_indices": [0] * size, "split_type": [0] * size, "default_left": [0] * size,
+                 "split_conditions": [0.0] * size, "base_weights": [0.0] * size, "loss_changes": [0.0] * size,
+                 "sum_hessian": [1.0] * size, "categories": [], "categories_nodes": [], "categories_segments": [],
+                 "categories_sizes": []})
+    tree["tree_param"]["num_nodes"] = str(size)
+
+
+def test_a_chain_within_max_depth_passes(model):
+    """The chain the depth edit builds is itself a well-formed tree: at depth 3 (the model's max_depth) the check
+    accepts it, so the edit above is refused for its depth alone."""
+    document = copy.deepcopy(json.loads(model[0]))
+    _chain(_trees(document)[0], 3)
+    check_model(json.dumps(document).encode())
 
 
 def test_a_job_model_round_trips(model, tmp_path):

@@ -133,3 +133,18 @@ def test_idle_organizations_are_forgotten():
     with quotas.slot(A):
         pass
     assert len(quotas._buckets) == 0
+
+
+@pytest.mark.parametrize("old, new", [("LABELDP_RELEASE_CPU_SECONDS", "LABELDP_RELEASE_SECONDS"),
+                                      ("LABELDP_RELEASE_CPU_WINDOW_SECONDS", "LABELDP_RELEASE_WINDOW_SECONDS")])
+def test_a_renamed_quota_variable_is_refused_not_ignored(monkeypatch, capsys, old, new):
+    """A deployment that tightened the quota under the old name would silently run at the default."""
+    from labeldp.cli import main
+    from labels_party.settings import LabelsSettings
+
+    monkeypatch.setenv(old, "5")
+    with pytest.raises(ValueError, match=f"{old} is now {new}"):
+        LabelsSettings()
+    assert main(["labels", "serve", "--port", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{old} is now {new}" in err[0]
