@@ -32,8 +32,8 @@ def register(commands) -> None:
         f"columns whose |correlation| with the label is {choices.LEAK_ASSOCIATION:g} or more (they may leak it); "
         "nothing is dropped because of them.")
     utility.add_argument("--dataset", default=None,
-                         help="psid-weeks, doctor-contacts, hours-worked, cps-wages, a comma list, or all (default: "
-                         "all, unless --data)")
+                         help=f"{', '.join(choices.DATASET_NAMES)}, a comma list, or all (default: all, unless "
+                         "--data)")
     utility.add_argument("--data", default=None, metavar="FILE", help="your own table: .csv (.tsv) or .parquet")
     utility.add_argument("--label", default=None, metavar="COL", help="--data: the label column")
     utility.add_argument("--features", default=None, metavar="A,B,...",

@@ -117,4 +117,8 @@ def test_help_shows_the_defaults_mechanisms_and_jobs(capsys):
     assert f"default: {grid.seeds})" in text and f"(default: {grid.epochs})" in text
     for name in [*choices.MECHANISMS, *choices.CLASSIFICATION_MECHANISMS]:
         assert name in text
+    # every bundled dataset, as the benchmark defines them
+    from labeldp.benchmarks.utility import DATASETS
+
+    assert choices.DATASET_NAMES == tuple(DATASETS) and f"{', '.join(DATASETS)}, a comma list" in text
     assert f"{grid.seeds} × {len(grid.epsilons)} × 8 = {grid.seeds * len(grid.epsilons) * 8} jobs" in text
