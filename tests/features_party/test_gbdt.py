@@ -270,15 +270,21 @@ def test_a_numeric_feature_that_is_not_a_finite_number_is_refused_before_anythin
     assert _spent(parties) == 0.0 and trainer.get("/v1/jobs").json() == []
 
 
-def test_a_categorical_column_wider_than_xgboost_takes_is_refused_before_anything_is_spent(parties, monkeypatch):
-    """XGBoost takes category codes below 2^24 and refused a wider column after the release was drawn; planning
-    refuses it (shown at a limit of 2 levels: the features' group column has 3)."""
-    monkeypatch.setattr(gbdt, "MAX_CATEGORIES", 2)
+@pytest.mark.parametrize(("limit", "value", "code", "words"), [
+    # XGBoost takes category codes below 2^24 and refused a wider column after the release was drawn (shown at a
+    # limit of 2 levels: the features' group column has 3)
+    ("MAX_CATEGORIES", 2, "invalid_job", "['group'] have more than 2 levels"),
+    # a model labeldp predict would not read (it takes ~10x its file's size in memory to check and load)
+    ("MAX_MODEL_BYTES", 10_000, "job_too_large", "more than labeldp predict reads (1e+04)"),
+])
+def test_trees_past_xgboosts_or_predicts_limits_are_refused_before_anything_is_spent(parties, monkeypatch, limit,
+                                                                                      value, code, words):
+    monkeypatch.setattr(gbdt, limit, value)
     trainer = parties["trainer"]
     assert _upload(trainer, parties["features"]).status_code == 200
     response = trainer.post("/v1/jobs", json=_gbdt_job(parties))
-    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_job", response.text
-    assert "['group'] have more than 2 levels" in response.json()["error"]["message"]
+    assert response.status_code == 400 and response.json()["error"]["code"] == code, response.text
+    assert words in response.json()["error"]["message"]
     assert _spent(parties) == 0.0
 
 
@@ -348,13 +354,3 @@ def test_trees_that_fail_to_predict_are_one_line(monkeypatch, tmp_path, capsys):
                 "--out", str(tmp_path / "p.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["labeldp: error: the model file's trees cannot predict (a damaged labeldp tree model)"]
-
-
-def test_a_model_larger_than_predict_reads_is_refused_before_anything_is_spent(parties, monkeypatch):
-    monkeypatch.setattr(gbdt, "MAX_MODEL_BYTES", 10_000)
-    trainer = parties["trainer"]
-    assert _upload(trainer, parties["features"]).status_code == 200
-    response = trainer.post("/v1/jobs", json=_gbdt_job(parties))
-    assert response.status_code == 400 and response.json()["error"]["code"] == "job_too_large", response.text
-    assert "more than labeldp predict reads (1e+04)" in response.json()["error"]["message"]
-    assert _spent(parties) == 0.0
