@@ -24,7 +24,9 @@ load), so nothing is charged and nothing private has been drawn (:mod:`labels_pa
 * **capacity** — the process computes at most ``release_slots`` releases at once, whichever organizations ask.
   This is the one place another organization's load can show: when every slot is taken a request waits (at most
   ``release_queue_seconds``), then gets 503 ``release_capacity_exhausted`` with ``Retry-After``. Below that
-  capacity an organization's answers depend on its own releases only.
+  capacity an organization's answers depend on its own releases only — and on how fast the machine runs them: a
+  release's duration, so its debit, grows with the machine's load, as its response time does (nothing the
+  requester has not already seen).
 
 The state is this process's (in the service context; no module state): replicas each count their own.
 Not counted: a source dataset's Spark job (the process's job workers run it, ``job_threads`` at a time) and native
