@@ -86,8 +86,8 @@ def device() -> str:
 
 # What one unit of :func:`work` (a row's feature binned into a histogram at one depth) costs in the MLP's unit (one
 # parameter updated for one example), so that ``max_job_size`` bounds both learners' time alike: on the 2-core
-# development machine bench/train_throughput_gbdt.py measured 2.8–3.4·10⁸ tree units/s on one thread against
-# 5.7–7.1·10⁹ MLP units/s (a ratio of 17–25; docs/results/train-throughput-gbdt.json).
+# development machine bench/train_throughput_gbdt.py measured 2.8–4.3·10⁸ tree units/s on one thread against
+# 5.7–10·10⁹ MLP units/s (a ratio of 17–25, 24 on the idle machine; docs/results/train-throughput-gbdt.json).
 UNIT_COST = 16
 # A categorical split sorts and scans its column's levels at every node: measured 4·10⁷ level-nodes/s on one thread
 # (10⁵ levels, 40 rounds of depth 6: 6.9 s against 0.6 s for 100 levels), about 7 tree units each.

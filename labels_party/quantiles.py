@@ -65,10 +65,10 @@ from shared.schemas import MAX_QUANTILES
 log = logging.getLogger(__name__)
 PENALTY_SENSITIVITY = 2  # D counts ranks twice (half-integer targets): one label moves it by at most 2
 MECHANISM = "quantiles"
-# The floor (module docstring, "Timing"), from bench/quantile_timing.py's slowest cases on this 2-core machine with
-# both cores busy: counting 0.35 µs per label (10⁶ labels over 10⁵ candidates), a draw 0.7 ms over 52 candidates
-# and 24 ms over 10⁵ (0.22 µs per candidate: the penalties and a batch of 2·10⁵ exact Bernoulli trials); each
-# constant allows four to eight times that.
+# The floor (module docstring, "Timing"), from bench/quantile_timing.py's slowest cases on this 2-core machine
+# (docs/results/quantile-timing.json): counting 0.35 µs per label (10⁶ labels over 10⁵ candidates, both cores busy),
+# a draw 0.7 ms over 52 candidates and 26 ms over 10⁵ (0.26 µs per candidate: the penalties and a batch of 1.3·10⁵
+# exact Bernoulli trials); each constant allows four to eight times that (slack 4.2 in the tightest case, idle).
 SECONDS_PER_LABEL = 2e-6
 DRAW_SECONDS = 0.006  # per quantile
 DRAW_SECONDS_PER_CANDIDATE = 1e-6  # per quantile and candidate
