@@ -42,7 +42,7 @@ import numpy as np
 import xgboost as xgb
 
 from features_party import losses
-from features_party.train import Deadline, check_deadline, validation_split
+from features_party.train import Deadline, check_deadline, in_batches, validation_split
 
 log = logging.getLogger("labeldp.gbdt")
 
@@ -204,11 +204,9 @@ class GbdtResult:
         """In batches of :data:`PREDICT_ROWS` rows, fewer with many classes (at most :data:`PREDICT_CELLS` outputs):
         a features table's matrix and outputs are bounded by nothing a job declares, a batch's are."""
         rows = max(1, min(PREDICT_ROWS, PREDICT_CELLS // max(self.num_classes or 1, 1)))
-        parts = [np.asarray(self.booster.predict(
-                     matrix(numeric[start:start + rows], categorical[start:start + rows], threads=self.threads),
-                     output_margin=margins))
-                 for start in range(0, max(numeric.shape[0], 1), rows)]
-        return np.concatenate(parts, axis=0)
+        return in_batches(lambda n, c: np.asarray(self.booster.predict(matrix(n, c, threads=self.threads),
+                                                                        output_margin=margins)),
+                          numeric, categorical, rows)
 
 
 def matrix(numeric: np.ndarray, categorical: np.ndarray, *, threads: int | None = None) -> xgb.DMatrix:

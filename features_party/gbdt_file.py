@@ -31,8 +31,6 @@ ATTRIBUTE = "labeldp"  # the model's string attribute holding our header (JSON)
 MAX_CLASSES = 1 << 20
 MAX_HISTORY = 1 << 20  # rounds recorded in the header (n_estimators × stages is at most 10⁴ × 10)
 ROOT_PARENT = (1 << 31) - 1  # the root's parent as XGBoost writes it
-NODE_ARRAYS = ("base_weights", "default_left", "left_children", "right_children", "parents", "loss_changes",
-               "split_conditions", "split_indices", "split_type", "sum_hessian")
 CATEGORY_ARRAYS = ("categories_nodes", "categories_segments", "categories_sizes")
 
 
@@ -197,7 +195,7 @@ def _check_tree(tree: dict, index: int, features: int, numeric: int, vocab: list
     left, right = _array(tree, "left_children", size, int), _array(tree, "right_children", size, int)
     split_index, split_type = _array(tree, "split_indices", size, int), _array(tree, "split_type", size, int)
     parents = _array(tree, "parents", size, int)
-    if np.any((_array(tree, "default_left", size, int) != 0) & (_array(tree, "default_left", size, int) != 1)):
+    if not np.isin(_array(tree, "default_left", size, int), (0, 1)).all():
         raise ValueError("default_left")
     for name in ("base_weights", "loss_changes", "split_conditions", "sum_hessian"):
         _array(tree, name, size, float)

@@ -67,9 +67,7 @@ class TrainResult:
     def predict(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         """In batches of :data:`PREDICT_ROWS`: the hidden layers' activations of a whole features table (rows ×
         the widest layer) are bounded by nothing a job declares, a batch's are."""
-        parts = [self._predict(numeric[start:start + PREDICT_ROWS], categorical[start:start + PREDICT_ROWS])
-                 for start in range(0, max(numeric.shape[0], 1), PREDICT_ROWS)]
-        return np.concatenate(parts, axis=0)
+        return in_batches(self._predict, numeric, categorical, PREDICT_ROWS)
 
     def _predict(self, numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         outputs = models.apply(self.params, jnp.asarray(numeric), jnp.asarray(categorical))
@@ -79,6 +77,14 @@ class TrainResult:
 
 
 PREDICT_ROWS = 16_384  # rows per prediction batch: 4096-wide layers take 256 MiB of float32 activations each
+
+
+def in_batches(predict, numeric: np.ndarray, categorical: np.ndarray, rows: int) -> np.ndarray:
+    """``predict`` (either learner's) on ``rows`` rows of the features at a time, concatenated (one empty batch
+    for an empty table, so that the result keeps its shape)."""
+    parts = [predict(numeric[start:start + rows], categorical[start:start + rows])
+             for start in range(0, max(numeric.shape[0], 1), rows)]
+    return np.concatenate(parts, axis=0)
 
 
 def device_summary() -> str:
@@ -159,10 +165,7 @@ def validation_split(n: int, fraction: float, rng: np.random.Generator,
     order = rng.permutation(n)
     candidates = order if validate_on is None else order[np.asarray(validate_on, dtype=bool)[order]]
     n_val = int(round(fraction * candidates.size)) if candidates.size >= 10 else 0
-    validation = candidates[:n_val]
-    if validate_on is None:
-        return validation, order[n_val:]
-    return validation, order[~np.isin(order, validation)]
+    return candidates[:n_val], order[~np.isin(order, candidates[:n_val])]
 
 
 def prepare(config: TrainConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray,
