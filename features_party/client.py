@@ -367,6 +367,21 @@ class LabelsPartyClient:
                                  headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
         return schemas.Release(**response.json())
 
+    def request_evaluation(self, dataset_id: str, metric: str, example_ids: Iterable, epsilon: float, *,
+                           predictions: Iterable[float] | None = None, clip: float | None = None,
+                           idempotency_key: str | None = None) -> schemas.Release:
+        """A private evaluation (``mse``, ``poisson``, ``accuracy`` of ``predictions``, one per example id) or the
+        labels' private mean (``mean``, no predictions), charged ε on those examples; the value, its noise scale
+        and 95 % interval are in the release's ``description``."""
+        body = schemas.EvaluationRequest(
+            metric=metric, epsilon=epsilon, example_ids=[str(i) for i in example_ids],
+            predictions=None if predictions is None else [float(p) for p in predictions],
+            **({"clip": clip} if clip is not None else {}))
+        response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/evaluations",
+                                 json=body.model_dump(exclude_none=True), retry=True,
+                                 headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
+        return schemas.Release(**response.json())
+
     def get_release(self, release_id: str) -> schemas.Release:
         return schemas.Release(**self._request("GET", f"/v1/releases/{_segment(release_id)}", retry=True).json())
 

@@ -1,7 +1,10 @@
 """Private evaluation: the labels party scores the features party's predictions against the true labels and
 releases only a noisy mean of a clipped per-example loss, charged to the scored examples.
 
-Each per-example loss is clipped to an interval of width W (MSE: [0, C]; Poisson: [−C, C]; 0/1 error: [0, 1]) and
+Each per-example loss is clipped to an interval of width W (MSE: [0, C]; Poisson: [−C, C]; 0/1 error: [0, 1]; the
+``mean`` metric scores no predictions: its per-example quantity is the label itself on the dataset's declared range
+[L, U], public, so W = U − L and the release is a central DP estimate of the labels' mean — the constant predictor
+that a trainer's ``auto`` job compares its models with) and
 rounded to one of 2^20 + 1 evenly spaced levels of it (0/1 errors are already integers), so the sum of the
 losses is an integer S that one label moves by at most 2^20 levels. The release is S + Z with Z discrete Laplace
 (sampled exactly, :mod:`shared.mechanisms.integer_noise`) calibrated to that sensitivity — ε-DP in the labels —
@@ -20,11 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting import dp_event
 
+from shared.domains import Domain
 from shared.errors import LabelDPError
 from shared.mechanisms.integer_noise import DiscreteLaplace
 from shared.privacy import check_epsilon
 
-METRICS = ("mse", "poisson", "accuracy")
+METRICS = ("mse", "poisson", "accuracy", "mean")
 LOSS_LEVELS = 1 << 20  # levels per clipped loss range (the sum's sensitivity)
 MAX_CLIP = 1e15  # keeps the clip range (2·clip for Poisson) and the integer sum of levels finite
 
@@ -61,14 +65,18 @@ class PrivateEvaluation:
         return self.value - half, self.value + half
 
 
-def clipped_losses(metric: str, predictions: np.ndarray, labels: np.ndarray,
-                   clip: float) -> tuple[np.ndarray, float, float]:
-    """(per-example losses clipped to their interval, the interval's low end, its width)."""
+def clipped_losses(metric: str, predictions: np.ndarray | None, labels: np.ndarray, clip: float,
+                   bounds: tuple[float, float] | None = None) -> tuple[np.ndarray, float, float]:
+    """(per-example losses clipped to their interval, the interval's low end, its width); ``bounds``: the declared
+    label range of the ``mean`` metric."""
     with np.errstate(over="ignore", invalid="ignore"):  # absurd labels overflow; the caller maps them into range
-        return _clipped_losses(metric, predictions, labels, clip)
+        return _clipped_losses(metric, predictions, labels, clip, bounds)
 
 
-def _clipped_losses(metric, predictions, labels, clip):
+def _clipped_losses(metric, predictions, labels, clip, bounds):
+    if metric == "mean":
+        low, high = bounds
+        return np.clip(labels, low, high), low, high - low
     if metric == "mse":
         return np.clip((predictions - labels) ** 2, 0.0, clip), 0.0, clip
     if metric == "poisson":  # ℓ_Poi with the prediction as the rate; can be negative, so clip on both sides
@@ -85,16 +93,26 @@ class EvaluationPlan:
     clip: float
     levels: int
     noise: DiscreteLaplace
+    bounds: tuple[float, float] | None = None  # the mean metric's declared label range
 
     def dp_event(self) -> dp_event.DpEvent:
         return dp_event.DiscreteLaplaceDpEvent(noise_parameter=self.noise.s / self.noise.t, sensitivity=self.levels)
 
 
-def plan_evaluation(metric: str, epsilon: float, clip: float) -> EvaluationPlan:
-    """Every refusal of an evaluation (before any label is read) and its noise."""
+def plan_evaluation(metric: str, epsilon: float, clip: float, domain: Domain | None = None) -> EvaluationPlan:
+    """Every refusal of an evaluation (before any label is read) and its noise; ``domain``, the dataset's, gives the
+    ``mean`` metric its range (class labels have no mean: refused)."""
     if metric not in METRICS:
         raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code="invalid_metric")
     epsilon = check_epsilon(epsilon)
+    if metric == "mean":
+        if domain is None or domain.label_kind == "classes":
+            raise LabelDPError("the mean metric needs ordered numeric labels; this dataset's are classes",
+                               code="mechanism_domain_mismatch")
+        values = domain.support().values
+        low, high = float(values.min()), float(values.max())
+        return EvaluationPlan(metric, high - low, LOSS_LEVELS, DiscreteLaplace.calibrated(epsilon, LOSS_LEVELS),
+                              (low, high))
     if metric != "accuracy" and not (math.isfinite(clip) and 0 < clip <= MAX_CLIP):
         raise LabelDPError(f"clip must be positive and at most {MAX_CLIP:g}", code="invalid_request")
     levels = 1 if metric == "accuracy" else LOSS_LEVELS
@@ -110,10 +128,14 @@ def check_predictions(predictions) -> np.ndarray:
 
 
 def score(plan: EvaluationPlan, predictions, labels, rng: np.random.Generator) -> PrivateEvaluation:
-    """The noisy mean clipped loss of ``predictions`` against ``labels`` (never refuses)."""
-    predictions = check_predictions(predictions)
+    """The noisy mean clipped loss of ``predictions`` against ``labels`` (never refuses); for the ``mean`` metric
+    (no predictions) the noisy mean of the labels on the declared range."""
+    predictions = None if plan.metric == "mean" else check_predictions(predictions)
     metric, clip = plan.metric, plan.clip
-    losses, low, width = clipped_losses(metric, predictions, np.asarray(labels, dtype=np.float64), clip)
+    labels = np.asarray(labels, dtype=np.float64)
+    losses, low, width = clipped_losses(metric, predictions, labels, clip, plan.bounds)
+    if width <= 0:  # a declared range of one value: its mean is public, a noisy sum of zero-width levels is 0
+        width = 1.0
     # A loss that is not a number (inf - inf for absurd labels) is a function of the label like any other: it is
     # mapped into the clip range, never refused (a refusal would depend on the label).
     losses = np.clip(np.nan_to_num(losses, nan=low + width, posinf=low + width, neginf=low), low, low + width)
@@ -125,8 +147,9 @@ def score(plan: EvaluationPlan, predictions, labels, rng: np.random.Generator) -
     return PrivateEvaluation(metric, float(value), plan.noise, unit, plan.levels, clip, int(losses.size), noisy_sum)
 
 
-def evaluate(metric: str, predictions, labels, epsilon: float, clip: float,
-             rng: np.random.Generator) -> PrivateEvaluation:
+def evaluate(metric: str, predictions, labels, epsilon: float, clip: float, rng: np.random.Generator, *,
+             domain: Domain | None = None) -> PrivateEvaluation:
     """:func:`plan_evaluation` and :func:`score` in one call."""
-    return score(plan_evaluation(metric, epsilon, clip), check_predictions(predictions), labels, rng)
+    plan = plan_evaluation(metric, epsilon, clip, domain)
+    return score(plan, None if metric == "mean" else check_predictions(predictions), labels, rng)
 

@@ -121,8 +121,8 @@ def _estimate(predictions, noisy_labels, mechanism: Sampler, level: float, round
     predictions, noisy_labels = _vectors(predictions, noisy_labels)
     if not 0 < level < 1:
         raise LabelDPError(f"level must be strictly between 0 and 1, not {level!r}", code="invalid_input")
-    _check_unbiased(mechanism)
-    correction, bias_bound = _variance_correction(mechanism, noisy_labels)
+    check_unbiased(mechanism)
+    correction, bias_bound = variance_correction(mechanism, noisy_labels)
     terms = (predictions - noisy_labels) ** 2 - correction
     estimate = float(terms.mean())
     standard_error = float(terms.std(ddof=1) / math.sqrt(terms.size))
@@ -146,7 +146,7 @@ def _vectors(predictions, noisy_labels) -> tuple[np.ndarray, np.ndarray]:
     return predictions, noisy_labels
 
 
-def _check_unbiased(mechanism: Sampler) -> None:
+def check_unbiased(mechanism: Sampler) -> None:
     if isinstance(mechanism, AdditiveNoiseRandomizer):  # its bias is computed on labels: the lattice's points
         inputs = mechanism.lattice.value(np.arange(mechanism.lattice.steps + 1))
         mechanism = dataclasses.replace(mechanism, input_values=inputs)
@@ -160,7 +160,7 @@ def _check_unbiased(mechanism: Sampler) -> None:
                            "(opt-unbiased, dbrr, unclipped laplace or staircase)", code="mechanism_biased")
 
 
-def _variance_correction(mechanism: Sampler, noisy_labels: np.ndarray) -> tuple[np.ndarray | float, float]:
+def variance_correction(mechanism: Sampler, noisy_labels: np.ndarray) -> tuple[np.ndarray | float, float]:
     """h(ŷ) for every privatized label (a constant for additive noise), and max_y |E[h(ŷ) | y] − Var(ŷ | y)|."""
     if isinstance(mechanism, AdditiveNoiseRandomizer):
         return mechanism.noise_variance, 0.0

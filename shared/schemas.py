@@ -294,15 +294,19 @@ class ReleaseRequest(BaseModel):
 
 
 class EvaluationRequest(BaseModel):
-    """Predictions for (test) examples; the labels party answers with a discrete-Laplace-noised mean clipped loss."""
+    """Predictions for (test) examples; the labels party answers with a discrete-Laplace-noised mean clipped loss.
+    ``metric: "mean"`` takes no predictions: the noisy mean of the examples' labels themselves (on the dataset's
+    declared range, which bounds each label's contribution; ``clip`` is not used) — the constant predictor a
+    trainer compares its models with."""
 
     model_config = REQUEST_CONFIG
 
-    metric: Literal["mse", "poisson", "accuracy"]
+    metric: Literal["mse", "poisson", "accuracy", "mean"]
     epsilon: Epsilon
     clip: float = Field(default=1e4, gt=0, le=1e15)
     example_ids: list[str] = Field(min_length=1)
-    predictions: list[FiniteFloat] = Field(min_length=1)  # one per example id (else 400 invalid_input)
+    # one per example id (else 400 invalid_input); none for metric "mean"
+    predictions: Omittable[list[FiniteFloat]] = Field(default=None, min_length=1)
 
 
 MAX_QUANTILES = 100  # per quantile release

@@ -359,14 +359,19 @@ class Evaluation(_JsonBodyKind):
     per_example: ClassVar[frozenset[str]] = frozenset({"example_ids", "predictions"})
 
     def check(self) -> None:
-        if len(self.request.example_ids) != len(self.request.predictions):
+        predictions = self.request.predictions
+        if self.request.metric == "mean":
+            if predictions is not None:
+                raise LabelDPError("the mean metric scores the labels themselves: send no predictions",
+                                   code="invalid_input")
+        elif predictions is None or len(self.request.example_ids) != len(predictions):
             raise LabelDPError("predictions must hold one number per example id", code="invalid_input")
 
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, self.request.predictions
 
-    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, _predictions) -> PricedPlan:
-        plan = plan_evaluation(self.request.metric, self.request.epsilon, self.request.clip)
+    def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, _predictions) -> PricedPlan:
+        plan = plan_evaluation(self.request.metric, self.request.epsilon, self.request.clip, snapshot.domain)
         return PricedPlan(plan.dp_event(), plan)
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, predictions, priced: PricedPlan,
@@ -379,7 +384,8 @@ class Evaluation(_JsonBodyKind):
                        "noise_scale": result.noise_scale, "clip": result.clip, "num_examples": result.num_examples,
                        "ci95_low": low, "ci95_high": high, "epsilon": request.epsilon,
                        "certified_epsilon": result.certified_epsilon, "noisy_sum": result.noisy_sum,
-                       "unit": result.unit, "loss_levels": result.levels, "noise": result.noise.describe()}
+                       "unit": result.unit, "loss_levels": result.levels, "noise": result.noise.describe(),
+                       **({"range_low": plan.bounds[0], "range_high": plan.bounds[1]} if plan.bounds else {})}
         return Draft(result, {}, description)
 
 

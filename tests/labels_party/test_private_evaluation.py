@@ -138,3 +138,52 @@ def test_absurd_labels_and_clips_cannot_break_the_sensitivity():
     with pytest.raises(LabelDPError) as err:
         evaluate("poisson", [1.0], [1.0], 1.0, 1e308, rng)
     assert err.value.code == "invalid_request"
+
+
+def test_mean_metric_is_the_labels_mean_with_noise_scaled_to_the_declared_range():
+    """The ``mean`` metric releases the labels' mean on the declared range [L, U]: unbiased up to the rounding to
+    2^20 levels, noise scale (U − L)/(n ε), and the 95 % interval covers the true mean at its level."""
+    from shared.domains import integer_range
+
+    domain = integer_range(0, 99)
+    labels = np.random.default_rng(5).integers(0, 100, size=2000).astype(float)
+    draws = [evaluate("mean", None, labels, 0.25, 1.0, np.random.default_rng(s), domain=domain) for s in range(3000)]
+    values = np.array([d.value for d in draws])
+    scale = draws[0].noise_scale
+    assert scale == pytest.approx(99 / (2000 * 0.25), rel=1e-6)
+    assert abs(values.mean() - labels.mean()) < 4 * np.sqrt(2) * scale / np.sqrt(values.size)
+    assert values.var() == pytest.approx(2 * scale**2, rel=0.08)
+    covered = np.mean([low <= labels.mean() <= high for low, high in (d.confidence_interval() for d in draws)])
+    assert 0.93 < covered < 0.97
+
+
+def test_mean_metric_is_refused_for_class_labels_before_anything_is_read():
+    from shared.domains import Classes
+
+    with pytest.raises(LabelDPError) as caught:
+        evaluate("mean", None, np.zeros(3), 1.0, 1.0, np.random.default_rng(0), domain=Classes(3))
+    assert caught.value.code == "mechanism_domain_mismatch"
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"metric": "mean", "epsilon": 0.5, "example_ids": ["t1"], "predictions": [1.0]}, 400, "invalid_input"),
+    ({"metric": "mse", "epsilon": 0.5, "example_ids": ["t1"]}, 400, "invalid_input"),
+])
+def test_mean_takes_no_predictions_and_the_others_need_them(service, body, status, code):
+    _, client, dataset, _ = service
+    response = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={"Idempotency-Key": "m"})
+    assert response.status_code == status and response.json()["error"]["code"] == code
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+
+
+def test_mean_endpoint_charges_its_examples_and_states_the_range(service):
+    ctx, client, dataset, labels = service
+    body = {"metric": "mean", "epsilon": 0.5, "example_ids": [f"t{i}" for i in range(1000)]}
+    response = client.post(f"/v1/datasets/{dataset}/evaluations", json=body, headers={"Idempotency-Key": "mean"})
+    assert response.status_code == 201
+    description = response.json()["description"]
+    assert (description["range_low"], description["range_high"]) == (0.0, 10.0) and description["metric"] == "mean"
+    assert description["noise_scale"] == pytest.approx(10.0 / (1000 * 0.5))
+    assert description["value"] == pytest.approx(labels.mean(), abs=8 * description["noise_scale"])
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.5
+    assert verify_audit(ctx)["valid"]
