@@ -375,7 +375,7 @@ class LabelsPartyClient:
         and 95 % interval are in the release's ``description``."""
         body = schemas.EvaluationRequest(
             metric=metric, epsilon=epsilon, example_ids=[str(i) for i in example_ids],
-            predictions=None if predictions is None else [float(p) for p in predictions],
+            **({"predictions": [float(p) for p in predictions]} if predictions is not None else {}),
             **({"clip": clip} if clip is not None else {}))
         response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/evaluations",
                                  json=body.model_dump(exclude_none=True), retry=True,

@@ -70,6 +70,8 @@ class Job(LeaseColumns, Base):
     dataset_id: Mapped[str] = mapped_column(String(64))
     request_json: Mapped[str] = mapped_column(Text)
     release_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # a finished job's estimate, warnings and (auto) choice: features_party.jobs.JobReport
+    report_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     epochs: Mapped[int] = mapped_column(Integer, default=0)
     metrics_json: Mapped[str] = mapped_column(Text, default="[]")

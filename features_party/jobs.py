@@ -58,7 +58,9 @@ from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_g
 from features_party.gbdt_file import is_model_file as is_gbdt_model
 from features_party.gbdt_file import load_model as load_gbdt
 from features_party.gbdt_file import save_model as save_gbdt
-from features_party.planning import JobPlan, labels_party_client, load_frame, plan_job, upstream_error
+from features_party.output import Output
+from features_party.planning import ESTIMATE_KEY, JobPlan, labels_party_client, load_frame, plan_job, upstream_error
+from features_party.reports import JobReport, estimate, labels_by_id
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, save_model, train
 from shared import schemas
 from shared.errors import LabelDPError
@@ -309,17 +311,19 @@ def _execute(attempt: Attempt) -> None:
     try:
         plan = plan_job(ctx, org_id, trainer_schemas.JobRequest(**stored, api_key=api_key), stored=True)
         with labels_party_client(ctx, plan.url, api_key) as client:
-            release = plan.existing_release
-            if release is None and plan.request.protocol == "single":
-                requested = plan.request.release
-                assert requested is not None  # plan_job: a job without an existing release gives the one to request
-                # the job id is the key: every attempt gets the release the first one was charged for
-                release = client.request_release(plan.request.dataset_id, requested, idempotency_key=job_id)
+            if plan.auto is not None:
+                from features_party.auto import run_auto
+
+                run_auto(attempt, plan, client, deadline)
+                return
+            release, report = plan.existing_release, JobReport()
+            estimate = request_releases(plan, client, job_id, report)
+            release = estimate.pop("", release)  # the job's own release, asked for again: the one first charged
             if release is not None:
                 attempt.update(release_json=json.dumps(release_summary(release)))
-                run_single(attempt, plan, client, release, deadline)
+                run_single(attempt, plan, client, release, estimate.get(ESTIMATE_KEY), report, deadline)
             else:
-                run_multistage(attempt, plan, client, deadline)
+                run_multistage(attempt, plan, client, estimate.get(ESTIMATE_KEY), report, deadline)
     except (LeaseLost, Stopped):
         raise LeaseLost(job_id) from None
     except TimeLimitExceeded:
@@ -344,6 +348,24 @@ def _execute(attempt: Attempt) -> None:
         log.exception("job %s failed", job_id)
         attempt.end("failed", error=f"{type(err).__name__} while training", seconds=took(),
                     error_code=ErrorCode.TRAINING_FAILED.value)
+
+
+def request_releases(plan: JobPlan, client: LabelsPartyClient, job_id: str,
+                     report: JobReport) -> dict[str, schemas.Release]:
+    """The releases a fixed-mechanism job asks for before it trains (:meth:`JobPlan.releases`), by key suffix, each
+    with the job id in its Idempotency-Key — so every attempt gets back what the first was charged for. The
+    estimate rows' own release refused (nothing charged for it) leaves the job without an estimate, and a warning."""
+    out: dict[str, schemas.Release] = {}
+    for suffix, requested in plan.releases():
+        key = f"{job_id}-{suffix}" if suffix else job_id
+        try:
+            out[suffix] = client.request_release(plan.request.dataset_id, requested, idempotency_key=key)
+        except LabelsPartyError as err:
+            if not suffix or upstream_outcome(err) != "refused":
+                raise
+            report.warnings.append(f"no estimate of the model's test loss: the labels party refused the estimate "
+                                   f"rows' release ({err.safe_code}); nothing was charged for it")
+    return out
 
 
 def _own_refusal(err: BaseException) -> bool:
@@ -378,7 +400,7 @@ def _progress(attempt: Attempt, every_seconds: float = 0.0):
 
 
 def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, release: schemas.Release,
-               deadline: Deadline) -> None:
+               estimate_release: schemas.Release | None, report: JobReport, deadline: Deadline) -> None:
     settings = attempt.ctx.settings
     table = client.download_labels(release.id)
     features = load_frame(plan.features_file)
@@ -386,23 +408,29 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     present = features.index.intersection(ids)
     overlap = len(present)
     present = present[~present.isin(plan.held_out)]  # a release of the whole dataset covers held-out rows too
-    if len(present) < settings.min_train_examples:  # an existing release or a source dataset's: planning
+    if estimate_release is None and plan.estimate is not None and plan.estimate.mechanism is None:
+        estimate_rows = plan.estimate_ids(present)  # from this release: never trained on
+    else:
+        estimate_rows = present[:0]
+    training = present[~present.isin(estimate_rows)]
+    if len(training) < settings.min_train_examples:  # an existing release or a source dataset's: planning
         # named every id otherwise, and the labels party refused any it lacks before charging
-        raise LabelDPError(f"{len(present)} of the released example ids have features and are not held out; this "
-                           f"trainer trains on at least {settings.min_train_examples} (min_train_examples)",
-                           code="too_few_examples" if overlap else "no_overlap")
-    position = pd.Series(np.arange(len(ids)), index=ids)[present].to_numpy()
-    targets = training_targets(table, release)[position]
+        raise LabelDPError(f"{len(training)} of the released example ids have features and are neither held out nor "
+                           f"kept for the estimate; this trainer trains on at least {settings.min_train_examples} "
+                           "(min_train_examples)", code="too_few_examples" if overlap else "no_overlap")
+    position = pd.Series(np.arange(len(ids)), index=ids)
+    targets = training_targets(table, release)[position[training].to_numpy()]
+    noisy = labels_by_id(table)
     del table
     config = plan.config
     if config.loss == "cross_entropy":
         targets = np.rint(targets).astype(np.int32)
-    rows = features.loc[present]
+    rows = features.loc[training]
     preprocessor = Preprocessor.fit(rows, plan.request.numeric, plan.request.categorical)  # training rows only
     numeric, categorical = preprocessor.transform(rows)
     result: TrainResult | GbdtResult
     attempt.update(epochs=config.n_estimators if isinstance(config, GbdtConfig) else config.epochs,
-                   num_train_examples=len(present), num_holdout_examples=len(plan.held_out))
+                   num_train_examples=len(training), num_holdout_examples=len(plan.held_out))
     if isinstance(config, GbdtConfig):
         result = train_gbdt(config, numeric, categorical, targets, num_classes=plan.num_classes,
                             on_epoch=_progress(attempt, every_seconds=1.0), deadline=deadline,
@@ -410,12 +438,37 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     else:
         result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
                        num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
-    _finish(attempt, result, preprocessor, features, plan.held_out,
-            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon},
+    if estimate_release is not None:
+        source, noisy = estimate_release, labels_by_id(client.download_labels(estimate_release.id))
+        estimate_rows = features.index.intersection(pd.Index(list(noisy)))
+    else:
+        source = release
+    report_estimate(report, plan, client, source, noisy, estimate_rows, features, preprocessor, result)
+    finish(attempt, result, preprocessor, features, plan.held_out,
+            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon}, report,
             epoch=len(result.history), metrics_json=json.dumps(result.history))
 
 
-def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadline: Deadline) -> None:
+def report_estimate(report: JobReport, plan: JobPlan, client: LabelsPartyClient, release: schemas.Release | None,
+                    noisy: dict[str, float], rows: pd.Index, features: pd.DataFrame, preprocessor: Preprocessor,
+                    result: TrainResult | GbdtResult) -> None:
+    """The job's estimate on its estimate ``rows`` (their labels ``noisy`` from ``release``), or why it has none."""
+    if plan.estimate is None:
+        why = ("estimate_fraction is 0" if plan.request.estimate_fraction <= 0 else
+               "a source dataset's release covers every row, leaving none to release unbiasedly apart")
+        report.warnings.append(f"no estimate of the model's test loss: {why}")
+        return
+    if len(rows) < 2:
+        report.warnings.append(f"no estimate of the model's test loss: {len(rows)} estimate row(s)")
+        return
+    assert release is not None  # estimate rows come from a release
+    predictions = result.predict(*preprocessor.transform(features.loc[rows]))
+    labels = np.array([noisy[i] for i in rows.astype(str)])
+    estimate(report, client, release, labels, predictions, plan.loss, plan.num_classes)
+
+
+def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient,
+                   estimate_release: schemas.Release | None, report: JobReport, deadline: Deadline) -> None:
     """LP-MST as a trainer job: the stages' releases happen inside the job (each stage needs the last model);
     their Idempotency-Keys start with the job id, so a job run again gets the same releases back."""
     from features_party.multistage import train_multistage
@@ -425,15 +478,15 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
     # plan_job: an lp-mst job requests its own releases, of a classes dataset
     assert release is not None and num_classes is not None
     features = load_frame(plan.features_file)
-    ids = pd.Index(release.example_ids) if release.example_ids else features.index
-    rows = features.loc[ids[~ids.isin(plan.held_out)]]
+    ids = plan.training_ids(features)
+    rows = features.loc[ids[~ids.isin(plan.estimate_ids(ids))]]  # the estimate rows have a release of their own
     preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)
     numeric, categorical = preprocessor.transform(rows)
     config = plan.config
     rounds = config.n_estimators if isinstance(config, GbdtConfig) else config.epochs
     attempt.update(epochs=rounds * request.stages, num_train_examples=len(rows),
                    num_holdout_examples=len(plan.held_out))
-    result, reports = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
+    result, reports, _labels = train_multistage(client, request.dataset_id, rows.index.to_numpy(), numeric, categorical,
                                        vocab_sizes=preprocessor.vocab_sizes, num_classes=num_classes,
                                        epsilon=release.epsilon, stages=request.stages, config=config,
                                        temperature=request.temperature, seed=config.seed,
@@ -443,12 +496,19 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, d
     attempt.update(metrics_json=json.dumps(stages), release_json=json.dumps({
         "stages": stages, "epsilon": release.epsilon,
         "certified_epsilon": max(r.certified_epsilon for r in reports)}))
-    _finish(attempt, result, preprocessor, features, plan.held_out, {"protocol": "lp-mst", "stages": stages,
-                                                                     "epsilon": release.epsilon})
+    noisy, estimate_rows = {}, features.index[:0]
+    if estimate_release is not None:
+        noisy = labels_by_id(client.download_labels(estimate_release.id))
+        estimate_rows = features.index.intersection(pd.Index(list(noisy)))
+    if estimate_release is not None or plan.estimate is None:  # else refused: report.warnings says so
+        report_estimate(report, plan, client, estimate_release, noisy, estimate_rows, features, preprocessor,
+                        result)
+    finish(attempt, result, preprocessor, features, plan.held_out, {"protocol": "lp-mst", "stages": stages,
+                                                                     "epsilon": release.epsilon}, report)
 
 
-def _finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Preprocessor, features: pd.DataFrame,
-            held_out: pd.Index, extra: dict, **fields: Any) -> None:
+def finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Preprocessor, features: pd.DataFrame,
+            held_out: pd.Index, extra: dict, report: JobReport, output: Output | None = None, **fields: Any) -> None:
     """Save the model (the MLP's .npz, or the trees' XGBoost JSON) and the predictions for every row of the features
     table (Parquet, streamed on request; a ``holdout`` column marks the rows the job's split held out) in this
     attempt's directory, and record them with the job's outcome — its status, files, seconds and ``fields`` in one
@@ -456,6 +516,8 @@ def _finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Pr
     attempts' files go."""
     workdir = attempt.workdir
     workdir.mkdir(parents=True, exist_ok=True)
+    output = output or Output()
+    extra = {**extra, "output": output.describe()}
     if isinstance(result, GbdtResult):
         model_file = workdir / "model.json"
         save_gbdt(model_file, result, preprocessor.to_dict(), extra)
@@ -463,7 +525,7 @@ def _finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Pr
         model_file = workdir / "model.npz"
         save_model(model_file, result, preprocessor.to_dict(), extra)
     numeric, categorical = preprocessor.transform(features)
-    predicted = result.predict(numeric, categorical)
+    predicted = output.apply(result.predict(numeric, categorical))
     columns = {ID: pa.array(features.index.astype(str).to_numpy())}
     if predicted.ndim == 2:
         columns["prediction"] = pa.array(predicted.argmax(axis=1))
@@ -474,7 +536,7 @@ def _finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Pr
     pq.write_table(pa.table(columns), workdir / "predictions.parquet")
     attempt.end("succeeded", model_file=str(model_file), device=result.device,
                 predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started,
-                **fields)
+                report_json=json.dumps(report.to_dict()), **fields)
     for other in workdir.parent.iterdir():  # attempts that never finished (their workers died or lost the lease)
         if other != workdir:
             shutil.rmtree(other, ignore_errors=True)
@@ -486,9 +548,10 @@ def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.Data
 
     result: TrainResult | GbdtResult
     result, header = load_gbdt(model_path) if is_gbdt_model(model_path) else load_model(model_path)
+    output = Output.from_dict(header.get("output"))
     numeric, categorical = Preprocessor.from_dict(header["preprocessing"]).transform(features)
     try:
-        predicted = result.predict(numeric, categorical)
+        predicted = output.apply(result.predict(numeric, categorical))
     except xgb.core.XGBoostError:  # a checked tree file XGBoost still refuses at prediction: one line, no stack
         raise LabelDPError("the model file's trees cannot predict (a damaged labeldp tree model)",
                            code="malformed_file") from None

@@ -17,6 +17,7 @@ each stage adding up to ``n_estimators`` rounds, and the softmax of their margin
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -37,6 +38,12 @@ class StageReport:
     certified_epsilon: float
     skipped: str | None = None  # why the stage's labels were not released (nothing was spent on them)
     uninformative: int = 0  # examples left out of the release (k = 1), labelled with their prior's argmax
+
+
+class MultistageRun(NamedTuple):
+    model: TrainResult | GbdtResult  # the last stage's
+    reports: list[StageReport]
+    labels: np.ndarray  # each example's label as the stages left it (released, or its prior's argmax); -1: none
 
 
 def _logits(result: TrainResult | GbdtResult, numeric, categorical) -> np.ndarray:
@@ -66,8 +73,9 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
                      config: TrainConfig | GbdtConfig, temperature: float = 1.0, seed: int = 0,
                      fractions: list[float] | None = None, key_prefix: str = "",
                      deadline: float | Deadline | None = None,
-                     threads: int | None = None) -> tuple[TrainResult | GbdtResult, list[StageReport]]:
-    """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model and a per-stage report.
+                     threads: int | None = None) -> MultistageRun:
+    """LP-MST with T = ``stages`` (1 is LP-1ST, i.e. plain RR). Returns the final model, a per-stage report and
+    the examples' labels.
     Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
     the same prefix (a resumed job) gets the same releases back instead of new draws and charges. Past
     ``deadline`` (``time.monotonic()``, or a :class:`~features_party.train.Deadline`) a stage's training raises
@@ -138,4 +146,4 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
         reports.append(StageReport(stage, len(rows), release.id, mean_k, int(use.sum()), certified,
                                    uninformative=uninformative))
     assert result is not None  # stages >= 1: at least one stage trained
-    return result, reports
+    return MultistageRun(result, reports, labels)

@@ -17,10 +17,11 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from features_party import db, gbdt, id_lists, losses, schemas
+from features_party import db, gbdt, id_lists, losses, parts, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import Preprocessor
+from features_party.parts import AutoPlan
 from features_party.settings import TrainerSettings
 from features_party.train import TrainConfig
 from shared import models
@@ -45,6 +46,21 @@ def load_frame(file: str) -> pd.DataFrame:
     return frame.set_index("example_id", drop=False)
 
 
+Config = TrainConfig | gbdt.GbdtConfig
+ESTIMATE_KEY = "estimate"  # the Idempotency-Key suffix of a job's estimate release
+
+
+@dataclass(frozen=True)
+class EstimatePlan:
+    """A job's estimate rows (:mod:`features_party.parts`): ``fraction`` of its training rows by the public rule with
+    ``seed``; their labels from the job's own release (``mechanism`` None: it is unbiased, or an existing release
+    whose document decides) or from a release of their own by ``mechanism`` at the job's ε."""
+
+    fraction: float
+    seed: int
+    mechanism: str | None
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """Everything a job needs, checked: what runs in the background can only fail for reasons nobody could have
@@ -54,11 +70,57 @@ class JobPlan:
     labels_party: str
     url: str
     features_file: str
-    config: TrainConfig | gbdt.GbdtConfig  # the learner's options (train.model)
+    configs: dict[str, Config]  # each learner's options: one learner, or an auto job's two
     num_classes: int | None
     existing_release: shared_schemas.Release | None = None  # to train on instead of requesting one
     # the features table's ids its split holds out: never trained on, marked in the predictions
     held_out: pd.Index = field(default_factory=lambda: pd.Index([], dtype=object))
+    estimate: EstimatePlan | None = None
+    auto: AutoPlan | None = None
+
+    @property
+    def config(self) -> Config:
+        """The learner's options of a job with one learner (every fixed-mechanism job)."""
+        (config,) = self.configs.values()
+        return config
+
+    @property
+    def loss(self) -> str:
+        return next(iter(self.configs.values())).loss
+
+    def training_ids(self, frame: pd.DataFrame) -> pd.Index:
+        """The ids the job may train on, its estimate rows included: its release's ``example_ids`` (as planned),
+        else its features table's, less those its split holds out."""
+        release = self.request.release
+        ids = pd.Index(release.example_ids) if release is not None and release.example_ids else frame.index
+        return ids[~ids.isin(self.held_out)]
+
+    def estimate_ids(self, ids: pd.Index) -> pd.Index:
+        if self.estimate is None:
+            return ids[:0]
+        return ids[parts.estimate_mask(ids.astype(str), self.estimate.fraction, self.estimate.seed)]
+
+    def releases(self) -> list[tuple[str, shared_schemas.ReleaseRequest]]:
+        """What a fixed-mechanism job asks for before it trains, in order, as (Idempotency-Key suffix, request):
+        its release ("": the job id is the key) — less its estimate rows when those have a release of their own —
+        then that estimate release. An lp-mst job asks for its stages as it trains; an auto job for its parts."""
+        release, estimate = self.request.release, self.estimate
+        if self.existing_release is not None or not isinstance(release, shared_schemas.ReleaseRequest):
+            return []
+        out: list[tuple[str, shared_schemas.ReleaseRequest]] = []
+        separate = estimate is not None and estimate.mechanism is not None and release.example_ids is not None
+        held = self.estimate_ids(pd.Index(release.example_ids)) if separate else pd.Index([])
+        if self.request.protocol == "single":
+            ids = release.example_ids
+            if ids is not None and separate:
+                kept = set(held)
+                ids = [i for i in ids if i not in kept]
+            out.append(("", release.model_copy(update={"example_ids": ids})))
+        if separate and len(held):
+            assert estimate is not None and estimate.mechanism is not None
+            out.append((ESTIMATE_KEY, shared_schemas.ReleaseRequest(
+                mechanism=estimate.mechanism, epsilon=release.epsilon, example_ids=held.astype(str).tolist())))
+        return out
 
 
 def labels_party_client(ctx: TrainerContext, url: str, api_key: str) -> LabelsPartyClient:
@@ -109,19 +171,26 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         raise _invalid("give either split (the rows to hold out) or release.example_ids (the rows to train on)")
     if request.protocol == "lp-mst" and request.release is None:
         raise _invalid("lp-mst requests its own releases: give release, not release_id")
+    auto = isinstance(request.release, schemas.AutoRelease)
+    if auto and request.protocol != "single":
+        raise _invalid("an auto job chooses among protocols itself (its candidates include lp-2st): give protocol "
+                       "'single'")
+    learners = _learners(request.train, auto)
     party, url = ctx.settings.labels_party_url(request.labels_party)
     with ctx.sessions() as session, session.begin():
         features_file = feature_row(session, org_id, request.features).file
     frame = load_frame(features_file)
     Preprocessor.check(frame, request.numeric, request.categorical)
-    _check_model(request)
+    _check_model(request, learners, auto)
     # 404: no such id list; 409: not the version the split pins. The request keeps the version read (its sha256).
     mask, split = id_lists.held_out(ctx, org_id, request.split, frame.index, stored=stored)
     held_out, request = frame.index[mask], request.model_copy(update={"split": split})
     rows = _rows_to_train(frame, request, held_out, ctx.settings.min_train_examples)
     # embeddings sized by the distinct values in the features table: an upper bound of what its training rows have
     vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
-    _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=request.num_classes or 1)  # a lower bound
+    fits = _fits(request, auto)
+    for learner in learners:  # a lower bound before the dataset is read
+        _check_size(ctx.settings, request, learner, vocab_sizes, rows, output_dim=request.num_classes or 1, fits=fits)
     with labels_party_client(ctx, url, request.api_key) as client:
         try:
             dataset = client.get_dataset(request.dataset_id)
@@ -138,15 +207,102 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
         mechanism = request.release.mechanism
     loss, num_classes = _loss_for(request, mechanism, dataset)
-    if request.train.model == "gbdt" and loss not in gbdt.OBJECTIVES:
+    if "gbdt" in learners and loss not in gbdt.OBJECTIVES:
         raise _invalid(f"model gbdt has no {loss!r} loss (the subset randomizer's labels train the MLP only); use "
                        f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
     output_dim = losses.output_dim(loss, num_classes)
-    _check_size(ctx.settings, request, vocab_sizes, rows, output_dim=output_dim)
-    _check_outputs(ctx.settings, request, len(frame), rows, output_dim, vocab_sizes)
-    config = _config(request.train, loss)
-    return JobPlan(_naming_ids(request, frame, held_out, dataset), party, url, features_file, config, num_classes,
-                   existing, held_out)
+    for learner in learners:
+        _check_size(ctx.settings, request, learner, vocab_sizes, rows, output_dim=output_dim, fits=fits)
+        _check_outputs(ctx.settings, request, learner, len(frame), rows, output_dim, vocab_sizes, fits=fits)
+    configs = {learner: _config(request.train, learner, loss) for learner in learners}
+    request = _naming_ids(request, frame, held_out, dataset)
+    classes = dataset.label_kind == "classes"
+    plan = JobPlan(request, party, url, features_file, configs, num_classes, existing, held_out,
+                   _estimate_plan(request, existing, dataset, classes))
+    if auto:
+        plan = _auto_plan(plan, dataset, frame, ctx.settings.min_train_examples)
+    _check_training_rows(plan, frame, ctx.settings.min_train_examples)
+    return plan
+
+
+def _learners(options: schemas.TrainOptions, auto: bool) -> tuple[str, ...]:
+    """The learners a job trains: an auto job both (``train.model`` auto or unset) or the one it names; a fixed
+    mechanism's job one (default the MLP)."""
+    if options.model in (None, "auto"):
+        if options.model == "auto" and not auto:
+            raise _invalid("train.model 'auto' chooses a learner on unbiased validation labels, which an auto job "
+                           "keeps: use release.mechanism 'auto', or train.model 'mlp' or 'gbdt'")
+        return ("mlp", "gbdt") if auto else ("mlp",)
+    return (options.model,)
+
+
+def _fits(request: schemas.JobRequest, auto: bool) -> int:
+    """Models a job fits per learner: one, stages of lp-mst, or an auto job's candidates — per training part and
+    the pooled one, each at two regularizations, and LP-2ST's two stages."""
+    if auto:
+        release = request.release
+        assert isinstance(release, schemas.AutoRelease)
+        arms = len(release.candidates or parts.REGRESSION_ARMS)
+        return 2 * (arms + (arms > 1)) + 2
+    return request.stages if request.protocol == "lp-mst" else 1
+
+
+def _estimate_plan(request: schemas.JobRequest, existing: shared_schemas.Release | None,
+                   dataset: shared_schemas.Dataset, classes: bool) -> EstimatePlan | None:
+    """A fixed job's estimate rows: from its own release when that is unbiased (or an existing release, whose
+    document decides when the job runs), else by a release of their own — which a source dataset's release, covering
+    every row, leaves no room for (no estimate)."""
+    release = request.release
+    if request.estimate_fraction <= 0 or isinstance(release, schemas.AutoRelease):
+        return None
+    seed = request.train.seed
+    if existing is not None or (release is not None and request.protocol == "single"
+                                and parts.unbiased(release.mechanism, release.clip, classes)):
+        return EstimatePlan(request.estimate_fraction, seed, None)
+    if dataset.labels_at != "service":
+        return None
+    return EstimatePlan(request.estimate_fraction, seed,
+                        parts.VALIDATION_MECHANISM["classes" if classes else "regression"])
+
+
+def _auto_plan(plan: JobPlan, dataset: shared_schemas.Dataset, frame: pd.DataFrame, minimum: int) -> JobPlan:
+    release = plan.request.release
+    assert isinstance(release, schemas.AutoRelease)
+    classes = dataset.label_kind == "classes"
+    if dataset.labels_at != "service":
+        raise _invalid("an auto job releases disjoint parts of its rows, which a source dataset's release (all its "
+                       "rows) cannot: use a fixed mechanism")
+    allowed = parts.CLASS_ARMS if classes else parts.REGRESSION_ARMS
+    arms = tuple(dict.fromkeys(release.candidates or allowed))
+    wrong = [arm for arm in arms if arm not in allowed]
+    if wrong:
+        raise _invalid(f"auto candidate(s) {', '.join(wrong)} do not fit {dataset.label_kind} labels; choose among "
+                       f"{', '.join(allowed)}")
+    rows = len(plan.training_ids(frame))
+    auto = AutoPlan.build(arms, classes, release.epsilon, rows, plan.request.train.seed)
+    if auto.label_epsilon < parts.MIN_EPSILON:
+        raise LabelDPError(f"epsilon {release.epsilon:g} is too small for an auto job, which spends at least "
+                           f"{parts.MIN_EPSILON:g} on the labels' mean and on the labels each",
+                           code="epsilon_out_of_range")
+    return JobPlan(plan.request, plan.labels_party, plan.url, plan.features_file, plan.configs, plan.num_classes,
+                   None, plan.held_out, None, auto)
+
+
+def _check_training_rows(plan: JobPlan, frame: pd.DataFrame, minimum: int) -> None:
+    """Enough rows to train on once the estimate rows (or an auto job's selection and estimate rows) are kept."""
+    if plan.existing_release is not None or (plan.request.release is not None
+                                             and plan.request.release.example_ids is None):
+        return  # a source dataset's or an existing release's rows are known once downloaded
+    ids = plan.training_ids(frame)
+    if plan.auto is not None:
+        training = int(np.count_nonzero(np.isin(plan.auto.parts(ids.astype(str)), plan.auto.arms)))
+        what = "training parts"
+    else:
+        training = len(ids) - len(plan.estimate_ids(ids))
+        what = "rows left once its estimate rows are kept"
+    if training < minimum:
+        raise LabelDPError(f"the job would train on {training} example(s) ({what}); this trainer trains on at least "
+                           f"{minimum} (min_train_examples)", code="too_few_examples")
 
 
 def _rows_to_train(frame: pd.DataFrame, request: schemas.JobRequest, held_out: pd.Index, minimum: int) -> int:
@@ -187,44 +343,47 @@ def _naming_ids(request: schemas.JobRequest, frame: pd.DataFrame, held_out: pd.I
 MLP_OPTIONS = ("hidden", "embed_dim", "learning_rate", "l2", "batch_size", "epochs", "patience", "standardize_targets")
 
 
-def _check_model(request: schemas.JobRequest) -> None:
-    """The learner's options fit the learner: no tree options on an MLP job, no MLP option (other than its default)
-    on a tree job, and the trees need at least one feature column."""
+def _check_model(request: schemas.JobRequest, learners: tuple[str, ...], auto: bool) -> None:
+    """The learner's options fit the learners: no tree options on an MLP job, no MLP option (other than its
+    default) on a tree job (an auto job takes both), and the trees need at least one feature column."""
     options = request.train
-    if options.model == "mlp":
+    if learners == ("mlp",):
         if options.gbdt is not None:
             raise _invalid("train.gbdt options are for train.model 'gbdt'; this job trains the MLP")
         return
-    defaults = schemas.TrainOptions()
-    given = [name for name in MLP_OPTIONS if getattr(options, name) != getattr(defaults, name)]
-    if given:
-        raise _invalid(f"train.model 'gbdt' does not use the MLP option(s) {', '.join(given)}: give tree options "
-                       "in train.gbdt (learning_rate, n_estimators, max_depth, ...)")
+    if not auto:
+        defaults = schemas.TrainOptions()
+        given = [name for name in MLP_OPTIONS if getattr(options, name) != getattr(defaults, name)]
+        if given:
+            raise _invalid(f"train.model 'gbdt' does not use the MLP option(s) {', '.join(given)}: give tree "
+                           "options in train.gbdt (learning_rate, n_estimators, max_depth, ...)")
     if not request.numeric and not request.categorical:
         raise _invalid("train.model 'gbdt' needs at least one numeric or categorical feature column")
-    if options.validation_fraction <= 0:
+    if options.validation_fraction <= 0 and not auto:
         raise _invalid("train.model 'gbdt' stops early on a validation split of the privatized labels: give "
                        "train.validation_fraction > 0 (to boost a fixed number of rounds, set "
                        "train.gbdt.early_stopping_rounds to n_estimators)")
 
 
-def _config(options: schemas.TrainOptions, loss: str) -> TrainConfig | gbdt.GbdtConfig:
-    if options.model == "gbdt":
+def _config(options: schemas.TrainOptions, learner: str, loss: str) -> Config:
+    if learner == "gbdt":
         trees = (options.gbdt or schemas.GbdtOptions()).model_dump()
         return gbdt.GbdtConfig.from_dict({**trees, "loss": loss, "validation_fraction": options.validation_fraction,
                                           "seed": options.seed})
-    return TrainConfig.from_dict({**options.model_dump(exclude={"model", "gbdt"}), "loss": loss})
+    return TrainConfig.from_dict({**options.model_dump(exclude={"model", "gbdt", "validation_fraction"}),
+                                  "loss": loss, "validation_fraction": options.validation_fraction})
 
 
-def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_sizes: tuple[int, ...], rows: int,
-                *, output_dim: int) -> None:
-    """Refuses a job over ``max_job_size``: for the MLP parameters × epochs (× stages of lp-mst) × rows, the
-    parameters of the model the job would build; for trees :func:`features_party.gbdt.work` (a tree unit's cost ×
-    rounds × trees per round × rows × features × depth)."""
-    if request.train.model == "gbdt":
+def _check_size(settings: TrainerSettings, request: schemas.JobRequest, learner: str, vocab_sizes: tuple[int, ...],
+                rows: int, *, output_dim: int, fits: int) -> None:
+    """Refuses a job over ``max_job_size``: for the MLP parameters × epochs × fits (stages of lp-mst, an auto job's
+    candidates) × rows, the parameters of the model the job would build; for trees :func:`features_party.gbdt.work`
+    (a tree unit's cost × rounds × trees per round × rows × features × depth) × fits. An auto job counts each of
+    its learners' fits on every training row: an upper bound."""
+    if learner == "gbdt":
         options = request.train.gbdt or schemas.GbdtOptions()
         features, trees = len(request.numeric) + len(request.categorical), max(output_dim, 1)
-        rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
+        rounds = options.n_estimators * fits
         wide = [c for c, v in zip(request.categorical, vocab_sizes, strict=True) if v - 1 > gbdt.MAX_CATEGORIES]
         if wide:
             raise _invalid(f"categorical column(s) {wide} have more than {gbdt.MAX_CATEGORIES:,} levels, more than "
@@ -244,7 +403,7 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_si
     spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim, tuple(request.train.hidden),
                             output_dim)
     parameters = models.num_params(spec)
-    epochs = request.train.epochs * (request.stages if request.protocol == "lp-mst" else 1)
+    epochs = request.train.epochs * fits
     size = parameters * epochs * rows
     if size > settings.max_job_size:
         raise LabelDPError(f"job size {size:.3g} = {parameters:,} parameters × {epochs:,} epochs × {rows:,} rows is "
@@ -252,23 +411,23 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, vocab_si
                            "smaller layers, fewer epochs or rows", code="job_too_large")
 
 
-def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, table_rows: int, rows: int,
-                   output_dim: int, vocab_sizes: tuple[int, ...]) -> None:
+def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learner: str, table_rows: int, rows: int,
+                   output_dim: int, vocab_sizes: tuple[int, ...], *, fits: int) -> None:
     """Refuses a job whose predictions (every row of its features table × the model's outputs) are over
     ``max_prediction_cells``, or whose trees may take more than ``max_tree_bytes``
-    (:func:`features_party.gbdt.memory`: the model, XGBoost's cached histograms and the training matrices): memory
-    that neither learner's ``max_job_size`` counts — a job training
-    on ten rows of a 100,000-class dataset is small by it."""
+    (:func:`features_party.gbdt.memory`: the model — every fit's, an auto job keeps its candidates —, XGBoost's
+    cached histograms and the training matrices): memory that neither learner's ``max_job_size`` counts — a job
+    training on ten rows of a 100,000-class dataset is small by it."""
     cells = table_rows * output_dim
     if cells > settings.max_prediction_cells:
         raise LabelDPError(f"the job's predictions are {cells:.3g} numbers = {table_rows:,} rows of features table "
                            f"{request.features!r} × {output_dim:,} outputs, over this trainer's limit of "
                            f"{settings.max_prediction_cells:.3g} (max_prediction_cells): use a smaller features "
                            "table or fewer classes", code="job_too_large")
-    if request.train.model != "gbdt":
+    if learner != "gbdt":
         return
     options = request.train.gbdt or schemas.GbdtOptions()
-    rounds = options.n_estimators * (request.stages if request.protocol == "lp-mst" else 1)
+    rounds = options.n_estimators * fits
     memory = gbdt.memory(rounds, options.max_depth, max(output_dim, 1), rows, len(request.numeric), vocab_sizes)
     if memory.total > settings.max_tree_bytes:
         raise LabelDPError(f"the trees may take {memory.describe()} ({rounds:,} rounds, depth {options.max_depth}, "
@@ -277,10 +436,10 @@ def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, table
                            f"of {settings.max_tree_bytes:.3g} (max_tree_bytes): use fewer rounds, shallower trees, "
                            "fewer rows, features or categorical levels (a categorical split lists its levels)",
                            code="job_too_large")
-    if memory.model > gbdt.MAX_MODEL_BYTES:
-        raise LabelDPError(f"the trees' model may take {memory.model:.3g} bytes, more than labeldp predict reads "
-                           f"({gbdt.MAX_MODEL_BYTES:.3g}): use fewer rounds, shallower trees or fewer categorical "
-                           "levels", code="job_too_large")
+    if memory.model / fits > gbdt.MAX_MODEL_BYTES:
+        raise LabelDPError(f"the trees' model may take {memory.model / fits:.3g} bytes, more than labeldp predict "
+                           f"reads ({gbdt.MAX_MODEL_BYTES:.3g}): use fewer rounds, shallower trees or fewer "
+                           "categorical levels", code="job_too_large")
 
 
 def _loss_for(request: schemas.JobRequest, mechanism: str,
@@ -290,6 +449,12 @@ def _loss_for(request: schemas.JobRequest, mechanism: str,
     loss = request.train.loss
     if dataset.label_kind == "classes":
         classes = int(dataset.domain["num_classes"])
+        if mechanism == "auto":
+            if loss not in (None, "cross_entropy"):
+                raise _invalid(f"loss {loss!r} does not fit class labels; an auto job trains with 'cross_entropy'")
+            if request.num_classes not in (None, classes):
+                raise _invalid(f"num_classes {request.num_classes} differs from the dataset's {classes} classes")
+            return "cross_entropy", classes
         if mechanism not in shared_schemas.CLASSIFICATION_MECHANISMS:
             raise _invalid(f"mechanism {mechanism!r} does not fit class labels; use one of "
                            f"{', '.join(shared_schemas.CLASSIFICATION_MECHANISMS)}")
@@ -301,7 +466,7 @@ def _loss_for(request: schemas.JobRequest, mechanism: str,
         if request.protocol == "lp-mst" and mechanism not in ("rr", "rr-with-prior"):
             raise _invalid("lp-mst releases with randomized response and RRWithPrior (mechanism 'rr')")
         return expected, classes
-    if mechanism not in shared_schemas.REGRESSION_MECHANISMS:
+    if mechanism not in (*shared_schemas.REGRESSION_MECHANISMS, "auto"):
         raise _invalid(f"mechanism {mechanism!r} does not fit {dataset.label_kind} labels; use one of "
                        f"{', '.join(shared_schemas.REGRESSION_MECHANISMS)}")
     if request.protocol != "single":

@@ -52,7 +52,10 @@ class TrainOptions(BaseModel):
 
     model_config = schemas.REQUEST_CONFIG
 
-    model: Literal["mlp", "gbdt"] = Field(default="mlp", description="the learner: a JAX MLP/GLM or XGBoost trees")
+    model: Literal["mlp", "gbdt", "auto"] | None = Field(default=None, description=(
+        "the learner: a JAX MLP/GLM (`mlp`, the default of a fixed mechanism's job) or XGBoost trees (`gbdt`); "
+        "`auto` (the default of a `release.mechanism: auto` job, and only there) lets the job choose between "
+        "both on its unbiased validation labels"))
     gbdt: GbdtOptions | None = Field(default=None, description="the options of model gbdt (default: their defaults)")
     loss: Literal["squared", "poisson", "cross_entropy", "subset"] | None = None
     hidden: list[Annotated[int, Field(ge=1, le=4096), schemas.INTEGRAL]] = Field(default_factory=lambda: [64, 32],
@@ -66,6 +69,27 @@ class TrainOptions(BaseModel):
     validation_fraction: float = Field(default=0.2, ge=0, le=0.9)
     seed: Annotated[int, Field(ge=0, le=2**31 - 1), schemas.INTEGRAL] = 0
     standardize_targets: bool = True
+
+
+AutoCandidate = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "lp-2st"]
+
+
+class AutoRelease(BaseModel):
+    """``"mechanism": "auto"``: the trainer chooses the mechanism, the learner and its regularization for the data
+    and ε, and returns the best of its candidates — the constant predictor always among them — by unbiased
+    validation on privatized labels (features_party/auto.py). Every training example is charged ``epsilon`` once:
+    the rows are split by a public rule on their ids into disjoint parts (selection, estimate, one training part per
+    candidate mechanism), each released once; for numeric labels a small share of ε buys the labels' central DP mean
+    (the constant) and the rest releases the labels (features_party/parts.py)."""
+
+    model_config = schemas.REQUEST_CONFIG
+
+    mechanism: Literal["auto"]
+    epsilon: schemas.Epsilon
+    example_ids: list[str] | None = Field(default=None, min_length=1)
+    candidates: list[AutoCandidate] | None = Field(default=None, min_length=1, max_length=4, description=(
+        "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr-with-prior "
+        "and lp-2st for classes)"))
 
 
 class HoldoutFraction(BaseModel):
@@ -100,8 +124,9 @@ class JobRequest(BaseModel):
     dataset_id: str = Field(pattern=DATASET_ID_PATTERN)
     api_key: str = Field(pattern=API_KEY_PATTERN, description="the organization's labels-party key; used for this "
                          "job only, never stored, logged or returned", repr=False)
-    release: schemas.ReleaseRequest | None = Field(default=None, description=(
-        "the release to request for this job (exactly one of release and release_id)"))
+    release: Annotated[schemas.ReleaseRequest | AutoRelease, Field(discriminator="mechanism")] | None = Field(
+        default=None, description="the release to request for this job (exactly one of release and release_id); "
+        "`mechanism: auto` lets the trainer choose")
     release_id: str | None = Field(default=None, pattern=RELEASE_ID_PATTERN, description=(
         "instead of `release`: train on a release of the dataset this organization already has (a group or "
         "per-example-prior release, or one trained on before); nothing more is spent"))
@@ -116,6 +141,10 @@ class JobRequest(BaseModel):
     protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
     stages: Annotated[int, Field(ge=1, le=5), schemas.INTEGRAL] = 2
     temperature: float = Field(default=1.0, gt=0, le=100)
+    estimate_fraction: float = Field(default=0.1, ge=0, le=0.5, description=(
+        "the share of the training rows the job keeps to estimate its model's test loss and the constant "
+        "predictor's (never trained on; their labels released by an unbiased mechanism, the job's own when it is "
+        "one); 0: no estimate. An auto job keeps 10 % of its own"))
 
 class ResumeRequest(BaseModel):
     model_config = schemas.REQUEST_CONFIG
@@ -168,6 +197,15 @@ class JobView(BaseModel):
     num_train_examples: int
     num_holdout_examples: int = Field(description="rows of the features table the job's split held out (0 without "
                                       "a split)")
+    estimate: dict[str, Any] | None = Field(default=None, description=(
+        "a finished job's estimated test loss (accuracy for classes) and the constant predictor's, both with "
+        "intervals, and their difference, from the job's estimate rows' privatized labels (shared/validation.py); "
+        "null when it has none (estimate_fraction 0, a biased existing release)"))
+    warnings: list[str] = Field(default_factory=list, description=(
+        "what the user should know: the model not shown to be better than the constant predictor, no estimate"))
+    auto: dict[str, Any] | None = Field(default=None, description=(
+        "an auto job: its parts and ε split, every candidate's difference from the constant on the selection "
+        "rows, and what it chose"))
     seconds: float
     device: str
     created_at: datetime

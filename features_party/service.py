@@ -80,7 +80,7 @@ def job_view(row: db.Job) -> schemas.JobView:
         metrics=json.loads(row.metrics_json), release=json.loads(row.release_json) if row.release_json else None,
         error=row.error, error_code=row.error_code, num_train_examples=row.num_train_examples,
         num_holdout_examples=row.num_holdout_examples, seconds=row.seconds, device=row.device,
-        created_at=row.created_at, request=request)
+        created_at=row.created_at, request=request, **(json.loads(row.report_json) if row.report_json else {}))
 
 
 def stored_request(request: schemas.JobRequest) -> dict:
@@ -195,12 +195,10 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
         if row is None:
             return
         row.labels_party, row.request_json = plan.labels_party, json.dumps(stored_request(plan.request))
-    if release is None and plan.request.protocol == "single":
-        requested = plan.request.release
-        assert requested is not None  # plan_job: a job without an existing release gives the one to request
+    if plan.releases():
         try:
             with labels_party_client(ctx, plan.url, request.api_key) as client:
-                release = client.request_release(plan.request.dataset_id, requested, idempotency_key=job_id)
+                release = jobs.request_releases(plan, client, job_id, jobs.JobReport()).get("", release)
         except Exception as err:
             outcome = jobs.upstream_outcome(err)
             if outcome == "refused":  # nothing was charged: nothing is kept

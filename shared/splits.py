@@ -24,9 +24,22 @@ _BITS = 53  # a double's significand: every value k / 2**53 is exact
 
 def holdout_uniforms(example_ids: Iterable[object], seed: int) -> np.ndarray:
     """Each id's number in [0, 1), in the order given (see the module's description)."""
+    return _uniforms(example_ids, "", seed)
+
+
+def part_uniforms(example_ids: Iterable[object], name: str, seed: int) -> np.ndarray:
+    """Each id's number in [0, 1) for the split called ``name`` (a trainer's estimate rows, ``auto``'s parts): the
+    SHA-256 of ``f"{name}:{seed}:{example_id}"``, so that it is independent of a holdout split with the same seed
+    (whose prefix is only the seed) and of other names."""
+    if not name or name[0].isdigit() or ":" in name:
+        raise ValueError(f"a split's name starts with a letter and has no ':', not {name!r}")
+    return _uniforms(example_ids, f"{name}:", seed)
+
+
+def _uniforms(example_ids: Iterable[object], name: str, seed: int) -> np.ndarray:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"a split's seed is a non-negative integer, not {seed!r}")
-    prefix = f"{int(seed)}:".encode()
+    prefix = f"{name}{int(seed)}:".encode()
     sha256 = hashlib.sha256
     digests = b"".join(sha256(prefix + str(i).encode()).digest()[:8] for i in example_ids)
     top = np.frombuffer(digests, dtype=">u8") >> np.uint64(64 - _BITS)

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from features_party import process as trainer_context_module
 from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
+from features_party.parts import estimate_mask
 from features_party.settings import TrainerSettings
 from labeldp.cli import main as cli
 from labeldp.local_services import serve_in_thread
@@ -92,6 +93,11 @@ def _finish(trainer, job_id):
     raise AssertionError("job did not finish")
 
 
+def kept_for_estimate(ids, seed: int = 0, fraction: float = 0.1) -> int:
+    """How many of ``ids`` a fixed-mechanism job keeps for its estimate (features_party/parts.py): never trained on."""
+    return int(estimate_mask(pd.Index(ids).astype(str), fraction, seed).sum())
+
+
 def _spent(parties) -> float:
     return parties["owner"].get(f"/v1/datasets/{parties['dataset']}/budget").json()["epsilon_spent"]
 
@@ -107,7 +113,11 @@ def test_release_train_predict_end_to_end(parties):
     assert "api_key" not in view["request"] and parties["consumer"] not in created.text
     job = _finish(trainer, view["id"])
     assert job["status"] == "succeeded", job["error"]
-    assert job["num_train_examples"] == N and job["progress"]["epoch"] >= 1 and job["metrics"]
+    assert job["num_train_examples"] == N - kept_for_estimate(parties["features"]["example_id"])
+    assert job["progress"]["epoch"] >= 1 and job["metrics"]
+    # its estimate rows' privatized labels compare it with the labels' mean: far better, no warning
+    assert job["estimate"]["better"] and job["warnings"] == [] and job["estimate"]["mechanism"] == "opt-unbiased"
+    assert job["estimate"]["num_examples"] == kept_for_estimate(parties["features"]["example_id"])
     page = trainer.get(f"/v1/jobs/{job['id']}/predictions", headers={"Accept": "application/json"},
                        params={"limit": N}).json()
     assert page["total"] == N and page["next_offset"] is None

@@ -20,7 +20,16 @@ from features_party.train import TimeLimitExceeded, validation_split
 from labeldp.cli import main as cli
 from shared.splits import holdout_mask
 from tests.features_party import test_api
-from tests.features_party.test_api import N, _finish, _job, _spent, _upload, trainer_client, trainer_context
+from tests.features_party.test_api import (
+    N,
+    _finish,
+    _job,
+    _spent,
+    _upload,
+    kept_for_estimate,
+    trainer_client,
+    trainer_context,
+)
 
 parties = test_api.parties  # the fixture: a labels-party server with a dataset of N integer labels, and a trainer
 TREES = {"n_estimators": 300, "learning_rate": 0.1, "max_depth": 3, "min_child_weight": 20,
@@ -61,7 +70,8 @@ def test_trees_learn_from_an_opt_unbiased_release_and_validate_on_its_released_l
     assert job["status"] == "succeeded", job["error"]
     assert job["device"].startswith("xgboost") and job["request"]["train"]["model"] == "gbdt"
     held = holdout_mask(features["example_id"], SPLIT["holdout_fraction"], SPLIT["seed"])
-    assert job["num_holdout_examples"] == held.sum() and job["num_train_examples"] == N - held.sum()
+    kept = kept_for_estimate(features["example_id"][~held])
+    assert job["num_holdout_examples"] == held.sum() and job["num_train_examples"] == N - held.sum() - kept
 
     # held-out rows against their true labels (the test has them; the trainer never does)
     predictions = _predictions(trainer, job["id"])

@@ -19,7 +19,17 @@ from features_party.settings import TrainerSettings
 from labeldp.local_services import serve_in_thread
 from shared import models
 from tests.features_party import test_api
-from tests.features_party.test_api import N, _finish, _job, _Listener, _spent, _upload, trainer_client, trainer_context
+from tests.features_party.test_api import (
+    N,
+    _finish,
+    _job,
+    _Listener,
+    _spent,
+    _upload,
+    kept_for_estimate,
+    trainer_client,
+    trainer_context,
+)
 
 parties = test_api.parties  # the fixture: a labels-party server with a dataset of N labels, and a trainer
 
@@ -219,8 +229,10 @@ def test_a_whole_dataset_job_asks_for_the_ids_of_its_features_table_only(parties
     job = _finish(trainer, trainer.post("/v1/jobs", json={**_job(parties, mechanism="rr", epsilon=1.0),
                                                           "train": {"epochs": 2}}).json()["id"])
     assert job["status"] == "succeeded", job
-    assert job["release"]["num_examples"] == job["num_train_examples"] == half
-    assert job["request"]["release"]["num_example_ids"] == half
+    # RR is biased on numbers: the estimate rows have an opt-unbiased release of their own, at the same ε
+    kept = kept_for_estimate(parties["features"]["example_id"].iloc[:half])
+    assert job["release"]["num_examples"] == job["num_train_examples"] == half - kept
+    assert job["request"]["release"]["num_example_ids"] == half and job["estimate"]["num_examples"] == kept
     ids = [f"u{i}" for i in range(N)]
     with LabelsPartyClient(parties["labels_url"], parties["consumer"], retries=0) as labels:
         with pytest.raises(BudgetExceeded):  # the trained-on half has 9 of its 10 left

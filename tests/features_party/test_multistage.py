@@ -33,7 +33,7 @@ def test_two_stage_training_spends_epsilon_once_per_example(tmp_path, monkeypatc
             owner.upload_labels(dataset.id, ids, y.astype(float))
             owner.grant(dataset.id, CONSUMER, 2.0)
         with parties.consumer() as client:
-            model, reports = train_multistage(
+            model, reports, _labels = train_multistage(
                 client, dataset.id, ids[:700], x[:700], none[:700], vocab_sizes=(), num_classes=10, epsilon=2.0,
                 stages=2, config=TrainConfig(loss="cross_entropy", hidden=(32,), learning_rate=3e-3, epochs=25,
                                              batch_size=64, patience=25), seed=0)
@@ -92,7 +92,7 @@ def test_a_stage_whose_priors_would_say_nothing_is_not_released_and_spends_nothi
             owner.upload_labels(dataset.id, ids, y.astype(float))
             owner.grant(dataset.id, CONSUMER, 1.0)
         with parties.consumer() as client:
-            _, reports = train_multistage(
+            _, reports, _labels = train_multistage(
                 client, dataset.id, ids, x, none, vocab_sizes=(), num_classes=2, epsilon=1.0, stages=stages,
                 temperature=0.01, config=TrainConfig(loss="cross_entropy", hidden=(16,), learning_rate=3e-3,
                                                      epochs=10, batch_size=32, patience=10), seed=0)

@@ -21,7 +21,16 @@ from features_party.trainer_client import TrainerClient
 from labeldp.local_services import serve_in_thread
 from shared.splits import holdout_mask
 from tests.features_party import test_api
-from tests.features_party.test_api import N, _finish, _job, _spent, _upload, trainer_client, trainer_context
+from tests.features_party.test_api import (
+    N,
+    _finish,
+    _job,
+    _spent,
+    _upload,
+    kept_for_estimate,
+    trainer_client,
+    trainer_context,
+)
 
 parties = test_api.parties  # the fixture: a labels-party server with a dataset of N labels, and a trainer
 
@@ -54,7 +63,8 @@ def test_a_job_by_holdout_fraction_trains_on_the_rows_the_hash_keeps(parties):
     assert _spent(parties) == 4.0
     job = _finish(trainer, view["id"])
     assert job["status"] == "succeeded", job["error"]
-    assert (job["num_train_examples"], job["num_holdout_examples"]) == (N - held.sum(), held.sum())
+    kept = kept_for_estimate(features["example_id"][~held])
+    assert (job["num_train_examples"], job["num_holdout_examples"]) == (N - held.sum() - kept, held.sum())
     assert job["seconds"] > 0
     predictions = pd.read_parquet(io.BytesIO(trainer.get(f"/v1/jobs/{job['id']}/predictions", headers={
         "Accept": "application/vnd.apache.parquet"}).content)).set_index("example_id")
@@ -85,7 +95,8 @@ def test_a_job_by_an_id_list_uploaded_once_through_the_client(parties):
         assert (uploaded.name, uploaded.num_ids) == ("test-rows", 300)
         assert [v.name for v in client.id_lists()] == ["test-rows"]
         job = client.train(_split_job(parties, {"holdout_ids": "test-rows"}))
-        assert (job.num_train_examples, job.num_holdout_examples) == (N - 300, 300)
+        kept = kept_for_estimate(features["example_id"][~features["example_id"].isin(test_ids)])
+        assert (job.num_train_examples, job.num_holdout_examples) == (N - 300 - kept, 300)
         assert job.release is not None and job.release["num_examples"] == N - 300
         assert _released_ids(parties, job.release["id"]).isdisjoint(test_ids)
         predictions = client.predictions(job.id).set_index("example_id")
@@ -183,7 +194,8 @@ def test_every_attempt_of_a_split_job_asks_for_the_same_release_and_succeeds_wit
     assert job["status"] == "succeeded", job["error"]
     assert job["release"]["id"] == created.json()["release"]["id"] and _spent(parties) == spent
     held = holdout_mask(features["example_id"], 0.3, 11)
-    assert job["num_train_examples"] == N - held.sum()  # the new rows have no released label: not trained on
+    # the new rows have no released label: not trained on (nor the estimate rows)
+    assert job["num_train_examples"] == N - held.sum() - kept_for_estimate(features["example_id"][~held])
     assert job["num_holdout_examples"] == holdout_mask(pd.concat([features, more])["example_id"], 0.3, 11).sum()
     statuses = [status for status, _ in updates]
     assert statuses[0] == "running" and statuses.count("succeeded") == 1 and statuses[-1] == "succeeded"
@@ -207,7 +219,8 @@ def test_a_split_of_an_existing_release_trains_on_its_rows_that_are_not_held_out
     finished = _finish(trainer, created.json()["id"])
     assert finished["status"] == "succeeded", finished["error"]
     held = holdout_mask(features["example_id"], 0.5, 3)
-    assert (finished["num_train_examples"], finished["num_holdout_examples"]) == (N - held.sum(), held.sum())
+    kept = kept_for_estimate(features["example_id"][~held])
+    assert (finished["num_train_examples"], finished["num_holdout_examples"]) == (N - held.sum() - kept, held.sum())
     predictions = pd.read_csv(io.StringIO(trainer.get(f"/v1/jobs/{finished['id']}/predictions").text))
     assert predictions.set_index("example_id")["holdout"][features["example_id"]].tolist() == held.tolist()
     assert _spent(parties) == spent

@@ -1,0 +1,133 @@
+"""Which of a job's training rows do what, by a public rule on their ids (:func:`shared.splits.part_uniforms`), and
+how ε is split: decided from the request alone, the same at every attempt, before anything is asked.
+
+**Every job keeps estimate rows** (``estimate_fraction`` of its training rows, 0.1 by default): never trained on,
+their labels released by an *unbiased* mechanism — the job's own when it is unbiased (one release covers them), else
+a release of their own with the validation mechanism (opt-unbiased for numbers, K-ary randomized response for
+classes) at the job's ε. Each example is in one release, so each is charged the job's ε once. The model, fixed
+before they are read, is compared with the constant predictor on them (:mod:`shared.validation`): the job's
+``estimate`` and its warning.
+
+**An auto job** (``release.mechanism: "auto"``) splits its training rows into parts: ``selection`` (15 %: early
+stopping, shrinkage and the choice among candidates), ``estimate`` (10 %: the final check against the constant and
+the report) and one training part per candidate mechanism (the rest, evenly). The selection and estimate rows are
+released by the validation mechanism together with the training part of that same mechanism when it is a
+candidate (one release, one prior); every other part by its own mechanism. Disjoint parts: each example is in one
+label release. For numeric labels ε is split too: a share ``mean_epsilon`` buys a central DP mean of all the
+training rows (the labels service's evaluation metric ``mean``, noise (U − L)/(n·ε_mean)) — the constant predictor
+that "never worse than knowing nothing" is measured against, known far better than any mean of locally privatized
+labels — and the labels are released at ``label_epsilon`` = ε − ``mean_epsilon``. Every training row is therefore
+charged ε_mean + ε_labels = ε exactly (both decimals of at most nine places, as the ledger counts).
+
+Why examples are split rather than ε (for the labels): an example's label released twice at ε/2 by two mechanisms
+is worth less to either than one release at ε to one of them, and a candidate trained on a part loses only that
+part's share of the rows — the pooled candidate trains on every training part.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
+
+import numpy as np
+
+from shared.splits import part_uniforms
+
+ESTIMATE, SELECTION = "estimate", "selection"
+SELECTION_SHARE, AUTO_ESTIMATE_SHARE = 0.15, 0.10
+# The candidate mechanisms of an auto job by label kind (its ``candidates``, default all): RR-on-Bins and RRWithPrior
+# bias the labels toward the noisy prior, which wins where the signal is weak; LP-2ST's first stage is plain RR.
+REGRESSION_ARMS = ("opt-unbiased", "rr-on-bins")
+CLASS_ARMS = ("rr-with-prior", "lp-2st")
+# the candidates released in one go (LP-2ST's stages are asked for while it trains)
+ARM_RELEASES = ("opt-unbiased", "rr-on-bins", "rr-with-prior")
+VALIDATION_MECHANISM = {"regression": "opt-unbiased", "classes": "rr"}
+
+# The mean's share of ε: its noise variance 2·((U − L)/(n·ε_mean))² at most (U − L)²/64000 — at most 0.025 % of the
+# variance of labels spread over a quarter of their range — hence ε_mean = √(2·64000)/(n·ε)·ε; at least 2 % and at
+# most half of ε, and at least the labels service's smallest ε.
+MEAN_TARGET = math.sqrt(2 * 64000)
+MEAN_SHARE_BOUNDS = (0.02, 0.5)
+MIN_EPSILON = 1e-3
+
+
+def unbiased(mechanism: str, clip: bool, classes: bool) -> bool:
+    """Whether a release request's mechanism is unbiased (E[ŷ | y] = y, or K-ary RR for classes), by its name."""
+    if classes:
+        return mechanism == "rr"
+    return mechanism in ("opt-unbiased", "dbrr") or (mechanism in ("laplace", "staircase") and not clip)
+
+
+def estimate_mask(example_ids, fraction: float, seed: int) -> np.ndarray:
+    """The rows a job keeps for its estimate (none for fraction 0)."""
+    if fraction <= 0:
+        return np.zeros(len(example_ids), dtype=bool)
+    return part_uniforms(example_ids, ESTIMATE, seed) < fraction
+
+
+def decimal_epsilon(value: float) -> Decimal:
+    """ε as the ledger reads it: the decimal of its shortest repr."""
+    return Decimal(repr(float(value)))
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """An auto job's parts and ε split (see the module)."""
+
+    arms: tuple[str, ...]
+    classes: bool
+    epsilon: float
+    mean_epsilon: float  # 0 for classes (the majority class needs no central release)
+    seed: int
+
+    @classmethod
+    def build(cls, arms: tuple[str, ...], classes: bool, epsilon: float, rows: int, seed: int) -> AutoPlan:
+        mean = 0.0 if classes else mean_epsilon(epsilon, rows)
+        return cls(arms, classes, epsilon, mean, seed)
+
+    @property
+    def label_epsilon(self) -> float:
+        return float(decimal_epsilon(self.epsilon) - decimal_epsilon(self.mean_epsilon))
+
+    @property
+    def validation(self) -> str:
+        return VALIDATION_MECHANISM["classes" if self.classes else "regression"]
+
+    def parts(self, example_ids) -> np.ndarray:
+        """Each id's part: ``selection``, ``estimate`` or a candidate mechanism (an object array)."""
+        u = part_uniforms(example_ids, "auto", self.seed)
+        arm = np.minimum(((u - SELECTION_SHARE - AUTO_ESTIMATE_SHARE) / (1 - SELECTION_SHARE - AUTO_ESTIMATE_SHARE)
+                          * len(self.arms)).astype(int), len(self.arms) - 1)
+        names = np.array(self.arms, dtype=object)[np.maximum(arm, 0)]
+        names[u < SELECTION_SHARE + AUTO_ESTIMATE_SHARE] = ESTIMATE
+        names[u < SELECTION_SHARE] = SELECTION
+        return names
+
+    def releases(self, example_ids) -> list[tuple[str, str, list[str]]]:
+        """The label releases to ask for first, as (key suffix, mechanism, example ids): the validation mechanism's
+        (selection, estimate and its own training part) and one per other candidate released in one go (LP-2ST's
+        stages are asked for while it trains)."""
+        ids = np.asarray([str(i) for i in example_ids], dtype=object)
+        parts = self.parts(ids)
+        validation = np.isin(parts, [SELECTION, ESTIMATE]) | (parts == self.validation)
+        out = [(self.validation, self.validation, ids[validation].tolist())]
+        out += [(arm, arm, ids[parts == arm].tolist()) for arm in self.arms
+                if arm != self.validation and arm in ARM_RELEASES and np.any(parts == arm)]
+        return out
+
+    def describe(self) -> dict:
+        return {"candidates": list(self.arms), "validation_mechanism": self.validation, "epsilon": self.epsilon,
+                "mean_epsilon": self.mean_epsilon, "label_epsilon": self.label_epsilon,
+                "shares": {SELECTION: SELECTION_SHARE, ESTIMATE: AUTO_ESTIMATE_SHARE,
+                           "training": 1 - SELECTION_SHARE - AUTO_ESTIMATE_SHARE}, "seed": self.seed}
+
+
+def mean_epsilon(epsilon: float, rows: int) -> float:
+    """The mean's share of ε (see :data:`MEAN_TARGET`), rounded down to 6 significant digits (an exact decimal)."""
+    low, high = MEAN_SHARE_BOUNDS
+    share = min(high, max(low, MEAN_TARGET / (max(rows, 1) * epsilon)))
+    value = max(share * epsilon, MIN_EPSILON)
+    exponent = math.floor(math.log10(value)) - 5
+    quantum = Decimal(1).scaleb(exponent)
+    return float(Decimal(repr(value)).quantize(quantum, rounding=ROUND_FLOOR))
