@@ -22,6 +22,7 @@ MECHANISMS = {
     "opt-unbiased": {"mechanism": "opt-unbiased"},
     "opt-unbiased-mesh": {"mechanism": "opt-unbiased", "solver": "mesh"},  # Algorithm 1 on a 2|Y| grid, to compare
     "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
+    "auto": {"mechanism": "auto"},  # the trainer chooses mechanism, learner and regularization (features_party/auto)
 }
 # Class labels: the protocols of `labeldp bench classification` (labeldp.benchmarks.classification.METHODS).
 CLASSIFICATION_MECHANISMS = {
@@ -32,7 +33,9 @@ CLASSIFICATION_MECHANISMS = {
     "lp-3st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 3},
     "subset": {"mechanism": "subset"},
     "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
+    "auto": {"mechanism": "auto"},
 }
+AUTO = "auto"  # also the runs.csv model of an auto job that chose between both learners
 
 # The learners a job may train (features_party/schemas.py TrainOptions.model), as the bench names them in runs.csv and
 # summary.md; the first is the default. Trees take no label sets: a subset release needs the MLP's subset loss.

@@ -46,8 +46,9 @@ from features_party.gbdt import train_gbdt
 from features_party.schemas import JobView
 from features_party.train import TrainConfig, train
 from labeldp import references, report
-from labeldp.benchmarks import classification, learners, private_clip
+from labeldp.benchmarks import classification, comparison, learners, private_clip
 from labeldp.benchmarks.choices import (
+    AUTO,
     CLASSIFICATION_MECHANISMS,
     DEFAULT_EPOCHS,
     DEFAULT_MODEL,
@@ -226,7 +227,8 @@ DATASETS = {
 GROUPS = 8  # clusters for the per-group randomizer (regression)
 GROUP_PRIOR_SHARE = 0.25  # ε_p = ε/4 for the per-group discrete-Laplace histograms (regression)
 _JOB_FIELDS = ("protocol", "stages")
-MESH_GRID = int((MAX_MESH_CELLS / 2) ** 0.5)  # the largest grid the mesh LP (2|Y| outputs) takes: 141
+MESH_GRID = int((MAX_MESH_CELLS / 2) ** 0.5)
+AUTO_RELEASES = {"regression": ("opt-unbiased", "rr-on-bins"), "classes": ("rr", "rr-with-prior")}  # the largest grid the mesh LP (2|Y| outputs) takes: 141
 
 
 def mechanisms_for(prepared: Prepared) -> dict:
@@ -300,6 +302,11 @@ class BenchConfig:
         if fields is None:
             return 0
         return len(self.models) if "protocol" in fields else 1
+
+    @property
+    def auto_model(self) -> str:
+        """The runs.csv model of an auto job: the one learner of ``--model``, or ``auto`` (the job chooses)."""
+        return self.models[0] if len(self.models) == 1 else AUTO
 
 
 def _split(frame: pd.DataFrame, prepared: Prepared, seed: int):
@@ -442,8 +449,11 @@ def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
             continue
         try:
             options = MechanismOptions(clip=fields.get("clip", False), solver=fields.get("solver"))
-            # multi-stage jobs release with RR first, then RRWithPrior
-            for chosen in [family(fields["mechanism"]), *([family("rr-with-prior")] if "protocol" in fields else [])]:
+            # multi-stage jobs release with RR first, then RRWithPrior; an auto job with its candidates' mechanisms
+            names = [fields["mechanism"], *(["rr-with-prior"] if "protocol" in fields else [])]
+            if fields["mechanism"] == AUTO:
+                names = AUTO_RELEASES["classes" if prepared.classification else "regression"]
+            for chosen in [family(name) for name in names]:
                 chosen.check(domain, options)
                 if chosen.name in ("laplace", "staircase"):
                     lattice_of(domain)
@@ -475,6 +485,8 @@ def run_cell(parties: Parties, registered: Registered, mechanism: str, epsilon: 
     """Every learner on one mechanism × ε × seed: the first learner's job requests the release and the others
     train on the same release by its id (no further ε; the learners compare on the same noisy labels) — but for
     multi-stage protocols, which release per learner (:meth:`BenchConfig.releases_per_cell`)."""
+    if mechanism == AUTO:  # one job, which releases its own parts and chooses (or trains) the learners
+        return [run_one(parties, registered, mechanism, epsilon, seed, config.epochs, model=config.auto_model)]
     rows: list[dict] = []
     release_id = None
     for model in config.models:
@@ -508,8 +520,17 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
             "noisy_label_loss": _noisy_label_loss(parties, prepared, release, train_part),
             "max_abs_bias": _max_abs_bias(parties, prepared, release),
             "fallback": _fallback(parties, release),
-            "train_seconds": job.seconds, "constant_test_loss": None,
+            "train_seconds": job.seconds, "constant_test_loss": None, **_job_report(job),
             **_score(prepared, predicted[test["example_id"]].to_numpy(), test[TRUTH].to_numpy(dtype=float))}
+
+
+def _job_report(job: JobView) -> dict:
+    """What the job itself said of its model (features_party/reports.py): its estimated difference from the
+    constant predictor and whether it warned; for an auto job, what it chose."""
+    estimate = job.estimate or {}
+    chosen = (job.auto or {}).get("chosen", {})
+    return {"estimated_difference": (estimate.get("difference") or {}).get("estimate"),
+            "warned": bool(job.warnings), "auto_choice": chosen.get("candidate")}
 
 
 def _fallback(parties: Parties, release: dict) -> str | None:
@@ -543,6 +564,7 @@ def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train
         return float("nan")
     noisy = table.set_index("example_id")["label"]
     truth = train_part.set_index("example_id")[TRUTH]
+    truth = truth[truth.index.isin(noisy.index)]  # a biased release leaves the job's estimate rows to their own
     released = noisy[truth.index].to_numpy(dtype=float)
     if prepared.classification:
         return float(np.mean(released != truth.to_numpy()))
@@ -577,7 +599,8 @@ def _train_on_release(parties: Parties, registered: Registered, train_part: pd.D
     loss = None if prepared.classification else config.loss
     train_options: dict[str, Any] = (
         {"model": "gbdt", "loss": loss, "seed": seed, "validation_fraction": config.validation_fraction}
-        if model == "gbdt" else {**config.__dict__, "hidden": list(config.hidden), "loss": loss})
+        if model == "gbdt" else {**config.__dict__, "hidden": list(config.hidden), "loss": loss,
+                                 **({"model": "mlp"} if model == "mlp" and mechanism == AUTO else {})})
     with parties.trainer() as trainer:
         return trainer.train(parties.job(registered.features, registered.dataset_id, **source, **job_fields,
                                          numeric=list(prepared.numeric), categorical=list(prepared.categorical),
@@ -649,9 +672,14 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _relative(runs: pd.DataFrame) -> pd.DataFrame:
-    """(L − L*)/L* against the non-private model of the same dataset, seed and learner (the paper's Figure 5b)."""
+    """(L − L*)/L* against the non-private model of the same dataset, seed and learner (the paper's Figure 5b); an
+    auto job that chose between the learners against the better of their non-private models."""
     runs = runs.astype({"test_loss": float})
     baseline = runs[runs.mechanism == "non-private"].set_index(["dataset", "seed", "model"])["test_loss"]
+    best = baseline.groupby(level=["dataset", "seed"]).min()
+    auto = pd.DataFrame({"dataset": best.index.get_level_values(0), "seed": best.index.get_level_values(1),
+                         "model": AUTO, "test_loss": best.to_numpy()}).set_index(["dataset", "seed", "model"])
+    baseline = pd.concat([baseline, auto["test_loss"]])
     key = pd.MultiIndex.from_frame(runs[["dataset", "seed", "model"]])
     reference = baseline.reindex(key).to_numpy() if len(baseline) else np.full(len(runs), np.nan)
     return runs.assign(relative_test_loss=(runs["test_loss"].to_numpy() - reference) / reference)
@@ -685,18 +713,28 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
         prepared = entry.prepared  # as registered: with --clip auto, the clip chosen and its note
         part = runs[runs.dataset == prepared.name]
         lines += [f"## {prepared.name}: {prepared.description}", "", *prepared.notes, _labels_line(entry), ""]
-        for model in config.models:
-            lines += _learner_section(part[part.model == model], entry, mechanisms, config, out, model)
+        for model in config.models:  # auto in a learner's tables when it trains that learner only
+            lines += _learner_section(part[part.model == model], entry,
+                                      [m for m in mechanisms if m != AUTO or config.auto_model == model], config,
+                                      out, model)
         lines += _comparison_section(part, prepared, mechanisms, config)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
 def _comparison_section(part: pd.DataFrame, prepared: Prepared, mechanisms: list[str],
                         config: BenchConfig) -> list[str]:
-    """With both learners: trees against the MLP, and the best mechanism under each (:mod:`.learners`)."""
-    private = [m for m in mechanisms if m != "non-private"]
+    """With both learners: trees against the MLP, and the best mechanism under each (:mod:`.learners`); auto
+    against the constant and the best fixed choice, and every private run against every other
+    (:mod:`.comparison`)."""
+    private = [m for m in mechanisms if m not in ("non-private", AUTO)]
     scoring = learners.scoring_for(prepared.classification)
     lines = []
+    if AUTO in mechanisms:
+        lines += [f"### {prepared.name}: auto", "", *comparison.auto_lines(part, scoring, config.epsilons),
+                  *comparison.choice_lines(part, config.epsilons)]
+    matrix = comparison.win_matrix_lines(part, scoring)
+    if matrix:
+        lines += [f"### {prepared.name}: paired wins", "", *matrix]
     if set(config.models) == {learners.TREES, learners.NETWORK}:
         lines += [f"### {prepared.name}: trees against the MLP", "",
                   *learners.learner_lines(part, scoring, private, config.epsilons)]

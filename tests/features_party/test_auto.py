@@ -1,0 +1,160 @@
+"""``release.mechanism: "auto"`` end to end against a real labels-party server: the trainer splits the training rows
+into disjoint parts by a public rule, charges every example the job's ε once (labels and the central mean), chooses
+among its candidates on unbiased validation labels, returns the constant when the labels carry no signal, says so,
+and never charges twice when an attempt is redone; refusals before anything is asked charge nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from features_party import auto as auto_module
+from features_party.client import LabelsPartyClient
+from features_party.jobs import predictions_frame
+from features_party.output import Output
+from features_party.parts import AutoPlan, mean_epsilon
+from shared.errors import LabelDPError
+from tests.features_party.test_api import N, _finish, _spent, _upload
+
+EPSILON = 4.0
+
+
+def _auto_job(parties, epsilon: float = EPSILON, **release) -> dict:
+    return {"features": "f", "api_key": parties["consumer"], "dataset_id": parties["dataset"],
+            "release": {"mechanism": "auto", "epsilon": epsilon, **release},
+            "numeric": ["x0", "x1"], "categorical": ["group"], "train": {"epochs": 30, "batch_size": 128}}
+
+
+def _predictions(trainer, job_id: str) -> pd.Series:
+    frame = pd.read_parquet(io.BytesIO(trainer.get(f"/v1/jobs/{job_id}/predictions", headers={
+        "Accept": "application/vnd.apache.parquet"}).content))
+    return frame.set_index("example_id")["prediction"]
+
+
+def _consumer(parties) -> LabelsPartyClient:
+    return LabelsPartyClient(parties["labels_url"], parties["consumer"], retries=0)
+
+
+def test_auto_on_a_strong_signal_returns_a_model_charged_epsilon_once_per_example(parties):
+    trainer, features, truth = parties["trainer"], parties["features"], parties["labels"]
+    assert _upload(trainer, features).status_code == 200
+    created = trainer.post("/v1/jobs", json=_auto_job(parties))
+    assert created.status_code == 202, created.text
+    job = _finish(trainer, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    report = job["auto"]
+    assert report["chosen"]["candidate"] != "constant" and job["warnings"] == []
+    assert job["estimate"]["better"] and job["estimate"]["level"] == 0.975
+    assert {row["candidate"].split("/")[0] for row in report["candidates"]} == {"opt-unbiased", "rr-on-bins", "pooled"}
+    assert len(report["candidates"]) == 12  # 3 training sets × 2 learners × 2 regularizations
+
+    # the parts: disjoint releases covering exactly the training rows, at label ε; the mean on all of them
+    plan = AutoPlan.build(("opt-unbiased", "rr-on-bins"), False, EPSILON, N, 0)
+    assert report["mean_epsilon"] == plan.mean_epsilon == mean_epsilon(EPSILON, N) > 0
+    assert report["label_epsilon"] == pytest.approx(EPSILON - plan.mean_epsilon, abs=1e-12)
+    parts = job["release"]["parts"]
+    assert set(parts) == {"opt-unbiased", "rr-on-bins"}
+    with _consumer(parties) as consumer:
+        covered = [set(consumer.download_labels(p["id"]).column("example_id").to_pylist()) for p in parts.values()]
+        mean = consumer.get_release(job["release"]["mean"]["id"])
+    assert covered[0].isdisjoint(covered[1]) and covered[0] | covered[1] == set(features["example_id"])
+    assert mean.mechanism == "evaluation" and mean.num_examples == N and mean.epsilon == plan.mean_epsilon
+    expected = {i: p for i, p in zip(features["example_id"], plan.parts(features["example_id"]), strict=True)}
+    assert covered[1] == {i for i, p in expected.items() if p == "rr-on-bins"}
+
+    # every example was charged exactly ε: the rest of the grant (10) fits on all of them, not a unit more
+    assert _spent(parties) == EPSILON
+    with _consumer(parties) as consumer:
+        ids = features["example_id"].tolist()
+        consumer.request_release(parties["dataset"], {"mechanism": "rr", "epsilon": 10 - EPSILON, "example_ids": ids})
+        with pytest.raises(Exception, match="budget"):
+            consumer.request_release(parties["dataset"], {"mechanism": "rr", "epsilon": 0.01, "example_ids": ids[:1]})
+
+    # the model beats the mean on the true labels, and the file predicts what the job did (its output map applied)
+    predicted = _predictions(trainer, job["id"])
+    assert np.mean((predicted - truth[predicted.index]) ** 2) < 0.5 * np.var(truth)
+    model = parties["tmp"] / "auto-model"
+    model.write_bytes(trainer.get(f"/v1/jobs/{job['id']}/model").content)
+    again = predictions_frame(model, features.set_index("example_id", drop=False)).set_index("example_id")
+    np.testing.assert_allclose(again["prediction"][predicted.index], predicted, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_without_signal_returns_the_constant_and_warns(parties):
+    """Labels independent of the features: every candidate only fits noise, so the job returns the central DP mean
+    for every example, says why, and its test loss is within 2 % of predicting the true mean."""
+    trainer, features = parties["trainer"], parties["features"].copy()
+    rng = np.random.default_rng(9)
+    features[["x0", "x1"]] = rng.normal(size=(N, 2))
+    features["group"] = rng.choice(["a", "b", "c"], size=N)
+    assert _upload(trainer, features).status_code == 200
+    job = _finish(trainer, trainer.post("/v1/jobs", json=_auto_job(parties, epsilon=0.5)).json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    assert job["auto"]["chosen"] == {"candidate": "constant"}
+    assert len(job["warnings"]) == 1 and job["warnings"][0].startswith("auto chose the constant predictor")
+    predicted, truth = _predictions(trainer, job["id"]), parties["labels"]
+    assert predicted.nunique() == 1 and predicted.iloc[0] == pytest.approx(job["auto"]["constant"])
+    assert np.mean((predicted - truth[predicted.index]) ** 2) <= 1.02 * np.var(truth)
+
+
+@pytest.mark.parametrize(("change", "code", "message"), [
+    ({"candidates": ["rr-with-prior"]}, "invalid_job", "do not fit integer labels"),
+    ({"epsilon": 0.0015}, "epsilon_out_of_range", "too small for an auto job"),
+])
+def test_auto_refusals_before_anything_is_asked_charge_nothing(parties, change, code, message):
+    trainer = parties["trainer"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    response = trainer.post("/v1/jobs", json=_auto_job(parties, **change))
+    assert response.status_code == 400 and response.json()["error"]["code"] == code, response.text
+    assert message in response.json()["error"]["message"] and _spent(parties) == 0.0
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"protocol": "lp-mst"}, "chooses among protocols itself"),
+    ({"train": {"model": "auto"}, "release": {"mechanism": "opt-unbiased", "epsilon": 1.0}}, "train.model 'auto'"),
+])
+def test_auto_options_that_cannot_run_are_refused(parties, body, message):
+    trainer = parties["trainer"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    response = trainer.post("/v1/jobs", json={**_auto_job(parties), **body})
+    assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
+    assert _spent(parties) == 0.0
+
+
+def test_an_auto_job_redone_after_a_lost_answer_charges_nothing_more(parties, monkeypatch):
+    """The first attempt's training sees the labels party fail (a transport error): the job is interrupted and
+    asks again; every part comes back under the same Idempotency-Key, so the second attempt spends nothing."""
+    trainer, ctx = parties["trainer"], parties["trainer_ctx"]
+    assert _upload(trainer, parties["features"]).status_code == 200
+    real, calls = auto_module._fit_all, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.ConnectError("lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "_fit_all", flaky)
+    object.__setattr__(ctx.settings, "upstream_retry_seconds", 0.2)
+    job = _finish(trainer, trainer.post("/v1/jobs", json=_auto_job(parties)).json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    assert len(calls) == 2 and _spent(parties) == EPSILON
+
+
+def test_output_maps_apply_and_damaged_ones_are_refused():
+    raw = np.array([1.0, 2.0, 4.0])
+    assert Output().apply(raw).tolist() == raw.tolist()
+    assert Output("shrunk", 10.0, 2.0, 0.5).apply(raw).tolist() == [9.5, 10.0, 11.0]
+    np.testing.assert_allclose(Output("shrunk", 3.0, float(np.log(2.0)), 1.0, True).apply(raw), [1.5, 3.0, 6.0])
+    assert Output("constant", 2.0, num_classes=3).apply(raw).tolist() == [[0.0, 0.0, 1.0]] * 3
+    for damaged in ({"kind": "magic"}, {"weight": "1"}, {"constant": float("inf")}, {"extra": 1},
+                    {"kind": "constant", "constant": 3.0, "num_classes": 3}, {"log_scale": 1}, []):
+        with pytest.raises(LabelDPError) as caught:
+            Output.from_dict(damaged)
+        assert caught.value.code == "malformed_file"
+    assert Output.from_dict(json.loads(json.dumps(Output("shrunk", 1.0, 0.5, 2.0).describe()))) == \
+        Output("shrunk", 1.0, 0.5, 2.0)
