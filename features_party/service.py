@@ -195,7 +195,7 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
         if row is None:
             return
         row.labels_party, row.request_json = plan.labels_party, json.dumps(stored_request(plan.request))
-    if plan.releases():
+    if plan.request.protocol == "single" and plan.releases():  # lp-mst asks for everything as it trains
         try:
             with labels_party_client(ctx, plan.url, request.api_key) as client:
                 release = jobs.request_releases(plan, client, job_id, jobs.JobReport()).get("", release)

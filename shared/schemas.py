@@ -322,6 +322,25 @@ class QuantilesRequest(BaseModel):
         min_length=1, max_length=MAX_QUANTILES, description="strictly increasing, each in (0, 1), e.g. [0.01, 0.99]")
     epsilon: Epsilon
     example_ids: list[str] | None = Field(default=None, min_length=1)
+    candidates: Literal["support", "log"] = Field(default="support", description=(
+        "the values drawn among: the domain's support (integers, listed values or the continuous grid), or `log`, "
+        "about 200 per sign spaced geometrically from the smallest non-zero magnitude of the support to its "
+        "largest, snapped to the support — for heavy-tailed labels on a wide declared range, where the support's "
+        "many values in the empty tail outweigh the few near a high quantile"))
+
+    method: Literal["exponential", "above-threshold"] = Field(default="exponential", description=(
+        "`exponential`: one exponential-mechanism draw per quantile among the candidates; `above-threshold`: per "
+        "quantile a sweep of the candidates from the lowest that stops at the first whose noisy count of labels at "
+        "or below it reaches the noisy target rank (the sparse vector technique on monotone counts; Durfee, "
+        "NeurIPS 2023) — its error is a number of ranks that the candidates beyond the answer do not add to, "
+        "which makes it the one for a high quantile of heavy-tailed labels"))
+
+    def identity(self) -> dict:
+        """What the request says: ``candidates`` and ``method`` only when not their defaults, so a request without
+        them hashes as it did before the fields existed."""
+        return self.model_dump(exclude={name for name, default in (("candidates", "support"),
+                                                                   ("method", "exponential"))
+                                        if getattr(self, name) == default})
 
 
 class CentralTrainingRequest(BaseModel):

@@ -227,8 +227,9 @@ DATASETS = {
 GROUPS = 8  # clusters for the per-group randomizer (regression)
 GROUP_PRIOR_SHARE = 0.25  # ε_p = ε/4 for the per-group discrete-Laplace histograms (regression)
 _JOB_FIELDS = ("protocol", "stages")
-MESH_GRID = int((MAX_MESH_CELLS / 2) ** 0.5)
-AUTO_RELEASES = {"regression": ("opt-unbiased", "rr-on-bins"), "classes": ("rr", "rr-with-prior")}  # the largest grid the mesh LP (2|Y| outputs) takes: 141
+MESH_GRID = int((MAX_MESH_CELLS / 2) ** 0.5)  # the largest grid the mesh LP (2|Y| outputs) takes: 141
+# the mechanisms an auto job's releases use (features_party/parts.py), which the domain must take
+AUTO_RELEASES = {"regression": ("opt-unbiased", "rr-on-bins"), "classes": ("rr", "rr-with-prior")}
 
 
 def mechanisms_for(prepared: Prepared) -> dict:
@@ -452,7 +453,7 @@ def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
             # multi-stage jobs release with RR first, then RRWithPrior; an auto job with its candidates' mechanisms
             names = [fields["mechanism"], *(["rr-with-prior"] if "protocol" in fields else [])]
             if fields["mechanism"] == AUTO:
-                names = AUTO_RELEASES["classes" if prepared.classification else "regression"]
+                names = list(AUTO_RELEASES["classes" if prepared.classification else "regression"])
             for chosen in [family(name) for name in names]:
                 chosen.check(domain, options)
                 if chosen.name in ("laplace", "staircase"):

@@ -398,6 +398,12 @@ class Quantiles(_JsonBodyKind):
     mechanism: str = "quantiles"
     per_example: ClassVar[frozenset[str]] = frozenset({"example_ids"})
 
+    def identity(self) -> dict:
+        return self.request.identity()
+
+    def record(self) -> dict:
+        return {key: value for key, value in self.request.identity().items() if key not in self.per_example}
+
     def check(self) -> None:
         check_quantiles(self.request.quantiles)
 
@@ -406,7 +412,8 @@ class Quantiles(_JsonBodyKind):
         return self.request.example_ids, None
 
     def price(self, _ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, _inputs) -> PricedPlan:
-        plan = plan_quantiles(snapshot.domain, self.request.quantiles, self.request.epsilon)
+        plan = plan_quantiles(snapshot.domain, self.request.quantiles, self.request.epsilon,
+                              self.request.candidates, self.request.method)
         return PricedPlan(plan.dp_event(), plan)
 
     # Counting the ranks and the draws take a time that depends on the labels; the response's must not: both run

@@ -34,6 +34,18 @@ class ExponentialMechanismDpEvent(dp_event.DpEvent):
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
+class AboveThresholdDpEvent(dp_event.DpEvent):
+    """One AboveThreshold (sparse vector) sweep of ``candidates`` monotone counting queries of sensitivity 1 that
+    stops at the first above a noisy threshold, pure ε-DP with ε = ``epsilon`` = the threshold's noise ε plus the
+    queries' (Lyu, Su & Li, "Understanding the Sparse Vector Technique for Differential Privacy", VLDB 2017,
+    Algorithm 7 with monotonic queries: each noise Laplace(Δ/ε_part)); certified from the exact discrete Laplace
+    scales it samples."""
+
+    epsilon: float
+    candidates: int
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
 class ParallelDpEvent(dp_event.DpEvent):
     """Events on disjoint sets of examples (one per group): each example pays only its own group's, so the
     release's ε is the largest of them."""
@@ -61,7 +73,7 @@ def epsilon_of(event: dp_event.DpEvent, delta: float = 0.0) -> float:
     if isinstance(event, dp_event.RandomizedResponseDpEvent):
         p, k = event.noise_parameter, event.num_buckets
         return math.log((1 - p + p / k) / (p / k))
-    if isinstance(event, LocalRandomizerDpEvent | ExponentialMechanismDpEvent):
+    if isinstance(event, LocalRandomizerDpEvent | ExponentialMechanismDpEvent | AboveThresholdDpEvent):
         return event.epsilon
     raise ValueError(f"no ε rule for {type(event).__name__}")
 
@@ -83,7 +95,8 @@ def from_dict(data: dict) -> dp_event.DpEvent:
     data = dict(data)
     name = data.pop("type")
     cls = {"LocalRandomizerDpEvent": LocalRandomizerDpEvent, "ParallelDpEvent": ParallelDpEvent,
-           "ExponentialMechanismDpEvent": ExponentialMechanismDpEvent}.get(name) or getattr(dp_event, name)
+           "ExponentialMechanismDpEvent": ExponentialMechanismDpEvent,
+           "AboveThresholdDpEvent": AboveThresholdDpEvent}.get(name) or getattr(dp_event, name)
     if "events" in data:
         data["events"] = [from_dict(e) for e in data["events"]]
     if isinstance(data.get("event"), dict):  # SelfComposed / PoissonSampled wrap one event

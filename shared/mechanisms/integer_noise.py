@@ -138,7 +138,7 @@ class DiscreteLaplace:
             raise ValueError("discrete Laplace needs integers 1 <= s, t <= 2**56 (its draws stay inside int64)")
 
     @classmethod
-    def calibrated(cls, epsilon: float, sensitivity: int) -> DiscreteLaplace:
+    def calibrated(cls, epsilon: float | Fraction, sensitivity: int) -> DiscreteLaplace:
         """The smallest scale (see :func:`_ratio_at_most` for the precision) whose exact ε at ``sensitivity`` is
         <= ``epsilon``."""
         if sensitivity < 1:

@@ -19,7 +19,10 @@ from features_party.jobs import predictions_frame
 from features_party.output import Output
 from features_party.parts import AutoPlan, mean_epsilon
 from shared.errors import LabelDPError
+from tests.features_party import test_api
 from tests.features_party.test_api import N, _finish, _spent, _upload
+
+parties = test_api.parties  # the fixture: a labels-party server with a dataset of N labels, and a trainer
 
 EPSILON = 4.0
 

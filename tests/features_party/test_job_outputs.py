@@ -28,7 +28,7 @@ def _classes_dataset(parties, num_classes: int) -> str:
 def _rr_job(parties, dataset: str, train: dict) -> dict:
     ids = parties["features"]["example_id"].tolist()[:10]  # ten rows to train on: a tiny job by max_job_size
     return {**_job(parties), "dataset_id": dataset, "release": {"mechanism": "rr", "epsilon": 1.0, "example_ids": ids},
-            "train": train}
+            "train": train, "estimate_fraction": 0}  # all ten trained on (an estimate would keep one)
 
 
 MLP = {"hidden": [], "epochs": 1, "batch_size": 16, "patience": 1}

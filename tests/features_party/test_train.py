@@ -734,5 +734,6 @@ def test_predictions_in_batches_equal_one_pass(monkeypatch, loss):
     monkeypatch.setattr(train_module, "PREDICT_ROWS", 7)  # 500 = 71 x 7 + 3
     batched = result.predict(x, no_categorical(len(y)))
     assert batched.shape == whole.shape == ((500,) if loss == "squared" else (500, 2))
-    np.testing.assert_allclose(batched, whole, rtol=1e-5, atol=1e-6)
+    # float32 layers summed in another order per batch shape: equal to float32 rounding of the largest output
+    np.testing.assert_allclose(batched, whole, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(whole).max())))
     assert result.predict(x[:0], no_categorical(0)).shape[0] == 0
