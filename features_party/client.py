@@ -11,6 +11,7 @@ import io
 import ssl
 import time
 import uuid
+import warnings
 from collections.abc import Iterable
 from urllib.parse import quote
 
@@ -23,6 +24,11 @@ import pyarrow.parquet as pq
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.estimates import MSEEstimate, unbiased_mse_estimate_from_document
+
+
+class LabelDPWarning(UserWarning):
+    """What a service says the user should know, shown by the SDK as a Python warning: a model not shown to be better
+    than the constant predictor, a declared label range far wider than the labels."""
 
 
 class LabelsPartyError(Exception):
@@ -228,7 +234,10 @@ class LabelsPartyClient:
             headers={"Content-Type": "application/vnd.apache.parquet"},
             retry=True,
         )
-        return schemas.UploadResult(**response.json())
+        result = schemas.UploadResult(**response.json())
+        for warning in result.warnings:  # the owner's: a declared range far wider than the labels' bulk
+            warnings.warn(f"dataset {dataset_id}: {warning}", LabelDPWarning, stacklevel=2)
+        return result
 
     def upload_frame(self, dataset_id: str, frame: pd.DataFrame, *, id_column: str = "example_id",
                      label_column: str = "label") -> schemas.UploadResult:
@@ -356,12 +365,14 @@ class LabelsPartyClient:
         return schemas.Release(**response.json())
 
     def request_quantiles(self, dataset_id: str, quantiles: Iterable[float], epsilon: float, *,
-                          example_ids: Iterable | None = None,
-                          idempotency_key: str | None = None) -> schemas.Release:
+                          example_ids: Iterable | None = None, candidates: str = "support",
+                          method: str = "exponential", idempotency_key: str | None = None) -> schemas.Release:
         """DP quantiles of the dataset's labels (of ``example_ids``' labels, else all of them) on its declared
-        domain, ε charged to every covered example; :func:`quantile_values` reads them from the release."""
+        domain, ε charged to every covered example; :func:`quantile_values` reads them from the release.
+        ``candidates="log", method="above-threshold"`` for a high quantile of heavy-tailed labels."""
         body = schemas.QuantilesRequest(quantiles=[float(q) for q in quantiles], epsilon=epsilon,
-                                        example_ids=None if example_ids is None else [str(i) for i in example_ids])
+                                        example_ids=None if example_ids is None else [str(i) for i in example_ids],
+                                        candidates=candidates, method=method)
         response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/quantiles",
                                  json=body.model_dump(exclude_none=True), retry=True,
                                  headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})

@@ -7,12 +7,13 @@ import io
 import ssl
 import time
 import uuid
+import warnings
 
 import httpx
 import pandas as pd
 
 from features_party import schemas
-from features_party.client import LabelsPartyError, _raise_for, _segment
+from features_party.client import LabelDPWarning, LabelsPartyError, _raise_for, _segment
 
 IN_PROGRESS_SECONDS = 300.0  # how long a resent job request waits for the first send's outcome
 
@@ -92,10 +93,14 @@ class TrainerClient:
             time.sleep(poll_seconds)
 
     def train(self, request: schemas.JobRequest | dict) -> schemas.JobView:
-        """Create a job and wait for it; a failed job raises with its error."""
+        """Create a job and wait for it; a failed job raises with its error, and each of a finished job's warnings
+        (its model not shown to be better than the constant predictor, or no estimate) is a
+        :class:`~features_party.client.LabelDPWarning`."""
         job = self.wait(self.create_job(request).id)
         if job.status != "succeeded":
             raise RuntimeError(f"training job {job.id} failed: {job.error}")
+        for warning in job.warnings:
+            warnings.warn(f"job {job.id}: {warning}", LabelDPWarning, stacklevel=2)
         return job
 
     def predictions(self, job_id: str) -> pd.DataFrame:

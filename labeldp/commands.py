@@ -86,6 +86,11 @@ def register(commands) -> None:
                          "types and cardinalities, left-out columns and why, warnings, number of jobs) and exit "
                          "without starting a service or training")
     utility.add_argument("--json", action="store_true", help="with --dry-run: the plan as one JSON document")
+    utility.add_argument("--resume", action="store_true",
+                         help="continue a run that was interrupted (Ctrl-C) in the same --out: its finished runs "
+                         "(runs.csv) are kept, the others run; the other options must be the same (run.json says "
+                         "what they were). The labels service starts afresh, so the remaining runs draw other noise "
+                         "than an uninterrupted run would have")
     utility.add_argument("--allow-uninformative", action="store_true",
                          help="research use: release even randomizers whose output does not depend on the label "
                          "(RRWithPrior keeping one class); by default the labels service releases its fallback "
@@ -242,7 +247,12 @@ def bench_utility_command(args) -> int:
         return 0
     for line in plan.warning_lines(plans):
         print(f"labeldp: {line}", file=sys.stderr)
-    run_bench(config, plans, args.out)
+    try:
+        run_bench(config, plans, args.out, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"labeldp: interrupted: the finished runs are in {args.out}/runs.csv; run the same command with "
+              "--resume to continue", file=sys.stderr)
+        return 130
     return _print_summary(args.out)
 
 

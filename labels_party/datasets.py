@@ -206,11 +206,34 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
                 coverage_file=ingested.coverage.file, coverage_sha256=ingested.coverage.sha256))
             dataset.label_version, dataset.num_examples = version, ingested.num_examples
             dataset.registry_size = ingested.registry_end
+            warning = range_warning(domain_from_spec(spec), ingested.bulk)
             return schemas.UploadResult(dataset_id=dataset.id, label_version=version,
                                         num_examples=ingested.num_examples, new_examples=ingested.new_examples,
                                         clipped_below=ingested.clipped_below,
-                                        clipped_above=ingested.clipped_above)
+                                        clipped_above=ingested.clipped_above,
+                                        warnings=[warning] if warning else [])
     raise LabelDPError("other uploads to this dataset kept committing first; retry", code="upload_conflict")
+
+
+WIDE_RANGE = 10  # a declared range this many times the labels' middle 90 % is warned about
+
+
+def range_warning(domain, bulk: tuple[float, float] | None) -> str | None:
+    """The owner's warning when the declared range is far wider than the labels' bulk (their 5th to 95th
+    percentile): every mechanism's noise is calibrated to the range, so on heavy-tailed labels it swamps them. Only
+    the uploading owner sees it (the labels are theirs); nothing is released."""
+    if bulk is None:
+        return None
+    values = domain.support().values
+    low, high = float(values.min()), float(values.max())
+    span, middle = high - low, bulk[1] - bulk[0]
+    if span <= 0 or span <= WIDE_RANGE * middle:
+        return None
+    ratio = f"{span / middle:,.0f} times" if middle > 0 else "infinitely"
+    return (f"the declared range [{low:g}, {high:g}] is {ratio} wider than the middle 90 % of these labels "
+            f"([{bulk[0]:.4g}, {bulk[1]:.4g}]): the noise of every mechanism is calibrated to the range, and on "
+            "labels this concentrated it swamps them. Declare a clip: DP quantiles (POST "
+            "/v1/datasets/{id}/quantiles with candidates 'log' and method 'above-threshold') choose one privately")
 
 
 def registry_parts(session: Session, dataset: db.Dataset) -> list[labelstore.RegistryPart]:

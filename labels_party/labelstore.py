@@ -94,6 +94,10 @@ class Ingested:
     registry_end: int
     clipped_below: int
     clipped_above: int
+    bulk: tuple[float, float] | None = None  # approximate 5th and 95th percentiles of the stored labels
+
+
+BULK_QUANTILES = (0.05, 0.95)  # the labels' bulk, set against the declared range (datasets.range_warning)
 
 
 def duckdb_connection(store: DataStore, memory_mb: int = DUCKDB_MEMORY_MB) -> tuple[duckdb.DuckDBPyConnection, Path]:
@@ -257,6 +261,7 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
         connection, spill = duckdb_connection(store, memory_mb)
         try:
             _refuse_duplicates(connection, staged)
+            bulk = None if domain.label_kind == "classes" else _bulk(connection, staged)
             if parts:  # an existing registry: join, number the new ids, sort by index
                 final = scratch / "version.parquet"
                 new = _assign_indices(connection, store, staged, parts, registry_size, final)
@@ -278,7 +283,17 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
             raise
     finally:
         _remove_tree(scratch)
-    return Ingested(relative, coverage, rows, new, registry_size, registry_size + new, counts.below, counts.above)
+    return Ingested(relative, coverage, rows, new, registry_size, registry_size + new, counts.below, counts.above,
+                    bulk)
+
+
+def _bulk(connection, staged: Path) -> tuple[float, float]:
+    """The labels' approximate :data:`BULK_QUANTILES` (DuckDB's t-digest: one streaming pass, bounded memory) — for
+    the owner's own warning, never released."""
+    low, high = connection.execute(
+        f"SELECT approx_quantile(label, {BULK_QUANTILES[0]}), approx_quantile(label, {BULK_QUANTILES[1]}) "
+        f"FROM read_parquet({_quoted(staged)})").fetchone()
+    return float(low), float(high)
 
 
 def _remove_tree(path: Path) -> None:

@@ -249,6 +249,9 @@ class UploadResult(BaseModel):
     new_examples: int
     clipped_below: int = Field(description="labels moved up to the declared clip's low bound")
     clipped_above: int = Field(description="labels moved down to the declared clip's high bound")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "for the owner who uploaded: the declared range far wider than the labels' middle 90 % (their noise "
+        "would swamp them: declare a clip); nothing here is released to anyone"))
 
 
 class GrantCreate(BaseModel):

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 # The bundled datasets by name (labeldp.benchmarks.utility.DATASETS defines them; a test keeps the two equal).
 DATASET_NAMES = ("psid-weeks", "doctor-contacts", "hours-worked", "cps-wages", "diamond-prices", "cps-earnings",
-                 "storm-status")
+                 "labour-hours", "household-wealth", "storm-status")
 
 # Each benchmark mechanism as the release fields a job asks for (ε added per run); None: the non-private model.
 # "group_release": the publisher first requests a group release (one prior + randomizer per k-means cluster of

@@ -98,7 +98,30 @@ def column_warnings(prepared: Prepared) -> list[dict]:
                           "message": f"numeric column {column!r} has {what} {association:.3f} with the label "
                                      f"(≥ {LEAK_ASSOCIATION:g}): it may be computed from the label or observed "
                                      "after it; leave it out with --features/--categorical"})
+    found += _range_warnings(prepared)
     return found
+
+
+def _range_warnings(prepared: Prepared) -> list[dict]:
+    """The declared range (or, with a private clip, the outer range) far wider than the labels' middle 90 %: the
+    labels service's own rule (:func:`labels_party.datasets.range_warning`), on the raw labels the bench holds."""
+    from labels_party.datasets import WIDE_RANGE
+
+    clip = prepared.domain.get("clip")
+    if prepared.classification or clip is None:
+        return []
+    raw = prepared.frame[RAW].to_numpy(dtype=float)
+    low, high = np.quantile(raw, [0.05, 0.95])
+    span = clip["high"] - clip["low"]
+    if span <= WIDE_RANGE * (high - low):
+        return []
+    remedy = ("the clip is chosen privately within it" if prepared.clip_choice is not None
+              else "declare a narrower --clip, or --clip auto:0.01:0.99:EPS to choose one privately")
+    return [{"column": prepared.info.get("label", "label"), "warning": "wide_range",
+             "value": round(span / max(high - low, 1e-300), 1),
+             "message": f"the declared label range [{clip['low']:g}, {clip['high']:g}] is "
+                        f"{span / max(high - low, 1e-300):,.0f} times wider than the labels' middle 90 % "
+                        f"([{low:.4g}, {high:.4g}]): noise calibrated to the range swamps them; {remedy}"}]
 
 
 def _association(values: np.ndarray, labels: np.ndarray, classes: bool) -> float:

@@ -6,7 +6,11 @@ the dataset the releases come from exists. The flow is therefore two datasets of
 
 1. **outer** — ``<name>-outer``, declared on the public outer range [LOW, HIGH] (the same kind and grid), with a
    budget of exactly EPS; the owner uploads the raw labels and asks for the Q_LOW and Q_HIGH quantiles at EPS
-   (split evenly between the two: basic composition). Every example is charged EPS there.
+   (split evenly between the two: basic composition), each by a sweep of a logarithmic grid of candidates that
+   stops at the first whose noisy count reaches the noisy target rank (``candidates: "log"``, ``method:
+   "above-threshold"``, :mod:`labels_party.quantiles`): on heavy-tailed labels the exponential mechanism over the
+   declared range's evenly spaced values put a 0.99 quantile of household wealth at 1310 against a true 224.6; the
+   sweep lands within a factor of two. Every example is charged EPS there.
 2. **release** — ``<name>``, declared with clip [v_low, v_high] from those values; the owner uploads the same raw
    labels (the service clips them), and every run releases from it as with a fixed ``--clip``.
 
@@ -22,6 +26,7 @@ widened to the next value of the outer domain (post-processing of the DP output,
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,15 +111,18 @@ def request_clip(parties, name: str, domain: dict, example_ids, raw: np.ndarray,
                  candidates: np.ndarray) -> ChosenClip:
     """Step 1 of the module docstring for the dataset ``name`` (``domain``: its creation fields on the outer
     range; ``candidates``: that domain's values): the outer dataset, its raw labels and the owner's DP quantiles."""
-    from features_party.client import LabelsPartyError, quantile_values
+    from features_party.client import LabelDPWarning, LabelsPartyError, quantile_values
 
     outer = (domain["clip"]["low"], domain["clip"]["high"])
     with parties.owner() as owner:
         try:
             dataset = owner.create_dataset(name=f"{name}-outer", epsilon_total=request.epsilon, **domain)
-            owner.upload_labels(dataset.id, example_ids, raw)
+            with warnings.catch_warnings():  # a wide outer range is why the clip is chosen: not news here
+                warnings.simplefilter("ignore", LabelDPWarning)
+                owner.upload_labels(dataset.id, example_ids, raw)
             release = owner.request_quantiles(dataset.id, [request.low_quantile, request.high_quantile],
-                                              request.epsilon, idempotency_key=f"clip-{name}")
+                                              request.epsilon, candidates="log", method="above-threshold",
+                                              idempotency_key=f"clip-{name}")
         except LabelsPartyError as err:
             raise _usage(f"the labels service refused the private clip of {name}: {err.message}") from None
         spent = owner.budget(dataset.id).epsilon_spent
@@ -132,6 +140,7 @@ def note(chosen: ChosenClip, name: str) -> str:
     source = ("declared" if request.outer else
               "the labels' own min and max: a data-dependent choice, fine for a benchmark, not for a release")
     return (f"Clip [{low:g}, {high:g}] chosen privately (`--clip auto`): the labels service's DP quantiles "
-            f"{request.low_quantile:g} and {request.high_quantile:g} of the uploaded labels on the outer range "
+            f"{request.low_quantile:g} and {request.high_quantile:g} (a sweep of a log grid, the sparse vector "
+            "technique: `candidates: log`, `method: above-threshold`) of the uploaded labels on the outer range "
             f"[{outer[0]:g}, {outer[1]:g}] ({source}), ε = {request.epsilon:g} charged to every example on dataset "
             f"{name}-outer (its ledger: {chosen.epsilon_spent:g} spent).")

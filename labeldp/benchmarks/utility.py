@@ -30,6 +30,7 @@ import csv
 import dataclasses
 import json
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ import pandas as pd
 from scipy.special import gammaln
 from tqdm.auto import tqdm
 
-from features_party.client import LabelsPartyError
+from features_party.client import LabelDPWarning, LabelsPartyError
 from features_party.features import Preprocessor
 from features_party.gbdt import train_gbdt
 from features_party.schemas import JobView
@@ -134,6 +135,8 @@ class BenchDataset:
     group: tuple[str, ...] = ()  # split by these columns together (repeated individuals, a storm's track)
     fixed_range: tuple[int, int] | None = None
     classes: tuple[str, ...] = ()  # kind "classes": every class the label may take, in the order of their indices
+    # (Q_LOW, Q_HIGH, ε): the clip chosen privately by DP quantiles on fixed_range, the public outer range
+    private_clip: tuple[float, float, float] | None = None
 
     def prepare(self) -> Prepared:
         """The table with its raw labels and the clip the labels service applies at upload: fixed by the
@@ -167,8 +170,14 @@ class BenchDataset:
         domain: dict[str, Any] = {"label_kind": self.kind, "clip": {"low": low, "high": high}}
         if self.kind == "continuous":
             domain["grid_size"] = 41
+        clip_choice = None
+        if self.private_clip is not None:
+            clip_choice = AutoClip(*self.private_clip, outer=(low, high))
+            note = (f"Public outer range [{low:g}, {high:g}] fixed by the protocol; the clip within it is chosen "
+                    "privately (below).")
         return Prepared.build(self.name, self.description, frame, labels, np.clip(labels, low, high), self.numeric,
-                              self.categorical, self.loss, domain, group=group, notes=(note,), info=info)
+                              self.categorical, self.loss, domain, group=group, notes=(note,), info=info,
+                              clip_choice=clip_choice)
 
     def _classes(self, frame: pd.DataFrame, group: str | None, info: dict) -> Prepared:
         values = frame[self.label].astype(str)
@@ -215,6 +224,19 @@ DATASETS = {
         "cps-earnings", "hourly earnings in dollars of 61,395 workers (CPS 2008, AER::CPSSW8), clipped at the 95th "
         "percentile, continuous labels on a 41-point grid, squared loss", "AER", "CPSSW8", "earnings",
         ("age", "education"), ("gender", "region"), "squared", "continuous", clip_quantile=0.95),
+    # Issue 39's: labels that the features barely predict, and heavy-tailed ones.
+    "labour-hours": BenchDataset(
+        "labour-hours", "weekly hours worked by 31,857 mothers (1980 census, wooldridge::labsup), labels 0..99, "
+        "squared loss: a weak signal (41 % worked no hours; the features explain about 8 % of the variance)",
+        "wooldridge", "labsup", "hours", ("kids", "age", "agefstm", "educ", "nonmomi"),
+        ("black", "hispan", "boy1st", "boy2nd", "samesex", "multi2nd", "morekids"), "squared", "integer",
+        fixed_range=(0, 99)),
+    "household-wealth": BenchDataset(
+        "household-wealth", "net financial assets in $1000 of 9,275 households (wooldridge::k401ksubs), heavy-tailed "
+        "(−502 to 1,537; the middle 90 % −9 to 95), clipped at DP quantiles 0.01 and 0.99 (ε = 0.1, a log-grid "
+        "sweep) on the public outer range [−1000, 2000], continuous labels on a 41-point grid, squared loss",
+        "wooldridge", "k401ksubs", "nettfa", ("inc", "age", "fsize"), ("marr", "male", "e401k", "p401k", "pira"),
+        "squared", "continuous", fixed_range=(-1000, 2000), private_clip=(0.01, 0.99, 0.1)),
     "storm-status": BenchDataset(
         "storm-status", "status of an Atlantic storm at one of 19,537 six-hourly observations (NOAA best tracks, "
         "dplyr::storms), 9 classes, split by storm, cross-entropy", "dplyr", "storms", "status",
@@ -359,6 +381,7 @@ class Registered:
     clipped_above: int
     budget: float = 0.0  # the dataset's ε per example, which its releases spend
     private_clip: ChosenClip | None = None  # --clip auto: the quantiles the clip came from, and their cost
+    upload_warnings: tuple[str, ...] = ()  # what the labels service told the owner at upload
 
     @property
     def epsilon_per_example(self) -> dict[str, float]:
@@ -395,13 +418,16 @@ def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
         except LabelsPartyError as err:
             raise _refused(f"the {prepared.name} dataset", err) from None
         try:
-            uploaded = owner.upload_labels(created.id, frame["example_id"], frame[RAW].to_numpy(dtype=float))
+            with warnings.catch_warnings():  # the owner's warnings: the summary states them
+                warnings.simplefilter("ignore", LabelDPWarning)
+                uploaded = owner.upload_labels(created.id, frame["example_id"], frame[RAW].to_numpy(dtype=float))
         except LabelsPartyError as err:
             raise _refused(f"the {prepared.name} labels", err) from None
         owner.grant(created.id, CONSUMER, budget)
     with parties.trainer() as trainer:
         trainer.put_features(prepared.name, frame[["example_id", *prepared.numeric, *prepared.categorical]])
-    return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above, budget, chosen)
+    return Registered(prepared, created.id, uploaded.clipped_below, uploaded.clipped_above, budget, chosen,
+                      tuple(uploaded.warnings))
 
 
 def _with_private_clip(parties: Parties, prepared: Prepared) -> tuple[Prepared, ChosenClip]:
@@ -602,7 +628,8 @@ def _train_on_release(parties: Parties, registered: Registered, train_part: pd.D
         {"model": "gbdt", "loss": loss, "seed": seed, "validation_fraction": config.validation_fraction}
         if model == "gbdt" else {**config.__dict__, "hidden": list(config.hidden), "loss": loss,
                                  **({"model": "mlp"} if model == "mlp" and mechanism == AUTO else {})})
-    with parties.trainer() as trainer:
+    with parties.trainer() as trainer, warnings.catch_warnings():
+        warnings.simplefilter("ignore", LabelDPWarning)  # the job's warnings: runs.csv's warned column
         return trainer.train(parties.job(registered.features, registered.dataset_id, **source, **job_fields,
                                          numeric=list(prepared.numeric), categorical=list(prepared.categorical),
                                          train=train_options))
@@ -641,12 +668,18 @@ def runs_of(mechanisms: list[str], config: BenchConfig) -> list[tuple[str, float
 
 
 def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], out: str | Path,
-              progress: bool = True) -> pd.DataFrame:
+              progress: bool = True, *, resume: bool = False) -> pd.DataFrame:
     """Every planned dataset (:func:`labeldp.benchmarks.plan.plan_bench`: prepared, with its mechanisms, every
-    problem with a dataset or a mechanism's domain refused before the services start) through the same protocol."""
+    problem with a dataset or a mechanism's domain refused before the services start) through the same protocol.
+    runs.csv is rewritten after every cell, so an interrupted run (Ctrl-C: ``KeyboardInterrupt``, raised on) keeps
+    what finished; ``resume`` keeps those rows and runs only the cells they lack (the run's options, ``run.json``,
+    must be the same)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, registered = [], []
+    rows = _resumed(config, plans, out) if resume else []
+    (out / "run.json").write_text(json.dumps(_run_options(config, plans), indent=1) + "\n")
+    done = {_cell_key(row) for row in rows}
+    registered = []
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-utility-") as tmp, \
             two_parties(Path(tmp), RELEASE_SEED) as parties:
         for dataset, mechanisms in plans:
@@ -655,6 +688,8 @@ def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], 
             registered.append(register(parties, dataset, budget))
             for mechanism, epsilon, seed in tqdm(runs_of(mechanisms, config), desc=f"bench utility {dataset.name}",
                                                  disable=not progress):
+                if (dataset.name, mechanism, epsilon, seed) in done:
+                    continue
                 rows += run_cell(parties, registered[-1], mechanism, epsilon, seed, config)
                 _write_csv(out / "runs.csv", rows)
     runs = _relative(pd.DataFrame(rows))
@@ -662,6 +697,42 @@ def run_bench(config: BenchConfig, plans: Sequence[tuple[Prepared, list[str]]], 
     _write_datasets(registered, out)
     _summarize(runs, config, plans, registered, out)
     return runs
+
+
+def _run_options(config: BenchConfig, plans) -> dict:
+    """What a resumed run must share with the one it continues."""
+    return {"datasets": [prepared.name for prepared, _ in plans],
+            "mechanisms": {prepared.name: list(mechanisms) for prepared, mechanisms in plans},
+            "epsilons": list(config.epsilons), "seeds": config.seeds, "models": list(config.models),
+            "epochs": config.epochs, "rows": config.max_examples, "allow_uninformative": config.allow_uninformative}
+
+
+def _cell_key(row: dict) -> tuple:
+    epsilon = row.get("epsilon")
+    epsilon = None if epsilon is None or (isinstance(epsilon, float) and np.isnan(epsilon)) else float(epsilon)
+    return row["dataset"], row["mechanism"], epsilon, int(row["seed"])
+
+
+def _resumed(config: BenchConfig, plans, out: Path) -> list[dict]:
+    """The finished rows of the run in ``out`` (complete cells only), once its options are found the same."""
+    options, saved = _run_options(config, plans), out / "run.json"
+    if not saved.exists() or not (out / "runs.csv").exists():
+        raise LabelDPError(f"--resume: {out} holds no interrupted run (run.json and runs.csv); run without --resume",
+                           code="usage")
+    earlier = json.loads(saved.read_text())
+    if earlier != options:
+        changed = sorted(k for k in options if earlier.get(k) != options[k])
+        raise LabelDPError(f"--resume: the run in {out} had other options ({', '.join(changed)}); give the same "
+                           "options, or another --out", code="usage")
+    frame = pd.read_csv(out / "runs.csv")
+    rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and np.isnan(v))}
+            for row in frame.to_dict("records")]
+    # a cell has one row per learner (an auto job's one): a cell cut short is run again whole
+    counts: dict[tuple, int] = {}
+    for row in rows:
+        counts[_cell_key(row)] = counts.get(_cell_key(row), 0) + 1
+    complete = {key for key, count in counts.items() if count >= (1 if key[1] == AUTO else len(config.models))}
+    return [row for row in rows if _cell_key(row) in complete]
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -761,6 +832,8 @@ def _labels_line(registered: Registered) -> str:
                  f"{chosen.values[1]:g}; ledger of dataset {chosen.outer_dataset_id}: {chosen.epsilon_spent:g} "
                  f"spent): each example's budget is {cost['clip']:g} (clip) + {cost['releases']:g} (releases) = "
                  f"{cost['total']:g}.")
+    for warning in registered.upload_warnings:
+        text += f" The labels service warned the owner at upload: {warning}."
     return text
 
 
