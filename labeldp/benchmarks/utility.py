@@ -233,10 +233,10 @@ DATASETS = {
         fixed_range=(0, 99)),
     "household-wealth": BenchDataset(
         "household-wealth", "net financial assets in $1000 of 9,275 households (wooldridge::k401ksubs), heavy-tailed "
-        "(−502 to 1,537; the middle 90 % −9 to 95), clipped at DP quantiles 0.01 and 0.99 (ε = 0.1, a log-grid "
+        "(−502 to 1,537; the middle 90 % −9 to 95), clipped at DP quantiles 0.02 and 0.98 (ε = 0.2, a log-grid "
         "sweep) on the public outer range [−1000, 2000], continuous labels on a 41-point grid, squared loss",
         "wooldridge", "k401ksubs", "nettfa", ("inc", "age", "fsize"), ("marr", "male", "e401k", "p401k", "pira"),
-        "squared", "continuous", fixed_range=(-1000, 2000), private_clip=(0.01, 0.99, 0.1)),
+        "squared", "continuous", fixed_range=(-1000, 2000), private_clip=(0.02, 0.98, 0.2)),
     "storm-status": BenchDataset(
         "storm-status", "status of an Atlantic storm at one of 19,537 six-hourly observations (NOAA best tracks, "
         "dplyr::storms), 9 classes, split by storm, cross-entropy", "dplyr", "storms", "status",
@@ -789,21 +789,25 @@ def _summarize(runs: pd.DataFrame, config: BenchConfig, plans, registered: list[
             lines += _learner_section(part[part.model == model], entry,
                                       [m for m in mechanisms if m != AUTO or config.auto_model == model], config,
                                       out, model)
-        lines += _comparison_section(part, prepared, mechanisms, config)
+        lines += _comparison_section(part, entry, mechanisms, config, out)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
-def _comparison_section(part: pd.DataFrame, prepared: Prepared, mechanisms: list[str],
-                        config: BenchConfig) -> list[str]:
+def _comparison_section(part: pd.DataFrame, registered: Registered, mechanisms: list[str], config: BenchConfig,
+                        out: Path) -> list[str]:
     """With both learners: trees against the MLP, and the best mechanism under each (:mod:`.learners`); auto
     against the constant and the best fixed choice, and every private run against every other
     (:mod:`.comparison`)."""
+    prepared = registered.prepared
     private = [m for m in mechanisms if m not in ("non-private", AUTO)]
     scoring = learners.scoring_for(prepared.classification)
     lines = []
     if AUTO in mechanisms:
+        figure = f"{prepared.name}-auto.png"
+        _auto_figure(part, registered, out / figure)
         lines += [f"### {prepared.name}: auto", "", *comparison.auto_lines(part, scoring, config.epsilons),
-                  *comparison.choice_lines(part, config.epsilons)]
+                  *comparison.choice_lines(part, config.epsilons), f"Figure: `{figure}` (auto and every fixed "
+                  "(mechanism, learner), mean ± sd over seeds, with the references).", ""]
     matrix = comparison.win_matrix_lines(part, scoring)
     if matrix:
         lines += [f"### {prepared.name}: paired wins", "", *matrix]
@@ -814,6 +818,25 @@ def _comparison_section(part: pd.DataFrame, prepared: Prepared, mechanisms: list
         lines += [f"### {prepared.name}: the best mechanism under each learner", "",
                   *learners.winner_lines(part, scoring, config.models, private, config.epsilons)]
     return lines
+
+
+def _auto_figure(part: pd.DataFrame, registered: Registered, path: Path) -> None:
+    """auto against every fixed (mechanism, learner) on one figure, with the non-private models and the constant."""
+    prepared = registered.prepared
+    private = part[part.mechanism != "non-private"]
+    private = private.assign(mechanism=[m if m == AUTO else f"{m} ({model})"
+                                        for m, model in zip(private.mechanism, private.model, strict=True)])
+    reference = part[part.mechanism == "non-private"]
+    lines = {f"non-private {model} (true labels)": float(rows[prepared.metric].mean())
+             for model, rows in reference.groupby("model")}
+    lines.update(yardsticks(reference.drop_duplicates("seed"), prepared).plot_lines())
+    lines.pop("non-private (true labels)", None)
+    test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(prepared.metric,
+                                                                                                 "test MSE")
+    report.loss_vs_epsilon(private, path, test=prepared.metric, noisy="noisy_label_loss",
+                           title=f"{prepared.name}: auto and every fixed choice", test_label=test_label,
+                           references=lines,
+                           noisy_label="P(ỹ ≠ y)" if prepared.classification else "E ½(ŷ − y)²")
 
 
 def _labels_line(registered: Registered) -> str:
