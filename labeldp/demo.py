@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from features_party.client import LabelsPartyClient
+from features_party.client import LabelDPWarning, LabelsPartyClient
 from features_party.features import Preprocessor
 from features_party.gbdt import train_gbdt
 from features_party.train import TrainConfig, device_summary, train
@@ -200,7 +201,7 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
     with background, deployment(out) as running, \
             LabelsPartyClient(running.labels_url, running.admin_key) as office, \
             TrainerClient(running.trainer_url, running.trainer_key) as trainer:
-        total = len(MECHANISMS) * sum(epsilons)
+        total = (len(MECHANISMS) + 1) * sum(epsilons)  # each fixed mechanism's release, and auto's
         # names are unique per organization: a run's own, so the demo runs again against the same services
         run = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         dataset = office.create_dataset(name=f"hours-worked-{run}", label_kind="integer", min=0, max=MAX_HOURS,
@@ -213,6 +214,7 @@ def run_demo(out_dir: str | Path, epsilons: list[float], quick: bool = False,
         publisher = Publisher(running.consumer_key, office, trainer, dataset.id, config, train_part, test)
         rows = [row for epsilon in epsilons for mechanism, options in MECHANISMS
                 for row in publisher.train_and_score(mechanism, options, epsilon)]
+        rows += [publisher.auto_and_score(epsilon) for epsilon in epsilons]
         rows += reference.result()
         for row in rows[-len(LEARNERS):]:
             print(f"  non-private {row['model']:<5} test MSE {row['test_mse']:8.2f}   predicting the training mean: "
@@ -261,13 +263,36 @@ class Publisher:
         for row in rows:
             print(f"  eps={epsilon:<4g} {mechanism:<13} {row['model']:<5} test MSE {row['test_mse']:8.2f}   "
                   f"noisy-label MSE {row['noisy_label_mse']:10.1f}   max |bias| {row['max_abs_bias']:6.3g}   "
-                  f"certified eps {row['certified_epsilon']:.6f}", flush=True)
+                  f"certified eps {row['certified_epsilon']:.6f}"
+                  + ("   (the job warns: not shown better than the constant)" if row["warned"] else ""), flush=True)
         return rows
 
+    def auto_and_score(self, epsilon: float) -> dict:
+        """An auto job at ``epsilon`` (features_party/auto.py): it releases its own parts of the training examples,
+        chooses the mechanism, learner and regularization — or the constant — and says how it compares with the
+        constant on its estimate rows."""
+        ids = self.train_part["example_id"].tolist()
+        job = self._train({"release": {"mechanism": "auto", "epsilon": epsilon, "example_ids": ids}},
+                          {**self.config.__dict__, "hidden": list(self.config.hidden)})
+        row = self._score(job, "auto", {"mechanism": "auto", "epsilon": epsilon, "noisy_label_mse": None,
+                                        "max_abs_bias": None})
+        chosen = (job.auto or {}).get("chosen", {}).get("candidate")
+        estimate = job.estimate or {}
+        row.update(chosen=chosen, warnings=job.warnings, estimated_mse=estimate["model"]["estimate"],
+                   estimated_constant_mse=estimate["constant"]["estimate"],
+                   estimated_difference=estimate["difference"])
+        print(f"  eps={epsilon:<4g} {'auto':<13} {chosen:<26} test MSE {row['test_mse']:8.2f}   its own estimate "
+              f"{row['estimated_mse']:.1f} against the constant's {row['estimated_constant_mse']:.1f}"
+              + "".join(f"\n    warning: {w}" for w in job.warnings), flush=True)
+        return row
+
     def _train(self, source: dict, train: dict):
-        return self.trainer.train({
-            "features": "hours", "labels_party": "office", "api_key": self.consumer_key,
-            "dataset_id": self.dataset_id, "numeric": NUMERIC, "categorical": CATEGORICAL, **source, "train": train})
+        with warnings.catch_warnings():  # the demo prints each job's warnings itself
+            warnings.simplefilter("ignore", LabelDPWarning)
+            return self.trainer.train({
+                "features": "hours", "labels_party": "office", "api_key": self.consumer_key,
+                "dataset_id": self.dataset_id, "numeric": NUMERIC, "categorical": CATEGORICAL, **source,
+                "train": train})
 
     def _score(self, job, model: str, shared: dict) -> dict:
         """The job's test MSE and the release it trained on, as its job reports it."""
@@ -278,7 +303,8 @@ class Publisher:
         return {**shared, "model": model,
                 "test_mse": float(np.mean((predictions[truth_test.index] - truth_test) ** 2)),
                 "certified_epsilon": release["certified_epsilon"], "prior_epsilon": release["prior_epsilon"],
-                "num_outputs": release["num_outputs"], "train_seconds": job.seconds, "release_id": release["id"]}
+                "num_outputs": release.get("num_outputs"), "train_seconds": job.seconds,
+                "release_id": release.get("id"), "warned": bool(job.warnings)}
 
 
 def _non_private(train_part: pd.DataFrame, test: pd.DataFrame, config: TrainConfig) -> list[dict]:
@@ -309,7 +335,7 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
     refs = {r["model"]: references.Yardsticks((r["test_mse"],), (r["mean_predictor_test_mse"],))
             for r in rows if r["epsilon"] is None}
     mechanisms, epsilons = [m for m, _ in MECHANISMS], sorted(frame["epsilon"].unique())
-    series = [f"{m} · {model}" for model in LEARNERS for m in mechanisms]
+    series = [f"{m} · {model}" for model in LEARNERS for m in mechanisms] + ["auto · auto"]
     test = frame.set_index(["mechanism", "epsilon"])["test_mse"]
     released = private[private.model == LEARNERS[0]].set_index(["mechanism", "epsilon"])  # one row per release
     noisy, bias = released["noisy_label_mse"], released["max_abs_bias"]
@@ -334,7 +360,7 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
              *report.epsilon_table(mechanisms, epsilons,
                                    lambda m, e: f"{noisy[(m, e)]:.1f} (bias {bias[(m, e)]:.3g})"),
              "", references.NOISY_LOSS_CAVEAT,
-             "", "## Audit", "",
+             "", *_auto_lines(private, mean), "", "## Audit", "",
              f"{len(audit.events)} privacy events, hash chain valid: {audit.chain_valid}. Every release covered the "
              f"same training examples, so each of them has spent Σε = {spent:g}; the labels party reports "
              f"epsilon_spent = {budget.epsilon_spent:g} of {budget.epsilon_total:g}. Test examples: never released. "
@@ -352,6 +378,25 @@ def _write(out: Path, rows: list[dict], audit, budget, verified: dict,
     print("\n".join(lines))
     print(f"\nwrote {out / 'results.json'}, {out / 'results.md'}, {out / 'test_loss_vs_epsilon.png'}, "
           f"{out / demo_classification.RESULTS}, {out / demo_classification.PLOT}")
+
+
+def _auto_lines(private: pd.DataFrame, mean: references.Yardsticks) -> list[str]:
+    """The auto jobs: what each chose, its test MSE, and what it estimated itself — from its estimate rows'
+    privatized labels alone, without the truth the demo holds — against the constant predictor."""
+    autos = private[private.mechanism == "auto"]
+    lines = ["## auto: the trainer chooses", "",
+             "`release.mechanism: auto` jobs (features_party/auto.py): each splits the training examples into parts "
+             "(selection, estimate, one per candidate mechanism), charges each example ε once (a small share buys "
+             "the labels' central DP mean, the constant), trains 12 candidates and returns the best by unbiased "
+             "validation, the constant among them. Its own estimate comes from its estimate rows' privatized labels "
+             f"only; the test MSE from the true labels the demo holds. Predicting the training mean: "
+             f"{np.mean(mean.constant):.2f}.", "",
+             "| ε | chosen | test MSE | its estimate | the constant, estimated | warnings |",
+             "|---|---|---|---|---|---|"]
+    for row in autos.itertuples():
+        lines.append(f"| {row.epsilon:g} | {row.chosen} | {row.test_mse:.2f} | {row.estimated_mse:.1f} | "
+                     f"{row.estimated_constant_mse:.1f} | {len(row.warnings)} |")
+    return lines
 
 
 def _verified_line(verified: dict) -> str:

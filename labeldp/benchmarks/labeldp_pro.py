@@ -8,6 +8,7 @@ ceiling), whose trained parameters come back in the release's mechanism document
 from __future__ import annotations
 
 import tempfile
+import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from features_party.client import LabelDPWarning
 from labeldp import references, report
 from labeldp.benchmarks.classification import Digits, non_private, register_digits, train_config
 from labeldp.benchmarks.parties import Parties, two_parties
@@ -60,7 +62,9 @@ def _local(parties: Parties, dataset_id: str, digits: Digits, method: str, epsil
                       release={"mechanism": "rr", "epsilon": epsilon, "example_ids": digits.ids[fit].tolist()},
                       numeric=digits.columns, train=train)
     with parties.trainer() as trainer:
-        done = trainer.train(job)
+        with warnings.catch_warnings():  # the bench scores every job itself
+            warnings.simplefilter("ignore", LabelDPWarning)
+            done = trainer.train(job)
         predicted = trainer.predictions(done.id).set_index("example_id")["prediction"]
     assert done.release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
     return predicted[digits.ids[test]].to_numpy(), done.release["certified_epsilon"], 0.0

@@ -28,10 +28,16 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
     out, rows = quick_demo
     saved = json.loads((out / "results.json").read_text())
     assert saved == rows
-    # each mechanism: an MLP row, then the trees' row; then each learner's non-private reference
+    # each mechanism: an MLP row, then the trees' row; then the auto job's; then each learner's non-private reference
     assert [(r["mechanism"], r["model"]) for r in rows] == [
-        (m, model) for m, _ in MECHANISMS for model in LEARNERS] + [("non-private", model) for model in LEARNERS]
-    private, non_private = rows[:-2], rows[-2:]
+        (m, model) for m, _ in MECHANISMS for model in LEARNERS] + [("auto", "auto")] + [
+        ("non-private", model) for model in LEARNERS]
+    private, auto, non_private = rows[:-3], rows[-3], rows[-2:]
+    # auto chose among its candidates on its own labels, is certified within ε, and is no worse than the mean
+    assert auto["epsilon"] == 1.0 and 0.99 < auto["certified_epsilon"] <= 1.0 and auto["chosen"]
+    assert auto["test_mse"] <= 1.05 * non_private[0]["mean_predictor_test_mse"]
+    assert auto["estimated_difference"]["estimate"] == pytest.approx(
+        auto["estimated_mse"] - auto["estimated_constant_mse"], rel=1e-6, abs=1e-6)
     for row in private:
         assert row["epsilon"] == 1.0 and 0.99 < row["certified_epsilon"] <= 1.0
         assert np.isfinite(row["test_mse"]) and row["noisy_label_mse"] > 0
@@ -59,9 +65,11 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
             assert f"{row['test_mse']:.2f}" in line
     bias = {r["mechanism"]: r["max_abs_bias"] for r in private}
     assert bias["laplace"] == bias["staircase"] == 0.0 and bias["opt-unbiased"] < 1e-9 and bias["rr-on-bins"] > 1.0
-    # four releases, one per mechanism: the trees' jobs charged nothing more
-    assert "4 privacy events, hash chain valid: True" in report
-    assert "epsilon_spent = 4 of 4" in report
+    # a release per mechanism (RR-on-Bins, biased, with its estimate rows released apart by opt-unbiased), and
+    # auto's two parts and central mean: the trees' jobs charged nothing more, and every example ε per job
+    assert "8 privacy events, hash chain valid: True" in report
+    assert "epsilon_spent = 5 of 5" in report
+    assert "## auto: the trainer chooses" in report
     assert "The 4 gbdt jobs requested no release" in report
     # every head the service signed and exported still verifies against the database it left (both datasets: at
     # least their creation, upload-free facts and releases)
