@@ -8,14 +8,23 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    central DP mean of all of them at ``mean_epsilon``: each training row is charged ε once.
 2. **Candidates**: each learner (MLP, trees) at two regularizations (the job's options, and a stronger one: weight
    decay 10⁻² for the MLP; leaves of at least 200 examples and depth at most 4 for trees) on each candidate's part
-   and on all parts pooled, each stopped early on the selection rows' unbiased labels (the validation loss there is
-   the true loss plus a constant). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on the
-   log scale for Poisson), for w in :data:`WEIGHTS`; the constant is c itself (w = 0): the central mean, or for
-   classes the class most frequent among the selection labels (estimated without bias).
-3. **Choice**, post-processing of what was released: the candidate whose loss *minus the constant's* has the lowest
-   upper confidence bound (mean + :data:`Z` standard errors of the paired per-example differences on the selection
-   rows — small for predictions close to the constant, so noise alone does not pick a model), the constant unless
-   some candidate's bound is below 0 (above 0 in accuracy for classes). Then one check on the estimate rows: a
+   and on all parts pooled (:func:`designs`), each stopped early on a validation split of its own training rows'
+   labels (``train.validation_fraction``) — never on the rows that judge it: a model picked among its epochs to fit
+   their noise looks better on them than it is (a tree so stopped on the selection rows was chosen at ε = 0.25 and
+   was 11 % worse than the constant). **Judged on a large unbiased sample:** for numeric labels the opt-unbiased
+   part's labels are unbiased too, so that part is split in two folds by a public hash — its candidates (and the
+   pooled ones) are fitted on one fold and judged on the other, then the chosen one is refitted on both — and every
+   other candidate is judged on all of it: each candidate is judged on the selection rows and about half of the
+   training rows, not the selection rows alone (at ε = 0.5 on 17,800 rows those could not tell a 20 % gain from
+   noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on the log scale for Poisson),
+   for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c itself (w = 0): the central mean,
+   or for classes the class most frequent among the selection labels (estimated without bias).
+3. **Choice**, post-processing of what was released: a candidate is eligible when its loss *minus the constant's*
+   has an upper confidence bound below 0 (mean + :data:`Z` standard errors of the paired per-example differences on
+   its judging rows — small for predictions close to the constant, so noise alone does not make a model
+   eligible; in accuracy for classes, the same on the error); among the eligible the least mean + :data:`Z_CHOICE`
+   standard errors is chosen (the least bound itself would prefer a safe small gain to a sure large one); none
+   eligible: the constant. Then one check on the estimate rows: a
    choice that is worse than the constant there (its difference's estimate on the wrong side of 0) gives way to the
    constant.
 4. **Report**: the chosen predictor and the constant compared on the estimate rows (:func:`shared.validation.
@@ -44,12 +53,14 @@ from features_party.planning import Config, JobPlan, load_frame
 from features_party.reports import JobReport, privatized
 from features_party.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from shared import schemas
+from shared.errors import LabelDPError
 from shared.validation import PrivatizedLabels, compare
 
 log = logging.getLogger("labeldp.auto")
 
 WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)  # shrinkage toward the constant (0: the constant itself)
-Z = 2.0  # standard errors added to a candidate's difference from the constant on the selection rows
+Z = 2.0  # a candidate is eligible when its difference from the constant + Z standard errors is below 0
+Z_CHOICE = 0.5  # among the eligible, the least difference + Z_CHOICE standard errors is chosen
 REPORT_LEVEL = 0.975  # 1 − 0.05/2: the estimate rows decided one two-way check
 VARIANTS = ("job", "strong")
 POOLED = "pooled"
@@ -67,23 +78,38 @@ class Clock:
         return self.phases
 
 
-@dataclass
-class Candidate:
-    """One fitted model, with its raw predictions on the selection and estimate rows and its mean raw prediction
-    on the training rows (of the log rate for Poisson)."""
+@dataclass(frozen=True)
+class Design:
+    """How one training set's candidates are fitted and judged: each fit trains on ``train`` and is judged on its
+    out-of-fold rows ``judged`` (unbiased labels it never saw) and on the selection rows; ``refit`` (None: the one
+    fit is final) the rows a chosen candidate is fitted on again, whole, when its fits were folds."""
 
     training: str  # a candidate mechanism's part, or all of them pooled
+    fits: tuple[tuple[pd.Index, pd.Index], ...]
+    refit: pd.Index | None
+
+    @property
+    def rows(self) -> int:
+        return len(self.refit if self.refit is not None else self.fits[0][0])
+
+
+@dataclass
+class Candidate:
+    """One learner at one regularization on one design: its predictions on the judging pool (the selection rows,
+    averaged over its fits, then every fit's out-of-fold rows) and, for a single fit, the model itself."""
+
+    design: Design
     learner: str
     variant: str
-    rows: int
-    result: TrainResult | GbdtResult
-    selection: np.ndarray
-    estimate: np.ndarray
-    center: float
+    config: Config
+    pool: np.ndarray  # raw predictions on the pool's rows, in the pool's order
+    center: float  # their mean (of the log rate for Poisson): the shrinkage's m
+    model: TrainResult | GbdtResult  # its last fit (final unless the design refits the chosen whole)
+    best_epochs: tuple[int, ...] = ()  # each fit's kept epoch (boosting round): how long the refit trains
 
     @property
     def name(self) -> str:
-        return f"{self.training}/{self.learner}/{self.variant}"
+        return f"{self.design.training}/{self.learner}/{self.variant}"
 
 
 def strong(config: Config) -> Config:
@@ -92,6 +118,33 @@ def strong(config: Config) -> Config:
         return replace(config, min_child_weight=max(config.min_child_weight * 20, 200.0),
                        max_depth=min(config.max_depth, 4))
     return replace(config, l2=max(config.l2 * 100, 1e-2))
+
+
+def designs(part: pd.Series, labels: pd.Series, arms: list[str], folds: pd.Series,
+            unbiased_arm: str | None) -> tuple[list[Design], pd.Index]:
+    """The designs and the judging pool's out-of-fold rows. The training part of the validation mechanism (numeric
+    labels: opt-unbiased, whose labels are unbiased too) is split in two folds by a public hash: its candidates (and
+    the pooled ones) are fitted on one fold and judged on the other, then refitted whole once chosen; every other
+    candidate is judged on all of it. Each candidate is thus judged on the selection rows and on about half of the
+    training rows — a far larger sample of unbiased labels than the selection rows alone (issue 39: at ε = 0.5 on
+    17,800 rows those could not tell a 20 % gain from noise)."""
+    sets = {arm: part.index[(part == arm) & labels.notna()] for arm in arms}
+    if unbiased_arm is None or unbiased_arm not in sets:
+        out = [Design(arm, ((rows, rows[:0]),), None) for arm, rows in sets.items()]
+        if len(arms) > 1:
+            pooled = part.index[part.isin(arms) & labels.notna()]
+            out.append(Design(POOLED, ((pooled, pooled[:0]),), None))
+        return out, part.index[:0]
+    unbiased = sets[unbiased_arm]
+    first, second = unbiased[folds[unbiased].to_numpy()], unbiased[~folds[unbiased].to_numpy()]
+    out = [Design(unbiased_arm, ((first, second), (second, first)), unbiased)]
+    others = [rows for arm, rows in sets.items() if arm != unbiased_arm]
+    out += [Design(arm, ((rows, unbiased),), None) for arm, rows in sets.items() if arm != unbiased_arm]
+    if others:
+        rest = others[0].append(others[1:]) if len(others) > 1 else others[0]
+        out.append(Design(POOLED, ((rest.append(first), second), (rest.append(second), first)),
+                          rest.append(unbiased)))
+    return out, unbiased
 
 
 def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadline: Deadline) -> None:
@@ -116,54 +169,43 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
         labels[table.column("example_id").to_pylist()] = table.column("label").to_numpy()
     arms = [arm for arm in auto.arms if np.any(part == arm)]
     training = part.index[part.isin(arms)]
-    rows = features.loc[training]
-    preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)  # training rows only
+    preprocessor = Preprocessor.fit(features.loc[training], request.numeric, request.categorical)  # training rows
     attempt.update(release_json=json.dumps(_release_summary(auto, releases, mean)),
-                   num_train_examples=len(training), num_holdout_examples=len(plan.held_out),
-                   epochs=len(plan.configs) * len(VARIANTS) * (len(arms) + (len(arms) > 1)))
+                   num_train_examples=len(training), num_holdout_examples=len(plan.held_out))
     clock.lap("downloads")
     if "lp-2st" in arms:
         _lp_2st(plan, client, job_id, part, labels, features, preprocessor, deadline, attempt)
         clock.lap("lp-2st")
-    validation = releases[auto.validation]
-    selection, estimate_rows = part.index[part == SELECTION], part.index[part == ESTIMATE]
     num_classes = plan.num_classes
-    noisy = privatized(client, validation, labels[selection].to_numpy(), num_classes)
-    noisy_estimate = PrivatizedLabels(labels[estimate_rows].to_numpy(), noisy.mechanism, num_classes)
-    constant = _constant(plan, mean, noisy)
-    candidates = _fit_all(attempt, plan, features, preprocessor, part, labels, arms, selection, estimate_rows,
-                          deadline)
+    selection, estimate_rows = part.index[part == SELECTION], part.index[part == ESTIMATE]
+    # numeric labels: the validation mechanism's training part is unbiased too, and judges out of fold
+    unbiased = None if num_classes else auto.validation
+    plans, out_of_fold = designs(part, labels, arms, auto.folds(ids), unbiased)
+    pool = selection.append(out_of_fold)
+    validation = releases[auto.validation]
+    judged = privatized(client, validation, labels[pool].to_numpy(), num_classes)
+    noisy_estimate = PrivatizedLabels(labels[estimate_rows].to_numpy(), judged.mechanism, num_classes)
+    constant = _constant(plan, mean, judged.subset(np.arange(len(pool)) < len(selection)))
+    candidates = _fit_all(attempt, plan, features, preprocessor, labels, plans, selection, out_of_fold, deadline)
     clock.lap("fits")
-    report = JobReport()
-    chosen, table = _choose(plan, candidates, noisy, constant)
-    fell_back = chosen is not None and _worse_on(plan, chosen, noisy_estimate, constant)
-    final = None if fell_back else chosen
-    output, estimate_predictions = _output(plan, final, constant, len(estimate_rows))
-    metric = "accuracy" if num_classes else ("poisson" if plan.loss == "poisson" else "mse")
-    if metric == "accuracy":
-        estimate_predictions = np.argmax(estimate_predictions, axis=1)
-    comparison = compare(noisy_estimate, estimate_predictions, metric, constant=constant, level=REPORT_LEVEL)
-    report.estimate = {**comparison.to_dict(), "release_id": validation.id, "mechanism": validation.mechanism}
-    if final is None:
-        why = ("the candidate chosen on the selection rows was worse than it on the estimate rows" if fell_back
-               else "no candidate was shown to be better than it on the selection rows")
-        report.warnings.append(f"auto chose the constant predictor ({comparison.constant_name}): {why}; the "
-                               "labels at this ε carry too little signal for these features")
-    elif (warning := comparison.warning()) is not None:
-        report.warnings.append(warning)
-    report.auto = {**auto.describe(), "constant": constant, "constant_source": _constant_source(plan, mean),
-                   "candidates": [scored.to_dict() for scored in table], "fell_back": fell_back,
-                   "seconds": clock.lap("choice"),
-                   "chosen": {"candidate": "constant"} if final is None else {
-                       "candidate": final.candidate.name, "mechanism": final.candidate.training,
-                       "learner": final.candidate.learner, "regularization": final.candidate.variant,
-                       "weight": final.weight}}
-    model = (final or min(table, key=lambda scored: scored.upper)).candidate
+    chosen, table = _choose(plan, candidates, judged, constant)
+    final = None
+    if chosen is not None:
+        final = _final(attempt, plan, features, preprocessor, labels, chosen, pool, constant, deadline)
+    fell_back = final is not None and _worse_on(plan, final, features.loc[estimate_rows], preprocessor,
+                                                  noisy_estimate, constant)
+    if fell_back:
+        final = None
+    clock.lap("final")
+    report = _report(plan, auto, final, chosen, table, fell_back, constant, mean, features.loc[estimate_rows],
+                     preprocessor, noisy_estimate, validation)
+    report.auto = {**(report.auto or {}), "seconds": clock.lap("report")}
+    model, output = final if final is not None else (_any_model(candidates), _constant_output(plan, constant))
     log.info("job %s: auto chose %s", job_id, report.auto["chosen"]["candidate"])
-    finish(attempt, model.result, preprocessor, features, plan.held_out,
-            {"mechanism": "auto", "epsilon": auto.epsilon, "chosen": report.auto["chosen"]}, report, output,
-            epoch=len(model.result.history), metrics_json=json.dumps(model.result.history),
-            num_train_examples=model.rows if final is not None else len(training))
+    trained_on = chosen.candidate.design.rows if final is not None and chosen is not None else len(training)
+    finish(attempt, model, preprocessor, features, plan.held_out,
+           {"mechanism": "auto", "epsilon": auto.epsilon, "chosen": report.auto["chosen"]}, report, output,
+           epoch=len(model.history), metrics_json=json.dumps(model.history), num_train_examples=trained_on)
 
 
 def _release_summary(auto, releases: dict[str, schemas.Release], mean: schemas.Release | None) -> dict:
@@ -210,53 +252,63 @@ def _lp_2st(plan: JobPlan, client: LabelsPartyClient, job_id: str, part: pd.Seri
     labels[rows[labelled]] = run.labels[labelled]
 
 
-def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor: Preprocessor, part: pd.Series,
-             labels: pd.Series, arms: list[str], selection: pd.Index, estimate_rows: pd.Index,
+def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor: Preprocessor,
+             labels: pd.Series, plans: list[Design], selection: pd.Index, out_of_fold: pd.Index,
              deadline: Deadline) -> list[Candidate]:
-    """Every learner × regularization on every candidate's part and on all of them pooled."""
-    sets = {arm: part.index[(part == arm) & labels.notna()] for arm in arms}
-    if len(arms) > 1:
-        sets[POOLED] = part.index[part.isin(arms) & labels.notna()]
-    on_selection = preprocessor.transform(features.loc[selection])
-    on_estimate = preprocessor.transform(features.loc[estimate_rows])
+    """Every learner × regularization on every design: its predictions on the pool (the selection rows, averaged
+    over the design's fits, then each out-of-fold row from the fit that did not see it)."""
     threads = threads_per_job(attempt.ctx.settings.workers)
+    on_selection = preprocessor.transform(features.loc[selection])
+    position = pd.Series(np.arange(len(out_of_fold)), index=out_of_fold)
     candidates, done = [], 0
-    for training, rows in sets.items():
-        if len(rows) < attempt.ctx.settings.min_train_examples:
+    attempt.update(epochs=len(plan.configs) * len(VARIANTS) * sum(len(d.fits) for d in plans))
+    for design in plans:
+        if any(len(train_rows) < attempt.ctx.settings.min_train_examples for train_rows, _ in design.fits):
             continue
-        order = rows.append(selection)
-        numeric, categorical = preprocessor.transform(features.loc[order])
-        targets = labels[order].to_numpy()
-        if plan.num_classes:
-            targets = np.rint(targets).astype(np.int32)
-        validate_on = np.arange(len(order)) >= len(rows)
-        for learner, config in plan.configs.items():
+        for learner, base in plan.configs.items():
             for variant in VARIANTS:
-                check_deadline(deadline)
-                chosen = replace(strong(config) if variant == "strong" else config, validation_fraction=1.0)
-                began = time.perf_counter()
-                result = _fit(chosen, numeric, categorical, targets, preprocessor, plan.num_classes, validate_on,
-                              deadline, threads)
-                log.debug("auto fit %s/%s/%s: %.2f s, %d rounds", training, learner, variant,
-                         time.perf_counter() - began, len(result.history))
-                fitted = result.predict(numeric[:len(rows)], categorical[:len(rows)])
-                center = float(np.mean(np.log(np.maximum(fitted, 1e-300)) if plan.loss == "poisson" else fitted)) \
-                    if not plan.num_classes else 0.0
-                candidates.append(Candidate(training, learner, variant, len(rows), result,
-                                            result.predict(*on_selection), result.predict(*on_estimate), center))
-                done += 1
-                attempt.update(epoch=done)
+                config = strong(base) if variant == "strong" else base
+                on_pool = np.zeros((len(selection) + len(out_of_fold), *([plan.num_classes] if plan.num_classes
+                                                                           else [])))
+                model: TrainResult | GbdtResult | None = None
+                kept = []
+                for train_rows, judged in design.fits:
+                    check_deadline(deadline)
+                    model = _fit(config, features, preprocessor, labels, train_rows, plan.num_classes, deadline,
+                                 threads)
+                    on_pool[:len(selection)] += model.predict(*on_selection) / len(design.fits)
+                    if len(judged):
+                        on_pool[len(selection) + position[judged].to_numpy()] = model.predict(
+                            *preprocessor.transform(features.loc[judged]))
+                    kept.append(model.best_epoch)
+                    done += 1
+                    attempt.update(epoch=done)
+                assert model is not None  # a design has at least one fit
+                candidates.append(Candidate(design, learner, variant, config, on_pool, _center(plan, on_pool),
+                                            model, tuple(kept)))
     return candidates
 
 
-def _fit(config: Config, numeric, categorical, targets, preprocessor: Preprocessor, num_classes: int | None,
-         validate_on: np.ndarray, deadline: Deadline, threads: int) -> TrainResult | GbdtResult:
+def _center(plan: JobPlan, raw: np.ndarray) -> float:
+    if plan.num_classes:
+        return 0.0
+    return float(np.mean(np.log(np.maximum(raw, 1e-300)) if plan.loss == "poisson" else raw))
+
+
+def _fit(config: Config, features: pd.DataFrame, preprocessor: Preprocessor, labels: pd.Series, rows: pd.Index,
+         num_classes: int | None, deadline: Deadline, threads: int) -> TrainResult | GbdtResult:
+    """A model on ``rows``, stopped early on a validation split of their own labels — never on the rows that judge
+    it, whose labels would then judge a model chosen to fit their noise."""
+    numeric, categorical = preprocessor.transform(features.loc[rows])
+    targets = labels[rows].to_numpy()
+    if num_classes:
+        targets = np.rint(targets).astype(np.int32)
     if isinstance(config, GbdtConfig):
         return train_gbdt(config, numeric, categorical, targets, num_classes=num_classes, deadline=deadline,
-                          threads=threads, validate_on=validate_on)
+                          threads=threads)
     assert isinstance(config, TrainConfig)
     return train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
-                 num_classes=num_classes, deadline=deadline, validate_on=validate_on)
+                 num_classes=num_classes, deadline=deadline)
 
 
 def _shrunk(plan: JobPlan, raw: np.ndarray, center: float, weight: float, constant: float) -> np.ndarray:
@@ -276,56 +328,132 @@ def _differences(plan: JobPlan, noisy: PrivatizedLabels, predictions: np.ndarray
 
 @dataclass(frozen=True)
 class Scored:
-    """A candidate at one shrinkage weight, on the selection rows: its difference from the constant."""
+    """A candidate at one shrinkage weight, judged on its pool: its difference from the constant."""
 
     candidate: Candidate
     weight: float
     difference: float
     standard_error: float
-    upper: float
+
+    @property
+    def upper(self) -> float:
+        """The bound a candidate must have below 0 to be chosen over the constant."""
+        return self.difference + Z * self.standard_error
+
+    @property
+    def score(self) -> float:
+        """What the chosen one has the least of, among those eligible."""
+        return self.difference + Z_CHOICE * self.standard_error
 
     def to_dict(self) -> dict:
-        return {"candidate": self.candidate.name, "rows": self.candidate.rows, "weight": self.weight,
-                "difference": self.difference, "standard_error": self.standard_error, "upper": self.upper}
+        return {"candidate": self.candidate.name, "rows": self.candidate.design.rows,
+                "fits": len(self.candidate.design.fits), "judged_on": int(len(self.candidate.pool)),
+                "weight": self.weight, "difference": self.difference, "standard_error": self.standard_error,
+                "upper": self.upper, "eligible": self.upper < 0}
 
 
 def _choose(plan: JobPlan, candidates: list[Candidate], noisy: PrivatizedLabels,
             constant: float) -> tuple[Scored | None, list[Scored]]:
-    """The candidate (at its best weight) whose difference from the constant has the lowest upper bound on the
-    selection rows, if below 0; else None (the constant). Also each candidate at its best weight, for the report."""
+    """Among the candidates (each at each shrinkage weight) whose difference from the constant on their pool has an
+    upper bound below 0, the one with the least :attr:`Scored.score`; None (the constant) when none has. Also each
+    candidate at its best weight, for the report."""
     weights = (1.0,) if plan.num_classes else WEIGHTS
     table = []
     for candidate in candidates:
         scored = []
         for weight in weights:
-            predictions = candidate.selection if plan.num_classes else _shrunk(
-                plan, candidate.selection, candidate.center, weight, constant)
+            predictions = candidate.pool if plan.num_classes else _shrunk(
+                plan, candidate.pool, candidate.center, weight, constant)
             terms = _differences(plan, noisy, predictions, constant)
             error = float(terms.std(ddof=1) / np.sqrt(terms.size)) if terms.size > 1 else float("inf")
-            scored.append(Scored(candidate, weight, float(terms.mean()), error, float(terms.mean()) + Z * error))
-        table.append(min(scored, key=lambda s: s.upper))
-    best = min(table, key=lambda s: s.upper, default=None)
-    return (best if best is not None and best.upper < 0 else None), table
+            scored.append(Scored(candidate, weight, float(terms.mean()), error))
+        eligible = [s for s in scored if s.upper < 0]
+        table.append(min(eligible or scored, key=lambda s: s.score if eligible else s.upper))
+    best = min((s for s in table if s.upper < 0), key=lambda s: s.score, default=None)
+    return best, table
 
 
-def _worse_on(plan: JobPlan, chosen: Scored, noisy: PrivatizedLabels, constant: float) -> bool:
-    """The estimate rows' one check: the chosen predictor's difference from the constant estimated above 0."""
+Final = tuple[TrainResult | GbdtResult, Output]
+
+
+def _final(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor: Preprocessor, labels: pd.Series,
+           chosen: Scored, pool: pd.Index, constant: float, deadline: Deadline) -> Final:
+    """The chosen candidate as a model and its output map: its one fit, or — when it was judged by folds — fitted
+    again on both folds (more rows than either fold's model: at least as good in expectation, and checked on the
+    estimate rows); shrunk by its weight around its mean prediction on the pool."""
+    candidate = chosen.candidate
+    model = candidate.model
+    if candidate.design.refit is not None:
+        model = _fit(refit_config(candidate.config, candidate.best_epochs), features, preprocessor, labels,
+                     candidate.design.refit, plan.num_classes, deadline,
+                     threads_per_job(attempt.ctx.settings.workers))
+    if plan.num_classes:
+        return model, Output()
+    center = _center(plan, model.predict(*preprocessor.transform(features.loc[pool])))
+    return model, Output("shrunk", float(constant), center, chosen.weight, plan.loss == "poisson")
+
+
+def refit_config(config: Config, best_epochs: tuple[int, ...]) -> Config:
+    """The options of a refit on both folds: the same learner, trained for as many epochs (boosting rounds) as its
+    fold models kept on average, on every row — no early stopping on its own noisy labels, which could stop it
+    anywhere and leave it unlike the fold models that were judged."""
+    epochs = max(1, round(float(np.mean(best_epochs))))
+    if isinstance(config, GbdtConfig):
+        return replace(config, n_estimators=epochs, early_stopping_rounds=epochs, validation_fraction=0.0)
+    return replace(config, epochs=epochs, patience=epochs, validation_fraction=0.0)
+
+
+def _predictions(plan: JobPlan, final: Final, rows: pd.DataFrame, preprocessor: Preprocessor) -> np.ndarray:
+    model, output = final
+    return output.apply(model.predict(*preprocessor.transform(rows)))
+
+
+def _worse_on(plan: JobPlan, final: Final, rows: pd.DataFrame, preprocessor: Preprocessor,
+              noisy: PrivatizedLabels, constant: float) -> bool:
+    """The estimate rows' one check: the final predictor's difference from the constant estimated above 0."""
     if len(noisy) < 2:
         return False
-    candidate, weight = chosen.candidate, chosen.weight
-    predictions = candidate.estimate if plan.num_classes else _shrunk(plan, candidate.estimate, candidate.center,
-                                                                        weight, constant)
-    return float(_differences(plan, noisy, predictions, constant).mean()) > 0
+    return float(_differences(plan, noisy, _predictions(plan, final, rows, preprocessor), constant).mean()) > 0
 
 
-def _output(plan: JobPlan, final: Scored | None, constant: float, rows: int) -> tuple[Output, np.ndarray]:
-    """The saved model's output map, and the final predictor's predictions on the estimate rows."""
+def _constant_output(plan: JobPlan, constant: float) -> Output:
+    return Output("constant", float(constant), num_classes=plan.num_classes)
+
+
+def _any_model(candidates: list[Candidate]) -> TrainResult | GbdtResult:
+    """A model file for the constant predictor (its output map ignores the model): the first candidate's."""
+    if not candidates:
+        raise LabelDPError("no candidate could be fitted: too few rows in every training part",
+                           code="too_few_examples")
+    return candidates[0].model
+
+
+def _report(plan: JobPlan, auto, final: Final | None, chosen: Scored | None, table: list[Scored],
+            fell_back: bool, constant: float, mean: schemas.Release | None, estimate_rows: pd.DataFrame,
+            preprocessor: Preprocessor, noisy: PrivatizedLabels, validation: schemas.Release) -> JobReport:
+    """The final predictor against the constant on the estimate rows, the warnings, and what was chosen."""
+    report = JobReport()
+    metric = "accuracy" if plan.num_classes else ("poisson" if plan.loss == "poisson" else "mse")
     if final is None:
-        output = Output("constant", float(constant), num_classes=plan.num_classes)
-        return output, output.apply(np.zeros((rows, 1)))
-    candidate, weight = final.candidate, final.weight
-    if plan.num_classes:
-        return Output(), candidate.estimate
-    output = Output("shrunk", float(constant), candidate.center, weight, plan.loss == "poisson")
-    return output, output.apply(candidate.estimate)
-
+        predictions = _constant_output(plan, constant).apply(np.zeros((len(estimate_rows), 1)))
+    else:
+        predictions = _predictions(plan, final, estimate_rows, preprocessor)
+    if metric == "accuracy":
+        predictions = np.argmax(predictions, axis=1)
+    comparison = compare(noisy, predictions, metric, constant=constant, level=REPORT_LEVEL)
+    report.estimate = {**comparison.to_dict(), "release_id": validation.id, "mechanism": validation.mechanism}
+    if final is None:
+        why = ("the candidate chosen was worse than it on the estimate rows" if fell_back
+               else "no candidate was shown to be better than it on the unbiased labels that judge them")
+        report.warnings.append(f"auto chose the constant predictor ({comparison.constant_name}): {why}; the "
+                               "labels at this ε carry too little signal for these features")
+    elif (warning := comparison.warning()) is not None:
+        report.warnings.append(warning)
+    picked = {"candidate": "constant"} if final is None or chosen is None else {
+        "candidate": chosen.candidate.name, "mechanism": chosen.candidate.design.training,
+        "learner": chosen.candidate.learner, "regularization": chosen.candidate.variant, "weight": chosen.weight,
+        "refitted": chosen.candidate.design.refit is not None}
+    report.auto = {**auto.describe(), "constant": constant, "constant_source": _constant_source(plan, mean),
+                   "candidates": [scored.to_dict() for scored in table], "fell_back": fell_back,
+                   "chosen": picked}
+    return report

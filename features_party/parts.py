@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 
 import numpy as np
+import pandas as pd
 
 from shared.splits import part_uniforms
 
@@ -43,6 +44,9 @@ CLASS_ARMS = ("rr-with-prior", "lp-2st")
 # the candidates released in one go (LP-2ST's stages are asked for while it trains)
 ARM_RELEASES = ("opt-unbiased", "rr-on-bins", "rr-with-prior")
 VALIDATION_MECHANISM = {"regression": "opt-unbiased", "classes": "rr"}
+# Training parts in proportion (the rest: 1): the unbiased randomizer's models need the rows (their labels' variance
+# averages out with n); RR-on-Bins' win where a model is near the constant anyway, which few rows learn.
+ARM_WEIGHTS = {"opt-unbiased": 2.0}
 
 # The mean's share of ε: its noise variance 2·((U − L)/(n·ε_mean))² at most (U − L)²/64000 — at most 0.025 % of the
 # variance of labels spread over a quarter of their range — hence ε_mean = √(2·64000)/(n·ε)·ε; at least 2 % and at
@@ -94,15 +98,27 @@ class AutoPlan:
     def validation(self) -> str:
         return VALIDATION_MECHANISM["classes" if self.classes else "regression"]
 
+    @property
+    def arm_shares(self) -> np.ndarray:
+        """Each candidate's share of the training rows (:data:`ARM_WEIGHTS`, normalized)."""
+        weights = np.array([ARM_WEIGHTS.get(arm, 1.0) for arm in self.arms])
+        return weights / weights.sum()
+
     def parts(self, example_ids) -> np.ndarray:
         """Each id's part: ``selection``, ``estimate`` or a candidate mechanism (an object array)."""
         u = part_uniforms(example_ids, "auto", self.seed)
-        arm = np.minimum(((u - SELECTION_SHARE - AUTO_ESTIMATE_SHARE) / (1 - SELECTION_SHARE - AUTO_ESTIMATE_SHARE)
-                          * len(self.arms)).astype(int), len(self.arms) - 1)
+        position = (u - SELECTION_SHARE - AUTO_ESTIMATE_SHARE) / (1 - SELECTION_SHARE - AUTO_ESTIMATE_SHARE)
+        arm = np.minimum(np.searchsorted(np.cumsum(self.arm_shares), position, side="right"), len(self.arms) - 1)
         names = np.array(self.arms, dtype=object)[np.maximum(arm, 0)]
         names[u < SELECTION_SHARE + AUTO_ESTIMATE_SHARE] = ESTIMATE
         names[u < SELECTION_SHARE] = SELECTION
         return names
+
+    def folds(self, example_ids) -> pd.Series:
+        """True for the first of two folds (by a public hash, independent of the parts): numeric labels' unbiased
+        training part is fitted on one fold and judged on the other (features_party/auto.py)."""
+        ids = pd.Index([str(i) for i in example_ids])
+        return pd.Series(part_uniforms(ids, "fold", self.seed) < 0.5, index=ids)
 
     def releases(self, example_ids) -> list[tuple[str, str, list[str]]]:
         """The label releases to ask for first, as (key suffix, mechanism, example ids): the validation mechanism's
@@ -117,7 +133,8 @@ class AutoPlan:
         return out
 
     def describe(self) -> dict:
-        return {"candidates": list(self.arms), "validation_mechanism": self.validation, "epsilon": self.epsilon,
+        return {"candidates": list(self.arms), "candidate_shares": [float(x) for x in self.arm_shares],
+                "validation_mechanism": self.validation, "epsilon": self.epsilon,
                 "mean_epsilon": self.mean_epsilon, "label_epsilon": self.label_epsilon,
                 "shares": {SELECTION: SELECTION_SHARE, ESTIMATE: AUTO_ESTIMATE_SHARE,
                            "training": 1 - SELECTION_SHARE - AUTO_ESTIMATE_SHARE}, "seed": self.seed}

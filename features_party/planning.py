@@ -237,13 +237,14 @@ def _learners(options: schemas.TrainOptions, auto: bool) -> tuple[str, ...]:
 
 
 def _fits(request: schemas.JobRequest, auto: bool) -> int:
-    """Models a job fits per learner: one, stages of lp-mst, or an auto job's candidates — per training part and
-    the pooled one, each at two regularizations, and LP-2ST's two stages."""
+    """Models a job fits per learner: one, stages of lp-mst, or at most an auto job's (features_party/auto.py): two
+    regularizations × (two folds of the unbiased part, one fit per other part, two folds of them all pooled), the
+    chosen one refitted, and LP-2ST's two stages."""
     if auto:
         release = request.release
         assert isinstance(release, schemas.AutoRelease)
         arms = len(release.candidates or parts.REGRESSION_ARMS)
-        return 2 * (arms + (arms > 1)) + 2
+        return 2 * (2 + (arms - 1) + 2 * (arms > 1)) + 1 + 2
     return request.stages if request.protocol == "lp-mst" else 1
 
 
