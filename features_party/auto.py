@@ -114,10 +114,10 @@ class Candidate:
 
 def strong(config: Config) -> Config:
     """The stronger regularization of a learner's options."""
-    if isinstance(config, GbdtConfig):
-        return replace(config, min_child_weight=max(config.min_child_weight * 20, 200.0),
+    if isinstance(config, GbdtConfig):  # within the options' ranges, which a saved model is checked against
+        return replace(config, min_child_weight=min(max(config.min_child_weight * 20, 200.0), 1e6),
                        max_depth=min(config.max_depth, 4))
-    return replace(config, l2=max(config.l2 * 100, 1e-2))
+    return replace(config, l2=min(max(config.l2 * 100, 1e-2), 1.0))
 
 
 def designs(part: pd.Series, labels: pd.Series, arms: list[str], folds: pd.Series,

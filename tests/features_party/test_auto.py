@@ -161,3 +161,35 @@ def test_output_maps_apply_and_damaged_ones_are_refused():
         assert caught.value.code == "malformed_file"
     assert Output.from_dict(json.loads(json.dumps(Output("shrunk", 1.0, 0.5, 2.0).describe()))) == \
         Output("shrunk", 1.0, 0.5, 2.0)
+
+
+@pytest.mark.parametrize("learner", ["mlp", "gbdt"])
+def test_a_saved_model_carries_its_output_map_for_labeldp_predict(tmp_path, learner):
+    """What an auto job saves — the strong regularization's and a refit's options, and the shrinkage — is a model
+    file `labeldp predict` reads back (the trees' file passes its checks) and applies the same way."""
+    from features_party.auto import refit_config, strong
+    from features_party.features import Preprocessor
+    from features_party.gbdt import GbdtConfig, train_gbdt
+    from features_party.gbdt_file import save_model as save_trees
+    from features_party.train import TrainConfig, save_model, train
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"example_id": [f"r{i}" for i in range(300)], "x": rng.normal(size=300),
+                          "g": rng.choice(["a", "b"], size=300)}).set_index("example_id", drop=False)
+    labels = 3 * frame["x"].to_numpy() + rng.normal(size=300)
+    preprocessor = Preprocessor.fit(frame, ["x"], ["g"])
+    numeric, categorical = preprocessor.transform(frame)
+    output = Output("shrunk", 1.5, 0.25, 0.5)
+    path = tmp_path / ("model.json" if learner == "gbdt" else "model.npz")
+    if learner == "gbdt":
+        config = refit_config(strong(GbdtConfig(min_child_weight=1e5)), (7, 8))
+        assert (config.n_estimators, config.validation_fraction, config.min_child_weight) == (8, 0.0, 1e6)
+        result = train_gbdt(config, numeric, categorical, labels)
+        save_trees(path, result, preprocessor.to_dict(), {"output": output.describe()})
+    else:
+        config = refit_config(strong(TrainConfig(hidden=(4,), l2=0.5)), (3,))
+        assert (config.epochs, config.patience, config.l2) == (3, 3, 1.0)
+        result = train(config, numeric, categorical, labels, vocab_sizes=preprocessor.vocab_sizes)
+        save_model(path, result, preprocessor.to_dict(), {"output": output.describe()})
+    read = predictions_frame(path, frame).set_index("example_id")["prediction"]
+    np.testing.assert_allclose(read.to_numpy(), output.apply(result.predict(numeric, categorical)), rtol=1e-5)
