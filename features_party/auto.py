@@ -154,14 +154,7 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     features = load_frame(plan.features_file)
     ids = plan.training_ids(features).astype(str)
     part = pd.Series(auto.parts(ids), index=ids)
-    releases = {suffix: client.request_release(
-        request.dataset_id, schemas.ReleaseRequest(mechanism=mechanism, epsilon=auto.label_epsilon,
-                                                   example_ids=part_ids), idempotency_key=f"{job_id}-auto-{suffix}")
-        for suffix, mechanism, part_ids in auto.releases(ids)}
-    mean = None
-    if auto.mean_epsilon > 0:
-        mean = client.request_evaluation(request.dataset_id, "mean", ids, auto.mean_epsilon,
-                                         idempotency_key=f"{job_id}-auto-mean")
+    mean, releases = request_auto_releases(plan, client, job_id, ids)  # the ones creation asked for, again
     clock.lap("releases")
     labels = pd.Series(np.nan, index=ids)
     for release in releases.values():
@@ -206,6 +199,31 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     finish(attempt, model, preprocessor, features, plan.held_out,
            {"mechanism": "auto", "epsilon": auto.epsilon, "chosen": report.auto["chosen"]}, report, output,
            epoch=len(model.history), metrics_json=json.dumps(model.history), num_train_examples=trained_on)
+
+
+def request_auto_releases(plan: JobPlan, client: LabelsPartyClient, job_id: str, ids: pd.Index,
+                          answered: list | None = None) -> tuple[schemas.Release | None, dict[str, schemas.Release]]:
+    """An auto job's releases, each under an Idempotency-Key made of the job id (a retry gets back what the first
+    request was charged for): the labels' central mean first — it names every training id and has the smallest ε,
+    so what the labels party refuses (an unknown id, ε under its floor, a body over its limit) is refused before
+    anything is charged — then each part. Asked for when the job is created, and again by every attempt.
+    ``answered``: each release is appended as it comes (what was charged, should a later one be refused)."""
+    auto = plan.auto
+    assert auto is not None
+    answered = [] if answered is None else answered
+    mean = None
+    if auto.mean_epsilon > 0:
+        mean = client.request_evaluation(plan.request.dataset_id, "mean", ids, auto.mean_epsilon,
+                                         idempotency_key=f"{job_id}-auto-mean")
+        answered.append(mean)
+    releases = {}
+    for suffix, mechanism, part_ids in auto.releases(ids):
+        releases[suffix] = client.request_release(
+            plan.request.dataset_id, schemas.ReleaseRequest(mechanism=mechanism, epsilon=auto.label_epsilon,
+                                                            example_ids=part_ids),
+            idempotency_key=f"{job_id}-auto-{suffix}")
+        answered.append(releases[suffix])
+    return mean, releases
 
 
 def _release_summary(auto, releases: dict[str, schemas.Release], mean: schemas.Release | None) -> dict:
@@ -398,8 +416,8 @@ def refit_config(config: Config, best_epochs: tuple[int, ...]) -> Config:
     fold models kept on average, on every row — no early stopping on its own noisy labels, which could stop it
     anywhere and leave it unlike the fold models that were judged."""
     epochs = max(1, round(float(np.mean(best_epochs))))
-    if isinstance(config, GbdtConfig):
-        return replace(config, n_estimators=epochs, early_stopping_rounds=epochs, validation_fraction=0.0)
+    if isinstance(config, GbdtConfig):  # (early stopping is off: no validation rows; its rounds within the schema's)
+        return replace(config, n_estimators=epochs, early_stopping_rounds=min(epochs, 1000), validation_fraction=0.0)
     return replace(config, epochs=epochs, patience=epochs, validation_fraction=0.0)
 
 
@@ -413,7 +431,10 @@ def _worse_on(plan: JobPlan, final: Final, rows: pd.DataFrame, preprocessor: Pre
     """The estimate rows' one check: the final predictor's difference from the constant estimated above 0."""
     if len(noisy) < 2:
         return False
-    return float(_differences(plan, noisy, _predictions(plan, final, rows, preprocessor), constant).mean()) > 0
+    predictions = _predictions(plan, final, rows, preprocessor)
+    if not np.all(np.isfinite(predictions)):  # a diverged model: the constant
+        return True
+    return not float(_differences(plan, noisy, predictions, constant).mean()) <= 0
 
 
 def _constant_output(plan: JobPlan, constant: float) -> Output:

@@ -548,7 +548,8 @@ def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.Data
 
     result: TrainResult | GbdtResult
     result, header = load_gbdt(model_path) if is_gbdt_model(model_path) else load_model(model_path)
-    output = Output.from_dict(header.get("output"))
+    outputs = (result.num_classes or 1) if isinstance(result, GbdtResult) else result.spec.output_dim
+    output = Output.from_dict(header.get("output"), outputs)
     numeric, categorical = Preprocessor.from_dict(header["preprocessing"]).transform(features)
     try:
         predicted = output.apply(result.predict(numeric, categorical))

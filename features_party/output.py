@@ -21,7 +21,8 @@ import numpy as np
 from shared.errors import LabelDPError
 
 KINDS = ("model", "shrunk", "constant")
-LIMIT = 1e300  # a saved number's magnitude: finite and far from overflow when applied
+LIMIT = 1e15  # a saved constant's or center's magnitude: a label's (shared.domains.LABEL_VALUE_LIMIT)
+MAX_WEIGHT = 2.0  # the largest shrinkage weight a job uses (features_party.auto.WEIGHTS)
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,9 @@ class Output:
         return {key: value for key, value in asdict(self).items() if value is not None}
 
     @classmethod
-    def from_dict(cls, data: Any) -> Output:
-        """From a model file: every field checked (a damaged file is one ``malformed_file`` line)."""
+    def from_dict(cls, data: Any, outputs: int) -> Output:
+        """From a model file whose model has ``outputs`` outputs per row (1, or K class probabilities): every field
+        checked (a damaged file is one ``malformed_file`` line)."""
         if data is None:
             return cls()
         if not isinstance(data, dict) or set(data) - {f for f in cls.__dataclass_fields__}:
@@ -69,11 +71,14 @@ class Output:
                     or abs(value) > LIMIT:
                 raise _malformed(f"its output {name} is not a finite number")
             numbers[name] = float(value)
+        if not 0 <= numbers["weight"] <= MAX_WEIGHT:
+            raise _malformed(f"its output weight is not between 0 and {MAX_WEIGHT:g}")
         log_scale, classes = data.get("log_scale", False), data.get("num_classes")
-        if not isinstance(log_scale, bool):
-            raise _malformed("its output log_scale is not true or false")
-        if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
-                                    or not 0 <= numbers["constant"] < classes
+        if not isinstance(log_scale, bool) or (log_scale and not numbers["constant"] > 0):
+            raise _malformed("its output log_scale is not true or false, or its rate not positive")
+        if (classes is None) != (outputs == 1) or (classes is not None and classes != outputs):
+            raise _malformed("its output's classes are not its model's")
+        if classes is not None and (not 0 <= numbers["constant"] < classes
                                     or numbers["constant"] != int(numbers["constant"])):
             raise _malformed("its output class is not one of its classes")
         return cls(kind, **numbers, log_scale=log_scale, num_classes=classes)

@@ -120,6 +120,17 @@ class AutoPlan:
         ids = pd.Index([str(i) for i in example_ids])
         return pd.Series(part_uniforms(ids, "fold", self.seed) < 0.5, index=ids)
 
+    def smallest_fit(self, example_ids) -> int:
+        """The fewest rows any of this job's candidate fits trains on (features_party/auto.py ``designs``): a fold
+        of the validation mechanism's part for numeric labels, else the smallest candidate's part."""
+        ids = pd.Index([str(i) for i in example_ids])
+        parts = pd.Series(self.parts(ids), index=ids)
+        sizes = {arm: int((parts == arm).sum()) for arm in self.arms}
+        if not self.classes and self.validation in sizes:
+            folds = self.folds(ids)[parts == self.validation]
+            sizes[self.validation] = int(min(folds.sum(), (~folds).sum()))
+        return min(sizes.values())
+
     def releases(self, example_ids) -> list[tuple[str, str, list[str]]]:
         """The label releases to ask for first, as (key suffix, mechanism, example ids): the validation mechanism's
         (selection, estimate and its own training part) and one per other candidate released in one go (LP-2ST's

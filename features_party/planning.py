@@ -188,9 +188,8 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
     rows = _rows_to_train(frame, request, held_out, ctx.settings.min_train_examples)
     # embeddings sized by the distinct values in the features table: an upper bound of what its training rows have
     vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
-    fits = _fits(request, auto)
-    for learner in learners:  # a lower bound before the dataset is read
-        _check_size(ctx.settings, request, learner, vocab_sizes, rows, output_dim=request.num_classes or 1, fits=fits)
+    fits = _fits(request, auto)  # a lower bound before the dataset is read
+    _check_size(ctx.settings, request, learners, vocab_sizes, rows, output_dim=request.num_classes or 1, fits=fits)
     with labels_party_client(ctx, url, request.api_key) as client:
         try:
             dataset = client.get_dataset(request.dataset_id)
@@ -211,8 +210,8 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         raise _invalid(f"model gbdt has no {loss!r} loss (the subset randomizer's labels train the MLP only); use "
                        f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
     output_dim = losses.output_dim(loss, num_classes)
+    _check_size(ctx.settings, request, learners, vocab_sizes, rows, output_dim=output_dim, fits=fits)
     for learner in learners:
-        _check_size(ctx.settings, request, learner, vocab_sizes, rows, output_dim=output_dim, fits=fits)
         _check_outputs(ctx.settings, request, learner, len(frame), rows, output_dim, vocab_sizes, fits=fits)
     configs = {learner: _config(request.train, learner, loss) for learner in learners}
     request = _naming_ids(request, frame, held_out, dataset)
@@ -296,8 +295,8 @@ def _check_training_rows(plan: JobPlan, frame: pd.DataFrame, minimum: int) -> No
         return  # a source dataset's or an existing release's rows are known once downloaded
     ids = plan.training_ids(frame)
     if plan.auto is not None:
-        training = int(np.count_nonzero(np.isin(plan.auto.parts(ids.astype(str)), plan.auto.arms)))
-        what = "training parts"
+        training = plan.auto.smallest_fit(ids)
+        what = "in the smallest of the auto job's candidate fits: a fold or a part of its training rows"
     else:
         training = len(ids) - len(plan.estimate_ids(ids))
         what = "rows left once its estimate rows are kept"
@@ -375,12 +374,24 @@ def _config(options: schemas.TrainOptions, learner: str, loss: str) -> Config:
                                   "loss": loss, "validation_fraction": options.validation_fraction})
 
 
-def _check_size(settings: TrainerSettings, request: schemas.JobRequest, learner: str, vocab_sizes: tuple[int, ...],
-                rows: int, *, output_dim: int, fits: int) -> None:
-    """Refuses a job over ``max_job_size``: for the MLP parameters × epochs × fits (stages of lp-mst, an auto job's
-    candidates) × rows, the parameters of the model the job would build; for trees :func:`features_party.gbdt.work`
-    (a tree unit's cost × rounds × trees per round × rows × features × depth) × fits. An auto job counts each of
-    its learners' fits on every training row: an upper bound."""
+def _check_size(settings: TrainerSettings, request: schemas.JobRequest, learners: tuple[str, ...],
+                vocab_sizes: tuple[int, ...], rows: int, *, output_dim: int, fits: int) -> None:
+    """Refuses a job over ``max_job_size``, its learners' sizes added (an auto job trains both): for the MLP
+    parameters × epochs × fits (stages of lp-mst, an auto job's candidates) × rows, the parameters of the model the
+    job would build; for trees :func:`features_party.gbdt.work` (a tree unit's cost × rounds × trees per round × rows
+    × features × depth) × fits. An auto job counts each fit on every training row: an upper bound."""
+    sizes = [_size(request, learner, vocab_sizes, rows, output_dim=output_dim, fits=fits) for learner in learners]
+    total = sum(size for size, _ in sizes)
+    if total > settings.max_job_size:
+        what = " + ".join(text for _, text in sizes)
+        raise LabelDPError(f"job size {total:.3g} = {what} is over this trainer's limit of "
+                           f"{settings.max_job_size:.3g} (max_job_size): use fewer or smaller layers, fewer epochs, "
+                           "rounds, shallower trees, fewer features, rows or categorical levels", code="job_too_large")
+
+
+def _size(request: schemas.JobRequest, learner: str, vocab_sizes: tuple[int, ...], rows: int, *, output_dim: int,
+          fits: int) -> tuple[int, str]:
+    """One learner's size and how it is made up."""
     if learner == "gbdt":
         options = request.train.gbdt or schemas.GbdtOptions()
         features, trees = len(request.numeric) + len(request.categorical), max(output_dim, 1)
@@ -390,26 +401,16 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, learner:
             raise _invalid(f"categorical column(s) {wide} have more than {gbdt.MAX_CATEGORIES:,} levels, more than "
                            "XGBoost's categorical features take: group rare levels, or give the column to the MLP")
         size = gbdt.work(rounds, options.max_depth, trees, rows, features, vocab_sizes)
-        if size > settings.max_job_size:
-            splits = gbdt.nodes_per_tree(options.max_depth, rows) // 2
-            levels = f" + {gbdt.CATEGORY_UNITS} × {splits:,} splits × {sum(vocab_sizes):,} categorical bins" \
-                if vocab_sizes else ""
-            raise LabelDPError(f"job size {size:.3g} = {gbdt.UNIT_COST} × {rounds:,} rounds × "
-                               f"{trees:,} tree(s) per round "
-                               f"× ({rows:,} rows × {features:,} features × depth {options.max_depth}{levels}) is "
-                               f"over this trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer "
-                               "rounds, shallower trees, fewer features, rows or categorical levels",
-                               code="job_too_large")
-        return
+        splits = gbdt.nodes_per_tree(options.max_depth, rows) // 2
+        levels = f" + {gbdt.CATEGORY_UNITS} × {splits:,} splits × {sum(vocab_sizes):,} categorical bins" \
+            if vocab_sizes else ""
+        return size, (f"{gbdt.UNIT_COST} × {rounds:,} rounds × {trees:,} tree(s) per round × ({rows:,} rows × "
+                      f"{features:,} features × depth {options.max_depth}{levels})")
     spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim, tuple(request.train.hidden),
                             output_dim)
     parameters = models.num_params(spec)
     epochs = request.train.epochs * fits
-    size = parameters * epochs * rows
-    if size > settings.max_job_size:
-        raise LabelDPError(f"job size {size:.3g} = {parameters:,} parameters × {epochs:,} epochs × {rows:,} rows is "
-                           f"over this trainer's limit of {settings.max_job_size:.3g} (max_job_size): use fewer or "
-                           "smaller layers, fewer epochs or rows", code="job_too_large")
+    return parameters * epochs * rows, f"{parameters:,} parameters × {epochs:,} epochs × {rows:,} rows"
 
 
 def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learner: str, table_rows: int, rows: int,

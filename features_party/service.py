@@ -27,9 +27,17 @@ from sqlalchemy.orm import Session
 
 from features_party import db, jobs, schemas
 from features_party.auth import Principal
+from features_party.client import LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import read_features, store_frame
-from features_party.planning import feature_row, labels_party_client, not_found, plan_job, upstream_error
+from features_party.planning import (
+    feature_row,
+    labels_party_client,
+    load_frame,
+    not_found,
+    plan_job,
+    upstream_error,
+)
 from shared.errors import LabelDPError, RetryLater
 
 log = logging.getLogger("labeldp.features")
@@ -84,8 +92,17 @@ def job_view(row: db.Job) -> schemas.JobView:
 
 
 def stored_request(request: schemas.JobRequest) -> dict:
-    """What a job record keeps of its request: everything but the api key (sealed apart, until the job ends)."""
-    return request.model_dump(mode="json", exclude={"api_key"})
+    """What a job record keeps of its request: everything but the api key (sealed apart, until the job ends) — in
+    the shape a request had before issue 39's fields, when it uses their defaults, so that its digest (a resent
+    request's Idempotency-Key check) is the one it always had: a fixed job's learner stated (``mlp``, the default
+    then and now), ``estimate_fraction`` only when not the default. Jobs stored before then hold
+    ``estimate_fraction: 0`` (migration 0006): they were planned without estimate rows, and replan so."""
+    stored = request.model_dump(mode="json", exclude={"api_key"})
+    if stored["estimate_fraction"] == schemas.JobRequest.model_fields["estimate_fraction"].default:
+        del stored["estimate_fraction"]
+    if stored["train"]["model"] is None and not isinstance(request.release, schemas.AutoRelease):
+        stored["train"]["model"] = "mlp"
+    return stored
 
 
 def request_digest(request: schemas.JobRequest) -> str:
@@ -195,15 +212,21 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
         if row is None:
             return
         row.labels_party, row.request_json = plan.labels_party, json.dumps(stored_request(plan.request))
-    if plan.request.protocol == "single" and plan.releases():  # lp-mst asks for everything as it trains
+    if plan.auto is not None or (plan.request.protocol == "single" and plan.releases()):  # lp-mst: as it trains
+        charged: list = []  # the releases answered: a refusal after one of them keeps the job (failed), never hides it
         try:
             with labels_party_client(ctx, plan.url, request.api_key) as client:
-                release = jobs.request_releases(plan, client, job_id, jobs.JobReport()).get("", release)
+                if plan.auto is not None:
+                    _auto_releases(plan, client, job_id, charged)
+                else:
+                    release = jobs.request_releases(plan, client, job_id, jobs.JobReport()).get("", release)
         except Exception as err:
             outcome = jobs.upstream_outcome(err)
-            if outcome == "refused":  # nothing was charged: nothing is kept
+            if outcome == "refused" and not charged:  # nothing was charged: nothing is kept
                 _discard(ctx, job_id)
-                raise upstream_error(err, plan.labels_party) from None
+                raise (err if isinstance(err, LabelDPError) else upstream_error(err, plan.labels_party)) from None
+            if outcome == "refused":
+                outcome = "failed"  # some parts were charged: the job stays, failed, with the refusal
             log.warning("job %s: no answer to its release request (%s): %s", job_id, type(err).__name__,
                         "it failed" if outcome == "failed" else "it will ask again")
             error = (upstream_error(err, plan.labels_party) if outcome == "failed"
@@ -223,6 +246,25 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
             if release is not None:
                 row.release_json = json.dumps(jobs.release_summary(release))
             row.lease_owner = row.lease_expires_at = None
+
+
+def _auto_releases(plan, client, job_id: str, charged: list) -> None:
+    """An auto job's releases at its creation, once its organization's budget is known to cover ε on every training
+    example (each is charged ε in all: a budget short of it would refuse a part after others were charged)."""
+    from features_party.auto import request_auto_releases
+
+    assert plan.auto is not None
+    try:
+        budget = client.budget(plan.request.dataset_id)
+    except LabelsPartyError as err:
+        raise upstream_error(err, plan.labels_party) from None
+    if budget.epsilon_remaining < plan.auto.epsilon:
+        raise LabelDPError(f"labels party {plan.labels_party!r}: an auto job spends epsilon {plan.auto.epsilon:g} on "
+                           f"every training example, and this organization's most spent example has "
+                           f"{budget.epsilon_remaining:g} left; nothing was spent",
+                           code="labels_party_budget_exceeded")
+    frame = load_frame(plan.features_file)
+    request_auto_releases(plan, client, job_id, plan.training_ids(frame).astype(str), charged)
 
 
 def _discard(ctx: TrainerContext, job_id: str) -> None:

@@ -111,6 +111,9 @@ def plan_evaluation(metric: str, epsilon: float, clip: float, domain: Domain | N
                                code="mechanism_domain_mismatch")
         values = domain.support().values
         low, high = float(values.min()), float(values.max())
+        if high <= low:
+            raise LabelDPError("the dataset's declared range holds one value: its mean is public, nothing to estimate",
+                               code="invalid_input")
         return EvaluationPlan(metric, high - low, LOSS_LEVELS, DiscreteLaplace.calibrated(epsilon, LOSS_LEVELS),
                               (low, high))
     if metric != "accuracy" and not (math.isfinite(clip) and 0 < clip <= MAX_CLIP):
@@ -134,8 +137,6 @@ def score(plan: EvaluationPlan, predictions, labels, rng: np.random.Generator) -
     metric, clip = plan.metric, plan.clip
     labels = np.asarray(labels, dtype=np.float64)
     losses, low, width = clipped_losses(metric, predictions, labels, clip, plan.bounds)
-    if width <= 0:  # a declared range of one value: its mean is public, a noisy sum of zero-width levels is 0
-        width = 1.0
     # A loss that is not a number (inf - inf for absurd labels) is a function of the label like any other: it is
     # mapped into the clip range, never refused (a refusal would depend on the label).
     losses = np.clip(np.nan_to_num(losses, nan=low + width, posinf=low + width, neginf=low), low, low + width)

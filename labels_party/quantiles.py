@@ -168,13 +168,18 @@ class AboveThreshold:
         upward = quantile >= 0.5
         swept = counts.at_most() if upward else (n - counts.below())[::-1]
         target = round(Fraction(quantile) * n) if upward else round((1 - Fraction(quantile)) * n)
-        out = np.zeros(swept.size)
-        for t in range(-width, width + 1):
-            weight, going = float(self.threshold.pmf(t)), 1.0
-            for i, count in enumerate(swept):
-                stops = self.query.upper_tail(int(target + t - count)) if i < swept.size - 1 else 1.0
-                out[i] += weight * going * stops
-                going *= 1 - stops
+        t = np.arange(-width, width + 1)
+        weight = self.threshold.pmf(t)
+        rate, alpha = self.query.s / self.query.t, self.query.alpha
+        going, out = np.ones(t.size), np.zeros(swept.size)
+        for i, count in enumerate(swept):
+            z = (target - int(count)) + t  # Pr[Z >= z] for a discrete Laplace Z, vectorized over the threshold
+            stops = np.where(z >= 1, np.exp(-rate * np.maximum(z, 1)) / (1 + alpha),
+                             1 - np.exp(-rate * (1 - np.minimum(z, 1))) / (1 + alpha))
+            if i == swept.size - 1:
+                stops = np.ones(t.size)
+            out[i] = float(np.sum(weight * going * stops))
+            going = going * (1 - stops)
         return out if upward else out[::-1]
 
     def describe(self) -> dict:

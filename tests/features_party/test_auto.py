@@ -154,13 +154,18 @@ def test_output_maps_apply_and_damaged_ones_are_refused():
     assert Output("shrunk", 10.0, 2.0, 0.5).apply(raw).tolist() == [9.5, 10.0, 11.0]
     np.testing.assert_allclose(Output("shrunk", 3.0, float(np.log(2.0)), 1.0, True).apply(raw), [1.5, 3.0, 6.0])
     assert Output("constant", 2.0, num_classes=3).apply(raw).tolist() == [[0.0, 0.0, 1.0]] * 3
-    for damaged in ({"kind": "magic"}, {"weight": "1"}, {"constant": float("inf")}, {"extra": 1},
-                    {"kind": "constant", "constant": 3.0, "num_classes": 3}, {"log_scale": 1}, []):
+    for damaged, outputs in (({"kind": "magic"}, 1), ({"weight": "1"}, 1), ({"constant": float("inf")}, 1),
+                             ({"extra": 1}, 1), ({"kind": "constant", "constant": 3.0, "num_classes": 3}, 3),
+                             ({"log_scale": 1}, 1), ([], 1), ({"weight": 1e300}, 1), ({"weight": -1.0}, 1),
+                             ({"constant": 1e16}, 1), ({"log_scale": True, "constant": 0.0}, 1),
+                             ({"kind": "constant", "constant": 1.0, "num_classes": 10**12}, 3),
+                             ({"kind": "constant", "constant": 1.0}, 3), ({"num_classes": 3}, 1)):
         with pytest.raises(LabelDPError) as caught:
-            Output.from_dict(damaged)
-        assert caught.value.code == "malformed_file"
-    assert Output.from_dict(json.loads(json.dumps(Output("shrunk", 1.0, 0.5, 2.0).describe()))) == \
+            Output.from_dict(damaged, outputs)
+        assert caught.value.code == "malformed_file", damaged
+    assert Output.from_dict(json.loads(json.dumps(Output("shrunk", 1.0, 0.5, 2.0).describe())), 1) == \
         Output("shrunk", 1.0, 0.5, 2.0)
+    assert Output.from_dict({"kind": "constant", "constant": 2.0, "num_classes": 3}, 3).num_classes == 3
 
 
 @pytest.mark.parametrize("learner", ["mlp", "gbdt"])
@@ -193,3 +198,41 @@ def test_a_saved_model_carries_its_output_map_for_labeldp_predict(tmp_path, lear
         save_model(path, result, preprocessor.to_dict(), {"output": output.describe()})
     read = predictions_frame(path, frame).set_index("example_id")["prediction"]
     np.testing.assert_allclose(read.to_numpy(), output.apply(result.predict(numeric, categorical)), rtol=1e-5)
+
+
+def test_auto_refuses_what_would_fail_after_a_charge_before_anything_is_charged(parties):
+    """The review of issue 39: an auto job asks for its releases when it is created — the central mean first, which
+    names every training id — once the organization's budget covers ε on every training example; an unknown id, a
+    budget short of ε or folds too small to train on are 4xx with nothing spent."""
+    trainer, features = parties["trainer"], parties["features"]
+    ghost = pd.concat([features, features.iloc[:1].assign(example_id="ghost")], ignore_index=True)
+    assert _upload(trainer, ghost).status_code == 200
+    unknown = trainer.post("/v1/jobs", json=_auto_job(parties))
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "labels_party_refused", unknown.text
+    assert _spent(parties) == 0.0 and trainer.get("/v1/jobs").json() == []
+    assert _upload(trainer, features).status_code == 200
+    with _consumer(parties) as consumer:  # 7 of the 10 granted spent on one example
+        consumer.request_release(parties["dataset"], {"mechanism": "rr", "epsilon": 7.0, "example_ids": ["u0"]})
+    short = trainer.post("/v1/jobs", json=_auto_job(parties))  # 4 > 3 left on u0
+    assert short.status_code == 409 and short.json()["error"]["code"] == "labels_party_budget_exceeded", short.text
+    assert "3 left" in short.json()["error"]["message"] and _spent(parties) == 7.0
+    tiny = trainer.post("/v1/jobs", json={**_auto_job(parties, epsilon=1.0, example_ids=features["example_id"]
+                                                      .iloc[1:30].tolist())})
+    assert tiny.status_code == 400 and tiny.json()["error"]["code"] == "too_few_examples", tiny.text
+    assert "smallest of the auto job's candidate fits" in tiny.json()["error"]["message"]
+    assert _spent(parties) == 7.0
+
+
+def test_the_mean_of_a_one_value_range_is_refused_before_the_charge(tmp_path):
+    from tests.labels_party.api.helpers import admin_client
+
+    _, client = admin_client(tmp_path)
+    dataset = client.post("/v1/datasets", json={"name": "one", "label_kind": "integer", "min": 3, "max": 3,
+                                                "epsilon_total": 1}).json()["id"]
+    client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\na,3\nb,3",
+               headers={"Content-Type": "text/csv"})
+    answer = client.post(f"/v1/datasets/{dataset}/evaluations", json={"metric": "mean", "epsilon": 0.5,
+                                                                       "example_ids": ["a", "b"]},
+                         headers={"Idempotency-Key": "one"})
+    assert answer.status_code == 400 and "one value" in answer.json()["error"]["message"]
+    assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0

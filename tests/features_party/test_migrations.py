@@ -4,6 +4,7 @@ revision builds exactly the schema the models declare, a fresh database is creat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -128,3 +129,42 @@ def test_jobs_an_older_trainer_left_queued_or_running_become_interrupted(databas
         assert all(job.attempts == 0 and job.sealed_api_key is None and job.lease_owner is None
                    for job in jobs.values())
     engine.dispose()
+
+
+def test_jobs_stored_before_estimate_rows_replan_without_them_and_keep_their_digest(database_url):
+    """Migration 0006: a job stored before estimate rows existed gets ``estimate_fraction: 0``, so an attempt or a
+    resume asks for the release it was charged for; a request resent in its old shape still hashes as it did."""
+    from features_party import schemas
+    from features_party.service import request_digest, stored_request
+    from shared.service.database import utcnow
+
+    old = {"features": "f", "labels_party": None, "dataset_id": "d", "release": {
+        "mechanism": "rr-on-bins", "epsilon": 1.0, "prior_epsilon": None, "mesh": None, "solver": None,
+        "clip": False, "example_ids": ["a", "b"], "allow_uninformative": False}, "release_id": None, "split": None,
+        "numeric": ["x"],
+        "categorical": [], "num_classes": None, "train": {**schemas.TrainOptions().model_dump(mode="json"),
+                                                          "model": "mlp"},
+        "protocol": "single", "stages": 2, "temperature": 1.0}
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(MIGRATIONS.config(connection), "0005")
+        connection.execute(text("INSERT INTO organizations (id, name, created_at) VALUES (1, 'publisher', :t)"),
+                           {"t": utcnow()})
+        connection.execute(text(
+            "INSERT INTO jobs (id, org_id, status, labels_party, dataset_id, request_json, epoch, epochs, "
+            "metrics_json, num_train_examples, num_holdout_examples, seconds, device, created_at, updated_at, "
+            "attempts) VALUES (:i, 1, 'succeeded', 'o', 'd', :r, 0, 0, '[]', 0, 0, 0, '', :t, :t, 0)"),
+            {"i": "a" * 32, "r": json.dumps(old), "t": utcnow()})
+    sessions = make_sessionmaker(engine, upgrade=True)
+    with sessions() as session:
+        stored = json.loads(session.get(db.Job, "a" * 32).request_json)
+    engine.dispose()
+    assert stored == {**old, "estimate_fraction": 0}
+    assert schemas.JobRequest(**stored, api_key="k").estimate_fraction == 0
+    # the same body resent today (no estimate_fraction, no learner: the defaults) hashes as the old one did
+    resent = {k: v for k, v in old.items()}
+    resent["train"] = {k: v for k, v in old["train"].items() if k != "model"}
+    old_digest = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+                                .encode()).hexdigest()
+    assert request_digest(schemas.JobRequest(**resent, api_key="k")) == old_digest
+    assert stored_request(schemas.JobRequest(**resent, api_key="k")) == old
