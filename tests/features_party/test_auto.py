@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import httpx
 import numpy as np
@@ -20,7 +21,7 @@ from features_party.output import Output
 from features_party.parts import AutoPlan, mean_epsilon
 from shared.errors import LabelDPError
 from tests.features_party import test_api
-from tests.features_party.test_api import N, _finish, _spent, _upload
+from tests.features_party.test_api import N, _spent, _upload
 
 parties = test_api.parties  # the fixture: a labels-party server with a dataset of N labels, and a trainer
 
@@ -31,6 +32,18 @@ def _auto_job(parties, epsilon: float = EPSILON, **release) -> dict:
     return {"features": "f", "api_key": parties["consumer"], "dataset_id": parties["dataset"],
             "release": {"mechanism": "auto", "epsilon": epsilon, **release},
             "numeric": ["x0", "x1"], "categorical": ["group"], "train": {"epochs": 30, "batch_size": 128}}
+
+
+def _finish(trainer, job_id: str, seconds: float = 1200.0) -> dict:
+    """The job once finished: an auto job fits about twenty models, which a loaded machine makes slow (a lower
+    bound of patience, not a speed assertion)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        job = trainer.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish in {seconds:g} s")
 
 
 def _predictions(trainer, job_id: str) -> pd.Series:
