@@ -90,9 +90,43 @@ class GuardedRoute(APIRoute):
             def flag() -> None:  # routes that parse JSON wrap the error in a generic 400: the flag lets it say 413
                 state["body_too_large"] = True
 
-            return await handle(Request(request.scope, limited(request.receive, limit, flag)))
+            return await handle(CheckedRequest(request.scope, limited(request.receive, limit, flag)))
 
         return guarded
+
+
+class CheckedRequest(Request):
+    """A request whose JSON body holds valid Unicode only. JSON may escape a lone surrogate (``"\\ud800"``), which
+    Python decodes to a string that no UTF-8 encoder takes — hashing it, storing it or logging it raised deep in a
+    route (a 500, some after the release was charged). Refused here, before any route sees the body: a 400."""
+
+    async def json(self) -> Any:
+        value = await super().json()
+        bad = _first_invalid_string(value)
+        if bad is not None:
+            self.scope.setdefault("state", {})["invalid_unicode"] = True
+            raise ValueError(f"a string of the body is not valid Unicode (a lone surrogate at {bad})")
+        return value
+
+
+def _first_invalid_string(value: Any, where: str = "body") -> str | None:
+    """Where the first string (key or value) holding a lone surrogate is, or None."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if _first_invalid_string(key, path) is not None:
+                    return f"{path} (a key)"
+                stack.append((inner, f"{path}.{key}" if len(path) < 200 else path))
+        elif isinstance(item, list):
+            stack.extend((inner, f"{path}[{i}]" if len(path) < 200 else path) for i, inner in enumerate(item))
+    return None
 
 
 def declared_too_large(headers: Mapping[bytes, bytes], limit: int) -> bool:
