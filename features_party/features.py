@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -108,6 +110,30 @@ class Preprocessor:
     def from_dict(cls, data: dict) -> Preprocessor:
         return cls(tuple(data["numeric"]), tuple(data["categorical"]), tuple(data["means"]), tuple(data["stds"]),
                    tuple(tuple(v) for v in data["vocabularies"]))
+
+    @classmethod
+    def from_file(cls, data: Any, max_levels: int) -> Preprocessor:
+        """From a model file, every field checked (ValueError or TypeError else): column names are strings, one
+        mean and one standard deviation per numeric column, each a finite number (a string of a number is not one:
+        it passed a float conversion and failed later), deviations positive, and each vocabulary at most
+        ``max_levels`` distinct strings (padding one with duplicates made each categorical split list them)."""
+        if not isinstance(data, dict) or set(data) != {"numeric", "categorical", "means", "stds", "vocabularies"}:
+            raise ValueError("preprocessing fields")
+        numeric, categorical = data["numeric"], data["categorical"]
+        means, stds, vocabularies = data["means"], data["stds"], data["vocabularies"]
+        lists = (numeric, categorical, means, stds, vocabularies)
+        if not all(isinstance(x, list) for x in lists) or not all(isinstance(v, list) for v in vocabularies):
+            raise TypeError("preprocessing lists")
+        if not all(isinstance(n, str) for n in numeric + categorical) or len(means) != len(numeric) \
+                or len(stds) != len(numeric) or len(vocabularies) != len(categorical):
+            raise ValueError("preprocessing shapes")
+        if not all(type(x) in (int, float) and math.isfinite(x) for x in means + stds) or any(x <= 0 for x in stds):
+            raise ValueError("preprocessing numbers")
+        for vocabulary in vocabularies:
+            if len(vocabulary) > max_levels or not all(isinstance(x, str) for x in vocabulary) \
+                    or len(set(vocabulary)) != len(vocabulary):
+                raise ValueError("vocabularies")
+        return cls.from_dict(data)
 
 
 MAX_MAGNITUDE = 1e100  # a numeric feature's largest |value|: squares and sums of any table stay finite

@@ -118,8 +118,7 @@ def _check(document: dict) -> tuple[dict, GbdtConfig]:
             raise ValueError("num_classes")
     elif classes is not None:
         raise ValueError("num_classes without class labels")
-    preprocessor = Preprocessor.from_dict(header["preprocessing"])
-    _check_preprocessing(preprocessor)
+    preprocessor = Preprocessor.from_file(header["preprocessing"], MAX_CATEGORIES)
     history = header["history"]
     if not isinstance(history, list) or len(history) > MAX_HISTORY or not all(isinstance(h, dict) for h in history):
         raise TypeError("history")
@@ -170,19 +169,6 @@ def _check_config(fields: dict) -> GbdtConfig:
             or not 0 <= float(config.validation_fraction) < 1:
         raise ValueError("config")
     return config
-
-
-def _check_preprocessing(preprocessor: Preprocessor) -> None:
-    names = preprocessor.numeric + preprocessor.categorical
-    if not all(isinstance(n, str) for n in names) or len(preprocessor.means) != len(preprocessor.numeric) \
-            or len(preprocessor.stds) != len(preprocessor.numeric) \
-            or len(preprocessor.vocabularies) != len(preprocessor.categorical):
-        raise ValueError("preprocessing shapes")
-    scales = np.asarray(preprocessor.means + preprocessor.stds, dtype=np.float64)
-    if not np.all(np.isfinite(scales)) or any(s <= 0 for s in preprocessor.stds):
-        raise ValueError("preprocessing numbers")
-    if any(len(v) > MAX_CATEGORIES or not all(isinstance(x, str) for x in v) for v in preprocessor.vocabularies):
-        raise ValueError("vocabularies")
 
 
 def _check_tree(tree: dict, index: int, features: int, numeric: int, vocab: list[int], max_depth: int) -> None:

@@ -544,7 +544,7 @@ def finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Pre
 
 def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.DataFrame:
     """Predictions of a saved model, the MLP's or the trees', on a features table (``labeldp predict``)."""
-    from features_party.train import load_model
+    from features_party.model_file import load_model
 
     result: TrainResult | GbdtResult
     result, header = load_gbdt(model_path) if is_gbdt_model(model_path) else load_model(model_path)

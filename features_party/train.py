@@ -277,15 +277,3 @@ def save_model(path: str | Path, result: TrainResult, preprocessing: dict, extra
     arrays = {f"leaf_{i:04d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
     with open(path, "wb") as handle:  # allow_pickle (numpy's default) given, so no key of `arrays` is taken for it
         np.savez(handle, allow_pickle=True, header=np.array(json.dumps(header)), **arrays)
-
-
-def load_model(path: str | Path) -> tuple[TrainResult, dict]:
-    with np.load(path, allow_pickle=False) as data:
-        header = json.loads(str(data["header"]))
-        leaves = [data[k] for k in sorted(k for k in data.files if k.startswith("leaf_"))]
-    spec = models.ModelSpec.from_dict(header["spec"])
-    template = models.init_params(jax.random.PRNGKey(0), spec)
-    params = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(template), [jnp.asarray(x) for x in leaves])
-    result = TrainResult(params, spec, TrainConfig.from_dict(header["config"]), header["target_shift"],
-                         header["target_scale"], header["best_epoch"], header["history"])
-    return result, header

@@ -287,7 +287,7 @@ def test_scaling_is_fitted_on_the_training_rows_only(parties):
     train_ids = frame["example_id"][: N // 2].tolist()
     job = _finish(trainer, trainer.post("/v1/jobs", json=_job(parties, example_ids=train_ids)).json()["id"])
     assert job["status"] == "succeeded", job["error"]
-    from features_party.train import load_model
+    from features_party.model_file import load_model
 
     path = parties["tmp"] / "m.npz"
     path.write_bytes(trainer.get(f"/v1/jobs/{job['id']}/model").content)

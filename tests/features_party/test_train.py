@@ -24,7 +24,8 @@ import pytest
 from features_party import losses, train_steps
 from features_party import train as train_module
 from features_party.features import Preprocessor
-from features_party.train import TrainConfig, TrainResult, device_summary, load_model, save_model, train
+from features_party.model_file import load_model
+from features_party.train import TrainConfig, TrainResult, device_summary, save_model, train
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from shared import models
@@ -290,9 +291,10 @@ def test_save_and_load_round_trip_for_classification(tmp_path):
     classes = (x[:, 0] > 0).astype(np.float64) + (x[:, 1] > 0.5)
     config = TrainConfig(loss="cross_entropy", hidden=(), learning_rate=1e-2, batch_size=64, epochs=5)
     result = train(config, x, no_categorical(300), classes, vocab_sizes=(), num_classes=3)
-    save_model(tmp_path / "m.npz", result, {"numeric": ["a", "b"]})
+    preprocessing = Preprocessor(("a", "b"), (), (0.0, 0.0), (1.0, 1.0), ()).to_dict()
+    save_model(tmp_path / "m.npz", result, preprocessing)
     loaded, header = load_model(tmp_path / "m.npz")
-    assert loaded.spec.output_dim == 3 and header["preprocessing"] == {"numeric": ["a", "b"]}
+    assert loaded.spec.output_dim == 3 and header["preprocessing"] == preprocessing
     probabilities = loaded.predict(x, no_categorical(300))
     np.testing.assert_allclose(probabilities, result.predict(x, no_categorical(300)), rtol=1e-6)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
