@@ -34,7 +34,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -90,8 +90,9 @@ def seal_api_key(ctx: TrainerContext, job_id: str, api_key: str) -> bytes:
 class JobTable(LeaseTable):
     """The jobs table as leased: a claim also records when the job started (its organization's turn)."""
 
-    def claim(self, session: Session, owner: str, lease_seconds: float) -> Lease | None:
-        lease = super().claim(session, owner, lease_seconds)
+    def claim(self, session: Session, owner: str, lease_seconds: float, *,
+              holding: Collection[str] = ()) -> Lease | None:
+        lease = super().claim(session, owner, lease_seconds, holding=holding)
         if lease is not None:
             row = session.get(db.Job, lease.job_id)  # the row claim locked, from the session
             assert row is not None
@@ -140,8 +141,8 @@ def creating(ctx: TrainerContext, job_id: str) -> Iterator[None]:
     job from the start (its release requested with the same key)."""
     settings, owner, stop = ctx.settings, ctx.jobs.owner, threading.Event()
 
-    def renew() -> None:
-        while not stop.wait(settings.job_lease_seconds / 3):
+    def renew() -> None:  # a thread of its own, every tenth of the lease, like the workers' heartbeat
+        while not stop.wait(ctx.jobs.renew_seconds):
             try:
                 with ctx.sessions() as session, session.begin():
                     session.execute(update(db.Job).where(*created_by(owner, job_id)).values(

@@ -43,9 +43,12 @@ class UtcDateTime(TypeDecorator):
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
+    """The engine of a service's database; ``pool_size`` bounds its pool (default: SQLAlchemy's for SQLite, 10 plus
+    40 overflow for PostgreSQL) — a lease heartbeat's own engine keeps one connection (:mod:`.leases`)."""
+    pool = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": 0}
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **pool)
 
         @event.listens_for(engine, "connect")
         def _sqlite_connect(dbapi_connection, _record):
@@ -65,7 +68,7 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+    return create_engine(url, pool_pre_ping=True, **(pool or {"pool_size": 10, "max_overflow": 40}))
 
 
 class Migrations:

@@ -4,9 +4,18 @@ A job is a row (each party's own table, with :class:`LeaseColumns`). A worker *c
 ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL: replicas never block on, or take, each other's rows; SQLite has
 one writer at a time and its ``BEGIN IMMEDIATE`` serializes claims — run one process there): a row in a claimable
 state whose lease is free or expired, not before its ``run_after``. The claim writes the worker's id as
-``lease_owner``, an expiry ``lease_seconds`` ahead and one more ``attempts``; the worker's heartbeat renews the
-expiry of every job it holds every ``lease_seconds / 3``. A worker that dies stops renewing, and once the lease has
+``lease_owner``, an expiry ``lease_seconds`` ahead and one more ``attempts``; the runner's heartbeat renews the
+expiry of every job it holds every ``lease_seconds / 10``. A worker that dies stops renewing, and once the lease has
 expired any replica's worker claims the job again — no client action needed.
+
+**The heartbeat is not starved by the work.** It is a thread of its own that does nothing else, on a database
+connection of its own (an engine with one connection, :func:`heartbeat_engine`): not the pool that requests and
+jobs share, which a burst of requests can exhaust, so a renewal never queues behind them. It renews every tenth
+of the lease, so nine renewals in a row must be late or fail before a lease can expire under a live process —
+an outside review's loaded machine (load average 10–17 on 2 cores) made the services log lost leases with renewals
+every third. (Python threads share one interpreter lock: a single C call that held it for ``0.9 × lease_seconds``
+would still starve the heartbeat — the default lease, 30 s, is far longer than any such call here.) A runner never
+claims a job it holds itself (its heartbeat late), and a job its own worker just finished is not reported lost.
 
 At most one live lease: a claim takes only a free or expired lease, under the row lock. A worker that lost its
 lease (paused past the expiry, or cut from the database) may still be computing; what it *finishes* is fenced:
@@ -36,15 +45,15 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Integer, String, or_, select
+from sqlalchemy import Engine, Integer, String, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
-from shared.service.database import UtcDateTime, utcnow
+from shared.service.database import UtcDateTime, make_engine, utcnow
 
 log = logging.getLogger("labeldp.jobs")
 
@@ -76,6 +85,27 @@ def worker_id() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def heartbeat_engine(sessions: sessionmaker) -> Engine | None:
+    """An engine of its own, one connection, on the database ``sessions`` is bound to: what a heartbeat renews
+    leases through. None where a second engine would not see the same database (an in-memory SQLite)."""
+    bound = sessions.kw.get("bind")
+    if not isinstance(bound, Engine):
+        return None
+    url = bound.url
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return None
+    return make_engine(url.render_as_string(hide_password=False), pool_size=1)
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What a renewal found: the leases still held (renewed, or locked by their own worker finishing them), and
+    those another worker has taken over (a different owner or attempt). The rest were let go by their worker."""
+
+    held: set[str]
+    taken: set[str]
+
+
 @dataclass(frozen=True)
 class LeaseTable:
     """How one party's job table is leased: the mapped class, its state column's name, the states a worker may
@@ -90,13 +120,17 @@ class LeaseTable:
     order_by: Callable[[], Sequence[Any]] = field(default=lambda: ())  # claim order (default: insertion)
     where: Callable[[], Sequence[Any]] = field(default=lambda: ())  # more conditions a claimable row meets
 
-    def claim(self, session: Session, owner: str, lease_seconds: float) -> Lease | None:
-        """Take the first claimable job (its row locked, others' locked rows skipped), or None."""
+    def claim(self, session: Session, owner: str, lease_seconds: float, *,
+              holding: Collection[str] = ()) -> Lease | None:
+        """Take the first claimable job (its row locked, others' locked rows skipped), or None. ``holding``: the
+        jobs the claimant's process runs now, never claimed again by it even if their leases ran out."""
         model, now = self.model, utcnow()
         state = getattr(model, self.state_column)
         free = or_(model.lease_owner.is_(None), model.lease_expires_at < now)
         due = or_(model.run_after.is_(None), model.run_after <= now)
-        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due, *self.where())
+        mine = (model.id.not_in(list(holding)),) if holding else ()
+        query = (select(model).where(state.in_(self.claimable + (self.running_state,)), free, due, *mine,
+                                     *self.where())
                  .order_by(*self.order_by(), model.created_at).limit(1).with_for_update(skip_locked=True))
         while True:
             row = session.scalars(query).first()
@@ -123,21 +157,28 @@ class LeaseTable:
 
     def renew(self, session: Session, leases: Sequence[Lease], lease_seconds: float) -> set[str]:
         """Extend each lease still held; the ids of those held (a lease lost to a takeover is not renewed)."""
+        return self.renewal(session, leases, lease_seconds).held
+
+    def renewal(self, session: Session, leases: Sequence[Lease], lease_seconds: float) -> Renewal:
+        """Extend each lease still held; which are held, and which another worker took over."""
         if not leases:
-            return set()
+            return Renewal(set(), set())
         model, now = self.model, utcnow()
         rows = session.scalars(select(model).where(model.id.in_([lease.job_id for lease in leases]))
                                .with_for_update(skip_locked=True)).all()
         by_id = {row.id: row for row in rows}
-        held = set()
+        held, taken = set(), set()
         for lease in leases:
             row = by_id.get(lease.job_id)
             if row is not None and self._holds(row, lease):
                 row.heartbeat_at, row.lease_expires_at = now, now + timedelta(seconds=lease_seconds)
                 held.add(lease.job_id)
-            elif row is None and session.get(model, lease.job_id) is not None:
+            elif row is not None:
+                if row.attempts != lease.attempt or row.lease_owner not in (None, lease.owner):
+                    taken.add(lease.job_id)  # else its worker finished it or gave it back: let go, not lost
+            elif session.get(model, lease.job_id) is not None:
                 held.add(lease.job_id)  # locked by its own worker finishing it: not lost
-        return held
+        return Renewal(held, taken)
 
     def held(self, session: Session, lease: Lease) -> Any | None:
         """The job's row, locked, if ``lease`` still holds it (else None: another worker took it over, or it was
@@ -170,16 +211,18 @@ RunJob = Callable[[Lease, threading.Event], None]
 
 class JobRunner:
     """A process's workers for one job table: ``threads`` threads claim and run jobs, one heartbeat thread renews
-    their leases. ``run(lease, lost)`` does the job and records its outcome through :meth:`LeaseTable.held`;
-    ``lost`` is set when the heartbeat finds the lease taken over, so a long job can stop early. A job that raises
-    is given back to be claimed again after ``retry_seconds`` (its attempt counted: a crash loop is bounded by
-    ``max_attempts``, and a transient fault such as a database restart has passed), never left holding its lease."""
+    their leases every ``renew_seconds`` (default a tenth of the lease) on its own connection. ``run(lease, lost)``
+    does the job and records its outcome through :meth:`LeaseTable.held`; ``lost`` is set when the heartbeat finds
+    the lease taken over, so a long job can stop early. A job that raises is given back to be claimed again after
+    ``retry_seconds`` (its attempt counted: a crash loop is bounded by ``max_attempts``, and a transient fault such
+    as a database restart has passed), never left holding its lease."""
 
     def __init__(self, name: str, sessions: sessionmaker, table: LeaseTable, run: RunJob, *, threads: int = 1,
                  lease_seconds: float = 30.0, poll_seconds: float = 1.0, retry_seconds: float = 5.0,
-                 retry_state: str | None = None):
+                 retry_state: str | None = None, renew_seconds: float | None = None):
         self.name, self.sessions, self.table, self._run = name, sessions, table, run
         self.threads, self.lease_seconds, self.poll_seconds = threads, lease_seconds, poll_seconds
+        self.renew_seconds = renew_seconds if renew_seconds is not None else lease_seconds / 10
         self.retry_seconds, self.retry_state = retry_seconds, retry_state or table.claimable[0]
         self.owner = worker_id()
         self._wake = threading.Condition()
@@ -188,6 +231,8 @@ class JobRunner:
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []  # the claiming threads, once started
         self._beating: threading.Thread | None = None  # the heartbeat, while it runs
+        self._beat_engine: Engine | None = None  # the heartbeat's own connection (heartbeat_engine), while needed
+        self._beat_sessions: sessionmaker | None = None
         self._last_beat = utcnow()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
@@ -210,6 +255,9 @@ class JobRunner:
             threads = [*self._workers, *([self._beating] if self._beating is not None else [])]
         for thread in threads:
             thread.join(timeout)
+        with self._lock:
+            if self._beating is None or not self._beating.is_alive():
+                self._close_heartbeat_engine()
 
     def alive(self) -> bool:
         """Every thread running and the leases renewed recently (readiness)."""
@@ -289,7 +337,7 @@ class JobRunner:
 
     def _claim(self) -> Lease | None:
         with self.sessions() as session, session.begin():
-            return self.table.claim(session, self.owner, self.lease_seconds)
+            return self.table.claim(session, self.owner, self.lease_seconds, holding=self.holding())
 
     def _give_back(self, lease: Lease) -> None:
         try:
@@ -307,26 +355,50 @@ class JobRunner:
             self._beating.start()
 
     def _heartbeat(self) -> None:
-        while not self._stopping.wait(self.lease_seconds / 3):
+        try:
+            while not self._stopping.wait(self.renew_seconds):
+                with self._lock:
+                    if not self._workers and not self._held:  # started for adopted leases only, and all let go
+                        self._beating = None
+                        self._close_heartbeat_engine()
+                        return
+                self.beat()
+        finally:
             with self._lock:
-                if not self._workers and not self._held:  # started for adopted leases only, and all let go
-                    self._beating = None
-                    return
-            self.beat()
+                if self._stopping.is_set():
+                    self._close_heartbeat_engine()
+
+    def _heartbeat_sessions(self) -> sessionmaker:
+        """The heartbeat's sessions: on its own one-connection engine (the shared ones where there is none)."""
+        with self._lock:
+            if self._beat_sessions is None:
+                self._beat_engine = heartbeat_engine(self.sessions)
+                self._beat_sessions = (sessionmaker(self._beat_engine, expire_on_commit=False)
+                                       if self._beat_engine is not None else self.sessions)
+            return self._beat_sessions
+
+    def _close_heartbeat_engine(self) -> None:
+        """(Holding ``_lock``.) Close the heartbeat's connection; the next beat opens another."""
+        if self._beat_engine is not None:
+            self._beat_engine.dispose()
+        self._beat_engine = self._beat_sessions = None
 
     def beat(self) -> None:
-        """Renew every lease held; flag those lost (tests call it directly)."""
+        """Renew every lease held; flag those another worker took over (tests call it directly)."""
         with self._lock:
             held = dict(self._held)
+        if not held:
+            self._last_beat = utcnow()
+            return
         try:
-            with self.sessions() as session, session.begin():
-                kept = self.table.renew(session, [lease for lease, _ in held.values()], self.lease_seconds)
+            with self._heartbeat_sessions()() as session, session.begin():
+                renewal = self.table.renewal(session, [lease for lease, _ in held.values()], self.lease_seconds)
         except Exception:
             log.warning("%s: cannot renew leases (database unavailable?)", self.name, exc_info=True)
             return
         self._last_beat = utcnow()
         for job_id, (lease, lost) in held.items():
-            if job_id not in kept:
+            if job_id in renewal.taken:
                 log.warning("%s: lost the lease of job %s (attempt %d): another worker has it", self.name, job_id,
                             lease.attempt)
                 lost.set()

@@ -9,11 +9,11 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import MetaData, String, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import MetaData, String, create_engine, select, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from shared.service.database import UtcDateTime, make_engine, new_id, utcnow
-from shared.service.leases import JobRunner, Lease, LeaseColumns, LeaseTable
+from shared.service.leases import JobRunner, Lease, LeaseColumns, LeaseTable, Renewal
 
 
 class Base(DeclarativeBase):
@@ -38,8 +38,6 @@ TABLE = LeaseTable(Chore, "state", ("queued",), "running", max_attempts=3, exhau
 
 @pytest.fixture
 def sessions(database_url):
-    from sqlalchemy.orm import sessionmaker
-
     engine = make_engine(database_url)
     Base.metadata.create_all(engine)
     yield sessionmaker(engine, expire_on_commit=False)
@@ -129,16 +127,17 @@ def test_concurrent_claims_take_distinct_jobs(sessions, database_url):
 
 def test_a_locked_row_is_skipped_not_waited_for(sessions, database_url):
     """PostgreSQL: while one transaction holds a job's row, another claim takes the next job at once (SQLite has
-    one writer: a second process's claim would wait — one process there)."""
+    one writer: a second process's claim would wait — one process there). Not a stopwatch: the claim runs with a
+    lock timeout, so waiting for the held row at all would be an error, however loaded the machine."""
     if database_url.startswith("sqlite"):
         pytest.skip("SQLite serializes writers: no row locks to skip")
     first_id, second_id = _add(sessions, 2)
     with sessions() as holder, holder.begin():
         holder.get(Chore, first_id, with_for_update=True)
-        started = time.perf_counter()
-        lease = _claim(sessions, "b")
+        with sessions() as session, session.begin():
+            session.execute(text("SET LOCAL lock_timeout = '1ms'"))  # any wait for a row lock fails at once
+            lease = TABLE.claim(session, "b", 30.0)
         assert lease is not None and lease.job_id == second_id
-        assert time.perf_counter() - started < 2
 
 
 class FreezableRunner(JobRunner):
@@ -163,7 +162,7 @@ def test_runners_run_each_job_once_and_take_over_a_stopped_runners_job(sessions)
             with sessions() as session:
                 stuck = session.get(Chore, lease.job_id).error == "stick"
             if stuck and runner_name == "A":
-                release_stuck.wait(20)  # "killed": holds the job, renews nothing (its heartbeat is stopped)
+                release_stuck.wait(300)  # "killed": holds the job, renews nothing (its heartbeat is stopped)
             with sessions() as session, session.begin():
                 row = TABLE.held(session, lease)
                 if row is None:
@@ -177,7 +176,7 @@ def test_runners_run_each_job_once_and_take_over_a_stopped_runners_job(sessions)
     a = FreezableRunner("A", sessions, TABLE, run_for("A"), lease_seconds=1.5, poll_seconds=0.1).start()
     b = JobRunner("B", sessions, TABLE, run_for("B"), lease_seconds=1.5, poll_seconds=0.1).start()
     jobs = _add(sessions, 6)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a bound for a failure, not a speed
     while len(done) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sorted(job for job, _ in done) == sorted(jobs)
@@ -193,18 +192,17 @@ def test_runners_run_each_job_once_and_take_over_a_stopped_runners_job(sessions)
     a.wake()
     while _row(sessions, stuck_id).lease_owner != a.owner and time.monotonic() < deadline:
         time.sleep(0.05)
+    a_expires = _row(sessions, stuck_id).lease_expires_at  # A renews nothing from here on
     assert _row(sessions, stuck_id).lease_owner == a.owner
     c = JobRunner("B", sessions, TABLE, run_for("B"), lease_seconds=1.5, poll_seconds=0.1).start()
-    started = time.monotonic()
     while _row(sessions, stuck_id).state != "done" and time.monotonic() < deadline:
         time.sleep(0.05)
-    taken_over = time.monotonic() - started
     release_stuck.set()
     c.stop()
     a.stop()
     row = _row(sessions, stuck_id)
     assert (row.state, row.done_by, row.attempts) == ("done", "B", 2)
-    assert taken_over < 1.5 + 1.0  # the lease, then the next poll
+    assert row.heartbeat_at >= a_expires  # taken over once A's lease had run out, not before (the claim's time)
     assert [runner for job, runner in done if job == stuck_id] == ["B"]  # A, woken, recorded nothing
 
 
@@ -316,3 +314,61 @@ def test_a_runner_not_started_beats_only_while_it_holds_adopted_leases(sessions)
     _until(lambda: _heartbeats("OnDemand") == [])
     assert not runner.alive()  # no workers: not a serving runner
     runner.stop()
+
+
+def test_a_job_its_worker_finished_is_let_go_not_reported_lost(sessions, caplog):
+    """The heartbeat may read a job its own worker has just finished (between the commit and the worker letting
+    it go): that lease was let go, not taken over — no warning, ``lost`` not set. On a loaded machine this window
+    is wide: issue 40's review saw "lost the lease … another worker has it" with no job run twice."""
+    runner = JobRunner("R", sessions, TABLE, _noop, lease_seconds=3600)
+    with sessions() as session, session.begin():
+        lease = runner.lease_new(session)
+    with runner.adopted(lease) as lost:
+        with sessions() as session, session.begin():
+            TABLE.finish(TABLE.held(session, lease), "done")
+        with sessions() as session, session.begin():
+            assert TABLE.renewal(session, [lease], 3600) == Renewal(set(), set())
+        runner.beat()
+        assert not lost.is_set()
+    assert "lost the lease" not in caplog.text
+    runner.stop()
+
+
+def test_a_runner_never_claims_a_job_it_holds_even_once_its_lease_ran_out(sessions):
+    """A heartbeat that fell behind lets the lease run out under a live worker: another process may take the job
+    over (its writes are fenced), but this process's own workers never start it a second time."""
+    [job] = _add(sessions)
+    lease = _claim(sessions, "a")
+    _expire(sessions, job)
+    with sessions() as session, session.begin():
+        assert TABLE.claim(session, "a", 30.0, holding=[job]) is None
+    assert _claim(sessions, "b") == Lease(job, "b", 2)
+    assert lease is not None and lease.attempt == 1
+
+
+def test_the_heartbeat_renews_on_its_own_connection_when_the_shared_pool_is_exhausted(database_url):
+    """The heartbeat does not queue for the connections requests and jobs share: with every one of them checked
+    out, a lease is still renewed (its own one-connection engine, closed when the runner stops)."""
+    shared = create_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=0.5)
+    Base.metadata.create_all(shared)
+    sessions = sessionmaker(shared, expire_on_commit=False)
+    runner = JobRunner("R", sessions, TABLE, _noop, lease_seconds=3600)
+    with sessions() as session, session.begin():
+        lease = runner.lease_new(session)
+    _expire(sessions, lease.job_id)
+    with runner.adopted(lease) as lost:
+        with shared.connect() as busy:  # the shared pool's only connection, taken
+            busy.exec_driver_sql("SELECT 1")
+            busy.rollback()
+            runner.beat()
+        assert _row(sessions, lease.job_id).lease_expires_at > utcnow() + timedelta(seconds=3500)
+        assert not lost.is_set()
+    assert runner._beat_engine is not None and runner._beat_engine is not shared
+    runner.stop()
+    assert runner._beat_engine is None
+    shared.dispose()
+
+
+def test_renewals_come_every_tenth_of_the_lease():
+    assert JobRunner("R", sessionmaker(), TABLE, _noop, lease_seconds=30).renew_seconds == 3.0
+    assert JobRunner("R", sessionmaker(), TABLE, _noop, lease_seconds=30, renew_seconds=1).renew_seconds == 1
