@@ -40,11 +40,12 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     max_id_list_bytes: int = Field(default=64 << 20, gt=0)
     max_id_lists_per_org: int = Field(default=100, ge=1)
     workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
-    # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease it renews every third
-    # of job_lease_seconds; a job whose worker died is taken over by any replica once its lease expired. Idle
-    # workers look for jobs every job_poll_seconds (a job created by this process wakes them at once). A job
-    # claimed job_max_attempts times that is due again fails (job_attempts_exhausted). A job whose labels party
-    # could not be reached or failed (5xx) is retried after upstream_retry_seconds, with the same release key.
+    # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease its heartbeat renews
+    # every tenth of job_lease_seconds; a job whose worker died is taken over by any replica once its lease
+    # expired. Idle workers look for jobs every job_poll_seconds (a job created by this process wakes them at
+    # once). A job claimed job_max_attempts times that is due again fails (job_attempts_exhausted). A job whose
+    # labels party could not be reached or failed (5xx) is retried after upstream_retry_seconds, with the same
+    # release key.
     job_lease_seconds: float = Field(default=30.0, ge=1, le=3600)
     job_poll_seconds: float = Field(default=1.0, gt=0, le=60)
     job_max_attempts: int = Field(default=5, ge=1, le=100)

@@ -88,7 +88,7 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     spark_secret_file: Path | None = None
     # Durable jobs (labels_party/jobs.py: a source's registration, a source release's Spark job), run by every
     # `serve` process on the shared database under leases (shared/service/leases.py): a lease lasts
-    # job_lease_seconds and is renewed every third of it — a killed replica's job is taken over by another within
+    # job_lease_seconds and is renewed every tenth of it — a killed replica's job is taken over by another within
     # about that long; idle workers look for jobs every job_poll_seconds; a job is claimed at most job_max_attempts
     # times (a failure is retried after job_retry_seconds), then it is failed; job_threads jobs run at once. An
     # uploaded dataset's release, computed in its request, holds such a lease too (labels_party/releases/liveness.py):
