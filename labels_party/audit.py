@@ -13,7 +13,6 @@ from labels_party.auth import Principal
 from labels_party.context import ServiceContext
 from labels_party.ledger import signing
 from shared import schemas
-from shared.errors import LabelDPError
 
 
 def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> schemas.Audit:
@@ -46,12 +45,10 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
 
 def heads(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> list[schemas.SignedHead]:
     """The current chain head of each dataset this key administers (or the one named), signed now: what an owner
-    pins. Only the owner's admins see them — a head's sequence number counts every organization's releases. 503
-    ``audit_key_missing`` on a service without an audit key."""
+    pins. Only the owner's admins see them — a head's sequence number counts every organization's releases. Every
+    service has an audit key (:func:`labels_party.context.audit_signer`)."""
     signer = ctx.ledger.signer
-    if signer is None:
-        raise LabelDPError("this service has no audit key (LABELDP_AUDIT_KEY_FILE): its heads are not signed",
-                           code="audit_key_missing")
+    assert signer is not None, "a service's ledger always has its audit key"
     with ctx.sessions() as session, session.begin():
         query = administered_datasets(principal).order_by(db.Dataset.created_at)
         if dataset_id is not None:

@@ -20,7 +20,16 @@ from sqlalchemy.orm import Session
 from labels_party import db
 from labels_party.access import is_owner
 from labels_party.auth import Principal
-from labels_party.ledger import Charge, Entry, Ledger, budget_figures, budget_units, entries, units_epsilon
+from labels_party.ledger import (
+    Charge,
+    Entry,
+    Ledger,
+    budget_figures,
+    budget_units,
+    entries,
+    tampered,
+    units_epsilon,
+)
 from shared import schemas
 from shared.errors import LabelDPError
 
@@ -137,9 +146,15 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
         dataset = session.get(db.Dataset, dataset_id, with_for_update=True)
         if dataset is None:  # an account's foreign key names it
             continue
+        chain = entries(session, dataset_id)
+        refused = _not_a_pending_migration(chain, dataset)
+        if refused:  # a flag a database writer set: rebuilding would sign what the tables now say
+            raise tampered(dataset_id, [refused])
         by_org: dict[int, list[dict]] = {}
-        for record, org_id in zip(*records_by_org(session, entries(session, dataset_id)), strict=True):
+        for record, org_id in zip(*records_by_org(session, chain), strict=True):
             by_org.setdefault(org_id, []).append(record)
+        if -1 in by_org:
+            raise tampered(dataset_id, ["a record names an organization that does not exist"])
         accounts = {a.org_id: a for a in session.scalars(select(db.BudgetAccount).where(
             db.BudgetAccount.dataset_id == dataset_id))}
         for org_id in by_org.keys() - accounts.keys():
@@ -171,13 +186,33 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
     return rebuilt
 
 
+def _not_a_pending_migration(chain: Sequence[Entry], dataset: db.Dataset) -> str | None:
+    """Why ``dataset``'s accounts may not be rebuilt (None: they may). Only the migration to accounts leaves them
+    to rebuild, and its chain then ends with the facts that migration appended (its totals, ``migrated``, then
+    grants and allocations) — the rebuild appends ``changed`` totals after them, so it happens once — and the
+    dataset's totals are the ones those facts recorded."""
+    migrated = [i for i, e in enumerate(chain) if not e.is_release and e.record.get("event") == "dataset_budget"]
+    if len(migrated) != 1 or chain[migrated[0]].record.get("change") != "migrated":
+        return "its accounts are marked for a rebuild, but its chain records budgets set since the migration"
+    if any(e.is_release or e.record.get("event") not in ("grant", "allocation") for e in chain[migrated[0] + 1:]):
+        return "its accounts are marked for a rebuild, but its chain moved on since the migration"
+    fact = chain[migrated[0]].record
+    if (fact.get("epsilon_total_units"), fact.get("delta_total")) != (dataset.epsilon_total_units,
+                                                                       dataset.delta_total):
+        return "the dataset's totals differ from the chain's"
+    return None
+
+
 def records_by_org(session: Session, chain: Sequence[Entry]) -> tuple[list[dict], list[int]]:
-    """The release records of ledger entries and the organization each charged: its release's requester (records
-    written before they named their actor have no other)."""
+    """The release records of ledger entries and the organization each charged: the one its record names (records
+    written before they named their actor have no other than their release's requester)."""
     records = [e.record for e in chain if e.is_release]
+    ids = {name: org_id for org_id, name in session.execute(select(db.Organization.id, db.Organization.name))}
+    unnamed = [r["release_id"] for r in records if not (r.get("actor") or {}).get("org")]
     requesters = dict(session.execute(select(db.Release.id, db.Release.requester_org_id).where(
-        db.Release.id.in_([r["release_id"] for r in records]))).all()) if records else {}
-    return records, [requesters[r["release_id"]] for r in records]
+        db.Release.id.in_(unnamed))).all()) if unnamed else {}
+    return records, [ids.get(str(r["actor"]["org"]), -1) if (r.get("actor") or {}).get("org")
+                     else requesters[r["release_id"]] for r in records]
 
 
 def _gaussian(record: dict) -> bool:

@@ -227,10 +227,6 @@ def serve_command(args) -> int:
     tls = tls_options(args)  # flags first: a usage error touches no database
     ctx = _context(args, upgrade=args.upgrade_db)  # a refusal to start (say, a restored database) is one line
     configure_logging()
-    if ctx.settings.audit_key_file is None:  # allowed (a first try, a test), never silent
-        logging.getLogger("labels_party").warning(
-            "no audit key (LABELDP_AUDIT_KEY_FILE, made by `labeldp labels audit-key`): chain heads are neither "
-            "signed nor exported, so verify-audit can check this database only against itself")
     check_shared_secret_key(ctx.sealer, args.workers)
     if ctx.sealer.ephemeral:  # allowed (one process), never silent
         logging.getLogger("labels_party").warning(
@@ -288,16 +284,15 @@ def _pinned(args, settings):
 
     from labels_party.ledger import signing
 
-    exported = Path(args.heads_log) if args.heads_log else (
-        settings.audit_log_dir / signing.LOG_NAME if settings.audit_log_dir is not None else None)
+    exported = Path(args.heads_log) if args.heads_log else settings.audit_log_path / signing.LOG_NAME
     if exported is not None and not args.heads_log and not exported.exists():
         exported = None
     if args.pinned is None and exported is None:
         return None, None, None
     if args.public_key:
         public = signing.parse_public_key(args.public_key)
-    elif settings.audit_key_file is not None:
-        public = signing.load_key_file(settings.audit_key_file).public_key()
+    elif settings.audit_key_path.exists():
+        public = signing.load_key_file(settings.audit_key_path).public_key()
     else:
         raise LabelDPError("checking signed heads needs the audit public key (--public-key)", code="usage")
     # Without --pinned the export is checked as the heads log (every transition in it, both ends in the chain):
@@ -312,9 +307,7 @@ def audit_key_command(args) -> int:
     from labels_party.ledger import signing
     from labels_party.settings import LabelsSettings
 
-    path = Path(args.key_file) if args.key_file else LabelsSettings().audit_key_file
-    if path is None:
-        raise LabelDPError("say where the key goes: --key-file PATH (or LABELDP_AUDIT_KEY_FILE)", code="usage")
+    path = Path(args.key_file) if args.key_file else LabelsSettings().audit_key_path
     public = signing.create_key_file(path)  # the private key is written to the file only, never printed
     if args.json:
         print(json.dumps({"public_key": signing.public_hex(public), "key_id": signing.key_id(public)}))

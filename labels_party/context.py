@@ -6,6 +6,7 @@ by ``serve``: commands such as ``create-key`` run none, and tests drive them wit
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, jobs, migrations, recovery, workers
 from labels_party.ledger import HeadSigner, Ledger, load_key_file
+from labels_party.ledger.signing import load_or_create_key_file, public_hex
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
@@ -28,6 +30,8 @@ from shared.service.keyfiles import read_private_file
 from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
+
+log = logging.getLogger("labeldp.labels")
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -94,11 +98,17 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     return ctx
 
 
-def audit_signer(settings: LabelsSettings) -> HeadSigner | None:
-    """The audit key and export directory from settings (a key that others may read is refused at start)."""
-    if settings.audit_key_file is None:
-        return None
-    return HeadSigner(load_key_file(settings.audit_key_file), settings.audit_log_dir)
+def audit_signer(settings: LabelsSettings) -> HeadSigner:
+    """The audit key and export directory from settings (a key that others may read is refused at start). A
+    configured key file must exist; without one, the key under the data directory is used — made by the first
+    process that starts, its public key logged once (every deployment signs: nothing it appends is unsigned)."""
+    if settings.audit_key_file is not None:
+        return HeadSigner(load_key_file(settings.audit_key_file), settings.audit_log_path)
+    key, made = load_or_create_key_file(settings.audit_key_path)
+    if made:
+        log.warning("made the audit key %s (set LABELDP_AUDIT_KEY_FILE to keep it elsewhere); its public key, which "
+                    "verify-audit --public-key takes: %s", settings.audit_key_path, public_hex(key.public_key()))
+    return HeadSigner(key, settings.audit_log_path)
 
 
 def spark_secret(settings: LabelsSettings) -> str | None:

@@ -40,6 +40,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from labels_party import db
+from labels_party.ledger import Ledger
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
@@ -78,6 +79,9 @@ class JobContext(Protocol):
 
     @property
     def sealer(self) -> Sealer: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
 
     @property
     def jobs(self) -> JobRunner: ...
@@ -212,8 +216,14 @@ def resource_failure(err: Exception) -> Failure | None:
 # -- subjects ------------------------------------------------------------------------------------------------------
 
 def _lock_subject(session: Session, kind: str, subject_id: str) -> Any:
-    model = db.Dataset if kind == REGISTER_SOURCE else db.Release
-    return session.get(model, subject_id, with_for_update=True)
+    """A registration's dataset; a release, after its dataset (the lock order of every writer: a release made
+    available appends to its dataset's chain)."""
+    if kind == REGISTER_SOURCE:
+        return session.get(db.Dataset, subject_id, with_for_update=True)
+    dataset_id = session.scalar(select(db.Release.dataset_id).where(db.Release.id == subject_id))
+    if dataset_id is not None:
+        session.get(db.Dataset, dataset_id, with_for_update=True)
+    return session.get(db.Release, subject_id, with_for_update=True)
 
 
 def _fail_subject(kind: str, subject: Any, failure: Failure) -> None:

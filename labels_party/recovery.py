@@ -9,7 +9,9 @@
    with records but no anchor (a data directory that is not this database's, or whose anchors were removed) is
    refused the same way; datasets from before anchors get theirs when their accounts are rebuilt (2).
 2. **Accounts the migration to per-organization budgets left empty** are rebuilt from the ledger's records
-   (:func:`labels_party.budgets.rebuild_migrated`), once.
+   (:func:`labels_party.budgets.rebuild_migrated`), once — only right after that migration: a rebuild flag on any
+   other chain was set by a database writer and is refused. Then **every table agrees with its chain**
+   (:mod:`labels_party.ledger.agreement`), or the service refuses to start (``ledger_tampered``).
 3. **Releases a dead process was computing** were charged before they were computed; they become ``failed`` and
    stay charged (their files, if any, go). Beside live replicas, an uploaded dataset's release is failed by
    whichever replica claims its ``compute_release`` job once the dead process's lease expired
@@ -34,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from labels_party import budgets, db
 from labels_party.jobs import COMPUTE_RELEASE, INTERRUPTED, PRIVATIZE_SOURCE
 from labels_party.ledger import Ledger, LedgerRollback, rollback_message
+from labels_party.ledger.agreement import check_tables
 from labels_party.storage import DataStore
 from shared.service.scratch import TEMPORARY, Scratch, remove
 
@@ -48,6 +51,7 @@ def recover(store: DataStore, sessions: sessionmaker, ledger: Ledger, scratch: S
         rebuilt = budgets.rebuild_migrated(ledger, session)
     if rebuilt:
         log.info("rebuilt the budget accounts of %d dataset(s) from their ledger records", rebuilt)
+    check_agreement(sessions, ledger)
     with scratch.alone() as alone:
         failed = fail_interrupted(store, sessions) if alone else 0
     if failed:
@@ -79,6 +83,14 @@ def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
                              "have no release in the database: it is older than the data directory (restored from "
                              "an older backup?). Restore the database and the data directory from the same backup "
                              "(docs/design/exact-ledger.md, 'Restoring')")
+
+
+def check_agreement(sessions: sessionmaker, ledger: Ledger) -> None:
+    """Every dataset's tables against its chain (:func:`labels_party.ledger.agreement.check_tables`): a database
+    changed outside the service is refused (``ledger_tampered``), never repaired from its tables."""
+    with sessions() as session, session.begin():
+        datasets = session.scalars(select(db.Dataset).order_by(db.Dataset.id).with_for_update(read=True)).all()
+        check_tables(session, ledger, datasets)
 
 
 def fail_interrupted(store: DataStore, sessions: sessionmaker) -> int:

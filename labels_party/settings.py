@@ -49,6 +49,11 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     solver_seconds: float = Field(default=60.0, gt=0)  # a solve that takes longer is a 503, nothing charged
     max_upload_bytes: int = Field(default=4 << 30, gt=0)  # label uploads
     max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies
+    # ... and what such a body decodes to in memory (its rows' ids, priors and groups, from a Parquet body's metadata
+    # before it is read, then as it is read: labels_party/uploads.py): beyond it, 413 body_too_large (issue 40: a
+    # 247 KB Parquet body of 10⁷ dictionary-encoded rows took the server to 3.9 GB). 192 MiB is 10⁶ examples'
+    # priors on 3 classes, or 2·10⁶ group assignments.
+    max_columnar_decoded_bytes: int = Field(default=192 << 20, gt=0)
     max_json_bytes: int = Field(default=64 << 20, gt=0)  # release, evaluation and training requests
     # Per-request limits on what one release may create, both decided from public inputs before anything private is
     # computed or charged (labels_party/releases/kinds.py): 400 too_many_groups beyond the groups of a group release
@@ -72,10 +77,12 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     # DuckDB's memory limit while an upload is checked and joined against the registry (it spills to the data
     # directory beyond it, so any upload fits): one thread per 128 MB (DuckDB's minimum), at least one, at most 2.
     upload_memory_mb: int = Field(default=256, ge=64)
-    # The audit (docs/design/audit.md): the Ed25519 key that signs chain heads (a PEM file, mode 0600, made by
-    # `labeldp labels audit-key`; keep it where a database writer cannot read it) and the directory, outside the
-    # database and the data directory, where every committed head is appended (heads.jsonl). Unset: heads are not
-    # signed, and verify-audit can only check the database against itself.
+    # The audit (docs/design/audit.md): the Ed25519 key that signs chain heads and key rows (a PEM file, mode 0600,
+    # made by `labeldp labels audit-key`; keep it where a database writer cannot read it) and the directory where
+    # every committed head is appended (heads.jsonl), best outside the database and the data directory. Unset, every
+    # deployment still signs: the first process to start (a server or a command) makes the key under the data
+    # directory (audit/audit-key.pem, 0600, never overwritten; its public key logged once) and exports to
+    # audit/ beside it — an unsigned deployment would leave an outsider nothing to check.
     audit_key_file: Path | None = None
     audit_log_dir: Path | None = None
     # Source datasets (labels_party/releases/source.py): where Spark runs, and which locations each organization
@@ -99,6 +106,17 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     job_max_attempts: int = Field(default=3, ge=1)
     job_retry_seconds: float = Field(default=5.0, ge=0)
     job_threads: int = Field(default=1, ge=1, le=16)
+
+    @property
+    def audit_key_path(self) -> Path:
+        """The audit key in use: the configured file, or the one made under the data directory."""
+        return self.audit_key_file if self.audit_key_file is not None else Path(self.data_dir) / "audit" / \
+            "audit-key.pem"
+
+    @property
+    def audit_log_path(self) -> Path:
+        """Where signed heads are exported: the configured directory, or ``audit/`` under the data directory."""
+        return self.audit_log_dir if self.audit_log_dir is not None else Path(self.data_dir) / "audit"
 
     @model_validator(mode="after")
     def _range_inside_what_mechanisms_certify(self) -> LabelsSettings:

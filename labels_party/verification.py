@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from labels_party import budgets, db, labelstore
+from labels_party import budgets, db, documents, labelstore
 from labels_party.ledger import (
     CHUNK,
     AccountState,
@@ -43,7 +43,6 @@ from labels_party.ledger import (
     Charge,
     Entry,
     Ledger,
-    Replayed,
     SignedHead,
     canonical,
     chain_intact,
@@ -55,7 +54,10 @@ from labels_party.ledger import (
     units_epsilon,
     within_charge,
 )
+from labels_party.ledger.agreement import table_problems
+from shared.errors import LabelDPError
 from shared.mechanisms import events
+from shared.mechanisms.documents import sampler_from_description
 
 log = logging.getLogger("labeldp.labels")
 
@@ -177,16 +179,9 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     chain = [entry for entry in stored if damaged[entry.seq] is None]  # what the checks below can read
     replayed = replay(chain)
     problems += replayed.problems
-    problems += _fact_problems(session, dataset, replayed, names)
+    problems += table_problems(session, dataset, replayed, names)
     problems += _revoked_key_problems(chain)
     releases = {r.id: r for r in session.scalars(select(db.Release).where(db.Release.dataset_id == dataset.id))}
-    for missing in sorted(replayed.releases.keys() - releases.keys()):
-        problems.append(f"release {missing} is charged in the chain but missing")
-    for extra in sorted(releases.keys() - replayed.releases.keys()):
-        problems.append(f"release {extra} is not in the chain")
-    for name, units in replayed.releases.items():
-        if name in releases and releases[name].charge_units != units:
-            problems.append(f"release {name}'s charge differs from its record's")
     records, orgs = budgets.records_by_org(session, chain) if not (replayed.releases.keys() - releases.keys()) \
         else ([e.record for e in chain if e.is_release], None)
     coverage_hashes: dict[str, str] = {}
@@ -330,34 +325,6 @@ def _pinned_problems(chain: Sequence[Entry], heads: Sequence[SignedHead],
     return problems
 
 
-def _fact_problems(session: Session, dataset: db.Dataset, replayed: Replayed, names: dict[int, str]) -> list[str]:
-    """The tables agree with what the chain's facts say now stands."""
-    problems = []
-    if replayed.totals is None:
-        problems.append("the chain records no budget for the dataset")
-    elif replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
-        problems.append("the dataset's totals differ from the chain's")
-    grants = {names.get(g.org_id, "?") for g in session.scalars(select(db.Grant).where(
-        db.Grant.dataset_id == dataset.id))}
-    if grants != replayed.grants:
-        problems.append("the grants differ from the chain's")
-    accounts = {names.get(a.org_id, "?"): (a.epsilon_units, a.delta) for a in session.scalars(
-        select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id))}
-    for org in sorted(accounts.keys() | replayed.allocations.keys()):
-        if accounts.get(org) != replayed.allocations.get(org):
-            problems.append(f"{org}'s allocation differs from the chain's")
-    if replayed.revoked:
-        keys = {k.id: k for k in session.scalars(select(db.ApiKey).where(db.ApiKey.id.in_(replayed.revoked)))}
-        for key_id, (prefix, revoked_at) in sorted(replayed.revoked.items()):
-            key = keys.get(key_id)
-            if key is None or key.prefix != prefix or key.revoked_at is None:
-                problems.append(f"key {prefix} is revoked in the chain but not in the keys table")
-            elif revoked_at is not None and key.revoked_at.isoformat() != revoked_at:
-                problems.append(f"key {prefix} is revoked from {key.revoked_at.isoformat()} in the keys table but "
-                                f"from {revoked_at} in the chain")
-    return problems
-
-
 def _revoked_key_problems(chain: Sequence[Entry]) -> list[str]:
     """No release is charged by a key whose revocation fact precedes its record on the chain (a revoked key charges
     nothing after its :class:`~labels_party.ledger.KeyFact`), unless the revocation had not yet taken effect when
@@ -423,11 +390,35 @@ def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entr
     if "mechanism_hash" in record and release.mechanism_hash != record["mechanism_hash"]:
         problems.append(f"seq {seq}: the release's mechanism document is not the one recorded")
     if release.state == "available":
-        if release.mechanism_hash is None or session.get(db.MechanismDocument, release.mechanism_hash) is None:
+        stored = session.get(db.MechanismDocument, release.mechanism_hash) if release.mechanism_hash else None
+        if stored is None:
             problems.append(f"seq {seq}: mechanism document of release {release.id} missing")
-        elif charge.rdp is None and not within_charge(release.certified_epsilon or 0.0, charge.units):
+            return problems
+        if charge.rdp is None and not within_charge(release.certified_epsilon or 0.0, charge.units):
             problems.append(f"seq {seq}: the release's mechanism certifies more than was charged")
+        problems += [f"seq {seq}: {p}" for p in _document_problems(stored, charge)]
     return problems
+
+
+def _document_problems(stored: db.MechanismDocument, charge: Charge) -> list[str]:
+    """A mechanism document hashes to its address, and — for a mechanism that releases one number per label, which
+    its description rebuilds exactly (:func:`shared.mechanisms.documents.sampler_from_description`) — the
+    rebuilt mechanism's certified ε, computed again from the probabilities the document states, is within the
+    charge (the document of any other kind is checked by its address; its ε is its record's ``dp_event``)."""
+    try:
+        document = documents.unpack(stored.body)
+    except (ValueError, TypeError, KeyError) as error:
+        return [f"mechanism document {stored.hash[:12]}… cannot be read ({type(error).__name__})"]
+    if documents.address(document) != stored.hash:
+        return [f"mechanism document {stored.hash[:12]}… does not hash to its address"]
+    try:
+        sampler = sampler_from_description(document.get("description"))
+    except LabelDPError:
+        return []
+    if charge.rdp is None and not within_charge(float(sampler.certified_epsilon), charge.units):
+        return [f"mechanism document {stored.hash[:12]}… re-certifies to ε {float(sampler.certified_epsilon)!r}, "
+                f"more than was charged"]
+    return []
 
 
 def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:

@@ -41,6 +41,7 @@ The package's modules: :mod:`.units` (exact units, remaining budget), :mod:`.cha
 the recomputation). Everything else imports from ``labels_party.ledger``.
 """
 
+from labels_party.ledger.agreement import LedgerTampered, tampered
 from labels_party.ledger.books import (
     CHUNK,
     AccountState,
@@ -71,6 +72,7 @@ from labels_party.ledger.records import (
     LedgerRecord,
     RecordFields,
     RecordSummary,
+    ReleaseFact,
     canonical,
     chain_hash,
     chain_intact,
@@ -92,8 +94,9 @@ from labels_party.ledger.units import (
 )
 
 __all__ = [
-    "AccountState", "AllocationFact", "BudgetFact", "GrantFact", "HeadSigner", "KeyFact", "Replayed", "SignedHead",
-    "is_release", "load_key_file", "read_fact", "replay",
+    "AccountState", "AllocationFact", "BudgetFact", "GrantFact", "HeadSigner", "KeyFact", "LedgerTampered",
+    "ReleaseFact", "Replayed", "SignedHead",
+    "is_release", "load_key_file", "tampered", "read_fact", "replay",
     "CHUNK", "RDP_ORDERS", "UNITS_PER_EPSILON", "UNNAMED", "Actor", "Anchor", "BudgetExceeded", "Charge", "Charged",
     "Entry", "Ledger", "LedgerRecord", "LedgerRollback", "RecordFields", "RecordSummary", "budget_figures",
     "budget_units", "canonical", "chain_hash", "chain_intact", "charge_units", "charged_units", "entries",

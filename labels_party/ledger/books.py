@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 import numpy as np
@@ -16,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
-from labels_party.ledger import chain
+from labels_party.ledger import agreement, chain
 from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_curve, rdp_epsilon_units
 from labels_party.ledger.records import (
     AccountTerms,
@@ -25,6 +27,8 @@ from labels_party.ledger.records import (
     LedgerRecord,
     RecordFields,
     canonical,
+    chain_hash,
+    entries,
 )
 from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
@@ -155,6 +159,36 @@ class Ledger:
 
     store: DataStore
     signer: HeadSigner | None = None
+    # Each dataset's chain as last replayed by this process (:meth:`facts`): read again only from where it stopped.
+    _replayed: dict[str, chain.Replayed] = field(default_factory=dict, repr=False)
+    _replaying: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # -- the chain's facts ------------------------------------------------------------------------------------------
+    def facts(self, session: Session, dataset: db.Dataset) -> chain.Replayed:
+        """What ``dataset``'s chain says now stands, up to the head on its row — which the caller checked against
+        the anchor (:meth:`check_anchor`) — its links checked from where this process last read it
+        (:class:`agreement.LedgerTampered` if they do not join up). Entries this transaction appended itself are
+        replayed but not remembered (it may roll back)."""
+        with self._replaying:
+            known = self._replayed.get(dataset.id)
+        if known is None or known.seq > dataset.ledger_seq:
+            known = chain.Replayed()
+        if (known.seq, known.head) == (dataset.ledger_seq, dataset.ledger_head):
+            return known
+        new = entries(session, dataset.id, after=known.seq)
+        previous, seq = known.head, known.seq
+        for entry in new:
+            if entry.seq != seq + 1 or entry.prev_hash != previous or chain_hash(previous, entry.record_json) != \
+                    entry.hash:
+                raise agreement.tampered(dataset.id, [f"the hash chain is broken at seq {entry.seq}"])
+            previous, seq = entry.hash, entry.seq
+        if (seq, previous) != (dataset.ledger_seq, dataset.ledger_head):
+            raise agreement.tampered(dataset.id, ["the chain does not end at the dataset's head"])
+        replayed = chain.replay(new, start=known)
+        if not chain.moving(session, dataset.id):
+            with self._replaying:
+                self._replayed[dataset.id] = replayed
+        return replayed
 
     # -- reading ------------------------------------------------------------------------------------------------
     def state(self, account: db.BudgetAccount, registry_size: int) -> AccountState:
@@ -236,6 +270,11 @@ class Ledger:
         recorded_event = events.to_dict(event)
         _check_recomputable(recorded_event, cost)  # before anything is read or written
         self.check_anchor(dataset)
+        org = session.get(db.Organization, account.org_id)
+        problems = agreement.charge_problems(self.facts(session, dataset), dataset, org.name if org else "?", account,
+                                             fields.actor.key_id, datetime.now(timezone.utc))
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
         state = self.state(account, dataset.registry_size)
         covered = read_coverage(self.store, coverage.readable)  # a request's is still pending
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
@@ -345,6 +384,10 @@ class Ledger:
     def allocation(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> None:
         """An account's allocation as it now stands (made or changed)."""
         chain.allocation(self, session, dataset, account)
+
+    def release_available(self, session: Session, dataset: db.Dataset, release: db.Release) -> None:
+        """A release made available (its file and mechanism document set on its row); the dataset's row locked."""
+        chain.release_available(self, session, dataset, release)
 
     def key_changed(self, session: Session, key: ApiKeyColumns, change: Literal["created", "revoked"]) -> int:
         """A key made or revoked (:attr:`shared.service.keys.KeyRing.audit`): on the chain of every dataset its

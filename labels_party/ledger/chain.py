@@ -23,6 +23,7 @@ for that commit; the next commit's head covers it.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from labels_party.ledger.records import (
     Entry,
     GrantFact,
     KeyFact,
+    ReleaseFact,
     _Fact,
     canonical,
     chain_hash,
@@ -129,6 +131,22 @@ def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["c
     return len(datasets)
 
 
+def release_available(ledger: Ledger, session: Session, dataset: db.Dataset, release: db.Release) -> None:
+    """``release`` is available (its file's size and hash, its mechanism document, set on the row): the caller
+    holds the dataset's row lock."""
+    assert release.file_size is not None and release.file_sha256 is not None and release.mechanism_hash is not None
+    session.flush()
+    filled = ReleaseFact(seq=dataset.ledger_seq + 1, dataset_id=dataset.id, created_at=db.utcnow().isoformat(),
+                         release_id=release.id, file_bytes=release.file_size, file_sha256=release.file_sha256,
+                         mechanism_hash=release.mechanism_hash, certified_epsilon=release.certified_epsilon)
+    append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
+
+
+def moving(session: Session, dataset_id: str) -> bool:
+    """Whether ``session``'s transaction has appended to ``dataset_id``'s chain (not yet committed)."""
+    return dataset_id in session.info.get(_PENDING, {})
+
+
 def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
     """The datasets whose chains ``session``'s transaction moved, with their heads before it and after it; on its
     first use in a session, registers what happens when the transaction commits (:func:`_committed`) or rolls
@@ -162,25 +180,35 @@ def _committed(ledger: Ledger, session: Session) -> None:
 
 @dataclass
 class Replayed:
-    """What a dataset's chain says now stands, replayed fact by fact: totals (None: the chain records none),
-    grants, allocations (organization name -> (ε units, δ)), revoked keys (id -> (prefix, from when: ISO time, or
-    None in facts before revocations carried it)), the releases charged
-    (release id -> standalone units), and what in the chain itself is inconsistent."""
+    """What a dataset's chain says now stands, replayed fact by fact up to ``seq`` (whose hash is ``head``): totals
+    (None: the chain records none), grants, allocations (organization name -> (ε units, δ)), keys made (id ->
+    (organization, role, prefix)) and revoked (id -> (prefix, from when: ISO time, or None in facts before
+    revocations carried it)), the releases charged (release id -> standalone units; -> the organization charged,
+    for records that name it; those whose availability a :class:`ReleaseFact` must state), the releases made
+    available, and what in the chain itself is inconsistent."""
 
+    seq: int = 0
+    head: str = "0" * 64
     totals: tuple[int, float] | None = None
     grants: set[str] = field(default_factory=set)
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
+    keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
     revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
+    charged_orgs: dict[str, str] = field(default_factory=dict)
+    files_on_chain: set[str] = field(default_factory=set)
+    available: dict[str, ReleaseFact] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
-def replay(entries: Sequence[Entry]) -> Replayed:
-    """Replay a dataset's chain (in order). A release's record must agree with the facts before it: the totals
-    and its organization's allocation it states are the ones then in force (when the chain had recorded them:
-    records older than facts are checked against their own)."""
-    out = Replayed()
+def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
+    """Replay a dataset's chain (in order), from its beginning or continuing ``start`` (left unchanged) with the
+    entries after it. A release's record must agree with the facts before it: the totals and its organization's
+    allocation it states are the ones then in force (when the chain had recorded them: records older than facts
+    are checked against their own)."""
+    out = copy.deepcopy(start) if start is not None else Replayed()
     for entry in entries:
+        out.seq, out.head = entry.seq, entry.hash
         record = entry.record
         if is_release(record):
             _replay_release(out, entry.seq, record)
@@ -196,8 +224,15 @@ def replay(entries: Sequence[Entry]) -> Replayed:
             (out.grants.discard if fact.change == "removed" else out.grants.add)(fact.org)
         elif isinstance(fact, AllocationFact):
             out.allocations[fact.org] = (fact.epsilon_units, fact.delta)
+        elif isinstance(fact, ReleaseFact):
+            if fact.release_id not in out.releases or fact.release_id in out.available:
+                out.problems.append(f"seq {entry.seq}: release {fact.release_id} made available without a charge, "
+                                    "or twice")
+            out.available[fact.release_id] = fact
         elif fact.change == "revoked":
             out.revoked[fact.key_id] = (fact.key_prefix, fact.revoked_at)
+        else:
+            out.keys[fact.key_id] = (fact.org, fact.role, fact.key_prefix)
     return out
 
 
@@ -206,6 +241,11 @@ def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
     if release_id in out.releases:
         out.problems.append(f"seq {seq}: release {release_id} charged twice")
     out.releases[release_id] = charged_units(record)
+    actor = record.get("actor") or {}
+    if actor.get("org"):
+        out.charged_orgs[release_id] = str(actor["org"])
+    if record.get("file_on_chain"):
+        out.files_on_chain.add(release_id)
     if out.totals is not None and "epsilon_total_units" in record and \
             (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
         out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")

@@ -55,10 +55,10 @@ def is_release(record: dict[str, Any]) -> bool:
     return record.get("event", "label_release") == "label_release"  # records from before the field: releases
 
 
-def entries(session: Session, dataset_id: str) -> list[Entry]:
-    """A dataset's ledger entries in chain order (the only reader of ledger rows)."""
-    rows = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id)
-                           .order_by(db.LedgerEntry.seq))
+def entries(session: Session, dataset_id: str, after: int = 0) -> list[Entry]:
+    """A dataset's ledger entries in chain order, those after seq ``after`` (the only reader of ledger rows)."""
+    rows = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id,
+                                                        db.LedgerEntry.seq > after).order_by(db.LedgerEntry.seq))
     return [Entry(r.dataset_id, r.seq, r.record, r.prev_hash, r.hash) for r in rows]
 
 
@@ -135,6 +135,9 @@ class LedgerRecord(BaseModel):
     epsilon_total_units: int  # the dataset's
     delta_total: float
     composition: str = COMPOSITION
+    # this release's file and mechanism document are stated by a ReleaseFact when it becomes available (records
+    # charged before the fact existed lack the field: their files are checked against their rows only)
+    file_on_chain: bool = True
 
 
 class _Fact(BaseModel):
@@ -188,11 +191,24 @@ class KeyFact(_Fact):
     revoked_by: str | None = None
 
 
-Fact = Annotated[BudgetFact | GrantFact | AllocationFact | KeyFact, Field(discriminator="event")]
+class ReleaseFact(_Fact):
+    """A release became available: its labels file (bytes and SHA-256 of what a download serves) and its mechanism
+    document (content address, certified ε). A release is served only as this fact says; records charged since
+    this fact exists say so (``LedgerRecord.file_on_chain``), so that no row edit can make one available."""
+
+    event: Literal["release_available"] = "release_available"
+    release_id: str
+    file_bytes: int
+    file_sha256: str
+    mechanism_hash: str
+    certified_epsilon: float | None
+
+
+Fact = Annotated[BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact, Field(discriminator="event")]
 _FACT = TypeAdapter(Fact)
 
 
-def read_fact(record: dict[str, Any]) -> BudgetFact | GrantFact | AllocationFact | KeyFact:
+def read_fact(record: dict[str, Any]) -> BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact:
     """A stored fact (raises pydantic's ValidationError on a record that is none)."""
     return _FACT.validate_python(record)
 

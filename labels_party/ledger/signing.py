@@ -106,6 +106,26 @@ def create_key_file(path: Path) -> Ed25519PublicKey:
     return key.public_key()
 
 
+def load_or_create_key_file(path: Path) -> tuple[Ed25519PrivateKey, bool]:
+    """The audit key at ``path``, made there first if there is none (whether it was made now): written whole to a
+    private temporary file, then linked into place — never over an existing key, and never seen half written by a
+    process starting beside this one (which then loads the winner's key)."""
+    if not path.exists():
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(8).hex()}.tmp")
+        create_private_file(temporary, pem, exists="a temporary audit key exists")
+        try:
+            os.link(temporary, path)
+            return key, True
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        finally:
+            temporary.unlink()
+    return load_key_file(path), False
+
+
 def load_key_file(path: Path) -> Ed25519PrivateKey:
     """The audit key; refused if others may read it (or it is not an Ed25519 key). The message never shows it."""
     hint = "; make one with labeldp labels audit-key"

@@ -250,6 +250,9 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
     computed before its row is locked — the release is available (without: a job's, still running, which ``also``
     queues in the same transaction). Refused if the request lost its lease: another replica fails the release."""
     with ctx.sessions() as session, session.begin():
+        # the dataset's row first (every writer's lock order): an available release appends to its chain
+        session.get(db.Dataset, session.scalar(select(db.Release.dataset_id).where(db.Release.id == release_id)),
+                    with_for_update=True)
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
             raise LabelDPError(f"release {release_id} is {release.state}", code="release_failed")
@@ -262,7 +265,7 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
         release.description_json = json.dumps(documents.summary(draft.description))
         release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
         if sealed is not None:
-            seal(release, sealed)
+            seal(ctx.ledger, session, release, sealed)
         if also is not None:
             also(session, release)
         session.flush()

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db, documents, jobs
 from labels_party.jobs import Claimed, Failure, JobContext
+from labels_party.ledger import Ledger
 from labels_party.pipeline import PLAN_FIELDS
 from labels_party.source_datasets import snapshot_uri
 from shared import schemas
@@ -39,11 +40,14 @@ def secret_context(release_id: str) -> str:
     return f"release-secret:{release_id}"
 
 
-def seal(release: db.Release, sealed: tuple[int, str]) -> None:
+def seal(ledger: Ledger, session: Session, release: db.Release, sealed: tuple[int, str]) -> None:
     """Make a release available with the size and SHA-256 of its file (read before the transaction: a large file
-    is not hashed under the row lock): what is served, and what verify-audit checks, must be that file."""
+    is not hashed under the row lock) — on its row and, as a fact, on its dataset's chain (the caller locked the
+    dataset's row, then the release's): what is served, and what verify-audit checks, must be that file."""
     release.state = "available"
     release.file_size, release.file_sha256 = sealed
+    dataset = session.get(db.Dataset, release.dataset_id, with_for_update=True)
+    ledger.release_available(session, dataset, release)
 
 
 def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
@@ -93,7 +97,7 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
                 ctx.jobs.table.finish(job, "failed")
                 return
             _put_in_place(ctx, attempt, release.file)
-            seal(release, sealed)
+            seal(ctx.ledger, _session, release, sealed)
             release.error_json = None
             job.sealed_secret = None  # available: nothing is run again, the secret is not kept
             job.result_json = json.dumps({**result.execution, "partitions": result.partitions,

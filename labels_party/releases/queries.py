@@ -9,6 +9,7 @@ from labels_party import db, documents
 from labels_party.access import Admission, releases_possibly_seen, releases_seen, sees_execution, sees_release
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
+from labels_party.ledger import tampered
 from labels_party.releases.lifecycle import release_view
 from labels_party.releases.privatization import recorded_execution
 from shared import schemas
@@ -27,8 +28,10 @@ def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> t
 
 def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, whole: bool) -> str:
     """The file of an available release this key sees, checked against the size and SHA-256 recorded when it
-    became available: 503 ``release_file_damaged`` rather than a 200 cut short. ``whole``: the download reads
-    the whole file (its hash is checked); a JSON page checks the size and reads its rows before answering."""
+    became available — on its dataset's chain (:class:`labels_party.ledger.ReleaseFact`; on its row for releases
+    charged before that fact existed): 503 ``release_file_damaged`` rather than a 200 cut short. ``whole``: the
+    download reads the whole file (its hash is checked); a JSON page checks the size and reads its rows before
+    answering."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
@@ -37,6 +40,15 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, w
             raise LabelDPError(f"release {release_id} is {release.state}; its labels are not readable",
                                code="release_not_ready")
         file, size, sha256 = release.file, release.file_size, release.file_sha256
+        dataset = session.get(db.Dataset, release.dataset_id)
+        ctx.ledger.check_anchor(dataset)
+        chained = ctx.ledger.facts(session, dataset)
+        if release.id in chained.files_on_chain:  # served only as the chain says (a row can be edited)
+            fact = chained.available.get(release.id)
+            if fact is None:
+                raise tampered(dataset.id, [f"release {release_id} is available but the chain says it never "
+                                            "became available"])
+            size, sha256 = fact.file_bytes, fact.file_sha256
     try:
         found = ctx.store.digest(file) if whole else (ctx.store.size(file), sha256)
     except OSError:

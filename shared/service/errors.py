@@ -152,13 +152,13 @@ class ErrorCode(str, Enum):
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)
     RELEASE_FAILED = ("release_failed", 503)
     LEDGER_ROLLBACK = ("ledger_rollback", 503)  # the database is behind the data directory: restore both together
+    LEDGER_TAMPERED = ("ledger_tampered", 503)  # a table disagrees with the chain: changed outside the service
     # the service's capacity, shared by every organization (Retry-After): all release slots taken, or too many
     # connections
     RELEASE_CAPACITY_EXHAUSTED = ("release_capacity_exhausted", 503)
     SERVER_BUSY = ("server_busy", 503)
     # a release's labels file is not the one recorded when it became available (size, SHA-256): never served
     RELEASE_FILE_DAMAGED = ("release_file_damaged", 503)
-    AUDIT_KEY_MISSING = ("audit_key_missing", 503)  # the service has no audit key: its chain heads are not signed
     # the service ran out of memory or file descriptors (shared.errors.resource_error); nothing was changed
     RESOURCE_EXHAUSTED = ("resource_exhausted", 503)
     NOT_READY = ("not_ready", 503)  # GET /readyz: a readiness check failed (shared.service.health)

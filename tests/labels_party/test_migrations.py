@@ -251,6 +251,30 @@ def test_an_old_layout_whose_registry_lacks_ids_is_refused_and_changes_nothing(t
     engine.dispose()
 
 
+
+def _chain(connection, data_dir, dataset_id: str, releases: list[str], facts: list[dict] = ()) -> None:
+    """Give a hand-made dataset the chain the service would have written: a legacy record per release (charged
+    1 ε each), then ``facts``; its head on the row and anchored in ``data_dir`` — the service refuses tables that
+    disagree with their chain (labels_party/ledger/agreement.py)."""
+    head, seq = "0" * 64, 0
+    records = [{"seq": 0, "dataset_id": dataset_id, "release_id": r, "charge_units": 1_000_000_000, "delta": 0.0}
+               for r in releases] + [{"seq": 0, "dataset_id": dataset_id, **f} for f in facts]
+    for record in records:
+        seq += 1
+        body = canonical({**record, "seq": seq})
+        digest = chain_hash(head, body)
+        connection.execute(text("INSERT INTO ledger (dataset_id, seq, release_id, record, prev_hash, hash, created_at) "
+                                "VALUES (:d, :s, :r, :b, :p, :h, :t)"),
+                           {"d": dataset_id, "s": seq, "r": record.get("release_id"), "b": body, "p": head,
+                            "h": digest, "t": db.utcnow()})
+        head = digest
+    connection.execute(text("UPDATE datasets SET ledger_seq = :s, ledger_head = :h WHERE id = :d"),
+                       {"s": seq, "h": head, "d": dataset_id})
+    (data_dir / "anchors").mkdir(parents=True, exist_ok=True)
+    (data_dir / "anchors" / f"{dataset_id}.json").write_text(json.dumps(
+        {"seq": seq, "head": head, "previous_seq": seq, "previous_head": head}))
+
+
 def test_stored_documents_are_packed_once_and_old_group_documents_become_columnar(database_url, tmp_path):
     """Migration 0012: every JSON document is stored packed under the same address; an old group release's document
     (each group listing its whole randomizer and prior) takes the columnar shape under its new address, and its
@@ -291,6 +315,7 @@ def test_stored_documents_are_packed_once_and_old_group_documents_become_columna
                 "label_version, description_json, file, mechanism_hash, state, created_at) VALUES (:id, 'd1', 1, "
                 ":id, 'h', 'rr', 1.0, 1000000000, 0.5, 0.5, 0.5, 2, 0, '{}', 'f', :h, 'available', :t)"),
                 {"id": release_id, "h": digest, "t": db.utcnow()})
+        _chain(connection, tmp_path / "data", "d1", ["r1", "r2"])  # 0010 adds the facts
     engine.dispose()
     ctx = make_context(database_url, tmp_path / "data", upgrade=True)
     with ctx.sessions() as session:
@@ -378,6 +403,9 @@ def test_pickled_source_jobs_are_retired_and_their_files_deleted(database_url, t
                 {"id": release_id, "body": body_hash_of(LabelRelease(request)), "file": f"releases/{release_id}",
                  "state": state, "t": db.utcnow(),
                  "error": json.dumps({"code": "release_failed", "message": "old"}) if state == "failed" else None})
+        _chain(connection, data, "d1", ["running", "failed", "orphan", "early", "done"],
+               [{"event": "dataset_budget", "change": "migrated", "epsilon_total_units": 5_000_000_000,
+                 "delta_total": 0.0, "created_at": "2026-01-01T00:00:00+00:00"}])
     engine.dispose()
     secret = bytes(range(32))
     for name in ("running.pickle", "failed.pickle", "unknown.pickle", f".done.pickle.{'0' * 32}.tmp"):

@@ -52,13 +52,17 @@ def test_audit_events(ctx, client, admin, consumer, keys, dataset):
         {"seq": 2, "event": "allocation", "org": "hospital", "epsilon_units": 3_000_000_000},
         {"seq": 3, "event": "allocation", "org": "hospital", "epsilon_units": 0},
         {"seq": 4, "event": "allocation", "org": "publisher", "epsilon_units": 3_000_000_000},
-        {"seq": 5, "event": "grant", "org": "publisher", "change": "created"}]
+        {"seq": 5, "event": "grant", "org": "publisher", "change": "created"},
+        {"seq": 7, "event": "release_available"}, {"seq": 9, "event": "release_available"}]
     assert facts[0]["prev_hash"] == "0" * 64 and all(f["dataset_id"] == dataset for f in facts)
+    # each release's availability: its file and mechanism document, as the release row has them
+    assert [f["record"]["release_id"] for f in facts[5:]] == [a["id"], b["id"]]
+    assert [f["record"]["mechanism_hash"] for f in facts[5:]] == [a["mechanism_hash"], b["mechanism_hash"]]
     events = audit["events"]
     with ctx.sessions() as session:
         consumer_key = session.scalars(select(db.ApiKey).where(db.ApiKey.key_hash == hash_key(keys["consumer"]))).one()
-    assert [e["seq"] for e in events] == [6, 7]
-    assert events[0]["prev_hash"] == facts[-1]["hash"] and events[1]["prev_hash"] == events[0]["hash"]
+    assert [e["seq"] for e in events] == [6, 8]
+    assert events[0]["prev_hash"] == facts[4]["hash"] and events[1]["prev_hash"] == facts[5]["hash"]
     for event, rel, covered in ((events[0], a, NUM_LABELS), (events[1], b, 2)):
         record = event["record"]
         assert RECORD_FIELDS <= set(record)
@@ -99,7 +103,7 @@ def test_verify_audit_detects_tampering(ctx, client, consumer, dataset):
     report = audit_log.verify_audit(ctx)
     assert report["valid"] is True
     assert [(d["dataset_id"], d["entries"], d["releases"], d["problems"]) for d in report["datasets"]] == [
-        (dataset, 6, 1, [])]  # five facts, one release
+        (dataset, 7, 1, [])]  # five facts, one release, its availability
     _tamper(ctx)
     report = audit_log.verify_audit(ctx)
     assert report["valid"] is False

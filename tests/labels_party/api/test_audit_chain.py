@@ -67,8 +67,9 @@ def test_heads_are_signed_and_exported_after_every_commit(ctx, client, admin, co
     assert stat.S_IMODE(os.stat(audit_key[0]).st_mode) == 0o600
     public = signing.parse_public_key(audit_key[1])
     heads = _log(tmp_path)
-    # creation (totals, owner's allocation), the grant (two allocations, the grant), two charges: a head per commit
-    assert [(h.dataset_id, h.seq) for h in heads] == [(dataset, 2), (dataset, 5), (dataset, 6), (dataset, 7)]
+    # creation (totals, owner's allocation), the grant (two allocations, the grant), two charges each followed by
+    # its release becoming available (a fact of its file and mechanism document): a head per commit
+    assert [(h.dataset_id, h.seq) for h in heads] == [(dataset, s) for s in (2, 5, 6, 7, 8, 9)]
     assert all(h.signed_by(public) for h in heads)
     with ctx.sessions() as s:
         row = s.get(db.Dataset, dataset)
@@ -86,7 +87,7 @@ def test_heads_are_signed_and_exported_after_every_commit(ctx, client, admin, co
     expect_error(client.get("/v1/audit/heads", params={"dataset": dataset}, headers=other_admin), 404, "not_found")
     assert client.get("/v1/audit/heads", headers=other_admin).json() == []
     report = _verify(ctx, tmp_path, audit_key, [polled, *heads])
-    assert report["valid"] is True and report["pinned"] == {"heads": 5, "problems": []}, report
+    assert report["valid"] is True and report["pinned"] == {"heads": 7, "problems": []}, report
 
 
 def _verify_log(ctx, tmp_path, audit_key) -> dict:
@@ -132,7 +133,8 @@ def test_facts_appended_outside_the_service_are_found_even_under_later_signed_he
     assert report["valid"] is False and any(p.startswith(gap) for p in _problems(report)), _problems(report)
     # the service goes on (its anchor agrees with the forged table) and signs its next transaction on top
     created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
-    assert _log(tmp_path)[-1].previous_seq == last  # a transition from the forged head, not a head covering it
+    # a transition from the forged head (the charge's; its release's availability follows), not one covering it
+    assert _log(tmp_path)[-2].previous_seq == last
     report = _verify_log(ctx, tmp_path, audit_key)
     assert report["valid"] is False and any(p.startswith(gap) for p in _problems(report)), _problems(report)
 
@@ -193,9 +195,9 @@ TAMPERINGS = {
 }
 EXPECTED = {
     "total_times_100": "the dataset's totals differ from the chain's",
-    "delete_everything": "pinned head at seq 7: the chain no longer contains it",
-    "truncate_to_a_prefix": "pinned head at seq 7: the chain no longer contains it",
-    "rewrite_and_rechain": "pinned head at seq 7: the chain no longer contains it",
+    "delete_everything": "pinned head at seq 9: the chain no longer contains it",
+    "truncate_to_a_prefix": "pinned head at seq 9: the chain no longer contains it",
+    "rewrite_and_rechain": "pinned head at seq 9: the chain no longer contains it",
 }
 
 
@@ -204,8 +206,8 @@ def test_each_tampering_is_detected(ctx, client, consumer, dataset, tmp_path, au
                                     capsys, tampering):
     created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=0.5))
     created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
-    pinned = _log(tmp_path)[-1]  # what an outsider pinned: seq 7
-    assert pinned.seq == 7
+    pinned = _log(tmp_path)[-1]  # what an outsider pinned: seq 9
+    assert pinned.seq == 9
     assert _verify(ctx, tmp_path, audit_key, [pinned])["valid"] is True
     TAMPERINGS[tampering](ctx, dataset)
     report = _verify(ctx, tmp_path, audit_key, [pinned])
@@ -368,8 +370,14 @@ def test_audit_key_command(tmp_path, capsys):
         signing.load_key_file(path)
 
 
-def test_a_service_without_an_audit_key_says_so(tmp_path):
-    plain = make_context(f"sqlite:///{tmp_path}/plain.sqlite", tmp_path / "plain")
+def test_a_deployment_without_a_configured_key_signs_with_one_it_made(tmp_path, caplog):
+    """No LABELDP_AUDIT_KEY_FILE: the first start makes a key under the data directory (0600, logged public key),
+    a second start (and a command) uses the same key, never a new one, and the heads route signs with it."""
+    with caplog.at_level("WARNING", logger="labeldp.labels"):
+        plain = make_context(f"sqlite:///{tmp_path}/plain.sqlite", tmp_path / "plain")
+    path = tmp_path / "plain" / "audit" / "audit-key.pem"
+    public = signing.public_hex(plain.ledger.signer.public)
+    assert path.stat().st_mode & 0o777 == 0o600 and public in caplog.text
     try:
         from fastapi.testclient import TestClient
 
@@ -377,10 +385,16 @@ def test_a_service_without_an_audit_key_says_so(tmp_path):
         with plain.sessions() as s, s.begin():
             key = create_key(s, "hospital", "admin")
         with TestClient(create_app(plain)) as client:
-            expect_error(client.get("/v1/audit/heads", headers={"Authorization": f"Bearer {key}"}), 503,
-                         "audit_key_missing")
+            response = client.get("/v1/audit/heads", headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200
     finally:
         plain.close()
+    caplog.clear()
+    again = make_context(f"sqlite:///{tmp_path}/plain.sqlite", tmp_path / "plain")
+    try:
+        assert signing.public_hex(again.ledger.signer.public) == public and "made the audit key" not in caplog.text
+    finally:
+        again.close()
 
 
 def _move_after(ctx, dataset, release_id: str, fact_seq: int) -> None:

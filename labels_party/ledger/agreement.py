@@ -1,0 +1,138 @@
+"""The tables against the chain: what the service honours is what its chain says, never a table alone.
+
+A dataset's chain is hash-linked, and its head is anchored in the data directory at every append (before the
+commit) and signed after it; a database writer can edit a table, but cannot append to the chain or rewrite it
+without the anchor (:meth:`~labels_party.ledger.Ledger.check_anchor`) or the signed heads giving it away. So every
+budget-relevant table is derived state, checked against the chain's replay (:func:`~.chain.replay`) wherever it
+matters:
+
+* **at every start** (:func:`check_tables`, from :mod:`labels_party.recovery`): every dataset's chain is read, its
+  links checked up to the anchored head, and the tables compared with it — totals, grants, allocations, revoked
+  keys, and every release row (one per charge and no other, its charge, the organization charged, and for releases
+  charged since availability is chained, its state, file and mechanism document as its :class:`ReleaseFact` says).
+  One disagreement and the service does not start: one line (``ledger_tampered``) naming the first finding and how
+  many more; ``verify-audit`` lists them all. Nothing is ever "rebuilt" from a table and signed.
+* **at every charge** (:func:`charge_problems`, from :meth:`Ledger.charge`, before anything private is drawn): the
+  account's allocation and the dataset's totals are the chain's, and the key is not revoked on the chain — a table
+  edited while the service runs is refused (503 ``ledger_tampered``), never honoured.
+* **at every download** (:mod:`labels_party.releases.queries`): a release charged since availability is chained is
+  served only as its fact says (file size and SHA-256).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from labels_party import db
+from labels_party.ledger.chain import Replayed
+from shared.errors import LabelDPError
+
+
+class LedgerTampered(LabelDPError):
+    """A table disagrees with the dataset's chain: the database was changed outside the service."""
+
+    code = "ledger_tampered"
+
+
+def tampered(dataset_id: str, problems: list[str]) -> LedgerTampered:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return LedgerTampered(f"dataset {dataset_id}: {problems[0]}{more} — the database was changed outside the service; "
+                          "nothing is charged or served until it agrees with the chain again (labeldp labels "
+                          "verify-audit lists every finding; restore the database from a backup)")
+
+
+def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount,
+                    key_id: int | None, now: datetime) -> list[str]:
+    """Why a charge to ``org``'s ``account`` by key ``key_id`` must not go ahead (empty: it may): the tables it
+    would be admitted by are not what the chain says."""
+    problems = []
+    if replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
+        problems.append("the dataset's totals differ from the chain's")
+    if replayed.allocations.get(org) != (account.epsilon_units, account.delta):
+        problems.append(f"{org}'s allocation differs from the chain's")
+    if key_id is not None and key_id in replayed.revoked:
+        _prefix, revoked_at = replayed.revoked[key_id]
+        if revoked_at is None or datetime.fromisoformat(revoked_at) <= now:
+            problems.append(f"key {key_id} is revoked on the chain")
+    return problems
+
+
+def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
+                   names: Mapping[int, str]) -> list[str]:
+    """Where the tables disagree with what the chain's facts say now stands (empty: nowhere)."""
+    problems = []
+    if replayed.totals is None:
+        problems.append("the chain records no budget for the dataset")
+    elif replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
+        problems.append("the dataset's totals differ from the chain's")
+    grants = {names.get(g.org_id, "?") for g in session.scalars(select(db.Grant).where(
+        db.Grant.dataset_id == dataset.id))}
+    if grants != replayed.grants:
+        problems.append("the grants differ from the chain's")
+    accounts = {names.get(a.org_id, "?"): (a.epsilon_units, a.delta) for a in session.scalars(
+        select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id))}
+    for org in sorted(accounts.keys() | replayed.allocations.keys()):
+        if accounts.get(org) != replayed.allocations.get(org):
+            problems.append(f"{org}'s allocation differs from the chain's")
+    problems += _key_problems(session, replayed)
+    problems += _release_problems(session, dataset, replayed, names)
+    return problems
+
+
+def _key_problems(session: Session, replayed: Replayed) -> list[str]:
+    problems = []
+    if replayed.revoked:
+        keys = {k.id: k for k in session.scalars(select(db.ApiKey).where(db.ApiKey.id.in_(replayed.revoked)))}
+        for key_id, (prefix, revoked_at) in sorted(replayed.revoked.items()):
+            key = keys.get(key_id)
+            if key is None or key.prefix != prefix or key.revoked_at is None:
+                problems.append(f"key {prefix} is revoked in the chain but not in the keys table")
+            elif revoked_at is not None and key.revoked_at.isoformat() != revoked_at:
+                problems.append(f"key {prefix} is revoked from {key.revoked_at.isoformat()} in the keys table but "
+                                f"from {revoked_at} in the chain")
+    return problems
+
+
+def _release_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
+                      names: Mapping[int, str]) -> list[str]:
+    problems = []
+    releases = {r.id: r for r in session.scalars(select(db.Release).where(db.Release.dataset_id == dataset.id))}
+    for missing in sorted(replayed.releases.keys() - releases.keys()):
+        problems.append(f"release {missing} is charged in the chain but missing")
+    for extra in sorted(releases.keys() - replayed.releases.keys()):
+        problems.append(f"release {extra} is not in the chain")
+    for name, units in sorted(replayed.releases.items()):
+        release = releases.get(name)
+        if release is None:
+            continue
+        if release.charge_units != units:
+            problems.append(f"release {name}'s charge differs from its record's")
+        charged = replayed.charged_orgs.get(name)
+        if charged is not None and names.get(release.requester_org_id) != charged:
+            problems.append(f"release {name}'s requester differs from the organization its record charged")
+        if name not in replayed.files_on_chain:
+            continue  # charged before availability was chained: verify-audit checks its file against its row
+        fact = replayed.available.get(name)
+        if (release.state == "available") != (fact is not None):
+            problems.append(f"release {name} is {release.state} but the chain says "
+                            f"{'it is available' if fact is not None else 'it never became available'}")
+        elif fact is not None and (release.file_size, release.file_sha256, release.mechanism_hash,
+                                   release.certified_epsilon) != (fact.file_bytes, fact.file_sha256,
+                                                                  fact.mechanism_hash, fact.certified_epsilon):
+            problems.append(f"release {name}'s file or mechanism document differs from the chain's")
+    return problems
+
+
+def check_tables(session: Session, ledger, datasets) -> None:
+    """Every dataset of ``datasets`` (rows, read locked by the caller) against its chain, the chain's links up to
+    the head its anchor admitted: :class:`LedgerTampered` at the first dataset that disagrees."""
+    names = {o.id: o.name for o in session.scalars(select(db.Organization))}
+    for dataset in datasets:
+        replayed = ledger.facts(session, dataset)
+        problems = replayed.problems + table_problems(session, dataset, replayed, names)
+        if problems:
+            raise tampered(dataset.id, problems)
