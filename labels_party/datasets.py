@@ -193,17 +193,20 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
             parts = registry_parts(session, dataset)
         ingested = labelstore.ingest(ctx.store, dataset.id, seen[0] + 1, path, fmt, domain_from_spec(spec),
                                      spec.get("clip"), parts, seen[1], ctx.settings.upload_memory_mb)
+        digest = ctx.store.digest(ingested.file)  # hashed before the lock, chained with the version
         with ctx.sessions() as session, session.begin():
             dataset = admitted_dataset(session, admission, lock=True)
             if (dataset.label_version, dataset.registry_size) != seen:
                 ctx.store.remove(ingested.file)
                 continue
             version = seen[0] + 1
-            session.add(db.LabelVersion(
+            row = db.LabelVersion(
                 dataset_id=dataset.id, version=version, file=ingested.file, num_examples=ingested.num_examples,
                 clipped_below=ingested.clipped_below, clipped_above=ingested.clipped_above,
                 registry_start=ingested.registry_start, registry_end=ingested.registry_end,
-                coverage_file=ingested.coverage.file, coverage_sha256=ingested.coverage.sha256))
+                coverage_file=ingested.coverage.file, coverage_sha256=ingested.coverage.sha256)
+            session.add(row)
+            ctx.ledger.labels_uploaded(session, dataset, row, digest)
             dataset.label_version, dataset.num_examples = version, ingested.num_examples
             dataset.registry_size = ingested.registry_end
             warning = range_warning(domain_from_spec(spec), ingested.bulk)

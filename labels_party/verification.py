@@ -189,6 +189,7 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
         problems += _record_problems(ledger, session, dataset, entry, coverage_hashes)
     for release in sorted(releases.values(), key=lambda r: r.id):
         problems += _file_problems(ledger, release)
+    problems += _label_file_problems(session, ledger, dataset, replayed)
     for account, state in zip(accounts, states, strict=True):
         who = names.get(account.org_id, "?")
         if state is None:
@@ -434,6 +435,24 @@ def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
     if found != (release.file_size, release.file_sha256):
         return [f"release {release.id}: its labels file is damaged ({found[0]} bytes, {release.file_size} recorded)"]
     return []
+
+
+def _label_file_problems(session: Session, ledger: Ledger, dataset: db.Dataset, replayed: Replayed) -> list[str]:
+    """Each label version's file is the one its upload chained (bytes and SHA-256)."""
+    problems = []
+    for row in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
+                               .order_by(db.LabelVersion.version)):
+        fact = replayed.labels.get(row.version)
+        if fact is None:
+            continue
+        try:
+            found = ledger.store.digest(row.file)
+        except OSError:
+            problems.append(f"label version {row.version}: its file is missing")
+            continue
+        if found != (fact.file_bytes, fact.file_sha256):
+            problems.append(f"label version {row.version}: its file is not the one uploaded")
+    return problems
 
 
 def _open_states(session: Session, sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset,

@@ -80,6 +80,26 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
             problems.append(f"{org}'s allocation differs from the chain's")
     problems += _key_problems(session, replayed)
     problems += _release_problems(session, dataset, replayed, names)
+    problems += _label_problems(session, dataset, replayed)
+    return problems
+
+
+def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
+    """Each label version the chain records is the row's (its file's hash: verify-audit reads the file); every
+    version after the first one chained is chained (earlier ones were uploaded before versions were)."""
+    problems = []
+    rows = session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)).all()
+    first = min(replayed.labels, default=None)
+    for row in rows:
+        fact = replayed.labels.get(row.version)
+        if fact is None:
+            if first is not None and row.version > first:
+                problems.append(f"label version {row.version} is not in the chain")
+        elif (row.num_examples, row.registry_end, row.coverage_sha256) != (fact.num_examples, fact.registry_end,
+                                                                           fact.coverage_sha256):
+            problems.append(f"label version {row.version} differs from the chain's")
+    if first is not None and dataset.label_version not in replayed.labels:
+        problems.append(f"the dataset's current label version {dataset.label_version} is not in the chain")
     return problems
 
 

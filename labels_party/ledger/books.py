@@ -389,6 +389,11 @@ class Ledger:
         """A release made available (its file and mechanism document set on its row); the dataset's row locked."""
         chain.release_available(self, session, dataset, release)
 
+    def labels_uploaded(self, session: Session, dataset: db.Dataset, version: db.LabelVersion,
+                        file: tuple[int, str]) -> None:
+        """A label version (``file``: its bytes and SHA-256, read before the lock); the dataset's row locked."""
+        chain.labels(self, session, dataset, version, file)
+
     def key_changed(self, session: Session, key: ApiKeyColumns, change: Literal["created", "revoked"]) -> int:
         """A key made or revoked (:attr:`shared.service.keys.KeyRing.audit`): on the chain of every dataset its
         organization holds an account on, with the revocation's time and who (returns how many chains)."""

@@ -41,6 +41,7 @@ from labels_party.ledger.records import (
     Entry,
     GrantFact,
     KeyFact,
+    LabelsFact,
     ReleaseFact,
     _Fact,
     canonical,
@@ -142,6 +143,14 @@ def release_available(ledger: Ledger, session: Session, dataset: db.Dataset, rel
     append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
 
 
+def labels(ledger: Ledger, session: Session, dataset: db.Dataset, version: db.LabelVersion,
+           file: tuple[int, str]) -> None:
+    """A label version uploaded (``file``: its bytes and SHA-256); the caller holds the dataset's row lock."""
+    record_fact(ledger, session, dataset, LabelsFact(
+        version=version.version, file_bytes=file[0], file_sha256=file[1], num_examples=version.num_examples,
+        registry_end=version.registry_end, coverage_sha256=version.coverage_sha256))
+
+
 def moving(session: Session, dataset_id: str) -> bool:
     """Whether ``session``'s transaction has appended to ``dataset_id``'s chain (not yet committed)."""
     return dataset_id in session.info.get(_PENDING, {})
@@ -185,7 +194,7 @@ class Replayed:
     (organization, role, prefix)) and revoked (id -> (prefix, from when: ISO time, or None in facts before
     revocations carried it)), the releases charged (release id -> standalone units; -> the organization charged,
     for records that name it; those whose availability a :class:`ReleaseFact` must state), the releases made
-    available, and what in the chain itself is inconsistent."""
+    available, the label versions uploaded, and what in the chain itself is inconsistent."""
 
     seq: int = 0
     head: str = "0" * 64
@@ -198,6 +207,7 @@ class Replayed:
     charged_orgs: dict[str, str] = field(default_factory=dict)
     files_on_chain: set[str] = field(default_factory=set)
     available: dict[str, ReleaseFact] = field(default_factory=dict)
+    labels: dict[int, LabelsFact] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
@@ -229,6 +239,8 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
                 out.problems.append(f"seq {entry.seq}: release {fact.release_id} made available without a charge, "
                                     "or twice")
             out.available[fact.release_id] = fact
+        elif isinstance(fact, LabelsFact):
+            out.labels[fact.version] = fact
         elif fact.change == "revoked":
             out.revoked[fact.key_id] = (fact.key_prefix, fact.revoked_at)
         else:

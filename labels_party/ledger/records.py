@@ -204,11 +204,25 @@ class ReleaseFact(_Fact):
     certified_epsilon: float | None
 
 
-Fact = Annotated[BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact, Field(discriminator="event")]
+class LabelsFact(_Fact):
+    """A label version uploaded: its file (bytes, SHA-256), its examples and the registry after it, and its
+    coverage set's hash — what releases of it read, so that a rewritten label file is found."""
+
+    event: Literal["labels"] = "labels"
+    version: int
+    file_bytes: int
+    file_sha256: str
+    num_examples: int
+    registry_end: int
+    coverage_sha256: str
+
+
+AnyFact = BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | LabelsFact
+Fact = Annotated[AnyFact, Field(discriminator="event")]
 _FACT = TypeAdapter(Fact)
 
 
-def read_fact(record: dict[str, Any]) -> BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact:
+def read_fact(record: dict[str, Any]) -> AnyFact:
     """A stored fact (raises pydantic's ValidationError on a record that is none)."""
     return _FACT.validate_python(record)
 

@@ -190,3 +190,16 @@ def test_the_readme_key_workflow_without_a_configured_audit_key_leaves_verify_va
     out = json.loads(capsys.readouterr().out)
     assert out["valid"] is True and out["datasets"][0]["entries"] >= 10, out
     assert (data / "audit" / "heads.jsonl").exists()
+
+
+def test_a_rewritten_label_file_or_version_row_is_found(ctx, client, consumer, dataset, tmp_path, audit_key):
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    with ctx.sessions() as s:
+        version = s.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset)).one()
+        path, number = ctx.store.path(version.file), version.version
+    path.write_bytes(path.read_bytes() + b"\0")
+    assert f"label version {number}: its file is not the one uploaded" in _problems(_verify(ctx, tmp_path,
+                                                                                            audit_key))
+    _sql(ctx, "UPDATE label_versions SET num_examples = num_examples + 1 WHERE dataset_id = :d", d=dataset)
+    with pytest.raises(LedgerTampered, match=f"label version {number} differs from the chain's"):
+        _restart(ctx)
