@@ -149,12 +149,22 @@ def serve(app: ASGIApp, limits: HttpSettings, *, host: str, port: int, **uvicorn
     uvicorn.Server(config).run()
 
 
+WORKER_HEALTHCHECK_SECONDS = 120  # how long a worker process may take to answer the supervisor's ping
+
+
 def serve_workers(build: Callable[[Settings], ASGIApp], settings: Settings, *, workers: int, host: str, port: int,
                   **uvicorn_options: Any) -> int:
     """Run ``workers`` processes of the party's application on one listening socket until the supervisor is
     stopped (SIGINT, SIGTERM); each calls ``build(settings)`` — a module-level function: it is pickled by name — to
     make its own. A worker that dies is replaced; one that refuses to start (a :class:`LabelDPError`) stops them
-    all, and the exit status is then uvicorn's ``STARTUP_FAILURE`` (3), else 0."""
+    all, and the exit status is then uvicorn's ``STARTUP_FAILURE`` (3), else 0.
+
+    The supervisor pings each worker and kills one that does not answer within ``timeout_worker_healthcheck``;
+    a worker answers only once it has imported the party's application, which on a loaded machine takes longer
+    than uvicorn's default of 5 s — issue 40's review saw both workers killed and started again in a loop, never
+    serving. Here a worker has :data:`WORKER_HEALTHCHECK_SECONDS` (a dead worker is replaced at once all the same:
+    the supervisor sees its process gone without a ping)."""
+    uvicorn_options.setdefault("timeout_worker_healthcheck", WORKER_HEALTHCHECK_SECONDS)
     config = LimitedConfig(functools.partial(_worker, build, settings), settings, factory=True, workers=workers,
                            host=host, port=port, **uvicorn_options)
     logs.rate_limit(logs.service_handlers(), settings.log_repeat_seconds)
