@@ -63,6 +63,8 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
         account = db.BudgetAccount(dataset_id=dataset.id, org_id=org.id, epsilon_units=0, delta=0.0, generation=0,
                                    spent_max_units=0)
         session.add(account)
+        session.flush()
+        ctx_ledger.account_opened(session, dataset, org.id)
     units = budget_units(epsilon)
     moved_units, moved_delta = units - account.epsilon_units, delta - account.delta
     owner_units, owner_delta = owner.epsilon_units - moved_units, owner.delta - moved_delta

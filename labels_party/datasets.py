@@ -68,6 +68,7 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                 session.flush()
                 ctx.ledger.dataset_budget(session, dataset)
                 ctx.ledger.allocation(session, dataset, budgets.open_owner_account(session, dataset))
+                ctx.ledger.account_opened(session, dataset, dataset.owner_org_id)
                 if body.source is not None:
                     jobs.queue(session, org_id=principal.org_id, kind=jobs.REGISTER_SOURCE, subject_id=dataset.id,
                                spec={"dataset_id": dataset.id, "source": body.source})
@@ -157,6 +158,7 @@ def grant_access(ctx: ServiceContext, admission: Admission, body: schemas.GrantC
                            code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
         dataset = admitted_dataset(session, admission, lock=True)
+        ctx.ledger.check_actor(session, dataset, admission.principal.key_id)
         org = session.scalar(select(db.Organization).where(db.Organization.name == body.org))
         if org is None:
             org = db.Organization(name=body.org)

@@ -13,7 +13,8 @@ matters:
   One disagreement and the service does not start: one line (``ledger_tampered``) naming the first finding and how
   many more; ``verify-audit`` lists them all. Nothing is ever "rebuilt" from a table and signed.
 * **at every charge** (:func:`charge_problems`, from :meth:`Ledger.charge`, before anything private is drawn): the
-  account's allocation and the dataset's totals are the chain's, and the key is not revoked on the chain — a table
+  account's allocation and the dataset's totals are the chain's, and the key is on the chain (made, or recorded
+  when its organization's account opened) and not revoked there — a key row, or a table
   edited while the service runs is refused (503 ``ledger_tampered``), never honoured.
 * **at every download** (:mod:`labels_party.releases.queries`): a release charged since availability is chained is
   served only as its fact says (file size and SHA-256).
@@ -54,6 +55,8 @@ def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: 
         problems.append("the dataset's totals differ from the chain's")
     if replayed.allocations.get(org) != (account.epsilon_units, account.delta):
         problems.append(f"{org}'s allocation differs from the chain's")
+    if key_id is not None and key_id not in replayed.keys:
+        problems.append(f"key {key_id} is not on the chain")
     if key_id is not None and key_id in replayed.revoked:
         _prefix, revoked_at = replayed.revoked[key_id]
         if revoked_at is None or datetime.fromisoformat(revoked_at) <= now:

@@ -389,6 +389,17 @@ class Ledger:
         """A release made available (its file and mechanism document set on its row); the dataset's row locked."""
         chain.release_available(self, session, dataset, release)
 
+    def account_opened(self, session: Session, dataset: db.Dataset, org_id: int) -> None:
+        """An organization's account opened on the dataset (the dataset's row locked): its keys go on the chain."""
+        chain.org_keys(self, session, dataset, org_id)
+
+    def check_actor(self, session: Session, dataset: db.Dataset, key_id: int) -> None:
+        """A key administers the dataset only once its chain knows it (:class:`agreement.LedgerTampered` else: a
+        key row written outside the service)."""
+        self.check_anchor(dataset)
+        if key_id not in self.facts(session, dataset).keys:
+            raise agreement.tampered(dataset.id, [f"key {key_id} is not on the chain"])
+
     def labels_uploaded(self, session: Session, dataset: db.Dataset, version: db.LabelVersion,
                         file: tuple[int, str]) -> None:
         """A label version (``file``: its bytes and SHA-256, read before the lock); the dataset's row locked."""

@@ -64,6 +64,8 @@ class Ledger(Protocol):
 
     def confirm(self, dataset: db.Dataset) -> None: ...
 
+    def facts(self, session: Session, dataset: db.Dataset) -> Replayed: ...
+
 log = logging.getLogger("labeldp.labels")
 
 _PENDING = "labeldp_ledger_moved"  # session.info: the datasets whose chains this transaction moved
@@ -113,6 +115,19 @@ def allocation(ledger: Ledger, session: Session, dataset: db.Dataset, account: d
     org = session.get(db.Organization, account.org_id)
     record_fact(ledger, session, dataset, AllocationFact(org=org.name if org else "?",
                                                         epsilon_units=account.epsilon_units, delta=account.delta))
+
+
+def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int) -> None:
+    """An organization's account opened on ``dataset``: its keys not yet revoked, made before, go on the chain (a
+    key charges or administers a dataset only once its chain knows it). The caller holds the dataset's row lock."""
+    known = ledger.facts(session, dataset).keys
+    now = db.utcnow()
+    org = session.get(db.Organization, org_id)
+    for api_key in session.scalars(select(db.ApiKey).where(db.ApiKey.org_id == org_id).order_by(db.ApiKey.id)):
+        if api_key.id not in known and api_key.status(now) != "revoked":
+            record_fact(ledger, session, dataset, KeyFact(change="created", org=org.name if org else "?",
+                                                          role=api_key.role, key_prefix=api_key.prefix,
+                                                          key_id=api_key.id))
 
 
 def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"]) -> int:

@@ -203,3 +203,23 @@ def test_a_rewritten_label_file_or_version_row_is_found(ctx, client, consumer, d
     _sql(ctx, "UPDATE label_versions SET num_examples = num_examples + 1 WHERE dataset_id = :d", d=dataset)
     with pytest.raises(LedgerTampered, match=f"label version {number} differs from the chain's"):
         _restart(ctx)
+
+
+def test_a_key_row_written_outside_the_service_is_not_honoured(ctx, client, consumer, dataset, tmp_path, audit_key):
+    """Keys made by the service are on the chain of every dataset their organization holds an account on (made
+    then, or recorded when the account opened); a row inserted into the keys table is not: it neither charges nor
+    grants, and changes nothing."""
+    from labels_party.auth import create_key
+    from tests.labels_party.api.helpers import bearer
+
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    with ctx.sessions() as s, s.begin():  # KEYS without its audit hook: exactly a row written into the table
+        inserted_consumer = bearer(create_key(s, "publisher", "consumer"))
+        inserted_admin = bearer(create_key(s, "hospital", "admin"))
+    length = _chain_length(ctx, dataset)
+    expect_error(release(client, inserted_consumer, dataset, "b", mechanism="rr", epsilon=0.5), 503,
+                 "ledger_tampered")
+    expect_error(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "adnet", "epsilon": 0.5},
+                             headers=inserted_admin), 503, "ledger_tampered")
+    assert _chain_length(ctx, dataset) == length
+    assert created(release(client, consumer, dataset, "c", mechanism="rr", epsilon=0.5))  # the real key still works
