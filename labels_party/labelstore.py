@@ -45,6 +45,14 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from labels_party.storage import DataStore, MappedArray, write_npy
+from labels_party.uploads import (
+    DepthLimited,
+    Memo,
+    dictionary_strings,
+    parquet_decoded,
+    parquet_metadata,
+    text_columns,
+)
 from shared.domains import check_labels
 from shared.errors import LabelDPError, library_message, resource_error
 
@@ -126,17 +134,55 @@ def _batches_of(handle, fmt: str) -> Iterator[pa.RecordBatch]:
                                       include_columns=["example_id", "label"]))
     elif fmt == "ndjson":
         # labels are doubles whatever the first block holds (types are fixed from the first block otherwise)
-        yield from pajson.open_json(handle, read_options=pajson.ReadOptions(block_size=1 << 22),
+        # lines' nesting bounded as Arrow reads them: one line of 20,000 nested brackets crashed the process
+        yield from pajson.open_json(pa.PythonFile(DepthLimited(handle), mode="r"),
+                                    read_options=pajson.ReadOptions(block_size=1 << 22),
                                     parse_options=pajson.ParseOptions(
                                         explicit_schema=pa.schema([("label", pa.float64())])))
     else:
-        yield from _parquet(handle).iter_batches(batch_size=PARSE_ROWS)
+        yield from _upload_parquet(handle)
 
 
-def _parquet(source) -> pq.ParquetFile:
+# What a Parquet upload may decode to: UPLOAD_DECODED_RATIO times what it weighs, plus UPLOAD_DECODED_FLOOR. Uploads
+# are read out of core, but what a body decodes to is parsing, staging on disk and DuckDB's work: a Parquet file of
+# labels decodes to a few times its size (ids 2-5x, labels up to 16x), a dictionary-encoded bomb to thousands of
+# times (issue 40: 10⁷ rows in 247 KB).
+UPLOAD_DECODED_RATIO = 64
+UPLOAD_DECODED_FLOOR = 64 << 20
+
+
+def _upload_parquet(handle) -> Iterator[pa.RecordBatch]:
+    """A Parquet upload's example_id and label columns in batches, refused (413 body_too_large) when its metadata
+    says they decode to more than the ratio allows, or when the ids its batches name do (ids are read as a
+    dictionary, counted before they are expanded: a row group of one long id named 10⁷ times is not 10⁷ copies)."""
+    metadata = parquet_metadata(handle)
+    schema = metadata.schema.to_arrow_schema()
+    columns = [name for name in ("example_id", "label") if name in schema.names]
+    limit = UPLOAD_DECODED_FLOOR + UPLOAD_DECODED_RATIO * handle.size()
+    rows, total = parquet_decoded(metadata, columns)
+    if total > limit:
+        raise _decodes_to(total, handle.size(), " (from the Parquet metadata)")
+    decoded, lengths = 0, Memo()
+    for batch in _parquet(handle, text_columns(schema, columns)).iter_batches(batch_size=PARSE_ROWS,
+                                                                              columns=columns):
+        decoded += 16 * batch.num_rows + sum(dictionary_strings(column, lengths) for column in batch.columns)
+        if decoded > limit:
+            raise _decodes_to(decoded, handle.size(), "")
+        yield batch
+
+
+def _decodes_to(size: int, weight: int, how: str) -> LabelDPError:
+    return LabelDPError(f"the labels decode to {size:,} bytes{how}, more than {UPLOAD_DECODED_RATIO} times the "
+                        f"body's {weight:,} bytes (+{UPLOAD_DECODED_FLOOR >> 20} MiB): a Parquet body compressed "
+                        "this far is refused (send it as CSV, or write it without dictionary encoding)",
+                        code="body_too_large")
+
+
+def _parquet(source, read_dictionary: Sequence[str] = ()) -> pq.ParquetFile:
     """Read page by page through a buffer: a row group's column chunk (any size the writer chose) is never held
     whole."""
-    return pq.ParquetFile(source, buffer_size=STREAM_BUFFER, pre_buffer=False)
+    return pq.ParquetFile(source, buffer_size=STREAM_BUFFER, pre_buffer=False,
+                          read_dictionary=list(read_dictionary) or None)
 
 
 def _row_group_rows(table: pa.Table) -> int:

@@ -1,12 +1,32 @@
 """Upload formats, and the per-example bodies of releases (priors, groups) read from a spooled file with pyarrow.
 
 Labels themselves are parsed by :mod:`labels_party.labelstore`, batch by batch into Parquet row groups.
+
+A prior or group body is bounded by what it **decodes to**, not by what it weighs (issue 40): Parquet compresses
+and dictionary-encodes, so a 247 KB body held 10⁷ rows (it took the server from 342 MB to 3.9 GB before its 400),
+and a CSV of short rows turns each 2-byte row into a Python string of ~60 bytes. So:
+
+* a Parquet body's footer is bounded before it is parsed (:data:`MAX_PARQUET_FOOTER`), and from its metadata alone —
+  rows, and the values of the columns read × their decoded width, string columns by their uncompressed pages (read
+  as dictionaries, never expanded to one string per row) — what it would decode to is refused past the limits
+  before any page is read;
+* every format is read in batches of bounded cells (:data:`PARSE_CELLS`), the rows and the strings kept counted
+  as they come, refused past the limits: the body's decoded bytes (``max_bytes``) and the dataset's examples
+  (``max_rows``: a body names each example at most once);
+* NDJSON lines are checked for nesting while Arrow reads them (:class:`DepthLimited`): Arrow's JSON parser recurses,
+  and one line of 20,000 nested brackets crashed the process (SIGSEGV);
+* the K columns of K classes are found through a dict (a list searched per class took 27 s for 10,000 classes).
+
+Refusals are 413 ``body_too_large`` saying what the body decodes to; nothing is stored or charged.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,20 +56,39 @@ def upload_format(content_type: str | None) -> str:
     return FORMATS[media]
 
 
-def parse_priors(path: Path, fmt: str, num_classes: int) -> tuple[list[str], np.ndarray]:
-    """Per-example priors: columns example_id and p_0..p_{K-1} (non-negative, finite, not all zero per row)."""
+# What one prior or group body may decode to in memory (LabelsSettings.max_columnar_decoded_bytes, its default).
+MAX_DECODED_BYTES = 192 << 20
+# Kept per row until the release is computed: an example id as a Python string in a list (object and pointer; its
+# characters are counted apart) ...
+ID_ROW_BYTES = 64
+# ... per prior cell (a row's class): the parsed float64 matrix, its normalized copy, RRWithPrior's class order
+# (int64), the sorted cumulative sums and their comparison (labels_party.solvers.rr_with_prior.plan_per_example) ...
+PRIOR_CELL_BYTES = 48
+# ... per group assignment: its code, and the row's reference to its group's name.
+GROUP_ROW_BYTES = 24
+PARSE_CELLS = 1 << 20  # cells (rows × columns) per batch handed on
+BLOCK_BYTES = 1 << 22  # CSV and NDJSON are read in blocks of this size
+STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (never a whole column chunk at once)
+MAX_PARQUET_FOOTER = 64 << 20  # a Parquet footer (its metadata) longer than this is refused before it is parsed
+MAX_NDJSON_DEPTH = 32  # opening brackets in an NDJSON line (these bodies' rows are flat objects)
+
+
+def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None = None,
+                 max_bytes: int = MAX_DECODED_BYTES) -> tuple[list[str], np.ndarray]:
+    """Per-example priors: columns example_id and p_0..p_{K-1} (non-negative, finite, not all zero per row); at
+    most ``max_rows`` rows decoding to at most ``max_bytes`` (else 413 body_too_large)."""
     names = [f"p_{k}" for k in range(num_classes)]
+    decoded = Decoded("the priors", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + PRIOR_CELL_BYTES * num_classes)
+    ids: list[str] = []
+    blocks: list[np.ndarray] = []
     with _parsing("the priors"):
-        table = _read_table(path, fmt)
-        missing = [c for c in ["example_id", *names] if c not in table.schema.names]
-        if missing:
-            raise LabelDPError(f"priors need columns example_id, p_0..p_{num_classes - 1}; missing {missing[:3]}",
-                               code="malformed_file")
-        if table.num_rows == 0:
-            raise LabelDPError("no priors in the body", code="empty_labels")
-        ids = _strings(table.column("example_id")).to_pylist()
-        priors = np.column_stack([pc.cast(table.column(c), pa.float64()).to_numpy(zero_copy_only=False)
-                                  for c in names])
+        for batch in _batches(path, fmt, ["example_id", *names], decoded, numeric=names, required=True):
+            ids.extend(_id_strings(batch.column(0), decoded))
+            blocks.append(_matrix(batch.drop_columns(["example_id"])))
+    if not ids:
+        raise LabelDPError("no priors in the body", code="empty_labels")
+    priors = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    del blocks
     if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
         raise LabelDPError("priors must be finite, non-negative and not all zero in a row", code="invalid_prior")
     return ids, priors
@@ -58,34 +97,288 @@ def parse_priors(path: Path, fmt: str, num_classes: int) -> tuple[list[str], np.
 MAX_GROUP_NAME = 200  # characters
 
 
-def parse_groups(path: Path, fmt: str) -> tuple[list[str], np.ndarray]:
-    """Group assignments: columns example_id and group (any strings or integers)."""
+def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None,
+                 max_bytes: int = MAX_DECODED_BYTES) -> tuple[list[str], np.ndarray]:
+    """Group assignments: columns example_id and group (any strings or integers); at most ``max_rows`` rows
+    decoding to at most ``max_bytes`` (else 413 body_too_large)."""
+    decoded = Decoded("the groups", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + GROUP_ROW_BYTES)
+    ids: list[str] = []
+    groups = _Groups(decoded)
     with _parsing("the groups"):
-        table = _read_table(path, fmt, dictionary=("group",))
-        if not {"example_id", "group"} <= set(table.schema.names):
-            raise LabelDPError("groups need columns example_id and group", code="malformed_file")
-        if table.num_rows == 0:
-            raise LabelDPError("no group assignments in the body", code="empty_labels")
-        if table.column("group").null_count:
-            raise LabelDPError("a group is missing", code="malformed_file")
-        return _strings(table.column("example_id")).to_pylist(), _group_of_rows(table.column("group"))
+        for batch in _batches(path, fmt, ["example_id", "group"], decoded, numeric=(), required=False):
+            if batch.num_columns < 2:
+                raise LabelDPError("groups need columns example_id and group", code="malformed_file")
+            ids.extend(_id_strings(batch.column(0), decoded))
+            groups.add(batch.column(1))
+    if not ids:
+        raise LabelDPError("no group assignments in the body", code="empty_labels")
+    return ids, groups.of_rows()
 
 
-def _group_of_rows(column: pa.ChunkedArray) -> np.ndarray:
+@dataclass
+class Decoded:
+    """What a body has decoded to so far: its rows (at most ``max_rows``) and bytes (at most ``limit``): the rows'
+    own cost (``row_bytes`` each) and the strings kept; refused (413 body_too_large) past either."""
+
+    what: str
+    max_rows: int | None
+    limit: int
+    row_bytes: int
+    rows: int = 0
+    strings: int = 0
+    lengths: Memo = field(default_factory=lambda: Memo())  # the ids' dictionary's string lengths
+
+    def add(self, rows: int = 0, strings: int = 0) -> None:
+        self.rows, self.strings = self.rows + rows, self.strings + strings
+        self.check(self.rows, self.rows * self.row_bytes + self.strings)
+
+    def check(self, rows: int, total: int, how: str = "") -> None:
+        if self.max_rows is not None and rows > self.max_rows:
+            raise LabelDPError(f"{self.what} have {rows:,} rows{how}; the dataset has {self.max_rows:,} examples and "
+                               "a body names each at most once", code="body_too_large")
+        if total > self.limit:
+            raise LabelDPError(f"{self.what} decode to {total:,} bytes{how}, over this deployment's limit of "
+                               f"{self.limit:,} (max_columnar_decoded_bytes): send fewer rows per request",
+                               code="body_too_large")
+
+
+def _batches(path: Path, fmt: str, columns: list[str], decoded: Decoded, *, numeric: Sequence[str],
+             required: bool) -> Iterator[pa.RecordBatch]:
+    """The body's ``columns`` that it has (in that order; one missing is refused when ``required``), in batches of
+    at most :data:`PARSE_CELLS` cells, each counted in ``decoded`` (rows) before it is handed on. ``numeric``:
+    columns read as float64 from CSV and NDJSON (a Parquet body's types are its own)."""
+    source: Any  # the Parquet body's batches, or Arrow's streaming reader of a CSV or NDJSON body
+    with pa.OSFile(str(path)) as handle:  # a handle, not the path: no library message can name the spooled file
+        if fmt == "parquet":
+            source = _parquet(handle, columns, decoded, required)
+        elif fmt == "csv":
+            source = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES),
+                                    convert_options=pacsv.ConvertOptions(column_types={
+                                        "example_id": pa.string(), **dict.fromkeys(numeric, pa.float64())}))
+        else:
+            source = pajson.open_json(pa.PythonFile(DepthLimited(handle), mode="r"),
+                                      read_options=pajson.ReadOptions(block_size=BLOCK_BYTES),
+                                      parse_options=pajson.ParseOptions(explicit_schema=pa.schema(
+                                          [(name, pa.float64()) for name in numeric]) if numeric else None))
+        wanted: list[int] | None = None
+        for batch in source:
+            if wanted is None:
+                wanted = _positions(batch.schema.names, columns, required)
+            step = max(1, PARSE_CELLS // max(1, len(wanted)))
+            for start in range(0, batch.num_rows, step):
+                part = batch.slice(start, step).select(wanted)
+                decoded.add(rows=part.num_rows)
+                yield part
+        if wanted is None and hasattr(source, "schema"):  # no batch at all (CSV, NDJSON): the columns are checked
+            _positions(source.schema.names, columns, required)
+
+
+def _positions(names: Sequence[str], columns: Sequence[str], required: bool) -> list[int]:
+    """Where ``columns`` are among ``names`` (those present, in ``columns``' order)."""
+    index = {name: i for i, name in enumerate(names)}  # a dict: K classes are K lookups, not K² compares
+    missing = [c for c in columns if c not in index]
+    if missing and required:
+        more = f"..{columns[-1]}" if len(columns) > 2 else ""
+        raise LabelDPError(f"the body needs columns {', '.join(columns[:2])}{more}; missing {missing[:3]}",
+                           code="malformed_file")
+    return [index[c] for c in columns if c in index]
+
+
+def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> Iterator[pa.RecordBatch]:
+    """The body's batches, once its footer's length and what its metadata says the columns decode to are within
+    the limits; string columns are read as dictionaries (never one string per row)."""
+    metadata = parquet_metadata(handle)
+    schema = metadata.schema.to_arrow_schema()
+    read = [schema.names[i] for i in _positions(schema.names, columns, required)]
+    rows, total = parquet_decoded(metadata, read)
+    decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
+    body = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False,
+                          read_dictionary=text_columns(schema, read))
+    return body.iter_batches(batch_size=max(1, PARSE_CELLS // max(1, len(read))), columns=read)
+
+
+def parquet_metadata(handle) -> pq.FileMetaData:
+    """The metadata of the Parquet file open on ``handle`` (left at its start), its footer no longer than
+    :data:`MAX_PARQUET_FOOTER` (413 before it is parsed: 10⁵ columns' metadata is ~10 MB)."""
+    size = handle.size()
+    if size >= 12:
+        handle.seek(size - 8)
+        tail = handle.read(8)
+        footer = int.from_bytes(tail[:4], "little")
+        if tail[4:] == b"PAR1" and MAX_PARQUET_FOOTER < footer <= size - 12:  # a longer one is malformed (Arrow's)
+            raise LabelDPError(f"the Parquet footer is {footer:,} bytes, over {MAX_PARQUET_FOOTER:,}: write fewer "
+                               "row groups or columns", code="body_too_large")
+    handle.seek(0)
+    metadata = pq.ParquetFile(handle).metadata
+    handle.seek(0)
+    return metadata
+
+
+def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str]) -> tuple[int, int]:
+    """(rows, bytes): what reading ``columns`` of a Parquet file decodes to at most, from its metadata only: a
+    fixed-width value its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes
+    of index per value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it). A nested
+    column (values repeated within a row) is refused: these bodies are flat."""
+    wanted, schema, leaves = set(columns), metadata.schema, []
+    for i in range(metadata.num_columns):
+        column = schema.column(i)
+        top = column.path.split(".")[0]
+        if top not in wanted and column.path not in wanted:
+            continue
+        if column.max_repetition_level > 0 or column.path not in wanted:
+            raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns", code="malformed_file")
+        leaves.append((i, column.physical_type, column.length or 0))
+    total = 0
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for i, physical, length in leaves:
+            chunk = row_group.column(i)
+            if physical == "BYTE_ARRAY":
+                total += 4 * chunk.num_values + 2 * chunk.total_uncompressed_size
+            elif physical == "FIXED_LEN_BYTE_ARRAY":
+                total += chunk.num_values * (length + 8)
+            else:
+                total += chunk.num_values * (16 if physical == "INT96" else 8)
+    return metadata.num_rows, total
+
+
+def text_columns(schema: pa.Schema, names: Sequence[str]) -> list[str]:
+    """Which of ``names`` hold strings (read as dictionaries: never one copy of a string per row)."""
+    return [name for name in names if any(check(schema.field(name).type) for check in (
+        pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary))]
+
+
+def dictionary_strings(column: pa.Array, memo: Memo | None = None) -> int:
+    """The bytes of the strings a dictionary-encoded column's rows name (what decoding it makes), without making
+    them; 0 for a column of other values."""
+    if not pa.types.is_dictionary(column.type) or pa.types.is_integer(column.dictionary.type) or \
+            pa.types.is_floating(column.dictionary.type):
+        return 0
+    convert = lambda d: pc.binary_length(pc.cast(d, pa.binary()))  # noqa: E731
+    lengths = memo.get(column.dictionary, convert) if memo is not None else convert(column.dictionary)
+    return int(pc.sum(lengths.take(column.indices)).as_py() or 0)
+
+
+class DepthLimited:
+    """A binary file, read forward only, whose NDJSON lines hold at most ``limit`` opening brackets (``[`` or
+    ``{``, inside strings too: a bound on their nesting depth that numpy counts at ~1 ms per MB), checked as Arrow
+    reads it."""
+
+    def __init__(self, raw, limit: int = MAX_NDJSON_DEPTH):
+        self.raw, self.limit, self.carry, self.closed = raw, limit, 0, False
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.raw.read() if size is None or size < 0 else self.raw.read(size)
+        if data:
+            self._check(data)
+        return data
+
+    def _check(self, data: bytes) -> None:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        opens = np.flatnonzero((raw | 0x20) == ord("{"))  # "[" is 0x5B, "{" 0x7B
+        newlines = np.flatnonzero(raw == ord("\n")) if opens.size + self.carry > self.limit else \
+            np.array([data.rfind(b"\n")] if b"\n" in data else [], dtype=np.int64)
+        before = np.searchsorted(opens, newlines)  # opens before each newline
+        if newlines.size:
+            lines = np.diff(before, prepend=0)
+            lines[0] += self.carry
+            most, self.carry = int(lines.max()), int(opens.size - before[-1])
+        else:
+            most, self.carry = 0, self.carry + int(opens.size)
+        if max(most, self.carry) > self.limit:
+            raise LabelDPError(f"an NDJSON line holds more than {self.limit} opening brackets; its rows are flat "
+                               "objects", code="malformed_file")
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _matrix(batch: pa.RecordBatch) -> np.ndarray:
+    """The batch's columns as a float64 matrix (rows × columns), nulls NaN: one conversion for numeric columns (one
+    per column took 16 µs, 1.6 s for 100,000 classes)."""
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in batch.schema.types):
+        return np.asarray(batch.to_tensor(null_to_nan=True, row_major=True), dtype=np.float64)
+    return np.column_stack([_floats(column) for column in batch.columns])
+
+
+def _floats(column: pa.Array) -> np.ndarray:
+    if pa.types.is_dictionary(column.type):  # numbers written as strings: the dictionary converted, then indexed
+        return pc.cast(column.dictionary, pa.float64()).to_numpy(zero_copy_only=False)[
+            column.indices.to_numpy(zero_copy_only=False)] if column.null_count == 0 else \
+            _floats(column.dictionary.take(column.indices))
+    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+
+
+class Memo:
+    """One value per dictionary: the batches of a Parquet row group share their dictionary, converted once."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.value = None
+
+    def get(self, dictionary: pa.Array, convert):
+        buffers = [b for b in dictionary.buffers() if b is not None]
+        key = (len(dictionary), *((b.address, b.size) for b in buffers))
+        if key != self.key:
+            self.key, self.value = key, convert(dictionary)
+        return self.value
+
+
+def _id_strings(column: pa.Array, decoded: Decoded) -> list[str]:
+    """The ids as Python strings, their characters counted in ``decoded`` before the strings are made (a
+    dictionary column's rows name one string each)."""
+    if pa.types.is_dictionary(column.type):
+        decoded.add(strings=dictionary_strings(column, decoded.lengths))
+        column = column.dictionary.take(column.indices)
+    elif pa.types.is_string(column.type) or pa.types.is_binary(column.type):
+        decoded.add(strings=int(pc.sum(pc.binary_length(column)).as_py() or 0))
+    return _strings(column).to_pylist()
+
+
+class _Groups:
     """Each row's group name, as references to one string per group: a column of names is never expanded (a
     fixed-width array of them took rows x the longest name x 4 bytes — 8.7 GB from a 2 MB Parquet body whose
     dictionary held a thousand 900-character names)."""
-    index: dict[str, int] = {}
-    rows = []
-    for chunk in column.chunks:
-        if not pa.types.is_dictionary(chunk.type):
-            chunk = pc.cast(chunk, pa.string()).dictionary_encode()  # as large as the body that carried it
-        names = _strings(pa.chunked_array([chunk.dictionary])).to_pylist()
+
+    def __init__(self, decoded: Decoded):
+        self.decoded, self.memo = decoded, Memo()
+        self.index: dict[str, int] = {}
+        self.codes: list[np.ndarray] = []
+
+    def add(self, column: pa.Array) -> None:
+        if column.null_count:
+            raise LabelDPError("a group is missing", code="malformed_file")
+        if not pa.types.is_dictionary(column.type):
+            column = pc.cast(column, pa.string()).dictionary_encode()  # as large as the batch that carried it
+        codes = self.memo.get(column.dictionary, self._codes)
+        self.codes.append(codes[np.asarray(column.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
+
+    def _codes(self, dictionary: pa.Array) -> np.ndarray:
+        names = _strings(dictionary).to_pylist()
         if max(map(len, names), default=0) > MAX_GROUP_NAME:
             raise LabelDPError(f"group names are at most {MAX_GROUP_NAME} characters", code="malformed_file")
-        codes = np.asarray([index.setdefault(name, len(index)) for name in names], dtype=np.int64)
-        rows.append(codes[np.asarray(chunk.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
-    return np.array(list(index), dtype=object)[np.concatenate(rows)]
+        for name in names:
+            if name not in self.index:
+                self.index[name] = len(self.index)
+                self.decoded.add(strings=ID_ROW_BYTES + len(name))
+        return np.fromiter((self.index[name] for name in names), dtype=np.int64, count=len(names))
+
+    def of_rows(self) -> np.ndarray:
+        if not self.codes:
+            return np.array([], dtype=object)
+        return np.array(list(self.index), dtype=object)[np.concatenate(self.codes)]
 
 
 @contextlib.contextmanager
@@ -101,29 +394,7 @@ def _parsing(what: str):
                                                   code="malformed_file") from None
 
 
-# Parquet compresses: a small body can hold gigabytes of values (2 MB held 1.8 GB of group names). Its metadata
-# states what it expands to; beyond this, it is refused before it is read (CSV and NDJSON are what they weigh).
-MAX_PARQUET_EXPANDED_BYTES = 1 << 30
-
-
-def _read_table(path: Path, fmt: str, dictionary: tuple[str, ...] = ()) -> pa.Table:
-    """``dictionary``: columns a Parquet body keeps dictionary-encoded (never expanded to one value per row)."""
-    with pa.OSFile(str(path)) as handle:  # a handle, not the path: no library message can name the spooled file
-        if fmt == "parquet":
-            metadata = pq.ParquetFile(handle).metadata
-            expanded = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
-            if expanded > MAX_PARQUET_EXPANDED_BYTES:
-                raise LabelDPError(f"the body expands to {expanded:,} bytes, over {MAX_PARQUET_EXPANDED_BYTES:,}",
-                                   code="body_too_large")
-            handle.seek(0)
-            return pq.read_table(handle, read_dictionary=[c for c in dictionary if c in metadata.schema.names])
-        if fmt == "csv":
-            return pacsv.read_csv(handle, convert_options=pacsv.ConvertOptions(
-                column_types={"example_id": pa.string()}))
-        return pajson.read_json(handle)
-
-
-def _strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
+def _strings(column) -> pa.Array:
     """As strings, checked to be valid UTF-8 (Arrow's JSON reader does not check)."""
     strings = pc.cast(column, pa.string())
     strings.validate(full=True)

@@ -43,7 +43,7 @@ from labels_party.registry import MechanismOptions
 from labels_party.releases.lifecycle import Computation, Draft, Snapshot
 from labels_party.releases.streamed import plan_version, write_example_ids
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
-from labels_party.uploads import MAX_GROUP_NAME, parse_groups, parse_priors, upload_format
+from labels_party.uploads import MAX_DECODED_BYTES, MAX_GROUP_NAME, parse_groups, parse_priors, upload_format
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
@@ -259,6 +259,7 @@ class ExamplePriorRelease(_Defaults):
     epsilon: float
     priors: SpooledBody
     mechanism: str = "rr-with-prior"
+    max_decoded_bytes: int = MAX_DECODED_BYTES  # LabelsSettings.max_columnar_decoded_bytes
 
     def identity(self) -> dict:
         return {"mechanism": self.mechanism, "epsilon": self.epsilon, "per_example_priors": True,
@@ -266,7 +267,8 @@ class ExamplePriorRelease(_Defaults):
 
     def inputs(self, snapshot: Snapshot) -> tuple[list[str], InformativePriors]:
         num_classes = _needs_classes(snapshot, "per-example priors")
-        ids, priors = parse_priors(self.priors.path, upload_format(self.priors.media_type), num_classes)
+        ids, priors = parse_priors(self.priors.path, upload_format(self.priors.media_type), num_classes,
+                                   max_rows=snapshot.num_examples, max_bytes=self.max_decoded_bytes)
         covers, plan = plan_per_example(priors, self.epsilon).informative()
         if not covers.any():  # decided by the priors (public: from features), before the ids are even looked up
             raise LabelDPError("every example's prior puts k = 1: each label would be released as its prior's most "
@@ -309,6 +311,7 @@ class GroupRelease(_Defaults):
     epsilon: float
     prior_epsilon: float
     groups: SpooledBody
+    max_decoded_bytes: int = MAX_DECODED_BYTES  # LabelsSettings.max_columnar_decoded_bytes
 
     def epsilons(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "prior_epsilon": self.prior_epsilon}
@@ -323,7 +326,8 @@ class GroupRelease(_Defaults):
             raise LabelDPError(f"group releases use a mechanism with a prior: {with_prior}", code="unknown_mechanism")
 
     def inputs(self, snapshot: Snapshot):
-        return parse_groups(self.groups.path, upload_format(self.groups.media_type))
+        return parse_groups(self.groups.path, upload_format(self.groups.media_type), max_rows=snapshot.num_examples,
+                            max_bytes=self.max_decoded_bytes)
 
     def price(self, ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, groups) -> Prepared:
         """Also bounds the work and the document, which grow with the groups (public: they come from features):

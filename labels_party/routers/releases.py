@@ -53,7 +53,8 @@ async def create_prior_release(dataset_id: str, request: Request, who: SeesDatas
     already-private stages). Examples whose prior gives k = 1 are neither charged nor released (the description's
     ``uninformative_examples`` counts them)."""
     return await with_columnar_body(request, ctx, who, lambda body: (
-        transaction.run(ctx, who, idempotency_key, kinds.ExamplePriorRelease(epsilon, body))))
+        transaction.run(ctx, who, idempotency_key, kinds.ExamplePriorRelease(
+            epsilon, body, max_decoded_bytes=ctx.settings.max_columnar_decoded_bytes))))
 
 
 @router.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release,
@@ -67,7 +68,8 @@ async def create_group_release(dataset_id: str, request: Request, who: SeesDatas
     group, computed from features only (e.g. k-means clusters)."""
     return await with_columnar_body(request, ctx, who, lambda body: (
         transaction.run(ctx, who, idempotency_key,
-                        kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body))))
+                        kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body,
+                                         max_decoded_bytes=ctx.settings.max_columnar_decoded_bytes))))
 
 
 @router.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release,
