@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, jobs, migrations, recovery, workers
@@ -73,9 +76,13 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     settings = (settings or LabelsSettings()).model_copy(update=overrides)
     secrets = sealer(settings)  # a malformed or exposed key file is refused at start
     store = DataStore(settings.data_dir)
-    sessions = migrations.make_sessionmaker(db.make_engine(settings.database_url), upgrade=upgrade,
-                                            data_dir=settings.data_dir)
-    ledger = Ledger(store, audit_signer(settings))
+    signer = audit_signer(settings)
+    engine = db.make_engine(settings.database_url)
+    before = _chain_heads(engine) if upgrade else {}
+    sessions = migrations.make_sessionmaker(engine, upgrade=upgrade, data_dir=settings.data_dir)
+    if upgrade:
+        _sign_migrated(engine, signer, before)
+    ledger = Ledger(store, signer)
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
                            spark_secret(settings))
@@ -96,6 +103,25 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
         ctx.close()  # a refused start holds neither the database nor the data directory
         raise
     return ctx
+
+
+def _chain_heads(engine: Engine) -> dict[str, tuple[int, str]]:
+    """Every dataset's chain head (none in a database without datasets yet)."""
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(text("SELECT id, ledger_seq, ledger_head FROM datasets")).all()
+    except DBAPIError:
+        return {}
+    return {row.id: (int(row.ledger_seq), str(row.ledger_head)) for row in rows}
+
+
+def _sign_migrated(engine: Engine, signer: HeadSigner, before: dict[str, tuple[int, str]]) -> None:
+    """The upgrade this process just ran appended facts to some chains (migrations 0010, 0016): it signs and exports
+    each such transition, as the service does after its own commits — the operator's upgrade wrote them."""
+    for dataset_id, (seq, head) in sorted(_chain_heads(engine).items()):
+        previous = before.get(dataset_id)
+        if previous is not None and previous != (seq, head):
+            signer.export(signer.sign(dataset_id, seq, head, previous=previous))
 
 
 def audit_signer(settings: LabelsSettings) -> HeadSigner:

@@ -24,8 +24,9 @@ from labels_party.ledger import canonical, chain_hash, entries
 from labels_party.migrations import MIGRATIONS
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
+from shared.service.keys import hash_key
 
-HEAD = "0015"  # the newest migration in labels_party/migrations/versions
+HEAD = "0016"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -156,6 +157,9 @@ def test_upgrade_db_command(tmp_path):
         assert connection.execute(text("SELECT epsilon_total_units FROM datasets")).scalar() == 3_000_000_000
 
 
+OLD_KEY = "ldp_0000000a_owner"  # the owner's admin key in the old-layout database (made before it)
+
+
 def _old_layout_dataset(url: str, data_dir) -> None:
     """A database at revision 0008 holding a dataset in the layout before label versions carried their ids: a
     registry file (ids by row number) and two versions of ``registry_index, label`` with neither ranges nor
@@ -184,6 +188,9 @@ def _old_layout_dataset(url: str, data_dir) -> None:
             "INSERT INTO budget_accounts (dataset_id, org_id, epsilon_units, delta, generation, spent_max_units, "
             "needs_rebuild, created_at) VALUES ('d1', 1, 100000000000, 0, 0, 0, :false, :t)"),
             {"t": db.utcnow(), "false": False})
+        connection.execute(text("INSERT INTO api_keys (id, org_id, role, key_hash, prefix, revoked, created_at) "
+                                "VALUES (1, 1, 'admin', :h, '0000000a', :false, :t)"),
+                           {"h": hash_key(OLD_KEY), "false": False, "t": db.utcnow()})
         for version, file, rows in ((1, v1, 3), (2, v2, 4)):
             connection.execute(text(
                 "INSERT INTO label_versions (dataset_id, version, file, num_examples, clipped_below, clipped_above, "
@@ -199,7 +206,6 @@ def test_old_label_versions_are_rewritten_once_into_the_one_layout(database_url,
     from fastapi.testclient import TestClient
 
     from labels_party.api import create_app
-    from labels_party.auth import create_key
     from labels_party.labelstore import read_coverage
     from tests.labels_party.api.helpers import download_rows
 
@@ -215,8 +221,7 @@ def test_old_label_versions_are_rewritten_once_into_the_one_layout(database_url,
         assert np.asarray(read_coverage(ctx.store, versions[2].coverage_file).slice(0, 4)).tolist() == [0, 2, 3, 4]
         assert hashlib.sha256(np.array([0, 2, 3, 4], np.int64).tobytes()).hexdigest() == versions[2].coverage_sha256
         assert "registry_file" not in {c["name"] for c in inspect(session.connection()).get_columns("datasets")}
-        key = create_key(session, "owner", "admin")
-        session.commit()
+    key = OLD_KEY  # on the chain since migration 0016
     client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
     chosen = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "ids"},
                          json={"mechanism": "rr", "epsilon": 30, "example_ids": ["e", "a"]})
@@ -437,3 +442,47 @@ def test_pickled_source_jobs_are_retired_and_their_files_deleted(database_url, t
     early = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "early"},
                         json=request.model_dump(exclude_none=True))
     assert early.status_code == 503 and early.json()["error"]["code"] == "release_failed", early.text
+
+
+def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
+    """Migration 0016: a key of an organization holding an account that the chain does not name (made before this
+    version recorded keys when accounts open) gets a ``key`` fact; the upgrading process signs the transition, so
+    verify-audit with the exported heads stays valid, and the key charges; run again, nothing more is appended."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.ledger import signing
+    from labels_party.verification import verify
+    from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
+
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    ctx = make_context(database, data)
+    with ctx.sessions() as s, s.begin():
+        admin = bearer(create_key(s, "hospital", "admin"))
+    with TestClient(create_app(ctx)) as client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=3)
+        assert upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(200)})).status_code \
+            == 200
+        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2},
+                           headers=admin).status_code == 201
+    with ctx.sessions() as s, s.begin():  # a key the chain does not name, as an older version left it
+        consumer = bearer(create_key(s, "publisher", "consumer"))
+        s.execute(text("UPDATE alembic_version SET version_num = '0015'"))
+        seq = s.get(db.Dataset, dataset).ledger_seq
+    ctx.close()
+    upgraded = make_context(database, data, upgrade=True)
+    try:
+        with upgraded.sessions() as s:
+            added = [e.record for e in entries(s, dataset) if e.seq > seq]
+        assert [(r["event"], r["org"], r["role"]) for r in added] == [("key", "publisher", "consumer")]
+        with TestClient(create_app(upgraded)) as client:
+            r = client.post(f"/v1/datasets/{dataset}/releases", headers={**consumer, "Idempotency-Key": "a"},
+                            json={"mechanism": "rr", "epsilon": 0.5})
+            assert r.status_code == 201, r.text
+        log = data / "audit"
+        report = verify(upgraded.sessions, upgraded.ledger, public_key=upgraded.ledger.signer.public,
+                        heads_log=lambda: signing.read_log(log))
+        assert report["valid"] is True, report
+    finally:
+        upgraded.close()
