@@ -190,6 +190,8 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
     vocab_sizes = tuple(int(frame[c].astype(str).nunique()) + 1 for c in request.categorical)
     fits = _fits(request, auto)  # a lower bound before the dataset is read
     _check_size(ctx.settings, request, learners, vocab_sizes, rows, output_dim=request.num_classes or 1, fits=fits)
+    _check_mlp_memory(ctx.settings, request, learners, vocab_sizes, rows, output_dim=request.num_classes or 1,
+                      fits=fits)
     with labels_party_client(ctx, url, request.api_key) as client:
         try:
             dataset = client.get_dataset(request.dataset_id)
@@ -211,6 +213,7 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
                        f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
     output_dim = losses.output_dim(loss, num_classes)
     _check_size(ctx.settings, request, learners, vocab_sizes, rows, output_dim=output_dim, fits=fits)
+    _check_mlp_memory(ctx.settings, request, learners, vocab_sizes, rows, output_dim=output_dim, fits=fits)
     for learner in learners:
         _check_outputs(ctx.settings, request, learner, len(frame), rows, output_dim, vocab_sizes, fits=fits)
     configs = {learner: _config(request.train, learner, loss) for learner in learners}
@@ -411,6 +414,60 @@ def _size(request: schemas.JobRequest, learner: str, vocab_sizes: tuple[int, ...
     parameters = models.num_params(spec)
     epochs = request.train.epochs * fits
     return parameters * epochs * rows, f"{parameters:,} parameters × {epochs:,} epochs × {rows:,} rows"
+
+
+# What an MLP job holds (mlp_memory), in bytes: 8 float32 copies of each parameter (the model, RMSProp's state, the
+# gradients and the update, the kept best, the scan's carry in and out, the result brought back: ~25 bytes a
+# parameter measured, issue 40); 3 float32 numbers per activation of a batch (its value, the pre-activation kept for
+# the backward pass and its gradient); 8 bytes per training cell (the table's column and its copy on the device).
+MLP_PARAMETER_BYTES = 32
+MLP_ACTIVATION_BYTES = 12
+MLP_CELL_BYTES = 8
+
+
+@dataclass(frozen=True)
+class MlpMemory:
+    """What an MLP job holds at most, in bytes: its parameters' copies (an auto job's candidates kept besides),
+    a batch's activations, and the training matrices."""
+
+    parameters: int
+    activations: int
+    matrices: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.activations + self.matrices
+
+    def describe(self) -> str:
+        return (f"{self.total:.3g} bytes = parameters {self.parameters:.3g} + activations {self.activations:.3g} + "
+                f"training matrices {self.matrices:.3g}")
+
+
+def mlp_memory(spec: models.ModelSpec, batch_size: int, rows: int, fits: int = 1) -> MlpMemory:
+    """:class:`MlpMemory` of an MLP job, from public inputs: the model the request builds, its batch size (at most
+    the rows), the rows it trains on, and how many models it fits (each kept as float32 numbers)."""
+    parameters = models.num_params(spec)
+    widths = (spec.num_numeric + spec.embed_dim * len(spec.vocab_sizes), *spec.hidden, spec.output_dim)
+    batch = max(1, min(batch_size, rows))
+    return MlpMemory(parameters * (MLP_PARAMETER_BYTES + 4 * (fits - 1)), MLP_ACTIVATION_BYTES * batch * sum(widths),
+                     MLP_CELL_BYTES * rows * (spec.num_numeric + len(spec.vocab_sizes)))
+
+
+def _check_mlp_memory(settings: TrainerSettings, request: schemas.JobRequest, learners: tuple[str, ...],
+                      vocab_sizes: tuple[int, ...], rows: int, *, output_dim: int, fits: int) -> None:
+    """Refuses an MLP job whose memory (:func:`mlp_memory`) is over ``max_mlp_bytes``: memory that ``max_job_size``
+    does not bound (a model of 10⁸ parameters trained for one epoch on a few thousand rows is small by it)."""
+    if "mlp" not in learners:
+        return
+    options = request.train
+    spec = models.ModelSpec(len(request.numeric), vocab_sizes, options.embed_dim, tuple(options.hidden), output_dim)
+    memory = mlp_memory(spec, options.batch_size, rows, fits)
+    if memory.total > settings.max_mlp_bytes:
+        raise LabelDPError(f"the MLP may take {memory.describe()} ({models.num_params(spec):,} parameters, hidden "
+                           f"{list(options.hidden)}, batch {options.batch_size:,}, {rows:,} rows), over this "
+                           f"trainer's limit of {settings.max_mlp_bytes:.3g} (max_mlp_bytes): use fewer or smaller "
+                           "layers, a smaller embed_dim or batch, fewer categorical levels or rows",
+                           code="job_too_large")
 
 
 def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learner: str, table_rows: int, rows: int,

@@ -62,6 +62,11 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     # per categorical level a split lists — XGBoost's cached histograms and the training matrices).
     max_prediction_cells: float = Field(default=1e8, gt=0)
     max_tree_bytes: float = Field(default=2e9, gt=0)
+    # ... and an MLP job's memory in bytes (features_party.planning.mlp_memory: its parameters' copies — the model,
+    # the optimizer's state, gradients, the kept best and the scan's carry —, a batch's activations and their
+    # gradients per layer, the training matrices): issue 40, a job of 1.3·10⁸ parameters within max_job_size took
+    # the trainer from 537 MB to 3.8 GB (~25 bytes a parameter).
+    max_mlp_bytes: float = Field(default=2e9, gt=0)
     max_job_seconds: float = Field(default=1800.0, gt=0)  # a running job past it stops: failed, job_time_limit
     max_jobs_per_org: int = Field(default=4, ge=1)  # queued + running; beyond: 429 too_many_jobs + Retry-After
     min_train_examples: int = Field(default=10, ge=1)  # fewer to train on: 400 too_few_examples, nothing requested

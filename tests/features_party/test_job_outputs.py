@@ -91,3 +91,31 @@ def test_a_tree_jobs_memory_is_bounded_by_its_model_histograms_and_matrices(part
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
         assert f"the trees may take {expected:.3g} bytes = model {model:.3g} + histograms {histograms:.3g}" in \
             answer.json()["error"]["message"]
+
+
+def test_an_mlp_jobs_memory_is_bounded_by_its_parameters_and_activations(parties):
+    """Issue 40: an MLP of 1.3·10⁸ parameters trained on a few rows is small by max_job_size, and took the trainer
+    from 537 MB to 3.8 GB. Eight hidden layers of 4,096 (1.2·10⁸ parameters, 32 bytes each: 3.8 GB) are refused by
+    the default max_mlp_bytes before the labels party is asked for anything; the usual MLP is not."""
+    from features_party.planning import mlp_memory
+    from shared import models
+
+    spec = models.ModelSpec(2, (4,), 4, (4096,) * 8, 1)  # x0, x1, group (3 levels and the unseen code)
+    parameters = models.num_params(spec)
+    assert parameters == (2 + 4) * 4096 + 7 * 4096 * 4096 + 4096 + 4 * 4 + 8 * 4096 + 1 > 1.1e8
+    memory = mlp_memory(spec, batch_size=16, rows=10)
+    assert (memory.parameters, memory.activations, memory.matrices) == (32 * parameters,
+                                                                        12 * 10 * (6 + 8 * 4096 + 1), 8 * 10 * 3)
+    assert mlp_memory(spec, batch_size=16, rows=10, fits=3).parameters == (32 + 8) * parameters  # kept candidates
+    ctx = trainer_context(parties["tmp"] / "mlp", parties["labels_url"], start=False)
+    trainer = trainer_client(ctx, "publisher")
+    assert _upload(trainer, parties["features"]).status_code == 200
+    dataset = _classes_dataset(parties, 3)
+    wide = {**MLP, "hidden": [4096] * 8}
+    refused = trainer.post("/v1/jobs", json=_rr_job(parties, dataset, wide))
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "job_too_large", refused.text
+    assert "(max_mlp_bytes)" in refused.json()["error"]["message"]
+    assert trainer.get("/v1/jobs").json() == []
+    assert parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+    for train in (MLP, {**MLP, "hidden": [64, 32]}):
+        assert trainer.post("/v1/jobs", json=_rr_job(parties, dataset, train)).status_code == 202
