@@ -83,17 +83,20 @@ def test_a_database_that_never_answers_is_not_ready_within_the_timeout():
         probe = DatabaseProbe(engine, timeout_seconds=1.0)
         started = time.monotonic()
         assert probe.answers() is False
-        first = time.monotonic() - started
-        assert 0.9 <= first < 3, first
+        assert time.monotonic() - started >= 0.9  # it waited its timeout...
+        pending = probe._pending
+        assert pending is not None and pending.is_alive()  # ...and gave up: the question is still unanswered
+        # (not stopwatches, which a loaded machine breaks: that the probe returned while its question still waits
+        # is what shows it did not wait for the database)
         threads = threading.active_count()
-        started = time.monotonic()
         assert probe.at_revision(MIGRATIONS.head()) is False
-        assert time.monotonic() - started < 0.5  # the first probe still waits: no second one
+        assert probe._pending is pending and pending.is_alive()  # the first probe still waits: no second one asked
         assert threading.active_count() == threads
         client = _app(readiness_checks(engine, MIGRATIONS.head(), {}, timeout_seconds=1.0))
-        started = time.monotonic()
+        threads = threading.active_count()
         assert_not_ready(client, ("database", "schema"))
-        assert time.monotonic() - started < 4
+        # its own probe asked once (one thread, still waiting for the silent server), the schema check not at all
+        assert threading.active_count() <= threads + 1
 
 
 def test_both_routes_are_public_and_documented(engine):
