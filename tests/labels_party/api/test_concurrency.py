@@ -65,6 +65,12 @@ def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mecha
     with ctx.sessions() as session:
         assert session.get(db.Dataset, dataset).epsilon_spent_units == 10 * 100_000_000
     assert len(audit["events"]) == 10 and audit["chain_valid"]
-    facts = len(audit["facts"])  # the dataset's totals and allocations, its grant: before any release
-    assert sorted(e["seq"] for e in audit["events"]) == list(range(facts + 1, facts + 11))
+    # the dataset's totals, allocations, keys, labels and grant come before any release; then each release's charge
+    # and, later, its availability: 20 entries after the setup's, one per seq
+    available = [f for f in audit["facts"] if f["record"]["event"] == "release_available"]
+    setup = len(audit["facts"]) - len(available)
+    assert len(available) == 10
+    assert sorted(e["seq"] for e in audit["events"] + available) == list(range(setup + 1, setup + 21))
+    assert {f["record"]["release_id"] for f in available} == {r.json()["id"] for r in responses
+                                                                if r.status_code == 201}
     assert verify_audit(ctx)["valid"]
