@@ -37,6 +37,11 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
     app = FastAPI(title=title, version="1", lifespan=lifespan, responses=openapi.error_responses(),
                   docs_url=None, redoc_url=None)  # FastAPI's pages load from a CDN: ours are served whole
     app.state.ctx, app.state.admit, app.state.routers = ctx, admit, tuple(routers)
+    settings = getattr(ctx, "settings", None)
+    if isinstance(settings, limits.HttpSettings):  # what JSON bodies may decode to (the gate reads them)
+        app.state.decode_budget = gate.DecodeBudget(settings.json_decode_budget_bytes,
+                                                    settings.max_json_decoded_bytes,
+                                                    settings.json_decode_wait_seconds)
     install_error_handlers(app, log, private_dirs)
 
     checks = dict(readiness)
@@ -61,7 +66,6 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
         if unguarded:
             raise TypeError(f"routes without a guard: {unguarded}")
         app.include_router(router)
-    settings = getattr(ctx, "settings", None)
 
     def adjust(spec: dict) -> None:
         if isinstance(settings, limits.HttpSettings):  # this deployment's HTTP limits, where clients look

@@ -8,13 +8,23 @@ authorization)`` (``app.state.admit``, in a worker thread: it may use the databa
 limited to the admission's limit — on the declared length and while it streams. The route reads the admission
 through the same dependency: access is decided once per request. A guarded route without exactly one guard is
 refused when it is defined.
+
+A route whose body is JSON has it read here too, before FastAPI parses it, and bounded by what it **decodes to**
+(issue 40: a 60 MB body of ``[[0], [0], …]`` within the 64 MiB limit took the server from 683 MB to 4.2 GB): as the
+body streams in, :class:`JsonCost` counts what it can decode to (its bytes, values and containers — C-speed byte
+counts, no parsing), and the request takes that much of the process's :class:`DecodeBudget` before any of it is
+parsed. A body whose cost is over the per-request limit is 413 ``body_too_large`` at once; one the budget cannot
+cover within its wait is 503 ``server_busy`` with Retry-After. The budget is held until the answer is sent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +36,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from shared.errors import LabelDPError
+from shared.errors import LabelDPError, RetryLater
 
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 
@@ -90,7 +100,17 @@ class GuardedRoute(APIRoute):
             def flag() -> None:  # routes that parse JSON wrap the error in a generic 400: the flag lets it say 413
                 state["body_too_large"] = True
 
-            return await handle(CheckedRequest(request.scope, limited(request.receive, limit, flag)))
+            receive = limited(request.receive, limit, flag)
+            checked = CheckedRequest(request.scope, receive)
+            if self.body_field is None:  # no JSON body (none, or a file the route streams itself)
+                return await handle(checked)
+            budget: DecodeBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
+            body, held = await read_json_body(receive, budget)
+            checked._body = body  # FastAPI's request.body() returns it: nothing is read twice
+            try:
+                return await handle(checked)
+            finally:
+                budget.give(held)
 
         return guarded
 
@@ -110,23 +130,155 @@ class CheckedRequest(Request):
 
 
 def _first_invalid_string(value: Any, where: str = "body") -> str | None:
-    """Where the first string (key or value) holding a lone surrogate is, or None."""
-    stack = [(value, where)]
+    """Where the first string (key or value) holding a lone surrogate is, or None: a walk whose memory is the
+    nesting depth (a stack of iterators), not one path per element (which took ~120 bytes per value)."""
+    if isinstance(value, str):
+        return None if _valid(value) else where
+    if not isinstance(value, (dict, list)):
+        return None
+    stack: list[tuple[str, Iterator[tuple[Any, Any]]]] = [(where, _items(value))]
     while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(item, dict):
-            for key, inner in item.items():
-                if _first_invalid_string(key, path) is not None:
-                    return f"{path} (a key)"
-                stack.append((inner, f"{path}.{key}" if len(path) < 200 else path))
-        elif isinstance(item, list):
-            stack.extend((inner, f"{path}[{i}]" if len(path) < 200 else path) for i, inner in enumerate(item))
+        path, items = stack[-1]
+        for key, inner in items:
+            if isinstance(key, str) and not _valid(key):
+                return f"{path} (a key)"
+            if isinstance(inner, str):
+                if not _valid(inner):
+                    return _path(path, key)
+            elif isinstance(inner, (dict, list)):
+                stack.append((_path(path, key), _items(inner)))
+                break
+        else:
+            stack.pop()
     return None
+
+
+def _items(container: dict | list) -> Iterator[tuple[Any, Any]]:
+    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
+
+
+def _path(path: str, key: Any) -> str:
+    if len(path) >= 200:
+        return path
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+
+
+def _valid(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# What decoding a JSON body can take, per unit JsonCost counts, measured with tracemalloc over json.loads, the
+# surrogate check, pydantic's validation, model_dump and a canonical json.dumps (the ledger's record) of hostile
+# bodies (tests/shared/service/test_decode_budget.py checks every shape against these): a value (number, string,
+# literal; its pointers, its object and its copies), a container (list or object, and pydantic's copies of it),
+# a byte of the body (the body itself, strings' characters — up to 4 bytes each once one needs UCS-4 — and the
+# canonical dump).
+VALUE_BYTES = 128
+CONTAINER_BYTES = 160
+BODY_BYTE_BYTES = 8
+
+
+@dataclass
+class JsonCost:
+    """An upper bound on the memory a JSON body decodes to, counted on its bytes as they arrive (no parsing):
+    every value follows a comma, a colon, an opening bracket or starts the body; every container opens with one."""
+
+    size: int = 0
+    separators: int = 0
+    containers: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self.separators += chunk.count(b",") + chunk.count(b":")
+        self.containers += chunk.count(b"[") + chunk.count(b"{")
+
+    @property
+    def total(self) -> int:
+        values = self.separators + self.containers + 1
+        return VALUE_BYTES * values + CONTAINER_BYTES * self.containers + BODY_BYTE_BYTES * self.size
+
+    def describe(self) -> str:
+        return (f"about {self.total:,} bytes ({self.size:,} bytes of JSON, up to "
+                f"{self.separators + self.containers + 1:,} values, {self.containers:,} arrays or objects)")
+
+
+class DecodeBudget:
+    """The memory a process lends to decoding JSON bodies: at most ``per_request`` bytes (by :class:`JsonCost`)
+    for one body, ``total`` for all of them at once; a request waits up to ``wait_seconds`` for its share.
+    Thread-safe and free of any event loop (requests poll): one budget serves every loop a process runs."""
+
+    POLL_SECONDS = 0.02
+
+    def __init__(self, total: int, per_request: int, wait_seconds: float = 10.0):
+        if per_request > total:
+            raise ValueError(f"a request's decoding budget ({per_request:,}) exceeds the process's ({total:,})")
+        self.total, self.per_request, self.wait_seconds = total, per_request, wait_seconds
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def try_take(self, amount: int) -> bool:
+        with self._lock:
+            if self.used + amount > self.total:
+                return False
+            self.used += amount
+            return True
+
+    def give(self, amount: int) -> None:
+        with self._lock:
+            self.used -= amount
+
+    async def take(self, amount: int, deadline: float) -> None:
+        """``amount`` more, waiting until ``deadline`` (monotonic); then 503 server_busy with Retry-After."""
+        while not self.try_take(amount):
+            if time.monotonic() >= deadline:
+                raise RetryLater(f"the server is decoding other bodies: {amount:,} bytes more of its "
+                                 f"{self.total:,}-byte budget for decoding JSON are not free; retry",
+                                 code="server_busy", retry_after=math.ceil(self.wait_seconds))
+            await anyio.sleep(self.POLL_SECONDS)
+
+
+DEFAULT_BUDGET = DecodeBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
+
+
+async def read_json_body(receive, budget: DecodeBudget) -> tuple[bytes, int]:
+    """The whole body and the share of ``budget`` taken for it (the caller gives it back): as each chunk arrives
+    its cost is counted, refused past ``budget.per_request`` (413 body_too_large, before the rest is read) and
+    taken from the budget (waiting, then 503 server_busy): nothing is parsed before it is paid for."""
+    from starlette.requests import ClientDisconnect
+
+    cost, held, chunks = JsonCost(), 0, []
+    deadline = time.monotonic() + budget.wait_seconds
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            if chunk:
+                cost.add(chunk)
+                # a joined copy of the chunks exists with them for a moment: counted
+                need = cost.total + cost.size - held
+                if held + need > budget.per_request:
+                    raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
+                                       f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter "
+                                       "values", code="body_too_large")
+                if need > 0:
+                    await budget.take(need, deadline)
+                    held += need
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+    except BaseException:
+        budget.give(held)
+        raise
+    return body, held
 
 
 def declared_too_large(headers: Mapping[bytes, bytes], limit: int) -> bool:

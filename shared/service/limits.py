@@ -7,7 +7,7 @@ import asyncio
 import math
 import time
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,6 +22,19 @@ class HttpSettings(BaseSettings):
     min_body_bytes_per_second: int = Field(default=1024, ge=0)
     max_connections: int = Field(default=256, ge=1)
     log_repeat_seconds: float = Field(default=10.0, gt=0)
+    # What JSON bodies may decode to (shared.service.gate.JsonCost, an upper bound counted on the bytes before they
+    # are parsed): one body at most max_json_decoded_bytes (else 413 body_too_large), all bodies being decoded or
+    # answered at once at most json_decode_budget_bytes (a body waits up to json_decode_wait_seconds for its share,
+    # else 503 server_busy with Retry-After). 192 MiB is ~10⁶ example ids of 10 characters, or ~10⁶ numbers.
+    max_json_decoded_bytes: int = Field(default=192 << 20, gt=0)
+    json_decode_budget_bytes: int = Field(default=768 << 20, gt=0)
+    json_decode_wait_seconds: float = Field(default=10.0, ge=0, le=600)
+
+    @model_validator(mode="after")
+    def _a_body_fits_the_budget(self) -> HttpSettings:
+        if self.max_json_decoded_bytes > self.json_decode_budget_bytes:
+            raise ValueError("max_json_decoded_bytes must be at most json_decode_budget_bytes")
+        return self
 
 
 def describe(settings: HttpSettings) -> str:
@@ -30,7 +43,11 @@ def describe(settings: HttpSettings) -> str:
             f"connection, else the connection is closed; a request body must not pause longer than "
             f"{settings.body_timeout_seconds:g} s nor, after that long, arrive slower than "
             f"{settings.min_body_bytes_per_second} bytes/s on average (408 body_timeout); at most "
-            f"{settings.max_connections} connections and requests in progress (503 server_busy, Retry-After).")
+            f"{settings.max_connections} connections and requests in progress (503 server_busy, Retry-After). A JSON "
+            f"body may decode to at most {settings.max_json_decoded_bytes:,} bytes, counted on its bytes before it "
+            f"is parsed (413 body_too_large); bodies being decoded share {settings.json_decode_budget_bytes:,} bytes "
+            f"(a body waits up to {settings.json_decode_wait_seconds:g} s for its share: 503 server_busy, "
+            "Retry-After).")
 
 
 class BodyDeadline:

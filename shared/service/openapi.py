@@ -18,7 +18,10 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                  404: "no such object for this key (the same answer whether it exists or not)",
                  405: "method not allowed (see Allow)", 406: "cannot produce the Accept'ed media type",
                  408: "body_timeout: the request body paused too long or arrived too slowly; the connection is closed",
-                 409: "the current state does not allow it", 413: "body over this endpoint's limit",
+                 409: "the current state does not allow it",
+                 413: "body_too_large: the body, or what it decodes to (a JSON body's values, a Parquet body's "
+                      "decompressed columns, rows beyond the dataset's examples), is over this endpoint's limit; "
+                      "nothing changed",
                  415: "unsupported content type", 422: "body or parameters do not match the schema",
                  429: "over this organization's own limit (release_quota_exceeded: concurrent releases or "
                       "release-seconds per window; too_many_jobs: queued and running trainer jobs); nothing charged; "
@@ -26,9 +29,9 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                  500: "internal error; nothing was done", 502: "an upstream service failed or is unreachable",
                  503: "out of time or resources (release_failed: charged, then failed; release_file_damaged: a "
                       "release's stored labels file is missing or not the one recorded, never served; any other: "
-                      "nothing charged; release_capacity_exhausted and server_busy: the service's shared capacity, "
-                      "with Retry-After; resource_exhausted: out of memory or file descriptors; not_ready: GET "
-                      "/readyz, a readiness check failed)",
+                      "nothing charged; release_capacity_exhausted and server_busy: the service's shared capacity "
+                      "(connections, memory for decoding JSON bodies), with Retry-After; resource_exhausted: out of "
+                      "memory or file descriptors; not_ready: GET /readyz, a readiness check failed)",
                  507: "insufficient_storage: the service's storage is full; nothing was changed or charged"}
 
 
