@@ -311,7 +311,11 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             return Charged(existing.id, False)
     try:  # charged: from here on a failure is the release's, paid for
         ctx.checkpoint("after_charge_commit")
-    except Exception:
+    except BaseException as err:
+        if lease is not None:  # renewed from its insertion until adopted (JobRunner.lease_new): never adopted now
+            ctx.jobs.let_go(lease)
+        if not isinstance(err, Exception):  # a process going down: its lease expires, a replica fails it
+            raise
         fail(ctx, release_id, None)
         log.exception("release %s failed after it was charged", release_id)
         raise release_failed(release_id) from None

@@ -44,13 +44,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, Integer, String, or_, select
+from sqlalchemy import Engine, Integer, String, event, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from shared.service.database import UtcDateTime, make_engine, utcnow
@@ -223,11 +224,15 @@ class JobRunner:
         self.name, self.sessions, self.table, self._run = name, sessions, table, run
         self.threads, self.lease_seconds, self.poll_seconds = threads, lease_seconds, poll_seconds
         self.renew_seconds = renew_seconds if renew_seconds is not None else lease_seconds / 10
+        # how long a lease taken by lease_new is renewed before it is adopted (its creator failed in between: it
+        # then expires, and a worker cleans up after it)
+        self.adopt_seconds = max(60.0, 10 * lease_seconds)
         self.retry_seconds, self.retry_state = retry_seconds, retry_state or table.claimable[0]
         self.owner = worker_id()
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._held: dict[str, tuple[Lease, threading.Event]] = {}
+        self._provisional: dict[str, float] = {}  # leases of lease_new not adopted yet: renewed until (monotonic)
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []  # the claiming threads, once started
         self._beating: threading.Thread | None = None  # the heartbeat, while it runs
@@ -278,19 +283,55 @@ class JobRunner:
     # -- leases taken outside a claim ------------------------------------------------------------------------------
     def lease_new(self, session: Session, **columns: Any) -> Lease:
         """Insert, in the caller's transaction, a job already claimed by this runner (attempt 1, a lease of
-        ``lease_seconds``): work the caller does itself, renewed once :meth:`adopted` after the commit, and claimed
-        by any worker if the lease expires."""
+        ``lease_seconds``): work the caller does itself, then :meth:`adopted`, and claimed by any worker if the
+        lease expires.
+
+        The lease is renewed from its insertion, not from its adoption: what runs between the commit and
+        :meth:`adopted` may wait (the labels party's ledger confirms a charge's head after the commit, under the
+        dataset's lock, behind every concurrent charge of the dataset — under load, longer than a lease of 5 s:
+        issue 40's replicas test saw a release failed as abandoned by its own process). Its expiry is set again
+        as the transaction commits, and until it is adopted — at most ``adopt_seconds`` — the heartbeat renews it
+        (once the commit makes it visible) and this runner's workers never claim it. A rollback lets it go."""
         row = self.table.leased_row(self.owner, self.lease_seconds, **columns)
         session.add(row)
         session.flush()  # its id
-        return Lease(row.id, self.owner, row.attempts)
+        lease = Lease(row.id, self.owner, row.attempts)
+
+        committed = threading.Event()
+
+        def committing(_session: Session) -> None:  # the lease runs from the commit on, however long it waited
+            now = utcnow()
+            row.heartbeat_at, row.lease_expires_at = now, now + timedelta(seconds=self.lease_seconds)
+
+        def rolled_back(_session: Session) -> None:  # the row was never written: nothing to renew
+            with self._lock:
+                if not committed.is_set() and self._provisional.pop(lease.job_id, None) is not None:
+                    self._held.pop(lease.job_id, None)
+
+        event.listen(session, "before_commit", committing, once=True)
+        event.listen(session, "after_commit", lambda _session: committed.set(), once=True)
+        event.listen(session, "after_rollback", rolled_back, once=True)
+        with self._lock:
+            self._held[lease.job_id] = (lease, threading.Event())
+            self._provisional[lease.job_id] = time.monotonic() + self.adopt_seconds
+            self._start_heartbeat()
+        return lease
+
+    def let_go(self, lease: Lease) -> None:
+        """Stop renewing a lease of :meth:`lease_new` that will not be adopted (its creator failed before): it
+        expires, and a worker cleans up after it."""
+        with self._lock:
+            self._provisional.pop(lease.job_id, None)
+            self._held.pop(lease.job_id, None)
 
     @contextlib.contextmanager
     def adopted(self, lease: Lease) -> Iterator[threading.Event]:
         """Renew ``lease`` with the others this runner holds while the block runs, then let it go (a lease let go
         expires unless its job was finished). Yields the event set when the heartbeat finds it lost."""
-        lost = threading.Event()
         with self._lock:
+            self._provisional.pop(lease.job_id, None)
+            held = self._held.get(lease.job_id)
+            lost = held[1] if held is not None and held[0] == lease else threading.Event()
             self._held[lease.job_id] = (lease, lost)
             self._start_heartbeat()
         try:
@@ -386,6 +427,12 @@ class JobRunner:
     def beat(self) -> None:
         """Renew every lease held; flag those another worker took over (tests call it directly)."""
         with self._lock:
+            now = time.monotonic()
+            for job_id in [job_id for job_id, until in self._provisional.items() if until < now]:
+                log.warning("%s: job %s was leased for its creator, which never adopted it: let go", self.name,
+                            job_id)
+                self._provisional.pop(job_id)
+                self._held.pop(job_id, None)
             held = dict(self._held)
         if not held:
             self._last_beat = utcnow()

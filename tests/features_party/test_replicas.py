@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -240,6 +240,11 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "labeldp", *args]
 
 
+def _utc(moment: datetime) -> datetime:
+    """A timestamp read with plain SQL, in UTC (PostgreSQL's timestamptz comes back aware already)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 def _run(args: list[str], env: dict | None = None) -> str:
     return subprocess.run(args, env=env, capture_output=True, text=True, check=True, timeout=300).stdout.strip()
 
@@ -301,7 +306,7 @@ def test_two_trainer_processes_a_killed_ones_job_is_finished_by_the_other_charge
                     return tuple(connection.execute(text(
                         "SELECT status, lease_owner, epoch, attempts FROM jobs WHERE id = :id"), {"id": job_id}).one())
 
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 600  # bounds here are for a failure, not a speed (a loaded machine)
             while (state := lease())[0] != "running" or state[2] < 1:  # training: its first epoch recorded
                 assert state[0] in ("queued", "running") and time.monotonic() < deadline, state
                 time.sleep(0.05)
@@ -311,25 +316,32 @@ def test_two_trainer_processes_a_killed_ones_job_is_finished_by_the_other_charge
             victim, survivor = processes[holder]
             os.kill(holder, signal.SIGKILL)
             killed = time.monotonic()
-            assert victim.wait(30) == -signal.SIGKILL
+            assert victim.wait(120) == -signal.SIGKILL
+            with engine.connect() as connection:  # final: the dead process renews nothing
+                expires = connection.execute(text("SELECT lease_expires_at FROM jobs WHERE id = :id"),
+                                             {"id": job_id}).scalar()
             taken_over = None
             while (view := clients[survivor].get(f"/v1/jobs/{job_id}").json())["status"] != "succeeded":
-                assert view["status"] in ("queued", "running", "interrupted") and time.monotonic() - killed < 120, view
+                assert view["status"] in ("queued", "running", "interrupted") and time.monotonic() - killed < 600, view
                 if taken_over is None and lease()[3] == 2:
                     taken_over = time.monotonic() - killed
                 time.sleep(0.05)
             succeeded = time.monotonic() - killed
             final = lease()
+            with engine.connect() as connection:
+                started = connection.execute(text("SELECT started_at FROM jobs WHERE id = :id"),
+                                             {"id": job_id}).scalar()
             engine.dispose()
         spent = owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"]
         releases = owner.get(f"/v1/datasets/{dataset}/releases").json()
     print(f"\nkill -9 of the training trainer (pid {holder}) at epoch {state[2]}: taken over after "
           f"{taken_over if taken_over is None else round(taken_over, 1)} s, succeeded after {succeeded:.1f} s "
           f"(lease {lease_seconds} s)")
-    assert final[0] == "succeeded" and final[3] == 2 and final[1] is None, final
+    assert final[0] == "succeeded" and final[3] == 2 and final[1] is None, final  # taken over once, finished
     assert view["release"]["charged_epsilon"] == epsilon
-    assert taken_over is not None and taken_over < lease_seconds + 3
-    assert succeeded < lease_seconds + 30  # the takeover, then the job redone from its (replayed) release
+    # the survivor's claim (its attempt's start) came once the dead one's lease had expired, not before — a lower
+    # bound, which load cannot break (issue 40: "the lease, then the next poll" as a stopwatch failed under load)
+    assert _utc(started) >= _utc(expires), (started, expires)
     assert spent == epsilon and len(releases) == 1  # charged once
     assert view["release"]["id"] == releases[0]["id"]
 

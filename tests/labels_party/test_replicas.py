@@ -27,6 +27,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,10 @@ from tests.support.databases import POSTGRES_URL, fresh_database
 pytestmark = pytest.mark.slow
 
 LEASE_SECONDS = 5
+# How long a wait may take before the test fails: a bound for a failure, not a speed (issue 40: the lease's expiry
+# "then the next poll" took longer than any stopwatch allowed on a loaded machine); what a takeover must show is a
+# lower bound — claimed after the dead process's lease expired — and the attempt count.
+FAILURE_BOUND = 600
 RELEASES, ADMITTED = 64, 5
 SOURCE_ROWS = 400_000
 UPLOADED_ROWS = 5_000_000  # a release computed in its request for seconds: killed while it computes
@@ -51,6 +56,18 @@ def _cli(env: dict, *args: str) -> str:
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def _lease_expiry(engine, kind: str, subject_id: str) -> datetime:
+    with engine.connect() as connection:
+        expires = connection.execute(text("SELECT lease_expires_at FROM jobs WHERE kind = :k AND subject_id = :s"),
+                                     {"k": kind, "s": subject_id}).scalar()
+    return _aware(expires)
+
+
+def _aware(moment: datetime) -> datetime:
+    """A timestamp read with plain SQL, in UTC (PostgreSQL's timestamptz comes back aware already)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 def _until(what: str, check, seconds: float, every: float = 0.1):
@@ -96,24 +113,27 @@ def _a_release_killed_in_its_request(http, engine, data: Path, process, victim: 
     def outcome():
         with engine.connect() as connection:
             found = connection.execute(text(
-                "SELECT r.state, r.error_json, j.state AS job, j.attempts, j.lease_owner FROM releases r "
-                "JOIN jobs j ON j.subject_id = r.id AND j.kind = 'compute_release' WHERE r.id = :r"),
+                "SELECT r.state, r.error_json, j.state AS job, j.attempts, j.lease_owner, j.heartbeat_at "
+                "FROM releases r JOIN jobs j ON j.subject_id = r.id AND j.kind = 'compute_release' WHERE r.id = :r"),
                 {"r": release_id}).first()
         return found if found.state != "running" else None
 
     with ThreadPoolExecutor(1) as pool:
         sent = pool.submit(http.post, f"{victim}/v1/datasets/{dataset}/releases", json=body, headers=headers)
-        release_id, lease_owner = _until("the release computing", computing, 120, 0.02)
+        release_id, lease_owner = _until("the release computing", computing, FAILURE_BOUND, 0.02)
         assert int(lease_owner.split(":")[1]) == process.pid
         os.kill(process.pid, signal.SIGKILL)  # mid-request: no failure recorded, no renewal
         killed = time.monotonic()
+        expires = _lease_expiry(engine, "compute_release", release_id)  # final: its process renews nothing now
         with pytest.raises(httpx.TransportError):
             sent.result()
-    done = _until("the release failed by the survivor", outcome, LEASE_SECONDS + 30)
+    done = _until("the release failed by the survivor", outcome, FAILURE_BOUND)
     failed_after = time.monotonic() - killed
     assert (done.state, json.loads(done.error_json)["code"], done.job, done.attempts, done.lease_owner) == \
         ("failed", "release_failed", "failed", 2, None)
-    assert failed_after <= LEASE_SECONDS + 5  # the lease's expiry, then the survivor's next poll
+    # claimed by the survivor once the lease had expired, not before (a lower bound: the claim's own time, which
+    # a loaded machine can only make later)
+    assert _aware(done.heartbeat_at) >= expires, (done.heartbeat_at, expires)
     resent = http.post(f"{survivor}/v1/datasets/{dataset}/releases", json=body, headers=headers)
     assert (resent.status_code, resent.json()["error"]["code"]) == (503, "release_failed"), resent.text
     with engine.connect() as connection:
@@ -194,7 +214,7 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
             assert registered.status_code == 202, registered.text
             source = registered.json()["id"]
             ready = _until("the registration", lambda: (lambda d: d if d["state"] != "registering" else None)(
-                http.get(f"{bases[0]}{registered.headers['location']}", headers=owner).json()), 180, 0.5)
+                http.get(f"{bases[0]}{registered.headers['location']}", headers=owner).json()), FAILURE_BOUND, 0.5)
             assert ready["state"] == "ready" and ready["num_examples"] == SOURCE_ROWS, ready
             assert http.post(f"{bases[0]}/v1/datasets/{source}/grants", headers=owner,
                              json={"org": "publisher", "epsilon": 3}).status_code == 201
@@ -206,31 +226,33 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
             def lease():
                 with engine.connect() as connection:
                     return connection.execute(text(
-                        "SELECT lease_owner, attempts FROM jobs WHERE kind = 'privatize_source' AND subject_id = :r "
+                        "SELECT lease_owner, attempts, heartbeat_at FROM jobs WHERE kind = 'privatize_source' "
+                        "AND subject_id = :r "
                         "AND state = 'running'"), {"r": release_id}).first()
 
-            holder = _until("the job's first lease", lease, 60)
+            holder = _until("the job's first lease", lease, FAILURE_BOUND)
             pid = int(holder.lease_owner.split(":")[1])
             assert pid in processes and holder.attempts == 1, holder
             attempts = tmp_path / "data" / "tmp" / "jobs"
-            _until("the Spark job writing", lambda: list(attempts.glob(f"{release_id}.*/*")), 120, 0.05)
+            _until("the Spark job writing", lambda: list(attempts.glob(f"{release_id}.*/*")), FAILURE_BOUND, 0.05)
             assert http.get(f"{bases[processes[pid]]}/v1/releases/{release_id}",
                             headers=publisher).json()["state"] == "running"
             os.kill(pid, signal.SIGKILL)  # mid-job: no heartbeat, no cleanup
             killed = time.monotonic()
+            expires = _lease_expiry(engine, "privatize_source", release_id)  # final: nothing renews it now
             survivor = bases[1 - processes[pid]]
             taken = _until("the takeover", lambda: (lambda h: h if h and h.attempts == 2 else None)(lease()),
-                           LEASE_SECONDS + 30)
+                           FAILURE_BOUND)
             claimed = time.monotonic()
             assert int(taken.lease_owner.split(":")[1]) != pid
             done = _until("the release", lambda: (lambda r: r if r["state"] != "running" else None)(
-                http.get(f"{survivor}/v1/releases/{release_id}", headers=publisher).json()), LEASE_SECONDS + 120, 0.2)
+                http.get(f"{survivor}/v1/releases/{release_id}", headers=publisher).json()), FAILURE_BOUND, 0.2)
             available = time.monotonic()
             print(f"replica {processes[pid]} (pid {pid}) killed mid-job: its lease taken over after "
                   f"{claimed - killed:.1f} s (lease {LEASE_SECONDS} s), the release available "
                   f"{available - killed:.1f} s after the kill")
             assert done["state"] == "available", done
-            assert claimed - killed <= LEASE_SECONDS + 5  # the lease's expiry, then the next poll
+            assert _aware(taken.heartbeat_at) >= expires  # taken over once the lease had expired, not before
             assert list(attempts.glob(f"{release_id}.*")) != []  # the dead attempt's files: left for a lone start
             table = http.get(f"{survivor}/v1/releases/{release_id}/labels", headers=publisher)
             assert table.status_code == 200 and table.text.count("\n") == SOURCE_ROWS + 1

@@ -304,10 +304,11 @@ def test_a_runner_not_started_beats_only_while_it_holds_adopted_leases(sessions)
     """The heartbeat of a runner whose workers were not started (tests, commands) runs on demand: it renews an
     adopted lease in the background, and ends once nothing is held."""
     runner = JobRunner("OnDemand", sessions, TABLE, _noop, lease_seconds=0.3)
+    assert _heartbeats("OnDemand") == []
     with sessions() as session, session.begin():
         lease = runner.lease_new(session)
     first_beat = _row(sessions, lease.job_id).heartbeat_at
-    assert _heartbeats("OnDemand") == []
+    assert len(_heartbeats("OnDemand")) == 1  # renewed from its insertion on, adopted or not yet
     with runner.adopted(lease):
         assert len(_heartbeats("OnDemand")) == 1
         _until(lambda: _row(sessions, lease.job_id).heartbeat_at > first_beat)  # renewed by the heartbeat
@@ -372,3 +373,36 @@ def test_the_heartbeat_renews_on_its_own_connection_when_the_shared_pool_is_exha
 def test_renewals_come_every_tenth_of_the_lease():
     assert JobRunner("R", sessionmaker(), TABLE, _noop, lease_seconds=30).renew_seconds == 3.0
     assert JobRunner("R", sessionmaker(), TABLE, _noop, lease_seconds=30, renew_seconds=1).renew_seconds == 1
+
+
+def test_a_lease_taken_in_a_transaction_runs_from_its_commit_and_is_renewed_until_adopted(sessions):
+    """Issue 40's replicas test under load: a release's transaction inserted its leased job, then waited (the
+    ledger's confirmation after the commit queues behind every concurrent charge of the dataset) longer than the
+    lease before the request adopted it — its own process's worker claimed it as abandoned and failed the release.
+    Now the lease's expiry is set at the commit, the heartbeat renews it from then on, and this runner never
+    claims it; a rolled-back transaction's lease is let go."""
+    runner = JobRunner("R", sessions, TABLE, _noop, lease_seconds=1.0)
+    with sessions() as session, session.begin():
+        lease = runner.lease_new(session)
+        time.sleep(1.2)  # the transaction outlives the lease it took at the insertion
+    assert _row(sessions, lease.job_id).lease_expires_at > utcnow()  # set again as it committed
+    assert runner.holding() == [lease.job_id]
+    _expire(sessions, lease.job_id)
+    with sessions() as session, session.begin():  # this process's workers never take it, expired or not
+        assert TABLE.claim(session, "R", 1.0, holding=runner.holding()) is None
+    runner.beat()  # not adopted yet: renewed all the same
+    assert _row(sessions, lease.job_id).lease_expires_at > utcnow()
+    with runner.adopted(lease) as lost:
+        runner.beat()
+        assert not lost.is_set()
+    assert runner.holding() == []
+
+    with pytest.raises(RuntimeError), sessions() as session, session.begin():
+        rolled_back = runner.lease_new(session)
+        raise RuntimeError("the charge failed")
+    assert rolled_back.job_id not in runner.holding()
+    with sessions() as session, session.begin():
+        never_adopted = runner.lease_new(session)
+    runner.let_go(never_adopted)
+    assert runner.holding() == []
+    runner.stop()
