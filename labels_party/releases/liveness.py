@@ -6,9 +6,12 @@ alone on the data directory (:func:`labels_party.recovery.fail_interrupted`, the
   ``compute_release`` job (:mod:`labels_party.jobs`), already claimed by this process: attempt 1, the process's job
   runner as ``lease_owner``, expiring ``job_lease_seconds`` later (:func:`lease`).
 * **Renew.** From the commit until the request has recorded its outcome, the runner's heartbeat renews the lease
-  with the jobs its workers hold (:func:`computing`). A process whose workers were not started (tests, commands)
-  renews it all the same: its runner starts the heartbeat on demand while it holds such a lease
-  (:meth:`shared.service.leases.JobRunner.adopted`). So the lease is valid exactly while the process lives and
+  with the jobs its workers hold (:func:`computing`) — from the commit, not from the adoption: the lease's expiry
+  is set again as the charge commits and the heartbeat holds it until the request adopts it, since what runs in
+  between (the ledger's confirmation, under the dataset's lock) may wait longer than a lease under load (issue
+  40). A process whose workers were not started (tests, commands) renews it all the same: its runner starts the
+  heartbeat on demand while it holds such a lease (:meth:`shared.service.leases.JobRunner.lease_new`,
+  :meth:`~shared.service.leases.JobRunner.adopted`). So the lease is valid exactly while the process lives and
   reaches the database, however long the release computes, and no longer.
 * **Settle.** The transaction that records the outcome — the release ``available`` (:func:`.lifecycle.finish`) or
   ``failed`` (:func:`.lifecycle.fail`) — locks the release's row, then the job's, and finishes the job only if this
