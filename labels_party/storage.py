@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,6 +24,9 @@ class DataStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        # digests already computed, by file and the stat of its parts: a file served again is not read again
+        self._digests: dict[str, tuple[tuple, tuple[int, str]]] = {}
+        self._digesting = threading.Lock()
 
     def path(self, relative: str) -> Path:
         return self.root / relative
@@ -72,6 +76,22 @@ class DataStore:
         """(bytes, SHA-256) of a file, or of a directory's Parquet part files in order (a Spark job's output) —
         what a download serves. Raises OSError if it is missing."""
         return file_digest(self.path(relative))
+
+    def checked_digest(self, relative: str) -> tuple[int, str]:
+        """:meth:`digest`, computed again only when a part of the file changed since: its size, inode, modification
+        or status-change time (the last changes on every write and cannot be set back). Raises OSError if it is
+        missing."""
+        parts = parquet_parts(self.path(relative))
+        signature = tuple((str(p), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                          for p, st in ((p, p.stat()) for p in parts))
+        with self._digesting:
+            known = self._digests.get(relative)
+        if known is not None and known[0] == signature:
+            return known[1]
+        found = file_digest(self.path(relative))
+        with self._digesting:
+            self._digests[relative] = (signature, found)
+        return found
 
     def size(self, relative: str) -> int:
         """Bytes of a file, or of a directory's Parquet part files — what :meth:`digest` reads, without reading it."""

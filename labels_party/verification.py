@@ -43,6 +43,7 @@ from labels_party.ledger import (
     Charge,
     Entry,
     Ledger,
+    Replayed,
     SignedHead,
     canonical,
     chain_intact,

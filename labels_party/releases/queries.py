@@ -26,12 +26,12 @@ def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> t
         return release_view(release, execution), release.file
 
 
-def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, whole: bool) -> str:
+def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> str:
     """The file of an available release this key sees, checked against the size and SHA-256 recorded when it
     became available — on its dataset's chain (:class:`labels_party.ledger.ReleaseFact`; on its row for releases
-    charged before that fact existed): 503 ``release_file_damaged`` rather than a 200 cut short. ``whole``: the
-    download reads the whole file (its hash is checked); a JSON page checks the size and reads its rows before
-    answering."""
+    charged before that fact existed): 503 ``release_file_damaged`` rather than a 200 cut short — for a download
+    and for a JSON page alike (the file's hash is computed once per version of the file: :meth:`DataStore.
+    checked_digest`)."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
@@ -50,7 +50,7 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str, *, w
                                             "became available"])
             size, sha256 = fact.file_bytes, fact.file_sha256
     try:
-        found = ctx.store.digest(file) if whole else (ctx.store.size(file), sha256)
+        found = ctx.store.checked_digest(file)  # hashed once per version of the file, whatever is served of it
     except OSError:
         found = None
     if size is None or found != (size, sha256):

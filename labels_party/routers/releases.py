@@ -20,7 +20,6 @@ from labels_party.routers.deps import (
     with_columnar_body,
 )
 from shared import schemas
-from shared.errors import LabelDPError
 from shared.service import openapi, tables
 from shared.service.gate import GuardedRoute
 
@@ -118,11 +117,7 @@ def download(release_id: str, request: Request, who: AnyKey, ctx: Context,
     the one recorded when the release became available (size and SHA-256) is never served: 503
     ``release_file_damaged``."""
     accept = request.headers.get("accept")
-    try:
-        page = tables.negotiate(accept) == "application/json"
-    except LabelDPError:  # a 406, answered below after the release's own checks (404, 409)
-        page = True
-    file = queries.labels_file(ctx, who.principal, release_id, whole=not page)
+    file = queries.labels_file(ctx, who.principal, release_id)  # a 406 comes after the release's own checks
     try:  # a JSON page is read before it is answered: a file damaged inside is a 503 too, never a 500
         return tables.table_response(ctx.store.path(file), accept, offset, limit, release_id, _rows)
     except (OSError, pa.ArrowException):

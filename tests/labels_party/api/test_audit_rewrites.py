@@ -95,6 +95,8 @@ def test_a_replaced_release_file_with_its_recorded_hash_is_not_served(ctx, clien
     _sql(ctx, "UPDATE releases SET file_size = :n, file_sha256 = :h WHERE id = :r", n=len(forged),
          h=hashlib.sha256(forged).hexdigest(), r=body["id"])
     expect_error(client.get(f"/v1/releases/{body['id']}/labels", headers=consumer), 503, "release_file_damaged")
+    expect_error(client.get(f"/v1/releases/{body['id']}/labels", headers={**consumer, "Accept": "application/json"}),
+                 503, "release_file_damaged")  # a JSON page too, however its file's size was matched
     assert f"release {body['id']}'s file or mechanism document differs from the chain's" in \
         _problems(_verify(ctx, tmp_path, audit_key))
 
