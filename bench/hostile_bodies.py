@@ -290,6 +290,12 @@ def cases() -> list[Case]:
         return lambda _state: (b'{"example_id": "u0", ' + columns.encode() + b', "x": ' + b"[" * 100_000 +
                                b"]" * 100_000 + b"}\n")
 
+    def footer_bomb(_state):  # a footer of minimal column chunks (3 bytes each in Thrift, ~680 parsed)
+        count = 250_000
+        footer = (b"\x15\x02" + b"\x19\x1c\x48\x04root\x00" + b"\x16\x00" + b"\x19\x1c" + b"\x19\xfc" +
+                  _varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
+        return b"PAR1" + footer + len(footer).to_bytes(4, "little") + b"PAR1"
+
     def wide_prior(k: str) -> Callable:  # one example, a one-hot prior over K classes (CSV)
         def make(state):
             classes = state[k]
@@ -315,7 +321,7 @@ def cases() -> list[Case]:
     at_limit = 1_700_000  # bytes of [[0],…] whose JsonCost is just under the default 192 MiB
     prior_query = "?epsilon=1.0"
     group_query = "?mechanism=rr-with-prior&epsilon=1.0&prior_epsilon=0.5"
-    warm_csv = b"example_id,label\nnobody,1\n"
+    warm_csv = b"example_id,label\nnobody,99\n"  # out of the domain: refused, nothing stored
     return [
         json_case("datasets-nested-lists", "labels", "POST /v1/datasets: values [[0], [0], …], 60 MB", datasets,
                   nested(b'{"name": "n", "label_kind": "finite", "epsilon_total": 1, "values": [', b"]}"),
@@ -332,7 +338,7 @@ def cases() -> list[Case]:
                       columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), long_ids, warm_csv),
         columnar_case("labels-ndjson-deep", "PUT labels: NDJSON, one line nested 100,000 deep",
                       columnar("/v1/datasets/{small}/labels", "application/x-ndjson"),
-                      deep_ndjson('"label": 1'), b'{"example_id": "nobody", "label": 1}\n'),
+                      deep_ndjson('"label": 1'), b'{"example_id": "nobody", "label": 99}\n'),
         json_case("releases-example-ids", "labels", "POST releases: example_ids, 60 MB of distinct ids",
                   ids_release, lambda _s: ids_json(b'{"mechanism": "rr", "epsilon": 1, "example_ids": [', b"]}",
                                                    JSON_BYTES),
@@ -358,15 +364,38 @@ def cases() -> list[Case]:
         columnar_case("prior-parquet-bomb", "POST prior-releases: Parquet, 10^7 dictionary-encoded rows (K = 10)",
                       columnar("/v1/datasets/{classes}/prior-releases", "application/vnd.apache.parquet",
                                query=prior_query), priors_bomb, b"example_id,p_0\nnobody,1\n"),
+        columnar_case("prior-parquet-footer-bomb", "POST prior-releases: a 750 KB Parquet footer of 250,000 "
+                      "minimal column chunks (Thrift)", columnar("/v1/datasets/{classes}/prior-releases",
+                                                                 "application/vnd.apache.parquet", query=prior_query),
+                      footer_bomb, b"example_id,p_0\nnobody,1\n"),
+        columnar_case("labels-parquet-footer-bomb", "PUT labels: a 750 KB Parquet footer of 250,000 minimal column "
+                      "chunks (Thrift)", columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"),
+                      footer_bomb, warm_csv),
         columnar_case("prior-ndjson-deep", "POST prior-releases: NDJSON, one line nested 100,000 deep",
                       columnar("/v1/datasets/{classes}/prior-releases", "application/x-ndjson", query=prior_query),
                       deep_ndjson('"p_0": 1'), b'{"example_id": "nobody", "p_0": 1}\n'),
-        columnar_case("prior-wide-10k", "POST prior-releases: one-hot prior over 10,000 classes (CSV, 29 KB)",
+        columnar_case("prior-wide-10k", "POST prior-releases: one-hot prior over 10,000 classes (CSV, 89 KB)",
                       columnar("/v1/datasets/{wide10k}/prior-releases", "text/csv", query=prior_query),
                       wide_prior("wide10k_k"), b"example_id,p_0\nnobody,1\n"),
-        columnar_case("prior-wide-100k", "POST prior-releases: one-hot prior over 100,000 classes (CSV, 0.3 MB)",
+        columnar_case("prior-wide-100k", "POST prior-releases: one-hot prior over 100,000 classes (CSV, 1 MB)",
                       columnar("/v1/datasets/{wide100k}/prior-releases", "text/csv", query=prior_query),
                       wide_prior("wide100k_k"), b"example_id,p_0\nnobody,1\n"),
+        columnar_case("prior-wide-100k-ndjson", "POST prior-releases: one-hot prior over 100,000 classes (NDJSON, "
+                      "1.4 MB)", columnar("/v1/datasets/{wide100k}/prior-releases", "application/x-ndjson",
+                                          query=prior_query),
+                      lambda s: json_body({"example_id": "u0", **{f"p_{c}": int(c == 0) for c in
+                                                                  range(s["wide100k_k"])}}) + b"\n",
+                      b'{"example_id": "nobody", "p_0": 1}\n'),
+        columnar_case("prior-ndjson-many-keys", "POST prior-releases: NDJSON rows of 100,000 keys beyond the "
+                      "columns read (1.5 MB)", columnar("/v1/datasets/{classes}/prior-releases",
+                                                        "application/x-ndjson", query=prior_query),
+                      lambda s: json_body({"example_id": "u0", **{f"p_{c}": 1 for c in range(s["classes_k"])},
+                                           **{f"junk{c}": 0 for c in range(100_000)}}) + b"\n",
+                      b'{"example_id": "nobody", "p_0": 1}\n'),
+        columnar_case("groups-csv-many-columns", "POST group-releases: CSV of 100,000 columns beyond the two read "
+                      "(0.9 MB)", columnar("/v1/datasets/{classes}/group-releases", "text/csv", query=group_query),
+                      lambda _s: ("example_id,group," + ",".join(f"j{c}" for c in range(100_000)) + "\nu0,a" +
+                                  ",0" * 100_000 + "\n").encode(), b"example_id,group\nnobody,a\n"),
         columnar_case("groups-parquet-bomb", "POST group-releases: Parquet, 10^7 dictionary-encoded rows",
                       columnar("/v1/datasets/{classes}/group-releases", "application/vnd.apache.parquet",
                                query=group_query), groups_bomb, b"example_id,group\nnobody,a\n"),
@@ -384,6 +413,15 @@ def cases() -> list[Case]:
              "on 10 rows", lambda s: jobs(s, json_body(_mlp_job(s, [4096] * 8))),
              lambda s: jobs(s, b'{"features": "nope"}'), follow=_wait_for_job),
     ]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def _mlp_job(state: dict, hidden: list[int]) -> dict:

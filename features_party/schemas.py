@@ -86,7 +86,7 @@ class AutoRelease(BaseModel):
 
     mechanism: Literal["auto"]
     epsilon: schemas.Epsilon
-    example_ids: list[str] | None = Field(default=None, min_length=1)
+    example_ids: list[str] | None = Field(default=None, min_length=1, fail_fast=True)
     candidates: list[AutoCandidate] | None = Field(default=None, min_length=1, max_length=4, description=(
         "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr-with-prior "
         "and lp-2st for classes)"))
@@ -134,8 +134,8 @@ class JobRequest(BaseModel):
         "rows of the features table held out of training (not with `release.example_ids`): the job trains on the "
         "others, a release it requests covers only those, and its predictions mark the held-out rows "
         "(`holdout`)"))
-    numeric: list[str] = Field(default_factory=list, max_length=1000)
-    categorical: list[str] = Field(default_factory=list, max_length=1000)
+    numeric: list[str] = Field(default_factory=list, max_length=1000, fail_fast=True)
+    categorical: list[str] = Field(default_factory=list, max_length=1000, fail_fast=True)
     num_classes: Annotated[int, Field(ge=2, le=100_000), schemas.INTEGRAL] | None = None
     train: TrainOptions = Field(default_factory=TrainOptions)
     protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)

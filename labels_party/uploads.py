@@ -6,7 +6,8 @@ A prior or group body is bounded by what it **decodes to**, not by what it weigh
 and dictionary-encodes, so a 247 KB body held 10⁷ rows (it took the server from 342 MB to 3.9 GB before its 400),
 and a CSV of short rows turns each 2-byte row into a Python string of ~60 bytes. So:
 
-* a Parquet body's footer is bounded before it is parsed (:data:`MAX_PARQUET_FOOTER`), and from its metadata alone —
+* a Parquet body's footer is bounded before it is parsed (:data:`MAX_PARQUET_FOOTER`: Thrift's compact metadata
+  parses to up to ~230 times its size), and from its metadata alone —
   rows, and the values of the columns read × their decoded width, string columns by their uncompressed pages (read
   as dictionaries, never expanded to one string per row) — what it would decode to is refused past the limits
   before any page is read;
@@ -23,6 +24,8 @@ Refusals are 413 ``body_too_large`` saying what the body decodes to; nothing is 
 from __future__ import annotations
 
 import contextlib
+import csv
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,8 +72,16 @@ GROUP_ROW_BYTES = 24
 PARSE_CELLS = 1 << 20  # cells (rows × columns) per batch handed on
 BLOCK_BYTES = 1 << 22  # CSV and NDJSON are read in blocks of this size
 STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (never a whole column chunk at once)
-MAX_PARQUET_FOOTER = 64 << 20  # a Parquet footer (its metadata) longer than this is refused before it is parsed
+# A Parquet footer (its metadata) longer than this is refused before it is parsed: Arrow's parsed metadata takes
+# ~10 times a written footer's bytes (a 29 MB footer of 10⁵ columns took 273 MB), and up to ~230 times for a footer
+# of minimal column chunks (3 bytes each in Thrift, ~680 in memory: 3 MB took 680 MB, 1 MB 232 MB). 768 KiB (at
+# most ~175 MB parsed): ~2,600 columns of priors in one row group (more classes: send CSV or NDJSON), ~1,300 row
+# groups of labels (a larger label upload may have a footer of 1 % of its size: labels_party.labelstore).
+MAX_PARQUET_FOOTER = 768 << 10
 MAX_NDJSON_DEPTH = 32  # opening brackets in an NDJSON line (these bodies' rows are flat objects)
+EXTRA_KEYS = 64  # keys an NDJSON line may hold besides the columns read (each costs Arrow a column)
+WIDE_COLUMNS = 1024  # columns read at once by Arrow; priors over more classes are read otherwise
+MAX_HEADER_BYTES = 16 << 20  # a CSV header line
 
 
 def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None = None,
@@ -82,13 +93,18 @@ def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None
     ids: list[str] = []
     blocks: list[np.ndarray] = []
     with _parsing("the priors"):
-        for batch in _batches(path, fmt, ["example_id", *names], decoded, numeric=names, required=True):
-            ids.extend(_id_strings(batch.column(0), decoded))
-            blocks.append(_matrix(batch.drop_columns(["example_id"])))
+        if fmt == "parquet":
+            ids, priors = _parquet_priors(path, names, decoded)
+        elif len(names) + 1 > WIDE_COLUMNS:
+            ids, priors = _text_priors(path, fmt, names, decoded)
+        else:
+            for batch in _batches(path, fmt, ["example_id", *names], decoded, numeric=names, required=True):
+                ids.extend(_id_strings(batch.column(0), decoded))
+                blocks.append(_matrix(batch.drop_columns(["example_id"])))
+            priors = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else np.empty((0, 0))
+            del blocks
     if not ids:
         raise LabelDPError("no priors in the body", code="empty_labels")
-    priors = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-    del blocks
     if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
         raise LabelDPError("priors must be finite, non-negative and not all zero in a row", code="invalid_prior")
     return ids, priors
@@ -151,12 +167,14 @@ def _batches(path: Path, fmt: str, columns: list[str], decoded: Decoded, *, nume
     with pa.OSFile(str(path)) as handle:  # a handle, not the path: no library message can name the spooled file
         if fmt == "parquet":
             source = _parquet(handle, columns, decoded, required)
-        elif fmt == "csv":
+        elif fmt == "csv":  # only the columns read are converted (Arrow takes ~8.5 KB per column it converts)
+            present = [columns[i] for i in _positions(columns, _csv_header(handle), False)]
+            _positions(present, columns, required)
             source = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=BLOCK_BYTES),
-                                    convert_options=pacsv.ConvertOptions(column_types={
+                                    convert_options=pacsv.ConvertOptions(include_columns=present, column_types={
                                         "example_id": pa.string(), **dict.fromkeys(numeric, pa.float64())}))
-        else:
-            source = pajson.open_json(pa.PythonFile(DepthLimited(handle), mode="r"),
+        else:  # a line's keys bounded too: Arrow builds a column per key it meets (~3 KB each)
+            source = pajson.open_json(pa.PythonFile(DepthLimited(handle, keys=len(columns) + EXTRA_KEYS), mode="r"),
                                       read_options=pajson.ReadOptions(block_size=BLOCK_BYTES),
                                       parse_options=pajson.ParseOptions(explicit_schema=pa.schema(
                                           [(name, pa.float64()) for name in numeric]) if numeric else None))
@@ -184,12 +202,106 @@ def _positions(names: Sequence[str], columns: Sequence[str], required: bool) -> 
     return [index[c] for c in columns if c in index]
 
 
+def _csv_header(handle) -> list[str]:
+    """The column names of the CSV body open on ``handle`` (left at its start)."""
+    line = handle.read(MAX_HEADER_BYTES).split(b"\n", 1)
+    handle.seek(0)
+    if len(line) < 2 and len(line[0]) >= MAX_HEADER_BYTES:
+        raise LabelDPError(f"the CSV header is longer than {MAX_HEADER_BYTES:,} bytes", code="malformed_file")
+    return next(csv.reader([line[0].decode("utf-8").removeprefix("\ufeff")]), [])
+
+
+def _parquet_priors(path: Path, names: list[str], decoded: Decoded) -> tuple[list[str], np.ndarray]:
+    """A Parquet body's ids, then its priors :data:`WIDE_COLUMNS` columns at a time into a matrix sized from its
+    metadata (Arrow takes ~9 KB per column it reads: 100,000 classes at once took 931 MB)."""
+    with pa.OSFile(str(path)) as handle:
+        metadata = parquet_metadata(handle)
+        schema = metadata.schema.to_arrow_schema()
+        columns = ["example_id", *names]
+        _positions(schema.names, columns, True)
+        rows, total = parquet_decoded(metadata, columns)
+        decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
+        body = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False,
+                              read_dictionary=text_columns(schema, ["example_id"]))
+        ids: list[str] = []
+        for batch in body.iter_batches(batch_size=PARSE_CELLS, columns=["example_id"]):
+            decoded.add(rows=batch.num_rows)
+            ids.extend(_id_strings(batch.column(0), decoded))
+        priors = np.empty((len(ids), len(names)))
+        for start in range(0, len(names), WIDE_COLUMNS):
+            group, row = names[start:start + WIDE_COLUMNS], 0
+            for batch in body.iter_batches(batch_size=max(1, PARSE_CELLS // len(group)), columns=group):
+                priors[row:row + batch.num_rows, start:start + len(group)] = _matrix(batch.select(group))
+                row += batch.num_rows
+    return ids, priors
+
+
+def _text_priors(path: Path, fmt: str, names: list[str], decoded: Decoded) -> tuple[list[str], np.ndarray]:
+    """Priors over more than :data:`WIDE_COLUMNS` classes from CSV or NDJSON, row by row (Arrow's readers take
+    ~8.5 KB (CSV) or ~3 KB (NDJSON) per column: 100,000 classes took 850 MB and 325 MB)."""
+    ids: list[str] = []
+    rows: list[np.ndarray] = []
+    longest = 64 * (len(names) + 1) + (1 << 16)  # bytes of a row: ~64 per number, and an id
+    with open(path, "rb") as raw:
+        lines = _lines(raw, longest)
+        if fmt == "csv":
+            reader = csv.reader(line.decode("utf-8") for line in lines)
+            header = next(reader, None)
+            if header is None:
+                return ids, np.empty((0, len(names)))
+            header[0] = header[0].removeprefix("\ufeff")
+            at = _positions(header, ["example_id", *names], True)
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise LabelDPError(f"a CSV row has {len(row):,} fields, the header {len(header):,}",
+                                       code="malformed_file")
+                ids.append(_counted_id(row[at[0]], decoded))
+                rows.append(np.array([row[i] for i in at[1:]], dtype=np.float64))
+        else:
+            for line in lines:
+                if not line.strip():
+                    continue
+                if line.count(b"[") + line.count(b"{") > MAX_NDJSON_DEPTH:
+                    raise LabelDPError(f"an NDJSON line holds more than {MAX_NDJSON_DEPTH} opening brackets; its "
+                                       "rows are flat objects", code="malformed_file")
+                row = json.loads(line)
+                if not isinstance(row, dict) or len(row) > len(names) + 1 + EXTRA_KEYS:
+                    raise LabelDPError("an NDJSON line is not one flat object of example_id and p_0..",
+                                       code="malformed_file")
+                ids.append(_counted_id(row.get("example_id"), decoded))
+                values = [row.get(name) for name in names]
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                    raise LabelDPError("a prior is missing or not a number", code="malformed_file")
+                rows.append(np.array(values, dtype=np.float64))
+    return ids, np.vstack(rows) if rows else np.empty((0, len(names)))
+
+
+def _lines(raw, longest: int) -> Iterator[bytes]:
+    while line := raw.readline(longest):
+        if len(line) >= longest and not line.endswith(b"\n"):
+            raise LabelDPError(f"a row is longer than {longest:,} bytes", code="malformed_file")
+        yield line
+
+
+def _counted_id(value: Any, decoded: Decoded) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        raise LabelDPError("an example_id is missing or empty", code="malformed_file")
+    value.encode("utf-8")  # a lone surrogate (JSON escapes it): UnicodeEncodeError, a ValueError
+    decoded.add(rows=1, strings=len(value))
+    return value
+
+
 def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> Iterator[pa.RecordBatch]:
     """The body's batches, once its footer's length and what its metadata says the columns decode to are within
     the limits; string columns are read as dictionaries (never one string per row)."""
     metadata = parquet_metadata(handle)
     schema = metadata.schema.to_arrow_schema()
-    read = [schema.names[i] for i in _positions(schema.names, columns, required)]
+    names = schema.names  # a new list at each access: taken once (K classes, K columns)
+    read = [names[i] for i in _positions(names, columns, required)]
     rows, total = parquet_decoded(metadata, read)
     decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
     body = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False,
@@ -197,17 +309,18 @@ def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> It
     return body.iter_batches(batch_size=max(1, PARSE_CELLS // max(1, len(read))), columns=read)
 
 
-def parquet_metadata(handle) -> pq.FileMetaData:
+def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMetaData:
     """The metadata of the Parquet file open on ``handle`` (left at its start), its footer no longer than
-    :data:`MAX_PARQUET_FOOTER` (413 before it is parsed: 10⁵ columns' metadata is ~10 MB)."""
+    ``max_footer`` bytes (413 before it is parsed)."""
     size = handle.size()
     if size >= 12:
         handle.seek(size - 8)
         tail = handle.read(8)
         footer = int.from_bytes(tail[:4], "little")
-        if tail[4:] == b"PAR1" and MAX_PARQUET_FOOTER < footer <= size - 12:  # a longer one is malformed (Arrow's)
-            raise LabelDPError(f"the Parquet footer is {footer:,} bytes, over {MAX_PARQUET_FOOTER:,}: write fewer "
-                               "row groups or columns", code="body_too_large")
+        if tail[4:] == b"PAR1" and max_footer < footer <= size - 12:  # a longer one is malformed (Arrow says so)
+            raise LabelDPError(f"the Parquet footer (its metadata) is {footer:,} bytes, over {max_footer:,}: write "
+                               "fewer row groups or columns (priors over thousands of classes: send CSV or NDJSON)",
+                               code="body_too_large")
     handle.seek(0)
     metadata = pq.ParquetFile(handle).metadata
     handle.seek(0)
@@ -244,7 +357,8 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str]) -> tuple[
 
 def text_columns(schema: pa.Schema, names: Sequence[str]) -> list[str]:
     """Which of ``names`` hold strings (read as dictionaries: never one copy of a string per row)."""
-    return [name for name in names if any(check(schema.field(name).type) for check in (
+    wanted = set(names)
+    return [field.name for field in schema if field.name in wanted and any(check(field.type) for check in (
         pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary))]
 
 
@@ -264,8 +378,9 @@ class DepthLimited:
     ``{``, inside strings too: a bound on their nesting depth that numpy counts at ~1 ms per MB), checked as Arrow
     reads it."""
 
-    def __init__(self, raw, limit: int = MAX_NDJSON_DEPTH):
-        self.raw, self.limit, self.carry, self.closed = raw, limit, 0, False
+    def __init__(self, raw, limit: int = MAX_NDJSON_DEPTH, keys: int | None = None):
+        self.raw, self.limit, self.keys, self.closed = raw, limit, keys, False
+        self.carry = self.colons = 0
 
     def read(self, size: int | None = -1) -> bytes:
         data = self.raw.read() if size is None or size < 0 else self.raw.read(size)
@@ -276,7 +391,7 @@ class DepthLimited:
     def _check(self, data: bytes) -> None:
         raw = np.frombuffer(data, dtype=np.uint8)
         opens = np.flatnonzero((raw | 0x20) == ord("{"))  # "[" is 0x5B, "{" 0x7B
-        newlines = np.flatnonzero(raw == ord("\n")) if opens.size + self.carry > self.limit else \
+        newlines = np.flatnonzero(raw == ord("\n")) if opens.size + self.carry > self.limit or self.keys else \
             np.array([data.rfind(b"\n")] if b"\n" in data else [], dtype=np.int64)
         before = np.searchsorted(opens, newlines)  # opens before each newline
         if newlines.size:
@@ -288,6 +403,18 @@ class DepthLimited:
         if max(most, self.carry) > self.limit:
             raise LabelDPError(f"an NDJSON line holds more than {self.limit} opening brackets; its rows are flat "
                                "objects", code="malformed_file")
+        if self.keys is not None:  # keys (their colons, inside strings too) per line, counted alike
+            colons = np.flatnonzero(raw == ord(":"))
+            lines = np.searchsorted(colons, newlines) if newlines.size else np.empty(0, dtype=np.int64)
+            counts = np.diff(lines, prepend=0)
+            if counts.size:
+                counts[0] += self.colons
+                self.colons = int(colons.size - lines[-1])
+            else:
+                self.colons += int(colons.size)
+            if max(int(counts.max(initial=0)), self.colons) > self.keys:
+                raise LabelDPError(f"an NDJSON line holds more than {self.keys} keys; its rows are flat objects of "
+                                   "the columns read", code="malformed_file")
 
     def tell(self) -> int:
         return self.raw.tell()

@@ -233,6 +233,8 @@ def install_error_handlers(app: FastAPI, log: logging.Logger, private_dirs: Iter
     async def _http_error(request: Request, err: StarletteHTTPException):
         if request.scope.get("state", {}).get("body_too_large"):  # set by the gatekeeper's body limit
             return error_response(ErrorCode.BODY_TOO_LARGE, "request body too large")
+        if request.scope.get("state", {}).get("invalid_body"):  # set by the gate's CheckedRequest
+            return error_response(ErrorCode.INVALID_INPUT, request.scope["state"]["invalid_body"])
         if request.scope.get("state", {}).get("invalid_unicode"):  # set by the gate's CheckedRequest
             return error_response(ErrorCode.INVALID_INPUT, "a string of the body is not valid Unicode (a lone "
                                   "surrogate): send UTF-8 text")

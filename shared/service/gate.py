@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import tempfile
 import threading
 import time
@@ -116,37 +117,66 @@ class GuardedRoute(APIRoute):
 
 
 class CheckedRequest(Request):
-    """A request whose JSON body holds valid Unicode only. JSON may escape a lone surrogate (``"\\ud800"``), which
-    Python decodes to a string that no UTF-8 encoder takes — hashing it, storing it or logging it raised deep in a
-    route (a 500, some after the release was charged). Refused here, before any route sees the body: a 400."""
+    """A request whose JSON body holds valid Unicode only, and objects of at most :data:`MAX_OBJECT_KEYS` keys.
+    JSON may escape a lone surrogate (``"\\ud800"``), which Python decodes to a string that no UTF-8 encoder takes —
+    hashing it, storing it or logging it raised deep in a route (a 500, some after the release was charged). An
+    object of many keys is one validation error per key (extra keys are refused): ~700 bytes each, more than the
+    keys weigh. Both refused here, before any route or validation sees the body: a 400."""
 
     async def json(self) -> Any:
         value = await super().json()
+        body = getattr(self, "_body", None)
+        if isinstance(body, bytes) and body.count(b":") <= MAX_OBJECT_KEYS and not (
+                (b"\\u" in body or b"\xed" in body) and _SURROGATE.search(body)):
+            return value  # no escape or byte that makes a surrogate, and too few keys: nothing to walk
+        state = self.scope.setdefault("state", {})
         bad = _first_invalid_string(value)
-        if bad is not None:
-            self.scope.setdefault("state", {})["invalid_unicode"] = True
-            raise ValueError(f"a string of the body is not valid Unicode (a lone surrogate at {bad})")
-        return value
+        if bad is None:
+            return value
+        if bad.startswith(_WIDE):
+            state["invalid_body"] = f"{bad[len(_WIDE):]}: request bodies' objects have at most {MAX_OBJECT_KEYS} keys"
+            raise ValueError(state["invalid_body"])
+        state["invalid_unicode"] = True
+        raise ValueError(f"a string of the body is not valid Unicode (a lone surrogate at {bad})")
+
+
+MAX_OBJECT_KEYS = 64  # keys of a JSON object in a request body (the widest request model has about 20 fields)
+_WIDE = "wide:"
+# what a surrogate in a JSON text is made of: an escape \uD800-\uDFFF, or its UTF-8 bytes (0xED 0xA0-0xBF), which
+# json.loads decodes with surrogatepass
+_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
 
 
 def _first_invalid_string(value: Any, where: str = "body") -> str | None:
-    """Where the first string (key or value) holding a lone surrogate is, or None: a walk whose memory is the
-    nesting depth (a stack of iterators), not one path per element (which took ~120 bytes per value)."""
+    """Where the first string (key or value) holding a lone surrogate is (or, prefixed ``wide:``, the first object
+    of more than :data:`MAX_OBJECT_KEYS` keys), or None: a walk whose memory is the nesting depth (a stack of
+    iterators; the path is made only for what it reports), not one path per element (~120 bytes per value)."""
     if isinstance(value, str):
         return None if _valid(value) else where
     if not isinstance(value, (dict, list)):
         return None
-    stack: list[tuple[str, Iterator[tuple[Any, Any]]]] = [(where, _items(value))]
+    if isinstance(value, dict) and len(value) > MAX_OBJECT_KEYS:
+        return f"{_WIDE}{where} has {len(value):,} keys"
+    stack: list[tuple[Any, Iterator[tuple[Any, Any]]]] = [(None, _items(value))]
+
+    def path(key: Any = None) -> str:
+        at = where
+        for parent, _ in stack[1:]:
+            at = _path(at, parent)
+        return at if key is None else _path(at, key)
+
     while stack:
-        path, items = stack[-1]
-        for key, inner in items:
-            if isinstance(key, str) and not _valid(key):
-                return f"{path} (a key)"
-            if isinstance(inner, str):
+        for key, inner in stack[-1][1]:
+            kind = type(inner)
+            if type(key) is str and not _valid(key):
+                return f"{path()} (a key)"
+            if kind is str:
                 if not _valid(inner):
-                    return _path(path, key)
-            elif isinstance(inner, (dict, list)):
-                stack.append((_path(path, key), _items(inner)))
+                    return path(key)
+            elif kind is list or kind is dict:
+                if kind is dict and len(inner) > MAX_OBJECT_KEYS:
+                    return f"{_WIDE}{path(key)} has {len(inner):,} keys"
+                stack.append((key, _items(inner)))
                 break
         else:
             stack.pop()
@@ -160,7 +190,7 @@ def _items(container: dict | list) -> Iterator[tuple[Any, Any]]:
 def _path(path: str, key: Any) -> str:
     if len(path) >= 200:
         return path
-    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{str(key)[:50]}"
 
 
 def _valid(text: str) -> bool:

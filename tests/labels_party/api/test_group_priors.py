@@ -134,7 +134,7 @@ def test_a_small_body_of_long_group_names_is_not_expanded(tmp_path):
                                  pa.array(np.arange(rows) % 1000, pa.int32()),
                                  pa.array(["g" * 900 + str(i) for i in range(1000)]))}), body, compression="zstd")
     assert body.stat().st_size < 5 << 20
-    # No decoded-size limit here (by default it refuses this body, body_too_large: tests/labels_party/
+    # No decoded-size limit here (by default it refuses this body, body_too_large: tests/labels_party/api/
     # test_hostile_bodies.py): the names are checked as they are read. VmHWM, not ru_maxrss: the latter keeps the
     # forking parent's peak across exec (pytest's, gigabytes late in a run)
     probe = ("import pathlib, re, sys\n"

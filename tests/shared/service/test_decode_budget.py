@@ -1,0 +1,216 @@
+"""JSON bodies are bounded by what they decode to, before they are parsed (issue 40, item 7): the gate's JsonCost
+is an upper bound of the memory decoding and validating a hostile body takes; a body over the per-request limit is
+413 body_too_large before it is parsed, one the process's budget cannot cover is 503 server_busy with Retry-After;
+and a live server's peak RSS stays within the limit for a 30 MB body of the review's shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import BaseModel, ValidationError
+
+import labels_party.api as api
+from features_party import schemas as trainer_schemas
+from labels_party.auth import create_key
+from labels_party.context import make_context
+from labels_party.settings import LabelsSettings
+from shared import schemas
+from shared.service.gate import DecodeBudget, JsonCost, _first_invalid_string
+
+
+def _repeat(prefix: str, item: str, suffix: str, count: int) -> bytes:
+    return (prefix + ",".join([item] * count) + suffix).encode()
+
+
+COUNT = 100_000
+SHAPES: list[tuple[str, type[BaseModel], bytes]] = [
+    ("features of one zero", schemas.CentralTrainingRequest,
+     _repeat('{"epsilon": 1, "example_ids": ["a", "b"], "features": [', "[0]", "]}", COUNT)),
+    ("features of empty lists", schemas.CentralTrainingRequest,
+     _repeat('{"epsilon": 1, "example_ids": ["a", "b"], "features": [', "[]", "]}", COUNT)),
+    ("valid features", schemas.CentralTrainingRequest,
+     b'{"epsilon": 1, "example_ids": ' + json.dumps([f"u{i}" for i in range(COUNT)]).encode() +
+     _repeat(', "features": [', "[0.5, 1.5]", "]}", COUNT)),
+    ("features of strings", schemas.CentralTrainingRequest,
+     _repeat('{"epsilon": 1, "example_ids": ["a", "b"], "features": [', '["x"]', "]}", COUNT)),
+    ("predictions", schemas.EvaluationRequest,
+     _repeat('{"metric": "mse", "epsilon": 1, "example_ids": ["a"], "predictions": [', "0.5", "]}", COUNT)),
+    ("short ids", schemas.ReleaseRequest,
+     b'{"mechanism": "rr", "epsilon": 1, "example_ids": ' + json.dumps([f"u{i}" for i in range(COUNT)]).encode()
+     + b"}"),
+    ("empty ids", schemas.ReleaseRequest, _repeat('{"mechanism": "rr", "epsilon": 1, "example_ids": [', '""', "]}",
+                                                  COUNT)),
+    ("long ids", schemas.ReleaseRequest,
+     b'{"mechanism": "rr", "epsilon": 1, "example_ids": ' + json.dumps([f"{'x' * 40}{i}" for i in range(COUNT)]
+                                                                       ).encode() + b"}"),
+    ("ids of UCS-4 characters", schemas.ReleaseRequest,
+     b'{"mechanism": "rr", "epsilon": 1, "example_ids": ' + json.dumps(
+         [f"\U0001F600{'x' * 12}{i}" for i in range(COUNT)], ensure_ascii=True).encode() + b"}"),
+    ("ids of objects", schemas.ReleaseRequest, _repeat('{"mechanism": "rr", "epsilon": 1, "example_ids": [', "{}",
+                                                       "]}", COUNT)),
+    ("ids of numbers", schemas.QuantilesRequest, _repeat('{"quantiles": [0.5], "epsilon": 1, "example_ids": [', "7",
+                                                         "]}", COUNT)),
+    ("values of lists", schemas.FiniteDatasetCreate,
+     _repeat('{"name": "n", "label_kind": "finite", "epsilon_total": 1, "values": [', "[0]", "]}", COUNT)),
+    ("an object of many keys", schemas.ReleaseRequest,
+     ('{"mechanism": "rr", "epsilon": 1, ' + ", ".join(f'"k{i}": 0' for i in range(COUNT)) + "}").encode()),
+    ("the trainer's example ids", trainer_schemas.JobRequest,
+     b'{"features": "f", "dataset_id": "d", "api_key": "k", "release": {"mechanism": "rr", "epsilon": 1, '
+     b'"example_ids": ' + json.dumps([f"u{i}" for i in range(COUNT)]).encode() + b"}}"),
+    ("the trainer's numeric columns", trainer_schemas.JobRequest,
+     _repeat('{"features": "f", "dataset_id": "d", "api_key": "k", "numeric": [', "[0]", "]}", COUNT)),
+]
+
+
+def _decode(model: type[BaseModel], body: bytes) -> None:
+    """What the service does with a JSON body before a route's own work: FastAPI's json.loads, the gate's checks,
+    pydantic's validation (its errors converted as FastAPI converts them), the request dumped and written as
+    canonical JSON (the ledger's record)."""
+    value = json.loads(body)
+    if _first_invalid_string(value) is not None:
+        return
+    try:
+        request = model.model_validate(value)
+    except ValidationError as err:
+        err.errors(include_url=False)
+        return
+    json.dumps(request.model_dump(mode="json"), sort_keys=True)
+
+
+@pytest.mark.parametrize("name, model, body", SHAPES, ids=[s[0] for s in SHAPES])
+def test_the_cost_bounds_what_decoding_takes(name, model, body):
+    cost = JsonCost()
+    for start in range(0, len(body), 1 << 16):  # counted as chunks arrive
+        cost.add(body[start:start + (1 << 16)])
+    tracemalloc.start()
+    try:
+        _decode(model, body)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the cost and the joined copy of the body the gate holds, against what Python allocated beyond the body
+    assert cost.total >= 1.25 * peak, (name, cost.describe(), peak)
+
+
+def test_a_failing_list_gives_one_error_not_one_per_element():
+    """fail_fast: 10⁵ wrong ids are one error (each was ~700 bytes of Python, beyond what JsonCost counts)."""
+    with pytest.raises(ValidationError) as refused:
+        schemas.ReleaseRequest.model_validate({"mechanism": "rr", "epsilon": 1, "example_ids": [{}] * COUNT})
+    assert len(refused.value.errors()) == 1
+    with pytest.raises(ValidationError) as refused:
+        schemas.CentralTrainingRequest.model_validate({"epsilon": 1, "example_ids": ["a", "b"],
+                                                       "features": [["x"]] * COUNT})
+    assert len(refused.value.errors()) == 1
+
+
+@pytest.fixture()
+def labels(tmp_path):
+    def client(**settings):
+        ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=LabelsSettings(**settings))
+        with ctx.sessions() as session, session.begin():
+            key = create_key(session, "owner", "admin")
+        app = api.create_app(ctx)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        test = TestClient(app)
+        dataset = test.post("/v1/datasets", headers=headers, json={
+            "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 1}).json()["id"]
+        return test, app, headers, dataset
+    return client
+
+
+def test_a_body_over_the_decoded_limit_is_refused_before_it_is_parsed(labels):
+    """1 MiB of decoded size: a body of [[0], …] costs ~110 bytes per byte; this one is not even JSON after its
+    first 100 KB — were it parsed, it would be a 422 json_invalid."""
+    client, _app, headers, dataset = labels(max_json_decoded_bytes=1 << 20, json_decode_budget_bytes=8 << 20)
+    body = _repeat('{"epsilon": 1, "example_ids": ["a", "b"], "features": [', "[0]", "", 25_000) + b"not json"
+    answer = client.post(f"/v1/datasets/{dataset}/central-trainings", content=body,
+                         headers={**headers, "Idempotency-Key": "a"})
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "body_too_large", answer.text
+    assert "max_json_decoded_bytes" in answer.json()["error"]["message"]
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=headers).json()["epsilon_spent"] == 0.0
+    assert client.get(f"/v1/datasets/{dataset}/releases", headers=headers).json() == []
+    small = client.post(f"/v1/datasets/{dataset}/central-trainings", content=b"not json",
+                        headers={**headers, "Idempotency-Key": "b"})
+    assert small.status_code == 422  # within the limit, the body is parsed (and refused as it is)
+
+
+def test_a_body_the_budget_cannot_cover_waits_then_is_503(labels):
+    client, app, headers, dataset = labels(max_json_decoded_bytes=1 << 20, json_decode_budget_bytes=2 << 20,
+                                           json_decode_wait_seconds=0.3)
+    budget: DecodeBudget = app.state.decode_budget
+    assert (budget.total, budget.per_request) == (2 << 20, 1 << 20)
+    assert budget.try_take((2 << 20) - 1000)  # other bodies hold all but 1,000 bytes
+    body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(100)]}).encode()
+    answer = client.post(f"/v1/datasets/{dataset}/releases", content=body, headers={**headers, "Idempotency-Key": "c"})
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "server_busy", answer.text
+    assert int(answer.headers["Retry-After"]) >= 1
+    budget.give((2 << 20) - 1000)
+    answer = client.post(f"/v1/datasets/{dataset}/releases", content=body, headers={**headers, "Idempotency-Key": "c"})
+    assert answer.json()["error"]["code"] == "no_labels", answer.text  # decoded: the dataset has no labels yet
+    assert budget.used == 0  # every share given back
+
+
+def test_an_object_of_many_keys_is_refused_before_validation(labels):
+    client, _app, headers, dataset = labels()
+    body = ('{"mechanism": "rr", "epsilon": 1, ' + ", ".join(f'"k{i}": 0' for i in range(1000)) + "}").encode()
+    answer = client.post(f"/v1/datasets/{dataset}/releases", content=body, headers={**headers, "Idempotency-Key": "d"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_input", answer.text
+    assert "1,002 keys" in answer.json()["error"]["message"]
+
+
+def test_every_route_with_a_body_documents_its_refusals(labels, tmp_path):
+    """413 (the body, or what it decodes to) and 503 (server_busy) are in every route's OpenAPI responses, on both
+    services."""
+    from features_party.api import create_app as create_trainer
+    from tests.features_party.test_api import trainer_context
+
+    _client, app, _headers, _dataset = labels()
+    trainer = create_trainer(trainer_context(tmp_path / "trainer", "http://127.0.0.1:9", start=False))
+    for spec in (app.openapi(), trainer.openapi()):
+        operations = [(path, method, operation) for path, methods in spec["paths"].items()
+                      for method, operation in methods.items() if method in ("post", "put")]
+        assert len(operations) >= 3
+        for path, method, operation in operations:
+            assert {"413", "503"} <= set(operation["responses"]), (method, path)
+            assert "decodes to" in operation["responses"]["413"]["description"]
+
+
+def test_a_live_servers_memory_stays_within_the_limit(tmp_path):
+    """The review's shape, 30 MB of [[0], [0], …] on central training, in a process of its own: refused 413 while
+    its peak RSS grows by well under the 192 MiB limit (it grew by ~1.7 GB per 30 MB)."""
+    probe = textwrap.dedent(f"""
+        import re, sys
+        from fastapi.testclient import TestClient
+        import labels_party.api as api
+        from labels_party.auth import create_key
+        from labels_party.context import make_context
+
+        def kb(name):
+            return int(re.search(name + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+
+        ctx = make_context("sqlite:///{tmp_path}/db.sqlite", "{tmp_path}/data")
+        with ctx.sessions() as session, session.begin():
+            key = create_key(session, "owner", "admin")
+        client = TestClient(api.create_app(ctx))
+        headers = {{"Authorization": "Bearer " + key, "Content-Type": "application/json"}}
+        dataset = client.post("/v1/datasets", headers=headers, json={{
+            "name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 1}}).json()["id"]
+        body = b'{{"epsilon": 1, "example_ids": ["a", "b"], "features": [' + b",".join([b"[0]"] * 7_500_000) + b"]}}"
+        client.post(f"/v1/datasets/{{dataset}}/central-trainings", content=b"{{}}", headers=headers)  # loads the route
+        open("/proc/self/clear_refs", "w").write("5")
+        before = kb("VmRSS")
+        answer = client.post(f"/v1/datasets/{{dataset}}/central-trainings", content=body,
+                             headers={{**headers, "Idempotency-Key": "x"}})
+        print(answer.status_code, answer.json()["error"]["code"], (kb("VmHWM") - before) // 1024)
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    status, code, growth_mb = done.stdout.split()[-3:]
+    assert (status, code) == ("413", "body_too_large"), done.stdout + done.stderr
+    # the body itself is 30 MB (the test client holds it too); decoding it would take gigabytes
+    assert int(growth_mb) < 128, done.stdout
