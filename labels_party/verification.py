@@ -413,8 +413,11 @@ def _document_problems(stored: db.MechanismDocument, charge: Charge) -> list[str
         return [f"mechanism document {stored.hash[:12]}… cannot be read ({type(error).__name__})"]
     if documents.address(document) != stored.hash:
         return [f"mechanism document {stored.hash[:12]}… does not hash to its address"]
+    description = document.get("description")
+    if not isinstance(description, dict):
+        return [f"mechanism document {stored.hash[:12]}… has no description"]
     try:
-        sampler = sampler_from_description(document.get("description"))
+        sampler = sampler_from_description(description)
     except LabelDPError:
         return []
     if charge.rdp is None and not within_charge(float(sampler.certified_epsilon), charge.units):

@@ -47,6 +47,7 @@ def seal(ledger: Ledger, session: Session, release: db.Release, sealed: tuple[in
     release.state = "available"
     release.file_size, release.file_sha256 = sealed
     dataset = session.get(db.Dataset, release.dataset_id, with_for_update=True)
+    assert dataset is not None  # a release's dataset is never deleted
     ledger.release_available(session, dataset, release)
 
 
