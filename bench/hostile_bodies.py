@@ -317,6 +317,11 @@ def cases() -> list[Case]:
     def columnar_case(name: str, what: str, route, body: Callable[[dict], bytes], warm: bytes) -> Case:
         return Case(name, "labels", what, lambda state: route(state, body(state)), lambda state: route(state, warm))
 
+    def columnar_case_trainer(name: str, what: str, path: str, body: Callable[[dict], bytes], warm: bytes) -> Case:
+        def route(state: dict, content: bytes) -> tuple[str, str, bytes, dict]:
+            return "PUT", path, content, {"Authorization": f"Bearer {state['trainer']}", "Content-Type": "text/csv"}
+        return Case(name, "trainer", what, lambda state: route(state, body(state)), lambda state: route(state, warm))
+
     nested = lambda prefix, suffix: (lambda _state: repeat_json(prefix, b"[0]", suffix, JSON_BYTES))  # noqa: E731
     at_limit = 1_700_000  # bytes of [[0],…] whose JsonCost is just under the default 192 MiB
     prior_query = "?epsilon=1.0"
@@ -409,10 +414,27 @@ def cases() -> list[Case]:
                   b'{"features": "nope"}'),
         json_case("jobs-nested-lists", "trainer", "POST /v1/jobs: numeric [[0], [0], …], 60 MB", jobs,
                   nested(b'{"features": "f", "numeric": [', b"]}"), b'{"features": "nope"}'),
+        columnar_case_trainer("id-lists-short-ids", "PUT /v1/id-lists: 60 MB CSV of distinct short ids (any key may "
+                              "upload one)", "/v1/id-lists/h",
+                              lambda _s: _csv_ids("example_id\n", "", JSON_BYTES), b"example_id\nnobody\nnobody\n"),
+        columnar_case_trainer("features-short-rows", "PUT /v1/features: 60 MB CSV of short rows (admin keys)",
+                              "/v1/features/g", lambda _s: _csv_ids("example_id,x\n", ",1", JSON_BYTES),
+                              b"example_id,x\nnobody,1\nnobody,1\n"),
         Case("jobs-mlp-1e8", "trainer", "POST /v1/jobs: an MLP of 8 hidden layers of 4,096 (1.2*10^8 parameters) "
              "on 10 rows", lambda s: jobs(s, json_body(_mlp_job(s, [4096] * 8))),
              lambda s: jobs(s, b'{"features": "nope"}'), follow=_wait_for_job),
     ]
+
+
+def _csv_ids(header: str, rest: str, size: int) -> bytes:
+    """A CSV of about ``size`` bytes: distinct ids u0, u1, … each followed by ``rest``."""
+    parts, total, index = [header.encode()], len(header), 0
+    while total < size:
+        block = "".join(f"u{i}{rest}\n" for i in range(index, index + 100_000)).encode()
+        parts.append(block)
+        total += len(block)
+        index += 100_000
+    return b"".join(parts)
 
 
 def _varint(value: int) -> bytes:

@@ -56,7 +56,12 @@ def _row(session: Session, org_id: int, name: str) -> db.IdList:
 
 
 def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.IdListView:
-    """Create or replace the id list ``name`` from a CSV of one ``example_id`` column (unique ids)."""
+    """Create or replace the id list ``name`` from a CSV of one ``example_id`` column (unique ids), of at most
+    ``max_id_list_ids`` ids (its lines counted before it is parsed: 413 body_too_large)."""
+    lines, limit = count_lines(path), ctx.settings.max_id_list_ids
+    if lines - 1 > limit:
+        raise LabelDPError(f"the id list has {lines - 1:,} lines of ids, over this trainer's limit of {limit:,} "
+                           "(max_id_list_ids)", code="body_too_large")
     frame = read_features(path, "id list")  # 400 on a malformed file, before anything is stored
     if list(frame.columns) != [ID]:
         raise LabelDPError(f"an id list has one column, {ID!r}; this one has {len(frame.columns)}",
@@ -72,6 +77,15 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     if replaced is not None:
         Path(replaced).unlink(missing_ok=True)  # a crash before this leaves it to collect_leftovers
     return view
+
+
+def count_lines(path: Path, block: int = 1 << 22) -> int:
+    """The lines of a file (a last one without a newline counts), read in blocks: bytes.count, no parsing."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+    return lines + (last != b"\n")
 
 
 def _record(ctx: TrainerContext, org_id: int, name: str, target: Path, num_ids: int,

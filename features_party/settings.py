@@ -39,6 +39,10 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     # too_many_id_lists; replacing a list is always allowed, DELETE frees a name).
     max_id_list_bytes: int = Field(default=64 << 20, gt=0)
     max_id_lists_per_org: int = Field(default=100, ge=1)
+    # ... and at most max_id_list_ids ids (its lines, counted before it is parsed; beyond, 413 body_too_large): a
+    # list is parsed whole (pandas, its sorted hash), ~130 bytes an id — 60 MB of short ids took the trainer up by
+    # 1.3 GB (issue 40's bench, bench/hostile_bodies.py).
+    max_id_list_ids: int = Field(default=1_000_000, gt=0)
     workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
     # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease its heartbeat renews
     # every tenth of job_lease_seconds; a job whose worker died is taken over by any replica once its lease
