@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from shared.errors import LabelDPError
 
-# (the module that registers subcommands, the packages it needs)
-_COMMANDS = (("labels_party.cli", ("labels_party",)), ("features_party.cli", ("features_party",)),
-             ("labeldp.commands", ("labels_party", "features_party")))
+# (the module that registers subcommands, the packages it needs, the top-level commands it registers)
+_COMMANDS = (("labels_party.cli", ("labels_party",), ("labels", "randomizer")),
+             ("features_party.cli", ("features_party",), ("features", "predict", "quantiles")),
+             ("labeldp.commands", ("labels_party", "features_party"), ("bench", "demo", "compose-demo")))
 
 
 # A dash then a digit (or a point and a digit) starts a value, never an option: a negative number, a range with a
@@ -53,10 +54,14 @@ class _Parser(argparse.ArgumentParser):
         raise LabelDPError(message, code="usage")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; given the ``command`` about to be parsed, only the module that registers it is
+    imported — ``labeldp features …`` (its ``serve`` among them) then never imports the labels party's solvers,
+    about 2 s of CPU at every start (issue 40: suite time, where the tests start these commands often)."""
     parser = _Parser(prog="labeldp", description="Label differential privacy for two-party training.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module, needs in _COMMANDS:
+    wanted = [entry for entry in _COMMANDS if command in entry[2]] or _COMMANDS
+    for module, needs, _names in wanted:
         try:
             for package in needs:
                 importlib.import_module(package)
@@ -113,7 +118,7 @@ def _asks_for_json(argv: list[str]) -> bool:
 
 def _run(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
         return int(args.handler(args) or 0)
     except LabelDPError as err:
         print(f"labeldp: error: {err}", file=sys.stderr)
