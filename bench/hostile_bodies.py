@@ -143,7 +143,8 @@ class Answer:
     @property
     def code(self) -> str | None:
         document = self.json()
-        return document.get("error", {}).get("code") if isinstance(document, dict) else None
+        error = document.get("error") if isinstance(document, dict) else None
+        return error.get("code") if isinstance(error, dict) else None
 
 
 def request(port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None,
@@ -291,7 +292,7 @@ def cases() -> list[Case]:
                                b"]" * 100_000 + b"}\n")
 
     def footer_bomb(_state):  # a footer of minimal column chunks (3 bytes each in Thrift, ~680 parsed)
-        count = 250_000
+        count = 170_000
         footer = (b"\x15\x02" + b"\x19\x1c\x48\x04root\x00" + b"\x16\x00" + b"\x19\x1c" + b"\x19\xfc" +
                   _varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
         return b"PAR1" + footer + len(footer).to_bytes(4, "little") + b"PAR1"
@@ -369,11 +370,11 @@ def cases() -> list[Case]:
         columnar_case("prior-parquet-bomb", "POST prior-releases: Parquet, 10^7 dictionary-encoded rows (K = 10)",
                       columnar("/v1/datasets/{classes}/prior-releases", "application/vnd.apache.parquet",
                                query=prior_query), priors_bomb, b"example_id,p_0\nnobody,1\n"),
-        columnar_case("prior-parquet-footer-bomb", "POST prior-releases: a 750 KB Parquet footer of 250,000 "
+        columnar_case("prior-parquet-footer-bomb", "POST prior-releases: a 510 KB Parquet footer of 170,000 "
                       "minimal column chunks (Thrift)", columnar("/v1/datasets/{classes}/prior-releases",
                                                                  "application/vnd.apache.parquet", query=prior_query),
                       footer_bomb, b"example_id,p_0\nnobody,1\n"),
-        columnar_case("labels-parquet-footer-bomb", "PUT labels: a 750 KB Parquet footer of 250,000 minimal column "
+        columnar_case("labels-parquet-footer-bomb", "PUT labels: a 510 KB Parquet footer of 170,000 minimal column "
                       "chunks (Thrift)", columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"),
                       footer_bomb, warm_csv),
         columnar_case("prior-ndjson-deep", "POST prior-releases: NDJSON, one line nested 100,000 deep",
@@ -526,7 +527,9 @@ def measure(deployment: Deployment, case: Case, state: dict) -> dict:
             peak, cpu_used = status_field(server.pid, "VmHWM"), cpu_seconds(server.pid) - cpu
         else:
             peak, cpu_used = None, None
-        message = (answer.json() or {}).get("error", {}).get("message") if isinstance(answer.json(), dict) else None
+        document = answer.json()
+        error = document.get("error") if isinstance(document, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
         result.update({"status": answer.status, "code": answer.code, "message": (message or answer.error or "")[:300],
                        "seconds": round(answer.seconds, 3), "server_alive": alive,
                        "server_exit_code": None if alive else server.process.returncode,

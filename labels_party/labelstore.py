@@ -159,7 +159,7 @@ def _upload_parquet(handle) -> Iterator[pa.RecordBatch]:
     """A Parquet upload's example_id and label columns in batches, refused (413 body_too_large) when its metadata
     says they decode to more than the ratio allows, or when the ids its batches name do (ids are read as a
     dictionary, counted before they are expanded: a row group of one long id named 10⁷ times is not 10⁷ copies)."""
-    # a footer of at most 768 KiB, or 1 % of a larger body (at most 16 MiB): its parsed metadata stays below the body's
+    # a footer of at most 512 KiB, or 1 % of a larger body (at most 16 MiB): its parsed metadata stays below the body's
     # size, whatever Thrift packs into it (labels_party.uploads.MAX_PARQUET_FOOTER)
     metadata = parquet_metadata(handle, min(UPLOAD_FOOTER_CAP, max(MAX_PARQUET_FOOTER, handle.size() // 100)))
     schema = metadata.schema.to_arrow_schema()
@@ -169,8 +169,9 @@ def _upload_parquet(handle) -> Iterator[pa.RecordBatch]:
     if total > limit:
         raise _decodes_to(total, handle.size(), " (from the Parquet metadata)")
     decoded, lengths = 0, Memo()
-    for batch in _parquet(handle, text_columns(schema, columns)).iter_batches(batch_size=PARSE_ROWS,
-                                                                              columns=columns):
+    body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,  # parsed once
+                          read_dictionary=text_columns(schema, columns) or None)
+    for batch in body.iter_batches(batch_size=PARSE_ROWS, columns=columns):
         decoded += 16 * batch.num_rows + sum(dictionary_strings(column, lengths) for column in batch.columns)
         if decoded > limit:
             raise _decodes_to(decoded, handle.size(), "")
@@ -184,11 +185,10 @@ def _decodes_to(size: int, weight: int, how: str) -> LabelDPError:
                         code="body_too_large")
 
 
-def _parquet(source, read_dictionary: Sequence[str] = ()) -> pq.ParquetFile:
+def _parquet(source) -> pq.ParquetFile:
     """Read page by page through a buffer: a row group's column chunk (any size the writer chose) is never held
     whole."""
-    return pq.ParquetFile(source, buffer_size=STREAM_BUFFER, pre_buffer=False,
-                          read_dictionary=list(read_dictionary) or None)
+    return pq.ParquetFile(source, buffer_size=STREAM_BUFFER, pre_buffer=False)
 
 
 def _row_group_rows(table: pa.Table) -> int:

@@ -74,10 +74,11 @@ BLOCK_BYTES = 1 << 22  # CSV and NDJSON are read in blocks of this size
 STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (never a whole column chunk at once)
 # A Parquet footer (its metadata) longer than this is refused before it is parsed: Arrow's parsed metadata takes
 # ~10 times a written footer's bytes (a 29 MB footer of 10⁵ columns took 273 MB), and up to ~230 times for a footer
-# of minimal column chunks (3 bytes each in Thrift, ~680 in memory: 3 MB took 680 MB, 1 MB 232 MB). 768 KiB (at
-# most ~175 MB parsed): ~2,600 columns of priors in one row group (more classes: send CSV or NDJSON), ~1,300 row
-# groups of labels (a larger label upload may have a footer of 1 % of its size: labels_party.labelstore).
-MAX_PARQUET_FOOTER = 768 << 10
+# of minimal column chunks (3 bytes each in Thrift, ~680 in memory: 3 MB took 680 MB, 750 KB 172 MB). 512 KiB (at
+# most ~120 MB parsed, once: the file is then opened with that metadata): ~1,700 columns of priors in one row group
+# (more classes: send CSV or NDJSON), ~850 row groups of labels (a larger label upload may have a footer of 1 % of
+# its size: labels_party.labelstore).
+MAX_PARQUET_FOOTER = 512 << 10
 MAX_NDJSON_DEPTH = 32  # opening brackets in an NDJSON line (these bodies' rows are flat objects)
 EXTRA_KEYS = 64  # keys an NDJSON line may hold besides the columns read (each costs Arrow a column)
 WIDE_COLUMNS = 1024  # columns read at once by Arrow; priors over more classes are read otherwise
@@ -221,7 +222,7 @@ def _parquet_priors(path: Path, names: list[str], decoded: Decoded) -> tuple[lis
         _positions(schema.names, columns, True)
         rows, total = parquet_decoded(metadata, columns)
         decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
-        body = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False,
+        body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
                               read_dictionary=text_columns(schema, ["example_id"]))
         ids: list[str] = []
         for batch in body.iter_batches(batch_size=PARSE_CELLS, columns=["example_id"]):
@@ -304,7 +305,7 @@ def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> It
     read = [names[i] for i in _positions(names, columns, required)]
     rows, total = parquet_decoded(metadata, read)
     decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
-    body = pq.ParquetFile(handle, buffer_size=STREAM_BUFFER, pre_buffer=False,
+    body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
                           read_dictionary=text_columns(schema, read))
     return body.iter_batches(batch_size=max(1, PARSE_CELLS // max(1, len(read))), columns=read)
 
