@@ -84,13 +84,16 @@ def _upload(trainer, frame, name="f"):
     return trainer.put(f"/v1/features/{name}", content=frame.to_csv(index=False), headers={"Content-Type": "text/csv"})
 
 
-def _finish(trainer, job_id):
-    for _ in range(600):
+def _finish(trainer, job_id, seconds: float = 900):
+    """The job once it ended; ``seconds`` bounds a failure, not a speed (600 polls, about a minute, was not
+    enough for a loaded machine: issue 40)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         job = trainer.get(f"/v1/jobs/{job_id}").json()
         if job["status"] in ("succeeded", "failed"):
             return job
         time.sleep(0.1)
-    raise AssertionError("job did not finish")
+    raise AssertionError(f"job did not finish within {seconds:g} s")
 
 
 def kept_for_estimate(ids, seed: int = 0, fraction: float = 0.1) -> int:
