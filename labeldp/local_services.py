@@ -44,9 +44,10 @@ def serve_in_thread(app) -> Iterator[str]:
 
 @contextlib.contextmanager
 def serve_process(command: list[str], base_url: str, *, env: dict | None = None, log: Path | None = None,
-                  verify=True, seconds: float = 120) -> Iterator[subprocess.Popen]:
+                  verify=True, seconds: float = 300) -> Iterator[subprocess.Popen]:
     """Run a ``serve`` command as its own process until its ``/healthz`` answers (output to ``log``, else
-    discarded); yields the process and stops it on exit."""
+    discarded); yields the process and stops it on exit. ``seconds`` bounds a start that failed: a loaded machine
+    took 47-55 s to start one (issue 40), and 120 s was not always enough."""
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(open(log, "w")) if log is not None else subprocess.DEVNULL
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)

@@ -172,7 +172,7 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
 
         def serve(index: int, log: str):
             return serve_process([sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(ports[index])],
-                                 bases[index], env=env, log=tmp_path / log, seconds=120)
+                                 bases[index], env=env, log=tmp_path / log, seconds=600)
 
         engine = create_engine(url)
         with serve(0, "a.log") as first, serve(1, "b.log") as second, httpx.Client(timeout=300) as http:
