@@ -12,7 +12,7 @@ from labeldp.cli import main
 def test_quick_utility_benchmark(tmp_path, capsys):
     assert main(["bench", "utility", "--quick", "--out", str(tmp_path)]) == 0
     runs = pd.read_csv(tmp_path / "runs.csv")
-    assert len(runs) == 2 * (1 + 2 * 8)  # 2 seeds x (non-private + 2 ε x 8 mechanisms)
+    assert len(runs) == 2 * (1 + 2 * 9)  # 2 seeds x (non-private + 2 ε x (8 mechanisms + auto))
     private = runs[runs.mechanism != "non-private"]
     assert (private["certified_epsilon"] <= private["epsilon"]).all()
     assert (private["certified_epsilon"] >= private["epsilon"] - 1e-5).all()
@@ -21,7 +21,7 @@ def test_quick_utility_benchmark(tmp_path, capsys):
     assert (means > baseline).all(), means  # the non-private model beats every private one
     assert set(private.groupby("mechanism").size().index) == {
         "laplace", "laplace-clipped", "staircase", "staircase-clipped", "rr-on-bins", "opt-unbiased",
-        "opt-unbiased-mesh", "opt-unbiased-groups"}
+        "opt-unbiased-mesh", "opt-unbiased-groups", "auto"}
     # unbiased mechanisms have far larger noisy-label loss than the biased ones (the paper's observation)
     noisy = private.groupby("mechanism")["noisy_label_loss"].mean()
     assert noisy["opt-unbiased"] > 10 * noisy["rr-on-bins"]
