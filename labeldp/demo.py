@@ -255,9 +255,11 @@ class Publisher:
         trees = self._train({"release_id": release["id"]}, {"model": "gbdt"})
         noisy = self.office.download_labels(release["id"]).to_pandas().set_index("example_id")["label"]
         document = self.office.mechanism_document(release["mechanism_hash"])
-        truth_train = self.train_part.set_index("example_id")["hours"]
+        # the release covers the examples the job trains on: its estimate rows (features_party/parts.py) are
+        # released apart, with the validation's unbiased mechanism
+        truth = self.train_part.set_index("example_id")["hours"].loc[noisy.index]
         shared = {"mechanism": mechanism, "epsilon": epsilon,
-                  "noisy_label_mse": float(np.mean((noisy[truth_train.index] - truth_train) ** 2)),
+                  "noisy_label_mse": float(np.mean((noisy - truth) ** 2)),
                   "max_abs_bias": references.max_abs_bias(document["description"], np.arange(MAX_HOURS + 1.0))}
         rows = [self._score(job, model, shared) for model, job in zip(LEARNERS, (mlp, trees), strict=True)]
         for row in rows:

@@ -157,11 +157,14 @@ def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, 
     trained_on = job.release
     assert trained_on is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
     stages = trained_on.get("stages")
+    released = [s["release_id"] for s in stages] if stages else [trained_on["id"]]
+    # the job's estimate rows are released apart (features_party/parts.py): charged too, so listed with the rest
+    estimate = (job.estimate or {}).get("release_id")
     return {"method": method, "epsilon": epsilon, "seed": seed,
             "mean_k": stages[-1]["mean_k"] if stages else None,
             "certified_epsilon": trained_on["certified_epsilon"],
             "accuracy": digits.accuracy(predicted[digits.ids[test]].to_numpy(), test),
-            "release_ids": [s["release_id"] for s in stages] if stages else [trained_on["id"]]}
+            "release_ids": released + ([estimate] if estimate and estimate not in released else [])}
 
 
 def _summary(runs: pd.DataFrame, epsilons: list[float], out: Path, budgets, audit,
