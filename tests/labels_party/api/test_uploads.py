@@ -48,7 +48,7 @@ def test_upload_formats(client, admin, labels, fmt):
     r = upload(client, admin, dataset_id, content, content_type)
     assert r.status_code == 200, r.text
     assert r.json() == {"dataset_id": dataset_id, "label_version": 1, "num_examples": 300, "new_examples": 300,
-                        "clipped_below": 0, "clipped_above": 0}
+                        "clipped_below": 0, "clipped_above": 0, "warnings": []}
     d = client.get(f"/v1/datasets/{dataset_id}", headers=admin).json()
     assert (d["label_version"], d["num_examples"]) == (1, 300)
 
@@ -126,7 +126,7 @@ def test_reupload_creates_new_version_and_leaves_releases_untouched(client, admi
     r = upload(client, admin, dataset, labels_csv(changed))
     assert r.status_code == 200, r.text
     assert r.json() == {"dataset_id": dataset, "label_version": 2, "num_examples": NUM_LABELS, "new_examples": 0,
-                        "clipped_below": 0, "clipped_above": 0}
+                        "clipped_below": 0, "clipped_above": 0, "warnings": []}
     d = client.get(f"/v1/datasets/{dataset}", headers=admin).json()
     assert (d["label_version"], d["num_examples"]) == (2, NUM_LABELS)
     assert budget(client, admin, dataset)["epsilon_spent"] == 0.5  # re-uploading charges and refunds nothing
