@@ -186,8 +186,9 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     records, orgs = budgets.records_by_org(session, chain) if not (replayed.releases.keys() - releases.keys()) \
         else ([e.record for e in chain if e.is_release], None)
     coverage_hashes: dict[str, str] = {}
+    documents_checked: dict[str, tuple[str | None, float | None]] = {}
     for entry in (e for e in chain if e.is_release):
-        problems += _record_problems(ledger, session, dataset, entry, coverage_hashes)
+        problems += _record_problems(ledger, session, dataset, entry, coverage_hashes, documents_checked)
     for release in sorted(releases.values(), key=lambda r: r.id):
         problems += _file_problems(ledger, release)
     problems += _label_file_problems(session, ledger, dataset, replayed)
@@ -360,7 +361,7 @@ def _revoked_key_problems(chain: Sequence[Entry]) -> list[str]:
 
 
 def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entry: Entry,
-                     hashes: dict[str, str]) -> list[str]:
+                     hashes: dict[str, str], checked: dict[str, tuple[str | None, float | None]]) -> list[str]:
     seq, record = entry.seq, entry.record
     problems = []
     charge = Charge.of_record(record)
@@ -398,32 +399,42 @@ def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entr
             return problems
         if charge.rdp is None and not within_charge(release.certified_epsilon or 0.0, charge.units):
             problems.append(f"seq {seq}: the release's mechanism certifies more than was charged")
-        problems += [f"seq {seq}: {p}" for p in _document_problems(stored, charge)]
+        problems += [f"seq {seq}: {p}" for p in _document_problems(stored, charge, checked)]
     return problems
 
 
-def _document_problems(stored: db.MechanismDocument, charge: Charge) -> list[str]:
+def _document_problems(stored: db.MechanismDocument, charge: Charge,
+                       checked: dict[str, tuple[str | None, float | None]]) -> list[str]:
     """A mechanism document hashes to its address, and — for a mechanism that releases one number per label, which
     its description rebuilds exactly (:func:`shared.mechanisms.documents.sampler_from_description`) — the
     rebuilt mechanism's certified ε, computed again from the probabilities the document states, is within the
-    charge (the document of any other kind is checked by its address; its ε is its record's ``dp_event``)."""
+    charge (the document of any other kind is checked by its address; its ε is its record's ``dp_event``).
+    ``checked``: what each document (by address) was found to be, once per verify: releases share documents."""
+    if stored.hash not in checked:
+        checked[stored.hash] = _document_check(stored)
+    damage, certified = checked[stored.hash]
+    if damage is not None:
+        return [f"mechanism document {stored.hash[:12]}… {damage}"]
+    if certified is not None and charge.rdp is None and not within_charge(certified, charge.units):
+        return [f"mechanism document {stored.hash[:12]}… re-certifies to ε {certified!r}, more than was charged"]
+    return []
+
+
+def _document_check(stored: db.MechanismDocument) -> tuple[str | None, float | None]:
+    """(what is wrong with the document, or None; its mechanism's certified ε recomputed, or None)."""
     try:
         document = documents.unpack(stored.body)
     except (ValueError, TypeError, KeyError) as error:
-        return [f"mechanism document {stored.hash[:12]}… cannot be read ({type(error).__name__})"]
+        return f"cannot be read ({type(error).__name__})", None
     if documents.address(document) != stored.hash:
-        return [f"mechanism document {stored.hash[:12]}… does not hash to its address"]
+        return "does not hash to its address", None
     description = document.get("description")
     if not isinstance(description, dict):
-        return [f"mechanism document {stored.hash[:12]}… has no description"]
+        return "has no description", None
     try:
-        sampler = sampler_from_description(description)
+        return None, float(sampler_from_description(description).certified_epsilon)
     except LabelDPError:
-        return []
-    if charge.rdp is None and not within_charge(float(sampler.certified_epsilon), charge.units):
-        return [f"mechanism document {stored.hash[:12]}… re-certifies to ε {float(sampler.certified_epsilon)!r}, "
-                f"more than was charged"]
-    return []
+        return None, None
 
 
 def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
