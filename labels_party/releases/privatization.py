@@ -46,7 +46,7 @@ def seal(ledger: Ledger, session: Session, release: db.Release, sealed: tuple[in
     dataset's row, then the release's): what is served, and what verify-audit checks, must be that file."""
     release.state = "available"
     release.file_size, release.file_sha256 = sealed
-    dataset = session.get(db.Dataset, release.dataset_id, with_for_update=True)
+    dataset = session.get(db.Dataset, release.dataset_id)  # locked by the caller, before the release
     assert dataset is not None  # a release's dataset is never deleted
     ledger.release_available(session, dataset, release)
 
