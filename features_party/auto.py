@@ -42,10 +42,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from features_party.attempt import Attempt, finish, release_summary
 from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
 from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
-from features_party.jobs import Attempt, finish, release_summary
 from features_party.multistage import train_multistage
 from features_party.output import Output
 from features_party.parts import ESTIMATE, SELECTION

@@ -35,7 +35,6 @@ import shutil
 import threading
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,24 +43,24 @@ import httpx
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 import xgboost as xgb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from features_party import db
 from features_party import schemas as trainer_schemas
+from features_party.attempt import Attempt, LeaseLost, finish, release_summary
+from features_party.auto import run_auto
 from features_party.client import LabelsPartyClient, LabelsPartyError, ReleaseFailed
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
 from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
 from features_party.gbdt_file import is_model_file as is_gbdt_model
 from features_party.gbdt_file import load_model as load_gbdt
-from features_party.gbdt_file import save_model as save_gbdt
 from features_party.output import Output
 from features_party.planning import ESTIMATE_KEY, JobPlan, labels_party_client, load_frame, plan_job, upstream_error
 from features_party.reports import JobReport, estimate, labels_by_id
-from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, save_model, train
+from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.mechanisms.subset import SubsetSelectionRandomizer
@@ -199,82 +198,6 @@ def retry_error(err: BaseException, party: str) -> LabelDPError:
                         code="labels_party_failed")
 
 
-def release_summary(release: schemas.Release) -> dict:
-    return {"id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon,
-            "charged_epsilon": release.charged_epsilon, "certified_epsilon": release.certified_epsilon,
-            "prior_epsilon": release.prior_epsilon,
-            "num_examples": release.num_examples, "mechanism_hash": release.mechanism_hash,
-            "num_outputs": release.description.get("num_outputs")}
-
-
-# -- an attempt ------------------------------------------------------------------------------------------------
-
-class LeaseLost(Exception):
-    """This worker no longer holds the job's lease (another took it over): it stops and records nothing."""
-
-
-@dataclass
-class Attempt:
-    """One claim of one job by one worker: every write goes through :meth:`holding`, so a worker that lost the
-    lease changes nothing."""
-
-    ctx: TrainerContext
-    table: LeaseTable
-    lease: Lease
-    lost: threading.Event
-    started: float = field(default_factory=time.perf_counter)  # its claim
-    succeeded: bool = False
-
-    @property
-    def job_id(self) -> str:
-        return self.lease.job_id
-
-    @property
-    def workdir(self) -> Path:
-        return self.ctx.data_dir / "jobs" / self.job_id / f"attempt-{self.lease.attempt}"
-
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[db.Job]:
-        """The job's row, locked, if this attempt still holds its lease; else :class:`LeaseLost`."""
-        with self.ctx.sessions() as session, session.begin():
-            row = self.table.held(session, self.lease)
-            if row is None:
-                self.lost.set()
-                raise LeaseLost(self.job_id)
-            yield row
-            row.updated_at = db.utcnow()
-
-    def update(self, **fields: Any) -> None:
-        with self.holding() as row:
-            for name, value in fields.items():
-                setattr(row, name, value)
-
-    def end(self, status: str, **fields: Any) -> None:
-        """Succeeded or failed: the lease is released and the sealed API key cleared."""
-        with self.holding() as row:
-            for name, value in fields.items():
-                setattr(row, name, value)
-            row.sealed_api_key = None
-            self.table.finish(row, status)
-        self.succeeded = status == "succeeded"
-
-    def fail(self, error: LabelDPError, **fields: Any) -> None:
-        self.end("failed", error=str(error), error_code=error.code, **fields)
-
-    def interrupt(self, error: LabelDPError, *, retry_seconds: float | None, **fields: Any) -> None:
-        """``interrupted``: claimed again after ``retry_seconds`` with its sealed key, or (None) only once resumed
-        with the API key (its sealed key, which cannot be opened, cleared)."""
-        with self.holding() as row:
-            row.error, row.error_code = str(error), error.code
-            for name, value in fields.items():
-                setattr(row, name, value)
-            if retry_seconds is None:
-                row.sealed_api_key = None
-                self.table.finish(row, "interrupted")
-            else:
-                self.table.retry_later(row, "interrupted", retry_seconds)
-
-
 def run(ctx: TrainerContext, table: LeaseTable, lease: Lease, lost: threading.Event) -> None:
     """A worker's run of a job it claimed (the JobRunner's callback)."""
     attempt = Attempt(ctx, table, lease, lost)
@@ -313,8 +236,6 @@ def _execute(attempt: Attempt) -> None:
         plan = plan_job(ctx, org_id, trainer_schemas.JobRequest(**stored, api_key=api_key), stored=True)
         with labels_party_client(ctx, plan.url, api_key) as client:
             if plan.auto is not None:
-                from features_party.auto import run_auto
-
                 run_auto(attempt, plan, client, deadline)
                 return
             release, report = plan.existing_release, JobReport()
@@ -506,41 +427,6 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient,
                         result)
     finish(attempt, result, preprocessor, features, plan.held_out, {"protocol": "lp-mst", "stages": stages,
                                                                      "epsilon": release.epsilon}, report)
-
-
-def finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Preprocessor, features: pd.DataFrame,
-            held_out: pd.Index, extra: dict, report: JobReport, output: Output | None = None, **fields: Any) -> None:
-    """Save the model (the MLP's .npz, or the trees' XGBoost JSON) and the predictions for every row of the features
-    table (Parquet, streamed on request; a ``holdout`` column marks the rows the job's split held out) in this
-    attempt's directory, and record them with the job's outcome — its status, files, seconds and ``fields`` in one
-    update, so no reader sees a succeeded job without its seconds — if the attempt still holds the job; earlier
-    attempts' files go."""
-    workdir = attempt.workdir
-    workdir.mkdir(parents=True, exist_ok=True)
-    output = output or Output()
-    extra = {**extra, "output": output.describe()}
-    if isinstance(result, GbdtResult):
-        model_file = workdir / "model.json"
-        save_gbdt(model_file, result, preprocessor.to_dict(), extra)
-    else:
-        model_file = workdir / "model.npz"
-        save_model(model_file, result, preprocessor.to_dict(), extra)
-    numeric, categorical = preprocessor.transform(features)
-    predicted = output.apply(result.predict(numeric, categorical))
-    columns = {ID: pa.array(features.index.astype(str).to_numpy())}
-    if predicted.ndim == 2:
-        columns["prediction"] = pa.array(predicted.argmax(axis=1))
-        columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
-    else:
-        columns["prediction"] = pa.array(predicted)
-    columns["holdout"] = pa.array(np.asarray(features.index.isin(held_out)))
-    pq.write_table(pa.table(columns), workdir / "predictions.parquet")
-    attempt.end("succeeded", model_file=str(model_file), device=result.device,
-                predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started,
-                report_json=json.dumps(report.to_dict()), **fields)
-    for other in workdir.parent.iterdir():  # attempts that never finished (their workers died or lost the lease)
-        if other != workdir:
-            shutil.rmtree(other, ignore_errors=True)
 
 
 def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.DataFrame:

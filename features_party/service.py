@@ -25,7 +25,7 @@ from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from features_party import db, jobs, schemas
+from features_party import attempt, db, jobs, schemas
 from features_party.auth import Principal
 from features_party.client import LabelsPartyError
 from features_party.context import TrainerContext
@@ -244,7 +244,7 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
     with jobs.created_row(ctx, job_id) as row:
         if row is not None:  # queued: the workers take it from here
             if release is not None:
-                row.release_json = json.dumps(jobs.release_summary(release))
+                row.release_json = json.dumps(attempt.release_summary(release))
             row.lease_owner = row.lease_expires_at = None
 
 

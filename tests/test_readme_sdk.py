@@ -66,8 +66,11 @@ def test_readme_python_sdk_block_runs_as_written(services: None, capsys: pytest.
     assert job.release["mean"]["num_examples"] == len(table) - len(expected)
     assert job.release["certified_epsilon"] <= 1.0
     assert release.num_examples == len(noisy) == estimate.num_examples == len(expected)
-    # the job's own estimate said the model beats the constant (no warning), as the held-out truth confirms
-    assert job.warnings == [] and job.estimate["better"] and job.auto["chosen"]["candidate"] != "constant"
+    # auto chose a model over the constant; the job warns exactly when its own estimate (1,820 noisy labels at ε = 1)
+    # cannot show the model beats the constant — which the held-out truth below settles either way
+    assert job.auto["chosen"]["candidate"] != "constant"
+    assert bool(job.warnings) == (not job.estimate["better"])
+    assert all("better than the constant predictor" in warning for warning in job.warnings)
 
     # The estimate is within 4 of its standard errors of the true held-out MSE (a 6·10⁻⁵ chance otherwise), and its
     # interval is the normal one at 95 % widened by its bias bound (integer labels under opt-unbiased: no rounding).

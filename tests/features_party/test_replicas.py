@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text, update
 
-from features_party import db, jobs
+from features_party import attempt, db, jobs
 from features_party.api import create_app as create_trainer
 from labeldp.local_services import free_port, serve_in_thread, serve_process
 from shared.service.database import utcnow
@@ -137,7 +137,7 @@ def test_a_job_whose_worker_died_mid_training_is_finished_by_another_which_alone
     first, second = jobs.make_runner(ctx), jobs.make_runner(ctx)  # two processes' workers
     assert first.owner != second.owner
     paused, go_on = threading.Event(), threading.Event()
-    record = jobs.Attempt.update
+    record = attempt.Attempt.update
 
     def update(attempt, **fields):  # the first worker stalls before it records its second epoch (a long pause)
         if attempt.lease.owner == first.owner and fields.get("epoch") == 2:
@@ -145,7 +145,7 @@ def test_a_job_whose_worker_died_mid_training_is_finished_by_another_which_alone
             go_on.wait(120)
         return record(attempt, **fields)
 
-    monkeypatch.setattr(jobs.Attempt, "update", update)
+    monkeypatch.setattr(attempt.Attempt, "update", update)
     worker = threading.Thread(target=first.run_pending)
     with caplog.at_level(logging.WARNING, logger="labeldp.jobs"):
         worker.start()

@@ -39,8 +39,15 @@ class _Books:
             session.add(db.Dataset(id="d", owner_org_id=1, name="d", label_kind="integer", domain_json="{}",
                                    epsilon_total_units=epsilon_units, epsilon_spent_units=0, delta_total=delta,
                                    registry_size=registry_size, ledger_seq=0, ledger_head="0" * 64))
-            session.add(db.BudgetAccount(dataset_id="d", org_id=1, epsilon_units=epsilon_units, delta=delta,
-                                         generation=0, spent_max_units=0))
+            account = db.BudgetAccount(dataset_id="d", org_id=1, epsilon_units=epsilon_units, delta=delta,
+                                       generation=0, spent_max_units=0)
+            session.add(account)
+            session.flush()
+            dataset = session.get(db.Dataset, "d")  # opened on the chain, as labels_party/datasets.py does
+            self.ledger.dataset_budget(session, dataset)
+            self.ledger.allocation(session, dataset, account)
+            self.ledger.account_opened(session, dataset, 1)
+        self.ledger.confirm(self.rows()[0])
 
     def grow(self, examples: int) -> None:
         with self.sessions() as session, session.begin():
@@ -247,11 +254,12 @@ def test_a_charge_below_its_events_epsilon_is_refused_and_changes_nothing(tmp_pa
     that priced itself wrong) is refused before anything is written, and the account is as it was."""
     books = _Books(tmp_path, registry_size=10, epsilon_units=10**10, delta=0.0)
     books.charge(np.arange(10), Charge(10**8))
+    seq = books.rows()[0].ledger_seq
     event = events.LocalRandomizerDpEvent(mechanism="rr", epsilon=0.5)
     with pytest.raises(LabelDPError) as refused:
         books.charge(np.arange(10), (event, 0.3))
     assert refused.value.code == "certification_failed"
     assert books.spent().tolist() == [10**8] * 10
-    assert books.rows()[0].ledger_seq == 1
+    assert books.rows()[0].ledger_seq == seq  # nothing appended
     books.charge(np.arange(10), (event, 0.5))  # charged what it costs, it is admitted
     assert books.spent().tolist() == [6 * 10**8] * 10

@@ -257,11 +257,13 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
             table = http.get(f"{survivor}/v1/releases/{release_id}/labels", headers=publisher)
             assert table.status_code == 200 and table.text.count("\n") == SOURCE_ROWS + 1
             with engine.connect() as connection:
-                records = connection.execute(text("SELECT count(*) FROM ledger WHERE release_id = :r"),
-                                             {"r": release_id}).scalar()
+                records = [json.loads(r) for r in connection.execute(text(
+                    "SELECT record FROM ledger WHERE release_id = :r ORDER BY seq"), {"r": release_id}).scalars()]
                 job = connection.execute(text("SELECT state, attempts, sealed_secret FROM jobs WHERE subject_id = :r"),
                                          {"r": release_id}).first()
-            assert records == 1 and tuple(job) == ("succeeded", 2, None)
+            # charged once (by the first attempt), made available once (by the one that finished)
+            assert [r["event"] for r in records] == ["label_release", "release_available"], records
+            assert tuple(job) == ("succeeded", 2, None)
 
             # the killed replica starts again beside the live one: it collects nothing, answers the same
             with serve(processes[pid], "restarted.log") as restarted:
