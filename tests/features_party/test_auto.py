@@ -249,3 +249,37 @@ def test_the_mean_of_a_one_value_range_is_refused_before_the_charge(tmp_path):
                          headers={"Idempotency-Key": "one"})
     assert answer.status_code == 400 and "one value" in answer.json()["error"]["message"]
     assert client.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+
+
+def test_auto_on_classes_without_signal_returns_the_majority_class_from_the_noisy_histogram(parties):
+    """Issue 39's class constant: 3,000 labels over 7 classes, class 2 at 40 % and each other at 10 %, independent of
+    the features, at ε = 0.25. The constant is the majority class of the RRWithPrior part's central DP histogram
+    (about 900 labels, discrete-Laplace noise of scale 2/ε_prior ≈ 23 on counts of about 360 against 90) — right
+    with probability above 1 − 10⁻⁴. The selection rows' K-ary RR frequencies, its former source, put class 2 at
+    0.153 against 0.141 for each other class, with a standard error of 0.016 on 450 rows: a coin toss."""
+    owner, trainer = parties["owner"], parties["trainer"]
+    rng = np.random.default_rng(11)
+    n = 3000
+    labels = rng.choice(7, size=n, p=[0.1, 0.1, 0.4, 0.1, 0.1, 0.1, 0.1])
+    ids = [f"c{i}" for i in range(n)]
+    dataset = owner.post("/v1/datasets", json={"name": "storms", "label_kind": "classes", "num_classes": 7,
+                                               "epsilon_total": 1}).json()["id"]
+    body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, labels, strict=True))
+    assert owner.put(f"/v1/datasets/{dataset}/labels", content=body,
+                     headers={"Content-Type": "text/csv"}).status_code == 200
+    assert owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 1}).status_code == 201
+    features = pd.DataFrame({"example_id": ids, "x0": rng.normal(size=n), "x1": rng.normal(size=n),
+                             "group": rng.choice(["a", "b", "c"], size=n)})
+    assert _upload(trainer, features, "storms").status_code == 200
+    created = trainer.post("/v1/jobs", json={
+        **_auto_job(parties, epsilon=0.25), "features": "storms", "dataset_id": dataset, "num_classes": 7,
+        "train": {"epochs": 10, "batch_size": 128}})
+    assert created.status_code == 202, created.text
+    job = _finish(trainer, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    report = job["auto"]
+    assert report["constant"] == 2 and "noisy histogram" in report["constant_source"], report["constant_source"]
+    assert report["chosen"] == {"candidate": "constant"}
+    predicted = _predictions(trainer, job["id"])
+    assert (predicted == 2).all()
+    assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.25
