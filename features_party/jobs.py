@@ -47,7 +47,7 @@ import xgboost as xgb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
-from features_party import db
+from features_party import db, shrinkage
 from features_party import schemas as trainer_schemas
 from features_party.attempt import Attempt, LeaseLost, finish, release_summary
 from features_party.auto import run_auto
@@ -59,7 +59,7 @@ from features_party.gbdt_file import is_model_file as is_gbdt_model
 from features_party.gbdt_file import load_model as load_gbdt
 from features_party.output import Output
 from features_party.planning import ESTIMATE_KEY, JobPlan, labels_party_client, load_frame, plan_job, upstream_error
-from features_party.reports import JobReport, estimate, labels_by_id
+from features_party.reports import JobReport, estimate, labels_by_id, privatized
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from shared import schemas
 from shared.errors import LabelDPError
@@ -360,21 +360,43 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
     else:
         result = train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
                        num_classes=plan.num_classes, on_epoch=_progress(attempt), deadline=deadline)
+    output = _shrunk(report, plan, client, release, result, numeric, categorical, targets)
     if estimate_release is not None:
         source, noisy = estimate_release, labels_by_id(client.download_labels(estimate_release.id))
         estimate_rows = features.index.intersection(pd.Index(list(noisy)))
     else:
         source = release
-    report_estimate(report, plan, client, source, noisy, estimate_rows, features, preprocessor, result)
+    report_estimate(report, plan, client, source, noisy, estimate_rows, features, preprocessor, result, output)
     finish(attempt, result, preprocessor, features, plan.held_out,
-            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon}, report,
+            {"release_id": release.id, "mechanism": release.mechanism, "epsilon": release.epsilon}, report, output,
             epoch=len(result.history), metrics_json=json.dumps(result.history))
+
+
+def _shrunk(report: JobReport, plan: JobPlan, client: LabelsPartyClient, release: schemas.Release,
+            result: TrainResult | GbdtResult, numeric: np.ndarray, categorical: np.ndarray,
+            targets: np.ndarray) -> Output:
+    """The model shrunk toward the mean of its training labels when they are numeric and unbiased
+    (:mod:`features_party.shrinkage`); else as trained."""
+    if plan.num_classes is not None:
+        return Output()
+    try:
+        labels = privatized(client, release, targets, None)
+    except LabelDPError as err:  # a biased mechanism's labels, or no single mechanism: kept as trained
+        if err.code not in ("mechanism_biased", "mechanism_not_estimable", "invalid_input"):
+            raise
+        return Output()
+    chosen = shrinkage.choose(result, numeric, categorical, labels, plan.loss)
+    if chosen is None:
+        return Output()
+    report.shrinkage = chosen.to_dict()
+    return chosen.output
 
 
 def report_estimate(report: JobReport, plan: JobPlan, client: LabelsPartyClient, release: schemas.Release | None,
                     noisy: dict[str, float], rows: pd.Index, features: pd.DataFrame, preprocessor: Preprocessor,
-                    result: TrainResult | GbdtResult) -> None:
-    """The job's estimate on its estimate ``rows`` (their labels ``noisy`` from ``release``), or why it has none."""
+                    result: TrainResult | GbdtResult, output: Output | None = None) -> None:
+    """The job's estimate on its estimate ``rows`` (their labels ``noisy`` from ``release``) of the model with its
+    ``output`` map, or why it has none."""
     if plan.estimate is None:
         why = ("estimate_fraction is 0" if plan.request.estimate_fraction <= 0 else
                "a source dataset's release covers every row, leaving none to release unbiasedly apart")
@@ -384,7 +406,7 @@ def report_estimate(report: JobReport, plan: JobPlan, client: LabelsPartyClient,
         report.warnings.append(f"no estimate of the model's test loss: {len(rows)} estimate row(s)")
         return
     assert release is not None  # estimate rows come from a release
-    predictions = result.predict(*preprocessor.transform(features.loc[rows]))
+    predictions = (output or Output()).apply(result.predict(*preprocessor.transform(features.loc[rows])))
     labels = np.array([noisy[i] for i in rows.astype(str)])
     estimate(report, client, release, labels, predictions, plan.loss, plan.num_classes)
 

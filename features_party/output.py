@@ -2,8 +2,9 @@
 the learner's own (the MLP's header, the trees' ``labeldp`` attribute) and applied by the trainer and by
 ``labeldp predict`` alike.
 
-* ``model``: the learner's predictions as they are (every fixed-mechanism job).
-* ``shrunk``: toward a constant c, by a weight w chosen on unbiased validation labels — for the squared loss
+* ``model``: the learner's predictions as they are.
+* ``shrunk``: toward a constant c, by a weight w chosen on unbiased validation labels (auto jobs; fixed jobs on an
+  unbiased mechanism's numeric labels, :mod:`features_party.shrinkage`) — for the squared loss
   c + w·(f − m), m the mean prediction on the training rows (w < 1 shrinks a model that fitted noise; w > 1
   stretches one trained on labels a biased mechanism pulled toward the prior); for the Poisson loss the same on the
   log scale, c·exp(w·(log f − m)).

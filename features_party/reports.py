@@ -24,9 +24,10 @@ class JobReport:
     estimate: dict | None = None
     warnings: list[str] = field(default_factory=list)
     auto: dict | None = None
+    shrinkage: dict | None = None
 
     def to_dict(self) -> dict:
-        return {"estimate": self.estimate, "warnings": self.warnings, "auto": self.auto}
+        return {"estimate": self.estimate, "warnings": self.warnings, "auto": self.auto, "shrinkage": self.shrinkage}
 
     def add(self, comparison: Comparison, release: schemas.Release) -> None:
         self.estimate = {**comparison.to_dict(), "release_id": release.id, "mechanism": release.mechanism}

@@ -206,6 +206,11 @@ class JobView(BaseModel):
     auto: dict[str, Any] | None = Field(default=None, description=(
         "an auto job: its parts and ε split, every candidate's difference from the constant on the selection "
         "rows, and what it chose"))
+    shrinkage: dict[str, Any] | None = Field(default=None, description=(
+        "a fixed-mechanism job on numeric labels of an unbiased mechanism: the weight w of its predictions "
+        "c + w·(f − m) toward the mean c of its training labels (w = 1: as trained, 0: the constant), chosen on its "
+        "validation rows, with each weight's estimated loss difference from the constant "
+        "(features_party/shrinkage.py)"))
     seconds: float
     device: str
     created_at: datetime
