@@ -53,7 +53,11 @@ def heads(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
         query = administered_datasets(principal).order_by(db.Dataset.created_at)
         if dataset_id is not None:
             query = query.where(db.Dataset.id == dataset_id)
-        datasets = [(d.id, d.ledger_seq, d.ledger_head) for d in session.scalars(query)]
+        datasets = []
+        for dataset in session.scalars(query):  # signed only where the chain and its anchor end, never a row alone
+            ctx.ledger.check_anchor(dataset)  # ledger_rollback / ledger_tampered otherwise
+            ctx.ledger.facts(session, dataset)  # its links, up to the row's head
+            datasets.append((dataset.id, dataset.ledger_seq, dataset.ledger_head))
     if dataset_id is not None and not datasets:
         raise not_found()
     return [schemas.SignedHead(**asdict(signer.sign(*row))) for row in datasets]

@@ -158,7 +158,7 @@ def grant_access(ctx: ServiceContext, admission: Admission, body: schemas.GrantC
                            code="epsilon_out_of_range")
     with ctx.sessions() as session, session.begin():
         dataset = admitted_dataset(session, admission, lock=True)
-        ctx.ledger.check_actor(session, dataset, admission.principal.key_id)
+        ctx.ledger.check_actor(session, dataset, admission.principal)
         org = session.scalar(select(db.Organization).where(db.Organization.name == body.org))
         if org is None:
             org = db.Organization(name=body.org)

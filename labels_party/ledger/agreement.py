@@ -13,9 +13,11 @@ matters:
   One disagreement and the service does not start: one line (``ledger_tampered``) naming the first finding and how
   many more; ``verify-audit`` lists them all. Nothing is ever "rebuilt" from a table and signed.
 * **at every charge** (:func:`charge_problems`, from :meth:`Ledger.charge`, before anything private is drawn): the
-  account's allocation and the dataset's totals are the chain's, and the key is on the chain (made, or recorded
-  when its organization's account opened) and not revoked there — a key row, or a table
-  edited while the service runs is refused (503 ``ledger_tampered``), never honoured.
+  account's allocation and the dataset's totals are the chain's; and **whenever a key acts on a dataset** (a
+  charge, an administrator's grant, a download: :func:`key_problems`) the key is on the chain (made, or recorded
+  when its organization's account opened) for the organization and role it authenticated as, its row holds the
+  secret the chain names, and the chain has not revoked it — a key row or a table edited while the service runs
+  is refused (503 ``ledger_tampered``), never honoured.
 * **at every download** (:mod:`labels_party.releases.queries`): a release charged since availability is chained is
   served only as its fact says (file size and SHA-256).
 """
@@ -30,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.ledger.chain import Replayed
+from labels_party.ledger.records import secret_digest
 from shared.errors import LabelDPError
 
 
@@ -46,18 +49,33 @@ def tampered(dataset_id: str, problems: list[str]) -> LedgerTampered:
                           "verify-audit lists every finding; restore the database from a backup)")
 
 
-def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount,
-                    key_id: int | None, now: datetime) -> list[str]:
-    """Why a charge to ``org``'s ``account`` by key ``key_id`` must not go ahead (empty: it may): the tables it
-    would be admitted by are not what the chain says."""
+def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount) -> list[str]:
+    """Why a charge to ``org``'s ``account`` must not go ahead (empty: it may): the tables it would be admitted by
+    are not what the chain says."""
     problems = []
     if replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
         problems.append("the dataset's totals differ from the chain's")
     if replayed.allocations.get(org) != (account.epsilon_units, account.delta):
         problems.append(f"{org}'s allocation differs from the chain's")
-    if key_id is not None and key_id not in replayed.keys:
-        problems.append(f"key {key_id} is not on the chain")
-    if key_id is not None and key_id in replayed.revoked:
+    return problems
+
+
+def key_problems(replayed: Replayed, key_id: int, key: db.ApiKey | None, org: str, role: str,
+                 now: datetime) -> list[str]:
+    """Why key ``key_id`` (its row ``key``, as the request authenticated it: for ``org`` as ``role``) must not act
+    on the dataset (empty: it may): the chain made it for that organization and role with that prefix, its row
+    holds the secret the chain names, and the chain has not revoked it — so no key row edited outside the service
+    (its organization, role, secret or revocation) is honoured."""
+    made = replayed.keys.get(key_id)
+    if made is None:
+        return [f"key {key_id} is not on the chain"]
+    problems = []
+    if key is None or made != (org, role, key.prefix):
+        problems.append(f"key {key_id}'s organization, role or prefix differ from the chain's")
+    digest = replayed.secrets.get(key_id)
+    if key is not None and digest is not None and digest != secret_digest(key.key_hash):
+        problems.append(f"key {key_id}'s secret differs from the chain's")
+    if key_id in replayed.revoked:
         _prefix, revoked_at = replayed.revoked[key_id]
         if revoked_at is None or datetime.fromisoformat(revoked_at) <= now:
             problems.append(f"key {key_id} is revoked on the chain")

@@ -35,7 +35,7 @@ from labels_party.ledger.units import remaining_units, units_epsilon, within_cha
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
 from shared.mechanisms import events
-from shared.service.keys import ApiKeyColumns
+from shared.service.keys import ApiKeyColumns, Principal
 
 CHUNK = 1 << 22  # registry indices per step of a pass: bounded memory at any dataset size
 
@@ -271,8 +271,12 @@ class Ledger:
         _check_recomputable(recorded_event, cost)  # before anything is read or written
         self.check_anchor(dataset)
         org = session.get(db.Organization, account.org_id)
-        problems = agreement.charge_problems(self.facts(session, dataset), dataset, org.name if org else "?", account,
-                                             fields.actor.key_id, datetime.now(timezone.utc))
+        replayed = self.facts(session, dataset)
+        problems = agreement.charge_problems(replayed, dataset, org.name if org else "?", account)
+        if fields.actor.key_id is not None:
+            problems += agreement.key_problems(replayed, fields.actor.key_id,
+                                               session.get(db.ApiKey, fields.actor.key_id), fields.actor.org,
+                                               fields.actor.role, datetime.now(timezone.utc))
         if problems:
             raise agreement.tampered(dataset.id, problems)
         state = self.state(account, dataset.registry_size)
@@ -393,12 +397,43 @@ class Ledger:
         """An organization's account opened on the dataset (the dataset's row locked): its keys go on the chain."""
         chain.org_keys(self, session, dataset, org_id)
 
-    def check_actor(self, session: Session, dataset: db.Dataset, key_id: int) -> None:
-        """A key administers the dataset only once its chain knows it (:class:`agreement.LedgerTampered` else: a
-        key row written outside the service)."""
+    def check_actor(self, session: Session, dataset: db.Dataset, principal: Principal) -> None:
+        """A key acts on the dataset (administers it, downloads from it) only as its chain knows it
+        (:func:`agreement.key_problems`; :class:`agreement.LedgerTampered` else: a key row written or edited outside
+        the service)."""
         self.check_anchor(dataset)
-        if key_id not in self.facts(session, dataset).keys:
-            raise agreement.tampered(dataset.id, [f"key {key_id} is not on the chain"])
+        problems = agreement.key_problems(self.facts(session, dataset), principal.key_id,
+                                          session.get(db.ApiKey, principal.key_id), principal.org_name,
+                                          principal.role, datetime.now(timezone.utc))
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+
+    def labels_read(self, session: Session, dataset: db.Dataset, version: db.LabelVersion) -> tuple[str, CoverageSet]:
+        """The file and coverage a release of label version ``version`` reads, as the chain's
+        :class:`~.records.LabelsFact` says — the coverage at its content address, the file the row names only if it
+        is the dataset's and its bytes are the ones chained — so that no row edit makes a release read another
+        dataset's labels or charge fewer examples than it reads (:class:`agreement.LedgerTampered` else). Versions
+        uploaded before label versions were chained are read as their rows say."""
+        self.check_anchor(dataset)
+        replayed = self.facts(session, dataset)
+        fact = replayed.labels.get(version.version)
+        if fact is None:
+            if replayed.labels:
+                raise agreement.tampered(dataset.id, [f"label version {version.version} is not in the chain"])
+            return version.file, CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
+        try:
+            found = self.store.checked_digest(version.file) if version.file.startswith(f"datasets/{dataset.id}/") \
+                else None
+        except OSError:
+            found = None
+        problems = [] if found == (fact.file_bytes, fact.file_sha256) else [
+            f"label version {version.version}'s file is not the one its chain records"]
+        if (version.num_examples, version.coverage_sha256) != (fact.num_examples, fact.coverage_sha256):
+            problems.append(f"label version {version.version} differs from the chain's")
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+        return version.file, CoverageSet(f"datasets/{dataset.id}/coverage/{fact.coverage_sha256}.npy",
+                                         fact.coverage_sha256, fact.num_examples)
 
     def labels_uploaded(self, session: Session, dataset: db.Dataset, version: db.LabelVersion,
                         file: tuple[int, str]) -> None:

@@ -48,6 +48,7 @@ from labels_party.ledger.records import (
     chain_hash,
     is_release,
     read_fact,
+    secret_digest,
 )
 
 if TYPE_CHECKING:
@@ -127,7 +128,8 @@ def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int)
         if api_key.id not in known and api_key.status(now) != "revoked":
             record_fact(ledger, session, dataset, KeyFact(change="created", org=org.name if org else "?",
                                                           role=api_key.role, key_prefix=api_key.prefix,
-                                                          key_id=api_key.id))
+                                                          key_id=api_key.id,
+                                                          secret_digest=secret_digest(api_key.key_hash)))
 
 
 def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"]) -> int:
@@ -143,7 +145,8 @@ def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["c
         record_fact(ledger, session, dataset, KeyFact(
             change=change, org=org.name if org else "?", role=api_key.role, key_prefix=api_key.prefix,
             key_id=api_key.id, revoked_at=revoked_at.isoformat() if revoked_at is not None else None,
-            revoked_by=api_key.revoked_by if revoked_at is not None else None))
+            revoked_by=api_key.revoked_by if revoked_at is not None else None,
+            secret_digest=secret_digest(api_key.key_hash) if change == "created" else None))
     return len(datasets)
 
 
@@ -217,6 +220,7 @@ class Replayed:
     grants: set[str] = field(default_factory=set)
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
     keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    secrets: dict[int, str] = field(default_factory=dict)  # key id -> its secret's digest, where recorded
     revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
     charged_orgs: dict[str, str] = field(default_factory=dict)
@@ -260,6 +264,8 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             out.revoked[fact.key_id] = (fact.key_prefix, fact.revoked_at)
         else:
             out.keys[fact.key_id] = (fact.org, fact.role, fact.key_prefix)
+            if fact.secret_digest is not None:
+                out.secrets[fact.key_id] = fact.secret_digest
     return out
 
 

@@ -176,6 +176,12 @@ class AllocationFact(_Fact):
     delta: float
 
 
+def secret_digest(key_hash: str) -> str:
+    """What a :class:`KeyFact` records of a key's secret: a hash of its stored hash (itself SHA-256 of 256 random
+    bits), so the chain names the secret a key row must hold without holding anything that authenticates."""
+    return hashlib.sha256(f"labeldp-key-fact:{key_hash}".encode()).hexdigest()
+
+
 class KeyFact(_Fact):
     """An API key of an organization holding an account on the dataset, made or revoked (a revoked key charges
     nothing after this fact). Keys are named by their public prefix, never their secret."""
@@ -186,6 +192,9 @@ class KeyFact(_Fact):
     role: str
     key_prefix: str
     key_id: int
+    # SHA-256 of the key's stored hash (:func:`secret_digest`): a key row whose secret was swapped outside the service
+    # is refused (None in facts from before it was recorded)
+    secret_digest: str | None = None
     # a revocation: from when the key is refused (a rotation's grace may put it later) and who revoked it
     revoked_at: str | None = None
     revoked_by: str | None = None

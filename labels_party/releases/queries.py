@@ -41,8 +41,13 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
                                code="release_not_ready")
         file, size, sha256 = release.file, release.file_size, release.file_sha256
         dataset = session.get(db.Dataset, release.dataset_id)
-        ctx.ledger.check_anchor(dataset)
+        ctx.ledger.check_actor(session, dataset, principal)  # the key as the chain made it, not revoked there
         chained = ctx.ledger.facts(session, dataset)
+        if principal.org_id != dataset.owner_org_id and (
+                principal.org_name not in chained.grants
+                or chained.charged_orgs.get(release.id, principal.org_name) != principal.org_name):
+            raise tampered(dataset.id, [f"release {release_id} is read by {principal.org_name}, which the chain "
+                                        "neither granted the dataset nor charged for it"])
         if release.id in chained.files_on_chain:  # served only as the chain says (a row can be edited)
             fact = chained.available.get(release.id)
             if fact is None:

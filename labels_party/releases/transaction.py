@@ -256,9 +256,8 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
                 db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))
             if version is None:
                 raise LabelDPError("the dataset has no labels yet", code="no_labels")
-            coverage = labelstore.CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
-            return (Snapshot(dataset, domain, version.version, version.file, version.num_examples, coverage,
-                             delta), completion)
+            file, coverage = ctx.ledger.labels_read(session, dataset, version)  # as the chain says, not the row
+            return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta), completion
     if restart:
         completion.restart(ctx, replayed)
     return completion.answer(outcome(ctx, replayed, completion.waits), False)

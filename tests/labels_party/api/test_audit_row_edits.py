@@ -1,0 +1,134 @@
+"""Issue 40, the second hostile review: rows a database writer edits *while the service runs* (and puts back before
+anyone restarts it) are not honoured. Each attack below succeeded before: a label version's coverage narrowed to
+one example (a full release charged to example 0 only), another dataset's label file swapped in, a chained key moved
+to another organization or made the owner's admin, a revoked key un-revoked in its row, a key's secret swapped, a
+grant inserted and a release moved to read another organization's labels, and a forged head signed by
+``GET /v1/audit/heads``. Now each is 503 ``ledger_tampered`` (or ``ledger_rollback``) with nothing charged, served
+or signed. ~30 s on SQLite."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from sqlalchemy import select
+
+from labels_party import db
+from labels_party.auth import KEYS
+from shared.service.keys import KeyRef, hash_key
+from tests.labels_party.api import test_audit_chain as chain_tests
+from tests.labels_party.api.helpers import created, expect_error, release
+from tests.labels_party.api.test_audit_chain import _sql
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+audit_key, ctx = chain_tests.audit_key, chain_tests.ctx
+
+
+def _key_id(ctx, headers) -> int:
+    prefix = headers["Authorization"].removeprefix("Bearer ").split("_")[1]
+    with ctx.sessions() as s:
+        return s.scalar(select(db.ApiKey.id).where(db.ApiKey.prefix == prefix))
+
+
+def _spent(ctx, dataset: str) -> int:
+    with ctx.sessions() as s:
+        return s.get(db.Dataset, dataset).ledger_seq
+
+
+def _tampered(response, *, code: str = "ledger_tampered", says: str = "") -> None:
+    expect_error(response, 503, code)
+    assert says in response.json()["error"]["message"], response.text
+
+
+def test_a_narrowed_coverage_row_is_not_what_a_release_charges(ctx, client, consumer, dataset):
+    from labels_party import labelstore
+
+    one = labelstore.range_coverage(0, 1)
+    seq = _spent(ctx, dataset)
+    _sql(ctx, "UPDATE label_versions SET coverage_file = :f, coverage_sha256 = :h, num_examples = 1 "
+              "WHERE dataset_id = :d", f=one.file, h=one.sha256, d=dataset)
+    _tampered(release(client, consumer, dataset, "x", mechanism="rr", epsilon=2.5), says="differs from the chain's")
+    assert _spent(ctx, dataset) == seq  # nothing appended, nothing charged
+
+
+def test_another_datasets_label_file_is_not_read(ctx, client, consumer, dataset, dataset_small):
+    with ctx.sessions() as s:
+        theirs = s.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset_small)).one().file
+    seq = _spent(ctx, dataset)
+    _sql(ctx, "UPDATE label_versions SET file = :f WHERE dataset_id = :d", f=theirs, d=dataset)
+    _tampered(release(client, consumer, dataset, "x", mechanism="rr", epsilon=2.5),
+              says="file is not the one its chain records")
+    assert _spent(ctx, dataset) == seq
+
+
+def test_a_key_moved_to_another_organization_neither_reads_nor_charges(ctx, client, admin, consumer, stranger,
+                                                                          dataset):
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.5},
+                       headers=admin).status_code == 201
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "adnet", "epsilon": 0.5},
+                       headers=admin).status_code == 201  # adnet's key is on the chain, as adnet's
+    victim = created(release(client, consumer, dataset, "v", mechanism="rr", epsilon=0.5))
+    _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'publisher') WHERE id = :k",
+         k=_key_id(ctx, stranger))
+    _tampered(client.get(f"/v1/releases/{victim['id']}/labels", headers=stranger),
+              says="organization, role or prefix differ")
+    seq = _spent(ctx, dataset)
+    _tampered(release(client, stranger, dataset, "s", mechanism="rr", epsilon=2.0))
+    assert _spent(ctx, dataset) == seq
+
+
+def test_a_consumer_key_made_the_owners_admin_does_not_grant(ctx, client, admin, consumer, dataset):
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 1},
+                       headers=admin).status_code == 201
+    _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'hospital'), role = 'admin' "
+              "WHERE id = :k", k=_key_id(ctx, consumer))
+    seq = _spent(ctx, dataset)
+    _tampered(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
+                          headers=consumer))
+    assert _spent(ctx, dataset) == seq  # no allocation chained (nor signed)
+
+
+def test_a_key_revoked_on_the_chain_and_unrevoked_in_its_row_is_refused(ctx, client, admin, consumer, dataset):
+    body = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    ring = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)
+    ids = []
+    for headers in (admin, consumer):
+        prefix = headers["Authorization"].removeprefix("Bearer ").split("_")[1]
+        with ctx.sessions() as s, s.begin():
+            ring.revoke(s, KeyRef(None, prefix), by="test")
+        ids.append(_key_id(ctx, headers))
+    _sql(ctx, "UPDATE api_keys SET revoked_at = NULL, revoked_by = NULL WHERE id IN (:a, :c)", a=ids[0], c=ids[1])
+    _tampered(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
+                          headers=admin), says="revoked on the chain")
+    _tampered(client.get(f"/v1/releases/{body['id']}/labels", headers=consumer), says="revoked on the chain")
+
+
+def test_a_chained_keys_secret_swapped_in_its_row_is_refused(ctx, client, consumer, dataset):
+    """A writer who cannot read secrets sets a chained key's stored hash to that of a secret of their own: the key
+    authenticates, but the chain names another secret."""
+    mine = "ldp_" + "f" * 8 + "_" + "A" * 43
+    _sql(ctx, "UPDATE api_keys SET key_hash = :h WHERE id = :k", h=hash_key(mine), k=_key_id(ctx, consumer))
+    seq = _spent(ctx, dataset)
+    forged = {"Authorization": f"Bearer {mine}"}
+    _tampered(release(client, forged, dataset, "s", mechanism="rr", epsilon=0.5), says="secret differs")
+    assert _spent(ctx, dataset) == seq
+
+
+def test_a_grant_row_and_a_moved_release_do_not_let_another_organization_read(ctx, client, consumer, stranger,
+                                                                              dataset):
+    body = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    _sql(ctx, "INSERT INTO grants (dataset_id, org_id, created_at) VALUES "
+              "(:d, (SELECT id FROM organizations WHERE name = 'adnet'), CURRENT_TIMESTAMP)",
+         "UPDATE releases SET requester_org_id = (SELECT id FROM organizations WHERE name = 'adnet') WHERE id = :r",
+         d=dataset, r=body["id"])
+    response = client.get(f"/v1/releases/{body['id']}/labels", headers=stranger)
+    assert response.status_code == 503 and "labels" not in response.headers.get("content-type", "")
+    assert response.json()["error"]["code"] == "ledger_tampered"
+
+
+def test_the_heads_endpoint_signs_no_forged_head(ctx, client, admin, consumer, dataset):
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    _sql(ctx, "UPDATE datasets SET ledger_seq = 999, ledger_head = :h WHERE id = :d", h="ab" * 32, d=dataset)
+    response = client.get("/v1/audit/heads", params={"dataset": dataset}, headers=admin)
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] in ("ledger_rollback", "ledger_tampered")
