@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import secrets
+import tempfile
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from shared.errors import LabelDPError, library_message, resource_error
 
@@ -50,6 +56,422 @@ def check_features(frame: pd.DataFrame, what: str = "features") -> pd.DataFrame:
         raise LabelDPError(f"duplicate example_id {frame[ID][duplicated].iloc[0]!r} in {what}",
                            code="duplicate_example_id")
     return frame.set_index(ID, drop=False)
+
+
+# -- uploads: a features CSV stored in bounded memory (issue 40) --------------------------------------------------
+#
+# An upload is read by pandas (its types are the stored table's: preprocessing and a model's vocabularies follow
+# them) in chunks of the rows pandas' own reader infers types over (``low_memory``, its default), each converted
+# and written as it comes, into row groups of at most ROW_GROUP_ROWS rows and about ROW_GROUP_BYTES: an upload holds
+# a chunk and a row group in memory whatever its size (a 60 MB CSV of short rows read whole, then stored, took the
+# trainer up by 1.16 GB). The stored table is the one a whole read stores: a column whose chunks pandas typed
+# differently (integers, then a chunk with a missing value) takes the type pandas gives their concatenation, and
+# the file is then written again with it (a second pass, only then). Its ids are checked for duplicates out of core
+# (:class:`_Ids`); what is refused, and with which code, is what :func:`read_features` refuses.
+
+CHUNK_BYTES = 8 << 20  # bytes of the body per chunk read, about (at least pandas' own chunk: see _chunk_rows) ...
+CHUNK_CELLS = 1 << 22  # ... and at most these cells
+HASH_ROWS = 1 << 16  # ids made Python strings at once, to be hashed
+ROW_GROUP_ROWS = 1 << 20  # pyarrow's default: the row groups to_parquet wrote
+ROW_GROUP_BYTES = 32 << 20  # Arrow bytes buffered before they are written as a row group
+PART_ROWS = 1 << 19  # ids per spill partition of the duplicate check (16 bytes each on disk, ~40 when sorted)
+VERIFY_GROUPS = 256  # groups of equal hashes whose ids are read again at once to compare them as strings
+ID_ROWS = 1 << 16  # rows per chunk when the ids alone are read again
+
+
+@dataclass(frozen=True)
+class StoredTable:
+    file: Path
+    num_examples: int
+    columns: list[str]
+
+
+def store_features(path: Path, directory: Path, name: str, what: str = "features") -> StoredTable:
+    """The features CSV at ``path`` (checked as :func:`read_features` checks it: 400 ``malformed_file`` or
+    ``duplicate_example_id``, before anything is stored) as ``directory/name.parquet`` — what :func:`store_frame`
+    stores of :func:`read_features`' frame — replaced at once, read and written in bounded memory. Scratch files go
+    beside ``path`` (a request's spooled body: its directory is the request's)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{name}.parquet"
+    staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
+    try:
+        with tempfile.TemporaryDirectory(prefix="ids-", dir=Path(path).parent) as spill:
+            rows, columns = _convert(Path(path), staged, Path(spill), what)
+        staged.replace(target)
+    except _WriteFailed as failure:
+        staged.unlink(missing_ok=True)
+        raise resource_error(failure.error) or failure.error from None
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return StoredTable(target, rows, columns)
+
+
+def _convert(path: Path, staged: Path, spill: Path, what: str) -> tuple[int, list[str]]:
+    """One pass reads, checks and writes; a second writes again if a column's type changed after its first chunk."""
+    with _parsing(what):
+        with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
+            columns = [str(c) for c in pd.read_csv(handle, dtype={ID: str}, nrows=0).columns]
+        if ID not in columns:
+            raise LabelDPError(f"the {what} file needs an {ID!r} column", code="malformed_file")
+        lines = _count_lines(path)
+        chunk_rows = _chunk_rows(len(columns), path.stat().st_size / lines)
+        ids, types = _Ids(spill, lines), _Types(columns)
+        writer: _Staged | None = None
+        writing, chunks = True, 0
+        try:
+            for chunk in _chunks(path, chunk_rows):
+                chunks += 1
+                typed = types.add(chunk)
+                if types.missing[columns.index(ID)]:
+                    raise LabelDPError("an example_id is missing", code="malformed_file")
+                ids.add(chunk[ID])
+                if writing and (typed is None or not ids.complete):
+                    writing = False  # written again with the whole table's types, or refused
+                if writing:
+                    try:
+                        table = pa.Table.from_pandas(typed, preserve_index=False)
+                    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+                        writing = False  # the whole table's types may hold it; if not, the second pass says so
+                        continue
+                    if writer is None:
+                        writer = _Staged(staged, table.schema)
+                    if table.schema.equals(writer.schema):
+                        writer.add(table)
+                    else:
+                        writing = False
+            duplicate = ids.first_duplicate(lambda rows: _ids_at(path, columns.index(ID), rows))
+            if duplicate is not None:
+                raise LabelDPError(f"duplicate example_id {duplicate!r} in {what}", code="duplicate_example_id")
+            if writing and writer is not None and (chunks == 1 or writer.schema.equals(
+                    types.schema(what), check_metadata=True)):
+                writer.close()  # the common case: every chunk typed as the first
+                return ids.rows, columns
+        finally:
+            if writer is not None:
+                writer.discard()
+        schema, dtypes = types.schema(what), types.unified()
+        writer = _Staged(staged, schema)
+        try:
+            for chunk in _chunks(path, chunk_rows):
+                cast = {c: dtypes[c] for c, dtype in chunk.dtypes.items() if dtypes[c] != dtype}
+                try:
+                    table = pa.Table.from_pandas(chunk.astype(cast), schema=schema, preserve_index=False)
+                except (pa.ArrowException, ValueError, TypeError, OverflowError) as err:
+                    raise _unstorable(what, err) from None
+                writer.add(table)
+            writer.close()
+        finally:
+            writer.discard()
+    return ids.rows, columns
+
+
+def _chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
+    with open(path, "rb") as handle, pd.read_csv(handle, dtype={ID: str}, keep_default_na=True,
+                                                 chunksize=rows) as reader:
+        yield from reader
+
+
+def _chunk_rows(columns: int, row_bytes: float) -> int:
+    """Rows per chunk: a multiple of the rows pandas' reader infers types over at once (``low_memory``, its
+    default: the largest power of two under half of 2²⁰ cells / columns), so that each chunk is typed as a whole
+    read types those rows, of about :data:`CHUNK_BYTES` of the body (rows of ``row_bytes``) and at most
+    :data:`CHUNK_CELLS` cells when that is more than pandas' chunk (pandas spends ~0.2 ms per column on a chunk:
+    60 MB of 2,000 columns took 27 s to read in chunks of 512 rows, 8.5 s in chunks of 2,048)."""
+    heuristic, rows = (1 << 20) // max(1, columns), 1
+    while rows * 2 < heuristic:
+        rows *= 2
+    return rows * max(1, min(int(CHUNK_BYTES // max(1.0, rows * row_bytes)), CHUNK_CELLS // (rows * max(1, columns))))
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return 1 + sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b""))
+
+
+@contextlib.contextmanager
+def _parsing(what: str):
+    """A body pandas cannot read is a 400 that says what is wrong with it (never a 500); the service running out of
+    disk, memory or descriptors meanwhile is not the body's fault (507/503)."""
+    try:
+        yield
+    except (LabelDPError, _WriteFailed):
+        raise
+    except (ValueError, OSError) as err:  # pandas' ParserError, EmptyDataError and UnicodeDecodeError among them
+        raise resource_error(err) or LabelDPError(f"cannot parse {what} file: {library_message(err)}",
+                                                  code="malformed_file") from None
+
+
+class _WriteFailed(Exception):
+    """Writing the stored table failed (the service's fault, not the body's): ``error`` is raised as it is, or
+    as the resource that ran out."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Types:
+    """Each column's pandas dtypes over the chunks so far. A chunk typed as the first is handed on as it is; one that
+    pandas' reader would cast to the first's types (a float column, then a chunk of integers) is handed on cast;
+    otherwise (None) the stored table is written again with :meth:`unified` types and :meth:`schema`. Per dtype met
+    in a column: one value of it (strings cut to a character) and whether values were missing — what decides the
+    type of the column read whole, and the Arrow type of an object column (inferred from its values' Python types).
+    """
+
+    FLOAT = np.dtype("float64")
+
+    def __init__(self, columns: list[str]):
+        self.columns = columns
+        self.first: list[Any] = []
+        self.seen: list[dict[Any, tuple[Any, bool]]] = [{} for _ in columns]  # dtype -> (a value or None, missing)
+        self.empty = [False] * len(columns)  # a chunk held no value of the column
+        self.missing = np.zeros(len(columns), dtype=bool)  # the last chunk's columns with a missing value
+
+    def add(self, chunk: pd.DataFrame) -> pd.DataFrame | None:
+        dtypes = list(chunk.dtypes)
+        missing = chunk.isna()
+        self.missing = missing.any().to_numpy()  # this chunk's columns with a missing value
+        empty = missing.all().to_numpy() & (len(chunk) > 0)
+        for index, dtype in enumerate(dtypes):
+            seen = self.seen[index]
+            if empty[index] and dtype == self.FLOAT:  # how pandas types a chunk of no value
+                self.empty[index] = True
+                continue
+            value, was_missing = seen.get(dtype, (None, False))
+            if value is None and not empty[index] and len(chunk):
+                values = chunk.iloc[:, index]
+                value = values.loc[values.first_valid_index()]
+                value = value[:1] if isinstance(value, str) else value
+            seen[dtype] = (value, bool(was_missing or self.missing[index] or not len(chunk)))
+        if not self.first:
+            self.first = dtypes
+        if dtypes == self.first:
+            return chunk
+        cast = {}
+        for index, (column, dtype, first) in enumerate(zip(chunk.columns, dtypes, self.first, strict=True)):
+            if dtype != first:
+                if self._column(index).dtype != first:
+                    return None
+                cast[column] = first
+        return chunk.astype(cast)
+
+    def _column(self, index: int) -> pd.Series:
+        """A few values standing for the column read whole: one per dtype met (and a missing value where one was),
+        concatenated as pandas' reader concatenates its chunks — but a chunk of no value (float64, read alone) is
+        read as strings beside chunks of strings, as pandas' reader reads it whole."""
+        seen = dict(self.seen[index])
+        if self.empty[index]:
+            strings = [dtype for dtype in seen if isinstance(dtype, pd.StringDtype)]
+            for dtype in strings or [self.FLOAT]:
+                seen[dtype] = (seen.get(dtype, (None, True))[0], True)
+        return _concatenated([pd.Series(([] if value is None else [value]) + ([np.nan] if missing else []),
+                                        dtype=dtype) for dtype, (value, missing) in seen.items()])
+
+    def unified(self) -> dict[str, Any]:
+        """The dtype of each column read whole."""
+        return {column: self._column(i).dtype for i, column in enumerate(self.columns)}
+
+    def schema(self, what: str) -> pa.Schema:
+        """The Arrow schema (pandas' metadata included) of the table read whole, from a few values of each column;
+        a column whose chunks hold values Arrow cannot store in one column (numbers, then text) is refused (400)."""
+        parts = [self._column(i) for i in range(len(self.columns))]
+        rows = max((len(p) for p in parts), default=0)
+        frame = pd.DataFrame({column: p.iloc[np.minimum(np.arange(rows), len(p) - 1)].reset_index(drop=True)
+                              for column, p in zip(self.columns, parts, strict=True)})
+        try:
+            return pa.Schema.from_pandas(frame, preserve_index=False)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as err:
+            raise _unstorable(what, err) from None
+
+
+def _unstorable(what: str, err: BaseException) -> LabelDPError:
+    return LabelDPError(f"cannot store the {what} file: a column holds values of different kinds in different rows "
+                        f"(numbers and text, say): {library_message(err)}", code="malformed_file")
+
+
+def _concatenated(parts: list[pd.Series]) -> pd.Series:
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+
+
+class _Staged:
+    """The stored table being written (pyarrow's defaults: what to_parquet writes), Arrow tables buffered into row
+    groups. Failures to write are :class:`_WriteFailed`: the service's, not the body's."""
+
+    def __init__(self, file: Path, schema: pa.Schema):
+        self.schema = schema
+        try:
+            self.writer: pq.ParquetWriter | None = pq.ParquetWriter(file, schema)
+        except Exception as err:
+            raise _WriteFailed(err) from err
+        self.buffered: list[pa.Table] = []
+        self.rows = self.bytes = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.buffered.append(table)
+        self.rows, self.bytes = self.rows + table.num_rows, self.bytes + table.nbytes
+        if self.rows >= ROW_GROUP_ROWS or self.bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.buffered:
+            return
+        table = pa.concat_tables(self.buffered) if len(self.buffered) > 1 else self.buffered[0]
+        self.buffered, self.rows, self.bytes = [], 0, 0
+        assert self.writer is not None
+        try:
+            self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        except Exception as err:
+            raise _WriteFailed(err) from err
+
+    def close(self) -> None:
+        self._flush()
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            try:
+                writer.close()
+            except Exception as err:
+                raise _WriteFailed(err) from err
+
+    def discard(self) -> None:
+        """Closed without its buffered rows (the file is written again, or the upload refused)."""
+        self.buffered = []
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+class _Ids:
+    """An upload's example ids, checked for a duplicate out of core. Each chunk's ids are hashed (Python's string
+    hash, keyed at random per process) and a chunk's own repeat found at once (rows after it are not recorded: the
+    upload is refused); (hash, row) records are appended to spill files, partitioned by the hash under a key drawn
+    per upload (a partition holds about :data:`PART_ROWS` records: it is sorted alone). Ids of equal hashes are read
+    again from the body and compared as strings, so the duplicate named is pandas' (the first row whose id an
+    earlier row has)."""
+
+    RECORD = np.dtype([("hash", "<i8"), ("row", "<i8")])
+    HASH: Callable[[str], int] = hash  # a builtin: not bound as a method
+
+    def __init__(self, spill: Path, lines: int):
+        self.spill = spill
+        self.bits = max(0, math.ceil(math.log2(max(1, lines) / PART_ROWS)))
+        self.key = np.uint64(secrets.randbits(64) | 1)
+        self.rows = 0
+        self.complete = True  # False once a chunk repeated an id: later rows are not recorded
+
+    def add(self, ids: pd.Series) -> None:
+        if self.complete and len(ids):
+            hashes = np.concatenate([np.fromiter(map(self.HASH, ids.iloc[start:start + HASH_ROWS].tolist()),
+                                                 dtype=np.int64) for start in range(0, len(ids), HASH_ROWS)])
+            repeat = _first_repeat(ids, hashes)
+            if repeat is not None:
+                hashes, self.complete = hashes[:repeat + 1], False
+            records = np.empty(len(hashes), self.RECORD)
+            records["hash"], records["row"] = hashes, np.arange(self.rows, self.rows + len(hashes))
+            parts = self._parts(hashes)
+            order = np.argsort(parts, kind="stable")
+            records, parts = records[order], parts[order]
+            edges = np.searchsorted(parts, np.arange((1 << self.bits) + 1))
+            for part in np.flatnonzero(np.diff(edges)):
+                with open(self.spill / str(part), "ab") as out:
+                    out.write(records[edges[part]:edges[part + 1]].tobytes())
+        self.rows += len(ids)
+
+    def _parts(self, hashes: np.ndarray) -> np.ndarray:
+        if not self.bits:
+            return np.zeros(len(hashes), dtype=np.int64)
+        return ((hashes.view(np.uint64) * self.key) >> np.uint64(64 - self.bits)).astype(np.int64)
+
+    def first_duplicate(self, strings: Callable[[set[int]], dict[int, str]]) -> str | None:
+        """The id of the first row whose id an earlier row has (None: no row's); ``strings(rows)`` reads those rows'
+        ids from the body. Groups of equal hashes are compared by their second rows' order, :data:`VERIFY_GROUPS`
+        at a time, until the first repeat found comes before any group left (a hash collision is no repeat)."""
+        after, best = -1, None
+        while True:
+            groups, bound = self._groups(after)
+            if not groups:
+                return None if best is None else best[1]
+            texts = strings({int(row) for _, rows in groups for row in rows})
+            for _, rows in groups:
+                seen: set[str] = set()
+                for row in rows:
+                    text = texts[int(row)]
+                    if text in seen:
+                        if best is None or row < best[0]:
+                            best = (int(row), text)
+                        break
+                    seen.add(text)
+            if best is not None and (bound is None or best[0] < bound):
+                return best[1]
+            if bound is None:
+                return None if best is None else best[1]
+            after = groups[-1][0]
+
+    def _groups(self, after: int) -> tuple[list[tuple[int, np.ndarray]], int | None]:
+        """Up to :data:`VERIFY_GROUPS` groups of rows of equal hashes whose second row is after ``after``: (second
+        row, rows), by second row; and the second row of the first group left out (None: none was)."""
+        groups: list[tuple[int, np.ndarray]] = []
+        bound: int | None = None
+        for part in range(1 << self.bits):
+            file = self.spill / str(part)
+            if not file.exists():
+                continue
+            records = np.fromfile(file, dtype=self.RECORD)
+            records = records[np.lexsort((records["row"], records["hash"]))]
+            hashes, rows = records["hash"], records["row"]
+            del records
+            starts = np.flatnonzero(np.concatenate(([True], hashes[1:] != hashes[:-1])))
+            sizes = np.diff(np.append(starts, len(hashes)))
+            starts, sizes = starts[sizes > 1], sizes[sizes > 1]
+            seconds = rows[starts + 1]
+            keep = seconds > after
+            starts, sizes, seconds = starts[keep], sizes[keep], seconds[keep]
+            if len(seconds) > VERIFY_GROUPS:
+                order = np.argpartition(seconds, VERIFY_GROUPS)
+                left = int(seconds[order[VERIFY_GROUPS:]].min())
+                bound = left if bound is None else min(bound, left)
+                order = order[:VERIFY_GROUPS]
+                starts, sizes, seconds = starts[order], sizes[order], seconds[order]
+            groups.extend((int(second), rows[start:start + size].copy())
+                          for second, start, size in zip(seconds, starts, sizes, strict=True))
+            groups.sort(key=lambda group: group[0])
+            if len(groups) > VERIFY_GROUPS:
+                left = groups[VERIFY_GROUPS][0]
+                bound = left if bound is None else min(bound, left)
+                del groups[VERIFY_GROUPS:]
+        return groups, bound
+
+
+def _first_repeat(ids: pd.Series, hashes: np.ndarray) -> int | None:
+    """The first position in ``ids`` whose id an earlier position has (None: none)."""
+    ordered = np.sort(hashes)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not repeated.size:
+        return None
+    seen: set[str] = set()
+    positions = np.flatnonzero(np.isin(hashes, repeated))
+    for position, text in zip(positions, ids.iloc[positions].tolist(), strict=True):
+        if text in seen:
+            return int(position)
+        seen.add(text)
+    return None
+
+
+def _ids_at(path: Path, position: int, rows: set[int]) -> dict[int, str]:
+    """The ids of ``rows`` (data rows, from 0), read again from the body."""
+    wanted, start = np.array(sorted(rows), dtype=np.int64), 0
+    found: dict[int, str] = {}
+    with open(path, "rb") as handle, pd.read_csv(handle, dtype={ID: str}, usecols=[position], keep_default_na=True,
+                                                 chunksize=ID_ROWS) as reader:
+        for chunk in reader:
+            values = chunk.iloc[:, 0].tolist()
+            low, high = np.searchsorted(wanted, [start, start + len(values)])
+            found.update((int(row), values[row - start]) for row in wanted[low:high])
+            start += len(values)
+            if start > wanted[-1]:
+                break
+    return found
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from features_party import attempt, db, jobs, schemas
 from features_party.auth import Principal
 from features_party.client import LabelsPartyError
 from features_party.context import TrainerContext
-from features_party.features import read_features, store_frame
+from features_party.features import store_features
 from features_party.planning import (
     feature_row,
     labels_party_client,
@@ -50,15 +50,16 @@ def _table_view(row: db.FeatureTable) -> schemas.FeatureTableView:
 
 
 def upload_features(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.FeatureTableView:
-    frame = read_features(path)  # 400 on a malformed file, before anything is stored
-    target = store_frame(ctx.org_dir(principal.org_id) / "features", name, frame)
+    # 400 on a malformed file, before anything is stored; read and written in bounded memory (issue 40)
+    stored = store_features(path, ctx.org_dir(principal.org_id) / "features", name)
     with ctx.sessions() as session, session.begin():
         row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == principal.org_id,
                                                            db.FeatureTable.name == name))
         if row is None:
-            row = db.FeatureTable(org_id=principal.org_id, name=name, file=str(target))
+            row = db.FeatureTable(org_id=principal.org_id, name=name, file=str(stored.file))
             session.add(row)
-        row.num_examples, row.columns_json, row.updated_at = len(frame), json.dumps(list(frame.columns)), db.utcnow()
+        row.num_examples, row.columns_json = stored.num_examples, json.dumps(stored.columns)
+        row.updated_at = db.utcnow()
         session.flush()
         return _table_view(row)
 
