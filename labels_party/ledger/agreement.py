@@ -49,10 +49,16 @@ def tampered(dataset_id: str, problems: list[str]) -> LedgerTampered:
                           "verify-audit lists every finding; restore the database from a backup)")
 
 
-def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount) -> list[str]:
+def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount,
+                    spent: str | None) -> list[str]:
     """Why a charge to ``org``'s ``account`` must not go ahead (empty: it may): the tables it would be admitted by
-    are not what the chain says."""
+    are not what the chain says — totals, allocation, and the spent state its last charge left (``spent``: the
+    digest of the state the account's row points at, None if it cannot be read)."""
     problems = []
+    recorded = replayed.spent_states.get(org)
+    if recorded is not None and (account.classes_file, account.rdp_file, spent) != (
+            recorded.get("classes_file"), recorded.get("rdp_file"), recorded.get("digest")):
+        problems.append(f"{org}'s spent state is not the one its last charge left")
     if replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
         problems.append("the dataset's totals differ from the chain's")
     if replayed.allocations.get(org) != (account.epsilon_units, account.delta):

@@ -26,6 +26,7 @@ from labels_party.ledger.records import (
     Coverage,
     LedgerRecord,
     RecordFields,
+    SpentState,
     canonical,
     chain_hash,
     entries,
@@ -272,14 +273,21 @@ class Ledger:
         self.check_anchor(dataset)
         org = session.get(db.Organization, account.org_id)
         replayed = self.facts(session, dataset)
-        problems = agreement.charge_problems(replayed, dataset, org.name if org else "?", account)
+        try:
+            state: AccountState | None = self.state(account, dataset.registry_size)
+        except (OSError, ValueError):  # a state file missing or not an array: not what any charge left
+            state = None
+        problems = agreement.charge_problems(replayed, dataset, org.name if org else "?", account,
+                                             spent_digest(state) if state is not None else None)
+        if state is None and not problems:
+            problems.append(f"{org.name if org else '?'}'s spent state cannot be read")
         if fields.actor.key_id is not None:
             problems += agreement.key_problems(replayed, fields.actor.key_id,
                                                session.get(db.ApiKey, fields.actor.key_id), fields.actor.org,
                                                fields.actor.role, datetime.now(timezone.utc))
         if problems:
             raise agreement.tampered(dataset.id, problems)
-        state = self.state(account, dataset.registry_size)
+        assert state is not None
         covered = read_coverage(self.store, coverage.readable)  # a request's is still pending
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
         for chunk in _chunks(covered, state):
@@ -318,8 +326,11 @@ class Ledger:
         others = session.scalar(select(func.coalesce(func.sum(db.BudgetAccount.spent_max_units), 0)).where(
             db.BudgetAccount.dataset_id == dataset.id, db.BudgetAccount.id != account.id))
         dataset.epsilon_spent_units = int(others or 0) + account.spent_max_units
+        spent_state = SpentState(classes_file=classes_file, rdp_file=rdp_file,
+                                 digest=_digest(values[:, 0], new_sizes, values[:, 1:] if has_rdp else None))
         record = self._append(session, dataset, account, coverage, cost, {
-            **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": recorded_event})
+            **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": recorded_event,
+            "spent_state": spent_state})
         keep = {spent_file, classes_file, rdp_file, *old_files}
         superseded = tuple(f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
                            if f"{directory}/{p.name}" not in keep)
@@ -549,6 +560,19 @@ class Ledger:
             if not np.array_equal(rdp[cls], recomputed.curve_of(sig, example)):
                 return ["a class's RDP curve differs from its records"]
         return []
+
+
+def spent_digest(state: AccountState) -> str:
+    """What a :class:`~.records.SpentState` records of an account's state: its classes' pure units, sizes and RDP
+    curves (not their ε at the account's δ)."""
+    return _digest(state.units, state.sizes, state.rdp)
+
+
+def _digest(units: np.ndarray, sizes: np.ndarray, rdp: np.ndarray | None) -> str:
+    digest = hashlib.sha256()
+    for part in (units, sizes, rdp if rdp is not None else np.zeros((0,), np.int64)):
+        digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def _check_recomputable(recorded_event: dict[str, Any], cost: Charge) -> None:

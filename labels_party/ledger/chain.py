@@ -221,6 +221,7 @@ class Replayed:
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
     keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
     secrets: dict[int, str] = field(default_factory=dict)  # key id -> its secret's digest, where recorded
+    spent_states: dict[str, dict[str, Any]] = field(default_factory=dict)  # org -> its last charge's SpentState
     revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
     charged_orgs: dict[str, str] = field(default_factory=dict)
@@ -283,6 +284,8 @@ def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
             (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
         out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")
     account = record.get("account") or {}
+    if record.get("spent_state") is not None:
+        out.spent_states[str(account.get("org"))] = record["spent_state"]
     terms = out.allocations.get(str(account.get("org")))
     if terms is not None and (account.get("epsilon_units"), account.get("delta")) != terms:
         out.problems.append(f"seq {seq}: the record's allocation is not the one the chain set")

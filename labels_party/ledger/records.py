@@ -108,6 +108,18 @@ class AccountTerms(BaseModel):
     delta: float
 
 
+class SpentState(BaseModel):
+    """An account's spent state after a charge, as the next charge must find it: its class file and RDP file (by
+    name) and a digest of what each class has spent (:func:`labels_party.ledger.books.spent_digest`: pure units,
+    sizes and RDP curves — not the ε they convert to at the account's δ, which a change of δ rewrites). A state
+    row reset or pointed elsewhere outside the service — which would hand out the budget again — is refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    classes_file: str | None
+    rdp_file: str | None
+    digest: str
+
+
 class LedgerRecord(BaseModel):
     """One privacy event, completely documented: enough to recompute its (ε, δ) and every example's budget."""
 
@@ -138,6 +150,8 @@ class LedgerRecord(BaseModel):
     # this release's file and mechanism document are stated by a ReleaseFact when it becomes available (records
     # charged before the fact existed lack the field: their files are checked against their rows only)
     file_on_chain: bool = True
+    # the account's spent state after this charge (records from before it lack the field)
+    spent_state: SpentState | None = None
 
 
 class _Fact(BaseModel):

@@ -3,8 +3,9 @@ anyone restarts it) are not honoured. Each attack below succeeded before: a labe
 one example (a full release charged to example 0 only), another dataset's label file swapped in, a chained key moved
 to another organization or made the owner's admin, a revoked key un-revoked in its row, a key's secret swapped, a
 grant inserted and a release moved to read another organization's labels, and a forged head signed by
-``GET /v1/audit/heads``. Now each is 503 ``ledger_tampered`` (or ``ledger_rollback``) with nothing charged, served
-or signed. ~30 s on SQLite."""
+``GET /v1/audit/heads``, an account's spent state reset (the whole allocation again) or pointed at a missing file (a
+500), a missing label file (charged, then failed). Now each is 503 ``ledger_tampered`` (or ``ledger_rollback``) with
+nothing charged, served or signed. ~25 s on SQLite."""
 
 from __future__ import annotations
 
@@ -132,3 +133,30 @@ def test_the_heads_endpoint_signs_no_forged_head(ctx, client, admin, consumer, d
     response = client.get("/v1/audit/heads", params={"dataset": dataset}, headers=admin)
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] in ("ledger_rollback", "ledger_tampered")
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE budget_accounts SET spent_file = NULL, classes_file = NULL, rdp_file = NULL",  # the whole budget again
+    "UPDATE budget_accounts SET spent_file = 'datasets/x/nope.npy'",  # a 500 before
+    "UPDATE budget_accounts SET classes_file = 'datasets/x/nope.npy'",
+    "UPDATE budget_accounts SET rdp_file = 'datasets/x/nope.npy'",
+])
+def test_a_spent_state_reset_or_pointed_elsewhere_is_refused(ctx, client, consumer, dataset, statement):
+    """ε 2.5 of the 3 granted spent; the account's state row reset (or pointed at a missing file): the next charge
+    is refused — before, resetting it admitted another 2.5."""
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=2.5))
+    expect_error(release(client, consumer, dataset, "b", mechanism="rr", epsilon=2.5), 409, "budget_exceeded")
+    seq = _spent(ctx, dataset)
+    _sql(ctx, statement + " WHERE dataset_id = :d AND org_id = (SELECT id FROM organizations WHERE name = "
+                          "'publisher')", d=dataset)
+    _tampered(release(client, consumer, dataset, "c", mechanism="rr", epsilon=2.5),
+              says="spent state is not the one its last charge left")
+    assert _spent(ctx, dataset) == seq
+
+
+def test_a_missing_label_file_is_refused_before_the_charge(ctx, client, consumer, dataset):
+    """Before, the release was charged and then failed (release_failed): a writer could burn a consumer's budget."""
+    seq = _spent(ctx, dataset)
+    _sql(ctx, "UPDATE label_versions SET file = 'datasets/x/nope.parquet' WHERE dataset_id = :d", d=dataset)
+    _tampered(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    assert _spent(ctx, dataset) == seq
