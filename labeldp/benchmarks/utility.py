@@ -725,7 +725,9 @@ def _resumed(config: BenchConfig, plans, out: Path) -> list[dict]:
         raise LabelDPError(f"--resume: the run in {out} had other options ({', '.join(changed)}); give the same "
                            "options, or another --out", code="usage")
     frame = pd.read_csv(out / "runs.csv")
-    rows = [{k: v for k, v in row.items() if not (isinstance(v, float) and np.isnan(v))}
+    # empty cells come back as None, as a fresh run leaves them (a column no row fills, e.g. a classification
+    # run's test_loss, stays a column)
+    rows = [{k: None if isinstance(v, float) and np.isnan(v) else v for k, v in row.items()}
             for row in frame.to_dict("records")]
     # a cell has one row per learner (an auto job's one): a cell cut short is run again whole
     counts: dict[tuple, int] = {}

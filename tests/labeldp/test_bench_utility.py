@@ -36,3 +36,32 @@ def test_bad_arguments_are_one_line_errors(capsys):
     assert main(["bench", "utility", "--seeds", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("labeldp: error:") for line in err)
+
+
+def test_resume_keeps_the_columns_a_classification_run_leaves_empty(tmp_path):
+    """A classification run fills no test_loss: --resume must keep the column (it dropped empty cells, and the
+    summary then failed with a KeyError on storm-status), and only complete cells (both learners, or auto's one)."""
+    import json
+    from types import SimpleNamespace
+
+    from labeldp.benchmarks.utility import _resumed, _run_options
+
+    config = SimpleNamespace(epsilons=[0.5], seeds=1, models=["mlp", "gbdt"], epochs=2, max_examples=None,
+                             allow_uninformative=False)
+    plans = [(SimpleNamespace(name="storm-status"), ["rr", "auto"])]
+    (tmp_path / "run.json").write_text(json.dumps(_run_options(config, plans)))
+    pd.DataFrame([
+        {"dataset": "storm-status", "model": "mlp", "mechanism": "rr", "epsilon": 0.5, "seed": 0, "test_loss": None,
+         "accuracy": 0.7},
+        {"dataset": "storm-status", "model": "gbdt", "mechanism": "rr", "epsilon": 0.5, "seed": 0, "test_loss": None,
+         "accuracy": 0.8},
+        {"dataset": "storm-status", "model": "auto", "mechanism": "auto", "epsilon": 0.5, "seed": 0,
+         "test_loss": None, "accuracy": 0.75},
+        {"dataset": "storm-status", "model": "mlp", "mechanism": "rr", "epsilon": 0.5, "seed": 1, "test_loss": None,
+         "accuracy": 0.6},  # seed 1's gbdt row never finished: the cell runs again
+    ]).to_csv(tmp_path / "runs.csv", index=False)
+    rows = _resumed(config, plans, tmp_path)
+    assert [(r["mechanism"], r["model"], r["seed"]) for r in rows] == [("rr", "mlp", 0), ("rr", "gbdt", 0),
+                                                                      ("auto", "auto", 0)]
+    assert all("test_loss" in r and r["test_loss"] is None for r in rows)
+    assert pd.DataFrame(rows)["accuracy"].tolist() == [0.7, 0.8, 0.75]
