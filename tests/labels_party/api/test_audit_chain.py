@@ -152,6 +152,23 @@ def test_the_cli_checks_the_configured_heads_log(ctx, client, consumer, dataset,
     assert "covered by no head the service signed" in capsys.readouterr().out
 
 
+def test_with_the_public_key_a_missing_heads_log_is_no_pass(ctx, client, consumer, dataset, tmp_path, audit_key,
+                                                             db_url, data_dir, capsys):
+    """The review of issue 40 (F7): the configured log deleted (after a whole-chain rewrite) made verify-audit
+    "check nothing" and exit 0 even with --public-key; now every entry is unsigned, and the report invalid."""
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    flags = ["labels", "verify-audit", "--database-url", db_url, "--data-dir", str(data_dir), "--public-key",
+             audit_key[1]]
+    ctx.close()
+    (tmp_path / "audit" / signing.LOG_NAME).unlink()
+    settings = {"LABELDP_AUDIT_LOG_DIR": str(tmp_path / "audit"), "LABELDP_AUDIT_KEY_FILE": str(audit_key[0])}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings.items():
+            patch.setenv(name, value)
+        assert cli.main(flags) == 1
+    assert "covered by no head the service signed" in capsys.readouterr().out
+
+
 def _delete_everything(ctx, dataset):
     _sql(ctx, "DELETE FROM ledger WHERE dataset_id = :d", "DELETE FROM releases WHERE dataset_id = :d",
          "UPDATE datasets SET ledger_seq = 0, ledger_head = :zero, epsilon_spent_units = 0 WHERE id = :d",
