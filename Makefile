@@ -24,8 +24,11 @@ demo: $(STAMP)
 compose-demo: $(STAMP)
 	$(VENV)/bin/labeldp compose-demo $(COMPOSE_DEMO_ARGS)
 
+# Two workers, each test file on one of them (its module fixtures built once): most slow tests wait on services,
+# Spark and subprocesses rather than compute. PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= 2
 test: lint browser java
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
