@@ -26,7 +26,7 @@ from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
-HEAD = "0016"  # the newest migration in labels_party/migrations/versions
+HEAD = "0017"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -475,7 +475,9 @@ def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
     try:
         with upgraded.sessions() as s:
             added = [e.record for e in entries(s, dataset) if e.seq > seq]
-        assert [(r["event"], r["org"], r["role"]) for r in added] == [("key", "publisher", "consumer")]
+        # 0016's fact, then 0017's naming the key's secret (0016 wrote facts without it)
+        assert [(r["event"], r["org"], r["role"], r.get("secret_digest") is not None) for r in added] == [
+            ("key", "publisher", "consumer", False), ("key", "publisher", "consumer", True)]
         with TestClient(create_app(upgraded)) as client:
             r = client.post(f"/v1/datasets/{dataset}/releases", headers={**consumer, "Idempotency-Key": "a"},
                             json={"mechanism": "rr", "epsilon": 0.5})
@@ -486,3 +488,58 @@ def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
         assert report["valid"] is True, report
     finally:
         upgraded.close()
+
+
+def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
+    """Migration 0017: a key fact written before facts named the key's secret (here 0016's, as an older version
+    wrote it) is restated once with its digest; from then on a row holding another secret is refused (a writer
+    swapping in a secret of their own), verify-audit stays valid with the exported heads, and an upgrade run again
+    appends nothing."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.ledger import signing
+    from labels_party.verification import verify
+    from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
+
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    ctx = make_context(database, data)
+    with ctx.sessions() as s, s.begin():
+        admin = bearer(create_key(s, "hospital", "admin"))
+    with TestClient(create_app(ctx)) as client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=3)
+        assert upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(200)})).status_code \
+            == 200
+        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2},
+                           headers=admin).status_code == 201
+    with ctx.sessions() as s, s.begin():
+        create_key(s, "publisher", "consumer")  # not on the chain: 0016 records it, without a secret
+        s.execute(text("UPDATE alembic_version SET version_num = '0015'"))
+    ctx.close()
+    make_context(database, data, upgrade=True).close()
+    with make_context(database, data).sessions() as s:
+        seq = s.get(db.Dataset, dataset).ledger_seq
+        restated = [e.record for e in entries(s, dataset) if e.record.get("event") == "key"
+                    and e.record.get("role") == "consumer"]
+    assert [r.get("secret_digest") is not None for r in restated] == [False, True]
+    with make_context(database, data).sessions() as s, s.begin():
+        s.execute(text("UPDATE alembic_version SET version_num = '0016'"))
+    again = make_context(database, data, upgrade=True)  # 0017 again: every chained key names its secret already
+    try:
+        with again.sessions() as s:
+            assert s.get(db.Dataset, dataset).ledger_seq == seq
+        mine = "ldp_" + "e" * 8 + "_" + "B" * 43
+        with again.sessions() as s, s.begin():
+            s.execute(text("UPDATE api_keys SET key_hash = :h WHERE role = 'consumer'"), {"h": hash_key(mine)})
+        with TestClient(create_app(again)) as client:
+            forged = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
+                                 headers={"Authorization": f"Bearer {mine}", "Idempotency-Key": "a"})
+            assert forged.status_code == 503 and "secret differs" in forged.json()["error"]["message"], forged.text
+        with again.sessions() as s:
+            assert s.get(db.Dataset, dataset).ledger_seq == seq  # nothing charged
+        report = verify(again.sessions, again.ledger, public_key=again.ledger.signer.public,
+                        heads_log=lambda: signing.read_log(data / "audit"))
+        assert report["valid"] is True, report
+    finally:
+        again.close()
