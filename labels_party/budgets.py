@@ -75,7 +75,7 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
                            code="allocation_exceeded")
     for held, new_units, new_delta, who in ((account, units, delta, org.name),
                                             (owner, owner_units, max(0.0, owner_delta), "the owner")):
-        if _spent_at(ctx_ledger, dataset, held, new_delta) > new_units:
+        if _spent_at(ctx_ledger, session, dataset, held, new_delta) > new_units:
             raise LabelDPError(f"{who} has already spent more than this allocation leaves it",
                                code="allocation_exceeded")
     account.epsilon_units, owner.epsilon_units = units, owner_units
@@ -96,12 +96,13 @@ def spent_by_example(ledger: Ledger, session: Session, dataset: db.Dataset) -> t
     return ledger.spent_by_example(accounts, dataset.registry_size)
 
 
-def _spent_at(ledger: Ledger, dataset: db.Dataset, account: db.BudgetAccount, delta: float) -> int:
-    """The account's largest per-example spent units if its δ were ``delta`` (its curves convert at δ)."""
-    if account.rdp_file is None:
-        return account.spent_max_units
-    spent, _sizes = ledger.spent_classes(account, dataset.registry_size, delta)
-    return int(spent.max()) if spent.size else 0
+def _spent_at(ledger: Ledger, session: Session, dataset: db.Dataset, account: db.BudgetAccount, delta: float) -> int:
+    """The account's largest per-example spent units if its δ were ``delta`` (its curves convert at δ), from its
+    state as the chain's last charge left it — never from the row's ``spent_max_units``, which a database writer
+    could zero to allocate what was spent again."""
+    state = ledger.checked_state(session, dataset, account)
+    spent, sizes = state.spent_at(delta), state.with_fresh()[1]
+    return int(spent[sizes > 0].max()) if np.any(sizes > 0) else 0
 
 
 def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Budget:

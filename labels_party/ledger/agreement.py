@@ -49,20 +49,30 @@ def tampered(dataset_id: str, problems: list[str]) -> LedgerTampered:
                           "verify-audit lists every finding; restore the database from a backup)")
 
 
-def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount,
-                    spent: str | None) -> list[str]:
-    """Why a charge to ``org``'s ``account`` must not go ahead (empty: it may): the tables it would be admitted by
-    are not what the chain says — totals, allocation, and the spent state its last charge left (``spent``: the
-    digest of the state the account's row points at, None if it cannot be read)."""
+def charge_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount) -> list[str]:
+    """Why a charge to ``org``'s ``account`` must not go ahead (empty: it may): the totals and the allocation it
+    would be admitted by are not what the chain says."""
     problems = []
-    recorded = replayed.spent_states.get(org)
-    if recorded is not None and (account.classes_file, account.rdp_file, spent) != (
-            recorded.get("classes_file"), recorded.get("rdp_file"), recorded.get("digest")):
-        problems.append(f"{org}'s spent state is not the one its last charge left")
     if replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
         problems.append("the dataset's totals differ from the chain's")
     if replayed.allocations.get(org) != (account.epsilon_units, account.delta):
         problems.append(f"{org}'s allocation differs from the chain's")
+    return problems
+
+
+def state_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: db.BudgetAccount,
+                   spent: str | None) -> list[str]:
+    """Why ``org``'s spent state must not be read (empty: it may): it is not the one its last charge left
+    (``spent``: the digest of the state the account's row points at, None if it cannot be read), or the registry
+    its classes span is not the chain's."""
+    problems = []
+    registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
+    if registry_end is not None and dataset.registry_size != registry_end:  # every index a charge's classes cover
+        problems.append("the dataset's registry size differs from the chain's")
+    recorded = replayed.spent_states.get(org)
+    if recorded is not None and (account.classes_file, account.rdp_file, spent) != (
+            recorded.get("classes_file"), recorded.get("rdp_file"), recorded.get("digest")):
+        problems.append(f"{org}'s spent state is not the one its last charge left")
     return problems
 
 
@@ -105,6 +115,9 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
     for org in sorted(accounts.keys() | replayed.allocations.keys()):
         if accounts.get(org) != replayed.allocations.get(org):
             problems.append(f"{org}'s allocation differs from the chain's")
+    registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
+    if registry_end is not None and dataset.registry_size != registry_end:
+        problems.append("the dataset's registry size differs from the chain's")
     problems += _key_problems(session, replayed)
     problems += _release_problems(session, dataset, replayed, names)
     problems += _label_problems(session, dataset, replayed)

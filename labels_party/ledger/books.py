@@ -202,6 +202,30 @@ class Ledger:
         return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), rdp,
                             registry_size, classes)
 
+    def checked_state(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> AccountState:
+        """The account's state as its chain's last charge left it (:class:`agreement.LedgerTampered` otherwise: a
+        state row, a registry size or the totals edited outside the service) — what any decision on it reads."""
+        self.check_anchor(dataset)
+        org = session.get(db.Organization, account.org_id)
+        state, problems = self._state_problems(self.facts(session, dataset), dataset, account, org.name if org else "?")
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+        assert state is not None
+        return state
+
+    def _state_problems(self, replayed: chain.Replayed, dataset: db.Dataset, account: db.BudgetAccount,
+                        org: str) -> tuple[AccountState | None, list[str]]:
+        try:
+            state: AccountState | None = self.state(account, dataset.registry_size)
+        except (OSError, ValueError, IndexError):  # a state file missing, not an array or not a table: not what any
+            # charge left
+            state = None
+        problems = agreement.state_problems(replayed, dataset, org, account,
+                                            spent_digest(state) if state is not None else None)
+        if state is None and not problems:
+            problems.append(f"{org}'s spent state cannot be read")
+        return state, problems
+
     def spent_vector(self, account: db.BudgetAccount, registry_size: int) -> np.ndarray:
         """Every example's spent units in one account (registry_size int64s: small datasets and tests)."""
         state = self.state(account, registry_size)
@@ -273,14 +297,8 @@ class Ledger:
         self.check_anchor(dataset)
         org = session.get(db.Organization, account.org_id)
         replayed = self.facts(session, dataset)
-        try:
-            state: AccountState | None = self.state(account, dataset.registry_size)
-        except (OSError, ValueError):  # a state file missing or not an array: not what any charge left
-            state = None
-        problems = agreement.charge_problems(replayed, dataset, org.name if org else "?", account,
-                                             spent_digest(state) if state is not None else None)
-        if state is None and not problems:
-            problems.append(f"{org.name if org else '?'}'s spent state cannot be read")
+        state, problems = self._state_problems(replayed, dataset, account, org.name if org else "?")
+        problems += agreement.charge_problems(replayed, dataset, org.name if org else "?", account)
         if fields.actor.key_id is not None:
             problems += agreement.key_problems(replayed, fields.actor.key_id,
                                                session.get(db.ApiKey, fields.actor.key_id), fields.actor.org,

@@ -130,6 +130,10 @@ def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int)
                                                           role=api_key.role, key_prefix=api_key.prefix,
                                                           key_id=api_key.id,
                                                           secret_digest=secret_digest(api_key.key_hash)))
+            if api_key.revoked_at is not None:  # rotating: refused from its grace's end, which the chain says too
+                record_fact(ledger, session, dataset, KeyFact(
+                    change="revoked", org=org.name if org else "?", role=api_key.role, key_prefix=api_key.prefix,
+                    key_id=api_key.id, revoked_at=api_key.revoked_at.isoformat(), revoked_by=api_key.revoked_by))
 
 
 def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"]) -> int:

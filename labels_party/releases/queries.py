@@ -43,6 +43,10 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
         dataset = session.get(db.Dataset, release.dataset_id)
         ctx.ledger.check_actor(session, dataset, principal)  # the key as the chain made it, not revoked there
         chained = ctx.ledger.facts(session, dataset)
+        if release.id not in chained.releases or file.removeprefix(f"releases/{release.id}") not in ("", ".parquet"):
+            # a row inserted, or moved from another dataset's chain, or naming another file: never served
+            raise tampered(dataset.id, [f"release {release_id} is not charged on the dataset's chain, or its file is "
+                                        "not its own"])
         if principal.org_id != dataset.owner_org_id and (
                 principal.org_name not in chained.grants
                 or chained.charged_orgs.get(release.id, principal.org_name) != principal.org_name):

@@ -160,3 +160,78 @@ def test_a_missing_label_file_is_refused_before_the_charge(ctx, client, consumer
     _sql(ctx, "UPDATE label_versions SET file = 'datasets/x/nope.parquet' WHERE dataset_id = :d", d=dataset)
     _tampered(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
     assert _spent(ctx, dataset) == seq
+
+
+# -- the third review: rows the download, the charge and an allocation still trusted -----------------------------
+
+def test_a_release_row_inserted_or_moved_is_not_served(ctx, client, admin, consumer, stranger, other_admin, dataset,
+                                                       dataset_small):
+    """A forged row naming the dataset's own label file (its true size and hash) served the true labels, uncharged;
+    a release moved to a dataset the reader is granted on (or owns) served another dataset's release."""
+    from tests.labels_party.api.helpers import labels_csv, new_dataset, upload
+
+    with ctx.sessions() as s:
+        version = s.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset)).one()
+    size, sha = ctx.store.checked_digest(version.file)
+    _sql(ctx, "INSERT INTO releases (id, dataset_id, requester_org_id, idempotency_key, body_hash, mechanism, epsilon,"
+              " charge_units, certified_epsilon, prior_epsilon, randomizer_epsilon, num_examples, label_version,"
+              " description_json, file, file_size, file_sha256, state, created_at) VALUES ('forged', :d,"
+              " (SELECT id FROM organizations WHERE name = 'publisher'), 'k', 'h', 'rr', 0.5, 0, 0.5, 0, 0.5, 2000, 1,"
+              " '{}', :f, :n, :h, 'available', CURRENT_TIMESTAMP)", d=dataset, f=version.file, n=size, h=sha)
+    _tampered(client.get("/v1/releases/forged/labels", headers=consumer), says="not charged on the dataset's chain")
+    _sql(ctx, "DELETE FROM releases WHERE id = 'forged'")
+
+    body = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    assert client.post(f"/v1/datasets/{dataset_small}/grants", json={"org": "adnet", "epsilon": 0.5},
+                       headers=admin).status_code == 201
+    _sql(ctx, "UPDATE releases SET dataset_id = :b, requester_org_id = (SELECT id FROM organizations "
+              "WHERE name = 'adnet') WHERE id = :r", b=dataset_small, r=body["id"])
+    _tampered(client.get(f"/v1/releases/{body['id']}/labels", headers=stranger))
+    mine = new_dataset(client, other_admin, name="mine", label_kind="integer", min=1, max=52, epsilon_total=1)
+    assert upload(client, other_admin, mine, labels_csv({"e0": 1, "e1": 2})).status_code == 200
+    _sql(ctx, "UPDATE releases SET dataset_id = :b WHERE id = :r", b=mine, r=body["id"])
+    _tampered(client.get(f"/v1/releases/{body['id']}/labels", headers=other_admin))
+
+
+@pytest.mark.parametrize("registry_size", [0, -5, 1000])
+def test_a_registry_size_edited_is_refused(ctx, client, consumer, dataset, registry_size):
+    """At 0 every covered example fell in the fresh class: four releases of ε 2.5 against an allocation of 3."""
+    seq = _spent(ctx, dataset)
+    _sql(ctx, "UPDATE datasets SET registry_size = :n WHERE id = :d", n=registry_size, d=dataset)
+    _tampered(release(client, consumer, dataset, "a", mechanism="rr", epsilon=2.5), says="registry size")
+    assert _spent(ctx, dataset) == seq
+
+
+def test_an_allocation_reads_the_spent_state_not_the_rows_maximum(ctx, client, admin, dataset_small):
+    """The owner spent 0.8 of 1; its row's spent_max_units zeroed, a grant of 1 to publisher went through."""
+    created(release(client, admin, dataset_small, "own", mechanism="rr", epsilon=0.8))
+    grant = {"org": "publisher", "epsilon": 1}
+    expect_error(client.post(f"/v1/datasets/{dataset_small}/grants", json=grant, headers=admin), 409,
+                 "allocation_exceeded")
+    _sql(ctx, "UPDATE budget_accounts SET spent_max_units = 0 WHERE dataset_id = :d", d=dataset_small)
+    expect_error(client.post(f"/v1/datasets/{dataset_small}/grants", json=grant, headers=admin), 409,
+                 "allocation_exceeded")
+
+
+def test_a_key_rotated_before_its_account_opened_stays_revoked(ctx, client, admin, stranger, dataset_small):
+    """Rotated with a grace while adnet held no account, then granted: the chain recorded the key as made but not
+    its revocation, so clearing revoked_at brought it back."""
+    import time
+    from datetime import timedelta
+
+    prefix = stranger["Authorization"].removeprefix("Bearer ").split("_")[1]
+    ring = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)
+    with ctx.sessions() as s, s.begin():
+        ring.rotate(s, KeyRef(None, prefix), by="ops", grace=timedelta(seconds=1))
+    assert client.post(f"/v1/datasets/{dataset_small}/grants", json={"org": "adnet", "epsilon": 0.5},
+                       headers=admin).status_code == 201
+    time.sleep(1.5)
+    expect_error(release(client, stranger, dataset_small, "x", mechanism="rr", epsilon=0.1), 401, "unauthorized")
+    _sql(ctx, "UPDATE api_keys SET revoked_at = NULL, revoked_by = NULL WHERE prefix = :p", p=prefix)
+    _tampered(release(client, stranger, dataset_small, "y", mechanism="rr", epsilon=0.1), says="revoked on the chain")
+
+
+def test_a_spent_file_pointed_at_the_class_file_is_refused_not_a_500(ctx, client, consumer, dataset):
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    _sql(ctx, "UPDATE budget_accounts SET spent_file = classes_file WHERE dataset_id = :d", d=dataset)
+    _tampered(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
