@@ -62,6 +62,8 @@ def choose(result: TrainResult | GbdtResult, numeric: np.ndarray, categorical: n
     mean = float(labels.noisy.mean())
     constant = max(mean, 1e-6) if poisson else mean
     raw = np.asarray(result.predict(numeric, categorical), dtype=np.float64)
+    if not np.all(np.isfinite(raw)):  # a model that diverged: left as trained (its job says so), no NaN reported
+        return None
     center = float(np.mean(np.log(np.maximum(raw, 1e-300)) if poisson else raw))
     judging = labels.subset(np.isin(np.arange(len(labels)), validation))
     in_order = raw[np.sort(validation)]

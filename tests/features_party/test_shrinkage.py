@@ -63,6 +63,13 @@ def test_a_good_model_is_kept_as_trained():
     assert difference + shrinkage.Z * error < 0 and chosen.differences[0.0] == (0.0, 0.0)
 
 
+def test_a_model_predicting_nan_is_left_as_trained():
+    labels = np.arange(N, dtype=float) % 21
+    predictions = np.full(N, np.nan)
+    assert shrinkage.choose(_model(predictions), np.zeros((N, 0)), np.zeros((N, 0)), _released(labels, 1.0, 0),
+                            "squared") is None
+
+
 def test_too_few_validation_rows_keep_the_model():
     labels = np.arange(100, dtype=float) % 21
     assert shrinkage.choose(_model(labels), np.zeros((100, 0)), np.zeros((100, 0)), _released(labels, 1.0, 0),
