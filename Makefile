@@ -24,9 +24,10 @@ demo: $(STAMP)
 compose-demo: $(STAMP)
 	$(VENV)/bin/labeldp compose-demo $(COMPOSE_DEMO_ARGS)
 
-# Two workers, each test file on one of them (its module fixtures built once): most slow tests wait on services,
-# Spark and subprocesses rather than compute. PYTEST_WORKERS=0 runs them in this process.
-PYTEST_WORKERS ?= 2
+# PYTEST_WORKERS=2 runs two pytest workers, each test file on one of them (pytest-xdist): on this 2-core machine
+# the whole suite took 59 min that way against 60 in one process, and three tests that bound threads, time limits or
+# an export's lag failed under the doubled load — so one process by default.
+PYTEST_WORKERS ?= 0
 test: lint browser java
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 

@@ -487,7 +487,8 @@ def test_a_damaged_ledger_row_is_reported_and_the_other_datasets_still_verified(
     for report in (_verify(ctx, tmp_path, audit_key), None):
         if report is None:  # the same from the command line
             assert cli.main(["labels", "verify-audit", "--database-url", db_url, "--data-dir", str(data_dir),
-                             "--public-key", audit_key[1]]) == 1
+                             "--public-key", audit_key[1], "--heads-log",
+                             str(tmp_path / "audit" / signing.LOG_NAME)]) == 1
             report = json.loads(capsys.readouterr().out)
         by_id = {d["dataset_id"]: d for d in report["datasets"]}
         assert report["valid"] is False and set(by_id) == {dataset, dataset_small}
