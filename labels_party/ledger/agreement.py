@@ -65,10 +65,7 @@ def state_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: d
     """Why ``org``'s spent state must not be read (empty: it may): it is not the one its last charge left
     (``spent``: the digest of the state the account's row points at, None if it cannot be read), or the registry
     its classes span is not the chain's."""
-    problems = []
-    registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
-    if registry_end is not None and dataset.registry_size != registry_end:  # every index a charge's classes cover
-        problems.append("the dataset's registry size differs from the chain's")
+    problems = _registry_problems(replayed, dataset)  # every index a charge's classes cover
     recorded = replayed.spent_states.get(org)
     if recorded is not None and (account.classes_file, account.rdp_file, spent) != (
             recorded.get("classes_file"), recorded.get("rdp_file"), recorded.get("digest")):
@@ -115,13 +112,19 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
     for org in sorted(accounts.keys() | replayed.allocations.keys()):
         if accounts.get(org) != replayed.allocations.get(org):
             problems.append(f"{org}'s allocation differs from the chain's")
-    registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
-    if registry_end is not None and dataset.registry_size != registry_end:
-        problems.append("the dataset's registry size differs from the chain's")
+    problems += _registry_problems(replayed, dataset)
     problems += _key_problems(session, replayed)
     problems += _release_problems(session, dataset, replayed, names)
     problems += _label_problems(session, dataset, replayed)
     return problems
+
+
+def _registry_problems(replayed: Replayed, dataset: db.Dataset) -> list[str]:
+    """The registry is where the chain's last label version left it (source datasets chain none: unchecked)."""
+    registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
+    if registry_end is not None and dataset.registry_size != registry_end:
+        return ["the dataset's registry size differs from the chain's"]
+    return []
 
 
 def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:

@@ -444,6 +444,27 @@ def test_pickled_source_jobs_are_retired_and_their_files_deleted(database_url, t
     assert early.status_code == 503 and early.json()["error"]["code"] == "release_failed", early.text
 
 
+def _granted_dataset(database: str, data):
+    """A service with 200 labels of a dataset its owner (hospital) granted publisher ε 2 on: (its context, the
+    owner's admin headers, the dataset)."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
+
+    ctx = make_context(database, data)
+    with ctx.sessions() as s, s.begin():
+        admin = bearer(create_key(s, "hospital", "admin"))
+    with TestClient(create_app(ctx)) as client:
+        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=3)
+        assert upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(200)})).status_code \
+            == 200
+        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2},
+                           headers=admin).status_code == 201
+    return ctx, admin, dataset
+
+
 def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
     """Migration 0016: a key of an organization holding an account that the chain does not name (made before this
     version recorded keys when accounts open) gets a ``key`` fact; the upgrading process signs the transition, so
@@ -454,18 +475,10 @@ def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
     from labels_party.auth import create_key
     from labels_party.ledger import signing
     from labels_party.verification import verify
-    from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
+    from tests.labels_party.api.helpers import bearer
 
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
-    ctx = make_context(database, data)
-    with ctx.sessions() as s, s.begin():
-        admin = bearer(create_key(s, "hospital", "admin"))
-    with TestClient(create_app(ctx)) as client:
-        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=3)
-        assert upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(200)})).status_code \
-            == 200
-        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2},
-                           headers=admin).status_code == 201
+    ctx, admin, dataset = _granted_dataset(database, data)
     with ctx.sessions() as s, s.begin():  # a key the chain does not name, as an older version left it
         consumer = bearer(create_key(s, "publisher", "consumer"))
         s.execute(text("UPDATE alembic_version SET version_num = '0015'"))
@@ -501,18 +514,9 @@ def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
     from labels_party.auth import create_key
     from labels_party.ledger import signing
     from labels_party.verification import verify
-    from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
 
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
-    ctx = make_context(database, data)
-    with ctx.sessions() as s, s.begin():
-        admin = bearer(create_key(s, "hospital", "admin"))
-    with TestClient(create_app(ctx)) as client:
-        dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=3)
-        assert upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(200)})).status_code \
-            == 200
-        assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2},
-                           headers=admin).status_code == 201
+    ctx, admin, dataset = _granted_dataset(database, data)
     with ctx.sessions() as s, s.begin():
         create_key(s, "publisher", "consumer")  # not on the chain: 0016 records it, without a secret
         s.execute(text("UPDATE alembic_version SET version_num = '0015'"))

@@ -99,9 +99,11 @@ def test_a_key_revoked_on_the_chain_and_unrevoked_in_its_row_is_refused(ctx, cli
             ring.revoke(s, KeyRef(None, prefix), by="test")
         ids.append(_key_id(ctx, headers))
     _sql(ctx, "UPDATE api_keys SET revoked_at = NULL, revoked_by = NULL WHERE id IN (:a, :c)", a=ids[0], c=ids[1])
+    seq = _spent(ctx, dataset)
     _tampered(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
                           headers=admin), says="revoked on the chain")
     _tampered(client.get(f"/v1/releases/{body['id']}/labels", headers=consumer), says="revoked on the chain")
+    assert _spent(ctx, dataset) == seq  # no allocation chained
 
 
 def test_a_chained_keys_secret_swapped_in_its_row_is_refused(ctx, client, consumer, dataset):
@@ -234,4 +236,6 @@ def test_a_key_rotated_before_its_account_opened_stays_revoked(ctx, client, admi
 def test_a_spent_file_pointed_at_the_class_file_is_refused_not_a_500(ctx, client, consumer, dataset):
     created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
     _sql(ctx, "UPDATE budget_accounts SET spent_file = classes_file WHERE dataset_id = :d", d=dataset)
-    _tampered(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
+    seq = _spent(ctx, dataset)
+    _tampered(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5), says="spent state")
+    assert _spent(ctx, dataset) == seq
