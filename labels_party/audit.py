@@ -55,7 +55,7 @@ def heads(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
             query = query.where(db.Dataset.id == dataset_id)
         datasets = []
         for dataset in session.scalars(query):  # signed only where the chain and its anchor end, never a row alone
-            ctx.ledger.check_anchor(dataset)  # ledger_rollback / ledger_tampered otherwise
+            ctx.ledger.check_anchor(session, dataset)  # ledger_rollback / ledger_tampered otherwise
             ctx.ledger.facts(session, dataset)  # its links, up to the row's head
             datasets.append((dataset.id, dataset.ledger_seq, dataset.ledger_head))
     if dataset_id is not None and not datasets:

@@ -71,7 +71,7 @@ def check_not_rolled_back(sessions: sessionmaker, ledger: Ledger) -> None:
         for dataset in session.scalars(select(db.Dataset).with_for_update(read=True)):
             if dataset.id not in migrating or ledger.read_anchor(dataset.id) is not None:
                 # (a database from before anchors, restored beside a data directory that has them, is checked too)
-                ledger.check_anchor(dataset)
+                ledger.check_anchor(session, dataset)
         if migrating and not ledger.anchored_datasets():
             return  # the first start after the migration to accounts: older versions left unreferenced files
         known = {Path(file).name for file in session.scalars(select(db.Release.file))}

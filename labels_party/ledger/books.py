@@ -39,6 +39,7 @@ from shared.mechanisms import events
 from shared.service.keys import ApiKeyColumns, Principal
 
 CHUNK = 1 << 22  # registry indices per step of a pass: bounded memory at any dataset size
+ROW_READS = 8  # reads of a dataset row the anchor does not admit before it is refused (check_anchor)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,8 @@ class Ledger:
             known = chain.Replayed()
         if (known.seq, known.head) == (dataset.ledger_seq, dataset.ledger_head):
             return known
-        new = entries(session, dataset.id, after=known.seq)
+        new = entries(session, dataset.id, after=known.seq, through=dataset.ledger_seq)  # not those committed since
+        # the row was read (a reader without its lock)
         previous, seq = known.head, known.seq
         for entry in new:
             if entry.seq != seq + 1 or entry.prev_hash != previous or chain_hash(previous, entry.record_json) != \
@@ -205,7 +207,7 @@ class Ledger:
     def checked_state(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> AccountState:
         """The account's state as its chain's last charge left it (:class:`agreement.LedgerTampered` otherwise: a
         state row, a registry size or the totals edited outside the service) — what any decision on it reads."""
-        self.check_anchor(dataset)
+        self.check_anchor(session, dataset)
         org = session.get(db.Organization, account.org_id)
         state, problems = self._state_problems(self.facts(session, dataset), dataset, account, org.name if org else "?")
         if problems:
@@ -294,7 +296,7 @@ class Ledger:
         cost = Charge.of(event, epsilon_requested)
         recorded_event = events.to_dict(event)
         _check_recomputable(recorded_event, cost)  # before anything is read or written
-        self.check_anchor(dataset)
+        self.check_anchor(session, dataset)
         org = session.get(db.Organization, account.org_id)
         replayed = self.facts(session, dataset)
         state, problems = self._state_problems(replayed, dataset, account, org.name if org else "?")
@@ -430,7 +432,7 @@ class Ledger:
         """A key acts on the dataset (administers it, downloads from it) only as its chain knows it
         (:func:`agreement.key_problems`; :class:`agreement.LedgerTampered` else: a key row written or edited outside
         the service)."""
-        self.check_anchor(dataset)
+        self.check_anchor(session, dataset)
         problems = agreement.key_problems(self.facts(session, dataset), principal.key_id,
                                           session.get(db.ApiKey, principal.key_id), principal.org_name,
                                           principal.role, datetime.now(timezone.utc))
@@ -443,7 +445,7 @@ class Ledger:
         is the dataset's and its bytes are the ones chained — so that no row edit makes a release read another
         dataset's labels or charge fewer examples than it reads (:class:`agreement.LedgerTampered` else). Versions
         uploaded before label versions were chained are read as their rows say."""
-        self.check_anchor(dataset)
+        self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
         fact = replayed.labels.get(version.version)
         if fact is None:
@@ -498,15 +500,26 @@ class Ledger:
         if anchor is not None and (anchor.seq, anchor.head) == (dataset.ledger_seq, dataset.ledger_head):
             self.anchor(dataset)
 
-    def check_anchor(self, dataset: db.Dataset) -> None:
+    def check_anchor(self, session: Session, dataset: db.Dataset) -> None:
         """Refuse a dataset whose database chain is not where the data directory saw it last: behind it (a
         database restored from an older backup), beside it, or a dataset with records and no anchor (a data
-        directory that is not this database's, or whose anchors were removed)."""
-        anchor = self.read_anchor(dataset.id)
-        if anchor is None and dataset.ledger_seq == 0:
-            return
-        if anchor is None or not anchor.admits(dataset.ledger_seq, dataset.ledger_head):
-            raise LedgerRollback(rollback_message(dataset.id))
+        directory that is not this database's, or whose anchors were removed).
+
+        A transaction that read the row without its lock (a release's first one, a download) may hold a head that
+        other charges have since moved past, anchors included (two replicas on PostgreSQL, READ COMMITTED): the row
+        is read again (``ROW_READS`` times in all) and only a row the anchor still does not admit is refused — a
+        restored database stays behind however often it is read. A row this transaction changed is never read
+        again (its changes would be lost)."""
+        for attempt in range(ROW_READS):
+            anchor = self.read_anchor(dataset.id)
+            if anchor is None and dataset.ledger_seq == 0:
+                return
+            if anchor is not None and anchor.admits(dataset.ledger_seq, dataset.ledger_head):
+                return
+            if attempt + 1 == ROW_READS or session.is_modified(dataset):
+                break
+            session.refresh(dataset)
+        raise LedgerRollback(rollback_message(dataset.id))
 
     def uncommitted_creation(self, dataset_id: str) -> bool:
         """An anchor still pending from the transaction that made its dataset (a commit that failed): no dataset

@@ -55,10 +55,13 @@ def is_release(record: dict[str, Any]) -> bool:
     return record.get("event", "label_release") == "label_release"  # records from before the field: releases
 
 
-def entries(session: Session, dataset_id: str, after: int = 0) -> list[Entry]:
-    """A dataset's ledger entries in chain order, those after seq ``after`` (the only reader of ledger rows)."""
-    rows = session.scalars(select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id,
-                                                        db.LedgerEntry.seq > after).order_by(db.LedgerEntry.seq))
+def entries(session: Session, dataset_id: str, after: int = 0, through: int | None = None) -> list[Entry]:
+    """A dataset's ledger entries in chain order, those after seq ``after`` and up to ``through`` (None: the last)
+    (the only reader of ledger rows)."""
+    query = select(db.LedgerEntry).where(db.LedgerEntry.dataset_id == dataset_id, db.LedgerEntry.seq > after)
+    if through is not None:
+        query = query.where(db.LedgerEntry.seq <= through)
+    rows = session.scalars(query.order_by(db.LedgerEntry.seq))
     return [Entry(r.dataset_id, r.seq, r.record, r.prev_hash, r.hash) for r in rows]
 
 

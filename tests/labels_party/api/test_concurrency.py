@@ -7,14 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from labeldp.local_services import serve_in_thread
 from labels_party import db
 from labels_party.api import create_app
 from labels_party.audit import verify_audit
-from labels_party.auth import create_key
+from labels_party.auth import authenticate, create_key
 from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
+from tests.support.databases import POSTGRES_URL, fresh_database
 
 
 def _setup(base: str, admin: str, epsilon_total: float, n: int = 400) -> str:
@@ -74,3 +76,32 @@ def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mecha
     assert {f["record"]["release_id"] for f in available} == {r.json()["id"] for r in responses
                                                                 if r.status_code == 201}
     assert verify_audit(ctx)["valid"]
+
+
+@pytest.mark.skipif(not POSTGRES_URL, reason="READ COMMITTED readers run beside writers on PostgreSQL only (SQLite's "
+                                             "BEGIN IMMEDIATE serializes every transaction)")
+def test_a_reader_that_read_the_dataset_before_other_charges_committed_is_not_told_tampered(tmp_path):
+    # What two replicas hit under load (CI): a release's first transaction reads the dataset row without its lock,
+    # other releases commit and move the anchor on, then it checks the anchor and replays the chain.
+    with fresh_database("postgresql", tmp_path) as url:
+        ctx = make_context(url, tmp_path / "data")
+        with ctx.sessions() as session, session.begin():
+            admin = create_key(session, "owner", "admin")
+            consumer = create_key(session, "partner", "consumer")
+        with serve_in_thread(create_app(ctx)) as base:
+            dataset_id = _setup(base, admin, epsilon_total=1.0)
+            with ctx.sessions() as reader, reader.begin():
+                dataset = reader.get(db.Dataset, dataset_id)  # the row as it stood before the releases below
+                stale_seq = dataset.ledger_seq
+                version = reader.scalar(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset_id))
+                principal = authenticate(reader, f"Bearer {admin}")
+                with httpx.Client(base_url=base, timeout=120) as client:
+                    for i in range(3):
+                        assert client.post(f"/v1/datasets/{dataset_id}/releases", json={"mechanism": "rr",
+                                                                                         "epsilon": 0.1},
+                                           headers={"Authorization": f"Bearer {consumer}",
+                                                    "Idempotency-Key": f"k{i}"}).status_code == 201
+                file, coverage = ctx.ledger.labels_read(reader, dataset, version)
+                ctx.ledger.check_actor(reader, dataset, principal)
+                assert dataset.ledger_seq == stale_seq + 6  # read again: three charges, three availabilities
+                assert coverage.size == 400 and file == version.file

@@ -88,14 +88,19 @@ def test_the_cost_bounds_what_decoding_takes(name, model, body):
     cost = JsonCost()
     for start in range(0, len(body), 1 << 16):  # counted as chunks arrive
         cost.add(body[start:start + (1 << 16)])
-    tracemalloc.start()
-    try:
-        _decode(model, body)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    # tracemalloc counts every thread's allocations: a thread left running by an earlier test of the session (a
+    # server winding down) added 7 MB to one measurement in CI. Such noise only adds, so the least of three
+    # measurements is what decoding itself took (measured again only while the bound is not met).
+    peaks: list[int] = []
+    while len(peaks) < 3 and (not peaks or cost.total < 1.25 * min(peaks)):
+        tracemalloc.start()
+        try:
+            _decode(model, body)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
     # the cost and the joined copy of the body the gate holds, against what Python allocated beyond the body
-    assert cost.total >= 1.25 * peak, (name, cost.describe(), peak)
+    assert cost.total >= 1.25 * min(peaks), (name, cost.describe(), peaks)
 
 
 def test_a_failing_list_gives_one_error_not_one_per_element():
