@@ -116,7 +116,7 @@ def _chain_heads(engine: Engine) -> dict[str, tuple[int, str]]:
 
 
 def _sign_migrated(engine: Engine, signer: HeadSigner, before: dict[str, tuple[int, str]]) -> None:
-    """The upgrade this process just ran appended facts to some chains (migrations 0010, 0016, 0017): it signs and
+    """The upgrade this process just ran appended facts to some chains (migrations 0010, 0016, 0017, 0018): it signs and
     exports each such transition, as the service does after its own commits — the operator's upgrade wrote them."""
     for dataset_id, (seq, head) in sorted(_chain_heads(engine).items()):
         previous = before.get(dataset_id)

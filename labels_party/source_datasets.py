@@ -61,6 +61,7 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
                 taken.location, taken.sha256, counts
             dataset.num_examples = dataset.registry_size = histogram.num_examples
             dataset.state, dataset.error_json = "ready", None
+            ctx.ledger.source_registered(_session, dataset, ctx.store.checked_digest(counts))  # what releases read
             job.result_json = json.dumps(ran)
             ctx.jobs.table.finish(job, "succeeded")
     finally:
@@ -110,8 +111,9 @@ def spark_unavailable(err: BaseException) -> bool:
 
 
 def stored_histogram(ctx: JobContext, session: Session, dataset: db.Dataset, domain):
-    """The exact counts taken at registration (a :class:`~labels_party.spark.jobs.HistogramResult`), after
-    checking the source is still where the operator allows its owner to register labels."""
+    """The exact counts taken at registration (a :class:`~labels_party.spark.jobs.HistogramResult`), as the
+    dataset's chain records them (:meth:`~labels_party.ledger.Ledger.source_read`), after checking the source is
+    still where the operator allows its owner to register labels."""
     from labels_party.spark.jobs import HistogramResult
 
     if dataset.source_snapshot is None:
@@ -122,18 +124,20 @@ def stored_histogram(ctx: JobContext, session: Session, dataset: db.Dataset, dom
     if owner is None or dataset.source_uri is None or dataset.source_counts_file is None:  # set at registration
         raise LabelDPError("this source dataset's registration is incomplete", code="storage_inconsistent")
     snapshot.locate(dataset.source_uri, ctx.settings.spark_sources.get(owner.name, []))  # also if withdrawn
+    registered = ctx.ledger.source_read(session, dataset)
     values = domain.support().values
-    counts = ctx.store.read_array(dataset.source_counts_file)
-    if counts.shape != values.shape or int(counts.sum()) != dataset.num_examples:
+    counts = ctx.store.read_array(registered.counts_file)
+    if counts.shape != values.shape or int(counts.sum()) != registered.num_examples:
         raise LabelDPError("this source dataset's stored counts do not match its domain and rows; its owner must "
                            "register the source again", code="source_dataset")
     return HistogramResult(values, counts.astype(np.int64), int(dataset.num_examples))
 
 
-def snapshot_uri(ctx: JobContext, dataset: db.Dataset) -> str:
-    """The ``file:`` URI Spark reads the dataset's labels from: its snapshot, on this file system."""
+def snapshot_uri(ctx: JobContext, session: Session, dataset: db.Dataset) -> str:
+    """The ``file:`` URI Spark reads the dataset's labels from: its snapshot as its chain registered it, on this
+    file system."""
     if dataset.source_snapshot is None:
         raise LabelDPError("this source dataset was registered before sources were copied at registration; its "
                            "owner must register the source again (as a new dataset)", code="source_dataset")
-    return ctx.store.path(dataset.source_snapshot).resolve().as_uri()
+    return ctx.store.path(ctx.ledger.source_read(session, dataset).snapshot).resolve().as_uri()
 

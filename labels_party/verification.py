@@ -453,7 +453,8 @@ def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
 
 
 def _label_file_problems(session: Session, ledger: Ledger, dataset: db.Dataset, replayed: Replayed) -> list[str]:
-    """Each label version's file is the one its upload chained (bytes and SHA-256)."""
+    """Each label version's file is the one its upload chained (bytes and SHA-256), and a source's counts file the
+    one its registration chained."""
     problems = []
     for row in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
                                .order_by(db.LabelVersion.version)):
@@ -467,6 +468,13 @@ def _label_file_problems(session: Session, ledger: Ledger, dataset: db.Dataset, 
             continue
         if found != (fact.file_bytes, fact.file_sha256):
             problems.append(f"label version {row.version}: its file is not the one uploaded")
+    if replayed.source is not None:  # a source dataset's counts, which its releases plan from
+        try:
+            counts: tuple[int, str] | None = ledger.store.digest(replayed.source.counts_file)
+        except OSError:
+            counts = None
+        if counts != (replayed.source.counts_bytes, replayed.source.counts_sha256):
+            problems.append("the source's counts file is missing or not the one registered")
     return problems
 
 

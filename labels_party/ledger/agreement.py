@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.ledger.chain import Replayed
-from labels_party.ledger.records import secret_digest
+from labels_party.ledger.records import SourceFact, secret_digest
 from shared.errors import LabelDPError
 
 
@@ -116,14 +116,30 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
     problems += _key_problems(session, replayed)
     problems += _release_problems(session, dataset, replayed, names)
     problems += _label_problems(session, dataset, replayed)
+    if replayed.source is not None or (dataset.source_uri is not None and dataset.source_snapshot is not None):
+        problems += source_problems(replayed.source, dataset)  # (one registered before snapshots is never read)
     return problems
 
 
 def _registry_problems(replayed: Replayed, dataset: db.Dataset) -> list[str]:
-    """The registry is where the chain's last label version left it (source datasets chain none: unchecked)."""
+    """The registry is where the chain's last label version left it, or its source's registration."""
     registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
+    if replayed.source is not None:
+        registry_end = replayed.source.num_examples
     if registry_end is not None and dataset.registry_size != registry_end:
         return ["the dataset's registry size differs from the chain's"]
+    return []
+
+
+def source_problems(fact: SourceFact | None, dataset: db.Dataset) -> list[str]:
+    """Why a release must not read source dataset ``dataset`` as its row says (empty: it may): the chain records
+    no registration, or another snapshot, fingerprint, counts file or number of rows."""
+    if fact is None:
+        return ["the source's registration is not in the chain"]
+    if (dataset.source_snapshot, dataset.source_sha256, dataset.source_counts_file, dataset.num_examples,
+            dataset.registry_size) != (fact.snapshot, fact.source_sha256, fact.counts_file, fact.num_examples,
+                                       fact.num_examples):
+        return ["the source's snapshot, counts or rows differ from its registration's on the chain"]
     return []
 
 

@@ -26,6 +26,7 @@ from labels_party.ledger.records import (
     Coverage,
     LedgerRecord,
     RecordFields,
+    SourceFact,
     SpentState,
     canonical,
     chain_hash,
@@ -465,6 +466,30 @@ class Ledger:
             raise agreement.tampered(dataset.id, problems)
         return version.file, CoverageSet(f"datasets/{dataset.id}/coverage/{fact.coverage_sha256}.npy",
                                          fact.coverage_sha256, fact.num_examples)
+
+    def source_read(self, session: Session, dataset: db.Dataset) -> SourceFact:
+        """What a release of source dataset ``dataset`` reads, as the chain's :class:`~.records.SourceFact` says:
+        the row's snapshot, fingerprint, counts file and rows must be the registered ones and the counts file's
+        bytes the chained ones (:class:`agreement.LedgerTampered` else — a row edit that points a release at
+        another dataset's copy, other counts or fewer rows)."""
+        self.check_anchor(session, dataset)
+        fact = self.facts(session, dataset).source
+        problems = agreement.source_problems(fact, dataset)
+        if not problems and fact is not None:
+            try:
+                found = self.store.checked_digest(fact.counts_file)
+            except OSError:
+                found = None
+            if found != (fact.counts_bytes, fact.counts_sha256):
+                problems.append("the source's counts file is not the one its chain records")
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+        assert fact is not None
+        return fact
+
+    def source_registered(self, session: Session, dataset: db.Dataset, counts: tuple[int, str]) -> None:
+        """A source dataset's registration (``counts``: its counts file's bytes and SHA-256); its row locked."""
+        chain.source(self, session, dataset, counts)
 
     def labels_uploaded(self, session: Session, dataset: db.Dataset, version: db.LabelVersion,
                         file: tuple[int, str]) -> None:

@@ -43,6 +43,7 @@ from labels_party.ledger.records import (
     KeyFact,
     LabelsFact,
     ReleaseFact,
+    SourceFact,
     _Fact,
     canonical,
     chain_hash,
@@ -173,6 +174,16 @@ def labels(ledger: Ledger, session: Session, dataset: db.Dataset, version: db.La
         registry_end=version.registry_end, coverage_sha256=version.coverage_sha256))
 
 
+def source(ledger: Ledger, session: Session, dataset: db.Dataset, counts: tuple[int, str]) -> None:
+    """A source dataset registered (its snapshot, fingerprint, counts file and rows set on the row; ``counts``: that
+    file's bytes and SHA-256); the caller holds the dataset's row lock."""
+    assert dataset.source_snapshot is not None and dataset.source_sha256 is not None
+    assert dataset.source_counts_file is not None
+    record_fact(ledger, session, dataset, SourceFact(
+        snapshot=dataset.source_snapshot, source_sha256=dataset.source_sha256, counts_file=dataset.source_counts_file,
+        counts_bytes=counts[0], counts_sha256=counts[1], num_examples=dataset.num_examples))
+
+
 def moving(session: Session, dataset_id: str) -> bool:
     """Whether ``session``'s transaction has appended to ``dataset_id``'s chain (not yet committed)."""
     return dataset_id in session.info.get(_PENDING, {})
@@ -216,7 +227,7 @@ class Replayed:
     (organization, role, prefix)) and revoked (id -> (prefix, from when: ISO time, or None in facts before
     revocations carried it)), the releases charged (release id -> standalone units; -> the organization charged,
     for records that name it; those whose availability a :class:`ReleaseFact` must state), the releases made
-    available, the label versions uploaded, and what in the chain itself is inconsistent."""
+    available, the label versions uploaded, the source registered, and what in the chain itself is inconsistent."""
 
     seq: int = 0
     head: str = "0" * 64
@@ -232,6 +243,7 @@ class Replayed:
     files_on_chain: set[str] = field(default_factory=set)
     available: dict[str, ReleaseFact] = field(default_factory=dict)
     labels: dict[int, LabelsFact] = field(default_factory=dict)
+    source: SourceFact | None = None
     problems: list[str] = field(default_factory=list)
 
 
@@ -265,6 +277,10 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             out.available[fact.release_id] = fact
         elif isinstance(fact, LabelsFact):
             out.labels[fact.version] = fact
+        elif isinstance(fact, SourceFact):
+            if out.source is not None or out.labels:
+                out.problems.append(f"seq {entry.seq}: a source registered twice, or on a dataset of uploads")
+            out.source = fact
         elif fact.change == "revoked":
             out.revoked[fact.key_id] = (fact.key_prefix, fact.revoked_at)
         else:

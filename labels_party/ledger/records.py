@@ -243,7 +243,21 @@ class LabelsFact(_Fact):
     coverage_sha256: str
 
 
-AnyFact = BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | LabelsFact
+class SourceFact(_Fact):
+    """A source dataset registered: its snapshot (the copy Spark counted and its releases read: location and
+    fingerprint), the counts file its releases plan from (bytes, SHA-256) and its rows — so that no row edit makes
+    a release read another dataset's copy, plan from other counts or charge fewer examples than it reads."""
+
+    event: Literal["source"] = "source"
+    snapshot: str
+    source_sha256: str
+    counts_file: str
+    counts_bytes: int
+    counts_sha256: str
+    num_examples: int
+
+
+AnyFact = BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | LabelsFact | SourceFact
 Fact = Annotated[AnyFact, Field(discriminator="event")]
 _FACT = TypeAdapter(Fact)
 

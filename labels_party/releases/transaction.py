@@ -249,8 +249,10 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
             delta = account.delta if account is not None else 0.0
             domain = domain_from_spec(json.loads(dataset.domain_json))
             if dataset.source_uri is not None:  # its labels stay in the source's copy: every row, version 0
-                snapshot = Snapshot(dataset, domain, 0, dataset.source_uri, dataset.num_examples,
-                                    labelstore.range_coverage(0, dataset.num_examples), delta=delta)
+                rows = dataset.num_examples if dataset.source_snapshot is None else \
+                    ctx.ledger.source_read(session, dataset).num_examples  # as registered (the chain says)
+                snapshot = Snapshot(dataset, domain, 0, dataset.source_uri, rows,
+                                    labelstore.range_coverage(0, rows), delta=delta)
                 return snapshot, completion
             version = session.scalar(select(db.LabelVersion).where(
                 db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))

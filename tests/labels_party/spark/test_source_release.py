@@ -20,6 +20,7 @@ from labels_party.api import create_app
 from labels_party.audit import verify_audit
 from labels_party.auth import create_key
 from labels_party.context import make_context
+from labels_party.ledger.records import entries
 from labels_party.releases.privatization import secret_context
 from labels_party.settings import LabelsSettings
 from labels_party.spark.jobs import privatize
@@ -354,3 +355,88 @@ def test_locations_with_commas_register_and_missing_ones_are_refused_by_the_job(
         # the data directory's
         for fragment in (*missing.strip("/").split("/"), *missing.split(","), str(ctx.store.root), "sources"):
             assert fragment not in response.text + refused.text, fragment
+
+
+def test_a_source_registration_is_on_the_chain_and_row_edits_are_refused_before_any_charge(service):
+    """Issue 40: a database writer pointed a source dataset at another dataset's copy (another organization's labels,
+    charged on this budget), at fewer rows or at other counts — nothing on the chain said what was registered. The
+    registration is a ``source`` fact; a release of a row that disagrees with it, or whose counts file was
+    rewritten, is 503 ledger_tampered before anything is charged, and verify-audit names it."""
+    ctx, client, as_, sources, _, _ = service
+    write_source(sources / "other", [f"q{i}" for i in range(500)], np.zeros(500, dtype=np.int64), files=1)
+    dataset = register(ctx, client, as_("owner"), _body(f"{sources}/weeks"))["id"]
+    other = register(ctx, client, as_("owner"), _body(f"{sources}/other", name="other"))["id"]
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
+                       headers=as_("owner")).status_code == 201
+    with ctx.sessions() as session:
+        facts = [e.record for e in entries(session, dataset) if e.record.get("event") == "source"]
+        row, copy = session.get(db.Dataset, dataset), session.get(db.Dataset, other)
+        registered = (row.source_snapshot, row.source_sha256, row.source_counts_file, row.num_examples)
+        elsewhere = (copy.source_snapshot, copy.source_sha256, copy.source_counts_file, copy.num_examples)
+    assert [(f["snapshot"], f["source_sha256"], f["counts_file"], f["num_examples"]) for f in facts] == [registered]
+    assert verify_audit(ctx)["valid"]
+
+    def edit(values):
+        with ctx.sessions() as session, session.begin():
+            row = session.get(db.Dataset, dataset)
+            row.source_snapshot, row.source_sha256, row.source_counts_file, row.num_examples = values
+            row.registry_size = values[3]
+
+    counts = ctx.store.path(registered[2])
+    true_counts = counts.read_bytes()
+    for name, tamper, undo in (
+            ("another dataset's copy", lambda: edit(elsewhere), lambda: edit(registered)),
+            ("fewer rows", lambda: edit((*registered[:3], 10)), lambda: edit(registered)),
+            ("rewritten counts", lambda: np.save(counts, np.full(10, N // 10, dtype=np.int64)),
+             lambda: counts.write_bytes(true_counts))):
+        tamper()
+        refused = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 1},
+                              headers={**as_("publisher"), "Idempotency-Key": name})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "ledger_tampered", (name,
+                                                                                                     refused.text)
+        report = verify_audit(ctx, dataset)
+        found = report["datasets"][0]["problems"]
+        assert not report["valid"] and any("source" in p or "registry" in p for p in found), (name, found)
+        undo()
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=as_("publisher")).json()["epsilon_spent"] == 0.0
+    assert client.get(f"/v1/datasets/{dataset}/releases", headers=as_("publisher")).json() == []
+    assert verify_audit(ctx)["valid"]
+
+
+def test_migration_0018_chains_the_registration_of_a_source_dataset_registered_before(service, tmp_path):
+    """A source dataset registered by an older version has no ``source`` fact (here: the fact, its anchor and its
+    signed head taken back, as that version left them). The upgrade appends one, signed, once; releases then go
+    ahead and verify-audit with the exported heads stays valid."""
+    from sqlalchemy import text
+
+    ctx, client, as_, sources, _, _ = service
+    old = register(ctx, client, as_("owner"), _body(f"{sources}/weeks", name="old"))["id"]
+    with ctx.sessions() as session, session.begin():
+        last = entries(session, old)[-1]
+        assert last.record["event"] == "source"
+        session.execute(text("DELETE FROM ledger WHERE dataset_id = :d AND seq = :s"), {"d": old, "s": last.seq})
+        session.execute(text("UPDATE datasets SET ledger_seq = :s, ledger_head = :h WHERE id = :d"),
+                        {"s": last.seq - 1, "h": last.prev_hash, "d": old})
+        session.execute(text("UPDATE alembic_version SET version_num = '0017'"))
+    ctx.store.path(f"anchors/{old}.json").write_text(json.dumps({
+        "seq": last.seq - 1, "head": last.prev_hash, "previous_seq": last.seq - 1, "previous_head": last.prev_hash}))
+    log = ctx.store.path("audit") / "heads.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if not (json.loads(line)["dataset_id"] == old and json.loads(line)["seq"] == last.seq)))
+    settings = ctx.settings
+    ctx.close()
+    upgraded = make_context(settings=settings, upgrade=True)
+    try:
+        with upgraded.sessions() as session:
+            added = [e.record for e in entries(session, old) if e.seq >= last.seq]
+        assert [(r["event"], r["snapshot"], r["counts_sha256"]) for r in added] == [
+            ("source", last.record["snapshot"], last.record["counts_sha256"])]
+        client = TestClient(create_app(upgraded), raise_server_exceptions=False)
+        assert client.post(f"/v1/datasets/{old}/grants", json={"org": "publisher", "epsilon": 3},
+                           headers=as_("owner")).status_code == 201
+        released = client.post(f"/v1/datasets/{old}/releases", json={"mechanism": "rr", "epsilon": 1},
+                               headers={**as_("publisher"), "Idempotency-Key": "after"})
+        assert released.status_code == 202, released.text
+        assert verify_audit(upgraded)["valid"]
+    finally:
+        upgraded.close()
