@@ -28,9 +28,11 @@ from types import MappingProxyType
 import numpy as np
 
 from labels_party.solvers import opt_unbiased_continuous, opt_unbiased_mesh
+from labels_party.solvers.block_rr import block_rr
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline, SolverTimeout
 from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.solvers.rp_with_prior import rp_with_prior
 from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from labels_party.solvers.rr_with_prior import rr_with_prior
 from shared.arrays import number
@@ -192,6 +194,11 @@ def _opt_unbiased_numbers(labels: int, options: MechanismOptions) -> int:
     return labels * outputs + labels + outputs
 
 
+def _matrix_numbers(labels: int, _options: MechanismOptions) -> int:
+    """Inputs, outputs (at most as many) and the exact counts of a whole matrix (RPWithPrior, BlockRR)."""
+    return labels * labels + 2 * labels
+
+
 def _no_vectors(_labels: int, _options: MechanismOptions) -> int:
     return 0  # a few parameters (additive noise on a lattice, subset selection's two probabilities)
 
@@ -218,6 +225,15 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
         lambda labels, e, _prior, _options: randomized_response(labels.values, e))),
     MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "rr", _finite(
         lambda _labels, e, prior, _options: rr_with_prior(prior, e)), fallback="rr"),
+    # Published peers (issue 41): RPWithPrior (Liu & Huang, TMLR 2026) and BlockRR (Liu & Ding, 2026), on the
+    # noisy prior like RR-on-Bins and RRWithPrior; their documents publish the whole matrix, hence the |Y| limits.
+    MechanismFamily("rp-with-prior", REGRESSION, frozenset(), True, MAX_CONTINUOUS_LABELS,
+                    "rr-on-bins (up to 50,000 labels), " + _WIDE, _finite(
+                        lambda labels, e, prior, _options: rp_with_prior(labels.values, prior, e)),
+                    fallback="dbrr", published=_matrix_numbers),
+    MechanismFamily("block-rr", CLASSES, frozenset(), True, 256, "rr-with-prior or rr", _finite(
+        lambda labels, e, prior, _options: block_rr(labels.values, prior, e)), fallback="rr",
+                    published=_matrix_numbers),
     MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
                     Built(SubsetSelectionRandomizer.build(labels.size, e)), published=_no_vectors),
 )})

@@ -18,13 +18,15 @@ from shared.domains import LABEL_VALUE_LIMIT, domain_spec
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
 # The mechanisms a release may name, and which by label kind (both parties check a request against these).
-MechanismName = Literal["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr", "rr-with-prior", "subset"]
-REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr")
-CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset")
+MechanismName = Literal["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr", "rr-with-prior", "subset",
+                        "rp-with-prior", "block-rr"]
+REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr",
+                                                    "rp-with-prior")
+CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset", "block-rr")
 # Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters, DP quantiles.
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro", "quantiles")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
-GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior"]
+GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "rp-with-prior", "block-rr"]
 # opt-unbiased's solvers: outputs anywhere in ℝ (cone programs, certified gap) or on a fixed mesh (one LP)
 Solver = Literal["continuous", "mesh"]
 

@@ -22,6 +22,7 @@ MECHANISMS = {
     "opt-unbiased": {"mechanism": "opt-unbiased"},
     "opt-unbiased-mesh": {"mechanism": "opt-unbiased", "solver": "mesh"},  # Algorithm 1 on a 2|Y| grid, to compare
     "opt-unbiased-groups": {"mechanism": "opt-unbiased", "group_release": True},
+    "rp-with-prior": {"mechanism": "rp-with-prior"},  # RPWithPrior (Liu & Huang) on the noisy global prior
     "auto": {"mechanism": "auto"},  # the trainer chooses mechanism, learner and regularization (features_party/auto)
 }
 # Class labels: the protocols of `labeldp bench classification` (labeldp.benchmarks.classification.METHODS).
@@ -33,6 +34,7 @@ CLASSIFICATION_MECHANISMS = {
     "lp-3st": {"mechanism": "rr", "protocol": "lp-mst", "stages": 3},
     "subset": {"mechanism": "subset"},
     "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
+    "block-rr": {"mechanism": "block-rr"},  # BlockRR (Liu & Ding) on the noisy global prior
     "auto": {"mechanism": "auto"},
 }
 AUTO = "auto"  # also the runs.csv model of an auto job that chose between both learners

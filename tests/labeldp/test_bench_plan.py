@@ -74,7 +74,7 @@ def test_rows_subsamples_and_the_default_mechanisms_count(capsys, table):
     assert plan["rows"] == 250 and dataset["rows"] == 250
     private = [m for m, fields in choices.MECHANISMS.items() if fields is not None]
     assert dataset["mechanisms"] == list(choices.MECHANISMS)
-    assert plan["jobs"] == dataset["jobs"] == 2 * 2 * len(private) == 36  # auto among them
+    assert plan["jobs"] == dataset["jobs"] == 2 * 2 * len(private) == 40  # auto and rp-with-prior among them
     # the draw is seeded: the same rows, so the same distinct distances, on every run
     again = _plan(capsys, "--data", table, "--label", "delay", "--rows", 250, "--seeds", 2, "--epsilons", "1,8")
     assert again["datasets"][0]["features"] == dataset["features"]
@@ -121,4 +121,4 @@ def test_help_shows_the_defaults_mechanisms_and_jobs(capsys):
     from labeldp.benchmarks.utility import DATASETS
 
     assert choices.DATASET_NAMES == tuple(DATASETS) and f"{', '.join(DATASETS)}, a comma list" in text
-    assert f"{grid.seeds} × {len(grid.epsilons)} × 9 = {grid.seeds * len(grid.epsilons) * 9} jobs" in text  # auto too
+    assert f"{grid.seeds} × {len(grid.epsilons)} × 10 = {grid.seeds * len(grid.epsilons) * 10} jobs" in text  # auto too
