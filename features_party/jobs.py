@@ -63,6 +63,7 @@ from features_party.reports import JobReport, estimate, labels_by_id, privatized
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from shared import schemas
 from shared.errors import LabelDPError
+from shared.mechanisms.alibi import AlibiRandomizer
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.service.errors import ErrorCode
 from shared.service.leases import JobRunner, Lease, LeaseTable
@@ -296,13 +297,16 @@ def _own_refusal(err: BaseException) -> bool:
 
 
 def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
-    """Targets from a downloaded release: labels, or unbiased weights for label sets (subset selection)."""
+    """Targets from a downloaded release: labels, unbiased weights for label sets (subset selection), or ALIBI's
+    per-class log-likelihoods of its noisy vectors (the alibi loss makes them soft labels)."""
     names = table.schema.names
     if "label" in names:
         return table.column("label").to_numpy()
-    sets = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in names if n.startswith("in_class_")],
-                    axis=1)
-    return SubsetSelectionRandomizer.from_description(release.description).unbiased_weights(sets)
+    columns = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in names if n.startswith("in_class_")],
+                       axis=1)
+    if release.mechanism == "alibi":
+        return AlibiRandomizer.from_description(release.description).log_likelihoods(columns)
+    return SubsetSelectionRandomizer.from_description(release.description).unbiased_weights(columns)
 
 
 def _progress(attempt: Attempt, every_seconds: float = 0.0):

@@ -7,6 +7,9 @@
 * ``cross_entropy``: softmax cross-entropy against integer classes.
 * ``subset``: Σ_k w_k · (−log softmax_k) with the subset randomizer's unbiased weights w (E[w | y] = one_hot(y)),
   an unbiased estimate of the cross-entropy on the true label (Chua et al., Algorithm 1).
+* ``alibi``: cross-entropy against ALIBI's soft label, the posterior of the class given the released noisy vector
+  (its log-likelihoods are the targets) under the model's own current prediction as the prior, recomputed at every
+  step and held constant in the gradient — the paper's default ("mapwithprior"); post-processing of the release.
 """
 
 from __future__ import annotations
@@ -33,11 +36,18 @@ def subset(outputs: jax.Array, weights: jax.Array) -> jax.Array:
     return -jnp.mean(jnp.sum(weights * jax.nn.log_softmax(outputs, axis=-1), axis=-1))
 
 
-LOSSES = {"squared": squared, "poisson": poisson, "cross_entropy": cross_entropy, "subset": subset}
+def alibi(outputs: jax.Array, log_likelihoods: jax.Array) -> jax.Array:
+    log_probs = jax.nn.log_softmax(outputs, axis=-1)
+    soft = jax.nn.softmax(jax.lax.stop_gradient(log_probs) + log_likelihoods, axis=-1)
+    return -jnp.mean(jnp.sum(soft * log_probs, axis=-1))
+
+
+LOSSES = {"squared": squared, "poisson": poisson, "cross_entropy": cross_entropy, "subset": subset, "alibi": alibi}
+CLASS_LOSSES = ("cross_entropy", "subset", "alibi")  # a score per class
 
 
 def output_dim(loss: str, num_classes: int | None) -> int:
-    if loss not in ("cross_entropy", "subset"):
+    if loss not in CLASS_LOSSES:
         return 1
     if num_classes is None:
         raise TypeError(f"the {loss} loss needs num_classes")

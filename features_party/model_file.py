@@ -158,7 +158,7 @@ def _config(data: Any, spec: models.ModelSpec) -> TrainConfig:
     if loss not in losses.LOSSES or set(data) != set(fields) | {"loss"}:
         raise _Malformed("config fields")
     outputs = 1 if loss in ("squared", "poisson") else spec.output_dim
-    if spec.output_dim != outputs or (outputs > 1) != (loss in ("cross_entropy", "subset")):
+    if spec.output_dim != outputs or (outputs > 1) != (loss in losses.CLASS_LOSSES):
         raise _Malformed("a loss that does not fit the outputs")
     return TrainConfig.from_dict(data)
 

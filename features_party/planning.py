@@ -209,7 +209,7 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         mechanism = request.release.mechanism
     loss, num_classes = _loss_for(request, mechanism, dataset)
     if "gbdt" in learners and loss not in gbdt.OBJECTIVES:
-        raise _invalid(f"model gbdt has no {loss!r} loss (the subset randomizer's labels train the MLP only); use "
+        raise _invalid(f"model gbdt has no {loss!r} loss (subset and ALIBI releases train the MLP only); use "
                        f"model mlp, or a mechanism whose loss is one of {', '.join(gbdt.OBJECTIVES)}")
     output_dim = losses.output_dim(loss, num_classes)
     _check_size(ctx.settings, request, learners, vocab_sizes, rows, output_dim=output_dim, fits=fits)
@@ -517,7 +517,7 @@ def _loss_for(request: schemas.JobRequest, mechanism: str,
         if mechanism not in shared_schemas.CLASSIFICATION_MECHANISMS:
             raise _invalid(f"mechanism {mechanism!r} does not fit class labels; use one of "
                            f"{', '.join(shared_schemas.CLASSIFICATION_MECHANISMS)}")
-        expected = "subset" if mechanism == "subset" else "cross_entropy"
+        expected = mechanism if mechanism in ("subset", "alibi") else "cross_entropy"  # their own losses
         if loss not in (None, expected):
             raise _invalid(f"loss {loss!r} does not fit {mechanism} releases of class labels; use {expected!r}")
         if request.num_classes not in (None, classes):

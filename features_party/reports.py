@@ -16,7 +16,8 @@ from shared.errors import LabelDPError
 from shared.mechanisms.documents import sampler_from_description
 from shared.validation import Comparison, PrivatizedLabels, compare
 
-METRICS = {"squared": "mse", "poisson": "poisson", "cross_entropy": "accuracy", "subset": "accuracy"}
+METRICS = {"squared": "mse", "poisson": "poisson", "cross_entropy": "accuracy", "subset": "accuracy",
+           "alibi": "accuracy"}
 
 
 @dataclass

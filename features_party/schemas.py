@@ -57,7 +57,7 @@ class TrainOptions(BaseModel):
         "`auto` (the default of a `release.mechanism: auto` job, and only there) lets the job choose between "
         "both on its unbiased validation labels"))
     gbdt: GbdtOptions | None = Field(default=None, description="the options of model gbdt (default: their defaults)")
-    loss: Literal["squared", "poisson", "cross_entropy", "subset"] | None = None
+    loss: Literal["squared", "poisson", "cross_entropy", "subset", "alibi"] | None = None
     hidden: list[Annotated[int, Field(ge=1, le=4096), schemas.INTEGRAL]] = Field(default_factory=lambda: [64, 32],
                                                                             max_length=8)
     embed_dim: Annotated[int, Field(ge=1, le=256), schemas.INTEGRAL] = 4

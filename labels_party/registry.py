@@ -39,6 +39,7 @@ from shared.arrays import number
 from shared.domains import ContinuousInterval, Domain, FiniteLabels, lattice_of
 from shared.errors import LabelDPError
 from shared.mechanisms import additive
+from shared.mechanisms.alibi import AlibiRandomizer
 from shared.mechanisms.finite import FiniteRandomizer
 from shared.mechanisms.protocol import Mechanism, uninformative_reason
 from shared.mechanisms.randomized_response import (
@@ -234,6 +235,10 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
     MechanismFamily("block-rr", CLASSES, frozenset(), True, 256, "rr-with-prior or rr", _finite(
         lambda labels, e, prior, _options: block_rr(labels.values, prior, e)), fallback="rr",
                     published=_matrix_numbers),
+    # ALIBI (Malek et al., NeurIPS 2021): one integer vector of K noisy coordinates per example, trained on its
+    # posterior (the trainer's alibi loss); K columns per example, hence the limit.
+    MechanismFamily("alibi", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
+                    Built(AlibiRandomizer.build(labels.size, e)), published=_no_vectors),
     MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
                     Built(SubsetSelectionRandomizer.build(labels.size, e)), published=_no_vectors),
 )})

@@ -19,10 +19,10 @@ LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
 # The mechanisms a release may name, and which by label kind (both parties check a request against these).
 MechanismName = Literal["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr", "rr-with-prior", "subset",
-                        "rp-with-prior", "block-rr"]
+                        "rp-with-prior", "block-rr", "alibi"]
 REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr",
                                                     "rp-with-prior")
-CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset", "block-rr")
+CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset", "block-rr", "alibi")
 # Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters, DP quantiles.
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro", "quantiles")
 # A group release estimates a prior per group and builds one prior-using randomizer per group.

@@ -35,6 +35,7 @@ CLASSIFICATION_MECHANISMS = {
     "subset": {"mechanism": "subset"},
     "cluster-priors": {"mechanism": "rr-with-prior", "group_release": True},
     "block-rr": {"mechanism": "block-rr"},  # BlockRR (Liu & Ding) on the noisy global prior
+    "alibi": {"mechanism": "alibi"},  # ALIBI (Malek et al.): noisy one-hot vectors, soft labels (the MLP only)
     "auto": {"mechanism": "auto"},
 }
 AUTO = "auto"  # also the runs.csv model of an auto job that chose between both learners
@@ -43,7 +44,7 @@ AUTO = "auto"  # also the runs.csv model of an auto job that chose between both 
 # summary.md; the first is the default. Trees take no label sets: a subset release needs the MLP's subset loss.
 MODELS = {"mlp": "the JAX MLP/GLM", "gbdt": "XGBoost gradient-boosted trees with the job defaults of train.gbdt"}
 DEFAULT_MODEL = "mlp"
-NO_TREES = ("subset",)  # mechanisms whose releases no tree objective takes
+NO_TREES = ("subset", "alibi")  # mechanisms whose releases no tree objective takes
 
 
 class Grid(NamedTuple):

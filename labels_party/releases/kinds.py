@@ -203,7 +203,7 @@ class LabelRelease(_Defaults):
         result = privatize(priced.with_deadline(run.deadline), labels, run.rng)
         noisy = result.noisy_labels
         assert noisy is not None  # privatize samples every label
-        columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # label sets
+        columns = ({f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])} if noisy.ndim == 2  # sets, vectors
                    else {"label": noisy})
         return self.draft(result, columns)
 

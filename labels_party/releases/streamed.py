@@ -89,6 +89,6 @@ def write_example_ids(read: Callable[[], Iterator[pa.RecordBatch]]) -> Callable[
 
 
 def _release_table(example_ids: pa.Array, noisy: np.ndarray) -> pa.Table:
-    if noisy.ndim == 2:  # label sets: one boolean column per class
+    if noisy.ndim == 2:  # label sets (one boolean column per class) or ALIBI's vectors (one integer column)
         return pa.table({"example_id": example_ids, **{f"in_class_{k}": noisy[:, k] for k in range(noisy.shape[1])}})
     return pa.table({"example_id": example_ids, "label": np.asarray(noisy, dtype=np.float64)})

@@ -112,8 +112,9 @@ def get_release(release_id: str, who: AnyKey, ctx: Context):
 @router.get("/v1/releases/{release_id}/labels", responses=openapi.table_download())
 def download(release_id: str, request: Request, who: AnyKey, ctx: Context,
              offset: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000):
-    """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns for label
-    sets, which JSON and NDJSON show as ``label_set``), in the media type ``Accept`` asks for. A file that is not
+    """The privatized labels (``example_id, label``, or ``example_id`` and ``in_class_k`` columns: booleans for
+    label sets, which JSON and NDJSON show as ``label_set``, integers for ALIBI's noisy vectors, shown as
+    ``noisy_vector``), in the media type ``Accept`` asks for. A file that is not
     the one recorded when the release became available (size and SHA-256) is never served: 503
     ``release_file_damaged``."""
     accept = request.headers.get("accept")
@@ -129,6 +130,9 @@ def _rows(batch) -> list[dict]:
     if "label" in names:
         return batch.to_pylist()
     ids = batch.column("example_id").to_pylist()
-    sets = [batch.column(n).to_pylist() for n in names if n.startswith("in_class_")]
-    return [{"example_id": ids[i], "label_set": [k for k, col in enumerate(sets) if col[i]]}
+    columns = [n for n in names if n.startswith("in_class_")]
+    values = [batch.column(n).to_pylist() for n in columns]
+    if columns and not pa.types.is_boolean(batch.schema.field(columns[0]).type):  # ALIBI: one integer per class
+        return [{"example_id": ids[i], "noisy_vector": [col[i] for col in values]} for i in range(len(ids))]
+    return [{"example_id": ids[i], "label_set": [k for k, col in enumerate(values) if col[i]]}
             for i in range(len(ids))]

@@ -32,7 +32,7 @@ def sampler_from_description(description: dict) -> Sampler:
     the histogram was taken.
 
     Refuses with ``mechanism_not_supported_on_spark`` what does not release one number per label (subset selection,
-    a group release, anything else described), and with ``invalid_mechanism_document`` a description that is not
+    ALIBI, a group release, anything else described), and with ``invalid_mechanism_document`` a description that is not
     an object, states more than one kind of mechanism, a finite randomizer without its probabilities, or anything
     its class refuses (see each class's ``from_description``)."""
     if not isinstance(description, dict):
@@ -40,6 +40,8 @@ def sampler_from_description(description: dict) -> Sampler:
     name = description.get("mechanism")
     if "p_true" in description:
         raise _not_one_number_per_label(name, "subset selection releases a set of classes per label")
+    if "num_classes" in description and "noise" in description:
+        raise _not_one_number_per_label(name, "ALIBI releases a vector of noisy class scores per label")
     if "groups" in description:
         raise _not_one_number_per_label(name, "a group release has one randomizer per group")
     shapes = [key for key in (COUNTS, KEEP, LATTICE) if key in description]

@@ -366,3 +366,27 @@ def test_trees_that_fail_to_predict_are_one_line(monkeypatch, tmp_path, capsys):
                 "--out", str(tmp_path / "p.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["labeldp: error: the model file's trees cannot predict (a damaged labeldp tree model)"]
+
+
+def test_alibi_trains_the_mlp_on_soft_labels_and_is_refused_for_trees(parties):
+    """ALIBI over HTTP: the release's noisy vectors (one integer column per class) train the MLP with the alibi
+    loss (the posterior under its own prediction) well above the majority class at ε = 2; trees have no soft-label
+    objective and are refused before anything is spent."""
+    trainer, features = parties["trainer"], parties["features"]
+    dataset, classes = _classes(parties)
+    assert _upload(trainer, features).status_code == 200
+    refused = trainer.post("/v1/jobs", json=_gbdt_job(parties, dataset, mechanism="alibi", epsilon=2.0))
+    assert refused.status_code == 400 and "model gbdt has no 'alibi' loss" in refused.json()["error"]["message"]
+    assert parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+    job = {**_job(parties, mechanism="alibi", epsilon=2.0), "dataset_id": dataset, "split": SPLIT,
+           "train": {"hidden": [16], "epochs": 60, "learning_rate": 0.01, "batch_size": 128, "patience": 60}}
+    created = trainer.post("/v1/jobs", json=job)
+    assert created.status_code == 202, created.text
+    done = _finish(trainer, created.json()["id"])
+    assert done["status"] == "succeeded", done["error"]
+    predictions = _predictions(trainer, done["id"])
+    test_ids = predictions.index[predictions["holdout"]]
+    accuracy = float(np.mean(predictions["prediction"][test_ids] == classes[test_ids]))
+    majority = float(classes[test_ids].value_counts(normalize=True).max())
+    assert accuracy > majority + 0.2, (accuracy, majority)
+    assert parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 2.0

@@ -235,3 +235,25 @@ def test_predict_on_the_label_scale():
                                                          ("cross_entropy", 5, 5), ("subset", 3, 3)])
 def test_output_dim(loss, num_classes, expected):
     assert losses.output_dim(loss, num_classes) == expected
+
+
+def test_alibi_loss_is_cross_entropy_against_the_posterior_under_the_models_prediction():
+    """ALIBI's default post-processing: the soft label is the posterior of the released vector's log-likelihoods
+    under the model's current prediction, held constant in the gradient — so the gradient is softmax − soft."""
+    from shared.mechanisms.alibi import AlibiRandomizer
+
+    rng = np.random.default_rng(4)
+    mechanism = AlibiRandomizer.build(K, 1.0)
+    log_likelihoods = jnp.asarray(mechanism.log_likelihoods(mechanism.sample(rng.integers(0, K, N), rng)))
+    outputs = jnp.asarray(rng.normal(0.0, 2.0, (N, K)))
+    o = np.asarray(outputs)
+    probs = np.exp(o - o.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    soft = mechanism.posterior(np.asarray(mechanism.sample(rng.integers(0, K, 1), rng)))  # shape check only
+    assert soft.shape == (1, K)
+    soft = probs * np.exp(np.asarray(log_likelihoods))
+    soft /= soft.sum(axis=1, keepdims=True)
+    assert float(losses.alibi(outputs, log_likelihoods)) == pytest.approx(
+        -np.mean(np.sum(soft * np.log(probs), axis=1)), rel=1e-10)
+    grad = np.asarray(jax.grad(losses.alibi)(outputs, log_likelihoods))
+    np.testing.assert_allclose(grad, (probs - soft) / N, rtol=1e-9, atol=1e-14)

@@ -102,3 +102,19 @@ def test_the_peers_take_a_prior_per_group(tmp_path):
         assert release.certified_epsilon <= 2.0 and client.budget(dataset).epsilon_spent == 2.0
     (low0, high0), (low1, high1) = intervals
     assert high0 < 15 < low1  # group 0 around 5, group 1 around 30: disjoint intervals
+
+
+def test_alibi_releases_one_integer_vector_per_example(client, admin):
+    dataset_id = new_dataset(client, admin, name="vectors", label_kind="classes", num_classes=4, epsilon_total=2)
+    truth = {f"a{i}": i % 4 for i in range(400)}
+    assert upload(client, admin, dataset_id, labels_csv(truth)).status_code == 200
+    body = created(release(client, admin, dataset_id, "alibi", mechanism="alibi", epsilon=2))
+    assert body["prior_epsilon"] == 0 and body["noisy_prior"] is None
+    rows = client.get(f"/v1/releases/{body['id']}/labels", headers={**admin, "Accept": "application/x-ndjson"})
+    vectors = {json.loads(line)["example_id"]: json.loads(line)["noisy_vector"] for line in rows.text.splitlines()}
+    assert set(vectors) == set(truth) and all(len(v) == 4 and all(isinstance(x, int) for x in v)
+                                              for v in vectors.values())
+    # the true class's coordinate carries the scale: the arg-max is the label far more often than chance
+    hits = np.mean([int(np.argmax(vectors[k])) == v for k, v in truth.items()])
+    assert hits > 0.45
+    assert budget(client, admin, dataset_id)["epsilon_spent"] == 2.0
