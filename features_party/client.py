@@ -364,6 +364,20 @@ class LabelsPartyClient:
                                  headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
         return schemas.Release(**response.json())
 
+    def request_pate(self, dataset_id: str, example_ids, features, query_ids, query_features, epsilon: float, *,
+                     idempotency_key: str | None = None, **options) -> schemas.Release:
+        """PATE (``pate-fm``) at the labels party (if the dataset's owner enabled central training): teachers on
+        ``features`` of the labelled ``example_ids``, their noisy votes labelling the ``query_ids`` rows —
+        :meth:`download_labels` of the release reads them (``example_id`` is the query's id)."""
+        body = schemas.PateRequest(epsilon=epsilon, example_ids=[str(i) for i in example_ids],
+                                   features=np.asarray(features, dtype=np.float64).tolist(),
+                                   query_ids=[str(i) for i in query_ids],
+                                   query_features=np.asarray(query_features, dtype=np.float64).tolist(), **options)
+        response = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/pate-releases",
+                                 json=body.model_dump(), retry=True,
+                                 headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
+        return schemas.Release(**response.json())
+
     def request_quantiles(self, dataset_id: str, quantiles: Iterable[float], epsilon: float, *,
                           example_ids: Iterable | None = None, candidates: str = "support",
                           method: str = "exponential", idempotency_key: str | None = None) -> schemas.Release:

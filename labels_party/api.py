@@ -54,7 +54,7 @@ def _epsilon_range(spec: dict, settings) -> None:
     """This deployment's ε range on every ε a request carries (schemas and query parameters), so generated
     clients and fuzzers know it."""
     low, high = settings.epsilon_min, settings.epsilon_max
-    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest", "QuantilesRequest"):
+    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest", "QuantilesRequest", "PateRequest"):
         for name, prop in spec["components"]["schemas"][model]["properties"].items():
             if name in ("epsilon", "prior_epsilon"):
                 for option in prop.get("anyOf", [prop]):
@@ -80,10 +80,11 @@ def _request_limits(spec: dict, settings) -> None:
                 "classes), is refused with 400 training_too_large before anything is computed or charged.")
     for path, item in spec["paths"].items():
         for operation in item.values():
-            if path.endswith(("/releases", "/central-trainings")) and operation.get("operationId", "").startswith(
-                    "create"):
+            if path.endswith(("/releases", "/central-trainings", "/pate-releases")) and operation.get(
+                    "operationId", "").startswith("create"):
                 operation["description"] = f"{operation.get('description', '')}\n\n{documents}".strip()
-            if path.endswith("/central-trainings") and operation.get("operationId", "").startswith("create"):
+            if path.endswith(("/central-trainings", "/pate-releases")) and operation.get("operationId", "").startswith(
+                    "create"):
                 operation["description"] = f"{operation['description']}\n\n{training}"
             if path.endswith("/group-releases"):
                 operation["description"] = f"{operation.get('description', '')}\n\n{groups} {documents}".strip()

@@ -370,6 +370,26 @@ class CentralTrainingRequest(BaseModel):
     features: list[Annotated[list[FiniteFloat], Field(fail_fast=True)]] = Field(min_length=2, fail_fast=True)
 
 
+class PateRequest(BaseModel):
+    """PATE at the labels party (``pate-fm``): teachers fitted on disjoint parts of the labelled examples the caller
+    sends features for, their noisy arg-max votes (GNMax) released as one label per query (central label DP, like
+    LabelDP-Pro: the owner must enable central training for the dataset)."""
+
+    model_config = REQUEST_CONFIG
+
+    epsilon: Epsilon
+    # The δ the noise is calibrated for; by default the organization's δ allocation on the dataset (at most it).
+    delta: Annotated[float, Field(gt=0, lt=1e-2, allow_inf_nan=False)] | None = None
+    teachers: Annotated[int, Field(ge=2, le=1000), INTEGRAL] = 50
+    steps: Annotated[int, Field(ge=1, le=5000), INTEGRAL] = 300  # each teacher's full-batch Adam steps
+    learning_rate: float = Field(default=0.1, gt=0, le=100)
+    example_ids: list[str] = Field(min_length=2, fail_fast=True)  # the teachers' labelled examples (charged)
+    features: list[Annotated[list[FiniteFloat], Field(fail_fast=True)]] = Field(min_length=2, fail_fast=True)
+    # the rows the student wants labels for (names of the caller's choosing) and their features: one vector each
+    query_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(min_length=1, fail_fast=True)
+    query_features: list[Annotated[list[FiniteFloat], Field(fail_fast=True)]] = Field(min_length=1, fail_fast=True)
+
+
 class ReleaseExecution(BaseModel):
     """Where a source release's Spark job ran, as its job recorded it when the release became available."""
 

@@ -7,7 +7,8 @@ audit record come from the transaction, the same for all of them.
 * :class:`GroupRelease` — one private prior and one randomizer per group of examples;
 * :class:`Evaluation` — a noisy test loss of the caller's predictions;
 * :class:`Quantiles` — DP quantiles of the labels, to choose clip bounds with;
-* :class:`CentralTraining` — LabelDP-Pro trained here; only the parameters leave.
+* :class:`CentralTraining` — LabelDP-Pro trained here; only the parameters leave;
+* :class:`PateRelease` — PATE's teachers trained here; their noisy votes label the caller's query rows.
 
 Each kind prices itself from public inputs (``price``: every refusal it can make, and the event it is charged)
 before the transaction charges it, and computes only afterwards (``compute``: never refuses).
@@ -18,12 +19,14 @@ functions of features only; they choose what is released, never how much it cost
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from dp_accounting import dp_event
 
 from labels_party import pipeline, registry
@@ -140,7 +143,8 @@ class _JsonBodyKind(_Defaults):
     """A kind whose request is one JSON body with an ε and per-example lists; the record keeps the body without
     those lists (the coverage records the examples)."""
 
-    request: schemas.EvaluationRequest | schemas.CentralTrainingRequest | schemas.QuantilesRequest
+    request: schemas.EvaluationRequest | schemas.CentralTrainingRequest | schemas.QuantilesRequest | \
+        schemas.PateRequest
     per_example: ClassVar[frozenset[str]]
 
     @property
@@ -472,14 +476,8 @@ class CentralTraining(_JsonBodyKind):
         from labels_party import labeldp_pro
         from shared import models
 
-        request, allocated = self.request, snapshot.delta
-        if allocated <= 0:
-            raise LabelDPError("central training has delta > 0 and this organization has no delta allocation on "
-                               "this dataset (its owner sets one with the grant)", code="delta_not_allocated")
-        delta = request.delta if request.delta is not None else allocated
-        if delta > allocated:
-            raise LabelDPError(f"delta {delta:g} is above this organization's delta allocation on this dataset, "
-                               f"{allocated:g}", code="invalid_epsilon")
+        request = self.request
+        delta = _delta_allowed(request.delta, snapshot.delta)
         config = labeldp_pro.ProConfig(denoiser=request.denoiser, epsilon=request.epsilon, delta=delta,
                                        steps=request.steps, batch_size=min(request.batch_size, num_examples),
                                        learning_rate=request.learning_rate, hidden=tuple(request.hidden))
@@ -512,3 +510,100 @@ class CentralTraining(_JsonBodyKind):
                        "parameters": params, "hidden": request.hidden,
                        "num_classes": num_classes}
         return Draft(result, {}, description)
+
+
+def _delta_allowed(request_delta: float | None, allocated: float) -> float:
+    """The δ a central run is calibrated for: the request's, at most the organization's allocation (its default)."""
+    if allocated <= 0:
+        raise LabelDPError("central training has delta > 0 and this organization has no delta allocation on "
+                           "this dataset (its owner sets one with the grant)", code="delta_not_allocated")
+    delta = request_delta if request_delta is not None else allocated
+    if delta > allocated:
+        raise LabelDPError(f"delta {delta:g} is above this organization's delta allocation on this dataset, "
+                           f"{allocated:g}", code="invalid_epsilon")
+    return delta
+
+
+@dataclass(frozen=True)
+class GnMaxCertificate:
+    """The ε PATE's accountant gives its votes at the run's δ (what the release certifies)."""
+
+    certified_epsilon: float
+
+
+@dataclass(frozen=True)
+class PateRelease(_JsonBodyKind):
+    """PATE here (:mod:`labels_party.pate`): teachers on the caller's features of the labelled examples, their noisy
+    votes released as one label per query row. Charged to every labelled example (each is in one teacher's part,
+    whose votes on every query it may change) its RDP curve, converted at the organization's δ."""
+
+    request: schemas.PateRequest
+    mechanism: str = "pate-fm"
+    per_example: ClassVar[frozenset[str]] = frozenset({"example_ids", "features", "query_ids", "query_features"})
+
+    def check(self) -> None:
+        request = self.request
+        rows = [*request.features, *request.query_features]
+        if len(request.example_ids) != len(request.features) or len(request.query_ids) != len(
+                request.query_features) or len({len(f) for f in rows}) != 1:
+            raise LabelDPError("features and query_features must hold one vector per id, all of the same length",
+                               code="invalid_input")
+        if max((abs(v) for row in rows for v in row), default=0.0) > MAX_FEATURE:
+            raise LabelDPError(f"features must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (standardize them): "
+                               "larger ones overflow float32 training", code="invalid_input")
+        if len(set(request.query_ids)) != len(request.query_ids):
+            raise LabelDPError("query_ids must be distinct", code="invalid_input")
+        if request.teachers > len(request.example_ids):
+            raise LabelDPError(f"{request.teachers} teachers need at least as many labelled examples; "
+                               f"{len(request.example_ids)} were sent", code="invalid_input")
+
+    def inputs(self, snapshot: Snapshot):
+        if not snapshot.dataset.allow_central_training:
+            raise LabelDPError("central training is not enabled for this dataset by its owner",
+                               code="central_training_disabled")
+        _needs_classes(snapshot, "PATE")
+        return self.request.example_ids, (np.asarray(self.request.features, dtype=np.float32),
+                                          np.asarray(self.request.query_features, dtype=np.float32))
+
+    def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, inputs) -> PricedPlan:
+        from labels_party import pate  # JAX only where PATE is used
+
+        request = self.request
+        config = pate.PateConfig(teachers=request.teachers, epsilon=request.epsilon,
+                                 delta=_delta_allowed(request.delta, snapshot.delta), steps=request.steps,
+                                 learning_rate=request.learning_rate)
+        classes, queries = snapshot.domain.support().size, len(request.query_ids)
+        per_step, total = pate.training_size(config, num_examples, inputs[0].shape[1], classes)
+        settings = ctx.settings
+        for size, limit, what in ((total, settings.max_central_training_size, "the teachers' training"),
+                                  (per_step, settings.max_central_training_step, "one step")):
+            if size > limit:
+                raise LabelDPError(f"{what} is {size:,} example-rows × parameters; this deployment allows "
+                                   f"{limit:,}: ask for fewer steps, fewer examples or fewer features",
+                                   code="training_too_large")
+        try:
+            variance = pate.calibrate_variance(config.epsilon, config.delta, queries)
+        except (ValueError, RuntimeError):
+            raise LabelDPError(f"no noise level gives ({request.epsilon:g}, {config.delta:g})-DP for {queries:,} "
+                               "queries: ask for a larger epsilon or fewer queries",
+                               code="epsilon_out_of_range") from None
+        return PricedPlan(pate.dp_event(math.sqrt(variance), queries), (config, variance))
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs, priced: PricedPlan, run: Computation) -> Draft:
+        from labels_party import pate
+
+        features, queries = inputs
+        (config, variance), classes = priced.plan, snapshot.domain.support().size
+        assignment = pate.partition(features.shape[0], config.teachers, run.rng)
+        weights, biases = pate.train_teachers(features, labels.astype(np.int64), assignment, classes, config)
+        released = pate.aggregate(pate.votes(weights, biases, queries), variance, run.rng)
+        certified = pate.epsilon_of(math.sqrt(variance), len(self.request.query_ids), config.delta)
+        table = pa.table({"example_id": pa.array(self.request.query_ids, pa.string()),
+                          "label": released.astype(np.float64)})
+        description = {"mechanism": self.mechanism, "epsilon": config.epsilon, "delta": config.delta,
+                       "certified_epsilon": certified, "teachers": config.teachers, "queries": table.num_rows,
+                       "vote_noise": "discrete-gaussian", "variance": variance, "noise_std": math.sqrt(variance),
+                       "sensitivity_l2": math.sqrt(2), "teacher_model": "multinomial logistic regression",
+                       "steps": config.steps, "learning_rate": config.learning_rate, "num_classes": classes}
+        return Draft(GnMaxCertificate(certified), {}, description,
+                     write=lambda path: pq.write_table(table, path, compression="zstd"))

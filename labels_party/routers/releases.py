@@ -82,6 +82,17 @@ def create_central_training(dataset_id: str, body: schemas.CentralTrainingReques
     return answer(transaction.run(ctx, who, idempotency_key, kinds.CentralTraining(body)))
 
 
+@router.post("/v1/datasets/{dataset_id}/pate-releases", status_code=201, response_model=schemas.Release,
+             responses=REPLAYABLE)
+def create_pate_release(dataset_id: str, body: schemas.PateRequest, who: SeesDataset, ctx: Context,
+                        idempotency_key: IdempotencyKey):
+    """PATE (``pate-fm``) at the labels party: teachers fitted on disjoint parts of the labelled examples whose
+    features the body carries, and their noisy arg-max votes (GNMax, discrete Gaussian) as one label per query row,
+    downloaded like any release's labels. Charged to the labelled examples; refused unless the dataset owner
+    enabled central training."""
+    return answer(transaction.run(ctx, who, idempotency_key, kinds.PateRelease(body)))
+
+
 @router.post("/v1/datasets/{dataset_id}/evaluations", status_code=201, response_model=schemas.Release,
              responses=REPLAYABLE)
 def create_evaluation(dataset_id: str, body: schemas.EvaluationRequest, who: SeesDataset, ctx: Context,

@@ -100,6 +100,44 @@ def discrete_laplace(s: int, t: int, size: int, rng: np.random.Generator) -> np.
     return out
 
 
+def discrete_gaussian(variance: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` integers with Pr[Z = z] ∝ exp(-z² / (2 variance)), exactly (CKS20 Algorithm 3, for an integer
+    σ² = ``variance``): Y from the discrete Laplace of scale t = ⌊σ⌋ + 1, kept with probability
+    exp(-(|Y| - σ²/t)² / (2σ²)) = exp(-(|Y| t - σ²)² / (2σ² t²)) — a rational exponent, drawn as its whole part's
+    Bernoulli(exp(-1)) trials and one Bernoulli of the remainder."""
+    variance = int(variance)
+    if not 1 <= variance <= 1 << 24:  # (|Y| t - σ²)² stays far inside int64 for |Y| up to 2**20 t
+        raise ValueError("discrete Gaussian needs an integer variance in [1, 2**24]")
+    t = math.isqrt(variance) + 1
+    denominator = 2 * variance * t * t
+    out = np.empty(size, dtype=np.int64)
+    pending = np.arange(size)
+    while pending.size:
+        y = discrete_laplace(1, t, pending.size, rng)
+        if np.abs(y).max(initial=0) > (1 << 20) * t:  # Pr ≈ exp(-2**20): never, but never overflow
+            raise ArithmeticError("discrete Laplace draw out of range")
+        gap = np.abs(y) * t - variance
+        whole, rest = np.divmod(gap * gap, denominator)
+        keep = _bernoulli_exp_neg(rest, denominator, rng)
+        trials = np.flatnonzero(keep & (whole > 0))
+        while trials.size:  # each unit of the whole part: one more Bernoulli(exp(-1)) that must succeed
+            heads = _bernoulli_exp_neg(np.ones(trials.size, dtype=np.int64), 1, rng)
+            keep[trials[~heads]] = False
+            whole[trials] -= 1
+            trials = trials[heads & (whole[trials] > 0)]
+        out[pending[keep]] = y[keep]
+        pending = pending[~keep]
+    return out
+
+
+def discrete_gaussian_pmf(variance: int, z) -> np.ndarray:
+    """Pr[Z = z] of :func:`discrete_gaussian` (normalized over |z| ≤ 40σ, where all but 10⁻³⁰⁰ of the mass is)."""
+    sigma = math.sqrt(variance)
+    support = np.arange(-int(40 * sigma) - 1, int(40 * sigma) + 2)
+    total = np.exp(-support.astype(np.float64) ** 2 / (2 * variance)).sum()
+    return np.exp(-np.asarray(z, dtype=np.float64) ** 2 / (2 * variance)) / total
+
+
 def _ratio_at_most(value: Fraction) -> tuple[int, int]:
     """(s, t) with s/t <= value and t <= 2**56: within one part in 2**31 of value, or in s when the cap on t
     binds (rates below 2**-25; e.g. ε = 10⁻⁶ over 10⁶ steps gives s = 72057, 1.4e-5 below the request)."""
