@@ -73,8 +73,8 @@ def _jobs(plan: DatasetPlan, config: BenchConfig) -> tuple[int, int]:
     """(trainer jobs, in-process non-private models): the runs the bench will make (each cell once per learner),
     counted, not re-derived."""
     runs = runs_of(plan.mechanisms, config)
-    non_private = sum(1 for mechanism, _, _ in runs if mechanisms_for(plan.prepared)[mechanism] is None)
-    return (len(runs) - non_private) * len(config.models), non_private * len(config.models)
+    private = [mechanism for mechanism, _, _ in runs if mechanisms_for(plan.prepared)[mechanism] is not None]
+    return sum(len(config.learners_of(m)) for m in private), (len(runs) - len(private)) * len(config.models)
 
 
 def column_warnings(prepared: Prepared) -> list[dict]:

@@ -299,11 +299,16 @@ class BenchConfig:
     def sources(self) -> list:
         return [DATASETS[d] if isinstance(d, str) else d for d in self.datasets]
 
+    def learners_of(self, mechanism: str) -> tuple[str, ...]:
+        """The learners that train on ``mechanism``'s releases: every one of ``--model`` but trees for the
+        mechanisms no tree objective takes (subset's label sets, ALIBI's vectors)."""
+        return tuple(m for m in self.models if not (m == "gbdt" and mechanism in NO_TREES))
+
     def mechanisms_of(self, prepared: Prepared) -> list[str]:
         table = mechanisms_for(prepared)
-        trees = "gbdt" in self.models
+        trees_only = self.models == ("gbdt",)
         if self.mechanisms is None:  # every mechanism that fits the labels and the learners
-            return [m for m in table if not (trees and m in NO_TREES)]
+            return [m for m in table if not (trees_only and m in NO_TREES)]
         chosen = list(self.mechanisms)
         wrong = [m for m in chosen if m not in table]
         if wrong:
@@ -311,11 +316,11 @@ class BenchConfig:
             raise LabelDPError(f"mechanism(s) {', '.join(wrong)} do not fit the {prepared.name} labels "
                                f"({'classes' if prepared.classification else 'regression'}; those are for {other}); "
                                f"choose from {', '.join(table)}", code="usage")
-        untreed = [m for m in chosen if trees and m in NO_TREES]
+        untreed = [m for m in chosen if trees_only and m in NO_TREES]
         if untreed:
-            raise LabelDPError(f"mechanism(s) {', '.join(untreed)} release label sets, which --model gbdt cannot "
-                               "train on (no tree objective for the subset loss); leave them out or use --model mlp",
-                               code="usage")
+            raise LabelDPError(f"mechanism(s) {', '.join(untreed)} release label sets or vectors, which --model gbdt "
+                               "cannot train on (no tree objective for their losses); leave them out or add mlp "
+                               "(--model mlp,gbdt: trees train on the others)", code="usage")
         return chosen
 
     def releases_per_cell(self, prepared: Prepared, mechanism: str) -> int:
@@ -516,7 +521,7 @@ def run_cell(parties: Parties, registered: Registered, mechanism: str, epsilon: 
         return [run_one(parties, registered, mechanism, epsilon, seed, config.epochs, model=config.auto_model)]
     rows: list[dict] = []
     release_id = None
-    for model in config.models:
+    for model in config.learners_of(mechanism):
         rows.append(run_one(parties, registered, mechanism, epsilon, seed, config.epochs, model=model,
                             release_id=release_id, allow_uninformative=config.allow_uninformative))
         release_id = release_id or rows[-1].get("release_id")
@@ -733,7 +738,8 @@ def _resumed(config: BenchConfig, plans, out: Path) -> list[dict]:
     counts: dict[tuple, int] = {}
     for row in rows:
         counts[_cell_key(row)] = counts.get(_cell_key(row), 0) + 1
-    complete = {key for key, count in counts.items() if count >= (1 if key[1] == AUTO else len(config.models))}
+    complete = {key for key, count in counts.items()
+                if count >= (1 if key[1] == AUTO else len(config.learners_of(key[1])))}
     return [row for row in rows if _cell_key(row) in complete]
 
 
