@@ -21,6 +21,7 @@ import time
 import numpy as np
 from realistic_priors import psid_weeks_worked
 
+from labels_party.pate import aggregate, calibrate_variance
 from labels_party.registry import build_mechanism
 from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 from shared.domains import Classes, integer_range
@@ -39,6 +40,16 @@ def _timed(sample, labels) -> float:
     started = time.perf_counter()
     sample(labels)
     return time.perf_counter() - started
+
+
+def pate_votes(num_classes: int, variance: int):
+    """PATE's aggregation as a sampler of one query per label: K discrete Gaussian draws and an arg-max."""
+    class Votes:
+        @staticmethod
+        def sample(queries, rng):
+            counts = np.zeros((len(queries), num_classes), dtype=np.int64)
+            return aggregate(counts, variance, rng)
+    return Votes()
 
 
 def main() -> None:
@@ -63,6 +74,17 @@ def main() -> None:
              ("subset (K=10)", "aes-128-ctr", classes, subset, secure_rng())]
     cases += [(f"{name} (exact integer noise)", "aes-128-ctr", labels[: args.n // 10], mechanism, secure_rng())
               for name, mechanism in additive.items()]
+    # the published peers (issue 41): RPWithPrior on the PSID prior, BlockRR on an imbalanced 10-class prior,
+    # ALIBI's ten noisy coordinates per label, and PATE's discrete Gaussian votes (one draw per class per query)
+    imbalanced = np.array([5000, 4900, 4700, 4600, 4500, 4800, 1000, 1500, 1000, 1500], dtype=np.float64)
+    peers = {"rp-with-prior": (build_mechanism("rp-with-prior", integer_range(1, 52), 1.0, prior=counts), labels),
+             "block-rr (K=10)": (build_mechanism("block-rr", Classes(10), 1.0, prior=imbalanced), classes),
+             "alibi (K=10)": (build_mechanism("alibi", Classes(10), 1.0), classes)}
+    cases += [(name, "aes-128-ctr", data[: args.n // 10], mechanism, secure_rng())
+              for name, (mechanism, data) in peers.items()]
+    votes = pate_votes(10, calibrate_variance(1.0, 1e-6, 1000))
+    cases.append(("pate-fm votes (K=10, sigma^2 per draw)", "aes-128-ctr", classes[: args.n // 100], votes,
+                  secure_rng()))
     results = []
     for name, generator, data, mechanism, rng in cases:
         rate, seconds = best_rate(lambda x, m=mechanism, g=rng: m.sample(x, g), data, args.repeats)
