@@ -33,8 +33,11 @@ import optax
 from dp_accounting import rdp
 
 from shared.mechanisms.integer_noise import discrete_gaussian
+from shared.privacy import design_epsilon
 
 MAX_VARIANCE = 1 << 24  # the discrete Gaussian sampler's range (σ up to 4096 votes)
+MAX_VOTE_CELLS = 1 << 22  # queries × classes of one request: its vote histogram and noise (32 MB each)
+CHUNK_CELLS = 1 << 20  # teachers × queries × classes (or queries × classes) computed at once
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,10 @@ def epsilon_of(sigma: float, queries: int, delta: float) -> float:
 
 
 def calibrate_variance(epsilon: float, delta: float, queries: int) -> int:
-    """The smallest integer σ² whose run answers ``queries`` queries (ε, δ)-label-DP (ValueError when even
-    ``MAX_VARIANCE`` is not enough)."""
+    """The smallest integer σ² whose run answers ``queries`` queries (ε', δ)-label-DP, ε' a relative 10⁻⁸ below
+    ``epsilon`` (:func:`shared.privacy.design_epsilon`: the ledger's conversion of the curve rounds up) —
+    ValueError when even ``MAX_VARIANCE`` is not enough."""
+    epsilon = design_epsilon(epsilon)
     sigma = float(dp_accounting.calibrate_dp_mechanism(
         rdp.RdpAccountant, lambda s: dp_event(s, queries), epsilon, delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(0.01, math.sqrt(MAX_VARIANCE)), tol=1e-6))
@@ -118,21 +123,35 @@ def _fit(x, y, mask, steps: int, learning_rate: float, l2: float):
 
 
 def votes(weights: jax.Array, biases: jax.Array, queries: np.ndarray) -> np.ndarray:
-    """(Q, K) vote counts: each teacher's arg-max class on each query (ties: the smaller class)."""
-    logits = jnp.einsum("qd,tdk->tqk", jnp.asarray(queries, jnp.float32), weights) + biases[:, None, :]
-    chosen = np.asarray(jnp.argmax(logits, axis=-1))  # (T, Q)
-    counts = np.zeros((queries.shape[0], weights.shape[2]), dtype=np.int64)
-    np.add.at(counts, (np.broadcast_to(np.arange(queries.shape[0]), chosen.shape), chosen), 1)
+    """(Q, K) vote counts: each teacher's arg-max class on each query (ties: the smaller class), ``CHUNK_CELLS``
+    teacher-query-class logits at a time."""
+    teachers, _, classes = weights.shape
+    counts = np.zeros((queries.shape[0], classes), dtype=np.int64)
+    step = max(1, CHUNK_CELLS // (teachers * classes))
+    for start in range(0, queries.shape[0], step):
+        part = jnp.asarray(queries[start:start + step], jnp.float32)
+        chosen = np.asarray(jnp.argmax(jnp.einsum("qd,tdk->tqk", part, weights) + biases[:, None, :], axis=-1))
+        rows = np.broadcast_to(np.arange(part.shape[0]), chosen.shape)  # (T, q): each teacher's vote per query
+        counts[start:start + part.shape[0]] = np.bincount(
+            (rows * classes + chosen).ravel(), minlength=part.shape[0] * classes).reshape(part.shape[0], classes)
     return counts
 
 
 def aggregate(counts: np.ndarray, variance: int, rng: np.random.Generator) -> np.ndarray:
-    """GNMax: per query, the arg-max of the votes plus discrete Gaussian noise of variance σ² on every bin."""
-    noisy = counts + discrete_gaussian(variance, counts.size, rng).reshape(counts.shape)
-    return np.argmax(noisy, axis=1)
+    """GNMax: per query, the arg-max of the votes plus discrete Gaussian noise of variance σ² on every bin
+    (``CHUNK_CELLS`` bins at a time)."""
+    released = np.empty(counts.shape[0], dtype=np.int64)
+    step = max(1, CHUNK_CELLS // counts.shape[1])
+    for start in range(0, counts.shape[0], step):
+        part = counts[start:start + step]
+        released[start:start + part.shape[0]] = np.argmax(
+            part + discrete_gaussian(variance, part.size, rng).reshape(part.shape), axis=1)
+    return released
 
 
-def training_size(config: PateConfig, num_examples: int, dim: int, num_classes: int) -> tuple[int, int]:
-    """(one step's, the run's) work in example-rows × parameters: every teacher's step reads its part once."""
+def training_size(config: PateConfig, num_examples: int, dim: int, num_classes: int,
+                  queries: int) -> tuple[int, int]:
+    """(one step's, the run's) work in rows × parameters: every teacher's step reads its part once, and every
+    teacher votes on every query."""
     per_step = num_examples * (dim + 1) * num_classes
-    return per_step, per_step * config.steps
+    return per_step, per_step * config.steps + config.teachers * queries * (dim + 1) * num_classes

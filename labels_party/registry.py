@@ -106,6 +106,7 @@ class MechanismFamily:
     # At most how many numbers its description publishes on |Y| labels (by default inputs, outputs and one more
     # vector: RR's bins, RR-Top-k's candidates); a document's size is predicted from it before a release is charged.
     published: Callable[[int, MechanismOptions], int] = lambda labels, _options: 3 * labels
+    column_per_class: bool = False  # releases one column per class (a set, a vector), not one label per example
 
     def published_numbers(self, labels: int, options: MechanismOptions) -> int:
         """:attr:`published`, or its fallback's when that publishes more (a release may end with either)."""
@@ -238,9 +239,10 @@ FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family 
     # ALIBI (Malek et al., NeurIPS 2021): one integer vector of K noisy coordinates per example, trained on its
     # posterior (the trainer's alibi loss); K columns per example, hence the limit.
     MechanismFamily("alibi", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
-                    Built(AlibiRandomizer.build(labels.size, e)), published=_no_vectors),
+                    Built(AlibiRandomizer.build(labels.size, e)), published=_no_vectors, column_per_class=True),
     MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
-                    Built(SubsetSelectionRandomizer.build(labels.size, e)), published=_no_vectors),
+                    Built(SubsetSelectionRandomizer.build(labels.size, e)), published=_no_vectors,
+                    column_per_class=True),
 )})
 
 

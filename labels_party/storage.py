@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from shared.service.tables import parquet_parts
 
+ROW_GROUP_CELLS = 1 << 21  # a written table's row groups: 1,048,576 rows of (example_id, label)
 
 class DataStore:
     def __init__(self, root: str | Path):
@@ -58,7 +59,9 @@ class DataStore:
         return relative
 
     def write_table(self, relative: str, table: pa.Table) -> str:
-        return self.write_with(relative, lambda p: pq.write_table(table, p, compression="zstd"))
+        """A Parquet file whose row groups hold at most ``ROW_GROUP_CELLS`` cells (a page reads whole groups)."""
+        rows = max(1024, ROW_GROUP_CELLS // max(1, table.num_columns))
+        return self.write_with(relative, lambda p: pq.write_table(table, p, compression="zstd", row_group_size=rows))
 
     def read_table(self, relative: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(self.path(relative), columns=columns)

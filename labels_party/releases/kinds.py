@@ -51,6 +51,9 @@ from shared import schemas
 from shared.errors import LabelDPError
 from shared.service.gate import SpooledBody
 
+# A release naming its examples is sampled in memory: one of a column per class (subset, ALIBI: 8 bytes a cell)
+# holds at most this many cells (128 MB of ALIBI's integers; 65,536 examples at 256 classes).
+MAX_CLASS_COLUMN_CELLS = 1 << 24
 MAX_FEATURE = 1e6  # central training's features: beyond it float32 training overflows (standardized ones are ~1)
 
 
@@ -201,6 +204,13 @@ class LabelRelease(_Defaults):
         numbers = prepared.family.published_numbers(size, prepared.options)
         check_document_size(ctx, numbers + (2 * size if prepared.family.needs_prior else 0),  # the prior's
                             f"{request.mechanism} on {size:,} labels")
+        cells = num_examples * size
+        if prepared.family.column_per_class and request.example_ids is not None and cells > MAX_CLASS_COLUMN_CELLS:
+            # sampled and written whole (a release of the whole version streams in chunks instead)
+            raise LabelDPError(f"{request.mechanism} releases one column per class: {num_examples:,} examples × "
+                               f"{size:,} classes is {cells:,} cells; at most {MAX_CLASS_COLUMN_CELLS:,} per request "
+                               "that names its examples (fewer examples per request, or all of them)",
+                               code="too_large")
         return prepared
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: Prepared, run: Computation) -> Draft:
@@ -551,6 +561,8 @@ class PateRelease(_JsonBodyKind):
         if max((abs(v) for row in rows for v in row), default=0.0) > MAX_FEATURE:
             raise LabelDPError(f"features must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (standardize them): "
                                "larger ones overflow float32 training", code="invalid_input")
+        if not rows[0]:
+            raise LabelDPError("features must have at least one column", code="invalid_input")
         if len(set(request.query_ids)) != len(request.query_ids):
             raise LabelDPError("query_ids must be distinct", code="invalid_input")
         if request.teachers > len(request.example_ids):
@@ -573,9 +585,12 @@ class PateRelease(_JsonBodyKind):
                                  delta=_delta_allowed(request.delta, snapshot.delta), steps=request.steps,
                                  learning_rate=request.learning_rate)
         classes, queries = snapshot.domain.support().size, len(request.query_ids)
-        per_step, total = pate.training_size(config, num_examples, inputs[0].shape[1], classes)
+        if queries * classes > pate.MAX_VOTE_CELLS:
+            raise LabelDPError(f"{queries:,} queries × {classes:,} classes of votes; at most {pate.MAX_VOTE_CELLS:,} "
+                               "per request (send fewer queries per request)", code="too_large")
+        per_step, total = pate.training_size(config, num_examples, inputs[0].shape[1], classes, queries)
         settings = ctx.settings
-        for size, limit, what in ((total, settings.max_central_training_size, "the teachers' training"),
+        for size, limit, what in ((total, settings.max_central_training_size, "the teachers' training and votes"),
                                   (per_step, settings.max_central_training_step, "one step")):
             if size > limit:
                 raise LabelDPError(f"{what} is {size:,} example-rows × parameters; this deployment allows "

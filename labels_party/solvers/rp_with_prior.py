@@ -34,12 +34,12 @@ WINDOWS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 
 
 def best_interval(prior: np.ndarray, epsilon: float, window: int) -> tuple[int, int]:
     """The paper's interval on the grid for half-window ``window``: (a, b) maximizing Pr[y ∈ a..b] · (2w+1) e^ε / Z
-    over every a < b with at least 2w + 1 points (ties: the first in (a, b) order). One point would release a
-    constant: ε charged for nothing."""
+    over every a < b with more points than the window, 2w + 2 or more (ties: the first in (a, b) order): an interval
+    no longer than the window would release every label alike — ε charged for nothing."""
     k = prior.size
     cumulative = np.concatenate([[0.0], np.cumsum(prior)])
     e, width = math.exp(epsilon), 2 * window + 1
-    a, b = np.triu_indices(k, max(width - 1, 1))  # b − a ≥ max(2w, 1)
+    a, b = np.triu_indices(k, width)  # b − a ≥ 2w + 1
     points = b - a + 1
     score = (cumulative[b + 1] - cumulative[a]) * width * e / (width * e + points - width)
     best = int(np.argmax(score))
@@ -70,7 +70,7 @@ def rp_with_prior(values, prior, epsilon: float) -> FiniteRandomizer:
     design = design_epsilon(epsilon)
     best: tuple[float, int, int, int, np.ndarray] | None = None
     for window in WINDOWS:
-        if max(2 * window + 1, 2) > values.size:
+        if 2 * window + 2 > values.size:
             break
         a, b = best_interval(prior, design, window)
         matrix = rp_matrix(values.size, a, b, window, design)

@@ -106,15 +106,16 @@ def discrete_gaussian(variance: int, size: int, rng: np.random.Generator) -> np.
     exp(-(|Y| - σ²/t)² / (2σ²)) = exp(-(|Y| t - σ²)² / (2σ² t²)) — a rational exponent, drawn as its whole part's
     Bernoulli(exp(-1)) trials and one Bernoulli of the remainder."""
     variance = int(variance)
-    if not 1 <= variance <= 1 << 24:  # (|Y| t - σ²)² stays far inside int64 for |Y| up to 2**20 t
+    if not 1 <= variance <= 1 << 24:
         raise ValueError("discrete Gaussian needs an integer variance in [1, 2**24]")
     t = math.isqrt(variance) + 1
     denominator = 2 * variance * t * t
+    largest = (math.isqrt((1 << 63) - 1) + variance) // t  # |Y| beyond it: (|Y| t - σ²)² leaves int64
     out = np.empty(size, dtype=np.int64)
     pending = np.arange(size)
     while pending.size:
         y = discrete_laplace(1, t, pending.size, rng)
-        if np.abs(y).max(initial=0) > (1 << 20) * t:  # Pr ≈ exp(-2**20): never, but never overflow
+        if np.abs(y).max(initial=0) > largest:  # |Y| > 180 t at σ² = 2**24: Pr < exp(-180), but never wrap around
             raise ArithmeticError("discrete Laplace draw out of range")
         gap = np.abs(y) * t - variance
         whole, rest = np.divmod(gap * gap, denominator)

@@ -16,6 +16,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from shared.errors import LabelDPError
 
 PARQUET = "application/vnd.apache.parquet"
+# A page or a streamed batch is bounded in cells, not rows: a release of one column per class (subset's sets,
+# ALIBI's vectors, up to 256 classes) would otherwise hold 128 times more per page than one of labels.
+PAGE_CELLS = 200_000  # the most a JSON page holds: 100,000 rows of (example_id, label)
+BATCH_CELLS = 1 << 17  # a streamed batch: 65,536 rows of two columns
 MEDIA_TYPES = ("text/csv", "application/x-ndjson", PARQUET, "application/json")
 _ALIASES = {"application/parquet": PARQUET, "application/ndjson": "application/x-ndjson",
             "application/jsonl": "application/x-ndjson", "text/*": "text/csv"}
@@ -52,7 +56,8 @@ def parquet_parts(path: Path) -> list[Path]:
 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
     for file in parquet_parts(path):
-        yield from pq.ParquetFile(file).iter_batches(batch_size=1 << 16)
+        parquet = pq.ParquetFile(file)
+        yield from parquet.iter_batches(batch_size=max(1, BATCH_CELLS // len(parquet.schema_arrow)))
 
 
 def _csv_stream(path: Path) -> Iterator[bytes]:
@@ -118,9 +123,11 @@ def _merged_parquet(files: list[Path]) -> Iterator[bytes]:
 
 
 def _json_page(path: Path, offset: int, limit: int, rows) -> JSONResponse:
+    """Rows offset..offset+limit-1 — fewer when they are wide (``PAGE_CELLS``): ``next_offset`` says where to go on."""
     table, total = None, 0
     for file in parquet_parts(path):  # the part files hold consecutive rows
         parquet = pq.ParquetFile(file)
+        limit = min(limit, max(1, PAGE_CELLS // len(parquet.schema_arrow)))
         count = parquet.metadata.num_rows
         if total + count > offset and total < offset + limit:
             part = _rows_between(parquet, max(0, offset - total), offset + limit - total)

@@ -118,3 +118,24 @@ def test_alibi_releases_one_integer_vector_per_example(client, admin):
     hits = np.mean([int(np.argmax(vectors[k])) == v for k, v in truth.items()])
     assert hits > 0.45
     assert budget(client, admin, dataset_id)["epsilon_spent"] == 2.0
+
+
+def test_wide_vectors_are_priced_before_the_charge_and_paged_by_cells(client, admin):
+    """The review's: ALIBI on 256 classes with 100,000 named examples took +830 MB after the charge, and a JSON page
+    of 100,000 rows of 256 columns +316 MB. A named-examples release of a column per class holds at most 2**24
+    cells (refused before the charge), and pages and streamed batches are bounded in cells."""
+    dataset_id = new_dataset(client, admin, name="wide", label_kind="classes", num_classes=256, epsilon_total=4)
+    truth = {f"w{i}": i % 256 for i in range(65_537)}
+    assert upload(client, admin, dataset_id, labels_csv(truth)).status_code == 200
+    before = state(client, admin, dataset_id)
+    error = expect_error(release(client, admin, dataset_id, "big", mechanism="alibi", epsilon=1,
+                                 example_ids=list(truth)), 400, "too_large")
+    assert "16,777,472 cells" in error["message"]
+    assert state(client, admin, dataset_id) == before
+    body = created(release(client, admin, dataset_id, "page", mechanism="alibi", epsilon=1,
+                           example_ids=list(truth)[:2000]))
+    page = client.get(f"/v1/releases/{body['id']}/labels", headers={**admin, "Accept": "application/json"},
+                      params={"limit": 100_000}).json()
+    assert len(page["items"]) == 200_000 // 257 == page["next_offset"] and page["total"] == 2000
+    rest = client.get(f"/v1/releases/{body['id']}/labels", headers={**admin, "Accept": "application/x-ndjson"})
+    assert len(rest.text.splitlines()) == 2000
