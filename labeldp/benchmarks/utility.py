@@ -892,7 +892,8 @@ def _learner_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
     groups_note = (f" Per-group randomizer ({', '.join(grouped)}): {clusters} k-means groups of the features, "
                    f"ε_p = ε·{share:g}." if grouped else "")
     private = part[part.mechanism != "non-private"]
-    private_names = [m for m in mechanisms if m != "non-private"]
+    # the mechanisms this learner trained on (trees take no subset or ALIBI release)
+    private_names = [m for m in mechanisms if m != "non-private" and m in set(private.mechanism)]
     test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(metric, "test MSE")
     refs = yardsticks(part, prepared)
     lines = [f"### {prepared.name}, learner {model}: {MODELS[model]}", "", *refs.lines(test_label)]
