@@ -100,10 +100,12 @@ def test_trees_take_no_label_sets_and_unknown_learners_are_refused(capsys, tmp_p
     classes = ["bench", "utility", "--data", str(tmp_path / "classes.csv"), "--label", "y", "--kind", "classes",
                "--dry-run", "--json"]
     assert main([*classes, "--model", "mlp,gbdt"]) == 0
+    plan = json.loads(capsys.readouterr().out)["datasets"][0]
+    # the default: every mechanism; subset's sets and ALIBI's vectors train the MLP alone (one job each per cell)
+    assert {"subset", "alibi", "lp-2st"} <= set(plan["mechanisms"])
+    assert main([*classes, "--model", "gbdt"]) == 0
     mechanisms = json.loads(capsys.readouterr().out)["datasets"][0]["mechanisms"]
-    assert "subset" not in mechanisms and "lp-2st" in mechanisms  # the default: what both learners take
-    assert main([*classes, "--model", "mlp"]) == 0
-    assert "subset" in json.loads(capsys.readouterr().out)["datasets"][0]["mechanisms"]
+    assert "subset" not in mechanisms and "alibi" not in mechanisms and "lp-2st" in mechanisms  # trees alone
     assert main([*classes, "--model", "gbdt", "--mechanisms", "rr,subset"]) == 2
     assert main(["bench", "utility", "--model", "forest", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -10,10 +10,10 @@ from labeldp.cli import main
 
 @pytest.mark.slow
 def test_quick_utility_benchmark(tmp_path, capsys):
-    # 4,000 of psid-weeks' rows: the same 38 trainings in about 4 minutes on 2 idle cores (all the rows: 15 loaded)
+    # 4,000 of psid-weeks' rows: the same 42 trainings in about 5 minutes on 2 idle cores (all the rows: 15 loaded)
     assert main(["bench", "utility", "--quick", "--rows", "4000", "--out", str(tmp_path)]) == 0
     runs = pd.read_csv(tmp_path / "runs.csv")
-    assert len(runs) == 2 * (1 + 2 * 9)  # 2 seeds x (non-private + 2 ε x (8 mechanisms + auto))
+    assert len(runs) == 2 * (1 + 2 * 10)  # 2 seeds x (non-private + 2 ε x (9 mechanisms + auto))
     private = runs[runs.mechanism != "non-private"]
     assert (private["certified_epsilon"] <= private["epsilon"]).all()
     assert (private["certified_epsilon"] >= private["epsilon"] - 1e-5).all()
@@ -22,7 +22,7 @@ def test_quick_utility_benchmark(tmp_path, capsys):
     assert (means > baseline).all(), means  # the non-private model beats every private one
     assert set(private.groupby("mechanism").size().index) == {
         "laplace", "laplace-clipped", "staircase", "staircase-clipped", "rr-on-bins", "opt-unbiased",
-        "opt-unbiased-mesh", "opt-unbiased-groups", "auto"}
+        "opt-unbiased-mesh", "opt-unbiased-groups", "rp-with-prior", "auto"}
     # unbiased mechanisms have far larger noisy-label loss than the biased ones (the paper's observation)
     noisy = private.groupby("mechanism")["noisy_label_loss"].mean()
     assert noisy["opt-unbiased"] > 10 * noisy["rr-on-bins"]
