@@ -74,20 +74,17 @@ def check_document_size(ctx: ServiceContext, numbers: int, what: str, extra_byte
                            code="document_too_large")
 
 
-def check_training_size(ctx: ServiceContext, config, num_examples: int, num_params: int) -> None:
-    """Refuse, from public inputs only (steps, batch size, denoiser, the number of examples, the model's size), a
-    central training whose work or one step's is beyond the deployment's limits: a run cannot be stopped once it
-    started, and XLA's threads escape the per-organization CPU quota."""
-    from labels_party import labeldp_pro
-
-    per_step, total = labeldp_pro.training_size(config, num_examples, num_params)
+def check_training_size(ctx: ServiceContext, per_step: int, total: int, fewer: str) -> None:
+    """Refuse, from public inputs only, a central training (LabelDP-Pro's, PATE's teachers and votes) whose work
+    (``total``) or one step's (``per_step``, in example-rows × model parameters) is beyond the deployment's limits: a
+    run cannot be stopped once it started, and XLA's threads escape the per-organization CPU quota. ``fewer``: what
+    to ask for instead."""
     settings = ctx.settings
     for size, limit, what in ((total, settings.max_central_training_size, "the run"),
                               (per_step, settings.max_central_training_step, "one step")):
         if size > limit:
             raise LabelDPError(f"{what} of this training is {size:,} example-rows × model parameters; this deployment "
-                               f"allows {limit:,}: ask for fewer steps, a smaller batch or a smaller model",
-                               code="training_too_large")
+                               f"allows {limit:,}: ask for {fewer}", code="training_too_large")
 
 
 def finite_param_lists(params: dict) -> dict:
@@ -494,7 +491,8 @@ class CentralTraining(_JsonBodyKind):
         spec = labeldp_pro.model_spec(len(request.features[0]) if request.features else 0, request.hidden,
                                       snapshot.domain.support().size)
         num_params = models.num_params(spec)
-        check_training_size(ctx, config, num_examples, num_params)
+        check_training_size(ctx, *labeldp_pro.training_size(config, num_examples, num_params),
+                            "fewer steps, a smaller batch or a smaller model")
         check_document_size(ctx, num_params, f"a model of {num_params:,} parameters")  # its weights and biases
         q = min(1.0, config.batch_size / num_examples)
         try:
@@ -588,14 +586,8 @@ class PateRelease(_JsonBodyKind):
         if queries * classes > pate.MAX_VOTE_CELLS:
             raise LabelDPError(f"{queries:,} queries × {classes:,} classes of votes; at most {pate.MAX_VOTE_CELLS:,} "
                                "per request (send fewer queries per request)", code="too_large")
-        per_step, total = pate.training_size(config, num_examples, inputs[0].shape[1], classes, queries)
-        settings = ctx.settings
-        for size, limit, what in ((total, settings.max_central_training_size, "the teachers' training and votes"),
-                                  (per_step, settings.max_central_training_step, "one step")):
-            if size > limit:
-                raise LabelDPError(f"{what} is {size:,} example-rows × parameters; this deployment allows "
-                                   f"{limit:,}: ask for fewer steps, fewer examples or fewer features",
-                                   code="training_too_large")
+        check_training_size(ctx, *pate.training_size(config, num_examples, inputs[0].shape[1], classes, queries),
+                            "fewer steps, examples, queries or features")
         try:
             variance = pate.calibrate_variance(config.epsilon, config.delta, queries)
         except (ValueError, RuntimeError):

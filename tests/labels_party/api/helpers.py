@@ -130,3 +130,22 @@ def admin_client(tmp_path, org: str = "owner"):
     with ctx.sessions() as session, session.begin():
         key = create_key(session, org, "admin")
     return ctx, TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
+
+
+def digits_datasets(tmp_path, epsilon_total: float):
+    """scikit-learn's digits as two classes datasets of one owner (hospital), central training enabled on one
+    (``datasets[True]``) and not on the other, δ_total 10⁻⁶: (context, the owner's client, datasets, example ids,
+    features scaled to [0, 1], labels)."""
+    from sklearn.datasets import load_digits
+
+    ctx, client = admin_client(tmp_path, "hospital")
+    digits = load_digits()
+    ids = [f"p{i}" for i in range(len(digits.target))]
+    body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, digits.target, strict=True))
+    datasets = {}
+    for allowed in (True, False):
+        datasets[allowed] = client.post("/v1/datasets", json={
+            "name": f"d{allowed}", "label_kind": "classes", "num_classes": 10, "epsilon_total": epsilon_total,
+            "delta_total": 1e-6, "allow_central_training": allowed}).json()["id"]
+        client.put(f"/v1/datasets/{datasets[allowed]}/labels", content=body, headers={"Content-Type": "text/csv"})
+    return ctx, client, datasets, ids, digits.data / 16.0, digits.target

@@ -9,28 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
-from sklearn.datasets import load_digits
 
 from labels_party.audit import verify_audit
 from labels_party.ledger import RDP_ORDERS
 from shared import models
 from shared.mechanisms import events
-from tests.labels_party.api.helpers import admin_client
+from tests.labels_party.api.helpers import admin_client, digits_datasets
 
 
 @pytest.fixture()
 def setup(tmp_path):
-    ctx, client = admin_client(tmp_path, "hospital")
-    digits = load_digits()
-    ids = [f"p{i}" for i in range(len(digits.target))]
-    body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, digits.target, strict=True))
-    datasets = {}
-    for allowed in (True, False):
-        datasets[allowed] = client.post("/v1/datasets", json={
-            "name": f"d{allowed}", "label_kind": "classes", "num_classes": 10, "epsilon_total": 3.0,
-            "delta_total": 1e-6, "allow_central_training": allowed}).json()["id"]
-        client.put(f"/v1/datasets/{datasets[allowed]}/labels", content=body, headers={"Content-Type": "text/csv"})
-    return ctx, client, datasets, ids, (digits.data / 16.0), digits.target
+    return digits_datasets(tmp_path, epsilon_total=3.0)
 
 
 def _request(ids, x, epsilon=2.0):
@@ -248,9 +237,10 @@ def test_the_training_size_limit_is_exact():
     for total, per_step, allowed in ((run, step, True), (run - 1, step, False), (run, step - 1, False)):
         ctx = SimpleNamespace(settings=LabelsSettings(max_central_training_size=total,
                                                       max_central_training_step=per_step))
+        sizes = labeldp_pro.training_size(config, 1000, num_params)
         if allowed:
-            check_training_size(ctx, config, 1000, num_params)
+            check_training_size(ctx, *sizes, "less")
         else:
             with pytest.raises(LabelDPError) as refused:
-                check_training_size(ctx, config, 1000, num_params)
+                check_training_size(ctx, *sizes, "less")
             assert refused.value.code == "training_too_large"

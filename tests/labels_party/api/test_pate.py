@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
 from scipy import stats
-from sklearn.datasets import load_digits
 
 from labels_party import pate
 from labels_party.audit import verify_audit
 from shared.mechanisms.integer_noise import discrete_gaussian, discrete_gaussian_pmf
-from tests.labels_party.api.helpers import admin_client, download_rows
+from tests.labels_party.api.helpers import digits_datasets, download_rows
 
 
 @pytest.mark.parametrize("variance", [1, 7, 400])
@@ -49,17 +48,7 @@ def test_the_noise_is_calibrated_by_the_rdp_accountant_with_sensitivity_root_two
 
 @pytest.fixture()
 def setup(tmp_path):
-    ctx, client = admin_client(tmp_path, "hospital")
-    digits = load_digits()
-    ids = [f"p{i}" for i in range(len(digits.target))]
-    body = "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, digits.target, strict=True))
-    datasets = {}
-    for allowed in (True, False):
-        datasets[allowed] = client.post("/v1/datasets", json={
-            "name": f"d{allowed}", "label_kind": "classes", "num_classes": 10, "epsilon_total": 8.0,
-            "delta_total": 1e-6, "allow_central_training": allowed}).json()["id"]
-        client.put(f"/v1/datasets/{datasets[allowed]}/labels", content=body, headers={"Content-Type": "text/csv"})
-    return ctx, client, datasets, ids, digits.data / 16.0, digits.target
+    return digits_datasets(tmp_path, epsilon_total=8.0)
 
 
 def _body(ids, x, epsilon=6.0, **extra):
