@@ -40,7 +40,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.supervisors.multiprocess import Multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from shared.errors import LabelDPError
 from shared.service import logs
@@ -162,15 +162,40 @@ def serve_workers(build: Callable[[Settings], ASGIApp], settings: Settings, *, w
     The supervisor pings each worker and kills one that does not answer within ``timeout_worker_healthcheck``;
     a worker answers only once it has imported the party's application, which on a loaded machine takes longer
     than uvicorn's default of 5 s — issue 40's review saw both workers killed and started again in a loop, never
-    serving. Here a worker has :data:`WORKER_HEALTHCHECK_SECONDS` (a dead worker is replaced at once all the same:
-    the supervisor sees its process gone without a ping)."""
+    serving. Here a worker has :data:`WORKER_HEALTHCHECK_SECONDS`, and a dead one is seen dead at once
+    (:class:`_Supervisor`)."""
     uvicorn_options.setdefault("timeout_worker_healthcheck", WORKER_HEALTHCHECK_SECONDS)
     config = LimitedConfig(functools.partial(_worker, build, settings), settings, factory=True, workers=workers,
                            host=host, port=port, **uvicorn_options)
     logs.rate_limit(logs.service_handlers(), settings.log_repeat_seconds)
-    supervisor = Multiprocess(config, sockets=[config.bind_socket()])  # what uvicorn.run does for workers > 1
+    supervisor = _Supervisor(config, sockets=[config.bind_socket()])  # what uvicorn.run does for workers > 1
     supervisor.run()
     return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor, except that a worker whose process has exited is dead without a ping: uvicorn pings
+    every worker and, as the parent holds both ends of a worker's pipe, waits for a dead one's answer the whole
+    healthcheck timeout — a worker that refused to start stopped the service only after 120 s, and one that died
+    was replaced as late."""
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set():
+            return
+        for index, process in enumerate(self.processes):
+            if process.process.is_alive() and process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung, or already gone
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:  # the same in every worker: stop rather than restart in a loop
+                logging.getLogger("uvicorn.error").error(
+                    "Child process [%s] failed to start, stopping the parent process.", process.pid)
+                self.should_exit.set()
+                return
+            logging.getLogger("uvicorn.error").info("Child process [%s] died", process.pid)
+            replacement = Process(self.config, self.sockets)
+            replacement.start()
+            self.processes[index] = replacement
 
 
 def _worker(build: Callable[[Settings], ASGIApp], settings: Settings) -> ASGIApp:
