@@ -1,4 +1,4 @@
-"""The trainer's memory stays flat over many jobs: 50 jobs on 10⁵ examples each, against a real labels party,
+"""The trainer's memory stays flat over many jobs: 30 jobs on 10⁵ examples each, against a real labels party,
 with the trainer as its own process (`labeldp features serve`), resident memory read from /proc."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from labels_party.context import make_context
 
 MB = 1 << 20
 N = 100_000
-JOBS = 50
+JOBS = 30  # 25 after the warm-up: a leak of 4 MB a job crosses the 100 MB bound
 WARM_UP = 5  # JAX compiles the training step and XLA allocates its pools in the first jobs
 
 
@@ -49,7 +49,7 @@ def trainer_server(tmp_path, labels_url: str):
 
 
 @pytest.mark.slow
-def test_memory_stays_flat_over_fifty_jobs_of_a_hundred_thousand_rows(tmp_path):
+def test_memory_stays_flat_over_thirty_jobs_of_a_hundred_thousand_rows(tmp_path):
     rng = np.random.default_rng(11)
     x = rng.normal(size=N)
     labels = np.clip(np.rint(5 + 2 * x + rng.normal(size=N)), 0, 9).astype(int)
