@@ -54,6 +54,22 @@ def cells(runs: pd.DataFrame) -> list[dict]:
     return out
 
 
+KEY = ["dataset", "mechanism", "model", "epsilon", "seed"]
+
+
+def combined(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Runs of several directories, later ones first: a run of the same (table, mechanism, learner, ε, seed)
+    replaces an earlier one, and a table's auto runs in a later directory replace all its earlier auto runs (auto
+    run again after a change to how it chooses is judged as it now is, not mixed with what it was)."""
+    out = pd.DataFrame()
+    for frame in frames:
+        if not out.empty:
+            rerun = set(frame.loc[frame.mechanism == "auto", "dataset"])
+            out = out[~((out.mechanism == "auto") & out.dataset.isin(rerun))]
+        out = pd.concat([out, frame], ignore_index=True)
+    return out.drop_duplicates(KEY, keep="last").reset_index(drop=True)
+
+
 def summary(found: list[dict]) -> dict:
     worst = max(c["worst_seed_ratio_to_constant"] for c in found)
     gap = float(np.mean([c["ratio_to_best_fixed"] for c in found]))
@@ -120,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="where evidence.md, evidence.json and evidence.png go")
     parser.add_argument("--json", action="store_true", help="print the evidence as one JSON document")
     args = parser.parse_args(argv)
-    runs = pd.concat([pd.read_csv(Path(d) / "runs.csv") for d in args.runs], ignore_index=True)
+    runs = combined([pd.read_csv(Path(d) / "runs.csv") for d in args.runs])
     found = cells(runs)
     if not found:
         print("no cell with auto and a fixed mechanism in those runs", file=sys.stderr)

@@ -20,8 +20,9 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c itself (w = 0): the central mean,
    or for classes the majority class of the RRWithPrior part's noisy histogram (a central DP count).
 3. **Choice**, post-processing of what was released: a candidate is eligible when its loss *minus the constant's*
-   has an upper confidence bound below 0 (mean + :data:`Z` standard errors of the paired per-example differences on
-   its judging rows — small for predictions close to the constant, so noise alone does not make a model
+   has an upper confidence bound below 0 (mean + z standard errors of the paired per-example differences on
+   its judging rows, z Bonferroni's over every candidate at every weight — :func:`shared.validation.eligibility_z`,
+   3.3 for 96 — so that one no better than the constant is eligible with probability at most 5 % in all — small for predictions close to the constant, so noise alone does not make a model
    eligible; in accuracy for classes, the same on the error); among the eligible the least mean + :data:`Z_CHOICE`
    standard errors is chosen (the least bound itself would prefer a safe small gain to a sure large one); none
    eligible: the constant. Then one check on the estimate rows: a
@@ -54,12 +55,11 @@ from features_party.reports import JobReport, privatized
 from features_party.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from shared import schemas
 from shared.errors import LabelDPError
-from shared.validation import PrivatizedLabels, compare
+from shared.validation import PrivatizedLabels, compare, eligibility_z
 
 log = logging.getLogger("labeldp.auto")
 
 WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)  # shrinkage toward the constant (0: the constant itself)
-Z = 2.0  # a candidate is eligible when its difference from the constant + Z standard errors is below 0
 Z_CHOICE = 0.5  # among the eligible, the least difference + Z_CHOICE standard errors is chosen
 REPORT_LEVEL = 0.975  # 1 − 0.05/2: the estimate rows decided one two-way check
 VARIANTS = ("job", "strong")
@@ -369,11 +369,12 @@ class Scored:
     weight: float
     difference: float
     standard_error: float
+    z: float  # the job's eligibility bound, in standard errors
 
     @property
     def upper(self) -> float:
         """The bound a candidate must have below 0 to be chosen over the constant."""
-        return self.difference + Z * self.standard_error
+        return self.difference + self.z * self.standard_error
 
     @property
     def score(self) -> float:
@@ -384,7 +385,7 @@ class Scored:
         return {"candidate": self.candidate.name, "rows": self.candidate.design.rows,
                 "fits": len(self.candidate.design.fits), "judged_on": int(len(self.candidate.pool)),
                 "weight": self.weight, "difference": self.difference, "standard_error": self.standard_error,
-                "upper": self.upper, "eligible": self.upper < 0}
+                "upper": self.upper, "z": self.z, "eligible": self.upper < 0}
 
 
 def _choose(plan: JobPlan, candidates: list[Candidate], noisy: PrivatizedLabels,
@@ -393,6 +394,7 @@ def _choose(plan: JobPlan, candidates: list[Candidate], noisy: PrivatizedLabels,
     upper bound below 0, the one with the least :attr:`Scored.score`; None (the constant) when none has. Also each
     candidate at its best weight, for the report."""
     weights = (1.0,) if plan.num_classes else WEIGHTS
+    z = eligibility_z(len(candidates) * len(weights))
     table = []
     for candidate in candidates:
         scored = []
@@ -401,7 +403,7 @@ def _choose(plan: JobPlan, candidates: list[Candidate], noisy: PrivatizedLabels,
                 plan, candidate.pool, candidate.center, weight, constant)
             terms = _differences(plan, noisy, predictions, constant)
             error = float(terms.std(ddof=1) / np.sqrt(terms.size)) if terms.size > 1 else float("inf")
-            scored.append(Scored(candidate, weight, float(terms.mean()), error))
+            scored.append(Scored(candidate, weight, float(terms.mean()), error, z))
         eligible = [s for s in scored if s.upper < 0]
         table.append(min(eligible or scored, key=lambda s: s.score if eligible else s.upper))
     best = min((s for s in table if s.upper < 0), key=lambda s: s.score, default=None)

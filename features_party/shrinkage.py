@@ -21,14 +21,14 @@ import numpy as np
 from features_party.gbdt import GbdtResult
 from features_party.output import Output
 from features_party.train import TrainResult, validation_split
-from shared.validation import PrivatizedLabels
+from shared.validation import PrivatizedLabels, eligibility_z
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # 1: the model as trained; 0: the constant
 # As auto chooses (features_party/auto.py): a weight is kept only when its difference from the constant is below 0
-# by Z standard errors (the labels of a small ε are so noisy that the least mean alone picks at random: at ε = 0.5 a
-# model of pure noise looked 5.8 better than the constant on 800 rows, with a standard error of 8); among those,
-# the least difference + Z_CHOICE standard errors; none: the constant.
-Z, Z_CHOICE = 2.0, 0.5
+# by Z standard errors, Bonferroni's over the weights (the labels of a small ε are so noisy that the least mean
+# alone picks at random: at ε = 0.5 a model of pure noise looked 5.8 better than the constant on 800 rows, with a
+# standard error of 8); among those, the least difference + Z_CHOICE standard errors; none: the constant.
+Z, Z_CHOICE = eligibility_z(len(WEIGHTS) - 1), 0.5
 MIN_VALIDATION_ROWS = 50  # fewer: the model is kept as trained (a loss on a handful of noisy labels decides nothing)
 
 

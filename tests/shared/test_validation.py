@@ -10,7 +10,7 @@ import pytest
 from labels_party import pipeline
 from shared.domains import Classes, integer_range
 from shared.errors import LabelDPError
-from shared.validation import PrivatizedLabels, compare
+from shared.validation import PrivatizedLabels, compare, eligibility_z
 
 DOMAIN = integer_range(0, 20)
 REPETITIONS = 300
@@ -125,3 +125,26 @@ def test_bad_inputs_are_refused(predictions, metric, message):
     with pytest.raises(LabelDPError, match=message):
         compare(PrivatizedLabels(mechanism.sample(labels, np.random.default_rng(0)), mechanism), predictions,
                 metric)
+
+
+def test_the_eligibility_bound_holds_a_family_of_useless_candidates_to_five_percent():
+    """96 candidates no better than the constant (true difference 0, per-example terms of unit variance on 400
+    rows): the chance that any one passes is at most 5 % at the Bonferroni bound, and most of the time at the old
+    per-candidate 2 standard errors — how auto chose a model 13 % worse than the mean (issue 39)."""
+    assert eligibility_z(1) == pytest.approx(1.6449, abs=1e-4)
+    assert eligibility_z(96) == pytest.approx(3.2790, abs=1e-4)
+    rng = np.random.default_rng(39)
+    trials, candidates, rows = 2000, 96, 400
+    means = rng.normal(0.0, 1.0 / np.sqrt(rows), size=(trials, candidates))  # each candidate's mean difference
+    errors = np.sqrt(rng.chisquare(rows - 1, size=(trials, candidates)) / (rows - 1)) / np.sqrt(rows)
+    any_at = {z: float(np.mean(np.any(means + z * errors < 0, axis=1))) for z in (2.0, eligibility_z(candidates))}
+    assert any_at[2.0] > 0.8  # 1 − (1 − 0.023)^96 ≈ 0.89
+    assert any_at[eligibility_z(candidates)] < 0.065  # ≤ 5 %, with a binomial margin (2,000 trials: sd 0.005)
+    # and a real gain of 4 standard errors is still found in nearly every trial
+    assert np.mean(means[:, 0] - 4 / np.sqrt(rows) + eligibility_z(candidates) * errors[:, 0] < 0) > 0.7
+
+
+@pytest.mark.parametrize("comparisons, level", [(0, 0.95), (3, 1.0), (3, 0.0)])
+def test_the_eligibility_bound_refuses_nonsense(comparisons, level):
+    with pytest.raises(ValueError):
+        eligibility_z(comparisons, level)
