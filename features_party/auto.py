@@ -20,14 +20,13 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c itself (w = 0): the central mean,
    or for classes the majority class of the RRWithPrior part's noisy histogram (a central DP count).
 3. **Choice**, post-processing of what was released: a candidate is eligible when its loss *minus the constant's*
-   has an upper confidence bound below 0 (mean + z standard errors of the paired per-example differences on
-   its judging rows, z Bonferroni's over every candidate at every weight — :func:`shared.validation.eligibility_z`,
-   3.3 for 96 — so that one no better than the constant is eligible with probability at most 5 % in all — small for predictions close to the constant, so noise alone does not make a model
-   eligible; in accuracy for classes, the same on the error); among the eligible the least mean + :data:`Z_CHOICE`
-   standard errors is chosen (the least bound itself would prefer a safe small gain to a sure large one); none
-   eligible: the constant. Then one check on the estimate rows: a
-   choice that is worse than the constant there (its difference's estimate on the wrong side of 0) gives way to the
-   constant.
+   has an upper confidence bound below 0: mean + z standard errors of the paired per-example differences on its
+   judging rows (small for predictions close to the constant), z Bonferroni's over every candidate at every weight
+   (:func:`shared.validation.eligibility_z`, 3.3 for 96), so that any one no better than the constant is eligible
+   with probability at most 5 % in all; in accuracy for classes, the same on the error. Among the eligible the
+   least mean + :data:`Z_CHOICE` standard errors is chosen (the least bound itself would prefer a safe small gain
+   to a sure large one); none eligible: the constant. Then one check on the estimate rows: a choice that is worse
+   than the constant there (its difference's estimate on the wrong side of 0) gives way to the constant.
 4. **Report**: the chosen predictor and the constant compared on the estimate rows (:func:`shared.validation.
    compare`), both with intervals, and a warning unless the model is shown to be better. The estimate rows decided
    only that one two-way check, so the interval is at level 1 − (1 − 0.95)/2, Bonferroni over the two.
