@@ -311,6 +311,8 @@ def cases() -> list[Case]:
     datasets = _json_route("/v1/datasets", "admin")
     grants = _json_route("/v1/datasets/{small}/grants", "admin")
     jobs = _json_route("/v1/jobs", "trainer")
+    pate = _json_route("/v1/datasets/{small}/pate-releases", "admin")
+    pate_head = b'{"epsilon": 1, "example_ids": ["u0", "u1"], "features": [[0], [0]], "query_ids": ["q"], '
 
     def json_case(name: str, party: str, what: str, route, body: Callable[[dict], bytes], warm: bytes) -> Case:
         return Case(name, party, what, lambda state: route(state, body(state)), lambda state: route(state, warm))
@@ -360,6 +362,12 @@ def cases() -> list[Case]:
                   central, lambda _s: repeat_json(b'{"epsilon": 1, "example_ids": ["u0", "u1"], "features": [',
                                                   b"[0]", b"]}", at_limit),
                   b'{"epsilon": 1, "example_ids": ["u0", "u1"], "features": [[0]]}'),
+        json_case("pate-query-features-lists", "labels", "POST pate-releases: query_features [[0], …], 60 MB", pate,
+                  nested(pate_head + b'"query_features": [', b"]}"), pate_head + b'"query_features": [[0]]}'),
+        json_case("pate-query-features-at-limit", "labels",
+                  "POST pate-releases: query_features [[0], …] of 1.7 MB (just under the default decoded limit)",
+                  pate, lambda _s: repeat_json(pate_head + b'"query_features": [', b"[0]", b"]}", at_limit),
+                  pate_head + b'"query_features": [[0]]}'),
         json_case("evaluations-predictions", "labels", "POST evaluations: predictions [0.5, …], 60 MB", evaluations,
                   lambda _s: repeat_json(b'{"metric": "mse", "epsilon": 1, "example_ids": ["u0"], "predictions": [',
                                          b"0.5", b"]}", JSON_BYTES),

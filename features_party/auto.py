@@ -48,9 +48,10 @@ from features_party.features import Preprocessor
 from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
 from features_party.multistage import train_multistage
 from features_party.output import Output
-from features_party.parts import ESTIMATE, SELECTION
+from features_party.parts import ESTIMATE, SELECTION, SOFT_ARMS
 from features_party.planning import Config, JobPlan, load_frame
 from features_party.reports import JobReport, privatized
+from features_party.targets import training_targets
 from features_party.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from shared import schemas
 from shared.errors import LabelDPError
@@ -119,19 +120,21 @@ def strong(config: Config) -> Config:
     return replace(config, l2=min(max(config.l2 * 100, 1e-2), 1.0))
 
 
-def designs(part: pd.Series, labels: pd.Series, arms: list[str], folds: pd.Series,
+def designs(part: pd.Series, labelled: pd.Series, arms: list[str], folds: pd.Series,
             unbiased_arm: str | None) -> tuple[list[Design], pd.Index]:
     """The designs and the judging pool's out-of-fold rows. The training part of the validation mechanism (numeric
     labels: opt-unbiased, whose labels are unbiased too) is split in two folds by a public hash: its candidates (and
     the pooled ones) are fitted on one fold and judged on the other, then refitted whole once chosen; every other
     candidate is judged on all of it. Each candidate is thus judged on the selection rows and on about half of the
     training rows — a far larger sample of unbiased labels than the selection rows alone (issue 39: at ε = 0.5 on
-    17,800 rows those could not tell a 20 % gain from noise)."""
-    sets = {arm: part.index[(part == arm) & labels.notna()] for arm in arms}
+    17,800 rows those could not tell a 20 % gain from noise). ``labelled``: the rows with a target; the parts of
+    :data:`~features_party.parts.SOFT_ARMS` (per-class targets) are not pooled with labels."""
+    sets = {arm: part.index[(part == arm) & labelled] for arm in arms}
     if unbiased_arm is None or unbiased_arm not in sets:
         out = [Design(arm, ((rows, rows[:0]),), None) for arm, rows in sets.items()]
-        if len(arms) > 1:
-            pooled = part.index[part.isin(arms) & labels.notna()]
+        hard = [arm for arm in arms if arm not in SOFT_ARMS]
+        if len(hard) > 1:
+            pooled = part.index[part.isin(hard) & labelled]
             out.append(Design(POOLED, ((pooled, pooled[:0]),), None))
         return out, part.index[:0]
     unbiased = sets[unbiased_arm]
@@ -156,9 +159,15 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     mean, releases = request_auto_releases(plan, client, job_id, ids)  # the ones creation asked for, again
     clock.lap("releases")
     labels = pd.Series(np.nan, index=ids)
+    soft = pd.DataFrame(index=ids[:0], dtype=np.float64)  # ALIBI's rows: per-class log-likelihoods
     for release in releases.values():
         table = client.download_labels(release.id)
-        labels[table.column("example_id").to_pylist()] = table.column("label").to_numpy()
+        released = table.column("example_id").to_pylist()
+        if release.mechanism in SOFT_ARMS:
+            soft = pd.DataFrame(training_targets(table, release), index=pd.Index(released, dtype=object))
+        else:
+            labels[released] = table.column("label").to_numpy()
+    targets = Targets(labels, soft)
     arms = [arm for arm in auto.arms if np.any(part == arm)]
     training = part.index[part.isin(arms)]
     preprocessor = Preprocessor.fit(features.loc[training], request.numeric, request.categorical)  # training rows
@@ -172,19 +181,19 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     selection, estimate_rows = part.index[part == SELECTION], part.index[part == ESTIMATE]
     # numeric labels: the validation mechanism's training part is unbiased too, and judges out of fold
     unbiased = None if num_classes else auto.validation
-    plans, out_of_fold = designs(part, labels, arms, auto.folds(ids), unbiased)
+    plans, out_of_fold = designs(part, targets.labelled(), arms, auto.folds(ids), unbiased)
     pool = selection.append(out_of_fold)
     validation = releases[auto.validation]
     judged = privatized(client, validation, labels[pool].to_numpy(), num_classes)
     noisy_estimate = PrivatizedLabels(labels[estimate_rows].to_numpy(), judged.mechanism, num_classes)
     constant_of = _constant(plan, client, mean, releases, judged.subset(np.arange(len(pool)) < len(selection)))
     constant = constant_of.value
-    candidates = _fit_all(attempt, plan, features, preprocessor, labels, plans, selection, out_of_fold, deadline)
+    candidates = _fit_all(attempt, plan, features, preprocessor, targets, plans, selection, out_of_fold, deadline)
     clock.lap("fits")
     chosen, table = _choose(plan, candidates, judged, constant)
     final = None
     if chosen is not None:
-        final = _final(attempt, plan, features, preprocessor, labels, chosen, pool, constant, deadline)
+        final = _final(attempt, plan, features, preprocessor, targets, chosen, pool, constant, deadline)
     fell_back = final is not None and _worse_on(plan, final, features.loc[estimate_rows], preprocessor,
                                                   noisy_estimate, constant)
     if fell_back:
@@ -287,10 +296,11 @@ def _lp_2st(plan: JobPlan, client: LabelsPartyClient, job_id: str, part: pd.Seri
 
 
 def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor: Preprocessor,
-             labels: pd.Series, plans: list[Design], selection: pd.Index, out_of_fold: pd.Index,
+             targets: Targets, plans: list[Design], selection: pd.Index, out_of_fold: pd.Index,
              deadline: Deadline) -> list[Candidate]:
     """Every learner × regularization on every design: its predictions on the pool (the selection rows, averaged
-    over the design's fits, then each out-of-fold row from the fit that did not see it)."""
+    over the design's fits, then each out-of-fold row from the fit that did not see it). A soft arm's design (ALIBI)
+    trains the MLP only, with its own loss."""
     threads = threads_per_job(attempt.ctx.settings.workers)
     on_selection = preprocessor.transform(features.loc[selection])
     position = pd.Series(np.arange(len(out_of_fold)), index=out_of_fold)
@@ -300,6 +310,10 @@ def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocess
         if any(len(train_rows) < attempt.ctx.settings.min_train_examples for train_rows, _ in design.fits):
             continue
         for learner, base in plan.configs.items():
+            if design.training in SOFT_ARMS:
+                if not isinstance(base, TrainConfig):
+                    continue
+                base = replace(base, loss=design.training)
             for variant in VARIANTS:
                 config = strong(base) if variant == "strong" else base
                 on_pool = np.zeros((len(selection) + len(out_of_fold), *([plan.num_classes] if plan.num_classes
@@ -308,7 +322,7 @@ def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocess
                 kept = []
                 for train_rows, judged in design.fits:
                     check_deadline(deadline)
-                    model = _fit(config, features, preprocessor, labels, train_rows, plan.num_classes, deadline,
+                    model = _fit(config, features, preprocessor, targets, train_rows, plan.num_classes, deadline,
                                  threads)
                     on_pool[:len(selection)] += model.predict(*on_selection) / len(design.fits)
                     if len(judged):
@@ -329,19 +343,35 @@ def _center(plan: JobPlan, raw: np.ndarray) -> float:
     return float(np.mean(np.log(np.maximum(raw, 1e-300)) if plan.loss == "poisson" else raw))
 
 
-def _fit(config: Config, features: pd.DataFrame, preprocessor: Preprocessor, labels: pd.Series, rows: pd.Index,
+@dataclass(frozen=True)
+class Targets:
+    """What the candidates fit, by example id: the released labels, and ALIBI's per-class log-likelihoods for its
+    part's rows (none elsewhere)."""
+
+    labels: pd.Series
+    soft: pd.DataFrame
+
+    def labelled(self) -> pd.Series:
+        return self.labels.notna() | self.labels.index.isin(self.soft.index)
+
+    def of(self, rows: pd.Index, num_classes: int | None) -> np.ndarray:
+        if len(rows) and rows[0] in self.soft.index:  # a soft arm's design: its rows are all of that part
+            return self.soft.loc[rows].to_numpy(dtype=np.float32)
+        out = self.labels[rows].to_numpy()
+        return np.rint(out).astype(np.int32) if num_classes else out
+
+
+def _fit(config: Config, features: pd.DataFrame, preprocessor: Preprocessor, targets: Targets, rows: pd.Index,
          num_classes: int | None, deadline: Deadline, threads: int) -> TrainResult | GbdtResult:
     """A model on ``rows``, stopped early on a validation split of their own labels — never on the rows that judge
     it, whose labels would then judge a model chosen to fit their noise."""
     numeric, categorical = preprocessor.transform(features.loc[rows])
-    targets = labels[rows].to_numpy()
-    if num_classes:
-        targets = np.rint(targets).astype(np.int32)
+    fitted = targets.of(rows, num_classes)
     if isinstance(config, GbdtConfig):
-        return train_gbdt(config, numeric, categorical, targets, num_classes=num_classes, deadline=deadline,
+        return train_gbdt(config, numeric, categorical, fitted, num_classes=num_classes, deadline=deadline,
                           threads=threads)
     assert isinstance(config, TrainConfig)
-    return train(config, numeric, categorical, targets, vocab_sizes=preprocessor.vocab_sizes,
+    return train(config, numeric, categorical, fitted, vocab_sizes=preprocessor.vocab_sizes,
                  num_classes=num_classes, deadline=deadline)
 
 
@@ -412,7 +442,7 @@ def _choose(plan: JobPlan, candidates: list[Candidate], noisy: PrivatizedLabels,
 Final = tuple[TrainResult | GbdtResult, Output]
 
 
-def _final(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor: Preprocessor, labels: pd.Series,
+def _final(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor: Preprocessor, targets: Targets,
            chosen: Scored, pool: pd.Index, constant: float, deadline: Deadline) -> Final:
     """The chosen candidate as a model and its output map: its one fit, or — when it was judged by folds — fitted
     again on both folds (more rows than either fold's model: at least as good in expectation, and checked on the
@@ -420,7 +450,7 @@ def _final(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor
     candidate = chosen.candidate
     model = candidate.model
     if candidate.design.refit is not None:
-        model = _fit(refit_config(candidate.config, candidate.best_epochs), features, preprocessor, labels,
+        model = _fit(refit_config(candidate.config, candidate.best_epochs), features, preprocessor, targets,
                      candidate.design.refit, plan.num_classes, deadline,
                      threads_per_job(attempt.ctx.settings.workers))
     if plan.num_classes:

@@ -42,7 +42,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import xgboost as xgb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
@@ -60,11 +59,10 @@ from features_party.gbdt_file import load_model as load_gbdt
 from features_party.output import Output
 from features_party.planning import ESTIMATE_KEY, JobPlan, labels_party_client, load_frame, plan_job, upstream_error
 from features_party.reports import JobReport, estimate, labels_by_id, privatized
+from features_party.targets import training_targets
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from shared import schemas
 from shared.errors import LabelDPError
-from shared.mechanisms.alibi import AlibiRandomizer
-from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.service.errors import ErrorCode
 from shared.service.leases import JobRunner, Lease, LeaseTable
 
@@ -294,19 +292,6 @@ def request_releases(plan: JobPlan, client: LabelsPartyClient, job_id: str,
 def _own_refusal(err: BaseException) -> bool:
     """A refusal of the trainer's own (a LabelDPError that is not about reading the labels party)."""
     return isinstance(err, LabelDPError) and err.code not in UPSTREAM_TRANSIENT
-
-
-def training_targets(table: pa.Table, release: schemas.Release) -> np.ndarray:
-    """Targets from a downloaded release: labels, unbiased weights for label sets (subset selection), or ALIBI's
-    per-class log-likelihoods of its noisy vectors (the alibi loss makes them soft labels)."""
-    names = table.schema.names
-    if "label" in names:
-        return table.column("label").to_numpy()
-    columns = np.stack([table.column(n).to_numpy(zero_copy_only=False) for n in names if n.startswith("in_class_")],
-                       axis=1)
-    if release.mechanism == "alibi":
-        return AlibiRandomizer.from_description(release.description).log_likelihoods(columns)
-    return SubsetSelectionRandomizer.from_description(release.description).unbiased_weights(columns)
 
 
 def _progress(attempt: Attempt, every_seconds: float = 0.0):

@@ -245,7 +245,7 @@ def _fits(request: schemas.JobRequest, auto: bool) -> int:
     if auto:
         release = request.release
         assert isinstance(release, schemas.AutoRelease)
-        arms = len(release.candidates or parts.REGRESSION_ARMS)
+        arms = len(release.candidates or max(parts.REGRESSION_ARMS, parts.CLASS_ARMS, key=len))
         return 2 * (2 + (arms - 1) + 2 * (arms > 1)) + 1 + 2
     return request.stages if request.protocol == "lp-mst" else 1
 
@@ -281,6 +281,11 @@ def _auto_plan(plan: JobPlan, dataset: shared_schemas.Dataset, frame: pd.DataFra
     if wrong:
         raise _invalid(f"auto candidate(s) {', '.join(wrong)} do not fit {dataset.label_kind} labels; choose among "
                        f"{', '.join(allowed)}")
+    if "mlp" not in plan.configs and any(arm in parts.SOFT_ARMS for arm in arms):
+        if release.candidates is not None:
+            raise _invalid("auto candidate alibi trains on soft labels, which only the MLP learns from: add "
+                           "train.model 'mlp', or leave alibi out")
+        arms = tuple(arm for arm in arms if arm not in parts.SOFT_ARMS)  # the default, for trees alone
     rows = len(plan.training_ids(frame))
     auto = AutoPlan.build(arms, classes, release.epsilon, rows, plan.request.train.seed)
     if auto.label_epsilon < parts.MIN_EPSILON:

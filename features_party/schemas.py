@@ -71,7 +71,7 @@ class TrainOptions(BaseModel):
     standardize_targets: bool = True
 
 
-AutoCandidate = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "lp-2st"]
+AutoCandidate = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "lp-2st", "alibi"]
 
 
 class AutoRelease(BaseModel):
@@ -88,8 +88,8 @@ class AutoRelease(BaseModel):
     epsilon: schemas.Epsilon
     example_ids: list[str] | None = Field(default=None, min_length=1, fail_fast=True)
     candidates: list[AutoCandidate] | None = Field(default=None, min_length=1, max_length=4, description=(
-        "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr-with-prior "
-        "and lp-2st for classes)"))
+        "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr-with-prior, "
+        "lp-2st and alibi for classes — alibi when the job trains the MLP: trees have no soft-label loss)"))
 
 
 class HoldoutFraction(BaseModel):

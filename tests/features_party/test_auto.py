@@ -283,3 +283,41 @@ def test_auto_on_classes_without_signal_returns_the_majority_class_from_the_nois
     predicted = _predictions(trainer, job["id"])
     assert (predicted == 2).all()
     assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.25
+
+
+def test_auto_on_classes_weighs_alibi_soft_labels_with_the_mlp_only_charged_once(parties):
+    """ALIBI is a class candidate (issue 41): its part's noisy vectors train the MLP with the alibi loss — trees have
+    no soft-label loss, so no tree candidate on that part, and asking for alibi with trees alone is refused before
+    anything is charged. 3,000 labels, 4 classes decided by x0 with some noise, ε = 2: a model beats the constant."""
+    owner, trainer = parties["owner"], parties["trainer"]
+    rng = np.random.default_rng(41)
+    n = 3000
+    x0 = rng.normal(size=n)
+    labels = np.digitize(x0 + 0.3 * rng.normal(size=n), [-0.7, 0.0, 0.7])
+    ids = [f"a{i}" for i in range(n)]
+    dataset = owner.post("/v1/datasets", json={"name": "quarters", "label_kind": "classes", "num_classes": 4,
+                                               "epsilon_total": 2}).json()["id"]
+    assert owner.put(f"/v1/datasets/{dataset}/labels", headers={"Content-Type": "text/csv"}, content=(
+        "example_id,label\n" + "\n".join(f"{i},{v}" for i, v in zip(ids, labels, strict=True)))).status_code == 200
+    assert owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2}).status_code == 201
+    features = pd.DataFrame({"example_id": ids, "x0": x0, "x1": rng.normal(size=n),
+                             "group": rng.choice(["a", "b", "c"], size=n)})
+    assert _upload(trainer, features, "quarters").status_code == 200
+    job = {**_auto_job(parties, epsilon=2.0), "features": "quarters", "dataset_id": dataset, "num_classes": 4,
+           "train": {"epochs": 20, "batch_size": 128}}
+    refused = trainer.post("/v1/jobs", json={**job, "release": {**job["release"], "candidates": ["alibi"]},
+                                             "train": {"model": "gbdt"}})
+    assert refused.status_code == 400 and "only the MLP" in refused.json()["error"]["message"], refused.text
+    assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 0.0
+    created = trainer.post("/v1/jobs", json=job)
+    assert created.status_code == 202, created.text
+    done = _finish(trainer, created.json()["id"])
+    assert done["status"] == "succeeded", done["error"]
+    names = {row["candidate"] for row in done["auto"]["candidates"]}
+    assert {"alibi/mlp/job", "alibi/mlp/strong"} <= names and not any(n.startswith("alibi/gbdt") for n in names)
+    assert "pooled/mlp/job" in names  # RRWithPrior's and LP-2ST's parts pooled, ALIBI's not
+    assert done["auto"]["chosen"]["candidate"] != "constant"
+    predicted = _predictions(trainer, done["id"])
+    truth = pd.Series(labels, index=ids)[predicted.index]
+    assert np.mean(predicted == truth) > 0.6  # the majority class is right on about 0.27 of the rows
+    assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 2.0  # each row once, at ε
