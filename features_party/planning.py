@@ -259,6 +259,8 @@ def _estimate_plan(request: schemas.JobRequest, existing: shared_schemas.Release
     if request.estimate_fraction <= 0 or isinstance(release, schemas.AutoRelease):
         return None
     seed = request.train.seed
+    if existing is not None and existing.mechanism in shared_schemas.CENTRAL_CLASS_RELEASES:
+        return None  # PATE's votes come from no local randomizer: nothing unbiased to estimate with
     if existing is not None or (release is not None and request.protocol == "single"
                                 and parts.unbiased(release.mechanism, release.clip, classes)):
         return EstimatePlan(request.estimate_fraction, seed, None)
@@ -519,7 +521,7 @@ def _loss_for(request: schemas.JobRequest, mechanism: str,
             if request.num_classes not in (None, classes):
                 raise _invalid(f"num_classes {request.num_classes} differs from the dataset's {classes} classes")
             return "cross_entropy", classes
-        if mechanism not in shared_schemas.CLASSIFICATION_MECHANISMS:
+        if mechanism not in (*shared_schemas.CLASSIFICATION_MECHANISMS, *shared_schemas.CENTRAL_CLASS_RELEASES):
             raise _invalid(f"mechanism {mechanism!r} does not fit class labels; use one of "
                            f"{', '.join(shared_schemas.CLASSIFICATION_MECHANISMS)}")
         expected = mechanism if mechanism in ("subset", "alibi") else "cross_entropy"  # their own losses

@@ -25,6 +25,8 @@ REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins"
 CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset", "block-rr", "alibi")
 # Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters, DP quantiles.
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro", "quantiles")
+# Central releases that do publish class labels (of the rows the caller named): a student trains on them by id.
+CENTRAL_CLASS_RELEASES = ("pate-fm",)
 # A group release estimates a prior per group and builds one prior-using randomizer per group.
 GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "rp-with-prior", "block-rr"]
 # opt-unbiased's solvers: outputs anywhere in ℝ (cone programs, certified gap) or on a fixed mesh (one LP)

@@ -1,9 +1,13 @@
 """``labeldp bench labeldp-pro``: the high-privacy regime on scikit-learn digits — randomized response (LP-1ST),
-RRWithPrior (LP-2ST), DP-SGD (LabelDP-Pro with the NOOP denoiser) and LabelDP-Pro (ALTCONV), mean ± sd over
-seeds, all through the parties' HTTP APIs, against the non-private model (trained in process on the true labels)
-and the majority class. RR and LP-2ST are trainer-service jobs on ε-label-DP releases; the
-DP-SGD methods are central training at the labels party ((ε, δ)-label-DP with δ = 1e-6, the service's default
-ceiling), whose trained parameters come back in the release's mechanism document and are applied here."""
+RRWithPrior (LP-2ST), DP-SGD (LabelDP-Pro with the NOOP denoiser), LabelDP-Pro (ALTCONV) and PATE-FM's student
+(issue 41), mean ± sd over seeds, all through the parties' HTTP APIs, against the non-private model (trained in
+process on the true labels) and the majority class. RR and LP-2ST are trainer-service jobs on ε-label-DP releases;
+the DP-SGD methods are central training at the labels party ((ε, δ)-label-DP with δ = 1e-6, the service's default
+ceiling), whose trained parameters come back in the release's mechanism document and are applied here. PATE-FM:
+:data:`PATE_TEACHERS` teachers at the labels party on the training rows but :data:`PATE_QUERIES` (a public random
+choice), whose labels are never read — their noisy votes label those rows, and a trainer job (``release_id``: the
+PATE release) fits the student on them. The paper's semi-supervised student (FixMatch on the unlabelled rest) is
+not reproduced: the student learns from the voted rows alone."""
 
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ from labeldp.benchmarks.classification import Digits, non_private, register_digi
 from labeldp.benchmarks.parties import Parties, two_parties
 from shared import models
 
-METHODS = ["rr (LP-1ST)", "rr-with-prior (LP-2ST)", "dp-sgd (noop)", "labeldp-pro (altconv)"]
+METHODS = ["rr (LP-1ST)", "rr-with-prior (LP-2ST)", "dp-sgd (noop)", "labeldp-pro (altconv)", "pate-fm (student)"]
 DELTA = 1e-6
+# PATE's cost grows with the queries (√Q at a given σ): few, well-voted labels; teachers of about 70 rows each
+PATE_TEACHERS, PATE_QUERIES = 20, 50
 RELEASE_SEED = 600
 
 
@@ -43,7 +49,8 @@ def run_pro_bench(epsilons: list[float], seeds: int, out: str | Path, *, steps: 
             trainer.put_features("digits", digits.features())
         runs = [(s, e, m) for s in range(seeds) for e in epsilons for m in METHODS]
         for seed, epsilon, method in tqdm(runs, desc="bench labeldp-pro", disable=not progress):
-            run = _central if method.startswith(("dp-sgd", "labeldp-pro")) else _local
+            run = _central if method.startswith(("dp-sgd", "labeldp-pro")) else _pate if method.startswith(
+                "pate") else _local
             predicted, certified, delta = run(parties, datasets[seed], digits, method, epsilon, seed, steps)
             rows.append({"method": method, "epsilon": epsilon, "seed": seed, "delta": delta,
                          "certified_epsilon": certified, "accuracy": digits.accuracy(predicted, digits.split(seed)[1])})
@@ -68,6 +75,26 @@ def _local(parties: Parties, dataset_id: str, digits: Digits, method: str, epsil
         predicted = trainer.predictions(done.id).set_index("example_id")["prediction"]
     assert done.release is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)
     return predicted[digits.ids[test]].to_numpy(), done.release["certified_epsilon"], 0.0
+
+
+def _pate(parties: Parties, dataset_id: str, digits: Digits, _method: str, epsilon: float, seed: int, _steps: int):
+    """PATE-FM: the labels party's teachers vote (GNMax) on the query rows; a trainer job fits the student on them."""
+    fit, test = digits.split(seed)
+    queries = np.random.default_rng(seed).permutation(fit)[:PATE_QUERIES]
+    teachers = np.setdiff1d(fit, queries)
+    with parties.consumer() as consumer:
+        release = consumer.request_pate(dataset_id, digits.ids[teachers], digits.x[teachers], digits.ids[queries],
+                                        digits.x[queries], epsilon, delta=DELTA, teachers=PATE_TEACHERS,
+                                        idempotency_key=f"pate-{epsilon}-{seed}")
+    train = {"hidden": [64], "learning_rate": 3e-3, "batch_size": 16, "epochs": 60, "patience": 60,
+             "validation_fraction": 0.0, "seed": seed}
+    job = parties.job("digits", dataset_id, release_id=release.id, numeric=digits.columns, train=train)
+    with parties.trainer() as trainer:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LabelDPWarning)
+            done = trainer.train(job)
+        predicted = trainer.predictions(done.id).set_index("example_id")["prediction"]
+    return predicted[digits.ids[test]].to_numpy(), release.certified_epsilon, DELTA
 
 
 def _central(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int, steps: int):
