@@ -64,7 +64,7 @@ def run(server_url: str, replica_count: int, releases: int, concurrency: int, or
         work = Path(root)
         ctx = make_context(url, work / "data", upgrade=True)
         with ctx.sessions() as session, session.begin():
-            keys = [create_key(session, f"org{i}", "admin") for i in range(orgs)]
+            keys = [create_key(ctx.ledger, session, f"org{i}", "admin") for i in range(orgs)]
         ctx.close()
         with replicas(url, work, replica_count) as bases:
             clients = [[httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=300)

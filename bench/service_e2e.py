@@ -80,7 +80,7 @@ def labels_server(work: Path, url: str, env: dict[str, str] | None = None
     rows) and a context on the same storage (to read what the server stored)."""
     ctx = make_context(url, work / "data")
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "bench", "admin")
+        key = create_key(ctx.ledger, session, "bench", "admin")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "labeldp", "labels", "serve", "--port", str(port), "--database-url", url,

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from labels_party import db
 from labels_party.auth import Principal, authenticate
+from labels_party.ledger import Ledger
 from labels_party.settings import LabelsSettings
 from shared.errors import LabelDPError
 from shared.service.gate import Guard
@@ -104,14 +105,14 @@ def _sees(session: Session, principal: Principal, dataset_id: str) -> bool:
     raise not_found()
 
 
-def admitter(sessions: sessionmaker, settings: LabelsSettings
+def admitter(sessions: sessionmaker, settings: LabelsSettings, ledger: Ledger
              ) -> Callable[[Guard, dict[str, str], str], Admission]:
     """The gate's function (:class:`shared.service.gate.GuardedRoute`): the key (401), then the route's guard
     (403, 404) — before any body is read."""
 
     def admit(guard: Guard, params: dict[str, str], authorization: str) -> Admission:
         with sessions() as session, session.begin():
-            principal = authenticate(session, authorization or None)
+            principal = authenticate(session, authorization or None, ledger)
             assert isinstance(guard, Access)  # service_app refused routes guarded by anything else
             return decide(session, principal, guard, params.get("dataset_id"), settings)
 

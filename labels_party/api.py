@@ -31,7 +31,7 @@ def create_app(ctx: ServiceContext, *, run_jobs: bool = False) -> FastAPI:
     """The HTTP API on ``ctx``; with ``run_jobs`` (``serve``) it runs this process's job workers (``ctx.jobs``) while
     it serves, and ``/readyz`` checks they are alive (tests run jobs with ``ctx.jobs.run_pending()``)."""
     extra = {"job_workers": ctx.jobs.alive} if run_jobs else {}
-    app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings),
+    app = service_app("labeldp labels party", ctx, admit=access.admitter(ctx.sessions, ctx.settings, ctx.ledger),
                       guard_type=access.Access,
                       routers=(datasets.router, releases.router, mechanisms.router, audit.router), log=log,
                       lifespan=serving(ctx.jobs if run_jobs else None),

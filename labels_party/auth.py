@@ -1,13 +1,44 @@
 """Labels-party API keys (the skeleton's :mod:`shared.service.keys`), one role per key: admin (the dataset
-owner's) or consumer (a granted organization's)."""
+owner's) or consumer (a granted organization's). Every key is issued with the audit key's certificate and honoured
+only as it states (:mod:`labels_party.ledger.key_certificates`)."""
 
 from __future__ import annotations
 
-from labels_party.db import ApiKey, Organization
-from shared.service.keys import KeyRing, Principal
+import dataclasses
+import logging
+from datetime import datetime
 
-__all__ = ["KEYS", "Principal", "authenticate", "create_key"]
+from sqlalchemy.orm import Session
+
+from labels_party.db import ApiKey, Organization
+from labels_party.ledger import Ledger
+from shared.errors import LabelDPError
+from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRing, Principal
+
+__all__ = ["KEYS", "Principal", "authenticate", "create_key", "key_ring"]
 
 KEYS = KeyRing(Organization, ApiKey, roles=("admin", "consumer"), kind="ldp")
-create_key = KEYS.create
-authenticate = KEYS.authenticate
+log = logging.getLogger("labeldp.labels")
+
+
+def key_ring(ledger: Ledger) -> KeyRing:
+    """The key ring whose every key made or revoked is certified and chained by ``ledger``."""
+    return dataclasses.replace(KEYS, audit=ledger.key_changed)
+
+
+def create_key(ledger: Ledger, session: Session, org_name: str, role: str, *,
+               expires_at: datetime | None = None) -> str:
+    """A new key of ``org_name`` (made if new) as ``role``, certified; its secret (shown once, stored hashed)."""
+    return key_ring(ledger).create(session, org_name, role, expires_at=expires_at)
+
+
+def authenticate(session: Session, authorization: str | None, ledger: Ledger) -> Principal:
+    """The principal of an in-force key the service issued as its row now stands; any other key is the same 401
+    (a row inserted or edited in the database is logged, not told apart)."""
+    principal = KEYS.authenticate(session, authorization)
+    key = session.get(ApiKey, principal.key_id)
+    if key is None or not ledger.key_certified(key, principal.org_name):
+        log.warning("key %s of %s is not as the service issued it (no valid certificate): refused",
+                    principal.key_id, principal.org_name)
+        raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
+    return principal

@@ -251,13 +251,12 @@ def worker_app(settings):
 
 
 def _keys(args):
-    import dataclasses
-
-    from labels_party.auth import KEYS
+    from labels_party.auth import key_ring
 
     ctx = _context(args)
-    # keys made and revoked here go on the audit chain of every dataset their organization holds an account on
-    return dataclasses.replace(KEYS, audit=ctx.ledger.key_changed), ctx.sessions
+    # keys made and revoked here are certified and go on the audit chain of every dataset their organization holds
+    # an account on
+    return key_ring(ctx.ledger), ctx.sessions
 
 
 def verify_audit_command(args) -> int:

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, jobs, migrations, recovery, workers
-from labels_party.ledger import HeadSigner, Ledger, load_key_file
+from labels_party.ledger import HeadSigner, Ledger, key_certificates, load_key_file
 from labels_party.ledger.signing import load_or_create_key_file, public_hex
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
@@ -79,9 +79,12 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     signer = audit_signer(settings)
     engine = db.make_engine(settings.database_url)
     before = _chain_heads(engine) if upgrade else {}
+    certifying = upgrade and not _keys_certified(engine)
     sessions = migrations.make_sessionmaker(engine, upgrade=upgrade, data_dir=settings.data_dir)
     if upgrade:
         _sign_migrated(engine, signer, before)
+    if certifying:
+        _certify_keys(sessions, signer)
     ledger = Ledger(store, signer)
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
@@ -122,6 +125,23 @@ def _sign_migrated(engine: Engine, signer: HeadSigner, before: dict[str, tuple[i
         previous = before.get(dataset_id)
         if previous is not None and previous != (seq, head):
             signer.export(signer.sign(dataset_id, seq, head, previous=previous))
+
+
+def _keys_certified(engine: Engine) -> bool:
+    """Whether the database's keys carry certificates already (migration 0019 ran before); a new database has
+    no keys to certify."""
+    found = inspect(engine)
+    return not found.has_table("api_keys") or "certificate" in {c["name"] for c in found.get_columns("api_keys")}
+
+
+def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> None:
+    """The upgrade this process just ran added key certificates (migration 0019): it certifies every key that
+    exists now, as the operator's upgrade found it — once, never again (a later row has its own or none)."""
+    with sessions() as session, session.begin():
+        for key, org in session.execute(select(db.ApiKey, db.Organization.name)
+                                        .join(db.Organization, db.Organization.id == db.ApiKey.org_id)
+                                        .where(db.ApiKey.certificate.is_(None))).all():
+            key.certificate = key_certificates.issue(signer.key, key, org)
 
 
 def audit_signer(settings: LabelsSettings) -> HeadSigner:

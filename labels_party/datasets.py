@@ -67,6 +67,7 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                 session.add(dataset)
                 session.flush()
                 ctx.ledger.dataset_budget(session, dataset)
+                ctx.ledger.dataset_owner(session, dataset)
                 ctx.ledger.allocation(session, dataset, budgets.open_owner_account(session, dataset))
                 ctx.ledger.account_opened(session, dataset, dataset.owner_org_id)
                 if body.source is not None:
@@ -198,6 +199,7 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
         digest = ctx.store.digest(ingested.file)  # hashed before the lock, chained with the version
         with ctx.sessions() as session, session.begin():
             dataset = admitted_dataset(session, admission, lock=True)
+            ctx.ledger.check_actor(session, dataset, admission.principal)  # the key and owner as the chain says
             if (dataset.label_version, dataset.registry_size) != seen:
                 ctx.store.remove(ingested.file)
                 continue

@@ -44,7 +44,9 @@ class Organization(OrganizationColumns, Base):
 
 
 class ApiKey(ApiKeyColumns, Base):  # roles: admin | consumer
-    pass
+    # The audit key's signed statement of what this key is (labels_party/ledger/key_certificates.py): a key is
+    # honoured only as its certificate says (None: a row the service did not issue)
+    certificate: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Dataset(Base):

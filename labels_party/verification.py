@@ -104,9 +104,13 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
     report: dict[str, Any] = {"datasets": datasets, "valid": valid}
     missing = sorted(name for name in set(anchors) - set(ids) if not ledger.uncommitted_creation(name)) \
         if dataset_id is None else []
-    if missing:  # the data directory anchored a dataset the database does not have
-        report["problems"] = [f"dataset {name} has an anchor in the data directory but is not in the database"
-                              for name in missing]
+    problems = [f"dataset {name} has an anchor in the data directory but is not in the database"
+                for name in missing]  # the data directory anchored a dataset the database does not have
+    if exported is not None and dataset_id is None:  # the service signed heads of a dataset the database lost
+        problems += [f"dataset {name} has signed heads in the heads log but is not in the database"
+                     for name in sorted(set(exported) - set(ids))]
+    if problems:
+        report["problems"] = problems
         report["valid"] = False
     if pinned is not None:
         gone = sorted({h.dataset_id for h in pinned} - set(ids)) if dataset_id is None else []

@@ -141,7 +141,8 @@ def test_attacks_on_single_example_releases_over_http(tmp_path):
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        admin, consumer = create_key(session, "hospital", "admin"), create_key(session, "publisher", "consumer")
+        admin = create_key(ctx.ledger, session, "hospital", "admin")
+        consumer = create_key(ctx.ledger, session, "publisher", "consumer")
     labels = np.random.default_rng(6).integers(0, K, size=40)
     csv = "example_id,label\n" + "".join(f"e{i},{v}\n" for i, v in enumerate(labels))
     with serve_in_thread(create_app(ctx)) as url, httpx.Client(base_url=url, timeout=60) as http:

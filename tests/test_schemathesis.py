@@ -69,7 +69,9 @@ def _assert_clean(done: subprocess.CompletedProcess, operations: int) -> int:
     generated = re.search(r"(\d+) generated, \1 passed", report)
     assert generated and int(generated.group(1)) > 500, report[-4000:]
     print(f"schemathesis: {generated.group(1)} cases, 0 failures, {SECONDS} s")
-    print(report[report.find("Stateful ("):][:300], report[report.find("Test Phases"):])  # links and phases
+    print(report[report.find("Stateful ("):][:300])  # the links covered
+    print(report[report.find("= WARNINGS ="):report.find("Test Phases")])  # each warning with its operations
+    print(report[report.find("Test Phases"):])
     return int(generated.group(1))
 
 
@@ -81,8 +83,9 @@ def labels_party(tmp_path):
                                                data_dir=tmp_path / "labels", audit_key_file=key_file,
                                                audit_log_dir=tmp_path / "audit"))
     with ctx.sessions() as session, session.begin():
-        keys = {"office": create_key(session, "office", "admin"), "rival": create_key(session, "rival", "admin"),
-                "publisher": create_key(session, "publisher", "consumer")}
+        keys = {"office": create_key(ctx.ledger, session, "office", "admin"),
+                "rival": create_key(ctx.ledger, session, "rival", "admin"),
+                "publisher": create_key(ctx.ledger, session, "publisher", "consumer")}
     owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {keys['office']}"})
     dataset = owner.post("/v1/datasets", json={"name": "y", "label_kind": "integer", "min": 0, "max": 9,
                                                "epsilon_total": 1e6}).json()["id"]

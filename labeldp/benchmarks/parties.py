@@ -55,7 +55,8 @@ def two_parties(workdir: Path, seed: int) -> Iterator[Parties]:
     workdir = Path(workdir)
     labels = labels_context(f"sqlite:///{workdir}/labels.db", workdir / "labels", random_source=SeededSource(seed))
     with labels.sessions() as session, session.begin():
-        owner, consumer = labels_key(session, OWNER, "admin"), labels_key(session, CONSUMER, "consumer")
+        owner = labels_key(labels.ledger, session, OWNER, "admin")
+        consumer = labels_key(labels.ledger, session, CONSUMER, "consumer")
     with serve_in_thread(labels_app(labels)) as labels_url:
         trainer = trainer_context(TrainerSettings(database_url=f"sqlite:///{workdir}/trainer.db",
                                                   data_dir=workdir / "trainer",

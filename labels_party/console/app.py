@@ -33,7 +33,7 @@ _TITLES = {400: "Bad request", 401: "Signed out", 403: "Refused", 404: "Not foun
 def create_console(ctx: ServiceContext, *, lifetime: timedelta = LIFETIME) -> FastAPI:
     app = FastAPI(title="labeldp console", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
-    app.state.sessions = Sessions(ctx.sessions, lifetime)
+    app.state.sessions = Sessions(ctx.sessions, ctx.ledger, lifetime)
     app.state.templates = Environment(loader=FileSystemLoader(HERE / "templates"), undefined=StrictUndefined,
                                       autoescape=select_autoescape(default=True, default_for_string=True))
     app.state.static = {name: ((HERE / "static" / name).read_bytes(), media) for name, media in STATIC.items()}

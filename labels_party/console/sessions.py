@@ -24,6 +24,7 @@ from sqlalchemy.orm import sessionmaker
 
 from labels_party import db
 from labels_party.auth import Principal, authenticate
+from labels_party.ledger import Ledger
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
@@ -57,6 +58,7 @@ class Sessions:
     """Console sessions over the service's database sessions."""
 
     sessions: sessionmaker
+    ledger: Ledger  # whose audit key certified the keys it honours
     lifetime: timedelta = LIFETIME
 
     def sign_in(self, api_key: str) -> tuple[str, Principal]:
@@ -64,7 +66,7 @@ class Sessions:
         ``unauthorized``, a consumer key a 403 ``forbidden``. Expired sessions are swept on the way."""
         api_key = api_key.strip()
         with self.sessions() as session, session.begin():
-            principal = authenticate(session, f"Bearer {api_key}")
+            principal = authenticate(session, f"Bearer {api_key}", self.ledger)
             if principal.role != "admin":
                 raise LabelDPError("the console is for admin keys of a dataset owner", code="forbidden")
             key_id = session.scalar(select(db.ApiKey.id).where(db.ApiKey.key_hash == hash_key(api_key)))
@@ -89,7 +91,8 @@ class Sessions:
                 return None
             console_session, key, org = row
             now = db.utcnow()
-            if console_session.expires_at <= now or not key.in_force(now) or key.role != "admin":
+            if console_session.expires_at <= now or not key.in_force(now) or key.role != "admin" or \
+                    not self.ledger.key_certified(key, org.name):
                 return None
             return Principal(org.id, org.name, key.role, key.id, key.prefix)
 

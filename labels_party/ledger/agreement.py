@@ -95,10 +95,19 @@ def key_problems(replayed: Replayed, key_id: int, key: db.ApiKey | None, org: st
     return problems
 
 
+def owner_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
+    """Whether the dataset's row names the owner its chain made it with (chains from before owners were chained
+    name none: nothing to compare)."""
+    if replayed.owner is None:
+        return []
+    org = session.get(db.Organization, dataset.owner_org_id)
+    return [] if org is not None and org.name == replayed.owner else ["the dataset's owner differs from the chain's"]
+
+
 def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
                    names: Mapping[int, str]) -> list[str]:
     """Where the tables disagree with what the chain's facts say now stands (empty: nowhere)."""
-    problems = []
+    problems = owner_problems(session, dataset, replayed)
     if replayed.totals is None:
         problems.append("the chain records no budget for the dataset")
     elif replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
-from labels_party.ledger import agreement, chain
+from labels_party.ledger import agreement, chain, key_certificates
 from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_curve, rdp_epsilon_units
 from labels_party.ledger.records import (
     AccountTerms,
@@ -414,6 +414,10 @@ class Ledger:
         """The dataset's (ε_total, δ_total) as they now stand: at creation, and after any change."""
         chain.budget(self, session, dataset, change)
 
+    def dataset_owner(self, session: Session, dataset: db.Dataset) -> None:
+        """The organization that made the dataset owns it (at creation)."""
+        chain.owner(self, session, dataset)
+
     def grant_made(self, session: Session, dataset: db.Dataset, org: db.Organization) -> None:
         chain.grant(self, session, dataset, org, "created")
 
@@ -430,13 +434,14 @@ class Ledger:
         chain.org_keys(self, session, dataset, org_id)
 
     def check_actor(self, session: Session, dataset: db.Dataset, principal: Principal) -> None:
-        """A key acts on the dataset (administers it, downloads from it) only as its chain knows it
-        (:func:`agreement.key_problems`; :class:`agreement.LedgerTampered` else: a key row written or edited outside
-        the service)."""
+        """A key acts on the dataset (administers it, uploads to it, downloads from it) only as its chain knows it,
+        on a dataset whose owner is the chain's (:func:`agreement.key_problems`, :func:`agreement.owner_problems`;
+        :class:`agreement.LedgerTampered` else: a key or dataset row written or edited outside the service)."""
         self.check_anchor(session, dataset)
-        problems = agreement.key_problems(self.facts(session, dataset), principal.key_id,
-                                          session.get(db.ApiKey, principal.key_id), principal.org_name,
-                                          principal.role, datetime.now(timezone.utc))
+        replayed = self.facts(session, dataset)
+        problems = agreement.key_problems(replayed, principal.key_id, session.get(db.ApiKey, principal.key_id),
+                                          principal.org_name, principal.role, datetime.now(timezone.utc))
+        problems += agreement.owner_problems(session, dataset, replayed)
         if problems:
             raise agreement.tampered(dataset.id, problems)
 
@@ -448,6 +453,9 @@ class Ledger:
         uploaded before label versions were chained are read as their rows say."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
+        if replayed.labels and max(replayed.labels) != dataset.label_version:  # a row set back to an older version
+            raise agreement.tampered(dataset.id, [f"the dataset's label version {dataset.label_version} is not the "
+                                                  f"chain's latest ({max(replayed.labels)})"])
         fact = replayed.labels.get(version.version)
         if fact is None:
             if replayed.labels:
@@ -500,7 +508,19 @@ class Ledger:
         """A key made or revoked (:attr:`shared.service.keys.KeyRing.audit`): on the chain of every dataset its
         organization holds an account on, with the revocation's time and who (returns how many chains)."""
         assert isinstance(key, db.ApiKey)  # the labels party's key ring holds only its own keys
-        return chain.key(self, session, key, change)
+        org = session.get(db.Organization, key.org_id)
+        if change == "revoked" and self.signer is not None:  # to the organization its certificate names
+            named = key_certificates.certified_org(self.signer.public, key)
+            org = session.scalar(select(db.Organization).where(db.Organization.name == named)) if named else org
+        assert org is not None  # the key's foreign key, or a certificate's organization (names are chained)
+        if self.signer is not None:
+            key.certificate = key_certificates.issue(self.signer.key, key, org.name)
+        return chain.key(self, session, key, change, org)
+
+    def key_certified(self, key: db.ApiKey, org: str) -> bool:
+        """Whether the service issued ``key`` (of ``org``) as its row now stands (:mod:`.key_certificates`); a
+        ledger without an audit key (tests of the ledger alone) certifies nothing and checks nothing."""
+        return self.signer is None or key_certificates.agrees(self.signer.public, key, org)
 
     # -- the anchor ---------------------------------------------------------------------------------------------
     def read_anchor(self, dataset_id: str) -> Anchor | None:

@@ -42,6 +42,7 @@ from labels_party.ledger.records import (
     GrantFact,
     KeyFact,
     LabelsFact,
+    OwnerFact,
     ReleaseFact,
     SourceFact,
     _Fact,
@@ -67,6 +68,8 @@ class Ledger(Protocol):
     def confirm(self, dataset: db.Dataset) -> None: ...
 
     def facts(self, session: Session, dataset: db.Dataset) -> Replayed: ...
+
+    def key_certified(self, key: db.ApiKey, org: str) -> bool: ...
 
 log = logging.getLogger("labeldp.labels")
 
@@ -104,6 +107,12 @@ def record_fact(ledger: Ledger, session: Session, dataset: db.Dataset, fact: _Fa
     append(ledger, session, dataset, filled.model_dump(mode="json"))
 
 
+def owner(ledger: Ledger, session: Session, dataset: db.Dataset) -> None:
+    org = session.get(db.Organization, dataset.owner_org_id)
+    assert org is not None  # the dataset's row was just made by this organization's key
+    record_fact(ledger, session, dataset, OwnerFact(org=org.name))
+
+
 def budget(ledger: Ledger, session: Session, dataset: db.Dataset, change: str) -> None:
     record_fact(ledger, session, dataset, BudgetFact(change=change, epsilon_total_units=dataset.epsilon_total_units,
                                                      delta_total=dataset.delta_total))
@@ -126,6 +135,10 @@ def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int)
     now = db.utcnow()
     org = session.get(db.Organization, org_id)
     for api_key in session.scalars(select(db.ApiKey).where(db.ApiKey.org_id == org_id).order_by(db.ApiKey.id)):
+        if org is not None and not ledger.key_certified(api_key, org.name):
+            log.warning("key %s of %s is not as the service issued it (no valid certificate): not chained",
+                        api_key.id, org.name)
+            continue
         if api_key.id not in known and api_key.status(now) != "revoked":
             record_fact(ledger, session, dataset, KeyFact(change="created", org=org.name if org else "?",
                                                           role=api_key.role, key_prefix=api_key.prefix,
@@ -137,18 +150,18 @@ def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int)
                     key_id=api_key.id, revoked_at=api_key.revoked_at.isoformat(), revoked_by=api_key.revoked_by))
 
 
-def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"]) -> int:
-    """A key made or revoked, on the chain of every dataset its organization holds an account on (locked in id
-    order, the one order of several dataset locks). Returns how many chains it went to."""
-    org = session.get(db.Organization, api_key.org_id)
+def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"],
+        org: db.Organization) -> int:
+    """A key of ``org`` made or revoked, on the chain of every dataset that organization holds an account on
+    (locked in id order, the one order of several dataset locks). Returns how many chains it went to."""
     datasets = session.scalars(
         select(db.Dataset).join(db.BudgetAccount, db.BudgetAccount.dataset_id == db.Dataset.id)
-        .where(db.BudgetAccount.org_id == api_key.org_id).order_by(db.Dataset.id)
+        .where(db.BudgetAccount.org_id == org.id).order_by(db.Dataset.id)
         .with_for_update(of=db.Dataset)).unique().all()
     for dataset in datasets:
         revoked_at = api_key.revoked_at if change == "revoked" else None
         record_fact(ledger, session, dataset, KeyFact(
-            change=change, org=org.name if org else "?", role=api_key.role, key_prefix=api_key.prefix,
+            change=change, org=org.name, role=api_key.role, key_prefix=api_key.prefix,
             key_id=api_key.id, revoked_at=revoked_at.isoformat() if revoked_at is not None else None,
             revoked_by=api_key.revoked_by if revoked_at is not None else None,
             secret_digest=secret_digest(api_key.key_hash) if change == "created" else None))
@@ -223,7 +236,7 @@ def _committed(ledger: Ledger, session: Session) -> None:
 @dataclass
 class Replayed:
     """What a dataset's chain says now stands, replayed fact by fact up to ``seq`` (whose hash is ``head``): totals
-    (None: the chain records none), grants, allocations (organization name -> (ε units, δ)), keys made (id ->
+    (None: the chain records none), the owner, grants, allocations (organization name -> (ε units, δ)), keys made (id ->
     (organization, role, prefix)) and revoked (id -> (prefix, from when: ISO time, or None in facts before
     revocations carried it)), the releases charged (release id -> standalone units; -> the organization charged,
     for records that name it; those whose availability a :class:`ReleaseFact` must state), the releases made
@@ -232,6 +245,7 @@ class Replayed:
     seq: int = 0
     head: str = "0" * 64
     totals: tuple[int, float] | None = None
+    owner: str | None = None  # None: a chain from before owners were chained
     grants: set[str] = field(default_factory=set)
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
     keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
@@ -266,6 +280,10 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             continue
         if isinstance(fact, BudgetFact):
             out.totals = (fact.epsilon_total_units, fact.delta_total)
+        elif isinstance(fact, OwnerFact):
+            if out.owner is not None:
+                out.problems.append(f"seq {entry.seq}: a second owner")
+            out.owner = fact.org
         elif isinstance(fact, GrantFact):
             (out.grants.discard if fact.change == "removed" else out.grants.add)(fact.org)
         elif isinstance(fact, AllocationFact):

@@ -176,6 +176,14 @@ class BudgetFact(_Fact):
     delta_total: float
 
 
+class OwnerFact(_Fact):
+    """The organization that owns the dataset (its admin keys administer it): at creation, and once for datasets
+    made before owners were chained (migration 0019) — so that no row edit makes another organization its owner."""
+
+    event: Literal["owner"] = "owner"
+    org: str
+
+
 class GrantFact(_Fact):
     """An organization's grant on the dataset."""
 
@@ -257,7 +265,7 @@ class SourceFact(_Fact):
     num_examples: int
 
 
-AnyFact = BudgetFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | LabelsFact | SourceFact
+AnyFact = BudgetFact | OwnerFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | LabelsFact | SourceFact
 Fact = Annotated[AnyFact, Field(discriminator="event")]
 _FACT = TypeAdapter(Fact)
 

@@ -84,7 +84,12 @@ def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_
     see a release that references it (404 otherwise)."""
     with ctx.sessions() as session, session.begin():
         query = select(db.Release).where(db.Release.mechanism_hash == mechanism_hash)
-        if not any(sees_release(session, principal, release)
-                   for release in session.scalars(releases_possibly_seen(principal, query))):
+        seen = [release for release in session.scalars(releases_possibly_seen(principal, query))
+                if sees_release(session, principal, release)]
+        if not seen:
             raise LabelDPError("no such mechanism document for this key", code="not_found")
-        return documents.stored(session, mechanism_hash)
+        packed = documents.stored(session, mechanism_hash)
+    if documents.address(documents.unpack(packed)) != mechanism_hash:  # a body rewritten in the database
+        raise tampered(seen[0].dataset_id, [f"mechanism document {mechanism_hash} does not hash to its "
+                                                      "address"])
+    return packed

@@ -56,8 +56,8 @@ def parties(tmp_path):
     ids = [f"u{i}" for i in range(N)]
     ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "office", "admin")
-        consumer = create_key(session, "publisher", "consumer")
+        admin = create_key(ctx.ledger, session, "office", "admin")
+        consumer = create_key(ctx.ledger, session, "publisher", "consumer")
     with serve_in_thread(create_labels(ctx)) as labels_url:
         owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {admin}"})
         dataset = owner.post("/v1/datasets", json={"name": "y", "label_kind": "integer", "min": 0, "max": 30,
@@ -338,7 +338,7 @@ def test_lp_mst_job_over_http(tmp_path):
     ids = [f"d{i}" for i in range(600)]
     ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "office", "admin")
+        admin = create_key(ctx.ledger, session, "office", "admin")
     with serve_in_thread(create_labels(ctx)) as labels_url:
         owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {admin}"})
         dataset = owner.post("/v1/datasets", json={"name": "d", "label_kind": "classes", "num_classes": 10,

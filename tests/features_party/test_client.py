@@ -54,8 +54,9 @@ class FaultInjector(httpx.HTTPTransport):
 def service(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        keys = {"admin": create_key(session, "office", "admin"), "partner": create_key(session, "pub", "consumer"),
-                "stranger": create_key(session, "other", "consumer")}
+        keys = {"admin": create_key(ctx.ledger, session, "office", "admin"),
+                "partner": create_key(ctx.ledger, session, "pub", "consumer"),
+                "stranger": create_key(ctx.ledger, session, "other", "consumer")}
     with serve_in_thread(create_app(ctx)) as base:
         with LabelsPartyClient(base, keys["admin"]) as owner:
             dataset = owner.create_dataset(name="d", label_kind="integer", min=0, max=20, epsilon_total=1.5)
@@ -216,7 +217,8 @@ def test_a_retry_while_the_first_call_computes_waits_for_its_outcome(tmp_path):
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", checkpoint=checkpoint)
     with ctx.sessions() as session, session.begin():
-        admin, partner = create_key(session, "office", "admin"), create_key(session, "pub", "consumer")
+        admin = create_key(ctx.ledger, session, "office", "admin")
+        partner = create_key(ctx.ledger, session, "pub", "consumer")
     with serve_in_thread(create_app(ctx)) as base:
         with LabelsPartyClient(base, admin) as owner:
             dataset = owner.create_dataset(name="d", label_kind="integer", min=0, max=20, epsilon_total=1.5)
@@ -242,7 +244,8 @@ def test_a_release_over_the_quota_is_retried_after_its_retry_after(tmp_path):
     settings = LabelsSettings(release_slots_per_org=1, release_queue_seconds=0)
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
     with ctx.sessions() as session, session.begin():
-        keys = {"admin": create_key(session, "office", "admin"), "partner": create_key(session, "pub", "consumer")}
+        keys = {"admin": create_key(ctx.ledger, session, "office", "admin"),
+                "partner": create_key(ctx.ledger, session, "pub", "consumer")}
     with ctx.sessions() as session:
         partner_org = session.scalar(select(Organization.id).where(Organization.name == "pub"))
     with serve_in_thread(create_app(ctx)) as base:

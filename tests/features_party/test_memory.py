@@ -56,8 +56,8 @@ def test_memory_stays_flat_over_thirty_jobs_of_a_hundred_thousand_rows(tmp_path)
     ids = [f"u{i}" for i in range(N)]
     ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "office", "admin")
-        consumer = create_key(session, "publisher", "consumer")
+        admin = create_key(ctx.ledger, session, "office", "admin")
+        consumer = create_key(ctx.ledger, session, "publisher", "consumer")
     owner = TestClient(create_labels(ctx), headers={"Authorization": f"Bearer {admin}"})
     dataset = owner.post("/v1/datasets", json={"name": "y", "label_kind": "integer", "min": 0, "max": 9,
                                                "epsilon_total": 100}).json()["id"]

@@ -30,7 +30,7 @@ def labels_party(tmp: Path, stack: contextlib.ExitStack) -> dict:
 
     ctx = make_context(f"sqlite:///{tmp}/labels.db", tmp / "labels")
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "shop", "admin")
+        key = create_key(ctx.ledger, session, "shop", "admin")
     owner = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
     dataset = owner.post("/v1/datasets", json={"name": "d", "label_kind": "integer", "min": 0, "max": 100,
                                                "epsilon_total": 1.0}).json()["id"]

@@ -197,7 +197,7 @@ def test_verify_audit_recomputes_budgets_over_the_service(tmp_path):
     found."""
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "hospital", "admin")
+        key = create_key(ctx.ledger, session, "hospital", "admin")
     client = TestClient(create_app(ctx), raise_server_exceptions=False)
     auth = {"Authorization": f"Bearer {key}"}
     dataset = client.post("/v1/datasets", headers=auth, json={

@@ -39,8 +39,9 @@ def test_sums_of_charges_are_exact(units):
 def service(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        keys = {"owner": create_key(session, "hospital", "admin"), "a": create_key(session, "publisher", "consumer"),
-                "b": create_key(session, "adnet", "consumer")}
+        keys = {"owner": create_key(ctx.ledger, session, "hospital", "admin"),
+                "a": create_key(ctx.ledger, session, "publisher", "consumer"),
+                "b": create_key(ctx.ledger, session, "adnet", "consumer")}
     client = TestClient(create_app(ctx), raise_server_exceptions=False)
 
     def as_(who: str) -> dict:

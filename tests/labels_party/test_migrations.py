@@ -26,7 +26,7 @@ from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
-HEAD = "0018"  # the newest migration in labels_party/migrations/versions
+HEAD = "0019"  # the newest migration in labels_party/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -133,6 +133,7 @@ def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(databa
     with ctx.sessions() as session:
         events = [e.record.get("event", "label_release") for e in entries(session, "d1")]
     assert events == ["label_release", "dataset_budget", "allocation",  # migration 0010, once (the owner's account)
+                      "owner",  # migration 0019
                       "dataset_budget", "allocation", "allocation"]  # the accounts rebuilt at the first start
     fresh = tmp_path / "fresh.sqlite"
     make_context(f"sqlite:///{fresh}", tmp_path / "fresh-data")
@@ -433,7 +434,7 @@ def test_pickled_source_jobs_are_retired_and_their_files_deleted(database_url, t
                             "done": ("available", None)}
         assert session.get(db.Dataset, "d1").state == "ready"
         assert session.query(db.Job).count() == 0
-        key = create_key(session, "owner", "admin")
+        key = create_key(ctx.ledger, session, "owner", "admin")
     assert not jobs.exists()  # every pickle deleted, and the directory
     client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
     again = client.post("/v1/datasets/d1/releases", headers={"Idempotency-Key": "running"},
@@ -455,7 +456,7 @@ def _granted_dataset(database: str, data):
 
     ctx = make_context(database, data)
     with ctx.sessions() as s, s.begin():
-        admin = bearer(create_key(s, "hospital", "admin"))
+        admin = bearer(create_key(ctx.ledger, s, "hospital", "admin"))
     with TestClient(create_app(ctx)) as client:
         dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=3)
         assert upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(200)})).status_code \
@@ -472,7 +473,6 @@ def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
     from fastapi.testclient import TestClient
 
     from labels_party.api import create_app
-    from labels_party.auth import create_key
     from labels_party.ledger import signing
     from labels_party.verification import verify
     from tests.labels_party.api.helpers import bearer
@@ -480,7 +480,7 @@ def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
     ctx, admin, dataset = _granted_dataset(database, data)
     with ctx.sessions() as s, s.begin():  # a key the chain does not name, as an older version left it
-        consumer = bearer(create_key(s, "publisher", "consumer"))
+        consumer = bearer(_unchained_key(ctx, s, "publisher", "consumer"))
         s.execute(text("UPDATE alembic_version SET version_num = '0015'"))
         seq = s.get(db.Dataset, dataset).ledger_seq
     ctx.close()
@@ -511,14 +511,13 @@ def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
     from fastapi.testclient import TestClient
 
     from labels_party.api import create_app
-    from labels_party.auth import create_key
     from labels_party.ledger import signing
     from labels_party.verification import verify
 
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
     ctx, admin, dataset = _granted_dataset(database, data)
     with ctx.sessions() as s, s.begin():
-        create_key(s, "publisher", "consumer")  # not on the chain: 0016 records it, without a secret
+        _unchained_key(ctx, s, "publisher", "consumer")  # not on the chain: 0016 records it, without a secret
         s.execute(text("UPDATE alembic_version SET version_num = '0015'"))
     ctx.close()
     make_context(database, data, upgrade=True).close()
@@ -539,7 +538,8 @@ def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
         with TestClient(create_app(again)) as client:
             forged = client.post(f"/v1/datasets/{dataset}/releases", json={"mechanism": "rr", "epsilon": 0.5},
                                  headers={"Authorization": f"Bearer {mine}", "Idempotency-Key": "a"})
-            assert forged.status_code == 503 and "secret differs" in forged.json()["error"]["message"], forged.text
+            # its certificate names the secret too: refused as an unknown key before the chain is read
+            assert forged.status_code == 401 and forged.json()["error"]["code"] == "unauthorized", forged.text
         with again.sessions() as s:
             assert s.get(db.Dataset, dataset).ledger_seq == seq  # nothing charged
         report = verify(again.sessions, again.ledger, public_key=again.ledger.signer.public,
@@ -547,3 +547,15 @@ def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
         assert report["valid"] is True, report
     finally:
         again.close()
+
+
+def _unchained_key(ctx, session, org: str, role: str) -> str:
+    """A key as a version before 0016 left it — on no chain — certified as migration 0019's upgrade certifies the
+    keys it finds."""
+    from labels_party.auth import KEYS
+    from labels_party.ledger import key_certificates
+
+    issued = KEYS.issue(session, org, role)  # no audit: nothing chained
+    row = session.get(db.ApiKey, issued.info.id)
+    row.certificate = key_certificates.issue(ctx.ledger.signer.key, row, org)
+    return issued.secret

@@ -65,8 +65,8 @@ def replicas(tmp_path, database_url):
     first = make_context(settings=settings, checkpoint=checkpoints)
     second = make_context(settings=settings)  # another live process on the data directory: a lone start it is not
     with first.sessions() as session, session.begin():
-        keys = {"owner": bearer(create_key(session, "hospital", "admin")),
-                "publisher": bearer(create_key(session, "publisher", "consumer"))}
+        keys = {"owner": bearer(create_key(first.ledger, session, "hospital", "admin")),
+                "publisher": bearer(create_key(first.ledger, session, "publisher", "consumer"))}
     clients = [TestClient(create_app(ctx), raise_server_exceptions=False) for ctx in (first, second)]
     dataset = new_dataset(clients[0], keys["owner"], name="visits", label_kind="integer", min=0, max=9,
                           epsilon_total=3)
@@ -324,8 +324,8 @@ def test_workers_take_the_job_of_the_organization_with_the_fewest_running_first(
     ctx = make_context(settings=settings)
     try:
         with ctx.sessions() as session, session.begin():
-            create_key(session, "busy", "admin")
-            create_key(session, "other", "admin")
+            create_key(ctx.ledger, session, "busy", "admin")
+            create_key(ctx.ledger, session, "other", "admin")
             orgs = {org.name: org.id for org in session.scalars(select(db.Organization))}
             busy = [jobs.queue(session, org_id=orgs["busy"], kind="privatize_source", subject_id=f"b{i}", spec={})
                     for i in range(3)]

@@ -34,7 +34,8 @@ def run(database_url: str, root: Path, releases: int, workers: int = 2) -> dict:
     log = root / "audit" / signing.LOG_NAME
     try:
         with ctx.sessions() as session, session.begin():
-            admin, consumer = create_key(session, "hospital", "admin"), create_key(session, "publisher", "consumer")
+            admin = create_key(ctx.ledger, session, "hospital", "admin")
+            consumer = create_key(ctx.ledger, session, "publisher", "consumer")
         with serve_in_thread(create_app(ctx)) as base:
             owner = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin}"}, timeout=120)
             dataset = owner.post("/v1/datasets", json={"name": "load", "label_kind": "integer", "min": 0, "max": 9,

@@ -37,10 +37,10 @@ def ctx(db_url, data_dir):
 def keys(ctx):
     with ctx.sessions() as s, s.begin():
         return {
-            "admin": create_key(s, "hospital", "admin"),
-            "consumer": create_key(s, "publisher", "consumer"),
-            "stranger": create_key(s, "adnet", "consumer"),  # a consumer that is never granted anything
-            "other_admin": create_key(s, "clinic", "admin"),  # the admin of another organization
+            "admin": create_key(ctx.ledger, s, "hospital", "admin"),
+            "consumer": create_key(ctx.ledger, s, "publisher", "consumer"),
+            "stranger": create_key(ctx.ledger, s, "adnet", "consumer"),  # a consumer that is never granted anything
+            "other_admin": create_key(ctx.ledger, s, "clinic", "admin"),  # the admin of another organization
         }
 
 

@@ -128,7 +128,7 @@ def admin_client(tmp_path, org: str = "owner"):
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, org, "admin")
+        key = create_key(ctx.ledger, session, org, "admin")
     return ctx, TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
 
 

@@ -18,7 +18,7 @@ from labeldp import cli
 from labels_party import db, documents
 from labels_party.auth import KEYS
 from labels_party.context import make_context
-from labels_party.ledger import LedgerTampered
+from labels_party.ledger import LedgerTampered, entries
 from labels_party.settings import LabelsSettings
 from shared.service.keys import KeyRef
 from tests.labels_party.api import test_audit_chain as chain_tests
@@ -144,7 +144,7 @@ def test_a_key_un_revoked_in_its_table_charges_nothing(ctx, client, keys, consum
     with ctx.sessions() as s, s.begin():
         ring.revoke(s, KeyRef(None, token.split("_")[1]), by="test")
     _sql(ctx, "UPDATE api_keys SET revoked_at = NULL, revoked_by = NULL WHERE prefix = :p", p=token.split("_")[1])
-    expect_error(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5), 503, "ledger_tampered")
+    expect_error(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5), 401, "unauthorized")
     assert any("is revoked in the chain but not in the keys table" in p
                for p in _problems(_verify(ctx, tmp_path, audit_key)))
     with pytest.raises(LedgerTampered):
@@ -207,21 +207,38 @@ def test_a_rewritten_label_file_or_version_row_is_found(ctx, client, consumer, d
         _restart(ctx)
 
 
-def test_a_key_row_written_outside_the_service_is_not_honoured(ctx, client, consumer, dataset, tmp_path, audit_key):
-    """Keys made by the service are on the chain of every dataset their organization holds an account on (made
-    then, or recorded when the account opened); a row inserted into the keys table is not: it neither charges nor
-    grants, and changes nothing."""
-    from labels_party.auth import create_key
+def test_a_key_row_written_outside_the_service_is_not_honoured(ctx, client, admin, consumer, dataset, tmp_path,
+                                                               audit_key):
+    """Keys made by the service carry the audit key's certificate; a row inserted into the keys table has none: it
+    neither charges nor grants nor uploads, on a dataset made before it or after it (issue 40's review: the service
+    put such a row on a new dataset's chain itself, and the grant of a new organization did the same), and changes
+    nothing."""
+    from labels_party.auth import KEYS
     from tests.labels_party.api.helpers import bearer
 
     created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
-    with ctx.sessions() as s, s.begin():  # KEYS without its audit hook: exactly a row written into the table
-        inserted_consumer = bearer(create_key(s, "publisher", "consumer"))
-        inserted_admin = bearer(create_key(s, "hospital", "admin"))
+    with ctx.sessions() as s, s.begin():  # KEYS without the ledger: exactly a row written into the table
+        inserted_consumer = bearer(KEYS.create(s, "publisher", "consumer"))
+        inserted_admin = bearer(KEYS.create(s, "hospital", "admin"))
+        newcomer = bearer(KEYS.create(s, "acme", "consumer"))
     length = _chain_length(ctx, dataset)
-    expect_error(release(client, inserted_consumer, dataset, "b", mechanism="rr", epsilon=0.5), 503,
-                 "ledger_tampered")
+    expect_error(release(client, inserted_consumer, dataset, "b", mechanism="rr", epsilon=0.5), 401, "unauthorized")
     expect_error(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "adnet", "epsilon": 0.5},
-                             headers=inserted_admin), 503, "ledger_tampered")
+                             headers=inserted_admin), 401, "unauthorized")
+    expect_error(client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\nx,1\n",
+                            headers={**inserted_admin, "Content-Type": "text/csv"}), 401, "unauthorized")
     assert _chain_length(ctx, dataset) == length
+    # a dataset the owner makes afterwards, and a grant to the inserted key's new organization: not chained
+    later = client.post("/v1/datasets", json={"name": "later", "label_kind": "integer", "min": 0, "max": 9,
+                                              "epsilon_total": 2}, headers=admin).json()["id"]
+    assert client.post(f"/v1/datasets/{later}/grants", json={"org": "acme", "epsilon": 1},
+                       headers=admin).status_code == 201
+    with ctx.sessions() as s:
+        made = [e.record for e in entries(s, later) if e.record.get("event") == "key"]
+    expect_error(client.post(f"/v1/datasets/{later}/grants", json={"org": "adnet", "epsilon": 0.5},
+                             headers=inserted_admin), 401, "unauthorized")
+    expect_error(release(client, newcomer, later, "n", mechanism="rr", epsilon=0.5), 401, "unauthorized")
+    chained, inserted = {r["key_prefix"] for r in made}, {inserted_admin["Authorization"].split("_")[1],
+                                                          newcomer["Authorization"].split("_")[1]}
+    assert chained and not chained & inserted
     assert created(release(client, consumer, dataset, "c", mechanism="rr", epsilon=0.5))  # the real key still works

@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from labels_party import db
 from labels_party.auth import KEYS
+from labels_party.ledger import entries
 from shared.service.keys import KeyRef, hash_key
 from tests.labels_party.api import test_audit_chain as chain_tests
 from tests.labels_party.api.helpers import created, expect_error, release
@@ -34,6 +35,12 @@ def _key_id(ctx, headers) -> int:
 def _spent(ctx, dataset: str) -> int:
     with ctx.sessions() as s:
         return s.get(db.Dataset, dataset).ledger_seq
+
+
+def _refused(response) -> None:
+    """A key row edited outside the service fails its certificate: an unknown key's 401, before any dataset is read
+    (the chain's own check of the key, behind it, is the second line: labels_party/ledger/agreement.key_problems)."""
+    expect_error(response, 401, "unauthorized")
 
 
 def _tampered(response, *, code: str = "ledger_tampered", says: str = "") -> None:
@@ -71,10 +78,9 @@ def test_a_key_moved_to_another_organization_neither_reads_nor_charges(ctx, clie
     victim = created(release(client, consumer, dataset, "v", mechanism="rr", epsilon=0.5))
     _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'publisher') WHERE id = :k",
          k=_key_id(ctx, stranger))
-    _tampered(client.get(f"/v1/releases/{victim['id']}/labels", headers=stranger),
-              says="organization, role or prefix differ")
+    _refused(client.get(f"/v1/releases/{victim['id']}/labels", headers=stranger))
     seq = _spent(ctx, dataset)
-    _tampered(release(client, stranger, dataset, "s", mechanism="rr", epsilon=2.0))
+    _refused(release(client, stranger, dataset, "s", mechanism="rr", epsilon=2.0))
     assert _spent(ctx, dataset) == seq
 
 
@@ -84,7 +90,7 @@ def test_a_consumer_key_made_the_owners_admin_does_not_grant(ctx, client, admin,
     _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'hospital'), role = 'admin' "
               "WHERE id = :k", k=_key_id(ctx, consumer))
     seq = _spent(ctx, dataset)
-    _tampered(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
+    _refused(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
                           headers=consumer))
     assert _spent(ctx, dataset) == seq  # no allocation chained (nor signed)
 
@@ -100,9 +106,9 @@ def test_a_key_revoked_on_the_chain_and_unrevoked_in_its_row_is_refused(ctx, cli
         ids.append(_key_id(ctx, headers))
     _sql(ctx, "UPDATE api_keys SET revoked_at = NULL, revoked_by = NULL WHERE id IN (:a, :c)", a=ids[0], c=ids[1])
     seq = _spent(ctx, dataset)
-    _tampered(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
-                          headers=admin), says="revoked on the chain")
-    _tampered(client.get(f"/v1/releases/{body['id']}/labels", headers=consumer), says="revoked on the chain")
+    _refused(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 3},
+                          headers=admin))
+    _refused(client.get(f"/v1/releases/{body['id']}/labels", headers=consumer))
     assert _spent(ctx, dataset) == seq  # no allocation chained
 
 
@@ -113,7 +119,7 @@ def test_a_chained_keys_secret_swapped_in_its_row_is_refused(ctx, client, consum
     _sql(ctx, "UPDATE api_keys SET key_hash = :h WHERE id = :k", h=hash_key(mine), k=_key_id(ctx, consumer))
     seq = _spent(ctx, dataset)
     forged = {"Authorization": f"Bearer {mine}"}
-    _tampered(release(client, forged, dataset, "s", mechanism="rr", epsilon=0.5), says="secret differs")
+    _refused(release(client, forged, dataset, "s", mechanism="rr", epsilon=0.5))
     assert _spent(ctx, dataset) == seq
 
 
@@ -230,7 +236,7 @@ def test_a_key_rotated_before_its_account_opened_stays_revoked(ctx, client, admi
     time.sleep(1.5)
     expect_error(release(client, stranger, dataset_small, "x", mechanism="rr", epsilon=0.1), 401, "unauthorized")
     _sql(ctx, "UPDATE api_keys SET revoked_at = NULL, revoked_by = NULL WHERE prefix = :p", p=prefix)
-    _tampered(release(client, stranger, dataset_small, "y", mechanism="rr", epsilon=0.1), says="revoked on the chain")
+    _refused(release(client, stranger, dataset_small, "y", mechanism="rr", epsilon=0.1))
 
 
 def test_a_spent_file_pointed_at_the_class_file_is_refused_not_a_500(ctx, client, consumer, dataset):
@@ -239,3 +245,94 @@ def test_a_spent_file_pointed_at_the_class_file_is_refused_not_a_500(ctx, client
     seq = _spent(ctx, dataset)
     _tampered(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5), says="spent state")
     assert _spent(ctx, dataset) == seq
+
+
+# -- issue 40's third review (a database writer; the findings each got past the service and verify-audit) --------
+
+def test_a_dataset_given_to_another_organization_is_refused_and_verify_names_it(ctx, client, admin, labels,
+                                                                                   tmp_path, audit_key):
+    """The owner is on the chain: a row naming the grantee as owner neither lets the grantee's admin key
+    administer the dataset (grant, upload) nor read its owner's releases, and verify-audit reports it."""
+    from labels_party.auth import create_key
+    from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
+    with ctx.sessions() as s, s.begin():
+        publisher_admin = bearer(create_key(ctx.ledger, s, "publisher", "admin"))
+    dataset = new_dataset(client, admin, name="mine", label_kind="integer", min=1, max=52, epsilon_total=2)
+    assert upload(client, admin, dataset, labels_csv(labels)).status_code == 200
+    assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 1},
+                       headers=admin).status_code == 201
+    own = created(release(client, admin, dataset, "own", mechanism="rr", epsilon=0.2))
+    seq = _spent(ctx, dataset)
+    _sql(ctx, "UPDATE datasets SET owner_org_id = (SELECT id FROM organizations WHERE name = 'publisher') "
+              "WHERE id = :d", d=dataset)
+    _tampered(client.post(f"/v1/datasets/{dataset}/grants", json={"org": "adnet", "epsilon": 1},
+                          headers=publisher_admin), says="owner differs")
+    _tampered(client.put(f"/v1/datasets/{dataset}/labels", content="example_id,label\ne0,1\n",
+                         headers={**publisher_admin, "Content-Type": "text/csv"}), says="owner differs")
+    _tampered(client.get(f"/v1/releases/{own['id']}/labels", headers=publisher_admin), says="owner differs")
+    assert _spent(ctx, dataset) == seq
+    assert any("owner differs" in p for p in chain_tests._problems(chain_tests._verify(ctx, tmp_path, audit_key)))
+
+
+def test_a_revocation_reaches_the_certified_organization_and_an_expiry_cannot_be_lifted(
+        ctx, client, admin, consumer, dataset):
+    """A key moved to an organization without accounts while it is revoked: the revocation still goes to the
+    chains of the organization its certificate names, and the key moved back with revoked_at cleared is refused.
+    An expired key whose expires_at is cleared is refused too (its certificate states the expiry)."""
+    from datetime import timedelta
+
+    from labels_party.auth import create_key
+    from tests.labels_party.api.helpers import bearer
+    key = _key_id(ctx, consumer)
+    _sql(ctx, "INSERT INTO organizations (name, created_at) VALUES ('evil', CURRENT_TIMESTAMP)")
+    _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'evil') WHERE id = :k", k=key)
+    ring = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)
+    prefix = consumer["Authorization"].removeprefix("Bearer ").split("_")[1]
+    with ctx.sessions() as s, s.begin():
+        ring.revoke(s, KeyRef(None, prefix), by="ops")
+    with ctx.sessions() as s:
+        revoked = [e.record for e in entries(s, dataset)
+                   if e.record.get("event") == "key" and e.record.get("change") == "revoked"]
+    assert [(r["org"], r["key_id"]) for r in revoked] == [("publisher", key)]
+    _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'publisher'), "
+              "revoked_at = NULL, revoked_by = NULL WHERE id = :k", k=key)
+    _refused(release(client, consumer, dataset, "r", mechanism="rr", epsilon=0.1))
+    with ctx.sessions() as s, s.begin():
+        expiring = bearer(create_key(ctx.ledger, s, "publisher", "consumer",
+                                     expires_at=db.utcnow() + timedelta(seconds=1)))
+    _sql(ctx, "UPDATE api_keys SET expires_at = NULL WHERE id = :k", k=_key_id(ctx, expiring))
+    _refused(release(client, expiring, dataset, "e", mechanism="rr", epsilon=0.1))
+
+
+def test_a_label_version_set_back_is_not_released(ctx, client, admin, consumer, dataset, labels):
+    from tests.labels_party.api.helpers import labels_csv, upload
+    assert upload(client, admin, dataset, labels_csv({k: 1 for k in labels})).status_code == 200  # version 2
+    _sql(ctx, "UPDATE datasets SET label_version = 1 WHERE id = :d", d=dataset)
+    seq = _spent(ctx, dataset)
+    _tampered(release(client, consumer, dataset, "old", mechanism="rr", epsilon=0.5), says="not the chain's latest")
+    assert _spent(ctx, dataset) == seq
+
+
+def test_a_mechanism_document_rewritten_is_not_served(ctx, client, consumer, dataset):
+    first = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    second = created(release(client, consumer, dataset, "b", mechanism="laplace", epsilon=0.5))
+    _sql(ctx, "UPDATE mechanism_documents SET body = (SELECT body FROM mechanism_documents WHERE hash = :o) "
+              "WHERE hash = :h", o=second["mechanism_hash"], h=first["mechanism_hash"])
+    _tampered(client.get(f"/v1/mechanisms/{first['mechanism_hash']}", headers=consumer),
+              says="does not hash to its address")
+
+
+def test_verify_with_the_heads_log_alone_finds_a_deleted_dataset(ctx, client, admin, dataset, tmp_path, audit_key):
+    """A database and data-directory writer removes a dataset whole (rows, anchor): the heads log still holds the
+    heads the service signed for it, and verify-audit with only the log (no pinned heads) says so."""
+    from labels_party import verification
+    from labels_party.ledger import signing
+    tables = ("ledger", "budget_accounts", "grants", "label_versions", "releases")
+    for table in tables:
+        _sql(ctx, f"DELETE FROM {table} WHERE dataset_id = :d", d=dataset)
+    _sql(ctx, "DELETE FROM datasets WHERE id = :d", d=dataset)
+    ctx.ledger.store.path(f"anchors/{dataset}.json").unlink()
+    report = verification.verify(ctx.sessions, ctx.ledger, public_key=signing.parse_public_key(audit_key[1]),
+                                 heads_log=lambda: chain_tests._log(tmp_path))
+    assert report["valid"] is False
+    assert f"dataset {dataset} has signed heads in the heads log but is not in the database" in report["problems"]

@@ -136,7 +136,7 @@ def service(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
                        settings=LabelsSettings(solver_seconds=1e-4))
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "owner", "admin")
+        admin = create_key(ctx.ledger, session, "owner", "admin")
     client = TestClient(create_app(ctx), raise_server_exceptions=False,
                         headers={"Authorization": f"Bearer {admin}"})
     dataset = client.post("/v1/datasets", json={"name": "d", "label_kind": "integer", "min": 1, "max": 52,

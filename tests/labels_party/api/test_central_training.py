@@ -158,7 +158,7 @@ def test_a_new_delta_allocation_reprices_what_was_spent(setup):
     ctx, client, datasets, ids, x, _ = setup
     dataset = datasets[True]
     with ctx.sessions() as session, session.begin():
-        publisher = bearer(create_key(session, "publisher", "consumer"))
+        publisher = bearer(create_key(ctx.ledger, session, "publisher", "consumer"))
     assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 2.5,
                                                                "delta": 5e-7}).status_code == 201
     trained = client.post(f"/v1/datasets/{dataset}/central-trainings", json=_request(ids, x, 1.0),
@@ -194,7 +194,7 @@ def test_the_unbounded_training_of_the_review_is_refused_before_the_charge(setup
     ctx, client, datasets, ids, x, _ = setup
     dataset = datasets[True]
     with ctx.sessions() as session, session.begin():
-        consumer = bearer(create_key(session, "consumer", "consumer"))
+        consumer = bearer(create_key(ctx.ledger, session, "consumer", "consumer"))
     assert client.post(f"/v1/datasets/{dataset}/grants", json={"org": "consumer", "epsilon": 2.5,
                                                                "delta": 5e-7}).status_code == 201
     review = {"epsilon": 1, "steps": 300, "batch_size": 2000, "hidden": [512, 512], "example_ids": ids,

@@ -151,7 +151,7 @@ def test_per_request_limits_refuse_before_the_charge(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
                        settings=LabelsSettings(max_groups_per_release=100, max_document_bytes=512 << 10))
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "owner", "admin")
+        key = create_key(ctx.ledger, session, "owner", "admin")
     client = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {key}"})
     spec = client.get("/openapi.json").json()["paths"]["/v1/datasets/{dataset_id}/group-releases"]["post"]
     assert "At most 100 groups" in spec["description"] and "524,288 bytes" in spec["description"]

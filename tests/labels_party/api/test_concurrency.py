@@ -39,8 +39,8 @@ def test_fifty_concurrent_releases_exactly_ten_fit(database_url, tmp_path, mecha
     quotas = LabelsSettings(release_slots_per_org=50, release_slots=50)
     ctx = make_context(database_url, tmp_path / "data", settings=quotas)
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "owner", "admin")
-        consumer = create_key(session, "partner", "consumer")
+        admin = create_key(ctx.ledger, session, "owner", "admin")
+        consumer = create_key(ctx.ledger, session, "partner", "consumer")
     with serve_in_thread(create_app(ctx)) as base:
         dataset = _setup(base, admin, epsilon_total=1.0)
         body = {"mechanism": mechanism, "epsilon": 0.1}
@@ -86,8 +86,8 @@ def test_a_reader_that_read_the_dataset_before_other_charges_committed_is_not_to
     with fresh_database("postgresql", tmp_path) as url:
         ctx = make_context(url, tmp_path / "data")
         with ctx.sessions() as session, session.begin():
-            admin = create_key(session, "owner", "admin")
-            consumer = create_key(session, "partner", "consumer")
+            admin = create_key(ctx.ledger, session, "owner", "admin")
+            consumer = create_key(ctx.ledger, session, "partner", "consumer")
         with serve_in_thread(create_app(ctx)) as base:
             dataset_id = _setup(base, admin, epsilon_total=1.0)
             with ctx.sessions() as reader, reader.begin():

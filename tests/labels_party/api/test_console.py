@@ -273,7 +273,7 @@ def test_expired_sessions_and_revoked_keys_end_the_session(ctx, client, keys, da
 
     # a key that expires ends its sessions the same way
     with ctx.sessions() as s, s.begin():
-        expiring = create_key(s, "hospital", "admin", expires_at=db.utcnow() + timedelta(hours=1))
+        expiring = create_key(ctx.ledger, s, "hospital", "admin", expires_at=db.utcnow() + timedelta(hours=1))
     browser = signed_in(client.app, expiring)
     assert page(browser, f"/console/datasets/{dataset}")
     with ctx.sessions() as s, s.begin():

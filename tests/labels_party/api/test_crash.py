@@ -64,7 +64,7 @@ def test_release_survives_a_crash_all_or_nothing(database_url, tmp_path, crash_a
     data_dir = tmp_path / "data"
     ctx = make_context(database_url, data_dir)
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "owner", "admin")
+        admin = create_key(ctx.ledger, session, "owner", "admin")
     ctx.close()  # the servers below are then the only processes on the data directory (they recover alone)
     headers = {"Authorization": f"Bearer {admin}"}
     port = free_port()

@@ -17,7 +17,7 @@ from labels_party.settings import LabelsSettings
 def service(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "owner", "admin")
+        key = create_key(ctx.ledger, session, "owner", "admin")
     client = TestClient(create_app(ctx), raise_server_exceptions=False)
     headers = {"Authorization": f"Bearer {key}"}
     dataset = client.post("/v1/datasets", headers=headers, json={

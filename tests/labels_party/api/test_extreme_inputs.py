@@ -69,7 +69,7 @@ def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("extreme")
     ctx = make_context(f"sqlite:///{tmp}/db.sqlite", tmp / "data")
     with ctx.sessions() as session, session.begin():
-        admin = bearer(create_key(session, "hospital", "admin"))
+        admin = bearer(create_key(ctx.ledger, session, "hospital", "admin"))
     with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
         yield client, admin
 

@@ -51,7 +51,7 @@ def test_classes_get_rr_with_prior_per_group():
 def test_group_release_over_http_composes_in_parallel(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "owner", "admin")
+        admin = create_key(ctx.ledger, session, "owner", "admin")
     rng = np.random.default_rng(4)
     groups = rng.integers(0, 4, size=1200)
     labels = np.clip(np.rint(10 * groups + rng.normal(0, 2, size=1200)), 0, 40).astype(int)
@@ -99,7 +99,7 @@ def test_too_many_groups_are_refused_before_anything_is_drawn(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
                        settings=LabelsSettings(max_groups_per_release=256, max_document_bytes=32 << 20))
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "owner", "admin")
+        admin = create_key(ctx.ledger, session, "owner", "admin")
     ids = [f"g{i}" for i in range(600)]
     with serve_in_thread(create_app(ctx)) as base, LabelsPartyClient(base, admin) as client:
         dataset = client.create_dataset(name="g", label_kind="integer", min=0, max=40, epsilon_total=1.0).id

@@ -16,7 +16,7 @@ def setup(tmp_path):
     settings = LabelsSettings(max_json_bytes=200, max_upload_bytes=300)
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "owner", "admin")
+        key = create_key(ctx.ledger, session, "owner", "admin")
     client = TestClient(api.create_app(ctx))
     headers = {"Authorization": f"Bearer {key}"}
     dataset = client.post("/v1/datasets", headers=headers, json={

@@ -49,9 +49,9 @@ def _service(tmp_path, settings=None, checkpoint=None):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings,
                        **({"checkpoint": checkpoint} if checkpoint else {}))
     with ctx.sessions() as session, session.begin():
-        keys = {"owner": create_key(session, "hospital", "admin"),
-                "publisher": create_key(session, "publisher", "consumer"),
-                "adnet": create_key(session, "adnet", "consumer")}
+        keys = {"owner": create_key(ctx.ledger, session, "hospital", "admin"),
+                "publisher": create_key(ctx.ledger, session, "publisher", "consumer"),
+                "adnet": create_key(ctx.ledger, session, "adnet", "consumer")}
     return ctx, TestClient(create_app(ctx), raise_server_exceptions=False), {k: bearer(v) for k, v in keys.items()}
 
 

@@ -87,7 +87,7 @@ def test_the_peers_take_a_prior_per_group(tmp_path):
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "owner", "admin")
+        admin = create_key(ctx.ledger, session, "owner", "admin")
     rng = np.random.default_rng(4)
     groups = rng.integers(0, 2, size=2000)
     labels = np.clip(np.rint(5 + 25 * groups + rng.normal(0, 2, size=2000)), 0, 40).astype(int)

@@ -105,8 +105,8 @@ def test_concurrent_releases_of_one_organization_are_limited_to_its_slots(tmp_pa
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings,
                        checkpoint=computing)
     with ctx.sessions() as session, session.begin():
-        admin = {"Authorization": f"Bearer {create_key(session, 'owner', 'admin')}"}
-        consumer = {"Authorization": f"Bearer {create_key(session, 'partner', 'consumer')}"}
+        admin = {"Authorization": f"Bearer {create_key(ctx.ledger, session, 'owner', 'admin')}"}
+        consumer = {"Authorization": f"Bearer {create_key(ctx.ledger, session, 'partner', 'consumer')}"}
     with serve_in_thread(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=60) as client:
         dataset = _shared_dataset(client, admin, epsilon_total=100, granted=100)
 
@@ -135,7 +135,7 @@ def test_a_key_revoked_while_its_release_waits_for_a_slot_is_refused_with_nothin
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=settings)
     keys = dataclasses.replace(KEYS, audit=ctx.ledger.key_changed)  # as `labeldp labels revoke-key` binds it
     with ctx.sessions() as session, session.begin():
-        admin = {"Authorization": f"Bearer {create_key(session, 'owner', 'admin')}"}
+        admin = {"Authorization": f"Bearer {create_key(ctx.ledger, session, 'owner', 'admin')}"}
         issued = keys.issue(session, "partner", "consumer")
         consumer = {"Authorization": f"Bearer {issued.secret}"}
         org_id = session.scalar(select(db.Organization.id).where(db.Organization.name == "partner"))

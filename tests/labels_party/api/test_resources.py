@@ -80,7 +80,8 @@ def _service(disk: Path, sources: Path | None = None):
                               spark_sources={"hospital": [f"{sources}/"]} if sources else {}, job_retry_seconds=0)
     ctx = make_context(settings=settings)
     with ctx.sessions() as session, session.begin():
-        admin, consumer = create_key(session, "hospital", "admin"), create_key(session, "publisher", "consumer")
+        admin = create_key(ctx.ledger, session, "hospital", "admin")
+        consumer = create_key(ctx.ledger, session, "publisher", "consumer")
     return TestClient(create_app(ctx), raise_server_exceptions=False), bearer(admin), bearer(consumer)
 
 
@@ -171,7 +172,7 @@ def test_a_body_that_quotes_a_resource_error_is_still_the_clients(tmp_path):
     """A parser's message quotes the body: words in it never make a malformed file the service's condition."""
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        admin = bearer(create_key(session, "hospital", "admin"))
+        admin = bearer(create_key(ctx.ledger, session, "hospital", "admin"))
     with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
         dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
         for body in (b"example_id,label\nNo space left on device\n", b"example_id,label\na,Too many open files\n"):
@@ -182,7 +183,7 @@ def test_out_of_descriptors_is_503(tmp_path):
     """The process's descriptor limit lowered to what it holds, for one upload: the body cannot be spooled."""
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        admin = bearer(create_key(session, "hospital", "admin"))
+        admin = bearer(create_key(ctx.ledger, session, "hospital", "admin"))
     with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
         dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52, epsilon_total=5)
         before = state(client, admin, dataset)
@@ -289,7 +290,7 @@ def test_a_full_postgresql_tablespace_is_507_and_charges_nothing(tmp_path):
             connection.execute(text(f'CREATE DATABASE "{name}" TABLESPACE {name}'))
         ctx = make_context(POSTGRES_URL.rsplit("/", 1)[0] + "/" + name, tmp_path / "data")
         with ctx.sessions() as session, session.begin():
-            admin = bearer(create_key(session, "hospital", "admin"))
+            admin = bearer(create_key(ctx.ledger, session, "hospital", "admin"))
         with TestClient(create_app(ctx), raise_server_exceptions=False) as client:
             dataset = new_dataset(client, admin, name="weeks", label_kind="integer", min=1, max=52,
                                   epsilon_total=1000)

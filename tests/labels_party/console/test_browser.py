@@ -22,8 +22,8 @@ from tests.support.browser import chromium
 def service(tmp_path):
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():
-        admin = create_key(session, "statistics-office", "admin")
-        consumer = create_key(session, "publisher", "consumer")
+        admin = create_key(ctx.ledger, session, "statistics-office", "admin")
+        consumer = create_key(ctx.ledger, session, "publisher", "consumer")
     with serve_in_thread(create_app(ctx)) as base:
         owner = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin}"}, timeout=60)
         publisher = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {consumer}"}, timeout=60)

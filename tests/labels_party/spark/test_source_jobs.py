@@ -55,8 +55,8 @@ def replicas(spark, tmp_path, database_url):
     first = make_context(settings=settings)
     second = make_context(settings=settings)  # another live process on the data directory: collects nothing
     with first.sessions() as session, session.begin():
-        keys = {"owner": create_key(session, "hospital", "admin"),
-                "publisher": create_key(session, "publisher", "consumer")}
+        keys = {"owner": create_key(first.ledger, session, "hospital", "admin"),
+                "publisher": create_key(first.ledger, session, "publisher", "consumer")}
     headers = {who: {"Authorization": f"Bearer {key}"} for who, key in keys.items()}
     clients = [TestClient(create_app(ctx), raise_server_exceptions=False) for ctx in (first, second)]
     dataset = register(first, clients[0], headers["owner"], {

@@ -53,8 +53,9 @@ def service(spark, tmp_path):
     checkpoint = FailOnce("spark_job_written")
     ctx = make_context(settings=settings, checkpoint=checkpoint)
     with ctx.sessions() as session, session.begin():
-        keys = {"owner": create_key(session, "hospital", "admin"), "other": create_key(session, "clinic", "admin"),
-                "publisher": create_key(session, "publisher", "consumer")}
+        keys = {"owner": create_key(ctx.ledger, session, "hospital", "admin"),
+                "other": create_key(ctx.ledger, session, "clinic", "admin"),
+                "publisher": create_key(ctx.ledger, session, "publisher", "consumer")}
     client = TestClient(create_app(ctx), raise_server_exceptions=False)
 
     def as_(who):

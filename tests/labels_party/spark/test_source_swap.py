@@ -49,7 +49,7 @@ def service(spark, tmp_path):
     checkpoints = Checkpoints()
     ctx = make_context(settings=settings, checkpoint=checkpoints)
     with ctx.sessions() as session, session.begin():
-        key = create_key(session, "hospital", "admin")
+        key = create_key(ctx.ledger, session, "hospital", "admin")
     client = TestClient(create_app(ctx), raise_server_exceptions=False)
     return ctx, client, {"Authorization": f"Bearer {key}"}, tmp_path, checkpoints
 

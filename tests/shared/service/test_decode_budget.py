@@ -140,7 +140,7 @@ def labels(tmp_path):
     def client(**settings):
         ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data", settings=LabelsSettings(**settings))
         with ctx.sessions() as session, session.begin():
-            key = create_key(session, "owner", "admin")
+            key = create_key(ctx.ledger, session, "owner", "admin")
         app = api.create_app(ctx)
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         test = TestClient(app)
@@ -222,7 +222,7 @@ def test_a_live_servers_memory_stays_within_the_limit(tmp_path):
 
         ctx = make_context("sqlite:///{tmp_path}/db.sqlite", "{tmp_path}/data")
         with ctx.sessions() as session, session.begin():
-            key = create_key(session, "owner", "admin")
+            key = create_key(ctx.ledger, session, "owner", "admin")
         client = TestClient(api.create_app(ctx))
         headers = {{"Authorization": "Bearer " + key, "Content-Type": "application/json"}}
         dataset = client.post("/v1/datasets", headers=headers, json={{

@@ -32,7 +32,7 @@ from labeldp.cli import main
 from labeldp.local_services import free_port, serve_process
 from labels_party import db as labels_db
 from labels_party.api import create_app as create_labels
-from labels_party.auth import KEYS as LABELS_KEYS
+from labels_party.auth import key_ring
 from labels_party.context import make_context
 from shared.errors import LabelDPError
 from shared.service.database import utcnow
@@ -45,7 +45,7 @@ UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "invalid API key"}}
 
 def _labels(database_url, tmp_path):
     ctx = make_context(database_url, tmp_path / "data")
-    return ctx.sessions, LABELS_KEYS, create_labels(ctx), labels_db.ApiKey
+    return ctx.sessions, key_ring(ctx.ledger), create_labels(ctx), labels_db.ApiKey  # certified, as the CLI's
 
 
 def _trainer(database_url, tmp_path):
