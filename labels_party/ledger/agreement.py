@@ -96,12 +96,16 @@ def key_problems(replayed: Replayed, key_id: int, key: db.ApiKey | None, org: st
 
 
 def owner_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
-    """Whether the dataset's row names the owner its chain made it with (chains from before owners were chained
-    name none: nothing to compare)."""
+    """Whether the dataset's row names the owner, and the central-training switch, its chain made it with (chains
+    from before owners were chained name none: nothing to compare)."""
     if replayed.owner is None:
         return []
     org = session.get(db.Organization, dataset.owner_org_id)
-    return [] if org is not None and org.name == replayed.owner else ["the dataset's owner differs from the chain's"]
+    problems = [] if org is not None and org.name == replayed.owner.org else ["the dataset's owner differs from the "
+                                                                              "chain's"]
+    if bool(dataset.allow_central_training) != replayed.owner.central_training:
+        problems.append("the dataset's central-training switch differs from the chain's")
+    return problems
 
 
 def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,

@@ -453,9 +453,12 @@ class Ledger:
         uploaded before label versions were chained are read as their rows say."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
+        problems = agreement.owner_problems(session, dataset, replayed)
         if replayed.labels and max(replayed.labels) != dataset.label_version:  # a row set back to an older version
-            raise agreement.tampered(dataset.id, [f"the dataset's label version {dataset.label_version} is not the "
-                                                  f"chain's latest ({max(replayed.labels)})"])
+            problems.append(f"the dataset's label version {dataset.label_version} is not the chain's latest "
+                            f"({max(replayed.labels)})")
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
         fact = replayed.labels.get(version.version)
         if fact is None:
             if replayed.labels:
@@ -481,8 +484,9 @@ class Ledger:
         bytes the chained ones (:class:`agreement.LedgerTampered` else — a row edit that points a release at
         another dataset's copy, other counts or fewer rows)."""
         self.check_anchor(session, dataset)
-        fact = self.facts(session, dataset).source
-        problems = agreement.source_problems(fact, dataset)
+        replayed = self.facts(session, dataset)
+        fact = replayed.source
+        problems = agreement.source_problems(fact, dataset) + agreement.owner_problems(session, dataset, replayed)
         if not problems and fact is not None:
             try:
                 found = self.store.checked_digest(fact.counts_file)

@@ -110,7 +110,7 @@ def record_fact(ledger: Ledger, session: Session, dataset: db.Dataset, fact: _Fa
 def owner(ledger: Ledger, session: Session, dataset: db.Dataset) -> None:
     org = session.get(db.Organization, dataset.owner_org_id)
     assert org is not None  # the dataset's row was just made by this organization's key
-    record_fact(ledger, session, dataset, OwnerFact(org=org.name))
+    record_fact(ledger, session, dataset, OwnerFact(org=org.name, central_training=dataset.allow_central_training))
 
 
 def budget(ledger: Ledger, session: Session, dataset: db.Dataset, change: str) -> None:
@@ -245,7 +245,7 @@ class Replayed:
     seq: int = 0
     head: str = "0" * 64
     totals: tuple[int, float] | None = None
-    owner: str | None = None  # None: a chain from before owners were chained
+    owner: OwnerFact | None = None  # None: a chain from before owners were chained
     grants: set[str] = field(default_factory=set)
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
     keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
@@ -283,7 +283,7 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
         elif isinstance(fact, OwnerFact):
             if out.owner is not None:
                 out.problems.append(f"seq {entry.seq}: a second owner")
-            out.owner = fact.org
+            out.owner = fact
         elif isinstance(fact, GrantFact):
             (out.grants.discard if fact.change == "removed" else out.grants.add)(fact.org)
         elif isinstance(fact, AllocationFact):

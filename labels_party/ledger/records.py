@@ -177,11 +177,13 @@ class BudgetFact(_Fact):
 
 
 class OwnerFact(_Fact):
-    """The organization that owns the dataset (its admin keys administer it): at creation, and once for datasets
-    made before owners were chained (migration 0019) — so that no row edit makes another organization its owner."""
+    """The organization that owns the dataset (its admin keys administer it) and whether it allowed central
+    training: at creation, and once for datasets made before owners were chained (migration 0019) — so that no row
+    edit makes another organization its owner or opens its labels to central training."""
 
     event: Literal["owner"] = "owner"
     org: str
+    central_training: bool  # whether the owner allowed central training (LabelDP-Pro, PATE) on it
 
 
 class GrantFact(_Fact):

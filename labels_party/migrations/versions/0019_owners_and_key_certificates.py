@@ -3,8 +3,8 @@
 From this version an ``owner`` fact records the organization that owns a dataset, and a key or dataset row that
 says otherwise is refused (``labels_party/ledger/agreement.py``: a database writer who set ``owner_org_id`` to
 another organization made its admin keys the dataset's administrators). This migration appends, once, an ``owner``
-fact (the owner as the row now says) to every dataset's chain that has none, and moves the dataset's anchor to the
-new head, as 0016-0018 do.
+fact (the owner and the central-training switch as the row now says) to every dataset's chain that has none, and
+moves the dataset's anchor to the new head, as 0016-0018 do.
 
 It also adds ``api_keys.certificate`` (``labels_party/ledger/key_certificates.py``): the service honours a key only
 as its signed certificate states. An upgrade has no audit key; the process that runs it certifies every key that
@@ -42,7 +42,7 @@ def upgrade() -> None:
         with op.batch_alter_table("api_keys") as batch:
             batch.add_column(sa.Column("certificate", sa.Text(), nullable=True))
     datasets = bind.execute(sa.text(
-        "SELECT d.id, d.ledger_seq, d.ledger_head, o.name AS owner FROM datasets d "
+        "SELECT d.id, d.ledger_seq, d.ledger_head, d.allow_central_training, o.name AS owner FROM datasets d "
         "JOIN organizations o ON o.id = d.owner_org_id ORDER BY d.id")).all()
     if not datasets:
         return
@@ -59,7 +59,8 @@ def upgrade() -> None:
                                "database was not changed", code="database_outdated")
         seq = int(dataset.ledger_seq) + 1
         record = json.dumps({"event": "owner", "seq": seq, "dataset_id": dataset.id, "created_at": now.isoformat(),
-                             "org": dataset.owner}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+                             "org": dataset.owner, "central_training": bool(dataset.allow_central_training)},
+                            sort_keys=True, separators=(",", ":"), allow_nan=False)
         head = hashlib.sha256((dataset.ledger_head + record).encode()).hexdigest()
         bind.execute(sa.text("INSERT INTO ledger (dataset_id, seq, release_id, record, prev_hash, hash, created_at) "
                              "VALUES (:d, :seq, NULL, :record, :prev, :hash, :t)"),

@@ -336,3 +336,14 @@ def test_verify_with_the_heads_log_alone_finds_a_deleted_dataset(ctx, client, ad
                                  heads_log=lambda: chain_tests._log(tmp_path))
     assert report["valid"] is False
     assert f"dataset {dataset} has signed heads in the heads log but is not in the database" in report["problems"]
+
+
+def test_central_training_switched_on_in_the_row_is_refused(ctx, client, consumer, dataset):
+    """The owner's central-training choice is on the chain: a row switched on does not open the labels to central
+    training (nor to any release, until it agrees again)."""
+    _sql(ctx, "UPDATE datasets SET allow_central_training = TRUE WHERE id = :d", d=dataset)
+    seq = _spent(ctx, dataset)
+    _tampered(client.post(f"/v1/datasets/{dataset}/central-trainings", headers={**consumer, "Idempotency-Key": "c"},
+                          json={"epsilon": 1, "example_ids": ["e0", "e1"], "features": [[0.0], [1.0]]}),
+              says="central-training switch differs")
+    assert _spent(ctx, dataset) == seq
