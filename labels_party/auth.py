@@ -23,7 +23,7 @@ log = logging.getLogger("labeldp.labels")
 
 def key_ring(ledger: Ledger) -> KeyRing:
     """The key ring whose every key made or revoked is certified and chained by ``ledger``."""
-    return dataclasses.replace(KEYS, audit=ledger.key_changed)
+    return dataclasses.replace(KEYS, audit=ledger.key_changed, vouch=ledger.check_key_row)
 
 
 def create_key(ledger: Ledger, session: Session, org_name: str, role: str, *,

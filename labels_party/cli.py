@@ -26,7 +26,6 @@ from shared.service.commands import (
     check_workers,
     ensure_sqlite_directory,
     handle_keys,
-    upgrade_database,
 )
 from shared.service.tls import tls_options
 
@@ -211,11 +210,14 @@ def _context(args, *, upgrade: bool = False):
 
 
 def upgrade_db_command(args) -> int:
-    from labels_party import db
-    from labels_party.migrations import MIGRATIONS
+    import json
 
-    settings = _settings(args)
-    return upgrade_database(MIGRATIONS, db.make_engine(settings.database_url), settings.data_dir)
+    from labels_party.context import upgrade_database
+
+    # the same path as serve --upgrade-db: the transitions its migrations append are signed, keys certified once
+    before, after = upgrade_database(_settings(args))
+    print(json.dumps({"revision_before": before, "revision_after": after}))
+    return 0
 
 
 def serve_command(args) -> int:

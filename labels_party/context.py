@@ -77,14 +77,11 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     secrets = sealer(settings)  # a malformed or exposed key file is refused at start
     store = DataStore(settings.data_dir)
     signer = audit_signer(settings)
-    engine = db.make_engine(settings.database_url)
-    before = _chain_heads(engine) if upgrade else {}
-    certifying = upgrade and not _keys_certified(engine)
-    sessions = migrations.make_sessionmaker(engine, upgrade=upgrade, data_dir=settings.data_dir)
     if upgrade:
-        _sign_migrated(engine, signer, before)
-    if certifying:
-        _certify_keys(sessions, signer)
+        upgrade_database(settings, signer)
+    engine = db.make_engine(settings.database_url)
+    sessions = migrations.make_sessionmaker(engine, data_dir=settings.data_dir)
+    _mark_keys_certified(settings)
     ledger = Ledger(store, signer)
     scratch = Scratch(settings.data_dir)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
@@ -127,6 +124,39 @@ def _sign_migrated(engine: Engine, signer: HeadSigner, before: dict[str, tuple[i
             signer.export(signer.sign(dataset_id, seq, head, previous=previous))
 
 
+def upgrade_database(settings: LabelsSettings, signer: HeadSigner | None = None) -> tuple[str | None, str]:
+    """Migrate the database (``labeldp labels upgrade-db``, ``serve --upgrade-db``: one path), then vouch for what
+    the migrations did as the operator's upgrade: sign and export the chain transitions they appended, and — the
+    first time this data directory sees key certificates (migration 0019) — certify the keys found. Returns the
+    revisions before and after."""
+    signer = signer or audit_signer(settings)
+    engine = db.make_engine(settings.database_url)
+    try:
+        heads = _chain_heads(engine)
+        certifying = not _keys_certified(engine) and not _certified_marker(settings).exists()
+        before, after = migrations.MIGRATIONS.upgrade(engine, settings.data_dir)
+        _sign_migrated(engine, signer, heads)
+        if certifying:
+            _certify_keys(sessionmaker(engine, expire_on_commit=False), signer)
+        _mark_keys_certified(settings)
+    finally:
+        engine.dispose()
+    return before, after
+
+
+def _certified_marker(settings: LabelsSettings) -> Path:
+    """Written to the data directory once its database has key certificates: a database writer who drops the
+    column and sets the schema back cannot have a later upgrade certify rows of their own (issue 40's review)."""
+    return Path(settings.data_dir) / "keys-certified"
+
+
+def _mark_keys_certified(settings: LabelsSettings) -> None:
+    marker = _certified_marker(settings)
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("this data directory's keys carry certificates (labels_party/ledger/key_certificates.py)\n")
+
+
 def _keys_certified(engine: Engine) -> bool:
     """Whether the database's keys carry certificates already (migration 0019 ran before); a new database has
     no keys to certify."""
@@ -136,7 +166,7 @@ def _keys_certified(engine: Engine) -> bool:
 
 def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> None:
     """The upgrade this process just ran added key certificates (migration 0019): it certifies every key that
-    exists now, as the operator's upgrade found it — once, never again (a later row has its own or none)."""
+    exists now, as the operator's upgrade found it — once per data directory (:func:`_certified_marker`)."""
     with sessions() as session, session.begin():
         for key, org in session.execute(select(db.ApiKey, db.Organization.name)
                                         .join(db.Organization, db.Organization.id == db.ApiKey.org_id)

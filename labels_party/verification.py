@@ -50,6 +50,7 @@ from labels_party.ledger import (
     charged_units,
     entries,
     is_release,
+    key_certificates,
     rdp_curve,
     replay,
     units_epsilon,
@@ -106,6 +107,8 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
         if dataset_id is None else []
     problems = [f"dataset {name} has an anchor in the data directory but is not in the database"
                 for name in missing]  # the data directory anchored a dataset the database does not have
+    if public_key is not None and dataset_id is None:  # keys in force that the service did not issue as they are
+        problems += _uncertified_keys(sessions, public_key)
     if exported is not None and dataset_id is None:  # the service signed heads of a dataset the database lost
         problems += [f"dataset {name} has signed heads in the heads log but is not in the database"
                      for name in sorted(set(exported) - set(ids))]
@@ -118,6 +121,16 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
             f"dataset {name} has pinned heads but is not in the database" for name in gone]}
         report["valid"] &= not gone
     return report
+
+
+def _uncertified_keys(sessions: sessionmaker, public_key: Ed25519PublicKey) -> list[str]:
+    """Keys in force whose rows are not what their certificates state (a revoked one acts on nothing)."""
+    now = db.utcnow()
+    with sessions() as session:
+        rows = session.execute(select(db.ApiKey, db.Organization.name)
+                               .join(db.Organization, db.Organization.id == db.ApiKey.org_id)).all()
+        return [f"key {key.prefix} of {org} is in force but not as the service issued it (no valid certificate)"
+                for key, org in rows if key.in_force(now) and not key_certificates.agrees(public_key, key, org)]
 
 
 def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,

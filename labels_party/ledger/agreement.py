@@ -112,6 +112,9 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
                    names: Mapping[int, str]) -> list[str]:
     """Where the tables disagree with what the chain's facts say now stands (empty: nowhere)."""
     problems = owner_problems(session, dataset, replayed)
+    if replayed.labels and max(replayed.labels) != dataset.label_version:
+        problems.append(f"the dataset's label version {dataset.label_version} is not the chain's latest "
+                        f"({max(replayed.labels)})")
     if replayed.totals is None:
         problems.append("the chain records no budget for the dataset")
     elif replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):

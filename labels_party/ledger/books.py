@@ -517,9 +517,21 @@ class Ledger:
             named = key_certificates.certified_org(self.signer.public, key)
             org = session.scalar(select(db.Organization).where(db.Organization.name == named)) if named else org
         assert org is not None  # the key's foreign key, or a certificate's organization (names are chained)
-        if self.signer is not None:
+        if self.signer is not None and (change == "created" or key_certificates.agreed_before_revocation(
+                self.signer.public, key, org.name)):  # an edited row is revoked, never certified as it stands
             key.certificate = key_certificates.issue(self.signer.key, key, org.name)
         return chain.key(self, session, key, change, org)
+
+    def check_key_row(self, session: Session, key: ApiKeyColumns) -> None:
+        """Refuses (``ledger_tampered``) a key row that is not as the service issued it — before a rotation, whose
+        new key takes the row's organization, role and lifetime (issue 40's review: a row edited into another
+        organization's admin, rotated, gave that organization a certified admin key)."""
+        assert isinstance(key, db.ApiKey)
+        org = session.get(db.Organization, key.org_id)
+        if org is None or not self.key_certified(key, org.name):
+            raise agreement.LedgerTampered(
+                f"key {key.prefix}'s row is not as the service issued it (its certificate differs) — the database "
+                "was changed outside the service; revoke the key (labeldp labels revoke-key) and make a new one")
 
     def key_certified(self, key: db.ApiKey, org: str) -> bool:
         """Whether the service issued ``key`` (of ``org``) as its row now stands (:mod:`.key_certificates`); a

@@ -70,6 +70,17 @@ def agrees(public: Ed25519PublicKey, key: db.ApiKey, org: str) -> bool:
     return body is not None and body == fields(key, org)
 
 
+def agreed_before_revocation(public: Ed25519PublicKey, key: db.ApiKey, org: str) -> bool:
+    """Whether ``key``'s row, but for the revocation just recorded on it, is what its certificate states — so that a
+    revocation certifies only a row the service issued (re-certifying an edited row would bless the edit)."""
+    body = _signed(public, key.certificate)
+    if body is None:
+        return False
+    now = fields(key, org)
+    return {**body, "revoked_at": None, "revoked_by": None} == {**now, "revoked_at": None, "revoked_by": None} \
+        and body["revoked_at"] is None
+
+
 def certified_org(public: Ed25519PublicKey, key: db.ApiKey) -> str | None:
     """The organization ``key``'s signed certificate names (None: no valid certificate)."""
     body = _signed(public, key.certificate)

@@ -185,6 +185,9 @@ class KeyRing:
     # Called in the same transaction whenever a key is made or revoked: a party whose audit covers its keys binds
     # it (the labels party's key commands: its ledger chains the fact); None records nothing beyond the key's row.
     audit: KeyAudit | None = None
+    # Called before a key is rotated (its successor takes its organization, role and lifetime from the row): a party
+    # whose keys carry certificates refuses a row that is not as it issued it. None: the row is taken as it stands.
+    vouch: Callable[[Session, ApiKeyColumns], None] | None = None
 
     def create(self, session: Session, org_name: str, role: str, *, expires_at: datetime | None = None) -> str:
         """Create the organization if needed and return a new key (shown once, stored hashed)."""
@@ -253,6 +256,8 @@ class KeyRing:
         if not timedelta(0) <= grace <= timedelta(days=30):
             raise LabelDPError("a rotation's grace period lies between 0 and 30 days", code="usage")
         key = self._find(session, ref)
+        if self.vouch is not None:
+            self.vouch(session, key)
         now = utcnow()
         status = key.status(now)
         if status in ("revoked", "rotating"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from labels_party import db
 from labels_party.auth import KEYS
@@ -347,3 +347,66 @@ def test_central_training_switched_on_in_the_row_is_refused(ctx, client, consume
                           json={"epsilon": 1, "example_ids": ["e0", "e1"], "features": [[0.0], [1.0]]}),
               says="central-training switch differs")
     assert _spent(ctx, dataset) == seq
+
+
+def test_a_key_row_edited_is_not_rotated_into_a_certified_key(ctx, client, admin, consumer, dataset, tmp_path,
+                                                               audit_key):
+    """A consumer key edited into the owner's admin, then rotated by an honest operator: the rotation is refused
+    (its successor would take the row's organization and role, certified), and verify-audit names the row."""
+    from labels_party.auth import key_ring
+    from labels_party.ledger import LedgerTampered
+    _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'hospital'), role = 'admin' "
+              "WHERE id = :k", k=_key_id(ctx, consumer))
+    prefix = consumer["Authorization"].removeprefix("Bearer ").split("_")[1]
+    with pytest.raises(LedgerTampered, match="not as the service issued it"):
+        with ctx.sessions() as s, s.begin():
+            key_ring(ctx.ledger).rotate(s, KeyRef(None, prefix), by="ops")
+    with ctx.sessions() as s:
+        assert len(s.scalars(select(db.ApiKey.id)).all()) == 4  # no successor made
+    report = chain_tests._verify(ctx, tmp_path, audit_key)
+    assert report["valid"] is False
+    assert any(p.startswith(f"key {prefix} of hospital is in force but not as the service issued it")
+               for p in report["problems"]), report.get("problems")
+
+
+def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path):
+    """`labeldp labels upgrade-db` (not only `serve --upgrade-db`) certifies the keys of a database from before key
+    certificates; a writer who later drops the certificates and sets the schema back gets nothing certified by the
+    next upgrade (the data directory remembers), so a row of theirs stays refused."""
+    from fastapi.testclient import TestClient
+
+    from labeldp import cli
+    from labels_party.api import create_app
+    from labels_party.auth import KEYS, create_key
+    from labels_party.context import make_context
+    from tests.labels_party.api.helpers import bearer
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    first = make_context(database, data)
+    with first.sessions() as s, s.begin():
+        admin = bearer(create_key(first.ledger, s, "hospital", "admin"))
+    first.close()
+
+    def older_schema(insert: bool = False) -> str | None:
+        again = make_context(database, data)
+        with again.sessions() as s, s.begin():
+            inserted = bearer(KEYS.create(s, "hospital", "admin")) if insert else None
+            s.execute(text("ALTER TABLE api_keys DROP COLUMN certificate"))
+            s.execute(text("UPDATE alembic_version SET version_num = '0018'"))
+        again.close()
+        return inserted
+
+    older_schema()
+    (data / "keys-certified").unlink()  # as a data directory from before this version has none
+    argv = ["labels", "upgrade-db", "--database-url", database, "--data-dir", str(data)]
+    assert cli.main(argv) == 0
+    ctx = make_context(database, data)
+    with TestClient(create_app(ctx)) as client:
+        assert client.get("/v1/datasets", headers=admin).status_code == 200  # certified by the upgrade
+    ctx.close()
+    inserted = older_schema(insert=True)
+    assert cli.main(argv) == 0
+    ctx = make_context(database, data)
+    with TestClient(create_app(ctx)) as client:
+        assert client.get("/v1/datasets", headers=inserted).status_code == 401
+        assert client.get("/v1/datasets", headers=admin).status_code == 401  # its certificate was dropped too
+    ctx.close()
