@@ -139,8 +139,10 @@ def services(out: Path) -> Iterator[Services]:
     labels_url, trainer_url = f"http://127.0.0.1:{labels_port}", f"http://127.0.0.1:{trainer_port}"
 
     def new_key(party: str, org: str, role: str, database: list[str]) -> str:
+        # the labels party's keys are certified with the service's audit key: the same environment as its serve
+        env = audit.env() if party == "labels" else None
         return subprocess.run(_cli(party, "create-key", "--org", org, "--role", role, *database),
-                              check=True, capture_output=True, text=True).stdout.strip()
+                              check=True, capture_output=True, text=True, env=env).stdout.strip()
 
     with serve_process(_cli("labels", "serve", "--port", str(labels_port), *labels_db), labels_url,
                        env=audit.env(), log=out / "labels-service.log"), \

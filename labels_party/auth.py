@@ -11,7 +11,8 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from labels_party.db import ApiKey, Organization
-from labels_party.ledger import Ledger
+from labels_party.ledger import Ledger, key_certificates
+from labels_party.ledger.signing import key_id
 from shared.errors import LabelDPError
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRing, Principal
 
@@ -38,7 +39,14 @@ def authenticate(session: Session, authorization: str | None, ledger: Ledger) ->
     principal = KEYS.authenticate(session, authorization)
     key = session.get(ApiKey, principal.key_id)
     if key is None or not ledger.key_certified(key, principal.org_name):
-        log.warning("key %s of %s is not as the service issued it (no valid certificate): refused",
-                    principal.key_id, principal.org_name)
+        ours = key_id(ledger.signer.public) if ledger.signer is not None else None
+        theirs = key_certificates.signer(key.certificate if key is not None else None)
+        if theirs is not None and theirs != ours:  # an operator's mix-up, not a forgery: say which keys
+            log.warning("key %s of %s was certified with audit key %s, not this service's %s: run create-key with "
+                        "the service's LABELDP_AUDIT_KEY_FILE (and data directory)", principal.key_prefix,
+                        principal.org_name, theirs, ours)
+        else:
+            log.warning("key %s of %s is not as the service issued it (no valid certificate): refused",
+                        principal.key_prefix, principal.org_name)
         raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
     return principal

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from labels_party import db
 from labels_party.ledger.records import canonical, secret_digest
+from labels_party.ledger.signing import key_id
 
 # Signed bytes start with this: a key certificate's signature is never a head's (signing.CONTEXT), nor the reverse.
 CONTEXT = b"labeldp key certificate v1\n"
@@ -48,7 +49,16 @@ def fields(key: db.ApiKey, org: str) -> dict[str, Any]:
 def issue(signing_key: Ed25519PrivateKey, key: db.ApiKey, org: str) -> str:
     """The certificate of ``key`` as its row now stands (made, or revoked)."""
     body = fields(key, org)
-    return canonical({"key": body, "signature": signing_key.sign(CONTEXT + canonical(body).encode()).hex()})
+    return canonical({"key": body, "signer": key_id(signing_key.public_key()),
+                      "signature": signing_key.sign(CONTEXT + canonical(body).encode()).hex()})
+
+
+def signer(certificate: str | None) -> str | None:
+    """The id of the audit key a certificate says signed it (unverified: for telling an operator which key)."""
+    try:
+        return str(json.loads(certificate or "")["signer"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _signed(public: Ed25519PublicKey, certificate: str | None) -> dict[str, Any] | None:
