@@ -410,3 +410,29 @@ def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path
         assert client.get("/v1/datasets", headers=inserted).status_code == 401
         assert client.get("/v1/datasets", headers=admin).status_code == 401  # its certificate was dropped too
     ctx.close()
+
+
+def test_a_revocation_certifies_no_edited_row(ctx, client, consumer, dataset):
+    """Revoking an inserted row, or a row whose expiry was lifted, leaves it uncertified (a revocation re-certifies
+    only a row that agreed with its certificate), and rotating the lifted one is refused."""
+    from datetime import timedelta
+
+    from labels_party.auth import create_key, key_ring
+    from labels_party.ledger import LedgerTampered, key_certificates
+    from tests.labels_party.api.helpers import bearer
+    with ctx.sessions() as s, s.begin():
+        inserted = KEYS.issue(s, "publisher", "consumer")  # no certificate: a row written into the table
+        lifted = bearer(create_key(ctx.ledger, s, "publisher", "consumer", expires_at=db.utcnow() + timedelta(days=1)))
+    _sql(ctx, "UPDATE api_keys SET expires_at = NULL WHERE id = :k", k=_key_id(ctx, lifted))
+    ring = key_ring(ctx.ledger)
+    lifted_prefix = lifted["Authorization"].removeprefix("Bearer ").split("_")[1]
+    with pytest.raises(LedgerTampered, match="not as the service issued it"):
+        with ctx.sessions() as s, s.begin():
+            ring.rotate(s, KeyRef(None, lifted_prefix), by="ops")
+    for prefix in (inserted.info.prefix, lifted_prefix):
+        with ctx.sessions() as s, s.begin():
+            ring.revoke(s, KeyRef(None, prefix), by="ops")
+    with ctx.sessions() as s:
+        for prefix in (inserted.info.prefix, lifted_prefix):
+            row = s.scalars(select(db.ApiKey).where(db.ApiKey.prefix == prefix)).one()
+            assert not key_certificates.agrees(ctx.ledger.signer.public, row, "publisher")
