@@ -288,10 +288,10 @@ def test_auto_on_classes_without_signal_returns_the_majority_class_from_the_nois
 def test_auto_on_classes_weighs_alibi_soft_labels_with_the_mlp_only_charged_once(parties):
     """ALIBI is a class candidate (issue 41): its part's noisy vectors train the MLP with the alibi loss — trees have
     no soft-label loss, so no tree candidate on that part, and asking for alibi with trees alone is refused before
-    anything is charged. 3,000 labels, 4 classes decided by x0 with some noise, ε = 2: a model beats the constant."""
+    anything is charged. 2,000 labels, 4 classes decided by x0 with some noise, ε = 2: a model beats the constant."""
     owner, trainer = parties["owner"], parties["trainer"]
     rng = np.random.default_rng(41)
-    n = 3000
+    n = 2000
     x0 = rng.normal(size=n)
     labels = np.digitize(x0 + 0.3 * rng.normal(size=n), [-0.7, 0.0, 0.7])
     ids = [f"a{i}" for i in range(n)]
@@ -304,7 +304,7 @@ def test_auto_on_classes_weighs_alibi_soft_labels_with_the_mlp_only_charged_once
                              "group": rng.choice(["a", "b", "c"], size=n)})
     assert _upload(trainer, features, "quarters").status_code == 200
     job = {**_auto_job(parties, epsilon=2.0), "features": "quarters", "dataset_id": dataset, "num_classes": 4,
-           "train": {"epochs": 20, "batch_size": 128}}
+           "train": {"epochs": 10, "batch_size": 128}}
     refused = trainer.post("/v1/jobs", json={**job, "release": {**job["release"], "candidates": ["alibi"]},
                                              "train": {"model": "gbdt"}})
     assert refused.status_code == 400 and "only the MLP" in refused.json()["error"]["message"], refused.text
