@@ -94,7 +94,7 @@ def test_a_reader_that_read_the_dataset_before_other_charges_committed_is_not_to
                 dataset = reader.get(db.Dataset, dataset_id)  # the row as it stood before the releases below
                 stale_seq = dataset.ledger_seq
                 version = reader.scalar(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset_id))
-                principal = authenticate(reader, f"Bearer {admin}")
+                principal = authenticate(reader, f"Bearer {admin}", ctx.ledger)
                 with httpx.Client(base_url=base, timeout=120) as client:
                     for i in range(3):
                         assert client.post(f"/v1/datasets/{dataset_id}/releases", json={"mechanism": "rr",
