@@ -322,8 +322,8 @@ def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocess
                 kept = []
                 for train_rows, judged in design.fits:
                     check_deadline(deadline)
-                    model = _fit(config, features, preprocessor, targets, train_rows, plan.num_classes, deadline,
-                                 threads)
+                    model = _fit(config, features, preprocessor, targets, train_rows, design, plan.num_classes,
+                                 deadline, threads)
                     on_pool[:len(selection)] += model.predict(*on_selection) / len(design.fits)
                     if len(judged):
                         on_pool[len(selection) + position[judged].to_numpy()] = model.predict(
@@ -354,19 +354,20 @@ class Targets:
     def labelled(self) -> pd.Series:
         return self.labels.notna() | self.labels.index.isin(self.soft.index)
 
-    def of(self, rows: pd.Index, num_classes: int | None) -> np.ndarray:
-        if len(rows) and rows[0] in self.soft.index:  # a soft arm's design: its rows are all of that part
+    def of(self, rows: pd.Index, training: str, num_classes: int | None) -> np.ndarray:
+        """The targets of ``rows`` of the design that trains on ``training`` (a part, or the parts pooled)."""
+        if training in SOFT_ARMS:
             return self.soft.loc[rows].to_numpy(dtype=np.float32)
         out = self.labels[rows].to_numpy()
         return np.rint(out).astype(np.int32) if num_classes else out
 
 
 def _fit(config: Config, features: pd.DataFrame, preprocessor: Preprocessor, targets: Targets, rows: pd.Index,
-         num_classes: int | None, deadline: Deadline, threads: int) -> TrainResult | GbdtResult:
-    """A model on ``rows``, stopped early on a validation split of their own labels — never on the rows that judge
-    it, whose labels would then judge a model chosen to fit their noise."""
+         design: Design, num_classes: int | None, deadline: Deadline, threads: int) -> TrainResult | GbdtResult:
+    """A model on ``rows`` of ``design``, stopped early on a validation split of their own labels — never on the
+    rows that judge it, whose labels would then judge a model chosen to fit their noise."""
     numeric, categorical = preprocessor.transform(features.loc[rows])
-    fitted = targets.of(rows, num_classes)
+    fitted = targets.of(rows, design.training, num_classes)
     if isinstance(config, GbdtConfig):
         return train_gbdt(config, numeric, categorical, fitted, num_classes=num_classes, deadline=deadline,
                           threads=threads)
@@ -451,7 +452,7 @@ def _final(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocessor
     model = candidate.model
     if candidate.design.refit is not None:
         model = _fit(refit_config(candidate.config, candidate.best_epochs), features, preprocessor, targets,
-                     candidate.design.refit, plan.num_classes, deadline,
+                     candidate.design.refit, candidate.design, plan.num_classes, deadline,
                      threads_per_job(attempt.ctx.settings.workers))
     if plan.num_classes:
         return model, Output()

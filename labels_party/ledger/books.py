@@ -513,12 +513,12 @@ class Ledger:
         organization holds an account on, with the revocation's time and who (returns how many chains)."""
         assert isinstance(key, db.ApiKey)  # the labels party's key ring holds only its own keys
         org = session.get(db.Organization, key.org_id)
-        if change == "revoked" and self.signer is not None:  # to the organization its certificate names
-            named = key_certificates.certified_org(self.signer.public, key)
-            org = session.scalar(select(db.Organization).where(db.Organization.name == named)) if named else org
+        stated = key_certificates.statement(self.signer.public, key) if self.signer is not None else None
+        if change == "revoked" and stated is not None:  # to the organization its certificate names
+            org = session.scalar(select(db.Organization).where(db.Organization.name == stated["org"]))
         assert org is not None  # the key's foreign key, or a certificate's organization (names are chained)
         if self.signer is not None and (change == "created" or key_certificates.agreed_before_revocation(
-                self.signer.public, key, org.name)):  # an edited row is revoked, never certified as it stands
+                stated, key, org.name)):  # an edited row is revoked, never certified as it stands
             key.certificate = key_certificates.issue(self.signer.key, key, org.name)
         return chain.key(self, session, key, change, org)
 

@@ -8,7 +8,7 @@ revoked, from when it is refused and by whom — with the audit key's Ed25519 si
 a key only when its row says exactly what its certificate says and the signature verifies (:func:`agrees`): a row
 that a database writer inserted (no certificate, or another key's) or edited (organization, role, secret, expiry,
 revocation cleared) is an unknown key. A revocation goes to the chains of the organization the certificate names,
-whatever the row says now (:func:`certified_org`).
+whatever the row says now (:func:`statement`).
 
 What a database writer can still do: put back a certificate it copied before the key was revoked, with the row as
 it then was. The revocation stays on the chains of the datasets the organization then held accounts on, which
@@ -61,12 +61,12 @@ def signer(certificate: str | None) -> str | None:
         return None
 
 
-def _signed(public: Ed25519PublicKey, certificate: str | None) -> dict[str, Any] | None:
-    """The certificate's statement if the audit key signed it, else None."""
-    if not certificate:
+def statement(public: Ed25519PublicKey, key: db.ApiKey) -> dict[str, Any] | None:
+    """What ``key``'s certificate states, if the audit key signed it (else None)."""
+    if not key.certificate:
         return None
     try:
-        parsed = json.loads(certificate)
+        parsed = json.loads(key.certificate)
         body, signature = parsed["key"], bytes.fromhex(parsed["signature"])
         public.verify(signature, CONTEXT + canonical(body).encode())
     except (ValueError, KeyError, TypeError, InvalidSignature):
@@ -76,22 +76,15 @@ def _signed(public: Ed25519PublicKey, certificate: str | None) -> dict[str, Any]
 
 def agrees(public: Ed25519PublicKey, key: db.ApiKey, org: str) -> bool:
     """Whether ``key``'s row (of organization ``org``) is exactly what its signed certificate states."""
-    body = _signed(public, key.certificate)
+    body = statement(public, key)
     return body is not None and body == fields(key, org)
 
 
-def agreed_before_revocation(public: Ed25519PublicKey, key: db.ApiKey, org: str) -> bool:
-    """Whether ``key``'s row, but for the revocation just recorded on it, is what its certificate states — so that a
-    revocation certifies only a row the service issued (re-certifying an edited row would bless the edit)."""
-    body = _signed(public, key.certificate)
-    if body is None:
+def agreed_before_revocation(stated: dict[str, Any] | None, key: db.ApiKey, org: str) -> bool:
+    """Whether ``key``'s row, but for the revocation just recorded on it, is what its certificate ``stated`` (its
+    :func:`statement`) — so that a revocation certifies only a row the service issued (re-certifying an edited row
+    would bless the edit)."""
+    if stated is None or stated["revoked_at"] is not None:
         return False
-    now = fields(key, org)
-    return {**body, "revoked_at": None, "revoked_by": None} == {**now, "revoked_at": None, "revoked_by": None} \
-        and body["revoked_at"] is None
-
-
-def certified_org(public: Ed25519PublicKey, key: db.ApiKey) -> str | None:
-    """The organization ``key``'s signed certificate names (None: no valid certificate)."""
-    body = _signed(public, key.certificate)
-    return None if body is None else str(body.get("org"))
+    unrevoked = {"revoked_at": None, "revoked_by": None}
+    return {**stated, **unrevoked} == {**fields(key, org), **unrevoked}

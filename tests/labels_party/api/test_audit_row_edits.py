@@ -320,6 +320,10 @@ def test_a_mechanism_document_rewritten_is_not_served(ctx, client, consumer, dat
               "WHERE hash = :h", o=second["mechanism_hash"], h=first["mechanism_hash"])
     _tampered(client.get(f"/v1/mechanisms/{first['mechanism_hash']}", headers=consumer),
               says="does not hash to its address")
+    untouched = client.get(f"/v1/mechanisms/{second['mechanism_hash']}", headers=consumer)
+    from labels_party import documents
+    assert untouched.status_code == 200, untouched.text  # the other one, whose body is its own, is served
+    assert documents.address(untouched.json()) == second["mechanism_hash"]
 
 
 def test_verify_with_the_heads_log_alone_finds_a_deleted_dataset(ctx, client, admin, dataset, tmp_path, audit_key):
