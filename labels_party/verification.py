@@ -64,10 +64,10 @@ from shared.mechanisms.documents import sampler_from_description
 log = logging.getLogger("labeldp.labels")
 
 ATTEMPTS = 20  # fresh snapshots of one dataset whose budget files kept changing under the audit
-# How often a chain whose newest entries no exported transition covers yet is looked at again, 0.25 s apart: a
+# How often a chain with entries no exported transition covers yet is looked at again, 0.25 s apart: a
 # head is exported right after its commit, so a live service's lag is milliseconds; entries still unsigned after
 # 3 s were written by someone else (or by a process that died between its commit and its export).
-UNSIGNED_TAIL_WAITS = 12
+UNSIGNED_WAITS = 12
 _STATE_ERRORS = (OSError, ValueError, EOFError)  # a file gone, or cut short / not an array
 
 
@@ -153,7 +153,7 @@ def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anc
             log.warning("verify-audit could not check dataset %s", dataset_id, exc_info=True)
             return {"dataset_id": dataset_id, "problems": [
                 f"it could not be checked: {type(error).__name__}: {str(error)[:200]}"]}
-        if report.pop("unsigned_tail", False) and unsigned_waits < UNSIGNED_TAIL_WAITS and heads_log is not None:
+        if report.pop("unsigned_entries", False) and unsigned_waits < UNSIGNED_WAITS and heads_log is not None:
             unsigned_waits += 1
             time.sleep(0.25)
             exported = [h for h in heads_log() if h.dataset_id == dataset_id]
@@ -188,9 +188,9 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
         problems.append("hash chain broken")
     problems += _anchor_problems(ledger, dataset, stored, anchor)
     problems += _pinned_problems(stored, heads, public_key)
-    unsigned_tail = False
+    unsigned_entries = False
     if exported is not None:
-        signed, unsigned_tail = _signed_coverage(stored, exported, public_key)
+        signed, unsigned_entries = _signed_coverage(stored, exported, public_key)
         problems += signed
     damaged = {entry.seq: _damage(entry) for entry in stored}
     problems += [f"seq {seq}: record damaged: {why}" for seq, why in damaged.items() if why is not None]
@@ -236,14 +236,16 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     return {"dataset_id": dataset.id, "name": dataset.name, "entries": len(stored),
             "releases": len(replayed.releases), "seq": dataset.ledger_seq, "head": dataset.ledger_head,
             "epsilon_spent": units_epsilon(worst), "epsilon_total": units_epsilon(dataset.epsilon_total_units),
-            "delta_total": dataset.delta_total, "problems": problems, "unsigned_tail": unsigned_tail}
+            "delta_total": dataset.delta_total, "problems": problems, "unsigned_entries": unsigned_entries}
 
 
 def _signed_coverage(chain: Sequence[Entry], exported: Sequence[SignedHead],
                      public_key: Ed25519PublicKey | None) -> tuple[list[str], bool]:
-    """Problems with the chain against the service's exported transitions, and whether the only one is entries at
-    its end that no transition covers yet. Entries before the first transition were written before the audit key
-    was configured (or by a migration) and are only checked by the hash chain."""
+    """Problems with the chain against the service's exported transitions, and whether the only ones are entries
+    that no transition covers yet: a head is exported just after its commit, and under concurrent charges a later
+    commit's head can be exported before an earlier one's, so such gaps may be anywhere near the end and are looked
+    at again. Entries before the first transition were written before the audit key was configured (or by a
+    migration) and are only checked by the hash chain."""
     transitions = [h for h in exported if h.transition]
     if public_key is None:
         return (["the audit log cannot be checked without the audit public key"] if transitions else []), False
@@ -264,11 +266,11 @@ def _signed_coverage(chain: Sequence[Entry], exported: Sequence[SignedHead],
     gaps = _ranges([seq for seq in range(first, len(chain) + 1) if not covered[seq]])
     if not gaps:
         return problems, False
-    tail = gaps[-1][1] == len(chain)
+    only_gaps = not problems
     for low, high in gaps:
         problems.append(f"entries {low}–{high} are covered by no head the service signed and exported (written "
                         "outside the service, or by a process that died between its commit and its export)")
-    return problems, tail and len(gaps) == 1 and len(problems) == 1
+    return problems, only_gaps
 
 
 def _ranges(seqs: Sequence[int]) -> list[tuple[int, int]]:

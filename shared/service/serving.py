@@ -31,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import pickle
 import sys
 from collections.abc import Callable
+from multiprocessing.connection import wait
 from typing import Any, TypeVar
 
 import h11
@@ -177,13 +179,13 @@ class _Supervisor(Multiprocess):
     """uvicorn's supervisor, except that a worker whose process has exited is dead without a ping: uvicorn pings
     every worker and, as the parent holds both ends of a worker's pipe, waits for a dead one's answer the whole
     healthcheck timeout — a worker that refused to start stopped the service only after 120 s, and one that died
-    was replaced as late."""
+    was replaced as late. A worker that dies while its ping waits is seen dead then too (its process's sentinel)."""
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set():
             return
         for index, process in enumerate(self.processes):
-            if process.process.is_alive() and process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+            if _answers(process, self.config.timeout_worker_healthcheck):
                 continue
             process.kill()  # hung, or already gone
             process.join()
@@ -196,6 +198,21 @@ class _Supervisor(Multiprocess):
             replacement = Process(self.config, self.sockets)
             replacement.start()
             self.processes[index] = replacement
+
+
+def _answers(process: Process, timeout: float | None) -> bool:
+    """Whether a worker's process is running and answers a ping within ``timeout`` (None: however long); False
+    as soon as it exits."""
+    if not process.process.is_alive():
+        return False
+    try:
+        process.parent_conn.send(b"ping")
+        if process.parent_conn in wait([process.parent_conn, process.process.sentinel], timeout):
+            process.parent_conn.recv()
+            return True
+    except (OSError, EOFError, pickle.UnpicklingError):
+        pass
+    return False
 
 
 def _worker(build: Callable[[Settings], ASGIApp], settings: Settings) -> ASGIApp:

@@ -70,6 +70,33 @@ def test_a_worker_that_refuses_to_start_stops_the_supervisor(tmp_path):
     assert done.stderr.count("this worker refuses to start") <= 2, done.stderr[-3000:]
 
 
+def _exit_without_answering(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_worker_that_dies_while_its_ping_waits_is_seen_dead():
+    """uvicorn's supervisor waited its whole healthcheck timeout (120 s) for the answer of a worker that died after
+    the ping was sent, as the parent holds both ends of the pipe (2 minutes of CI when a refusing worker exited
+    under load). With no timeout at all, the check must still end when the process does."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from shared.service.serving import _answers
+
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_exit_without_answering, args=(0.5,))
+    process.start()
+    answered: list[bool] = []
+    check = threading.Thread(target=lambda: answered.append(_answers(SimpleNamespace(
+        process=process, parent_conn=parent), timeout=None)), daemon=True)
+    check.start()
+    check.join(300)  # bounds a failure (the old check never returns), not a speed
+    process.join()
+    assert answered == [False]
+    child.close()
+
+
 def _request(port: int, tls: ssl.SSLContext | None) -> tuple[http.client.HTTPConnection, int]:
     """A kept-alive connection that has been answered 200 on /readyz, and its client port."""
     connection = (http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=tls) if tls
