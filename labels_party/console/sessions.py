@@ -1,9 +1,10 @@
 """Console sessions: an admin signs in with an API key once; the console then carries a random session token in
 a cookie instead of the key.
 
-* The token is 256 random bits; the database keeps only its SHA-256 (``console_sessions``), so a copy of the
-  database opens no session. The raw API key is checked against the key table and then forgotten: it is never
-  stored, put in a cookie, logged or rendered.
+* The token is 256 random bits; the database keeps only its digest keyed by the audit key
+  (``console_sessions``; :meth:`~labels_party.ledger.signing.HeadSigner.digest`), so a copy of the database opens
+  no session and a database writer cannot insert one of their own. The raw API key is checked against the key
+  table and then forgotten: it is never stored, put in a cookie, logged or rendered.
 * A session acts as the admin key it was opened with: a key revoked or expired (or no longer an admin's) ends
   every session opened with it at its next request (the key's row is read on every request). Sessions expire
   (``lifetime``); signing out deletes the row.
@@ -33,10 +34,6 @@ PATH = "/console"
 LIFETIME = timedelta(hours=8)
 
 
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def csrf_token(token: str) -> str:
     """The CSRF token of the session whose cookie holds ``token``."""
     return hashlib.sha256(b"labeldp-console-csrf\0" + token.encode()).hexdigest()
@@ -61,6 +58,13 @@ class Sessions:
     ledger: Ledger  # whose audit key certified the keys it honours
     lifetime: timedelta = LIFETIME
 
+    def token_hash(self, token: str) -> str:
+        """What the database stores of a session's token (a ledger without an audit key — the ledger's own tests —
+        keeps its SHA-256)."""
+        signer = self.ledger.signer
+        return signer.digest("console session", token) if signer is not None else \
+            hashlib.sha256(token.encode()).hexdigest()
+
     def sign_in(self, api_key: str) -> tuple[str, Principal]:
         """A new session for an admin key: (token for the cookie, principal). A key that is not valid is a 401
         ``unauthorized``, a consumer key a 403 ``forbidden``. Expired sessions are swept on the way."""
@@ -73,7 +77,7 @@ class Sessions:
             now = db.utcnow()
             session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.expires_at <= now))
             token = secrets.token_urlsafe(32)
-            session.add(db.ConsoleSession(token_hash=token_hash(token), api_key_id=key_id, created_at=now,
+            session.add(db.ConsoleSession(token_hash=self.token_hash(token), api_key_id=key_id, created_at=now,
                                           expires_at=now + self.lifetime))
             return token, principal
 
@@ -86,7 +90,7 @@ class Sessions:
                 select(db.ConsoleSession, db.ApiKey, db.Organization)
                 .join(db.ApiKey, db.ApiKey.id == db.ConsoleSession.api_key_id)
                 .join(db.Organization, db.Organization.id == db.ApiKey.org_id)
-                .where(db.ConsoleSession.token_hash == token_hash(token))).first()
+                .where(db.ConsoleSession.token_hash == self.token_hash(token))).first()
             if row is None:
                 return None
             console_session, key, org = row
@@ -98,4 +102,4 @@ class Sessions:
 
     def sign_out(self, token: str) -> None:
         with self.sessions() as session, session.begin():
-            session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.token_hash == token_hash(token)))
+            session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.token_hash == self.token_hash(token)))

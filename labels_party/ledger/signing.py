@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -20,8 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from labels_party.ledger.records import canonical
 from shared.errors import LabelDPError
@@ -158,6 +160,14 @@ class HeadSigner:
                               key_id(self.public), "", None if previous is None else int(previous[0]),
                               None if previous is None else previous[1])
         return SignedHead(**{**asdict(unsigned), "signature": self.key.sign(unsigned.payload()).hex()})
+
+    def digest(self, purpose: str, secret: str) -> str:
+        """A keyed digest of ``secret`` (HMAC-SHA256 under a key derived from the audit key for ``purpose``): what
+        the database stores of a secret it must recognize, so that a database writer cannot make a row for a secret
+        of their own (issue 40's review: a console session row inserted with the SHA-256 of the writer's token)."""
+        derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                       info=f"labeldp {purpose} v1".encode()).derive(self.key.private_bytes_raw())
+        return hmac.new(derived, secret.encode(), hashlib.sha256).hexdigest()
 
     def export(self, signed: SignedHead) -> None:
         """Append one line, durably; concurrent writers (threads, processes) each append whole lines."""

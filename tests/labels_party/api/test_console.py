@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import secrets
 import warnings
 from datetime import timedelta
 
@@ -85,10 +86,11 @@ def test_sign_in_with_an_admin_key_sets_a_session_cookie_that_is_not_the_key(ctx
     key = keys["admin"]
     _, prefix, secret = key.split("_", 2)  # the secret may itself hold "_"
     assert key not in cookie and secret not in cookie and prefix not in cookie
-    # Only the token's hash is stored, tied to the admin's key.
+    # Only the token's digest keyed by the audit key is stored (not its plain SHA-256), tied to the admin's key.
     with ctx.sessions() as s, s.begin():
         rows = list(s.scalars(select(db.ConsoleSession)))
-        assert [row.token_hash for row in rows] == [hashlib.sha256(token.encode()).hexdigest()]
+        assert [row.token_hash for row in rows] == [ctx.ledger.signer.digest("console session", token)]
+        assert rows[0].token_hash != hashlib.sha256(token.encode()).hexdigest()
         assert s.get(db.ApiKey, rows[0].api_key_id).role == "admin"
         assert rows[0].expires_at > db.utcnow()
 
@@ -101,7 +103,7 @@ def test_sign_in_with_an_admin_key_sets_a_session_cookie_that_is_not_the_key(ctx
     assert again != token
     with ctx.sessions() as s, s.begin():
         assert [row.token_hash for row in s.scalars(select(db.ConsoleSession))] == [
-            hashlib.sha256(again.encode()).hexdigest()]
+            ctx.ledger.signer.digest("console session", again)]
 
 
 def test_the_cookie_is_secure_over_https(client, keys):
@@ -255,6 +257,21 @@ def test_a_stolen_session_token_is_not_enough_without_the_cookie_flags(client, k
     assert csrf_of(one) != csrf_of(two)
     r = one.post(f"/console/datasets/{dataset}/verify", data={"csrf": csrf_of(two)}, headers=ORIGIN)
     assert r.status_code == 403
+
+
+def test_a_session_row_a_database_writer_inserts_opens_nothing(ctx, client, keys, dataset):
+    """Issue 40's review: a row with the SHA-256 of the writer's own token, on the owner's certified admin key,
+    served the owner's console. The stored digest is keyed by the audit key: the writer cannot make one."""
+    token = secrets.token_urlsafe(32)
+    with ctx.sessions() as s, s.begin():
+        admin_key = s.scalar(select(db.ApiKey).where(db.ApiKey.key_hash == hash_key(keys["admin"])))
+        s.add(db.ConsoleSession(token_hash=hashlib.sha256(token.encode()).hexdigest(), api_key_id=admin_key.id,
+                                created_at=db.utcnow(), expires_at=db.utcnow() + timedelta(hours=1)))
+    browser = TestClient(client.app)
+    browser.cookies.set("labeldp_console", token, path="/console")
+    r = browser.get(f"/console/datasets/{dataset}", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith("/console/sign-in"), r.text[:300]
+    assert page(signed_in(client.app, keys["admin"]), f"/console/datasets/{dataset}")  # a real session works
 
 
 def test_expired_sessions_and_revoked_keys_end_the_session(ctx, client, keys, dataset):
