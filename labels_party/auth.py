@@ -10,8 +10,9 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from labels_party.db import ApiKey, Organization
+from labels_party.db import ApiKey, Organization, utcnow
 from labels_party.ledger import Ledger, key_certificates
+from labels_party.ledger.records import secret_digest
 from labels_party.ledger.signing import key_id
 from shared.errors import LabelDPError
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRing, Principal
@@ -38,10 +39,15 @@ def authenticate(session: Session, authorization: str | None, ledger: Ledger) ->
     (a row inserted or edited in the database is logged, not told apart)."""
     principal = KEYS.authenticate(session, authorization)
     key = session.get(ApiKey, principal.key_id)
-    if key is None or not ledger.key_certified(key, principal.org_name):
+    if key is None or not ledger.key_honoured(key, principal.org_name):
         ours = key_id(ledger.signer.public) if ledger.signer is not None else None
         theirs = key_certificates.signer(key.certificate if key is not None else None)
-        if theirs is not None and theirs != ours:  # an operator's mix-up, not a forgery: say which keys
+        if key is not None and ledger.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash),
+                                                          utcnow()) is not None:
+            log.warning("key %s of %s was revoked (the data directory's revocations name it) but its row says it is "
+                        "in force — the database was changed outside the service: refused", principal.key_prefix,
+                        principal.org_name)
+        elif theirs is not None and theirs != ours:  # an operator's mix-up, not a forgery: say which keys
             log.warning("key %s of %s was certified with audit key %s, not this service's %s: run create-key with "
                         "the service's LABELDP_AUDIT_KEY_FILE (and data directory)", principal.key_prefix,
                         principal.org_name, theirs, ours)

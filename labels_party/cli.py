@@ -215,8 +215,9 @@ def upgrade_db_command(args) -> int:
     from labels_party.context import upgrade_database
 
     # the same path as serve --upgrade-db: the transitions its migrations append are signed, keys certified once
-    before, after = upgrade_database(_settings(args))
-    print(json.dumps({"revision_before": before, "revision_after": after}))
+    upgraded = upgrade_database(_settings(args))
+    print(json.dumps({"revision_before": upgraded.before, "revision_after": upgraded.after,
+                      "keys_not_certified": list(upgraded.keys_not_certified)}))
     return 0
 
 

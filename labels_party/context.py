@@ -19,7 +19,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
 from labels_party import db, housekeeping, jobs, migrations, recovery, workers
-from labels_party.ledger import HeadSigner, Ledger, key_certificates, load_key_file
+from labels_party.ledger import HeadSigner, Ledger, entries, key_certificates, load_key_file, replay
+from labels_party.ledger.records import secret_digest
 from labels_party.ledger.signing import load_or_create_key_file, public_hex
 from labels_party.quotas import ReleaseQuotas
 from labels_party.settings import LabelsSettings
@@ -124,24 +125,34 @@ def _sign_migrated(engine: Engine, signer: HeadSigner, before: dict[str, tuple[i
             signer.export(signer.sign(dataset_id, seq, head, previous=previous))
 
 
-def upgrade_database(settings: LabelsSettings, signer: HeadSigner | None = None) -> tuple[str | None, str]:
+@dataclass(frozen=True)
+class Upgraded:
+    """What an upgrade did: the schema's revisions before and after, and the keys it found but did not certify."""
+
+    before: str | None
+    after: str
+    keys_not_certified: tuple[str, ...] = ()
+
+
+def upgrade_database(settings: LabelsSettings, signer: HeadSigner | None = None) -> Upgraded:
     """Migrate the database (``labeldp labels upgrade-db``, ``serve --upgrade-db``: one path), then vouch for what
     the migrations did as the operator's upgrade: sign and export the chain transitions they appended, and — the
-    first time this data directory sees key certificates (migration 0019) — certify the keys found. Returns the
-    revisions before and after."""
+    first time this data directory sees key certificates (migration 0019) — certify the keys found that their
+    chains made as they stand."""
     signer = signer or audit_signer(settings)
     engine = db.make_engine(settings.database_url)
+    refused: list[str] = []
     try:
         heads = _chain_heads(engine)
         certifying = not _keys_certified(engine) and not _certified_marker(settings).exists()
         before, after = migrations.MIGRATIONS.upgrade(engine, settings.data_dir)
         _sign_migrated(engine, signer, heads)
         if certifying:
-            _certify_keys(sessionmaker(engine, expire_on_commit=False), signer)
+            refused = _certify_keys(sessionmaker(engine, expire_on_commit=False), signer)
         _mark_keys_certified(settings)
     finally:
         engine.dispose()
-    return before, after
+    return Upgraded(before, after, tuple(refused))
 
 
 def _certified_marker(settings: LabelsSettings) -> Path:
@@ -164,14 +175,37 @@ def _keys_certified(engine: Engine) -> bool:
     return not found.has_table("api_keys") or "certificate" in {c["name"] for c in found.get_columns("api_keys")}
 
 
-def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> None:
-    """The upgrade this process just ran added key certificates (migration 0019): it certifies every key that
-    exists now, as the operator's upgrade found it — once per data directory (:func:`_certified_marker`)."""
+def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> list[str]:
+    """The upgrade this process just ran added key certificates (migration 0019): it certifies each key that
+    exists now whose every chain made it as its row stands — organization, role, prefix, secret, and revoked if a
+    chain revoked it — once per data directory (:func:`_certified_marker`). A key no chain knows (a row inserted
+    before the upgrade cannot be told from a key of an organization without an account yet) or that a chain
+    contradicts (a row edited) is not certified: it is refused until an admin makes a new one. Returns why, per
+    key left out (issue 40's fifth review: the upgrade certified an inserted admin row and a consumer row edited
+    into another organization's admin)."""
+    left_out = []
     with sessions() as session, session.begin():
+        chained: dict[int, list[tuple[tuple[str, str, str], str | None, bool]]] = {}
+        for dataset_id in session.scalars(select(db.Dataset.id).order_by(db.Dataset.id)):
+            replayed = replay(entries(session, dataset_id))
+            for key_id, made in replayed.keys.items():
+                chained.setdefault(key_id, []).append((made, replayed.secrets.get(key_id), key_id in replayed.revoked))
         for key, org in session.execute(select(db.ApiKey, db.Organization.name)
                                         .join(db.Organization, db.Organization.id == db.ApiKey.org_id)
-                                        .where(db.ApiKey.certificate.is_(None))).all():
-            key.certificate = key_certificates.issue(signer.key, key, org)
+                                        .where(db.ApiKey.certificate.is_(None)).order_by(db.ApiKey.id)).all():
+            facts = chained.get(key.id, [])
+            if not facts:
+                why = "no chain made it"
+            elif any(made != (org, key.role, key.prefix) or (digest is not None and digest != secret_digest(
+                    key.key_hash)) or (revoked and key.revoked_at is None) for made, digest, revoked in facts):
+                why = "its row differs from what a chain recorded of it"
+            else:
+                key.certificate = key_certificates.issue(signer.key, key, org)
+                continue
+            log.warning("key %s (prefix %s) of %s is not certified: %s; it is refused — make a new one with "
+                        "labeldp labels create-key", key.id, key.prefix, org, why)
+            left_out.append(f"key {key.id} (prefix {key.prefix}) of {org}: {why}")
+    return left_out
 
 
 def audit_signer(settings: LabelsSettings) -> HeadSigner:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from labels_party import db, jobs
 from labels_party.jobs import Claimed, Failure, JobContext
+from labels_party.ledger.agreement import LedgerTampered
 from labels_party.spark import snapshot
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError, resource_error
@@ -39,15 +40,17 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
     """The ``register_source`` job: copy and count the dataset's source; recorded only while the lease is held."""
     with ctx.sessions() as session, session.begin():
         dataset = session.get(db.Dataset, claimed.subject_id)
-        owner = session.get(db.Organization, dataset.owner_org_id)
-        source, state = dataset.source_uri, dataset.state
+        state = dataset.state
         domain = domain_from_spec(json.loads(dataset.domain_json))
-    if state != "registering" or source is None:  # nothing to do (cannot happen: a job per registration)
+        # the source and the owner whose prefixes allow it as the chain recorded them when the admin asked
+        owner = ctx.ledger.registration(session, dataset) if state == "registering" else None
+    if owner is None or owner.source is None:  # nothing to do (cannot happen: a job per registration)
         with jobs.holding(ctx, claimed) as held:
             if held is not None:
                 ctx.jobs.table.finish(held[1], "succeeded" if state == "ready" else "failed")
         return
-    copied = snapshot.copy(source, ctx.settings.spark_sources.get(owner.name, []), ctx.store.root, dataset.id,
+    source = owner.source
+    copied = snapshot.copy(source, ctx.settings.spark_sources.get(owner.org, []), ctx.store.root, dataset.id,
                            ctx.checkpoint, into=ctx.store.path(jobs.ATTEMPTS))
     try:
         histogram, ran = _count(ctx, copied.location, source, domain.support().values)
@@ -71,8 +74,8 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
 def classify(err: Exception) -> tuple[Failure, bool]:
     """A registration's failure as its dataset shows it, and whether it is final at once: the source's refusals
     are (with their texts: the owner's own data); the service's conditions are retried."""
-    if isinstance(err, LabelDPError) and err.code in REFUSALS:
-        return Failure(err.code, str(err)), True
+    if isinstance(err, LabelDPError) and (err.code in REFUSALS or isinstance(err, LedgerTampered)):
+        return Failure(err.code, str(err)), True  # a table edited outside the service: final too
     failure = jobs.resource_failure(err) or jobs.unexpected(code="registration_failed",
                                                             what="copying and counting the source")
     return failure, False

@@ -57,6 +57,7 @@ from labels_party.ledger import (
     within_charge,
 )
 from labels_party.ledger.agreement import table_problems
+from labels_party.ledger.records import secret_digest
 from shared.errors import LabelDPError
 from shared.mechanisms import events
 from shared.mechanisms.documents import sampler_from_description
@@ -107,8 +108,8 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
         if dataset_id is None else []
     problems = [f"dataset {name} has an anchor in the data directory but is not in the database"
                 for name in missing]  # the data directory anchored a dataset the database does not have
-    if public_key is not None and dataset_id is None:  # keys in force that the service did not issue as they are
-        problems += _uncertified_keys(sessions, public_key)
+    if dataset_id is None:  # keys in force that the service did not issue as they are, or revoked
+        problems += _keys_in_force_wrongly(sessions, ledger, public_key)
     if exported is not None and dataset_id is None:  # the service signed heads of a dataset the database lost
         problems += [f"dataset {name} has signed heads in the heads log but is not in the database"
                      for name in sorted(set(exported) - set(ids))]
@@ -123,14 +124,25 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
     return report
 
 
-def _uncertified_keys(sessions: sessionmaker, public_key: Ed25519PublicKey) -> list[str]:
-    """Keys in force whose rows are not what their certificates state (a revoked one acts on nothing)."""
+def _keys_in_force_wrongly(sessions: sessionmaker, ledger: Ledger, public_key: Ed25519PublicKey | None) -> list[str]:
+    """Keys in force whose rows are not what their certificates state (with the public key), or that the data
+    directory's revocations name (:mod:`labels_party.ledger.revocations`: a row and certificate put back after the
+    revocation). A revoked key acts on nothing."""
     now = db.utcnow()
     with sessions() as session:
         rows = session.execute(select(db.ApiKey, db.Organization.name)
                                .join(db.Organization, db.Organization.id == db.ApiKey.org_id)).all()
-        return [f"key {key.prefix} of {org} is in force but not as the service issued it (no valid certificate)"
-                for key, org in rows if key.in_force(now) and not key_certificates.agrees(public_key, key, org)]
+        problems = []
+        for key, org in rows:
+            if not key.in_force(now):
+                continue
+            if ledger.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash), now) is not None:
+                problems.append(f"key {key.prefix} of {org} is in force in the database but was revoked (the data "
+                                "directory's revocations name it)")
+            elif public_key is not None and not key_certificates.agrees(public_key, key, org):
+                problems.append(f"key {key.prefix} of {org} is in force but not as the service issued it (no valid "
+                                "certificate)")
+        return problems
 
 
 def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,

@@ -96,7 +96,7 @@ class Sessions:
             console_session, key, org = row
             now = db.utcnow()
             if console_session.expires_at <= now or not key.in_force(now) or key.role != "admin" or \
-                    not self.ledger.key_certified(key, org.name):
+                    not self.ledger.key_honoured(key, org.name):
                 return None
             return Principal(org.id, org.name, key.role, key.id, key.prefix)
 

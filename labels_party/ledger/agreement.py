@@ -96,8 +96,8 @@ def key_problems(replayed: Replayed, key_id: int, key: db.ApiKey | None, org: st
 
 
 def owner_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
-    """Whether the dataset's row names the owner, and the central-training switch, its chain made it with (chains
-    from before owners were chained name none: nothing to compare)."""
+    """Whether the dataset's row names the owner, the central-training switch and the source its chain made it
+    with (chains from before owners were chained name none: nothing to compare)."""
     if replayed.owner is None:
         return []
     org = session.get(db.Organization, dataset.owner_org_id)
@@ -105,6 +105,8 @@ def owner_problems(session: Session, dataset: db.Dataset, replayed: Replayed) ->
                                                                               "chain's"]
     if bool(dataset.allow_central_training) != replayed.owner.central_training:
         problems.append("the dataset's central-training switch differs from the chain's")
+    if dataset.source_uri != replayed.owner.source:
+        problems.append("the dataset's source differs from the chain's")
     return problems
 
 

@@ -18,19 +18,21 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
-from labels_party.ledger import agreement, chain, key_certificates
+from labels_party.ledger import agreement, chain, key_certificates, revocations
 from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_curve, rdp_epsilon_units
 from labels_party.ledger.records import (
     AccountTerms,
     Charged,
     Coverage,
     LedgerRecord,
+    OwnerFact,
     RecordFields,
     SourceFact,
     SpentState,
     canonical,
     chain_hash,
     entries,
+    secret_digest,
 )
 from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
@@ -165,6 +167,10 @@ class Ledger:
     # Each dataset's chain as last replayed by this process (:meth:`facts`): read again only from where it stopped.
     _replayed: dict[str, chain.Replayed] = field(default_factory=dict, repr=False)
     _replaying: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    revocations: revocations.RevocationList = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.revocations = revocations.RevocationList(self.store)
 
     # -- the chain's facts ------------------------------------------------------------------------------------------
     def facts(self, session: Session, dataset: db.Dataset) -> chain.Replayed:
@@ -478,6 +484,19 @@ class Ledger:
         return version.file, CoverageSet(f"datasets/{dataset.id}/coverage/{fact.coverage_sha256}.npy",
                                          fact.coverage_sha256, fact.num_examples)
 
+    def registration(self, session: Session, dataset: db.Dataset) -> OwnerFact:
+        """What a source dataset's registration copies, and under whose prefixes: its chain's owner fact, which the
+        row must agree with (:class:`agreement.LedgerTampered` else — a row edited while the job was queued)."""
+        self.check_anchor(session, dataset)
+        replayed = self.facts(session, dataset)
+        fact = replayed.owner
+        problems = ["its chain records no owner and source"] if fact is None or fact.source is None else \
+            agreement.owner_problems(session, dataset, replayed)
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+        assert fact is not None
+        return fact
+
     def source_read(self, session: Session, dataset: db.Dataset) -> SourceFact:
         """What a release of source dataset ``dataset`` reads, as the chain's :class:`~.records.SourceFact` says:
         the row's snapshot, fingerprint, counts file and rows must be the registered ones and the counts file's
@@ -517,6 +536,15 @@ class Ledger:
         if change == "revoked" and stated is not None:  # to the organization its certificate names
             org = session.scalar(select(db.Organization).where(db.Organization.name == stated["org"]))
         assert org is not None  # the key's foreign key, or a certificate's organization (names are chained)
+        if change == "revoked":  # outside the database first, by every identity the key has: no row edit undoes it
+            assert key.revoked_at is not None and key.revoked_by is not None
+            named = [(key.id, key.prefix, secret_digest(key.key_hash))]
+            if stated is not None:
+                named.append((int(stated["key_id"]), str(stated["prefix"]), str(stated["secret_digest"])))
+            self.revocations.add(revocations.Revocation(
+                frozenset(i for i, _, _ in named), frozenset(p for _, p, _ in named), frozenset(d for _, _, d in named),
+                key.revoked_at.replace(tzinfo=timezone.utc) if key.revoked_at.tzinfo is None else key.revoked_at,
+                key.revoked_by))
         if self.signer is not None and (change == "created" or key_certificates.agreed_before_revocation(
                 stated, key, org.name)):  # an edited row is revoked, never certified as it stands
             key.certificate = key_certificates.issue(self.signer.key, key, org.name)
@@ -528,14 +556,18 @@ class Ledger:
         organization's admin, rotated, gave that organization a certified admin key)."""
         assert isinstance(key, db.ApiKey)
         org = session.get(db.Organization, key.org_id)
-        if org is None or not self.key_certified(key, org.name):
+        if org is None or not self.key_honoured(key, org.name):
             raise agreement.LedgerTampered(
-                f"key {key.prefix}'s row is not as the service issued it (its certificate differs) — the database "
-                "was changed outside the service; revoke the key (labeldp labels revoke-key) and make a new one")
+                f"key {key.prefix}'s row is not as the service issued it (its certificate differs, or the data "
+                "directory revoked it) — the database was changed outside the service; revoke the key (labeldp labels "
+                "revoke-key) and make a new one")
 
-    def key_certified(self, key: db.ApiKey, org: str) -> bool:
-        """Whether the service issued ``key`` (of ``org``) as its row now stands (:mod:`.key_certificates`); a
-        ledger without an audit key (tests of the ledger alone) certifies nothing and checks nothing."""
+    def key_honoured(self, key: db.ApiKey, org: str) -> bool:
+        """Whether the service issued ``key`` (of ``org``) as its row now stands (:mod:`.key_certificates`; a
+        ledger without an audit key — tests of the ledger alone — certifies nothing and checks nothing) and the data
+        directory has not revoked it (:mod:`.revocations`)."""
+        if self.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash), db.utcnow()) is not None:
+            return False
         return self.signer is None or key_certificates.agrees(self.signer.public, key, org)
 
     # -- the anchor ---------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class Ledger(Protocol):
 
     def facts(self, session: Session, dataset: db.Dataset) -> Replayed: ...
 
-    def key_certified(self, key: db.ApiKey, org: str) -> bool: ...
+    def key_honoured(self, key: db.ApiKey, org: str) -> bool: ...
 
 log = logging.getLogger("labeldp.labels")
 
@@ -110,7 +110,8 @@ def record_fact(ledger: Ledger, session: Session, dataset: db.Dataset, fact: _Fa
 def owner(ledger: Ledger, session: Session, dataset: db.Dataset) -> None:
     org = session.get(db.Organization, dataset.owner_org_id)
     assert org is not None  # the dataset's row was just made by this organization's key
-    record_fact(ledger, session, dataset, OwnerFact(org=org.name, central_training=dataset.allow_central_training))
+    record_fact(ledger, session, dataset, OwnerFact(org=org.name, central_training=dataset.allow_central_training,
+                                                    source=dataset.source_uri))
 
 
 def budget(ledger: Ledger, session: Session, dataset: db.Dataset, change: str) -> None:
@@ -135,7 +136,7 @@ def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int)
     now = db.utcnow()
     org = session.get(db.Organization, org_id)
     for api_key in session.scalars(select(db.ApiKey).where(db.ApiKey.org_id == org_id).order_by(db.ApiKey.id)):
-        if org is not None and not ledger.key_certified(api_key, org.name):
+        if org is not None and not ledger.key_honoured(api_key, org.name):
             log.warning("key %s of %s is not as the service issued it (no valid certificate): not chained",
                         api_key.id, org.name)
             continue

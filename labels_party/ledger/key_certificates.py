@@ -10,10 +10,9 @@ that a database writer inserted (no certificate, or another key's) or edited (or
 revocation cleared) is an unknown key. A revocation goes to the chains of the organization the certificate names,
 whatever the row says now (:func:`statement`).
 
-What a database writer can still do: put back a certificate it copied before the key was revoked, with the row as
-it then was. The revocation stays on the chains of the datasets the organization then held accounts on, which
-refuse the key; the key could act again only on datasets made after. Closing that needs the revocations outside
-the database (docs/design/audit.md).
+A certificate proves what a row was, not that it still is: a database writer can put back a certificate copied
+before the key was revoked, with the row as it then was. Revocations are therefore also kept outside the database
+(:mod:`.revocations`), which refuse such a key whatever its row and certificate say.
 """
 
 from __future__ import annotations

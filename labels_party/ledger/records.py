@@ -179,11 +179,15 @@ class BudgetFact(_Fact):
 class OwnerFact(_Fact):
     """The organization that owns the dataset (its admin keys administer it) and whether it allowed central
     training: at creation, and once for datasets made before owners were chained (migration 0019) — so that no row
-    edit makes another organization its owner or opens its labels to central training."""
+    edit makes another organization its owner, opens its labels to central training or changes its source."""
 
     event: Literal["owner"] = "owner"
     org: str
     central_training: bool  # whether the owner allowed central training (LabelDP-Pro, PATE) on it
+    # a source dataset's source as its owner asked to register it (None: labels uploaded): the registration copies
+    # this, under this owner's prefixes, whatever the row says (issue 40's fifth review: a row edited while the job
+    # was queued copied another organization's files into the owner's dataset)
+    source: str | None
 
 
 class GrantFact(_Fact):

@@ -149,10 +149,10 @@ def test_upgrade_db_command(tmp_path):
     done = subprocess.run([sys.executable, "-m", "labeldp", "labels", "upgrade-db", "--database-url", url,
                            "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"revision_before": "0001", "revision_after": HEAD}
+    assert json.loads(done.stdout) == {"revision_before": "0001", "revision_after": HEAD, "keys_not_certified": []}
     again = subprocess.run([sys.executable, "-m", "labeldp", "labels", "upgrade-db", "--database-url", url],
                            capture_output=True, text=True, timeout=120)
-    assert json.loads(again.stdout) == {"revision_before": HEAD, "revision_after": HEAD}
+    assert json.loads(again.stdout) == {"revision_before": HEAD, "revision_after": HEAD, "keys_not_certified": []}
     engine = create_engine(url)
     with engine.connect() as connection:
         assert connection.execute(text("SELECT epsilon_total_units FROM datasets")).scalar() == 3_000_000_000
@@ -341,7 +341,8 @@ def test_stored_documents_are_packed_once_and_old_group_documents_become_columna
 
 def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(database_url, tmp_path):
     """Migration 0011: the ``revoked`` flag becomes a revocation time and who (a note: its time was never kept);
-    the flagged key is refused, the other one works, and neither expires."""
+    the flagged key is revoked, the other one is not, and neither expires. Neither is on a chain (their
+    organization holds no account), so the upgrade to key certificates (0019) certifies neither: both refused."""
     from fastapi.testclient import TestClient
 
     from labels_party.api import create_app
@@ -365,8 +366,9 @@ def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(data
         assert before - timedelta(seconds=1) <= keys[2].revoked_at <= db.utcnow()
         assert "before migration 0011" in keys[2].revoked_by and keys[2].status(db.utcnow()) == "revoked"
         assert "revoked" not in {c["name"] for c in inspect(session.connection()).get_columns("api_keys")}
+        assert [k.certificate for k in keys.values()] == [None, None]
     client = TestClient(create_app(ctx))
-    assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000a_kept"}).status_code == 200
+    assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000a_kept"}).status_code == 401
     assert client.get("/v1/datasets", headers={"Authorization": "Bearer ldp_0000000b_flagged"}).status_code == 401
 
 

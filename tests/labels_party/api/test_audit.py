@@ -47,10 +47,10 @@ def test_audit_events(ctx, client, admin, consumer, keys, dataset):
     # labels, the grant (the publisher's keys, the owner's allocation moved to the publisher's, and the grant
     # itself); the charges follow.
     facts = audit["facts"]
-    assert [{k: f["record"][k] for k in ("seq", "event", "org", "epsilon_units", "epsilon_total_units", "change")
-             if k in f["record"]} for f in facts] == [
+    shown = ("seq", "event", "org", "epsilon_units", "epsilon_total_units", "change", "source")
+    assert [{k: f["record"][k] for k in shown if k in f["record"]} for f in facts] == [
         {"seq": 1, "event": "dataset_budget", "epsilon_total_units": 3_000_000_000, "change": "created"},
-        {"seq": 2, "event": "owner", "org": "hospital"},
+        {"seq": 2, "event": "owner", "org": "hospital", "source": None},
         {"seq": 3, "event": "allocation", "org": "hospital", "epsilon_units": 3_000_000_000},
         {"seq": 4, "event": "key", "org": "hospital", "change": "created"},  # the owner's admin key
         {"seq": 5, "event": "labels"},

@@ -10,6 +10,7 @@ nothing charged, served or signed. ~25 s on SQLite."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from sqlalchemy import select, text
@@ -304,6 +305,51 @@ def test_a_revocation_reaches_the_certified_organization_and_an_expiry_cannot_be
     _refused(release(client, expiring, dataset, "e", mechanism="rr", epsilon=0.1))
 
 
+def _row(ctx, key_id: int) -> dict:
+    with ctx.sessions() as s:
+        return dict(s.execute(text("SELECT org_id, certificate, revoked_at, revoked_by FROM api_keys WHERE id = :k"),
+                              {"k": key_id}).mappings().one())
+
+
+def _put_back(ctx, key_id: int, row: dict) -> None:
+    _sql(ctx, "UPDATE api_keys SET org_id = :org_id, certificate = :certificate, revoked_at = :revoked_at, "
+              "revoked_by = :revoked_by WHERE id = :k", k=key_id, **row)
+
+
+@pytest.mark.parametrize("before_revoking", ["nothing", "uncertified in a look-alike organization"])
+def test_a_revoked_keys_row_and_certificate_put_back_are_still_refused(ctx, client, admin, consumer, dataset,
+                                                                       tmp_path, audit_key, before_revoking):
+    """Issue 40's fifth review: a writer saves the key's row and certificate, (optionally) points the row at a
+    look-alike organization with no certificate — so that the revocation reached no chain — and after the
+    revocation puts the row back: the revoked key charged and acted on datasets made after. The data directory's
+    revocation names the key by every identity it had: refused everywhere, and verify-audit names it."""
+    from labels_party import verification
+    from labels_party.ledger import signing
+    key = _key_id(ctx, consumer)
+    saved = _row(ctx, key)
+    if before_revoking != "nothing":
+        _sql(ctx, "INSERT INTO organizations (name, created_at) VALUES ('publisher​', CURRENT_TIMESTAMP)")
+        _sql(ctx, "UPDATE api_keys SET certificate = NULL, org_id = (SELECT id FROM organizations WHERE name = "
+                  "'publisher​') WHERE id = :k", k=key)
+    prefix = consumer["Authorization"].removeprefix("Bearer ").split("_")[1]
+    with ctx.sessions() as s, s.begin():
+        dataclasses.replace(KEYS, audit=ctx.ledger.key_changed).revoke(s, KeyRef(None, prefix), by="ops")
+    _put_back(ctx, key, saved)
+    _refused(release(client, consumer, dataset, "r", mechanism="rr", epsilon=0.1))
+    made = client.post("/v1/datasets", headers=admin, json={
+        "name": "later", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2})
+    assert made.status_code == 201, made.text
+    fresh = made.json()["id"]
+    assert client.post(f"/v1/datasets/{fresh}/grants", headers=admin,
+                       json={"org": "publisher", "epsilon": 1}).status_code == 201
+    _refused(client.get(f"/v1/datasets/{fresh}", headers=consumer))  # a dataset made after the revocation too
+    report = verification.verify(ctx.sessions, ctx.ledger, public_key=signing.parse_public_key(audit_key[1]),
+                                 heads_log=lambda: chain_tests._log(tmp_path))
+    assert report["valid"] is False
+    assert f"key {prefix} of publisher is in force in the database but was revoked (the data directory's " \
+           "revocations name it)" in report["problems"], report.get("problems")
+
+
 def test_a_label_version_set_back_is_not_released(ctx, client, admin, consumer, dataset, labels):
     from tests.labels_party.api.helpers import labels_csv, upload
     assert upload(client, admin, dataset, labels_csv({k: 1 for k in labels})).status_code == 200  # version 2
@@ -373,10 +419,11 @@ def test_a_key_row_edited_is_not_rotated_into_a_certified_key(ctx, client, admin
                for p in report["problems"]), report.get("problems")
 
 
-def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path):
+def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path, capsys):
     """`labeldp labels upgrade-db` (not only `serve --upgrade-db`) certifies the keys of a database from before key
-    certificates; a writer who later drops the certificates and sets the schema back gets nothing certified by the
-    next upgrade (the data directory remembers), so a row of theirs stays refused."""
+    certificates that their chains made as they stand (a key on no chain is not certified, and says so); a writer
+    who later drops the certificates and sets the schema back gets nothing certified by the next upgrade (the data
+    directory remembers), so a row of theirs stays refused."""
     from fastapi.testclient import TestClient
 
     from labeldp import cli
@@ -388,6 +435,10 @@ def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path
     first = make_context(database, data)
     with first.sessions() as s, s.begin():
         admin = bearer(create_key(first.ledger, s, "hospital", "admin"))
+        idle = bearer(create_key(first.ledger, s, "clinic", "admin"))  # its organization holds no account
+    with TestClient(create_app(first)) as client:  # the admin's key goes on the new dataset's chain
+        assert client.post("/v1/datasets", headers=admin, json={
+            "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 1}).status_code == 201
     first.close()
 
     def older_schema(insert: bool = False) -> str | None:
@@ -403,9 +454,13 @@ def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path
     (data / "keys-certified").unlink()  # as a data directory from before this version has none
     argv = ["labels", "upgrade-db", "--database-url", database, "--data-dir", str(data)]
     assert cli.main(argv) == 0
+    upgraded = json.loads(capsys.readouterr().out)
+    assert [line.split(":")[1].strip() for line in upgraded["keys_not_certified"]] == ["no chain made it"]
+    assert " of clinic:" in upgraded["keys_not_certified"][0]
     ctx = make_context(database, data)
     with TestClient(create_app(ctx)) as client:
         assert client.get("/v1/datasets", headers=admin).status_code == 200  # certified by the upgrade
+        assert client.get("/v1/datasets", headers=idle).status_code == 401  # not: on no chain
     ctx.close()
     inserted = older_schema(insert=True)
     assert cli.main(argv) == 0
@@ -414,6 +469,71 @@ def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path
         assert client.get("/v1/datasets", headers=inserted).status_code == 401
         assert client.get("/v1/datasets", headers=admin).status_code == 401  # its certificate was dropped too
     ctx.close()
+
+
+def test_the_certifying_upgrade_leaves_out_rows_their_chains_contradict(tmp_path, capsys):
+    """Issue 40's fifth review: before the operator's upgrade to key certificates, a writer edited the publisher's
+    chained consumer key into the owner's admin and inserted an admin row of the owner's; the upgrade certified
+    both, and both then granted on the owner's new datasets. Only keys their chains made as they stand are
+    certified now."""
+    from fastapi.testclient import TestClient
+
+    from labeldp import cli
+    from labels_party.api import create_app
+    from labels_party.auth import create_key
+    from labels_party.context import make_context
+    from tests.labels_party.api.helpers import bearer
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    first = make_context(database, data)
+    with first.sessions() as s, s.begin():
+        owner = bearer(create_key(first.ledger, s, "shop", "admin"))
+        consumer = bearer(create_key(first.ledger, s, "publisher", "consumer"))
+    with TestClient(create_app(first)) as client:
+        made = client.post("/v1/datasets", headers=owner, json={
+            "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2})
+        assert client.post(f"/v1/datasets/{made.json()['id']}/grants", headers=owner,
+                           json={"org": "publisher", "epsilon": 1}).status_code == 201
+    first.close()
+    again = make_context(database, data)
+    with again.sessions() as s, s.begin():  # the writer's edits, then the schema as before certificates
+        inserted = bearer(KEYS.create(s, "shop", "admin"))
+        shop = s.scalar(select(db.Organization.id).where(db.Organization.name == "shop"))
+        prefix = consumer["Authorization"].split("_")[1]
+        s.execute(text("UPDATE api_keys SET org_id = :o, role = 'admin' WHERE prefix = :p"), {"o": shop, "p": prefix})
+        s.execute(text("ALTER TABLE api_keys DROP COLUMN certificate"))
+        s.execute(text("UPDATE alembic_version SET version_num = '0018'"))
+    again.close()
+    (data / "keys-certified").unlink()  # as a data directory from before key certificates has none
+    assert cli.main(["labels", "upgrade-db", "--database-url", database, "--data-dir", str(data)]) == 0
+    left_out = json.loads(capsys.readouterr().out)["keys_not_certified"]
+    assert sorted(line.split(": ", 1)[1] for line in left_out) == [
+        "its row differs from what a chain recorded of it", "no chain made it"], left_out
+    ctx = make_context(database, data)
+    with TestClient(create_app(ctx)) as client:
+        assert client.get("/v1/datasets", headers=owner).status_code == 200  # its chain made it so
+        new = client.post("/v1/datasets", headers=owner, json={
+            "name": "days", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2}).json()["id"]
+        for forged in (inserted, consumer):
+            _refused(client.post(f"/v1/datasets/{new}/grants", headers=forged, json={"org": "evil", "epsilon": 1}))
+    ctx.close()
+
+
+def test_the_owner_migration_0019_chains_is_the_one_the_chain_allocated_the_dataset_to():
+    """Issue 40's fifth review: 0019 took the owner from the row, which a writer could have edited before the
+    upgrade; it takes the organization the creation allocated the whole budget to."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(db.__file__).parent / "migrations" / "versions" / "0019_owners_and_key_certificates.py"
+    spec = importlib.util.spec_from_file_location("migration_0019", path)
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    chain = [{"event": "dataset_budget", "change": "created"}, {"event": "allocation", "org": "shop"},
+             {"event": "key", "org": "shop"}, {"event": "allocation", "org": "shop"},
+             {"event": "allocation", "org": "publisher"}, {"event": "grant", "org": "publisher"}]
+    assert migration._chained_owner(chain) == "shop"
+    assert migration._chained_owner([{"event": "dataset_budget", "change": "migrated"},
+                                     {"event": "allocation", "org": "publisher"}]) is None  # older than facts
 
 
 def test_a_revocation_certifies_no_edited_row(ctx, client, consumer, dataset):

@@ -129,3 +129,32 @@ def test_a_source_prefix_over_the_services_own_files_is_refused_at_start(tmp_pat
     assert refused.value.code == "usage" and "overlaps the service's own files" in str(refused.value)
     beside = settings.model_copy(update={"spark_sources": {"o": [f"{tmp_path}/sources/"]}})
     make_context(settings=beside).close()
+
+
+def test_a_source_and_owner_edited_while_the_registration_is_queued_copy_nothing(service):
+    """Issue 40's fifth review: while the job was queued, a database writer pointed the row's source at another
+    organization's files and its owner at that organization (whose prefix allows them), then set both back — the
+    job copied the other organization's labels into the owner's dataset. The job copies the source its chain
+    recorded, under the prefixes of the owner its chain recorded, and refuses a row that differs."""
+    ctx, client, owner, tmp_path, _ = service
+    created = client.post("/v1/datasets", headers=owner, json={
+        "name": "decoy", "label_kind": "classes", "num_classes": 10, "epsilon_total": 50,
+        "source": f"{tmp_path}/hospital/decoy"})
+    assert created.status_code == 202, created.text
+    dataset = created.json()["id"]
+    with ctx.sessions() as session, session.begin():
+        clinic = db.Organization(name="clinic")
+        session.add(clinic)
+        session.flush()
+        row = session.get(db.Dataset, dataset)
+        hospital, row.owner_org_id, row.source_uri = row.owner_org_id, clinic.id, f"{tmp_path}/clinic/weeks"
+    assert ctx.jobs.run_pending() == 1
+    with ctx.sessions() as session, session.begin():
+        row = session.get(db.Dataset, dataset)
+        row.owner_org_id, row.source_uri = hospital, f"{tmp_path}/hospital/decoy"
+    refused = client.get(f"/v1/datasets/{dataset}", headers=owner).json()
+    assert refused["state"] == "failed" and refused["error"]["code"] == "ledger_tampered", refused
+    assert "owner differs from the chain's" in refused["error"]["message"]
+    assert not (ctx.store.root / "sources").exists() and not (ctx.store.root / "datasets").exists()  # no copy
+    with ctx.sessions() as session:
+        assert session.get(db.Dataset, dataset).source_snapshot is None
