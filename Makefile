@@ -4,7 +4,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo compose-demo test test-fast lint browser java bench clean
+.PHONY: demo compose-demo test test-fast lint browser java bench clean docs docs-serve
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -30,6 +30,15 @@ compose-demo: $(STAMP)
 PYTEST_WORKERS ?= 0
 test: lint browser java
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+
+# The documentation site (mkdocs.yml; docs/): its reference pages regenerated from the code, then built offline into
+# site/ — strict, so a broken link or any warning fails. docs-serve serves the built site on 127.0.0.1:8000.
+docs: $(STAMP)
+	$(PY) -m labeldp.docs_reference docs/reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: docs
+	$(PY) -m http.server 8000 --bind 127.0.0.1 --directory site
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

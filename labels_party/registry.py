@@ -67,7 +67,7 @@ class MechanismOptions:
     mesh: int | None = None
     clip: bool = False
     solver: Solver | None = None
-    deadline: Deadline = field(default=NO_DEADLINE, compare=False)  # past it solvers raise SolverTimeout (503)
+    deadline: Deadline = field(default=NO_DEADLINE, compare=False)  # past it solvers raise SolverTimeout
 
     @property
     def chosen_solver(self) -> Solver:

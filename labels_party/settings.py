@@ -46,7 +46,10 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     # the probability that an example's label is not protected; it must stay far below 1/n for the n examples of a
     # dataset (10⁻⁶ ≪ 1/10⁴…1/10⁵ for the tables this service is built for), and no δ-mechanism here needs more.
     delta_max: float = Field(default=1e-6, ge=0, lt=1e-2)
-    solver_seconds: float = Field(default=60.0, gt=0)  # a solve that takes longer is a 503, nothing charged
+    # A solve that would run longer stops (solver_timeout): on a public prior (the randomizer command) that is the
+    # answer; in a release, whose solve runs on a private prior after the charge, the family's fallback is released
+    # instead (labels_party/registry.py), charged as any release
+    solver_seconds: float = Field(default=60.0, gt=0)
     max_upload_bytes: int = Field(default=4 << 30, gt=0)  # label uploads
     max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies
     # ... and what such a body decodes to in memory (its rows' ids, priors and groups, from a Parquet body's metadata

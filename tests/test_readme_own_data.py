@@ -1,6 +1,6 @@
-"""The README's "Your own data" commands run as written: both services started by the block itself, a clip chosen by
-a DP quantile, the clipped dataset, a job on an ε = 1 release, predictions, a private evaluation and the owner's
-audits — checked with numbers."""
+"""The "Your own table" tutorial's commands (docs/tutorials/own-data.md) run as written: both services started by the
+block itself, a clip chosen by a DP quantile, the clipped dataset, a job on an ε = 1 release, predictions, a private
+evaluation and the owner's audits — checked with numbers."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 
 from labeldp.local_services import free_port
-from tests.support.readme import readme_block
+from tests.support.readme import DOCS, readme_block
 
 
 def own_data_block() -> str:
-    return readme_block("your-own-data", "sh")
+    return readme_block("your-own-data", "sh", DOCS / "tutorials" / "own-data.md")
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
-"""The README's "Python SDK" block runs as written against both services started as processes (as its commands
-start them): a dataset from a DataFrame, a job holding 20 % out by a hashed split, a release of the held-out labels,
-and the unbiased test-MSE estimate from its mechanism document — checked against the true held-out MSE, which only
-this test, playing both parties, can compute."""
+"""The README's quickstart and the Python SDK tutorial (docs/tutorials/python-sdk.md) run as written against both
+services started as processes (as their commands start them): the quickstart's auto job; then the tutorial's dataset
+from a DataFrame, a job holding 20 % out by a hashed split, a release of the held-out labels, and the unbiased
+test-MSE estimate from its mechanism document — checked against the true held-out MSE, which only this test,
+playing both parties, can compute."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import numpy as np
 import pytest
 
 from labeldp.local_services import free_port, serve_process
-from tests.support.readme import README, readme_block
+from tests.support.readme import DOCS, README, readme_block
+
+TUTORIAL = DOCS / "tutorials" / "python-sdk.md"
 
 
 def sdk_block() -> str:
-    return readme_block("python-sdk", "python")
+    return readme_block("python-sdk", "python", TUTORIAL)
 
 
 def _cli(*args: str) -> list[str]:
@@ -47,11 +50,19 @@ def services(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_readme_python_sdk_block_runs_as_written(services: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_quickstart_and_the_sdk_tutorial_run_as_written(services: None,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     from shared.splits import holdout_mask  # the trainer's split (hashed on example ids)
 
+    quickstart: dict = {"__name__": "readme_quickstart"}
+    exec(compile(readme_block("quickstart", "python"), str(README) + ":quickstart", "exec"), quickstart)
+    first = quickstart["job"]
+    assert first.status == "succeeded" and first.release["certified_epsilon"] <= 1.0
+    assert sum(part["num_examples"] for part in first.release["parts"].values()) == 22_272  # each example once
+    assert first.auto["chosen"]["candidate"] in capsys.readouterr().out
+
     namespace: dict = {"__name__": "readme_sdk"}
-    exec(compile(sdk_block(), str(README) + ":python-sdk", "exec"), namespace)
+    exec(compile(sdk_block(), str(TUTORIAL) + ":python-sdk", "exec"), namespace)
     table, job, predictions = namespace["table"], namespace["job"], namespace["predictions"]
     estimate, noisy, release = namespace["estimate"], namespace["noisy"], namespace["release"]
 
