@@ -80,7 +80,8 @@ def _field_comments(cls: type) -> dict[str, str]:
         for node in ast.parse(text).body[0].body:  # type: ignore[attr-defined]
             if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
                 continue
-            above, row = [], node.lineno - 2
+            above: list[str] = []
+            row = node.lineno - 2
             while row >= 0 and lines[row].strip().startswith("#"):
                 above.insert(0, lines[row].strip().lstrip("#").strip())
                 row -= 1
