@@ -93,7 +93,7 @@ def serve_command(args) -> int:
     from features_party.api import create_app
     from features_party.process import make_context
     from features_party.train import device_summary
-    from shared.service.serving import configure_logging, serve, serve_workers
+    from shared.service.serving import configure_logging, log_storage, serve, serve_workers
 
     tls = tls_options(args)  # flags first: a usage error touches no database
     settings = _settings(args)
@@ -101,6 +101,7 @@ def serve_command(args) -> int:
     log = logging.getLogger("labeldp.features")
     log.info("JAX devices: %s", device_summary())
     log.info("labels parties: %s", ", ".join(f"{k}={v}" for k, v in settings.labels_parties.items()) or "none")
+    log_storage(log, settings.database_url, settings.data_dir)
     ctx = make_context(settings, upgrade=args.upgrade_db)  # migrates and checks once; a refusal is one line
     check_shared_secret_key(ctx.sealer, args.workers)
     if ctx.sealer.ephemeral:

@@ -225,11 +225,12 @@ def serve_command(args) -> int:
     import logging
 
     from labels_party.api import create_app
-    from shared.service.serving import configure_logging, serve, serve_workers
+    from shared.service.serving import configure_logging, log_storage, serve, serve_workers
 
     tls = tls_options(args)  # flags first: a usage error touches no database
     ctx = _context(args, upgrade=args.upgrade_db)  # a refusal to start (say, a restored database) is one line
     configure_logging()
+    log_storage(logging.getLogger("labels_party"), ctx.settings.database_url, ctx.settings.data_dir)
     check_shared_secret_key(ctx.sealer, args.workers)
     if ctx.sealer.ephemeral:  # allowed (one process), never silent
         logging.getLogger("labels_party").warning(

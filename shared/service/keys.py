@@ -28,7 +28,10 @@ from shared.service.database import UtcDateTime, utcnow
 
 _KEY = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
 _PREFIX = re.compile(r"^(?:[a-z]+_)?([0-9a-f]{8})$")  # a key's public middle part, with or without its kind
-UNAUTHORIZED_MESSAGE = "invalid API key"  # unknown, revoked and expired keys alike
+# unknown, revoked and expired keys alike; the hint says where keys come from (issue 42: a service started in another
+# directory opened another SQLite file, and its bare "invalid API key" did not say why)
+UNAUTHORIZED_MESSAGE = ("invalid API key (keys are made by `labeldp labels create-key` or `labeldp features "
+                        "create-key` on the database the service opened; its log names it at start)")
 
 
 class OrganizationColumns:

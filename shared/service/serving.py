@@ -35,10 +35,12 @@ import pickle
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any, TypeVar
 
 import h11
 import uvicorn
+from sqlalchemy.engine import make_url
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -136,6 +138,13 @@ class LimitedH11Protocol(H11Protocol):
 def configure_logging() -> None:
     """The services' log format (``serve`` in the one process, and each worker process)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def log_storage(logger: logging.Logger, database_url: str, data_dir: str | Path) -> None:
+    """Say which database and data directory ``serve`` opened (its password hidden): a service started in another
+    directory opens another SQLite file, whose keys are not the ones the operator made (issue 42)."""
+    shown = make_url(database_url).render_as_string(hide_password=True)
+    logger.info("database %s, data directory %s", shown, Path(data_dir).resolve())
 
 
 def _limited(app: ASGIApp, limits: HttpSettings) -> ASGIApp:

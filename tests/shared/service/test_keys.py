@@ -36,11 +36,11 @@ from labels_party.auth import key_ring
 from labels_party.context import make_context
 from shared.errors import LabelDPError
 from shared.service.database import utcnow
-from shared.service.keys import KeyRef, expiry
+from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRef, expiry
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 
-UNAUTHORIZED = {"error": {"code": "unauthorized", "message": "invalid API key"}}
+UNAUTHORIZED = {"error": {"code": "unauthorized", "message": UNAUTHORIZED_MESSAGE}}
 
 
 def _labels(database_url, tmp_path):
@@ -252,4 +252,8 @@ def test_a_revocation_by_another_process_refuses_the_next_request_of_a_running_s
         assert get(fresh).status_code == 401 and get(rotated.stdout.strip()).status_code == 200
     written = log.read_text()
     assert "401" in written  # the log is the server's access log
+    # it says which database and data directory it opened (a password would be hidden: none here)
+    shown = database_url if "@" not in database_url.split("//", 1)[-1].split("/", 1)[0] else None
+    assert f"data directory {(tmp_path / 'data').resolve()}" in written
+    assert shown is None or f"database {shown}," in written, written[:2000]
     assert not any(secret.split("_", 2)[2] in written for secret in (key["key"], fresh, rotated.stdout.strip()))
