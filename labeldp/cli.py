@@ -14,8 +14,6 @@ import re
 import sys
 import textwrap
 
-from pydantic import ValidationError
-
 from shared.errors import LabelDPError
 
 # (the module that registers subcommands, the packages it needs, the top-level commands it registers)
@@ -126,12 +124,15 @@ def _run(argv: list[str]) -> int:
     except (OSError, KeyboardInterrupt) as err:
         print(f"labeldp: error: {err}", file=sys.stderr)
         return 1
-    except ValidationError as err:  # settings (LABELDP_*) out of their ranges: one line, each field and why
-        problems = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg']}"
-                             for e in err.errors())
-        print(f"labeldp: error: invalid {err.title}: {problems}", file=sys.stderr)
-        return 2
-    except Exception as err:  # a bug: still one line unless debugging
+    except Exception as err:
+        from pydantic import ValidationError  # here, not at start: `--help` imports no pydantic
+
+        if isinstance(err, ValidationError):  # settings (LABELDP_*) out of their ranges: one line, each field and why
+            problems = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'settings'}: {e['msg']}"
+                                 for e in err.errors())
+            print(f"labeldp: error: invalid {err.title}: {problems}", file=sys.stderr)
+            return 2
+        # a bug: still one line unless debugging
         if os.environ.get("LABELDP_DEBUG"):
             raise
         print(f"labeldp: internal error: {type(err).__name__}: {err} (set LABELDP_DEBUG=1 for a traceback)",

@@ -7,20 +7,11 @@ import csv
 import json
 import math
 import time
-from typing import get_args
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from labels_party import registry
-from labels_party.privacy_audit import audit
-from labels_party.registry import MechanismOptions
-from shared.domains import Classes, FiniteLabels, parse_label_spec
 from shared.errors import LabelDPError
-from shared.mechanisms.protocol import LabelRandomizer
-from shared.privacy import check_epsilon
-from shared.randomness import secure_rng
-from shared.schemas import Solver
 from shared.service.commands import (
+    LazyChoices,
     add_service_commands,
     check_shared_secret_key,
     check_workers,
@@ -29,22 +20,42 @@ from shared.service.commands import (
 )
 from shared.service.tls import tls_options
 
+if TYPE_CHECKING:  # the solvers, JAX and SciPy are imported by the commands that use them: `--help` stays fast
+    import numpy as np
+
+    from shared.domains import FiniteLabels
+
+
+def _families() -> list[str]:
+    from labels_party import registry
+
+    return list(registry.FAMILIES)
+
+
+def _solvers() -> list[str]:
+    from typing import get_args
+
+    from shared.schemas import Solver
+
+    return list(get_args(Solver))
+
 
 def register(commands) -> None:
     register_service_commands(commands)
     randomizer = commands.add_parser("randomizer", help="build and inspect label randomizers")
     actions = randomizer.add_subparsers(dest="action", required=True, parser_class=type(randomizer))
     solve = actions.add_parser("solve", help="build one certified randomizer for a known prior and report it")
-    solve.add_argument("--mechanism", required=True, choices=list(registry.FAMILIES))
+    solve.add_argument("--mechanism", required=True, choices=LazyChoices(_families), metavar="MECHANISM",
+                       help="one of: %(choices)s")
     solve.add_argument("--epsilon", required=True, type=str)
     solve.add_argument("--labels", required=True,
                        help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list")
     solve.add_argument("--prior-file", help="CSV with columns label,weight (a known prior; no ε spent). "
                                             "Default: uniform over the labels")
     solve.add_argument("--mesh", type=int, help="opt-unbiased: number of grid outputs (default 2|Y|)")
-    solve.add_argument("--solver", choices=get_args(Solver), default=MechanismOptions.solver,
-                       help="opt-unbiased: outputs anywhere in ℝ (cone program + HiGHS vertex, certified gap) or on "
-                            "a mesh (one LP); default %(default)s")
+    solve.add_argument("--solver", choices=LazyChoices(_solvers), default=None, metavar="SOLVER",
+                       help="opt-unbiased, one of %(choices)s: outputs anywhere in ℝ (cone program + HiGHS vertex, "
+                            "certified gap) or on a mesh (one LP); default %(default)s")
     solve.add_argument("--clip", action="store_true", help="laplace/staircase: clip outputs to the label range")
     solve.add_argument("--json", action="store_true", help="print one JSON object")
     solve.add_argument("--show-matrix", action="store_true", help="include outputs and matrix in the JSON")
@@ -54,7 +65,8 @@ def register(commands) -> None:
     solve.set_defaults(handler=solve_command)
     audit = actions.add_parser("audit", help="sample a randomizer and report a 95%% lower bound on its epsilon "
                                              "next to the certified one")
-    audit.add_argument("--mechanism", required=True, choices=list(registry.FAMILIES))
+    audit.add_argument("--mechanism", required=True, choices=LazyChoices(_families), metavar="MECHANISM",
+                       help="one of: %(choices)s")
     audit.add_argument("--epsilon", required=True, type=str)
     audit.add_argument("--labels", required=True,
                        help="label domain: LOW:HIGH (integers), START:STOP:STEP, or a comma list; classification "
@@ -68,6 +80,8 @@ def register(commands) -> None:
 
 def read_prior_file(path: str, labels: FiniteLabels) -> np.ndarray:
     """Weights aligned with the domain's values; labels absent from the file get weight 0."""
+    import numpy as np
+
     weights = np.zeros(labels.size)
     seen = set()
     try:
@@ -102,6 +116,11 @@ def read_prior_file(path: str, labels: FiniteLabels) -> np.ndarray:
 
 def _domain(mechanism: str, spec: str):
     """The label domain a --labels spec declares; classification mechanisms read 0:K-1 as K classes."""
+    import numpy as np
+
+    from labels_party import registry
+    from shared.domains import Classes, parse_label_spec
+
     labels = parse_label_spec(spec)
     if registry.family(mechanism).label_kinds == registry.CLASSES:
         if not np.array_equal(labels.values, np.arange(labels.size)):
@@ -120,6 +139,13 @@ def _print(report: dict, as_json: bool) -> None:
 
 
 def audit_command(args) -> int:
+    import numpy as np
+
+    from labels_party import registry
+    from labels_party.privacy_audit import audit
+    from shared.privacy import check_epsilon
+    from shared.randomness import secure_rng
+
     epsilon = check_epsilon(args.epsilon)
     labels, domain = _domain(args.mechanism, args.labels)
     if args.samples < 100:
@@ -136,13 +162,19 @@ def audit_command(args) -> int:
 
 
 def solve_command(args) -> int:
+    import numpy as np
+
+    from labels_party import registry
+    from shared.mechanisms.protocol import LabelRandomizer
+    from shared.privacy import check_epsilon
+
     epsilon = check_epsilon(args.epsilon)
     labels, domain = _domain(args.mechanism, args.labels)
     if args.mesh is not None and args.mesh < 2:
         raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
     prior = read_prior_file(args.prior_file, labels) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
-    options = MechanismOptions(mesh=args.mesh, clip=args.clip, solver=args.solver)
+    options = registry.MechanismOptions(mesh=args.mesh, clip=args.clip, solver=args.solver)
     family = registry.family(args.mechanism)
     started = time.perf_counter()
     built = registry.build(args.mechanism, domain, epsilon, prior if family.needs_prior else None, options)

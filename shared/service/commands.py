@@ -12,16 +12,21 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING
 
 from shared.errors import LabelDPError
-from shared.service.keys import IssuedKey, KeyInfo, KeyRef, KeyRing, expiry
 from shared.service.tls import add_tls_arguments
+
+if TYPE_CHECKING:  # the key ring and SQLAlchemy are imported by the commands that run: `--help` stays fast
+    from sqlalchemy.orm import Session
+
+    from shared.service.keys import IssuedKey, KeyInfo, KeyRing
+
+    KeyOpener = Callable[[argparse.Namespace], tuple[KeyRing, Callable[[], Session]]]
 
 
 @dataclass(frozen=True)
@@ -143,13 +148,39 @@ def _operator(args: argparse.Namespace) -> str:
         return "unknown operator"
 
 
-KeyOpener = Callable[[argparse.Namespace], tuple[KeyRing, Callable[[], Session]]]
+class LazyChoices(Sequence[str]):
+    """An option's choices, computed the first time they are read (a parse, or that command's ``--help``): listing
+    them must not import what computes them for every other command (``labeldp --help`` imports no solver). Give the
+    option a ``metavar``, since argparse reads the choices to make one."""
+
+    def __init__(self, load: Callable[[], list[str]]) -> None:
+        self._load: Callable[[], list[str]] = load
+        self._items: list[str] | None = None
+
+    def _loaded(self) -> list[str]:
+        if self._items is None:
+            self._items = list(self._load())
+        return self._items
+
+    def __getitem__(self, index):
+        return self._loaded()[index]
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._loaded()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
 
 
 def handle_keys(parsers: ServiceParsers, open_keys: KeyOpener) -> None:
     """The key commands' handlers over the party's key ring and database sessions (``open_keys(args)``)."""
 
     def create(args: argparse.Namespace) -> int:
+        from shared.service.keys import expiry  # here, not at registration: `--help` opens no key ring
+
         expires_at = expiry(days=args.expires_in, at=args.expires_at)  # flags first: a usage error opens nothing
         keys, sessions = open_keys(args)
         with sessions() as session, session.begin():
@@ -169,6 +200,8 @@ def handle_keys(parsers: ServiceParsers, open_keys: KeyOpener) -> None:
         return 0
 
     def revoke(args: argparse.Namespace) -> int:
+        from shared.service.keys import KeyRef
+
         ref = KeyRef(args.id, args.prefix)
         keys, sessions = open_keys(args)
         with sessions() as session, session.begin():
@@ -177,6 +210,8 @@ def handle_keys(parsers: ServiceParsers, open_keys: KeyOpener) -> None:
         return 0
 
     def rotate(args: argparse.Namespace) -> int:
+        from shared.service.keys import KeyRef, expiry
+
         ref = KeyRef(args.id, args.prefix)
         expires_at = expiry(days=args.expires_in, at=args.expires_at)
         if not 0 <= args.grace_hours <= 720:  # also refuses NaN

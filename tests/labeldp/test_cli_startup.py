@@ -29,3 +29,20 @@ def test_a_trainer_command_does_not_import_the_labels_party():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_help_imports_no_solver_numerics_or_database():
+    """Issue 42: `labeldp --help` took 1.7 s idle (6–13 s under load) importing the solvers; it imports none of
+    them, nor NumPy, pydantic or SQLAlchemy (0.13 s on this 2-core machine under load). A command's own ``--help``
+    still lists its choices (computed when read)."""
+    heavy = ("jax", "scipy", "highspy", "dp_accounting", "numpy", "pydantic", "sqlalchemy", "clarabel", "pandas")
+    script = ("import sys, runpy\nsys.argv = ['labeldp', '--help']\ntry:\n    runpy.run_module('labeldp', "
+              "run_name='__main__')\nexcept SystemExit as done:\n    assert done.code == 0\n"
+              f"print(sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr[-2000:]
+    assert "randomizer" in done.stdout and "labels" in done.stdout
+    solve = subprocess.run([sys.executable, "-m", "labeldp", "randomizer", "solve", "--help"], capture_output=True,
+                           text=True, timeout=300)
+    assert "opt-unbiased, rr-on-bins" in " ".join(solve.stdout.split()), solve.stdout
