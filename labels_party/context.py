@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
-from labels_party import db, housekeeping, jobs, migrations, recovery, workers
+from labels_party import db, housekeeping, jobs, migrations, recovery
 from labels_party.ledger import HeadSigner, Ledger, entries, key_certificates, load_key_file, replay
 from labels_party.ledger.records import secret_digest
 from labels_party.ledger.signing import load_or_create_key_file, public_hex
@@ -90,6 +90,9 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     check_source_prefixes(settings)
 
     def run_job(lease: Lease, lost: threading.Event) -> None:
+        from labels_party import workers  # the releases' code, imported by the first job: a command such as
+        # create-key, which runs none, starts without it (issue 42)
+
         workers.run(ctx, lease, lost)  # the context below: a job runs only once it exists
 
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,

@@ -53,7 +53,6 @@ from labels_party.ledger.books import (
 )
 from labels_party.ledger.chain import Replayed, replay
 from labels_party.ledger.charges import (
-    RDP_ORDERS,
     Charge,
     charged_units,
     is_gaussian,
@@ -103,3 +102,11 @@ __all__ = [
     "is_gaussian", "legacy_units", "rdp_curve", "rdp_epsilon_units", "remaining_units", "rollback_message",
     "units_epsilon", "verify_chain", "within_charge",
 ]
+
+
+def __getattr__(name: str):  # RDP_ORDERS from dp-accounting, imported when first read (labels_party.ledger.charges)
+    if name == "RDP_ORDERS":
+        from labels_party.ledger.charges import rdp_orders
+
+        return rdp_orders()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,17 +9,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from dp_accounting import dp_event
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.labelstore import CoverageSet, read_coverage
 from labels_party.ledger import agreement, chain, key_certificates, revocations
-from labels_party.ledger.charges import RDP_CAP, RDP_ORDERS, Charge, rdp_curve, rdp_epsilon_units
+from labels_party.ledger.charges import RDP_CAP, Charge, rdp_curve, rdp_epsilon_units, rdp_orders
 from labels_party.ledger.records import (
     AccountTerms,
     Charged,
@@ -38,8 +37,10 @@ from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
 from labels_party.storage import DataStore, MappedArray, write_npy
 from shared.errors import LabelDPError
-from shared.mechanisms import events
 from shared.service.keys import ApiKeyColumns, Principal
+
+if TYPE_CHECKING:  # dp-accounting is imported where an event is read (issue 42: making a key starts fast)
+    from dp_accounting import dp_event
 
 CHUNK = 1 << 22  # registry indices per step of a pass: bounded memory at any dataset size
 ROW_READS = 8  # reads of a dataset row the anchor does not admit before it is refused (check_anchor)
@@ -57,7 +58,7 @@ class AccountState:
     units: np.ndarray  # int64 per class
     sizes: np.ndarray  # int64 per class
     spent: np.ndarray  # int64 per class, at the account's δ
-    rdp: np.ndarray | None  # int64 (classes, len(RDP_ORDERS))
+    rdp: np.ndarray | None  # int64 (classes, len(rdp_orders()))
     registry_size: int
     mapped: MappedArray | None = None
 
@@ -72,9 +73,9 @@ class AccountState:
 
     def with_fresh(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(units, sizes, rdp) per class with the fresh class last; rdp as zeros when the account has none."""
-        rdp = self.rdp if self.rdp is not None else np.zeros((self.units.size, len(RDP_ORDERS)), np.int64)
+        rdp = self.rdp if self.rdp is not None else np.zeros((self.units.size, len(rdp_orders())), np.int64)
         return (np.append(self.units, 0), np.append(self.sizes, self.registry_size - self.classes.size),
-                np.vstack([rdp, np.zeros((1, len(RDP_ORDERS)), np.int64)]))
+                np.vstack([rdp, np.zeros((1, len(rdp_orders())), np.int64)]))
 
     def spent_with_fresh(self) -> np.ndarray:
         """Spent units per class at the account's δ, the fresh class last."""
@@ -300,6 +301,8 @@ class Ledger:
             db.BudgetAccount.dataset_id == dataset_id, db.BudgetAccount.org_id == org_id).with_for_update())
         if dataset is None or account is None:  # an admitted organization always has an account (possibly empty)
             raise BudgetExceeded(0, 0)
+        from shared.mechanisms import events
+
         cost = Charge.of(event, epsilon_requested)
         recorded_event = events.to_dict(event)
         _check_recomputable(recorded_event, cost)  # before anything is read or written
@@ -703,6 +706,8 @@ def _check_recomputable(recorded_event: dict[str, Any], cost: Charge) -> None:
     """The charge as the record will state it must be recomputable from the record's own event: the same RDP
     curve, or for a pure event an ε within the units charged (a kind that priced itself wrong is refused here,
     before anything is written)."""
+    from shared.mechanisms import events
+
     event = events.from_dict(recorded_event)
     fits = (tuple(int(v) for v in rdp_curve(event)) == cost.rdp if cost.rdp is not None
             else within_charge(events.epsilon_of(event), cost.units))
@@ -751,14 +756,14 @@ class _Recomputed:
             for pair, at in zip(pairs.tolist(), first.tolist(), strict=True):
                 representative.setdefault(tuple(pair), start + at)
         keys = sorted(representative)
-        rows = np.zeros((len(keys), 1 + len(RDP_ORDERS)), dtype=np.int64)
+        rows = np.zeros((len(keys), 1 + len(rdp_orders())), dtype=np.int64)
         for i, (units, sig) in enumerate(keys):
             rows[i, 0] = units
             rows[i, 1:] = self.curve_of(sig, representative[(units, sig)])
         return keys, rows
 
     def curve_of(self, signature: int, example: int) -> np.ndarray:
-        curve = np.zeros(len(RDP_ORDERS), dtype=np.int64)
+        curve = np.zeros(len(rdp_orders()), dtype=np.int64)
         if signature == 0:
             return curve
         for record, charge, _tag_value in self.charges:
