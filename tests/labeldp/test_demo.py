@@ -68,7 +68,7 @@ def test_quick_demo_writes_results_plot_and_a_complete_audit(quick_demo):
     # a release per mechanism (RR-on-Bins, biased, with its estimate rows released apart by opt-unbiased), and
     # auto's two parts and central mean: the trees' jobs charged nothing more, and every example ε per job
     assert "8 privacy events, hash chain valid: True" in report
-    assert "epsilon_spent = 5 of 5" in report
+    assert "so each has spent Σε = 5; the labels party reports epsilon_spent = 5 of 5" in report  # the two agree
     assert "## auto: the trainer chooses" in report
     assert "The 4 gbdt jobs requested no release" in report
     # every head the service signed and exported still verifies against the database it left (both datasets: at
