@@ -10,9 +10,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from labels_party.db import ApiKey, Organization, utcnow
+from labels_party.db import ApiKey, Organization
 from labels_party.ledger import Ledger, key_certificates
-from labels_party.ledger.records import secret_digest
 from labels_party.ledger.signing import key_id
 from shared.errors import LabelDPError
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRing, Principal
@@ -42,8 +41,7 @@ def authenticate(session: Session, authorization: str | None, ledger: Ledger) ->
     if key is None or not ledger.key_honoured(key, principal.org_name):
         ours = key_id(ledger.signer.public) if ledger.signer is not None else None
         theirs = key_certificates.signer(key.certificate if key is not None else None)
-        if key is not None and ledger.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash),
-                                                          utcnow()) is not None:
+        if key is not None and ledger.key_revoked(key):
             log.warning("key %s of %s was revoked (the data directory's revocations name it) but its row says it is "
                         "in force — the database was changed outside the service: refused", principal.key_prefix,
                         principal.org_name)

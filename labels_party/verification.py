@@ -57,7 +57,6 @@ from labels_party.ledger import (
     within_charge,
 )
 from labels_party.ledger.agreement import table_problems
-from labels_party.ledger.records import secret_digest
 from shared.errors import LabelDPError
 from shared.mechanisms import events
 from shared.mechanisms.documents import sampler_from_description
@@ -136,7 +135,7 @@ def _keys_in_force_wrongly(sessions: sessionmaker, ledger: Ledger, public_key: E
         for key, org in rows:
             if not key.in_force(now):
                 continue
-            if ledger.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash), now) is not None:
+            if ledger.key_revoked(key):
                 problems.append(f"key {key.prefix} of {org} is in force in the database but was revoked (the data "
                                 "directory's revocations name it)")
             elif public_key is not None and not key_certificates.agrees(public_key, key, org):

@@ -569,9 +569,13 @@ class Ledger:
         """Whether the service issued ``key`` (of ``org``) as its row now stands (:mod:`.key_certificates`; a
         ledger without an audit key — tests of the ledger alone — certifies nothing and checks nothing) and the data
         directory has not revoked it (:mod:`.revocations`)."""
-        if self.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash), db.utcnow()) is not None:
+        if self.key_revoked(key):
             return False
         return self.signer is None or key_certificates.agrees(self.signer.public, key, org)
+
+    def key_revoked(self, key: db.ApiKey) -> bool:
+        """Whether the data directory's revocations (:mod:`.revocations`) refuse ``key`` now, whatever its row says."""
+        return self.revocations.refuses(key.id, key.prefix, secret_digest(key.key_hash), db.utcnow()) is not None
 
     # -- the anchor ---------------------------------------------------------------------------------------------
     def read_anchor(self, dataset_id: str) -> Anchor | None:
