@@ -24,6 +24,7 @@ from labeldp.local_services import serve_in_thread
 from labels_party.api import create_app as create_labels
 from labels_party.auth import create_key
 from labels_party.context import make_context
+from shared.randomness import SeededSource, secure_rng
 from tests.support.paths import assert_path_free
 
 N = 1500
@@ -48,13 +49,17 @@ def trainer_client(ctx, org: str, role: str = "admin") -> TestClient:
 
 
 @pytest.fixture()
-def parties(tmp_path):
+def parties(tmp_path, request):
+    """Two parties over HTTP; the labels party draws from the cryptographic source unless the test is marked
+    ``@pytest.mark.labels_seed(n)`` (then from ``SeededSource(n)``: its releases' noise repeats run to run)."""
+    seed = request.node.get_closest_marker("labels_seed")
+    random_source = SeededSource(seed.args[0]) if seed else secure_rng
     rng = np.random.default_rng(3)
     x = rng.normal(size=(N, 2))
     group = rng.choice(["a", "b", "c"], size=N)
     labels = np.clip(np.rint(10 + 4 * x[:, 0] - 3 * x[:, 1] + 5 * (group == "c") + rng.normal(size=N)), 0, 30)
     ids = [f"u{i}" for i in range(N)]
-    ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels")
+    ctx = make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels", random_source=random_source)
     with ctx.sessions() as session, session.begin():
         admin = create_key(ctx.ledger, session, "office", "admin")
         consumer = create_key(ctx.ledger, session, "publisher", "consumer")
