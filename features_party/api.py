@@ -38,7 +38,12 @@ def create_app(ctx: TrainerContext, *, run_jobs: bool = False) -> FastAPI:
 
 
 def _job_limits(spec: dict, settings: TrainerSettings) -> None:
-    """This deployment's job limits in the description of ``POST /v1/jobs``, so a client knows them up front."""
+    """This deployment's job limits in the description of ``POST /v1/jobs``, and its labels parties' names as the
+    values ``labels_party`` may take, so a client knows them up front."""
+    party = spec["components"]["schemas"]["JobRequest"]["properties"]["labels_party"]
+    for option in party.get("anyOf", [party]):
+        if option.get("type") == "string" and settings.labels_parties:
+            option["enum"] = sorted(settings.labels_parties)
     operation = spec["paths"]["/v1/jobs"]["post"]
     operation["description"] = operation.get("description", "") + (
         f"\n\nThis trainer's limits: a job's size (parameters × epochs × stages × rows) at most "

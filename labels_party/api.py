@@ -51,8 +51,8 @@ def _deployment(spec: dict, settings) -> None:
 
 
 def _epsilon_range(spec: dict, settings) -> None:
-    """This deployment's ε range on every ε a request carries (schemas and query parameters), so generated
-    clients and fuzzers know it."""
+    """This deployment's ε range on every ε a request carries (schemas and query parameters), and its δ ceiling on
+    every δ a budget or grant carries, so generated clients and fuzzers know them."""
     low, high = settings.epsilon_min, settings.epsilon_max
     for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest", "QuantilesRequest", "PateRequest"):
         for name, prop in spec["components"]["schemas"][model]["properties"].items():
@@ -60,6 +60,13 @@ def _epsilon_range(spec: dict, settings) -> None:
                 for option in prop.get("anyOf", [prop]):
                     if option.get("type") == "number":
                         option.update(minimum=low, maximum=high)
+    schemas = spec["components"]["schemas"]
+    for model in ("ClassesDatasetCreate", "ContinuousDatasetCreate", "FiniteDatasetCreate", "IntegerDatasetCreate"):
+        total = schemas[model]["properties"]["epsilon_total"]  # a budget below the smallest release buys nothing
+        total.pop("exclusiveMinimum", None)
+        total["minimum"] = low
+        schemas[model]["properties"]["delta_total"].update(maximum=settings.delta_max)
+    schemas["GrantCreate"]["properties"]["delta"].update(maximum=settings.delta_max)
     for path in spec["paths"].values():
         for operation in path.values():
             for parameter in operation.get("parameters", []):

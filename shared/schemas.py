@@ -386,10 +386,13 @@ class PateRequest(BaseModel):
     steps: Annotated[int, Field(ge=1, le=5000), INTEGRAL] = 300  # each teacher's full-batch Adam steps
     learning_rate: float = Field(default=0.1, gt=0, le=100)
     example_ids: list[str] = Field(min_length=2, fail_fast=True)  # the teachers' labelled examples (charged)
-    features: list[Annotated[list[FiniteFloat], Field(fail_fast=True)]] = Field(min_length=2, fail_fast=True)
+    # at least one column (a teacher of no feature votes the majority: nothing to learn)
+    features: list[Annotated[list[FiniteFloat], Field(min_length=1, fail_fast=True)]] = Field(min_length=2,
+                                                                                                fail_fast=True)
     # the rows the student wants labels for (names of the caller's choosing) and their features: one vector each
     query_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(min_length=1, fail_fast=True)
-    query_features: list[Annotated[list[FiniteFloat], Field(fail_fast=True)]] = Field(min_length=1, fail_fast=True)
+    query_features: list[Annotated[list[FiniteFloat], Field(min_length=1, fail_fast=True)]] = Field(min_length=1,
+                                                                                                      fail_fast=True)
 
 
 class ReleaseExecution(BaseModel):

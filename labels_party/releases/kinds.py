@@ -559,8 +559,6 @@ class PateRelease(_JsonBodyKind):
         if max((abs(v) for row in rows for v in row), default=0.0) > MAX_FEATURE:
             raise LabelDPError(f"features must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (standardize them): "
                                "larger ones overflow float32 training", code="invalid_input")
-        if not rows[0]:
-            raise LabelDPError("features must have at least one column", code="invalid_input")
         if len(set(request.query_ids)) != len(request.query_ids):
             raise LabelDPError("query_ids must be distinct", code="invalid_input")
         if request.teachers > len(request.example_ids):

@@ -91,7 +91,7 @@ def test_pate_labels_the_query_rows_and_is_charged_its_rdp_curve(setup):
      "invalid_input"),
     ({"features": [[1e9] * 64] * 1400}, 400, "invalid_input"),
     ({"epsilon": 0.0001}, 400, "epsilon_out_of_range"),
-    ({"features": [[]] * 1400, "query_features": [[]] * 50}, 400, "invalid_input"),  # teachers of biases alone
+    ({"features": [[]] * 1400, "query_features": [[]] * 50}, 422, "invalid_request"),  # teachers of biases alone
     # the review's: votes of 1,000 teachers on 10,000 queries were never priced (+1.6 GB after the charge at 20,000)
     ({"teachers": 1000, "query_ids": [f"q{i}" for i in range(10_000)], "query_features": [[0.5] * 64] * 10_000},
      400, "training_too_large"),
