@@ -1,10 +1,13 @@
 """Console sessions: an admin signs in with an API key once; the console then carries a random session token in
 a cookie instead of the key.
 
-* The token is 256 random bits; the database keeps only its digest keyed by the audit key
-  (``console_sessions``; :meth:`~labels_party.ledger.signing.HeadSigner.digest`), so a copy of the database opens
-  no session and a database writer cannot insert one of their own. The raw API key is checked against the key
-  table and then forgotten: it is never stored, put in a cookie, logged or rendered.
+* The token is the id of the key the session acts as and 256 random bits (``<key id>.<random>``); the database
+  keeps only its digest keyed by the audit key (``console_sessions``;
+  :meth:`~labels_party.ledger.signing.HeadSigner.digest`), so a copy of the database opens no session and a database
+  writer cannot insert one of their own. A session row acts only as the key its token names: a writer who points
+  their own session's row at another owner's key gets no session (issue 40's sixth review; the key's id is on its
+  signed certificate, so renumbering keys does not help either). The raw API key is checked against the key table
+  and then forgotten: it is never stored, put in a cookie, logged or rendered.
 * A session acts as the admin key it was opened with: a key revoked or expired (or no longer an admin's) ends
   every session opened with it at its next request (the key's row is read on every request). Sessions expire
   (``lifetime``); signing out deletes the row.
@@ -76,14 +79,15 @@ class Sessions:
             key_id = session.scalar(select(db.ApiKey.id).where(db.ApiKey.key_hash == hash_key(api_key)))
             now = db.utcnow()
             session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.expires_at <= now))
-            token = secrets.token_urlsafe(32)
+            token = f"{key_id}.{secrets.token_urlsafe(32)}"
             session.add(db.ConsoleSession(token_hash=self.token_hash(token), api_key_id=key_id, created_at=now,
                                           expires_at=now + self.lifetime))
             return token, principal
 
     def principal(self, token: str | None) -> Principal | None:
         """Who the session is, or None (no such session, expired, key revoked or expired or no longer an admin's)."""
-        if not token or len(token) > 100:
+        named, _, random_part = (token or "").partition(".")
+        if not named.isdecimal() or not random_part or len(token or "") > 100:
             return None
         with self.sessions() as session, session.begin():
             row = session.execute(
@@ -95,7 +99,7 @@ class Sessions:
                 return None
             console_session, key, org = row
             now = db.utcnow()
-            if console_session.expires_at <= now or not key.in_force(now) or key.role != "admin" or \
+            if key.id != int(named) or console_session.expires_at <= now or not key.in_force(now) or key.role != "admin" or \
                     not self.ledger.key_honoured(key, org.name):
                 return None
             return Principal(org.id, org.name, key.role, key.id, key.prefix)

@@ -262,9 +262,9 @@ def test_a_stolen_session_token_is_not_enough_without_the_cookie_flags(client, k
 def test_a_session_row_a_database_writer_inserts_opens_nothing(ctx, client, keys, dataset):
     """Issue 40's review: a row with the SHA-256 of the writer's own token, on the owner's certified admin key,
     served the owner's console. The stored digest is keyed by the audit key: the writer cannot make one."""
-    token = secrets.token_urlsafe(32)
     with ctx.sessions() as s, s.begin():
         admin_key = s.scalar(select(db.ApiKey).where(db.ApiKey.key_hash == hash_key(keys["admin"])))
+        token = f"{admin_key.id}.{secrets.token_urlsafe(32)}"
         s.add(db.ConsoleSession(token_hash=hashlib.sha256(token.encode()).hexdigest(), api_key_id=admin_key.id,
                                 created_at=db.utcnow(), expires_at=db.utcnow() + timedelta(hours=1)))
     browser = TestClient(client.app)
@@ -272,6 +272,19 @@ def test_a_session_row_a_database_writer_inserts_opens_nothing(ctx, client, keys
     r = browser.get(f"/console/datasets/{dataset}", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"].endswith("/console/sign-in"), r.text[:300]
     assert page(signed_in(client.app, keys["admin"]), f"/console/datasets/{dataset}")  # a real session works
+
+
+def test_a_session_row_pointed_at_another_owners_key_opens_nothing(ctx, client, keys, dataset):
+    """Issue 40's sixth review: a writer signed in with their own admin key, then pointed their session's row at the
+    owner's admin key; the cookie served the owner's console. The token names its key and the digest covers it."""
+    browser = signed_in(client.app, keys["other_admin"])
+    assert browser.get(f"/console/datasets/{dataset}", follow_redirects=False).status_code == 404
+    with ctx.sessions() as s, s.begin():
+        owner = s.scalar(select(db.ApiKey.id).where(db.ApiKey.key_hash == hash_key(keys["admin"])))
+        assert s.execute(update(db.ConsoleSession).values(api_key_id=owner)).rowcount == 1
+    r = browser.get(f"/console/datasets/{dataset}", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].endswith("/console/sign-in"), r.text[:300]
+    assert "weeks" not in browser.get("/console/datasets").text
 
 
 def test_expired_sessions_and_revoked_keys_end_the_session(ctx, client, keys, dataset):
