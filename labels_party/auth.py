@@ -24,7 +24,8 @@ log = logging.getLogger("labeldp.labels")
 
 def key_ring(ledger: Ledger) -> KeyRing:
     """The key ring whose every key made or revoked is certified and chained by ``ledger``."""
-    return dataclasses.replace(KEYS, audit=ledger.key_changed, vouch=ledger.check_key_row)
+    return dataclasses.replace(KEYS, audit=ledger.key_changed, vouch=ledger.check_key_row,
+                               revocation_confirmed=ledger.revocation_confirmed)
 
 
 def create_key(ledger: Ledger, session: Session, org_name: str, role: str, *,

@@ -535,10 +535,10 @@ class Ledger:
         organization holds an account on, with the revocation's time and who (returns how many chains)."""
         assert isinstance(key, db.ApiKey)  # the labels party's key ring holds only its own keys
         org = session.get(db.Organization, key.org_id)
-        stated = key_certificates.statement(self.signer.public, key) if self.signer is not None else None
-        if change == "revoked" and stated is not None:  # to the organization its certificate names
-            org = session.scalar(select(db.Organization).where(db.Organization.name == stated["org"]))
-        assert org is not None  # the key's foreign key, or a certificate's organization (names are chained)
+        stated = self._own_certificate(key)
+        if change == "revoked" and stated is not None:  # to the organization its certificate names, if it exists
+            org = session.scalar(select(db.Organization).where(db.Organization.name == stated["org"])) or org
+        assert org is not None  # the key's foreign key
         if change == "revoked":  # outside the database first, by every identity the key has: no row edit undoes it
             assert key.revoked_at is not None and key.revoked_by is not None
             named = [(key.id, key.prefix, secret_digest(key.key_hash))]
@@ -552,6 +552,21 @@ class Ledger:
                 stated, key, org.name)):  # an edited row is revoked, never certified as it stands
             key.certificate = key_certificates.issue(self.signer.key, key, org.name)
         return chain.key(self, session, key, change, org)
+
+    def _own_certificate(self, key: db.ApiKey) -> dict | None:
+        """What ``key``'s certificate states, if the audit key signed it *for this key* (its id): a certificate a
+        database writer copied from another key (issue 40's sixth review: the owner's admin certificate on a key
+        about to be revoked) names that key's identities, and revoking this one must not revoke that one."""
+        stated = key_certificates.statement(self.signer.public, key) if self.signer is not None else None
+        return stated if stated is not None and stated.get("key_id") == key.id else None
+
+    def revocation_confirmed(self, session: Session, key: ApiKeyColumns) -> bool:
+        """Whether a row that says "revoked" was revoked by the service (:attr:`~shared.service.keys.KeyRing.
+        revocation_confirmed`): the data directory refuses it, or its certificate states the row as it is."""
+        assert isinstance(key, db.ApiKey)
+        org = session.get(db.Organization, key.org_id)
+        return self.key_revoked(key) or (self.signer is not None and org is not None
+                                         and key_certificates.agrees(self.signer.public, key, org.name))
 
     def check_key_row(self, session: Session, key: ApiKeyColumns) -> None:
         """Refuses (``ledger_tampered``) a key row that is not as the service issued it — before a rotation, whose

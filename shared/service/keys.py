@@ -191,6 +191,10 @@ class KeyRing:
     # Called before a key is rotated (its successor takes its organization, role and lifetime from the row): a party
     # whose keys carry certificates refuses a row that is not as it issued it. None: the row is taken as it stands.
     vouch: Callable[[Session, ApiKeyColumns], None] | None = None
+    # Whether a row that says "revoked" really was revoked by the service: a party whose keys carry certificates
+    # checks them, so that a database writer who marks a leaked key revoked just before the operator revokes it
+    # does not turn the operator's revocation into "already revoked" (and then clears the row). None: the row.
+    revocation_confirmed: Callable[[Session, ApiKeyColumns], bool] | None = None
 
     def create(self, session: Session, org_name: str, role: str, *, expires_at: datetime | None = None) -> str:
         """Create the organization if needed and return a new key (shown once, stored hashed)."""
@@ -245,7 +249,8 @@ class KeyRing:
         """Revoke a key now (one whose rotation's grace is running: now, no longer at its end)."""
         key = self._find(session, ref)
         now = utcnow()
-        if key.status(now) == "revoked":
+        if key.status(now) == "revoked" and (self.revocation_confirmed is None
+                                             or self.revocation_confirmed(session, key)):
             raise LabelDPError(f"key {ref} was already revoked at {key.revoked_at:%Y-%m-%d %H:%M:%S} UTC by "
                                f"{key.revoked_by}", code="invalid_input")
         self.record_revocation(session, key, by=by, effective_at=now)

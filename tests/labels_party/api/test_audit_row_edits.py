@@ -18,6 +18,7 @@ from sqlalchemy import select, text
 from labels_party import db
 from labels_party.auth import KEYS
 from labels_party.ledger import entries
+from shared.errors import LabelDPError
 from shared.service.keys import KeyRef, hash_key
 from tests.labels_party.api import test_audit_chain as chain_tests
 from tests.labels_party.api.helpers import created, expect_error, release
@@ -348,6 +349,56 @@ def test_a_revoked_keys_row_and_certificate_put_back_are_still_refused(ctx, clie
     assert report["valid"] is False
     assert f"key {prefix} of publisher is in force in the database but was revoked (the data directory's " \
            "revocations name it)" in report["problems"], report.get("problems")
+
+
+def test_a_key_marked_revoked_by_a_writer_is_still_revoked_by_the_operator(ctx, client, consumer, dataset):
+    """Issue 40's sixth review: a writer marked a leaked key revoked in its row just before the operator revoked it;
+    revoke-key answered "already revoked" and wrote nothing, and with the row put back the key charged again. A
+    row's "revoked" that neither the data directory nor the key's certificate confirms is revoked anew."""
+    from labels_party.auth import key_ring
+    key = _key_id(ctx, consumer)
+    saved = _row(ctx, key)
+    _sql(ctx, "UPDATE api_keys SET revoked_at = '2026-01-01 00:00:00.000000', revoked_by = 'security-team' "
+              "WHERE id = :k", k=key)
+    with ctx.sessions() as s, s.begin():
+        revoked = key_ring(ctx.ledger).revoke(s, KeyRef(key, None), by="operator")
+    assert revoked.revoked_by == "operator"
+    assert sorted(p.name for p in ctx.ledger.store.path("keys/revoked").glob("*.json"))  # outside the database
+    with ctx.sessions() as s, s.begin(), pytest.raises(LabelDPError, match="already revoked"):  # now it truly is
+        key_ring(ctx.ledger).revoke(s, KeyRef(key, None), by="operator")
+    _put_back(ctx, key, saved)
+    _refused(release(client, consumer, dataset, "after", mechanism="rr", epsilon=0.1))
+
+
+def test_a_certificate_copied_onto_a_key_being_revoked_revokes_only_that_key(ctx, client, admin, consumer, dataset):
+    """Issue 40's sixth review: the owner's admin certificate copied onto the consumer key the operator revoked
+    made the data directory's revocation name the admin key too — locked out for good. A certificate counts for a
+    key only when it is that key's (its id)."""
+    from labels_party.auth import key_ring
+    key, owner = _key_id(ctx, consumer), _key_id(ctx, admin)
+    _sql(ctx, "UPDATE api_keys SET certificate = (SELECT certificate FROM api_keys WHERE id = :a) WHERE id = :k",
+         a=owner, k=key)
+    with ctx.sessions() as s, s.begin():
+        key_ring(ctx.ledger).revoke(s, KeyRef(key, None), by="operator")
+    owners = client.get(f"/v1/datasets/{dataset}/budget", headers=admin)
+    assert owners.status_code == 200, owners.text
+    _refused(release(client, consumer, dataset, "after", mechanism="rr", epsilon=0.1))
+    with ctx.sessions() as s:
+        facts = [e.record for e in entries(s, dataset)
+                 if e.record.get("event") == "key" and e.record.get("change") == "revoked"]
+    assert [f["key_id"] for f in facts] == [key]
+
+
+def test_a_revocation_whose_certified_organization_was_renamed_still_revokes(ctx, client, consumer, dataset):
+    """Issue 40's sixth review: the certificate's organization renamed away made revoke-key fail on an assertion,
+    and the key kept working once the name was put back. It is revoked (on its row's organization's chains)."""
+    from labels_party.auth import key_ring
+    key = _key_id(ctx, consumer)
+    _sql(ctx, "UPDATE organizations SET name = 'publisher-x' WHERE name = 'publisher'")
+    with ctx.sessions() as s, s.begin():
+        key_ring(ctx.ledger).revoke(s, KeyRef(key, None), by="operator")
+    _sql(ctx, "UPDATE organizations SET name = 'publisher' WHERE name = 'publisher-x'")
+    _refused(release(client, consumer, dataset, "after", mechanism="rr", epsilon=0.1))
 
 
 def test_a_label_version_set_back_is_not_released(ctx, client, admin, consumer, dataset, labels):
