@@ -99,8 +99,8 @@ class Sessions:
                 return None
             console_session, key, org = row
             now = db.utcnow()
-            if key.id != int(named) or console_session.expires_at <= now or not key.in_force(now) or key.role != "admin" or \
-                    not self.ledger.key_honoured(key, org.name):
+            if key.id != int(named) or console_session.expires_at <= now or not key.in_force(now) or \
+                    key.role != "admin" or not self.ledger.key_honoured(key, org.name):
                 return None
             return Principal(org.id, org.name, key.role, key.id, key.prefix)
 
