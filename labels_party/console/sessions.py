@@ -86,8 +86,10 @@ class Sessions:
 
     def principal(self, token: str | None) -> Principal | None:
         """Who the session is, or None (no such session, expired, key revoked or expired or no longer an admin's)."""
-        named, _, random_part = (token or "").partition(".")
-        if not named.isdecimal() or not random_part or len(token or "") > 100:
+        if not token or len(token) > 100:
+            return None
+        named, _, random_part = token.partition(".")
+        if not named.isdecimal() or not random_part:
             return None
         with self.sessions() as session, session.begin():
             row = session.execute(
