@@ -68,7 +68,9 @@ def verify_audit(ctx: ServiceContext, dataset_id: str | None = None) -> dict:
     the caller decided access (the console: the dataset's owner)."""
     signer = ctx.ledger.signer
     if signer is None:
-        return verification.verify(ctx.sessions, ctx.ledger, dataset_id)
+        return verification.verify(ctx.sessions, ctx.ledger, dataset_id,
+                                   max_document_bytes=ctx.settings.max_document_bytes)
     directory = signer.directory
     return verification.verify(ctx.sessions, ctx.ledger, dataset_id, public_key=signer.public,
-                               heads_log=None if directory is None else lambda: signing.read_log(directory))
+                               heads_log=None if directory is None else lambda: signing.read_log(directory),
+                               max_document_bytes=ctx.settings.max_document_bytes)

@@ -306,7 +306,7 @@ def verify_audit_command(args) -> int:
     pinned, public, heads_log = _pinned(args, settings)
     report = verification.verify(migrations.make_sessionmaker(db.make_engine(settings.database_url)),
                                  Ledger(DataStore(settings.data_dir)), pinned=pinned, public_key=public,
-                                 heads_log=heads_log)
+                                 heads_log=heads_log, max_document_bytes=settings.max_document_bytes)
     print(json.dumps(report, indent=2))
     return 0 if report["valid"] else 1
 

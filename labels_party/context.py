@@ -30,7 +30,7 @@ from labels_party.spark.snapshot import local_path
 from labels_party.storage import DataStore
 from shared.errors import LabelDPError
 from shared.randomness import secure_rng
-from shared.service.keyfiles import read_private_file
+from shared.service.keyfiles import create_private_file, read_private_file
 from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
@@ -215,13 +215,49 @@ def audit_signer(settings: LabelsSettings) -> HeadSigner:
     """The audit key and export directory from settings (a key that others may read is refused at start). A
     configured key file must exist; without one, the key under the data directory is used — made by the first
     process that starts, its public key logged once (every deployment signs: nothing it appends is unsigned)."""
+    recorded = _recorded_signer(settings)
     if settings.audit_key_file is not None:
-        return HeadSigner(load_key_file(settings.audit_key_file), settings.audit_log_path)
-    key, made = load_or_create_key_file(settings.audit_key_path)
-    if made:
-        log.warning("made the audit key %s (set LABELDP_AUDIT_KEY_FILE to keep it elsewhere); its public key, which "
-                    "verify-audit --public-key takes: %s", settings.audit_key_path, public_hex(key.public_key()))
+        key = load_key_file(settings.audit_key_file)
+    elif recorded is not None and not settings.audit_key_path.exists():
+        raise _signer_mismatch(settings, recorded, None)
+    else:
+        key, made = load_or_create_key_file(settings.audit_key_path)
+        if made:
+            log.warning("made the audit key %s (set LABELDP_AUDIT_KEY_FILE to keep it elsewhere); its public key, "
+                        "which verify-audit --public-key takes: %s", settings.audit_key_path,
+                        public_hex(key.public_key()))
+    public = public_hex(key.public_key())
+    if recorded is None:
+        try:
+            create_private_file(_signer_record(settings), public.encode() + b"\n", exists="recorded meanwhile")
+        except LabelDPError:  # a process starting beside this one recorded its key first: the same, or refused
+            recorded = _recorded_signer(settings)
+    if recorded is not None and recorded != public:
+        raise _signer_mismatch(settings, recorded, public)
     return HeadSigner(key, settings.audit_log_path)
+
+
+def _signer_record(settings: LabelsSettings) -> Path:
+    """The public key that signs this data directory's accounts, written by the first process that signs: another
+    key is refused from then on (issue 40's sixth review: ``create-key`` run without the deployment's
+    LABELDP_AUDIT_KEY_FILE made a second key under the data directory and signed key facts and certificates with
+    it — a false alarm in verify-audit for good, and a key that answered 401)."""
+    return Path(settings.data_dir) / "audit-signer"
+
+
+def _recorded_signer(settings: LabelsSettings) -> str | None:
+    try:
+        return _signer_record(settings).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _signer_mismatch(settings: LabelsSettings, recorded: str, public: str | None) -> LabelDPError:
+    found = f"the key in use is {public[:16]}…" if public is not None else \
+        "no LABELDP_AUDIT_KEY_FILE is set and none is under the data directory"
+    return LabelDPError(f"this data directory's accounts are signed by the audit key {recorded[:16]}… and "
+                        f"{found}: set LABELDP_AUDIT_KEY_FILE to that key's file (nothing was changed)",
+                        code="audit_key_mismatch")
 
 
 def spark_secret(settings: LabelsSettings) -> str | None:

@@ -30,10 +30,12 @@ from sqlalchemy.orm import Session
 
 from labels_party import db
 from labels_party.ledger import canonical
+from labels_party.settings import LabelsSettings
 
 BINARY_MEDIA_TYPE = "application/vnd.labeldp.mechanism+npz"
 SKELETON = "document.json"
 INT64 = (-(1 << 63), (1 << 63) - 1)
+DEFAULT_MAX_BYTES: int = LabelsSettings.model_fields["max_document_bytes"].default  # the service passes its own
 
 
 def summary(value: Any) -> Any:
@@ -93,27 +95,84 @@ def pack(document: dict) -> bytes:
     return buffer.getvalue()
 
 
-def unpack(data: bytes) -> dict:
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        skeleton = json.loads(archive.read(SKELETON))
-        arrays: dict[int, list] = {}  # each stored array read once, however many places name it
+class Unreadable(ValueError):
+    """A stored document that is not one :func:`pack` wrote, or that would expand beyond what any release may
+    publish: the database was changed outside the service (its callers answer ``ledger_tampered``)."""
 
-        def array(index: int) -> list:
-            if index not in arrays:
-                with archive.open(f"a{index}.npy") as member:
-                    arrays[index] = np.lib.format.read_array(member, allow_pickle=False).tolist()
-            return arrays[index]
 
-        def fill(value: Any) -> Any:
-            if isinstance(value, dict):
-                if set(value) == {"$array"}:
-                    return list(array(value["$array"]))  # a list of its own: callers may change theirs
-                return {k: fill(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [fill(v) for v in value]
-            return value
+def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+    """The document :func:`pack` stored in ``data``. ``max_bytes``: the service's ``max_document_bytes``, which
+    bounds every document a release may create at 8 bytes per published number — so no honest document expands to
+    more than ``max_bytes // 8`` numbers, however many places name one array, and its skeleton is at most
+    ``max_bytes``. Anything else is refused before it is expanded (issue 40's sixth review: an 8 KB row naming one
+    10⁶-number array 100 times took a consumer's request to 2 GB), as :class:`Unreadable`."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            sizes = {info.filename: info.file_size for info in archive.infolist()}
+            if sizes.get(SKELETON, max_bytes + 1) > max_bytes:
+                raise Unreadable("its skeleton is missing or larger than any document")
+            skeleton = json.loads(archive.read(SKELETON))  # read no further than the listed size (zipfile)
+            named = _references(skeleton)
+            arrays: dict[int, np.ndarray] = {}  # each stored array read once, however many places name it
+            for index in sorted(set(named)):
+                arrays[index] = _read_array(archive, f"a{index}.npy", sizes,
+                                            max_bytes - 8 * sum(a.size for a in arrays.values()))
+            if sum(arrays[index].size for index in named) > max_bytes // 8:  # before anything is expanded
+                raise Unreadable("it expands beyond what any document may publish")
 
-        return fill(skeleton)
+            def fill(value: Any) -> Any:
+                if isinstance(value, dict):
+                    if set(value) == {"$array"}:
+                        return arrays[value["$array"]].tolist()  # a list of its own: callers may change theirs
+                    return {k: fill(v) for k, v in value.items()}
+                if isinstance(value, list):
+                    return [fill(v) for v in value]
+                return value
+
+            return fill(skeleton)
+    except Unreadable:
+        raise
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, OSError, RecursionError) as error:
+        raise Unreadable(f"it cannot be read ({type(error).__name__})") from None
+
+
+def _references(skeleton: Any) -> list[int]:
+    """The array indices the skeleton names, once per place (iteratively: a deep skeleton is no recursion)."""
+    named, pending = [], [skeleton]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            if set(value) == {"$array"}:
+                index = value["$array"]
+                if not isinstance(index, int) or isinstance(index, bool):
+                    raise Unreadable("an array reference is not an index")
+                named.append(index)
+            else:
+                pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return named
+
+
+def _read_array(archive: zipfile.ZipFile, name: str, sizes: dict[str, int], max_bytes: int) -> np.ndarray:
+    """One stored array, its header checked against the archive's listing before its data is read: int64 or
+    float64, of at most ``max_bytes // 8`` numbers (what the arrays read before it left), exactly as long as the
+    listing says."""
+    if name not in sizes:
+        raise Unreadable(f"it names an array it does not hold ({name})")
+    with archive.open(name) as member:
+        version = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(member)  # a header of at most 10,000 bytes (numpy's own bound)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if dtype not in (np.dtype("<i8"), np.dtype("<f8")) or not 0 <= count <= max_bytes // 8 or \
+                sizes[name] != member.tell() + 8 * count:
+            raise Unreadable(f"its array {name} is not one a document holds")
+        data = np.frombuffer(member.read(8 * count), dtype=dtype)
+        if data.size != count:
+            raise Unreadable(f"its array {name} is cut short")
+        return data.reshape(shape, order="F" if fortran else "C")
 
 
 def _numeric_array(value: list) -> np.ndarray | None:

@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -77,12 +78,14 @@ class _Changed(Exception):
 
 def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None, *,
            pinned: Sequence[SignedHead] | None = None, public_key: Ed25519PublicKey | None = None,
-           heads_log: Callable[[], Sequence[SignedHead]] | None = None) -> dict:
+           heads_log: Callable[[], Sequence[SignedHead]] | None = None,
+           max_document_bytes: int = documents.DEFAULT_MAX_BYTES) -> dict:
     """Every dataset's (or only ``dataset_id``'s) chain, facts, records, files and accounts, recomputed; with
     ``pinned`` heads (and the ``public_key`` they are signed with), each checked against its dataset's chain; with
     ``heads_log`` (reads the service's whole export of signed transitions), every entry since signing began must be
     covered by a transition the service signed: an entry appended by anyone else is found, even after later
-    signed heads."""
+    signed heads. ``max_document_bytes``: the service's (what bounds every mechanism document a release creates).
+    """
     # Read before any snapshot: every head exported and every anchor written was committed before, or is at most
     # one pending charge ahead, so a snapshot taken afterwards must contain what they say.
     heads: dict[str, list[SignedHead]] = {}
@@ -99,8 +102,10 @@ def verify(sessions: sessionmaker, ledger: Ledger, dataset_id: str | None = None
         if dataset_id is not None:
             query = query.where(db.Dataset.id == dataset_id)
         ids = list(session.scalars(query))
+    checked = _Documents(max_document_bytes)
     datasets = [_verify_dataset(sessions, ledger, name, anchors.get(name), heads.get(name, []), public_key,
-                                None if exported is None else exported.get(name, []), heads_log) for name in ids]
+                                None if exported is None else exported.get(name, []), heads_log, checked)
+                for name in ids]
     valid = all(not d["problems"] for d in datasets)
     report: dict[str, Any] = {"datasets": datasets, "valid": valid}
     missing = sorted(name for name in set(anchors) - set(ids) if not ledger.uncommitted_creation(name)) \
@@ -146,7 +151,8 @@ def _keys_in_force_wrongly(sessions: sessionmaker, ledger: Ledger, public_key: E
 
 def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
                     heads: list[SignedHead], public_key: Ed25519PublicKey | None,
-                    exported: list[SignedHead] | None, heads_log: Callable[[], Sequence[SignedHead]] | None) -> dict:
+                    exported: list[SignedHead] | None, heads_log: Callable[[], Sequence[SignedHead]] | None,
+                    checked: _Documents) -> dict:
     """``exported``: this dataset's heads in the log, read before any snapshot (like the pinned heads); the log is
     read again only when a snapshot's newest entries are not exported yet (a head is exported just after its
     commit)."""
@@ -155,7 +161,7 @@ def _verify_dataset(sessions: sessionmaker, ledger: Ledger, dataset_id: str, anc
         try:
             with sessions() as session, session.begin():
                 _snapshot(session)
-                report = _check(session, sessions, ledger, dataset_id, anchor, heads, public_key, exported)
+                report = _check(session, sessions, ledger, dataset_id, anchor, heads, public_key, exported, checked)
         except _Changed:
             time.sleep(0.01 * attempt)  # let the charges in flight commit: the next snapshot opens their files
             continue
@@ -183,7 +189,7 @@ def _snapshot(session: Session) -> None:
 
 def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id: str, anchor: Anchor | None,
            heads: list[SignedHead], public_key: Ed25519PublicKey | None,
-           exported: list[SignedHead] | None) -> dict:
+           exported: list[SignedHead] | None, checked: _Documents) -> dict:
     dataset = session.get(db.Dataset, dataset_id)
     if dataset is None:  # datasets are never deleted: it was listed a moment ago
         return {"dataset_id": dataset_id, "problems": ["the dataset row is gone"]}
@@ -214,9 +220,8 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     records, orgs = budgets.records_by_org(session, chain) if not (replayed.releases.keys() - releases.keys()) \
         else ([e.record for e in chain if e.is_release], None)
     coverage_hashes: dict[str, str] = {}
-    documents_checked: dict[str, tuple[str | None, float | None]] = {}
     for entry in (e for e in chain if e.is_release):
-        problems += _record_problems(ledger, session, dataset, entry, coverage_hashes, documents_checked)
+        problems += _record_problems(ledger, session, dataset, entry, coverage_hashes, checked)
     for release in sorted(releases.values(), key=lambda r: r.id):
         problems += _file_problems(ledger, release)
     problems += _label_file_problems(session, ledger, dataset, replayed)
@@ -391,7 +396,7 @@ def _revoked_key_problems(chain: Sequence[Entry]) -> list[str]:
 
 
 def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entry: Entry,
-                     hashes: dict[str, str], checked: dict[str, tuple[str | None, float | None]]) -> list[str]:
+                     hashes: dict[str, str], checked: _Documents) -> list[str]:
     seq, record = entry.seq, entry.record
     problems = []
     charge = Charge.of_record(record)
@@ -433,16 +438,26 @@ def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entr
     return problems
 
 
-def _document_problems(stored: db.MechanismDocument, charge: Charge,
-                       checked: dict[str, tuple[str | None, float | None]]) -> list[str]:
+@dataclass
+class _Documents:
+    """Each mechanism document's check (:func:`_document_check`), once per verify: releases share documents.
+    ``max_bytes``: the service's ``max_document_bytes``, which bounds what a stored document may expand to."""
+
+    max_bytes: int
+    found: dict[str, tuple[str | None, float | None]] = field(default_factory=dict)
+
+    def check(self, stored: db.MechanismDocument) -> tuple[str | None, float | None]:
+        if stored.hash not in self.found:
+            self.found[stored.hash] = _document_check(stored, self.max_bytes)
+        return self.found[stored.hash]
+
+
+def _document_problems(stored: db.MechanismDocument, charge: Charge, checked: _Documents) -> list[str]:
     """A mechanism document hashes to its address, and — for a mechanism that releases one number per label, which
     its description rebuilds exactly (:func:`shared.mechanisms.documents.sampler_from_description`) — the
     rebuilt mechanism's certified ε, computed again from the probabilities the document states, is within the
-    charge (the document of any other kind is checked by its address; its ε is its record's ``dp_event``).
-    ``checked``: what each document (by address) was found to be, once per verify: releases share documents."""
-    if stored.hash not in checked:
-        checked[stored.hash] = _document_check(stored)
-    damage, certified = checked[stored.hash]
+    charge (the document of any other kind is checked by its address; its ε is its record's ``dp_event``)."""
+    damage, certified = checked.check(stored)
     if damage is not None:
         return [f"mechanism document {stored.hash[:12]}… {damage}"]
     if certified is not None and charge.rdp is None and not within_charge(certified, charge.units):
@@ -450,12 +465,12 @@ def _document_problems(stored: db.MechanismDocument, charge: Charge,
     return []
 
 
-def _document_check(stored: db.MechanismDocument) -> tuple[str | None, float | None]:
+def _document_check(stored: db.MechanismDocument, max_bytes: int) -> tuple[str | None, float | None]:
     """(what is wrong with the document, or None; its mechanism's certified ε recomputed, or None)."""
     try:
-        document = documents.unpack(stored.body)
-    except (ValueError, TypeError, KeyError) as error:
-        return f"cannot be read ({type(error).__name__})", None
+        document = documents.unpack(stored.body, max_bytes)
+    except documents.Unreadable as error:
+        return str(error), None
     if documents.address(document) != stored.hash:
         return "does not hash to its address", None
     description = document.get("description")

@@ -63,7 +63,8 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
         state, expected, mechanism_hash = release.state, release.num_examples, release.mechanism_hash
         dataset = session.get(db.Dataset, release.dataset_id)
         source, source_sha256 = snapshot_uri(ctx, session, dataset), dataset.source_sha256
-        document = documents.unpack(documents.stored(session, spec["mechanism_hash"])) \
+        document = documents.unpack(documents.stored(session, spec["mechanism_hash"]),
+                                     ctx.settings.max_document_bytes) \
             if state == "running" and mechanism_hash == spec["mechanism_hash"] else None
     if state != "running":  # nothing to do (cannot happen: a job is queued only with its release running)
         with jobs.holding(ctx, claimed) as held:

@@ -89,7 +89,11 @@ def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_
         if not seen:
             raise LabelDPError("no such mechanism document for this key", code="not_found")
         packed = documents.stored(session, mechanism_hash)
-    if documents.address(documents.unpack(packed)) != mechanism_hash:  # a body rewritten in the database
+    try:
+        unpacked = documents.unpack(packed, ctx.settings.max_document_bytes)
+    except documents.Unreadable as error:  # a body rewritten in the database, refused before it expands
+        raise tampered(seen[0].dataset_id, [f"mechanism document {mechanism_hash}: {error}"]) from None
+    if documents.address(unpacked) != mechanism_hash:  # a body rewritten in the database
         raise tampered(seen[0].dataset_id, [f"mechanism document {mechanism_hash} does not hash to its "
                                                       "address"])
     return packed

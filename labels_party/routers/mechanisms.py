@@ -26,4 +26,4 @@ def mechanism_document(mechanism_hash: str, request: Request, who: AnyKey, ctx: 
     packed = queries.get_mechanism_document(ctx, who.principal, mechanism_hash)
     if documents.BINARY_MEDIA_TYPE in (request.headers.get("accept") or ""):
         return Response(packed, media_type=documents.BINARY_MEDIA_TYPE)
-    return JSONResponse(documents.unpack(packed))
+    return JSONResponse(documents.unpack(packed, ctx.settings.max_document_bytes))

@@ -149,6 +149,9 @@ class ErrorCode(str, Enum):
     # a Spark cluster master without the deployment's shared authentication secret (labels_party/spark/session.py)
     SPARK_NOT_SECURED = ("spark_not_secured", 503)
     SEALED_SECRET_DAMAGED = ("sealed_secret_damaged", 503)
+    # the audit key in use is not the one that signs this data directory's accounts (labels_party/context.py): a
+    # command run without LABELDP_AUDIT_KEY_FILE would have made a second key and signed with it
+    AUDIT_KEY_MISMATCH = ("audit_key_mismatch", 503)
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)
     RELEASE_FAILED = ("release_failed", 503)
     LEDGER_ROLLBACK = ("ledger_rollback", 503)  # the database is behind the data directory: restore both together

@@ -415,6 +415,32 @@ def test_a_deployment_without_a_configured_key_signs_with_one_it_made(tmp_path, 
         again.close()
 
 
+def test_a_command_without_the_deployments_audit_key_is_refused_and_changes_nothing(
+        ctx, client, consumer, dataset, db_url, data_dir, tmp_path, audit_key, monkeypatch, capsys):
+    """Issue 40's sixth review: ``create-key`` run without LABELDP_AUDIT_KEY_FILE (the deployment keeps its key
+    elsewhere) made a second key under the data directory and signed with it: verify-audit reported the key facts
+    as unsigned for good and the new key answered 401. The data directory records its signer; another is refused."""
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    for name in [n for n in os.environ if n.startswith("LABELDP_")]:
+        monkeypatch.delenv(name)
+    before = _verify(ctx, tmp_path, audit_key)
+    code = cli.main(["labels", "create-key", "--database-url", db_url, "--data-dir", str(data_dir), "--org",
+                     "publisher", "--role", "consumer", "--json"])
+    out = capsys.readouterr()
+    assert code != 0 and out.out == "" and f"signed by the audit key {audit_key[1][:16]}" in out.err
+    assert not (data_dir / "audit" / "audit-key.pem").exists()
+    assert before["valid"] and _verify(ctx, tmp_path, audit_key) == before
+    other = tmp_path / "other.pem"
+    signing.create_key_file(other)
+    monkeypatch.setenv("LABELDP_AUDIT_KEY_FILE", str(other))
+    assert cli.main(["labels", "create-key", "--database-url", db_url, "--data-dir", str(data_dir), "--org",
+                     "publisher", "--role", "consumer"]) != 0  # another key named: refused too
+    monkeypatch.setenv("LABELDP_AUDIT_KEY_FILE", str(audit_key[0]))
+    assert cli.main(["labels", "create-key", "--database-url", db_url, "--data-dir", str(data_dir), "--org",
+                     "publisher", "--role", "consumer"]) == 0
+    assert _verify(ctx, tmp_path, audit_key)["valid"]
+
+
 def _move_after(ctx, dataset, release_id: str, fact_seq: int) -> None:
     """Forge the chain so that ``release_id``'s record comes right after the fact at ``fact_seq`` (dated just after
     it), everything re-numbered and re-chained: a consistent chain in which a key charged after its revocation."""

@@ -423,6 +423,58 @@ def test_a_mechanism_document_rewritten_is_not_served(ctx, client, consumer, dat
     assert documents.address(untouched.json()) == second["mechanism_hash"]
 
 
+def _document_bomb(references: int) -> bytes:
+    """A packed document whose skeleton names one 10⁶-number array ``references`` times (8 KB at 100)."""
+    import io
+    import zipfile
+
+    import numpy as np
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("document.json", '{"description":{"x":[' + ",".join(['{"$array":0}'] * references) + "]}}")
+        with archive.open("a0.npy", "w") as member:
+            np.lib.format.write_array(member, np.zeros(1_000_000), allow_pickle=False)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("body", ["bomb", "not an archive", "an array not int64 or float64"])
+def test_a_mechanism_document_row_that_would_expand_or_cannot_be_read_is_refused_in_bounded_memory(
+        ctx, client, consumer, dataset, tmp_path, audit_key, body):
+    """Issue 40's sixth review: an 8 KB row naming a 10⁶-number array 100 times took a consumer's GET to 2 GB and
+    23 s before its 503; a row that is not an archive was a 500. Both are ledger_tampered, refused before anything
+    expands (traced memory stays under 64 MB: the one array read is 8 MB), and verify-audit names the document."""
+    import io
+    import tracemalloc
+    import zipfile
+
+    import numpy as np
+    stored = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    if body == "bomb":
+        data = _document_bomb(100)
+    elif body == "not an archive":
+        data = b"not a zip archive at all"
+    else:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            archive.writestr("document.json", '{"description":{"x":{"$array":0}}}')
+            with archive.open("a0.npy", "w") as member:
+                np.lib.format.write_array(member, np.array(["x"] * 10, dtype=object), allow_pickle=True)
+        data = buffer.getvalue()
+    _sql(ctx, "UPDATE mechanism_documents SET body = :b WHERE hash = :h", b=data, h=stored["mechanism_hash"])
+    tracemalloc.start()
+    try:
+        for accept in ("application/json", "application/vnd.labeldp.mechanism+npz"):
+            _tampered(client.get(f"/v1/mechanisms/{stored['mechanism_hash']}", headers={**consumer, "Accept": accept}),
+                      says=f"mechanism document {stored['mechanism_hash']}")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+    report = chain_tests._verify(ctx, tmp_path, audit_key)
+    problems = [p for d in report["datasets"] for p in d["problems"]]
+    assert not report["valid"] and any(f"mechanism document {stored['mechanism_hash'][:12]}" in p for p in problems)
+
+
 def test_verify_with_the_heads_log_alone_finds_a_deleted_dataset(ctx, client, admin, dataset, tmp_path, audit_key):
     """A database and data-directory writer removes a dataset whole (rows, anchor): the heads log still holds the
     heads the service signed for it, and verify-audit with only the log (no pinned heads) says so."""
