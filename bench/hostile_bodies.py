@@ -34,6 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.parquet_lies import understated  # noqa: E402
+
 HERE = Path(__file__).resolve().parent.parent
 MB = 1 << 20
 JSON_BYTES = 60 * MB  # under both services' 64 MiB JSON limit (max_json_bytes)
@@ -274,6 +277,9 @@ def cases() -> list[Case]:
         return parquet_bytes(pa.table({"example_id": dictionary_column(ten_million, ["u0"]),
                                        "group": dictionary_column(ten_million, ["g"])}))
 
+    def understating(_state):  # one 64 MiB id in ~3 KB, the footer saying its chunk holds 200 bytes
+        return understated(pa.table({"example_id": pa.array(["a" * (64 << 20)]), "label": pa.array([1])}))
+
     def long_ids(_state):  # 200,000 distinct 2,000-character ids, each named once: ~1 MB of zstd
         rows = 200_000
         ids = pa.array([("x" * 2000) + str(i) for i in range(rows)])
@@ -341,6 +347,9 @@ def cases() -> list[Case]:
                   nested(b'{"org": "o", "epsilon": [', b"]}"), b'{"org": "o", "epsilon": [[0]]}'),
         columnar_case("labels-parquet-bomb", "PUT labels: Parquet, 10^7 dictionary-encoded rows",
                       columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), labels_bomb,
+                      warm_csv),
+        columnar_case("labels-parquet-understated", "PUT labels: Parquet, one 64 MiB id whose footer says 200 bytes",
+                      columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), understating,
                       warm_csv),
         columnar_case("labels-parquet-long-ids", "PUT labels: Parquet, 200,000 distinct 2,000-character ids",
                       columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), long_ids, warm_csv),

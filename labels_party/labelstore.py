@@ -165,7 +165,7 @@ def _upload_parquet(handle) -> Iterator[pa.RecordBatch]:
     schema = metadata.schema.to_arrow_schema()
     columns = [name for name in ("example_id", "label") if name in schema.names]
     limit = UPLOAD_DECODED_FLOOR + UPLOAD_DECODED_RATIO * handle.size()
-    rows, total = parquet_decoded(metadata, columns)
+    rows, total = parquet_decoded(metadata, columns, handle)
     if total > limit:
         raise _decodes_to(total, handle.size(), " (from the Parquet metadata)")
     decoded, lengths = 0, Memo()

@@ -38,6 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from labels_party import parquet_pages
 from shared.errors import LabelDPError, library_message, resource_error
 
 FORMATS = {
@@ -220,7 +221,7 @@ def _parquet_priors(path: Path, names: list[str], decoded: Decoded) -> tuple[lis
         schema = metadata.schema.to_arrow_schema()
         columns = ["example_id", *names]
         _positions(schema.names, columns, True)
-        rows, total = parquet_decoded(metadata, columns)
+        rows, total = parquet_decoded(metadata, columns, handle)
         decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
         body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
                               read_dictionary=text_columns(schema, ["example_id"]))
@@ -303,7 +304,7 @@ def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> It
     schema = metadata.schema.to_arrow_schema()
     names = schema.names  # a new list at each access: taken once (K classes, K columns)
     read = [names[i] for i in _positions(names, columns, required)]
-    rows, total = parquet_decoded(metadata, read)
+    rows, total = parquet_decoded(metadata, read, handle)
     decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
     body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
                           read_dictionary=text_columns(schema, read))
@@ -328,11 +329,13 @@ def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMet
     return metadata
 
 
-def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str]) -> tuple[int, int]:
-    """(rows, bytes): what reading ``columns`` of a Parquet file decodes to at most, from its metadata only: a
-    fixed-width value its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes
-    of index per value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it). A nested
-    column (values repeated within a row) is refused: these bodies are flat."""
+def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -> tuple[int, int]:
+    """(rows, bytes): what reading ``columns`` of the Parquet file open on ``handle`` decodes to at most, from its
+    metadata and its pages' headers (:mod:`labels_party.parquet_pages`: the footer's sizes are claims, the page
+    headers are what decompression obeys; the larger counts), before any page is decompressed: a fixed-width value
+    its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes of index per
+    value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it). A nested column
+    (values repeated within a row) is refused: these bodies are flat."""
     wanted, schema, leaves = set(columns), metadata.schema, []
     for i in range(metadata.num_columns):
         column = schema.column(i)
@@ -342,18 +345,26 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str]) -> tuple[
         if column.max_repetition_level > 0 or column.path not in wanted:
             raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns", code="malformed_file")
         leaves.append((i, column.physical_type, column.length or 0))
-    total = 0
+    total, size, budget = 0, handle.size(), [parquet_pages.MAX_PAGES]
+    rows = {i: 0 for i, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for i, physical, length in leaves:
             chunk = row_group.column(i)
+            start = chunk.data_page_offset  # where Arrow starts reading the chunk (its dictionary page, if first)
+            if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
+                start = chunk.dictionary_page_offset
+            pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
+            values = max(chunk.num_values, pages.values)
+            rows[i] += values
             if physical == "BYTE_ARRAY":
-                total += 4 * chunk.num_values + 2 * chunk.total_uncompressed_size
+                total += 4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
             elif physical == "FIXED_LEN_BYTE_ARRAY":
-                total += chunk.num_values * (length + 8)
+                total += values * (length + 8)
             else:
-                total += chunk.num_values * (16 if physical == "INT96" else 8)
-    return metadata.num_rows, total
+                total += values * (16 if physical == "INT96" else 8)
+    handle.seek(0)
+    return max(metadata.num_rows, *rows.values(), 0), total
 
 
 def text_columns(schema: pa.Schema, names: Sequence[str]) -> list[str]:

@@ -1,0 +1,157 @@
+"""What a Parquet column chunk's pages decode to, read from their own headers (issue 40's sixth review).
+
+A Parquet file's footer *claims* each column chunk's uncompressed size and value count; the reader decompresses
+each page into a buffer of the size its *page header* states. A body whose footer understates the chunk (a
+one-row file whose footer says 200 bytes while its one page holds a 64 MiB string compressed to 2.7 KB) passed the
+footer-based check and took the server to +1 GB. The page headers are what decompression obeys, so the limits are
+checked against them too, before any page is decompressed: the bytes in the chunk's range (the range the reader
+reads) are walked header by header — each header is parsed, its page body skipped unread.
+
+A page header is a Thrift struct in the compact protocol (parquet-format's ``PageHeader``): field 2 is the
+uncompressed page size, 3 the compressed size, and the data page headers (fields 5 and 8) start with their value
+count. Only those are kept; every other field is skipped by type. pyarrow exposes none of this (its page reader is
+internal), and no maintained Python library reads page headers alone, hence this reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.errors import LabelDPError
+
+MAX_PAGES = 200_000  # per body: a page header is at least ~6 bytes, so this bounds the walk's time (~1 s)
+MAX_HEADER_BYTES = 1 << 20  # a page header (statistics included) larger than this is refused
+_WINDOW = 64 << 10
+
+# Thrift compact protocol types
+_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(1, 13)
+
+
+@dataclass(frozen=True)
+class ChunkPages:
+    """What a column chunk's page headers state: their values and uncompressed bytes (dictionary page included)."""
+
+    values: int
+    uncompressed: int
+
+
+class _Malformed(Exception):
+    pass
+
+
+class _Reader:
+    """Forward reads from ``handle`` (a seekable binary file) starting at ``position``, through a small window."""
+
+    def __init__(self, handle, position: int, size: int):
+        self.handle, self.position, self.size = handle, position, size
+        self.window, self.start = b"", position
+
+    def byte(self) -> int:
+        offset = self.position - self.start
+        if not 0 <= offset < len(self.window):
+            if self.position >= self.size:
+                raise _Malformed("a page header runs past the end of the file")
+            self.handle.seek(self.position)
+            self.window, self.start, offset = self.handle.read(_WINDOW), self.position, 0
+            if not self.window:
+                raise _Malformed("a page header runs past the end of the file")
+        self.position += 1
+        return self.window[offset]
+
+    def skip(self, count: int) -> None:
+        if count < 0 or self.position + count > self.size:
+            raise _Malformed("a page header names bytes past the end of the file")
+        self.position += count
+
+    def varint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.byte()
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise _Malformed("a varint longer than 64 bits")
+
+    def zigzag(self) -> int:
+        value = self.varint()
+        return (value >> 1) ^ -(value & 1)
+
+
+def _skip(reader: _Reader, kind: int, depth: int = 0) -> None:
+    if depth > 32:
+        raise _Malformed("a page header nested too deep")
+    if kind in (_TRUE, _FALSE, _BYTE):
+        reader.skip(1 if kind == _BYTE else 0)
+    elif kind in (_I16, _I32, _I64):
+        reader.varint()
+    elif kind == _DOUBLE:
+        reader.skip(8)
+    elif kind == _BINARY:
+        reader.skip(reader.varint())
+    elif kind in (_LIST, _SET):
+        header = reader.byte()
+        count, element = header >> 4, header & 0x0F
+        if count == 15:
+            count = reader.varint()
+        for _ in range(count):
+            _skip(reader, element, depth + 1) if element not in (_TRUE, _FALSE) else reader.skip(1)
+    elif kind == _MAP:
+        count = reader.varint()
+        if count:
+            types = reader.byte()
+            for _ in range(count):
+                _skip(reader, types >> 4, depth + 1)
+                _skip(reader, types & 0x0F, depth + 1)
+    elif kind == _STRUCT:
+        _struct(reader, depth + 1, {})
+    else:
+        raise _Malformed(f"unknown Thrift type {kind}")
+
+
+def _struct(reader: _Reader, depth: int, wanted: dict[int, int]) -> dict[int, int]:
+    """Read a struct, returning the integer fields whose ids ``wanted`` names (id → its value), and for the ids
+    it maps to -1 the first integer field of the nested struct there (a data page header's value count)."""
+    found: dict[int, int] = {}
+    field_id = 0
+    while True:
+        header = reader.byte()
+        kind = header & 0x0F
+        if kind == 0:
+            return found
+        delta = header >> 4
+        field_id = field_id + delta if delta else reader.zigzag()
+        if field_id in wanted and wanted[field_id] == 0 and kind in (_I32, _I64):
+            found[field_id] = reader.zigzag()
+        elif field_id in wanted and wanted[field_id] == -1 and kind == _STRUCT:
+            found[field_id] = _struct(reader, depth + 1, {1: 0}).get(1, 0)
+        else:
+            _skip(reader, kind, depth)
+
+
+def chunk_pages(handle, start: int, length: int, size: int, budget: list[int]) -> ChunkPages:
+    """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
+    bytes; ``budget``: the pages the body may still have (one-element list, decremented). 400 ``malformed_file``
+    for headers that cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES`."""
+    values = uncompressed = 0
+    position = start
+    try:
+        while position == start or position < start + length:  # the first page is read whatever the claim
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages; write larger pages",
+                                   code="body_too_large")
+            reader = _Reader(handle, position, size)
+            found = _struct(reader, 0, {2: 0, 3: 0, 5: -1, 8: -1})
+            if reader.position - position > MAX_HEADER_BYTES:
+                raise _Malformed("a page header is larger than any writer makes")
+            page_size, stored = found.get(2, -1), found.get(3, -1)
+            if page_size < 0 or stored < 0:
+                raise _Malformed("a page header without its sizes")
+            uncompressed += page_size
+            values += max(found.get(5, 0), found.get(8, 0), 0)
+            position = reader.position + stored
+    except _Malformed as error:
+        raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code="malformed_file") from None
+    return ChunkPages(values, uncompressed)
