@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -188,11 +189,12 @@ def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> list[str]:
     into another organization's admin)."""
     left_out = []
     with sessions() as session, session.begin():
-        chained: dict[int, list[tuple[tuple[str, str, str], str | None, bool]]] = {}
+        chained: dict[int, list[tuple[tuple[str, str, str], str | None, tuple[str, str | None] | None]]] = {}
         for dataset_id in session.scalars(select(db.Dataset.id).order_by(db.Dataset.id)):
             replayed = replay(entries(session, dataset_id))
             for key_id, made in replayed.keys.items():
-                chained.setdefault(key_id, []).append((made, replayed.secrets.get(key_id), key_id in replayed.revoked))
+                chained.setdefault(key_id, []).append((made, replayed.secrets.get(key_id),
+                                                       replayed.revoked.get(key_id)))
         for key, org in session.execute(select(db.ApiKey, db.Organization.name)
                                         .join(db.Organization, db.Organization.id == db.ApiKey.org_id)
                                         .where(db.ApiKey.certificate.is_(None)).order_by(db.ApiKey.id)).all():
@@ -200,7 +202,7 @@ def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> list[str]:
             if not facts:
                 why = "no chain made it"
             elif any(made != (org, key.role, key.prefix) or (digest is not None and digest != secret_digest(
-                    key.key_hash)) or (revoked and key.revoked_at is None) for made, digest, revoked in facts):
+                    key.key_hash)) or _revocation_lifted(key, revoked) for made, digest, revoked in facts):
                 why = "its row differs from what a chain recorded of it"
             else:
                 key.certificate = key_certificates.issue(signer.key, key, org)
@@ -209,6 +211,18 @@ def _certify_keys(sessions: sessionmaker, signer: HeadSigner) -> list[str]:
                         "labeldp labels create-key", key.id, key.prefix, org, why)
             left_out.append(f"key {key.id} (prefix {key.prefix}) of {org}: {why}")
     return left_out
+
+
+def _revocation_lifted(key: db.ApiKey, revoked: tuple[str, str | None] | None) -> bool:
+    """Whether a chain revoked ``key`` from a time its row no longer says: not revoked at all, or from later (issue
+    40's sixth review: a far-future revoked_at makes a revoked key look like one in its rotation's grace)."""
+    if revoked is None:
+        return False
+    if key.revoked_at is None:
+        return True
+    row = key.revoked_at.replace(tzinfo=timezone.utc) if key.revoked_at.tzinfo is None else key.revoked_at
+    since = revoked[1]
+    return row > (datetime.fromisoformat(since) if since is not None else datetime.now(timezone.utc))
 
 
 def audit_signer(settings: LabelsSettings) -> HeadSigner:

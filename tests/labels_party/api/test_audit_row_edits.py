@@ -621,6 +621,53 @@ def test_the_certifying_upgrade_leaves_out_rows_their_chains_contradict(tmp_path
     ctx.close()
 
 
+def test_the_certifying_upgrade_leaves_out_a_revoked_key_whose_revocation_was_moved_to_the_future(tmp_path,
+                                                                                                     capsys):
+    """Issue 40's sixth review (by reading): a key revoked before the upgrade to certificates (and to the data
+    directory's revocations), its row's revoked_at set far ahead by a writer, looked like a key in its rotation's
+    grace and was certified in force. A row revoked later than its chain says is not certified."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from labeldp import cli
+    from labels_party.api import create_app
+    from labels_party.auth import create_key, key_ring
+    from labels_party.context import make_context
+    from tests.labels_party.api.helpers import bearer
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    first = make_context(database, data)
+    with first.sessions() as s, s.begin():
+        owner = bearer(create_key(first.ledger, s, "shop", "admin"))
+        consumer = bearer(create_key(first.ledger, s, "publisher", "consumer"))
+    with TestClient(create_app(first)) as client:
+        made = client.post("/v1/datasets", headers=owner, json={
+            "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2}).json()["id"]
+        assert client.post(f"/v1/datasets/{made}/grants", headers=owner,
+                           json={"org": "publisher", "epsilon": 1}).status_code == 201
+    prefix = consumer["Authorization"].split("_")[1]
+    with first.sessions() as s, s.begin():
+        key_ring(first.ledger).revoke(s, KeyRef(None, prefix), by="ops")
+    first.close()
+    shutil.rmtree(data / "keys" / "revoked")  # a data directory from before its revocations
+    from sqlalchemy import create_engine
+    engine = create_engine(database)  # the writer's edit, then the schema as before certificates
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE api_keys SET revoked_at = '2999-01-01 00:00:00.000000' WHERE prefix = :p"),
+                           {"p": prefix})
+        connection.execute(text("ALTER TABLE api_keys DROP COLUMN certificate"))
+        connection.execute(text("UPDATE alembic_version SET version_num = '0018'"))
+    engine.dispose()
+    (data / "keys-certified").unlink()
+    assert cli.main(["labels", "upgrade-db", "--database-url", database, "--data-dir", str(data)]) == 0
+    left_out = json.loads(capsys.readouterr().out)["keys_not_certified"]
+    assert [line.split(": ", 1)[1] for line in left_out] == ["its row differs from what a chain recorded of it"]
+    assert f"prefix {prefix}" in left_out[0]
+    from labels_party.ledger.agreement import LedgerTampered
+    with pytest.raises(LedgerTampered, match=f"key {prefix} is revoked from 2999-01-01"):  # and the service
+        make_context(database, data)  # refuses to start until the row agrees with its chain again
+
+
 def test_the_owner_migration_0019_chains_is_the_one_the_chain_allocated_the_dataset_to():
     """Issue 40's fifth review: 0019 took the owner from the row, which a writer could have edited before the
     upgrade; it takes the organization the creation allocated the whole budget to."""
