@@ -10,10 +10,17 @@ from shared.errors import LabelDPError
 
 
 def register(commands) -> None:
-    from labeldp.benchmarks import choices
-
+    """The bench, demo and compose-demo commands."""
     bench = commands.add_parser("bench", help="benchmarks")
     bench_actions = bench.add_subparsers(dest="bench", required=True, parser_class=type(bench))
+    _register_utility(bench_actions)
+    _register_research_benches(bench_actions)
+    _register_demos(commands)
+
+
+def _register_utility(bench_actions) -> None:
+    from labeldp.benchmarks import choices
+
     quick = choices.QUICK
     utility = bench_actions.add_parser(
         "utility", help="privacy-utility curves on real datasets, or on your own table (--data FILE --label COL)",
@@ -31,32 +38,7 @@ def register(commands) -> None:
         f"{choices.MAX_LEVELS} levels or more levels than {choices.MAX_LEVEL_SHARE:.0%} of the rows, and numeric "
         f"columns whose |correlation| with the label is {choices.LEAK_ASSOCIATION:g} or more (they may leak it); "
         "nothing is dropped because of them.")
-    utility.add_argument("--dataset", default=None,
-                         help=f"{', '.join(choices.DATASET_NAMES)}, a comma list, or all (default: all, unless "
-                         "--data)")
-    utility.add_argument("--data", default=None, metavar="FILE", help="your own table: .csv (.tsv) or .parquet")
-    utility.add_argument("--label", default=None, metavar="COL", help="--data: the label column")
-    utility.add_argument("--features", default=None, metavar="A,B,...",
-                         help="--data: numeric feature columns (default: inferred, see above)")
-    utility.add_argument("--categorical", default=None, metavar="C,D,...",
-                         help="--data: categorical columns (default: inferred)")
-    utility.add_argument("--kind", default=None, choices=("integer", "continuous", "finite", "classes"),
-                         help="--data: the label kind (default: inferred); classes/finite with cross_entropy: "
-                         "classification (RR, LP-2ST/3ST, subset, cluster priors; accuracy)")
-    utility.add_argument("--clip", default=None, metavar="LOW:HIGH",
-                         help="--data: declared label bounds, clipped by the labels service, e.g. -60:180 (default: "
-                         "the labels' own min and max); or auto:Q_LOW:Q_HIGH:EPS[:LOW:HIGH] to choose them "
-                         "privately: the labels service's DP quantiles Q_LOW and Q_HIGH of the uploaded labels on the "
-                         "outer range LOW:HIGH (default: the labels' min and max), charged EPS per example on a "
-                         "dataset of its own, and the summary adds EPS to each example's budget")
-    utility.add_argument("--grid", type=int, default=None, metavar="N",
-                         help="--data: release integer/continuous labels on a grid of N points (grid_size; default: "
-                         "none for integer labels, 101 points for continuous ones)")
-    utility.add_argument("--loss", default=None, choices=("squared", "poisson", "cross_entropy"),
-                         help="--data: the training loss (default: squared for regression, cross_entropy for "
-                         "classes)")
-    utility.add_argument("--test-fraction", type=float, default=None, metavar="F",
-                         help="--data: share of rows held out for scoring (default: 0.2)")
+    _data_options(utility)
     grid = choices.DEFAULT
     utility.add_argument("--epsilons", default=",".join(f"{e:g}" for e in grid.epsilons), metavar="E,E,...",
                          help="the ε grid: every private mechanism is released and trained at each (default: "
@@ -97,6 +79,41 @@ def register(commands) -> None:
                          "then, and the summary counts the fallbacks")
     utility.set_defaults(handler=bench_utility_command)
 
+
+
+def _data_options(utility) -> None:
+    """What ``bench utility`` runs on: the bundled datasets, or a table of one's own and how to read it."""
+    from labeldp.benchmarks import choices
+
+    utility.add_argument("--dataset", default=None,
+                         help=f"{', '.join(choices.DATASET_NAMES)}, a comma list, or all (default: all, unless "
+                         "--data)")
+    utility.add_argument("--data", default=None, metavar="FILE", help="your own table: .csv (.tsv) or .parquet")
+    utility.add_argument("--label", default=None, metavar="COL", help="--data: the label column")
+    utility.add_argument("--features", default=None, metavar="A,B,...",
+                         help="--data: numeric feature columns (default: inferred, see above)")
+    utility.add_argument("--categorical", default=None, metavar="C,D,...",
+                         help="--data: categorical columns (default: inferred)")
+    utility.add_argument("--kind", default=None, choices=("integer", "continuous", "finite", "classes"),
+                         help="--data: the label kind (default: inferred); classes/finite with cross_entropy: "
+                         "classification (RR, LP-2ST/3ST, subset, cluster priors; accuracy)")
+    utility.add_argument("--clip", default=None, metavar="LOW:HIGH",
+                         help="--data: declared label bounds, clipped by the labels service, e.g. -60:180 (default: "
+                         "the labels' own min and max); or auto:Q_LOW:Q_HIGH:EPS[:LOW:HIGH] to choose them "
+                         "privately: the labels service's DP quantiles Q_LOW and Q_HIGH of the uploaded labels on the "
+                         "outer range LOW:HIGH (default: the labels' min and max), charged EPS per example on a "
+                         "dataset of its own, and the summary adds EPS to each example's budget")
+    utility.add_argument("--grid", type=int, default=None, metavar="N",
+                         help="--data: release integer/continuous labels on a grid of N points (grid_size; default: "
+                         "none for integer labels, 101 points for continuous ones)")
+    utility.add_argument("--loss", default=None, choices=("squared", "poisson", "cross_entropy"),
+                         help="--data: the training loss (default: squared for regression, cross_entropy for "
+                         "classes)")
+    utility.add_argument("--test-fraction", type=float, default=None, metavar="F",
+                         help="--data: share of rows held out for scoring (default: 0.2)")
+
+
+def _register_research_benches(bench_actions) -> None:
     classification = bench_actions.add_parser("classification", help="LP-1ST/2ST/3ST and subset on digits")
     classification.add_argument("--epsilons", default="0.5,1,2,4,8")
     classification.add_argument("--seeds", type=int, default=3)
@@ -112,6 +129,7 @@ def register(commands) -> None:
     pro.set_defaults(handler=bench_pro_command)
 
 
+def _register_demos(commands) -> None:
     demo = commands.add_parser("demo", help="the two-party demo on real data (both services over HTTP)")
     demo.add_argument("--out", default="demo-output")
     demo.add_argument("--epsilons", default="0.5,1,2,4")

@@ -880,30 +880,45 @@ def yardsticks(part: pd.DataFrame, prepared: Prepared) -> references.Yardsticks:
                                  higher_is_better=prepared.classification)
 
 
+def _priors_and_groups(part: pd.DataFrame, prepared, mechanisms: list[str]) -> list[str]:
+    """A learner section's lines on the Poisson optimum, the global private prior's ε and the per-group
+    randomizers' groups."""
+    lines = []
+    if prepared.metric == "relative_test_loss":
+        optimum = part[part.mechanism == "non-private"]["test_loss"]
+        lines.append(f"Non-private Poisson loss L*: {references.mean_sd(optimum)}.")
+    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins", "rr-with-prior"])]
+    clusters, share = _groups(prepared)
+    grouped = [m for m in mechanisms if (mechanisms_for(prepared)[m] or {}).get("group_release")]
+    groups_note = (f" Per-group randomizer ({', '.join(grouped)}): {clusters} k-means groups of the features, "
+                   f"ε_p = ε·{share:g}." if grouped else "")
+    if len(global_prior):
+        lines.append(f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}")
+    elif groups_note:
+        lines.append(groups_note.strip())
+    return lines
+
+
+def _fallbacks(fell: pd.DataFrame, seeds: int) -> str:
+    return ("Fallbacks (the labels service released the family's fallback — dbRR, or RR for classes — when the "
+            "build on the noisy prior could not certify, or would have said nothing about the labels): "
+            + "; ".join(f"{m} at ε = {e:g}: {len(r)} of {seeds} seeds ({', '.join(sorted(set(r)))})"
+                        for (m, e), r in fell.groupby(["mechanism", "epsilon"])["fallback"]) + ".")
+
+
 def _learner_section(part: pd.DataFrame, registered: Registered, mechanisms: list[str], config: BenchConfig,
                      out: Path, model: str) -> list[str]:
     """One learner on the dataset: its references, its two tables (test metric; noisy-label loss with max |bias|)
     and its figure (``NAME.png`` for the MLP, ``NAME-gbdt.png`` for trees)."""
     prepared = registered.prepared
     metric = prepared.metric
-    global_prior = part[part.mechanism.isin(["opt-unbiased", "opt-unbiased-mesh", "rr-on-bins", "rr-with-prior"])]
-    clusters, share = _groups(prepared)
-    grouped = [m for m in mechanisms if (mechanisms_for(prepared)[m] or {}).get("group_release")]
-    groups_note = (f" Per-group randomizer ({', '.join(grouped)}): {clusters} k-means groups of the features, "
-                   f"ε_p = ε·{share:g}." if grouped else "")
     private = part[part.mechanism != "non-private"]
     # the mechanisms this learner trained on (trees take no subset or ALIBI release)
     private_names = [m for m in mechanisms if m != "non-private" and m in set(private.mechanism)]
     test_label = {"accuracy": "test accuracy", "relative_test_loss": "relative Poisson loss"}.get(metric, "test MSE")
     refs = yardsticks(part, prepared)
-    lines = [f"### {prepared.name}, learner {model}: {MODELS[model]}", "", *refs.lines(test_label)]
-    if metric == "relative_test_loss":
-        optimum = part[part.mechanism == "non-private"]["test_loss"]
-        lines.append(f"Non-private Poisson loss L*: {references.mean_sd(optimum)}.")
-    if len(global_prior):
-        lines.append(f"ε₁ of the global private prior: {global_prior['prior_epsilon'].max():.3g}.{groups_note}")
-    elif groups_note:
-        lines.append(groups_note.strip())
+    lines = [f"### {prepared.name}, learner {model}: {MODELS[model]}", "", *refs.lines(test_label),
+             *_priors_and_groups(part, prepared, mechanisms)]
     if not private_names:
         return [*lines, ""]
     cells = private.groupby(["mechanism", "epsilon"])[metric]
@@ -940,10 +955,7 @@ def _learner_section(part: pd.DataFrame, registered: Registered, mechanisms: lis
     warning = refs.warning({key: float(value) for key, value in means.items()})
     fell = private[private["fallback"].notna()] if "fallback" in private else private.iloc[:0]
     if len(fell):
-        lines.append("Fallbacks (the labels service released the family's fallback — dbRR, or RR for classes — when "
-                     "the build on the noisy prior could not certify, or would have said nothing about the labels): "
-                     + "; ".join(f"{m} at ε = {e:g}: {len(r)} of {config.seeds} seeds ({', '.join(sorted(set(r)))})"
-                                 for (m, e), r in fell.groupby(["mechanism", "epsilon"])["fallback"]) + ".")
+        lines.append(_fallbacks(fell, config.seeds))
     return [*lines, "", f"{table_what} (bold: best at that ε; {refs.legend()}):", "",
             *report.epsilon_table(private_names, config.epsilons, test_cell),
             *([] if warning is None else ["", warning]),
