@@ -68,6 +68,26 @@ def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.
                  validate_on=validate_on)
 
 
+def _take_labels(table, release, ids: list[str], rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Write a stage's released labels into ``labels`` at ``rows``; which of the stage's ``ids`` the release holds
+    (the others were left out as uninformative, which the release must say)."""
+    position = {example: i for i, example in enumerate(table.column("example_id").to_pylist())}
+    noisy = table.column("label").to_numpy()
+    found = np.array([i in position for i in ids], dtype=bool)
+    uninformative = int((~found).sum())
+    if uninformative != release.description.get("uninformative_examples", 0):  # a release always says so
+        raise ValueError(f"release {release.id} lacks {uninformative} of the stage's examples but says it left "
+                         f"out {release.description.get('uninformative_examples', 0)}")
+    labels[rows[found]] = np.rint(noisy[[position[i] for i in ids if i in position]]).astype(np.int64)
+    return found
+
+
+def _in_top_k(result, numeric: np.ndarray, categorical: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    """Whether each label is among the model's ``k`` most likely classes for its example."""
+    top = np.argsort(-_logits(result, numeric, categorical), axis=1)[:, :k]
+    return np.any(top == labels[:, None], axis=1)
+
+
 def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np.ndarray, numeric: np.ndarray,
                      categorical: np.ndarray, *, vocab_sizes, num_classes: int, epsilon: float, stages: int,
                      config: TrainConfig | GbdtConfig, temperature: float = 1.0, seed: int = 0,
@@ -113,29 +133,20 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
                 # which it may be less sure.
                 reports.append(StageReport(stage, len(rows), None, 1.0, 0, 0.0, skipped=err.code))
                 continue
-        table = client.download_labels(release.id)
-        position = {example: i for i, example in enumerate(table.column("example_id").to_pylist())}
-        noisy = table.column("label").to_numpy()
-        found = np.array([i in position for i in ids], dtype=bool)
+        found = _take_labels(client.download_labels(release.id), release, ids, rows, labels)
         uninformative = int((~found).sum())
-        if uninformative != release.description.get("uninformative_examples", 0):  # a release always says so
-            raise ValueError(f"release {release.id} lacks {uninformative} of the stage's examples but says it left "
-                             f"out {release.description.get('uninformative_examples', 0)}")
         if result is not None:
             # The examples left out of the release are exactly those whose prior gives k = 1: RR-Top-1 would have
             # released the prior's most likely class (ties to the smaller class, as the labels party sorts them),
             # computed here and charged nothing. The stage's mean k counts them (k = 1).
             labels[rows[~found]] = np.argmax(priors[~found], axis=1)
             mean_k = (float(release.description["mean_k"]) * (len(rows) - uninformative) + uninformative) / len(rows)
-        labels[rows[found]] = np.rint(noisy[[position[i] for i in ids if i in position]]).astype(np.int64)
         labelled[rows] = True
         use = labelled.copy()
         if result is not None:  # drop earlier-stage labels outside the current model's top-k
-            k = max(1, int(round(mean_k)))
             earlier = labelled & ~np.isin(np.arange(n), rows)
-            top = np.argsort(-_logits(result, numeric[earlier], categorical[earlier]), axis=1)[:, :k]
-            outside = ~np.any(top == labels[earlier][:, None], axis=1)
-            use[np.flatnonzero(earlier)[outside]] = False
+            use[np.flatnonzero(earlier)[~_in_top_k(result, numeric[earlier], categorical[earlier], labels[earlier],
+                                                    max(1, int(round(mean_k))))]] = False
         released = np.zeros(n, dtype=bool)  # this stage's examples whose labels its release drew
         released[rows[found]] = True
         result = _fit(config, numeric[use], categorical[use], labels[use], vocab_sizes=vocab_sizes,
