@@ -164,17 +164,7 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
     (options, the features table, the example ids, the split, the size, the rows to train on) is refused before the
     labels party is asked anything; then the dataset (a read) decides the loss, the exact size and the ids to
     request. ``stored``: the request a job's record keeps (planned before: its ids may come with its split)."""
-    if (request.release is None) == (request.release_id is None):
-        raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
-    if not stored and request.split is not None and request.release is not None \
-            and request.release.example_ids is not None:
-        raise _invalid("give either split (the rows to hold out) or release.example_ids (the rows to train on)")
-    if request.protocol == "lp-mst" and request.release is None:
-        raise _invalid("lp-mst requests its own releases: give release, not release_id")
-    auto = isinstance(request.release, schemas.AutoRelease)
-    if auto and request.protocol != "single":
-        raise _invalid("an auto job chooses among protocols itself (its candidates include lp-2st): give protocol "
-                       "'single'")
+    auto = _check_options(request, stored)
     learners = _learners(request.train, auto)
     party, url = ctx.settings.labels_party_url(request.labels_party)
     with ctx.sessions() as session, session.begin():
@@ -199,10 +189,7 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         except (LabelsPartyError, httpx.HTTPError) as err:
             raise upstream_error(err, party) from None
     if existing is not None:
-        if existing.dataset_id != request.dataset_id:
-            raise _invalid(f"release {existing.id} is not a release of dataset {request.dataset_id}")
-        if existing.mechanism in shared_schemas.LABELLESS_RELEASES:
-            raise _invalid(f"release {existing.id} ({existing.mechanism}) publishes no labels to train on")
+        _check_existing(existing, request.dataset_id)
         mechanism, rows = existing.mechanism, min(rows, existing.num_examples)
     else:
         assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
@@ -225,6 +212,30 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         plan = _auto_plan(plan, dataset, frame, ctx.settings.min_train_examples)
     _check_training_rows(plan, frame, ctx.settings.min_train_examples)
     return plan
+
+
+def _check_options(request: schemas.JobRequest, stored: bool) -> bool:
+    """The request's options that exclude each other refused; whether it is an ``auto`` job."""
+    if (request.release is None) == (request.release_id is None):
+        raise _invalid("give either release (to request one) or release_id (to train on an existing one)")
+    if not stored and request.split is not None and request.release is not None \
+            and request.release.example_ids is not None:
+        raise _invalid("give either split (the rows to hold out) or release.example_ids (the rows to train on)")
+    if request.protocol == "lp-mst" and request.release is None:
+        raise _invalid("lp-mst requests its own releases: give release, not release_id")
+    auto = isinstance(request.release, schemas.AutoRelease)
+    if auto and request.protocol != "single":
+        raise _invalid("an auto job chooses among protocols itself (its candidates include lp-2st): give protocol "
+                       "'single'")
+    return auto
+
+
+def _check_existing(existing, dataset_id: str) -> None:
+    """An existing release a job trains on: of the job's dataset, and one that publishes labels."""
+    if existing.dataset_id != dataset_id:
+        raise _invalid(f"release {existing.id} is not a release of dataset {dataset_id}")
+    if existing.mechanism in shared_schemas.LABELLESS_RELEASES:
+        raise _invalid(f"release {existing.id} ({existing.mechanism}) publishes no labels to train on")
 
 
 def _learners(options: schemas.TrainOptions, auto: bool) -> tuple[str, ...]:
