@@ -7,6 +7,7 @@ by ``serve``: commands such as ``create-key`` run none, and tests drive them wit
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -232,7 +233,9 @@ def audit_signer(settings: LabelsSettings) -> HeadSigner:
     recorded = _recorded_signer(settings)
     if settings.audit_key_file is not None:
         key = load_key_file(settings.audit_key_file)
-    elif recorded is not None and not settings.audit_key_path.exists():
+    elif not settings.audit_key_path.exists() and (recorded is not None or _signed_before(settings)):
+        # a key made now would sign accounts another key signed (a deployment from before the record, whose key
+        # lives elsewhere, run without LABELDP_AUDIT_KEY_FILE): refused, nothing made
         raise _signer_mismatch(settings, recorded, None)
     else:
         key, made = load_or_create_key_file(settings.audit_key_path)
@@ -242,11 +245,8 @@ def audit_signer(settings: LabelsSettings) -> HeadSigner:
                         public_hex(key.public_key()))
     public = public_hex(key.public_key())
     if recorded is None:
-        try:
-            create_private_file(_signer_record(settings), public.encode() + b"\n", exists="recorded meanwhile")
-        except LabelDPError:  # a process starting beside this one recorded its key first: the same, or refused
-            recorded = _recorded_signer(settings)
-    if recorded is not None and recorded != public:
+        recorded = _record_signer(settings, public)
+    if recorded != public:
         raise _signer_mismatch(settings, recorded, public)
     return HeadSigner(key, settings.audit_log_path)
 
@@ -260,18 +260,49 @@ def _signer_record(settings: LabelsSettings) -> Path:
 
 
 def _recorded_signer(settings: LabelsSettings) -> str | None:
+    """The recorded public key; None if there is no record. A record is written whole (:func:`_record_signer`), so
+    one that is not a public key is damage, refused rather than read as none."""
     try:
-        return _signer_record(settings).read_text().strip() or None
+        recorded = _signer_record(settings).read_text().strip()
     except FileNotFoundError:
         return None
+    if len(recorded) != 64 or any(c not in "0123456789abcdef" for c in recorded):
+        raise LabelDPError(f"{_signer_record(settings)} does not hold an audit public key: restore it from a "
+                           "backup of the data directory", code="audit_key_mismatch")
+    return recorded
 
 
-def _signer_mismatch(settings: LabelsSettings, recorded: str, public: str | None) -> LabelDPError:
+def _record_signer(settings: LabelsSettings, public: str) -> str:
+    """Record ``public`` as the data directory's signer — whole (a private temporary file, then linked into place)
+    and never over a record — and return the record as it stands: this one, or one a process starting beside this
+    one made first."""
+    record = _signer_record(settings)
+    temporary = record.with_name(f".{record.name}.{os.getpid()}.{os.urandom(8).hex()}.tmp")
+    create_private_file(temporary, public.encode() + b"\n", exists="a temporary signer record exists")
+    try:
+        os.link(temporary, record)
+    except FileExistsError:
+        pass
+    finally:
+        temporary.unlink()
+    recorded = _recorded_signer(settings)
+    assert recorded is not None  # linked just now, or before by another process
+    return recorded
+
+
+def _signed_before(settings: LabelsSettings) -> bool:
+    """Whether the data directory holds accounts some audit key signed: its chains' anchors, or its keys'
+    certificates."""
+    anchors = Path(settings.data_dir) / "anchors"
+    return _certified_marker(settings).exists() or (anchors.is_dir() and any(anchors.iterdir()))
+
+
+def _signer_mismatch(settings: LabelsSettings, recorded: str | None, public: str | None) -> LabelDPError:
     found = f"the key in use is {public[:16]}…" if public is not None else \
         "no LABELDP_AUDIT_KEY_FILE is set and none is under the data directory"
-    return LabelDPError(f"this data directory's accounts are signed by the audit key {recorded[:16]}… and "
-                        f"{found}: set LABELDP_AUDIT_KEY_FILE to that key's file (nothing was changed)",
-                        code="audit_key_mismatch")
+    signer = f"the audit key {recorded[:16]}…" if recorded is not None else "an audit key that is not here"
+    return LabelDPError(f"this data directory's accounts are signed by {signer} and {found}: set "
+                        "LABELDP_AUDIT_KEY_FILE to that key's file (nothing was changed)", code="audit_key_mismatch")
 
 
 def spark_secret(settings: LabelsSettings) -> str | None:

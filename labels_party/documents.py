@@ -35,6 +35,9 @@ from labels_party.settings import LabelsSettings
 BINARY_MEDIA_TYPE = "application/vnd.labeldp.mechanism+npz"
 SKELETON = "document.json"
 INT64 = (-(1 << 63), (1 << 63) - 1)
+# The bytes that open or separate JSON values ({ [ , :): an honest skeleton (the document without its numeric
+# lists) holds a few thousand; 32 MiB of "{}," deflates to 32 KB and parses to 1.5 GB (issue 40's seventh review).
+_STRUCTURE = (b"{", b"[", b",", b":")
 DEFAULT_MAX_BYTES: int = LabelsSettings.model_fields["max_document_bytes"].default  # the service passes its own
 
 
@@ -104,13 +107,15 @@ def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
     """The document :func:`pack` stored in ``data``. ``max_bytes``: the service's ``max_document_bytes``, which
     bounds every document a release may create at 8 bytes per published number — so no honest document expands to
     more than ``max_bytes // 8`` numbers, however many places name one array, and its skeleton is at most
-    ``max_bytes``. Anything else is refused before it is expanded (issue 40's sixth review: an 8 KB row naming one
-    10⁶-number array 100 times took a consumer's request to 2 GB), as :class:`Unreadable`."""
+    ``max_bytes`` holding at most ``max_bytes // 64`` JSON values. Anything else is refused before it is expanded
+    (issue 40's sixth review: an 8 KB row naming one 10⁶-number array 100 times took a consumer's request to 2 GB;
+    the seventh's: a 32 KB skeleton of "{}," parsed to 1.5 GB), as :class:`Unreadable`."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             sizes = {info.filename: info.file_size for info in archive.infolist()}
             if sizes.get(SKELETON, max_bytes + 1) > max_bytes:
                 raise Unreadable("its skeleton is missing or larger than any document")
+            _count_values(archive, max_bytes // 64)  # before it is parsed: each makes a Python object (~100 B)
             skeleton = json.loads(archive.read(SKELETON))  # read no further than the listed size (zipfile)
             named = _references(skeleton)
             arrays: dict[int, np.ndarray] = {}  # each stored array read once, however many places name it
@@ -134,6 +139,17 @@ def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
         raise
     except (zipfile.BadZipFile, KeyError, ValueError, EOFError, OSError, RecursionError) as error:
         raise Unreadable(f"it cannot be read ({type(error).__name__})") from None
+
+
+def _count_values(archive: zipfile.ZipFile, limit: int) -> None:
+    """Refuse a skeleton of more than ``limit`` JSON values (counted by the bytes that open or separate them), read
+    in pieces: a bomb is refused after its first few hundred kilobytes."""
+    tokens = 0
+    with archive.open(SKELETON) as member:
+        while piece := member.read(1 << 20):
+            tokens += sum(piece.count(byte) for byte in _STRUCTURE)
+            if tokens > limit:
+                raise Unreadable("its skeleton holds more JSON values than any document")
 
 
 def _references(skeleton: Any) -> list[int]:

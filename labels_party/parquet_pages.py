@@ -39,18 +39,34 @@ class _Malformed(Exception):
     pass
 
 
-class _Reader:
-    """Forward reads from ``handle`` (a seekable binary file) starting at ``position``, through a small window."""
+@dataclass
+class Budget:
+    """What one body's walk may still do: pages, and header bytes parsed (an honest file's headers occupy distinct
+    bytes, so at most its size — chunks that all point at one large header are not parsed again and again)."""
 
-    def __init__(self, handle, position: int, size: int):
+    pages: int
+    header_bytes: int
+
+
+class _Reader:
+    """Forward reads from ``handle`` (a seekable binary file) starting at ``position``, through a small window,
+    within :data:`MAX_HEADER_BYTES` of the start and the body's header-byte budget. Every element of every Thrift
+    collection takes at least one byte, so a collection's count is bounded by the bytes left: no count makes the
+    walk loop without reading."""
+
+    def __init__(self, handle, position: int, size: int, budget: Budget):
         self.handle, self.position, self.size = handle, position, size
         self.window, self.start = b"", position
+        self.end = min(size, position + MAX_HEADER_BYTES, position + max(0, budget.header_bytes))
+
+    def left(self) -> int:
+        return self.end - self.position
 
     def byte(self) -> int:
         offset = self.position - self.start
+        if self.position >= self.end:
+            raise _Malformed("a page header runs past the end of the file, or is larger than any writer makes")
         if not 0 <= offset < len(self.window):
-            if self.position >= self.size:
-                raise _Malformed("a page header runs past the end of the file")
             self.handle.seek(self.position)
             self.window, self.start, offset = self.handle.read(_WINDOW), self.position, 0
             if not self.window:
@@ -59,8 +75,8 @@ class _Reader:
         return self.window[offset]
 
     def skip(self, count: int) -> None:
-        if count < 0 or self.position + count > self.size:
-            raise _Malformed("a page header names bytes past the end of the file")
+        if count < 0 or count > self.left():
+            raise _Malformed("a page header names bytes past the end of the file, or is larger than any writer makes")
         self.position += count
 
     def varint(self) -> int:
@@ -82,7 +98,7 @@ class _Reader:
 def _skip(reader: _Reader, kind: int, depth: int = 0) -> None:
     if depth > 32:
         raise _Malformed("a page header nested too deep")
-    if kind in (_TRUE, _FALSE, _BYTE):
+    if kind in (_TRUE, _FALSE, _BYTE):  # a struct's boolean field is its type alone (called with in_field)
         reader.skip(1 if kind == _BYTE else 0)
     elif kind in (_I16, _I32, _I64):
         reader.varint()
@@ -95,19 +111,33 @@ def _skip(reader: _Reader, kind: int, depth: int = 0) -> None:
         count, element = header >> 4, header & 0x0F
         if count == 15:
             count = reader.varint()
-        for _ in range(count):
-            _skip(reader, element, depth + 1) if element not in (_TRUE, _FALSE) else reader.skip(1)
+        for _ in range(_bounded(reader, count)):
+            _element(reader, element, depth + 1)
     elif kind == _MAP:
         count = reader.varint()
         if count:
             types = reader.byte()
-            for _ in range(count):
-                _skip(reader, types >> 4, depth + 1)
-                _skip(reader, types & 0x0F, depth + 1)
+            for _ in range(_bounded(reader, count)):
+                _element(reader, types >> 4, depth + 1)
+                _element(reader, types & 0x0F, depth + 1)
     elif kind == _STRUCT:
         _struct(reader, depth + 1, {})
     else:
         raise _Malformed(f"unknown Thrift type {kind}")
+
+
+def _bounded(reader: _Reader, count: int) -> int:
+    if count > reader.left():  # each element takes at least a byte
+        raise _Malformed("a page header's collection is longer than its bytes")
+    return count
+
+
+def _element(reader: _Reader, kind: int, depth: int) -> None:
+    """A collection's element: a boolean there is a byte of its own (unlike a struct's boolean field)."""
+    if kind in (_TRUE, _FALSE):
+        reader.skip(1)
+    else:
+        _skip(reader, kind, depth)
 
 
 def _struct(reader: _Reader, depth: int, wanted: dict[int, int]) -> dict[int, int]:
@@ -130,22 +160,22 @@ def _struct(reader: _Reader, depth: int, wanted: dict[int, int]) -> dict[int, in
             _skip(reader, kind, depth)
 
 
-def chunk_pages(handle, start: int, length: int, size: int, budget: list[int]) -> ChunkPages:
+def chunk_pages(handle, start: int, length: int, size: int, budget: Budget) -> ChunkPages:
     """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
-    bytes; ``budget``: the pages the body may still have (one-element list, decremented). 400 ``malformed_file``
-    for headers that cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES`."""
+    bytes; ``budget``: what the body's walk may still do (spent here). 400 ``malformed_file`` for headers that
+    cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES` or past the body's size in header bytes."""
     values = uncompressed = 0
     position = start
+    reader = _Reader(handle, position, size, budget)
     try:
         while position == start or position < start + length:  # the first page is read whatever the claim
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages; write larger pages",
-                                   code="body_too_large")
-            reader = _Reader(handle, position, size)
+            budget.pages -= 1
+            if budget.pages < 0 or budget.header_bytes <= 0:
+                raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages, or its chunks read its "
+                                   "page headers more than once; write larger pages", code="body_too_large")
+            reader = _Reader(handle, position, size, budget)
             found = _struct(reader, 0, {2: 0, 3: 0, 5: -1, 8: -1})
-            if reader.position - position > MAX_HEADER_BYTES:
-                raise _Malformed("a page header is larger than any writer makes")
+            budget.header_bytes -= reader.position - position
             page_size, stored = found.get(2, -1), found.get(3, -1)
             if page_size < 0 or stored < 0:
                 raise _Malformed("a page header without its sizes")
@@ -153,5 +183,8 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: list[int]) -
             values += max(found.get(5, 0), found.get(8, 0), 0)
             position = reader.position + stored
     except _Malformed as error:
+        if reader.position >= position + budget.header_bytes:  # the body's header bytes, not the header, ran out
+            raise LabelDPError("the Parquet body's chunks read its page headers more than once",
+                               code="body_too_large") from None
         raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code="malformed_file") from None
     return ChunkPages(values, uncompressed)

@@ -345,7 +345,8 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
         if column.max_repetition_level > 0 or column.path not in wanted:
             raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns", code="malformed_file")
         leaves.append((i, column.physical_type, column.length or 0))
-    total, size, budget = 0, handle.size(), [parquet_pages.MAX_PAGES]
+    total, size = 0, handle.size()
+    budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, size)
     rows = {i: 0 for i, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)

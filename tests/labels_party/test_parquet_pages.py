@@ -44,14 +44,50 @@ def test_the_walk_agrees_with_honest_footers(compression, page_version, statisti
     data = _written(compression, page_version, statistics)
     handle, pages_seen = pa.BufferReader(data), 0
     for chunk, start in _chunks(data):
-        budget = [parquet_pages.MAX_PAGES]
+        budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data))
         pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, len(data), budget)
-        pages_seen += parquet_pages.MAX_PAGES - budget[0]
+        pages_seen += parquet_pages.MAX_PAGES - budget.pages
         assert pages.values == chunk.num_values
         # the footer's uncompressed size counts each page's header too (with statistics, up to ~100 bytes a page)
         headers = chunk.total_uncompressed_size - pages.uncompressed
-        assert 0 < headers <= 128 * (parquet_pages.MAX_PAGES - budget[0]), (headers, chunk)
+        assert 0 < headers <= 128 * (parquet_pages.MAX_PAGES - budget.pages), (headers, chunk)
     assert pages_seen > 30  # small pages: several per chunk
+
+
+def _header_at_first_page(fields: bytes) -> tuple[bytes, int, int]:
+    """An honest file whose first page header is overwritten with ``fields`` (then a struct's end): the bytes, the
+    chunk's start and claimed length."""
+    data = bytearray(_written("zstd", "1.0", True))
+    chunk, start = next(_chunks(bytes(data)))
+    data[start:start + len(fields) + 1] = fields + b"\x00"
+    return bytes(data), start, chunk.total_compressed_size
+
+
+@pytest.mark.parametrize("fields", [
+    b"\x1b" + bytes([0xff] * 8) + b"\x3f" + b"\x11",  # field 1: a map of 2^62 booleans (review: an endless loop)
+    b"\x19\xf1" + bytes([0xff] * 8) + b"\x3f",  # field 1: a list of 2^62 booleans
+    b"\x19\xfc" + bytes([0xff] * 8) + b"\x3f",  # field 1: a list of 2^62 structs
+    b"\x18" + bytes([0xff] * 8) + b"\x3f",  # field 1: a binary of 2^62 bytes
+    b"\x1c" * 40,  # structs nested 40 deep
+])
+def test_a_header_that_claims_more_than_its_bytes_is_a_400_at_once(fields):
+    data, start, length = _header_at_first_page(fields)
+    with pytest.raises(LabelDPError) as refused:
+        parquet_pages.chunk_pages(pa.BufferReader(data), start, length, len(data),
+                                  parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data)))
+    assert refused.value.code == "malformed_file"
+
+
+def test_chunks_that_read_one_header_again_and_again_spend_the_bodys_header_bytes():
+    """The review's amplification: every chunk pointing at one large header. The header bytes a walk parses are
+    bounded by the body's size."""
+    data = _written("zstd", "1.0", True)
+    chunk, start = next(_chunks(data))
+    budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data))
+    with pytest.raises(LabelDPError) as refused:
+        for _ in range(parquet_pages.MAX_PAGES):
+            parquet_pages.chunk_pages(pa.BufferReader(data), start, 1, len(data), budget)
+    assert refused.value.code == "body_too_large" and budget.pages > parquet_pages.MAX_PAGES - len(data)
 
 
 def test_a_damaged_header_is_a_400_and_too_many_pages_a_413():
@@ -60,9 +96,10 @@ def test_a_damaged_header_is_a_400_and_too_many_pages_a_413():
     data[start] = 0x0D  # field 1 with an unknown Thrift type
     with pytest.raises(LabelDPError) as refused:
         parquet_pages.chunk_pages(pa.BufferReader(bytes(data)), start, chunk.total_compressed_size, len(data),
-                                  [parquet_pages.MAX_PAGES])
+                                  parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data)))
     assert refused.value.code == "malformed_file"
     honest = _written("zstd", "1.0", True)
     with pytest.raises(LabelDPError) as refused:
-        parquet_pages.chunk_pages(pa.BufferReader(honest), start, chunk.total_compressed_size, len(honest), [2])
+        parquet_pages.chunk_pages(pa.BufferReader(honest), start, chunk.total_compressed_size, len(honest),
+                                  parquet_pages.Budget(2, len(honest)))
     assert refused.value.code == "body_too_large"

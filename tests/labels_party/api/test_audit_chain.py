@@ -441,6 +441,32 @@ def test_a_command_without_the_deployments_audit_key_is_refused_and_changes_noth
     assert _verify(ctx, tmp_path, audit_key)["valid"]
 
 
+@pytest.mark.parametrize("record", ["gone (a deployment from before the record)", "empty (a crash)"])
+def test_a_data_directory_signed_before_makes_no_new_key_whatever_its_record(
+        ctx, client, consumer, dataset, db_url, data_dir, tmp_path, audit_key, monkeypatch, record):
+    """Issue 40's seventh review: without a record (a deployment from before it, whose key is elsewhere) the first
+    command run without LABELDP_AUDIT_KEY_FILE made and recorded a key of its own — the service was then refused
+    for good — and an empty record (a crash mid-write) read as none. Signed accounts without the key are refused;
+    a record that is not a public key is refused."""
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    signer = data_dir / "audit-signer"
+    if record.startswith("gone"):
+        signer.unlink()
+    else:
+        signer.write_text("")
+    for name in [n for n in os.environ if n.startswith("LABELDP_")]:
+        monkeypatch.delenv(name)
+    with pytest.raises(Exception) as refused:
+        make_context(settings=LabelsSettings(database_url=db_url, data_dir=data_dir))
+    assert getattr(refused.value, "code", None) == "audit_key_mismatch", refused.value
+    assert not (data_dir / "audit" / "audit-key.pem").exists()
+    if record.startswith("gone"):  # the deployment's own key records itself
+        again = make_context(settings=LabelsSettings(database_url=db_url, data_dir=data_dir,
+                                                     audit_key_file=audit_key[0], audit_log_dir=tmp_path / "audit"))
+        again.close()
+        assert signer.read_text().strip() == audit_key[1]
+
+
 def _move_after(ctx, dataset, release_id: str, fact_seq: int) -> None:
     """Forge the chain so that ``release_id``'s record comes right after the fact at ``fact_seq`` (dated just after
     it), everything re-numbered and re-chained: a consistent chain in which a key charged after its revocation."""

@@ -437,7 +437,7 @@ def _document_bomb(references: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("body", ["bomb", "not an archive", "an array not int64 or float64"])
+@pytest.mark.parametrize("body", ["bomb", "not an archive", "an array not int64 or float64", "a skeleton bomb"])
 def test_a_mechanism_document_row_that_would_expand_or_cannot_be_read_is_refused_in_bounded_memory(
         ctx, client, consumer, dataset, tmp_path, audit_key, body):
     """Issue 40's sixth review: an 8 KB row naming a 10⁶-number array 100 times took a consumer's GET to 2 GB and
@@ -451,6 +451,11 @@ def test_a_mechanism_document_row_that_would_expand_or_cannot_be_read_is_refused
     stored = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
     if body == "bomb":
         data = _document_bomb(100)
+    elif body == "a skeleton bomb":  # the seventh review's: 32 MiB of "{}," (32 KB deflated) parsed to 1.5 GB
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("document.json", b"[" + b"{}," * ((32 << 20) // 3 - 1) + b"{}]")
+        data = buffer.getvalue()
     elif body == "not an archive":
         data = b"not a zip archive at all"
     else:
