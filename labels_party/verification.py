@@ -225,6 +225,21 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     for release in sorted(releases.values(), key=lambda r: r.id):
         problems += _file_problems(ledger, release)
     problems += _label_file_problems(session, ledger, dataset, replayed)
+    account_problems, worst = _account_problems(ledger, dataset, accounts, states, names, records, orgs)
+    problems += account_problems
+    return {"dataset_id": dataset.id, "name": dataset.name, "entries": len(stored),
+            "releases": len(replayed.releases), "seq": dataset.ledger_seq, "head": dataset.ledger_head,
+            "epsilon_spent": units_epsilon(worst), "epsilon_total": units_epsilon(dataset.epsilon_total_units),
+            "delta_total": dataset.delta_total, "problems": problems, "unsigned_entries": unsigned_entries}
+
+
+def _account_problems(ledger: Ledger, dataset: db.Dataset, accounts: Sequence[db.BudgetAccount],
+                      states: Sequence[AccountState | None], names: dict[int, str], records: list[dict],
+                      orgs: list[int] | None) -> tuple[list[str], int]:
+    """Each account's budget state against its releases' records (when every release row exists) and its
+    allocation, and the dataset's totals against its accounts'; (problems, the most any example spent, in units).
+    """
+    problems: list[str] = []
     for account, state in zip(accounts, states, strict=True):
         who = names.get(account.org_id, "?")
         if state is None:
@@ -249,10 +264,7 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
         problems.append("the organizations' delta exceeds the dataset's")
     if dataset.epsilon_spent_units != sum(a.spent_max_units for a in accounts):
         problems.append("the dataset's spent epsilon differs from its accounts'")
-    return {"dataset_id": dataset.id, "name": dataset.name, "entries": len(stored),
-            "releases": len(replayed.releases), "seq": dataset.ledger_seq, "head": dataset.ledger_head,
-            "epsilon_spent": units_epsilon(worst), "epsilon_total": units_epsilon(dataset.epsilon_total_units),
-            "delta_total": dataset.delta_total, "problems": problems, "unsigned_entries": unsigned_entries}
+    return problems, worst
 
 
 def _signed_coverage(chain: Sequence[Entry], exported: Sequence[SignedHead],
