@@ -306,18 +306,7 @@ class Ledger:
         cost = Charge.of(event, epsilon_requested)
         recorded_event = events.to_dict(event)
         _check_recomputable(recorded_event, cost)  # before anything is read or written
-        self.check_anchor(session, dataset)
-        org = session.get(db.Organization, account.org_id)
-        replayed = self.facts(session, dataset)
-        state, problems = self._state_problems(replayed, dataset, account, org.name if org else "?")
-        problems += agreement.charge_problems(replayed, dataset, org.name if org else "?", account)
-        if fields.actor.key_id is not None:
-            problems += agreement.key_problems(replayed, fields.actor.key_id,
-                                               session.get(db.ApiKey, fields.actor.key_id), fields.actor.org,
-                                               fields.actor.role, datetime.now(timezone.utc))
-        if problems:
-            raise agreement.tampered(dataset.id, problems)
-        assert state is not None
+        state = self._agreed_state(session, dataset, account, fields)
         covered = read_coverage(self.store, coverage.readable)  # a request's is still pending
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
         for chunk in _chunks(covered, state):
@@ -365,6 +354,24 @@ class Ledger:
         superseded = tuple(f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
                            if f"{directory}/{p.name}" not in keep)
         return Charged(record, needed, superseded)
+
+    def _agreed_state(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount,
+                      fields: RecordFields) -> AccountState:
+        """The account's budget state, once the anchor, the chain's facts, the account and the charging key all
+        agree with the tables (else :func:`agreement.tampered`: nothing is charged)."""
+        self.check_anchor(session, dataset)
+        org = session.get(db.Organization, account.org_id)
+        replayed = self.facts(session, dataset)
+        state, problems = self._state_problems(replayed, dataset, account, org.name if org else "?")
+        problems += agreement.charge_problems(replayed, dataset, org.name if org else "?", account)
+        if fields.actor.key_id is not None:
+            problems += agreement.key_problems(replayed, fields.actor.key_id,
+                                               session.get(db.ApiKey, fields.actor.key_id), fields.actor.org,
+                                               fields.actor.role, datetime.now(timezone.utc))
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+        assert state is not None
+        return state
 
     def _split(self, directory: str, generation: int, registry_size: int, state: AccountState, covered,
                touched: np.ndarray, rows: np.ndarray, spent_after: np.ndarray
