@@ -68,6 +68,21 @@ def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.
                  validate_on=validate_on)
 
 
+def _stage_release(client: LabelsPartyClient, dataset_id: str, ids: list[str], priors: np.ndarray | None,
+                   epsilon: float, key: str):
+    """A stage's release: RR without ``priors`` (the first stage), RRWithPrior with them; None when the labels
+    party refused it as uninformative (every example's k = 1), before any charge."""
+    if priors is None:
+        return client.request_release(dataset_id, {"mechanism": "rr", "epsilon": epsilon, "example_ids": ids},
+                                      idempotency_key=key)
+    try:
+        return client.request_prior_release(dataset_id, ids, priors, epsilon, idempotency_key=key)
+    except LabelsPartyError as err:
+        if err.code != "uninformative_release":
+            raise
+        return None
+
+
 def _take_labels(table, release, ids: list[str], rows: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Write a stage's released labels into ``labels`` at ``rows``; which of the stage's ``ids`` the release holds
     (the others were left out as uninformative, which the release must say)."""
@@ -114,28 +129,21 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     reports: list[StageReport] = []
     for stage, rows in enumerate(parts, start=1):
         ids = [str(i) for i in example_ids[rows]]
-        if result is None:
-            release = client.request_release(dataset_id, {"mechanism": "rr", "epsilon": epsilon, "example_ids": ids},
-                                             idempotency_key=f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
-            mean_k = float(num_classes)
-        else:
-            priors = np.asarray(jax.nn.softmax(_logits(result, numeric[rows], categorical[rows]) / temperature))
-            try:
-                release = client.request_prior_release(
-                    dataset_id, ids, priors, epsilon,
-                    idempotency_key=f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}")
-            except LabelsPartyError as err:
-                if err.code != "uninformative_release":
-                    raise
-                # The model is so confident on this stage's examples (k = 1 for each at this ε) that RRWithPrior
-                # would release its own predictions: refused before any charge, and these examples keep their
-                # budget. No labels arrived, so the model is unchanged; later stages hold other examples, on
-                # which it may be less sure.
-                reports.append(StageReport(stage, len(rows), None, 1.0, 0, 0.0, skipped=err.code))
-                continue
+        key = f"{key_prefix}lp-mst-{seed}-{stages}-{stage}-{epsilon}-{n}"
+        priors = None if result is None else \
+            np.asarray(jax.nn.softmax(_logits(result, numeric[rows], categorical[rows]) / temperature))
+        release = _stage_release(client, dataset_id, ids, priors, epsilon, key)
+        if release is None:
+            # The model is so confident on this stage's examples (k = 1 for each at this ε) that RRWithPrior
+            # would release its own predictions: refused before any charge, and these examples keep their
+            # budget. No labels arrived, so the model is unchanged; later stages hold other examples, on
+            # which it may be less sure.
+            reports.append(StageReport(stage, len(rows), None, 1.0, 0, 0.0, skipped="uninformative_release"))
+            continue
+        mean_k = float(num_classes)
         found = _take_labels(client.download_labels(release.id), release, ids, rows, labels)
         uninformative = int((~found).sum())
-        if result is not None:
+        if priors is not None:
             # The examples left out of the release are exactly those whose prior gives k = 1: RR-Top-1 would have
             # released the prior's most likely class (ties to the smaller class, as the labels party sorts them),
             # computed here and charged nothing. The stage's mean k counts them (k = 1).
