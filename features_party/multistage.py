@@ -68,6 +68,13 @@ def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.
                  validate_on=validate_on)
 
 
+def _partition(n: int, stages: int, fractions: list[float], seed: int) -> list[np.ndarray]:
+    """The stages' disjoint parts of ``n`` examples, in ``fractions``: a label-independent, seeded permutation."""
+    order = np.random.default_rng(seed).permutation(n)
+    bounds = np.concatenate([[0], np.round(np.cumsum(fractions) / np.sum(fractions) * n).astype(int)])
+    return [order[bounds[t]:bounds[t + 1]] for t in range(stages)]
+
+
 def _stage_release(client: LabelsPartyClient, dataset_id: str, ids: list[str], priors: np.ndarray | None,
                    epsilon: float, key: str):
     """A stage's release: RR without ``priors`` (the first stage), RRWithPrior with them; None when the labels
@@ -118,10 +125,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     if stages < 1:
         raise ValueError("stages must be >= 1")
     n = len(example_ids)
-    fractions = fractions or [1.0 / stages] * stages
-    order = np.random.default_rng(seed).permutation(n)  # label-independent partition
-    bounds = np.concatenate([[0], np.round(np.cumsum(fractions) / np.sum(fractions) * n).astype(int)])
-    parts = [order[bounds[t]:bounds[t + 1]] for t in range(stages)]
+    parts = _partition(n, stages, fractions or [1.0 / stages] * stages, seed)
     config = replace(config, loss="cross_entropy")
     labels = np.full(n, -1, dtype=np.int64)
     labelled = np.zeros(n, dtype=bool)

@@ -342,18 +342,19 @@ class Ledger:
         account.spent_max_units = int(new_spent[new_sizes > 0].max()) if np.any(new_sizes > 0) else 0
         account.spent_file, account.classes_file, account.rdp_file = spent_file, classes_file, rdp_file
         account.generation = generation
-        others = session.scalar(select(func.coalesce(func.sum(db.BudgetAccount.spent_max_units), 0)).where(
-            db.BudgetAccount.dataset_id == dataset.id, db.BudgetAccount.id != account.id))
-        dataset.epsilon_spent_units = int(others or 0) + account.spent_max_units
+        dataset.epsilon_spent_units = _spent_with(session, dataset, account)
         spent_state = SpentState(classes_file=classes_file, rdp_file=rdp_file,
                                  digest=_digest(values[:, 0], new_sizes, values[:, 1:] if has_rdp else None))
         record = self._append(session, dataset, account, coverage, cost, {
             **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": recorded_event,
             "spent_state": spent_state})
-        keep = {spent_file, classes_file, rdp_file, *old_files}
-        superseded = tuple(f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
-                           if f"{directory}/{p.name}" not in keep)
-        return Charged(record, needed, superseded)
+        return Charged(record, needed, self._superseded(directory, {spent_file, classes_file, rdp_file, *old_files}))
+
+    def _superseded(self, directory: str, keep: set[str | None]) -> tuple[str, ...]:
+        """The account's budget files in ``directory`` but those to ``keep`` (the new state's and the one it
+        replaces, until the commit): removed once the charge commits."""
+        return tuple(f"{directory}/{p.name}" for p in self.store.path(directory).glob("*.npy")
+                     if f"{directory}/{p.name}" not in keep)
 
     def _agreed_state(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount,
                       fields: RecordFields) -> AccountState:
@@ -726,6 +727,13 @@ def _digest(units: np.ndarray, sizes: np.ndarray, rdp: np.ndarray | None) -> str
     for part in (units, sizes, rdp if rdp is not None else np.zeros((0,), np.int64)):
         digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
     return digest.hexdigest()
+
+
+def _spent_with(session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> int:
+    """The dataset's spent units (the sum of its accounts' maxima) with ``account`` as it now stands."""
+    others = session.scalar(select(func.coalesce(func.sum(db.BudgetAccount.spent_max_units), 0)).where(
+        db.BudgetAccount.dataset_id == dataset.id, db.BudgetAccount.id != account.id))
+    return int(others or 0) + account.spent_max_units
 
 
 def _check_recomputable(recorded_event: dict[str, Any], cost: Charge) -> None:

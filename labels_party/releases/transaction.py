@@ -320,12 +320,17 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
         fail(ctx, release_id, None)
         log.exception("release %s failed after it was charged", release_id)
         raise release_failed(release_id) from None
-    for old in superseded:  # budget files older than the state the commit replaced; best effort
+    _discard(ctx, superseded)
+    return Charged(release_id, True, lease)
+
+
+def _discard(ctx: ServiceContext, superseded: tuple[str, ...]) -> None:
+    """Budget files older than the state a committed charge replaced; best effort."""
+    for old in superseded:
         try:
             ctx.store.remove(old)
         except OSError:
             pass
-    return Charged(release_id, True, lease)
 
 
 def _key_in_force(session: Session, principal: Principal) -> datetime:
