@@ -291,10 +291,10 @@ def _record_signer(settings: LabelsSettings, public: str) -> str:
 
 
 def _signed_before(settings: LabelsSettings) -> bool:
-    """Whether the data directory holds accounts some audit key signed: its chains' anchors, or its keys'
-    certificates."""
-    anchors = Path(settings.data_dir) / "anchors"
-    return _certified_marker(settings).exists() or (anchors.is_dir() and any(anchors.iterdir()))
+    """Whether some audit key signed this data directory's accounts before the signer was recorded: its keys carry
+    certificates. (Anchors alone do not say so: a deployment from before every deployment signed has them, and its
+    first start makes its key.)"""
+    return _certified_marker(settings).exists()
 
 
 def _signer_mismatch(settings: LabelsSettings, recorded: str | None, public: str | None) -> LabelDPError:

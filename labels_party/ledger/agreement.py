@@ -211,6 +211,10 @@ def _release_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
         charged = replayed.charged_orgs.get(name)
         if charged is not None and names.get(release.requester_org_id) != charged:
             problems.append(f"release {name}'s requester differs from the organization its record charged")
+        shown = zip((release.mechanism, release.epsilon, release.num_examples), replayed.shown.get(name, ()),
+                    strict=False)
+        if any(said is not None and row != said for row, said in shown):  # what the release row displays
+            problems.append(f"release {name}'s mechanism, ε or example count differs from its record's")
         if name not in replayed.files_on_chain:
             continue  # charged before availability was chained: verify-audit checks its file against its row
         fact = replayed.available.get(name)

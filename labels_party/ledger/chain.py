@@ -255,6 +255,8 @@ class Replayed:
     revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
     charged_orgs: dict[str, str] = field(default_factory=dict)
+    # release id -> what its record says of it: (mechanism, ε requested, examples covered), each None if unsaid
+    shown: dict[str, tuple[str | None, float | None, int | None]] = field(default_factory=dict)
     files_on_chain: set[str] = field(default_factory=set)
     available: dict[str, ReleaseFact] = field(default_factory=dict)
     labels: dict[int, LabelsFact] = field(default_factory=dict)
@@ -319,6 +321,7 @@ def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
         out.charged_orgs[release_id] = str(actor["org"])
     if record.get("file_on_chain"):
         out.files_on_chain.add(release_id)
+    out.shown[release_id] = (record.get("mechanism"), record.get("epsilon_requested"), record.get("examples_covered"))
     if out.totals is not None and "epsilon_total_units" in record and \
             (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
         out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")

@@ -164,6 +164,23 @@ def test_a_spent_state_reset_or_pointed_elsewhere_is_refused(ctx, client, consum
     assert _spent(ctx, dataset) == seq
 
 
+@pytest.mark.parametrize("column", ["epsilon = 0.001", "num_examples = 3", "mechanism = 'laplace'"])
+def test_a_release_rows_displayed_columns_edited_are_refused_and_reported(ctx, client, consumer, dataset, tmp_path,
+                                                                          audit_key, column):
+    """Issue 40: a release row's ε (what a consumer and the console display), example count or mechanism set to
+    something its record does not say was verified as valid. verify-audit names the release, and the service
+    refuses to start on the tables (as for every other disagreement with the chain)."""
+    from labels_party.ledger.agreement import LedgerTampered
+    made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    _sql(ctx, f"UPDATE releases SET {column} WHERE id = :r", r=made["id"])
+    said = f"release {made['id']}'s mechanism, ε or example count differs from its record's"
+    problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
+    assert said in problems, problems
+    from labels_party.context import make_context
+    with pytest.raises(LedgerTampered, match=said):
+        make_context(settings=ctx.settings)  # a restart
+
+
 def test_a_missing_label_file_is_refused_before_the_charge(ctx, client, consumer, dataset):
     """Before, the release was charged and then failed (release_failed): a writer could burn a consumer's budget."""
     seq = _spent(ctx, dataset)
