@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shared.service.tables import parquet_parts
+from shared.parts import parquet_parts
 
 ROW_GROUP_CELLS = 1 << 21  # a written table's row groups: 1,048,576 rows of (example_id, label)
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from shared.errors import LabelDPError
+from shared.parts import parquet_parts
 
 PARQUET = "application/vnd.apache.parquet"
 # A page or a streamed batch is bounded in cells, not rows: a release of one column per class (subset's sets,
@@ -47,11 +48,6 @@ def table_response(path: Path, accept: str | None, offset: int, limit: int, file
               PARQUET: _parquet_stream}[media](path)
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     return StreamingResponse(stream, media_type=media, headers=disposition)
-
-
-def parquet_parts(path: Path) -> list[Path]:
-    """A Parquet file, or a directory of part files (a Spark job's output) in their order."""
-    return sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
 
 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
