@@ -5,13 +5,16 @@
 # deploy/images/build.sh --bases local (no registry).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
+# EXTRAS: the pip extras installed; deploy/compose.gpu.yml sets "features,gpu" (JAX with CUDA 12 from PyPI's wheels:
+# that build needs a package index, unlike the rest of an air-gapped build).
+ARG EXTRAS=features
 WORKDIR /app
 # Dependencies first, from pyproject.toml alone (empty packages and README stand in): a change to the code or the
 # README rebuilds only the last layers.
 COPY pyproject.toml ./
 RUN mkdir -p shared labeldp features_party \
  && touch README.md shared/__init__.py labeldp/__init__.py features_party/__init__.py \
- && pip install --no-cache-dir --quiet ".[features]" \
+ && pip install --no-cache-dir --quiet ".[${EXTRAS}]" \
  && pip uninstall --quiet --yes labeldp && rm -rf README.md shared labeldp features_party build *.egg-info
 COPY README.md ./
 COPY shared ./shared

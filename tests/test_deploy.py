@@ -48,6 +48,41 @@ def test_compose_config_validates(tmp_path):
                           cwd=tmp_path).returncode != 0
 
 
+def test_the_gpu_override_builds_the_gpu_extra_and_reserves_one_gpu_for_the_trainer(tmp_path):
+    """deploy/compose.gpu.yml (issue 43), merged by docker-compose itself: both trainer services build the image
+    with the "gpu" extra (JAX for CUDA 12, which pyproject.toml declares) under another tag, and the trainer reserves
+    one NVIDIA GPU; nothing else changes."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("docker-compose must be installed in CI (.ci/run installs Debian's package)")
+        pytest.skip("docker-compose not installed (CI installs it)")
+    shutil.copy(ROOT / "docker-compose.yml", tmp_path)
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    for example in (tmp_path / "deploy").glob("*.env.example"):
+        shutil.copy(example, example.with_suffix(""))
+    merged = {}
+    for files in (["docker-compose.yml"], ["docker-compose.yml", "deploy/compose.gpu.yml"]):
+        done = subprocess.run([binary, *[a for f in files for a in ("-f", str(tmp_path / f))], "config"],
+                              capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        merged[len(files)] = yaml.safe_load(done.stdout)["services"]
+    plain, gpu = merged[1], merged[2]
+    for name in ("trainer-init", "features"):
+        assert gpu[name]["build"]["args"]["EXTRAS"] == "features,gpu" and gpu[name]["image"] == "labeldp/features:gpu"
+        assert "EXTRAS" not in plain[name]["build"]["args"]  # the Dockerfile's default: "features"
+    assert gpu["features"]["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    def others(services: dict) -> dict:  # the other services, their volumes as sets (compose orders them freely)
+        return {name: {**service, "volumes": sorted(map(str, service.get("volumes", [])))}
+                for name, service in services.items() if name not in ("trainer-init", "features")}
+
+    assert others(gpu) == others(plain)
+    dockerfile = (ROOT / "deploy" / "features.Dockerfile").read_text()
+    assert "ARG EXTRAS=features" in dockerfile and '".[${EXTRAS}]"' in dockerfile
+    assert "jax[cuda12]" in (ROOT / "pyproject.toml").read_text()
+
+
 SERVICES = {"postgres", "labels-init", "labels-a", "labels-b", "gateway", "trainer-init", "features", "spark-master",
             "spark-worker-1", "spark-worker-2"}
 REPLICAS = ("labels-a", "labels-b")
