@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import zipfile
 from typing import Any
 
@@ -35,9 +36,12 @@ from labels_party.settings import LabelsSettings
 BINARY_MEDIA_TYPE = "application/vnd.labeldp.mechanism+npz"
 SKELETON = "document.json"
 INT64 = (-(1 << 63), (1 << 63) - 1)
-# The bytes that open or separate JSON values ({ [ , :): an honest skeleton (the document without its numeric
-# lists) holds a few thousand; 32 MiB of "{}," deflates to 32 KB and parses to 1.5 GB (issue 40's seventh review).
-_STRUCTURE = (b"{", b"[", b",", b":")
+# A JSON string, or a byte that opens or separates values ({ [ , :) outside one: an honest skeleton (the document
+# without its numeric lists) holds a few thousand separators; 32 MiB of "{}," deflates to 32 KB and parses to 1.5 GB
+# (issue 40's seventh review). Separators inside strings (a group's name may hold any) are not values.
+_STRING_OR_SEPARATOR = re.compile(rb'(?P<string>"(?:[^"\\]|\\.)*")|(?P<open>"(?:[^"\\]|\\.)*\\?\Z)|[{\[,:]',
+                                  re.DOTALL)  # "open": a string the text ends inside of
+MAX_STRING_BYTES = 1 << 20  # a string of a skeleton (names, notes) is far shorter
 DEFAULT_MAX_BYTES: int = LabelsSettings.model_fields["max_document_bytes"].default  # the service passes its own
 
 
@@ -141,15 +145,24 @@ def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
         raise Unreadable(f"it cannot be read ({type(error).__name__})") from None
 
 
-def _count_values(archive: zipfile.ZipFile, limit: int) -> None:
-    """Refuse a skeleton of more than ``limit`` JSON values (counted by the bytes that open or separate them), read
-    in pieces: a bomb is refused after its first few hundred kilobytes."""
-    tokens = 0
+def _count_values(archive: zipfile.ZipFile, limit: int, piece_bytes: int = 1 << 20) -> int:
+    """Refuse a skeleton of more than ``limit`` JSON values (counted by the bytes that open or separate them outside
+    strings), read in pieces: a bomb is refused after its first few hundred kilobytes. A string cut by a piece's end
+    is carried into the next piece (at most :data:`MAX_STRING_BYTES`). Returns the count."""
+    tokens, carried = 0, b""
     with archive.open(SKELETON) as member:
-        while piece := member.read(1 << 20):
-            tokens += sum(piece.count(byte) for byte in _STRUCTURE)
-            if tokens > limit:
-                raise Unreadable("its skeleton holds more JSON values than any document")
+        while piece := member.read(piece_bytes):
+            text, carried = carried + piece, b""
+            for match in _STRING_OR_SEPARATOR.finditer(text):
+                if match.group("open") is not None:  # continued in the next piece
+                    carried = match.group()
+                elif match.group("string") is None:
+                    tokens += 1
+                    if tokens > limit:
+                        raise Unreadable("its skeleton holds more JSON values than any document")
+            if len(carried) > MAX_STRING_BYTES:
+                raise Unreadable("its skeleton holds a string longer than any document's")
+    return tokens
 
 
 def _references(skeleton: Any) -> list[int]:

@@ -336,6 +336,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
     its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes of index per
     value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it). A nested column
     (values repeated within a row) is refused: these bodies are flat."""
+    parquet_pages.check_writer(metadata.created_by)
     wanted, schema, leaves = set(columns), metadata.schema, []
     for i in range(metadata.num_columns):
         column = schema.column(i)

@@ -103,3 +103,23 @@ def test_a_damaged_header_is_a_400_and_too_many_pages_a_413():
         parquet_pages.chunk_pages(pa.BufferReader(honest), start, chunk.total_compressed_size, len(honest),
                                   parquet_pages.Budget(2, len(honest)))
     assert refused.value.code == "body_too_large"
+
+
+@pytest.mark.parametrize(("created_by", "refused"), [
+    ("parquet-mr version 1.2.8 (build 123)", True),  # Arrow pads its chunks' ranges by up to 100 bytes
+    ("parquet-mr", True),  # no version Arrow can read: treated as older
+    ("PARQUET-MR version 1.0.0", True),
+    ("parquet-mr version 1.2.9 (build x)", False),
+    ("parquet-mr version 1.12.3 (build abc)", False),
+    ("parquet-cpp-arrow version 26.0.1", False),
+    (None, False),
+])
+def test_files_of_writers_whose_chunks_readers_pad_are_refused(created_by, refused):
+    """Issue 40's eighth review: in a parquet-mr < 1.2.9 file Arrow reads up to 100 bytes past a chunk's claimed
+    range (PARQUET-816), where a 32 MiB page fits in 91 bytes of Brotli, uncounted by the walk."""
+    if refused:
+        with pytest.raises(LabelDPError) as error:
+            parquet_pages.check_writer(created_by)
+        assert error.value.code == "malformed_file"
+    else:
+        parquet_pages.check_writer(created_by)

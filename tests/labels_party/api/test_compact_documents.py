@@ -170,3 +170,42 @@ def test_per_request_limits_refuse_before_the_charge(tmp_path):
     assert fits.status_code == 201, fits.text
     assert len(client.get("/v1/audit", params={"dataset": dataset}).json()["events"]) == 1
     ctx.close()
+
+
+def _separators_outside_strings(text: str) -> int:
+    """The reference count: a character-by-character JSON string state machine."""
+    count, inside, escaped = 0, False, False
+    for char in text:
+        if inside:
+            escaped, inside = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            inside = True
+        elif char in "{[,:":
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_skeleton_counts_its_values_outside_strings_whatever_its_pieces(seed):
+    """Issue 40's eighth review: group names (any 200 characters) full of { [ , : were counted as values, and an
+    honest document could be refused as tampered. Only separators outside strings count, across piece ends."""
+    import json
+    import random
+    import zipfile
+    rng = random.Random(seed)
+    names = ["".join(rng.choice('ab,:{["\\é') for _ in range(rng.randint(0, 30))) for _ in range(rng.randint(1, 20))]
+    text = json.dumps({"description": {"groups": [{"name": n, "k": 1} for n in names]}}, separators=(",", ":"))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(documents.SKELETON, text)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as archive:
+        for piece in (1, 2, 3, 7, 64, 1 << 20):
+            assert documents._count_values(archive, 10**9, piece) == _separators_outside_strings(text), piece
+
+
+def test_a_thousand_groups_named_with_separators_unpack():
+    """Names of 200 separators each, on 1,000 groups, at a document limit of 8 MiB: the values outside strings are
+    few; the document unpacks as packed."""
+    document = {"description": {"groups": [{"name": ":" * 200 + str(i), "outputs": [0.0, 1.0, float(i)]}
+                                           for i in range(1000)]}}
+    assert documents.unpack(documents.pack(document), 8 << 20) == document
