@@ -72,5 +72,6 @@ def test_readme_own_data_commands_run_as_written(tmp_path):
         .merge(labels, on="example_id")
     true_mse = float(np.mean(np.minimum((held_out.prediction - held_out.label) ** 2, 2.25e8)))
     assert len(held_out) == 10_788
-    assert abs(evaluation["value"] - true_mse) < 6 * evaluation["noise_scale"]
+    # noise_scale is the discrete Laplace's scale b: P(|Z| > 14 b) = e^-14 < 10^-6 (at 6 b, 1 run in 400 failed: CI did)
+    assert abs(evaluation["value"] - true_mse) < 14 * evaluation["noise_scale"]
     assert true_mse < 0.5 * float(np.var(held_out.label))  # the model learned prices from features
