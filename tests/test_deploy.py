@@ -29,7 +29,9 @@ def _env_example(name: str) -> dict[str, str]:
     return pairs
 
 
-def test_compose_config_validates(tmp_path):
+def _compose_checkout(tmp_path: Path) -> str:
+    """docker-compose (skipped without it here; CI must have it), and the compose file and deploy/ copied to
+    ``tmp_path`` with the example env files in place of the real ones."""
     binary = shutil.which("docker-compose")
     if binary is None:
         if os.environ.get("CI"):
@@ -39,6 +41,11 @@ def test_compose_config_validates(tmp_path):
     shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
     for example in (tmp_path / "deploy").glob("*.env.example"):
         shutil.copy(example, example.with_suffix(""))
+    return binary
+
+
+def test_compose_config_validates(tmp_path):
+    binary = _compose_checkout(tmp_path)
     done = subprocess.run([binary, "-f", str(tmp_path / "docker-compose.yml"), "config", "-q"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -52,15 +59,7 @@ def test_the_gpu_override_builds_the_gpu_extra_and_reserves_one_gpu_for_the_trai
     """deploy/compose.gpu.yml (issue 43), merged by docker-compose itself: both trainer services build the image
     with the "gpu" extra (JAX for CUDA 12, which pyproject.toml declares) under another tag, and the trainer reserves
     one NVIDIA GPU; nothing else changes."""
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("docker-compose must be installed in CI (.ci/run installs Debian's package)")
-        pytest.skip("docker-compose not installed (CI installs it)")
-    shutil.copy(ROOT / "docker-compose.yml", tmp_path)
-    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
-    for example in (tmp_path / "deploy").glob("*.env.example"):
-        shutil.copy(example, example.with_suffix(""))
+    binary = _compose_checkout(tmp_path)
     merged = {}
     for files in (["docker-compose.yml"], ["docker-compose.yml", "deploy/compose.gpu.yml"]):
         done = subprocess.run([binary, *[a for f in files for a in ("-f", str(tmp_path / f))], "config"],

@@ -194,8 +194,7 @@ def _randomizer(title: str, description: dict) -> Randomizer:
 
 def release_page(ctx: ServiceContext, principal: Principal, release_id: str) -> ReleasePage:
     release, _ = queries.get_release(ctx, principal, release_id)
-    document = (documents.unpack(queries.get_mechanism_document(ctx, principal, release.mechanism_hash),
-                                 ctx.settings.max_document_bytes)
+    document = (queries.get_mechanism_document(ctx, principal, release.mechanism_hash)[1]
                 if release.mechanism_hash else {})  # a running or failed release has no mechanism yet
     description = document.get("description") or {}
     audit = audit_log.audit(ctx, principal, release.dataset_id)

@@ -79,9 +79,9 @@ def list_releases(ctx: ServiceContext, admission: Admission) -> list[schemas.Rel
         return [release_view(r) for r in session.scalars(releases_seen(admission, query))]
 
 
-def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_hash: str) -> bytes:
-    """A mechanism document in its packed form (:func:`labels_party.documents.unpack` reads it), to anyone who can
-    see a release that references it (404 otherwise)."""
+def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_hash: str) -> tuple[bytes, dict]:
+    """A mechanism document in its packed form and unpacked (:func:`labels_party.documents.unpack`, checked against
+    its address), to anyone who can see a release that references it (404 otherwise)."""
     with ctx.sessions() as session, session.begin():
         query = select(db.Release).where(db.Release.mechanism_hash == mechanism_hash)
         seen = [release for release in session.scalars(releases_possibly_seen(principal, query))
@@ -96,4 +96,4 @@ def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_
     if documents.address(unpacked) != mechanism_hash:  # a body rewritten in the database
         raise tampered(seen[0].dataset_id, [f"mechanism document {mechanism_hash} does not hash to its "
                                                       "address"])
-    return packed
+    return packed, unpacked

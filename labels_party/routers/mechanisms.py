@@ -23,7 +23,7 @@ def mechanism_document(mechanism_hash: str, request: Request, who: AnyKey, ctx: 
     or with ``Accept: application/vnd.labeldp.mechanism+npz`` the form it is stored in: an ``.npz`` (zip) whose
     ``document.json`` is the document with each numeric list replaced by ``{"$array": i}`` and whose ``a{i}.npy``
     are those lists as int64 or float64 arrays, each distinct one once."""
-    packed = queries.get_mechanism_document(ctx, who.principal, mechanism_hash)
+    packed, unpacked = queries.get_mechanism_document(ctx, who.principal, mechanism_hash)
     if documents.BINARY_MEDIA_TYPE in (request.headers.get("accept") or ""):
         return Response(packed, media_type=documents.BINARY_MEDIA_TYPE)
-    return JSONResponse(documents.unpack(packed, ctx.settings.max_document_bytes))
+    return JSONResponse(unpacked)

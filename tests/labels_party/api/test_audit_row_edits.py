@@ -414,6 +414,7 @@ def test_a_revocation_whose_certified_organization_was_renamed_still_revokes(ctx
     _sql(ctx, "UPDATE organizations SET name = 'publisher-x' WHERE name = 'publisher'")
     with ctx.sessions() as s, s.begin():
         key_ring(ctx.ledger).revoke(s, KeyRef(key, None), by="operator")
+    assert list(ctx.ledger.store.path("keys/revoked").glob("*.json"))  # outside the database, whatever the name
     _sql(ctx, "UPDATE organizations SET name = 'publisher' WHERE name = 'publisher-x'")
     _refused(release(client, consumer, dataset, "after", mechanism="rr", epsilon=0.1))
 
@@ -596,14 +597,11 @@ def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path
     ctx.close()
 
 
-def test_the_certifying_upgrade_leaves_out_rows_their_chains_contradict(tmp_path, capsys):
-    """Issue 40's fifth review: before the operator's upgrade to key certificates, a writer edited the publisher's
-    chained consumer key into the owner's admin and inserted an admin row of the owner's; the upgrade certified
-    both, and both then granted on the owner's new datasets. Only keys their chains made as they stand are
-    certified now."""
+def _shop_with_a_publisher(tmp_path):
+    """A deployment on ``tmp_path``: the shop's admin key, the publisher's consumer key and a dataset of the shop's
+    granted to the publisher. Returns (database URL, data directory, the first context, owner, consumer, dataset)."""
     from fastapi.testclient import TestClient
 
-    from labeldp import cli
     from labels_party.api import create_app
     from labels_party.auth import create_key
     from labels_party.context import make_context
@@ -615,9 +613,24 @@ def test_the_certifying_upgrade_leaves_out_rows_their_chains_contradict(tmp_path
         consumer = bearer(create_key(first.ledger, s, "publisher", "consumer"))
     with TestClient(create_app(first)) as client:
         made = client.post("/v1/datasets", headers=owner, json={
-            "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2})
-        assert client.post(f"/v1/datasets/{made.json()['id']}/grants", headers=owner,
+            "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2}).json()["id"]
+        assert client.post(f"/v1/datasets/{made}/grants", headers=owner,
                            json={"org": "publisher", "epsilon": 1}).status_code == 201
+    return database, data, first, owner, consumer, made
+
+
+def test_the_certifying_upgrade_leaves_out_rows_their_chains_contradict(tmp_path, capsys):
+    """Issue 40's fifth review: before the operator's upgrade to key certificates, a writer edited the publisher's
+    chained consumer key into the owner's admin and inserted an admin row of the owner's; the upgrade certified
+    both, and both then granted on the owner's new datasets. Only keys their chains made as they stand are
+    certified now."""
+    from fastapi.testclient import TestClient
+
+    from labeldp import cli
+    from labels_party.api import create_app
+    from labels_party.context import make_context
+    from tests.labels_party.api.helpers import bearer
+    database, data, first, owner, consumer, _made = _shop_with_a_publisher(tmp_path)
     first.close()
     again = make_context(database, data)
     with again.sessions() as s, s.begin():  # the writer's edits, then the schema as before certificates
@@ -650,23 +663,10 @@ def test_the_certifying_upgrade_leaves_out_a_revoked_key_whose_revocation_was_mo
     grace and was certified in force. A row revoked later than its chain says is not certified."""
     import shutil
 
-    from fastapi.testclient import TestClient
-
     from labeldp import cli
-    from labels_party.api import create_app
-    from labels_party.auth import create_key, key_ring
+    from labels_party.auth import key_ring
     from labels_party.context import make_context
-    from tests.labels_party.api.helpers import bearer
-    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
-    first = make_context(database, data)
-    with first.sessions() as s, s.begin():
-        owner = bearer(create_key(first.ledger, s, "shop", "admin"))
-        consumer = bearer(create_key(first.ledger, s, "publisher", "consumer"))
-    with TestClient(create_app(first)) as client:
-        made = client.post("/v1/datasets", headers=owner, json={
-            "name": "weeks", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 2}).json()["id"]
-        assert client.post(f"/v1/datasets/{made}/grants", headers=owner,
-                           json={"org": "publisher", "epsilon": 1}).status_code == 201
+    database, data, first, _owner, consumer, _made = _shop_with_a_publisher(tmp_path)
     prefix = consumer["Authorization"].split("_")[1]
     with first.sessions() as s, s.begin():
         key_ring(first.ledger).revoke(s, KeyRef(None, prefix), by="ops")
