@@ -14,7 +14,7 @@ from sqlalchemy.orm import sessionmaker
 
 from features_party.auth import Principal, authenticate
 from features_party.settings import TrainerSettings
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.gate import Guard
 
 
@@ -48,7 +48,7 @@ def admitter(sessions: sessionmaker, settings: TrainerSettings
             principal = authenticate(session, authorization or None)
         assert isinstance(guard, Access)  # service_app refused routes guarded by anything else
         if guard.admin_key and principal.role != "admin":
-            raise LabelDPError("creating or replacing a features table needs an admin key", code="forbidden")
+            raise LabelDPError("creating or replacing a features table needs an admin key", code=ErrorCode.FORBIDDEN)
         limit = {"features": settings.max_features_bytes, "id_list": settings.max_id_list_bytes,
                  "json": settings.max_json_bytes}[guard.body]
         return Admission(principal, limit)

@@ -54,7 +54,7 @@ from features_party.reports import JobReport, privatized
 from features_party.targets import training_targets
 from features_party.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.validation import PrivatizedLabels, compare, eligibility_z
 
 log = logging.getLogger("labeldp.auto")
@@ -494,7 +494,7 @@ def _any_model(candidates: list[Candidate]) -> TrainResult | GbdtResult:
     """A model file for the constant predictor (its output map ignores the model): the first candidate's."""
     if not candidates:
         raise LabelDPError("no candidate could be fitted: too few rows in every training part",
-                           code="too_few_examples")
+                           code=ErrorCode.TOO_FEW_EXAMPLES)
     return candidates[0].model
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.commands import (
     add_service_commands,
     check_shared_secret_key,
@@ -73,7 +73,7 @@ def _settings(args):
         for item in args.labels_party:
             name, sep, url = item.partition("=")
             if not sep:
-                raise LabelDPError(f"--labels-party takes NAME=URL, got {item!r}", code="usage")
+                raise LabelDPError(f"--labels-party takes NAME=URL, got {item!r}", code=ErrorCode.USAGE)
             parties[name.strip()] = url.strip()
         overrides["labels_parties"] = parties
     if getattr(args, "default_labels_party", None):
@@ -81,7 +81,8 @@ def _settings(args):
     try:
         settings = TrainerSettings(**overrides)
     except ValueError as err:
-        raise LabelDPError(f"invalid trainer settings: {str(err).splitlines()[-1].strip()}", code="usage") from None
+        raise LabelDPError(f"invalid trainer settings: {str(err).splitlines()[-1].strip()}",
+                           code=ErrorCode.USAGE) from None
     check_workers(getattr(args, "workers", 1), settings.database_url)  # serve: before a SQLite file is made
     ensure_sqlite_directory(settings.database_url)
     return settings
@@ -143,9 +144,9 @@ def predict_command(args) -> int:
     from features_party.jobs import predictions_frame
 
     if not os.path.exists(args.model):
-        raise LabelDPError(f"model file not found: {args.model}", code="not_found")
+        raise LabelDPError(f"model file not found: {args.model}", code=ErrorCode.NOT_FOUND)
     if not os.path.exists(args.features):
-        raise LabelDPError(f"features file not found: {args.features}", code="not_found")
+        raise LabelDPError(f"features file not found: {args.features}", code=ErrorCode.NOT_FOUND)
     frame = predictions_frame(args.model, read_features(args.features))
     frame.to_csv(args.out, index=False)
     print(f"wrote {len(frame)} predictions to {args.out}")
@@ -157,7 +158,7 @@ def parse_quantiles(text: str) -> list[float]:
         return [float(part) for part in text.split(",")]
     except ValueError:
         raise LabelDPError(f"--quantiles takes numbers separated by commas, e.g. 0.01,0.99, not {text!r}",
-                           code="usage") from None
+                           code=ErrorCode.USAGE) from None
 
 
 def _read_ids(path: str) -> list[str]:
@@ -189,13 +190,14 @@ def quantiles_command(args) -> int:
     except ValidationError as err:  # the request's own schema, checked before it is sent
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        raise LabelDPError(f"{where}: {first['msg']}", code="usage") from None
+        raise LabelDPError(f"{where}: {first['msg']}", code=ErrorCode.USAGE) from None
     except LabelsPartyError as err:
-        code = "labels_party_refused" if 400 <= err.status < 500 else "labels_party_failed"
+        code = ErrorCode.LABELS_PARTY_REFUSED if 400 <= err.status < 500 else ErrorCode.LABELS_PARTY_FAILED
         raise LabelDPError(f"the labels party answered {err.status} {err.safe_code}: {err.message}", code=code) \
             from None
     except httpx.HTTPError as err:
-        raise LabelDPError(f"cannot reach the labels party at {args.url}: {err}", code="labels_party_unreachable") \
+        raise LabelDPError(f"cannot reach the labels party at {args.url}: {err}",
+                           code=ErrorCode.LABELS_PARTY_UNREACHABLE) \
             from None
     if args.json:
         print(json.dumps(release.model_dump(mode="json"), allow_nan=False))

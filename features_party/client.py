@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.estimates import MSEEstimate, unbiased_mse_estimate_from_document
 
 
@@ -39,8 +39,6 @@ class LabelsPartyError(Exception):
     @property
     def safe_code(self) -> str:
         """The error code if it is one of the shared codes (safe to pass on), else a generic one."""
-        from shared.service.errors import ErrorCode
-
         return self.code if self.code in ErrorCode._value2member_map_ else "error"
 
 
@@ -128,19 +126,19 @@ def _scored_predictions(predictions: pd.Series | pd.DataFrame, holdout) -> tuple
     if isinstance(predictions, pd.DataFrame):
         if "prediction" not in predictions.columns:
             raise LabelDPError("a predictions frame has a 'prediction' column (and 'example_id', 'holdout')",
-                               code="invalid_input")
+                               code=ErrorCode.INVALID_INPUT)
         frame = predictions.set_index("example_id") if "example_id" in predictions.columns else predictions
         if holdout is None and "holdout" in frame.columns:
             holdout = frame["holdout"]
         predictions = frame["prediction"]
     index = predictions.index.astype(str)
     if index.has_duplicates:
-        raise LabelDPError("predictions has duplicate example ids", code="invalid_input")
+        raise LabelDPError("predictions has duplicate example ids", code=ErrorCode.INVALID_INPUT)
     predicted = pd.Series(np.asarray(predictions, dtype=np.float64), index=index)
     if holdout is None:
         return predicted, None
     malformed = LabelDPError(f"holdout is booleans: a Series by example id, or one per prediction ({len(index)}) in "
-                             "their order", code="invalid_input")
+                             "their order", code=ErrorCode.INVALID_INPUT)
     if isinstance(holdout, pd.Series):
         held = holdout.set_axis(holdout.index.astype(str))
     else:
@@ -245,7 +243,8 @@ class LabelsPartyClient:
         missing = [c for c in (id_column, label_column) if c not in frame.columns]
         if missing:
             columns = ", ".join(map(str, frame.columns))
-            raise LabelDPError(f"the frame has no column {missing[0]!r} (its columns: {columns})", code="invalid_input")
+            raise LabelDPError(f"the frame has no column {missing[0]!r} (its columns: {columns})",
+                               code=ErrorCode.INVALID_INPUT)
         return self.upload_labels(dataset_id, frame[id_column].astype(str), frame[label_column].to_numpy(np.float64))
 
     def grant(self, dataset_id: str, org: str, epsilon: float, delta: float = 0.0) -> schemas.Grant:
@@ -445,28 +444,28 @@ class LabelsPartyClient:
         release = self.get_release(release_id)
         if release.mechanism_hash is None:
             raise LabelDPError(f"release {release_id} is {release.state}: no mechanism document yet",
-                               code="release_not_ready")
+                               code=ErrorCode.RELEASE_NOT_READY)
         document = self.mechanism_document(release.mechanism_hash)
         domain = self.get_dataset(release.dataset_id).domain
         released = self.download_frame(release_id)
         if "label" not in released.columns:
             raise LabelDPError(f"release {release_id} ({release.mechanism}) releases no label per example",
-                               code="mechanism_not_estimable")
+                               code=ErrorCode.MECHANISM_NOT_ESTIMABLE)
         ids = released["example_id"]
         missing = ~ids.isin(predicted.index)
         if missing.any():
             raise LabelDPError(f"{int(missing.sum())} of the release's {len(released)} examples have no prediction, "
-                               f"e.g. {ids[missing].iloc[0]!r}", code="invalid_input")
+                               f"e.g. {ids[missing].iloc[0]!r}", code=ErrorCode.INVALID_INPUT)
         if held is not None:
             unknown = ~ids.isin(held.index)
             if unknown.any():
                 raise LabelDPError(f"holdout does not say whether {int(unknown.sum())} of the release's examples were "
-                                   f"held out, e.g. {ids[unknown].iloc[0]!r}", code="invalid_input")
+                                   f"held out, e.g. {ids[unknown].iloc[0]!r}", code=ErrorCode.INVALID_INPUT)
             trained = ~held[ids].to_numpy()
             if trained.any():
                 raise LabelDPError(f"{int(trained.sum())} of the release's {len(released)} examples were trained on "
                                    f"(holdout false), e.g. {ids[trained].iloc[0]!r}: the estimate is of the error on "
-                                   "examples the model did not see", code="not_held_out")
+                                   "examples the model did not see", code=ErrorCode.NOT_HELD_OUT)
         return unbiased_mse_estimate_from_document(predicted[ids].to_numpy(), released["label"].to_numpy(),
                                                    document, level=level, domain=domain)
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shared.errors import LabelDPError, library_message, resource_error
+from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
 
 ID = "example_id"
 
@@ -30,7 +30,7 @@ def read_features(path: str | Path, what: str = "features") -> pd.DataFrame:
             frame = pd.read_csv(handle, dtype={ID: str}, keep_default_na=True)
     except (ValueError, OSError) as err:  # pandas' ParserError, EmptyDataError and UnicodeDecodeError among them
         raise resource_error(err) or LabelDPError(f"cannot parse {what} file: {library_message(err)}",
-                                                  code="malformed_file") from None
+                                                  code=ErrorCode.MALFORMED_FILE) from None
     return check_features(frame, what)
 
 
@@ -47,14 +47,14 @@ def store_frame(directory: Path, name: str, frame: pd.DataFrame) -> Path:
 
 def check_features(frame: pd.DataFrame, what: str = "features") -> pd.DataFrame:
     if ID not in frame.columns:
-        raise LabelDPError(f"the {what} file needs an {ID!r} column", code="malformed_file")
+        raise LabelDPError(f"the {what} file needs an {ID!r} column", code=ErrorCode.MALFORMED_FILE)
     if frame[ID].isna().any():
-        raise LabelDPError("an example_id is missing", code="malformed_file")
+        raise LabelDPError("an example_id is missing", code=ErrorCode.MALFORMED_FILE)
     frame = frame.assign(**{ID: frame[ID].astype(str)})
     duplicated = frame[ID].duplicated()
     if duplicated.any():
         raise LabelDPError(f"duplicate example_id {frame[ID][duplicated].iloc[0]!r} in {what}",
-                           code="duplicate_example_id")
+                           code=ErrorCode.DUPLICATE_EXAMPLE_ID)
     return frame.set_index(ID, drop=False)
 
 
@@ -113,7 +113,7 @@ def _convert(path: Path, staged: Path, spill: Path, what: str) -> tuple[int, lis
         with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
             columns = [str(c) for c in pd.read_csv(handle, dtype={ID: str}, nrows=0).columns]
         if ID not in columns:
-            raise LabelDPError(f"the {what} file needs an {ID!r} column", code="malformed_file")
+            raise LabelDPError(f"the {what} file needs an {ID!r} column", code=ErrorCode.MALFORMED_FILE)
         lines = _count_lines(path)
         chunk_rows = _chunk_rows(len(columns), path.stat().st_size / lines)
         ids, types = _Ids(spill, lines), _Types(columns)
@@ -124,7 +124,7 @@ def _convert(path: Path, staged: Path, spill: Path, what: str) -> tuple[int, lis
                 chunks += 1
                 typed = types.add(chunk)
                 if types.missing[columns.index(ID)]:
-                    raise LabelDPError("an example_id is missing", code="malformed_file")
+                    raise LabelDPError("an example_id is missing", code=ErrorCode.MALFORMED_FILE)
                 ids.add(chunk[ID])
                 if writing and (typed is None or not ids.complete):
                     writing = False  # written again with the whole table's types, or refused
@@ -142,7 +142,7 @@ def _convert(path: Path, staged: Path, spill: Path, what: str) -> tuple[int, lis
                         writing = False
             duplicate = ids.first_duplicate(lambda rows: _ids_at(path, columns.index(ID), rows))
             if duplicate is not None:
-                raise LabelDPError(f"duplicate example_id {duplicate!r} in {what}", code="duplicate_example_id")
+                raise LabelDPError(f"duplicate example_id {duplicate!r} in {what}", code=ErrorCode.DUPLICATE_EXAMPLE_ID)
             if writing and writer is not None and (chunks == 1 or writer.schema.equals(
                     types.schema(what), check_metadata=True)):
                 writer.close()  # the common case: every chunk typed as the first
@@ -205,7 +205,7 @@ def _parsing(what: str):
         raise
     except (ValueError, OSError) as err:  # pandas' ParserError, EmptyDataError and UnicodeDecodeError among them
         raise resource_error(err) or LabelDPError(f"cannot parse {what} file: {library_message(err)}",
-                                                  code="malformed_file") from None
+                                                  code=ErrorCode.MALFORMED_FILE) from None
 
 
 class _WriteFailed(Exception):
@@ -293,7 +293,7 @@ class _Types:
 
 def _unstorable(what: str, err: BaseException) -> LabelDPError:
     return LabelDPError(f"cannot store the {what} file: a column holds values of different kinds in different rows "
-                        f"(numbers and text, say): {library_message(err)}", code="malformed_file")
+                        f"(numbers and text, say): {library_message(err)}", code=ErrorCode.MALFORMED_FILE)
 
 
 def _concatenated(parts: list[pd.Series]) -> pd.Series:
@@ -495,9 +495,9 @@ class Preprocessor:
         """The columns exist and the numeric ones are numbers, on every row (what ``fit`` needs of any subset)."""
         missing = [c for c in tuple(numeric) + tuple(categorical) if c not in frame.columns]
         if missing:
-            raise LabelDPError(f"feature columns not in the features file: {missing}", code="malformed_file")
+            raise LabelDPError(f"feature columns not in the features file: {missing}", code=ErrorCode.MALFORMED_FILE)
         if "example_id" in tuple(numeric) + tuple(categorical):
-            raise LabelDPError("example_id is the key, not a feature", code="malformed_file")
+            raise LabelDPError("example_id is the key, not a feature", code=ErrorCode.MALFORMED_FILE)
         _numeric(frame, tuple(numeric))
 
     @classmethod
@@ -519,7 +519,7 @@ class Preprocessor:
     def transform(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         missing = [c for c in self.numeric + self.categorical if c not in frame.columns]
         if missing:
-            raise LabelDPError(f"feature columns missing: {missing}", code="malformed_file")
+            raise LabelDPError(f"feature columns missing: {missing}", code=ErrorCode.MALFORMED_FILE)
         numeric = (_numeric(frame, self.numeric) - np.array(self.means)) / np.array(self.stds)
         # float32 for the learners: a row far outside the training rows' spread (1e60 against a standard deviation
         # of 1) must stay a large finite number, not become inf after the release was drawn
@@ -578,10 +578,10 @@ def _numeric(frame: pd.DataFrame, columns) -> np.ndarray:
     bad = values.isna().any()
     if bad.any():
         raise LabelDPError(f"non-numeric or missing values in numeric column(s) {list(bad[bad].index)}",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     array = values.to_numpy(dtype=np.float64)
     outside = ~(np.abs(array) <= MAX_MAGNITUDE).all(axis=0)
     if outside.any():
         raise LabelDPError(f"infinite values, or values beyond ±{MAX_MAGNITUDE:g}, in numeric column(s) "
-                           f"{[c for c, o in zip(columns, outside, strict=True) if o]}", code="malformed_file")
+                           f"{[c for c, o in zip(columns, outside, strict=True) if o]}", code=ErrorCode.MALFORMED_FILE)
     return array

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from features_party.features import Preprocessor
 from features_party.gbdt import MAX_CATEGORIES, MAX_MODEL_BYTES, OBJECTIVES, GbdtConfig, GbdtResult
 from features_party.schemas import GbdtOptions
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 ATTRIBUTE = "labeldp"  # the model's string attribute holding our header (JSON)
 MAX_CLASSES = 1 << 20
@@ -58,17 +58,18 @@ def load_model(path: str | Path, *, max_bytes: int = MAX_MODEL_BYTES) -> tuple[G
     size = Path(path).stat().st_size
     if size > max_bytes:
         raise LabelDPError(f"the model file has {size:,} bytes, more than {max_bytes:,}: not a labeldp job's trees",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     raw = Path(path).read_bytes()
     try:
         header, config = check_model(raw)
     except _Malformed:
         raise LabelDPError("the model file is not a labeldp job's tree model (or it was damaged)",
-                           code="malformed_file") from None
+                           code=ErrorCode.MALFORMED_FILE) from None
     try:
         booster = xgb.Booster(model_file=bytearray(raw))
     except xgb.core.XGBoostError:
-        raise LabelDPError("the model file is not an XGBoost model XGBoost can read", code="malformed_file") from None
+        raise LabelDPError("the model file is not an XGBoost model XGBoost can read",
+                           code=ErrorCode.MALFORMED_FILE) from None
     return GbdtResult(booster, config, int(header["best_epoch"]), list(header["history"]),
                       num_classes=header["num_classes"]), header
 

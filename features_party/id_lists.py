@@ -26,7 +26,7 @@ from features_party import db, schemas
 from features_party.auth import Principal
 from features_party.context import TrainerContext
 from features_party.features import ID, read_features, store_frame
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.splits import holdout_mask
 
 Split = schemas.HoldoutFraction | schemas.HoldoutIds | None
@@ -51,7 +51,7 @@ def _find(session: Session, org_id: int, name: str) -> db.IdList | None:
 def _row(session: Session, org_id: int, name: str) -> db.IdList:
     row = _find(session, org_id, name)
     if row is None:
-        raise LabelDPError("no such id list for this key", code="not_found")
+        raise LabelDPError("no such id list for this key", code=ErrorCode.NOT_FOUND)
     return row
 
 
@@ -61,11 +61,11 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     lines, limit = count_lines(path), ctx.settings.max_id_list_ids
     if lines - 1 > limit:
         raise LabelDPError(f"the id list has {lines - 1:,} lines of ids, over this trainer's limit of {limit:,} "
-                           "(max_id_list_ids)", code="body_too_large")
+                           "(max_id_list_ids)", code=ErrorCode.BODY_TOO_LARGE)
     frame = read_features(path, "id list")  # 400 on a malformed file, before anything is stored
     if list(frame.columns) != [ID]:
         raise LabelDPError(f"an id list has one column, {ID!r}; this one has {len(frame.columns)}",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     # A file of its own per upload: the row names it with the hash of its ids in one transaction, so the row and
     # the file always agree, and a reader of the previous row still finds the previous file until that commits.
     target = store_frame(ctx.org_dir(principal.org_id) / "id-lists", f"{name}.{uuid.uuid4().hex}", frame)
@@ -127,7 +127,7 @@ def _check_room(session: Session, ctx: TrainerContext, org_id: int) -> None:
     if count >= limit:
         raise LabelDPError(f"this organization has {count} id lists, this trainer's limit (max_id_lists_per_org): "
                            "delete one (DELETE /v1/id-lists/{name}) or replace one of the same name",
-                           code="too_many_id_lists")
+                           code=ErrorCode.TOO_MANY_ID_LISTS)
 
 
 def delete(ctx: TrainerContext, principal: Principal, name: str) -> None:
@@ -154,9 +154,9 @@ def get(ctx: TrainerContext, principal: Principal, name: str) -> schemas.IdListV
 def _changed(name: str, *, stored: bool) -> LabelDPError:
     if stored:
         return LabelDPError(f"the id list {name!r} was replaced or deleted after this job was created; create a new "
-                            "job", code="id_list_changed")
+                            "job", code=ErrorCode.ID_LIST_CHANGED)
     return LabelDPError(f"the id list {name!r} is not the version split.sha256 names (it was replaced): give its "
-                        "current sha256 (GET /v1/id-lists/{name}), or none", code="id_list_changed")
+                        "current sha256 (GET /v1/id-lists/{name}), or none", code=ErrorCode.ID_LIST_CHANGED)
 
 
 def _pinned_ids(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, *, stored: bool) -> tuple[pd.Index, str]:
@@ -167,7 +167,7 @@ def _pinned_ids(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, *, 
             row = _find(session, org_id, split.holdout_ids)
             if row is None:  # a stored split's list was deleted since
                 raise _changed(split.holdout_ids, stored=True) if stored else LabelDPError(
-                    "no such id list for this key", code="not_found")
+                    "no such id list for this key", code=ErrorCode.NOT_FOUND)
             file, sha256 = row.file, row.sha256
         if sha256 != split.sha256 and (stored or split.sha256 is not None):
             raise _changed(split.holdout_ids, stored=stored)
@@ -176,7 +176,7 @@ def _pinned_ids(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, *, 
         except FileNotFoundError:  # replaced since the row was read (its file removed): read the row again
             continue
     raise LabelDPError(f"the id list {split.holdout_ids!r} was replaced while it was being read; try again",
-                       code="upload_conflict")
+                       code=ErrorCode.UPLOAD_CONFLICT)
 
 
 def held_out(ctx: TrainerContext, org_id: int, split: Split, index: pd.Index, *,

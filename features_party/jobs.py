@@ -62,8 +62,7 @@ from features_party.reports import JobReport, estimate, labels_by_id, privatized
 from features_party.targets import training_targets
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from shared import schemas
-from shared.errors import LabelDPError
-from shared.service.errors import ErrorCode
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.leases import JobRunner, Lease, LeaseTable
 
 log = logging.getLogger("labeldp.jobs")
@@ -194,7 +193,7 @@ def retry_error(err: BaseException, party: str) -> LabelDPError:
     if isinstance(err, LabelsPartyError | httpx.HTTPError):
         return upstream_error(err, party)
     return LabelDPError(f"labels party {party!r} answered what the trainer could not read",
-                        code="labels_party_failed")
+                        code=ErrorCode.LABELS_PARTY_FAILED)
 
 
 def run(ctx: TrainerContext, table: LeaseTable, lease: Lease, lost: threading.Event) -> None:
@@ -328,7 +327,7 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
         # named every id otherwise, and the labels party refused any it lacks before charging
         raise LabelDPError(f"{len(training)} of the released example ids have features and are neither held out nor "
                            f"kept for the estimate; this trainer trains on at least {settings.min_train_examples} "
-                           "(min_train_examples)", code="too_few_examples" if overlap else "no_overlap")
+                           "(min_train_examples)", code=ErrorCode.TOO_FEW_EXAMPLES if overlap else ErrorCode.NO_OVERLAP)
     position = pd.Series(np.arange(len(ids)), index=ids)
     targets = training_targets(table, release)[position[training].to_numpy()]
     noisy = labels_by_id(table)
@@ -453,7 +452,7 @@ def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.Data
         predicted = output.apply(result.predict(numeric, categorical))
     except xgb.core.XGBoostError:  # a checked tree file XGBoost still refuses at prediction: one line, no stack
         raise LabelDPError("the model file's trees cannot predict (a damaged labeldp tree model)",
-                           code="malformed_file") from None
+                           code=ErrorCode.MALFORMED_FILE) from None
     if predicted.ndim == 2:
         frame = pd.DataFrame(predicted, columns=[f"p_class_{k}" for k in range(predicted.shape[1])])
         frame.insert(0, "prediction", predicted.argmax(axis=1))

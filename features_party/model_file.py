@@ -35,7 +35,7 @@ from features_party.gbdt import MAX_CATEGORIES, MAX_MODEL_BYTES
 from features_party.schemas import TrainOptions
 from features_party.train import TrainConfig, TrainResult
 from shared import models
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 MAX_HEADER_CHARS = 1 << 24  # 16 M characters: a history of 1000 epochs and vocabularies are far less
 MAX_PARAMETERS = 1 << 28  # 1 GiB of float32: beyond what a trainer job may train (max_mlp_bytes)
@@ -53,13 +53,13 @@ def load_model(path: str | Path, *, max_bytes: int = MAX_MODEL_BYTES) -> tuple[T
     size = Path(path).stat().st_size
     if size > max_bytes:
         raise LabelDPError(f"the model file has {size:,} bytes, more than {max_bytes:,}: not a labeldp job's MLP",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     try:
         return _load(Path(path), max_bytes)
     except (_Malformed, zipfile.BadZipFile, KeyError, TypeError, ValueError, IndexError, OverflowError,
             RecursionError, ValidationError, EOFError, UnicodeDecodeError) as err:
         raise LabelDPError("the model file is not a labeldp job's MLP (or it was damaged)",
-                           code="malformed_file") from err
+                           code=ErrorCode.MALFORMED_FILE) from err
 
 
 def _load(path: Path, max_bytes: int) -> tuple[TrainResult, dict]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 KINDS = ("model", "shrunk", "constant")
 LIMIT = 1e15  # a saved constant's or center's magnitude: a label's (shared.domains.LABEL_VALUE_LIMIT)
@@ -86,4 +86,4 @@ class Output:
 
 
 def _malformed(what: str) -> LabelDPError:
-    return LabelDPError(f"the model file is damaged: {what}", code="malformed_file")
+    return LabelDPError(f"the model file is damaged: {what}", code=ErrorCode.MALFORMED_FILE)

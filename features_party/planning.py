@@ -26,11 +26,11 @@ from features_party.settings import TrainerSettings
 from features_party.train import TrainConfig
 from shared import models
 from shared import schemas as shared_schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def not_found(what: str) -> LabelDPError:
-    return LabelDPError(f"no such {what} for this key", code="not_found")
+    return LabelDPError(f"no such {what} for this key", code=ErrorCode.NOT_FOUND)
 
 
 def feature_row(session: Session, org_id: int, name: str) -> db.FeatureTable:
@@ -134,29 +134,30 @@ def upstream_error(err: Exception, party: str) -> LabelDPError:
     """The trainer's own answer for a labels-party failure: never the upstream body, at most its error code (a
     member of the shared code enum)."""
     if isinstance(err, httpx.TransportError):
-        return LabelDPError(f"labels party {party!r} is unreachable", code="labels_party_unreachable")
+        return LabelDPError(f"labels party {party!r} is unreachable", code=ErrorCode.LABELS_PARTY_UNREACHABLE)
     if not isinstance(err, LabelsPartyError):
-        return LabelDPError(f"labels party {party!r} failed", code="labels_party_failed")
+        return LabelDPError(f"labels party {party!r} failed", code=ErrorCode.LABELS_PARTY_FAILED)
     if err.status in (401, 403):
-        return LabelDPError(f"labels party {party!r} refused the api_key for this", code="labels_party_forbidden")
+        return LabelDPError(f"labels party {party!r} refused the api_key for this",
+                            code=ErrorCode.LABELS_PARTY_FORBIDDEN)
     if err.status == 404:
         return LabelDPError(f"labels party {party!r} has no such dataset or release for this api_key",
-                            code="labels_party_not_found")
+                            code=ErrorCode.LABELS_PARTY_NOT_FOUND)
     if err.code == "budget_exceeded":
         return LabelDPError(f"labels party {party!r}: the covered examples' budget is exceeded",
-                            code="labels_party_budget_exceeded")
+                            code=ErrorCode.LABELS_PARTY_BUDGET_EXCEEDED)
     if err.code == "unknown_example_ids":
         return LabelDPError(f"labels party {party!r} has no label for some of the example ids the job would train "
                             "on (a job without release.example_ids asks for every id of its features table); "
-                            "nothing was spent", code="labels_party_refused")
+                            "nothing was spent", code=ErrorCode.LABELS_PARTY_REFUSED)
     if 400 <= err.status < 500:
         return LabelDPError(f"labels party {party!r} refused the request ({err.safe_code})",
-                            code="labels_party_refused")
-    return LabelDPError(f"labels party {party!r} failed ({err.status})", code="labels_party_failed")
+                            code=ErrorCode.LABELS_PARTY_REFUSED)
+    return LabelDPError(f"labels party {party!r} failed ({err.status})", code=ErrorCode.LABELS_PARTY_FAILED)
 
 
 def _invalid(message: str) -> LabelDPError:
-    return LabelDPError(message, code="invalid_job")
+    return LabelDPError(message, code=ErrorCode.INVALID_JOB)
 
 
 def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, stored: bool = False) -> JobPlan:
@@ -304,7 +305,7 @@ def _auto_plan(plan: JobPlan, dataset: shared_schemas.Dataset, frame: pd.DataFra
     if auto.label_epsilon < parts.MIN_EPSILON:
         raise LabelDPError(f"epsilon {release.epsilon:g} is too small for an auto job, which spends at least "
                            f"{parts.MIN_EPSILON:g} on the labels' mean and on the labels each",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     return JobPlan(plan.request, plan.labels_party, plan.url, plan.features_file, plan.configs, plan.num_classes,
                    None, plan.held_out, None, auto)
 
@@ -323,7 +324,7 @@ def _check_training_rows(plan: JobPlan, frame: pd.DataFrame, minimum: int) -> No
         what = "rows left once its estimate rows are kept"
     if training < minimum:
         raise LabelDPError(f"the job would train on {training} example(s) ({what}); this trainer trains on at least "
-                           f"{minimum} (min_train_examples)", code="too_few_examples")
+                           f"{minimum} (min_train_examples)", code=ErrorCode.TOO_FEW_EXAMPLES)
 
 
 def _rows_to_train(frame: pd.DataFrame, request: schemas.JobRequest, held_out: pd.Index, minimum: int) -> int:
@@ -335,13 +336,13 @@ def _rows_to_train(frame: pd.DataFrame, request: schemas.JobRequest, held_out: p
         missing = pd.Index(ids).difference(frame.index)
         if len(missing):
             raise LabelDPError(f"{len(missing)} of the {len(ids)} requested example ids have no features in table "
-                               f"{request.features!r}", code="unknown_example_ids")
+                               f"{request.features!r}", code=ErrorCode.UNKNOWN_EXAMPLE_IDS)
     candidates = frame.index if ids is None else pd.Index(ids)
     rows = int(np.count_nonzero(~candidates.isin(held_out)))
     if rows < minimum:
         split = f" ({len(held_out)} of the table's rows held out by its split)" if request.split is not None else ""
         raise LabelDPError(f"the job would train on {rows} example(s){split}; this trainer trains on at least "
-                           f"{minimum} (min_train_examples)", code="too_few_examples")
+                           f"{minimum} (min_train_examples)", code=ErrorCode.TOO_FEW_EXAMPLES)
     return rows
 
 
@@ -407,7 +408,8 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, learners
         what = " + ".join(text for _, text in sizes)
         raise LabelDPError(f"job size {total:.3g} = {what} is over this trainer's limit of "
                            f"{settings.max_job_size:.3g} (max_job_size): use fewer or smaller layers, fewer epochs, "
-                           "rounds, shallower trees, fewer features, rows or categorical levels", code="job_too_large")
+                           "rounds, shallower trees, fewer features, rows or categorical levels",
+                           code=ErrorCode.JOB_TOO_LARGE)
 
 
 def _size(request: schemas.JobRequest, learner: str, vocab_sizes: tuple[int, ...], rows: int, *, output_dim: int,
@@ -485,7 +487,7 @@ def _check_mlp_memory(settings: TrainerSettings, request: schemas.JobRequest, le
                            f"{list(options.hidden)}, batch {options.batch_size:,}, {rows:,} rows), over this "
                            f"trainer's limit of {settings.max_mlp_bytes:.3g} (max_mlp_bytes): use fewer or smaller "
                            "layers, a smaller embed_dim or batch, fewer categorical levels or rows",
-                           code="job_too_large")
+                           code=ErrorCode.JOB_TOO_LARGE)
 
 
 def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learner: str, table_rows: int, rows: int,
@@ -500,7 +502,7 @@ def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learn
         raise LabelDPError(f"the job's predictions are {cells:.3g} numbers = {table_rows:,} rows of features table "
                            f"{request.features!r} × {output_dim:,} outputs, over this trainer's limit of "
                            f"{settings.max_prediction_cells:.3g} (max_prediction_cells): use a smaller features "
-                           "table or fewer classes", code="job_too_large")
+                           "table or fewer classes", code=ErrorCode.JOB_TOO_LARGE)
     if learner != "gbdt":
         return
     options = request.train.gbdt or schemas.GbdtOptions()
@@ -512,11 +514,11 @@ def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learn
                            f"{', '.join(f'{v - 1:,}' for v in vocab_sizes) or 'none'}), over this trainer's limit "
                            f"of {settings.max_tree_bytes:.3g} (max_tree_bytes): use fewer rounds, shallower trees, "
                            "fewer rows, features or categorical levels (a categorical split lists its levels)",
-                           code="job_too_large")
+                           code=ErrorCode.JOB_TOO_LARGE)
     if memory.model / fits > gbdt.MAX_MODEL_BYTES:
         raise LabelDPError(f"the trees' model may take {memory.model / fits:.3g} bytes, more than labeldp predict "
                            f"reads ({gbdt.MAX_MODEL_BYTES:.3g}): use fewer rounds, shallower trees or fewer "
-                           "categorical levels", code="job_too_large")
+                           "categorical levels", code=ErrorCode.JOB_TOO_LARGE)
 
 
 def _loss_for(request: schemas.JobRequest, mechanism: str,

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from features_party.client import LabelsPartyClient
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms.documents import sampler_from_description
 from shared.validation import Comparison, PrivatizedLabels, compare
 
@@ -49,13 +49,13 @@ def privatized(client: LabelsPartyClient, release: schemas.Release, noisy: np.nd
     """The release's labels with its mechanism, rebuilt from its published document; ``mechanism_biased`` when it
     cannot validate (a biased mechanism, or not K-ary randomized response for classes)."""
     if not release.mechanism_hash:
-        raise LabelDPError(f"release {release.id} has no mechanism document", code="mechanism_not_estimable")
+        raise LabelDPError(f"release {release.id} has no mechanism document", code=ErrorCode.MECHANISM_NOT_ESTIMABLE)
     document = client.mechanism_document(release.mechanism_hash)
     try:
         mechanism = sampler_from_description(document["description"])
     except LabelDPError as err:  # a group or label-set release: no single mechanism
         raise LabelDPError(f"release {release.id} ({release.mechanism}) has no single unbiased mechanism",
-                           code="mechanism_not_estimable") from err
+                           code=ErrorCode.MECHANISM_NOT_ESTIMABLE) from err
     return PrivatizedLabels(np.asarray(noisy, dtype=np.float64), mechanism, num_classes)
 
 

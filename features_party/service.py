@@ -38,7 +38,7 @@ from features_party.planning import (
     plan_job,
     upstream_error,
 )
-from shared.errors import LabelDPError, RetryLater
+from shared.errors import ErrorCode, LabelDPError, RetryLater
 
 log = logging.getLogger("labeldp.features")
 
@@ -135,7 +135,7 @@ def _take_slot(session: Session, ctx: TrainerContext, principal: Principal) -> N
     limit = ctx.settings.max_jobs_per_org
     if active >= limit:
         raise RetryLater(f"this organization has {limit} jobs queued or running, this trainer's limit "
-                         "(max_jobs_per_org): retry when one has finished", code="too_many_jobs",
+                         "(max_jobs_per_org): retry when one has finished", code=ErrorCode.TOO_MANY_JOBS,
                          retry_after=RETRY_AFTER_SECONDS)
 
 
@@ -152,12 +152,12 @@ def _replay(session: Session, principal: Principal, key: str, digest: str) -> sc
         return None
     if row.request_sha256 != digest:
         raise LabelDPError("this Idempotency-Key was already used by this organization for another job request",
-                           code="idempotency_key_reused")
+                           code=ErrorCode.IDEMPOTENCY_KEY_REUSED)
     if _still_being_created(row):
         # Its request is still asking for the release, which may be refused — and then the job is not kept: a 200
         # now would answer a job that later reads 404. The outcome is that request's: ask again.
         raise LabelDPError("a request with this Idempotency-Key is still creating its job; send it again shortly",
-                           code="release_in_progress")
+                           code=ErrorCode.RELEASE_IN_PROGRESS)
     return job_view(row)
 
 
@@ -263,7 +263,7 @@ def _auto_releases(plan, client, job_id: str, charged: list) -> None:
         raise LabelDPError(f"labels party {plan.labels_party!r}: an auto job spends epsilon {plan.auto.epsilon:g} on "
                            f"every training example, and this organization's most spent example has "
                            f"{budget.epsilon_remaining:g} left; nothing was spent",
-                           code="labels_party_budget_exceeded")
+                           code=ErrorCode.LABELS_PARTY_BUDGET_EXCEEDED)
     frame = load_frame(plan.features_file)
     request_auto_releases(plan, client, job_id, plan.training_ids(frame).astype(str), charged)
 
@@ -300,7 +300,7 @@ def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: 
 
 
 def _not_resumable(row: db.Job) -> LabelDPError:
-    return LabelDPError(f"job is {row.status}; only interrupted jobs resume", code="job_not_resumable")
+    return LabelDPError(f"job is {row.status}; only interrupted jobs resume", code=ErrorCode.JOB_NOT_RESUMABLE)
 
 
 def get_job(ctx: TrainerContext, principal: Principal, job_id: str) -> schemas.JobView:
@@ -319,7 +319,7 @@ def job_file(ctx: TrainerContext, principal: Principal, job_id: str, kind: str) 
     with ctx.sessions() as session, session.begin():
         row = _job_row(session, principal, job_id)
         if row.status != "succeeded":
-            raise LabelDPError(f"job is {row.status}: no {kind} yet", code="job_not_ready")
+            raise LabelDPError(f"job is {row.status}: no {kind} yet", code=ErrorCode.JOB_NOT_READY)
         file = row.model_file if kind == "model" else row.predictions_file
         assert file is not None  # a job succeeds with its model and predictions written (jobs._finish)
         return Path(file)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from shared.errors import ErrorCode
 from shared.service.limits import HttpSettings
 from shared.service.sealing import SecretKeySettings
 
@@ -101,5 +102,5 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
         if name is None or name not in self.labels_parties:
             configured = ", ".join(self.labels_parties) or "none"
             raise LabelDPError(f"labels party {name!r} is not configured on this trainer (configured: {configured})",
-                               code="unknown_labels_party")
+                               code=ErrorCode.UNKNOWN_LABELS_PARTY)
         return name, self.labels_parties[name]

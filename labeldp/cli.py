@@ -14,7 +14,7 @@ import re
 import sys
 import textwrap
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 # (the module that registers subcommands, the packages it needs, the top-level commands it registers)
 _COMMANDS = (("labels_party.cli", ("labels_party",), ("labels", "randomizer")),
@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = _STARTS_A_VALUE
 
     def error(self, message):  # argparse's default prints usage; keep bad input to one line
-        raise LabelDPError(message, code="usage")
+        raise LabelDPError(message, code=ErrorCode.USAGE)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def register(commands) -> None:
@@ -178,7 +178,7 @@ def _epsilons(text: str) -> list[float]:
 
 def _seeds(args) -> int:
     if args.seeds < 1:
-        raise LabelDPError("--seeds must be at least 1", code="usage")
+        raise LabelDPError("--seeds must be at least 1", code=ErrorCode.USAGE)
     return args.seeds
 
 
@@ -189,7 +189,7 @@ def _models(text: str) -> tuple[str, ...]:
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         raise LabelDPError(f"unknown --model {','.join(unknown) or repr(text)}; choose from {', '.join(MODELS)} or a "
-                           "comma list of them", code="usage")
+                           "comma list of them", code=ErrorCode.USAGE)
     return models
 
 
@@ -211,12 +211,12 @@ def _table_source(args):
     if args.data is None:
         if given:
             raise LabelDPError(f"--{given[0].replace('_', '-')} applies to your own table: add --data FILE",
-                               code="usage")
+                               code=ErrorCode.USAGE)
         return None
     if args.dataset is not None:
-        raise LabelDPError("give --data FILE or --dataset NAME, not both", code="usage")
+        raise LabelDPError("give --data FILE or --dataset NAME, not both", code=ErrorCode.USAGE)
     if args.label is None:
-        raise LabelDPError("--data needs --label COLUMN (the label column of the table)", code="usage")
+        raise LabelDPError("--data needs --label COLUMN (the label column of the table)", code=ErrorCode.USAGE)
     from pathlib import Path
 
     source = TableSource(Path(args.data), args.label, parse_columns(args.features), parse_columns(args.categorical),
@@ -235,9 +235,9 @@ def bench_utility_command(args) -> int:
 
     if args.json and not args.dry_run:
         raise LabelDPError("--json applies to --dry-run (a run writes runs.csv, summary.md and datasets.json)",
-                           code="usage")
+                           code=ErrorCode.USAGE)
     if args.rows is not None and args.rows < 1:
-        raise LabelDPError(f"--rows must be at least 1, got {args.rows}", code="usage")
+        raise LabelDPError(f"--rows must be at least 1, got {args.rows}", code=ErrorCode.USAGE)
     table = _table_source(args)
     if table is not None:
         sources = [table]
@@ -245,14 +245,14 @@ def bench_utility_command(args) -> int:
         names = list(DATASETS) if args.dataset in (None, "all") else args.dataset.split(",")
         unknown = [n for n in names if n not in DATASETS]
         if unknown:
-            raise LabelDPError(f"unknown dataset(s) {unknown}; choose from {', '.join(DATASETS)}", code="usage")
+            raise LabelDPError(f"unknown dataset(s) {unknown}; choose from {', '.join(DATASETS)}", code=ErrorCode.USAGE)
         sources = names
     mechanisms = args.mechanisms.split(",") if args.mechanisms else None
     known = {**MECHANISMS, **CLASSIFICATION_MECHANISMS}
     if mechanisms and [m for m in mechanisms if m not in known]:
         raise LabelDPError(f"unknown mechanism; choose from {', '.join(MECHANISMS)} (regression) or "
                            f"{', '.join(m for m in CLASSIFICATION_MECHANISMS if m != 'non-private')} (classes)",
-                           code="usage")
+                           code=ErrorCode.USAGE)
     if args.quick:
         config = BenchConfig.quick(sources if table is not None else ["psid-weeks"], mechanisms, args.rows)
     else:
@@ -293,7 +293,7 @@ def demo_command(args) -> int:
 
     given = [args.labels_url, args.trainer_url, args.keys_file]
     if any(given) and not all(given):
-        raise LabelDPError("--labels-url, --trainer-url and --keys-file go together", code="usage")
+        raise LabelDPError("--labels-url, --trainer-url and --keys-file go together", code=ErrorCode.USAGE)
     if all(given):
         run_demo(args.out, _epsilons(args.epsilons), quick=args.quick,
                  deployment=external_services(args.labels_url, args.trainer_url, args.keys_file))

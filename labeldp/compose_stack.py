@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from labeldp.local_services import stop_process
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: docker-compose.yml, deploy/
 PROJECT = "labeldp"
@@ -48,7 +48,7 @@ def _run(command: Sequence[str], *, env: dict[str, str] | None = None, check: bo
     if check and done.returncode != 0:
         last = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
         raise LabelDPError(f"{' '.join(command[:4])} failed: {last[-1] if last else f'exit {done.returncode}'}",
-                           code="compose_failed")
+                           code=ErrorCode.COMPOSE_FAILED)
     return done
 
 
@@ -63,7 +63,7 @@ def _engine_answers(env: dict[str, str]) -> bool:
 def _apt_install(*packages: str) -> None:
     if os.geteuid() != 0:
         raise LabelDPError(f"{', '.join(packages)} missing; install Debian's packages (as root) or run as root",
-                           code="docker_unavailable")
+                           code=ErrorCode.DOCKER_UNAVAILABLE)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     _run(["apt-get", "update", "-qq"], env=env)
     _run(["apt-get", "install", "-y", "-qq", *packages], env=env)
@@ -88,7 +88,7 @@ def docker_engine(log: Path) -> Iterator[dict[str, str]]:
         return
     if os.geteuid() != 0:
         raise LabelDPError("no Docker engine answers (DOCKER_HOST, /var/run/docker.sock); start one, or run as "
-                           "root to let compose-demo start Debian's dockerd", code="docker_unavailable")
+                           "root to let compose-demo start Debian's dockerd", code=ErrorCode.DOCKER_UNAVAILABLE)
     if shutil.which("dockerd") is None:
         _apt_install("docker.io")
     OWN_ENGINE.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ def docker_engine(log: Path) -> Iterator[dict[str, str]]:
         deadline = time.monotonic() + 60
         while not _engine_answers(own):
             if daemon.poll() is not None or time.monotonic() > deadline:
-                raise LabelDPError(f"dockerd did not start; see {log}", code="docker_unavailable")
+                raise LabelDPError(f"dockerd did not start; see {log}", code=ErrorCode.DOCKER_UNAVAILABLE)
             time.sleep(0.5)
         print(f"engine: started dockerd (data root {OWN_DATA_ROOT}, log {log})", flush=True)
         yield own
@@ -123,7 +123,7 @@ def ensure_env_files(deploy: Path = ROOT / "deploy") -> None:
         return
     if present:
         raise LabelDPError(f"deploy/{', '.join(present)}.env exist but not all three: create the others from "
-                           "their examples with the same database password", code="compose_failed")
+                           "their examples with the same database password", code=ErrorCode.COMPOSE_FAILED)
     password = secrets.token_urlsafe(24)
     for name in ENV_FILES:
         text = (deploy / f"{name}.env.example").read_text().replace("change-me", password)
@@ -138,7 +138,7 @@ def build_images(env: dict[str, str], bases: str) -> None:
     done = subprocess.run(["bash", "deploy/images/build.sh", "--bases", bases], env=env, cwd=ROOT)
     if done.returncode != 0:
         raise LabelDPError("building the images failed (deploy/images/build.sh's output above)",
-                           code="compose_failed")
+                           code=ErrorCode.COMPOSE_FAILED)
     print(f"images: built in {time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -199,7 +199,8 @@ class Stack:
             if all(state == "healthy" for state in states.values()) and self._gateway_ready():
                 return
             if time.monotonic() > deadline:
-                raise LabelDPError(f"the stack is not healthy after {seconds:g} s: {states}", code="compose_failed")
+                raise LabelDPError(f"the stack is not healthy after {seconds:g} s: {states}",
+                                   code=ErrorCode.COMPOSE_FAILED)
             time.sleep(2)
 
     def _gateway_ready(self) -> bool:

@@ -45,7 +45,7 @@ from features_party.trainer_client import TrainerClient
 from labeldp import demo_classification, demo_source, references, report
 from labeldp.benchmarks.parties import CONSUMER, LABELS_PARTY, Parties
 from labeldp.local_services import free_port, serve_process
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 MECHANISMS: list[tuple[str, dict[str, Any]]] = [
     ("opt-unbiased", {}),  # the optimum over continuous outputs (the default solver; certified gap)
@@ -161,16 +161,16 @@ def external_services(labels_url: str, trainer_url: str, keys_file: str | Path,
     of mode 0600). ``verify-audit`` needs the labels party's database: not run from here."""
     from shared.service.keyfiles import read_private_file
 
-    text = read_private_file(Path(keys_file), what=f"keys file {keys_file}", code="usage")
+    text = read_private_file(Path(keys_file), what=f"keys file {keys_file}", code=ErrorCode.USAGE)
     if text is None:
-        raise LabelDPError(f"no keys file {keys_file}", code="usage")
+        raise LabelDPError(f"no keys file {keys_file}", code=ErrorCode.USAGE)
     try:
         keys = json.loads(text)
         running = Services(labels_url.rstrip("/"), trainer_url.rstrip("/"), keys["admin"], keys["consumer"],
                            keys["trainer"], verify_audit=lambda: {"valid": None})
     except (ValueError, KeyError, TypeError):
         raise LabelDPError(f"{keys_file} must be JSON with the keys admin, consumer and trainer",
-                           code="usage") from None
+                           code=ErrorCode.USAGE) from None
     return lambda _out: contextlib.nullcontext(running)
 
 

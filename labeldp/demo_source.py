@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from features_party.client import LabelsPartyClient
 from labeldp.benchmarks.parties import CONSUMER, Parties
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError, known_code
 
 EPSILON = 2.0
 REGISTRATION_SECONDS = 600.0
@@ -113,5 +113,5 @@ def _registered(office: LabelsPartyClient, dataset: schemas.Dataset) -> schemas.
     if dataset.state != "ready":
         error = dataset.error or {}
         raise LabelDPError(f"the source dataset was not registered: {error.get('message', dataset.state)}",
-                           code=error.get("code", "source_dataset"))
+                           code=known_code(error.get("code", ""), ErrorCode.SOURCE_DATASET))
     return dataset

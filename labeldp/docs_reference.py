@@ -92,10 +92,12 @@ def _field_comments(cls: type) -> dict[str, str]:
 
 
 def errors_page() -> str:
-    from shared.service.errors import ErrorCode
+    from shared.errors import ErrorCode
 
     lines = [HEADER, "# Error codes\n\n", "Every error either service answers with is JSON `{\"error\": {\"code\", "
-             "\"message\"}}`; the code and its HTTP status come from `shared.service.errors.ErrorCode`.\n\n",
+             "\"message\"}}`; the code and its HTTP status come from `shared.errors.ErrorCode`, the one enum every "
+             "raise site names. The command line prints the same codes (one line on stderr; with `--json` the same "
+             "object on stdout); `compose_failed` and `docker_unavailable` are its compose demo's alone.\n\n",
              "| code | HTTP status |\n|---|---|\n"]
     lines += [f"| `{code.value}` | {code.status} |\n" for code in sorted(ErrorCode, key=lambda c: (c.status, c.value))]
     return "".join(lines)

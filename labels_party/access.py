@@ -25,7 +25,7 @@ from labels_party import db
 from labels_party.auth import Principal, authenticate
 from labels_party.ledger import Ledger
 from labels_party.settings import LabelsSettings
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.gate import Guard
 
 Body = Literal["json", "columnar", "labels"]
@@ -66,11 +66,11 @@ class Admission:
 
 def not_found() -> LabelDPError:
     # Same answer whether or not the dataset exists: a key must not reveal other organizations' datasets.
-    return LabelDPError("no such dataset for this key", code="not_found")
+    return LabelDPError("no such dataset for this key", code=ErrorCode.NOT_FOUND)
 
 
 def _forbidden(message: str) -> LabelDPError:
-    return LabelDPError(message, code="forbidden")
+    return LabelDPError(message, code=ErrorCode.FORBIDDEN)
 
 
 def decide(session: Session, principal: Principal, access: Access, dataset_id: str | None,

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from labels_party.db import ApiKey, Organization
 from labels_party.ledger import Ledger, key_certificates
 from labels_party.ledger.signing import key_id
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRing, Principal
 
 __all__ = ["KEYS", "Principal", "authenticate", "create_key", "key_ring"]
@@ -53,5 +53,5 @@ def authenticate(session: Session, authorization: str | None, ledger: Ledger) ->
         else:
             log.warning("key %s of %s is not as the service issued it (no valid certificate): refused",
                         principal.key_prefix, principal.org_name)
-        raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
+        raise LabelDPError(UNAUTHORIZED_MESSAGE, code=ErrorCode.UNAUTHORIZED)
     return principal

@@ -31,7 +31,7 @@ from labels_party.ledger import (
     units_epsilon,
 )
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def open_owner_account(session: Session, dataset: db.Dataset) -> db.BudgetAccount:
@@ -54,10 +54,10 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
     account; refused if either account would fall below what it has spent. The caller holds the dataset lock."""
     if org.id == dataset.owner_org_id:
         raise LabelDPError("the owner's account holds what no grant does; allocate to other organizations",
-                           code="invalid_input")
+                           code=ErrorCode.INVALID_INPUT)
     owner = account_of(session, dataset, dataset.owner_org_id, lock=True)
     if owner is None:  # opened with the dataset (create_dataset, or the accounts migration)
-        raise LabelDPError("the dataset has no owner's account", code="storage_inconsistent")
+        raise LabelDPError("the dataset has no owner's account", code=ErrorCode.STORAGE_INCONSISTENT)
     account = account_of(session, dataset, org.id, lock=True)
     if account is None:
         account = db.BudgetAccount(dataset_id=dataset.id, org_id=org.id, epsilon_units=0, delta=0.0, generation=0,
@@ -72,12 +72,12 @@ def allocate(ctx_ledger: Ledger, session: Session, dataset: db.Dataset, org: db.
         raise LabelDPError(f"the owner's account has {units_epsilon(owner.epsilon_units):g} epsilon and "
                            f"{owner.delta:g} delta to allocate per example; this needs "
                            f"{units_epsilon(max(0, moved_units)):g} and {max(0.0, moved_delta):g}",
-                           code="allocation_exceeded")
+                           code=ErrorCode.ALLOCATION_EXCEEDED)
     for held, new_units, new_delta, who in ((account, units, delta, org.name),
                                             (owner, owner_units, max(0.0, owner_delta), "the owner")):
         if _spent_at(ctx_ledger, session, dataset, held, new_delta) > new_units:
             raise LabelDPError(f"{who} has already spent more than this allocation leaves it",
-                               code="allocation_exceeded")
+                               code=ErrorCode.ALLOCATION_EXCEEDED)
     account.epsilon_units, owner.epsilon_units = units, owner_units
     for held, new_delta in ((account, delta), (owner, max(0.0, owner_delta))):
         if held.delta != new_delta:  # its curves now convert at another δ: its spent ε moves

@@ -9,7 +9,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.commands import (
     LazyChoices,
     add_service_commands,
@@ -89,28 +89,28 @@ def read_prior_file(path: str, labels: FiniteLabels) -> np.ndarray:
             reader = csv.DictReader(handle)
             if reader.fieldnames is None or not {"label", "weight"} <= set(reader.fieldnames):
                 raise LabelDPError(f"{path}: prior file needs a header with columns label,weight",
-                                   code="invalid_prior")
+                                   code=ErrorCode.INVALID_PRIOR)
             for line, row in enumerate(reader, start=2):
                 try:
                     label, weight = float(row["label"]), float(row["weight"])
                 except (TypeError, ValueError):
                     raise LabelDPError(f"{path}:{line}: label and weight must be numbers",
-                                       code="invalid_prior") from None
+                                       code=ErrorCode.INVALID_PRIOR) from None
                 if not math.isfinite(weight) or weight < 0:
                     raise LabelDPError(f"{path}:{line}: weight must be finite and >= 0, got {row['weight']}",
-                                       code="invalid_prior")
+                                       code=ErrorCode.INVALID_PRIOR)
                 (index,), (found,) = labels.find([label])
                 if not found:
                     raise LabelDPError(f"{path}:{line}: label {row['label']} is not in the label domain",
-                                       code="invalid_prior")
+                                       code=ErrorCode.INVALID_PRIOR)
                 if label in seen:
-                    raise LabelDPError(f"{path}:{line}: duplicate label {row['label']}", code="invalid_prior")
+                    raise LabelDPError(f"{path}:{line}: duplicate label {row['label']}", code=ErrorCode.INVALID_PRIOR)
                 seen.add(label)
                 weights[index] = weight
     except FileNotFoundError:
-        raise LabelDPError(f"prior file not found: {path}", code="invalid_prior") from None
+        raise LabelDPError(f"prior file not found: {path}", code=ErrorCode.INVALID_PRIOR) from None
     if weights.sum() <= 0:
-        raise LabelDPError(f"{path}: prior is empty or all weights are zero", code="invalid_prior")
+        raise LabelDPError(f"{path}: prior is empty or all weights are zero", code=ErrorCode.INVALID_PRIOR)
     return weights / weights.sum()
 
 
@@ -124,7 +124,7 @@ def _domain(mechanism: str, spec: str):
     labels = parse_label_spec(spec)
     if registry.family(mechanism).label_kinds == registry.CLASSES:
         if not np.array_equal(labels.values, np.arange(labels.size)):
-            raise LabelDPError(f"{mechanism} needs classes: --labels 0:K-1", code="mechanism_domain_mismatch")
+            raise LabelDPError(f"{mechanism} needs classes: --labels 0:K-1", code=ErrorCode.MECHANISM_DOMAIN_MISMATCH)
         return labels, Classes(labels.size)
     return labels, labels
 
@@ -149,7 +149,7 @@ def audit_command(args) -> int:
     epsilon = check_epsilon(args.epsilon)
     labels, domain = _domain(args.mechanism, args.labels)
     if args.samples < 100:
-        raise LabelDPError(f"--samples must be at least 100, got {args.samples}", code="invalid_request")
+        raise LabelDPError(f"--samples must be at least 100, got {args.samples}", code=ErrorCode.INVALID_REQUEST)
     prior = read_prior_file(args.prior_file, labels) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
     family = registry.family(args.mechanism)
@@ -171,7 +171,7 @@ def solve_command(args) -> int:
     epsilon = check_epsilon(args.epsilon)
     labels, domain = _domain(args.mechanism, args.labels)
     if args.mesh is not None and args.mesh < 2:
-        raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code="invalid_mesh")
+        raise LabelDPError(f"--mesh must be at least 2, got {args.mesh}", code=ErrorCode.INVALID_MESH)
     prior = read_prior_file(args.prior_file, labels) if args.prior_file else \
         np.full(labels.size, 1.0 / labels.size)
     options = registry.MechanismOptions(mesh=args.mesh, clip=args.clip, solver=args.solver)
@@ -332,7 +332,7 @@ def _pinned(args, settings):
     elif settings.audit_key_path.exists():
         public = signing.load_key_file(settings.audit_key_path).public_key()
     else:
-        raise LabelDPError("checking signed heads needs the audit public key (--public-key)", code="usage")
+        raise LabelDPError("checking signed heads needs the audit public key (--public-key)", code=ErrorCode.USAGE)
     # Without --pinned the export is checked as the heads log (every transition in it, both ends in the chain):
     # pinning it too would check each head twice.
     pinned = signing.read_heads(Path(args.pinned)) if args.pinned else None

@@ -30,7 +30,7 @@ from labels_party.spark.runner import SparkJobs
 from labels_party.spark.security import security_conf
 from labels_party.spark.snapshot import local_path
 from labels_party.storage import DataStore
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.randomness import secure_rng
 from shared.service.keyfiles import create_private_file, read_private_file
 from shared.service.leases import JobRunner, Lease
@@ -268,7 +268,7 @@ def _recorded_signer(settings: LabelsSettings) -> str | None:
         return None
     if len(recorded) != 64 or any(c not in "0123456789abcdef" for c in recorded):
         raise LabelDPError(f"{_signer_record(settings)} does not hold an audit public key: restore it from a "
-                           "backup of the data directory", code="audit_key_mismatch")
+                           "backup of the data directory", code=ErrorCode.AUDIT_KEY_MISMATCH)
     return recorded
 
 
@@ -302,7 +302,8 @@ def _signer_mismatch(settings: LabelsSettings, recorded: str | None, public: str
         "no LABELDP_AUDIT_KEY_FILE is set and none is under the data directory"
     signer = f"the audit key {recorded[:16]}…" if recorded is not None else "an audit key that is not here"
     return LabelDPError(f"this data directory's accounts are signed by {signer} and {found}: set "
-                        "LABELDP_AUDIT_KEY_FILE to that key's file (nothing was changed)", code="audit_key_mismatch")
+                        "LABELDP_AUDIT_KEY_FILE to that key's file (nothing was changed)",
+                        code=ErrorCode.AUDIT_KEY_MISMATCH)
 
 
 def spark_secret(settings: LabelsSettings) -> str | None:
@@ -310,11 +311,12 @@ def spark_secret(settings: LabelsSettings) -> str | None:
     cluster master without one, is refused at start rather than at a release's first job."""
     secret = None
     if settings.spark_secret_file is not None:
-        data = read_private_file(settings.spark_secret_file, what="the Spark secret file", code="spark_not_secured")
+        data = read_private_file(settings.spark_secret_file, what="the Spark secret file",
+                                 code=ErrorCode.SPARK_NOT_SECURED)
         secret = data.decode().strip() if data is not None else None
         if not secret:
             raise LabelDPError("the Spark secret file (spark_secret_file) is missing or empty",
-                               code="spark_not_secured")
+                               code=ErrorCode.SPARK_NOT_SECURED)
     security_conf(settings.spark_master, secret)  # the session's own rule
     return secret
 
@@ -334,7 +336,7 @@ def check_source_prefixes(settings: LabelsSettings) -> None:
                 if allowed == own or own.is_relative_to(allowed) or allowed.is_relative_to(own):
                     raise LabelDPError(f"the source prefix {prefix!r} of {organization!r} overlaps the service's own "
                                        f"files ({own}): choose a prefix outside the data and audit directories",
-                                       code="usage")
+                                       code=ErrorCode.USAGE)
 
 
 def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilon") -> float:
@@ -342,5 +344,5 @@ def check_epsilon_range(ctx: ServiceContext, epsilon: float, name: str = "epsilo
     low, high = ctx.settings.epsilon_min, ctx.settings.epsilon_max
     if not low <= epsilon <= high:
         raise LabelDPError(f"{name} must lie in [{low:g}, {high:g}] on this service, got {epsilon!r}",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     return epsilon

@@ -22,7 +22,7 @@ from labels_party.ledger import budget_units, units_epsilon
 from labels_party.spark import snapshot
 from shared import schemas
 from shared.domains import domain_from_spec
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Dataset:
@@ -47,10 +47,10 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
     total = budget_units(body.epsilon_total)
     if total < budget_units(ctx.settings.epsilon_min):
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     if body.delta_total > ctx.settings.delta_max:
         raise LabelDPError(f"delta_total must be at most this service's ceiling, {ctx.settings.delta_max:g} per "
-                           "example", code="epsilon_out_of_range")
+                           "example", code=ErrorCode.EPSILON_OUT_OF_RANGE)
     try:
         with ctx.sessions() as session, session.begin():
             again = _failed_registration(session, principal, body, spec, total)
@@ -75,7 +75,7 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                                spec={"dataset_id": dataset.id, "source": body.source})
                 view = dataset_view(session, principal, dataset)
     except IntegrityError:  # the same name committed meanwhile
-        raise LabelDPError(f"a dataset named {body.name!r} already exists", code="dataset_exists") from None
+        raise LabelDPError(f"a dataset named {body.name!r} already exists", code=ErrorCode.DATASET_EXISTS) from None
     if body.source is not None:
         ctx.jobs.wake()  # this process's workers claim it now (another replica's at its next poll)
     return view
@@ -104,7 +104,7 @@ def _failed_registration(session: Session, principal: Principal, body, spec: dic
 def _refuse_taken_name(session: Session, principal: Principal, name: str) -> None:
     if session.scalar(select(db.Dataset).where(db.Dataset.owner_org_id == principal.org_id,
                                                db.Dataset.name == name)):
-        raise LabelDPError(f"a dataset named {name!r} already exists", code="dataset_exists")
+        raise LabelDPError(f"a dataset named {name!r} already exists", code=ErrorCode.DATASET_EXISTS)
 
 
 def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
@@ -114,20 +114,21 @@ def check_source(ctx: ServiceContext, principal: Principal, body) -> None:
     allowed = ctx.settings.spark_sources.get(principal.org_name, [])
     if not allowed:
         raise LabelDPError("source datasets are not enabled for this organization on this service",
-                           code="source_not_allowed")
+                           code=ErrorCode.SOURCE_NOT_ALLOWED)
     if importlib.util.find_spec("pyspark") is None or not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         raise LabelDPError("this deployment has no Spark (the spark extra and a Java runtime)",
-                           code="source_not_allowed")
+                           code=ErrorCode.SOURCE_NOT_ALLOWED)
     if snapshot.local_path(uri) is None:  # copied when registered, by file descriptors (labels_party.spark.snapshot)
         raise LabelDPError("only local sources (a path or a file: URI) can be registered on this service; object "
-                           "stores (s3a://) and HDFS are not supported", code="source_not_allowed")
+                           "stores (s3a://) and HDFS are not supported", code=ErrorCode.SOURCE_NOT_ALLOWED)
     if not _under_allowed_prefix(uri, allowed):
         raise LabelDPError("this source location is not one this organization may register",
-                           code="source_not_allowed")
+                           code=ErrorCode.SOURCE_NOT_ALLOWED)
     snapshot.locate(uri, allowed)  # what the copy refuses before it opens anything
     if body.label_kind not in ("integer", "classes") or getattr(body, "clip", None) is not None or \
             getattr(body, "grid_size", None) is not None:
-        raise LabelDPError("source datasets take integer (min, max) or classes labels", code="source_not_allowed")
+        raise LabelDPError("source datasets take integer (min, max) or classes labels",
+                           code=ErrorCode.SOURCE_NOT_ALLOWED)
 
 
 _SOURCE_REFUSED = set("*?[]{}\\%") | {chr(c) for c in range(33)}  # globs, escapes, blanks and controls
@@ -156,7 +157,7 @@ def grant_access(ctx: ServiceContext, admission: Admission, body: schemas.GrantC
     """Grant (or re-allocate): the organization's consumer keys may release, within its allocation."""
     if body.delta > 0 and body.delta > ctx.settings.delta_max:
         raise LabelDPError(f"delta must be at most this service's ceiling, {ctx.settings.delta_max:g} per example",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     with ctx.sessions() as session, session.begin():
         dataset = admitted_dataset(session, admission, lock=True)
         ctx.ledger.check_actor(session, dataset, admission.principal)
@@ -191,7 +192,7 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
             dataset = admitted_dataset(session, admission)
             if dataset.source_uri is not None:
                 raise LabelDPError("this dataset's labels stay at their source; nothing is uploaded",
-                                   code="source_dataset")
+                                   code=ErrorCode.SOURCE_DATASET)
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
             parts = registry_parts(session, dataset)
         ingested = labelstore.ingest(ctx.store, dataset.id, seen[0] + 1, path, fmt, domain_from_spec(spec),
@@ -219,7 +220,7 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
                                         clipped_below=ingested.clipped_below,
                                         clipped_above=ingested.clipped_above,
                                         warnings=[warning] if warning else [])
-    raise LabelDPError("other uploads to this dataset kept committing first; retry", code="upload_conflict")
+    raise LabelDPError("other uploads to this dataset kept committing first; retry", code=ErrorCode.UPLOAD_CONFLICT)
 
 
 WIDE_RANGE = 10  # a declared range this many times the labels' middle 90 % is warned about

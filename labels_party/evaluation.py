@@ -24,7 +24,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from shared.domains import Domain
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms.integer_noise import DiscreteLaplace
 from shared.privacy import check_epsilon
 
@@ -103,21 +103,21 @@ def plan_evaluation(metric: str, epsilon: float, clip: float, domain: Domain | N
     """Every refusal of an evaluation (before any label is read) and its noise; ``domain``, the dataset's, gives the
     ``mean`` metric its range (class labels have no mean: refused)."""
     if metric not in METRICS:
-        raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code="invalid_metric")
+        raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code=ErrorCode.INVALID_METRIC)
     epsilon = check_epsilon(epsilon)
     if metric == "mean":
         if domain is None or domain.label_kind == "classes":
             raise LabelDPError("the mean metric needs ordered numeric labels; this dataset's are classes",
-                               code="mechanism_domain_mismatch")
+                               code=ErrorCode.MECHANISM_DOMAIN_MISMATCH)
         values = domain.support().values
         low, high = float(values.min()), float(values.max())
         if high <= low:
             raise LabelDPError("the dataset's declared range holds one value: its mean is public, nothing to estimate",
-                               code="invalid_input")
+                               code=ErrorCode.INVALID_INPUT)
         return EvaluationPlan(metric, high - low, LOSS_LEVELS, DiscreteLaplace.calibrated(epsilon, LOSS_LEVELS),
                               (low, high))
     if metric != "accuracy" and not (math.isfinite(clip) and 0 < clip <= MAX_CLIP):
-        raise LabelDPError(f"clip must be positive and at most {MAX_CLIP:g}", code="invalid_request")
+        raise LabelDPError(f"clip must be positive and at most {MAX_CLIP:g}", code=ErrorCode.INVALID_REQUEST)
     levels = 1 if metric == "accuracy" else LOSS_LEVELS
     return EvaluationPlan(metric, 1.0 if metric == "accuracy" else clip, levels,
                           DiscreteLaplace.calibrated(epsilon, levels))
@@ -126,7 +126,7 @@ def plan_evaluation(metric: str, epsilon: float, clip: float, domain: Domain | N
 def check_predictions(predictions) -> np.ndarray:
     predictions = np.asarray(predictions, dtype=np.float64)
     if not np.all(np.isfinite(predictions)):
-        raise LabelDPError("predictions must be finite numbers", code="invalid_request")
+        raise LabelDPError("predictions must be finite numbers", code=ErrorCode.INVALID_REQUEST)
     return predictions
 
 

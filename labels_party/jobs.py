@@ -44,7 +44,7 @@ from labels_party.ledger import Ledger
 from labels_party.settings import LabelsSettings
 from labels_party.spark.runner import SparkJobs
 from labels_party.storage import DataStore
-from shared.errors import resource_error
+from shared.errors import ErrorCode, resource_error
 from shared.service.leases import JobRunner, Lease, LeaseTable
 from shared.service.scratch import remove
 from shared.service.sealing import Sealer
@@ -253,11 +253,11 @@ def _exhausted(store: DataStore, session: Session, job: db.Job) -> None:
 
 # What a job's subject shows when its attempts ran out with no failure recorded (its workers died).
 EXHAUSTED = {
-    REGISTER_SOURCE: unexpected(code="registration_failed", what="copying and counting the source (its workers "
-                                                                 "stopped, attempts exhausted)"),
+    REGISTER_SOURCE: unexpected(code=ErrorCode.REGISTRATION_FAILED,
+                                what="copying and counting the source (its workers stopped, attempts exhausted)"),
     PRIVATIZE_SOURCE: Failure(
-        code="release_failed", message="the release's Spark job did not complete (its workers stopped, attempts "
-                                       "exhausted); send the request again with its Idempotency-Key to run it again "
-                                       "(the same charge and noise)"),
+        code=ErrorCode.RELEASE_FAILED,
+        message="the release's Spark job did not complete (its workers stopped, attempts exhausted); send the request "
+                "again with its Idempotency-Key to run it again (the same charge and noise)"),
     COMPUTE_RELEASE: INTERRUPTED,
 }

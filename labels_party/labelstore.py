@@ -56,7 +56,7 @@ from labels_party.uploads import (
     text_columns,
 )
 from shared.domains import check_labels
-from shared.errors import LabelDPError, library_message, resource_error
+from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
 
 BATCH_ROWS = 1 << 20
 PARSE_ROWS = 1 << 16  # rows per batch where ids are in memory (64 Ki ids of 1 KB: 64 MB)
@@ -182,7 +182,7 @@ def _decodes_to(size: int, weight: int, how: str) -> LabelDPError:
     return LabelDPError(f"the labels decode to {size:,} bytes{how}, more than {UPLOAD_DECODED_RATIO} times the "
                         f"body's {weight:,} bytes (+{UPLOAD_DECODED_FLOOR >> 20} MiB): a Parquet body compressed "
                         "this far is refused (send it as CSV, or write it without dictionary encoding)",
-                        code="body_too_large")
+                        code=ErrorCode.BODY_TOO_LARGE)
 
 
 def _parquet(source) -> pq.ParquetFile:
@@ -205,17 +205,17 @@ class _ClipCounts:
 def _checked(batch: pa.RecordBatch, domain, clip: dict | None, counts: _ClipCounts) -> tuple[pa.Array, np.ndarray]:
     names = batch.schema.names
     if "example_id" not in names or "label" not in names:
-        raise LabelDPError("labels need columns example_id and label", code="malformed_file")
+        raise LabelDPError("labels need columns example_id and label", code=ErrorCode.MALFORMED_FILE)
     ids = pc.cast(batch.column("example_id"), pa.string())
     ids.validate(full=True)  # UTF-8 (Arrow's JSON reader does not check it): raises ArrowInvalid
     labels = pc.cast(batch.column("label"), pa.float64())
     if ids.null_count or pc.any(pc.equal(pc.utf8_length(ids), 0)).as_py():
-        raise LabelDPError("an example_id is missing or empty", code="malformed_file")
+        raise LabelDPError("an example_id is missing or empty", code=ErrorCode.MALFORMED_FILE)
     if labels.null_count:
-        raise LabelDPError("a label is missing", code="malformed_file")
+        raise LabelDPError("a label is missing", code=ErrorCode.MALFORMED_FILE)
     values = labels.to_numpy(zero_copy_only=False)
     if not np.all(np.isfinite(values)):
-        raise LabelDPError("labels must be finite numbers (no NaN or inf)", code="label_out_of_domain")
+        raise LabelDPError("labels must be finite numbers (no NaN or inf)", code=ErrorCode.LABEL_OUT_OF_DOMAIN)
     if clip is not None:
         counts.below += int(np.count_nonzero(values < clip["low"]))
         counts.above += int(np.count_nonzero(values > clip["high"]))
@@ -238,9 +238,9 @@ def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> 
     except (pa.ArrowException, OSError) as err:  # any Arrow parse/convert/missing-column failure
         # ... but a full disk or exhausted memory while the staged file is written is the service's (507/503)
         raise resource_error(err) or LabelDPError(f"cannot parse the {fmt} body: {library_message(err)}",
-                                                  code="malformed_file") from None
+                                                  code=ErrorCode.MALFORMED_FILE) from None
     if rows == 0:
-        raise LabelDPError("the upload holds no labels", code="empty_labels")
+        raise LabelDPError("the upload holds no labels", code=ErrorCode.EMPTY_LABELS)
     return rows, counts
 
 
@@ -256,7 +256,7 @@ def _refuse_duplicates(connection, staged: Path) -> None:
     duplicate = connection.execute("SELECT example_id FROM read_parquet(?) GROUP BY example_id "
                                    "HAVING count(*) > 1 LIMIT 1", [str(staged)]).fetchone()
     if duplicate is not None:
-        raise LabelDPError(f"duplicate example_id {duplicate[0]!r}", code="duplicate_example_id")
+        raise LabelDPError(f"duplicate example_id {duplicate[0]!r}", code=ErrorCode.DUPLICATE_EXAMPLE_ID)
 
 
 def _copy(connection, query: str, target: Path) -> None:
@@ -474,7 +474,7 @@ def lookup(store: DataStore, file: str, example_ids: Sequence[str]) -> tuple[np.
     """(registry index, label) of each requested id, in the request's order; unknown ids are refused. One pass
     over the version; memory in the size of the request."""
     if len(set(example_ids)) != len(example_ids):
-        raise LabelDPError("example_ids contains duplicates", code="duplicate_example_id")
+        raise LabelDPError("example_ids contains duplicates", code=ErrorCode.DUPLICATE_EXAMPLE_ID)
     wanted = pa.array(example_ids, type=pa.string())
     found_ids, found_index, found_labels = [], [], []
     for batch in iter_version(store, file):
@@ -490,7 +490,7 @@ def lookup(store: DataStore, file: str, example_ids: Sequence[str]) -> tuple[np.
     if pc.any(missing).as_py():
         # Counted, never named: the answer must not echo which of a consumer's ids the dataset lacks.
         raise LabelDPError(f"{int(pc.sum(missing.cast(pa.int64())).as_py())} of the {len(example_ids)} example ids "
-                           "have no current label in this dataset", code="unknown_example_ids")
+                           "have no current label in this dataset", code=ErrorCode.UNKNOWN_EXAMPLE_IDS)
     take = position.to_numpy(zero_copy_only=False).astype(np.int64)
     index = np.concatenate(found_index) if found_index else np.zeros(0, np.int64)
     labels = np.concatenate(found_labels) if found_labels else np.zeros(0)

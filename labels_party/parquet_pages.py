@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 MAX_PAGES = 200_000  # per body: a page header is at least ~6 bytes, so this bounds the walk's time (~1 s)
 MAX_HEADER_BYTES = 1 << 20  # a page header (statistics included) larger than this is refused
@@ -40,7 +40,7 @@ def check_writer(created_by: str | None) -> None:
     match = _OLD_PARQUET_MR.match(created_by or "")
     if match is not None and (match.group(1) is None or tuple(map(int, match.groups())) < (1, 2, 9)):
         raise LabelDPError("the Parquet body was written by parquet-mr before 1.2.9, whose chunk sizes readers pad "
-                           "(PARQUET-816): write it again with a current writer", code="malformed_file")
+                           "(PARQUET-816): write it again with a current writer", code=ErrorCode.MALFORMED_FILE)
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: Budget) -> C
             budget.pages -= 1
             if budget.pages < 0 or budget.header_bytes <= 0:
                 raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages, or its chunks read its "
-                                   "page headers more than once; write larger pages", code="body_too_large")
+                                   "page headers more than once; write larger pages", code=ErrorCode.BODY_TOO_LARGE)
             reader = _Reader(handle, position, size, budget)
             found = _struct(reader, 0, {2: 0, 3: 0, 5: -1, 8: -1})
             budget.header_bytes -= reader.position - position
@@ -201,6 +201,6 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: Budget) -> C
     except _Malformed as error:
         if reader.position >= position + budget.header_bytes:  # the body's header bytes, not the header, ran out
             raise LabelDPError("the Parquet body's chunks read its page headers more than once",
-                               code="body_too_large") from None
-        raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code="malformed_file") from None
+                               code=ErrorCode.BODY_TOO_LARGE) from None
+        raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code=ErrorCode.MALFORMED_FILE) from None
     return ChunkPages(values, uncompressed)

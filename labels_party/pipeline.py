@@ -27,7 +27,7 @@ from labels_party.prior import NoisyPrior, estimate_prior, noise_event, prior_no
 from labels_party.registry import Built, MechanismFamily, MechanismOptions
 from labels_party.solvers.deadline import Deadline
 from shared.domains import Domain
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms.events import LocalRandomizerDpEvent, ParallelDpEvent
 from shared.mechanisms.protocol import Mechanism
 from shared.mechanisms.rounded import RoundedRandomizer
@@ -125,14 +125,14 @@ def prepare(domain, mechanism: str, epsilon: float, num_labels: int, *, prior_ep
     options = options or MechanismOptions()
     family = registry.family(mechanism)
     if num_labels <= 0:
-        raise LabelDPError("no labels to privatize", code="empty_labels")
+        raise LabelDPError("no labels to privatize", code=ErrorCode.EMPTY_LABELS)
     if family.needs_prior:
         split = split_budget(epsilon, domain.support().size, num_labels, prior_epsilon)
         prior_noise(split.prior_epsilon)  # refuses an ε₁ the discrete Laplace cannot calibrate
     else:
         if prior_epsilon is not None:
             raise LabelDPError(f"mechanism {mechanism!r} uses no prior; do not pass a prior epsilon",
-                               code="invalid_epsilon")
+                               code=ErrorCode.INVALID_EPSILON)
         split = BudgetSplit(epsilon, 0.0, epsilon, "no prior needed")
     registry.check(mechanism, domain, split.randomizer_epsilon, options)
     built = None if family.needs_prior else registry.build(mechanism, domain, split.randomizer_epsilon, None, options)
@@ -251,7 +251,7 @@ def privatize_by_group(prepared: Prepared, labels, groups, rng: np.random.Genera
     labels = np.asarray(labels, dtype=np.float64).ravel()
     groups = np.asarray(groups).ravel()
     if groups.size != labels.size:
-        raise LabelDPError("one group per label is needed", code="invalid_request")
+        raise LabelDPError("one group per label is needed", code=ErrorCode.INVALID_REQUEST)
     keys, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
     noisy = np.empty(labels.size)
     parts = []

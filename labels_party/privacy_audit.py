@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 MAX_ALL_PAIRS = 64
 CONFIDENCE = 0.95
@@ -61,7 +61,7 @@ def _codes(outputs: np.ndarray) -> tuple[np.ndarray, bool]:
     outputs = np.asarray(outputs)
     if outputs.ndim == 2:  # label sets (subset selection): one bit per class
         if outputs.shape[1] > 62:
-            raise LabelDPError("cannot audit sets over more than 62 classes", code="invalid_request")
+            raise LabelDPError("cannot audit sets over more than 62 classes", code=ErrorCode.INVALID_REQUEST)
         return outputs.astype(np.int64) @ (np.int64(1) << np.arange(outputs.shape[1], dtype=np.int64)), False
     return outputs.astype(np.float64), True
 
@@ -118,7 +118,7 @@ def _cp_upper(k: np.ndarray | int, n: int, alpha: float) -> np.ndarray:
 def audit(mechanism, labels, samples: int, rng: np.random.Generator) -> AuditResult:
     """Sample ``mechanism`` ``samples`` times on each candidate label and return the 95 % lower bound on ε."""
     if samples < 100:
-        raise LabelDPError("an audit needs at least 100 samples per label", code="invalid_request")
+        raise LabelDPError("an audit needs at least 100 samples per label", code=ErrorCode.INVALID_REQUEST)
     alpha = (1 - CONFIDENCE) / 2  # two one-sided bounds, Bonferroni
     candidates = candidate_labels(labels)
     half = samples // 2

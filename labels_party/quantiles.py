@@ -66,7 +66,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from shared.domains import Domain
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms import events
 from shared.mechanisms.events import AboveThresholdDpEvent, ExponentialMechanismDpEvent
 from shared.mechanisms.exponential import ExactExponential
@@ -117,11 +117,11 @@ def check_quantiles(quantiles: Sequence[float]) -> tuple[float, ...]:
     """Strictly increasing numbers in (0, 1), at most :data:`MAX_QUANTILES` — a public request's refusals."""
     values = tuple(float(q) for q in quantiles)
     if not values or len(values) > MAX_QUANTILES:
-        raise LabelDPError(f"ask for 1 to {MAX_QUANTILES} quantiles", code="invalid_input")
+        raise LabelDPError(f"ask for 1 to {MAX_QUANTILES} quantiles", code=ErrorCode.INVALID_INPUT)
     if not all(0.0 < q < 1.0 for q in values):
-        raise LabelDPError("quantiles must lie strictly between 0 and 1", code="invalid_input")
+        raise LabelDPError("quantiles must lie strictly between 0 and 1", code=ErrorCode.INVALID_INPUT)
     if any(b <= a for a, b in zip(values, values[1:], strict=False)):
-        raise LabelDPError("quantiles must be sorted and distinct (strictly increasing)", code="invalid_input")
+        raise LabelDPError("quantiles must be sorted and distinct (strictly increasing)", code=ErrorCode.INVALID_INPUT)
     return values
 
 
@@ -233,7 +233,7 @@ def check_ordered(domain: Domain) -> None:
     """Quantiles need ordered labels: class labels are refused (before any label is looked up)."""
     if domain.label_kind == "classes":
         raise LabelDPError("quantiles need ordered labels; this dataset's are classes",
-                           code="mechanism_domain_mismatch")
+                           code=ErrorCode.MECHANISM_DOMAIN_MISMATCH)
 
 
 LOG_POINTS = 200  # candidates per sign of a log grid
@@ -277,7 +277,7 @@ def plan_quantiles(domain: Domain, quantiles: Sequence[float], epsilon: float, c
     epsilon = check_epsilon(epsilon)
     if candidates not in CANDIDATE_RULES or method not in METHODS:
         raise LabelDPError(f"candidates must be one of {', '.join(CANDIDATE_RULES)} and method one of "
-                           f"{', '.join(METHODS)}", code="invalid_input")
+                           f"{', '.join(METHODS)}", code=ErrorCode.INVALID_INPUT)
     per_quantile = Fraction(epsilon) * (1 - Fraction(COMPOSITION_MARGIN)) / len(chosen)
     draw: ExactExponential | AboveThreshold = (
         AboveThreshold.calibrated(per_quantile) if method == "above-threshold"

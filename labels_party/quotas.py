@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field, model_validator
 
-from shared.errors import RetryLater
+from shared.errors import ErrorCode, RetryLater
 
 
 class QuotaSettings(BaseModel):
@@ -112,7 +112,7 @@ class ReleaseQuotas:
                 raise RetryLater(
                     f"this organization used its {limits.release_seconds:g} seconds of release computation "
                     f"per {limits.release_window_seconds:g} s; nothing was charged",
-                    code="release_quota_exceeded", retry_after=-bucket.balance / rate)
+                    code=ErrorCode.RELEASE_QUOTA_EXCEEDED, retry_after=-bucket.balance / rate)
             if not self._free(org_id) and self._waiting[org_id] >= limits.release_slots_per_org:
                 raise self._busy(org_id)
             self._waiting[org_id] += 1
@@ -148,10 +148,11 @@ class ReleaseQuotas:
         limits, retry = self.settings, max(1.0, self.settings.release_queue_seconds)
         if self._running[org_id] >= limits.release_slots_per_org:
             return RetryLater(f"this organization already has {limits.release_slots_per_org} releases being "
-                              f"computed (and more waiting); nothing was charged", code="release_quota_exceeded",
+                              f"computed (and more waiting); nothing was charged",
+                              code=ErrorCode.RELEASE_QUOTA_EXCEEDED,
                               retry_after=retry)
         return RetryLater(f"the service is computing its maximum of {limits.release_slots} releases; nothing was "
-                          f"charged", code="release_capacity_exhausted", retry_after=retry)
+                          f"charged", code=ErrorCode.RELEASE_CAPACITY_EXHAUSTED, retry_after=retry)
 
     def _refilled(self, org_id: int) -> _Bucket:
         """``org_id``'s bucket, refilled up to now (under the lock)."""

@@ -37,7 +37,7 @@ from labels_party.solvers.rr_on_bins import solve_rr_on_bins
 from labels_party.solvers.rr_with_prior import rr_with_prior
 from shared.arrays import number
 from shared.domains import ContinuousInterval, Domain, FiniteLabels, lattice_of
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms import additive
 from shared.mechanisms.alibi import AlibiRandomizer
 from shared.mechanisms.finite import FiniteRandomizer
@@ -121,14 +121,14 @@ class MechanismFamily:
             accepting = ", ".join(f.name for f in FAMILIES.values() if kind in f.label_kinds)
             what = "classification" if kind == "classes" else "regression"
             raise LabelDPError(f"mechanism {self.name!r} does not fit {what} labels; use one of {accepting}",
-                               code="mechanism_domain_mismatch")
+                               code=ErrorCode.MECHANISM_DOMAIN_MISMATCH)
         for option in sorted(options.chosen() - self.options):
-            code = "invalid_mesh" if option in ("mesh", "solver") else "invalid_option"
+            code = ErrorCode.INVALID_MESH if option in ("mesh", "solver") else ErrorCode.INVALID_OPTION
             users = ", ".join(f.name for f in FAMILIES.values() if option in f.options)
             raise LabelDPError(f"{option} only applies to {users}", code=code)
         if options.mesh is not None and options.chosen_solver != "mesh":
             raise LabelDPError(f"a mesh size only applies to the mesh solver, not {options.solver!r}",
-                               code="invalid_mesh")
+                               code=ErrorCode.INVALID_MESH)
         labels = domain.support()
         if self.max_labels is not None and labels.size > self.max_labels:
             instead = f"use {self.beyond_limit}"
@@ -136,18 +136,18 @@ class MechanismFamily:
                 instead = (f"declare it continuous on [{number(labels.low)}, {number(labels.high)}] with "
                            f"\"grid_size\": {self.max_labels}, or {instead}")
             raise LabelDPError(f"{self.name} handles at most {self.max_labels:,} labels within this service's "
-                               f"limits; this domain has {labels.size:,}: {instead}", code="domain_too_large")
+                               f"limits; this domain has {labels.size:,}: {instead}", code=ErrorCode.DOMAIN_TOO_LARGE)
         if self.max_mesh_cells is not None and options.chosen_solver == "mesh":
             cells = labels.size * (options.mesh or 2 * labels.size)
             if cells > self.max_mesh_cells:
                 raise LabelDPError(f"the mesh LP handles at most {self.max_mesh_cells} labels x outputs; this request "
                                    f"needs {cells}: use the continuous solver (\"solver\": \"continuous\", up to "
-                                   f"{self.max_labels} labels) or a smaller mesh", code="domain_too_large")
+                                   f"{self.max_labels} labels) or a smaller mesh", code=ErrorCode.DOMAIN_TOO_LARGE)
         floor = self.min_epsilon(options) if self.min_epsilon is not None else 0.0
         if epsilon is not None and epsilon < floor:
             raise LabelDPError(f"{self.name} ({options.chosen_solver} solver) certifies a randomizer epsilon >= "
                                f"{floor:g}; this request leaves it {epsilon:.6g}: use dbrr or laplace, or a larger "
-                               "epsilon", code="epsilon_out_of_range")
+                               "epsilon", code=ErrorCode.EPSILON_OUT_OF_RANGE)
         return labels
 
 
@@ -251,7 +251,7 @@ def family(name: str) -> MechanismFamily:
         return FAMILIES[name]
     except KeyError:
         raise LabelDPError(f"unknown mechanism {name!r}; choose one of {', '.join(FAMILIES)}",
-                           code="unknown_mechanism") from None
+                           code=ErrorCode.UNKNOWN_MECHANISM) from None
 
 
 def check(name: str, domain, epsilon: float, options: MechanismOptions | None = None) -> MechanismFamily:
@@ -272,7 +272,7 @@ def build(name: str, domain, epsilon: float, prior=None, options: MechanismOptio
     epsilon = check_epsilon(epsilon)
     labels = chosen.check(domain, options, epsilon)
     if chosen.needs_prior and prior is None:
-        raise LabelDPError(f"mechanism {name!r} needs a label prior", code="prior_required")
+        raise LabelDPError(f"mechanism {name!r} needs a label prior", code=ErrorCode.PRIOR_REQUIRED)
     return chosen.builder(domain, labels, epsilon, prior, options)
 
 
@@ -287,7 +287,7 @@ def refuse_uninformative(mechanism: Mechanism, epsilon: float, *, prior_known: b
     raise LabelDPError(f"{reason}, so its release would carry no information about the labels for epsilon "
                        f"{epsilon:g}: use a larger epsilon, {better}or another mechanism (rr, dbrr, opt-unbiased); "
                        "allow_uninformative (CLI: --allow-uninformative) opts in for research",
-                       code="uninformative_release")
+                       code=ErrorCode.UNINFORMATIVE_RELEASE)
 
 
 def build_on_private_prior(name: str, domain, epsilon: float, prior,

@@ -29,7 +29,7 @@ from labels_party.jobs import Claimed, Failure, JobContext
 from labels_party.ledger.agreement import LedgerTampered
 from labels_party.spark import snapshot
 from shared.domains import domain_from_spec
-from shared.errors import LabelDPError, resource_error
+from shared.errors import ErrorCode, LabelDPError, resource_error
 
 # The refusals of a source by its copy and count: the owner's own data, final (running again changes nothing).
 REFUSALS = frozenset({"source_not_allowed", "source_not_found", "malformed_file", "label_out_of_domain",
@@ -76,7 +76,7 @@ def classify(err: Exception) -> tuple[Failure, bool]:
     are (with their texts: the owner's own data); the service's conditions are retried."""
     if isinstance(err, LabelDPError) and (err.code in REFUSALS or isinstance(err, LedgerTampered)):
         return Failure(err.code, str(err)), True  # a table edited outside the service: final too
-    failure = jobs.resource_failure(err) or jobs.unexpected(code="registration_failed",
+    failure = jobs.resource_failure(err) or jobs.unexpected(code=ErrorCode.REGISTRATION_FAILED,
                                                             what="copying and counting the source")
     return failure, False
 
@@ -99,7 +99,7 @@ def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarr
             raise  # the service's condition (retried), not the source's
         raise resource_error(err) or LabelDPError(
             "Spark could not read the source's files as Parquet; nothing was registered",
-            code="malformed_file") from None
+            code=ErrorCode.MALFORMED_FILE) from None
     return histogram, execution(spark)
 
 
@@ -122,17 +122,17 @@ def stored_histogram(ctx: JobContext, session: Session, dataset: db.Dataset, dom
     if dataset.source_snapshot is None:
         raise LabelDPError("this source dataset was registered before sources were copied at registration; its "
                            "owner must register the source again (as a new dataset) before it is released",
-                           code="source_dataset")
+                           code=ErrorCode.SOURCE_DATASET)
     owner = session.get(db.Organization, dataset.owner_org_id)
     if owner is None or dataset.source_uri is None or dataset.source_counts_file is None:  # set at registration
-        raise LabelDPError("this source dataset's registration is incomplete", code="storage_inconsistent")
+        raise LabelDPError("this source dataset's registration is incomplete", code=ErrorCode.STORAGE_INCONSISTENT)
     snapshot.locate(dataset.source_uri, ctx.settings.spark_sources.get(owner.name, []))  # also if withdrawn
     registered = ctx.ledger.source_read(session, dataset)
     values = domain.support().values
     counts = ctx.store.read_array(registered.counts_file)
     if counts.shape != values.shape or int(counts.sum()) != registered.num_examples:
         raise LabelDPError("this source dataset's stored counts do not match its domain and rows; its owner must "
-                           "register the source again", code="source_dataset")
+                           "register the source again", code=ErrorCode.SOURCE_DATASET)
     return HistogramResult(values, counts.astype(np.int64), int(dataset.num_examples))
 
 
@@ -141,6 +141,6 @@ def snapshot_uri(ctx: JobContext, session: Session, dataset: db.Dataset) -> str:
     file system."""
     if dataset.source_snapshot is None:
         raise LabelDPError("this source dataset was registered before sources were copied at registration; its "
-                           "owner must register the source again (as a new dataset)", code="source_dataset")
+                           "owner must register the source again (as a new dataset)", code=ErrorCode.SOURCE_DATASET)
     return ctx.store.path(ctx.ledger.source_read(session, dataset).snapshot).resolve().as_uri()
 

@@ -39,7 +39,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from labels_party import parquet_pages
-from shared.errors import LabelDPError, library_message, resource_error
+from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
 
 FORMATS = {
     "text/csv": "csv",
@@ -56,7 +56,7 @@ def upload_format(content_type: str | None) -> str:
     media = (content_type or "").split(";")[0].strip().lower()
     if media not in FORMATS:
         raise LabelDPError(f"unsupported content type {media or '(none)'!r}; send text/csv, application/x-ndjson "
-                           "or application/vnd.apache.parquet", code="unsupported_media_type")
+                           "or application/vnd.apache.parquet", code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
     return FORMATS[media]
 
 
@@ -106,9 +106,10 @@ def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None
             priors = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else np.empty((0, 0))
             del blocks
     if not ids:
-        raise LabelDPError("no priors in the body", code="empty_labels")
+        raise LabelDPError("no priors in the body", code=ErrorCode.EMPTY_LABELS)
     if not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
-        raise LabelDPError("priors must be finite, non-negative and not all zero in a row", code="invalid_prior")
+        raise LabelDPError("priors must be finite, non-negative and not all zero in a row",
+                           code=ErrorCode.INVALID_PRIOR)
     return ids, priors
 
 
@@ -125,11 +126,11 @@ def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None,
     with _parsing("the groups"):
         for batch in _batches(path, fmt, ["example_id", "group"], decoded, numeric=(), required=False):
             if batch.num_columns < 2:
-                raise LabelDPError("groups need columns example_id and group", code="malformed_file")
+                raise LabelDPError("groups need columns example_id and group", code=ErrorCode.MALFORMED_FILE)
             ids.extend(_id_strings(batch.column(0), decoded))
             groups.add(batch.column(1))
     if not ids:
-        raise LabelDPError("no group assignments in the body", code="empty_labels")
+        raise LabelDPError("no group assignments in the body", code=ErrorCode.EMPTY_LABELS)
     return ids, groups.of_rows()
 
 
@@ -153,11 +154,11 @@ class Decoded:
     def check(self, rows: int, total: int, how: str = "") -> None:
         if self.max_rows is not None and rows > self.max_rows:
             raise LabelDPError(f"{self.what} have {rows:,} rows{how}; the dataset has {self.max_rows:,} examples and "
-                               "a body names each at most once", code="body_too_large")
+                               "a body names each at most once", code=ErrorCode.BODY_TOO_LARGE)
         if total > self.limit:
             raise LabelDPError(f"{self.what} decode to {total:,} bytes{how}, over this deployment's limit of "
                                f"{self.limit:,} (max_columnar_decoded_bytes): send fewer rows per request",
-                               code="body_too_large")
+                               code=ErrorCode.BODY_TOO_LARGE)
 
 
 def _batches(path: Path, fmt: str, columns: list[str], decoded: Decoded, *, numeric: Sequence[str],
@@ -200,7 +201,7 @@ def _positions(names: Sequence[str], columns: Sequence[str], required: bool) -> 
     if missing and required:
         more = f"..{columns[-1]}" if len(columns) > 2 else ""
         raise LabelDPError(f"the body needs columns {', '.join(columns[:2])}{more}; missing {missing[:3]}",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     return [index[c] for c in columns if c in index]
 
 
@@ -209,7 +210,7 @@ def _csv_header(handle) -> list[str]:
     line = handle.read(MAX_HEADER_BYTES).split(b"\n", 1)
     handle.seek(0)
     if len(line) < 2 and len(line[0]) >= MAX_HEADER_BYTES:
-        raise LabelDPError(f"the CSV header is longer than {MAX_HEADER_BYTES:,} bytes", code="malformed_file")
+        raise LabelDPError(f"the CSV header is longer than {MAX_HEADER_BYTES:,} bytes", code=ErrorCode.MALFORMED_FILE)
     return next(csv.reader([line[0].decode("utf-8").removeprefix("\ufeff")]), [])
 
 
@@ -258,7 +259,7 @@ def _text_priors(path: Path, fmt: str, names: list[str], decoded: Decoded) -> tu
                     continue
                 if len(row) != len(header):
                     raise LabelDPError(f"a CSV row has {len(row):,} fields, the header {len(header):,}",
-                                       code="malformed_file")
+                                       code=ErrorCode.MALFORMED_FILE)
                 ids.append(_counted_id(row[at[0]], decoded))
                 rows.append(np.array([row[i] for i in at[1:]], dtype=np.float64))
         else:
@@ -267,15 +268,15 @@ def _text_priors(path: Path, fmt: str, names: list[str], decoded: Decoded) -> tu
                     continue
                 if line.count(b"[") + line.count(b"{") > MAX_NDJSON_DEPTH:
                     raise LabelDPError(f"an NDJSON line holds more than {MAX_NDJSON_DEPTH} opening brackets; its "
-                                       "rows are flat objects", code="malformed_file")
+                                       "rows are flat objects", code=ErrorCode.MALFORMED_FILE)
                 row = json.loads(line)
                 if not isinstance(row, dict) or len(row) > len(names) + 1 + EXTRA_KEYS:
                     raise LabelDPError("an NDJSON line is not one flat object of example_id and p_0..",
-                                       code="malformed_file")
+                                       code=ErrorCode.MALFORMED_FILE)
                 ids.append(_counted_id(row.get("example_id"), decoded))
                 values = [row.get(name) for name in names]
                 if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-                    raise LabelDPError("a prior is missing or not a number", code="malformed_file")
+                    raise LabelDPError("a prior is missing or not a number", code=ErrorCode.MALFORMED_FILE)
                 rows.append(np.array(values, dtype=np.float64))
     return ids, np.vstack(rows) if rows else np.empty((0, len(names)))
 
@@ -283,7 +284,7 @@ def _text_priors(path: Path, fmt: str, names: list[str], decoded: Decoded) -> tu
 def _lines(raw, longest: int) -> Iterator[bytes]:
     while line := raw.readline(longest):
         if len(line) >= longest and not line.endswith(b"\n"):
-            raise LabelDPError(f"a row is longer than {longest:,} bytes", code="malformed_file")
+            raise LabelDPError(f"a row is longer than {longest:,} bytes", code=ErrorCode.MALFORMED_FILE)
         yield line
 
 
@@ -291,7 +292,7 @@ def _counted_id(value: Any, decoded: Decoded) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value:
-        raise LabelDPError("an example_id is missing or empty", code="malformed_file")
+        raise LabelDPError("an example_id is missing or empty", code=ErrorCode.MALFORMED_FILE)
     value.encode("utf-8")  # a lone surrogate (JSON escapes it): UnicodeEncodeError, a ValueError
     decoded.add(rows=1, strings=len(value))
     return value
@@ -322,7 +323,7 @@ def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMet
         if tail[4:] == b"PAR1" and max_footer < footer <= size - 12:  # a longer one is malformed (Arrow says so)
             raise LabelDPError(f"the Parquet footer (its metadata) is {footer:,} bytes, over {max_footer:,}: write "
                                "fewer row groups or columns (priors over thousands of classes: send CSV or NDJSON)",
-                               code="body_too_large")
+                               code=ErrorCode.BODY_TOO_LARGE)
     handle.seek(0)
     metadata = pq.ParquetFile(handle).metadata
     handle.seek(0)
@@ -344,7 +345,8 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
         if top not in wanted and column.path not in wanted:
             continue
         if column.max_repetition_level > 0 or column.path not in wanted:
-            raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns", code="malformed_file")
+            raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns",
+                               code=ErrorCode.MALFORMED_FILE)
         leaves.append((i, column.physical_type, column.length or 0))
     total, size = 0, handle.size()
     budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, size)
@@ -416,7 +418,7 @@ class DepthLimited:
             most, self.carry = 0, self.carry + int(opens.size)
         if max(most, self.carry) > self.limit:
             raise LabelDPError(f"an NDJSON line holds more than {self.limit} opening brackets; its rows are flat "
-                               "objects", code="malformed_file")
+                               "objects", code=ErrorCode.MALFORMED_FILE)
         if self.keys is not None:  # keys (their colons, inside strings too) per line, counted alike
             colons = np.flatnonzero(raw == ord(":"))
             lines = np.searchsorted(colons, newlines) if newlines.size else np.empty(0, dtype=np.int64)
@@ -428,7 +430,7 @@ class DepthLimited:
                 self.colons += int(colons.size)
             if max(int(counts.max(initial=0)), self.colons) > self.keys:
                 raise LabelDPError(f"an NDJSON line holds more than {self.keys} keys; its rows are flat objects of "
-                                   "the columns read", code="malformed_file")
+                                   "the columns read", code=ErrorCode.MALFORMED_FILE)
 
     def tell(self) -> int:
         return self.raw.tell()
@@ -500,7 +502,7 @@ class _Groups:
 
     def add(self, column: pa.Array) -> None:
         if column.null_count:
-            raise LabelDPError("a group is missing", code="malformed_file")
+            raise LabelDPError("a group is missing", code=ErrorCode.MALFORMED_FILE)
         if not pa.types.is_dictionary(column.type):
             column = pc.cast(column, pa.string()).dictionary_encode()  # as large as the batch that carried it
         codes = self.memo.get(column.dictionary, self._codes)
@@ -509,7 +511,7 @@ class _Groups:
     def _codes(self, dictionary: pa.Array) -> np.ndarray:
         names = _strings(dictionary).to_pylist()
         if max(map(len, names), default=0) > MAX_GROUP_NAME:
-            raise LabelDPError(f"group names are at most {MAX_GROUP_NAME} characters", code="malformed_file")
+            raise LabelDPError(f"group names are at most {MAX_GROUP_NAME} characters", code=ErrorCode.MALFORMED_FILE)
         for name in names:
             if name not in self.index:
                 self.index[name] = len(self.index)
@@ -532,7 +534,7 @@ def _parsing(what: str):
         raise
     except (pa.ArrowException, OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
         raise resource_error(err) or LabelDPError(f"cannot parse {what}: {library_message(err)}",
-                                                  code="malformed_file") from None
+                                                  code=ErrorCode.MALFORMED_FILE) from None
 
 
 def _strings(column) -> pa.Array:

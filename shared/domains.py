@@ -19,7 +19,7 @@ import numpy as np
 
 from shared import described
 from shared.arrays import number, readonly
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 # A label value a domain declares: within ±10¹⁵, so that every mechanism's outputs (dbRR's reach K/ε times the
 # range), losses and solver diagnostics stay finite doubles — at ±1.7·10³⁰⁸ they were ±inf, and the release failed
@@ -30,7 +30,7 @@ LABEL_VALUE_LIMIT = 1e15
 
 def _within_limit(values) -> None:
     if np.any(np.abs(np.asarray(values, dtype=np.float64)) > LABEL_VALUE_LIMIT):
-        raise LabelDPError(f"label values must lie within ±{LABEL_VALUE_LIMIT:g}", code="invalid_domain")
+        raise LabelDPError(f"label values must lie within ±{LABEL_VALUE_LIMIT:g}", code=ErrorCode.INVALID_DOMAIN)
 
 
 @dataclass(frozen=True)
@@ -47,15 +47,15 @@ class FiniteLabels:
     def __post_init__(self):
         values = np.asarray(self.values, dtype=np.float64).ravel()
         if values.size == 0:
-            raise LabelDPError("label domain is empty", code="invalid_domain")
+            raise LabelDPError("label domain is empty", code=ErrorCode.INVALID_DOMAIN)
         if not np.all(np.isfinite(values)):
-            raise LabelDPError("label domain has a non-finite value", code="invalid_domain")
+            raise LabelDPError("label domain has a non-finite value", code=ErrorCode.INVALID_DOMAIN)
         _within_limit(values)
         with np.errstate(over="ignore"):  # the difference of two huge values is +inf, still increasing
             increasing = values.size < 2 or bool(np.all(np.diff(values) > 0))
         if not increasing:
             raise LabelDPError("label values must be strictly increasing (sorted, no duplicates)",
-                               code="invalid_domain")
+                               code=ErrorCode.INVALID_DOMAIN)
         object.__setattr__(self, "values", readonly(values, np.float64))
 
     @property
@@ -105,7 +105,7 @@ class FiniteLabels:
         if not np.all(found):
             first = labels[np.argmin(found)]
             raise LabelDPError(f"{int((~found).sum())} label(s) outside {what}, e.g. {number(first)}",
-                               code="label_out_of_domain")
+                               code=ErrorCode.LABEL_OUT_OF_DOMAIN)
         return idx
 
     def describe(self) -> dict:
@@ -150,11 +150,11 @@ class Lattice:
 
     def __post_init__(self):
         if not (math.isfinite(self.low) and math.isfinite(self.step) and self.step > 0):
-            raise LabelDPError("a lattice needs a finite low value and a positive step", code="invalid_domain")
+            raise LabelDPError("a lattice needs a finite low value and a positive step", code=ErrorCode.INVALID_DOMAIN)
         if not 1 <= self.steps <= MAX_LATTICE_STEPS:
             raise LabelDPError(f"additive noise needs a lattice of 1..{MAX_LATTICE_STEPS} steps, this domain needs "
                                f"{self.steps}; declare a continuous domain with a coarser grid_size",
-                               code="lattice_too_fine")
+                               code=ErrorCode.LATTICE_TOO_FINE)
 
     @property
     def high(self) -> float:
@@ -166,7 +166,7 @@ class Lattice:
         bad = ~((labels >= self.low - 1e-9 * self.step) & (labels <= self.high + 1e-9 * self.step))
         if np.any(bad):
             raise LabelDPError(f"{int(bad.sum())} label(s) outside [{self.low:g}, {self.high:g}] or not finite, "
-                               f"e.g. {number(labels[np.argmax(bad)])}", code="label_out_of_domain")
+                               f"e.g. {number(labels[np.argmax(bad)])}", code=ErrorCode.LABEL_OUT_OF_DOMAIN)
         position = (labels - self.low) / self.step
         nearest = np.rint(position)
         return np.where(np.abs(position - nearest) <= 1e-9, nearest, position)
@@ -198,9 +198,9 @@ def lattice_of(domain) -> Lattice:
     if isinstance(domain, ContinuousInterval):
         return domain.lattice
     if not isinstance(domain, FiniteLabels):
-        raise LabelDPError("additive noise needs ordered (regression) labels", code="mechanism_domain_mismatch")
+        raise LabelDPError("additive noise needs ordered (regression) labels", code=ErrorCode.MECHANISM_DOMAIN_MISMATCH)
     if domain.size < 2:
-        raise LabelDPError("additive noise needs at least two label values", code="invalid_domain")
+        raise LabelDPError("additive noise needs at least two label values", code=ErrorCode.INVALID_DOMAIN)
     with np.errstate(over="ignore"):  # spans beyond the float range are refused just below
         span = domain.high - domain.low
         smallest_gap = float(np.min(np.diff(domain.values)))
@@ -208,14 +208,14 @@ def lattice_of(domain) -> Lattice:
     if not (math.isfinite(span) and math.isfinite(ratio)) or ratio > MAX_LATTICE_STEPS + 0.5:
         raise LabelDPError(f"additive noise needs a lattice of at most {MAX_LATTICE_STEPS} steps; these labels need "
                            "more (range / smallest gap); declare a continuous domain with a grid_size",
-                           code="lattice_too_fine")
+                           code=ErrorCode.LATTICE_TOO_FINE)
     steps = max(1, int(round(ratio)))
     offsets = (domain.values - domain.low) / (span / steps)
     if np.max(np.abs(offsets - np.rint(offsets))) > 1e-9:  # not evenly spaced: a lattice at least that fine
         steps = int(math.ceil(ratio - 1e-9))
     if steps > MAX_LATTICE_STEPS:
         raise LabelDPError(f"additive noise needs a lattice of at most {MAX_LATTICE_STEPS} steps; these labels need "
-                           f"{steps}; declare a continuous domain with a grid_size", code="lattice_too_fine")
+                           f"{steps}; declare a continuous domain with a grid_size", code=ErrorCode.LATTICE_TOO_FINE)
     return Lattice(domain.low, span / steps, steps)
 
 
@@ -223,11 +223,11 @@ def integer_range(low: float, high: float) -> FiniteLabels:
     """Integer labels ``low..high`` inclusive (counts clipped to a known maximum, weeks worked, …); the bounds may
     be any numbers of integer value (``1.0``), others are refused."""
     if int(low) != low or int(high) != high:
-        raise LabelDPError("integer range bounds must be integers", code="invalid_domain")
+        raise LabelDPError("integer range bounds must be integers", code=ErrorCode.INVALID_DOMAIN)
     if high < low:
-        raise LabelDPError(f"empty integer range {low}:{high}", code="invalid_domain")
+        raise LabelDPError(f"empty integer range {low}:{high}", code=ErrorCode.INVALID_DOMAIN)
     if high - low + 1 > 100_000:
-        raise LabelDPError("integer range has more than 100000 labels", code="invalid_domain")
+        raise LabelDPError("integer range has more than 100000 labels", code=ErrorCode.INVALID_DOMAIN)
     return FiniteLabels(np.arange(int(low), int(high) + 1, dtype=np.float64))
 
 
@@ -246,10 +246,10 @@ class ContinuousInterval:
 
     def __post_init__(self):
         if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.high <= self.low:
-            raise LabelDPError("continuous domain needs finite bounds with low < high", code="invalid_domain")
+            raise LabelDPError("continuous domain needs finite bounds with low < high", code=ErrorCode.INVALID_DOMAIN)
         _within_limit([self.low, self.high])
         if int(self.grid_size) != self.grid_size or self.grid_size < 2:
-            raise LabelDPError("continuous domain grid needs at least 2 points", code="invalid_domain")
+            raise LabelDPError("continuous domain grid needs at least 2 points", code=ErrorCode.INVALID_DOMAIN)
 
     @property
     def grid(self) -> FiniteLabels:
@@ -260,7 +260,7 @@ class ContinuousInterval:
         bad = ~((labels >= self.low) & (labels <= self.high))  # also catches NaN
         if np.any(bad):
             raise LabelDPError(f"{int(bad.sum())} label(s) outside [{self.low}, {self.high}] or not finite, "
-                               f"e.g. {number(labels[np.argmax(bad)])}", code="label_out_of_domain")
+                               f"e.g. {number(labels[np.argmax(bad)])}", code=ErrorCode.LABEL_OUT_OF_DOMAIN)
         return labels
 
     def round_to_grid(self, labels, rng: np.random.Generator) -> np.ndarray:
@@ -296,7 +296,7 @@ class Classes:
 
     def __post_init__(self):
         if int(self.num_classes) != self.num_classes or self.num_classes < 2:
-            raise LabelDPError("a class domain needs at least 2 classes", code="invalid_domain")
+            raise LabelDPError("a class domain needs at least 2 classes", code=ErrorCode.INVALID_DOMAIN)
 
     @property
     def size(self) -> int:
@@ -307,7 +307,7 @@ class Classes:
         ok = (labels == np.round(labels)) & (labels >= 0) & (labels < self.num_classes)
         if not np.all(ok):
             raise LabelDPError(f"{int((~ok).sum())} label(s) are not classes 0..{self.num_classes - 1}, "
-                               f"e.g. {number(labels[np.argmax(~ok)])}", code="label_out_of_domain")
+                               f"e.g. {number(labels[np.argmax(~ok)])}", code=ErrorCode.LABEL_OUT_OF_DOMAIN)
         return labels.astype(np.int64)
 
     def describe(self) -> dict:
@@ -333,15 +333,15 @@ def parse_label_spec(spec: str) -> FiniteLabels:
             if len(parts) == 3:
                 start, stop, step = parts
                 if step <= 0 or stop < start:
-                    raise LabelDPError(f"bad label range {spec!r}", code="invalid_domain")
+                    raise LabelDPError(f"bad label range {spec!r}", code=ErrorCode.INVALID_DOMAIN)
                 count = int(math.floor((stop - start) / step + 1e-9)) + 1
                 return FiniteLabels(start + step * np.arange(count))
-            raise LabelDPError(f"bad label range {spec!r}", code="invalid_domain")
+            raise LabelDPError(f"bad label range {spec!r}", code=ErrorCode.INVALID_DOMAIN)
         return FiniteLabels(np.array([float(p) for p in spec.split(",")]))
     except ValueError as err:
         if isinstance(err, LabelDPError):
             raise
-        raise LabelDPError(f"cannot parse label spec {spec!r}: {err}", code="invalid_domain") from None
+        raise LabelDPError(f"cannot parse label spec {spec!r}: {err}", code=ErrorCode.INVALID_DOMAIN) from None
 
 
 def domain_from_spec(spec: dict) -> Domain:
@@ -355,20 +355,20 @@ def domain_from_spec(spec: dict) -> Domain:
         return ContinuousInterval(float(spec["min"]), float(spec["max"]), int(spec.get("grid_size") or 101))
     if kind == "classes":
         return Classes(int(spec["num_classes"]))
-    raise LabelDPError(f"unknown label kind {kind!r}", code="invalid_domain")
+    raise LabelDPError(f"unknown label kind {kind!r}", code=ErrorCode.INVALID_DOMAIN)
 
 
 def domain_spec(kind: str, *, values=None, low=None, high=None, num_classes=None, grid_size=None) -> dict:
     """The canonical stored description of a dataset's label domain (validated by building it)."""
     for bound in (low, high):
         if bound is not None and not math.isfinite(bound):
-            raise LabelDPError("label bounds must be finite numbers", code="invalid_domain")
+            raise LabelDPError("label bounds must be finite numbers", code=ErrorCode.INVALID_DOMAIN)
     spec: dict[str, object]
     if kind == "finite":
         spec = {"kind": "finite", "values": [float(v) for v in values]}
     elif kind == "integer":
         if int(low) != low or int(high) != high:
-            raise LabelDPError("integer label bounds must be integers", code="invalid_domain")
+            raise LabelDPError("integer label bounds must be integers", code=ErrorCode.INVALID_DOMAIN)
         spec = {"kind": "integer", "min": int(low), "max": int(high)}
     elif kind == "continuous":
         spec = {"kind": "continuous", "min": float(low), "max": float(high), "grid_size": int(grid_size or 101)}

@@ -46,7 +46,7 @@ from statistics import NormalDist
 import numpy as np
 
 from shared.domains import Domain, FiniteLabels, Lattice, domain_from_spec
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms.additive import AdditiveNoiseRandomizer
 from shared.mechanisms.documents import Sampler, sampler_from_description
 from shared.mechanisms.randomized_response import RandomizedResponse
@@ -92,7 +92,7 @@ def unbiased_mse_estimate_from_document(predictions, noisy_labels, document: dic
     description = document.get("description") if isinstance(document, dict) else None
     if not isinstance(description, dict):
         raise LabelDPError("a mechanism document is a JSON object with a 'description' object",
-                           code="invalid_mechanism_document")
+                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     try:
         mechanism = sampler_from_description(description)
     except LabelDPError as err:
@@ -100,7 +100,7 @@ def unbiased_mse_estimate_from_document(predictions, noisy_labels, document: dic
             raise
         raise LabelDPError(f"mechanism {description.get('mechanism')!r} releases no single number per label "
                            "(subset selection, a group release): no test-MSE estimate from it",
-                           code="mechanism_not_estimable") from None
+                           code=ErrorCode.MECHANISM_NOT_ESTIMABLE) from None
     rounding = description.get("rounding")  # a finite randomizer on a continuous domain's grid states the domain
     on_grid = isinstance(rounding, dict) and rounding.get("kind") == "continuous"
     return _estimate(predictions, noisy_labels, mechanism, level, _rounding_bound(mechanism, on_grid, domain))
@@ -120,7 +120,7 @@ def unbiased_mse_estimate(predictions, noisy_labels, mechanism: Sampler | Rounde
 def _estimate(predictions, noisy_labels, mechanism: Sampler, level: float, rounding_bound: float) -> MSEEstimate:
     predictions, noisy_labels = _vectors(predictions, noisy_labels)
     if not 0 < level < 1:
-        raise LabelDPError(f"level must be strictly between 0 and 1, not {level!r}", code="invalid_input")
+        raise LabelDPError(f"level must be strictly between 0 and 1, not {level!r}", code=ErrorCode.INVALID_INPUT)
     check_unbiased(mechanism)
     correction, bias_bound = variance_correction(mechanism, noisy_labels)
     terms = (predictions - noisy_labels) ** 2 - correction
@@ -138,11 +138,11 @@ def _vectors(predictions, noisy_labels) -> tuple[np.ndarray, np.ndarray]:
     noisy_labels = np.asarray(noisy_labels, dtype=np.float64).ravel()
     if predictions.size != noisy_labels.size:
         raise LabelDPError(f"{predictions.size} predictions for {noisy_labels.size} privatized labels",
-                           code="invalid_input")
+                           code=ErrorCode.INVALID_INPUT)
     if predictions.size < 2:
-        raise LabelDPError("an estimate with a standard error needs at least 2 examples", code="invalid_input")
+        raise LabelDPError("an estimate with a standard error needs at least 2 examples", code=ErrorCode.INVALID_INPUT)
     if not (np.all(np.isfinite(predictions)) and np.all(np.isfinite(noisy_labels))):
-        raise LabelDPError("predictions and privatized labels must be finite numbers", code="invalid_input")
+        raise LabelDPError("predictions and privatized labels must be finite numbers", code=ErrorCode.INVALID_INPUT)
     return predictions, noisy_labels
 
 
@@ -157,7 +157,7 @@ def check_unbiased(mechanism: Sampler) -> None:
     if not bias <= BIAS_TOLERANCE * span:
         raise LabelDPError(f"mechanism {mechanism.name!r} is biased (max |E[ŷ | y] − y| = {bias:.4g} on labels "
                            f"spanning {span:g}): the estimate is unbiased only for an unbiased mechanism "
-                           "(opt-unbiased, dbrr, unclipped laplace or staircase)", code="mechanism_biased")
+                           "(opt-unbiased, dbrr, unclipped laplace or staircase)", code=ErrorCode.MECHANISM_BIASED)
 
 
 def variance_correction(mechanism: Sampler, noisy_labels: np.ndarray) -> tuple[np.ndarray | float, float]:
@@ -195,7 +195,7 @@ def _at(values: np.ndarray, h: np.ndarray, noisy_labels: np.ndarray, mechanism: 
     if np.any(stray):
         raise LabelDPError(f"{int(stray.sum())} privatized label(s) are not outputs of mechanism "
                            f"{mechanism.name!r}, e.g. {noisy_labels[np.argmax(stray)]!r} (labels of another "
-                           "release?)", code="invalid_input")
+                           "release?)", code=ErrorCode.INVALID_INPUT)
     return h[index]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 # Mechanisms are constructed at a design ε a hair below the requested one, so that rounding to the exactly
 # sampled probabilities (≤ 2**-53 per entry) and LP solver tolerance can never push the certified ε above the
@@ -37,12 +37,12 @@ def check_epsilon(epsilon, name: str = "epsilon") -> float:
     try:
         value = float(epsilon)
     except (TypeError, ValueError, OverflowError):
-        raise LabelDPError(f"{name} must be a number, got {epsilon!r}", code="invalid_epsilon") from None
+        raise LabelDPError(f"{name} must be a number, got {epsilon!r}", code=ErrorCode.INVALID_EPSILON) from None
     if not math.isfinite(value) or value <= 0:
-        raise LabelDPError(f"{name} must be positive and finite, got {epsilon!r}", code="invalid_epsilon")
+        raise LabelDPError(f"{name} must be positive and finite, got {epsilon!r}", code=ErrorCode.INVALID_EPSILON)
     if not EPSILON_MIN <= value <= EPSILON_MAX:
         raise LabelDPError(f"{name} must lie in [{EPSILON_MIN:g}, {EPSILON_MAX:g}], got {value!r}",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     return value
 
 
@@ -75,12 +75,12 @@ def split_budget(epsilon: float, num_labels: int, num_examples: int,
         prior_epsilon = check_epsilon(prior_epsilon, "prior epsilon (epsilon1)")
         if prior_epsilon >= epsilon:
             raise LabelDPError(f"prior epsilon {prior_epsilon} must be below the total epsilon {epsilon}",
-                               code="invalid_epsilon")
+                               code=ErrorCode.INVALID_EPSILON)
         return _checked_split(epsilon, prior_epsilon, "override")
     if num_labels < 1:
-        raise LabelDPError("a prior needs at least one label value", code="invalid_domain")
+        raise LabelDPError("a prior needs at least one label value", code=ErrorCode.INVALID_DOMAIN)
     if num_examples <= 0:
-        raise LabelDPError("cannot estimate a prior from zero labels", code="empty_labels")
+        raise LabelDPError("cannot estimate a prior from zero labels", code=ErrorCode.EMPTY_LABELS)
     # (never below EPSILON_MIN: with 10^13 examples and two labels the rule would ask for less)
     prior_epsilon = max(min(math.sqrt(num_labels / num_examples), epsilon / 2), EPSILON_MIN)
     return _checked_split(epsilon, prior_epsilon, "sqrt(k/n) capped at epsilon/2")
@@ -89,5 +89,5 @@ def split_budget(epsilon: float, num_labels: int, num_examples: int,
 def _checked_split(epsilon: float, prior_epsilon: float, rule: str) -> BudgetSplit:
     if epsilon - prior_epsilon < EPSILON_MIN:
         raise LabelDPError(f"epsilon {epsilon:g} leaves less than {EPSILON_MIN:g} for the randomizer after the prior's "
-                           f"{prior_epsilon:g}", code="epsilon_out_of_range")
+                           f"{prior_epsilon:g}", code=ErrorCode.EPSILON_OUT_OF_RANGE)
     return BudgetSplit(epsilon, prior_epsilon, epsilon - prior_epsilon - COMPOSITION_MARGIN * epsilon, rule)

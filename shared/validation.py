@@ -31,7 +31,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.estimates import check_unbiased, variance_correction
 from shared.mechanisms.documents import Sampler
 from shared.mechanisms.randomized_response import RandomizedResponse
@@ -125,7 +125,7 @@ class PrivatizedLabels:
             check_unbiased(self.mechanism)
         elif not _is_k_ary_rr(self.mechanism, self.num_classes):
             raise LabelDPError("class labels validate on K-ary randomized response only (mechanism 'rr')",
-                               code="mechanism_biased")
+                               code=ErrorCode.MECHANISM_BIASED)
 
     def __len__(self) -> int:
         return int(self.noisy.size)
@@ -171,16 +171,17 @@ def compare(labels: PrivatizedLabels, predictions: np.ndarray, metric: str, *, c
     """The model's ``predictions`` (values, rates or classes) against a constant: ``constant`` (a value, or a class
     for accuracy), or — for the squared loss, when None — predicting the labels' mean (their variance)."""
     if metric not in METRICS:
-        raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code="invalid_input")
+        raise LabelDPError(f"metric must be one of {', '.join(METRICS)}", code=ErrorCode.INVALID_INPUT)
     if not 0 < level < 1:
-        raise LabelDPError(f"level must be strictly between 0 and 1, not {level!r}", code="invalid_input")
+        raise LabelDPError(f"level must be strictly between 0 and 1, not {level!r}", code=ErrorCode.INVALID_INPUT)
     n = len(labels)
     if n < 2:
         raise LabelDPError("a comparison with a standard error needs at least 2 validation labels",
-                           code="invalid_input")
+                           code=ErrorCode.INVALID_INPUT)
     predictions = np.asarray(predictions, dtype=np.float64).ravel()
     if predictions.size != n or not np.all(np.isfinite(predictions)):
-        raise LabelDPError(f"{predictions.size} finite predictions are needed for {n} labels", code="invalid_input")
+        raise LabelDPError(f"{predictions.size} finite predictions are needed for {n} labels",
+                           code=ErrorCode.INVALID_INPUT)
     if metric == "accuracy":
         if constant is None:
             constant = int(np.argmax(labels.class_frequencies()))

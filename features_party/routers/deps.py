@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from features_party import access
 from features_party.access import Admission
 from features_party.context import TrainerContext
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service import dependencies
 
 AnyKey = Annotated[Admission, Depends(access.ANY_KEY)]
@@ -28,4 +28,4 @@ def require_csv(request: Request, what: str) -> None:
     media = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if media != "text/csv":
         raise LabelDPError(f"{what} are uploaded as text/csv, not {media or '(none)'!r}",
-                           code="unsupported_media_type")
+                           code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)

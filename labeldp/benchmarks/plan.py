@@ -42,7 +42,7 @@ from labeldp.benchmarks.utility import (
     preflight,
     runs_of,
 )
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 class DatasetPlan(NamedTuple):
@@ -66,7 +66,7 @@ def _check_rows(prepared: Prepared, rows: int) -> None:
     train, test = _split(prepared.frame, prepared, 0)
     if len(test) < MIN_TEST_ROWS or len(train) < MIN_TRAIN_ROWS:
         raise LabelDPError(f"--rows {rows}: {prepared.name} would have {len(train)} training and {len(test)} test "
-                           f"rows; the bench needs at least {MIN_TRAIN_ROWS} and {MIN_TEST_ROWS}", code="usage")
+                           f"rows; the bench needs at least {MIN_TRAIN_ROWS} and {MIN_TEST_ROWS}", code=ErrorCode.USAGE)
 
 
 def _jobs(plan: DatasetPlan, config: BenchConfig) -> tuple[int, int]:

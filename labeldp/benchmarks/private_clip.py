@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 PREFIX = "auto:"
 
@@ -69,7 +69,7 @@ class ChosenClip:
 
 
 def _usage(message: str) -> LabelDPError:
-    return LabelDPError(message, code="usage")
+    return LabelDPError(message, code=ErrorCode.USAGE)
 
 
 def parse_auto_clip(text: str) -> AutoClip:

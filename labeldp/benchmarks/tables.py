@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from labeldp.benchmarks.private_clip import PREFIX, AutoClip, parse_auto_clip
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 KINDS = ("integer", "continuous", "finite", "classes")
 LOSSES = ("squared", "poisson", "cross_entropy")
@@ -45,7 +45,7 @@ _ID_NAME = re.compile(r"^(id|example_id|rownames|row_names|index|unnamed: ?\d+)$
 
 
 def _usage(message: str) -> LabelDPError:
-    return LabelDPError(message, code="usage")
+    return LabelDPError(message, code=ErrorCode.USAGE)
 
 
 def parse_clip(text: str | None) -> tuple[float, float] | AutoClip | None:

@@ -62,7 +62,7 @@ from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 from labeldp.benchmarks.private_clip import AutoClip, ChosenClip
 from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 RAW, TRUTH = "__raw_label__", "__label__"  # the frame's uploaded and scored labels
 
@@ -183,7 +183,7 @@ class BenchDataset:
         values = frame[self.label].astype(str)
         unknown = sorted(set(values) - set(self.classes))
         if unknown:  # the package's table changed under the declared classes
-            raise LabelDPError(f"{self.name}: labels outside the declared classes: {unknown[:5]}", code="usage")
+            raise LabelDPError(f"{self.name}: labels outside the declared classes: {unknown[:5]}", code=ErrorCode.USAGE)
         index = {name: k for k, name in enumerate(self.classes)}
         labels = values.map(index).to_numpy(dtype=float)
         note = (f"{len(self.classes)} classes, declared by the benchmark (the package's documented values): "
@@ -315,12 +315,12 @@ class BenchConfig:
             other = "classes" if not prepared.classification else "regression"
             raise LabelDPError(f"mechanism(s) {', '.join(wrong)} do not fit the {prepared.name} labels "
                                f"({'classes' if prepared.classification else 'regression'}; those are for {other}); "
-                               f"choose from {', '.join(table)}", code="usage")
+                               f"choose from {', '.join(table)}", code=ErrorCode.USAGE)
         untreed = [m for m in chosen if trees_only and m in NO_TREES]
         if untreed:
             raise LabelDPError(f"mechanism(s) {', '.join(untreed)} release label sets or vectors, which --model gbdt "
                                "cannot train on (no tree objective for their losses); leave them out or add mlp "
-                               "(--model mlp,gbdt: trees train on the others)", code="usage")
+                               "(--model mlp,gbdt: trees train on the others)", code=ErrorCode.USAGE)
         return chosen
 
     def releases_per_cell(self, prepared: Prepared, mechanism: str) -> int:
@@ -405,7 +405,7 @@ class Registered:
 
 
 def _refused(what: str, err: LabelsPartyError) -> LabelDPError:
-    return LabelDPError(f"the labels service refused {what}: {err.message}", code="usage")
+    return LabelDPError(f"the labels service refused {what}: {err.message}", code=ErrorCode.USAGE)
 
 
 def register(parties: Parties, prepared: Prepared, budget: float) -> Registered:
@@ -470,10 +470,10 @@ def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
         domain = label_domain(prepared)
     except ValidationError as err:
         raise LabelDPError(f"{prepared.name}: the labels service would refuse the label domain: "
-                           f"{err.errors()[0]['msg']}", code="usage") from None
+                           f"{err.errors()[0]['msg']}", code=ErrorCode.USAGE) from None
     except LabelDPError as err:
         raise LabelDPError(f"{prepared.name}: {err} — with labeldp bench utility: {_hint(prepared)}",
-                           code="usage") from None
+                           code=ErrorCode.USAGE) from None
     refused = {}
     for name in mechanisms:
         fields = mechanisms_for(prepared)[name]
@@ -496,7 +496,7 @@ def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
         fitting = [m for m in mechanisms if m not in refused]
         others = f" (also refused: {', '.join(list(refused)[1:])})" if len(refused) > 1 else ""
         raise LabelDPError(f"{first}: {message}{others} — with labeldp bench utility: {_hint(prepared, fitting)}",
-                           code="usage")
+                           code=ErrorCode.USAGE)
 
 
 def _hint(prepared: Prepared, fitting: list[str] | None = None) -> str:
@@ -723,12 +723,12 @@ def _resumed(config: BenchConfig, plans, out: Path) -> list[dict]:
     options, saved = _run_options(config, plans), out / "run.json"
     if not saved.exists() or not (out / "runs.csv").exists():
         raise LabelDPError(f"--resume: {out} holds no interrupted run (run.json and runs.csv); run without --resume",
-                           code="usage")
+                           code=ErrorCode.USAGE)
     earlier = json.loads(saved.read_text())
     if earlier != options:
         changed = sorted(k for k in options if earlier.get(k) != options[k])
         raise LabelDPError(f"--resume: the run in {out} had other options ({', '.join(changed)}); give the same "
-                           "options, or another --out", code="usage")
+                           "options, or another --out", code=ErrorCode.USAGE)
     frame = pd.read_csv(out / "runs.csv")
     # empty cells come back as None, as a fresh run leaves them (a column no row fills, e.g. a classification
     # run's test_loss, stays a column)

@@ -18,8 +18,7 @@ from labels_party.console import routes
 from labels_party.console.gate import ConsoleGate
 from labels_party.console.sessions import LIFETIME, Sessions
 from labels_party.context import ServiceContext
-from shared.errors import LabelDPError
-from shared.service.errors import status_of
+from shared.errors import LabelDPError, status_of
 
 HERE = Path(__file__).parent
 STATIC = {"console.css": "text/css", "favicon.svg": "image/svg+xml"}

@@ -16,16 +16,15 @@ from labels_party.auth import Principal
 from labels_party.console import charts, sessions, views
 from labels_party.console.sessions import PATH
 from labels_party.context import ServiceContext
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError, status_of
 from shared.service import dependencies
-from shared.service.errors import status_of
 
 
 def signed_in(request: Request) -> Principal:
     """The principal of the console session the console's gate found (every page but sign-in has one)."""
     found = request.scope.get("state", {}).get("principal")
     if found is None:
-        raise LabelDPError("sign in to the console first", code="unauthorized")
+        raise LabelDPError("sign in to the console first", code=ErrorCode.UNAUTHORIZED)
     return found
 
 
@@ -49,18 +48,19 @@ async def read_form(request: Request) -> dict[str, str]:
     """The fields of a urlencoded form (the gate has bounded the body to a few KB)."""
     media = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if media != FORM:
-        raise LabelDPError(f"console forms are sent as {FORM}", code="unsupported_media_type")
+        raise LabelDPError(f"console forms are sent as {FORM}", code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
     body = await request.body()
     try:
         return dict(parse_qsl(body.decode("ascii"), keep_blank_values=True, max_num_fields=8, errors="strict"))
     except (UnicodeDecodeError, ValueError) as err:
-        raise LabelDPError("malformed form", code="invalid_input") from err
+        raise LabelDPError("malformed form", code=ErrorCode.INVALID_INPUT) from err
 
 
 def check_csrf(request: Request, fields: dict[str, str]) -> None:
     token = request.scope["state"]["console_token"]
     if not sessions.csrf_matches(token, fields.get("csrf")):
-        raise LabelDPError("this form does not carry this session's CSRF token; reload the page", code="forbidden")
+        raise LabelDPError("this form does not carry this session's CSRF token; reload the page",
+                           code=ErrorCode.FORBIDDEN)
 
 
 @router.get("/")
@@ -72,7 +72,7 @@ def home():
 def static(name: str, request: Request):
     """The style sheet and the icon (public: they carry nothing of anyone's)."""
     if name not in request.app.state.static:
-        raise LabelDPError("no such file", code="not_found")
+        raise LabelDPError("no such file", code=ErrorCode.NOT_FOUND)
     content, media_type = request.app.state.static[name]
     return Response(content, media_type=media_type)
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import sessionmaker
 from labels_party import db
 from labels_party.auth import Principal, authenticate
 from labels_party.ledger import Ledger
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.keys import hash_key
 
 COOKIE = "labeldp_console"
@@ -75,7 +75,7 @@ class Sessions:
         with self.sessions() as session, session.begin():
             principal = authenticate(session, f"Bearer {api_key}", self.ledger)
             if principal.role != "admin":
-                raise LabelDPError("the console is for admin keys of a dataset owner", code="forbidden")
+                raise LabelDPError("the console is for admin keys of a dataset owner", code=ErrorCode.FORBIDDEN)
             key_id = session.scalar(select(db.ApiKey.id).where(db.ApiKey.key_hash == hash_key(api_key)))
             now = db.utcnow()
             session.execute(delete(db.ConsoleSession).where(db.ConsoleSession.expires_at <= now))

@@ -33,13 +33,13 @@ from sqlalchemy.orm import Session
 from labels_party import db
 from labels_party.ledger.chain import Replayed
 from labels_party.ledger.records import SourceFact, secret_digest
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 class LedgerTampered(LabelDPError):
     """A table disagrees with the dataset's chain: the database was changed outside the service."""
 
-    code = "ledger_tampered"
+    code = ErrorCode.LEDGER_TAMPERED
 
 
 def tampered(dataset_id: str, problems: list[str]) -> LedgerTampered:

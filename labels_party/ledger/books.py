@@ -36,7 +36,7 @@ from labels_party.ledger.records import (
 from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
 from labels_party.storage import DataStore, MappedArray, write_npy
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.keys import ApiKeyColumns, Principal
 
 if TYPE_CHECKING:  # dp-accounting is imported where an event is read (issue 42: making a key starts fast)
@@ -121,7 +121,7 @@ class BudgetExceeded(LabelDPError):
     figures are told to the dataset's owner only (:meth:`told_to`): another organization learns only that its own
     allocation does not allow the request."""
 
-    code = "budget_exceeded"
+    code = ErrorCode.BUDGET_EXCEEDED
 
     def __init__(self, needed_units: int, remaining_units: int, allocation_units: int = 0):
         super().__init__("not enough budget for this request in this organization's allocation")
@@ -139,7 +139,7 @@ class BudgetExceeded(LabelDPError):
 class LedgerRollback(LabelDPError):
     """The database is behind the data directory (restored from an older backup): nothing may be charged."""
 
-    code = "ledger_rollback"
+    code = ErrorCode.LEDGER_ROLLBACK
 
 
 @dataclass(frozen=True)
@@ -747,7 +747,7 @@ def _check_recomputable(recorded_event: dict[str, Any], cost: Charge) -> None:
             else within_charge(events.epsilon_of(event), cost.units))
     if not fits:
         raise LabelDPError("the release's privacy event does not fit its charge; nothing was charged",
-                           code="certification_failed")
+                           code=ErrorCode.CERTIFICATION_FAILED)
 
 
 def rollback_message(dataset_id: str) -> str:

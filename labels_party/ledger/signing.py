@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from labels_party.ledger.records import canonical
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.keyfiles import create_private_file, read_private_file
 
 # Signed bytes start with this, so that a head signature can never be mistaken for a signature of anything else.
@@ -95,7 +95,7 @@ def parse_public_key(text: str) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text.strip()))
     except ValueError:
         raise LabelDPError("an audit public key is 64 hexadecimal digits (as labeldp labels audit-key prints it)",
-                           code="invalid_input") from None
+                           code=ErrorCode.INVALID_INPUT) from None
 
 
 def create_key_file(path: Path) -> Ed25519PublicKey:
@@ -131,15 +131,15 @@ def load_or_create_key_file(path: Path) -> tuple[Ed25519PrivateKey, bool]:
 def load_key_file(path: Path) -> Ed25519PrivateKey:
     """The audit key; refused if others may read it (or it is not an Ed25519 key). The message never shows it."""
     hint = "; make one with labeldp labels audit-key"
-    data = read_private_file(path, what="the audit key file (LABELDP_AUDIT_KEY_FILE)", code="usage", hint=hint)
+    data = read_private_file(path, what="the audit key file (LABELDP_AUDIT_KEY_FILE)", code=ErrorCode.USAGE, hint=hint)
     if data is None:
-        raise LabelDPError(f"the audit key file (LABELDP_AUDIT_KEY_FILE) cannot be read{hint}", code="usage")
+        raise LabelDPError(f"the audit key file (LABELDP_AUDIT_KEY_FILE) cannot be read{hint}", code=ErrorCode.USAGE)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
         key = None
     if not isinstance(key, Ed25519PrivateKey):
-        raise LabelDPError("the audit key file is not an Ed25519 private key (PEM)", code="usage")
+        raise LabelDPError("the audit key file is not an Ed25519 private key (PEM)", code=ErrorCode.USAGE)
     return key
 
 
@@ -189,7 +189,7 @@ def read_heads(path: Path) -> list[SignedHead]:
     try:
         text = path.read_text()
     except OSError:
-        raise LabelDPError(f"cannot read the pinned heads file {path.name}", code="usage") from None
+        raise LabelDPError(f"cannot read the pinned heads file {path.name}", code=ErrorCode.USAGE) from None
     lines = text.split("\n")
     heads = []
     for number, line in enumerate(lines, start=1):
@@ -200,7 +200,7 @@ def read_heads(path: Path) -> list[SignedHead]:
         except (ValueError, KeyError, TypeError):
             if number == len(lines) and len(lines) > 1:  # an exported line cut short by a crash (no newline yet)
                 continue
-            raise LabelDPError(f"line {number} of {path.name} is not a signed head", code="usage") from None
+            raise LabelDPError(f"line {number} of {path.name} is not a signed head", code=ErrorCode.USAGE) from None
     return heads
 
 

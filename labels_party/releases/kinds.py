@@ -48,7 +48,7 @@ from labels_party.releases.streamed import plan_version, write_example_ids
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.uploads import MAX_DECODED_BYTES, MAX_GROUP_NAME, parse_groups, parse_priors, upload_format
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.gate import SpooledBody
 
 # A release naming its examples is sampled in memory: one of a column per class (subset, ALIBI: 8 bytes a cell)
@@ -71,7 +71,7 @@ def check_document_size(ctx: ServiceContext, numbers: int, what: str, extra_byte
     if predicted > limit:
         raise LabelDPError(f"{what} may publish a mechanism document of {predicted:,} bytes; this deployment allows "
                            f"{limit:,} per request: use fewer groups, fewer labels or outputs, or a smaller model",
-                           code="document_too_large")
+                           code=ErrorCode.DOCUMENT_TOO_LARGE)
 
 
 def check_training_size(ctx: ServiceContext, per_step: int, total: int, fewer: str) -> None:
@@ -84,7 +84,7 @@ def check_training_size(ctx: ServiceContext, per_step: int, total: int, fewer: s
                               (per_step, settings.max_central_training_step, "one step")):
         if size > limit:
             raise LabelDPError(f"{what} of this training is {size:,} example-rows × model parameters; this deployment "
-                               f"allows {limit:,}: ask for {fewer}", code="training_too_large")
+                               f"allows {limit:,}: ask for {fewer}", code=ErrorCode.TRAINING_TOO_LARGE)
 
 
 def finite_param_lists(params: dict) -> dict:
@@ -161,7 +161,7 @@ class _JsonBodyKind(_Defaults):
 def _needs_classes(snapshot: Snapshot, what: str) -> int:
     """The dataset's number of classes; refused unless its labels are classes."""
     if snapshot.domain.label_kind != "classes":
-        raise LabelDPError(f"{what} needs a classes dataset", code="mechanism_domain_mismatch")
+        raise LabelDPError(f"{what} needs a classes dataset", code=ErrorCode.MECHANISM_DOMAIN_MISMATCH)
     return snapshot.domain.support().size
 
 
@@ -207,7 +207,7 @@ class LabelRelease(_Defaults):
             raise LabelDPError(f"{request.mechanism} releases one column per class: {num_examples:,} examples × "
                                f"{size:,} classes is {cells:,} cells; at most {MAX_CLASS_COLUMN_CELLS:,} per request "
                                "that names its examples (fewer examples per request, or all of them)",
-                               code="too_large")
+                               code=ErrorCode.TOO_LARGE)
         return prepared
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: Prepared, run: Computation) -> Draft:
@@ -285,7 +285,7 @@ class ExamplePriorRelease(_Defaults):
             raise LabelDPError("every example's prior puts k = 1: each label would be released as its prior's most "
                                "likely class, whatever it is, so the release would carry no information for epsilon "
                                f"{self.epsilon:g}: use a larger epsilon or less confident priors",
-                               code="uninformative_release")
+                               code=ErrorCode.UNINFORMATIVE_RELEASE)
         return ids, InformativePriors(covers, plan)
 
     def covers(self, priors: InformativePriors) -> np.ndarray:
@@ -334,7 +334,8 @@ class GroupRelease(_Defaults):
     def check(self) -> None:
         if not registry.family(self.mechanism).needs_prior:  # a group release is one private prior per group
             with_prior = ", ".join(f.name for f in registry.FAMILIES.values() if f.needs_prior)
-            raise LabelDPError(f"group releases use a mechanism with a prior: {with_prior}", code="unknown_mechanism")
+            raise LabelDPError(f"group releases use a mechanism with a prior: {with_prior}",
+                               code=ErrorCode.UNKNOWN_MECHANISM)
 
     def inputs(self, snapshot: Snapshot):
         return parse_groups(self.groups.path, upload_format(self.groups.media_type), max_rows=snapshot.num_examples,
@@ -348,7 +349,7 @@ class GroupRelease(_Defaults):
         count, limit = int(np.unique(np.asarray(groups)).size), ctx.settings.max_groups_per_release
         if count > limit:
             raise LabelDPError(f"{count:,} groups: a group release on this deployment takes at most {limit:,} "
-                               "(max_groups_per_release); merge groups", code="too_many_groups")
+                               "(max_groups_per_release); merge groups", code=ErrorCode.TOO_MANY_GROUPS)
         size = snapshot.domain.support().size
         per_group = prepared.family.published_numbers(size, prepared.options) + size  # its randomizer, its counts
         check_document_size(ctx, count * per_group + size, f"{count:,} groups of {self.mechanism} on {size:,} labels",
@@ -378,9 +379,9 @@ class Evaluation(_JsonBodyKind):
         if self.request.metric == "mean":
             if predictions is not None:
                 raise LabelDPError("the mean metric scores the labels themselves: send no predictions",
-                                   code="invalid_input")
+                                   code=ErrorCode.INVALID_INPUT)
         elif predictions is None or len(self.request.example_ids) != len(predictions):
-            raise LabelDPError("predictions must hold one number per example id", code="invalid_input")
+            raise LabelDPError("predictions must hold one number per example id", code=ErrorCode.INVALID_INPUT)
 
     def inputs(self, snapshot: Snapshot):
         return self.request.example_ids, self.request.predictions
@@ -466,15 +467,15 @@ class CentralTraining(_JsonBodyKind):
         features = self.request.features
         if len(self.request.example_ids) != len(features) or len({len(f) for f in features}) != 1:
             raise LabelDPError("features must hold one vector per example id, all of the same length",
-                               code="invalid_input")
+                               code=ErrorCode.INVALID_INPUT)
         if max((abs(v) for row in features for v in row), default=0.0) > MAX_FEATURE:
             raise LabelDPError(f"features must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (standardize them): "
-                               "larger ones overflow float32 training", code="invalid_input")
+                               "larger ones overflow float32 training", code=ErrorCode.INVALID_INPUT)
 
     def inputs(self, snapshot: Snapshot):
         if not snapshot.dataset.allow_central_training:
             raise LabelDPError("central training is not enabled for this dataset by its owner",
-                               code="central_training_disabled")
+                               code=ErrorCode.CENTRAL_TRAINING_DISABLED)
         _needs_classes(snapshot, "central training (LabelDP-Pro)")
         return self.request.example_ids, np.asarray(self.request.features, dtype=np.float32)
 
@@ -500,7 +501,7 @@ class CentralTraining(_JsonBodyKind):
         except (ValueError, RuntimeError):
             raise LabelDPError(f"no noise level gives ({request.epsilon:g}, {delta:g})-DP for {request.steps} steps at "
                                "this batch size: ask for a larger epsilon or fewer steps",
-                               code="epsilon_out_of_range") from None
+                               code=ErrorCode.EPSILON_OUT_OF_RANGE) from None
         return PricedPlan(labeldp_pro.dp_event(sigma, q, config.steps, config.denoiser), (config, sigma))
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, features, priced: PricedPlan, run: Computation) -> Draft:
@@ -524,11 +525,11 @@ def _delta_allowed(request_delta: float | None, allocated: float) -> float:
     """The δ a central run is calibrated for: the request's, at most the organization's allocation (its default)."""
     if allocated <= 0:
         raise LabelDPError("central training has delta > 0 and this organization has no delta allocation on "
-                           "this dataset (its owner sets one with the grant)", code="delta_not_allocated")
+                           "this dataset (its owner sets one with the grant)", code=ErrorCode.DELTA_NOT_ALLOCATED)
     delta = request_delta if request_delta is not None else allocated
     if delta > allocated:
         raise LabelDPError(f"delta {delta:g} is above this organization's delta allocation on this dataset, "
-                           f"{allocated:g}", code="invalid_epsilon")
+                           f"{allocated:g}", code=ErrorCode.INVALID_EPSILON)
     return delta
 
 
@@ -555,20 +556,20 @@ class PateRelease(_JsonBodyKind):
         if len(request.example_ids) != len(request.features) or len(request.query_ids) != len(
                 request.query_features) or len({len(f) for f in rows}) != 1:
             raise LabelDPError("features and query_features must hold one vector per id, all of the same length",
-                               code="invalid_input")
+                               code=ErrorCode.INVALID_INPUT)
         if max((abs(v) for row in rows for v in row), default=0.0) > MAX_FEATURE:
             raise LabelDPError(f"features must lie in [-{MAX_FEATURE:g}, {MAX_FEATURE:g}] (standardize them): "
-                               "larger ones overflow float32 training", code="invalid_input")
+                               "larger ones overflow float32 training", code=ErrorCode.INVALID_INPUT)
         if len(set(request.query_ids)) != len(request.query_ids):
-            raise LabelDPError("query_ids must be distinct", code="invalid_input")
+            raise LabelDPError("query_ids must be distinct", code=ErrorCode.INVALID_INPUT)
         if request.teachers > len(request.example_ids):
             raise LabelDPError(f"{request.teachers} teachers need at least as many labelled examples; "
-                               f"{len(request.example_ids)} were sent", code="invalid_input")
+                               f"{len(request.example_ids)} were sent", code=ErrorCode.INVALID_INPUT)
 
     def inputs(self, snapshot: Snapshot):
         if not snapshot.dataset.allow_central_training:
             raise LabelDPError("central training is not enabled for this dataset by its owner",
-                               code="central_training_disabled")
+                               code=ErrorCode.CENTRAL_TRAINING_DISABLED)
         _needs_classes(snapshot, "PATE")
         return self.request.example_ids, (np.asarray(self.request.features, dtype=np.float32),
                                           np.asarray(self.request.query_features, dtype=np.float32))
@@ -583,7 +584,7 @@ class PateRelease(_JsonBodyKind):
         classes, queries = snapshot.domain.support().size, len(request.query_ids)
         if queries * classes > pate.MAX_VOTE_CELLS:
             raise LabelDPError(f"{queries:,} queries × {classes:,} classes of votes; at most {pate.MAX_VOTE_CELLS:,} "
-                               "per request (send fewer queries per request)", code="too_large")
+                               "per request (send fewer queries per request)", code=ErrorCode.TOO_LARGE)
         check_training_size(ctx, *pate.training_size(config, num_examples, inputs[0].shape[1], classes, queries),
                             "fewer steps, examples, queries or features")
         try:
@@ -591,7 +592,7 @@ class PateRelease(_JsonBodyKind):
         except (ValueError, RuntimeError):
             raise LabelDPError(f"no noise level gives ({request.epsilon:g}, {config.delta:g})-DP for {queries:,} "
                                "queries: ask for a larger epsilon or fewer queries",
-                               code="epsilon_out_of_range") from None
+                               code=ErrorCode.EPSILON_OUT_OF_RANGE) from None
         return PricedPlan(pate.dp_event(math.sqrt(variance), queries), (config, variance))
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs, priced: PricedPlan, run: Computation) -> Draft:

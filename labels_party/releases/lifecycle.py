@@ -32,7 +32,7 @@ from labels_party.releases.privatization import seal
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import Domain
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 log = logging.getLogger(__name__)
 
@@ -225,14 +225,14 @@ def existing_release(session: Session, principal: Principal, dataset_id: str, ke
         db.Release.idempotency_key == key))
     if existing is not None and existing.body_hash != body_hash:
         raise LabelDPError("this Idempotency-Key was already used with a different request body",
-                           code="idempotency_conflict")
+                           code=ErrorCode.IDEMPOTENCY_CONFLICT)
     return existing
 
 
 def release_failed(release_id: str) -> LabelDPError:
     return LabelDPError(f"release {release_id} was charged before it was computed and could not be completed; it "
                         "stays charged and failed. Send a new request with a new Idempotency-Key to try again",
-                        code="release_failed")
+                        code=ErrorCode.RELEASE_FAILED)
 
 
 def write_file(ctx: ServiceContext, release_id: str, draft: Draft, example_ids: Sequence[str] | None) -> str:
@@ -255,10 +255,10 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
                     with_for_update=True)
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
-            raise LabelDPError(f"release {release_id} is {release.state}", code="release_failed")
+            raise LabelDPError(f"release {release_id} is {release.state}", code=ErrorCode.RELEASE_FAILED)
         if not liveness.settle(ctx.jobs, session, release_id, "succeeded"):
             log.warning("release %s: its lease was lost; another process fails it", release_id)
-            raise LabelDPError(f"release {release_id} was taken over by another process", code="release_failed")
+            raise LabelDPError(f"release {release_id} was taken over by another process", code=ErrorCode.RELEASE_FAILED)
         release.mechanism_hash = documents.store(session, {"description": draft.description,
                                                            "noisy_prior": draft.noisy_prior})
         release.certified_epsilon = draft.privacy.certified_epsilon

@@ -23,7 +23,7 @@ from labels_party.ledger import Ledger
 from labels_party.pipeline import PLAN_FIELDS
 from labels_party.source_datasets import snapshot_uri
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +73,13 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
         return
     if document is None:
         raise LabelDPError("the job names another mechanism document than its release",
-                           code="invalid_mechanism_document")
+                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     sampler = _sampler(document, spec["mechanism_hash"])
     if claimed.sealed_secret is None:
-        raise LabelDPError("this release's secret is gone; it cannot run again", code="job_format_retired")
+        raise LabelDPError("this release's secret is gone; it cannot run again", code=ErrorCode.JOB_FORMAT_RETIRED)
     secret = ctx.sealer.open(claimed.sealed_secret, secret_context(release_id))
     if source_sha256 != spec["source_sha256"]:  # a job planned for other files (cannot happen: checked anyway)
-        raise LabelDPError("the release was planned for other source files", code="source_dataset")
+        raise LabelDPError("the release was planned for other source files", code=ErrorCode.SOURCE_DATASET)
     attempt = f"{jobs.ATTEMPTS}/{release_id}.{uuid.uuid4().hex}"  # this attempt's own output
     ctx.store.path(jobs.ATTEMPTS).mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
@@ -88,7 +88,8 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
                            max_partition_bytes=spec["max_partition_bytes"], min_partitions=spec["min_partitions"])
         ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
         if result.rows_written != expected:
-            raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged", code="source_dataset")
+            raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged",
+                               code=ErrorCode.SOURCE_DATASET)
         sealed = ctx.store.digest(attempt)  # a file it cannot read fails the attempt, not a hang
         with jobs.holding(ctx, claimed) as held:
             if held is None:  # taken over: the attempt holding the lease records its own (identical) files
@@ -135,12 +136,13 @@ def _sampler(document: dict, mechanism_hash: str):
 
     description = document.get("description")
     if not isinstance(description, dict):
-        raise LabelDPError("the release's mechanism document has no description", code="invalid_mechanism_document")
+        raise LabelDPError("the release's mechanism document has no description",
+                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     sampler = sampler_from_description(description)
     restated = {**sampler.describe(), **{key: description[key] for key in PLAN_FIELDS if key in description}}
     if documents.address({**document, "description": restated}) != mechanism_hash:
         raise LabelDPError("the mechanism rebuilt from the release's document does not describe itself as the "
-                           "document does", code="invalid_mechanism_document")
+                           "document does", code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     return sampler
 
 

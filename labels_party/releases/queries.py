@@ -13,7 +13,7 @@ from labels_party.ledger import tampered
 from labels_party.releases.lifecycle import release_view
 from labels_party.releases.privatization import recorded_execution
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> tuple[schemas.Release, str]:
@@ -21,7 +21,7 @@ def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> t
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
-            raise LabelDPError("no such release for this key", code="not_found")
+            raise LabelDPError("no such release for this key", code=ErrorCode.NOT_FOUND)
         execution = recorded_execution(session, release.id) if sees_execution(session, principal, release) else None
         return release_view(release, execution), release.file
 
@@ -35,10 +35,10 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
-            raise LabelDPError("no such release for this key", code="not_found")
+            raise LabelDPError("no such release for this key", code=ErrorCode.NOT_FOUND)
         if release.state != "available":
             raise LabelDPError(f"release {release_id} is {release.state}; its labels are not readable",
-                               code="release_not_ready")
+                               code=ErrorCode.RELEASE_NOT_READY)
         file, size, sha256 = release.file, release.file_size, release.file_sha256
         dataset = session.get(db.Dataset, release.dataset_id)
         ctx.ledger.check_actor(session, dataset, principal)  # the key as the chain made it, not revoked there
@@ -69,7 +69,7 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
 
 def damaged(release_id: str) -> LabelDPError:
     return LabelDPError(f"the labels file of release {release_id} is missing or damaged on the server; it is not "
-                        "served (the operator restores it from a backup)", code="release_file_damaged")
+                        "served (the operator restores it from a backup)", code=ErrorCode.RELEASE_FILE_DAMAGED)
 
 
 def list_releases(ctx: ServiceContext, admission: Admission) -> list[schemas.Release]:
@@ -87,7 +87,7 @@ def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_
         seen = [release for release in session.scalars(releases_possibly_seen(principal, query))
                 if sees_release(session, principal, release)]
         if not seen:
-            raise LabelDPError("no such mechanism document for this key", code="not_found")
+            raise LabelDPError("no such mechanism document for this key", code=ErrorCode.NOT_FOUND)
         packed = documents.stored(session, mechanism_hash)
     try:
         unpacked = documents.unpack(packed, ctx.settings.max_document_bytes)

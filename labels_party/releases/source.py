@@ -49,7 +49,7 @@ from labels_party.releases.privatization import secret_context
 from labels_party.solvers.deadline import Deadline
 from labels_party.source_datasets import stored_histogram
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.randomness import new_release_secret
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,10 @@ class SparkJob:
     def cover(self, ctx: ServiceContext, snapshot: Snapshot, kind: ReleaseKind[Any]) -> Covered:
         if not isinstance(kind, LabelRelease):
             raise LabelDPError("a source dataset takes label releases of all its rows (POST .../releases) only",
-                               code="source_dataset")
+                               code=ErrorCode.SOURCE_DATASET)
         if kind.request.example_ids is not None:
             raise LabelDPError("a source dataset's release covers all its rows; leave out example_ids",
-                               code="source_dataset")
+                               code=ErrorCode.SOURCE_DATASET)
         # Refusals about the source (no copy, a prefix the operator withdrew, counts that do not fit the domain)
         # come before the charge; reading the counts draws nothing.
         with ctx.sessions() as session, session.begin():
@@ -140,7 +140,7 @@ class SparkJob:
     def answer(self, release: schemas.Release, created: bool) -> Outcome:
         if release.state == "failed":  # and not run again: it has no job, or its secret is gone
             if release.error and release.error.get("code") == "job_format_retired":
-                raise LabelDPError(release.error["message"], code="job_format_retired")
+                raise LabelDPError(release.error["message"], code=ErrorCode.JOB_FORMAT_RETIRED)
             raise release_failed(release.id)
         return Outcome(release, 202 if release.state != "available" else 200, f"/v1/releases/{release.id}")
 

@@ -78,7 +78,7 @@ from labels_party.releases.source import SPARK_JOB
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.keys import UNAUTHORIZED_MESSAGE
 from shared.service.leases import Lease
 
@@ -200,7 +200,7 @@ def _release(ctx: ServiceContext, admission: Admission, snapshot: Snapshot, comp
 def checked_key(idempotency_key: str | None) -> str:
     if not idempotency_key or len(idempotency_key) > 200:
         raise LabelDPError("an Idempotency-Key header (1-200 characters) is required for releases",
-                           code="idempotency_key_required")
+                           code=ErrorCode.IDEMPOTENCY_KEY_REQUIRED)
     return idempotency_key
 
 
@@ -224,7 +224,7 @@ def outcome(ctx: ServiceContext, release_id: str, waits: bool) -> schemas.Releas
             raise release_failed(release_id)
         if time.monotonic() > deadline:
             raise LabelDPError("a request with this Idempotency-Key is still being computed; send it again later",
-                               code="release_in_progress")
+                               code=ErrorCode.RELEASE_IN_PROGRESS)
         time.sleep(POLL_SECONDS)
 
 
@@ -238,7 +238,7 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
         dataset = admitted_dataset(session, admission)
         if dataset.state != "ready":  # public to whoever sees the dataset: refused before anything is read
             raise LabelDPError(f"dataset {dataset.id} is {dataset.state}: it takes releases once its registration "
-                               "is ready", code="dataset_not_ready")
+                               "is ready", code=ErrorCode.DATASET_NOT_READY)
         completion: Completion = SPARK_JOB if dataset.source_uri is not None else IN_PROCESS
         existing = existing_release(session, principal, dataset.id, key, body_hash)
         if existing is not None:
@@ -257,7 +257,7 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
             version = session.scalar(select(db.LabelVersion).where(
                 db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))
             if version is None:
-                raise LabelDPError("the dataset has no labels yet", code="no_labels")
+                raise LabelDPError("the dataset has no labels yet", code=ErrorCode.NO_LABELS)
             file, coverage = ctx.ledger.labels_read(session, dataset, version)  # as the chain says, not the row
             return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta), completion
     if restart:
@@ -346,5 +346,5 @@ def _key_in_force(session: Session, principal: Principal) -> datetime:
     key = session.get(db.ApiKey, principal.key_id, with_for_update={"read": True})
     now = db.utcnow()
     if key is None or not key.in_force(now):
-        raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
+        raise LabelDPError(UNAUTHORIZED_MESSAGE, code=ErrorCode.UNAUTHORIZED)
     return now

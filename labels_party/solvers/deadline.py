@@ -12,11 +12,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 class SolverTimeout(LabelDPError):
-    code = "solver_timeout"
+    code = ErrorCode.SOLVER_TIMEOUT
 
 
 @dataclass(frozen=True)

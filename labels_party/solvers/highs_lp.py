@@ -9,7 +9,7 @@ import highspy
 import numpy as np
 
 from labels_party.solvers.deadline import SolverTimeout
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 class _SilentCore(highspy._core._Highs):
@@ -71,7 +71,7 @@ def solve_lp(cost, col_lower, col_upper, row_lower, row_upper, starts, indices, 
                             "another mechanism")
     if status != highspy.HighsModelStatus.kOptimal:
         raise LabelDPError(f"HiGHS did not reach an optimal solution: {highs.modelStatusToString(status)}",
-                           code="solver_failed")
+                           code=ErrorCode.SOLVER_FAILED)
     solution = highs.getSolution()
     return LPResult(np.array(solution.col_value), np.array(solution.row_dual),
                     float(highs.getInfo().objective_function_value), seconds)

@@ -57,7 +57,7 @@ from labels_party.solvers.highs_lp import quiet_highs
 from labels_party.solvers.opt_unbiased_mesh import certify_solution
 from labels_party.solvers.signature_cone import Level, cone_phase
 from labels_party.solvers.staircase import Problem, heaviest_path
-from shared.errors import CertificationError, LabelDPError
+from shared.errors import CertificationError, ErrorCode, LabelDPError
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.privacy import SATURATION_EPSILON, SOLVER_MARGIN, design_epsilon
 
@@ -123,7 +123,7 @@ def _made_exact(problem: Problem, first, last, weights, outputs) -> _Columns:
         w = w + correct(np.diff(np.ones(k), prepend=0.0) - rows @ w)
         u = u + correct(np.diff(y, prepend=0.0) - rows @ u)
     if not np.all(w > 0):
-        raise LabelDPError("the cone's columns could not be made exactly feasible", code="solver_failed")
+        raise LabelDPError("the cone's columns could not be made exactly feasible", code=ErrorCode.SOLVER_FAILED)
     return _Columns(first, last, w, u / w)
 
 
@@ -230,7 +230,7 @@ def solve_continuous_optimal_unbiased(values, prior, epsilon: float, *, toleranc
     if epsilon < MIN_EPSILON:
         raise LabelDPError(f"the continuous optimal unbiased solver certifies epsilon >= {MIN_EPSILON:g} (below, its "
                            f"cone programs lose accuracy); got {epsilon:g}: use a mesh, dbrr or laplace",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     k = values.size

@@ -18,7 +18,7 @@ import numpy as np
 
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from labels_party.solvers.highs_lp import solve_lp
-from shared.errors import CertificationError, LabelDPError
+from shared.errors import CertificationError, ErrorCode, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.finite import FiniteRandomizer, normalized_prior
 from shared.privacy import SOLVER_MARGIN, design_epsilon
@@ -37,7 +37,7 @@ def feasible_output_set(values, epsilon: float, mesh: int) -> np.ndarray:
     """
     values = np.asarray(values, dtype=np.float64)
     if mesh < 2 or int(mesh) != mesh:
-        raise LabelDPError(f"mesh must be an integer >= 2, got {mesh!r}", code="invalid_mesh")
+        raise LabelDPError(f"mesh must be an integer >= 2, got {mesh!r}", code=ErrorCode.INVALID_MESH)
     e = math.exp(epsilon)
     low = ((e + values.size - 1) * values[0] - values.sum()) / (e - 1)
     high = ((e + values.size - 1) * values[-1] - values.sum()) / (e - 1)
@@ -137,7 +137,7 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
     epsilon = float(epsilon)  # valid: checked by labels_party.registry
     if epsilon < MIN_EPSILON:
         raise LabelDPError(f"the mesh LP certifies epsilon >= {MIN_EPSILON:g} (below, e^epsilon - 1 drowns in HiGHS's "
-                           f"tolerances); got {epsilon:g}: use dbrr or laplace", code="epsilon_out_of_range")
+                           f"tolerances); got {epsilon:g}: use dbrr or laplace", code=ErrorCode.EPSILON_OUT_OF_RANGE)
     values = np.asarray(values, dtype=np.float64)
     prior = normalized_prior(prior, values.size)
     if values.size == 1:
@@ -150,7 +150,7 @@ def solve_optimal_unbiased(values, prior, epsilon: float, *, mesh: int | None = 
         grid = feasible_output_set(values, lp_epsilon, 2 * values.size if mesh is None else mesh) \
             if outputs is None else np.asarray(outputs, dtype=np.float64)
         if (values.size + 1) * grid.size > MAX_LP_VARIABLES:
-            raise LabelDPError(f"LP too large: {values.size} labels x {grid.size} outputs", code="invalid_mesh")
+            raise LabelDPError(f"LP too large: {values.size} labels x {grid.size} outputs", code=ErrorCode.INVALID_MESH)
         lp = solve_lp(**_build_lp(values, prior, grid, lp_epsilon), solver=solver,
                       time_limit=deadline.solver_seconds())
         matrix = lp.x[: values.size * grid.size].reshape(values.size, grid.size)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared.errors import CertificationError, LabelDPError
+from shared.errors import CertificationError, ErrorCode, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import normalized_prior
@@ -90,7 +90,7 @@ def plan_per_example(priors, epsilon: float) -> PerExamplePlan:
     epsilon = check_epsilon(epsilon)
     priors = np.asarray(priors, dtype=np.float64)
     if priors.ndim != 2 or not np.all(np.isfinite(priors)) or np.any(priors < 0) or np.any(priors.sum(axis=1) <= 0):
-        raise LabelDPError("every prior must be finite, non-negative and not all zero", code="invalid_prior")
+        raise LabelDPError("every prior must be finite, non-negative and not all zero", code=ErrorCode.INVALID_PRIOR)
     priors = priors / priors.sum(axis=1, keepdims=True)
     eps = design_epsilon(epsilon)
     order, k = top_k_candidates(priors, eps)

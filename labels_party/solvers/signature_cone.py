@@ -33,7 +33,7 @@ from labels_party.solvers import staircase
 from labels_party.solvers.deadline import NO_DEADLINE, Deadline
 from labels_party.solvers.pricing import lower_bound, polish_duals, price
 from labels_party.solvers.staircase import Problem
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 ALL_INTERVALS_UP_TO = 3000  # cones: a level with at most this many intervals is solved over all of them
 # Interior-point duals are accurate to ~1e-7 relative: the finest level stops when its certified gap is this.
@@ -92,7 +92,7 @@ def solve_signature_socp(problem: Problem, first, last, deadline: Deadline = NO_
     if solution.status == clarabel.SolverStatus.MaxTime:
         deadline.expired("the continuous optimal unbiased solver (cone program)")
     if solution.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
-        raise LabelDPError(f"cone program failed: {solution.status}", code="solver_failed")
+        raise LabelDPError(f"cone program failed: {solution.status}", code=ErrorCode.SOLVER_FAILED)
     x, z = np.asarray(solution.x), np.asarray(solution.z).reshape(count, 3)
     z = z / a_s[:, None]  # back to the weights of the unscaled vectors s
     weights = np.maximum(z[:, 0] + z[:, 2], 0.0)

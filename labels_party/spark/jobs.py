@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, NumericType, StringType
 
 from labels_party.spark.session import ARROW_BATCH_ROWS, execution
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError, known_code
 from shared.randomness import derived_rng
 
 DEFAULT_MAX_PARTITION_BYTES = 128 << 20  # Spark's default split size, pinned so the partitioning is the source's
@@ -92,24 +92,24 @@ def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray
     ).collect()  # at most |support| + 1 rows: the support values found, and everything else under null
     total = sum(row["rows"] for row in groups)
     if total == 0:
-        raise LabelDPError(f"the source {source!r} holds no labels", code="empty_labels")
+        raise LabelDPError(f"the source {source!r} holds no labels", code=ErrorCode.EMPTY_LABELS)
     if sum(row["missing_ids"] for row in groups):
         raise LabelDPError(f"{sum(row['missing_ids'] for row in groups):,} example_ids are missing or empty",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     missing_labels = sum(row["missing_labels"] for row in groups)
     if missing_labels:
-        raise LabelDPError(f"{missing_labels:,} labels are missing", code="malformed_file")
+        raise LabelDPError(f"{missing_labels:,} labels are missing", code=ErrorCode.MALFORMED_FILE)
     outside = sum(row["rows"] for row in groups if row["value"] is None)
     if outside:
         raise LabelDPError(f"{outside:,} of {total:,} labels are not in the domain's {support.size} values",
-                           code="label_out_of_domain")
+                           code=ErrorCode.LABEL_OUT_OF_DOMAIN)
     # On the column as stored: casting integers to strings is injective, and the cast costs a third of the job.
     counted = labels.agg(F.count_distinct("stored_id")).first()
     assert counted is not None  # an aggregate has one row
     distinct = counted[0]
     if distinct != total:
         raise LabelDPError(f"{total - distinct:,} rows repeat an example_id of another row",
-                           code="duplicate_example_id")
+                           code=ErrorCode.DUPLICATE_EXAMPLE_ID)
     row_of = {float(value): index for index, value in enumerate(support)}
     counts = np.zeros(support.size, dtype=np.int64)
     for row in groups:
@@ -129,7 +129,7 @@ def privatize(spark: SparkSession, source: str, output: str, sampler, secret: by
     support = _support(support_values)
     check_one_output_per_label(sampler, support)
     if output.rstrip("/") == source.rstrip("/"):
-        raise LabelDPError("the released labels cannot overwrite their source", code="invalid_input")
+        raise LabelDPError("the released labels cannot overwrite their source", code=ErrorCode.INVALID_INPUT)
     session = _pinned_session(spark, max_partition_bytes, min_partitions)
     labels = _read_labels(session, source).select("example_id", "label")
     partitions = labels.rdd.getNumPartitions()
@@ -140,7 +140,7 @@ def privatize(spark: SparkSession, source: str, output: str, sampler, secret: by
         refusal = _WORKER_REFUSAL.search(str(err))
         if refusal is None:
             raise
-        raise LabelDPError(refusal.group(2), code=refusal.group(1)) from err
+        raise LabelDPError(refusal.group(2), code=known_code(refusal.group(1), ErrorCode.RELEASE_FAILED)) from err
     ran = execution(session)
     rows = session.read.parquet(output).count()  # from the files' footers
     return PrivatizeResult(output, int(rows), partitions, max_partition_bytes, min_partitions, ARROW_BATCH_ROWS, ran)
@@ -167,11 +167,11 @@ def _partition_sampler(sampler, secret: bytes, support: np.ndarray
 def _sample_batch(batch: pa.RecordBatch, sampler, rng: np.random.Generator, ordered: np.ndarray) -> pa.RecordBatch:
     ids, labels = batch.column("example_id"), batch.column("label")
     if ids.null_count or labels.null_count:
-        raise LabelDPError("an example_id or label is missing", code="malformed_file")
+        raise LabelDPError("an example_id or label is missing", code=ErrorCode.MALFORMED_FILE)
     values = labels.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
     if not _all_in(ordered, values):
         raise LabelDPError("a label outside the domain reached the release job (did the source change after its "
-                           "histogram?)", code="label_out_of_domain")
+                           "histogram?)", code=ErrorCode.LABEL_OUT_OF_DOMAIN)
     noisy = np.asarray(sampler.sample(values, rng))
     if noisy.shape != values.shape:
         raise _not_one_output_per_label(sampler, noisy)
@@ -196,7 +196,7 @@ def _not_one_output_per_label(sampler, output: np.ndarray) -> LabelDPError:
     name = getattr(sampler, "name", type(sampler).__name__)
     return LabelDPError(f"{name} releases an array of shape "
                         f"{output.shape[1:]} per label; Spark releases write one number per label",
-                        code="mechanism_not_supported_on_spark")
+                        code=ErrorCode.MECHANISM_NOT_SUPPORTED_ON_SPARK)
 
 
 def _pinned_session(spark: SparkSession, max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
@@ -206,7 +206,7 @@ def _pinned_session(spark: SparkSession, max_partition_bytes: int = DEFAULT_MAX_
     retried task cannot read fewer rows than its first attempt). A new session: the caller's are left as they were.
     """
     if max_partition_bytes < 1 or min_partitions < 1:
-        raise LabelDPError("max_partition_bytes and min_partitions must be positive", code="invalid_input")
+        raise LabelDPError("max_partition_bytes and min_partitions must be positive", code=ErrorCode.INVALID_INPUT)
     session = spark.newSession()
     for key, value in {"spark.sql.files.maxPartitionBytes": max_partition_bytes,
                        "spark.sql.files.openCostInBytes": OPEN_COST_BYTES,
@@ -229,18 +229,18 @@ def _read_labels(spark: SparkSession, source: str) -> DataFrame:
         frame = spark.read.parquet(source)
     except AnalysisException as err:
         raise LabelDPError(f"cannot read a Parquet dataset at {source!r}: {str(err).splitlines()[0][:300]}",
-                           code="malformed_file") from None
+                           code=ErrorCode.MALFORMED_FILE) from None
     types = {field.name: field.dataType for field in frame.schema.fields}
     missing = [name for name in ("example_id", "label") if name not in types]
     if missing:
         raise LabelDPError(f"labels need columns example_id and label; {source!r} lacks {', '.join(missing)}",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     if not isinstance(types["label"], NumericType):
         raise LabelDPError(f"label must be a numeric column, not {types['label'].simpleString()}",
-                           code="malformed_file")
+                           code=ErrorCode.MALFORMED_FILE)
     if not isinstance(types["example_id"], (StringType, IntegralType)):
         raise LabelDPError(f"example_id must be a string or integer column, not "
-                           f"{types['example_id'].simpleString()}", code="malformed_file")
+                           f"{types['example_id'].simpleString()}", code=ErrorCode.MALFORMED_FILE)
     return frame.select(F.col("example_id").cast("string").alias("example_id"),
                         F.col("label").cast("double").alias("label"), F.col("example_id").alias("stored_id"))
 
@@ -249,5 +249,5 @@ def _support(values) -> np.ndarray:
     support = np.asarray(values, dtype=np.float64)
     if support.ndim != 1 or support.size == 0 or not np.all(np.isfinite(support)) \
             or np.unique(support).size != support.size:
-        raise LabelDPError("support_values must be distinct finite numbers", code="invalid_domain")
+        raise LabelDPError("support_values must be distinct finite numbers", code=ErrorCode.INVALID_DOMAIN)
     return support

@@ -3,7 +3,7 @@ session applies it: :mod:`labels_party.spark.session` says why each setting is t
 
 from __future__ import annotations
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def security_conf(master: str, secret: str | None) -> dict[str, str]:
@@ -17,7 +17,7 @@ def security_conf(master: str, secret: str | None) -> dict[str, str]:
     elif not secret:
         raise LabelDPError(f"the Spark master {master} needs the deployment's shared authentication secret "
                            "(LABELDP_SPARK_SECRET_FILE, also read by the master and workers): without it a "
-                           "release's secret would cross the network unauthenticated", code="spark_not_secured")
+                           "release's secret would cross the network unauthenticated", code=ErrorCode.SPARK_NOT_SECURED)
     if secret:
         conf["spark.authenticate.secret"] = secret
     return conf

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from shared.errors import LabelDPError, resource_error
+from shared.errors import ErrorCode, LabelDPError, resource_error
 
 SNAPSHOTS = "sources"  # under the data directory: sources/<dataset id>/, the files as registered
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: opening a FIFO must not hang
@@ -71,7 +71,8 @@ def locate(source: str, prefixes: Sequence[str]) -> tuple[str, list[str]]:
     path = local_path(source)
     if path is None:
         raise LabelDPError("only local sources (a path or a file: URI) can be registered: the service copies a source "
-                           "when it is registered; object stores and HDFS are not supported", code="source_not_allowed")
+                           "when it is registered; object stores and HDFS are not supported",
+                           code=ErrorCode.SOURCE_NOT_ALLOWED)
     parts = _components(path)
     for prefix in prefixes:
         prefix_path = local_path(prefix)
@@ -80,13 +81,14 @@ def locate(source: str, prefixes: Sequence[str]) -> tuple[str, list[str]]:
         base = _components(prefix_path)
         if parts[:len(base)] == base and os.path.isabs(prefix_path) and os.path.isabs(path):
             return os.path.realpath(prefix_path), parts[len(base):]
-    raise LabelDPError("this source location is not one this organization may register", code="source_not_allowed")
+    raise LabelDPError("this source location is not one this organization may register",
+                       code=ErrorCode.SOURCE_NOT_ALLOWED)
 
 
 def _components(path: str) -> list[str]:
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
-        raise LabelDPError("a source location cannot name a parent directory", code="source_not_allowed")
+        raise LabelDPError("a source location cannot name a parent directory", code=ErrorCode.SOURCE_NOT_ALLOWED)
     return parts
 
 
@@ -131,7 +133,7 @@ def copy(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
         files = _copy_source(prefix, parts, temporary, source, checkpoint)
         if not files:
             raise LabelDPError("the source holds no files (names starting with _ or . are skipped, as Spark does)",
-                               code="empty_labels")
+                               code=ErrorCode.EMPTY_LABELS)
         _fsync_directory(temporary)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
@@ -169,7 +171,8 @@ def _copy_source(prefix: str, parts: list[str], target: Path, source: str,
         fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
         raise resource_error(err) or LabelDPError(
-            "this organization's source directory cannot be read on this service", code="source_not_allowed") from None
+            "this organization's source directory cannot be read on this service",
+            code=ErrorCode.SOURCE_NOT_ALLOWED) from None
     try:
         for index, name in enumerate(parts):  # down to the source, one component at a time, no link followed
             below = _open(fd, name, "/".join(parts[:index + 1]), source)
@@ -191,7 +194,8 @@ def _copy_source(prefix: str, parts: list[str], target: Path, source: str,
 def _copy_directory(fd: int, target: Path, relative: str, source: str, checkpoint: Callable[[str], None],
                     files: list[SnapshotFile]) -> None:
     if relative.count("/") >= _MAX_DEPTH:  # one open descriptor and one stack frame per level
-        raise LabelDPError(f"the source {source!r} nests directories deeper than {_MAX_DEPTH}", code="malformed_file")
+        raise LabelDPError(f"the source {source!r} nests directories deeper than {_MAX_DEPTH}",
+                           code=ErrorCode.MALFORMED_FILE)
     with os.scandir(fd) as listing:
         names = sorted(entry.name for entry in listing if not entry.name.startswith(("_", ".")))
     checkpoint("source_listed")
@@ -220,7 +224,7 @@ def _open(directory: int, name: str, path: str, source: str) -> int:
             raise resource from None
         if err.errno == errno.ELOOP:
             raise LabelDPError(f"{path!r} (at the source location {source!r}) is a symbolic link; a source may "
-                               f"hold only directories and regular files", code="source_not_allowed") from None
+                               f"hold only directories and regular files", code=ErrorCode.SOURCE_NOT_ALLOWED) from None
         raise _not_found() from None  # missing, vanished while it was copied, or unreadable: all one answer
 
 
@@ -228,13 +232,13 @@ def _not_found() -> LabelDPError:
     """A source (or a path in it) that is missing, vanished while it was copied, unreadable or below a file. The
     message names no path, not even the part the request gave: which server paths exist is not the client's to
     learn, nor to have echoed back cut at a comma."""
-    return LabelDPError("the source location does not exist or is not readable", code="source_not_found")
+    return LabelDPError("the source location does not exist or is not readable", code=ErrorCode.SOURCE_NOT_FOUND)
 
 
 def _refuse_unless_directory(mode: int, path: str, source: str) -> None:
     if not stat.S_ISDIR(mode):  # a FIFO, socket or device: not a file Spark should read
         raise LabelDPError(f"{path!r} (at the source location {source!r}) is neither a directory nor a regular file",
-                           code="source_not_allowed")
+                           code=ErrorCode.SOURCE_NOT_ALLOWED)
 
 
 def _copy_file(fd: int, target: Path, path: str, source: str, checkpoint: Callable[[str], None]) -> SnapshotFile:
@@ -257,7 +261,7 @@ def _copy_file(fd: int, target: Path, path: str, source: str, checkpoint: Callab
     after = os.fstat(fd)
     if size != before.st_size or _times(before) != _times(after):
         raise LabelDPError(f"{path!r} (at the source location {source!r}) changed while it was copied; register "
-                           f"it again once it is written", code="source_not_allowed")
+                           f"it again once it is written", code=ErrorCode.SOURCE_NOT_ALLOWED)
     return SnapshotFile(path, size, digest.hexdigest())
 
 

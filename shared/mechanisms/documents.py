@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared import described
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms.additive import AdditiveNoiseRandomizer
 from shared.mechanisms.finite import FiniteRandomizer
 from shared.mechanisms.randomized_response import RandomizedResponse, TopKRandomizedResponse
@@ -62,4 +62,4 @@ def sampler_from_description(description: dict) -> Sampler:
 
 def _not_one_number_per_label(name: Any, why: str) -> LabelDPError:
     return LabelDPError(f"mechanism {name!r} cannot be released on Spark: {why}; Spark releases write one number "
-                        "per label", code="mechanism_not_supported_on_spark")
+                        "per label", code=ErrorCode.MECHANISM_NOT_SUPPORTED_ON_SPARK)

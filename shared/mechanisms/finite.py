@@ -18,7 +18,7 @@ import numpy as np
 from shared import described
 from shared.arrays import readonly
 from shared.domains import FiniteLabels
-from shared.errors import CertificationError, LabelDPError
+from shared.errors import CertificationError, ErrorCode, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 
@@ -30,9 +30,9 @@ def normalized_prior(prior, size: int) -> np.ndarray:
     """A probability vector of the given length; weights need not be normalized but must be valid."""
     prior = np.asarray(prior, dtype=np.float64).ravel()
     if prior.size != size:
-        raise LabelDPError(f"prior has {prior.size} weights for {size} labels", code="invalid_prior")
+        raise LabelDPError(f"prior has {prior.size} weights for {size} labels", code=ErrorCode.INVALID_PRIOR)
     if not np.all(np.isfinite(prior)) or np.any(prior < 0) or prior.sum() <= 0:
-        raise LabelDPError("prior weights must be finite, non-negative and not all zero", code="invalid_prior")
+        raise LabelDPError("prior weights must be finite, non-negative and not all zero", code=ErrorCode.INVALID_PRIOR)
     return prior / prior.sum()
 
 
@@ -126,7 +126,7 @@ class FiniteRandomizer(OnFiniteInputs):
         object.__setattr__(self, "counts", readonly(self.counts, np.int64))
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise LabelDPError(f"epsilon must be a positive finite number, got {self.epsilon!r}",
-                               code="invalid_epsilon")
+                               code=ErrorCode.INVALID_EPSILON)
         if self.counts.shape != (self.input_values.size, self.output_values.size):
             raise ValueError(f"{self.name}: counts of shape {self.counts.shape} for {self.input_values.size} inputs "
                              f"x {self.output_values.size} outputs")

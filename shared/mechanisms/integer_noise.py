@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from shared import described
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 # Numerators and denominators are kept below these so that every intermediate (d·K, U + t·V) fits in int64.
 _PRECISION = 1 << 31  # rational approximations of a scale are exact to better than 1 part in 2**31
@@ -151,7 +151,7 @@ def _ratio_at_most(value: Fraction) -> tuple[int, int]:
     s = math.floor(value * t)
     if s < 1:
         raise LabelDPError("epsilon is too small for this sensitivity (noise scale above 2**56)",
-                           code="epsilon_out_of_range")
+                           code=ErrorCode.EPSILON_OUT_OF_RANGE)
     return s, t
 
 

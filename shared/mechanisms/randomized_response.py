@@ -21,7 +21,7 @@ from dp_accounting import dp_event
 from shared import described
 from shared.arrays import readonly
 from shared.domains import FiniteLabels
-from shared.errors import CertificationError, LabelDPError
+from shared.errors import CertificationError, ErrorCode, LabelDPError
 from shared.mechanisms import dyadic
 from shared.mechanisms.events import LocalRandomizerDpEvent
 from shared.mechanisms.finite import OnFiniteInputs, normalized_prior
@@ -160,7 +160,7 @@ class RandomizedResponse(OnFiniteInputs):
         """The realized probabilities as a dense |Y| x m float matrix (small sizes only: tests and estimators)."""
         if max(self._m, self.input_values.size) > DENSE_MATRIX_LIMIT:
             raise LabelDPError(f"{self.name} over {self.input_values.size} labels and {self._m} outputs has no dense "
-                               f"matrix; use its closed forms", code="too_large")
+                               f"matrix; use its closed forms", code=ErrorCode.TOO_LARGE)
         matrix = np.full((self.input_values.size, self._m), self.other_probability)
         matrix[np.arange(self.input_values.size), self._bins] = self.keep_probability
         matrix.setflags(write=False)
@@ -346,7 +346,7 @@ class TopKRandomizedResponse(OnFiniteInputs):
         """The realized probabilities as a dense K x K float matrix (small sizes only: tests and estimators)."""
         if self.num_classes > DENSE_MATRIX_LIMIT:
             raise LabelDPError(f"{self.name} over {self.num_classes} classes has no dense matrix; use its closed "
-                               "forms", code="too_large")
+                               "forms", code=ErrorCode.TOO_LARGE)
         k, inside = self.candidates.size, self._rank >= 0
         matrix = np.zeros((self.num_classes, self.num_classes))
         matrix[np.ix_(~inside, self.candidates)] = 1.0 / k

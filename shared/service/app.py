@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 
 from shared import schemas
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service import docs, gate, health, limits, openapi
 from shared.service.errors import install_error_handlers
 
@@ -57,7 +57,7 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
     def readyz() -> dict:  # a plain function: FastAPI runs it in a worker thread (the checks block)
         failed = health.failed_checks(checks)
         if failed:
-            raise LabelDPError(f"not ready: failed check(s): {', '.join(failed)}", code="not_ready")
+            raise LabelDPError(f"not ready: failed check(s): {', '.join(failed)}", code=ErrorCode.NOT_READY)
         return {"status": "ready", "checks": dict.fromkeys(checks, "ok")}
 
     for router in app.state.routers:

@@ -18,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.tls import add_tls_arguments
 
 if TYPE_CHECKING:  # the key ring and SQLAlchemy are imported by the commands that run: `--help` stays fast
@@ -114,7 +114,7 @@ def check_shared_secret_key(sealer, workers: int) -> None:
     if workers > 1 and sealer.ephemeral:
         raise LabelDPError(f"--workers {workers} needs a secret key the workers share (secret_key_file, made by "
                            "`labeldp <party> secret-key`): a key of one process only cannot open another's jobs",
-                           code="usage")
+                           code=ErrorCode.USAGE)
 
 
 def check_workers(workers: int, database_url: str) -> None:
@@ -122,7 +122,7 @@ def check_workers(workers: int, database_url: str) -> None:
     writers wait on one lock, and its WAL is per host); refused before anything is opened or created."""
     if workers > 1 and database_url.startswith("sqlite"):
         raise LabelDPError(f"--workers {workers} needs a PostgreSQL database (--database-url); SQLite serves one "
-                           "process: use --workers 1", code="usage")
+                           "process: use --workers 1", code=ErrorCode.USAGE)
 
 
 def _expiry_arguments(parser: argparse.ArgumentParser, what: str) -> None:
@@ -215,7 +215,7 @@ def handle_keys(parsers: ServiceParsers, open_keys: KeyOpener) -> None:
         ref = KeyRef(args.id, args.prefix)
         expires_at = expiry(days=args.expires_in, at=args.expires_at)
         if not 0 <= args.grace_hours <= 720:  # also refuses NaN
-            raise LabelDPError(f"--grace-hours lies in [0, 720], got {args.grace_hours}", code="usage")
+            raise LabelDPError(f"--grace-hours lies in [0, 720], got {args.grace_hours}", code=ErrorCode.USAGE)
         keys, sessions = open_keys(args)
         with sessions() as session, session.begin():
             issued, old = keys.rotate(session, ref, by=_operator(args), grace=timedelta(hours=args.grace_hours),

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.types import TypeDecorator
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 NAMING_CONVENTION = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
                      "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s", "pk": "pk_%(table_name)s"}
@@ -116,7 +116,7 @@ class Migrations:
             return
         if not upgrade:
             raise LabelDPError(f"the database schema is at revision {revision}, this version needs {self.head()}: "
-                               f"run `{self.command_name}` (nothing is reset)", code="database_outdated")
+                               f"run `{self.command_name}` (nothing is reset)", code=ErrorCode.DATABASE_OUTDATED)
         sqlite = engine.dialect.name == "sqlite"
         with engine.connect() as connection:
             if sqlite:  # SQLite's batch migrations copy tables; foreign keys are checked once, afterwards
@@ -129,7 +129,8 @@ class Migrations:
                         command.stamp(self.config(connection), self.baseline)
                     command.upgrade(self.config(connection, data_dir), "head")
                 if sqlite and _driver_connection(connection).execute("PRAGMA foreign_key_check").fetchall():
-                    raise LabelDPError("the migrated database has broken foreign keys", code="database_outdated")
+                    raise LabelDPError("the migrated database has broken foreign keys",
+                                       code=ErrorCode.DATABASE_OUTDATED)
             finally:
                 if sqlite:
                     _driver_connection(connection).execute("PRAGMA foreign_keys=ON")

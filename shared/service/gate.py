@@ -37,7 +37,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from shared.errors import LabelDPError, RetryLater
+from shared.errors import ErrorCode, LabelDPError, RetryLater
 
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 
@@ -96,7 +96,7 @@ class GuardedRoute(APIRoute):
             state["admission"] = admission
             limit = admission.body_limit
             if declared_too_large(dict(request.scope["headers"]), limit):
-                raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+                raise LabelDPError(f"request body over {limit} bytes", code=ErrorCode.BODY_TOO_LARGE)
 
             def flag() -> None:  # routes that parse JSON wrap the error in a generic 400: the flag lets it say 413
                 state["body_too_large"] = True
@@ -269,7 +269,7 @@ class DecodeBudget:
             if time.monotonic() >= deadline:
                 raise RetryLater(f"the server is decoding other bodies: {amount:,} bytes more of its "
                                  f"{self.total:,}-byte budget for decoding JSON are not free; retry",
-                                 code="server_busy", retry_after=math.ceil(self.wait_seconds))
+                                 code=ErrorCode.SERVER_BUSY, retry_after=math.ceil(self.wait_seconds))
             await anyio.sleep(self.POLL_SECONDS)
 
 
@@ -297,7 +297,7 @@ async def read_json_body(receive, budget: DecodeBudget) -> tuple[bytes, int]:
                 if held + need > budget.per_request:
                     raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
                                        f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter "
-                                       "values", code="body_too_large")
+                                       "values", code=ErrorCode.BODY_TOO_LARGE)
                 if need > 0:
                     await budget.take(need, deadline)
                     held += need
@@ -329,7 +329,7 @@ def limited(receive, limit: int, on_exceeded: Callable[[], None] = lambda: None)
             received += len(message.get("body", b""))
             if received > limit:
                 on_exceeded()
-                raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+                raise LabelDPError(f"request body over {limit} bytes", code=ErrorCode.BODY_TOO_LARGE)
         return message
 
     return limited_receive
@@ -358,7 +358,7 @@ async def spool(request: Request, limit: int, directory: Path) -> tuple[tempfile
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise LabelDPError(f"request body over {limit} bytes", code="body_too_large")
+                    raise LabelDPError(f"request body over {limit} bytes", code=ErrorCode.BODY_TOO_LARGE)
                 digest.update(chunk)
                 handle.write(chunk)
     except BaseException:

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 
 def create_private_file(path: Path, data: bytes, *, exists: str) -> None:
@@ -16,14 +16,14 @@ def create_private_file(path: Path, data: bytes, *, exists: str) -> None:
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise LabelDPError(exists, code="usage") from None
+        raise LabelDPError(exists, code=ErrorCode.USAGE) from None
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
 
 
-def read_private_file(path: Path, *, what: str, code: str, hint: str = "") -> bytes | None:
+def read_private_file(path: Path, *, what: str, code: ErrorCode, hint: str = "") -> bytes | None:
     """The bytes of ``what`` at ``path``; None if there is no such file. Refused (with ``code``) when it cannot be
     read or others may read it."""
     try:

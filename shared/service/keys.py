@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.database import UtcDateTime, utcnow
 
 _KEY = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
@@ -123,10 +123,10 @@ class KeyRef:
 
     def __post_init__(self) -> None:
         if (self.id is None) == (self.prefix is None):
-            raise LabelDPError("name a key by its id or by its prefix (one of the two)", code="usage")
+            raise LabelDPError("name a key by its id or by its prefix (one of the two)", code=ErrorCode.USAGE)
         if self.prefix is not None and not _PREFIX.match(self.prefix):
             raise LabelDPError(f"a key prefix is 8 hexadecimal digits (as list-keys shows it), got {self.prefix!r}",
-                               code="usage")
+                               code=ErrorCode.USAGE)
 
     def __str__(self) -> str:
         return f"id {self.id}" if self.id is not None else f"prefix {self.prefix}"
@@ -145,10 +145,10 @@ def hash_key(key: str) -> str:
 def bearer_key(authorization: str | None) -> str:
     """The key of a bearer header; anything else (missing, another scheme, non-ASCII) is a 401."""
     if not authorization or not authorization.startswith("Bearer "):
-        raise LabelDPError("missing bearer API key", code="unauthorized")
+        raise LabelDPError("missing bearer API key", code=ErrorCode.UNAUTHORIZED)
     key = authorization[len("Bearer "):].strip()
     if not _KEY.match(key):
-        raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
+        raise LabelDPError(UNAUTHORIZED_MESSAGE, code=ErrorCode.UNAUTHORIZED)
     return key
 
 
@@ -157,20 +157,21 @@ def expiry(*, days: float | None = None, at: str | None = None, now: datetime | 
     names a zone); None for neither. It must lie in the future."""
     now = now or utcnow()
     if days is not None and at is not None:
-        raise LabelDPError("give --expires-in or --expires-at, not both", code="usage")
+        raise LabelDPError("give --expires-in or --expires-at, not both", code=ErrorCode.USAGE)
     if days is not None:
         if not 0 < days <= 36_500:  # also refuses NaN
-            raise LabelDPError(f"--expires-in takes a number of days in (0, 36500], got {days}", code="usage")
+            raise LabelDPError(f"--expires-in takes a number of days in (0, 36500], got {days}", code=ErrorCode.USAGE)
         return now + timedelta(days=days)
     if at is None:
         return None
     try:
         when = datetime.fromisoformat(at)
     except ValueError:
-        raise LabelDPError(f"--expires-at takes an ISO 8601 date or date-time, got {at!r}", code="usage") from None
+        raise LabelDPError(f"--expires-at takes an ISO 8601 date or date-time, got {at!r}",
+                           code=ErrorCode.USAGE) from None
     when = when.replace(tzinfo=now.tzinfo) if when.tzinfo is None else when.astimezone(now.tzinfo)
     if when <= now:
-        raise LabelDPError(f"--expires-at {at} is not in the future", code="usage")
+        raise LabelDPError(f"--expires-at {at} is not in the future", code=ErrorCode.USAGE)
     return when
 
 
@@ -204,9 +205,9 @@ class KeyRing:
               expires_at: datetime | None = None) -> IssuedKey:
         """:meth:`create`, with what the operator may see of the new key."""
         if role not in self.roles:
-            raise LabelDPError(f"role must be one of {', '.join(self.roles)}", code="invalid_role")
+            raise LabelDPError(f"role must be one of {', '.join(self.roles)}", code=ErrorCode.INVALID_ROLE)
         if not org_name or len(org_name) > 200:
-            raise LabelDPError("organization name must be 1-200 characters", code="invalid_org")
+            raise LabelDPError("organization name must be 1-200 characters", code=ErrorCode.INVALID_ORG)
         org = session.scalar(select(self.organization).where(self.organization.name == org_name))
         if org is None:
             org = self.organization(name=org_name)
@@ -231,7 +232,7 @@ class KeyRing:
         row = session.execute(select(api_key, organization).join(organization, organization.id == api_key.org_id)
                               .where(api_key.key_hash == hash_key(bearer_key(authorization)))).first()
         if row is None or not row[0].in_force(utcnow()):
-            raise LabelDPError(UNAUTHORIZED_MESSAGE, code="unauthorized")
+            raise LabelDPError(UNAUTHORIZED_MESSAGE, code=ErrorCode.UNAUTHORIZED)
         return Principal(row[1].id, row[1].name, row[0].role, row[0].id, row[0].prefix)
 
     def list_keys(self, session: Session, org_name: str | None = None) -> list[KeyInfo]:
@@ -240,7 +241,7 @@ class KeyRing:
                  .join(self.organization, self.organization.id == self.api_key.org_id).order_by(self.api_key.id))
         if org_name is not None:
             if session.scalar(select(self.organization.id).where(self.organization.name == org_name)) is None:
-                raise LabelDPError(f"no organization named {org_name!r}", code="not_found")
+                raise LabelDPError(f"no organization named {org_name!r}", code=ErrorCode.NOT_FOUND)
             query = query.where(self.organization.name == org_name)
         now = utcnow()
         return [self._info(key, name, now) for key, name in session.execute(query).all()]
@@ -252,7 +253,7 @@ class KeyRing:
         if key.status(now) == "revoked" and (self.revocation_confirmed is None
                                              or self.revocation_confirmed(session, key)):
             raise LabelDPError(f"key {ref} was already revoked at {key.revoked_at:%Y-%m-%d %H:%M:%S} UTC by "
-                               f"{key.revoked_by}", code="invalid_input")
+                               f"{key.revoked_by}", code=ErrorCode.INVALID_INPUT)
         self.record_revocation(session, key, by=by, effective_at=now)
         return self._info(key, self._org_name(session, key), now)
 
@@ -262,7 +263,7 @@ class KeyRing:
         (both work meanwhile, so that clients can switch). The new key expires at ``expires_at``, else after the
         old key's lifetime (if it had one). Returns (the new key, the old key after revocation)."""
         if not timedelta(0) <= grace <= timedelta(days=30):
-            raise LabelDPError("a rotation's grace period lies between 0 and 30 days", code="usage")
+            raise LabelDPError("a rotation's grace period lies between 0 and 30 days", code=ErrorCode.USAGE)
         key = self._find(session, ref)
         if self.vouch is not None:
             self.vouch(session, key)
@@ -271,7 +272,7 @@ class KeyRing:
         if status in ("revoked", "rotating"):
             raise LabelDPError(f"key {ref} was already {'revoked' if status == 'revoked' else 'rotated'} by "
                                f"{key.revoked_by}: it is refused from {key.revoked_at:%Y-%m-%d %H:%M:%S} UTC",
-                               code="invalid_input")
+                               code=ErrorCode.INVALID_INPUT)
         if expires_at is None and key.expires_at is not None:
             expires_at = now + (key.expires_at - key.created_at)
         org_name = self._org_name(session, key)
@@ -283,7 +284,7 @@ class KeyRing:
         """THE place a key is revoked, inside the caller's transaction (``revoke-key`` and ``rotate-key`` both come
         here): who revoked it and from when it is refused. A party's audit records the revocation here."""
         if not by or len(by) > 200:
-            raise LabelDPError("who revokes a key is named in 1-200 characters", code="usage")
+            raise LabelDPError("who revokes a key is named in 1-200 characters", code=ErrorCode.USAGE)
         key.revoked_at, key.revoked_by = effective_at, by
         session.flush()
         if self.audit is not None:
@@ -300,9 +301,9 @@ class KeyRing:
             query = select(self.api_key).where(self.api_key.prefix == match.group(1))
         keys = list(session.scalars(query.with_for_update()))
         if not keys:
-            raise LabelDPError(f"no key with {ref} in this database (list-keys shows them)", code="not_found")
+            raise LabelDPError(f"no key with {ref} in this database (list-keys shows them)", code=ErrorCode.NOT_FOUND)
         if len(keys) > 1:  # keys made before prefixes were kept unique may share one
-            raise LabelDPError(f"{len(keys)} keys share {ref}: name it by its id", code="usage")
+            raise LabelDPError(f"{len(keys)} keys share {ref}: name it by its id", code=ErrorCode.USAGE)
         return keys[0]
 
     def _org_name(self, session: Session, key: ApiKeyColumns) -> str:

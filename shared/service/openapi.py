@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from shared import schemas
-from shared.service.errors import ErrorCode
+from shared.errors import ErrorCode
 from shared.service.tables import MEDIA_TYPES
 
 _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",

@@ -27,7 +27,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import BaseModel, SecretStr
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service.keyfiles import create_private_file, read_private_file
 
 MAGIC = b"LDS1"
@@ -53,18 +53,18 @@ def parse_key(text: str) -> bytes:
         if len(key) == KEY_BYTES:
             return key
     raise LabelDPError("the secret key must be 32 bytes, base64 or hex (make one with `labeldp <party> secret-key`)",
-                       code="usage")
+                       code=ErrorCode.USAGE)
 
 
 def read_key_file(path: Path) -> bytes | None:
     """The key in ``path``; None if the file is gone. Refused if others may read it. Never shows it."""
-    data = read_private_file(path, what="the secret key file", code="secret_key_missing")
+    data = read_private_file(path, what="the secret key file", code=ErrorCode.SECRET_KEY_MISSING)
     if data is None:
         return None
     try:
         return parse_key(data.decode("ascii"))
     except UnicodeDecodeError:
-        raise LabelDPError("the secret key file cannot be read", code="secret_key_missing") from None
+        raise LabelDPError("the secret key file cannot be read", code=ErrorCode.SECRET_KEY_MISSING) from None
 
 
 def key_id(key: bytes) -> bytes:
@@ -88,21 +88,21 @@ class Sealer:
         with) or ``sealed_secret_damaged`` (altered, or sealed for another context)."""
         head = len(MAGIC) + _KEY_ID_BYTES + _NONCE_BYTES
         if len(sealed) < head + 16 or not sealed.startswith(MAGIC):
-            raise LabelDPError("a sealed secret is damaged", code="sealed_secret_damaged")
+            raise LabelDPError("a sealed secret is damaged", code=ErrorCode.SEALED_SECRET_DAMAGED)
         key = self._key()
         if key_id(key) != sealed[len(MAGIC):len(MAGIC) + _KEY_ID_BYTES]:
             raise LabelDPError("this job's secret was sealed with another secret key than the one configured (a "
-                               "process-only key, or a key that was replaced)", code="secret_key_missing")
+                               "process-only key, or a key that was replaced)", code=ErrorCode.SECRET_KEY_MISSING)
         try:
             return AESGCM(key).decrypt(sealed[head - _NONCE_BYTES:head], sealed[head:], context.encode())
         except InvalidTag:
-            raise LabelDPError("a sealed secret is damaged", code="sealed_secret_damaged") from None
+            raise LabelDPError("a sealed secret is damaged", code=ErrorCode.SEALED_SECRET_DAMAGED) from None
 
     def _key(self) -> bytes:
         key = self.load()
         if key is None:
             raise LabelDPError("no secret key is configured (secret_key or secret_key_file): the job's sealed "
-                               "secrets cannot be opened", code="secret_key_missing")
+                               "secrets cannot be opened", code=ErrorCode.SECRET_KEY_MISSING)
         return key
 
 

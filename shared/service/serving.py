@@ -46,9 +46,9 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.service import logs
-from shared.service.errors import ErrorCode, error_response
+from shared.service.errors import error_response
 from shared.service.limits import BodyDeadline, HttpSettings
 
 Settings = TypeVar("Settings", bound=HttpSettings)

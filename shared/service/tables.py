@@ -13,7 +13,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 from shared.parts import parquet_parts
 
 PARQUET = "application/vnd.apache.parquet"
@@ -34,7 +34,7 @@ def negotiate(accept: str | None) -> str:
         media = _ALIASES.get(media, media)
         if media in MEDIA_TYPES:
             return media
-    raise LabelDPError(f"cannot produce {accept!r}; offered: {', '.join(MEDIA_TYPES)}", code="not_acceptable")
+    raise LabelDPError(f"cannot produce {accept!r}; offered: {', '.join(MEDIA_TYPES)}", code=ErrorCode.NOT_ACCEPTABLE)
 
 
 def table_response(path: Path, accept: str | None, offset: int, limit: int, filename: str,

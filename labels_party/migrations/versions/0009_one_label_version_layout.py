@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0009"
 down_revision = "0008"
@@ -67,7 +67,7 @@ def upgrade() -> None:
 
 
 def _refused(message: str) -> LabelDPError:
-    return LabelDPError(f"{message}; the database was not changed", code="database_outdated")
+    return LabelDPError(f"{message}; the database was not changed", code=ErrorCode.DATABASE_OUTDATED)
 
 
 def _rewrite(bind, root: Path, dataset_id: str, registry_file: str | None) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0010"
 down_revision = "0009"
@@ -48,7 +48,7 @@ def upgrade() -> None:
     if data_dir is None or not Path(data_dir).is_dir():
         raise LabelDPError("this upgrade records release files and moves the ledger anchors in the data directory: "
                            "give it (labeldp labels upgrade-db --data-dir DIR); the database was not changed",
-                           code="database_outdated")
+                           code=ErrorCode.DATABASE_OUTDATED)
     root = Path(data_dir)
     for release in releases:
         sealed = _digest(root / release.file)

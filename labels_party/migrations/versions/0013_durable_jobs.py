@@ -27,7 +27,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0013"
 down_revision = "0012"
@@ -74,7 +74,7 @@ def upgrade() -> None:
     if left and (data_dir is None or not Path(data_dir).is_dir()):
         raise LabelDPError("this upgrade retires the job files of source releases in the data directory: give it "
                            "(labeldp labels upgrade-db --data-dir DIR); the database was not changed",
-                           code="database_outdated")
+                           code=ErrorCode.DATABASE_OUTDATED)
     jobs = Path(data_dir) / "jobs" if data_dir is not None else None
     for release_id, state in left:
         assert jobs is not None

@@ -26,7 +26,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0016"
 down_revision = "0015"
@@ -43,7 +43,7 @@ def upgrade() -> None:
     if data_dir is None or not Path(data_dir).is_dir():
         raise LabelDPError("this upgrade records keys on the audit chains and moves their anchors in the data "
                            "directory: give it (labeldp labels upgrade-db --data-dir DIR); the database was not "
-                           "changed", code="database_outdated")
+                           "changed", code=ErrorCode.DATABASE_OUTDATED)
     now = datetime.now(timezone.utc)
     names = dict(bind.execute(sa.text("SELECT id, name FROM organizations")).all())
     for dataset in datasets:

@@ -25,7 +25,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0017"
 down_revision = "0016"
@@ -63,7 +63,7 @@ def upgrade() -> None:
         if data_dir is None or not Path(data_dir).is_dir():
             raise LabelDPError("this upgrade records keys' secrets on the audit chains and moves their anchors in the "
                                "data directory: give it (labeldp labels upgrade-db --data-dir DIR); the database was "
-                               "not changed", code="database_outdated")
+                               "not changed", code=ErrorCode.DATABASE_OUTDATED)
         seq, head = int(dataset.ledger_seq), dataset.ledger_head
         for fact in facts:
             seq += 1

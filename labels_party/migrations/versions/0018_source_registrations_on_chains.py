@@ -25,7 +25,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0018"
 down_revision = "0017"
@@ -51,7 +51,7 @@ def upgrade() -> None:
         if data_dir is None or not Path(data_dir).is_dir():
             raise LabelDPError("this upgrade records source registrations on the audit chains and moves their "
                                "anchors in the data directory: give it (labeldp labels upgrade-db --data-dir DIR); "
-                               "the database was not changed", code="database_outdated")
+                               "the database was not changed", code=ErrorCode.DATABASE_OUTDATED)
         counts = Path(data_dir) / dataset.source_counts_file
         digest, size = hashlib.sha256(), 0
         with open(counts, "rb") as handle:

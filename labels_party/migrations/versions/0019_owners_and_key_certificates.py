@@ -30,7 +30,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import context, op
 
-from shared.errors import LabelDPError
+from shared.errors import ErrorCode, LabelDPError
 
 revision = "0019"
 down_revision = "0018"
@@ -58,7 +58,7 @@ def upgrade() -> None:
         if data_dir is None or not Path(data_dir).is_dir():
             raise LabelDPError("this upgrade records datasets' owners on the audit chains and moves their anchors in "
                                "the data directory: give it (labeldp labels upgrade-db --data-dir DIR); the "
-                               "database was not changed", code="database_outdated")
+                               "database was not changed", code=ErrorCode.DATABASE_OUTDATED)
         seq = int(dataset.ledger_seq) + 1
         record = json.dumps({"event": "owner", "seq": seq, "dataset_id": dataset.id, "created_at": now.isoformat(),
                              "org": _chained_owner(records) or dataset.owner,

@@ -21,7 +21,7 @@ from labeldp.cli import main
 from labels_party.api import create_app
 from labels_party.auth import create_key
 from labels_party.context import make_context
-from shared.service.errors import ErrorCode
+from shared.errors import ErrorCode
 from tests.labels_party.api.helpers import bearer
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")

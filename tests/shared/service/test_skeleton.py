@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from shared.service.errors import ErrorCode, status_of
+from shared.errors import ErrorCode, status_of
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository (this file is tests/shared/service/test_skeleton.py)
-PACKAGES = ("shared", "labels_party", "features_party")
+PACKAGES = ("shared", "labels_party", "features_party", "labeldp")
 
 
 def _literals(value) -> list[ast.Constant]:
@@ -41,6 +41,12 @@ def _codes_in_source() -> dict[str, list[str]]:
                 for constant in _literals(value):
                     found.setdefault(constant.value, []).append(f"{path.relative_to(ROOT)}:{constant.lineno}")
     return found
+
+
+def test_every_raise_site_names_a_member_not_a_string():
+    literal = {code: [where for where in places if ":" in where] for code, places in _codes_in_source().items()}
+    literal = {code: where for code, where in literal.items() if where}
+    assert not literal, f"error codes written as strings (write ErrorCode.NAME): {literal}"
 
 
 def test_every_raised_code_is_declared_with_its_status():
