@@ -30,15 +30,24 @@ _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _ST
 
 # Arrow reads up to 100 bytes past a column chunk's claimed range in files of parquet-mr before 1.2.9 (PARQUET-816:
 # those writers left the dictionary page's header out of the chunk's sizes), so a page there would be decompressed
-# uncounted (issue 40's eighth review: a 32 MiB page in 91 bytes of Brotli). Such files are refused.
-_OLD_PARQUET_MR = re.compile(r"\s*parquet-mr\b(?:\s+version\s+(\d+)\.(\d+)\.(\d+))?", re.IGNORECASE)
+# uncounted (issue 40's eighth review: a 32 MiB page in 91 bytes of Brotli). Such files are refused. Arrow reads
+# the version's numbers with atoi, so the ninth review's "1.2.٩" (Unicode digits, which \d matches) and
+# "4294967296.2.9" (2³² wraps to 0) were old to Arrow and new to a looser check: a writer string that names
+# parquet-mr must now be "parquet-mr version A.B.C…" with ASCII numbers too short to wrap, at least 1.2.9.
+_NAMES_PARQUET_MR = re.compile(r"parquet[\W_]*mr", re.IGNORECASE)
+_PARQUET_MR_VERSION = re.compile(r"parquet-mr version ([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})(?![0-9])",
+                                 re.ASCII)
+FIXED_PARQUET_MR = (1, 2, 9)
 
 
 def check_writer(created_by: str | None) -> None:
-    """400 ``malformed_file`` for a file that parquet-mr before 1.2.9 wrote (or that says parquet-mr without a
-    version Arrow can read, which Arrow treats the same)."""
-    match = _OLD_PARQUET_MR.match(created_by or "")
-    if match is not None and (match.group(1) is None or tuple(map(int, match.groups())) < (1, 2, 9)):
+    """400 ``malformed_file`` for a file whose writer string names parquet-mr, unless it states plainly a version
+    from 1.2.9 on (see :data:`FIXED_PARQUET_MR`)."""
+    text = created_by or ""
+    if _NAMES_PARQUET_MR.search(text) is None:
+        return
+    match = _PARQUET_MR_VERSION.match(text.strip())
+    if match is None or tuple(int(part) for part in match.groups()) < FIXED_PARQUET_MR:
         raise LabelDPError("the Parquet body was written by parquet-mr before 1.2.9, whose chunk sizes readers pad "
                            "(PARQUET-816): write it again with a current writer", code=ErrorCode.MALFORMED_FILE)
 

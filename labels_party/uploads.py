@@ -335,7 +335,8 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
     metadata and its pages' headers (:mod:`labels_party.parquet_pages`: the footer's sizes are claims, the page
     headers are what decompression obeys; the larger counts), before any page is decompressed: a fixed-width value
     its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes of index per
-    value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it). A nested column
+    value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it); for every column at
+    least what its pages decompress to (a page of one number may claim a gigabyte). A nested column
     (values repeated within a row) is refused: these bodies are flat."""
     parquet_pages.check_writer(metadata.created_by)
     wanted, schema, leaves = set(columns), metadata.schema, []
@@ -363,10 +364,9 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             rows[i] += values
             if physical == "BYTE_ARRAY":
                 total += 4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
-            elif physical == "FIXED_LEN_BYTE_ARRAY":
-                total += values * (length + 8)
-            else:
-                total += values * (16 if physical == "INT96" else 8)
+            else:  # decoded values, or the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB)
+                width = length + 8 if physical == "FIXED_LEN_BYTE_ARRAY" else 16 if physical == "INT96" else 8
+                total += max(values * width, pages.uncompressed)
     handle.seek(0)
     return max(metadata.num_rows, *rows.values(), 0), total
 

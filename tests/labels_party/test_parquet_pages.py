@@ -113,6 +113,15 @@ def test_a_damaged_header_is_a_400_and_too_many_pages_a_413():
     ("parquet-mr version 1.12.3 (build abc)", False),
     ("parquet-cpp-arrow version 26.0.1", False),
     (None, False),
+    # the ninth review: versions Arrow reads as older than 1.2.9 (atoi: ASCII digits only, wrapping at 2³²)
+    ("parquet-mr version \u0661.\u0662.\u0669", True),
+    ("parquet-mr version 1.2.\u0669", True),
+    ("parquet-mr version \uff11.\uff12.\uff19", True),
+    ("parquet-mr version 4294967296.2.9", True),
+    ("parquet-mr version 1.4294967297.9", True),
+    ("parquet-mr version 1.2.4294967304", True),
+    ("parquet-mr version 99999999999999999999.0.0", True),
+    ("x parquet-mr version 1.12.3", True),
 ])
 def test_files_of_writers_whose_chunks_readers_pad_are_refused(created_by, refused):
     """Issue 40's eighth review: in a parquet-mr < 1.2.9 file Arrow reads up to 100 bytes past a chunk's claimed
@@ -123,3 +132,23 @@ def test_files_of_writers_whose_chunks_readers_pad_are_refused(created_by, refus
         assert error.value.code == "malformed_file"
     else:
         parquet_pages.check_writer(created_by)
+
+
+def test_a_body_whose_writer_string_arrow_reads_as_old_is_refused_before_any_page():
+    """The ninth review's bypass end to end: a page hidden in the 100 bytes Arrow reads past the chunk of a
+    "parquet-mr 1.2.٩" file (a 32 MiB id in ~80 bytes of Brotli) — Arrow does read it; the service refuses the file first."""
+    from labels_party import uploads
+    from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
+
+    hidden = data_page(plain_strings([b"a" * (32 << 20)]), 1, "brotli", level=5)
+    assert len(hidden) <= 100
+    first = data_page(plain_strings([b"u1"]), 1, "brotli")
+    data = parquet_file([Column("example_id", "byte_array", first, 2, "brotli", extra=hidden),
+                         Column("label", "double", data_page(plain_doubles([1.0, 2.0]), 2), 2)], rows=2,
+                        created_by="parquet-mr version 1.2.\u0669")
+    read = pq.read_table(pa.BufferReader(data), columns=["example_id"]).column(0).to_pylist()
+    assert max(len(value) for value in read) == 32 << 20  # Arrow pads the chunk: the hidden page is read
+    metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    with pytest.raises(LabelDPError) as refused:
+        uploads.parquet_decoded(metadata, ["example_id", "label"], pa.BufferReader(data))
+    assert refused.value.code == "malformed_file"

@@ -172,17 +172,20 @@ def test_per_request_limits_refuse_before_the_charge(tmp_path):
     ctx.close()
 
 
-def _separators_outside_strings(text: str) -> int:
-    """The reference count: a character-by-character JSON string state machine."""
-    count, inside, escaped = 0, False, False
-    for char in text:
+def _separators_outside_strings(text: bytes) -> tuple[int, int]:
+    """The reference: a byte-by-byte JSON string state machine; (separators outside strings, longest string's
+    bytes)."""
+    count, inside, escaped, length, longest = 0, False, False, 0, 0
+    for char in text.decode("latin-1"):
         if inside:
             escaped, inside = (False, True) if escaped else (char == "\\", char != '"')
+            length += inside
+            longest = max(longest, length)
         elif char == '"':
-            inside = True
+            inside, length = True, 0
         elif char in "{[,:":
             count += 1
-    return count
+    return count, longest
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -194,13 +197,60 @@ def test_a_skeleton_counts_its_values_outside_strings_whatever_its_pieces(seed):
     import zipfile
     rng = random.Random(seed)
     names = ["".join(rng.choice('ab,:{["\\é') for _ in range(rng.randint(0, 30))) for _ in range(rng.randint(1, 20))]
-    text = json.dumps({"description": {"groups": [{"name": n, "k": 1} for n in names]}}, separators=(",", ":"))
+    text = json.dumps({"description": {"groups": [{"name": n, "k": 1} for n in names]}}, separators=(",", ":"),
+                      ensure_ascii=bool(seed % 2)).encode()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr(documents.SKELETON, text)
+    values, longest = _separators_outside_strings(text)
     with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as archive:
         for piece in (1, 2, 3, 7, 64, 1 << 20):
-            assert documents._count_values(archive, 10**9, piece) == _separators_outside_strings(text), piece
+            assert documents._count_values(archive, 10**9, piece) == values, piece
+    for piece in (1, 2, 3, 7, 64, 1 << 20):
+        scan = documents._Scan()
+        for start in range(0, len(text), piece):
+            scan.add(np.frombuffer(text[start:start + piece], dtype=np.uint8))
+        assert (scan.values, scan.longest, scan.inside) == (values, longest, False), piece
+
+
+def _unpacked_within(skeleton: bytes, megabytes: int):
+    """``documents.unpack`` of a row holding ``skeleton``: what it returned or raised, and whether its traced peak
+    stayed under ``megabytes``."""
+    import tracemalloc
+    import zipfile
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(documents.SKELETON, skeleton)
+    tracemalloc.start()
+    try:
+        try:
+            outcome: object = documents.unpack(buffer.getvalue())
+        except documents.Unreadable as err:
+            outcome = err
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return outcome, peak < megabytes << 20
+
+
+def test_a_skeleton_in_utf16_is_refused_before_it_is_parsed():
+    """Issue 40's ninth review: json.loads(bytes) reads UTF-16, where U+2200 is the bytes 00 22 — a quote to a
+    counter of UTF-8 bytes — so millions of {} inside what the counter took for strings parsed to 700 MB."""
+    run = ",".join(["{}"] * 40_000)
+    text = '["\u2200"' + ("," + run + ',"\u2200\u2200"') * 20 + "]"
+    skeleton = text.encode("utf-16-le")
+    assert len(skeleton) > 3 << 20 and text.count("{}") > documents.DEFAULT_MAX_BYTES // 64
+    outcome, small = _unpacked_within(skeleton, 32)
+    assert isinstance(outcome, documents.Unreadable) and small
+
+
+@pytest.mark.parametrize("skeleton", [b'["' + b"a" * (8 << 20) + b'"]', b'["' + b"\\\\" * (3 << 20) + b'"]',
+                                      b'["' + b"\\ud800" * (1 << 20) + b'"]'])
+def test_a_long_string_is_refused_in_memory_linear_in_a_piece(skeleton):
+    """The ninth review: the counter's regular expression kept a backtracking record per character of a string
+    carried across pieces — an 8 KB row took 352 MB. A string longer than any document's is refused cheaply."""
+    outcome, small = _unpacked_within(skeleton, 64)
+    assert isinstance(outcome, documents.Unreadable) and "string longer" in str(outcome) and small
 
 
 def test_a_thousand_groups_named_with_separators_unpack():

@@ -20,6 +20,7 @@ import pytest
 from labels_party import uploads
 from shared.errors import LabelDPError
 from tests.labels_party.api.helpers import expect_error, labels_csv, new_dataset, state, upload
+from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
 from tests.support.parquet_lies import understated
 
 TEN_MILLION = 10_000_000
@@ -52,6 +53,16 @@ def bombs(tmp_path_factory) -> dict[str, Path]:
                           "groups": {**long_id, "group": pa.array(["g"])}}.items():
         paths[f"{name}, its footer understating"] = directory / f"{name}-understated.parquet"
         paths[f"{name}, its footer understating"].write_bytes(understated(pa.table(columns)))
+    # Issue 40's ninth review: a number's page that decompresses to 256 MiB (zstd: a few KB), counted as 8 bytes
+    numbers = data_page(plain_doubles([1.0]) + bytes((256 << 20) - 8), 1, "zstd")
+    ids = data_page(plain_strings([b"e0"]), 1)
+    paths["labels, a number's page of 256 MiB"] = directory / "labels-number-page.parquet"
+    paths["labels, a number's page of 256 MiB"].write_bytes(parquet_file(
+        [Column("example_id", "byte_array", ids, 1), Column("label", "double", numbers, 1, "zstd")], rows=1))
+    paths["priors, a number's page of 256 MiB"] = directory / "priors-number-page.parquet"
+    paths["priors, a number's page of 256 MiB"].write_bytes(parquet_file(
+        [Column("example_id", "byte_array", ids, 1), Column("p_0", "double", numbers, 1, "zstd"),
+         Column("p_1", "double", numbers, 1, "zstd")], rows=1))
     return paths
 
 
@@ -80,15 +91,17 @@ def test_parquet_bombs_are_refused_from_their_metadata_and_nothing_is_stored(cli
 
 
 @pytest.mark.parametrize("body", ["labels", "priors", "groups", "labels, its footer understating",
-                                  "priors, its footer understating", "groups, its footer understating"])
+                                  "priors, its footer understating", "groups, its footer understating",
+                                  "labels, a number's page of 256 MiB", "priors, a number's page of 256 MiB"])
 def test_a_bomb_is_refused_with_no_memory_to_speak_of(bombs, body):
     """In a process of its own (VmHWM reset just before): the refusal costs well under a megabyte-per-row body's
     expansion (the review saw 342 MB → 3.9 GB for the priors). A footer that understates its chunks is caught by
-    their pages' headers (issue 40's sixth review: a 2.7 KB body of one 64 MiB id took the server +789 MB)."""
+    their pages' headers (issue 40's sixth review: a 2.7 KB body of one 64 MiB id took the server +789 MB), and so
+    is a number's page that decompresses to far more than its values (the ninth: +1,072 MB for a 1.8 KB body)."""
     call = {"labels": "labelstore._parse_to(path, 'parquet', integer_range(0, 9), None, path.with_suffix('.out'))",
             "priors": "uploads.parse_priors(path, 'parquet', 2, max_rows=1000)",
             "groups": "uploads.parse_groups(path, 'parquet', max_rows=1000)"}[body.split(",")[0]]
-    if body.endswith("understating"):  # a limit below the one id (the service's is 192 MiB: a test's 64 MiB id)
+    if "," in body:  # a limit below the one id or page (the service's is 192 MiB: a test's 64 MiB id)
         call = call.replace("max_rows=1000", "max_rows=1000, max_bytes=32 << 20")
     probe = textwrap.dedent(f"""
         import pathlib, re, sys

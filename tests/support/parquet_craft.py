@@ -1,0 +1,98 @@
+"""Parquet files written byte by byte (Thrift compact protocol), for bodies no honest writer makes: pages whose
+headers claim what the test chooses (issue 40's ninth review: a page of one number that decompresses to a gigabyte).
+Flat, required columns; one data page (v1, plain encoding) per chunk unless the caller passes several."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+_I32, _I64, _BINARY, _LIST, _STRUCT = 5, 6, 8, 9, 12
+_PHYSICAL = {"int64": 2, "double": 5, "byte_array": 6}
+_CODECS = {"uncompressed": 0, "brotli": 4, "zstd": 6}
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _zigzag(value: int) -> bytes:
+    return _varint((value << 1) ^ (value >> 63))
+
+
+def _struct(*fields: tuple[int, int, object] | None) -> bytes:
+    """A Thrift compact struct of (field id, type, value), ids increasing."""
+    out, last = bytearray(), 0
+    for field_id, kind, value in (f for f in fields if f is not None):
+        out.append(((field_id - last) << 4) | kind)
+        last = field_id
+        out += _value(kind, value)
+    return bytes(out) + b"\x00"
+
+
+def _value(kind: int, value) -> bytes:
+    if kind in (_I32, _I64):
+        return _zigzag(value)
+    if kind == _BINARY:
+        raw = value.encode() if isinstance(value, str) else value
+        return _varint(len(raw)) + raw
+    if kind == _STRUCT:
+        return value
+    element, items = value  # a list
+    head = bytes([(len(items) << 4) | element]) if len(items) < 15 else bytes([0xF0 | element]) + _varint(len(items))
+    return head + b"".join(_value(element, item) for item in items)
+
+
+def data_page(raw: bytes, values: int, codec: str = "uncompressed", claimed: int | None = None,
+              level: int | None = None) -> bytes:
+    """A v1 data page of ``values`` plain-encoded values whose header says it decompresses to ``claimed`` bytes
+    (default: what it does)."""
+    body = raw if codec == "uncompressed" else pa.Codec(codec, compression_level=level).compress(raw, asbytes=True)
+    header = _struct((1, _I32, 0), (2, _I32, len(raw) if claimed is None else claimed), (3, _I32, len(body)),
+                     (5, _STRUCT, _struct((1, _I32, values), (2, _I32, 0), (3, _I32, 3), (4, _I32, 3))))
+    return header + body
+
+
+def plain_strings(values: list[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+
+
+def plain_doubles(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    physical: str  # int64, double or byte_array
+    pages: bytes  # the chunk: its pages, back to back
+    values: int
+    codec: str = "uncompressed"
+    extra: bytes = field(default=b"")  # bytes after the chunk's claimed range (what a padding reader would read)
+
+
+def parquet_file(columns: list[Column], rows: int, created_by: str = "parquet-cpp-arrow version 21.0.0") -> bytes:
+    """One row group of ``columns``; the footer states each chunk as its pages' bytes (``extra`` left out)."""
+    out, chunks = bytearray(b"PAR1"), []
+    for column in columns:
+        start = len(out)
+        out += column.pages + column.extra
+        size = len(column.pages)
+        meta = _struct((1, _I32, _PHYSICAL[column.physical]), (2, _LIST, (_I32, [0, 3])),
+                       (3, _LIST, (_BINARY, [column.name])), (4, _I32, _CODECS[column.codec]),
+                       (5, _I64, column.values), (6, _I64, size), (7, _I64, size), (9, _I64, start))
+        chunks.append(_struct((2, _I64, start), (3, _STRUCT, meta)))
+    schema = [_struct((4, _BINARY, "schema"), (5, _I32, len(columns)))]
+    schema += [_struct((1, _I32, _PHYSICAL[c.physical]), (3, _I32, 0), (4, _BINARY, c.name),
+                       (6, _I32, 0) if c.physical == "byte_array" else None) for c in columns]
+    group = _struct((1, _LIST, (_STRUCT, chunks)), (2, _I64, len(out)), (3, _I64, rows))
+    footer = _struct((1, _I32, 1), (2, _LIST, (_STRUCT, schema)), (3, _I64, rows), (4, _LIST, (_STRUCT, [group])),
+                     (6, _BINARY, created_by))
+    return bytes(out) + footer + struct.pack("<I", len(footer)) + b"PAR1"
