@@ -136,7 +136,8 @@ def test_files_of_writers_whose_chunks_readers_pad_are_refused(created_by, refus
 
 def test_a_body_whose_writer_string_arrow_reads_as_old_is_refused_before_any_page():
     """The ninth review's bypass end to end: a page hidden in the 100 bytes Arrow reads past the chunk of a
-    "parquet-mr 1.2.٩" file (a 32 MiB id in ~80 bytes of Brotli) — Arrow does read it; the service refuses the file first."""
+    "parquet-mr 1.2.٩" file (a 32 MiB id in ~80 bytes of Brotli) — Arrow does read it; the service refuses the
+    file first."""
     from labels_party import uploads
     from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
 
