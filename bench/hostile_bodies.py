@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings  # noqa: E402
 from tests.support.parquet_lies import understated  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
@@ -280,6 +281,19 @@ def cases() -> list[Case]:
     def understating(_state):  # one 64 MiB id in ~3 KB, the footer saying its chunk holds 200 bytes
         return understated(pa.table({"example_id": pa.array(["a" * (64 << 20)]), "label": pa.array([1])}))
 
+    def number_pages(_state):  # issue 40's ninth review: 40 float64 pages of one value, each 256 MiB decompressed
+        page = data_page(plain_doubles([1.0]) + bytes((256 << 20) - 8), 1, "zstd")
+        ids = data_page(plain_strings([f"u{i}".encode() for i in range(40)]), 40)
+        return parquet_file([Column("example_id", "byte_array", ids, 40),
+                             Column("label", "double", page * 40, 40, "zstd")], rows=40)
+
+    def old_writer(_state):  # the ninth review: a 32 MiB id hidden where Arrow pads the chunk of "parquet-mr 1.2.٩"
+        hidden = data_page(plain_strings([b"a" * (32 << 20)]), 1, "brotli", level=5)
+        return parquet_file([Column("example_id", "byte_array", data_page(plain_strings([b"u1"]), 1, "brotli"), 2,
+                                    "brotli", extra=hidden),
+                             Column("label", "double", data_page(plain_doubles([1.0, 2.0]), 2), 2)], rows=2,
+                            created_by="parquet-mr version 1.2.\u0669")
+
     def long_ids(_state):  # 200,000 distinct 2,000-character ids, each named once: ~1 MB of zstd
         rows = 200_000
         ids = pa.array([("x" * 2000) + str(i) for i in range(rows)])
@@ -350,6 +364,13 @@ def cases() -> list[Case]:
                       warm_csv),
         columnar_case("labels-parquet-understated", "PUT labels: Parquet, one 64 MiB id whose footer says 200 bytes",
                       columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), understating,
+                      warm_csv),
+        columnar_case("labels-parquet-number-pages", "PUT labels: Parquet, 40 float64 pages of 256 MiB each in 330 KB",
+                      columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), number_pages,
+                      warm_csv),
+        columnar_case("labels-parquet-old-writer",
+                      "PUT labels: Parquet by 'parquet-mr 1.2.\u0669', a page past its chunk",
+                      columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), old_writer,
                       warm_csv),
         columnar_case("labels-parquet-long-ids", "PUT labels: Parquet, 200,000 distinct 2,000-character ids",
                       columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), long_ids, warm_csv),
