@@ -52,3 +52,18 @@ def test_worst_seed_and_best_fixed_and_a_rerun_of_auto_replaces_the_first(tmp_pa
     assert after["summary"]["worst_seed_ratio_to_constant"] == pytest.approx(1.01)
     assert after["summary"]["within_bound_every_seed"] is True
     assert cell["best_fixed"] == "opt-unbiased (gbdt)"  # the first directory's fixed runs still count
+
+
+def test_a_cell_without_fixed_runs_still_holds_auto_to_the_constant(tmp_path):
+    """An ε with auto and the non-private reference only (no fixed mechanism run there): its worst seed still
+    counts against the bound; the mean gap is over the cells that have fixed runs."""
+    at_one = _runs({0: 10.0, 1: 10.1}, {("rr-on-bins", "mlp"): [10.5, 10.5]}, constant=[10.0, 10.0])
+    at_two = _runs({0: 10.0, 1: 10.5}, {}, constant=[10.0, 10.0]).assign(
+        epsilon=lambda f: f["epsilon"].where(f["epsilon"].isna(), 2.0))
+    found = _evidence(tmp_path, pd.concat([at_one, at_two[at_two.mechanism == "auto"]], ignore_index=True))
+    cells = {cell["epsilon"]: cell for cell in found["cells"]}
+    assert cells[2.0]["best_fixed"] is None and cells[2.0]["ratio_to_best_fixed"] is None
+    assert found["summary"]["worst_seed_ratio_to_constant"] == pytest.approx(1.05)  # ε = 2's seed 1
+    assert found["summary"]["within_bound_every_seed"] is False
+    assert found["summary"]["cells_with_fixed_runs"] == 1
+    assert found["summary"]["mean_ratio_to_best_fixed"] == pytest.approx(10.05 / 10.5)
