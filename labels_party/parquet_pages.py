@@ -65,7 +65,7 @@ class _Malformed(Exception):
 
 
 @dataclass
-class Budget:
+class WalkBudget:
     """What one body's walk may still do: pages, and header bytes parsed (an honest file's headers occupy distinct
     bytes, so at most its size — chunks that all point at one large header are not parsed again and again)."""
 
@@ -79,7 +79,7 @@ class _Reader:
     collection takes at least one byte, so a collection's count is bounded by the bytes left: no count makes the
     walk loop without reading."""
 
-    def __init__(self, handle, position: int, size: int, budget: Budget):
+    def __init__(self, handle, position: int, size: int, budget: WalkBudget):
         self.handle, self.position, self.size = handle, position, size
         self.window, self.start = b"", position
         self.end = min(size, position + MAX_HEADER_BYTES, position + max(0, budget.header_bytes))
@@ -185,7 +185,7 @@ def _struct(reader: _Reader, depth: int, wanted: dict[int, int]) -> dict[int, in
             _skip(reader, kind, depth)
 
 
-def chunk_pages(handle, start: int, length: int, size: int, budget: Budget) -> ChunkPages:
+def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) -> ChunkPages:
     """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
     bytes; ``budget``: what the body's walk may still do (spent here). 400 ``malformed_file`` for headers that
     cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES` or past the body's size in header bytes."""

@@ -350,7 +350,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
                                code=ErrorCode.MALFORMED_FILE)
         leaves.append((i, column.physical_type, column.length or 0))
     total, size = 0, handle.size()
-    budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, size)
+    budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
     rows = {i: 0 for i, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from labels_party.ledger.signing import HeadSigner
 
 
-class Ledger(Protocol):
+class LedgerAnchors(Protocol):
     """What the chain needs of :class:`labels_party.ledger.Ledger` (which calls into this module): its anchors in
     the data directory and its audit key."""
 
@@ -76,7 +76,7 @@ log = logging.getLogger("labeldp.labels")
 _PENDING = "labeldp_ledger_moved"  # session.info: the datasets whose chains this transaction moved
 
 
-def append(ledger: Ledger, session: Session, dataset: db.Dataset, record: dict[str, Any],
+def append(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, record: dict[str, Any],
            release_id: str | None = None) -> tuple[int, str]:
     """Append ``record`` (its ``seq`` already the dataset's next) to ``dataset``'s chain; the caller holds the
     dataset's row lock. The only place a ledger row is written. Returns (seq, hash)."""
@@ -99,7 +99,7 @@ def append(ledger: Ledger, session: Session, dataset: db.Dataset, record: dict[s
     return seq, digest
 
 
-def record_fact(ledger: Ledger, session: Session, dataset: db.Dataset, fact: _Fact) -> None:
+def record_fact(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, fact: _Fact) -> None:
     """Append a fact to ``dataset``'s chain (the caller holds its row lock, or made the row in this transaction)."""
     session.flush()  # the dataset row exists before a ledger row names it
     filled = fact.model_copy(update={"seq": dataset.ledger_seq + 1, "dataset_id": dataset.id,
@@ -107,29 +107,29 @@ def record_fact(ledger: Ledger, session: Session, dataset: db.Dataset, fact: _Fa
     append(ledger, session, dataset, filled.model_dump(mode="json"))
 
 
-def owner(ledger: Ledger, session: Session, dataset: db.Dataset) -> None:
+def owner(ledger: LedgerAnchors, session: Session, dataset: db.Dataset) -> None:
     org = session.get(db.Organization, dataset.owner_org_id)
     assert org is not None  # the dataset's row was just made by this organization's key
     record_fact(ledger, session, dataset, OwnerFact(org=org.name, central_training=dataset.allow_central_training,
                                                     source=dataset.source_uri))
 
 
-def budget(ledger: Ledger, session: Session, dataset: db.Dataset, change: str) -> None:
+def budget(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, change: str) -> None:
     record_fact(ledger, session, dataset, BudgetFact(change=change, epsilon_total_units=dataset.epsilon_total_units,
                                                      delta_total=dataset.delta_total))
 
 
-def grant(ledger: Ledger, session: Session, dataset: db.Dataset, org: db.Organization, change: str) -> None:
+def grant(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, org: db.Organization, change: str) -> None:
     record_fact(ledger, session, dataset, GrantFact(change=change, org=org.name))
 
 
-def allocation(ledger: Ledger, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> None:
+def allocation(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> None:
     org = session.get(db.Organization, account.org_id)
     record_fact(ledger, session, dataset, AllocationFact(org=org.name if org else "?",
                                                         epsilon_units=account.epsilon_units, delta=account.delta))
 
 
-def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int) -> None:
+def org_keys(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, org_id: int) -> None:
     """An organization's account opened on ``dataset``: its keys not yet revoked, made before, go on the chain (a
     key charges or administers a dataset only once its chain knows it). The caller holds the dataset's row lock."""
     known = ledger.facts(session, dataset).keys
@@ -151,7 +151,7 @@ def org_keys(ledger: Ledger, session: Session, dataset: db.Dataset, org_id: int)
                     key_id=api_key.id, revoked_at=api_key.revoked_at.isoformat(), revoked_by=api_key.revoked_by))
 
 
-def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"],
+def key(ledger: LedgerAnchors, session: Session, api_key: db.ApiKey, change: Literal["created", "revoked"],
         org: db.Organization) -> int:
     """A key of ``org`` made or revoked, on the chain of every dataset that organization holds an account on
     (locked in id order, the one order of several dataset locks). Returns how many chains it went to."""
@@ -169,7 +169,7 @@ def key(ledger: Ledger, session: Session, api_key: db.ApiKey, change: Literal["c
     return len(datasets)
 
 
-def release_available(ledger: Ledger, session: Session, dataset: db.Dataset, release: db.Release) -> None:
+def release_available(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, release: db.Release) -> None:
     """``release`` is available (its file's size and hash, its mechanism document, set on the row): the caller
     holds the dataset's row lock."""
     assert release.file_size is not None and release.file_sha256 is not None and release.mechanism_hash is not None
@@ -180,7 +180,7 @@ def release_available(ledger: Ledger, session: Session, dataset: db.Dataset, rel
     append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
 
 
-def labels(ledger: Ledger, session: Session, dataset: db.Dataset, version: db.LabelVersion,
+def labels(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, version: db.LabelVersion,
            file: tuple[int, str]) -> None:
     """A label version uploaded (``file``: its bytes and SHA-256); the caller holds the dataset's row lock."""
     record_fact(ledger, session, dataset, LabelsFact(
@@ -188,7 +188,7 @@ def labels(ledger: Ledger, session: Session, dataset: db.Dataset, version: db.La
         registry_end=version.registry_end, coverage_sha256=version.coverage_sha256))
 
 
-def source(ledger: Ledger, session: Session, dataset: db.Dataset, counts: tuple[int, str]) -> None:
+def source(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, counts: tuple[int, str]) -> None:
     """A source dataset registered (its snapshot, fingerprint, counts file and rows set on the row; ``counts``: that
     file's bytes and SHA-256); the caller holds the dataset's row lock."""
     assert dataset.source_snapshot is not None and dataset.source_sha256 is not None
@@ -203,7 +203,7 @@ def moving(session: Session, dataset_id: str) -> bool:
     return dataset_id in session.info.get(_PENDING, {})
 
 
-def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
+def _moved(ledger: LedgerAnchors, session: Session) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
     """The datasets whose chains ``session``'s transaction moved, with their heads before it and after it; on its
     first use in a session, registers what happens when the transaction commits (:func:`_committed`) or rolls
     back."""
@@ -215,7 +215,7 @@ def _moved(ledger: Ledger, session: Session) -> dict[str, tuple[tuple[int, str],
     return moved
 
 
-def _committed(ledger: Ledger, session: Session) -> None:
+def _committed(ledger: LedgerAnchors, session: Session) -> None:
     moved = sorted(session.info.get(_PENDING, {}).items())
     session.info.get(_PENDING, {}).clear()
     if not moved:

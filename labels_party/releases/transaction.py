@@ -143,7 +143,7 @@ IN_PROCESS = InProcess()
 
 
 @dataclass(frozen=True)
-class Charged:
+class ChargedRelease:
     """What the charge left: the release the key stands for, whether this request charged it (else a concurrent
     request with its key did), and the lease this request computes it under (None: not computed in the request)."""
 
@@ -266,7 +266,7 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
 
 
 def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: ReleaseKind[Any], priced: Priced,
-           coverage: labelstore.CoverageSet, key: str, body_hash: str, *, suffix: str, leased: bool) -> Charged:
+           coverage: labelstore.CoverageSet, key: str, body_hash: str, *, suffix: str, leased: bool) -> ChargedRelease:
     """Reserve the key and charge the release in one transaction under the dataset lock: this request's release
     (``leased``: with its lease, :mod:`.liveness`), or the release a concurrent request with this key was charged
     for. Nothing private has been drawn yet; from the commit on, the release is paid whatever happens. Its labels
@@ -281,7 +281,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             session.get(db.Dataset, dataset_id, with_for_update=True)
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is not None:
-                return Charged(existing.id, False)
+                return ChargedRelease(existing.id, False)
             try:
                 charged = ctx.ledger.charge(
                     session, dataset_id, principal.org_id, coverage, priced.dp_event(), kind.epsilon, RecordFields(
@@ -309,7 +309,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
             existing = existing_release(session, principal, dataset_id, key, body_hash)
             if existing is None:
                 raise
-            return Charged(existing.id, False)
+            return ChargedRelease(existing.id, False)
     try:  # charged: from here on a failure is the release's, paid for
         ctx.checkpoint("after_charge_commit")
     except BaseException as err:
@@ -321,7 +321,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
         log.exception("release %s failed after it was charged", release_id)
         raise release_failed(release_id) from None
     _discard(ctx, superseded)
-    return Charged(release_id, True, lease)
+    return ChargedRelease(release_id, True, lease)
 
 
 def _discard(ctx: ServiceContext, superseded: tuple[str, ...]) -> None:

@@ -50,7 +50,7 @@ class SnapshotFile:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class SourceSnapshot:
     location: str  # relative to the data directory
     files: tuple[SnapshotFile, ...]
     sha256: str  # of every file's path, size and content digest: the dataset's identity
@@ -93,7 +93,7 @@ def _components(path: str) -> list[str]:
 
 
 def take(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
-         checkpoint: Callable[[str], None] = lambda _name: None) -> Snapshot:
+         checkpoint: Callable[[str], None] = lambda _name: None) -> SourceSnapshot:
     """Copy ``source`` (under one of ``prefixes``) to ``sources/<dataset_id>/`` under ``data_dir``, or refuse and
     leave nothing behind: :func:`copy` then :func:`place`."""
     copied = copy(source, prefixes, data_dir, dataset_id, checkpoint)
@@ -144,7 +144,7 @@ def copy(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
     return Copy(dataset_id, temporary, str(temporary.relative_to(data_dir)), tuple(files), digest.hexdigest())
 
 
-def place(data_dir: Path, copied: Copy) -> Snapshot:
+def place(data_dir: Path, copied: Copy) -> SourceSnapshot:
     """The copy renamed to ``sources/<dataset id>/``, durably. What is there already is an earlier attempt's that
     died after its rename and before its dataset row said so (the caller holds the registration's lease): it goes."""
     root = Path(data_dir) / SNAPSHOTS
@@ -154,7 +154,7 @@ def place(data_dir: Path, copied: Copy) -> Snapshot:
         shutil.rmtree(target)
     os.rename(copied.temporary, target)
     _fsync_directory(root)
-    return Snapshot(f"{SNAPSHOTS}/{copied.dataset_id}", copied.files, copied.sha256)
+    return SourceSnapshot(f"{SNAPSHOTS}/{copied.dataset_id}", copied.files, copied.sha256)
 
 
 def discard(copied: Copy) -> None:

@@ -44,7 +44,7 @@ def test_the_walk_agrees_with_honest_footers(compression, page_version, statisti
     data = _written(compression, page_version, statistics)
     handle, pages_seen = pa.BufferReader(data), 0
     for chunk, start in _chunks(data):
-        budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data))
+        budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, len(data))
         pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, len(data), budget)
         pages_seen += parquet_pages.MAX_PAGES - budget.pages
         assert pages.values == chunk.num_values
@@ -74,7 +74,7 @@ def test_a_header_that_claims_more_than_its_bytes_is_a_400_at_once(fields):
     data, start, length = _header_at_first_page(fields)
     with pytest.raises(LabelDPError) as refused:
         parquet_pages.chunk_pages(pa.BufferReader(data), start, length, len(data),
-                                  parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data)))
+                                  parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, len(data)))
     assert refused.value.code == "malformed_file"
 
 
@@ -83,7 +83,7 @@ def test_chunks_that_read_one_header_again_and_again_spend_the_bodys_header_byte
     bounded by the body's size."""
     data = _written("zstd", "1.0", True)
     chunk, start = next(_chunks(data))
-    budget = parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data))
+    budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, len(data))
     with pytest.raises(LabelDPError) as refused:
         for _ in range(parquet_pages.MAX_PAGES):
             parquet_pages.chunk_pages(pa.BufferReader(data), start, 1, len(data), budget)
@@ -96,12 +96,12 @@ def test_a_damaged_header_is_a_400_and_too_many_pages_a_413():
     data[start] = 0x0D  # field 1 with an unknown Thrift type
     with pytest.raises(LabelDPError) as refused:
         parquet_pages.chunk_pages(pa.BufferReader(bytes(data)), start, chunk.total_compressed_size, len(data),
-                                  parquet_pages.Budget(parquet_pages.MAX_PAGES, len(data)))
+                                  parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, len(data)))
     assert refused.value.code == "malformed_file"
     honest = _written("zstd", "1.0", True)
     with pytest.raises(LabelDPError) as refused:
         parquet_pages.chunk_pages(pa.BufferReader(honest), start, chunk.total_compressed_size, len(honest),
-                                  parquet_pages.Budget(2, len(honest)))
+                                  parquet_pages.WalkBudget(2, len(honest)))
     assert refused.value.code == "body_too_large"
 
 
