@@ -7,10 +7,11 @@ from dataclasses import asdict
 
 from sqlalchemy import select
 
-from labels_party import budgets, db, ledger, verification
+from labels_party import db, ledger, verification
 from labels_party.access import administered_datasets, not_found
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
+from labels_party.datasets import budget_view
 from labels_party.ledger import signing
 from shared import schemas
 
@@ -39,7 +40,7 @@ def audit(ctx: ServiceContext, principal: Principal, dataset_id: str | None) -> 
                         for v in session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)
                                                  .order_by(db.LabelVersion.version))]
         return schemas.Audit(events=events, chain_valid=valid,
-                             budgets=[budgets.budget_view(session, principal, d) for d in datasets], uploads=uploads,
+                             budgets=[budget_view(session, principal, d) for d in datasets], uploads=uploads,
                              facts=facts)
 
 

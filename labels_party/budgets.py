@@ -18,19 +18,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from labels_party import db
-from labels_party.access import is_owner
-from labels_party.auth import Principal
 from labels_party.ledger import (
     Charge,
     Entry,
     Ledger,
-    budget_figures,
     budget_units,
     entries,
     tampered,
     units_epsilon,
 )
-from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 
 
@@ -103,37 +99,6 @@ def _spent_at(ledger: Ledger, session: Session, dataset: db.Dataset, account: db
     state = ledger.checked_state(session, dataset, account)
     spent, sizes = state.spent_at(delta), state.with_fresh()[1]
     return int(spent[sizes > 0].max()) if np.any(sizes > 0) else 0
-
-
-def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Budget:
-    """A consumer's: its own account. The owner's admins': the dataset and every account."""
-    if is_owner(principal, dataset):
-        accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
-                                   .order_by(db.BudgetAccount.id)).all()
-        names = {o.id: o.name for o in session.scalars(select(db.Organization).where(
-            db.Organization.id.in_([a.org_id for a in accounts])))}
-        return schemas.Budget(dataset_id=dataset.id, scope="dataset", **dataset_figures(dataset),
-                              organizations=[schemas.AccountBudget(org=names[a.org_id], **_figures(a))
-                                             for a in accounts])
-    account = account_of(session, dataset, principal.org_id)
-    return schemas.Budget(dataset_id=dataset.id, scope="organization", **_figures(account))
-
-
-def dataset_figures(dataset: db.Dataset) -> dict:
-    return budget_figures(dataset.epsilon_total_units, dataset.epsilon_spent_units, dataset.delta_total)
-
-
-def _figures(account: db.BudgetAccount | None) -> dict:
-    if account is None:  # an organization without an allocation
-        return budget_figures(0, 0, 0.0)
-    return budget_figures(account.epsilon_units, account.spent_max_units, account.delta)
-
-
-def figures_for(session: Session, principal: Principal, dataset: db.Dataset) -> dict:
-    """The budget figures a dataset view shows this key: the dataset's to its owner's admins, else its own."""
-    if is_owner(principal, dataset):
-        return dataset_figures(dataset)
-    return _figures(account_of(session, dataset, principal.org_id))
 
 
 # -- the migration to accounts (once) -----------------------------------------------------------------------------

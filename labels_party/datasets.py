@@ -18,7 +18,7 @@ from labels_party import budgets, db, jobs, labelstore
 from labels_party.access import Admission, admitted_dataset, is_owner, owned_datasets
 from labels_party.auth import Principal
 from labels_party.context import ServiceContext
-from labels_party.ledger import budget_units, units_epsilon
+from labels_party.ledger import budget_figures, budget_units, units_epsilon
 from labels_party.spark import snapshot
 from shared import schemas
 from shared.domains import domain_from_spec
@@ -29,11 +29,43 @@ def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) ->
     """The budget figures are the dataset's for its owner's admins, the key's organization's for anyone else."""
     return schemas.Dataset(
         id=dataset.id, name=dataset.name, label_kind=dataset.label_kind, domain=json.loads(dataset.domain_json),
-        **budgets.figures_for(session, principal, dataset),
+        **figures_for(session, principal, dataset),
         num_examples=dataset.num_examples, label_version=dataset.label_version,
         created_at=dataset.created_at, labels_at="source" if dataset.source_uri else "service",
         state=dataset.state, error=json.loads(dataset.error_json) if dataset.error_json and is_owner(principal, dataset)
         else None)
+
+
+def budget_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Budget:
+    """What a key sees of a dataset's budget. A consumer's: its own account. The owner's admins': the dataset and
+    every account."""
+    if is_owner(principal, dataset):
+        accounts = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)
+                                   .order_by(db.BudgetAccount.id)).all()
+        names = {o.id: o.name for o in session.scalars(select(db.Organization).where(
+            db.Organization.id.in_([a.org_id for a in accounts])))}
+        return schemas.Budget(dataset_id=dataset.id, scope="dataset", **dataset_figures(dataset),
+                              organizations=[schemas.AccountBudget(org=names[a.org_id], **_figures(a))
+                                             for a in accounts])
+    account = budgets.account_of(session, dataset, principal.org_id)
+    return schemas.Budget(dataset_id=dataset.id, scope="organization", **_figures(account))
+
+
+def dataset_figures(dataset: db.Dataset) -> dict:
+    return budget_figures(dataset.epsilon_total_units, dataset.epsilon_spent_units, dataset.delta_total)
+
+
+def _figures(account: db.BudgetAccount | None) -> dict:
+    if account is None:  # an organization without an allocation
+        return budget_figures(0, 0, 0.0)
+    return budget_figures(account.epsilon_units, account.spent_max_units, account.delta)
+
+
+def figures_for(session: Session, principal: Principal, dataset: db.Dataset) -> dict:
+    """The budget figures a dataset view shows this key: the dataset's to its owner's admins, else its own."""
+    if is_owner(principal, dataset):
+        return dataset_figures(dataset)
+    return _figures(budgets.account_of(session, dataset, principal.org_id))
 
 
 def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.DatasetCreate) -> schemas.Dataset:
@@ -177,7 +209,7 @@ def grant_access(ctx: ServiceContext, admission: Admission, body: schemas.GrantC
 
 def budget(ctx: ServiceContext, admission: Admission) -> schemas.Budget:
     with ctx.sessions() as session, session.begin():
-        return budgets.budget_view(session, admission.principal, admitted_dataset(session, admission))
+        return budget_view(session, admission.principal, admitted_dataset(session, admission))
 
 
 # -- uploads ----------------------------------------------------------------------------------------------------

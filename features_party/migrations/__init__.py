@@ -12,7 +12,8 @@ from sqlalchemy.orm import sessionmaker
 from features_party.db import Base
 from shared.service.database import Migrations
 
-MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, None, "labeldp features upgrade-db")
+HEAD = "0006"  # the newest script in versions/ (tests/features_party/test_migrations.py checks it against Alembic)
+MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, None, HEAD, "labeldp features upgrade-db")
 
 
 def make_sessionmaker(engine: Engine, *, upgrade: bool = False) -> sessionmaker:

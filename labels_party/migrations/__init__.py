@@ -12,7 +12,8 @@ from labels_party.db import Base
 from shared.service.database import Migrations
 
 BASELINE = "0001"  # the schema built before migrations existed
-MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, BASELINE, "labeldp labels upgrade-db")
+HEAD = "0019"  # the newest script in versions/ (tests/labels_party/test_migrations.py checks it against Alembic)
+MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, BASELINE, HEAD, "labeldp labels upgrade-db")
 
 
 def make_sessionmaker(engine: Engine, *, upgrade: bool = False, data_dir: str | Path | None = None) -> sessionmaker:

@@ -168,3 +168,9 @@ def test_jobs_stored_before_estimate_rows_replan_without_them_and_keep_their_dig
                                 .encode()).hexdigest()
     assert request_digest(schemas.JobRequest(**resent, api_key="k")) == old_digest
     assert stored_request(schemas.JobRequest(**resent, api_key="k")) == old
+
+
+def test_the_head_the_service_states_is_the_one_alembic_reads():
+    """A database at head is opened without Alembic (the migrations package states its head): the statement must
+    be the scripts' own, or a service would take an old schema for a current one."""
+    assert MIGRATIONS.head() == MIGRATIONS.scripts_head() == HEAD

@@ -564,3 +564,9 @@ def _unchained_key(ctx, session, org: str, role: str) -> str:
     row = session.get(db.ApiKey, issued.info.id)
     row.certificate = key_certificates.issue(ctx.ledger.signer.key, row, org)
     return issued.secret
+
+
+def test_the_head_the_service_states_is_the_one_alembic_reads():
+    """A database at head is opened without Alembic (the migrations package states its head): the statement must
+    be the scripts' own, or a service would take an old schema for a current one."""
+    assert MIGRATIONS.head() == MIGRATIONS.scripts_head() == HEAD
