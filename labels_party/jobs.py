@@ -8,7 +8,7 @@ Three kinds:
   (:func:`labels_party.source_datasets.run_registration`); the dataset becomes ``ready``, or ``failed`` with the
   refusal its owner's admins see;
 * ``privatize_source`` (subject: a source release ``running``) — the Spark job that samples every label
-  (:func:`labels_party.releases.source.run_privatization`) from the stored mechanism document and the release's
+  (:func:`labels_party.releases.privatization.run_privatization`) from the stored mechanism document and the release's
   secret, which the job row holds sealed (:mod:`shared.service.sealing`); the release becomes ``available``;
 * ``compute_release`` (subject: an uploaded dataset's release ``running``) — the release is computed by its own
   request, which inserts this job already leased by its process (:func:`lease_request`) and finishes it with the

@@ -100,7 +100,7 @@ def finite_param_lists(params: dict) -> dict:
 @dataclass(frozen=True)
 class PricedPlan:
     """A kind's preparation and the event it is charged (no private prior: ``prior_epsilon`` 0); a
-    :class:`~labels_party.releases.transaction.Priced`."""
+    :class:`~labels_party.releases.lifecycle.Priced`."""
 
     event: dp_event.DpEvent
     plan: Any

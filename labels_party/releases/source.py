@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SparkJob:
-    """The completion of a source dataset's release (:class:`~.transaction.Completion`)."""
+    """The completion of a source dataset's release (:class:`~.lifecycle.Completion`)."""
 
     suffix: str = ""  # releases/{id}/: the job's Parquet part files
 
