@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from shared.errors import ErrorCode, LabelDPError
 
+DICTIONARY_PAGE = 2  # a page header's type (parquet.thrift PageType)
 MAX_PAGES = 200_000  # per body: a page header is at least ~6 bytes, so this bounds the walk's time (~1 s)
 MAX_HEADER_BYTES = 1 << 20  # a page header (statistics included) larger than this is refused
 _WINDOW = 64 << 10
@@ -54,10 +55,12 @@ def check_writer(created_by: str | None) -> None:
 
 @dataclass(frozen=True)
 class ChunkPages:
-    """What a column chunk's page headers state: their values and uncompressed bytes (dictionary page included)."""
+    """What a column chunk's page headers state: their values and uncompressed bytes (dictionary page included),
+    and the dictionary page's uncompressed bytes on their own."""
 
     values: int
     uncompressed: int
+    dictionary: int = 0
 
 
 class _Malformed(Exception):
@@ -189,7 +192,7 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
     """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
     bytes; ``budget``: what the body's walk may still do (spent here). 400 ``malformed_file`` for headers that
     cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES` or past the body's size in header bytes."""
-    values = uncompressed = 0
+    values = uncompressed = dictionary = 0
     position = start
     reader = _Reader(handle, position, size, budget)
     try:
@@ -199,12 +202,13 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
                 raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages, or its chunks read its "
                                    "page headers more than once; write larger pages", code=ErrorCode.BODY_TOO_LARGE)
             reader = _Reader(handle, position, size, budget)
-            found = _struct(reader, 0, {2: 0, 3: 0, 5: -1, 8: -1})
+            found = _struct(reader, 0, {1: 0, 2: 0, 3: 0, 5: -1, 8: -1})
             budget.header_bytes -= reader.position - position
             page_size, stored = found.get(2, -1), found.get(3, -1)
             if page_size < 0 or stored < 0:
                 raise _Malformed("a page header without its sizes")
             uncompressed += page_size
+            dictionary += page_size if found.get(1) == DICTIONARY_PAGE else 0
             values += max(found.get(5, 0), found.get(8, 0), 0)
             position = reader.position + stored
     except _Malformed as error:
@@ -212,4 +216,4 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
             raise LabelDPError("the Parquet body's chunks read its page headers more than once",
                                code=ErrorCode.BODY_TOO_LARGE) from None
         raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code=ErrorCode.MALFORMED_FILE) from None
-    return ChunkPages(values, uncompressed)
+    return ChunkPages(values, uncompressed, dictionary)

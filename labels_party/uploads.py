@@ -325,9 +325,41 @@ def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMet
                                "fewer row groups or columns (priors over thousands of classes: send CSV or NDJSON)",
                                code=ErrorCode.BODY_TOO_LARGE)
     handle.seek(0)
-    metadata = pq.ParquetFile(handle).metadata
+    try:
+        metadata = pq.ParquetFile(handle).metadata
+        # decoded here, once: text that is not UTF-8 (a writer string, a column name) fails in Arrow as a
+        # UnicodeDecodeError wherever it is first read (the tenth review: a 500 on label uploads)
+        metadata.created_by, metadata.schema.to_arrow_schema().names  # noqa: B018
+    except UnicodeDecodeError:
+        raise LabelDPError("the Parquet metadata holds text that is not UTF-8", code=ErrorCode.MALFORMED_FILE) from None
     handle.seek(0)
     return metadata
+
+
+# The Arrow types a body's columns may have: names (ids, groups) strings or integers, numbers integers, floats,
+# booleans or decimals (read as float64) — each plain or dictionary-encoded. Any other is refused before it is read:
+# the tenth review's string_view and JSON extension ids were read whole and uncounted (1 KB → +1.2 GB), and
+# fixed-size binary ids held 5× what was counted.
+NAME_COLUMNS = ("example_id", "group")
+
+
+def _type_allowed(kind: pa.DataType, name: bool) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if name:
+        return any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                             pa.types.is_large_binary, pa.types.is_integer))
+    return any(check(kind) for check in (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
+                                         pa.types.is_decimal))
+
+
+def check_column_types(schema: pa.Schema, columns: Sequence[str]) -> None:
+    """400 ``malformed_file`` for a column of ``columns`` whose type is not one these bodies take (see above)."""
+    for name in columns:
+        kind = schema.field(name).type
+        if not _type_allowed(kind, name in NAME_COLUMNS):
+            what = "strings or integers" if name in NAME_COLUMNS else "numbers (integers, floats, booleans or decimals)"
+            raise LabelDPError(f"column {name!r} must hold {what}, not {kind}", code=ErrorCode.MALFORMED_FILE)
 
 
 def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -> tuple[int, int]:
@@ -335,10 +367,13 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
     metadata and its pages' headers (:mod:`labels_party.parquet_pages`: the footer's sizes are claims, the page
     headers are what decompression obeys; the larger counts), before any page is decompressed: a fixed-width value
     its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes of index per
-    value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it); for every column at
-    least what its pages decompress to (a page of one number may claim a gigabyte). A nested column
-    (values repeated within a row) is refused: these bodies are flat."""
+    value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it); any other column its
+    values' width plus what its pages decompress to (a page of one number may claim a gigabyte; a dictionary page
+    is alive beside the values it decodes to, and so is Arrow's copy of it). A nested column
+    (values repeated within a row) is refused: these bodies are flat, and their columns' types those
+    :func:`check_column_types` allows."""
     parquet_pages.check_writer(metadata.created_by)
+    check_column_types(metadata.schema.to_arrow_schema(), columns)
     wanted, schema, leaves = set(columns), metadata.schema, []
     for i in range(metadata.num_columns):
         column = schema.column(i)
@@ -364,9 +399,10 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             rows[i] += values
             if physical == "BYTE_ARRAY":
                 total += 4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
-            else:  # decoded values, or the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB)
+            else:  # decoded values and the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB),
+                # and a dictionary twice: its page and Arrow's decoded copy (the tenth: 10 columns, 2× counted)
                 width = length + 8 if physical == "FIXED_LEN_BYTE_ARRAY" else 16 if physical == "INT96" else 8
-                total += max(values * width, pages.uncompressed)
+                total += values * width + pages.uncompressed + pages.dictionary
     handle.seek(0)
     return max(metadata.num_rows, *rows.values(), 0), total
 
@@ -479,6 +515,9 @@ class Memo:
         return self.value
 
 
+INTEGER_DIGITS = 20  # an int64 or uint64 written in decimal: at most 20 characters with its sign
+
+
 def _id_strings(column: pa.Array, decoded: Decoded) -> list[str]:
     """The ids as Python strings, their characters counted in ``decoded`` before the strings are made (a
     dictionary column's rows name one string each)."""
@@ -487,6 +526,8 @@ def _id_strings(column: pa.Array, decoded: Decoded) -> list[str]:
         column = column.dictionary.take(column.indices)
     elif pa.types.is_string(column.type) or pa.types.is_binary(column.type):
         decoded.add(strings=int(pc.sum(pc.binary_length(column)).as_py() or 0))
+    elif pa.types.is_integer(column.type):
+        decoded.add(strings=INTEGER_DIGITS * len(column))
     return _strings(column).to_pylist()
 
 

@@ -153,3 +153,49 @@ def test_a_body_whose_writer_string_arrow_reads_as_old_is_refused_before_any_pag
     with pytest.raises(LabelDPError) as refused:
         uploads.parquet_decoded(metadata, ["example_id", "label"], pa.BufferReader(data))
     assert refused.value.code == "malformed_file"
+
+
+def _typed(ids: pa.Array, numbers: pa.Array) -> pa.BufferReader:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"example_id": ids, "label": numbers}), buffer)
+    return pa.BufferReader(buffer.getvalue())
+
+
+@pytest.mark.parametrize(("ids", "numbers", "refused"), [
+    (pa.array(["a", "b"]), pa.array([1.0, 2.0]), None),
+    (pa.array(["a", "b"], pa.large_string()), pa.array([1, 2], pa.int8()), None),
+    (pa.array([7, 8], pa.int64()), pa.array([True, False]), None),
+    (pa.array(["a", "b"]).dictionary_encode(), pa.array([1, 2], pa.decimal128(5, 2)), None),
+    # the tenth review: ids read whole and uncounted, or held five times what was counted
+    (pa.array(["a", "b"], pa.string_view()), pa.array([1.0, 2.0]), "example_id"),
+    (pa.array([b"a", b"b"], pa.binary(1)), pa.array([1.0, 2.0]), "example_id"),
+    (pa.array([1, 2], pa.timestamp("s", tz="UTC")), pa.array([1.0, 2.0]), "example_id"),
+    (pa.array(["a", "b"]), pa.array(["1", "2"]), "label"),
+])
+def test_columns_of_types_these_bodies_do_not_take_are_refused_from_the_schema(ids, numbers, refused):
+    from labels_party import uploads
+
+    handle = _typed(ids, numbers)
+    metadata = uploads.parquet_metadata(handle)
+    if refused is None:
+        uploads.parquet_decoded(metadata, ["example_id", "label"], handle)
+        return
+    with pytest.raises(LabelDPError) as error:
+        uploads.parquet_decoded(metadata, ["example_id", "label"], handle)
+    assert error.value.code == "malformed_file" and repr(refused) in str(error.value)
+
+
+@pytest.mark.parametrize("where", ["created_by", "name"])
+def test_metadata_text_that_is_not_utf8_is_a_400(where):
+    """The tenth review: a writer string or a column name that is not UTF-8 failed in Arrow as a
+    UnicodeDecodeError wherever it was first read — a 500 on label uploads."""
+    from labels_party import uploads
+    from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
+
+    name = b"lab\xffel" if where == "name" else "label"
+    data = parquet_file([Column("example_id", "byte_array", data_page(plain_strings([b"u1"]), 1), 1),
+                         Column(name, "double", data_page(plain_doubles([1.0]), 1), 1)], rows=1,  # type: ignore[arg-type]
+                        **({"created_by": b"writer \xff\xfe"} if where == "created_by" else {}))  # type: ignore[arg-type]
+    with pytest.raises(LabelDPError) as error:
+        uploads.parquet_metadata(pa.BufferReader(data))
+    assert error.value.code == "malformed_file" and "UTF-8" in str(error.value)

@@ -51,13 +51,25 @@ def _value(kind: int, value) -> bytes:
 
 
 def data_page(raw: bytes, values: int, codec: str = "uncompressed", claimed: int | None = None,
-              level: int | None = None) -> bytes:
-    """A v1 data page of ``values`` plain-encoded values whose header says it decompresses to ``claimed`` bytes
-    (default: what it does)."""
+              level: int | None = None, encoding: int = 0) -> bytes:
+    """A v1 data page of ``values`` values (plain-encoded, or 8: dictionary indices) whose header says it
+    decompresses to ``claimed`` bytes (default: what it does)."""
     body = raw if codec == "uncompressed" else pa.Codec(codec, compression_level=level).compress(raw, asbytes=True)
     header = _struct((1, _I32, 0), (2, _I32, len(raw) if claimed is None else claimed), (3, _I32, len(body)),
-                     (5, _STRUCT, _struct((1, _I32, values), (2, _I32, 0), (3, _I32, 3), (4, _I32, 3))))
+                     (5, _STRUCT, _struct((1, _I32, values), (2, _I32, encoding), (3, _I32, 3), (4, _I32, 3))))
     return header + body
+
+
+def dictionary_page(raw: bytes, entries: int, codec: str = "uncompressed") -> bytes:
+    """A dictionary page of ``entries`` plain-encoded values."""
+    body = raw if codec == "uncompressed" else pa.Codec(codec).compress(raw, asbytes=True)
+    return _struct((1, _I32, 2), (2, _I32, len(raw)), (3, _I32, len(body)),
+                   (7, _STRUCT, _struct((1, _I32, entries), (2, _I32, 0)))) + body
+
+
+def first_entry_indices(values: int) -> bytes:
+    """A dictionary-encoded data page's body naming entry 0 ``values`` times (bit width 1, one RLE run)."""
+    return bytes([1]) + _varint(values << 1) + b"\x00"
 
 
 def plain_strings(values: list[bytes]) -> bytes:
@@ -76,6 +88,7 @@ class Column:
     values: int
     codec: str = "uncompressed"
     extra: bytes = field(default=b"")  # bytes after the chunk's claimed range (what a padding reader would read)
+    dictionary: int = 0  # the bytes of the chunk's leading dictionary page (0: none)
 
 
 def parquet_file(columns: list[Column], rows: int, created_by: str = "parquet-cpp-arrow version 21.0.0") -> bytes:
@@ -85,9 +98,11 @@ def parquet_file(columns: list[Column], rows: int, created_by: str = "parquet-cp
         start = len(out)
         out += column.pages + column.extra
         size = len(column.pages)
-        meta = _struct((1, _I32, _PHYSICAL[column.physical]), (2, _LIST, (_I32, [0, 3])),
+        encodings = [0, 3, 8, 2] if column.dictionary else [0, 3]
+        meta = _struct((1, _I32, _PHYSICAL[column.physical]), (2, _LIST, (_I32, encodings)),
                        (3, _LIST, (_BINARY, [column.name])), (4, _I32, _CODECS[column.codec]),
-                       (5, _I64, column.values), (6, _I64, size), (7, _I64, size), (9, _I64, start))
+                       (5, _I64, column.values), (6, _I64, size), (7, _I64, size), (9, _I64, start + column.dictionary),
+                       (11, _I64, start) if column.dictionary else None)
         chunks.append(_struct((2, _I64, start), (3, _STRUCT, meta)))
     schema = [_struct((4, _BINARY, "schema"), (5, _I32, len(columns)))]
     schema += [_struct((1, _I32, _PHYSICAL[c.physical]), (3, _I32, 0), (4, _BINARY, c.name),

@@ -20,7 +20,15 @@ import pytest
 from labels_party import uploads
 from shared.errors import LabelDPError
 from tests.labels_party.api.helpers import expect_error, labels_csv, new_dataset, state, upload
-from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
+from tests.support.parquet_craft import (
+    Column,
+    data_page,
+    dictionary_page,
+    first_entry_indices,
+    parquet_file,
+    plain_doubles,
+    plain_strings,
+)
 from tests.support.parquet_lies import understated
 
 TEN_MILLION = 10_000_000
@@ -63,6 +71,15 @@ def bombs(tmp_path_factory) -> dict[str, Path]:
     paths["priors, a number's page of 256 MiB"].write_bytes(parquet_file(
         [Column("example_id", "byte_array", ids, 1), Column("p_0", "double", numbers, 1, "zstd"),
          Column("p_1", "double", numbers, 1, "zstd")], rows=1))
+    # the tenth: each number column a 12 MB dictionary page (zstd: a few KB) that 1,000 indices name; its page and
+    # Arrow's decoded dictionary are both alive: 48 MB for two columns, once counted as 24
+    entries = dictionary_page(plain_doubles([0.5]) * 1_500_000, 1_500_000, "zstd")
+    chunk = entries + data_page(first_entry_indices(1000), 1000, "zstd", encoding=8)
+    ids = data_page(plain_strings([f"e{i}".encode() for i in range(1000)]), 1000)
+    paths["priors, dictionaries of 12 MB"] = directory / "priors-dictionaries.parquet"
+    paths["priors, dictionaries of 12 MB"].write_bytes(parquet_file(
+        [Column("example_id", "byte_array", ids, 1000)] +
+        [Column(f"p_{k}", "double", chunk, 1000, "zstd", dictionary=len(entries)) for k in range(2)], rows=1000))
     return paths
 
 
@@ -92,7 +109,8 @@ def test_parquet_bombs_are_refused_from_their_metadata_and_nothing_is_stored(cli
 
 @pytest.mark.parametrize("body", ["labels", "priors", "groups", "labels, its footer understating",
                                   "priors, its footer understating", "groups, its footer understating",
-                                  "labels, a number's page of 256 MiB", "priors, a number's page of 256 MiB"])
+                                  "labels, a number's page of 256 MiB", "priors, a number's page of 256 MiB",
+                                  "priors, dictionaries of 12 MB"])
 def test_a_bomb_is_refused_with_no_memory_to_speak_of(bombs, body):
     """In a process of its own (VmHWM reset just before): the refusal costs well under a megabyte-per-row body's
     expansion (the review saw 342 MB → 3.9 GB for the priors). A footer that understates its chunks is caught by
