@@ -153,7 +153,7 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     auto, request, job_id = plan.auto, plan.request, attempt.job_id
     assert auto is not None
     clock = Clock()
-    features = load_frame(plan.features_file)
+    features = load_frame(plan.features_file, plan.columns)
     ids = plan.training_ids(features).astype(str)
     part = pd.Series(auto.parts(ids), index=ids)
     mean, releases = request_auto_releases(plan, client, job_id, ids)  # the ones creation asked for, again

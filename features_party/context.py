@@ -19,6 +19,7 @@ from features_party import db, migrations
 from features_party.settings import TrainerSettings
 from shared.service.database import make_engine
 from shared.service.leases import JobRunner
+from shared.service.memory import MemoryBudget
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
 
@@ -34,6 +35,11 @@ class TrainerContext:
     # this process's job workers (not started: `serve` starts them), bound by features_party.process.make_context:
     # the jobs module works on this context, so the context cannot import it (no import circles)
     jobs: JobRunner = field(init=False, repr=False)
+    table_reads: MemoryBudget = field(init=False, repr=False)  # see TrainerSettings.table_read_budget_bytes
+
+    def __post_init__(self) -> None:
+        budget = self.settings.table_read_budget_bytes
+        object.__setattr__(self, "table_reads", MemoryBudget(budget, budget))
 
     @property
     def data_dir(self) -> Path:

@@ -313,7 +313,7 @@ def run_single(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, relea
                estimate_release: schemas.Release | None, report: JobReport, deadline: Deadline) -> None:
     settings = attempt.ctx.settings
     table = client.download_labels(release.id)
-    features = load_frame(plan.features_file)
+    features = load_frame(plan.features_file, plan.columns)
     ids = pd.Index(table.column("example_id").to_pylist())
     present = features.index.intersection(ids)
     overlap = len(present)
@@ -409,7 +409,7 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient,
     release = request.release
     # plan_job: an lp-mst job requests its own releases, of a classes dataset
     assert release is not None and num_classes is not None
-    features = load_frame(plan.features_file)
+    features = load_frame(plan.features_file, plan.columns)
     ids = plan.training_ids(features)
     rows = features.loc[ids[~ids.isin(plan.estimate_ids(ids))]]  # the estimate rows have a release of their own
     preprocessor = Preprocessor.fit(rows, request.numeric, request.categorical)

@@ -264,7 +264,7 @@ def _auto_releases(plan, client, job_id: str, charged: list) -> None:
                            f"every training example, and this organization's most spent example has "
                            f"{budget.epsilon_remaining:g} left; nothing was spent",
                            code=ErrorCode.LABELS_PARTY_BUDGET_EXCEEDED)
-    frame = load_frame(plan.features_file)
+    frame = load_frame(plan.features_file, plan.columns)
     request_auto_releases(plan, client, job_id, plan.training_ids(frame).astype(str), charged)
 
 

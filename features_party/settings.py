@@ -44,6 +44,11 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     # list is parsed whole (pandas, its sorted hash), ~130 bytes an id — 60 MB of short ids took the trainer up by
     # 1.3 GB (issue 40's bench, bench/hostile_bodies.py).
     max_id_list_ids: int = Field(default=1_000_000, gt=0)
+    # Memory the process lends to requests that read a features table (a job is planned on its ids and columns,
+    # in the request): each read takes what the table's metadata says those columns hold, waits up to 10 s for its
+    # share (then 503 server_busy), and a table whose columns alone are more is refused (400 job_too_large). Issue
+    # 40's eleventh review: four 124-byte jobs on a wide table took the trainer to 19.7 GB, killed by the kernel.
+    table_read_budget_bytes: int = Field(default=512 << 20, gt=0)
     workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
     # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease its heartbeat renews
     # every tenth of job_lease_seconds; a job whose worker died is taken over by any replica once its lease

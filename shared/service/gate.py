@@ -12,7 +12,7 @@ refused when it is defined.
 A route whose body is JSON has it read here too, before FastAPI parses it, and bounded by what it **decodes to**
 (issue 40: a 60 MB body of ``[[0], [0], …]`` within the 64 MiB limit took the server from 683 MB to 4.2 GB): as the
 body streams in, :class:`JsonCost` counts what it can decode to (its bytes, values and containers — C-speed byte
-counts, no parsing), and the request takes that much of the process's :class:`DecodeBudget` before any of it is
+counts, no parsing), and the request takes that much of the process's :class:`MemoryBudget` before any of it is
 parsed. A body whose cost is over the per-request limit is 413 ``body_too_large`` at once; one the budget cannot
 cover within its wait is 503 ``server_busy`` with Retry-After. The budget is held until the answer is sent.
 """
@@ -20,11 +20,9 @@ cover within its wait is 503 ``server_busy`` with Retry-After. The budget is hel
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,7 +35,8 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from shared.errors import ErrorCode, LabelDPError, RetryLater
+from shared.errors import ErrorCode, LabelDPError
+from shared.service.memory import MemoryBudget
 
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 
@@ -105,7 +104,7 @@ class GuardedRoute(APIRoute):
             checked = CheckedRequest(request.scope, receive)
             if self.body_field is None:  # no JSON body (none, or a file the route streams itself)
                 return await handle(checked)
-            budget: DecodeBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
+            budget: MemoryBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
             body, held = await read_json_body(receive, budget)
             checked._body = body  # FastAPI's request.body() returns it: nothing is read twice
             try:
@@ -238,45 +237,10 @@ class JsonCost:
                 f"{self.separators + self.containers + 1:,} values, {self.containers:,} arrays or objects)")
 
 
-class DecodeBudget:
-    """The memory a process lends to decoding JSON bodies: at most ``per_request`` bytes (by :class:`JsonCost`)
-    for one body, ``total`` for all of them at once; a request waits up to ``wait_seconds`` for its share.
-    Thread-safe and free of any event loop (requests poll): one budget serves every loop a process runs."""
-
-    POLL_SECONDS = 0.02
-
-    def __init__(self, total: int, per_request: int, wait_seconds: float = 10.0):
-        if per_request > total:
-            raise ValueError(f"a request's decoding budget ({per_request:,}) exceeds the process's ({total:,})")
-        self.total, self.per_request, self.wait_seconds = total, per_request, wait_seconds
-        self.used = 0
-        self._lock = threading.Lock()
-
-    def try_take(self, amount: int) -> bool:
-        with self._lock:
-            if self.used + amount > self.total:
-                return False
-            self.used += amount
-            return True
-
-    def give(self, amount: int) -> None:
-        with self._lock:
-            self.used -= amount
-
-    async def take(self, amount: int, deadline: float) -> None:
-        """``amount`` more, waiting until ``deadline`` (monotonic); then 503 server_busy with Retry-After."""
-        while not self.try_take(amount):
-            if time.monotonic() >= deadline:
-                raise RetryLater(f"the server is decoding other bodies: {amount:,} bytes more of its "
-                                 f"{self.total:,}-byte budget for decoding JSON are not free; retry",
-                                 code=ErrorCode.SERVER_BUSY, retry_after=math.ceil(self.wait_seconds))
-            await anyio.sleep(self.POLL_SECONDS)
+DEFAULT_BUDGET = MemoryBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
 
 
-DEFAULT_BUDGET = DecodeBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
-
-
-async def read_json_body(receive, budget: DecodeBudget) -> tuple[bytes, int]:
+async def read_json_body(receive, budget: MemoryBudget) -> tuple[bytes, int]:
     """The whole body and the share of ``budget`` taken for it (the caller gives it back): as each chunk arrives
     its cost is counted, refused past ``budget.per_request`` (413 body_too_large, before the rest is read) and
     taken from the budget (waiting, then 503 server_busy): nothing is parsed before it is paid for."""

@@ -23,7 +23,8 @@ from labels_party.auth import create_key
 from labels_party.context import make_context
 from labels_party.settings import LabelsSettings
 from shared import schemas
-from shared.service.gate import DecodeBudget, JsonCost, _first_invalid_string
+from shared.service.gate import JsonCost, _first_invalid_string
+from shared.service.memory import MemoryBudget
 
 
 def _repeat(prefix: str, item: str, suffix: str, count: int) -> bytes:
@@ -169,7 +170,7 @@ def test_a_body_over_the_decoded_limit_is_refused_before_it_is_parsed(labels):
 def test_a_body_the_budget_cannot_cover_waits_then_is_503(labels):
     client, app, headers, dataset = labels(max_json_decoded_bytes=1 << 20, json_decode_budget_bytes=2 << 20,
                                            json_decode_wait_seconds=0.3)
-    budget: DecodeBudget = app.state.decode_budget
+    budget: MemoryBudget = app.state.decode_budget
     assert (budget.total, budget.per_request) == (2 << 20, 1 << 20)
     assert budget.try_take((2 << 20) - 1000)  # other bodies hold all but 1,000 bytes
     body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(100)]}).encode()

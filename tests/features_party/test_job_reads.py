@@ -1,0 +1,91 @@
+"""A job reads what it trains on, within the process's budget for table reads (issue 40's eleventh review: a
+124-byte job on a features table of 120,000 columns read them all, +1,169 MB and 10 s of CPU, then answered 400;
+four at once took the trainer to 19.7 GB, killed by the kernel)."""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from features_party.planning import table_bytes
+from shared.errors import RetryLater
+from shared.service.memory import MemoryBudget
+from tests.features_party.test_api import trainer_client, trainer_context
+
+UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a job that got as far as the labels party would say so
+ROWS, COLUMNS = 3000, 1500  # 36 MB of float64 when read whole
+
+
+def _wide(tmp_path, **settings):
+    ctx = trainer_context(tmp_path, UNREACHABLE, start=False, **settings)
+    trainer = trainer_client(ctx, "publisher")
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(ROWS, COLUMNS)), columns=[f"c{i}" for i in range(COLUMNS)])
+    frame.insert(0, "example_id", [f"u{i}" for i in range(ROWS)])
+    answer = trainer.put("/v1/features/wide", content=frame.to_csv(index=False), headers={"Content-Type": "text/csv"})
+    assert answer.status_code == 200, answer.text
+    return ctx, trainer
+
+
+def _job(**columns):
+    return {"features": "wide", "api_key": "ldp_unused", "dataset_id": "d", "labels_party": "office",
+            "release": {"mechanism": "opt-unbiased", "epsilon": 1.0}, "numeric": ["c0", "c1"], "categorical": [],
+            **columns}
+
+
+def test_a_job_reads_its_own_columns_only(tmp_path):
+    ctx, trainer = _wide(tmp_path)
+    try:
+        tracemalloc.start()
+        try:
+            missing = trainer.post("/v1/jobs", json=_job(numeric=["c0", "nope"]))
+            read = trainer.post("/v1/jobs", json=_job())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert missing.status_code == 400 and missing.json()["error"]["code"] == "malformed_file", missing.text
+        assert "nope" in missing.json()["error"]["message"]
+        # planned, then refused where it asks the labels party (not reachable): the read happened, two columns of it
+        assert read.status_code == 502 and read.json()["error"]["code"] == "labels_party_unreachable", read.text
+        assert peak < 12 << 20, peak  # the whole table is 36 MB of numbers
+    finally:
+        ctx.close()
+
+
+def test_a_table_read_over_the_budget_is_refused_before_it_is_read(tmp_path):
+    ctx, trainer = _wide(tmp_path, table_read_budget_bytes=64 << 10)
+    try:
+        stored = next((tmp_path / "trainer").rglob("wide.parquet"))
+        assert table_bytes(str(stored), ["c0", "c1"]) > 64 << 10  # ids and two columns of 3,000 rows
+        answer = trainer.post("/v1/jobs", json=_job())
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
+        assert trainer.get("/v1/jobs").json() == []  # nothing kept
+    finally:
+        ctx.close()
+
+
+def test_reads_at_once_share_the_budget_and_wait_their_turn():
+    budget = MemoryBudget(100, 100, wait_seconds=0.3)
+    entered, release = threading.Event(), threading.Event()
+
+    def first():
+        with budget.held(80, "one read"):
+            entered.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert entered.wait(5)
+    with pytest.raises(RetryLater) as busy:  # 80 of 100 held: 30 more are not free within the wait
+        with budget.held(30, "another read"):
+            pass
+    assert busy.value.code == "server_busy" and busy.value.retry_after >= 1
+    release.set()
+    worker.join(5)
+    with budget.held(30, "another read"):
+        assert budget.used == 30
+    assert budget.used == 0
