@@ -47,7 +47,6 @@ import pyarrow.parquet as pq
 from labels_party.storage import DataStore, MappedArray, write_npy
 from labels_party.uploads import (
     EXTRA_KEYS,
-    MAX_PARQUET_FOOTER,
     DepthLimited,
     Memo,
     dictionary_strings,
@@ -152,16 +151,13 @@ def _batches_of(handle, fmt: str) -> Iterator[pa.RecordBatch]:
 # times (issue 40: 10⁷ rows in 247 KB).
 UPLOAD_DECODED_RATIO = 64
 UPLOAD_DECODED_FLOOR = 64 << 20
-UPLOAD_FOOTER_CAP = 16 << 20
 
 
 def _upload_parquet(handle) -> Iterator[pa.RecordBatch]:
     """A Parquet upload's example_id and label columns in batches, refused (413 body_too_large) when its metadata
     says they decode to more than the ratio allows, or when the ids its batches name do (ids are read as a
     dictionary, counted before they are expanded: a row group of one long id named 10⁷ times is not 10⁷ copies)."""
-    # a footer of at most 512 KiB, or 1 % of a larger body (at most 16 MiB): its parsed metadata stays below the body's
-    # size, whatever Thrift packs into it (labels_party.uploads.MAX_PARQUET_FOOTER)
-    metadata = parquet_metadata(handle, min(UPLOAD_FOOTER_CAP, max(MAX_PARQUET_FOOTER, handle.size() // 100)))
+    metadata = parquet_metadata(handle)  # its footer at most MAX_PARQUET_FOOTER (parsed: ~120 MB at most)
     schema = metadata.schema.to_arrow_schema()
     columns = [name for name in ("example_id", "label") if name in schema.names]
     limit = UPLOAD_DECODED_FLOOR + UPLOAD_DECODED_RATIO * handle.size()

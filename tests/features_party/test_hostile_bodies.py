@@ -16,8 +16,15 @@ def test_an_id_list_over_its_ids_is_refused_before_it_is_parsed(tmp_path):
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "body_too_large", answer.text
     assert "1,001 lines of ids" in answer.json()["error"]["message"]
     assert trainer.get("/v1/id-lists").json() == []
+    # lines a lone \r ends count too (issue 40's eleventh review: 7.5 million of them passed a limit of a million)
+    carriage = "example_id\r" + "".join(f"u{i}\r" for i in range(1001))
+    answer = trainer.put("/v1/id-lists/h", content=carriage, headers=headers)
+    assert answer.status_code == 413 and "1,001 lines of ids" in answer.json()["error"]["message"], answer.text
+    assert trainer.get("/v1/id-lists").json() == []
     at = "example_id\n" + "".join(f"u{i}\n" for i in range(999)) + "u999"  # the last line without its newline
     assert trainer.put("/v1/id-lists/h", content=at, headers=headers).json()["num_ids"] == 1000
+    full = "example_id\r\n" + "".join(f"u{i}\r\n" for i in range(1000))  # exactly the limit, CRLF-ended
+    assert trainer.put("/v1/id-lists/h", content=full, headers=headers).json()["num_ids"] == 1000
 
 
 def test_a_jobs_json_body_over_the_decoded_limit_is_refused_before_it_is_parsed(tmp_path):

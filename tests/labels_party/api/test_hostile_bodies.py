@@ -249,3 +249,25 @@ def test_a_one_hot_prior_over_wide_classes_is_refused_and_charges_nothing(client
                          headers={**admin, "Content-Type": "text/csv", "Idempotency-Key": "onehot"})
     expect_error(answer, 400, "uninformative_release")
     assert state(client, admin, dataset) == before
+
+
+def test_a_large_uploads_footer_is_bounded_like_any_bodys(tmp_path):
+    """Issue 40's eleventh review: a label upload's footer could be 1 % of the body — 2.97 MB of minimal column
+    chunks in 300 MB of zeros parsed to +676 MB. Every body's footer is at most MAX_PARQUET_FOOTER now: a 60 MB
+    (sparse) body with a 590 KB footer is refused before the footer is parsed."""
+    from labels_party import labelstore
+    from tests.support.parquet_craft import _varint
+
+    count = 200_000  # minimal column chunks of 3 bytes each (Thrift compact)
+    footer = (b"\x15\x02" + b"\x19\x1c\x48\x04root\x00" + b"\x16\x00" + b"\x19\x1c" + b"\x19\xfc" +
+              _varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
+    assert uploads.MAX_PARQUET_FOOTER < len(footer) < (60 << 20) // 100
+    path = tmp_path / "padded.parquet"
+    with open(path, "wb") as body:
+        body.write(b"PAR1")
+        body.seek(60 << 20)  # zeros, not written
+        body.write(footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    with pa.OSFile(str(path)) as handle, pytest.raises(LabelDPError) as refused:
+        next(labelstore._upload_parquet(handle))
+    assert refused.value.code == "body_too_large" and "footer" in str(refused.value)
+
