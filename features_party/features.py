@@ -86,17 +86,40 @@ class StoredTable:
     columns: list[str]
 
 
-def store_features(path: Path, directory: Path, name: str, what: str = "features") -> StoredTable:
+@dataclass(frozen=True)
+class CsvLimits:
+    """What a CSV body may hold, checked on its bytes before it is parsed (413 ``body_too_large``)."""
+
+    max_record_bytes: int
+    max_columns: int
+
+    @classmethod
+    def of(cls, settings) -> CsvLimits:
+        """A trainer's (``max_csv_record_bytes``, ``max_feature_columns`` of its settings)."""
+        return cls(settings.max_csv_record_bytes, settings.max_feature_columns)
+
+    def check(self, path: Path, what: str) -> Records:
+        records = scan_records(path)
+        if records.longest > self.max_record_bytes:
+            raise LabelDPError(f"the {what} file has a record (a row, its quoted line breaks included) of "
+                               f"{records.longest:,} bytes, over this trainer's {self.max_record_bytes:,} "
+                               "(max_csv_record_bytes)", code=ErrorCode.BODY_TOO_LARGE)
+        return records
+
+
+def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, what: str = "features") -> StoredTable:
     """The features CSV at ``path`` (checked as :func:`read_features` checks it: 400 ``malformed_file`` or
-    ``duplicate_example_id``, before anything is stored) as ``directory/name.parquet`` — what :func:`store_frame`
-    stores of :func:`read_features`' frame — replaced at once, read and written in bounded memory. Scratch files go
-    beside ``path`` (a request's spooled body: its directory is the request's)."""
+    ``duplicate_example_id``, before anything is stored; within ``limits``: 413 ``body_too_large``) as
+    ``directory/name.parquet`` — what :func:`store_frame` stores of :func:`read_features`' frame — replaced at
+    once, read and written in bounded memory. Scratch files go beside ``path`` (a request's spooled body: its
+    directory is the request's)."""
+    records = limits.check(path, what)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{name}.parquet"
     staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
     try:
         with tempfile.TemporaryDirectory(prefix="ids-", dir=Path(path).parent) as spill:
-            rows, columns = _convert(Path(path), staged, Path(spill), what)
+            rows, columns = _convert(Path(path), staged, Path(spill), what, records.lines, limits.max_columns)
         staged.replace(target)
     except _WriteFailed as failure:
         staged.unlink(missing_ok=True)
@@ -107,14 +130,17 @@ def store_features(path: Path, directory: Path, name: str, what: str = "features
     return StoredTable(target, rows, columns)
 
 
-def _convert(path: Path, staged: Path, spill: Path, what: str) -> tuple[int, list[str]]:
-    """One pass reads, checks and writes; a second writes again if a column's type changed after its first chunk."""
+def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int, max_columns: int) -> tuple[int, list[str]]:
+    """One pass reads, checks and writes; a second writes again if a column's type changed after its first chunk.
+    ``lines``: the body's (:class:`Records`)."""
     with _parsing(what):
         with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
             columns = [str(c) for c in pd.read_csv(handle, dtype={ID: str}, nrows=0).columns]
+        if len(columns) > max_columns:  # pandas spends ~0.2 ms a column on every chunk: 120,000 columns took 45 s
+            raise LabelDPError(f"the {what} file has {len(columns):,} columns, over this trainer's {max_columns:,} "
+                               "(max_feature_columns)", code=ErrorCode.BODY_TOO_LARGE)
         if ID not in columns:
             raise LabelDPError(f"the {what} file needs an {ID!r} column", code=ErrorCode.MALFORMED_FILE)
-        lines = count_lines(path)
         chunk_rows = _chunk_rows(len(columns), path.stat().st_size / lines)
         ids, types = _Ids(spill, lines), _Types(columns)
         writer: _Staged | None = None
@@ -184,16 +210,39 @@ def _chunk_rows(columns: int, row_bytes: float) -> int:
     return rows * max(1, min(int(CHUNK_BYTES // max(1.0, rows * row_bytes)), CHUNK_CELLS // (rows * max(1, columns))))
 
 
-def count_lines(path: Path) -> int:
-    """Lines of a body, ended by \\n, \\r\\n or a lone \\r (pandas reads all three: counting \\n alone put a
-    \\r-ended body's every row in one partition of the duplicate check, read whole — 602 MB for 120 MB — and
-    let an id list of 7.5 million \\r-ended ids past its limit of a million: +1,175 MB, issue 40's eleventh review)."""
-    newlines = returns = 0
+@dataclass(frozen=True)
+class Records:
+    """What a CSV body's bytes say of its records before it is parsed: its lines, ended by \\n, \\r\\n or a lone
+    \\r (pandas reads all three: counting \\n alone put a \\r-ended body's every row in one partition of the
+    duplicate check, read whole — 602 MB for 120 MB — and let an id list of 7.5 million \\r-ended ids past its
+    limit of a million: +1,175 MB), and its longest record in bytes (a quoted field may hold line breaks: a record
+    ends at a line break outside quotes). Issue 40's eleventh review: one 200 MB cell, or 10⁸ quoted line breaks,
+    was read whole (+1,219 MB)."""
+
+    lines: int
+    longest: int
+
+
+def scan_records(path: Path, piece: int = 1 << 20) -> Records:
+    """:class:`Records` of the body at ``path``, read in pieces (vectorized: memory linear in a piece)."""
+    newlines = returns = quotes = longest = 0
+    start = 0  # where the record being read began
+    offset = 0
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in iter(lambda: handle.read(piece), b""):
+            data = np.frombuffer(block, dtype=np.uint8)
             newlines += block.count(b"\n")
             returns += block.count(b"\r")
-    return 1 + max(newlines, returns)
+            is_quote = data == ord('"')
+            # quotes before each byte (a doubled quote inside a field counts twice: its parity is unchanged)
+            before = quotes + np.cumsum(is_quote) - is_quote
+            ends = np.flatnonzero(((data == ord("\n")) | (data == ord("\r"))) & (before % 2 == 0)) + offset
+            if len(ends):
+                gaps = ends - np.concatenate(([start], ends[:-1] + 1))  # each record's bytes, its break left out
+                longest, start = max(longest, int(gaps.max())), int(ends[-1]) + 1
+            quotes += int(np.count_nonzero(is_quote))
+            offset += len(block)
+    return Records(1 + max(newlines, returns), max(longest, offset - start))
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from features_party import db, schemas
 from features_party.auth import Principal
 from features_party.context import TrainerContext
-from features_party.features import ID, count_lines, read_features, store_frame
+from features_party.features import ID, CsvLimits, read_features, store_frame
 from shared.errors import ErrorCode, LabelDPError
 from shared.splits import holdout_mask
 
@@ -59,7 +59,7 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     """Create or replace the id list ``name`` from a CSV of one ``example_id`` column (unique ids), of at most
     ``max_id_list_ids`` ids (its lines counted before it is parsed: 413 body_too_large)."""
     # lines less the header and the empty one a final line break leaves (\n, \r\n or \r: pandas reads all three)
-    ids, limit = count_lines(path) - 2, ctx.settings.max_id_list_ids
+    ids, limit = CsvLimits.of(ctx.settings).check(path, "id list").lines - 2, ctx.settings.max_id_list_ids
     if ids > limit:
         raise LabelDPError(f"the id list has {ids:,} lines of ids, over this trainer's limit of {limit:,} "
                            "(max_id_list_ids)", code=ErrorCode.BODY_TOO_LARGE)

@@ -29,7 +29,7 @@ from features_party import attempt, db, jobs, schemas
 from features_party.auth import Principal
 from features_party.client import LabelsPartyError
 from features_party.context import TrainerContext
-from features_party.features import store_features
+from features_party.features import CsvLimits, store_features
 from features_party.planning import (
     feature_row,
     labels_party_client,
@@ -51,7 +51,7 @@ def _table_view(row: db.FeatureTable) -> schemas.FeatureTableView:
 
 def upload_features(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.FeatureTableView:
     # 400 on a malformed file, before anything is stored; read and written in bounded memory (issue 40)
-    stored = store_features(path, ctx.org_dir(principal.org_id) / "features", name)
+    stored = store_features(path, ctx.org_dir(principal.org_id) / "features", name, CsvLimits.of(ctx.settings))
     with ctx.sessions() as session, session.begin():
         row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == principal.org_id,
                                                            db.FeatureTable.name == name))

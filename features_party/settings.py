@@ -49,6 +49,11 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     # share (then 503 server_busy), and a table whose columns alone are more is refused (400 job_too_large). Issue
     # 40's eleventh review: four 124-byte jobs on a wide table took the trainer to 19.7 GB, killed by the kernel.
     table_read_budget_bytes: int = Field(default=512 << 20, gt=0)
+    # A CSV body (features, id lists) is refused (413) before it is parsed when one of its records is longer than
+    # max_csv_record_bytes (one 200 MB cell was read whole: +1,219 MB) or its header names more than
+    # max_feature_columns columns (120,000 took 45 s of CPU and +1.1 GB).
+    max_csv_record_bytes: int = Field(default=1 << 20, gt=0)
+    max_feature_columns: int = Field(default=10_000, gt=0)
     workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
     # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease its heartbeat renews
     # every tenth of job_lease_seconds; a job whose worker died is taken over by any replica once its lease

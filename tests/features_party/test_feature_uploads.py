@@ -18,10 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from features_party import features
-from features_party.features import read_features, store_features, store_frame
+from features_party.features import CsvLimits, read_features, store_features, store_frame
 from features_party.planning import load_frame
 from shared.errors import LabelDPError
 from tests.features_party.test_api import trainer_client, trainer_context
+
+LIMITS = CsvLimits(max_record_bytes=1 << 20, max_columns=10_000)  # the trainer's defaults
 
 # pandas' own chunks (low_memory): the largest power of two under half of 2^20 // columns rows
 B3, B5 = 262_144, 131_072  # for 3 columns, for 5
@@ -45,7 +47,7 @@ def _whole(path: Path, directory: Path) -> Path | str:
 
 def _streamed(path: Path, directory: Path) -> features.StoredTable | str:
     try:
-        return store_features(path, directory, "streamed")
+        return store_features(path, directory, "streamed", LIMITS)
     except LabelDPError as err:
         return err.code
 
@@ -97,7 +99,7 @@ def test_many_small_chunks_in_small_row_groups_store_the_rows_pandas_reads(tmp_p
                           "x0": rng.normal(size=rows), "x1": rng.integers(-5, 5, size=rows),
                           "c": rng.choice(["a", "b", "c, with a comma", 'a "quote"'], size=rows)})
     path = _body(tmp_path, frame.to_csv(index=False))
-    streamed = store_features(path, tmp_path / "b", "f")
+    streamed = store_features(path, tmp_path / "b", "f", LIMITS)
     _assert_stored_alike(store_frame(tmp_path / "a", "f", read_features(path)), streamed)
     assert pq.ParquetFile(streamed.file).metadata.num_row_groups > 5
     pd.testing.assert_frame_equal(pd.read_parquet(streamed.file), pd.read_csv(path, dtype={"example_id": str}))
@@ -141,7 +143,7 @@ def test_the_duplicate_named_is_pandas_first_one(tmp_path, monkeypatch):
     body = "example_id,x0\n" + _rows(4000, lambda k: f"u{k},1\n") + "u3500,1\nu12,1\n"
     path = _body(tmp_path, body)
     with pytest.raises(LabelDPError) as refused:
-        store_features(path, tmp_path / "b", "f")
+        store_features(path, tmp_path / "b", "f", LIMITS)
     with pytest.raises(LabelDPError) as whole:
         read_features(path)
     assert str(refused.value) == str(whole.value) == "duplicate example_id 'u3500' in features"
@@ -164,7 +166,7 @@ def test_colliding_hashes_are_compared_as_strings(tmp_path, monkeypatch, duplica
         assert isinstance(outcome, features.StoredTable) and outcome.num_examples == 6000
     else:
         with pytest.raises(LabelDPError) as refused:
-            store_features(path, tmp_path / "c", "f")
+            store_features(path, tmp_path / "c", "f", LIMITS)
         assert str(refused.value) == f"duplicate example_id {ids[duplicate]!r} in features"
 
 
@@ -174,7 +176,7 @@ def test_a_column_of_numbers_then_text_is_a_400_not_a_500(tmp_path, monkeypatch)
     monkeypatch.setattr(features, "CHUNK_BYTES", 1)
     path = _body(tmp_path, "example_id,x,c\n" + _rows(2 * B3, lambda k: f"u{k},1,{'a' if k >= B3 else 1}\n"))
     with pytest.raises(LabelDPError) as refused:
-        store_features(path, tmp_path / "b", "f")
+        store_features(path, tmp_path / "b", "f", LIMITS)
     assert refused.value.code == "malformed_file"
     assert "a column holds values of different kinds" in str(refused.value)
     assert not list((tmp_path / "b").iterdir())
@@ -203,7 +205,7 @@ MEASURE = textwrap.dedent("""
     import io, json, sys
     from pathlib import Path
     import pandas as pd, pyarrow.parquet  # noqa: F401  (loaded before the baseline)
-    from features_party.features import store_features
+    from features_party.features import CsvLimits, store_features
 
     def kb(field):
         for line in open("/proc/self/status"):
@@ -213,7 +215,7 @@ MEASURE = textwrap.dedent("""
     body = Path(sys.argv[1])
     baseline = kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-    stored = store_features(body, body.parent.parent / "stored", "f")
+    stored = store_features(body, body.parent.parent / "stored", "f", CsvLimits(1 << 20, 10_000))
     print(json.dumps({"growth_mb": (kb("VmHWM") - baseline) / 1024, "rows": stored.num_examples}))
 """)
 
@@ -242,8 +244,20 @@ def test_a_large_csv_of_short_rows_is_stored_within_a_bounded_peak_rss(tmp_path)
 def test_lines_are_counted_whatever_ends_them(tmp_path, ending):
     """The duplicate check sizes its partitions from the line count: a body ended by lone \\r counted as one line
     put every row in one partition, read whole (+602 MB for a 120 MB body, against +131 MB with \\n)."""
-    from features_party.features import _count_lines
-
     body = tmp_path / "body"
     body.write_bytes(("example_id,x" + ending + "".join(f"e{i},{i}{ending}" for i in range(1000))).encode())
-    assert _count_lines(body) == 1002  # a header, 1,000 rows, and what follows the last ending
+    records = features.scan_records(body, piece=777)  # pieces that cut records
+    assert records.lines == 1002  # a header, 1,000 rows, and what follows the last ending
+    assert records.longest == len("example_id,x")  # a \r\n ends a record at its \r (the \n: an empty one)
+
+
+@pytest.mark.parametrize("piece", [1, 3, 64, 1 << 20])
+def test_the_longest_record_counts_quoted_line_breaks_in_its_field(tmp_path, piece):
+    """A record ends at a line break outside quotes: a field of quoted line breaks is one record, a doubled quote
+    inside a field is a quote (issue 40's eleventh review: a 200 MB cell of line breaks was read whole)."""
+    body = tmp_path / "body"
+    field = '"' + "a\n\r\n" * 50 + '""b""' + '"'  # 156 + 7 bytes between its quotes
+    body.write_bytes(("example_id,x\n" + f"u1,{field}\n" + "u2,3\n").encode())
+    records = features.scan_records(body, piece=piece)
+    assert records.longest == len(f"u1,{field}")
+    assert records.lines == 1 + body.read_bytes().count(b"\n")  # what pandas' line count bounds

@@ -34,3 +34,28 @@ def test_a_jobs_json_body_over_the_decoded_limit_is_refused_before_it_is_parsed(
     answer = trainer.post("/v1/jobs", content=body, headers={"Content-Type": "application/json"})
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "body_too_large", answer.text
     assert trainer.get("/v1/jobs").json() == []
+
+
+def test_csv_records_and_columns_beyond_the_limits_are_refused_before_they_are_parsed(tmp_path):
+    """Issue 40's eleventh review: one 200 MB cell (or 10⁸ quoted line breaks) of a features table was read whole
+    (+1,219 MB), a 60 MB id of an id list too (+609 MB), and a header of 120,000 columns took 45 s of CPU. A record
+    is at most max_csv_record_bytes, a header at most max_feature_columns columns: 413 before any parsing."""
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", start=False, max_csv_record_bytes=64 << 10,
+                          max_feature_columns=50)
+    admin, member = trainer_client(ctx, "publisher"), trainer_client(ctx, "publisher", "member")
+    headers = {"Content-Type": "text/csv"}
+    bodies = {
+        ("/v1/features/f", "max_csv_record_bytes"): "example_id,x\nu1," + "7" * (65 << 10) + "\nu2,1\n",
+        ("/v1/features/g", "max_csv_record_bytes"): 'example_id,c\nu1,"' + "\n" * (65 << 10) + '"\nu2,a\n',
+        ("/v1/features/h", "max_feature_columns"): "example_id," + ",".join(f"c{i}" for i in range(50)) + "\n",
+        ("/v1/id-lists/l", "max_csv_record_bytes"): "example_id\nu" + "x" * (65 << 10) + "\n",
+    }
+    for (path, limit), body in bodies.items():
+        answer = member.put(path, content=body, headers=headers) if "id-lists" in path else \
+            admin.put(path, content=body, headers=headers)
+        assert answer.status_code == 413 and answer.json()["error"]["code"] == "body_too_large", (path, answer.text)
+        assert limit in answer.json()["error"]["message"]
+    assert admin.get("/v1/features").json() == [] and member.get("/v1/id-lists").json() == []
+    fits = "example_id," + ",".join(f"c{i}" for i in range(49)) + "\nu1," + ",".join(["1"] * 49) + "\n"
+    assert admin.put("/v1/features/ok", content=fits, headers=headers).status_code == 200
+    ctx.close()
