@@ -11,12 +11,12 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    and on all parts pooled (:func:`designs`), each stopped early on a validation split of its own training rows'
    labels (``train.validation_fraction``) — never on the rows that judge it: a model picked among its epochs to fit
    their noise looks better on them than it is (a tree so stopped on the selection rows was chosen at ε = 0.25 and
-   was 11 % worse than the constant). **Judged on a large unbiased sample:** for numeric labels the opt-unbiased
-   part's labels are unbiased too, so that part is split in two folds by a public hash — its candidates (and the
-   pooled ones) are fitted on one fold and judged on the other, then the chosen one is refitted on both — and every
-   other candidate is judged on all of it: each candidate is judged on the selection rows and about half of the
-   training rows, not the selection rows alone (at ε = 0.5 on 17,800 rows those could not tell a 20 % gain from
-   noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on the log scale for Poisson),
+   was 11 % worse than the constant). **Judged on a large unbiased sample:** the validation mechanism's part
+   (opt-unbiased, or K-ary RR for classes) has unbiased labels too, so it is split in two folds by a public hash —
+   its candidates (and the pooled ones) are fitted on one fold and judged on the other, then the chosen one is
+   refitted on both — and every other candidate is judged on all of it: each candidate is judged on the selection
+   rows and about half of the training rows, not the selection rows alone (at ε = 0.5 on 17,800 rows those could
+   not tell a 20 % gain from noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on the log scale for Poisson),
    for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c itself (w = 0): the central mean,
    or for classes the majority class of the RRWithPrior part's noisy histogram (a central DP count).
 3. **Choice**, post-processing of what was released: a candidate is eligible when its loss *minus the constant's*
@@ -122,9 +122,10 @@ def strong(config: Config) -> Config:
 
 def designs(part: pd.Series, labelled: pd.Series, arms: list[str], folds: pd.Series,
             unbiased_arm: str | None) -> tuple[list[Design], pd.Index]:
-    """The designs and the judging pool's out-of-fold rows. The training part of the validation mechanism (numeric
-    labels: opt-unbiased, whose labels are unbiased too) is split in two folds by a public hash: its candidates (and
-    the pooled ones) are fitted on one fold and judged on the other, then refitted whole once chosen; every other
+    """The designs and the judging pool's out-of-fold rows. The training part of the validation mechanism
+    (opt-unbiased, or K-ary RR for classes: its labels are unbiased too) is split in two folds by a public hash: its
+    candidates (and the pooled ones) are fitted on one fold and judged on the other, then refitted whole once
+    chosen; every other
     candidate is judged on all of it. Each candidate is thus judged on the selection rows and on about half of the
     training rows — a far larger sample of unbiased labels than the selection rows alone (issue 39: at ε = 0.5 on
     17,800 rows those could not tell a 20 % gain from noise). ``labelled``: the rows with a target; the parts of
@@ -140,7 +141,7 @@ def designs(part: pd.Series, labelled: pd.Series, arms: list[str], folds: pd.Ser
     unbiased = sets[unbiased_arm]
     first, second = unbiased[folds[unbiased].to_numpy()], unbiased[~folds[unbiased].to_numpy()]
     out = [Design(unbiased_arm, ((first, second), (second, first)), unbiased)]
-    others = [rows for arm, rows in sets.items() if arm != unbiased_arm]
+    others = [rows for arm, rows in sets.items() if arm != unbiased_arm and arm not in SOFT_ARMS]
     out += [Design(arm, ((rows, unbiased),), None) for arm, rows in sets.items() if arm != unbiased_arm]
     if others:
         rest = others[0].append(others[1:]) if len(others) > 1 else others[0]
@@ -179,9 +180,8 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
         clock.lap("lp-2st")
     num_classes = plan.num_classes
     selection, estimate_rows = part.index[part == SELECTION], part.index[part == ESTIMATE]
-    # numeric labels: the validation mechanism's training part is unbiased too, and judges out of fold
-    unbiased = None if num_classes else auto.validation
-    plans, out_of_fold = designs(part, targets.labelled(), arms, auto.folds(ids), unbiased)
+    # the validation mechanism's training part (opt-unbiased, or K-ary RR) is unbiased too, and judges out of fold
+    plans, out_of_fold = designs(part, targets.labelled(), arms, auto.folds(ids), auto.validation)
     pool = selection.append(out_of_fold)
     validation = releases[auto.validation]
     judged = privatized(client, validation, labels[pool].to_numpy(), num_classes)

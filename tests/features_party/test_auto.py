@@ -319,7 +319,8 @@ def test_auto_on_classes_weighs_alibi_soft_labels_with_the_mlp_only_charged_once
     assert done["status"] == "succeeded", done["error"]
     names = {row["candidate"] for row in done["auto"]["candidates"]}
     assert {"alibi/mlp/job", "alibi/mlp/strong"} <= names and not any(n.startswith("alibi/gbdt") for n in names)
-    assert "pooled/mlp/job" in names  # RRWithPrior's and LP-2ST's parts pooled, ALIBI's not
+    assert "pooled/mlp/job" in names  # the parts of RR, RRWithPrior and LP-2ST pooled, ALIBI's not
+    assert "rr/gbdt/job" in names  # K-ary RR a candidate too, judged out of fold
     assert done["auto"]["chosen"]["candidate"] != "constant"
     predicted = _predictions(trainer, done["id"])
     truth = pd.Series(labels, index=ids)[predicted.index]
