@@ -16,9 +16,10 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    its candidates (and the pooled ones) are fitted on one fold and judged on the other, then the chosen one is
    refitted on both — and every other candidate is judged on all of it: each candidate is judged on the selection
    rows and about half of the training rows, not the selection rows alone (at ε = 0.5 on 17,800 rows those could
-   not tell a 20 % gain from noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on the log scale for Poisson),
-   for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c itself (w = 0): the central mean,
-   or for classes the majority class of the RRWithPrior part's noisy histogram (a central DP count).
+   not tell a 20 % gain from noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on
+   the log scale for Poisson), for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c
+   itself (w = 0): the central mean, or for classes the majority class of the RRWithPrior part's noisy histogram
+   (a central DP count).
 3. **Choice**, post-processing of what was released: a candidate is eligible when its loss *minus the constant's*
    has an upper confidence bound below 0: mean + z standard errors of the paired per-example differences on its
    judging rows (small for predictions close to the constant), z Bonferroni's over every candidate at every weight
