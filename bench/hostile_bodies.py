@@ -35,7 +35,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings  # noqa: E402
+from tests.support.parquet_craft import (  # noqa: E402
+    Column,
+    data_page,
+    parquet_file,
+    plain_doubles,
+    plain_strings,
+    varint,
+)
 from tests.support.parquet_lies import understated  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
@@ -314,7 +321,7 @@ def cases() -> list[Case]:
     def footer_bomb(_state):  # a footer of minimal column chunks (3 bytes each in Thrift, ~680 parsed)
         count = 170_000
         footer = (b"\x15\x02" + b"\x19\x1c\x48\x04root\x00" + b"\x16\x00" + b"\x19\x1c" + b"\x19\xfc" +
-                  _varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
+                  varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
         return b"PAR1" + footer + len(footer).to_bytes(4, "little") + b"PAR1"
 
     def wide_prior(k: str) -> Callable:  # one example, a one-hot prior over K classes (CSV)
@@ -474,15 +481,6 @@ def _csv_ids(header: str, rest: str, size: int) -> bytes:
         total += len(block)
         index += 100_000
     return b"".join(parts)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def _mlp_job(state: dict, hidden: list[int]) -> dict:

@@ -14,7 +14,7 @@ _PHYSICAL = {"int64": 2, "double": 5, "byte_array": 6}
 _CODECS = {"uncompressed": 0, "brotli": 4, "zstd": 6}
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     out = bytearray()
     while True:
         low, value = value & 0x7F, value >> 7
@@ -24,7 +24,7 @@ def _varint(value: int) -> bytes:
 
 
 def _zigzag(value: int) -> bytes:
-    return _varint((value << 1) ^ (value >> 63))
+    return varint((value << 1) ^ (value >> 63))
 
 
 def _struct(*fields: tuple[int, int, object] | None) -> bytes:
@@ -42,11 +42,11 @@ def _value(kind: int, value) -> bytes:
         return _zigzag(value)
     if kind == _BINARY:
         raw = value.encode() if isinstance(value, str) else value
-        return _varint(len(raw)) + raw
+        return varint(len(raw)) + raw
     if kind == _STRUCT:
         return value
     element, items = value  # a list
-    head = bytes([(len(items) << 4) | element]) if len(items) < 15 else bytes([0xF0 | element]) + _varint(len(items))
+    head = bytes([(len(items) << 4) | element]) if len(items) < 15 else bytes([0xF0 | element]) + varint(len(items))
     return head + b"".join(_value(element, item) for item in items)
 
 
@@ -69,7 +69,7 @@ def dictionary_page(raw: bytes, entries: int, codec: str = "uncompressed") -> by
 
 def first_entry_indices(values: int) -> bytes:
     """A dictionary-encoded data page's body naming entry 0 ``values`` times (bit width 1, one RLE run)."""
-    return bytes([1]) + _varint(values << 1) + b"\x00"
+    return bytes([1]) + varint(values << 1) + b"\x00"
 
 
 def plain_strings(values: list[bytes]) -> bytes:

@@ -256,11 +256,11 @@ def test_a_large_uploads_footer_is_bounded_like_any_bodys(tmp_path):
     chunks in 300 MB of zeros parsed to +676 MB. Every body's footer is at most MAX_PARQUET_FOOTER now: a 60 MB
     (sparse) body with a 590 KB footer is refused before the footer is parsed."""
     from labels_party import labelstore
-    from tests.support.parquet_craft import _varint
+    from tests.support.parquet_craft import varint
 
     count = 200_000  # minimal column chunks of 3 bytes each (Thrift compact)
     footer = (b"\x15\x02" + b"\x19\x1c\x48\x04root\x00" + b"\x16\x00" + b"\x19\x1c" + b"\x19\xfc" +
-              _varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
+              varint(count) + b"\x26\x00\x00" * count + b"\x16\x00\x16\x00\x00" + b"\x00")
     assert uploads.MAX_PARQUET_FOOTER < len(footer) < (60 << 20) // 100
     path = tmp_path / "padded.parquet"
     with open(path, "wb") as body:
