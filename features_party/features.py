@@ -100,6 +100,9 @@ class CsvLimits:
 
     def check(self, path: Path, what: str) -> Records:
         records = scan_records(path)
+        if records.misquoted:
+            raise LabelDPError(f"the {what} file has a quote inside an unquoted field: quote whole fields and "
+                               'double the quotes inside them ("5""")', code=ErrorCode.MALFORMED_FILE)
         if records.longest > self.max_record_bytes:
             raise LabelDPError(f"the {what} file has a record (a row, its quoted line breaks included) of "
                                f"{records.longest:,} bytes, over this trainer's {self.max_record_bytes:,} "
@@ -221,14 +224,21 @@ class Records:
 
     lines: int
     longest: int
+    misquoted: bool = False  # a quote that opens a field where no field starts (see scan_records)
+
+
+_FIELD_STARTS = np.frombuffer(b',\n\r"', dtype=np.uint8)  # what may precede a field's opening quote
 
 
 def scan_records(path: Path, piece: int = 1 << 20) -> Records:
     """:class:`Records` of the body at ``path``, read in pieces (vectorized: memory linear in a piece)."""
     newlines = returns = quotes = longest = 0
     start = 0  # where the record being read began
-    offset = 0
+    offset, previous = 0, ord("\n")  # the byte before the piece (the file starts a field)
+    misquoted = False
     with open(path, "rb") as handle:
+        marked = handle.read(3) == b"\xef\xbb\xbf"
+        handle.seek(0)
         for block in iter(lambda: handle.read(piece), b""):
             data = np.frombuffer(block, dtype=np.uint8)
             newlines += block.count(b"\n")
@@ -236,13 +246,22 @@ def scan_records(path: Path, piece: int = 1 << 20) -> Records:
             is_quote = data == ord('"')
             # quotes before each byte (a doubled quote inside a field counts twice: its parity is unchanged)
             before = quotes + np.cumsum(is_quote) - is_quote
+            # Parity is the reader's state only if every quote it takes for an opening one starts a field (or
+            # doubles a quote): pandas reads a quote inside an unquoted field as a character, so `a"b,"…"` would
+            # hide a long quoted field from a count of quotes alone. Such a body is refused (writers quote whole
+            # fields and double inner quotes: RFC 4180).
+            opening = np.flatnonzero(is_quote & (before % 2 == 0))
+            prior = np.where(opening > 0, data[np.maximum(opening - 1, 0)], previous)
+            if marked:  # a byte-order mark: the first field starts after it
+                prior = np.where(opening + offset == 3, ord("\n"), prior)
+            misquoted = misquoted or not bool(np.isin(prior, _FIELD_STARTS).all())
             ends = np.flatnonzero(((data == ord("\n")) | (data == ord("\r"))) & (before % 2 == 0)) + offset
             if len(ends):
                 gaps = ends - np.concatenate(([start], ends[:-1] + 1))  # each record's bytes, its break left out
                 longest, start = max(longest, int(gaps.max())), int(ends[-1]) + 1
             quotes += int(np.count_nonzero(is_quote))
-            offset += len(block)
-    return Records(1 + max(newlines, returns), max(longest, offset - start))
+            offset, previous = offset + len(block), int(data[-1])
+    return Records(1 + max(newlines, returns), max(longest, offset - start), misquoted)
 
 
 @contextlib.contextmanager

@@ -261,3 +261,26 @@ def test_the_longest_record_counts_quoted_line_breaks_in_its_field(tmp_path, pie
     records = features.scan_records(body, piece=piece)
     assert records.longest == len(f"u1,{field}")
     assert records.lines == 1 + body.read_bytes().count(b"\n")  # what pandas' line count bounds
+
+
+@pytest.mark.parametrize("piece", [1, 2, 5, 1 << 20])
+def test_a_quote_inside_an_unquoted_field_is_found_whatever_the_pieces(tmp_path, piece):
+    """pandas reads a quote inside an unquoted field as a character, so counting quotes alone would take
+    `a"b,"…"` for two short fields and miss the long quoted one after it: such a body is misquoted (refused).
+    Quoting as writers do (whole fields, inner quotes doubled, after a byte-order mark too) is not."""
+    hidden, honest = tmp_path / "hidden", tmp_path / "honest"
+    hidden.write_bytes(b'example_id,c\nu1,a"b,"' + b"\n" * 5000 + b'"\nu2,x\n')
+    honest.write_bytes(b'\xef\xbb\xbf"example_id",c\r\nu1,"a,b"\r\nu2,"5"""\r\nu3,""\r\n')
+    assert features.scan_records(hidden, piece=piece).misquoted
+    assert not features.scan_records(honest, piece=piece).misquoted
+    assert read_features(honest)["c"].tolist() == ["a,b", '5"', np.nan]
+
+
+def test_a_misquoted_features_body_is_refused_before_it_is_parsed(tmp_path):
+    ctx = trainer_context(tmp_path, "http://127.0.0.1:9", start=False)
+    trainer = trainer_client(ctx, "publisher")
+    body = 'example_id,c\nu1,a"b,"' + "\n" * (2 << 20) + '"\nu2,x\n'  # a 2 MiB field past the 1 MiB record limit
+    answer = trainer.put("/v1/features/f", content=body, headers={"Content-Type": "text/csv"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "malformed_file", answer.text
+    assert "quote" in answer.json()["error"]["message"] and trainer.get("/v1/features").json() == []
+    ctx.close()
