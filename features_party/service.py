@@ -36,6 +36,7 @@ from features_party.planning import (
     load_frame,
     not_found,
     plan_job,
+    table_bytes,
     upstream_error,
 )
 from shared.errors import ErrorCode, LabelDPError, RetryLater
@@ -218,7 +219,7 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
         try:
             with labels_party_client(ctx, plan.url, request.api_key) as client:
                 if plan.auto is not None:
-                    _auto_releases(plan, client, job_id, charged)
+                    _auto_releases(ctx, plan, client, job_id, charged)
                 else:
                     release = jobs.request_releases(plan, client, job_id, jobs.JobReport()).get("", release)
         except Exception as err:
@@ -249,7 +250,7 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
             row.lease_owner = row.lease_expires_at = None
 
 
-def _auto_releases(plan, client, job_id: str, charged: list) -> None:
+def _auto_releases(ctx: TrainerContext, plan, client, job_id: str, charged: list) -> None:
     """An auto job's releases at its creation, once its organization's budget is known to cover ε on every training
     example (each is charged ε in all: a budget short of it would refuse a part after others were charged)."""
     from features_party.auto import request_auto_releases
@@ -264,8 +265,10 @@ def _auto_releases(plan, client, job_id: str, charged: list) -> None:
                            f"every training example, and this organization's most spent example has "
                            f"{budget.epsilon_remaining:g} left; nothing was spent",
                            code=ErrorCode.LABELS_PARTY_BUDGET_EXCEEDED)
-    frame = load_frame(plan.features_file, plan.columns)
-    request_auto_releases(plan, client, job_id, plan.training_ids(frame).astype(str), charged)
+    # the table's ids only, within the process's budget for table reads (as planning read them)
+    with ctx.table_reads.held(table_bytes(plan.features_file, []), "reading the ids of the job's features table"):
+        ids = plan.training_ids(load_frame(plan.features_file, [])).astype(str)
+    request_auto_releases(plan, client, job_id, ids, charged)
 
 
 def _discard(ctx: TrainerContext, job_id: str) -> None:
