@@ -562,9 +562,7 @@ class Preprocessor:
     @staticmethod
     def check(frame: pd.DataFrame, numeric, categorical) -> None:
         """The columns exist and the numeric ones are numbers, on every row (what ``fit`` needs of any subset)."""
-        missing = [c for c in tuple(numeric) + tuple(categorical) if c not in frame.columns]
-        if missing:
-            raise LabelDPError(f"feature columns not in the features file: {missing}", code=ErrorCode.MALFORMED_FILE)
+        check_present(frame.columns, numeric, categorical)
         if "example_id" in tuple(numeric) + tuple(categorical):
             raise LabelDPError("example_id is the key, not a feature", code=ErrorCode.MALFORMED_FILE)
         _numeric(frame, tuple(numeric))
@@ -631,6 +629,13 @@ class Preprocessor:
                     or len(set(vocabulary)) != len(vocabulary):
                 raise ValueError("vocabularies")
         return cls.from_dict(data)
+
+
+def check_present(names, numeric, categorical) -> None:
+    """400 ``malformed_file`` naming the job's feature columns that are not among ``names``."""
+    missing = [c for c in (*numeric, *categorical) if c not in set(names)]
+    if missing:
+        raise LabelDPError(f"feature columns not in the features file: {missing}", code=ErrorCode.MALFORMED_FILE)
 
 
 MAX_MAGNITUDE = 1e100  # a numeric feature's largest |value|: squares and sums of any table stay finite

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from features_party import db, gbdt, id_lists, losses, parts, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
-from features_party.features import Preprocessor
+from features_party.features import Preprocessor, check_present
 from features_party.parts import AutoPlan
 from features_party.settings import TrainerSettings
 from features_party.train import TrainConfig
@@ -67,10 +67,7 @@ def table_bytes(file: str, columns: Sequence[str]) -> int:
 
 def check_columns(file: str, numeric: Sequence[str], categorical: Sequence[str]) -> None:
     """The job's feature columns are in the table (from its schema, before any row is read)."""
-    names = set(pq.read_schema(file).names)
-    missing = [c for c in (*numeric, *categorical) if c not in names]
-    if missing:
-        raise LabelDPError(f"feature columns not in the features file: {missing}", code=ErrorCode.MALFORMED_FILE)
+    check_present(pq.read_schema(file).names, numeric, categorical)
 
 
 Config = TrainConfig | gbdt.GbdtConfig
@@ -204,7 +201,8 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         features_file = feature_row(session, org_id, request.features).file
     check_columns(features_file, request.numeric, request.categorical)
     columns = [*request.numeric, *request.categorical]
-    with ctx.table_reads.held(table_bytes(features_file, columns), "reading the job's columns of its features table"):
+    with ctx.table_reads.held(table_bytes(features_file, columns), "reading the job's columns of its features table",
+                              ErrorCode.JOB_TOO_LARGE):
         return _plan(ctx, org_id, request, auto, learners, features_file, load_frame(features_file, columns),
                      stored=stored)
 

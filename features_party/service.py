@@ -266,7 +266,8 @@ def _auto_releases(ctx: TrainerContext, plan, client, job_id: str, charged: list
                            f"{budget.epsilon_remaining:g} left; nothing was spent",
                            code=ErrorCode.LABELS_PARTY_BUDGET_EXCEEDED)
     # the table's ids only, within the process's budget for table reads (as planning read them)
-    with ctx.table_reads.held(table_bytes(plan.features_file, []), "reading the ids of the job's features table"):
+    with ctx.table_reads.held(table_bytes(plan.features_file, []), "reading the ids of the job's features table",
+                              ErrorCode.JOB_TOO_LARGE):
         ids = plan.training_ids(load_frame(plan.features_file, [])).astype(str)
     request_auto_releases(plan, client, job_id, ids, charged)
 

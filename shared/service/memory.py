@@ -47,12 +47,13 @@ class MemoryBudget:
             await anyio.sleep(self.POLL_SECONDS)
 
     @contextlib.contextmanager
-    def held(self, amount: int, what: str) -> Iterator[None]:
-        """``amount`` of the budget while the block runs, from a worker thread: 413 ``job_too_large`` for more
-        than ``per_request`` (``what`` says what needs it), 503 ``server_busy`` when it is not free in time."""
+    def held(self, amount: int, what: str, too_large: ErrorCode) -> Iterator[None]:
+        """``amount`` of the budget while the block runs, from a worker thread: ``too_large`` (the caller's code)
+        for more than ``per_request`` (``what`` says what needs it), 503 ``server_busy`` when it is not free in
+        time."""
         if amount > self.per_request:
             raise LabelDPError(f"{what} takes {amount:,} bytes, over this server's {self.per_request:,} for one "
-                               "request", code=ErrorCode.JOB_TOO_LARGE)
+                               "request", code=too_large)
         deadline = time.monotonic() + self.wait_seconds
         while not self.try_take(amount):
             if time.monotonic() >= deadline:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from features_party.planning import table_bytes
-from shared.errors import RetryLater
+from shared.errors import ErrorCode, RetryLater
 from shared.service.memory import MemoryBudget
 from tests.features_party.test_api import trainer_client, trainer_context
 
@@ -73,7 +73,7 @@ def test_reads_at_once_share_the_budget_and_wait_their_turn():
     entered, release = threading.Event(), threading.Event()
 
     def first():
-        with budget.held(80, "one read"):
+        with budget.held(80, "one read", ErrorCode.JOB_TOO_LARGE):
             entered.set()
             release.wait(5)
 
@@ -81,11 +81,11 @@ def test_reads_at_once_share_the_budget_and_wait_their_turn():
     worker.start()
     assert entered.wait(5)
     with pytest.raises(RetryLater) as busy:  # 80 of 100 held: 30 more are not free within the wait
-        with budget.held(30, "another read"):
+        with budget.held(30, "another read", ErrorCode.JOB_TOO_LARGE):
             pass
     assert busy.value.code == "server_busy" and busy.value.retry_after >= 1
     release.set()
     worker.join(5)
-    with budget.held(30, "another read"):
+    with budget.held(30, "another read", ErrorCode.JOB_TOO_LARGE):
         assert budget.used == 30
     assert budget.used == 0
