@@ -119,9 +119,11 @@ def unpack(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
             if sizes.get(SKELETON, max_bytes + 1) > max_bytes:
                 raise Unreadable("its skeleton is missing or larger than any document")
             _count_values(archive, max_bytes // 64)  # before it is parsed: each makes a Python object (~100 B)
-            # read no further than the listed size (zipfile); decoded as UTF-8 first, as it was counted: given bytes,
-            # json.loads guesses UTF-16 or -32 from NULs, and in UTF-16 a counted quote is half of another character
-            skeleton = json.loads(archive.read(SKELETON).decode("utf-8"))
+            # read no further than the listed size (zipfile); decoded as ASCII first, as it was counted: given bytes,
+            # json.loads guesses UTF-16 or -32 from NULs, and in UTF-16 a counted quote is half of another character;
+            # and one character outside the BMP would make the whole text four bytes a character (the tenth review's
+            # 32 KB row parsed to 249 MB)
+            skeleton = json.loads(archive.read(SKELETON).decode("ascii"))
             named = _references(skeleton)
             arrays: dict[int, np.ndarray] = {}  # each stored array read once, however many places name it
             for index in sorted(set(named)):
@@ -154,7 +156,10 @@ def _count_values(archive: zipfile.ZipFile, limit: int, piece_bytes: int = 1 << 
     scan = _Scan()
     with archive.open(SKELETON) as member:
         while piece := member.read(piece_bytes):
-            scan.add(np.frombuffer(piece, dtype=np.uint8))
+            codes = np.frombuffer(piece, dtype=np.uint8)
+            if codes.max() > 0x7F:  # pack writes ASCII (canonical escapes the rest): one byte a character
+                raise Unreadable("its skeleton is not ASCII")
+            scan.add(codes)
             if scan.values > limit:
                 raise Unreadable("its skeleton holds more JSON values than any document")
             if scan.longest > MAX_STRING_BYTES:
