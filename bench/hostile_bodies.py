@@ -307,6 +307,11 @@ def cases() -> list[Case]:
         return parquet_bytes(pa.table({"example_id": pa.DictionaryArray.from_arrays(
             pa.array(np.arange(rows, dtype=np.int32)), ids), "label": np.ones(rows)}))
 
+    def honest_unique_ids(_state):  # an honest upload, as pyarrow writes it: 2·10⁶ new ids beside the N known
+        rows = 2_000_000
+        ids = [f"u{i}" for i in range(N)] + [f"user-{i:09d}" for i in range(rows)]
+        return parquet_bytes(pa.table({"example_id": ids, "label": np.arange(len(ids), dtype=float) % 41}))
+
     def long_group_names(_state):  # 2·10⁶ rows naming 1,000 groups of 900 characters (issue 26's review)
         rows = 2_000_000
         return parquet_bytes(pa.table({
@@ -381,6 +386,10 @@ def cases() -> list[Case]:
                       warm_csv),
         columnar_case("labels-parquet-long-ids", "PUT labels: Parquet, 200,000 distinct 2,000-character ids",
                       columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), long_ids, warm_csv),
+        columnar_case("labels-parquet-honest", "PUT labels: Parquet, an honest upload of 2·10⁶ unique ids (pyarrow's "
+                      "defaults: row groups of 2²⁰ rows, dictionary pages falling back to plain ones)",
+                      columnar("/v1/datasets/{small}/labels", "application/vnd.apache.parquet"), honest_unique_ids,
+                      warm_csv),
         columnar_case("labels-ndjson-deep", "PUT labels: NDJSON, one line nested 100,000 deep",
                       columnar("/v1/datasets/{small}/labels", "application/x-ndjson"),
                       deep_ndjson('"label": 1'), b'{"example_id": "nobody", "label": 99}\n'),

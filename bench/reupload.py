@@ -3,7 +3,7 @@ which half are known (ids N/2 .. 3N/2) on top of them. The second upload joins a
 must run in bounded memory (DuckDB spills under the data directory). Prints each upload's seconds and the server's
 peak resident memory per phase; ``--json`` prints one JSON object.
 
-Run: `.venv/bin/python bench/reupload.py [--n 10000000] [--memory-mb 256] [--json]`
+Run: `.venv/bin/python bench/reupload.py [--n 10000000] [--memory-mb 128] [--json]`
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def write_csv(path: Path, start: int, stop: int, chunk: int = 1_000_000) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=10_000_000)
-    parser.add_argument("--memory-mb", type=int, default=256, help="the server's LABELDP_UPLOAD_MEMORY_MB")
+    parser.add_argument("--memory-mb", type=int, default=128, help="the server's LABELDP_UPLOAD_MEMORY_MB")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     n = args.n

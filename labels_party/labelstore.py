@@ -49,10 +49,10 @@ from labels_party.uploads import (
     EXTRA_KEYS,
     DepthLimited,
     Memo,
-    dictionary_strings,
+    parquet_batches,
     parquet_decoded,
     parquet_metadata,
-    text_columns,
+    string_bytes,
 )
 from shared.domains import check_labels
 from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
@@ -62,7 +62,7 @@ PARSE_ROWS = 1 << 16  # rows per batch where ids are in memory (64 Ki ids of 1 K
 ROW_GROUP_BYTES = 4 << 20  # uncompressed bytes per row group of the files DuckDB reads
 STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (not a whole column chunk at once)
 VERSION_SCHEMA = pa.schema([("registry_index", pa.int64()), ("example_id", pa.string()), ("label", pa.float64())])
-DUCKDB_MEMORY_MB = 256  # LabelsSettings.upload_memory_mb by default
+DUCKDB_MEMORY_MB = 128  # LabelsSettings.upload_memory_mb by default
 DUCKDB_MB_PER_THREAD = 128  # DuckDB's documented minimum per thread
 
 
@@ -155,20 +155,19 @@ UPLOAD_DECODED_FLOOR = 64 << 20
 
 def _upload_parquet(handle) -> Iterator[pa.RecordBatch]:
     """A Parquet upload's example_id and label columns in batches, refused (413 body_too_large) when its metadata
-    says they decode to more than the ratio allows, or when the ids its batches name do (ids are read as a
-    dictionary, counted before they are expanded: a row group of one long id named 10⁷ times is not 10⁷ copies)."""
+    says they decode to more than the ratio allows, or when the ids its batches name do (counted as
+    :func:`~labels_party.uploads.parquet_batches` reads them: a row group of one long id named 10⁷ times is read as
+    a dictionary, not 10⁷ copies)."""
     metadata = parquet_metadata(handle)  # its footer at most MAX_PARQUET_FOOTER (parsed: ~120 MB at most)
     schema = metadata.schema.to_arrow_schema()
     columns = [name for name in ("example_id", "label") if name in schema.names]
     limit = UPLOAD_DECODED_FLOOR + UPLOAD_DECODED_RATIO * handle.size()
-    rows, total = parquet_decoded(metadata, columns, handle)
-    if total > limit:
-        raise _decodes_to(total, handle.size(), " (from the Parquet metadata)")
+    size = parquet_decoded(metadata, columns, handle)
+    if size.total > limit:
+        raise _decodes_to(size.total, handle.size(), " (from the Parquet metadata)")
     decoded, lengths = 0, Memo()
-    body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,  # parsed once
-                          read_dictionary=text_columns(schema, columns) or None)
-    for batch in body.iter_batches(batch_size=PARSE_ROWS, columns=columns):
-        decoded += 16 * batch.num_rows + sum(dictionary_strings(column, lengths) for column in batch.columns)
+    for batch in parquet_batches(handle, metadata, size, columns, PARSE_ROWS):  # the footer parsed once
+        decoded += 16 * batch.num_rows + sum(string_bytes(column, lengths) for column in batch.columns)
         if decoded > limit:
             raise _decodes_to(decoded, handle.size(), "")
         yield batch
@@ -237,6 +236,7 @@ def _parse_to(path: Path, fmt: str, domain, clip: dict | None, target: Path) -> 
                                                   code=ErrorCode.MALFORMED_FILE) from None
     if rows == 0:
         raise LabelDPError("the upload holds no labels", code=ErrorCode.EMPTY_LABELS)
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps what parsing freed; DuckDB works next
     return rows, counts
 
 

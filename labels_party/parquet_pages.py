@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from shared.errors import ErrorCode, LabelDPError
 
@@ -53,14 +54,21 @@ def check_writer(created_by: str | None) -> None:
                            "(PARQUET-816): write it again with a current writer", code=ErrorCode.MALFORMED_FILE)
 
 
+DICTIONARY_ENCODINGS = (2, 8)  # a data page's PLAIN_DICTIONARY or RLE_DICTIONARY (parquet.thrift Encoding)
+
+
 @dataclass(frozen=True)
 class ChunkPages:
     """What a column chunk's page headers state: their values and uncompressed bytes (dictionary page included),
-    and the dictionary page's uncompressed bytes on their own."""
+    the dictionary page's uncompressed bytes on their own, the values of data pages not dictionary-encoded (a
+    writer falls back to plain pages when its dictionary grows too large), and whether the first data page is
+    dictionary-encoded."""
 
     values: int
     uncompressed: int
     dictionary: int = 0
+    plain_values: int = 0
+    dictionary_first: bool = False
 
 
 class _Malformed(Exception):
@@ -168,10 +176,11 @@ def _element(reader: _Reader, kind: int, depth: int) -> None:
         _skip(reader, kind, depth)
 
 
-def _struct(reader: _Reader, depth: int, wanted: dict[int, int]) -> dict[int, int]:
-    """Read a struct, returning the integer fields whose ids ``wanted`` names (id → its value), and for the ids
-    it maps to -1 the first integer field of the nested struct there (a data page header's value count)."""
-    found: dict[int, int] = {}
+def _struct(reader: _Reader, depth: int, wanted: dict[int, Any]) -> dict[int, Any]:
+    """Read a struct, returning the integer fields whose ids ``wanted`` maps to 0 (id → its value), and for the
+    ids it maps to a dict, what that dict wants of the nested struct there (a data page header's value count and
+    encoding)."""
+    found: dict[int, Any] = {}
     field_id = 0
     while True:
         header = reader.byte()
@@ -182,8 +191,8 @@ def _struct(reader: _Reader, depth: int, wanted: dict[int, int]) -> dict[int, in
         field_id = field_id + delta if delta else reader.zigzag()
         if field_id in wanted and wanted[field_id] == 0 and kind in (_I32, _I64):
             found[field_id] = reader.zigzag()
-        elif field_id in wanted and wanted[field_id] == -1 and kind == _STRUCT:
-            found[field_id] = _struct(reader, depth + 1, {1: 0}).get(1, 0)
+        elif field_id in wanted and isinstance(wanted[field_id], dict) and kind == _STRUCT:
+            found[field_id] = _struct(reader, depth + 1, wanted[field_id])
         else:
             _skip(reader, kind, depth)
 
@@ -192,7 +201,8 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
     """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
     bytes; ``budget``: what the body's walk may still do (spent here). 400 ``malformed_file`` for headers that
     cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES` or past the body's size in header bytes."""
-    values = uncompressed = dictionary = 0
+    values = uncompressed = dictionary = plain_values = 0
+    first_encoding: int | None = None
     position = start
     reader = _Reader(handle, position, size, budget)
     try:
@@ -202,18 +212,25 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
                 raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages, or its chunks read its "
                                    "page headers more than once; write larger pages", code=ErrorCode.BODY_TOO_LARGE)
             reader = _Reader(handle, position, size, budget)
-            found = _struct(reader, 0, {1: 0, 2: 0, 3: 0, 5: -1, 8: -1})
+            # a data page header (v1, field 5; v2, field 8): its value count and encoding
+            found = _struct(reader, 0, {1: 0, 2: 0, 3: 0, 5: {1: 0, 2: 0}, 8: {1: 0, 4: 0}})
             budget.header_bytes -= reader.position - position
             page_size, stored = found.get(2, -1), found.get(3, -1)
             if page_size < 0 or stored < 0:
                 raise _Malformed("a page header without its sizes")
             uncompressed += page_size
             dictionary += page_size if found.get(1) == DICTIONARY_PAGE else 0
-            values += max(found.get(5, 0), found.get(8, 0), 0)
+            data = found.get(5) or found.get(8)
+            if data is not None:
+                page_values = max(data.get(1, 0), 0)
+                encoding = data.get(2 if 5 in found else 4)
+                values += page_values
+                plain_values += 0 if encoding in DICTIONARY_ENCODINGS else page_values
+                first_encoding = encoding if first_encoding is None else first_encoding
             position = reader.position + stored
     except _Malformed as error:
         if reader.position >= position + budget.header_bytes:  # the body's header bytes, not the header, ran out
             raise LabelDPError("the Parquet body's chunks read its page headers more than once",
                                code=ErrorCode.BODY_TOO_LARGE) from None
         raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code=ErrorCode.MALFORMED_FILE) from None
-    return ChunkPages(values, uncompressed, dictionary)
+    return ChunkPages(values, uncompressed, dictionary, plain_values, first_encoding in DICTIONARY_ENCODINGS)

@@ -79,7 +79,7 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     max_central_training_step: int = Field(default=100_000_000, gt=0)
     # DuckDB's memory limit while an upload is checked and joined against the registry (it spills to the data
     # directory beyond it, so any upload fits): one thread per 128 MB (DuckDB's minimum), at least one, at most 2.
-    upload_memory_mb: int = Field(default=256, ge=64)
+    upload_memory_mb: int = Field(default=128, ge=64)
     # The audit (docs/design/audit.md): the Ed25519 key that signs chain heads and key rows (a PEM file, mode 0600,
     # made by `labeldp labels audit-key`; keep it where a database writer cannot read it) and the directory where
     # every committed head is appended (heads.jsonl), best outside the database and the data directory. Unset, every

@@ -73,6 +73,7 @@ GROUP_ROW_BYTES = 24
 PARSE_CELLS = 1 << 20  # cells (rows × columns) per batch handed on
 BLOCK_BYTES = 1 << 22  # CSV and NDJSON are read in blocks of this size
 STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (never a whole column chunk at once)
+PLAIN_BATCH_BYTES = 16 << 20  # a batch of strings read plain holds at most about this many bytes of them
 # A Parquet footer (its metadata) longer than this is refused before it is parsed: Arrow's parsed metadata takes
 # ~10 times a written footer's bytes (a 29 MB footer of 10⁵ columns took 273 MB), and up to ~230 times for a footer
 # of minimal column chunks (3 bytes each in Thrift, ~680 in memory: 3 MB took 680 MB, 750 KB 172 MB). 512 KiB (at
@@ -222,12 +223,11 @@ def _parquet_priors(path: Path, names: list[str], decoded: Decoded) -> tuple[lis
         schema = metadata.schema.to_arrow_schema()
         columns = ["example_id", *names]
         _positions(schema.names, columns, True)
-        rows, total = parquet_decoded(metadata, columns, handle)
-        decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
-        body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
-                              read_dictionary=text_columns(schema, ["example_id"]))
+        size = parquet_decoded(metadata, columns, handle)
+        decoded.check(size.rows, size.rows * decoded.row_bytes + size.total, " (from the Parquet metadata)")
+        body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False)
         ids: list[str] = []
-        for batch in body.iter_batches(batch_size=PARSE_CELLS, columns=["example_id"]):
+        for batch in parquet_batches(handle, metadata, size, ["example_id"], PARSE_CELLS):
             decoded.add(rows=batch.num_rows)
             ids.extend(_id_strings(batch.column(0), decoded))
         priors = np.empty((len(ids), len(names)))
@@ -300,16 +300,14 @@ def _counted_id(value: Any, decoded: Decoded) -> str:
 
 def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> Iterator[pa.RecordBatch]:
     """The body's batches, once its footer's length and what its metadata says the columns decode to are within
-    the limits; string columns are read as dictionaries (never one string per row)."""
+    the limits (strings as :func:`parquet_batches` reads them)."""
     metadata = parquet_metadata(handle)
     schema = metadata.schema.to_arrow_schema()
     names = schema.names  # a new list at each access: taken once (K classes, K columns)
     read = [names[i] for i in _positions(names, columns, required)]
-    rows, total = parquet_decoded(metadata, read, handle)
-    decoded.check(rows, rows * decoded.row_bytes + total, " (from the Parquet metadata)")
-    body = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
-                          read_dictionary=text_columns(schema, read))
-    return body.iter_batches(batch_size=max(1, PARSE_CELLS // max(1, len(read))), columns=read)
+    size = parquet_decoded(metadata, read, handle)
+    decoded.check(size.rows, size.rows * decoded.row_bytes + size.total, " (from the Parquet metadata)")
+    return parquet_batches(handle, metadata, size, read, max(1, PARSE_CELLS // max(1, len(read))))
 
 
 def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMetaData:
@@ -362,8 +360,18 @@ def check_column_types(schema: pa.Schema, columns: Sequence[str]) -> None:
             raise LabelDPError(f"column {name!r} must hold {what}, not {kind}", code=ErrorCode.MALFORMED_FILE)
 
 
-def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -> tuple[int, int]:
-    """(rows, bytes): what reading ``columns`` of the Parquet file open on ``handle`` decodes to at most, from its
+@dataclass(frozen=True)
+class DecodedSize:
+    """What reading some columns of a Parquet body decodes to at most (rows, bytes), and what the page headers of
+    its string columns' chunks state, by (row group, column)."""
+
+    rows: int
+    total: int
+    text_chunks: dict[tuple[int, str], parquet_pages.ChunkPages]
+
+
+def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -> DecodedSize:
+    """What reading ``columns`` of the Parquet file open on ``handle`` decodes to at most, from its
     metadata and its pages' headers (:mod:`labels_party.parquet_pages`: the footer's sizes are claims, the page
     headers are what decompression obeys; the larger counts), before any page is decompressed: a fixed-width value
     its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes of index per
@@ -383,13 +391,13 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
         if column.max_repetition_level > 0 or column.path not in wanted:
             raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns",
                                code=ErrorCode.MALFORMED_FILE)
-        leaves.append((i, column.physical_type, column.length or 0))
-    total, size = 0, handle.size()
+        leaves.append((i, column.path, column.physical_type, column.length or 0))
+    total, size, text_chunks = 0, handle.size(), {}
     budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
-    rows = {i: 0 for i, _, _ in leaves}  # a flat column's values: one per row (nulls included)
+    rows = {i: 0 for i, _, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
-        for i, physical, length in leaves:
+        for i, name, physical, length in leaves:
             chunk = row_group.column(i)
             start = chunk.data_page_offset  # where Arrow starts reading the chunk (its dictionary page, if first)
             if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
@@ -399,12 +407,67 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             rows[i] += values
             if physical == "BYTE_ARRAY":
                 total += 4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
+                text_chunks[(group, name)] = pages
             else:  # decoded values and the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB),
                 # and a dictionary twice: its page and Arrow's decoded copy (the tenth: 10 columns, 2× counted)
                 width = length + 8 if physical == "FIXED_LEN_BYTE_ARRAY" else 16 if physical == "INT96" else 8
                 total += values * width + pages.uncompressed + pages.dictionary
     handle.seek(0)
-    return max(metadata.num_rows, *rows.values(), 0), total
+    return DecodedSize(max(metadata.num_rows, *rows.values(), 0), total, text_chunks)
+
+
+def parquet_batches(handle, metadata: pq.FileMetaData, size: DecodedSize, columns: Sequence[str],
+                    batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``columns`` of the Parquet body open on ``handle`` (``size``: :func:`parquet_decoded` of them), row group by
+    row group, in batches of at most ``batch_rows``. A row group's strings are read as dictionaries (a row never
+    expands a dictionary entry of its own) unless every string chunk in it is plain or falls back to plain pages
+    after dictionary-encoded ones: then Arrow would build one dictionary of the whole row group's strings as it
+    reads (~170 bytes a row: an honest 2·10⁶-row upload of unique ids peaked at +334 MB), so they are read as
+    strings, in batches that hold at most :data:`PLAIN_BATCH_BYTES` of the longest string the chunks' dictionary
+    pages hold (read first, on their own)."""
+    text = text_columns(metadata.schema.to_arrow_schema(), columns)
+    as_dictionaries = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
+                                     read_dictionary=text or None)
+    if not text:
+        yield from as_dictionaries.iter_batches(batch_size=batch_rows, columns=list(columns))
+        return
+    as_strings = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False)
+    for group in range(metadata.num_row_groups):
+        longest = _longest_plain(as_dictionaries, group, {name: size.text_chunks[(group, name)] for name in text})
+        if longest is None:
+            yield from as_dictionaries.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns))
+        else:
+            rows = max(1, min(batch_rows, PLAIN_BATCH_BYTES // (longest + 16)))
+            yield from as_strings.iter_batches(batch_size=rows, row_groups=[group], columns=list(columns))
+
+
+def _longest_plain(reader: pq.ParquetFile, group: int, chunks: dict[str, parquet_pages.ChunkPages]) -> int | None:
+    """None: read row group ``group``'s strings as dictionaries — a chunk is wholly dictionary-encoded (read as
+    strings, an entry named by many rows would be copied for each), or has plain pages before dictionary-encoded
+    ones (no writer does that). Otherwise the sum over its string columns of the longest entry of each one's
+    dictionary page (0 without one): with the first data page dictionary-encoded, the first batch's dictionary is
+    that page's entries."""
+    longest = 0
+    for name, pages in chunks.items():
+        if pages.dictionary == 0:  # plain pages only: each string is in the page bytes counted
+            continue
+        if pages.plain_values == 0 or not pages.dictionary_first:
+            return None
+        first = next(reader.iter_batches(batch_size=1, row_groups=[group], columns=[name]), None)
+        if first is not None and len(first.column(0).dictionary):
+            longest += int(pc.max(pc.binary_length(first.column(0).dictionary)).as_py() or 0)
+    return longest
+
+
+def string_bytes(column: pa.Array, memo: Memo | None = None) -> int:
+    """The bytes of the strings a column's rows hold (a dictionary column: those its rows name, without making
+    them); 0 for a column of other values."""
+    if pa.types.is_dictionary(column.type):
+        return dictionary_strings(column, memo)
+    if pa.types.is_string(column.type) or pa.types.is_binary(column.type) or \
+            pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
+        return int(pc.sum(pc.binary_length(column)).as_py() or 0)
+    return 0
 
 
 def text_columns(schema: pa.Schema, names: Sequence[str]) -> list[str]:

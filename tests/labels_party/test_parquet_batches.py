@@ -1,0 +1,109 @@
+"""How Parquet bodies' strings are read (labels_party.uploads.parquet_batches): as dictionaries where a row could
+otherwise copy a dictionary entry, as strings where Arrow would otherwise build one dictionary of a whole row group
+(an honest upload of 2·10⁶ unique ids peaked at +334 MB in Arrow's dictionary builder — issue 40's tenth review)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from labels_party import labelstore, parquet_pages, uploads
+from shared.errors import LabelDPError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parquet(table: pa.Table, **options) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, **options)
+    return buffer.getvalue()
+
+
+def _batches(data: bytes, columns=("example_id", "label"), batch_rows: int = 1 << 16) -> list[pa.RecordBatch]:
+    handle = pa.BufferReader(data)
+    metadata = uploads.parquet_metadata(handle)
+    size = uploads.parquet_decoded(metadata, list(columns), handle)
+    return list(uploads.parquet_batches(handle, metadata, size, list(columns), batch_rows))
+
+
+def _id_chunk(data: bytes, group: int) -> parquet_pages.ChunkPages:
+    handle = pa.BufferReader(data)
+    metadata = uploads.parquet_metadata(handle)
+    return uploads.parquet_decoded(metadata, ["example_id", "label"], handle).text_chunks[(group, "example_id")]
+
+
+UNIQUE = pa.table({"example_id": [f"user-{i:07d}" for i in range(20_000)], "label": [1.0] * 20_000})
+REPEATED = pa.table({"example_id": [f"user-{i % 10}" for i in range(20_000)], "label": [1.0] * 20_000})
+
+
+@pytest.mark.parametrize("page_version", ["1.0", "2.0"])
+def test_the_walk_tells_a_dictionary_from_its_plain_fallback(page_version):
+    """Unique ids overflow a small dictionary page: dictionary-encoded pages first, then plain ones (what pyarrow,
+    parquet-mr and DuckDB do); repeated ids stay dictionary-encoded; without a dictionary every page is plain."""
+    options = {"data_page_version": page_version, "data_page_size": 4096}
+    fallback = _id_chunk(_parquet(UNIQUE, dictionary_pagesize_limit=4096, **options), 0)
+    assert fallback.dictionary > 0 and fallback.dictionary_first and 0 < fallback.plain_values < 20_000
+    assert fallback.values == 20_000
+    repeated = _id_chunk(_parquet(REPEATED, **options), 0)
+    assert repeated.dictionary > 0 and repeated.dictionary_first and repeated.plain_values == 0
+    plain = _id_chunk(_parquet(UNIQUE, use_dictionary=False, **options), 0)
+    assert plain.dictionary == 0 and not plain.dictionary_first and plain.plain_values == 20_000
+
+
+def test_each_row_group_is_read_as_its_pages_allow():
+    """Row group 0 falls back to plain pages (read as strings), row group 1 is wholly dictionary-encoded (read as a
+    dictionary); the rows are the table's, in order."""
+    table = pa.concat_tables([UNIQUE, REPEATED])
+    data = _parquet(table, row_group_size=20_000, dictionary_pagesize_limit=4096, data_page_size=4096)
+    batches = _batches(data, batch_rows=5_000)
+    kinds = [pa.types.is_dictionary(b.column(0).type) for b in batches]
+    assert kinds == [False] * 4 + [True] * 4
+    ids = pa.chunked_array([pc.cast(b.column(0), pa.string()) for b in batches])
+    assert ids.to_pylist() == table.column("example_id").to_pylist()
+
+
+def test_an_entry_named_by_many_rows_is_copied_at_most_a_batch_bound_at_a_time():
+    """A 1 MiB id named by 300 dictionary-encoded rows, then unique ids past the dictionary page's limit: read as
+    strings, a batch holds at most PLAIN_BATCH_BYTES of them — and the upload counts what they decode to and is
+    refused (413) long before 300 MiB."""
+    long_id = "x" * (1 << 20)
+    table = pa.table({"example_id": [long_id] * 300 + [f"u{i}" for i in range(5_000)], "label": [1.0] * 5_300})
+    data = _parquet(table, dictionary_pagesize_limit=(1 << 20) + 4096, data_page_size=4096)
+    pages = _id_chunk(data, 0)
+    assert pages.dictionary_first and pages.plain_values > 0
+    batches = _batches(data)
+    assert sum(b.num_rows for b in batches) == 5_300
+    assert max(uploads.string_bytes(b.column(0)) for b in batches) <= uploads.PLAIN_BATCH_BYTES
+    assert len(data) < 1 << 20
+    with pytest.raises(LabelDPError) as refused:
+        for _ in labelstore._upload_parquet(pa.BufferReader(data)):
+            pass
+    assert refused.value.code == "body_too_large"
+
+
+_READ = """
+import sys, pyarrow as pa
+from labels_party import labelstore
+with pa.OSFile(sys.argv[1]) as handle:
+    rows = sum(batch.num_rows for batch in labelstore._upload_parquet(handle))
+print(rows, pa.default_memory_pool().max_memory())
+"""
+
+
+def test_an_honest_upload_of_unique_ids_is_read_without_a_dictionary_of_the_row_group(tmp_path):
+    """10⁶ unique ids in one row group, as pyarrow writes them: Arrow's memory peaked at 99 MB when they were read
+    as a dictionary (its builder holds every id of the row group), 34 MB read as strings."""
+    body = tmp_path / "labels.parquet"
+    n = 1_000_000
+    pq.write_table(pa.table({"example_id": [f"user-{i:09d}" for i in range(n)], "label": [1.0] * n}), body)
+    done = subprocess.run([sys.executable, "-c", _READ, str(body)], capture_output=True, text=True, cwd=ROOT,
+                          check=True)
+    rows, peak = map(int, done.stdout.split())
+    assert rows == n and peak < 48 << 20, peak
