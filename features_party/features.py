@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import math
 import secrets
 import tempfile
@@ -98,7 +100,11 @@ class CsvLimits:
         """A trainer's (``max_csv_record_bytes``, ``max_feature_columns`` of its settings)."""
         return cls(settings.max_csv_record_bytes, settings.max_feature_columns)
 
-    def check(self, path: Path, what: str) -> Records:
+    def check(self, path: Path, what: str, max_columns: int | None = None) -> Records:
+        """The body's :class:`Records`, and its header's names read from its first record (``max_columns``: fewer
+        than this trainer's, e.g. an id list's one) — all before pandas reads it, which takes ~0.1 ms a column
+        and memory for a header alone, and time quadratic in names repeated (the twelfth review: a 1 MiB header of
+        commas, +4.2 GB and 118 s of CPU before its 413; 60,000 names "a", 37 s)."""
         records = scan_records(path)
         if records.misquoted:
             raise LabelDPError(f"the {what} file has a quote inside an unquoted field: quote whole fields and "
@@ -107,22 +113,49 @@ class CsvLimits:
             raise LabelDPError(f"the {what} file has a record (a row, its quoted line breaks included) of "
                                f"{records.longest:,} bytes, over this trainer's {self.max_record_bytes:,} "
                                "(max_csv_record_bytes)", code=ErrorCode.BODY_TOO_LARGE)
+        names = _header(path, records.header_bytes, what)
+        limit = self.max_columns if max_columns is None else min(max_columns, self.max_columns)
+        if len(names) > limit:
+            if max_columns is not None:  # the body's kind has that many columns
+                raise LabelDPError(f"the {what} file has {len(names):,} columns; it has at most {limit:,}",
+                                   code=ErrorCode.MALFORMED_FILE)
+            raise LabelDPError(f"the {what} file has {len(names):,} columns, over this trainer's {limit:,} "
+                               "(max_feature_columns)", code=ErrorCode.BODY_TOO_LARGE)
+        seen: set[str] = set()
+        for name in names:  # pandas renames a repeated name (a.1, a.2, …): refused rather than guessed at
+            if name and name in seen:
+                raise LabelDPError(f"the {what} file names column {name[:80]!r} more than once",
+                                   code=ErrorCode.MALFORMED_FILE)
+            seen.add(name)
         return records
 
 
-def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, what: str = "features") -> StoredTable:
+def _header(path: Path, size: int, what: str) -> list[str]:
+    """The names of the CSV header at the start of ``path`` (``size`` bytes, its first record: at most
+    max_csv_record_bytes), as the csv module reads them (a quoted name may hold commas and line breaks)."""
+    with open(path, "rb") as handle:
+        raw = handle.read(size)
+    try:
+        return next(csv.reader(io.StringIO(raw.decode("utf-8").removeprefix("\ufeff"), newline="")), [])
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise LabelDPError(f"the {what} file's header cannot be read: {type(err).__name__}",
+                           code=ErrorCode.MALFORMED_FILE) from None
+
+
+def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, what: str = "features",
+                   records: Records | None = None) -> StoredTable:
     """The features CSV at ``path`` (checked as :func:`read_features` checks it: 400 ``malformed_file`` or
     ``duplicate_example_id``, before anything is stored; within ``limits``: 413 ``body_too_large``) as
     ``directory/name.parquet`` — what :func:`store_frame` stores of :func:`read_features`' frame — replaced at
     once, read and written in bounded memory. Scratch files go beside ``path`` (a request's spooled body: its
-    directory is the request's)."""
-    records = limits.check(path, what)
+    directory is the request's). ``records``: what ``limits.check`` found, when the caller checked already."""
+    records = limits.check(path, what) if records is None else records
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{name}.parquet"
     staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
     try:
         with tempfile.TemporaryDirectory(prefix="ids-", dir=Path(path).parent) as spill:
-            rows, columns = _convert(Path(path), staged, Path(spill), what, records.lines, limits.max_columns)
+            rows, columns = _convert(Path(path), staged, Path(spill), what, records.lines)
         staged.replace(target)
     except _WriteFailed as failure:
         staged.unlink(missing_ok=True)
@@ -133,15 +166,13 @@ def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, wh
     return StoredTable(target, rows, columns)
 
 
-def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int, max_columns: int) -> tuple[int, list[str]]:
+def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int) -> tuple[int, list[str]]:
     """One pass reads, checks and writes; a second writes again if a column's type changed after its first chunk.
     ``lines``: the body's (:class:`Records`)."""
     with _parsing(what):
         with open(path, "rb") as handle:  # a handle, not the path: no library message can name the spooled file
+            # (at most max_feature_columns, none repeated: CsvLimits.check read the header first)
             columns = [str(c) for c in pd.read_csv(handle, dtype={ID: str}, nrows=0).columns]
-        if len(columns) > max_columns:  # pandas spends ~0.2 ms a column on every chunk: 120,000 columns took 45 s
-            raise LabelDPError(f"the {what} file has {len(columns):,} columns, over this trainer's {max_columns:,} "
-                               "(max_feature_columns)", code=ErrorCode.BODY_TOO_LARGE)
         if ID not in columns:
             raise LabelDPError(f"the {what} file needs an {ID!r} column", code=ErrorCode.MALFORMED_FILE)
         chunk_rows = _chunk_rows(len(columns), path.stat().st_size / lines)
@@ -216,15 +247,16 @@ def _chunk_rows(columns: int, row_bytes: float) -> int:
 @dataclass(frozen=True)
 class Records:
     """What a CSV body's bytes say of its records before it is parsed: its lines, ended by \\n, \\r\\n or a lone
-    \\r (pandas reads all three: counting \\n alone put a \\r-ended body's every row in one partition of the
-    duplicate check, read whole — 602 MB for 120 MB — and let an id list of 7.5 million \\r-ended ids past its
-    limit of a million: +1,175 MB), and its longest record in bytes (a quoted field may hold line breaks: a record
-    ends at a line break outside quotes). Issue 40's eleventh review: one 200 MB cell, or 10⁸ quoted line breaks,
-    was read whole (+1,219 MB)."""
+    \\r (pandas reads all three, and a body may mix them: counting \\n alone put a \\r-ended body's every row in
+    one partition of the duplicate check, read whole — 602 MB for 120 MB — and let an id list of 7.5 million
+    \\r-ended ids past its limit of a million: +1,175 MB), and its longest record in bytes (a quoted field may hold
+    line breaks: a record ends at a line break outside quotes). Issue 40's eleventh review: one 200 MB cell, or 10⁸
+    quoted line breaks, was read whole (+1,219 MB)."""
 
     lines: int
     longest: int
     misquoted: bool = False  # a quote that opens a field where no field starts (see scan_records)
+    header_bytes: int = 0  # the first record's bytes (its line break left out)
 
 
 _FIELD_STARTS = np.frombuffer(b',\n\r"', dtype=np.uint8)  # what may precede a field's opening quote
@@ -232,8 +264,9 @@ _FIELD_STARTS = np.frombuffer(b',\n\r"', dtype=np.uint8)  # what may precede a f
 
 def scan_records(path: Path, piece: int = 1 << 20) -> Records:
     """:class:`Records` of the body at ``path``, read in pieces (vectorized: memory linear in a piece)."""
-    newlines = returns = quotes = longest = 0
+    newlines = returns = pairs = quotes = longest = 0
     start = 0  # where the record being read began
+    header_end: int | None = None  # where the first record ends (its line break)
     offset, previous = 0, ord("\n")  # the byte before the piece (the file starts a field)
     misquoted = False
     with open(path, "rb") as handle:
@@ -243,6 +276,9 @@ def scan_records(path: Path, piece: int = 1 << 20) -> Records:
             data = np.frombuffer(block, dtype=np.uint8)
             newlines += block.count(b"\n")
             returns += block.count(b"\r")
+            # \r\n is one line break, also across pieces (the review of the twelfth round: records ending by
+            # turns in a lone \r and a lone \n were counted at half, 2·10⁶ ids past a limit of 10⁶)
+            pairs += block.count(b"\r\n") + int(previous == ord("\r") and block[:1] == b"\n")
             is_quote = data == ord('"')
             # quotes before each byte (a doubled quote inside a field counts twice: its parity is unchanged)
             before = quotes + np.cumsum(is_quote) - is_quote
@@ -257,11 +293,13 @@ def scan_records(path: Path, piece: int = 1 << 20) -> Records:
             misquoted = misquoted or not bool(np.isin(prior, _FIELD_STARTS).all())
             ends = np.flatnonzero(((data == ord("\n")) | (data == ord("\r"))) & (before % 2 == 0)) + offset
             if len(ends):
+                header_end = int(ends[0]) if header_end is None else header_end
                 gaps = ends - np.concatenate(([start], ends[:-1] + 1))  # each record's bytes, its break left out
                 longest, start = max(longest, int(gaps.max())), int(ends[-1]) + 1
             quotes += int(np.count_nonzero(is_quote))
             offset, previous = offset + len(block), int(data[-1])
-    return Records(1 + max(newlines, returns), max(longest, offset - start), misquoted)
+    return Records(1 + newlines + returns - pairs, max(longest, offset - start), misquoted,
+                   offset if header_end is None else header_end)
 
 
 @contextlib.contextmanager
@@ -561,11 +599,15 @@ class Preprocessor:
 
     @staticmethod
     def check(frame: pd.DataFrame, numeric, categorical) -> None:
-        """The columns exist and the numeric ones are numbers, on every row (what ``fit`` needs of any subset)."""
+        """The columns exist and the numeric ones are numbers, on every row (what ``fit`` needs of any subset):
+        a column at a time (the whole table's matrix is a copy of it: the twelfth review's job on 20,000 rows ×
+        1,000 columns took +476 MB to check them)."""
         check_present(frame.columns, numeric, categorical)
         if "example_id" in tuple(numeric) + tuple(categorical):
             raise LabelDPError("example_id is the key, not a feature", code=ErrorCode.MALFORMED_FILE)
-        _numeric(frame, tuple(numeric))
+        bad = [c for c in numeric if _numeric_column(frame[c]) is None]
+        if bad:
+            raise _not_numbers(bad)
 
     @classmethod
     def fit(cls, frame: pd.DataFrame, numeric, categorical) -> Preprocessor:
@@ -646,16 +688,25 @@ def _numeric(frame: pd.DataFrame, columns) -> np.ndarray:
     """The numeric columns as float64: every value a finite number of magnitude at most :data:`MAX_MAGNITUDE` —
     planning checks the whole table, so that standardizing any subset of its rows (after a release was drawn) is
     finite: an ``inf`` made the mean infinite and the trees' training fail after the charge."""
-    if not columns:
-        return np.zeros((len(frame), 0))
-    values = frame[list(columns)].apply(pd.to_numeric, errors="coerce")
-    bad = values.isna().any()
-    if bad.any():
-        raise LabelDPError(f"non-numeric or missing values in numeric column(s) {list(bad[bad].index)}",
-                           code=ErrorCode.MALFORMED_FILE)
-    array = values.to_numpy(dtype=np.float64)
-    outside = ~(np.abs(array) <= MAX_MAGNITUDE).all(axis=0)
-    if outside.any():
-        raise LabelDPError(f"infinite values, or values beyond ±{MAX_MAGNITUDE:g}, in numeric column(s) "
-                           f"{[c for c, o in zip(columns, outside, strict=True) if o]}", code=ErrorCode.MALFORMED_FILE)
+    array = np.empty((len(frame), len(columns)))  # filled a column at a time: no frame of them copied whole
+    bad = []
+    for j, column in enumerate(columns):
+        values = _numeric_column(frame[column])
+        if values is None:
+            bad.append(column)
+        else:
+            array[:, j] = values
+    if bad:
+        raise _not_numbers(bad)
     return array
+
+
+def _numeric_column(column: pd.Series) -> np.ndarray | None:
+    """The column as float64 if every value is a finite number within ±:data:`MAX_MAGNITUDE`, else None."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    return values if bool((np.abs(values) <= MAX_MAGNITUDE).all()) else None
+
+
+def _not_numbers(columns: list[str]) -> LabelDPError:
+    return LabelDPError(f"non-numeric, missing or infinite values, or values beyond ±{MAX_MAGNITUDE:g}, in numeric "
+                        f"column(s) {columns}", code=ErrorCode.MALFORMED_FILE)

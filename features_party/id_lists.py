@@ -18,6 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -25,7 +28,7 @@ from sqlalchemy.orm import Session
 from features_party import db, schemas
 from features_party.auth import Principal
 from features_party.context import TrainerContext
-from features_party.features import ID, CsvLimits, read_features, store_frame
+from features_party.features import ID, CsvLimits, store_features
 from shared.errors import ErrorCode, LabelDPError
 from shared.splits import holdout_mask
 
@@ -38,6 +41,23 @@ def ids_sha256(ids: Iterable[object]) -> str:
     point), without spaces, UTF-8 — the same for the same ids in any order, so anyone can compute it."""
     text = json.dumps(sorted(str(i) for i in ids), ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+HASH_IDS = 1 << 16  # ids made Python strings at once while a stored list is hashed
+
+
+def stored_sha256(file: Path) -> str:
+    """:func:`ids_sha256` of the ids of a stored list, in bounded memory beyond its ids (Arrow sorts strings by
+    their UTF-8 bytes, which is code point order: Python's)."""
+    ids = pq.read_table(file, columns=[ID]).column(ID).combine_chunks()
+    order = pc.sort_indices(ids)
+    digest = hashlib.sha256(b"[")
+    for start in range(0, len(ids), HASH_IDS):
+        part = ids.take(order[start:start + HASH_IDS]).to_pylist()
+        digest.update(("," if start else "").encode() + ",".join(
+            json.dumps(str(i), ensure_ascii=False) for i in part).encode())
+    digest.update(b"]")
+    return digest.hexdigest()
 
 
 def _view(row: db.IdList) -> schemas.IdListView:
@@ -57,21 +77,26 @@ def _row(session: Session, org_id: int, name: str) -> db.IdList:
 
 def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.IdListView:
     """Create or replace the id list ``name`` from a CSV of one ``example_id`` column (unique ids), of at most
-    ``max_id_list_ids`` ids (its lines counted before it is parsed: 413 body_too_large)."""
+    ``max_id_list_ids`` ids (its lines counted before it is parsed: 413 body_too_large). Stored as a features table
+    is (in chunks, its duplicates found out of core) and hashed from the stored file: the twelfth review's list of
+    999,999 ids, read whole by pandas, stored and hashed as Python strings, took +335 MB."""
+    limits = CsvLimits.of(ctx.settings)
+    records = limits.check(path, "id list", max_columns=1)  # a header of more names: 400 before it is parsed
     # lines less the header and the empty one a final line break leaves (\n, \r\n or \r: pandas reads all three)
-    ids, limit = CsvLimits.of(ctx.settings).check(path, "id list").lines - 2, ctx.settings.max_id_list_ids
+    ids, limit = records.lines - 2, ctx.settings.max_id_list_ids
     if ids > limit:
         raise LabelDPError(f"the id list has {ids:,} lines of ids, over this trainer's limit of {limit:,} "
                            "(max_id_list_ids)", code=ErrorCode.BODY_TOO_LARGE)
-    frame = read_features(path, "id list")  # 400 on a malformed file, before anything is stored
-    if list(frame.columns) != [ID]:
-        raise LabelDPError(f"an id list has one column, {ID!r}; this one has {len(frame.columns)}",
-                           code=ErrorCode.MALFORMED_FILE)
     # A file of its own per upload: the row names it with the hash of its ids in one transaction, so the row and
     # the file always agree, and a reader of the previous row still finds the previous file until that commits.
-    target = store_frame(ctx.org_dir(principal.org_id) / "id-lists", f"{name}.{uuid.uuid4().hex}", frame)
+    stored = store_features(path, ctx.org_dir(principal.org_id) / "id-lists", f"{name}.{uuid.uuid4().hex}", limits,
+                            "id list", records=records)  # 400 on a malformed file, before anything is kept
+    target = stored.file
     try:
-        view, replaced = _record(ctx, principal.org_id, name, target, len(frame), ids_sha256(frame[ID]))
+        if stored.columns != [ID]:
+            raise LabelDPError(f"an id list has one column, {ID!r}; this one has {stored.columns[:3]}",
+                               code=ErrorCode.MALFORMED_FILE)
+        view, replaced = _record(ctx, principal.org_id, name, target, stored.num_examples, stored_sha256(target))
     except BaseException:
         target.unlink(missing_ok=True)
         raise
@@ -151,22 +176,33 @@ def _changed(name: str, *, stored: bool) -> LabelDPError:
                         "current sha256 (GET /v1/id-lists/{name}), or none", code=ErrorCode.ID_LIST_CHANGED)
 
 
-def _pinned_ids(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, *, stored: bool) -> tuple[pd.Index, str]:
-    """The ids of the list a split names and their hash; refused when it is not the version the split pins (a
-    stored split always pins one: its job's creation did)."""
+# What holding out a list's ids takes, per id of the list and per row of the table: the list's Arrow strings and
+# the hash set of them, and an Arrow copy of the table's ids and the mask (measured: ~110 B an id of 30 characters).
+LIST_ID_BYTES, TABLE_ID_BYTES = 192, 96
+
+
+def _pinned_mask(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, index: pd.Index, *,
+                 stored: bool) -> tuple[np.ndarray, str]:
+    """Which of ``index`` the list a split names holds, and the list's hash; refused when it is not the version the
+    split pins (a stored split always pins one: its job's creation did). Read within the process's table-read
+    budget (the twelfth review: a 158-byte job whose split named a list of 10⁶ ids took +592 MB outside it)."""
     for _attempt in range(READ_ATTEMPTS):
         with ctx.sessions() as session, session.begin():
             row = _find(session, org_id, split.holdout_ids)
             if row is None:  # a stored split's list was deleted since
                 raise _changed(split.holdout_ids, stored=True) if stored else LabelDPError(
                     "no such id list for this key", code=ErrorCode.NOT_FOUND)
-            file, sha256 = row.file, row.sha256
+            file, sha256, num_ids = row.file, row.sha256, row.num_ids
         if sha256 != split.sha256 and (stored or split.sha256 is not None):
             raise _changed(split.holdout_ids, stored=stored)
-        try:
-            return pd.Index(pd.read_parquet(file, columns=[ID])[ID].astype(str)), sha256
-        except FileNotFoundError:  # replaced since the row was read (its file removed): read the row again
-            continue
+        with ctx.table_reads.held(LIST_ID_BYTES * num_ids + TABLE_ID_BYTES * len(index),
+                                  "reading the id list the job's split names", ErrorCode.JOB_TOO_LARGE):
+            try:
+                ids = pq.read_table(file, columns=[ID]).column(ID).combine_chunks()
+            except FileNotFoundError:  # replaced since the row was read (its file removed): read the row again
+                continue
+            table_ids = pa.array(index.astype(str), type=pa.string())
+            return pc.is_in(table_ids, value_set=pc.cast(ids, pa.string())).to_numpy(zero_copy_only=False), sha256
     raise LabelDPError(f"the id list {split.holdout_ids!r} was replaced while it was being read; try again",
                        code=ErrorCode.UPLOAD_CONFLICT)
 
@@ -180,5 +216,5 @@ def held_out(ctx: TrainerContext, org_id: int, split: Split, index: pd.Index, *,
         return np.zeros(len(index), dtype=bool), None
     if isinstance(split, schemas.HoldoutFraction):
         return holdout_mask(index, split.holdout_fraction, split.seed), split
-    ids, sha256 = _pinned_ids(ctx, org_id, split, stored=stored)
-    return np.asarray(index.isin(ids)), split.model_copy(update={"sha256": sha256})
+    mask, sha256 = _pinned_mask(ctx, org_id, split, index, stored=stored)
+    return mask, split.model_copy(update={"sha256": sha256})

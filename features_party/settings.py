@@ -41,8 +41,8 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     max_id_list_bytes: int = Field(default=64 << 20, gt=0)
     max_id_lists_per_org: int = Field(default=100, ge=1)
     # ... and at most max_id_list_ids ids (its lines, counted before it is parsed; beyond, 413 body_too_large): a
-    # list is parsed whole (pandas, its sorted hash), ~130 bytes an id — 60 MB of short ids took the trainer up by
-    # 1.3 GB (issue 40's bench, bench/hostile_bodies.py).
+    # list is stored as a features table is, then sorted and hashed from its file in Arrow — 999,999 ids of 30
+    # characters took the trainer up by 167 MB (issue 40's twelfth review: 335 MB read whole by pandas).
     max_id_list_ids: int = Field(default=1_000_000, gt=0)
     # Memory the process lends to requests that read a features table (a job is planned on its ids and columns,
     # in the request): each read takes what the table's metadata says those columns hold, waits up to 10 s for its
@@ -51,9 +51,11 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     table_read_budget_bytes: int = Field(default=512 << 20, gt=0)
     # A CSV body (features, id lists) is refused (413) before it is parsed when one of its records is longer than
     # max_csv_record_bytes (one 200 MB cell was read whole: +1,219 MB) or its header names more than
-    # max_feature_columns columns (120,000 took 45 s of CPU and +1.1 GB).
+    # max_feature_columns columns (120,000 took 45 s of CPU and +1.1 GB). pandas spends ~0.1 ms of CPU a column
+    # on each chunk it reads: a 1 MB table of 10,000 columns took 2.95 s of CPU to store, of 4,000 columns 1.01 s
+    # (issue 40: at most 2 s for a body of 1 MB).
     max_csv_record_bytes: int = Field(default=1 << 20, gt=0)
-    max_feature_columns: int = Field(default=10_000, gt=0)
+    max_feature_columns: int = Field(default=4_000, gt=0)
     workers: int = Field(default=1, ge=1, le=64)  # job threads of this process (its JobRunner)
     # The jobs table is the queue (features_party.jobs): a worker holds a job under a lease its heartbeat renews
     # every tenth of job_lease_seconds; a job whose worker died is taken over by any replica once its lease

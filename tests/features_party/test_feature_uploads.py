@@ -23,7 +23,7 @@ from features_party.planning import load_frame
 from shared.errors import LabelDPError
 from tests.features_party.test_api import trainer_client, trainer_context
 
-LIMITS = CsvLimits(max_record_bytes=1 << 20, max_columns=10_000)  # the trainer's defaults
+LIMITS = CsvLimits(max_record_bytes=1 << 20, max_columns=4_000)  # the trainer's defaults
 
 # pandas' own chunks (low_memory): the largest power of two under half of 2^20 // columns rows
 B3, B5 = 262_144, 131_072  # for 3 columns, for 5

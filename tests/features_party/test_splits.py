@@ -347,3 +347,40 @@ def test_id_list_files_no_row_names_are_collected_at_start(tmp_path):
     assert listed.exists() and not stray.exists()
     assert trainer_client(restarted, "publisher").get("/v1/id-lists/a").json()["num_ids"] == 1
     restarted.close()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 16])
+def test_a_stored_lists_hash_is_its_ids_hash_in_any_chunks(tmp_path, monkeypatch, chunk):
+    """An id list is hashed from its stored file, sorted by Arrow (UTF-8 bytes) and joined in chunks: the same
+    hash as ids_sha256 of the ids (sorted by code point), whatever the chunks, for ids outside ASCII and the BMP."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = random.Random(chunk)
+    alphabet = ["a", "Z", "0", "é", "ß", "中", "\U0001F600", "\U00010348", '"', "\\", ",", " "]
+    ids = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(500)})
+    rng.shuffle(ids)
+    file = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"example_id": ids}), file)
+    monkeypatch.setattr(id_lists, "HASH_IDS", chunk)
+    assert id_lists.stored_sha256(file) == ids_sha256(ids)
+
+
+def test_a_split_naming_a_list_over_the_table_read_budget_is_refused_before_the_labels_party(tmp_path):
+    """The twelfth review: a 158-byte job whose split named a list of 10⁶ ids read it outside the process's
+    table-read budget (+592 MB; four at once +3,756 MB). The list is read within the budget: over it, 400."""
+    ctx = test_api.trainer_context(tmp_path, "http://127.0.0.1:9", start=False, table_read_budget_bytes=256 << 10)
+    trainer = test_api.trainer_client(ctx, "publisher")
+    headers = {"Content-Type": "text/csv"}
+    table = "example_id,x\n" + "".join(f"u{i},{i % 5}\n" for i in range(50))
+    assert trainer.put("/v1/features/f", content=table, headers=headers).status_code == 200
+    held = "example_id\n" + "".join(f"h{i}\n" for i in range(5000))  # 5,000 × 192 bytes: over 256 KiB
+    assert trainer.put("/v1/id-lists/held", content=held, headers=headers).status_code == 200
+    answer = trainer.post("/v1/jobs", json={
+        "features": "f", "api_key": "ldp_unused", "dataset_id": "d", "labels_party": "office", "numeric": ["x"],
+        "categorical": [], "release": {"mechanism": "opt-unbiased", "epsilon": 1.0},
+        "split": {"holdout_ids": "held"}})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
+    assert "id list" in answer.json()["error"]["message"] and trainer.get("/v1/jobs").json() == []
+    ctx.close()
