@@ -475,6 +475,27 @@ def cases() -> list[Case]:
         columnar_case_trainer("features-short-rows", "PUT /v1/features: 60 MB CSV of short rows (admin keys)",
                               "/v1/features/g", lambda _s: _csv_ids("example_id,x\n", ",1", JSON_BYTES),
                               b"example_id,x\nnobody,1\nnobody,1\n"),
+        columnar_case_trainer("features-header-commas", "PUT /v1/features: a header of 1 MiB of commas (10⁶ empty "
+                              "column names)", "/v1/features/g",
+                              lambda _s: b"example_id" + b"," * ((1 << 20) - 20) + b"\n", b"example_id,x\nnobody,1\n"
+                              b"nobody,1\n"),
+        columnar_case_trainer("features-header-repeated", "PUT /v1/features: a header of 60,000 names 'a'",
+                              "/v1/features/g", lambda _s: b"example_id" + b",a" * 60_000 + b"\n",
+                              b"example_id,x\nnobody,1\nnobody,1\n"),
+        columnar_case_trainer("features-widest-legal", "PUT /v1/features: 1 MB of 3,999 numeric columns (the default "
+                              "max_feature_columns) × 118 rows, stored", "/v1/features/w",
+                              lambda _s: b"example_id," + b",".join(b"c%d" % i for i in range(3_999)) + b"\n" +
+                              b"".join(b"w%d" % r + b",0" * 3_999 + b"\n" for r in range(118)),
+                              b"example_id,x\nnobody,1\nnobody,1\n"),
+        columnar_case_trainer("id-lists-mixed-endings", "PUT /v1/id-lists: 2·10⁶ ids ended by turns in a lone \\r and "
+                              "a lone \\n (twice the limit)", "/v1/id-lists/m",
+                              lambda _s: b"example_id\n" + b"".join(b"%030d" % i + (b"\r" if i % 2 else b"\n")
+                                                                    for i in range(2_000_000)),
+                              b"example_id\nnobody\nnobody\n"),
+        columnar_case_trainer("id-lists-at-limit", "PUT /v1/id-lists: 999,999 ids of 30 characters (within every "
+                              "limit), stored", "/v1/id-lists/l",
+                              lambda _s: b"example_id\n" + b"".join(b"%030d\n" % i for i in range(999_999)),
+                              b"example_id\nnobody\nnobody\n"),
         Case("jobs-mlp-1e8", "trainer", "POST /v1/jobs: an MLP of 8 hidden layers of 4,096 (1.2*10^8 parameters) "
              "on 10 rows", lambda s: jobs(s, json_body(_mlp_job(s, [4096] * 8))),
              lambda s: jobs(s, b'{"features": "nope"}'), follow=_wait_for_job),
