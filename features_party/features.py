@@ -6,10 +6,13 @@ import contextlib
 import csv
 import io
 import math
+import mmap
+import os
+import re
 import secrets
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from shared import parquet_pages
 from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
 
 ID = "example_id"
@@ -113,7 +118,7 @@ class CsvLimits:
             raise LabelDPError(f"the {what} file has a record (a row, its quoted line breaks included) of "
                                f"{records.longest:,} bytes, over this trainer's {self.max_record_bytes:,} "
                                "(max_csv_record_bytes)", code=ErrorCode.BODY_TOO_LARGE)
-        names = _header(path, records.header_bytes, what)
+        names = _header(path, self.max_record_bytes, what)
         limit = self.max_columns if max_columns is None else min(max_columns, self.max_columns)
         if len(names) > limit:
             if max_columns is not None:  # the body's kind has that many columns
@@ -130,16 +135,24 @@ class CsvLimits:
         return records
 
 
-def _header(path: Path, size: int, what: str) -> list[str]:
-    """The names of the CSV header at the start of ``path`` (``size`` bytes, its first record: at most
-    max_csv_record_bytes), as the csv module reads them (a quoted name may hold commas and line breaks)."""
-    with open(path, "rb") as handle:
-        raw = handle.read(size)
-    try:
-        return next(csv.reader(io.StringIO(raw.decode("utf-8").removeprefix("\ufeff"), newline="")), [])
-    except (UnicodeDecodeError, csv.Error) as err:
-        raise LabelDPError(f"the {what} file's header cannot be read: {type(err).__name__}",
-                           code=ErrorCode.MALFORMED_FILE) from None
+_BLANK_LINES = re.compile(rb"(?:[ \t]*(?:\r\n|\r|\n))*")  # what pandas skips before a header (skip_blank_lines)
+
+
+def _header(path: Path, max_record_bytes: int, what: str) -> list[str]:
+    """The names of the header pandas will read in the CSV at ``path`` — its first record after a byte-order mark
+    and any lines of nothing but spaces and tabs (pandas skips them: the review of the twelfth round's fixes put a
+    blank line before 200,000 names, +1.9 GB and 75 s) — as the csv module reads them (a quoted name may hold
+    commas and line breaks). A record is at most ``max_record_bytes`` (checked before)."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if \
+            os.fstat(handle.fileno()).st_size else contextlib.nullcontext(b"") as body:
+        start = 3 if body[:3] == b"\xef\xbb\xbf" else 0
+        match = _BLANK_LINES.match(body, start)
+        start = match.end() if match else start
+        raw = body[start:start + max_record_bytes + 4]
+    try:  # undecodable bytes are pandas' to refuse; here they only need to count as characters
+        return next(csv.reader(io.StringIO(raw.decode("utf-8", errors="replace"), newline="")), [])
+    except csv.Error as err:
+        raise LabelDPError(f"the {what} file's header cannot be read: {err}", code=ErrorCode.MALFORMED_FILE) from None
 
 
 def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, what: str = "features",
@@ -155,7 +168,7 @@ def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, wh
     staged = directory / f".{name}.{uuid.uuid4().hex}.tmp"  # collected at startup if a crash leaves it
     try:
         with tempfile.TemporaryDirectory(prefix="ids-", dir=Path(path).parent) as spill:
-            rows, columns = _convert(Path(path), staged, Path(spill), what, records.lines)
+            rows, columns = _convert(Path(path), staged, Path(spill), what, records.lines, records.longest)
         staged.replace(target)
     except _WriteFailed as failure:
         staged.unlink(missing_ok=True)
@@ -166,7 +179,7 @@ def store_features(path: Path, directory: Path, name: str, limits: CsvLimits, wh
     return StoredTable(target, rows, columns)
 
 
-def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int) -> tuple[int, list[str]]:
+def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int, longest: int) -> tuple[int, list[str]]:
     """One pass reads, checks and writes; a second writes again if a column's type changed after its first chunk.
     ``lines``: the body's (:class:`Records`)."""
     with _parsing(what):
@@ -175,7 +188,7 @@ def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int) -> tu
             columns = [str(c) for c in pd.read_csv(handle, dtype={ID: str}, nrows=0).columns]
         if ID not in columns:
             raise LabelDPError(f"the {what} file needs an {ID!r} column", code=ErrorCode.MALFORMED_FILE)
-        chunk_rows = _chunk_rows(len(columns), path.stat().st_size / lines)
+        chunk_rows = _chunk_rows(len(columns), path.stat().st_size / lines, longest)
         ids, types = _Ids(spill, lines), _Types(columns)
         writer: _Staged | None = None
         writing, chunks = True, 0
@@ -200,7 +213,7 @@ def _convert(path: Path, staged: Path, spill: Path, what: str, lines: int) -> tu
                         writer.add(table)
                     else:
                         writing = False
-            duplicate = ids.first_duplicate(lambda rows: _ids_at(path, columns.index(ID), rows))
+            duplicate = ids.first_duplicate(lambda rows: _ids_at(path, columns.index(ID), rows, chunk_rows))
             if duplicate is not None:
                 raise LabelDPError(f"duplicate example_id {duplicate!r} in {what}", code=ErrorCode.DUPLICATE_EXAMPLE_ID)
             if writing and writer is not None and (chunks == 1 or writer.schema.equals(
@@ -232,16 +245,26 @@ def _chunks(path: Path, rows: int) -> Iterator[pd.DataFrame]:
         yield from reader
 
 
-def _chunk_rows(columns: int, row_bytes: float) -> int:
+CHUNK_MAX_BYTES = 16 << 20  # a chunk's rows at their longest (the body's longest record) hold at most this
+
+
+def _chunk_rows(columns: int, row_bytes: float, longest: int = 0) -> int:
     """Rows per chunk: a multiple of the rows pandas' reader infers types over at once (``low_memory``, its
     default: the largest power of two under half of 2²⁰ cells / columns), so that each chunk is typed as a whole
     read types those rows, of about :data:`CHUNK_BYTES` of the body (rows of ``row_bytes``) and at most
     :data:`CHUNK_CELLS` cells when that is more than pandas' chunk (pandas spends ~0.2 ms per column on a chunk:
-    60 MB of 2,000 columns took 27 s to read in chunks of 512 rows, 8.5 s in chunks of 2,048)."""
+    60 MB of 2,000 columns took 27 s to read in chunks of 512 rows, 8.5 s in chunks of 2,048). But never more rows
+    than :data:`CHUNK_MAX_BYTES` holds of the ``longest`` record (the review of the twelfth round's fixes: 300 rows
+    of 1 MB were one chunk, +1,388 MB): a body of long records is read in smaller chunks than pandas' own, and
+    their types unified as any chunks' are."""
     heuristic, rows = (1 << 20) // max(1, columns), 1
     while rows * 2 < heuristic:
         rows *= 2
-    return rows * max(1, min(int(CHUNK_BYTES // max(1.0, rows * row_bytes)), CHUNK_CELLS // (rows * max(1, columns))))
+    rows *= max(1, min(int(CHUNK_BYTES // max(1.0, rows * row_bytes)), CHUNK_CELLS // (rows * max(1, columns))))
+    bound = max(1, CHUNK_MAX_BYTES // max(1, longest))
+    while rows > bound:
+        rows //= 2
+    return rows
 
 
 @dataclass(frozen=True)
@@ -256,7 +279,6 @@ class Records:
     lines: int
     longest: int
     misquoted: bool = False  # a quote that opens a field where no field starts (see scan_records)
-    header_bytes: int = 0  # the first record's bytes (its line break left out)
 
 
 _FIELD_STARTS = np.frombuffer(b',\n\r"', dtype=np.uint8)  # what may precede a field's opening quote
@@ -266,7 +288,6 @@ def scan_records(path: Path, piece: int = 1 << 20) -> Records:
     """:class:`Records` of the body at ``path``, read in pieces (vectorized: memory linear in a piece)."""
     newlines = returns = pairs = quotes = longest = 0
     start = 0  # where the record being read began
-    header_end: int | None = None  # where the first record ends (its line break)
     offset, previous = 0, ord("\n")  # the byte before the piece (the file starts a field)
     misquoted = False
     with open(path, "rb") as handle:
@@ -293,13 +314,11 @@ def scan_records(path: Path, piece: int = 1 << 20) -> Records:
             misquoted = misquoted or not bool(np.isin(prior, _FIELD_STARTS).all())
             ends = np.flatnonzero(((data == ord("\n")) | (data == ord("\r"))) & (before % 2 == 0)) + offset
             if len(ends):
-                header_end = int(ends[0]) if header_end is None else header_end
                 gaps = ends - np.concatenate(([start], ends[:-1] + 1))  # each record's bytes, its break left out
                 longest, start = max(longest, int(gaps.max())), int(ends[-1]) + 1
             quotes += int(np.count_nonzero(is_quote))
             offset, previous = offset + len(block), int(data[-1])
-    return Records(1 + newlines + returns - pairs, max(longest, offset - start), misquoted,
-                   offset if header_end is None else header_end)
+    return Records(1 + newlines + returns - pairs, max(longest, offset - start), misquoted)
 
 
 @contextlib.contextmanager
@@ -571,12 +590,12 @@ def _first_repeat(ids: pd.Series, hashes: np.ndarray) -> int | None:
     return None
 
 
-def _ids_at(path: Path, position: int, rows: set[int]) -> dict[int, str]:
-    """The ids of ``rows`` (data rows, from 0), read again from the body."""
+def _ids_at(path: Path, position: int, rows: set[int], chunk_rows: int = ID_ROWS) -> dict[int, str]:
+    """The ids of ``rows`` (data rows, from 0), read again from the body, at most ``chunk_rows`` rows at a time."""
     wanted, start = np.array(sorted(rows), dtype=np.int64), 0
     found: dict[int, str] = {}
     with open(path, "rb") as handle, pd.read_csv(handle, dtype={ID: str}, usecols=[position], keep_default_na=True,
-                                                 chunksize=ID_ROWS) as reader:
+                                                 chunksize=min(ID_ROWS, chunk_rows)) as reader:
         for chunk in reader:
             values = chunk.iloc[:, 0].tolist()
             low, high = np.searchsorted(wanted, [start, start + len(values)])
@@ -671,6 +690,50 @@ class Preprocessor:
                     or len(set(vocabulary)) != len(vocabulary):
                 raise ValueError("vocabularies")
         return cls.from_dict(data)
+
+
+VALUE_BYTES = 16  # a fixed-width value read: Arrow's 8 bytes and pandas' 8 (measured: 13 with the allocator's)
+STRING_BYTES = 64  # a string value's own cost in Arrow and pandas, its characters counted besides
+
+
+def table_bytes(file: str | Path, columns: Sequence[str]) -> int:
+    """What reading ``columns`` (and the ids) of a stored table, as ``planning.load_frame`` does, and checking them
+    takes: :data:`VALUE_BYTES` a fixed-width value; :data:`STRING_BYTES` a string value and twice what its strings
+    decode to — its plain pages' bytes, and for each dictionary-encoded value the longest entry of its dictionary
+    page (read first, on its own). Pages alone understate it: the twelfth review's 1,000 columns of repeated zeros
+    were counted 2.2 MB and took +886 MB; the next review's column of one 200 KB string named by 1,500 rows took
+    +495 MB counted as 0.6 MB."""
+    parquet = pq.ParquetFile(file)
+    metadata = parquet.metadata
+    positions = {metadata.schema.column(i).name: i for i in range(metadata.num_columns)}
+    wanted = {positions[c] for c in [ID, *columns] if c in positions}
+    strings = {i for i in wanted if metadata.schema.column(i).physical_type == "BYTE_ARRAY"}
+    total = metadata.num_rows * (STRING_BYTES * len(strings) + VALUE_BYTES * (len(wanted) - len(strings)))
+    size = os.path.getsize(file)
+    budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
+    with open(file, "rb") as handle:
+        for group in range(metadata.num_row_groups):
+            for i in strings:
+                chunk = metadata.row_group(group).column(i)
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
+                    start = chunk.dictionary_page_offset
+                pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
+                encoded = pages.values - pages.plain_values
+                longest = _longest_entry(file, group, metadata.schema.column(i).name) \
+                    if pages.dictionary and encoded else 0
+                total += 2 * (pages.uncompressed - pages.dictionary + encoded * longest)
+    return total
+
+
+def _longest_entry(file: str | Path, group: int, column: str) -> int:
+    """The longest entry of the dictionary page of ``column`` in row group ``group`` (its first batch's dictionary,
+    read as one)."""
+    first = next(pq.ParquetFile(file, read_dictionary=[column]).iter_batches(batch_size=1, row_groups=[group],
+                                                                            columns=[column]), None)
+    if first is None or not pa.types.is_dictionary(first.column(0).type) or not len(first.column(0).dictionary):
+        return 0
+    return int(pc.max(pc.binary_length(first.column(0).dictionary)).as_py() or 0)
 
 
 def check_present(names, numeric, categorical) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from features_party import db, gbdt, id_lists, losses, parts, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
-from features_party.features import Preprocessor, check_present
+from features_party.features import Preprocessor, check_present, table_bytes
 from features_party.parts import AutoPlan
 from features_party.settings import TrainerSettings
 from features_party.train import TrainConfig
@@ -51,25 +51,6 @@ def load_frame(file: str, columns: Sequence[str]) -> pd.DataFrame:
     # consolidated copy of all of them)
     frame = pq.read_table(file, columns=wanted).to_pandas(split_blocks=True, self_destruct=True)
     return frame.set_index("example_id", drop=False)
-
-
-VALUE_BYTES = 16  # a fixed-width value read: Arrow's 8 bytes and pandas' 8 (measured: 13 with the allocator's)
-STRING_BYTES = 64  # a string value: Arrow's and pandas' copies of a short one, its characters counted besides
-
-
-def table_bytes(file: str, columns: Sequence[str]) -> int:
-    """What reading ``columns`` of the features table (as :func:`load_frame` does) and checking them takes, from
-    the Parquet metadata the trainer wrote: each value's width in memory (:data:`VALUE_BYTES`, or
-    :data:`STRING_BYTES` and twice its column's uncompressed pages for strings). Pages alone understate it: the
-    trainer writes repeated values as dictionaries whose pages are tiny (the twelfth review: 20,000 rows × 1,000
-    columns of 0 were counted 2.2 MB and took +886 MB to plan; now 321 MB and +281 MB)."""
-    metadata = pq.ParquetFile(file).metadata
-    positions = {metadata.schema.column(i).name: i for i in range(metadata.num_columns)}
-    wanted = {positions[c] for c in ["example_id", *columns] if c in positions}
-    strings = {i for i in wanted if metadata.schema.column(i).physical_type == "BYTE_ARRAY"}
-    pages = sum(metadata.row_group(g).column(i).total_uncompressed_size
-                for g in range(metadata.num_row_groups) for i in strings)
-    return 2 * pages + metadata.num_rows * (STRING_BYTES * len(strings) + VALUE_BYTES * (len(wanted) - len(strings)))
 
 
 def check_columns(file: str, numeric: Sequence[str], categorical: Sequence[str]) -> None:

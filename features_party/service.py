@@ -29,14 +29,13 @@ from features_party import attempt, db, jobs, schemas
 from features_party.auth import Principal
 from features_party.client import LabelsPartyError
 from features_party.context import TrainerContext
-from features_party.features import CsvLimits, store_features
+from features_party.features import CsvLimits, store_features, table_bytes
 from features_party.planning import (
     feature_row,
     labels_party_client,
     load_frame,
     not_found,
     plan_job,
-    table_bytes,
     upstream_error,
 )
 from shared.errors import ErrorCode, LabelDPError, RetryLater

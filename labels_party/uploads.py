@@ -38,7 +38,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from labels_party import parquet_pages
+from shared import parquet_pages
 from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
 
 FORMATS = {
@@ -368,11 +368,12 @@ class DecodedSize:
     rows: int
     total: int
     text_chunks: dict[tuple[int, str], parquet_pages.ChunkPages]
+    stored: int = 0  # the read columns' chunks' bytes in the body (their pages walked: not a mere claim)
 
 
 def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -> DecodedSize:
     """What reading ``columns`` of the Parquet file open on ``handle`` decodes to at most, from its
-    metadata and its pages' headers (:mod:`labels_party.parquet_pages`: the footer's sizes are claims, the page
+    metadata and its pages' headers (:mod:`shared.parquet_pages`: the footer's sizes are claims, the page
     headers are what decompression obeys; the larger counts), before any page is decompressed: a fixed-width value
     its width (at least 8: numbers are read as float64); a string (read as a dictionary) 4 bytes of index per
     value, and twice its column's uncompressed pages (the dictionary, and Arrow's copy of it); any other column its
@@ -392,7 +393,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns",
                                code=ErrorCode.MALFORMED_FILE)
         leaves.append((i, column.path, column.physical_type, column.length or 0))
-    total, size, text_chunks = 0, handle.size(), {}
+    total, size, text_chunks, stored = 0, handle.size(), {}, 0
     budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
     rows = {i: 0 for i, _, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):
@@ -403,6 +404,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
                 start = chunk.dictionary_page_offset
             pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
+            stored += chunk.total_compressed_size
             values = max(chunk.num_values, pages.values)
             rows[i] += values
             if physical == "BYTE_ARRAY":
@@ -413,18 +415,19 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
                 width = length + 8 if physical == "FIXED_LEN_BYTE_ARRAY" else 16 if physical == "INT96" else 8
                 total += values * width + pages.uncompressed + pages.dictionary
     handle.seek(0)
-    return DecodedSize(max(metadata.num_rows, *rows.values(), 0), total, text_chunks)
+    return DecodedSize(max(metadata.num_rows, *rows.values(), 0), total, text_chunks, min(stored, size))
 
 
 def parquet_batches(handle, metadata: pq.FileMetaData, size: DecodedSize, columns: Sequence[str],
                     batch_rows: int) -> Iterator[pa.RecordBatch]:
     """``columns`` of the Parquet body open on ``handle`` (``size``: :func:`parquet_decoded` of them), row group by
-    row group, in batches of at most ``batch_rows``. A row group's strings are read as dictionaries (a row never
-    expands a dictionary entry of its own) unless every string chunk in it is plain or falls back to plain pages
-    after dictionary-encoded ones: then Arrow would build one dictionary of the whole row group's strings as it
-    reads (~170 bytes a row: an honest 2·10⁶-row upload of unique ids peaked at +334 MB), so they are read as
-    strings, in batches that hold at most :data:`PLAIN_BATCH_BYTES` of the longest string the chunks' dictionary
-    pages hold (read first, on their own)."""
+    row group, in batches of at most ``batch_rows``. A row group whose string chunks are wholly
+    dictionary-encoded is read as dictionaries (a row never copies the entry it names). Any other is read as
+    strings — as dictionaries, Arrow would build one of the whole row group's strings (~170 bytes a row: an honest
+    upload of 2·10⁶ unique ids peaked at +334 MB) — in batches that hold at most about :data:`PLAIN_BATCH_BYTES`
+    of them: of the longest entry of a chunk's dictionary page (read first, on its own) per dictionary-encoded row,
+    and of the plain pages a batch's rows can span. A chunk with a dictionary-encoded page after a plain one (no
+    writer falls back that way) is refused: its entries' length would be unknown until its rows were read."""
     text = text_columns(metadata.schema.to_arrow_schema(), columns)
     as_dictionaries = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False,
                                      read_dictionary=text or None)
@@ -433,30 +436,32 @@ def parquet_batches(handle, metadata: pq.FileMetaData, size: DecodedSize, column
         return
     as_strings = pq.ParquetFile(handle, metadata=metadata, buffer_size=STREAM_BUFFER, pre_buffer=False)
     for group in range(metadata.num_row_groups):
-        longest = _longest_plain(as_dictionaries, group, {name: size.text_chunks[(group, name)] for name in text})
-        if longest is None:
+        chunks = {name: size.text_chunks[(group, name)] for name in text}
+        if all(pages.dictionary and not pages.plain_values for pages in chunks.values()):
             yield from as_dictionaries.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns))
         else:
-            rows = max(1, min(batch_rows, PLAIN_BATCH_BYTES // (longest + 16)))
+            rows = min([batch_rows, *(_plain_rows(as_dictionaries, group, name, pages) for name, pages in
+                                      chunks.items())])
             yield from as_strings.iter_batches(batch_size=rows, row_groups=[group], columns=list(columns))
 
 
-def _longest_plain(reader: pq.ParquetFile, group: int, chunks: dict[str, parquet_pages.ChunkPages]) -> int | None:
-    """None: read row group ``group``'s strings as dictionaries — a chunk is wholly dictionary-encoded (read as
-    strings, an entry named by many rows would be copied for each), or has plain pages before dictionary-encoded
-    ones (no writer does that). Otherwise the sum over its string columns of the longest entry of each one's
-    dictionary page (0 without one): with the first data page dictionary-encoded, the first batch's dictionary is
-    that page's entries."""
-    longest = 0
-    for name, pages in chunks.items():
-        if pages.dictionary == 0:  # plain pages only: each string is in the page bytes counted
-            continue
-        if pages.plain_values == 0 or not pages.dictionary_first:
-            return None
+def _plain_rows(reader: pq.ParquetFile, group: int, name: str, pages: parquet_pages.ChunkPages) -> int:
+    """The rows of a batch that reads column ``name`` of row group ``group`` as strings within
+    :data:`PLAIN_BATCH_BYTES`: its plain pages (R rows span at most R / fewest + 1 of them, each at most the
+    largest) and its dictionary-encoded rows (each at most the dictionary page's longest entry)."""
+    if pages.dictionary_after_plain:
+        raise LabelDPError(f"the Parquet body's column {name!r} has dictionary-encoded pages after plain ones; write "
+                           "it again with a current writer", code=ErrorCode.MALFORMED_FILE)
+    rows = PLAIN_BATCH_BYTES
+    if pages.plain_values:
+        spans = PLAIN_BATCH_BYTES // max(1, pages.largest_plain_page) - 1
+        rows = min(rows, max(1, spans * max(1, pages.fewest_plain_values)))
+    if pages.dictionary and pages.plain_values < pages.values:  # dictionary-encoded rows, the first page one
         first = next(reader.iter_batches(batch_size=1, row_groups=[group], columns=[name]), None)
-        if first is not None and len(first.column(0).dictionary):
-            longest += int(pc.max(pc.binary_length(first.column(0).dictionary)).as_py() or 0)
-    return longest
+        longest = int(pc.max(pc.binary_length(first.column(0).dictionary)).as_py() or 0) \
+            if first is not None and len(first.column(0).dictionary) else 0
+        rows = min(rows, max(1, PLAIN_BATCH_BYTES // (longest + 16)))
+    return rows
 
 
 def string_bytes(column: pa.Array, memo: Memo | None = None) -> int:

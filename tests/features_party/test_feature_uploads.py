@@ -91,7 +91,7 @@ def test_a_csv_of_pandas_chunks_whose_types_differ_is_stored_as_pandas_reads_it_
 
 
 def test_many_small_chunks_in_small_row_groups_store_the_rows_pandas_reads(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes: 1000)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 1000)
     monkeypatch.setattr(features, "ROW_GROUP_BYTES", 50_000)
     rng = np.random.default_rng(3)
     rows = 25_000
@@ -131,7 +131,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("name", list(MALFORMED))
 def test_malformed_uploads_are_refused_with_the_codes_of_a_whole_read(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes: 1000)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 1000)
     path = _body(tmp_path, MALFORMED[name])
     code = _streamed(path, tmp_path / "b")
     assert code == _whole(path, tmp_path / "a") and code in ("malformed_file", "duplicate_example_id")
@@ -139,7 +139,7 @@ def test_malformed_uploads_are_refused_with_the_codes_of_a_whole_read(tmp_path, 
 
 
 def test_the_duplicate_named_is_pandas_first_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes: 1000)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 1000)
     body = "example_id,x0\n" + _rows(4000, lambda k: f"u{k},1\n") + "u3500,1\nu12,1\n"
     path = _body(tmp_path, body)
     with pytest.raises(LabelDPError) as refused:
@@ -153,7 +153,7 @@ def test_the_duplicate_named_is_pandas_first_one(tmp_path, monkeypatch):
 def test_colliding_hashes_are_compared_as_strings(tmp_path, monkeypatch, duplicate):
     """With a hash of 50 values (thousands of collisions, across partitions and verification batches of two groups),
     distinct ids are stored and a repeated one is the one named."""
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes: 700)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 700)
     monkeypatch.setattr(features, "PART_ROWS", 1000)
     monkeypatch.setattr(features, "VERIFY_GROUPS", 2)
     monkeypatch.setattr(features._Ids, "HASH", staticmethod(lambda text: sum(map(ord, text)) % 50))
@@ -183,7 +183,7 @@ def test_a_column_of_numbers_then_text_is_a_400_not_a_500(tmp_path, monkeypatch)
 
 
 def test_an_upload_of_many_chunks_answers_and_stores_what_it_did(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes: 500)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 500)
     ctx = trainer_context(tmp_path, "http://127.0.0.1:9", start=False)
     trainer = trainer_client(ctx, "publisher")
     frame = pd.DataFrame({"example_id": [f"u{k}" for k in range(3000)], "x0": np.arange(3000) / 7,
@@ -284,3 +284,25 @@ def test_a_misquoted_features_body_is_refused_before_it_is_parsed(tmp_path):
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "malformed_file", answer.text
     assert "quote" in answer.json()["error"]["message"] and trainer.get("/v1/features").json() == []
     ctx.close()
+
+
+def test_long_records_are_read_in_chunks_bounded_by_the_longest(tmp_path, monkeypatch):
+    """The review of the twelfth round's fixes: 300 rows of 1 MB cells were one pandas chunk (+1,388 MB). A chunk
+    holds at most CHUNK_MAX_BYTES of the body's longest record; the table stored is the one a whole read stores."""
+    assert features._chunk_rows(3, 1e6, 1 << 20) == 16 and features._chunk_rows(3, 20.0, 64) == features._chunk_rows(
+        3, 20.0)
+    rows = 200
+    body = "example_id,x,note\n" + "".join(f"u{k},{k},{'n' * (200_000 + k)}\n" for k in range(rows))
+    path = _body(tmp_path, body)
+    chunks = []
+    original = features._chunks
+
+    def counted(*args):
+        for chunk in original(*args):
+            chunks.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(features, "_chunks", counted)
+    streamed = store_features(path, tmp_path / "b", "f", LIMITS)
+    assert max(chunks) <= features.CHUNK_MAX_BYTES // 200_000 and sum(chunks) == rows
+    pd.testing.assert_frame_equal(pd.read_parquet(streamed.file), pd.read_csv(path, dtype={"example_id": str}))

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features_party.planning import table_bytes
+from features_party.features import table_bytes
 from shared.errors import ErrorCode, RetryLater
 from shared.service.memory import MemoryBudget
 from tests.features_party.test_api import trainer_client, trainer_context
@@ -93,8 +93,8 @@ def test_reads_at_once_share_the_budget_and_wait_their_turn():
 
 _PLAN_READ = """
 import json, sys
-from features_party.features import Preprocessor
-from features_party.planning import load_frame, table_bytes
+from features_party.features import Preprocessor, table_bytes
+from features_party.planning import load_frame
 def kb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):
@@ -132,3 +132,16 @@ def test_the_estimate_of_a_read_bounds_it_when_repeated_values_make_tiny_pages(t
     measured = json.loads(done.stdout)
     assert measured["estimate"] >= rows * columns * 8  # at least the values' own width
     assert measured["growth"] <= measured["estimate"], measured
+
+
+def test_the_estimate_counts_a_long_string_named_by_every_row(tmp_path):
+    """The review of the twelfth round's fixes: a column of one 200 KB string named by 1,500 rows is a dictionary
+    page of 200 KB, and read as strings it is 300 MB (+495 MB for a 147-byte job). Each dictionary-encoded value
+    counts the longest entry of its dictionary page."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    file = tmp_path / "t.parquet"
+    rows, long = 1_500, "s" * 200_000
+    pq.write_table(pa.table({"example_id": [f"u{i}" for i in range(rows)], "s": [long] * rows}), file)
+    assert table_bytes(file, ["s"]) >= 2 * rows * len(long)
+    assert table_bytes(file, []) < 1 << 20  # the ids alone

@@ -365,6 +365,8 @@ def test_a_stored_lists_hash_is_its_ids_hash_in_any_chunks(tmp_path, monkeypatch
     pq.write_table(pa.table({"example_id": ids}), file)
     monkeypatch.setattr(id_lists, "HASH_IDS", chunk)
     assert id_lists.stored_sha256(file) == ids_sha256(ids)
+    monkeypatch.setattr(id_lists, "HASH_BYTES", chunk)  # parts bounded by their bytes too (ids of 1 MB)
+    assert id_lists.stored_sha256(file) == ids_sha256(ids)
 
 
 def test_a_split_naming_a_list_over_the_table_read_budget_is_refused_before_the_labels_party(tmp_path):

@@ -1,4 +1,4 @@
-"""The page-header walk (labels_party/parquet_pages.py) against files pyarrow writes: every codec, both data page
+"""The page-header walk (shared/parquet_pages.py) against files pyarrow writes: every codec, both data page
 versions, dictionary pages, statistics, several row groups and small pages — its value counts are the footer's and
 its uncompressed bytes the footer's less the headers; a damaged header is a 400, too many pages a 413."""
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from labels_party import parquet_pages
+from shared import parquet_pages
 from shared.errors import LabelDPError
 
 

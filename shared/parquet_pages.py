@@ -69,6 +69,11 @@ class ChunkPages:
     dictionary: int = 0
     plain_values: int = 0
     dictionary_first: bool = False
+    # the plain data pages' largest uncompressed size, and the fewest values any of them but the last holds: a
+    # batch of R rows read as strings spans at most R / fewest + 1 such pages
+    largest_plain_page: int = 0
+    fewest_plain_values: int = 0
+    dictionary_after_plain: bool = False  # a dictionary-encoded data page after a plain one (no writer does that)
 
 
 class _Malformed(Exception):
@@ -201,8 +206,11 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
     """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
     bytes; ``budget``: what the body's walk may still do (spent here). 400 ``malformed_file`` for headers that
     cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES` or past the body's size in header bytes."""
-    values = uncompressed = dictionary = plain_values = 0
+    values = uncompressed = dictionary = plain_values = largest_plain = 0
+    fewest_plain: int | None = None
+    last_plain: int | None = None  # the values of the latest plain page (not yet known not to be the last)
     first_encoding: int | None = None
+    dictionary_after_plain = False
     position = start
     reader = _Reader(handle, position, size, budget)
     try:
@@ -225,12 +233,21 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
                 page_values = max(data.get(1, 0), 0)
                 encoding = data.get(2 if 5 in found else 4)
                 values += page_values
-                plain_values += 0 if encoding in DICTIONARY_ENCODINGS else page_values
                 first_encoding = encoding if first_encoding is None else first_encoding
+                if encoding in DICTIONARY_ENCODINGS:
+                    dictionary_after_plain = dictionary_after_plain or plain_values > 0
+                else:
+                    plain_values += page_values
+                    largest_plain = max(largest_plain, page_size)
+                    if last_plain is not None:
+                        fewest_plain = last_plain if fewest_plain is None else min(fewest_plain, last_plain)
+                    last_plain = page_values
             position = reader.position + stored
     except _Malformed as error:
         if reader.position >= position + budget.header_bytes:  # the body's header bytes, not the header, ran out
             raise LabelDPError("the Parquet body's chunks read its page headers more than once",
                                code=ErrorCode.BODY_TOO_LARGE) from None
         raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code=ErrorCode.MALFORMED_FILE) from None
-    return ChunkPages(values, uncompressed, dictionary, plain_values, first_encoding in DICTIONARY_ENCODINGS)
+    return ChunkPages(values, uncompressed, dictionary, plain_values, first_encoding in DICTIONARY_ENCODINGS,
+                      largest_plain, fewest_plain if fewest_plain is not None else (last_plain or 0),
+                      dictionary_after_plain)
