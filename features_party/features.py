@@ -719,10 +719,30 @@ def table_bytes(file: str | Path, columns: Sequence[str]) -> int:
                 if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
                     start = chunk.dictionary_page_offset
                 pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
-                encoded = pages.values - pages.plain_values
-                longest = _longest_entry(file, group, metadata.schema.column(i).name) \
-                    if pages.dictionary and encoded else 0
-                total += 2 * (pages.uncompressed - pages.dictionary + encoded * longest)
+                name = metadata.schema.column(i).name
+                if pages.dictionary and not pages.plain_values:  # each row's own entry, counted exactly
+                    total += 2 * _dictionary_decoded(file, group, name)
+                else:  # plain pages' bytes, and the first pages' dictionary-encoded rows at the longest entry
+                    encoded = pages.values - pages.plain_values
+                    longest = _longest_entry(file, group, name) if pages.dictionary and encoded else 0
+                    total += 2 * (pages.uncompressed - pages.dictionary + encoded * longest)
+    return total
+
+
+def _dictionary_decoded(file: str | Path, group: int, column: str) -> int:
+    """What the rows of a wholly dictionary-encoded chunk decode to as strings: each row's entry's bytes, read as a
+    dictionary (its indices, 4 bytes a row, and its entries once: the fourteenth review's category of one 500 KB
+    value among 40,000 rows of "a" was counted 40 GB at the longest entry a row)."""
+    total, lengths, seen = 0, pa.array([], pa.int32()), None
+    for batch in pq.ParquetFile(file, read_dictionary=[column]).iter_batches(batch_size=1 << 16, row_groups=[group],
+                                                                            columns=[column]):
+        values = batch.column(0)
+        if not pa.types.is_dictionary(values.type):
+            total += int(pc.sum(pc.binary_length(values)).as_py() or 0)
+            continue
+        if seen is None or len(values.dictionary) != len(seen) or not values.dictionary.equals(seen):
+            seen, lengths = values.dictionary, pc.binary_length(values.dictionary)
+        total += int(pc.sum(lengths.take(values.indices)).as_py() or 0)
     return total
 
 

@@ -408,6 +408,10 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             values = max(chunk.num_values, pages.values)
             rows[i] += values
             if physical == "BYTE_ARRAY":
+                if not pages.encodings <= parquet_pages.BOUNDED_STRING_ENCODINGS:
+                    raise LabelDPError(f"column {name!r} has string pages in an encoding whose values repeat what "
+                                       "came before (DELTA_BYTE_ARRAY): write strings plain or dictionary-encoded",
+                                       code=ErrorCode.MALFORMED_FILE)
                 total += 4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
                 text_chunks[(group, name)] = pages
             else:  # decoded values and the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB),

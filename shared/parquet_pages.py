@@ -55,6 +55,10 @@ def check_writer(created_by: str | None) -> None:
 
 
 DICTIONARY_ENCODINGS = (2, 8)  # a data page's PLAIN_DICTIONARY or RLE_DICTIONARY (parquet.thrift Encoding)
+# the encodings whose page bytes bound the strings they decode to: PLAIN, DELTA_LENGTH_BYTE_ARRAY, and the
+# dictionary's indices (not DELTA_BYTE_ARRAY, 7: each value repeats a prefix of the one before, so 110 KB of pages
+# decoded to 400 MB — the fourteenth review)
+BOUNDED_STRING_ENCODINGS = frozenset({0, 6, *DICTIONARY_ENCODINGS})
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class ChunkPages:
     largest_plain_page: int = 0
     fewest_plain_values: int = 0
     dictionary_after_plain: bool = False  # a dictionary-encoded data page after a plain one (no writer does that)
+    encodings: frozenset[int] = frozenset()  # the data pages' encodings
 
 
 class _Malformed(Exception):
@@ -211,6 +216,7 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
     last_plain: int | None = None  # the values of the latest plain page (not yet known not to be the last)
     first_encoding: int | None = None
     dictionary_after_plain = False
+    encodings: set[int] = set()
     position = start
     reader = _Reader(handle, position, size, budget)
     try:
@@ -234,6 +240,7 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
                 encoding = data.get(2 if 5 in found else 4)
                 values += page_values
                 first_encoding = encoding if first_encoding is None else first_encoding
+                encodings.add(-1 if encoding is None else encoding)
                 if encoding in DICTIONARY_ENCODINGS:
                     dictionary_after_plain = dictionary_after_plain or plain_values > 0
                 else:
@@ -250,4 +257,4 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
         raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code=ErrorCode.MALFORMED_FILE) from None
     return ChunkPages(values, uncompressed, dictionary, plain_values, first_encoding in DICTIONARY_ENCODINGS,
                       largest_plain, fewest_plain if fewest_plain is not None else (last_plain or 0),
-                      dictionary_after_plain)
+                      dictionary_after_plain, frozenset(encodings))

@@ -145,3 +145,16 @@ def test_the_estimate_counts_a_long_string_named_by_every_row(tmp_path):
     pq.write_table(pa.table({"example_id": [f"u{i}" for i in range(rows)], "s": [long] * rows}), file)
     assert table_bytes(file, ["s"]) >= 2 * rows * len(long)
     assert table_bytes(file, []) < 1 << 20  # the ids alone
+
+
+def test_a_category_of_one_long_value_among_short_ones_is_counted_as_its_rows_hold(tmp_path):
+    """The fourteenth review: counting every dictionary-encoded row at the longest entry put 40,000 rows of "a"
+    and one 500 KB value at 40 GB, and an honest job was refused. A wholly dictionary-encoded chunk is counted
+    row by row (its indices read, not its strings)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    file = tmp_path / "t.parquet"
+    rows = 40_000
+    pq.write_table(pa.table({"example_id": [f"u{i}" for i in range(rows)],
+                             "c": ["a"] * (rows - 1) + ["z" * 500_000]}), file)
+    assert 2 * (rows - 1 + 500_000) <= table_bytes(file, ["c"]) - table_bytes(file, []) < 8 << 20

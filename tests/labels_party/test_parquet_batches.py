@@ -165,3 +165,18 @@ def test_small_row_groups_are_staged_together(tmp_path):
                                    tmp_path / "staged.parquet")
     staged = pq.ParquetFile(tmp_path / "staged.parquet")
     assert rows == 3_200 and staged.metadata.num_rows == 3_200 and staged.metadata.num_row_groups == 1
+
+
+def test_strings_whose_values_repeat_what_came_before_are_refused():
+    """The fourteenth review: DELTA_BYTE_ARRAY pages store each value as a prefix of the one before plus a suffix,
+    so their bytes do not bound their strings (4,000 ids of 100 KB sharing prefixes: 140 KB, +974 MB before the
+    413). Strings must be plain, DELTA_LENGTH_BYTE_ARRAY or dictionary-encoded: 400 from the page headers."""
+    ids = [("p" * 2000) + f"{i:06d}" for i in range(200)]
+    delta = _parquet(pa.table({"example_id": ids, "label": [1.0] * 200}), use_dictionary=False,
+                     column_encoding={"example_id": "DELTA_BYTE_ARRAY"})
+    with pytest.raises(LabelDPError) as refused:
+        _batches(delta)
+    assert refused.value.code == "malformed_file" and "DELTA_BYTE_ARRAY" in str(refused.value)
+    length = _parquet(pa.table({"example_id": ids, "label": [1.0] * 200}), use_dictionary=False,
+                      column_encoding={"example_id": "DELTA_LENGTH_BYTE_ARRAY"})
+    assert sum(b.num_rows for b in _batches(length)) == 200
