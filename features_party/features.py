@@ -699,10 +699,10 @@ STRING_BYTES = 64  # a string value's own cost in Arrow and pandas, its characte
 def table_bytes(file: str | Path, columns: Sequence[str]) -> int:
     """What reading ``columns`` (and the ids) of a stored table, as ``planning.load_frame`` does, and checking them
     takes: :data:`VALUE_BYTES` a fixed-width value; :data:`STRING_BYTES` a string value and twice what its strings
-    decode to — its plain pages' bytes, and for each dictionary-encoded value the longest entry of its dictionary
-    page (read first, on its own). Pages alone understate it: the twelfth review's 1,000 columns of repeated zeros
-    were counted 2.2 MB and took +886 MB; the next review's column of one 200 KB string named by 1,500 rows took
-    +495 MB counted as 0.6 MB."""
+    decode to — a wholly dictionary-encoded chunk row by row from its indices, any other its plain pages' bytes and,
+    for its dictionary-encoded rows, the longest entry of its dictionary page. Pages alone understate it: the
+    twelfth review's 1,000 columns of repeated zeros were counted 2.2 MB and took +886 MB; the next review's column
+    of one 200 KB string named by 1,500 rows took +495 MB counted as 0.6 MB."""
     parquet = pq.ParquetFile(file)
     metadata = parquet.metadata
     positions = {metadata.schema.column(i).name: i for i in range(metadata.num_columns)}
@@ -714,17 +714,14 @@ def table_bytes(file: str | Path, columns: Sequence[str]) -> int:
     with open(file, "rb") as handle:
         for group in range(metadata.num_row_groups):
             for i in strings:
-                chunk = metadata.row_group(group).column(i)
-                start = chunk.data_page_offset
-                if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
-                    start = chunk.dictionary_page_offset
-                pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
+                pages = parquet_pages.column_chunk(handle, metadata.row_group(group).column(i), size, budget)
                 name = metadata.schema.column(i).name
                 if pages.dictionary and not pages.plain_values:  # each row's own entry, counted exactly
                     total += 2 * _dictionary_decoded(file, group, name)
                 else:  # plain pages' bytes, and the first pages' dictionary-encoded rows at the longest entry
                     encoded = pages.values - pages.plain_values
-                    longest = _longest_entry(file, group, name) if pages.dictionary and encoded else 0
+                    longest = parquet_pages.longest_entry(pq.ParquetFile(file, read_dictionary=[name]), group,
+                                                          name) if pages.dictionary and encoded else 0
                     total += 2 * (pages.uncompressed - pages.dictionary + encoded * longest)
     return total
 
@@ -744,16 +741,6 @@ def _dictionary_decoded(file: str | Path, group: int, column: str) -> int:
             seen, lengths = values.dictionary, pc.binary_length(values.dictionary)
         total += int(pc.sum(lengths.take(values.indices)).as_py() or 0)
     return total
-
-
-def _longest_entry(file: str | Path, group: int, column: str) -> int:
-    """The longest entry of the dictionary page of ``column`` in row group ``group`` (its first batch's dictionary,
-    read as one)."""
-    first = next(pq.ParquetFile(file, read_dictionary=[column]).iter_batches(batch_size=1, row_groups=[group],
-                                                                            columns=[column]), None)
-    if first is None or not pa.types.is_dictionary(first.column(0).type) or not len(first.column(0).dictionary):
-        return 0
-    return int(pc.max(pc.binary_length(first.column(0).dictionary)).as_py() or 0)
 
 
 def check_present(names, numeric, categorical) -> None:

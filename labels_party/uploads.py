@@ -400,10 +400,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
         row_group = metadata.row_group(group)
         for i, name, physical, length in leaves:
             chunk = row_group.column(i)
-            start = chunk.data_page_offset  # where Arrow starts reading the chunk (its dictionary page, if first)
-            if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
-                start = chunk.dictionary_page_offset
-            pages = parquet_pages.chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
+            pages = parquet_pages.column_chunk(handle, chunk, size, budget)
             stored += chunk.total_compressed_size
             values = max(chunk.num_values, pages.values)
             rows[i] += values
@@ -461,9 +458,7 @@ def _plain_rows(reader: pq.ParquetFile, group: int, name: str, pages: parquet_pa
         spans = PLAIN_BATCH_BYTES // max(1, pages.largest_plain_page) - 1
         rows = min(rows, max(1, spans * max(1, pages.fewest_plain_values)))
     if pages.dictionary and pages.plain_values < pages.values:  # dictionary-encoded rows, the first page one
-        first = next(reader.iter_batches(batch_size=1, row_groups=[group], columns=[name]), None)
-        longest = int(pc.max(pc.binary_length(first.column(0).dictionary)).as_py() or 0) \
-            if first is not None and len(first.column(0).dictionary) else 0
+        longest = parquet_pages.longest_entry(reader, group, name)
         rows = min(rows, max(1, PLAIN_BATCH_BYTES // (longest + 16)))
     return rows
 

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
+
 from shared.errors import ErrorCode, LabelDPError
 
 DICTIONARY_PAGE = 2  # a page header's type (parquet.thrift PageType)
@@ -258,3 +260,23 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
     return ChunkPages(values, uncompressed, dictionary, plain_values, first_encoding in DICTIONARY_ENCODINGS,
                       largest_plain, fewest_plain if fewest_plain is not None else (last_plain or 0),
                       dictionary_after_plain, frozenset(encodings))
+
+
+def column_chunk(handle, chunk: Any, size: int, budget: WalkBudget) -> ChunkPages:
+    """:func:`chunk_pages` of a footer's column chunk (pyarrow's ``ColumnChunkMetaData``), from where Arrow starts
+    reading it: its dictionary page when that comes first."""
+    start = chunk.data_page_offset
+    if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
+        start = chunk.dictionary_page_offset
+    return chunk_pages(handle, start, chunk.total_compressed_size, size, budget)
+
+
+def longest_entry(reader: Any, group: int, column: str) -> int:
+    """The longest entry of the dictionary page of ``column`` in row group ``group``, ``reader`` a
+    ``pyarrow.parquet.ParquetFile`` that reads the column as a dictionary: its first row's batch carries that
+    page's entries whole (when the first data page is dictionary-encoded), and nothing else is read."""
+    first = next(reader.iter_batches(batch_size=1, row_groups=[group], columns=[column]), None)
+    dictionary = getattr(first.column(0), "dictionary", None) if first is not None else None
+    if dictionary is None or not len(dictionary):
+        return 0
+    return int(pc.max(pc.binary_length(dictionary)).as_py() or 0)
