@@ -8,7 +8,8 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    central DP mean of all of them at ``mean_epsilon``: each training row is charged ε once.
 2. **Candidates**: each learner (MLP, trees) at two regularizations (the job's options, and a stronger one: weight
    decay 10⁻² for the MLP; leaves of at least 200 examples and depth at most 4 for trees) on each candidate's part
-   and on all parts pooled (:func:`designs`), each stopped early on a validation split of its own training rows'
+   and on all parts pooled (:func:`designs`; for classes ALIBI's part also pooled with K-ary RR's, each row's
+   target its likelihood of every class under its own mechanism), each stopped early on a validation split of its own training rows'
    labels (``train.validation_fraction``) — never on the rows that judge it: a model picked among its epochs to fit
    their noise looks better on them than it is (a tree so stopped on the selection rows was chosen at ε = 0.25 and
    was 11 % worse than the constant). **Judged on a large unbiased sample:** the validation mechanism's part
@@ -56,6 +57,7 @@ from features_party.targets import training_targets
 from features_party.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
+from shared.mechanisms.randomized_response import RandomizedResponse
 from shared.validation import PrivatizedLabels, compare, eligibility_z
 
 log = logging.getLogger("labeldp.auto")
@@ -65,6 +67,7 @@ Z_CHOICE = 0.5  # among the eligible, the least difference + Z_CHOICE standard e
 REPORT_LEVEL = 0.975  # 1 − 0.05/2: the estimate rows decided one two-way check
 VARIANTS = ("job", "strong")
 POOLED = "pooled"
+SOFT_POOLED = "pooled-alibi"  # ALIBI's part with the validation mechanism's (K-ary RR), both as likelihoods
 
 
 class Clock:
@@ -129,8 +132,10 @@ def designs(part: pd.Series, labelled: pd.Series, arms: list[str], folds: pd.Ser
     chosen; every other
     candidate is judged on all of it. Each candidate is thus judged on the selection rows and on about half of the
     training rows — a far larger sample of unbiased labels than the selection rows alone (issue 39: at ε = 0.5 on
-    17,800 rows those could not tell a 20 % gain from noise). ``labelled``: the rows with a target; the parts of
-    :data:`~features_party.parts.SOFT_ARMS` (per-class targets) are not pooled with labels."""
+    17,800 rows those could not tell a 20 % gain from noise). ``labelled``: the rows with a target. The parts of
+    :data:`~features_party.parts.SOFT_ARMS` (per-class likelihoods) are not pooled with labels, but with K-ary RR's
+    as likelihoods (:data:`SOFT_POOLED`): ALIBI's part alone is a fifth of the training rows, and ALIBI's MLP on
+    every row had half the error of auto's choice on storm-status at ε = 0.5 and 1 (docs/results/auto)."""
     sets = {arm: part.index[(part == arm) & labelled] for arm in arms}
     if unbiased_arm is None or unbiased_arm not in sets:
         out = [Design(arm, ((rows, rows[:0]),), None) for arm, rows in sets.items()]
@@ -148,6 +153,11 @@ def designs(part: pd.Series, labelled: pd.Series, arms: list[str], folds: pd.Ser
         rest = others[0].append(others[1:]) if len(others) > 1 else others[0]
         out.append(Design(POOLED, ((rest.append(first), second), (rest.append(second), first)),
                           rest.append(unbiased)))
+    for arm in SOFT_ARMS:
+        if arm in sets:
+            soft = sets[arm]
+            out.append(Design(SOFT_POOLED, ((soft.append(first), second), (soft.append(second), first)),
+                              soft.append(unbiased)))
     return out, unbiased
 
 
@@ -189,6 +199,11 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     noisy_estimate = PrivatizedLabels(labels[estimate_rows].to_numpy(), judged.mechanism, num_classes)
     constant_of = _constant(plan, client, mean, releases, judged.subset(np.arange(len(pool)) < len(selection)))
     constant = constant_of.value
+    if num_classes:  # K-ary RR's likelihoods, for ALIBI's part pooled with RR's
+        rr = judged.mechanism
+        assert isinstance(rr, RandomizedResponse)
+        targets = replace(targets, rr_log_likelihoods=(float(np.log(rr.keep_probability)),
+                                                       float(np.log(rr.other_probability))))
     candidates = _fit_all(attempt, plan, features, preprocessor, targets, plans, selection, out_of_fold, deadline)
     clock.lap("fits")
     chosen, table = _choose(plan, candidates, judged, constant)
@@ -311,10 +326,10 @@ def _fit_all(attempt: Attempt, plan: JobPlan, features: pd.DataFrame, preprocess
         if any(len(train_rows) < attempt.ctx.settings.min_train_examples for train_rows, _ in design.fits):
             continue
         for learner, base in plan.configs.items():
-            if design.training in SOFT_ARMS:
-                if not isinstance(base, TrainConfig):
+            if (loss := soft_loss(design.training)) is not None:
+                if not isinstance(base, TrainConfig):  # a tree has no soft-label loss
                     continue
-                base = replace(base, loss=design.training)
+                base = replace(base, loss=loss)
             for variant in VARIANTS:
                 config = strong(base) if variant == "strong" else base
                 on_pool = np.zeros((len(selection) + len(out_of_fold), *([plan.num_classes] if plan.num_classes
@@ -344,21 +359,40 @@ def _center(plan: JobPlan, raw: np.ndarray) -> float:
     return float(np.mean(np.log(np.maximum(raw, 1e-300)) if plan.loss == "poisson" else raw))
 
 
+def soft_loss(training: str) -> str | None:
+    """The loss of a design that trains on per-class likelihoods (ALIBI's, alone or pooled), else None."""
+    return "alibi" if training in SOFT_ARMS or training == SOFT_POOLED else None
+
+
 @dataclass(frozen=True)
 class Targets:
-    """What the candidates fit, by example id: the released labels, and ALIBI's per-class log-likelihoods for its
-    part's rows (none elsewhere)."""
+    """What the candidates fit, by example id: the released labels, ALIBI's per-class log-likelihoods for its
+    part's rows (none elsewhere), and K-ary RR's (log p, log q): the log-likelihood of its released class given each
+    true one, log p for the class released and log q for every other (None: no RR release)."""
 
     labels: pd.Series
     soft: pd.DataFrame
+    rr_log_likelihoods: tuple[float, float] | None = None
 
     def labelled(self) -> pd.Series:
         return self.labels.notna() | self.labels.index.isin(self.soft.index)
 
     def of(self, rows: pd.Index, training: str, num_classes: int | None) -> np.ndarray:
-        """The targets of ``rows`` of the design that trains on ``training`` (a part, or the parts pooled)."""
-        if training in SOFT_ARMS:
-            return self.soft.loc[rows].to_numpy(dtype=np.float32)
+        """The targets of ``rows`` of the design that trains on ``training`` (a part, or the parts pooled): per-class
+        log-likelihoods for a soft design (its RR rows' from their released class), else labels."""
+        if soft_loss(training) is not None:
+            assert num_classes is not None
+            out = np.empty((len(rows), num_classes), dtype=np.float32)
+            soft = rows.isin(self.soft.index)
+            out[soft] = self.soft.loc[rows[soft]].to_numpy(dtype=np.float32)
+            if not soft.all():
+                assert self.rr_log_likelihoods is not None  # SOFT_POOLED is designed only beside an RR part
+                keep, other = self.rr_log_likelihoods
+                released = np.rint(self.labels[rows[~soft]].to_numpy()).astype(np.int64)
+                hard = np.full((released.size, num_classes), other, dtype=np.float32)
+                hard[np.arange(released.size), released] = keep
+                out[~soft] = hard
+            return out
         out = self.labels[rows].to_numpy()
         return np.rint(out).astype(np.int32) if num_classes else out
 

@@ -46,9 +46,14 @@ SELECTION_SHARE, AUTO_ESTIMATE_SHARE = 0.15, 0.10
 # majority class in 2 of 5 seeds (error 0.51) where RR with trees had 0.30 (docs/results/auto).
 REGRESSION_ARMS = ("opt-unbiased", "rr-on-bins")
 CLASS_ARMS = ("rr", "rr-with-prior", "lp-2st", "alibi")
+# Candidates a job may name besides (``release.candidates``), not among the defaults: each part costs the others
+# rows. RPWithPrior won the fixed runs only where the signal is weak (labour-hours at ε 0.5 and 1, psid-weeks at
+# ε ≤ 0.5: docs/results/peers), where auto returns the constant or a model near it anyway; BlockRR only with trees
+# at ε ≥ 1 on storm-status, where RR's trees were as good (docs/results/auto/opt-in has auto with them).
+OPT_IN_ARMS = {"regression": ("rp-with-prior",), "classes": ("block-rr",)}
 SOFT_ARMS = ("alibi",)  # their parts train on per-class targets, not labels: never pooled with the others
 # the candidates released in one go (LP-2ST's stages are asked for while it trains)
-ARM_RELEASES = ("opt-unbiased", "rr-on-bins", "rr-with-prior", "alibi")
+ARM_RELEASES = ("opt-unbiased", "rr-on-bins", "rr-with-prior", "alibi", "rp-with-prior", "block-rr")
 VALIDATION_MECHANISM = {"regression": "opt-unbiased", "classes": "rr"}
 # Training parts in proportion (the rest: 1): the unbiased randomizers' models need the rows (their labels' variance
 # averages out with n), and their parts judge the others; RR-on-Bins' win where a model is near the constant anyway,

@@ -317,8 +317,9 @@ def _auto_plan(plan: JobPlan, dataset: shared_schemas.Dataset, frame: pd.DataFra
     if dataset.labels_at != "service":
         raise _invalid("an auto job releases disjoint parts of its rows, which a source dataset's release (all its "
                        "rows) cannot: use a fixed mechanism")
-    allowed = parts.CLASS_ARMS if classes else parts.REGRESSION_ARMS
-    arms = tuple(dict.fromkeys(release.candidates or allowed))
+    default = parts.CLASS_ARMS if classes else parts.REGRESSION_ARMS
+    allowed = default + parts.OPT_IN_ARMS["classes" if classes else "regression"]
+    arms = tuple(dict.fromkeys(release.candidates or default))
     wrong = [arm for arm in arms if arm not in allowed]
     if wrong:
         raise _invalid(f"auto candidate(s) {', '.join(wrong)} do not fit {dataset.label_kind} labels; choose among "

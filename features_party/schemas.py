@@ -71,7 +71,8 @@ class TrainOptions(BaseModel):
     standardize_targets: bool = True
 
 
-AutoCandidate = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "lp-2st", "alibi"]
+AutoCandidate = Literal["opt-unbiased", "rr-on-bins", "rp-with-prior", "rr", "rr-with-prior", "lp-2st", "alibi",
+                        "block-rr"]
 
 
 class AutoRelease(BaseModel):
@@ -87,9 +88,10 @@ class AutoRelease(BaseModel):
     mechanism: Literal["auto"]
     epsilon: schemas.Epsilon
     example_ids: list[str] | None = Field(default=None, min_length=1, fail_fast=True)
-    candidates: list[AutoCandidate] | None = Field(default=None, min_length=1, max_length=4, description=(
-        "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr-with-prior, "
-        "lp-2st and alibi for classes — alibi when the job trains the MLP: trees have no soft-label loss)"))
+    candidates: list[AutoCandidate] | None = Field(default=None, min_length=1, max_length=5, description=(
+        "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr, "
+        "rr-with-prior, lp-2st and alibi for classes — alibi when the job trains the MLP: trees have no soft-label "
+        "loss); rp-with-prior (numbers) and block-rr (classes) only when named: each part costs the others rows"))
 
 
 class HoldoutFraction(BaseModel):

@@ -77,6 +77,10 @@ def _register_utility(bench_actions) -> None:
                          help="research use: release even randomizers whose output does not depend on the label "
                          "(RRWithPrior keeping one class); by default the labels service releases its fallback "
                          "then, and the summary counts the fallbacks")
+    utility.add_argument("--auto-candidates", metavar="M,M",
+                         help="the mechanisms an auto job chooses among (its release.candidates; default the "
+                         "trainer's: opt-unbiased,rr-on-bins or rr,rr-with-prior,lp-2st,alibi); rp-with-prior and "
+                         "block-rr are candidates only when named")
     utility.set_defaults(handler=bench_utility_command)
 
 
@@ -193,6 +197,24 @@ def _models(text: str) -> tuple[str, ...]:
     return models
 
 
+def _auto_candidates(text: str | None, mechanisms: list[str] | None) -> tuple[str, ...] | None:
+    from typing import get_args
+
+    from features_party.schemas import AutoCandidate
+
+    if text is None:
+        return None
+    if mechanisms is None or "auto" not in mechanisms:
+        raise LabelDPError("--auto-candidates names an auto job's candidates: add auto to --mechanisms",
+                           code=ErrorCode.USAGE)
+    names = tuple(dict.fromkeys(m.strip() for m in text.split(",")))
+    unknown = [m for m in names if m not in get_args(AutoCandidate)]
+    if unknown or not names:
+        raise LabelDPError(f"unknown --auto-candidates {','.join(unknown) or repr(text)}; choose from "
+                           f"{', '.join(get_args(AutoCandidate))}", code=ErrorCode.USAGE)
+    return names
+
+
 def _print_summary(out: str) -> int:
     from pathlib import Path
 
@@ -257,7 +279,8 @@ def bench_utility_command(args) -> int:
         config = BenchConfig.quick(sources if table is not None else ["psid-weeks"], mechanisms, args.rows)
     else:
         config = BenchConfig(sources, _epsilons(args.epsilons), _seeds(args), mechanisms, args.epochs, args.rows)
-    config = dataclasses.replace(config, allow_uninformative=args.allow_uninformative, models=_models(args.model))
+    config = dataclasses.replace(config, allow_uninformative=args.allow_uninformative, models=_models(args.model),
+                                 auto_candidates=_auto_candidates(args.auto_candidates, config.mechanisms))
     plans = plan.plan_bench(config)
     if args.dry_run:
         document = plan.describe(plans, config)

@@ -57,7 +57,7 @@ def plan_bench(config: BenchConfig) -> list[DatasetPlan]:
         if config.max_examples is not None:
             _check_rows(prepared, config.max_examples)
         mechanisms = config.mechanisms_of(prepared)
-        preflight(prepared, mechanisms)
+        preflight(prepared, mechanisms, config.auto_candidates)
         plans.append(DatasetPlan(prepared, mechanisms))
     return plans
 

@@ -291,6 +291,7 @@ class BenchConfig:
     max_examples: int | None = None  # --rows: a seeded subsample of each dataset's rows (Prepared.sample)
     allow_uninformative: bool = False  # --allow-uninformative: keep randomizers that say nothing (research)
     models: tuple[str, ...] = (DEFAULT_MODEL,)  # --model: the learners (choices.MODELS), each on every release
+    auto_candidates: tuple[str, ...] | None = None  # --auto-candidates: an auto job's (None: the trainer's default)
 
     @classmethod
     def quick(cls, datasets: list, mechanisms: list[str] | None, max_examples: int | None = None) -> BenchConfig:
@@ -458,7 +459,7 @@ def label_domain(prepared: Prepared):
     return domain_from_spec(schemas.dataset_create.validate_python(body).domain_spec())
 
 
-def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
+def preflight(prepared: Prepared, mechanisms: list[str], auto_candidates: Sequence[str] | None = None) -> None:
     """Refuse, before any server starts, a domain the labels service would refuse at creation or that a chosen
     mechanism cannot take (the service's own checks and messages, plus the bench's flag to use instead)."""
     from pydantic import ValidationError
@@ -485,6 +486,7 @@ def preflight(prepared: Prepared, mechanisms: list[str]) -> None:
             names = [fields["mechanism"], *(["rr-with-prior"] if "protocol" in fields else [])]
             if fields["mechanism"] == AUTO:
                 names = list(AUTO_RELEASES["classes" if prepared.classification else "regression"])
+                names += [n for n in auto_candidates or () if n != "lp-2st" and n not in names]  # LP: RR's
             for chosen in [family(name) for name in names]:
                 chosen.check(domain, options)
                 if chosen.name in ("laplace", "staircase"):
@@ -518,7 +520,8 @@ def run_cell(parties: Parties, registered: Registered, mechanism: str, epsilon: 
     train on the same release by its id (no further ε; the learners compare on the same noisy labels) — but for
     multi-stage protocols, which release per learner (:meth:`BenchConfig.releases_per_cell`)."""
     if mechanism == AUTO:  # one job, which releases its own parts and chooses (or trains) the learners
-        return [run_one(parties, registered, mechanism, epsilon, seed, config.epochs, model=config.auto_model)]
+        return [run_one(parties, registered, mechanism, epsilon, seed, config.epochs, model=config.auto_model,
+                        auto_candidates=config.auto_candidates)]
     rows: list[dict] = []
     release_id = None
     for model in config.learners_of(mechanism):
@@ -530,7 +533,7 @@ def run_cell(parties: Parties, registered: Registered, mechanism: str, epsilon: 
 
 def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: float | None, seed: int,
             epochs: int, *, model: str = DEFAULT_MODEL, release_id: str | None = None,
-            allow_uninformative: bool = False) -> dict:
+            allow_uninformative: bool = False, auto_candidates: tuple[str, ...] | None = None) -> dict:
     """One learner's run: a trainer job on a release (``release_id``: an earlier one of the same examples), or
     the non-private reference in process."""
     prepared = registered.prepared
@@ -541,7 +544,8 @@ def run_one(parties: Parties, registered: Registered, mechanism: str, epsilon: f
         return {**row, **_non_private(prepared, train_part, test, config, model)}
     assert epsilon is not None  # only the non-private model runs without ε (runs_of)
     job = _train_on_release(parties, registered, train_part, mechanism, epsilon, seed, config, model=model,
-                            release_id=release_id, allow_uninformative=allow_uninformative)
+                            release_id=release_id, allow_uninformative=allow_uninformative,
+                            auto_candidates=auto_candidates)
     with parties.trainer() as trainer:
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
     release = job.release
@@ -605,7 +609,7 @@ def _noisy_label_loss(parties: Parties, prepared: Prepared, release: dict, train
 
 def _train_on_release(parties: Parties, registered: Registered, train_part: pd.DataFrame, mechanism: str,
                       epsilon: float, seed: int, config: TrainConfig, *, model: str, release_id: str | None,
-                      allow_uninformative: bool) -> JobView:
+                      allow_uninformative: bool, auto_candidates: tuple[str, ...] | None = None) -> JobView:
     """One trainer job of the learner ``model`` on a release of the training examples' labels: ``release_id``
     (another learner's), or the job requests it, or, for the group mechanisms, trains on the group release the
     publisher requested first."""
@@ -626,6 +630,8 @@ def _train_on_release(parties: Parties, registered: Registered, train_part: pd.D
         source = {"release_id": release.id}
     else:
         opt_in = {"allow_uninformative": True} if allow_uninformative else {}
+        if mechanism == AUTO and auto_candidates:
+            opt_in = {"candidates": list(auto_candidates)}
         source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids, **opt_in}}
     # classes: the trainer chooses the loss from the release (cross-entropy, or the subset loss for subsets)
     loss = None if prepared.classification else config.loss
@@ -709,7 +715,8 @@ def _run_options(config: BenchConfig, plans) -> dict:
     return {"datasets": [prepared.name for prepared, _ in plans],
             "mechanisms": {prepared.name: list(mechanisms) for prepared, mechanisms in plans},
             "epsilons": list(config.epsilons), "seeds": config.seeds, "models": list(config.models),
-            "epochs": config.epochs, "rows": config.max_examples, "allow_uninformative": config.allow_uninformative}
+            "epochs": config.epochs, "rows": config.max_examples, "allow_uninformative": config.allow_uninformative,
+            **({"auto_candidates": list(config.auto_candidates)} if config.auto_candidates else {})}
 
 
 def _cell_key(row: dict) -> tuple:

@@ -320,9 +320,49 @@ def test_auto_on_classes_weighs_alibi_soft_labels_with_the_mlp_only_charged_once
     names = {row["candidate"] for row in done["auto"]["candidates"]}
     assert {"alibi/mlp/job", "alibi/mlp/strong"} <= names and not any(n.startswith("alibi/gbdt") for n in names)
     assert "pooled/mlp/job" in names  # the parts of RR, RRWithPrior and LP-2ST pooled, ALIBI's not
+    assert "pooled-alibi/mlp/job" in names and not any(n.startswith("pooled-alibi/gbdt") for n in names)
     assert "rr/gbdt/job" in names  # K-ary RR a candidate too, judged out of fold
     assert done["auto"]["chosen"]["candidate"] != "constant"
     predicted = _predictions(trainer, done["id"])
     truth = pd.Series(labels, index=ids)[predicted.index]
     assert np.mean(predicted == truth) > 0.6  # the majority class is right on about 0.27 of the rows
     assert owner.get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"] == 2.0  # each row once, at ε
+
+
+def test_designs_pool_alibi_with_rr_as_likelihoods_and_never_refit_on_judging_rows():
+    """The validation mechanism's part and the pooled parts are refitted on their folds, never on the selection or
+    estimate rows; ALIBI's part is pooled with RR's folds (SOFT_POOLED), not with the other hard labels."""
+    from features_party.auto import POOLED, SOFT_POOLED, designs
+
+    names = ["selection"] * 3 + ["estimate"] * 2 + ["rr"] * 4 + ["rr-with-prior"] * 2 + ["alibi"] * 2
+    ids = pd.Index([f"i{k}" for k in range(len(names))])
+    part = pd.Series(names, index=ids, dtype=object)
+    folds = pd.Series([k % 2 == 0 for k in range(len(ids))], index=ids)
+    labelled = pd.Series(True, index=ids)
+    plans, out_of_fold = designs(part, labelled, ["rr", "rr-with-prior", "alibi"], folds, "rr")
+    by = {d.training: d for d in plans}
+    assert set(by) == {"rr", "rr-with-prior", "alibi", POOLED, SOFT_POOLED}
+    rr, selection = set(ids[part == "rr"]), set(ids[part == "selection"])
+    assert set(out_of_fold) == rr
+    assert set(by["rr"].refit) == rr
+    assert set(by[POOLED].refit) == rr | set(ids[part == "rr-with-prior"])
+    assert set(by[SOFT_POOLED].refit) == rr | set(ids[part == "alibi"])
+    for design in plans:  # a fold's rows never judge the fit that trained on them
+        assert not set(design.refit if design.refit is not None else []) & (selection | set(ids[part == "estimate"]))
+        for trained, judged in design.fits:
+            assert not set(trained) & set(judged)
+    assert all(set(judged) <= rr for _, judged in by[SOFT_POOLED].fits)
+
+
+def test_soft_targets_give_rr_rows_the_likelihood_of_their_released_class():
+    """A SOFT_POOLED design's targets: ALIBI's rows their own log-likelihoods; an RR row log p for its released
+    class and log q for every other (K = 3, ε = log 2: p = 1/2, q = 1/4)."""
+    from features_party.auto import SOFT_POOLED, Targets
+
+    labels = pd.Series([np.nan, 2.0, 0.0], index=["a", "r1", "r2"])
+    soft = pd.DataFrame([[-1.0, -2.0, -3.0]], index=["a"])
+    targets = Targets(labels, soft, (float(np.log(0.5)), float(np.log(0.25))))
+    got = targets.of(pd.Index(["r1", "a", "r2"]), SOFT_POOLED, 3)
+    p, q = np.log(0.5), np.log(0.25)
+    np.testing.assert_allclose(got, [[q, q, p], [-1, -2, -3], [p, q, q]], rtol=1e-6)
+    np.testing.assert_array_equal(targets.of(pd.Index(["r2", "r1"]), "rr", 3), [0, 2])
