@@ -121,6 +121,7 @@ def test_auto_without_signal_returns_the_constant_and_warns(parties):
 
 @pytest.mark.parametrize(("change", "code", "message"), [
     ({"candidates": ["rr-with-prior"]}, "invalid_job", "do not fit integer labels"),
+    ({"candidates": ["opt-unbiased", "block-rr"]}, "invalid_job", "do not fit integer labels"),
     ({"epsilon": 0.0015}, "epsilon_out_of_range", "too small for an auto job"),
 ])
 def test_auto_refusals_before_anything_is_asked_charge_nothing(parties, change, code, message):
@@ -129,6 +130,28 @@ def test_auto_refusals_before_anything_is_asked_charge_nothing(parties, change, 
     response = trainer.post("/v1/jobs", json=_auto_job(parties, **change))
     assert response.status_code == 400 and response.json()["error"]["code"] == code, response.text
     assert message in response.json()["error"]["message"] and _spent(parties) == 0.0
+
+
+@pytest.mark.labels_seed(0)
+def test_an_opt_in_candidate_gets_its_own_part_released_by_its_mechanism(parties):
+    """rp-with-prior is not a default candidate but one a job may name (features_party/parts.OPT_IN_ARMS): its part
+    is released by RPWithPrior (its prior from its own rows), disjoint from the others, and every example is still
+    charged ε once."""
+    trainer, features = parties["trainer"], parties["features"]
+    assert _upload(trainer, features).status_code == 200
+    created = trainer.post("/v1/jobs", json=_auto_job(parties, candidates=["opt-unbiased", "rp-with-prior"]))
+    assert created.status_code == 202, created.text
+    job = _finish(trainer, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    assert set(job["release"]["parts"]) == {"opt-unbiased", "rp-with-prior"}
+    names = {row["candidate"].split("/")[0] for row in job["auto"]["candidates"]}
+    assert names == {"opt-unbiased", "rp-with-prior", "pooled"}
+    with _consumer(parties) as consumer:
+        part = consumer.get_release(job["release"]["parts"]["rp-with-prior"]["id"])
+    plan = AutoPlan.build(("opt-unbiased", "rp-with-prior"), False, EPSILON, N, 0)
+    assert part.mechanism == "rp-with-prior"
+    assert part.num_examples == int(np.sum(plan.parts(features["example_id"]) == "rp-with-prior")) > 0
+    assert _spent(parties) == EPSILON
 
 
 @pytest.mark.parametrize(("body", "message"), [

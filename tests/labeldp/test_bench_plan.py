@@ -122,3 +122,18 @@ def test_help_shows_the_defaults_mechanisms_and_jobs(capsys):
 
     assert choices.DATASET_NAMES == tuple(DATASETS) and f"{', '.join(DATASETS)}, a comma list" in text
     assert f"{grid.seeds} × {len(grid.epsilons)} × 10 = {grid.seeds * len(grid.epsilons) * 10} jobs" in text  # auto too
+
+
+def test_auto_candidates_are_checked_before_anything_starts(capsys, table):
+    """--auto-candidates: only with auto among the mechanisms, only names an auto job takes, and only mechanisms
+    the labels fit (BlockRR is for classes: refused by the preflight, before a service starts)."""
+    base = ["bench", "utility", "--dry-run", "--data", str(table), "--label", "delay", "--seeds", "1",
+            "--epsilons", "1"]
+    assert main([*base, "--auto-candidates", "rp-with-prior"]) == 2
+    assert main([*base, "--mechanisms", "auto", "--auto-candidates", "opt-unbiased,laplace"]) == 2
+    assert main([*base, "--mechanisms", "auto", "--auto-candidates", "opt-unbiased,block-rr"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "add auto to --mechanisms" in err[0]
+    assert "unknown --auto-candidates laplace" in err[1] and "rp-with-prior" in err[1]
+    assert "block-rr" in err[2]
+    assert main([*base, "--mechanisms", "auto", "--auto-candidates", "opt-unbiased,rp-with-prior"]) == 0
