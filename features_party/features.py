@@ -694,6 +694,9 @@ class Preprocessor:
 
 VALUE_BYTES = 16  # a fixed-width value read: Arrow's 8 bytes and pandas' 8 (measured: 13 with the allocator's)
 STRING_BYTES = 64  # a string value's own cost in Arrow and pandas, its characters counted besides
+# The page walk of a table this service wrote itself (not a body): up to 4,000 string columns × its row groups × two
+# pages; ~5 s of header parsing at most
+STORED_TABLE_PAGES = 1 << 20
 
 
 def table_bytes(file: str | Path, columns: Sequence[str]) -> int:
@@ -710,7 +713,7 @@ def table_bytes(file: str | Path, columns: Sequence[str]) -> int:
     strings = {i for i in wanted if metadata.schema.column(i).physical_type == "BYTE_ARRAY"}
     total = metadata.num_rows * (STRING_BYTES * len(strings) + VALUE_BYTES * (len(wanted) - len(strings)))
     size = os.path.getsize(file)
-    budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
+    budget = parquet_pages.WalkBudget(STORED_TABLE_PAGES, size)
     with open(file, "rb") as handle:
         for group in range(metadata.num_row_groups):
             for i in strings:

@@ -406,10 +406,11 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             rows[i] += values
             if physical == "BYTE_ARRAY":
                 if not pages.encodings <= parquet_pages.BOUNDED_STRING_ENCODINGS:
-                    raise LabelDPError(f"column {name!r} has string pages in an encoding whose values repeat what "
-                                       "came before (DELTA_BYTE_ARRAY): write strings plain or dictionary-encoded",
-                                       code=ErrorCode.MALFORMED_FILE)
-                total += 4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
+                    raise LabelDPError(f"column {name!r} has string pages in a delta encoding (DELTA_BYTE_ARRAY or "
+                                       "DELTA_LENGTH_BYTE_ARRAY), whose bytes do not bound what they decode to: "
+                                       "write strings plain or dictionary-encoded", code=ErrorCode.MALFORMED_FILE)
+                total += (4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
+                          + parquet_pages.DICTIONARY_ENTRY_BYTES * pages.dictionary_values)
                 text_chunks[(group, name)] = pages
             else:  # decoded values and the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB),
                 # and a dictionary twice: its page and Arrow's decoded copy (the tenth: 10 columns, 2× counted)

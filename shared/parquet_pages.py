@@ -7,10 +7,15 @@ footer-based check and took the server to +1 GB. The page headers are what decom
 checked against them too, before any page is decompressed: the bytes in the chunk's range (the range the reader
 reads) are walked header by header — each header is parsed, its page body skipped unread.
 
-A page header is a Thrift struct in the compact protocol (parquet-format's ``PageHeader``): field 2 is the
-uncompressed page size, 3 the compressed size, and the data page headers (fields 5 and 8) start with their value
-count. Only those are kept; every other field is skipped by type. pyarrow exposes none of this (its page reader is
-internal), and no maintained Python library reads page headers alone, hence this reader.
+A page header is a Thrift struct in the compact protocol (parquet-format's ``PageHeader``): field 1 is the page
+type, 2 the uncompressed page size, 3 the compressed size, and the header of the page's type (5 a data page's, 8 a
+v2 data page's, 7 a dictionary page's) starts with its value count. Only those are kept, read as Arrow's Thrift
+code reads them (the fifteenth review: a walk that read what Arrow skips was told other sizes and encodings than
+Arrow decoded, +2 GB): a field of another wire type than the schema's is skipped, a repeated one overrides the one
+before (a repeated struct field by field), an i32 is at most five varint bytes of which the low 32 bits count, and
+the page type alone says which nested header is the page's. Every other field is skipped by type. pyarrow exposes
+none of this (its page reader is internal), and no maintained Python library reads page headers alone, hence this
+reader.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import pyarrow.compute as pc
 
 from shared.errors import ErrorCode, LabelDPError
 
-DICTIONARY_PAGE = 2  # a page header's type (parquet.thrift PageType)
-MAX_PAGES = 200_000  # per body: a page header is at least ~6 bytes, so this bounds the walk's time (~1 s)
+DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3  # a page header's type (parquet.thrift PageType)
+# Per body: a page header is at least ~6 bytes, read ~5 µs each (the fifteenth review's 199,000 empty pages took 1 s
+# of CPU with the window kept); an honest body of 64 MiB in 4 KiB pages has 16,000, one of 3,300 row groups 13,200
+MAX_PAGES = 50_000
 MAX_HEADER_BYTES = 1 << 20  # a page header (statistics included) larger than this is refused
 _WINDOW = 64 << 10
 
@@ -57,10 +64,14 @@ def check_writer(created_by: str | None) -> None:
 
 
 DICTIONARY_ENCODINGS = (2, 8)  # a data page's PLAIN_DICTIONARY or RLE_DICTIONARY (parquet.thrift Encoding)
-# the encodings whose page bytes bound the strings they decode to: PLAIN, DELTA_LENGTH_BYTE_ARRAY, and the
-# dictionary's indices (not DELTA_BYTE_ARRAY, 7: each value repeats a prefix of the one before, so 110 KB of pages
-# decoded to 400 MB — the fourteenth review)
-BOUNDED_STRING_ENCODINGS = frozenset({0, 6, *DICTIONARY_ENCODINGS})
+# The encodings whose page bytes bound what their strings decode to: PLAIN and the dictionary's indices. Not
+# DELTA_BYTE_ARRAY (7: each value repeats a prefix of the one before, so 110 KB of pages decoded to 400 MB — the
+# fourteenth review), nor DELTA_LENGTH_BYTE_ARRAY (6: its lengths are delta-packed, so 247 bytes stated 2.5·10⁸
+# empty strings and Arrow decoded their lengths, +954 MB — the fifteenth).
+BOUNDED_STRING_ENCODINGS = frozenset({0, *DICTIONARY_ENCODINGS})
+# What Arrow holds per entry of a string dictionary page it decodes, besides the page: a 16-byte (pointer, length)
+# per entry and the decoded array's 4-byte offset (the fifteenth review: 2.2·10⁷ empty strings in 3.2 KB, +505 MB)
+DICTIONARY_ENTRY_BYTES = 20
 
 
 @dataclass(frozen=True)
@@ -81,10 +92,15 @@ class ChunkPages:
     fewest_plain_values: int = 0
     dictionary_after_plain: bool = False  # a dictionary-encoded data page after a plain one (no writer does that)
     encodings: frozenset[int] = frozenset()  # the data pages' encodings
+    dictionary_values: int = 0  # the entries the dictionary page states
 
 
 class _Malformed(Exception):
     pass
+
+
+class _Exhausted(_Malformed):
+    """The body's header bytes ran out (its chunks read headers again and again), not the header's own."""
 
 
 @dataclass
@@ -103,9 +119,16 @@ class _Reader:
     walk loop without reading."""
 
     def __init__(self, handle, position: int, size: int, budget: WalkBudget):
-        self.handle, self.position, self.size = handle, position, size
+        self.handle, self.size = handle, size
         self.window, self.start = b"", position
-        self.end = min(size, position + MAX_HEADER_BYTES, position + max(0, budget.header_bytes))
+        self.at(position, budget)
+
+    def at(self, position: int, budget: WalkBudget) -> None:
+        """Read on from ``position``: the window is kept (a page of headers alone is read from it, not again from
+        the file — the fifteenth review's 199,000 empty pages took 2.3 s of CPU with a window read for each)."""
+        self.position = position
+        self.budgeted = position + max(0, budget.header_bytes) < min(self.size, position + MAX_HEADER_BYTES)
+        self.end = min(self.size, position + MAX_HEADER_BYTES, position + max(0, budget.header_bytes))
 
     def left(self) -> int:
         return self.end - self.position
@@ -113,7 +136,8 @@ class _Reader:
     def byte(self) -> int:
         offset = self.position - self.start
         if self.position >= self.end:
-            raise _Malformed("a page header runs past the end of the file, or is larger than any writer makes")
+            raise (_Exhausted if self.budgeted else _Malformed)(
+                "a page header runs past the end of the file, or is larger than any writer makes")
         if not 0 <= offset < len(self.window):
             self.handle.seek(self.position)
             self.window, self.start, offset = self.handle.read(_WINDOW), self.position, 0
@@ -124,7 +148,8 @@ class _Reader:
 
     def skip(self, count: int) -> None:
         if count < 0 or count > self.left():
-            raise _Malformed("a page header names bytes past the end of the file, or is larger than any writer makes")
+            raise (_Exhausted if self.budgeted and count >= 0 else _Malformed)(
+                "a page header names bytes past the end of the file, or is larger than any writer makes")
         self.position += count
 
     def varint(self) -> int:
@@ -141,6 +166,19 @@ class _Reader:
     def zigzag(self) -> int:
         value = self.varint()
         return (value >> 1) ^ -(value & 1)
+
+    def i32(self) -> int:
+        """A compact-protocol i32 as Thrift's C++ reads it: at most five varint bytes, their low 32 bits zigzag
+        decoded."""
+        value = shift = 0
+        for _ in range(5):
+            byte = self.byte()
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                value &= 0xFFFFFFFF
+                return (value >> 1) ^ -(value & 1)
+            shift += 7
+        raise _Malformed("an i32 longer than five bytes")
 
 
 def _skip(reader: _Reader, kind: int, depth: int = 0) -> None:
@@ -189,9 +227,10 @@ def _element(reader: _Reader, kind: int, depth: int) -> None:
 
 
 def _struct(reader: _Reader, depth: int, wanted: dict[int, Any]) -> dict[int, Any]:
-    """Read a struct, returning the integer fields whose ids ``wanted`` maps to 0 (id → its value), and for the
-    ids it maps to a dict, what that dict wants of the nested struct there (a data page header's value count and
-    encoding)."""
+    """Read a struct, returning its i32 fields whose ids ``wanted`` maps to :data:`_I32` (id → its value), and for
+    the ids it maps to a dict, what that dict wants of the nested struct there (a data page header's value count
+    and encoding). As Arrow's Thrift code: a field of another wire type is skipped, a repeated one overrides (a
+    struct field by field)."""
     found: dict[int, Any] = {}
     field_id = 0
     while True:
@@ -201,19 +240,25 @@ def _struct(reader: _Reader, depth: int, wanted: dict[int, Any]) -> dict[int, An
             return found
         delta = header >> 4
         field_id = field_id + delta if delta else reader.zigzag()
-        if field_id in wanted and wanted[field_id] == 0 and kind in (_I32, _I64):
-            found[field_id] = reader.zigzag()
+        if field_id in wanted and wanted[field_id] == _I32 and kind == _I32:
+            found[field_id] = reader.i32()
         elif field_id in wanted and isinstance(wanted[field_id], dict) and kind == _STRUCT:
-            found[field_id] = _struct(reader, depth + 1, wanted[field_id])
+            found[field_id] = {**found.get(field_id, {}), **_struct(reader, depth + 1, wanted[field_id])}
         else:
             _skip(reader, kind, depth)
+
+
+# PageHeader: 1 type, 2 uncompressed_page_size, 3 compressed_page_size; 5 DataPageHeader (1 num_values, 2 encoding),
+# 7 DictionaryPageHeader (1 num_values), 8 DataPageHeaderV2 (1 num_values, 4 encoding) — parquet.thrift
+_PAGE_HEADER = {1: _I32, 2: _I32, 3: _I32, 5: {1: _I32, 2: _I32}, 7: {1: _I32}, 8: {1: _I32, 4: _I32}}
+_DATA_HEADERS = {DATA_PAGE: (5, 2), DATA_PAGE_V2: (8, 4)}  # a data page's type: its header's field, encoding's id
 
 
 def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) -> ChunkPages:
     """The pages of the column chunk whose claimed range is ``start`` + ``length`` bytes of a file of ``size``
     bytes; ``budget``: what the body's walk may still do (spent here). 400 ``malformed_file`` for headers that
     cannot be read, 413 ``body_too_large`` past :data:`MAX_PAGES` or past the body's size in header bytes."""
-    values = uncompressed = dictionary = plain_values = largest_plain = 0
+    values = uncompressed = dictionary = plain_values = largest_plain = dictionary_values = 0
     fewest_plain: int | None = None
     last_plain: int | None = None  # the values of the latest plain page (not yet known not to be the last)
     first_encoding: int | None = None
@@ -227,19 +272,23 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
             if budget.pages < 0 or budget.header_bytes <= 0:
                 raise LabelDPError(f"the Parquet body has more than {MAX_PAGES:,} pages, or its chunks read its "
                                    "page headers more than once; write larger pages", code=ErrorCode.BODY_TOO_LARGE)
-            reader = _Reader(handle, position, size, budget)
-            # a data page header (v1, field 5; v2, field 8): its value count and encoding
-            found = _struct(reader, 0, {1: 0, 2: 0, 3: 0, 5: {1: 0, 2: 0}, 8: {1: 0, 4: 0}})
+            reader.at(position, budget)
+            found = _struct(reader, 0, _PAGE_HEADER)
             budget.header_bytes -= reader.position - position
-            page_size, stored = found.get(2, -1), found.get(3, -1)
-            if page_size < 0 or stored < 0:
-                raise _Malformed("a page header without its sizes")
+            page_size, stored, kind = found.get(2, -1), found.get(3, -1), found.get(1)
+            if page_size < 0 or stored < 0 or kind is None:
+                raise _Malformed("a page header without its type or sizes")
             uncompressed += page_size
-            dictionary += page_size if found.get(1) == DICTIONARY_PAGE else 0
-            data = found.get(5) or found.get(8)
-            if data is not None:
-                page_values = max(data.get(1, 0), 0)
-                encoding = data.get(2 if 5 in found else 4)
+            if kind == DICTIONARY_PAGE:
+                dictionary += page_size
+                dictionary_values += max(found.get(7, {}).get(1, 0), 0)
+            if kind in _DATA_HEADERS:
+                field, encoding_id = _DATA_HEADERS[kind]
+                data = found.get(field)
+                if data is None or 1 not in data:  # Arrow would read it as an empty PLAIN page: no writer's
+                    raise _Malformed("a data page without its data page header")
+                page_values = max(data[1], 0)
+                encoding = data.get(encoding_id)
                 values += page_values
                 first_encoding = encoding if first_encoding is None else first_encoding
                 encodings.add(-1 if encoding is None else encoding)
@@ -252,14 +301,14 @@ def chunk_pages(handle, start: int, length: int, size: int, budget: WalkBudget) 
                         fewest_plain = last_plain if fewest_plain is None else min(fewest_plain, last_plain)
                     last_plain = page_values
             position = reader.position + stored
+    except _Exhausted:
+        raise LabelDPError("the Parquet body's chunks read its page headers more than once",
+                           code=ErrorCode.BODY_TOO_LARGE) from None
     except _Malformed as error:
-        if reader.position >= position + budget.header_bytes:  # the body's header bytes, not the header, ran out
-            raise LabelDPError("the Parquet body's chunks read its page headers more than once",
-                               code=ErrorCode.BODY_TOO_LARGE) from None
         raise LabelDPError(f"the Parquet body's pages cannot be read: {error}", code=ErrorCode.MALFORMED_FILE) from None
     return ChunkPages(values, uncompressed, dictionary, plain_values, first_encoding in DICTIONARY_ENCODINGS,
                       largest_plain, fewest_plain if fewest_plain is not None else (last_plain or 0),
-                      dictionary_after_plain, frozenset(encodings))
+                      dictionary_after_plain, frozenset(encodings), dictionary_values)
 
 
 def column_chunk(handle, chunk: Any, size: int, budget: WalkBudget) -> ChunkPages:
