@@ -8,19 +8,19 @@ labels released by an unbiased mechanism, so that a model worse than knowing not
    central DP mean of all of them at ``mean_epsilon``: each training row is charged ε once.
 2. **Candidates**: each learner (MLP, trees) at two regularizations (the job's options, and a stronger one: weight
    decay 10⁻² for the MLP; leaves of at least 200 examples and depth at most 4 for trees) on each candidate's part
-   and on all parts pooled (:func:`designs`; for classes ALIBI's part also pooled with K-ary RR's, each row's
-   target its likelihood of every class under its own mechanism), each stopped early on a validation split of its own training rows'
-   labels (``train.validation_fraction``) — never on the rows that judge it: a model picked among its epochs to fit
-   their noise looks better on them than it is (a tree so stopped on the selection rows was chosen at ε = 0.25 and
-   was 11 % worse than the constant). **Judged on a large unbiased sample:** the validation mechanism's part
-   (opt-unbiased, or K-ary RR for classes) has unbiased labels too, so it is split in two folds by a public hash —
-   its candidates (and the pooled ones) are fitted on one fold and judged on the other, then the chosen one is
+   and on all parts pooled (:func:`designs`; for classes ALIBI's part also pooled with K-ary RR's, each row's target
+   its likelihood of every class under its own mechanism), each stopped early on a validation split of its own
+   training rows' labels (``train.validation_fraction``) — never on the rows that judge it: a model picked among its
+   epochs to fit their noise looks better on them than it is (a tree so stopped on the selection rows was chosen at ε
+   = 0.25 and was 11 % worse than the constant). **Judged on a large unbiased sample:** the validation mechanism's
+   part (opt-unbiased, or K-ary RR for classes) has unbiased labels too, so it is split in two folds by a public hash
+   — its candidates (and the pooled ones) are fitted on one fold and judged on the other, then the chosen one is
    refitted on both — and every other candidate is judged on all of it: each candidate is judged on the selection
-   rows and about half of the training rows, not the selection rows alone (at ε = 0.5 on 17,800 rows those could
-   not tell a 20 % gain from noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on
-   the log scale for Poisson), for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c
-   itself (w = 0): the central mean, or for classes the majority class of the RRWithPrior part's noisy histogram
-   (a central DP count).
+   rows and about half of the training rows, not the selection rows alone (at ε = 0.5 on 17,800 rows those could not
+   tell a 20 % gain from noise). Numeric predictions are then shrunk toward the constant c, c + w·(f − m) (on the log
+   scale for Poisson), for w in :data:`WEIGHTS`, m their mean on the judging rows; the constant is c itself (w = 0):
+   the central mean, or for classes the majority class of the RRWithPrior part's noisy histogram (a central DP
+   count).
 3. **Choice**, post-processing of what was released: a candidate is eligible when its loss *minus the constant's*
    has an upper confidence bound below 0: mean + z standard errors of the paired per-example differences on its
    judging rows (small for predictions close to the constant), z Bonferroni's over every candidate at every weight

@@ -125,10 +125,15 @@ def _register_research_benches(bench_actions) -> None:
     classification.add_argument("--out", default="bench-output/classification")
     classification.set_defaults(handler=bench_classification_command)
 
-    pro = bench_actions.add_parser("labeldp-pro", help="RR, LP-2ST, DP-SGD and LabelDP-Pro at small ε on digits")
+    pro = bench_actions.add_parser("labeldp-pro", help="RR, LP-2ST, DP-SGD, LabelDP-Pro and PATE-FM at small ε")
     pro.add_argument("--epsilons", default="0.05,0.1,0.2,0.5,1,2")
     pro.add_argument("--seeds", type=int, default=3)
     pro.add_argument("--steps", type=int, default=300)
+    pro.add_argument("--table", choices=("digits", "storm-status"), default="digits",
+                     help="scikit-learn digits, or the bundled storm-status class table (test rows by storm, as "
+                     "labeldp bench utility draws them)")
+    pro.add_argument("--methods", metavar="M,M", help="a subset of rr, rr-with-prior, dp-sgd, labeldp-pro, pate-fm "
+                     "(default all)")
     pro.add_argument("--out", default="bench-output/labeldp-pro")
     pro.set_defaults(handler=bench_pro_command)
 
@@ -305,9 +310,19 @@ def bench_classification_command(args) -> int:
 
 
 def bench_pro_command(args) -> int:
-    from labeldp.benchmarks.labeldp_pro import run_pro_bench
+    from labeldp.benchmarks.labeldp_pro import METHODS, run_pro_bench
 
-    run_pro_bench(_epsilons(args.epsilons), _seeds(args), args.out, steps=args.steps)
+    by_name = {method.split()[0]: method for method in METHODS}
+    methods = None
+    if args.methods:
+        names = [m.strip() for m in args.methods.split(",")]
+        unknown = [m for m in names if m not in by_name]
+        if unknown or not names:
+            raise LabelDPError(f"unknown --methods {','.join(unknown) or repr(args.methods)}; choose from "
+                               f"{', '.join(by_name)}", code=ErrorCode.USAGE)
+        methods = [by_name[m] for m in dict.fromkeys(names)]
+    run_pro_bench(_epsilons(args.epsilons), _seeds(args), args.out, steps=args.steps, table=args.table,
+                  methods=methods)
     return _print_summary(args.out)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from labeldp import references, report
-from labeldp.benchmarks.classification import Digits, non_private, private_run, register_digits, train_config
+from labeldp.benchmarks.classification import ClassTable, non_private, private_run, register_table, train_config
 from labeldp.benchmarks.parties import Parties
 
 MECHANISMS = {"RR": "rr (LP-1ST)", "RRWithPrior": "cluster priors", "LP-2ST": "LP-2ST"}  # demo name: bench method
@@ -62,8 +62,8 @@ class ClassificationRound:
     def yardsticks(self) -> references.Yardsticks:
         """The non-private reference and the mean predictor (the training classes' majority) on the round's
         split, computed here from the true classes (the demo plays both parties)."""
-        return references.Yardsticks((self.reference["test_accuracy"],), (Digits.load().majority_accuracy(SEED),),
-                                     higher_is_better=True)
+        majority = ClassTable.digits().majority_accuracy(SEED)
+        return references.Yardsticks((self.reference["test_accuracy"],), (majority,), higher_is_better=True)
 
     @property
     def charged_per_example(self) -> float:
@@ -76,18 +76,18 @@ class ClassificationRound:
 def non_private_reference(epochs: int) -> dict:
     """The non-private model (trained in this process on the true training classes: no party could) and its
     test accuracy, on the round's split."""
-    return non_private(Digits.load(), SEED, train_config(epochs))
+    return non_private(ClassTable.digits(), SEED, train_config(epochs))
 
 
 def run_round(parties: Parties, epsilons: list[float], *, epochs: int,
               reference: Callable[[], dict] | None = None, dataset_name: str = "digits") -> ClassificationRound:
     """Every mechanism at every ε as trainer jobs over HTTP, then the non-private reference (``reference()``, or
     trained here), the labels party's audit and budget of the round's dataset."""
-    digits = Digits.load()
+    digits = ClassTable.digits()
     fit, test = digits.split(SEED)
     config = train_config(epochs)
     total = len(MECHANISMS) * sum(epsilons)
-    dataset_id = register_digits(parties, dataset_name, digits, total)
+    dataset_id = register_table(parties, dataset_name, digits, total)
     print(f"\nclassification: scikit-learn digits, {NUM_CLASSES} classes, {len(fit)} train / {len(test)} test; "
           f"labels party: dataset {dataset_id} with {len(digits.y)} labels, epsilon_total {total:g}", flush=True)
     with parties.trainer() as trainer:

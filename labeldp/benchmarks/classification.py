@@ -20,6 +20,7 @@ from features_party.client import LabelDPWarning
 from features_party.train import TrainConfig, train
 from labeldp import references, report
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
+from shared.errors import ErrorCode, LabelDPError
 
 METHODS = ["non-private", "rr (LP-1ST)", "LP-2ST", "LP-3ST", "subset", "cluster priors"]
 STAGES = {"rr (LP-1ST)": 1, "LP-2ST": 2, "LP-3ST": 3}
@@ -34,32 +35,73 @@ def train_config(epochs: int = 40) -> TrainConfig:
                        epochs=epochs, patience=8)
 
 
-@dataclass(frozen=True)
-class Digits:
-    """scikit-learn's bundled 8x8 digits: pixels in [0, 1], labels 0..9, example ids."""
+def held_out(rows: int, fraction: float, seed: int, groups: np.ndarray | None = None) -> np.ndarray:
+    """A bench table's test rows (a mask; ``labeldp bench utility`` and ``labeldp-pro`` draw the same): whole groups
+    when the table has them (a storm's observations are alike: a test row beside its storm's training rows would
+    flatter every model), else rows, by a draw seeded 10,000 + ``seed``."""
+    rng = np.random.default_rng(10_000 + seed)
+    if groups is not None:
+        unique = pd.unique(groups)
+        test = rng.choice(unique, size=int(len(unique) * fraction + 1e-9), replace=False)
+        return pd.Series(groups).isin(set(test)).to_numpy()
+    mask = np.zeros(rows, dtype=bool)
+    mask[rng.permutation(rows)[: int(rows * fraction + 1e-9)]] = True
+    return mask
 
+
+@dataclass(frozen=True)
+class ClassTable:
+    """Numeric features and class labels by example id: scikit-learn's bundled 8x8 digits (pixels in [0, 1], labels
+    0..9), or a bundled class table of ``labeldp bench utility`` (its numeric features standardized — public
+    arithmetic on the features party's own columns — and its test rows drawn as that bench draws them)."""
+
+    name: str
     x: np.ndarray
     y: np.ndarray
     ids: np.ndarray
+    num_classes: int
+    groups: np.ndarray | None = None
+    bench_split: bool = False  # test rows by :func:`held_out` (False: digits' own fifth)
+    test_fraction: float = 0.2
 
     @classmethod
-    def load(cls) -> Digits:
+    def digits(cls) -> ClassTable:
         from sklearn.datasets import load_digits
 
         digits = load_digits()
         y = digits.target.astype(np.int64)
-        return cls((digits.data / 16.0).astype(np.float32), y, np.array([f"d{i}" for i in range(len(y))]))
+        return cls("digits", (digits.data / 16.0).astype(np.float32), y,
+                   np.array([f"d{i}" for i in range(len(y))]), 10)
+
+    @classmethod
+    def bench(cls, prepared) -> ClassTable:
+        """A prepared class table of ``labeldp bench utility`` (numeric features only)."""
+        from labeldp.benchmarks.utility import TRUTH
+
+        if prepared.num_classes is None or prepared.categorical:
+            raise LabelDPError(f"{prepared.name}: a table of class labels and numeric features only",
+                               code=ErrorCode.USAGE)
+        frame = prepared.frame
+        x = frame[list(prepared.numeric)].to_numpy(dtype=np.float64)
+        x = ((x - x.mean(axis=0)) / np.where(x.std(axis=0) > 0, x.std(axis=0), 1.0)).astype(np.float32)
+        groups = frame[prepared.group].to_numpy() if prepared.group else None
+        return cls(prepared.name, x, frame[TRUTH].to_numpy().astype(np.int64), frame["example_id"].to_numpy(),
+                   int(prepared.num_classes), groups, True, prepared.test_fraction)
 
     @property
     def columns(self) -> list[str]:
-        return [f"px{j}" for j in range(self.x.shape[1])]
+        return [f"x{j}" for j in range(self.x.shape[1])] if self.bench_split else [
+            f"px{j}" for j in range(self.x.shape[1])]
 
     def features(self) -> pd.DataFrame:
-        """The publisher's features table: ``example_id`` and the 64 pixels."""
+        """The publisher's features table: ``example_id`` and the features."""
         return pd.DataFrame({"example_id": self.ids, **dict(zip(self.columns, self.x.T, strict=True))})
 
     def split(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """(training rows, test rows): a fifth held out, by a seeded permutation of the examples."""
+        """(training rows, test rows): digits' fifth by a seeded permutation, or :func:`held_out`."""
+        if self.bench_split:
+            test = held_out(len(self.y), self.test_fraction, seed, self.groups)
+            return np.flatnonzero(~test), np.flatnonzero(test)
         order = np.random.default_rng(500 + seed).permutation(len(self.y))
         return order[len(self.y) // 5:], order[: len(self.y) // 5]
 
@@ -79,14 +121,15 @@ class Digits:
                                      higher_is_better=True)
 
 
-def register_digits(parties: Parties, name: str, digits: Digits, budget: float, *,
-                    central_training: bool = False, delta: float = 0.0) -> str:
-    """The labels party's dataset of the digits' classes, granted to the publisher (ε ``budget`` and ``delta``:
+def register_table(parties: Parties, name: str, table: ClassTable, budget: float, *,
+                   central_training: bool = False, delta: float = 0.0) -> str:
+    """The labels party's dataset of the table's classes, granted to the publisher (ε ``budget`` and ``delta``:
     central training's (ε, δ) runs are charged at the organization's δ, which must be allocated); its id."""
     with parties.owner() as owner:
-        dataset = owner.create_dataset(name=name, label_kind="classes", num_classes=10, epsilon_total=budget,
-                                       delta_total=delta, allow_central_training=central_training)
-        owner.upload_labels(dataset.id, digits.ids, digits.y.astype(float))
+        dataset = owner.create_dataset(name=name, label_kind="classes", num_classes=table.num_classes,
+                                       epsilon_total=budget, delta_total=delta,
+                                       allow_central_training=central_training)
+        owner.upload_labels(dataset.id, table.ids, table.y.astype(float))
         owner.grant(dataset.id, CONSUMER, budget, delta)
     return dataset.id
 
@@ -95,15 +138,15 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
                              progress: bool = True) -> pd.DataFrame:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    digits = Digits.load()
+    digits = ClassTable.digits()
     config = train_config(epochs)
     rows = [non_private(digits, seed, config) for seed in range(seeds)]
     with tempfile.TemporaryDirectory(prefix="labeldp-bench-cls-") as tmp, \
             two_parties(Path(tmp), RELEASE_SEED) as parties:
         budget = (len(METHODS) - 1) * sum(epsilons)
-        datasets = {s: register_digits(parties, f"digits-{s}", digits, budget) for s in range(seeds)}
+        datasets = {s: register_table(parties, f"digits-{s}", digits, budget) for s in range(seeds)}
         with parties.trainer() as trainer:
-            trainer.put_features("digits", digits.features())
+            trainer.put_features(digits.name, digits.features())
         runs = [(seed, eps, m) for seed in range(seeds) for eps in epsilons for m in METHODS[1:]]
         for seed, epsilon, method in tqdm(runs, desc="bench classification", disable=not progress):
             run = private_run(parties, datasets[seed], digits, method, epsilon, seed, config)
@@ -118,17 +161,17 @@ def run_classification_bench(epsilons: list[float], seeds: int, out: str | Path,
     return runs
 
 
-def non_private(digits: Digits, seed: int, config: TrainConfig) -> dict:
+def non_private(digits: ClassTable, seed: int, config: TrainConfig) -> dict:
     """The reference model, trained in this process on the true training labels; its test accuracy."""
     fit, test = digits.split(seed)
     none = np.zeros((len(digits.y), 0), dtype=np.int32)
-    model = train(config, digits.x[fit], none[fit], digits.y[fit], vocab_sizes=(), num_classes=10)
+    model = train(config, digits.x[fit], none[fit], digits.y[fit], vocab_sizes=(), num_classes=digits.num_classes)
     predicted = np.argmax(model.predict(digits.x[test], none[test]), axis=1)
     return {"method": "non-private", "epsilon": None, "seed": seed, "accuracy": digits.accuracy(predicted, test),
             "mean_k": None}
 
 
-def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, epsilon: float, seed: int,
+def private_run(parties: Parties, dataset_id: str, digits: ClassTable, method: str, epsilon: float, seed: int,
                 config: TrainConfig) -> dict:
     """One trainer job of ``method`` (one of ``METHODS[1:]``) on the training examples of ``digits.split(seed)``:
     its accuracy on the test examples and the ids of the releases it trained on (LP-MST: one per stage)."""
@@ -152,7 +195,7 @@ def private_run(parties: Parties, dataset_id: str, digits: Digits, method: str, 
     with parties.trainer() as trainer:
         with warnings.catch_warnings():  # the bench scores every job itself
             warnings.simplefilter("ignore", LabelDPWarning)
-            job = trainer.train(parties.job("digits", dataset_id, **fields))
+            job = trainer.train(parties.job(digits.name, dataset_id, **fields))
         predicted = trainer.predictions(job.id).set_index("example_id")["prediction"]
     trained_on = job.release
     assert trained_on is not None  # a succeeded job trained on a release (TrainerClient.train raises otherwise)

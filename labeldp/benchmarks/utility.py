@@ -339,14 +339,8 @@ class BenchConfig:
 
 
 def _split(frame: pd.DataFrame, prepared: Prepared, seed: int):
-    rng = np.random.default_rng(10_000 + seed)
-    if prepared.group:
-        groups = frame[prepared.group].unique()
-        test_groups = set(rng.choice(groups, size=int(len(groups) * prepared.test_fraction + 1e-9), replace=False))
-        is_test = frame[prepared.group].isin(test_groups).to_numpy()
-    else:
-        is_test = np.zeros(len(frame), dtype=bool)
-        is_test[rng.permutation(len(frame))[: int(len(frame) * prepared.test_fraction + 1e-9)]] = True
+    is_test = classification.held_out(len(frame), prepared.test_fraction, seed,
+                                      frame[prepared.group].to_numpy() if prepared.group else None)
     return frame[~is_test], frame[is_test]
 
 
@@ -629,7 +623,7 @@ def _train_on_release(parties: Parties, registered: Registered, train_part: pd.D
                 epsilon, share * epsilon, idempotency_key=f"{mechanism}-{epsilon:g}-{seed}")
         source = {"release_id": release.id}
     else:
-        opt_in = {"allow_uninformative": True} if allow_uninformative else {}
+        opt_in: dict[str, Any] = {"allow_uninformative": True} if allow_uninformative else {}
         if mechanism == AUTO and auto_candidates:
             opt_in = {"candidates": list(auto_candidates)}
         source = {"release": {**fields, "epsilon": epsilon, "example_ids": ids, **opt_in}}

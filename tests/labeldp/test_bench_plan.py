@@ -137,3 +137,9 @@ def test_auto_candidates_are_checked_before_anything_starts(capsys, table):
     assert "unknown --auto-candidates laplace" in err[1] and "rp-with-prior" in err[1]
     assert "block-rr" in err[2]
     assert main([*base, "--mechanisms", "auto", "--auto-candidates", "opt-unbiased,rp-with-prior"]) == 0
+
+
+def test_labeldp_pro_methods_are_checked_before_anything_starts(capsys):
+    assert main(["bench", "labeldp-pro", "--methods", "rr,alibi", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown --methods alibi" in err[0] and "pate-fm" in err[0]

@@ -58,7 +58,8 @@ def test_resume_keeps_the_columns_a_classification_run_leaves_empty(tmp_path):
     from labeldp.benchmarks.utility import _resumed, _run_options
 
     config = SimpleNamespace(epsilons=[0.5], seeds=1, models=["mlp", "gbdt"], epochs=2, max_examples=None,
-                             allow_uninformative=False, learners_of=lambda mechanism: ("mlp", "gbdt"))
+                             allow_uninformative=False, auto_candidates=None,
+                             learners_of=lambda mechanism: ("mlp", "gbdt"))
     plans = [(SimpleNamespace(name="storm-status"), ["rr", "auto"])]
     (tmp_path / "run.json").write_text(json.dumps(_run_options(config, plans)))
     pd.DataFrame([

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from labeldp import references, report
-from labeldp.benchmarks.classification import Digits
+from labeldp.benchmarks.classification import ClassTable
 from shared.domains import integer_range, lattice_of
 from shared.mechanisms.additive import laplace
 from shared.mechanisms.randomized_response import debiased_randomized_response, randomized_response
@@ -69,7 +69,7 @@ def test_cells_worse_than_the_mean_predictor_are_marked_and_named():
 
 
 def test_majority_class_accuracy_of_a_digits_split():
-    digits = Digits.load()
+    digits = ClassTable.digits()
     fit, test = digits.split(0)
     majority = np.bincount(digits.y[fit]).argmax()
     assert digits.majority_accuracy(0) == pytest.approx(np.mean(digits.y[test] == majority))
@@ -110,3 +110,19 @@ def test_a_relative_loss_of_zero_is_drawn_on_a_symlog_axis():
     import matplotlib.pyplot as plt
 
     plt.close(figure)
+
+
+def test_a_bench_class_table_is_split_as_bench_utility_splits_it():
+    """``labeldp bench labeldp-pro --table storm-status`` holds out the storms ``bench utility`` holds out (the
+    same seed, the same draw), so PATE-FM's numbers stand beside the peers' runs of that table."""
+    from labeldp.benchmarks.utility import DATASETS, _split
+
+    prepared = DATASETS["storm-status"].prepare()
+    table = ClassTable.bench(prepared)
+    for seed in (0, 3):
+        fit, test = table.split(seed)
+        train_part, test_part = _split(prepared.frame, prepared, seed)
+        assert set(table.ids[test]) == set(test_part["example_id"]) and len(fit) == len(train_part)
+        assert not set(prepared.frame[prepared.group].iloc[test]) & set(prepared.frame[prepared.group].iloc[fit])
+    assert table.num_classes == 9 and table.x.shape == (len(prepared.frame), len(prepared.numeric))
+    np.testing.assert_allclose(table.x.mean(axis=0), 0, atol=1e-5)
