@@ -199,11 +199,7 @@ def run_auto(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient, deadlin
     noisy_estimate = PrivatizedLabels(labels[estimate_rows].to_numpy(), judged.mechanism, num_classes)
     constant_of = _constant(plan, client, mean, releases, judged.subset(np.arange(len(pool)) < len(selection)))
     constant = constant_of.value
-    if num_classes:  # K-ary RR's likelihoods, for ALIBI's part pooled with RR's
-        rr = judged.mechanism
-        assert isinstance(rr, RandomizedResponse)
-        targets = replace(targets, rr_log_likelihoods=(float(np.log(rr.keep_probability)),
-                                                       float(np.log(rr.other_probability))))
+    targets = _with_rr_likelihoods(targets, judged) if num_classes else targets
     candidates = _fit_all(attempt, plan, features, preprocessor, targets, plans, selection, out_of_fold, deadline)
     clock.lap("fits")
     chosen, table = _choose(plan, candidates, judged, constant)
@@ -395,6 +391,14 @@ class Targets:
             return out
         out = self.labels[rows].to_numpy()
         return np.rint(out).astype(np.int32) if num_classes else out
+
+
+def _with_rr_likelihoods(targets: Targets, noisy: PrivatizedLabels) -> Targets:
+    """``targets`` with K-ary RR's likelihoods (the validation release's), for ALIBI's part pooled with RR's."""
+    rr = noisy.mechanism
+    assert isinstance(rr, RandomizedResponse)
+    return replace(targets, rr_log_likelihoods=(float(np.log(rr.keep_probability)),
+                                                float(np.log(rr.other_probability))))
 
 
 def _fit(config: Config, features: pd.DataFrame, preprocessor: Preprocessor, targets: Targets, rows: pd.Index,

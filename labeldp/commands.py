@@ -73,6 +73,12 @@ def _register_utility(bench_actions) -> None:
                          "(runs.csv) are kept, the others run; the other options must be the same (run.json says "
                          "what they were). The labels service starts afresh, so the remaining runs draw other noise "
                          "than an uninterrupted run would have")
+    _research_options(utility)
+    utility.set_defaults(handler=bench_utility_command)
+
+
+def _research_options(utility) -> None:
+    """``bench utility``'s options for research runs, not for choosing a mechanism."""
     utility.add_argument("--allow-uninformative", action="store_true",
                          help="research use: release even randomizers whose output does not depend on the label "
                          "(RRWithPrior keeping one class); by default the labels service releases its fallback "
@@ -81,8 +87,6 @@ def _register_utility(bench_actions) -> None:
                          help="the mechanisms an auto job chooses among (its release.candidates; default the "
                          "trainer's: opt-unbiased,rr-on-bins or rr,rr-with-prior,lp-2st,alibi); rp-with-prior and "
                          "block-rr are candidates only when named")
-    utility.set_defaults(handler=bench_utility_command)
-
 
 
 def _data_options(utility) -> None:
