@@ -394,6 +394,8 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
                                code=ErrorCode.MALFORMED_FILE)
         leaves.append((i, column.path, column.physical_type, column.length or 0))
     total, size, text_chunks, stored = 0, handle.size(), {}, 0
+    arrow = metadata.schema.to_arrow_schema()
+    strings = {name for name in columns if _text(arrow.field(name).type)}
     budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
     rows = {i: 0 for i, _, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):
@@ -405,6 +407,9 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
             values = max(chunk.num_values, pages.values)
             rows[i] += values
             if physical == "BYTE_ARRAY":
+                if name not in strings:  # a decimal in variable-length bytes: read whole, no bounded batches
+                    raise LabelDPError(f"column {name!r} holds decimals as variable-length bytes: write them as "
+                                       "integers, floats or fixed-length decimals", code=ErrorCode.MALFORMED_FILE)
                 if not pages.encodings <= parquet_pages.BOUNDED_STRING_ENCODINGS:
                     raise LabelDPError(f"column {name!r} has string pages in a delta encoding (DELTA_BYTE_ARRAY or "
                                        "DELTA_LENGTH_BYTE_ARRAY), whose bytes do not bound what they decode to: "
@@ -413,9 +418,11 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
                           + parquet_pages.DICTIONARY_ENTRY_BYTES * pages.dictionary_values)
                 text_chunks[(group, name)] = pages
             else:  # decoded values and the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB),
-                # and a dictionary twice: its page and Arrow's decoded copy (the tenth: 10 columns, 2× counted)
+                # and a dictionary twice: its page and Arrow's decoded copy (the tenth: 10 columns, 2× counted),
+                # and each entry's pointer and value (the sixteenth: 3.2·10⁷ one-byte decimals, +310 MB counted 2×)
                 width = length + 8 if physical == "FIXED_LEN_BYTE_ARRAY" else 16 if physical == "INT96" else 8
-                total += values * width + pages.uncompressed + pages.dictionary
+                total += (values * width + pages.uncompressed + pages.dictionary
+                          + (8 + width) * pages.dictionary_values)
     handle.seek(0)
     return DecodedSize(max(metadata.num_rows, *rows.values(), 0), total, text_chunks, min(stored, size))
 
@@ -473,6 +480,14 @@ def string_bytes(column: pa.Array, memo: Memo | None = None) -> int:
             pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type):
         return int(pc.sum(pc.binary_length(column)).as_py() or 0)
     return 0
+
+
+def _text(kind: pa.DataType) -> bool:
+    """Strings or bytes, plain or dictionary-encoded in the schema (not decimals stored as bytes)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return any(check(kind) for check in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                         pa.types.is_large_binary))
 
 
 def text_columns(schema: pa.Schema, names: Sequence[str]) -> list[str]:

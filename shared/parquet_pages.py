@@ -12,8 +12,9 @@ type, 2 the uncompressed page size, 3 the compressed size, and the header of the
 v2 data page's, 7 a dictionary page's) starts with its value count. Only those are kept, read as Arrow's Thrift
 code reads them (the fifteenth review: a walk that read what Arrow skips was told other sizes and encodings than
 Arrow decoded, +2 GB): a field of another wire type than the schema's is skipped, a repeated one overrides the one
-before (a repeated struct field by field), an i32 is at most five varint bytes of which the low 32 bits count, and
-the page type alone says which nested header is the page's. Every other field is skipped by type. pyarrow exposes
+before (a repeated struct field by field), an i32 is at most five varint bytes of which the low 32 bits count, a
+field id is an int16 that wraps (the sixteenth review: id 65538 is Arrow's field 2), and the page type alone says
+which nested header is the page's. Every other field is skipped by type. pyarrow exposes
 none of this (its page reader is internal), and no maintained Python library reads page headers alone, hence this
 reader.
 """
@@ -32,7 +33,9 @@ DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3  # a page header's type (parq
 # Per body: a page header is at least ~6 bytes, read ~5 µs each (the fifteenth review's 199,000 empty pages took 1 s
 # of CPU with the window kept); an honest body of 64 MiB in 4 KiB pages has 16,000, one of 3,300 row groups 13,200
 MAX_PAGES = 50_000
-MAX_HEADER_BYTES = 1 << 20  # a page header (statistics included) larger than this is refused
+# A page header (statistics included) larger than this is refused: writers keep page statistics to a few KB (Arrow
+# drops a value over 4 KiB), and the walk parses ~1 µs a byte (the sixteenth review: 1 MB of empty lists, 0.6 s)
+MAX_HEADER_BYTES = 256 << 10
 _WINDOW = 64 << 10
 
 # Thrift compact protocol types
@@ -212,6 +215,10 @@ def _skip(reader: _Reader, kind: int, depth: int = 0) -> None:
         raise _Malformed(f"unknown Thrift type {kind}")
 
 
+def _int16(value: int) -> int:
+    return ((value + 0x8000) & 0xFFFF) - 0x8000
+
+
 def _bounded(reader: _Reader, count: int) -> int:
     if count > reader.left():  # each element takes at least a byte
         raise _Malformed("a page header's collection is longer than its bytes")
@@ -239,7 +246,7 @@ def _struct(reader: _Reader, depth: int, wanted: dict[int, Any]) -> dict[int, An
         if kind == 0:
             return found
         delta = header >> 4
-        field_id = field_id + delta if delta else reader.zigzag()
+        field_id = _int16(field_id + delta if delta else reader.i32())  # Thrift's C++ reads an int16 id
         if field_id in wanted and wanted[field_id] == _I32 and kind == _I32:
             found[field_id] = reader.i32()
         elif field_id in wanted and isinstance(wanted[field_id], dict) and kind == _STRUCT:

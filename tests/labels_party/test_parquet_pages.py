@@ -13,6 +13,20 @@ import pytest
 
 from shared import parquet_pages
 from shared.errors import LabelDPError
+from tests.support.parquet_craft import (
+    I32,
+    I64,
+    STRUCT,
+    Column,
+    data_page,
+    dictionary_page,
+    first_entry_indices,
+    parquet_file,
+    plain_doubles,
+    plain_strings,
+    thrift_struct,
+    varint,
+)
 
 
 def _written(compression: str, page_version: str, statistics: bool) -> bytes:
@@ -140,7 +154,6 @@ def test_a_body_whose_writer_string_arrow_reads_as_old_is_refused_before_any_pag
     "parquet-mr 1.2.٩" file (a 32 MiB id in ~80 bytes of Brotli) — Arrow does read it; the service refuses the
     file first."""
     from labels_party import uploads
-    from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
 
     hidden = data_page(plain_strings([b"a" * (32 << 20)]), 1, "brotli", level=5)
     assert len(hidden) <= 100
@@ -191,7 +204,6 @@ def test_metadata_text_that_is_not_utf8_is_a_400(where):
     """The tenth review: a writer string or a column name that is not UTF-8 failed in Arrow as a
     UnicodeDecodeError wherever it was first read — a 500 on label uploads."""
     from labels_party import uploads
-    from tests.support.parquet_craft import Column, data_page, parquet_file, plain_doubles, plain_strings
 
     name = b"lab\xffel" if where == "name" else "label"
     data = parquet_file([Column("example_id", "byte_array", data_page(plain_strings([b"u1"]), 1), 1),
@@ -202,43 +214,18 @@ def test_metadata_text_that_is_not_utf8_is_a_400(where):
     assert error.value.code == "malformed_file" and "UTF-8" in str(error.value)
 
 
-# A compact-protocol writer for page headers, to state what Arrow's Thrift code and a looser walk would read
-# differently (the fifteenth review)
-I32, I64, STRUCT = 5, 6, 12
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    return bytes(out + bytes([value]))
-
-
-def _zigzag(value: int) -> bytes:
-    return _varint((value << 1) ^ (value >> 63))
-
-
-def _struct(*fields: tuple[int, int, bytes]) -> bytes:
-    out, last = bytearray(), 0
-    for field, kind, payload in fields:
-        delta = field - last
-        out += bytes([(delta << 4) | kind]) if 0 < delta <= 15 else bytes([kind]) + _zigzag(field)
-        out += payload
-        last = field
-    return bytes(out + b"\x00")
-
-
-def _i32(value: int) -> tuple[int, bytes]:
-    return I32, _zigzag(value)
+# Page headers written field by field, to state what Arrow's Thrift code and a looser walk would read differently (the
+# fifteenth and sixteenth reviews)
+def _i32(value: int) -> tuple[int, int]:
+    return I32, value
 
 
 def _data_header(values: int, encoding: int) -> bytes:
-    return _struct((1, *_i32(values)), (2, *_i32(encoding)), (3, *_i32(3)), (4, *_i32(3)))
+    return thrift_struct((1, *_i32(values)), (2, *_i32(encoding)), (3, *_i32(3)), (4, *_i32(3)))
 
 
 def _v2_header(values: int, encoding: int) -> bytes:
-    return _struct((1, *_i32(values)), (2, *_i32(0)), (3, *_i32(values)), (4, *_i32(encoding)), (5, *_i32(0)),
+    return thrift_struct((1, *_i32(values)), (2, *_i32(0)), (3, *_i32(values)), (4, *_i32(encoding)), (5, *_i32(0)),
                    (6, *_i32(0)))
 
 
@@ -249,7 +236,7 @@ def _walk(*pages: bytes, budget_pages: int = parquet_pages.MAX_PAGES) -> parquet
 
 
 def _page(kind: int, size: int, *nested: tuple[int, int, bytes], stored: int = 0) -> bytes:
-    return _struct((1, *_i32(kind)), (2, *_i32(size)), (3, *_i32(stored)), *nested) + b"\x00" * stored
+    return thrift_struct((1, *_i32(kind)), (2, *_i32(size)), (3, *_i32(stored)), *nested) + b"\x00" * stored
 
 
 def test_the_page_type_says_which_header_is_the_pages():
@@ -259,7 +246,7 @@ def test_the_page_type_says_which_header_is_the_pages():
     assert v2.values == 4000 and v2.encodings == {7}
     v1 = _walk(_page(0, 100, (5, STRUCT, _data_header(3, 0)), (8, STRUCT, _v2_header(4000, 7))))
     assert v1.values == 3 and v1.encodings == {0}
-    dictionary = _walk(_page(2, 88, (7, STRUCT, _struct((1, *_i32(22_000_000)), (2, *_i32(0))))))
+    dictionary = _walk(_page(2, 88, (7, STRUCT, thrift_struct((1, *_i32(22_000_000)), (2, *_i32(0))))))
     assert dictionary.dictionary_values == 22_000_000 and dictionary.values == 0 and dictionary.dictionary == 88
     with pytest.raises(LabelDPError) as refused:  # Arrow would read an empty PLAIN page; no writer writes one
         _walk(_page(0, 100, (8, STRUCT, _v2_header(4000, 7))))
@@ -269,20 +256,20 @@ def test_the_page_type_says_which_header_is_the_pages():
 def test_fields_are_read_with_arrows_wire_types_the_last_one_counting():
     """Arrow's Thrift code skips a field of another wire type and lets a repeated one override: an i32 size then an
     i64 one is the i32 (the review hid a page's 250 MB this way), an encoding stated twice as i32 is the last."""
-    lied = _struct((1, *_i32(0)), (2, *_i32(250_000_000)), (2, I64, _zigzag(1)), (3, *_i32(0)),
-                   (5, STRUCT, _struct((1, *_i32(10)), (2, *_i32(7)), (2, I64, _zigzag(0)), (3, *_i32(3)),
+    lied = thrift_struct((1, *_i32(0)), (2, *_i32(250_000_000)), (2, I64, varint(2)), (3, *_i32(0)),
+                   (5, STRUCT, thrift_struct((1, *_i32(10)), (2, *_i32(7)), (2, I64, varint(0)), (3, *_i32(3)),
                                        (4, *_i32(3)))))
     pages = _walk(lied)
     assert pages.uncompressed == 250_000_000 and pages.encodings == {7}
-    repeated = _struct((1, *_i32(0)), (2, *_i32(10)), (3, *_i32(0)), (2, *_i32(20)),
-                       (5, STRUCT, _data_header(4, 0)), (5, STRUCT, _struct((2, *_i32(7)))))
+    repeated = thrift_struct((1, *_i32(0)), (2, *_i32(10)), (3, *_i32(0)), (2, *_i32(20)),
+                       (5, STRUCT, _data_header(4, 0)), (5, STRUCT, thrift_struct((2, *_i32(7)))))
     pages = _walk(repeated)
     assert pages.uncompressed == 20 and pages.values == 4 and pages.encodings == {7}  # a struct merged field by field
     # an i32 is at most five varint bytes, of which the low 32 bits count (as Thrift's readVarint32)
     wide = bytes([0x82 | 0x80, 0x80, 0x80, 0x80, 0x70])  # zigzag(1) with bits above 32 set
-    assert _walk(_struct((1, *_i32(1)), (2, I32, wide), (3, *_i32(0)))).uncompressed == 1  # an index page
+    assert _walk(thrift_struct((1, *_i32(1)), (2, I32, wide), (3, *_i32(0)))).uncompressed == 1  # an index page
     with pytest.raises(LabelDPError) as refused:
-        _walk(_struct((1, *_i32(1)), (2, I32, bytes([0x80] * 5 + [0x01])), (3, *_i32(0))))
+        _walk(thrift_struct((1, *_i32(1)), (2, I32, bytes([0x80] * 5 + [0x01])), (3, *_i32(0))))
     assert refused.value.code == "malformed_file"
 
 
@@ -302,3 +289,39 @@ def test_pages_of_headers_alone_are_read_from_one_window():
     walked = parquet_pages.chunk_pages(Counting(data), 0, len(data), len(data),
                                        parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, len(data)))
     assert walked.values == 0 and Counting.reads <= len(data) // (64 << 10) + 2
+
+
+@pytest.mark.parametrize("far", [65538, -65534, 2 + (1 << 32)])
+def test_a_field_id_wraps_to_sixteen_bits_as_arrows_does(far):
+    """The sixteenth review: Thrift's C++ reads a field id as an int16, so id 65538 is field 2 to Arrow — a decoy
+    size first and the real one under the far id hid 250 MB from a walk that kept Python's integers (+960 MB)."""
+    header = thrift_struct((1, *_i32(1)), (2, *_i32(1)), (far, *_i32(250_000_000)), (3, *_i32(0)))
+    assert _walk(header).uncompressed == 250_000_000
+
+
+def test_decimals_as_variable_length_bytes_are_refused():
+    """The sixteenth review: a decimal label in BYTE_ARRAY was sized as strings but read whole, not in the bounded
+    batches of strings (one 8 MB entry named by 80 rows in 633 bytes: +1,120 MB). Refused from the schema."""
+    from labels_party import uploads
+
+    ids = Column("example_id", "byte_array", data_page(plain_strings([b"a"]), 1), 1)
+    label = Column("label", "byte_array", data_page(plain_strings([b"\x01"]), 1), 1, decimal=38)
+    handle = pa.BufferReader(parquet_file([ids, label], 1))
+    with pytest.raises(LabelDPError) as refused:
+        uploads.parquet_decoded(uploads.parquet_metadata(handle), ["example_id", "label"], handle)
+    assert refused.value.code == "malformed_file" and "decimals as variable-length bytes" in str(refused.value)
+
+
+def test_a_number_dictionarys_entries_are_counted_with_their_pointers():
+    """The sixteenth review: a dictionary of 3.2·10⁷ one-byte decimals in 1.3 KB was counted at twice its page and
+    held about ten bytes an entry (+310 MB, stored). Each entry now counts a pointer and its value besides."""
+    from labels_party import uploads
+
+    entries = 100_000
+    dictionary = dictionary_page(b"\x00" * (8 * entries), entries)
+    label = Column("label", "int64", dictionary + data_page(first_entry_indices(1), 1, encoding=8), 1,
+                   dictionary=len(dictionary))
+    ids = Column("example_id", "byte_array", data_page(plain_strings([b"a"]), 1), 1)
+    handle = pa.BufferReader(parquet_file([ids, label], 1))
+    size = uploads.parquet_decoded(uploads.parquet_metadata(handle), ["example_id", "label"], handle)
+    assert size.total >= (8 * entries) * 2 + (8 + 8) * entries  # the page, Arrow's copy, a pointer and value each

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 _I32, _I64, _BINARY, _LIST, _STRUCT = 5, 6, 8, 9, 12
+I32, I64, STRUCT = _I32, _I64, _STRUCT  # the compact protocol's types, for tests that write headers field by field
 _PHYSICAL = {"int64": 2, "double": 5, "byte_array": 6}
 _CODECS = {"uncompressed": 0, "brotli": 4, "zstd": 6}
 
@@ -27,19 +28,24 @@ def _zigzag(value: int) -> bytes:
     return varint((value << 1) ^ (value >> 63))
 
 
-def _struct(*fields: tuple[int, int, object] | None) -> bytes:
-    """A Thrift compact struct of (field id, type, value), ids increasing."""
+def thrift_struct(*fields: tuple[int, int, object] | None) -> bytes:
+    """A Thrift compact struct of (field id, type, value): an id 1 to 15 past the one before in the short form, any
+    other (repeated, decreasing, far) in the long form; an integer given as bytes is written as they are."""
     out, last = bytearray(), 0
     for field_id, kind, value in (f for f in fields if f is not None):
-        out.append(((field_id - last) << 4) | kind)
+        delta = field_id - last
+        out += bytes([(delta << 4) | kind]) if 0 < delta <= 15 else bytes([kind]) + _zigzag(field_id)
         last = field_id
         out += _value(kind, value)
     return bytes(out) + b"\x00"
 
 
+_struct = thrift_struct
+
+
 def _value(kind: int, value) -> bytes:
     if kind in (_I32, _I64):
-        return _zigzag(value)
+        return value if isinstance(value, bytes) else _zigzag(value)
     if kind == _BINARY:
         raw = value.encode() if isinstance(value, str) else value
         return varint(len(raw)) + raw
@@ -89,6 +95,7 @@ class Column:
     codec: str = "uncompressed"
     extra: bytes = field(default=b"")  # bytes after the chunk's claimed range (what a padding reader would read)
     dictionary: int = 0  # the bytes of the chunk's leading dictionary page (0: none)
+    decimal: int | None = None  # a byte_array column's decimal precision (None: UTF-8 strings)
 
 
 def parquet_file(columns: list[Column], rows: int, created_by: str = "parquet-cpp-arrow version 21.0.0") -> bytes:
@@ -106,7 +113,9 @@ def parquet_file(columns: list[Column], rows: int, created_by: str = "parquet-cp
         chunks.append(_struct((2, _I64, start), (3, _STRUCT, meta)))
     schema = [_struct((4, _BINARY, "schema"), (5, _I32, len(columns)))]
     schema += [_struct((1, _I32, _PHYSICAL[c.physical]), (3, _I32, 0), (4, _BINARY, c.name),
-                       (6, _I32, 0) if c.physical == "byte_array" else None) for c in columns]
+                       (6, _I32, 0 if c.decimal is None else 5) if c.physical == "byte_array" else None,
+                       (7, _I32, 0) if c.decimal else None, (8, _I32, c.decimal) if c.decimal else None)
+               for c in columns]
     group = _struct((1, _LIST, (_STRUCT, chunks)), (2, _I64, len(out)), (3, _I64, rows))
     footer = _struct((1, _I32, 1), (2, _LIST, (_STRUCT, schema)), (3, _I64, rows), (4, _LIST, (_STRUCT, [group])),
                      (6, _BINARY, created_by))
