@@ -280,13 +280,14 @@ def _learners(options: schemas.TrainOptions, auto: bool) -> tuple[str, ...]:
 
 def _fits(request: schemas.JobRequest, auto: bool) -> int:
     """Models a job fits per learner: one, stages of lp-mst, or at most an auto job's (features_party/auto.py): two
-    regularizations × (two folds of the unbiased part, one fit per other part, two folds of them all pooled), the
-    chosen one refitted, and LP-2ST's two stages."""
+    regularizations × (two folds of the unbiased part, one fit per other part, two folds of them all pooled, two of
+    ALIBI's part pooled with RR's), the chosen one refitted, and LP-2ST's two stages."""
     if auto:
         release = request.release
         assert isinstance(release, schemas.AutoRelease)
-        arms = len(release.candidates or max(parts.REGRESSION_ARMS, parts.CLASS_ARMS, key=len))
-        return 2 * (2 + (arms - 1) + 2 * (arms > 1)) + 1 + 2
+        candidates = release.candidates or max(parts.REGRESSION_ARMS, parts.CLASS_ARMS, key=len)
+        arms, soft = len(candidates), any(arm in parts.SOFT_ARMS for arm in candidates)
+        return 2 * (2 + (arms - 1) + 2 * (arms > 1) + 2 * soft) + 1 + 2
     return request.stages if request.protocol == "lp-mst" else 1
 
 

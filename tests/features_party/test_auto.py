@@ -389,3 +389,19 @@ def test_soft_targets_give_rr_rows_the_likelihood_of_their_released_class():
     p, q = np.log(0.5), np.log(0.25)
     np.testing.assert_allclose(got, [[q, q, p], [-1, -2, -3], [p, q, q]], rtol=1e-6)
     np.testing.assert_array_equal(targets.of(pd.Index(["r2", "r1"]), "rr", 3), [0, 2])
+
+
+def test_an_auto_jobs_fits_are_counted_before_it_runs():
+    """What a job's time and memory are planned for (features_party/planning._fits): per learner, two
+    regularizations × (two folds of the unbiased part, one fit per other part, two folds pooled, and two of ALIBI's
+    part pooled with RR's when ALIBI is a candidate), the chosen one refitted, LP-2ST's two stages."""
+    from features_party import schemas
+    from features_party.planning import _fits
+
+    def request(**release) -> schemas.JobRequest:
+        return schemas.JobRequest(features="f", api_key="k", dataset_id="d",
+                                  release={"mechanism": "auto", "epsilon": 1.0, **release})
+
+    assert _fits(request(), True) == 2 * (2 + 3 + 2 + 2) + 3  # the class default (four candidates, ALIBI's)
+    assert _fits(request(candidates=["opt-unbiased", "rr-on-bins"]), True) == 2 * (2 + 1 + 2) + 3
+    assert _fits(request(candidates=["rr"]), True) == 2 * 2 + 3
