@@ -129,12 +129,13 @@ def designs(part: pd.Series, labelled: pd.Series, arms: list[str], folds: pd.Ser
     """The designs and the judging pool's out-of-fold rows. The training part of the validation mechanism
     (opt-unbiased, or K-ary RR for classes: its labels are unbiased too) is split in two folds by a public hash: its
     candidates (and the pooled ones) are fitted on one fold and judged on the other, then refitted whole once
-    chosen; every other candidate is judged on all of it. Each candidate is thus judged on the selection rows and on about half of the
-    training rows — a far larger sample of unbiased labels than the selection rows alone (issue 39: at ε = 0.5 on
-    17,800 rows those could not tell a 20 % gain from noise). ``labelled``: the rows with a target. The parts of
-    :data:`~features_party.parts.SOFT_ARMS` (per-class likelihoods) are not pooled with labels, but with K-ary RR's
-    as likelihoods (:data:`SOFT_POOLED`): ALIBI's part alone is a fifth of the training rows, and ALIBI's MLP on
-    every row had half the error of auto's choice on storm-status at ε = 0.5 and 1 (docs/results/auto)."""
+    chosen; every other candidate is judged on all of it. Each candidate is thus judged on the selection rows and on
+    about half of the training rows — a far larger sample of unbiased labels than the selection rows alone (issue
+    39: at ε = 0.5 on 17,800 rows those could not tell a 20 % gain from noise). ``labelled``: the rows with a
+    target. The parts of :data:`~features_party.parts.SOFT_ARMS` (per-class likelihoods) are not pooled with labels,
+    but with K-ary RR's as likelihoods (:data:`SOFT_POOLED`): ALIBI's part alone is a fifth of the training rows,
+    and ALIBI's MLP on every row had half the error of auto's choice on storm-status at ε = 0.5 and 1
+    (docs/results/auto)."""
     sets = {arm: part.index[(part == arm) & labelled] for arm in arms}
     if unbiased_arm is None or unbiased_arm not in sets:
         out = [Design(arm, ((rows, rows[:0]),), None) for arm, rows in sets.items()]
