@@ -310,6 +310,9 @@ def _parquet(handle, columns: list[str], decoded: Decoded, required: bool) -> It
     return parquet_batches(handle, metadata, size, read, max(1, PARSE_CELLS // max(1, len(read))))
 
 
+FOOTER_LIST_LIMIT = 20_000  # row groups, columns or key-values in one list of a footer
+
+
 def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMetaData:
     """The metadata of the Parquet file open on ``handle`` (left at its start), its footer no longer than
     ``max_footer`` bytes (413 before it is parsed)."""
@@ -324,12 +327,18 @@ def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMet
                                code=ErrorCode.BODY_TOO_LARGE)
     handle.seek(0)
     try:
-        metadata = pq.ParquetFile(handle).metadata
+        # Arrow reserves a footer list's declared length before reading it (the seventeenth review: 40 bytes
+        # declaring 10⁶ row groups of 10⁶ chunks, +832 MB): no footer of MAX_PARQUET_FOOTER has a list this long
+        metadata = pq.ParquetFile(handle, thrift_container_size_limit=FOOTER_LIST_LIMIT,
+                                  thrift_string_size_limit=max_footer).metadata
         # decoded here, once: text that is not UTF-8 (a writer string, a column name) fails in Arrow as a
         # UnicodeDecodeError wherever it is first read (the tenth review: a 500 on label uploads)
         metadata.created_by, metadata.schema.to_arrow_schema().names  # noqa: B018
     except UnicodeDecodeError:
         raise LabelDPError("the Parquet metadata holds text that is not UTF-8", code=ErrorCode.MALFORMED_FILE) from None
+    except OSError as error:  # Arrow's own refusal of a footer past its limits
+        raise LabelDPError(f"the Parquet footer cannot be read: {str(error)[:200]}",
+                           code=ErrorCode.MALFORMED_FILE) from None
     handle.seek(0)
     return metadata
 
@@ -354,6 +363,8 @@ def _type_allowed(kind: pa.DataType, name: bool) -> bool:
 def check_column_types(schema: pa.Schema, columns: Sequence[str]) -> None:
     """400 ``malformed_file`` for a column of ``columns`` whose type is not one these bodies take (see above)."""
     for name in columns:
+        if len(schema.get_all_field_indices(name)) > 1:  # Schema.field would raise (the seventeenth review: a 500)
+            raise LabelDPError(f"the body has more than one column {name!r}", code=ErrorCode.MALFORMED_FILE)
         kind = schema.field(name).type
         if not _type_allowed(kind, name in NAME_COLUMNS):
             what = "strings or integers" if name in NAME_COLUMNS else "numbers (integers, floats, booleans or decimals)"
@@ -414,10 +425,18 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
                     raise LabelDPError(f"column {name!r} has string pages in a delta encoding (DELTA_BYTE_ARRAY or "
                                        "DELTA_LENGTH_BYTE_ARRAY), whose bytes do not bound what they decode to: "
                                        "write strings plain or dictionary-encoded", code=ErrorCode.MALFORMED_FILE)
+                if pa.types.is_dictionary(arrow.field(name).type) and pages.plain_values:
+                    raise LabelDPError(  # read as strings it would be one dictionary of the row group (+1,018 MB)
+                        f"column {name!r} is stored with Arrow's dictionary type but not wholly dictionary-encoded: "
+                        "write it as plain strings (not a pandas category)", code=ErrorCode.MALFORMED_FILE)
                 total += (4 * values + 2 * max(chunk.total_uncompressed_size, pages.uncompressed)
                           + parquet_pages.DICTIONARY_ENTRY_BYTES * pages.dictionary_values)
                 text_chunks[(group, name)] = pages
             else:  # decoded values and the pages decompressed to read them (the ninth review: 1 GiB in 1.8 KB),
+                if not pages.encodings <= parquet_pages.BOUNDED_ENCODINGS:
+                    raise LabelDPError(f"column {name!r} has pages in an encoding its type does not take here "
+                                       "(a byte-array delta): write it plain or dictionary-encoded",
+                                       code=ErrorCode.MALFORMED_FILE)
                 # and a dictionary twice: its page and Arrow's decoded copy (the tenth: 10 columns, 2× counted),
                 # and each entry's pointer and value (the sixteenth: 3.2·10⁷ one-byte decimals, +310 MB counted 2×)
                 width = length + 8 if physical == "FIXED_LEN_BYTE_ARRAY" else 16 if physical == "INT96" else 8
@@ -447,11 +466,25 @@ def parquet_batches(handle, metadata: pq.FileMetaData, size: DecodedSize, column
     for group in range(metadata.num_row_groups):
         chunks = {name: size.text_chunks[(group, name)] for name in text}
         if all(pages.dictionary and not pages.plain_values for pages in chunks.values()):
-            yield from as_dictionaries.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns))
+            rows = min([batch_rows, *(_dictionary_rows(as_dictionaries, group, name, pages, batch_rows)
+                                      for name, pages in chunks.items())])
+            yield from as_dictionaries.iter_batches(batch_size=rows, row_groups=[group], columns=list(columns))
         else:
             rows = min([batch_rows, *(_plain_rows(as_dictionaries, group, name, pages) for name, pages in
                                       chunks.items())])
             yield from as_strings.iter_batches(batch_size=rows, row_groups=[group], columns=list(columns))
+
+
+def _dictionary_rows(reader: pq.ParquetFile, group: int, name: str, pages: parquet_pages.ChunkPages,
+                     batch_rows: int) -> int:
+    """The rows of a batch of a wholly dictionary-encoded chunk whose strings, once made (staging casts them), hold
+    at most about :data:`PLAIN_BATCH_BYTES` (the seventeenth review: 60 rows naming one 8 MB entry, 480 MB in one
+    batch). An entry is at most the page's bytes less 4 for each other entry; only if that allows fewer rows than
+    ``batch_rows`` is the longest entry read."""
+    bound = pages.dictionary - 4 * max(0, pages.dictionary_values - 1)
+    if batch_rows * (bound + 16) <= PLAIN_BATCH_BYTES:
+        return batch_rows
+    return max(1, PLAIN_BATCH_BYTES // (parquet_pages.longest_entry(reader, group, name) + 16))
 
 
 def _plain_rows(reader: pq.ParquetFile, group: int, name: str, pages: parquet_pages.ChunkPages) -> int:
@@ -493,8 +526,7 @@ def _text(kind: pa.DataType) -> bool:
 def text_columns(schema: pa.Schema, names: Sequence[str]) -> list[str]:
     """Which of ``names`` hold strings (read as dictionaries: never one copy of a string per row)."""
     wanted = set(names)
-    return [field.name for field in schema if field.name in wanted and any(check(field.type) for check in (
-        pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary))]
+    return [field.name for field in schema if field.name in wanted and _text(field.type)]
 
 
 def dictionary_strings(column: pa.Array, memo: Memo | None = None) -> int:

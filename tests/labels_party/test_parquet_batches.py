@@ -182,3 +182,43 @@ def test_strings_in_a_delta_encoding_are_refused(encoding):
     assert refused.value.code == "malformed_file" and encoding in str(refused.value)
     plain = _parquet(pa.table({"example_id": ids, "label": [1.0] * 200}), use_dictionary=False)
     assert sum(b.num_rows for b in _batches(plain)) == 200
+
+
+def test_a_wholly_dictionary_encoded_chunk_is_read_in_batches_its_longest_entry_bounds():
+    """The seventeenth review: 60 rows naming one 8 MB id, wholly dictionary-encoded, were one batch, whose strings
+    staging made (480 MB). A batch now holds at most PLAIN_BATCH_BYTES of the rows' entries."""
+    long_id = "x" * (1 << 20)
+    data = _parquet(pa.table({"example_id": [long_id] * 300, "label": [1.0] * 300}),
+                    dictionary_pagesize_limit=4 << 20)
+    pages = _id_chunk(data, 0)
+    assert pages.dictionary and not pages.plain_values
+    batches = _batches(data)
+    assert sum(b.num_rows for b in batches) == 300
+    assert max(b.num_rows for b in batches) <= uploads.PLAIN_BATCH_BYTES // ((1 << 20) + 16)
+
+
+def test_ids_of_arrows_dictionary_type_not_wholly_dictionary_encoded_are_refused():
+    """The seventeenth review: ids stored with Arrow's dictionary type (a pandas category) and fallen back to plain
+    pages were read as one dictionary of the row group (+1,018 MB for 8·10⁶ ids). Refused, with how to write them;
+    wholly dictionary-encoded ones are read."""
+    ids = pa.array([f"user-{i:07d}" for i in range(20_000)]).dictionary_encode()
+    fallen = _parquet(pa.table({"example_id": ids, "label": [1.0] * 20_000}), use_dictionary=False)
+    with pytest.raises(LabelDPError) as refused:
+        _batches(fallen)
+    assert refused.value.code == "malformed_file" and "dictionary type" in str(refused.value)
+    whole = _parquet(pa.table({"example_id": ids, "label": [1.0] * 20_000}))
+    assert sum(b.num_rows for b in _batches(whole)) == 20_000
+
+
+def test_an_example_id_is_at_most_4096_bytes(tmp_path):
+    """An id is an identifier: one of 8 MB named by 60 rows passed every decode bound (+1,001 MB, the seventeenth
+    review). Over MAX_EXAMPLE_ID_BYTES the upload is a 400 at its first batch."""
+    from shared.domains import domain_from_spec, domain_spec
+
+    body = tmp_path / "labels.parquet"
+    pq.write_table(pa.table({"example_id": ["a", "b" * (labelstore.MAX_EXAMPLE_ID_BYTES + 1)], "label": [1.0, 2.0]}),
+                   body)
+    with pytest.raises(LabelDPError) as refused:
+        labelstore._parse_to(body, "parquet", domain_from_spec(domain_spec("integer", low=0, high=5)), None,
+                             tmp_path / "staged.parquet")
+    assert refused.value.code == "malformed_file" and "longer than 4,096 bytes" in str(refused.value)
