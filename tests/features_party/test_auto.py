@@ -405,3 +405,15 @@ def test_an_auto_jobs_fits_are_counted_before_it_runs():
     assert _fits(request(), True) == 2 * (2 + 3 + 2 + 2) + 3  # the class default (four candidates, ALIBI's)
     assert _fits(request(candidates=["opt-unbiased", "rr-on-bins"]), True) == 2 * (2 + 1 + 2) + 3
     assert _fits(request(candidates=["rr"]), True) == 2 * 2 + 3
+
+
+def test_the_candidates_a_job_may_name_are_the_arms_parts_knows():
+    """The schema's AutoCandidate names exactly the default and opt-in arms of features_party.parts (one list each
+    way, kept equal here)."""
+    from typing import get_args
+
+    from features_party import parts, schemas
+
+    arms = {*parts.REGRESSION_ARMS, *parts.CLASS_ARMS, *(a for opt in parts.OPT_IN_ARMS.values() for a in opt)}
+    assert set(get_args(schemas.AutoCandidate)) == arms
+    assert all(arm in parts.ARM_RELEASES or arm in ("rr", "lp-2st") for arm in arms)
