@@ -91,7 +91,7 @@ def test_a_csv_of_pandas_chunks_whose_types_differ_is_stored_as_pandas_reads_it_
 
 
 def test_many_small_chunks_in_small_row_groups_store_the_rows_pandas_reads(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 1000)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0, long_bytes=None: 1000)
     monkeypatch.setattr(features, "ROW_GROUP_BYTES", 50_000)
     rng = np.random.default_rng(3)
     rows = 25_000
@@ -131,7 +131,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("name", list(MALFORMED))
 def test_malformed_uploads_are_refused_with_the_codes_of_a_whole_read(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 1000)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0, long_bytes=None: 1000)
     path = _body(tmp_path, MALFORMED[name])
     code = _streamed(path, tmp_path / "b")
     assert code == _whole(path, tmp_path / "a") and code in ("malformed_file", "duplicate_example_id")
@@ -139,7 +139,7 @@ def test_malformed_uploads_are_refused_with_the_codes_of_a_whole_read(tmp_path, 
 
 
 def test_the_duplicate_named_is_pandas_first_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 1000)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0, long_bytes=None: 1000)
     body = "example_id,x0\n" + _rows(4000, lambda k: f"u{k},1\n") + "u3500,1\nu12,1\n"
     path = _body(tmp_path, body)
     with pytest.raises(LabelDPError) as refused:
@@ -153,7 +153,7 @@ def test_the_duplicate_named_is_pandas_first_one(tmp_path, monkeypatch):
 def test_colliding_hashes_are_compared_as_strings(tmp_path, monkeypatch, duplicate):
     """With a hash of 50 values (thousands of collisions, across partitions and verification batches of two groups),
     distinct ids are stored and a repeated one is the one named."""
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 700)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0, long_bytes=None: 700)
     monkeypatch.setattr(features, "PART_ROWS", 1000)
     monkeypatch.setattr(features, "VERIFY_GROUPS", 2)
     monkeypatch.setattr(features._Ids, "HASH", staticmethod(lambda text: sum(map(ord, text)) % 50))
@@ -183,7 +183,7 @@ def test_a_column_of_numbers_then_text_is_a_400_not_a_500(tmp_path, monkeypatch)
 
 
 def test_an_upload_of_many_chunks_answers_and_stores_what_it_did(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0: 500)
+    monkeypatch.setattr(features, "_chunk_rows", lambda columns, row_bytes, longest=0, long_bytes=None: 500)
     ctx = trainer_context(tmp_path, "http://127.0.0.1:9", start=False)
     trainer = trainer_client(ctx, "publisher")
     frame = pd.DataFrame({"example_id": [f"u{k}" for k in range(3000)], "x0": np.arange(3000) / 7,
@@ -306,3 +306,22 @@ def test_long_records_are_read_in_chunks_bounded_by_the_longest(tmp_path, monkey
     streamed = store_features(path, tmp_path / "b", "f", LIMITS)
     assert max(chunks) <= features.CHUNK_MAX_BYTES // 200_000 and sum(chunks) == rows
     pd.testing.assert_frame_equal(pd.read_parquet(streamed.file), pd.read_csv(path, dtype={"example_id": str}))
+
+
+@pytest.mark.parametrize("piece", [777, 1 << 20])
+def test_one_long_record_among_short_ones_leaves_chunks_large(tmp_path, piece):
+    """The fourteenth review: one 530 KB cell among 42,000 short rows bounded every chunk by that record (2,600
+    chunks, 3.5 s of CPU). The records longer than LONG_RECORD are counted apart: when they fill at most half a
+    chunk all together, chunks hold up to half a chunk of short records besides; 300 records of 1 MB still make
+    chunks of 16 rows."""
+    body = tmp_path / "body"
+    long_cell = "y" * 530_000
+    body.write_bytes(("example_id,x\n" + "".join(f"e{i},{i}\n" for i in range(42_000)) + f"e-long,{long_cell}\n"
+                      ).encode())
+    records = features.scan_records(body, piece=piece)
+    assert records.long_bytes == len(f"e-long,{long_cell}") and records.longest == records.long_bytes
+    rows = features._chunk_rows(2, body.stat().st_size / records.lines, records.longest, records.long_bytes)
+    assert rows >= features.CHUNK_MAX_BYTES // 2 // features.LONG_RECORD // 2  # a power of two at least half that
+    assert rows * features.LONG_RECORD + records.long_bytes <= features.CHUNK_MAX_BYTES
+    many = features._chunk_rows(2, 1e6, 1 << 20, 300 << 20)
+    assert many * (1 << 20) <= features.CHUNK_MAX_BYTES
