@@ -84,7 +84,9 @@ MAX_PARQUET_FOOTER = 512 << 10
 MAX_NDJSON_DEPTH = 32  # opening brackets in an NDJSON line (these bodies' rows are flat objects)
 EXTRA_KEYS = 64  # keys an NDJSON line may hold besides the columns read (each costs Arrow a column)
 WIDE_COLUMNS = 1024  # columns read at once by Arrow; priors over more classes are read otherwise
-MAX_HEADER_BYTES = 16 << 20  # a CSV header line
+# A CSV header line: a prior body over 100,000 classes names ~690 KB of columns (the eighteenth review: 16 MiB of
+# short names parsed by Python's csv module took +424 MB)
+MAX_HEADER_BYTES = 2 << 20
 
 
 def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None = None,

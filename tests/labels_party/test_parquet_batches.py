@@ -222,3 +222,14 @@ def test_an_example_id_is_at_most_4096_bytes(tmp_path):
         labelstore._parse_to(body, "parquet", domain_from_spec(domain_spec("integer", low=0, high=5)), None,
                              tmp_path / "staged.parquet")
     assert refused.value.code == "malformed_file" and "longer than 4,096 bytes" in str(refused.value)
+
+
+def test_a_csv_header_past_its_bound_is_refused_before_it_is_parsed(tmp_path):
+    """The eighteenth review: a group body's 16 MB header of 5.3·10⁶ short names was parsed whole by Python's csv
+    module (+424 MB). A header is at most MAX_HEADER_BYTES (2 MiB: 100,000 prior columns take ~690 KB)."""
+    wide = b"example_id" + b",ab" * (uploads.MAX_HEADER_BYTES // 3 + 1) + b"\ne0,1\n"
+    with pytest.raises(LabelDPError) as refused:
+        uploads._csv_header(io.BytesIO(wide))
+    assert refused.value.code == "malformed_file"
+    priors = b"example_id," + b",".join(f"p_{k}".encode() for k in range(100_000)) + b"\ne0\n"
+    assert len(uploads._csv_header(io.BytesIO(priors))) == 100_001
