@@ -20,7 +20,6 @@ from features_party.client import LabelDPWarning
 from features_party.train import TrainConfig, train
 from labeldp import references, report
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
-from shared.errors import ErrorCode, LabelDPError
 
 METHODS = ["non-private", "rr (LP-1ST)", "LP-2ST", "LP-3ST", "subset", "cluster priors"]
 STAGES = {"rr (LP-1ST)": 1, "LP-2ST": 2, "LP-3ST": 3}
@@ -72,21 +71,6 @@ class ClassTable:
         y = digits.target.astype(np.int64)
         return cls("digits", (digits.data / 16.0).astype(np.float32), y,
                    np.array([f"d{i}" for i in range(len(y))]), 10)
-
-    @classmethod
-    def bench(cls, prepared) -> ClassTable:
-        """A prepared class table of ``labeldp bench utility`` (numeric features only)."""
-        from labeldp.benchmarks.utility import TRUTH
-
-        if prepared.num_classes is None or prepared.categorical:
-            raise LabelDPError(f"{prepared.name}: a table of class labels and numeric features only",
-                               code=ErrorCode.USAGE)
-        frame = prepared.frame
-        x = frame[list(prepared.numeric)].to_numpy(dtype=np.float64)
-        x = ((x - x.mean(axis=0)) / np.where(x.std(axis=0) > 0, x.std(axis=0), 1.0)).astype(np.float32)
-        groups = frame[prepared.group].to_numpy() if prepared.group else None
-        return cls(prepared.name, x, frame[TRUTH].to_numpy().astype(np.int64), frame["example_id"].to_numpy(),
-                   int(prepared.num_classes), groups, True, prepared.test_fraction)
 
     @property
     def columns(self) -> list[str]:

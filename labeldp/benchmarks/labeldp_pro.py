@@ -25,6 +25,7 @@ from labeldp import references, report
 from labeldp.benchmarks.classification import ClassTable, non_private, register_table, train_config
 from labeldp.benchmarks.parties import Parties, two_parties
 from shared import models
+from shared.errors import ErrorCode, LabelDPError
 
 METHODS = ["rr (LP-1ST)", "rr-with-prior (LP-2ST)", "dp-sgd (noop)", "labeldp-pro (altconv)", "pate-fm (student)"]
 DELTA = 1e-6
@@ -72,7 +73,23 @@ def load_table(name: str) -> ClassTable:
         return ClassTable.digits()
     from labeldp.benchmarks.utility import DATASETS
 
-    return ClassTable.bench(DATASETS[name].prepare())
+    return bench_table(DATASETS[name].prepare())
+
+
+def bench_table(prepared) -> ClassTable:
+    """A prepared class table of ``labeldp bench utility`` (numeric features only, standardized — public arithmetic
+    on the features party's own columns; its test rows drawn as that bench draws them)."""
+    from labeldp.benchmarks.utility import TRUTH
+
+    if prepared.num_classes is None or prepared.categorical:
+        raise LabelDPError(f"{prepared.name}: a table of class labels and numeric features only",
+                           code=ErrorCode.USAGE)
+    frame = prepared.frame
+    x = frame[list(prepared.numeric)].to_numpy(dtype=np.float64)
+    x = ((x - x.mean(axis=0)) / np.where(x.std(axis=0) > 0, x.std(axis=0), 1.0)).astype(np.float32)
+    groups = frame[prepared.group].to_numpy() if prepared.group else None
+    return ClassTable(prepared.name, x, frame[TRUTH].to_numpy().astype(np.int64), frame["example_id"].to_numpy(),
+                      int(prepared.num_classes), groups, True, prepared.test_fraction)
 
 
 def pate_sizes(table: ClassTable) -> tuple[int, int]:

@@ -115,10 +115,11 @@ def test_a_relative_loss_of_zero_is_drawn_on_a_symlog_axis():
 def test_a_bench_class_table_is_split_as_bench_utility_splits_it():
     """``labeldp bench labeldp-pro --table storm-status`` holds out the storms ``bench utility`` holds out (the
     same seed, the same draw), so PATE-FM's numbers stand beside the peers' runs of that table."""
+    from labeldp.benchmarks.labeldp_pro import bench_table
     from labeldp.benchmarks.utility import DATASETS, _split
 
     prepared = DATASETS["storm-status"].prepare()
-    table = ClassTable.bench(prepared)
+    table = bench_table(prepared)
     for seed in (0, 3):
         fit, test = table.split(seed)
         train_part, test_part = _split(prepared.frame, prepared, seed)
