@@ -408,7 +408,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
         leaves.append((i, column.path, column.physical_type, column.length or 0))
     total, size, text_chunks, stored = 0, handle.size(), {}, 0
     arrow = metadata.schema.to_arrow_schema()
-    strings = {name for name in columns if _text(arrow.field(name).type)}
+    strings = set(text_columns(arrow, columns))
     budget = parquet_pages.WalkBudget(parquet_pages.MAX_PAGES, size)
     rows = {i: 0 for i, _, _, _ in leaves}  # a flat column's values: one per row (nulls included)
     for group in range(metadata.num_row_groups):

@@ -170,10 +170,6 @@ class _Reader:
             if shift > 63:
                 raise _Malformed("a varint longer than 64 bits")
 
-    def zigzag(self) -> int:
-        value = self.varint()
-        return (value >> 1) ^ -(value & 1)
-
     def i32(self) -> int:
         """A compact-protocol i32 as Thrift's C++ reads it: at most five varint bytes, their low 32 bits zigzag
         decoded."""
