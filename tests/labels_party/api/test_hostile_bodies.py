@@ -6,6 +6,7 @@ linear work, nothing charged."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -221,24 +222,30 @@ def test_a_deeply_nested_ndjson_line_is_a_400_not_a_crashed_process(tmp_path):
 
 
 def _parse_seconds(tmp_path: Path, num_classes: int) -> float:
-    """CPU seconds to parse one one-hot prior over ``num_classes`` classes (CSV), the least of three."""
+    """CPU seconds to parse one one-hot prior over ``num_classes`` classes (CSV), the least of five, the garbage
+    collector paused (a collection landing in one size's runs, not the other's, skewed the ratio: 31.6 once in CI)."""
     body = tmp_path / f"prior{num_classes}.csv"
     body.write_text("example_id," + ",".join(f"p_{k}" for k in range(num_classes)) + "\ne0,1" +
                     ",0" * (num_classes - 1) + "\n")
     best = float("inf")
-    for _ in range(3):
-        started = time.process_time()
-        uploads.parse_priors(body, "csv", num_classes)
-        best = min(best, time.process_time() - started)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            started = time.process_time()
+            uploads.parse_priors(body, "csv", num_classes)
+            best = min(best, time.process_time() - started)
+    finally:
+        gc.enable()
     return best
 
 
 def test_priors_over_k_classes_parse_in_time_linear_in_k(tmp_path):
     """Ten times the classes take about ten times the work, not a hundred (the columns were looked up in a list per
-    class). A complexity check, not a deadline: the ratio of the CPU times of 5,000 and 50,000 classes (quadratic:
-    ~100; linear: ~10), each the least of three runs."""
-    small, large = _parse_seconds(tmp_path, 5000), _parse_seconds(tmp_path, 50_000)
-    assert large / small < 30, (small, large)
+    class). A complexity check, not a deadline: the ratio of the CPU times of 10,000 and 100,000 classes (quadratic:
+    ~100; linear: ~10, 11–13 measured here), each the least of five runs."""
+    small, large = _parse_seconds(tmp_path, 10_000), _parse_seconds(tmp_path, 100_000)
+    assert large / small < 40, (small, large)
 
 
 def test_a_one_hot_prior_over_wide_classes_is_refused_and_charges_nothing(client, admin):
