@@ -299,6 +299,16 @@ class LabelsPartyClient:
             release = self.get_release(release.id)
         return release
 
+    def check_releases(self, dataset_id: str, releases: Iterable[schemas.ReleaseRequest] = (),
+                       evaluations: Iterable[schemas.EvaluationRequest] = ()) -> schemas.ReleaseChecked:
+        """Each release's refusal, or the examples it would cover, as its request would get it now — nothing drawn
+        or charged: what a client asking for several releases checks before the first."""
+        body = schemas.ReleaseChecks(releases=list(releases), evaluations=list(evaluations))
+        return schemas.ReleaseChecked(**self._request(
+            "POST", f"/v1/datasets/{_segment(dataset_id)}/release-checks",
+            json={"releases": [release_body(r) for r in body.releases],
+                  "evaluations": [e.model_dump(exclude_none=True) for e in body.evaluations]}, retry=True).json())
+
     def request_prior_release(
         self, dataset_id: str, example_ids, priors, epsilon: float, *, idempotency_key: str | None = None
     ) -> schemas.Release:

@@ -55,6 +55,9 @@ SOFT_ARMS = ("alibi",)  # their parts train on per-class targets, not labels: ne
 # the candidates released in one go (LP-2ST's stages are asked for while it trains)
 ARM_RELEASES = ("opt-unbiased", "rr-on-bins", "rr-with-prior", "alibi", "rp-with-prior", "block-rr")
 VALIDATION_MECHANISM = {"regression": "opt-unbiased", "classes": "rr"}
+# Unbiased too, and refused by no domain or ε the labels party takes: numbers' validation mechanism when the labels
+# party would refuse opt-unbiased (more labels than its solver takes, the labels' ε under its floor).
+VALIDATION_FALLBACK = {"opt-unbiased": "dbrr"}
 # Training parts in proportion (the rest: 1): the unbiased randomizers' models need the rows (their labels' variance
 # averages out with n), and their parts judge the others; RR-on-Bins' win where a model is near the constant anyway,
 # which few rows learn.
@@ -100,19 +103,18 @@ class AutoPlan:
     epsilon: float
     mean_epsilon: float  # 0 for classes (the majority class needs no central release)
     seed: int
+    validation: str  # the unbiased mechanism of the selection and estimate rows (VALIDATION_MECHANISM, or dbrr)
 
     @classmethod
-    def build(cls, arms: tuple[str, ...], classes: bool, epsilon: float, rows: int, seed: int) -> AutoPlan:
+    def build(cls, arms: tuple[str, ...], classes: bool, epsilon: float, rows: int, seed: int,
+              validation: str | None = None) -> AutoPlan:
         mean = 0.0 if classes else mean_epsilon(epsilon, rows)
-        return cls(arms, classes, epsilon, mean, seed)
+        return cls(arms, classes, epsilon, mean, seed,
+                   validation or VALIDATION_MECHANISM["classes" if classes else "regression"])
 
     @property
     def label_epsilon(self) -> float:
         return float(decimal_epsilon(self.epsilon) - decimal_epsilon(self.mean_epsilon))
-
-    @property
-    def validation(self) -> str:
-        return VALIDATION_MECHANISM["classes" if self.classes else "regression"]
 
     @property
     def arm_shares(self) -> np.ndarray:

@@ -10,7 +10,7 @@ every attempt asks the labels party for the same release — or, the list replac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 import numpy as np
@@ -239,6 +239,9 @@ def _plan(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, auto: b
                    _estimate_plan(request, existing, dataset, classes))
     if auto:
         plan = _auto_plan(plan, dataset, frame, ctx.settings.min_train_examples)
+        if not stored:  # created: what the labels party would refuse, before the first part is charged
+            with labels_party_client(ctx, url, request.api_key) as client:
+                plan = _checked_auto(plan, frame, client)
     _check_training_rows(plan, frame, ctx.settings.min_train_examples)
     return plan
 
@@ -330,14 +333,82 @@ def _auto_plan(plan: JobPlan, dataset: shared_schemas.Dataset, frame: pd.DataFra
             raise _invalid("auto candidate alibi trains on soft labels, which only the MLP learns from: add "
                            "train.model 'mlp', or leave alibi out")
         arms = tuple(arm for arm in arms if arm not in parts.SOFT_ARMS)  # the default, for trees alone
+    validations = (parts.VALIDATION_MECHANISM["classes"],) if classes else \
+        (parts.VALIDATION_MECHANISM["regression"], *parts.VALIDATION_FALLBACK.values())
+    if release.validation is not None and release.validation not in validations:
+        raise _invalid(f"auto validation {release.validation!r} does not fit {dataset.label_kind} labels; choose "
+                       f"among {', '.join(validations)}")
     rows = len(plan.training_ids(frame))
-    auto = AutoPlan.build(arms, classes, release.epsilon, rows, plan.request.train.seed)
+    auto = AutoPlan.build(arms, classes, release.epsilon, rows, plan.request.train.seed, release.validation)
     if auto.label_epsilon < parts.MIN_EPSILON:
         raise LabelDPError(f"epsilon {release.epsilon:g} is too small for an auto job, which spends at least "
                            f"{parts.MIN_EPSILON:g} on the labels' mean and on the labels each",
                            code=ErrorCode.EPSILON_OUT_OF_RANGE)
     return JobPlan(plan.request, plan.labels_party, plan.url, plan.features_file, plan.configs, plan.num_classes,
                    None, plan.held_out, None, auto)
+
+
+def _checked_auto(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient) -> JobPlan:
+    """The auto job's releases — its central mean, its validation release and its candidates' parts (LP-2ST's first
+    stage) — checked by the labels party before any is asked for: each refusal there is decided by public inputs
+    (the dataset's domain, ε, the ids), so none is refused after another part was charged. A numeric job whose
+    validation mechanism opt-unbiased would be refused takes dbrr (unbiased, any domain); a default candidate that
+    would be refused is left out; a refused candidate the request names, or the mean, refuses the job (400, nothing
+    spent). The request then names what was kept, so every attempt plans the same parts without asking again."""
+    while True:
+        auto, release = plan.auto, plan.request.release
+        assert auto is not None and isinstance(release, schemas.AutoRelease)
+        ids = plan.training_ids(frame).astype(str)
+        refused = _refusals(plan, auto, ids, client)
+        if "mean" in refused:
+            raise _refused_part("the labels' central mean (the constant every candidate must beat)", refused["mean"])
+        if not refused:
+            return plan
+        validation = auto.validation
+        if validation in refused:
+            if validation not in parts.VALIDATION_FALLBACK:
+                raise _refused_part(f"its validation release ({validation})", refused[validation])
+            validation = parts.VALIDATION_FALLBACK[validation]
+        failed = [arm for arm in auto.arms if arm in refused]
+        if failed and release.candidates is not None:
+            raise _refused_part(f"auto candidate {failed[0]!r}", refused[failed[0]], "leave it out of candidates")
+        kept = tuple(arm for arm in auto.arms if arm not in refused)
+        if not kept:
+            raise _refused_part(f"every auto candidate ({', '.join(failed)})", refused[failed[0]])
+        named = release.model_copy(update={"candidates": list(kept), "validation": validation})
+        request = plan.request.model_copy(update={"release": named})
+        plan = replace(plan, request=request, auto=replace(auto, arms=kept, validation=validation))
+
+
+def _refusals(plan: JobPlan, auto: AutoPlan, ids: pd.Index, client: LabelsPartyClient) -> dict[str, str]:
+    """The labels party's refusal code of each of the auto job's releases it would refuse, by part ("mean", a
+    mechanism): the requests :func:`features_party.auto.request_auto_releases` makes, and LP-2ST's RR stage on its
+    part (a superset of its first stage's rows)."""
+    named = [(mechanism, part_ids) for _suffix, mechanism, part_ids in auto.releases(ids)]
+    if "lp-2st" in auto.arms:
+        lp_rows = ids[auto.parts(ids) == "lp-2st"]
+        if len(lp_rows):
+            named.append(("lp-2st", lp_rows.tolist()))
+    releases = [shared_schemas.ReleaseRequest(mechanism="rr" if part == "lp-2st" else part,
+                                              epsilon=auto.label_epsilon, example_ids=part_ids)
+                for part, part_ids in named]
+    evaluations = [shared_schemas.EvaluationRequest(metric="mean", epsilon=auto.mean_epsilon,
+                                                    example_ids=ids.tolist())] if auto.mean_epsilon > 0 else []
+    try:
+        checked = client.check_releases(plan.request.dataset_id, releases, evaluations)
+    except (LabelsPartyError, httpx.HTTPError) as err:
+        raise upstream_error(err, plan.labels_party) from None
+    refused = {part: check.error.code for (part, _ids), check in zip(named, checked.releases, strict=True)
+               if check.error is not None}
+    for check in checked.evaluations:
+        if check.error is not None:
+            refused["mean"] = check.error.code
+    return refused
+
+
+def _refused_part(what: str, code: str, instead: str = "use a fixed mechanism") -> LabelDPError:
+    return LabelDPError(f"the labels party would refuse {what} on this dataset ({code}): {instead}; nothing was "
+                        "spent", code=ErrorCode.LABELS_PARTY_REFUSED)
 
 
 def _check_training_rows(plan: JobPlan, frame: pd.DataFrame, minimum: int) -> None:

@@ -91,7 +91,15 @@ class AutoRelease(BaseModel):
     candidates: list[AutoCandidate] | None = Field(default=None, min_length=1, max_length=5, description=(
         "the mechanisms to choose among (default: opt-unbiased and rr-on-bins for numeric labels, rr, "
         "rr-with-prior, lp-2st and alibi for classes — alibi when the job trains the MLP: trees have no soft-label "
-        "loss); rp-with-prior (numbers) and block-rr (classes) only when named: each part costs the others rows"))
+        "loss); rp-with-prior (numbers) and block-rr (classes) only when named: each part costs the others rows. "
+        "A default candidate whose release the labels party would refuse on this dataset (a domain over its "
+        "limit) is left out when the job is created, and the job's request names the ones kept; a named one is "
+        "refused (400)"))
+    validation: Literal["opt-unbiased", "dbrr", "rr"] | None = Field(default=None, description=(
+        "the unbiased mechanism of the selection and estimate rows (default opt-unbiased for numeric labels, rr for "
+        "classes). For numbers the trainer takes dbrr when the labels party would refuse opt-unbiased on this "
+        "dataset (more labels than its solver takes, or the labels' share of epsilon under its floor), and fills "
+        "this in when the job is created"))
 
 
 class HoldoutFraction(BaseModel):

@@ -318,6 +318,34 @@ class EvaluationRequest(BaseModel):
     predictions: Omittable[list[FiniteFloat]] = Field(default=None, min_length=1, fail_fast=True)
 
 
+MAX_CHECKED_RELEASES = 16  # per release check
+
+
+class ReleaseChecks(BaseModel):
+    """Releases a client means to ask for together — an auto job's central mean and its parts — checked as each
+    would be now, before the first is asked for: nothing is drawn, charged or stored, and no Idempotency-Key taken."""
+
+    model_config = REQUEST_CONFIG
+
+    releases: list[ReleaseRequest] = Field(default_factory=list, max_length=MAX_CHECKED_RELEASES, fail_fast=True)
+    evaluations: list[EvaluationRequest] = Field(default_factory=list, max_length=MAX_CHECKED_RELEASES,
+                                                 fail_fast=True)
+
+
+class ReleaseCheck(BaseModel):
+    """One checked release: the examples it would cover, or the refusal (code and message) its request would get."""
+
+    num_examples: int | None = None
+    error: ErrorDetail | None = None
+
+
+class ReleaseChecked(BaseModel):
+    """The outcome of each checked release, in the order of the request's lists."""
+
+    releases: list[ReleaseCheck]
+    evaluations: list[ReleaseCheck]
+
+
 MAX_QUANTILES = 100  # per quantile release
 
 

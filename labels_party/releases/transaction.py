@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -78,7 +79,7 @@ from labels_party.releases.source import SPARK_JOB
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
-from shared.errors import ErrorCode, LabelDPError
+from shared.errors import ErrorCode, LabelDPError, ResourceExhausted, RetryLater, status_of
 from shared.service.keys import UNAUTHORIZED_MESSAGE
 from shared.service.leases import Lease
 
@@ -233,36 +234,84 @@ def _begin(ctx: ServiceContext, admission: Admission, key: str,
     """Idempotency and the snapshot: the outcome of the release this key already stands for, or the snapshot to
     release from and how the release is completed (a source dataset's by a Spark job)."""
     principal = admission.principal
-    restart = False
     with ctx.sessions() as session, session.begin():
-        dataset = admitted_dataset(session, admission)
-        if dataset.state != "ready":  # public to whoever sees the dataset: refused before anything is read
-            raise LabelDPError(f"dataset {dataset.id} is {dataset.state}: it takes releases once its registration "
-                               "is ready", code=ErrorCode.DATASET_NOT_READY)
-        completion: Completion = SPARK_JOB if dataset.source_uri is not None else IN_PROCESS
+        dataset = _ready_dataset(session, admission)
+        completion = _completion_of(dataset)
         existing = existing_release(session, principal, dataset.id, key, body_hash)
-        if existing is not None:
-            restart = completion.replayed(ctx, session, existing)
-            replayed = existing.id
-        else:
-            account = budgets.account_of(session, dataset, principal.org_id)
-            delta = account.delta if account is not None else 0.0
-            domain = domain_from_spec(json.loads(dataset.domain_json))
-            if dataset.source_uri is not None:  # its labels stay in the source's copy: every row, version 0
-                rows = dataset.num_examples if dataset.source_snapshot is None else \
-                    ctx.ledger.source_read(session, dataset).num_examples  # as registered (the chain says)
-                snapshot = Snapshot(dataset, domain, 0, dataset.source_uri, rows,
-                                    labelstore.range_coverage(0, rows), delta=delta)
-                return snapshot, completion
-            version = session.scalar(select(db.LabelVersion).where(
-                db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))
-            if version is None:
-                raise LabelDPError("the dataset has no labels yet", code=ErrorCode.NO_LABELS)
-            file, coverage = ctx.ledger.labels_read(session, dataset, version)  # as the chain says, not the row
-            return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta), completion
+        if existing is None:
+            return _snapshot(ctx, session, dataset, principal), completion
+        restart = completion.replayed(ctx, session, existing)
+        replayed = existing.id
     if restart:
         completion.restart(ctx, replayed)
     return completion.answer(outcome(ctx, replayed, completion.waits), False)
+
+
+def _ready_dataset(session: Session, admission: Admission) -> db.Dataset:
+    dataset = admitted_dataset(session, admission)
+    if dataset.state != "ready":  # public to whoever sees the dataset: refused before anything is read
+        raise LabelDPError(f"dataset {dataset.id} is {dataset.state}: it takes releases once its registration "
+                           "is ready", code=ErrorCode.DATASET_NOT_READY)
+    return dataset
+
+
+def _completion_of(dataset: db.Dataset) -> Completion:
+    return SPARK_JOB if dataset.source_uri is not None else IN_PROCESS
+
+
+def _snapshot(ctx: ServiceContext, session: Session, dataset: db.Dataset, principal: Principal) -> Snapshot:
+    """The dataset's labels as the chain says they are now, and the organization's δ allocation on it."""
+    account = budgets.account_of(session, dataset, principal.org_id)
+    delta = account.delta if account is not None else 0.0
+    domain = domain_from_spec(json.loads(dataset.domain_json))
+    if dataset.source_uri is not None:  # its labels stay in the source's copy: every row, version 0
+        rows = dataset.num_examples if dataset.source_snapshot is None else \
+            ctx.ledger.source_read(session, dataset).num_examples  # as registered (the chain says)
+        return Snapshot(dataset, domain, 0, dataset.source_uri, rows, labelstore.range_coverage(0, rows), delta=delta)
+    version = session.scalar(select(db.LabelVersion).where(
+        db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))
+    if version is None:
+        raise LabelDPError("the dataset has no labels yet", code=ErrorCode.NO_LABELS)
+    file, coverage = ctx.ledger.labels_read(session, dataset, version)  # as the chain says, not the row
+    return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta)
+
+
+# Refusals that concern the whole check (the dataset, the caller, the service's load), not one of its releases.
+_WHOLE_CHECK = frozenset({ErrorCode.NOT_FOUND, ErrorCode.DATASET_NOT_READY, ErrorCode.NO_LABELS})
+
+
+def check(ctx: ServiceContext, admission: Admission, kinds: Sequence[ReleaseKind[Any]]) -> list[schemas.ReleaseCheck]:
+    """Steps 2 and 3 of the module for each of ``kinds`` — what a client means to ask for together (an auto job's
+    parts): each release's refusal, or how many examples it would cover, as its request would get it now. Nothing
+    is drawn, charged or stored (the coverage files are discarded), and no Idempotency-Key is taken. Every refusal
+    here is one a release decides on public inputs, so a client that asks for several releases can be refused
+    before the first is charged. Budgets are not checked (a concurrent release may spend them meanwhile): parts of
+    disjoint examples are charged independently."""
+    principal = admission.principal
+    with ctx.sessions() as session, session.begin():
+        dataset = _ready_dataset(session, admission)
+        snapshot = _snapshot(ctx, session, dataset, principal)
+    completion = _completion_of(dataset)
+    out: list[schemas.ReleaseCheck] = []
+    with ctx.quotas.slot(principal.org_id):  # the lookups cost what a release's do: the same quota
+        for kind in kinds:
+            try:
+                for name, epsilon in kind.epsilons().items():
+                    check_epsilon_range(ctx, epsilon, name)
+                kind.check()
+                covered = completion.cover(ctx, snapshot, kind)
+                try:
+                    completion.check(snapshot, kind.price(ctx, snapshot, covered.coverage.size, covered.inputs))
+                finally:
+                    labelstore.discard(ctx.store, covered.coverage)
+            except LabelDPError as err:
+                if err.code in _WHOLE_CHECK or isinstance(err, (ResourceExhausted, RetryLater)) \
+                        or status_of(err.code) >= 500:
+                    raise
+                out.append(schemas.ReleaseCheck(error=schemas.ErrorDetail(code=err.code, message=str(err))))
+                continue
+            out.append(schemas.ReleaseCheck(num_examples=covered.coverage.size))
+    return out
 
 
 def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: ReleaseKind[Any], priced: Priced,

@@ -37,6 +37,17 @@ def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: SeesDatas
     return answer(transaction.run(ctx, who, idempotency_key, kinds.LabelRelease(body)))
 
 
+@router.post("/v1/datasets/{dataset_id}/release-checks", response_model=schemas.ReleaseChecked)
+def check_releases(dataset_id: str, body: schemas.ReleaseChecks, who: SeesDataset, ctx: Context):
+    """Check releases meant to be asked for together (label releases and evaluations, as their routes take them):
+    each one's refusal — the code and message its request would get now, from public inputs — or the examples it
+    would cover. Nothing is drawn, charged or stored. A client asking for several releases (the trainer's auto
+    jobs) checks them all first, so none is refused after another was charged. Budgets are not checked."""
+    checked = transaction.check(ctx, who, [*map(kinds.LabelRelease, body.releases),
+                                           *map(kinds.Evaluation, body.evaluations)])
+    return schemas.ReleaseChecked(releases=checked[:len(body.releases)], evaluations=checked[len(body.releases):])
+
+
 @router.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])
 def list_releases(dataset_id: str, who: SeesDataset, ctx: Context):
     """A consumer's own organization's releases of the dataset; the owner's admins see all of them."""

@@ -417,3 +417,69 @@ def test_the_candidates_a_job_may_name_are_the_arms_parts_knows():
     arms = {*parts.REGRESSION_ARMS, *parts.CLASS_ARMS, *(a for opt in parts.OPT_IN_ARMS.values() for a in opt)}
     assert set(get_args(schemas.AutoCandidate)) == arms
     assert all(arm in parts.ARM_RELEASES or arm in ("rr", "lp-2st") for arm in arms)
+
+
+def _second_dataset(parties, name: str, spec: dict, labels, k: int | None = None) -> str:
+    """Another dataset of the labels party on the fixture's ids (granted ε 10), the features table ``f`` uploaded."""
+    owner, ids = parties["owner"], parties["features"]["example_id"]
+    dataset = owner.post("/v1/datasets", json={"name": name, **spec, "epsilon_total": 10}).json()["id"]
+    body = "example_id,label\n" + "\n".join(f"{i},{int(v)}" for i, v in zip(ids, labels, strict=True))
+    assert owner.put(f"/v1/datasets/{dataset}/labels", content=body,
+                     headers={"Content-Type": "text/csv"}).status_code == 200
+    assert owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 10}).status_code == 201
+    assert _upload(parties["trainer"], parties["features"]).status_code == 200
+    return dataset
+
+
+def _spent_on(parties, dataset: str) -> float:
+    return parties["owner"].get(f"/v1/datasets/{dataset}/budget").json()["epsilon_spent"]
+
+
+def test_a_candidate_the_labels_party_would_refuse_is_refused_or_left_out_before_any_charge(parties):
+    """The review of issue 41: 300 classes are more than BlockRR and ALIBI take (256); the auto job asked for its
+    parts one by one, so a job naming block-rr, or the default candidates with the MLP (ALIBI among them), was
+    created (202), charged RR's part and then refused BlockRR's or ALIBI's. The labels party now checks every part
+    first (``release-checks``): a named candidate it would refuse is a 400 with nothing spent; a default one is left
+    out, and the job's request names the ones kept."""
+    trainer, truth = parties["trainer"], parties["labels"].to_numpy()
+    dataset = _second_dataset(parties, "wide-classes", {"label_kind": "classes", "num_classes": 300},
+                              (truth * 10).astype(int) % 300)
+    job = {**_auto_job(parties, epsilon=1.0), "dataset_id": dataset, "num_classes": 300,
+           "train": {"model": "mlp", "epochs": 2, "batch_size": 256}}
+    for named, refused in ((["rr", "block-rr"], "block-rr"), (["rr", "alibi"], "alibi")):
+        answer = trainer.post("/v1/jobs", json={**job, "release": {**job["release"], "candidates": named}})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "labels_party_refused" and f"'{refused}'" in error["message"]
+        assert "domain_too_large" in error["message"] and "nothing was spent" in error["message"]
+    assert _spent_on(parties, dataset) == 0.0 and trainer.get("/v1/jobs").json() == []
+    created = trainer.post("/v1/jobs", json=job)  # the default candidates: ALIBI left out
+    assert created.status_code == 202, created.text
+    finished = _finish(trainer, created.json()["id"])
+    assert finished["status"] == "succeeded", finished["error"]
+    assert not any(row["candidate"].startswith(("alibi", "pooled-alibi")) for row in finished["auto"]["candidates"])
+    assert finished["request"]["release"]["candidates"] == ["rr", "rr-with-prior", "lp-2st"]
+    assert _spent_on(parties, dataset) == 1.0  # every training example once
+
+
+def test_a_wide_integer_range_is_validated_by_dbrr_where_opt_unbiased_would_be_refused(parties):
+    """1,501 labels are more than the opt-unbiased solver takes (1,000): the auto job's mean was charged and then its
+    validation release refused. Now its validation mechanism is dbrr (unbiased, any domain), opt-unbiased is left
+    out of the default candidates, and the job charges ε once; named, opt-unbiased is a 400 with nothing spent."""
+    trainer, truth = parties["trainer"], parties["labels"].to_numpy()
+    dataset = _second_dataset(parties, "wide-range", {"label_kind": "integer", "min": 0, "max": 1500},
+                              truth * 40)
+    job = {**_auto_job(parties, epsilon=2.0), "dataset_id": dataset, "train": {"model": "gbdt"}}
+    named = trainer.post("/v1/jobs", json={**job, "release": {**job["release"], "candidates": ["opt-unbiased"]}})
+    assert named.status_code == 400 and "'opt-unbiased'" in named.json()["error"]["message"], named.text
+    assert _spent_on(parties, dataset) == 0.0
+    created = trainer.post("/v1/jobs", json=job)
+    assert created.status_code == 202, created.text
+    finished = _finish(trainer, created.json()["id"])
+    assert finished["status"] == "succeeded", finished["error"]
+    report = finished["auto"]
+    assert {row["candidate"].split("/")[0] for row in report["candidates"]} <= {"rr-on-bins", "dbrr", "constant"}
+    assert report["validation_mechanism"] == "dbrr" and finished["request"]["release"]["candidates"] == ["rr-on-bins"]
+    assert finished["request"]["release"]["validation"] == "dbrr"
+    assert _spent_on(parties, dataset) == 2.0
+    assert finished["estimate"]["mechanism"] == "dbrr"  # the estimate rows' labels: dbrr's, unbiased
