@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from shared import schemas
@@ -111,6 +112,9 @@ def _raise_for(response: httpx.Response) -> None:
 def _segment(value: str) -> str:
     """One URL path segment: nothing in an id can add a path, a query or a fragment."""
     return quote(str(value), safe="")
+
+
+PARQUET_PRIOR_CLASSES = 1000
 
 
 def release_body(request: schemas.ReleaseRequest) -> dict:
@@ -299,25 +303,36 @@ class LabelsPartyClient:
             release = self.get_release(release.id)
         return release
 
-    def check_releases(self, dataset_id: str, releases: Iterable[schemas.ReleaseRequest] = (),
-                       evaluations: Iterable[schemas.EvaluationRequest] = ()) -> schemas.ReleaseChecked:
-        """Each release's refusal, or the examples it would cover, as its request would get it now — nothing drawn
-        or charged: what a client asking for several releases checks before the first."""
-        body = schemas.ReleaseChecks(releases=list(releases), evaluations=list(evaluations))
-        return schemas.ReleaseChecked(**self._request(
-            "POST", f"/v1/datasets/{_segment(dataset_id)}/release-checks",
-            json={"releases": [release_body(r) for r in body.releases],
-                  "evaluations": [e.model_dump(exclude_none=True) for e in body.evaluations]}, retry=True).json())
+    def check_release(self, dataset_id: str, request: schemas.ReleaseRequest | schemas.EvaluationRequest |
+                      schemas.PriorReleaseShape) -> schemas.ReleaseCheck:
+        """The release's refusal, or the examples it would cover, as its request would get it now — nothing drawn
+        or charged: what a client asking for several releases checks before the first. One per call, so that a
+        check's body is no larger than its release's."""
+        if isinstance(request, schemas.ReleaseRequest):
+            field, body = "releases", release_body(request)
+        else:
+            field = "evaluations" if isinstance(request, schemas.EvaluationRequest) else "prior_releases"
+            body = request.model_dump(exclude_none=True)
+        checked = self._request("POST", f"/v1/datasets/{_segment(dataset_id)}/release-checks",
+                                json={field: [body]}, retry=True).json()
+        return schemas.ReleaseCheck(**checked[field][0])
 
     def request_prior_release(
         self, dataset_id: str, example_ids, priors, epsilon: float, *, idempotency_key: str | None = None
     ) -> schemas.Release:
-        """RRWithPrior with one prior per example; the priors (n x K) travel as a Parquet body."""
+        """RRWithPrior with one prior per example; the priors (n x K) travel as a Parquet body — as CSV over more
+        than :data:`PARQUET_PRIOR_CLASSES` classes, whose Parquet footer (~190 bytes per column) would pass the
+        labels party's footer limit (512 KiB)."""
         priors = np.asarray(priors, dtype=np.float64)
         columns = {"example_id": pa.array([str(i) for i in example_ids])}
         columns.update({f"p_{k}": pa.array(priors[:, k]) for k in range(priors.shape[1])})
         sink = io.BytesIO()
-        pq.write_table(pa.table(columns), sink)
+        if priors.shape[1] <= PARQUET_PRIOR_CLASSES:
+            pq.write_table(pa.table(columns), sink)
+            media = "application/vnd.apache.parquet"
+        else:
+            pacsv.write_csv(pa.table(columns), sink)
+            media = "text/csv"
         key = idempotency_key or uuid.uuid4().hex
         response = self._request(
             "POST",
@@ -325,7 +340,7 @@ class LabelsPartyClient:
             params={"epsilon": epsilon},
             content=sink.getvalue(),
             retry=True,
-            headers={"Content-Type": "application/vnd.apache.parquet", "Idempotency-Key": key},
+            headers={"Content-Type": media, "Idempotency-Key": key},
         )
         return schemas.Release(**response.json())
 

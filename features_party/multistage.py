@@ -24,6 +24,7 @@ import numpy as np
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.gbdt import GbdtConfig, GbdtResult, train_gbdt
+from features_party.parts import lp_mst_parts
 from features_party.train import Deadline, TrainConfig, TrainResult, train
 from shared import models
 
@@ -66,13 +67,6 @@ def _fit(config: TrainConfig | GbdtConfig, numeric: np.ndarray, categorical: np.
     return train(config, numeric, categorical, labels, vocab_sizes=vocab_sizes, num_classes=num_classes,
                  init_params=None if previous is None else previous.params, deadline=deadline,
                  validate_on=validate_on)
-
-
-def _partition(n: int, stages: int, fractions: list[float], seed: int) -> list[np.ndarray]:
-    """The stages' disjoint parts of ``n`` examples, in ``fractions``: a label-independent, seeded permutation."""
-    order = np.random.default_rng(seed).permutation(n)
-    bounds = np.concatenate([[0], np.round(np.cumsum(fractions) / np.sum(fractions) * n).astype(int)])
-    return [order[bounds[t]:bounds[t + 1]] for t in range(stages)]
 
 
 def _stage_release(client: LabelsPartyClient, dataset_id: str, ids: list[str], priors: np.ndarray | None,
@@ -125,7 +119,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     if stages < 1:
         raise ValueError("stages must be >= 1")
     n = len(example_ids)
-    parts = _partition(n, stages, fractions or [1.0 / stages] * stages, seed)
+    parts = lp_mst_parts(n, stages, seed, fractions)
     config = replace(config, loss="cross_entropy")
     labels = np.full(n, -1, dtype=np.int64)
     labelled = np.zeros(n, dtype=bool)

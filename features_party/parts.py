@@ -82,6 +82,16 @@ def unbiased(mechanism: str, clip: bool, classes: bool) -> bool:
     return mechanism in ("opt-unbiased", "dbrr") or (mechanism in ("laplace", "staircase") and not clip)
 
 
+def lp_mst_parts(n: int, stages: int, seed: int, fractions: list[float] | None = None) -> list[np.ndarray]:
+    """LP-MST's stages' disjoint parts of ``n`` examples (positions), in ``fractions`` (default equal): a
+    label-independent, seeded permutation — known when the job is planned, so each stage's release can be checked
+    before the first is charged."""
+    fractions = fractions or [1.0 / stages] * stages
+    order = np.random.default_rng(seed).permutation(n)
+    bounds = np.concatenate([[0], np.round(np.cumsum(fractions) / np.sum(fractions) * n).astype(int)])
+    return [order[bounds[t]:bounds[t + 1]] for t in range(stages)]
+
+
 def estimate_mask(example_ids, fraction: float, seed: int) -> np.ndarray:
     """The rows a job keeps for its estimate (none for fraction 0)."""
     if fraction <= 0:

@@ -242,6 +242,9 @@ def _plan(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, auto: b
         if not stored:  # created: what the labels party would refuse, before the first part is charged
             with labels_party_client(ctx, url, request.api_key) as client:
                 plan = _checked_auto(plan, frame, client)
+    elif request.protocol == "lp-mst" and not stored and existing is None:
+        with labels_party_client(ctx, url, request.api_key) as client:
+            _checked_stages(plan, frame, client)
     _check_training_rows(plan, frame, ctx.settings.min_train_examples)
     return plan
 
@@ -349,17 +352,20 @@ def _auto_plan(plan: JobPlan, dataset: shared_schemas.Dataset, frame: pd.DataFra
 
 
 def _checked_auto(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient) -> JobPlan:
-    """The auto job's releases — its central mean, its validation release and its candidates' parts (LP-2ST's first
-    stage) — checked by the labels party before any is asked for: each refusal there is decided by public inputs
-    (the dataset's domain, ε, the ids), so none is refused after another part was charged. A numeric job whose
-    validation mechanism opt-unbiased would be refused takes dbrr (unbiased, any domain); a default candidate that
-    would be refused is left out; a refused candidate the request names, or the mean, refuses the job (400, nothing
-    spent). The request then names what was kept, so every attempt plans the same parts without asking again."""
+    """The auto job's releases — its central mean, its validation release, its candidates' parts and LP-2ST's two
+    stages — checked by the labels party before any is asked for: each refusal there is decided by public inputs
+    (the dataset's domain, ε, the ids, a body's size), so none is refused after another part was charged. Refused
+    for what the mechanism cannot take on this dataset (:data:`MECHANISM_REFUSALS`): a numeric job's validation
+    mechanism opt-unbiased is replaced by dbrr (unbiased, any domain); a default candidate is left out; a named
+    candidate, or the mean, refuses the job (400, nothing spent), as does any other refusal (an unknown id). The
+    request then names what was kept, so every attempt plans the same parts without asking again."""
+    release = plan.request.release
+    assert isinstance(release, schemas.AutoRelease)
+    named = release.candidates is not None
     while True:
         auto, release = plan.auto, plan.request.release
         assert auto is not None and isinstance(release, schemas.AutoRelease)
-        ids = plan.training_ids(frame).astype(str)
-        refused = _refusals(plan, auto, ids, client)
+        refused = _refusals(plan, auto, plan.training_ids(frame).astype(str), client)
         if "mean" in refused:
             raise _refused_part("the labels' central mean (the constant every candidate must beat)", refused["mean"])
         if not refused:
@@ -370,40 +376,84 @@ def _checked_auto(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient)
                 raise _refused_part(f"its validation release ({validation})", refused[validation])
             validation = parts.VALIDATION_FALLBACK[validation]
         failed = [arm for arm in auto.arms if arm in refused]
-        if failed and release.candidates is not None:
+        if failed and named:
             raise _refused_part(f"auto candidate {failed[0]!r}", refused[failed[0]], "leave it out of candidates")
         kept = tuple(arm for arm in auto.arms if arm not in refused)
         if not kept:
             raise _refused_part(f"every auto candidate ({', '.join(failed)})", refused[failed[0]])
-        named = release.model_copy(update={"candidates": list(kept), "validation": validation})
-        request = plan.request.model_copy(update={"release": named})
+        named_now = release.model_copy(update={"candidates": list(kept), "validation": validation})
+        request = plan.request.model_copy(update={"release": named_now})
         plan = replace(plan, request=request, auto=replace(auto, arms=kept, validation=validation))
+
+
+# What a mechanism cannot take on a dataset, public: its label limit, its solver's ε floor, the size of what it would
+# publish, or of its request's body. A default candidate refused so is left out; any other refusal refuses the job.
+MECHANISM_REFUSALS = frozenset({ErrorCode.DOMAIN_TOO_LARGE, ErrorCode.EPSILON_OUT_OF_RANGE,
+                                ErrorCode.DOCUMENT_TOO_LARGE, ErrorCode.TOO_LARGE, ErrorCode.BODY_TOO_LARGE})
 
 
 def _refusals(plan: JobPlan, auto: AutoPlan, ids: pd.Index, client: LabelsPartyClient) -> dict[str, str]:
     """The labels party's refusal code of each of the auto job's releases it would refuse, by part ("mean", a
-    mechanism): the requests :func:`features_party.auto.request_auto_releases` makes, and LP-2ST's RR stage on its
-    part (a superset of its first stage's rows)."""
-    named = [(mechanism, part_ids) for _suffix, mechanism, part_ids in auto.releases(ids)]
+    mechanism, lp-2st): the requests :func:`features_party.auto.request_auto_releases` makes, and LP-2ST's stages
+    on its part as :func:`features_party.multistage.train_multistage` will ask for them. A refusal other than a
+    :data:`MECHANISM_REFUSALS` raises (the job is refused, nothing spent)."""
+    checks: list[tuple[str, shared_schemas.ReleaseRequest | shared_schemas.EvaluationRequest |
+                       shared_schemas.PriorReleaseShape]] = []
+    if auto.mean_epsilon > 0:
+        checks.append(("mean", shared_schemas.EvaluationRequest(metric="mean", epsilon=auto.mean_epsilon,
+                                                                 example_ids=ids.tolist())))
+    checks += [(mechanism, shared_schemas.ReleaseRequest(mechanism=mechanism, epsilon=auto.label_epsilon,
+                                                         example_ids=part_ids))
+               for _suffix, mechanism, part_ids in auto.releases(ids)]
     if "lp-2st" in auto.arms:
-        lp_rows = ids[auto.parts(ids) == "lp-2st"]
-        if len(lp_rows):
-            named.append(("lp-2st", lp_rows.tolist()))
-    releases = [shared_schemas.ReleaseRequest(mechanism="rr" if part == "lp-2st" else part,
-                                              epsilon=auto.label_epsilon, example_ids=part_ids)
-                for part, part_ids in named]
-    evaluations = [shared_schemas.EvaluationRequest(metric="mean", epsilon=auto.mean_epsilon,
-                                                    example_ids=ids.tolist())] if auto.mean_epsilon > 0 else []
+        checks += [("lp-2st", stage) for stage in _stage_checks(ids[auto.parts(ids) == "lp-2st"], 2, auto.seed,
+                                                                auto.label_epsilon)]
+    refused: dict[str, str] = {}
+    for part, request in checks:
+        if part in refused:
+            continue
+        error = _check(plan, client, request)
+        if error is not None:
+            refused[part] = error
+    return refused
+
+
+def _stage_checks(rows: pd.Index, stages: int, seed: int, epsilon: float) -> list:
+    """LP-MST's stage releases on ``rows`` (in the order it trains on them): RR on the first stage's, then the
+    shape of each later stage's per-example prior release."""
+    positions = parts.lp_mst_parts(len(rows), stages, seed)
+    out: list = [shared_schemas.ReleaseRequest(mechanism="rr", epsilon=epsilon,
+                                               example_ids=rows[positions[0]].tolist())] if len(positions[0]) else []
+    out += [shared_schemas.PriorReleaseShape(epsilon=epsilon, example_ids=rows[stage].tolist())
+            for stage in positions[1:] if len(stage)]
+    return out
+
+
+def _check(plan: JobPlan, client: LabelsPartyClient, request) -> str | None:
+    """The code the labels party would refuse ``request`` with, if one of :data:`MECHANISM_REFUSALS` (else None
+    when it would take it); any other refusal is raised as the trainer's own answer."""
     try:
-        checked = client.check_releases(plan.request.dataset_id, releases, evaluations)
+        error = client.check_release(plan.request.dataset_id, request).error
     except (LabelsPartyError, httpx.HTTPError) as err:
         raise upstream_error(err, plan.labels_party) from None
-    refused = {part: check.error.code for (part, _ids), check in zip(named, checked.releases, strict=True)
-               if check.error is not None}
-    for check in checked.evaluations:
-        if check.error is not None:
-            refused["mean"] = check.error.code
-    return refused
+    if error is None:
+        return None
+    if error.code not in MECHANISM_REFUSALS:
+        raise upstream_error(LabelsPartyError(400, error.code, ""), plan.labels_party)
+    return error.code
+
+
+def _checked_stages(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient) -> None:
+    """A fixed lp-mst job's stages checked before its first is charged (the estimate rows' release is asked for
+    first, and may be refused alone: then the job has no estimate, and nothing was charged for it)."""
+    release = plan.request.release
+    assert release is not None and not isinstance(release, schemas.AutoRelease)
+    ids = plan.training_ids(frame)
+    rows = ids[~ids.isin(plan.estimate_ids(ids))]
+    for stage in _stage_checks(rows.astype(str), plan.request.stages, plan.config.seed, release.epsilon):
+        code = _check(plan, client, stage)
+        if code is not None:
+            raise _refused_part("a stage of lp-mst", code, "use fewer classes, fewer examples or more stages")
 
 
 def _refused_part(what: str, code: str, instead: str = "use a fixed mechanism") -> LabelDPError:

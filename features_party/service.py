@@ -96,13 +96,16 @@ def stored_request(request: schemas.JobRequest) -> dict:
     """What a job record keeps of its request: everything but the api key (sealed apart, until the job ends) — in
     the shape a request had before issue 39's fields, when it uses their defaults, so that its digest (a resent
     request's Idempotency-Key check) is the one it always had: a fixed job's learner stated (``mlp``, the default
-    then and now), ``estimate_fraction`` only when not the default. Jobs stored before then hold
+    then and now), ``estimate_fraction`` only when not the default, an auto release's ``validation`` only when
+    set. Jobs stored before then hold
     ``estimate_fraction: 0`` (migration 0006): they were planned without estimate rows, and replan so."""
     stored = request.model_dump(mode="json", exclude={"api_key"})
     if stored["estimate_fraction"] == schemas.JobRequest.model_fields["estimate_fraction"].default:
         del stored["estimate_fraction"]
     if stored["train"]["model"] is None and not isinstance(request.release, schemas.AutoRelease):
         stored["train"]["model"] = "mlp"
+    if isinstance(request.release, schemas.AutoRelease) and request.release.validation is None:
+        del stored["release"]["validation"]  # filled in when the job is created (planning._checked_auto)
     return stored
 
 

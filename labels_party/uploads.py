@@ -94,7 +94,7 @@ def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None
     """Per-example priors: columns example_id and p_0..p_{K-1} (non-negative, finite, not all zero per row); at
     most ``max_rows`` rows decoding to at most ``max_bytes`` (else 413 body_too_large)."""
     names = [f"p_{k}" for k in range(num_classes)]
-    decoded = Decoded("the priors", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + PRIOR_CELL_BYTES * num_classes)
+    decoded = prior_body_decoded(num_classes, max_rows, max_bytes)
     ids: list[str] = []
     blocks: list[np.ndarray] = []
     with _parsing("the priors"):
@@ -114,6 +114,12 @@ def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None
         raise LabelDPError("priors must be finite, non-negative and not all zero in a row",
                            code=ErrorCode.INVALID_PRIOR)
     return ids, priors
+
+
+def prior_body_decoded(num_classes: int, max_rows: int | None, max_bytes: int) -> Decoded:
+    """What a per-example prior body over ``num_classes`` classes decodes to, counted as it is parsed (and as a
+    release check counts a body to come: :class:`labels_party.releases.kinds.ExamplePriorShape`)."""
+    return Decoded("the priors", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + PRIOR_CELL_BYTES * num_classes)
 
 
 MAX_GROUP_NAME = 200  # characters

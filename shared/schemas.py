@@ -321,6 +321,17 @@ class EvaluationRequest(BaseModel):
 MAX_CHECKED_RELEASES = 16  # per release check
 
 
+class PriorReleaseShape(BaseModel):
+    """A per-example prior release to come (``POST .../prior-releases``: an LP-MST stage), its priors not yet known:
+    its ε and the examples it would name. Checked on what its request's refusals depend on besides the priors — a
+    classes dataset, ε, the ids, and the size its body decodes to with one prior over every class per example."""
+
+    model_config = REQUEST_CONFIG
+
+    epsilon: Epsilon
+    example_ids: list[str] = Field(min_length=1, fail_fast=True)
+
+
 class ReleaseChecks(BaseModel):
     """Releases a client means to ask for together — an auto job's central mean and its parts — checked as each
     would be now, before the first is asked for: nothing is drawn, charged or stored, and no Idempotency-Key taken."""
@@ -330,6 +341,8 @@ class ReleaseChecks(BaseModel):
     releases: list[ReleaseRequest] = Field(default_factory=list, max_length=MAX_CHECKED_RELEASES, fail_fast=True)
     evaluations: list[EvaluationRequest] = Field(default_factory=list, max_length=MAX_CHECKED_RELEASES,
                                                  fail_fast=True)
+    prior_releases: list[PriorReleaseShape] = Field(default_factory=list, max_length=MAX_CHECKED_RELEASES,
+                                                    fail_fast=True)
 
 
 class ReleaseCheck(BaseModel):
@@ -344,6 +357,7 @@ class ReleaseChecked(BaseModel):
 
     releases: list[ReleaseCheck]
     evaluations: list[ReleaseCheck]
+    prior_releases: list[ReleaseCheck]
 
 
 MAX_QUANTILES = 100  # per quantile release

@@ -104,7 +104,7 @@ def test_labels_party(labels_party, tmp_path):
                                                                   for k in ("office", "rival")})),
            "LABELDP_ST_DATASET_ID": labels_party["dataset"], "LABELDP_ST_RELEASE_ID": labels_party["release"]["id"],
            "LABELDP_ST_MECHANISM_HASH": labels_party["release"]["mechanism_hash"]}
-    assert _assert_clean(_schemathesis(labels_party["url"], tmp_path, env), operations=21) > 500
+    assert _assert_clean(_schemathesis(labels_party["url"], tmp_path, env), operations=22) > 500
 
 
 def test_trainer(labels_party, tmp_path):

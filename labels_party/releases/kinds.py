@@ -46,7 +46,14 @@ from labels_party.registry import MechanismOptions
 from labels_party.releases.lifecycle import Computation, Draft, Snapshot
 from labels_party.releases.streamed import plan_version, write_example_ids
 from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
-from labels_party.uploads import MAX_DECODED_BYTES, MAX_GROUP_NAME, parse_groups, parse_priors, upload_format
+from labels_party.uploads import (
+    MAX_DECODED_BYTES,
+    MAX_GROUP_NAME,
+    parse_groups,
+    parse_priors,
+    prior_body_decoded,
+    upload_format,
+)
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 from shared.service.gate import SpooledBody
@@ -238,6 +245,37 @@ class InformativePriors:
     @property
     def left_out(self) -> int:
         return int(self.covers.size - self.covers.sum())
+
+
+@dataclass(frozen=True)
+class ExamplePriorShape(_Defaults):
+    """A release check's per-example prior release to come (an LP-MST stage whose priors the model has not given
+    yet): refused as :class:`ExamplePriorRelease` would be on everything but its priors — a classes dataset, ε, the
+    ids, and the bytes its body decodes to with one prior over each of the K classes per example (what
+    :func:`~labels_party.uploads.parse_priors` counts). Never charged or computed: only checked."""
+
+    request: schemas.PriorReleaseShape
+    max_decoded_bytes: int = MAX_DECODED_BYTES
+    mechanism: str = "rr-with-prior"
+
+    @property
+    def epsilon(self) -> float:
+        return self.request.epsilon
+
+    def identity(self) -> dict:
+        return self.request.model_dump()
+
+    def inputs(self, snapshot: Snapshot) -> tuple[list[str], None]:
+        ids = self.request.example_ids
+        prior_body_decoded(_needs_classes(snapshot, "per-example priors"), snapshot.num_examples,
+                           self.max_decoded_bytes).add(rows=len(ids), strings=sum(len(i.encode()) for i in ids))
+        return ids, None
+
+    def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, _inputs) -> PricedPlan:
+        return PricedPlan(dp_event.NoOpDpEvent(), None)  # checked only: never charged
+
+    def compute(self, snapshot: Snapshot, labels: np.ndarray, _inputs, priced: PricedPlan, run: Computation) -> Draft:
+        raise AssertionError("a prior release's shape is checked, never released")
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,9 @@ def check(ctx: ServiceContext, admission: Admission, kinds: Sequence[ReleaseKind
     before the first is charged. Budgets are not checked (a concurrent release may spend them meanwhile): parts of
     disjoint examples are charged independently."""
     principal = admission.principal
+    for kind in kinds:  # the deployment's ε range is the request schema's (OpenAPI): outside it, the whole is a 400
+        for name, epsilon in kind.epsilons().items():
+            check_epsilon_range(ctx, epsilon, name)
     with ctx.sessions() as session, session.begin():
         dataset = _ready_dataset(session, admission)
         snapshot = _snapshot(ctx, session, dataset, principal)
@@ -296,8 +299,6 @@ def check(ctx: ServiceContext, admission: Admission, kinds: Sequence[ReleaseKind
     with ctx.quotas.slot(principal.org_id):  # the lookups cost what a release's do: the same quota
         for kind in kinds:
             try:
-                for name, epsilon in kind.epsilons().items():
-                    check_epsilon_range(ctx, epsilon, name)
                 kind.check()
                 covered = completion.cover(ctx, snapshot, kind)
                 try:

@@ -39,13 +39,18 @@ def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: SeesDatas
 
 @router.post("/v1/datasets/{dataset_id}/release-checks", response_model=schemas.ReleaseChecked)
 def check_releases(dataset_id: str, body: schemas.ReleaseChecks, who: SeesDataset, ctx: Context):
-    """Check releases meant to be asked for together (label releases and evaluations, as their routes take them):
+    """Check releases meant to be asked for together (label releases and evaluations as their routes take them, and
+    the shape of per-example prior releases to come):
     each one's refusal — the code and message its request would get now, from public inputs — or the examples it
     would cover. Nothing is drawn, charged or stored. A client asking for several releases (the trainer's auto
     jobs) checks them all first, so none is refused after another was charged. Budgets are not checked."""
-    checked = transaction.check(ctx, who, [*map(kinds.LabelRelease, body.releases),
-                                           *map(kinds.Evaluation, body.evaluations)])
-    return schemas.ReleaseChecked(releases=checked[:len(body.releases)], evaluations=checked[len(body.releases):])
+    limit = ctx.settings.max_columnar_decoded_bytes
+    checked = iter(transaction.check(ctx, who, [
+        *map(kinds.LabelRelease, body.releases), *map(kinds.Evaluation, body.evaluations),
+        *(kinds.ExamplePriorShape(shape, max_decoded_bytes=limit) for shape in body.prior_releases)]))
+    return schemas.ReleaseChecked(releases=[next(checked) for _ in body.releases],
+                                  evaluations=[next(checked) for _ in body.evaluations],
+                                  prior_releases=[next(checked) for _ in body.prior_releases])
 
 
 @router.get("/v1/datasets/{dataset_id}/releases", response_model=list[schemas.Release])

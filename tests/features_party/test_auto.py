@@ -483,3 +483,51 @@ def test_a_wide_integer_range_is_validated_by_dbrr_where_opt_unbiased_would_be_r
     assert finished["request"]["release"]["validation"] == "dbrr"
     assert _spent_on(parties, dataset) == 2.0
     assert finished["estimate"]["mechanism"] == "dbrr"  # the estimate rows' labels: dbrr's, unbiased
+
+
+def _classes_job(parties, dataset: str, k: int, **release) -> dict:
+    return {**_auto_job(parties, epsilon=1.0, **release), "dataset_id": dataset, "num_classes": k,
+            "train": {"model": "mlp", "epochs": 1, "batch_size": 256, "hidden": [8]}}
+
+
+def test_lp_mst_stages_are_checked_before_the_first_is_charged_and_wide_priors_travel_as_csv(parties):
+    """The review of issue 41's fix: LP-MST's later stages are per-example prior releases whose bodies hold one
+    prior per class and example; over 10,000 classes the second stage of 1,500 rows decodes past the labels party's
+    192 MiB, so the job was charged its first stage and then refused. Now every stage's shape is checked when the
+    job is created (400, nothing spent), an auto job names LP-2ST or leaves it out on the same check, and priors
+    over more than 1,000 classes travel as CSV (a Parquet footer of ~190 bytes per column passes 512 KiB at
+    ~2,750): a fixed lp-mst job over 1,500 classes runs, each example charged once."""
+    trainer, truth = parties["trainer"], parties["labels"].to_numpy().astype(int)
+    wide = _second_dataset(parties, "ten-thousand", {"label_kind": "classes", "num_classes": 10_000}, truth)
+    fixed = {**_classes_job(parties, wide, 10_000), "release": {"mechanism": "rr", "epsilon": 1.0},
+             "protocol": "lp-mst", "stages": 2}
+    answer = trainer.post("/v1/jobs", json=fixed)
+    assert answer.status_code == 400, answer.text
+    assert "lp-mst" in answer.json()["error"]["message"] and "body_too_large" in answer.json()["error"]["message"]
+    wider = _second_dataset(parties, "thirty-thousand", {"label_kind": "classes", "num_classes": 30_000}, truth)
+    named = trainer.post("/v1/jobs", json=_classes_job(parties, wider, 30_000, candidates=["rr", "lp-2st"]))
+    assert named.status_code == 400 and "'lp-2st'" in named.json()["error"]["message"], named.text
+    assert _spent_on(parties, wide) == _spent_on(parties, wider) == 0.0 and trainer.get("/v1/jobs").json() == []
+    csv = _second_dataset(parties, "fifteen-hundred", {"label_kind": "classes", "num_classes": 1500}, truth)
+    created = trainer.post("/v1/jobs", json={**fixed, "dataset_id": csv, "num_classes": 1500})
+    assert created.status_code == 202, created.text
+    finished = _finish(trainer, created.json()["id"])
+    assert finished["status"] == "succeeded", finished["error"]
+    stages = finished["release"]["stages"]
+    assert [s["stage"] for s in stages] == [1, 2] and stages[1]["release_id"] is not None
+    assert _spent_on(parties, csv) == 1.0
+
+
+def test_an_auto_requests_stored_shape_and_digest_are_unchanged_until_validation_is_filled_in():
+    """The review of issue 41's fix: a new field left at its default must not change what a job record keeps, or a
+    request resent with its Idempotency-Key across the upgrade would be a 409 instead of its job."""
+    from features_party import schemas as trainer_schemas
+    from features_party.service import request_digest, stored_request
+
+    body = {"features": "f", "api_key": "k", "dataset_id": "d", "release": {"mechanism": "auto", "epsilon": 1.0}}
+    request = trainer_schemas.JobRequest(**body)
+    assert "validation" not in stored_request(request)["release"]
+    assert request_digest(request) == request_digest(trainer_schemas.JobRequest(**body))
+    filled = trainer_schemas.JobRequest(**{**body, "release": {**body["release"], "validation": "dbrr"}})
+    assert stored_request(filled)["release"]["validation"] == "dbrr"
+    assert request_digest(filled) != request_digest(request)

@@ -72,6 +72,34 @@ def test_the_check_is_the_datasets_like_any_release(client, admin, consumer, str
 
 
 @pytest.mark.parametrize("epsilon", [1e-9, 1e9])
-def test_epsilon_outside_the_deployment_range_is_that_releases_refusal(client, consumer, dataset, epsilon):
-    body = _checks(client, consumer, dataset, releases=[{"mechanism": "rr", "epsilon": epsilon}]).json()
-    assert body["releases"][0]["error"]["code"] == "epsilon_out_of_range"
+def test_epsilon_outside_the_deployment_range_refuses_the_check_as_its_schema_says(client, consumer, dataset,
+                                                                                     epsilon):
+    """The OpenAPI states the deployment's ε range on every release request: a check holding one outside it is a
+    schema-invalid body, refused whole (400), as its release would be."""
+    answer = _checks(client, consumer, dataset, releases=[{"mechanism": "opt-unbiased", "epsilon": 1}],
+                     evaluations=[{"metric": "mean", "epsilon": epsilon, "example_ids": ["e1"]}])
+    expect_error(answer, 400, "epsilon_out_of_range")
+
+
+def test_a_prior_release_to_come_is_checked_on_its_shape(client, admin, consumer, dataset):
+    """An LP-MST stage's per-example prior release, its priors not known yet: refused for what its request would be
+    without them — a dataset of numbers, an unknown id, a body decoding past the deployment's limit (rows × (64 +
+    48·K) bytes, the parse's count) — and no bigger body than that."""
+    shape = {"epsilon": 1, "example_ids": ["e1", "e2"]}
+    body = _checks(client, consumer, dataset, prior_releases=[shape]).json()
+    assert body["prior_releases"][0]["error"]["code"] == "mechanism_domain_mismatch"
+    wide = new_dataset(client, admin, name="wide", label_kind="classes", num_classes=5000, epsilon_total=2)
+    assert upload(client, admin, wide, labels_csv({f"c{i}": i % 5000 for i in range(3000)})).status_code == 200
+    assert client.post(f"/v1/datasets/{wide}/grants", json={"org": "publisher", "epsilon": 2},
+                       headers=admin).status_code == 201
+    row = 64 + 48 * 5000  # bytes per row; 192 MiB by default
+    fits, too_many = (192 << 20) // (row + 6) - 1, (192 << 20) // row + 1
+    shapes = [{"epsilon": 1, "example_ids": [f"c{i}" for i in range(min(fits, 3000))]},
+              {"epsilon": 1, "example_ids": [f"c{i}" for i in range(9)] + ["ghost"]}]
+    checked = _checks(client, consumer, wide, prior_releases=shapes).json()["prior_releases"]
+    assert checked[0] == {"num_examples": min(fits, 3000), "error": None}
+    assert checked[1]["error"]["code"] == "unknown_example_ids"
+    assert too_many < 3000  # 3,000 examples over 5,000 classes decode to 720 MB: refused, before any body is sent
+    many = _checks(client, consumer, wide, prior_releases=[{"epsilon": 1, "example_ids": [
+        f"c{i}" for i in range(too_many)]}]).json()["prior_releases"][0]
+    assert many["error"]["code"] == "body_too_large" and "max_columnar_decoded_bytes" in many["error"]["message"]
