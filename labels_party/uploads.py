@@ -301,8 +301,9 @@ def _counted_id(value: Any, decoded: Decoded) -> str:
         value = str(value)
     if not isinstance(value, str) or not value:
         raise LabelDPError("an example_id is missing or empty", code=ErrorCode.MALFORMED_FILE)
-    value.encode("utf-8")  # a lone surrogate (JSON escapes it): UnicodeEncodeError, a ValueError
-    decoded.add(rows=1, strings=len(value))
+    size = len(value.encode("utf-8"))  # a lone surrogate (JSON escapes it): UnicodeEncodeError, a ValueError
+    weight = LONG_ID_WEIGHT if value.isascii() else WIDE_ID_WEIGHT
+    decoded.add(rows=1, strings=size + (weight - 1) * max(0, size - SHORT_ID_BYTES))  # as held_id_bytes counts
     return value
 
 
@@ -641,14 +642,35 @@ class Memo:
 INTEGER_DIGITS = 20  # an int64 or uint64 written in decimal: at most 20 characters with its sign
 
 
+# An id's bytes past its first SHORT_ID_BYTES (UUIDs and hex digests fit) are counted LONG_ID_WEIGHT times, or
+# WIDE_ID_WEIGHT times outside ASCII: Python holds a string at up to four bytes a character, and the ids are copied
+# about three times on their way to the lookup (issue 40's eighteenth review: 22,000 ids of 4,000 bytes, counted at
+# 88 MB, took +426 MB when ASCII and +702 MB with one character outside the BMP). A short id's own cost is in
+# ID_ROW_BYTES.
+SHORT_ID_BYTES = 64
+LONG_ID_WEIGHT, WIDE_ID_WEIGHT = 6, 10
+
+
+def held_id_bytes(strings: pa.Array) -> pa.Array:
+    """What each id of ``strings`` (string or binary) is counted as it is held (see :data:`SHORT_ID_BYTES`)."""
+    lengths = pc.binary_length(strings)
+    ascii = pa.types.is_string(strings.type) and bool(pc.all(pc.string_is_ascii(strings)).as_py() is not False)
+    beyond = pc.max_element_wise(pc.subtract(lengths, SHORT_ID_BYTES), 0)
+    return pc.add(lengths, pc.multiply(beyond, (LONG_ID_WEIGHT if ascii else WIDE_ID_WEIGHT) - 1))
+
+
 def _id_strings(column: pa.Array, decoded: Decoded) -> list[str]:
-    """The ids as Python strings, their characters counted in ``decoded`` before the strings are made (a
-    dictionary column's rows name one string each)."""
+    """The ids as Python strings, counted in ``decoded`` as they will be held (:func:`held_id_bytes`) before the
+    strings are made (a dictionary column's rows name one string each)."""
     if pa.types.is_dictionary(column.type):
-        decoded.add(strings=dictionary_strings(column, decoded.lengths))
+        if not (pa.types.is_integer(column.dictionary.type) or pa.types.is_floating(column.dictionary.type)):
+            held = decoded.lengths.get(column.dictionary, lambda d: held_id_bytes(pc.cast(d, pa.binary())
+                                                                                  if not pa.types.is_string(d.type)
+                                                                                  else d))
+            decoded.add(strings=int(pc.sum(held.take(column.indices)).as_py() or 0))
         column = column.dictionary.take(column.indices)
     elif pa.types.is_string(column.type) or pa.types.is_binary(column.type):
-        decoded.add(strings=int(pc.sum(pc.binary_length(column)).as_py() or 0))
+        decoded.add(strings=int(pc.sum(held_id_bytes(column)).as_py() or 0))
     elif pa.types.is_integer(column.type):
         decoded.add(strings=INTEGER_DIGITS * len(column))
     return _strings(column).to_pylist()

@@ -278,3 +278,35 @@ def test_a_large_uploads_footer_is_bounded_like_any_bodys(tmp_path):
         next(labelstore._upload_parquet(handle))
     assert refused.value.code == "body_too_large" and "footer" in str(refused.value)
 
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "parquet-dictionary"])
+def test_long_ids_in_group_and_prior_bodies_are_counted_as_python_holds_them(tmp_path, fmt):
+    """Issue 40's eighteenth review: ids were counted at their UTF-8 bytes, while Python holds a string of one
+    character outside the BMP at four bytes a character and the lookup copies the ids about three times — 22,000
+    ids of 4,000 bytes (88 MB counted) took +702 MB. An id's bytes past the first 64 now count 6 times (ASCII) or
+    10 times: of a 20 MB allowance, 700 ids of 4,000 ASCII bytes fit and 900 do not; 450 non-ASCII ones fit and 600
+    do not; 20,000 ids of 40 bytes (UUIDs, digests) count as before."""
+    def body(count: int, length: int, wide: bool) -> Path:
+        ids = [(("\U0001F600" if wide else "x") + f"{i:08d}").ljust(length - (3 if wide else 0), "a")
+               for i in range(count)]
+        path = tmp_path / f"groups-{count}-{length}-{wide}.{fmt.split('-')[0]}"
+        if fmt == "csv":
+            path.write_text("example_id,group\n" + "".join(f"{i},g\n" for i in ids), encoding="utf-8")
+        else:
+            pq.write_table(pa.table({"example_id": ids, "group": ["g"] * count}), path,
+                           use_dictionary=fmt == "parquet-dictionary")
+        return path
+
+    limit = 20 << 20
+    for count, length, wide, fits in ((700, 4000, False, True), (900, 4000, False, False), (450, 4000, True, True),
+                                      (600, 4000, True, False), (20_000, 40, False, True)):
+        path = body(count, length, wide)
+        assert len(path.read_bytes() if fmt == "csv" else b"") < limit
+        if fits:
+            ids, _groups = uploads.parse_groups(path, fmt.split("-")[0], max_bytes=limit)
+            assert len(ids) == count
+            continue
+        with pytest.raises(LabelDPError) as refused:
+            uploads.parse_groups(path, fmt.split("-")[0], max_bytes=limit)
+        assert refused.value.code == "body_too_large", (count, length, wide)
