@@ -136,8 +136,8 @@ def _register_research_benches(bench_actions) -> None:
     pro.add_argument("--table", choices=("digits", "storm-status"), default="digits",
                      help="scikit-learn digits, or the bundled storm-status class table (test rows by storm, as "
                      "labeldp bench utility draws them)")
-    pro.add_argument("--methods", metavar="M,M", help="a subset of rr, rr-with-prior, dp-sgd, labeldp-pro, pate-fm "
-                     "(default all)")
+    pro.add_argument("--methods", metavar="M,M", help="a subset of rr, rr-with-prior, dp-sgd, labeldp-pro, pate-fm, "
+                     "pate-fm-trees (default all)")
     pro.add_argument("--out", default="bench-output/labeldp-pro")
     pro.set_defaults(handler=bench_pro_command)
 
