@@ -57,7 +57,16 @@ from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_g
 from features_party.gbdt_file import is_model_file as is_gbdt_model
 from features_party.gbdt_file import load_model as load_gbdt
 from features_party.output import Output
-from features_party.planning import ESTIMATE_KEY, JobPlan, labels_party_client, load_frame, plan_job, upstream_error
+from features_party.parts import VALIDATION_FALLBACK
+from features_party.planning import (
+    ESTIMATE_KEY,
+    MECHANISM_REFUSALS,
+    JobPlan,
+    labels_party_client,
+    load_frame,
+    plan_job,
+    upstream_error,
+)
 from features_party.reports import JobReport, estimate, labels_by_id, privatized
 from features_party.targets import training_targets
 from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
@@ -283,9 +292,31 @@ def request_releases(plan: JobPlan, client: LabelsPartyClient, job_id: str,
         except LabelsPartyError as err:
             if not suffix or upstream_outcome(err) != "refused":
                 raise
+            fallback = _estimate_fallback(plan, client, requested, key, err)
+            if fallback is not None:
+                out[suffix] = fallback
+                continue
             report.warnings.append(f"no estimate of the model's test loss: the labels party refused the estimate "
                                    f"rows' release ({err.safe_code}); nothing was charged for it")
     return out
+
+
+def _estimate_fallback(plan: JobPlan, client: LabelsPartyClient, requested: schemas.ReleaseRequest, key: str,
+                       err: LabelsPartyError) -> schemas.Release | None:
+    """The estimate rows' release by the validation mechanism's fallback (dbrr for opt-unbiased: unbiased, any
+    domain) when the labels party refused the first for what the mechanism cannot take here (more labels than its
+    solver takes, ε under its floor) — a refusal before any charge, on public inputs, so every attempt asks the same
+    and gets the same release back (its own key); None when there is none, or it is refused too."""
+    fallback = VALIDATION_FALLBACK.get(requested.mechanism)
+    if fallback is None or err.code not in MECHANISM_REFUSALS:
+        return None
+    try:
+        return client.request_release(plan.request.dataset_id, requested.model_copy(update={"mechanism": fallback}),
+                                      idempotency_key=f"{key}-{fallback}")
+    except LabelsPartyError as again:
+        if upstream_outcome(again) != "refused":
+            raise
+        return None
 
 
 def _own_refusal(err: BaseException) -> bool:

@@ -531,3 +531,19 @@ def test_an_auto_requests_stored_shape_and_digest_are_unchanged_until_validation
     filled = trainer_schemas.JobRequest(**{**body, "release": {**body["release"], "validation": "dbrr"}})
     assert stored_request(filled)["release"]["validation"] == "dbrr"
     assert request_digest(filled) != request_digest(request)
+
+
+def test_a_fixed_jobs_estimate_rows_take_dbrr_where_opt_unbiased_is_refused(parties):
+    """A fixed job's estimate rows are released by opt-unbiased when its own mechanism is biased; on 1,501 labels
+    the labels party refuses it (before any charge), and the job had no estimate. It now asks dbrr instead (unbiased,
+    any domain) under a key of its own: the job reports its estimate, every example charged once."""
+    trainer, truth = parties["trainer"], parties["labels"].to_numpy()
+    dataset = _second_dataset(parties, "wide-fixed", {"label_kind": "integer", "min": 0, "max": 1500}, truth * 40)
+    job = {**_auto_job(parties), "dataset_id": dataset, "release": {"mechanism": "rr-on-bins", "epsilon": 2.0},
+           "train": {"model": "gbdt"}}
+    created = trainer.post("/v1/jobs", json=job)
+    assert created.status_code == 202, created.text
+    finished = _finish(trainer, created.json()["id"])
+    assert finished["status"] == "succeeded", finished["error"]
+    assert finished["estimate"]["mechanism"] == "dbrr" and not any("no estimate" in w for w in finished["warnings"])
+    assert _spent_on(parties, dataset) == 2.0
