@@ -319,6 +319,20 @@ def cases() -> list[Case]:
             "group": pa.DictionaryArray.from_arrays(pa.array(np.arange(rows) % 1000, pa.int32()),
                                                     pa.array(["g" * 900 + str(i) for i in range(1000)]))}))
 
+    def long_astral_ids(columns: Callable[[int, dict], dict]) -> Callable:  # issue 40's eighteenth review
+        def body(state) -> bytes:
+            rows = 22_000
+            ids = pa.array([("\U0001F600" + f"{i:08d}").ljust(3_997, "a") for i in range(rows)])
+            buffer = io.BytesIO()
+            pq.write_table(pa.table({"example_id": ids, **columns(rows, state)}), buffer, use_dictionary=False,
+                           compression="zstd", compression_level=19, row_group_size=rows)
+            return buffer.getvalue()
+        return body
+
+    def checks_of_ids(_state) -> bytes:  # 16 releases of distinct ids, 60 MB in all
+        one = ids_json(b'{"mechanism": "rr", "epsilon": 1, "example_ids": [', b"]}", JSON_BYTES // 16)
+        return b'{"releases": [' + b",".join([one] * 16) + b"]}"
+
     def deep_ndjson(columns: str) -> Callable:
         return lambda _state: (b'{"example_id": "u0", ' + columns.encode() + b', "x": ' + b"[" * 100_000 +
                                b"]" * 100_000 + b"}\n")
@@ -456,6 +470,20 @@ def cases() -> list[Case]:
                       "(0.9 MB)", columnar("/v1/datasets/{classes}/group-releases", "text/csv", query=group_query),
                       lambda _s: ("example_id,group," + ",".join(f"j{c}" for c in range(100_000)) + "\nu0,a" +
                                   ",0" * 100_000 + "\n").encode(), b"example_id,group\nnobody,a\n"),
+        columnar_case("groups-long-ids", "POST group-releases: Parquet, 22,000 distinct ids of 4,000 bytes, one "
+                      "character outside the BMP each (~235 KB)",
+                      columnar("/v1/datasets/{classes}/group-releases", "application/vnd.apache.parquet",
+                               query=group_query), long_astral_ids(lambda rows, _s: {"group": ["g"] * rows}),
+                      b"example_id,group\nnobody,a\n"),
+        columnar_case("priors-long-ids", "POST prior-releases: Parquet, 22,000 distinct ids of 4,000 bytes, one "
+                      "character outside the BMP each",
+                      columnar("/v1/datasets/{classes}/prior-releases", "application/vnd.apache.parquet",
+                               query=prior_query), long_astral_ids(lambda rows, s: {f"p_{c}": np.ones(rows)
+                                                                for c in range(s["classes_k"])}),
+                      b"example_id,p_0\nnobody,1\n"),
+        json_case("release-checks-ids", "labels", "POST release-checks: 16 releases naming 3.75 MB of ids each "
+                  "(60 MB)", _json_route("/v1/datasets/{small}/release-checks", "admin"), checks_of_ids,
+                  b'{"releases": [{"mechanism": "rr", "epsilon": 1, "example_ids": ["nobody"]}]}'),
         columnar_case("groups-parquet-bomb", "POST group-releases: Parquet, 10^7 dictionary-encoded rows",
                       columnar("/v1/datasets/{classes}/group-releases", "application/vnd.apache.parquet",
                                query=group_query), groups_bomb, b"example_id,group\nnobody,a\n"),
