@@ -114,9 +114,6 @@ def _segment(value: str) -> str:
     return quote(str(value), safe="")
 
 
-PARQUET_PRIOR_CLASSES = 1000
-
-
 def release_body(request: schemas.ReleaseRequest) -> dict:
     """A release request as sent: what it says (:meth:`~shared.schemas.ReleaseRequest.identity`: an opt-in such as
     ``allow_uninformative`` only when given), without unset options — a labels party older than a field, which
@@ -320,19 +317,15 @@ class LabelsPartyClient:
     def request_prior_release(
         self, dataset_id: str, example_ids, priors, epsilon: float, *, idempotency_key: str | None = None
     ) -> schemas.Release:
-        """RRWithPrior with one prior per example; the priors (n x K) travel as a Parquet body — as CSV over more
-        than :data:`PARQUET_PRIOR_CLASSES` classes, whose Parquet footer (~190 bytes per column) would pass the
-        labels party's footer limit (512 KiB)."""
+        """RRWithPrior with one prior per example; the priors (n x K) travel as a CSV body: what it decodes to is
+        what a release check of its shape counts (:class:`~shared.schemas.PriorReleaseShape`; a Parquet body's
+        columns count their stored pages too), and its header has no footer limit (a Parquet footer of ~190 bytes a
+        column passes the labels party's 512 KiB at ~2,750 classes)."""
         priors = np.asarray(priors, dtype=np.float64)
         columns = {"example_id": pa.array([str(i) for i in example_ids])}
         columns.update({f"p_{k}": pa.array(priors[:, k]) for k in range(priors.shape[1])})
         sink = io.BytesIO()
-        if priors.shape[1] <= PARQUET_PRIOR_CLASSES:
-            pq.write_table(pa.table(columns), sink)
-            media = "application/vnd.apache.parquet"
-        else:
-            pacsv.write_csv(pa.table(columns), sink)
-            media = "text/csv"
+        pacsv.write_csv(pa.table(columns), sink)
         key = idempotency_key or uuid.uuid4().hex
         response = self._request(
             "POST",
@@ -340,7 +333,7 @@ class LabelsPartyClient:
             params={"epsilon": epsilon},
             content=sink.getvalue(),
             retry=True,
-            headers={"Content-Type": media, "Idempotency-Key": key},
+            headers={"Content-Type": "text/csv", "Idempotency-Key": key},
         )
         return schemas.Release(**response.json())
 

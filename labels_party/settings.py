@@ -54,9 +54,10 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     max_columnar_bytes: int = Field(default=1 << 30, gt=0)  # per-example prior and group release bodies
     # ... and what such a body decodes to in memory (its rows' ids, priors and groups, from a Parquet body's metadata
     # before it is read, then as it is read: labels_party/uploads.py): beyond it, 413 body_too_large (issue 40: a
-    # 247 KB Parquet body of 10⁷ dictionary-encoded rows took the server to 3.9 GB). 192 MiB is 10⁶ examples'
-    # priors on 3 classes, or 2·10⁶ group assignments.
-    max_columnar_decoded_bytes: int = Field(default=192 << 20, gt=0)
+    # 247 KB Parquet body of 10⁷ dictionary-encoded rows took the server to 3.9 GB). Counted as measured (ids and
+    # their copies on the way to the lookup: uploads.ID_ROW_BYTES), 512 MiB is 2.3·10⁶ group assignments of 10-byte
+    # ids, or 7.9·10⁵ examples' priors on 10 classes.
+    max_columnar_decoded_bytes: int = Field(default=512 << 20, gt=0)
     max_json_bytes: int = Field(default=64 << 20, gt=0)  # release, evaluation and training requests
     # Per-request limits on what one release may create, both decided from public inputs before anything private is
     # computed or charged (labels_party/releases/kinds.py): 400 too_many_groups beyond the groups of a group release

@@ -61,10 +61,12 @@ def upload_format(content_type: str | None) -> str:
 
 
 # What one prior or group body may decode to in memory (LabelsSettings.max_columnar_decoded_bytes, its default).
-MAX_DECODED_BYTES = 192 << 20
-# Kept per row until the release is computed: an example id as a Python string in a list (object and pointer; its
-# characters are counted apart) ...
-ID_ROW_BYTES = 64
+MAX_DECODED_BYTES = 512 << 20
+# Kept per row until the release is computed: an example id as a Python string in a list and its copies on the way
+# to the lookup (a set, Arrow arrays of them, their match) — its characters counted apart (:func:`held_id_bytes`).
+# Measured (issue 40's nineteenth review): 2.09·10⁶ group rows of 8-byte ids +421 MB, 1.32·10⁶ of 64-byte ids +673
+# MB, i.e. about 133 bytes a row and 5.5 a character ...
+ID_ROW_BYTES = 136
 # ... per prior cell (a row's class): the parsed float64 matrix, its normalized copy, RRWithPrior's class order
 # (int64), the sorted cumulative sums and their comparison (labels_party.solvers.rr_with_prior.plan_per_example) ...
 PRIOR_CELL_BYTES = 48
@@ -263,7 +265,8 @@ def _text_priors(path: Path, fmt: str, names: list[str], decoded: Decoded) -> tu
             header[0] = header[0].removeprefix("\ufeff")
             at = _positions(header, ["example_id", *names], True)
             for row in reader:
-                if not row:
+                if not row:  # a blank line: counted as a row (each costs this loop; 200 MiB of them took 32 s)
+                    decoded.add(rows=1)
                     continue
                 if len(row) != len(header):
                     raise LabelDPError(f"a CSV row has {len(row):,} fields, the header {len(header):,}",
@@ -273,6 +276,7 @@ def _text_priors(path: Path, fmt: str, names: list[str], decoded: Decoded) -> tu
         else:
             for line in lines:
                 if not line.strip():
+                    decoded.add(rows=1)
                     continue
                 if line.count(b"[") + line.count(b"{") > MAX_NDJSON_DEPTH:
                     raise LabelDPError(f"an NDJSON line holds more than {MAX_NDJSON_DEPTH} opening brackets; its "
@@ -301,9 +305,7 @@ def _counted_id(value: Any, decoded: Decoded) -> str:
         value = str(value)
     if not isinstance(value, str) or not value:
         raise LabelDPError("an example_id is missing or empty", code=ErrorCode.MALFORMED_FILE)
-    size = len(value.encode("utf-8"))  # a lone surrogate (JSON escapes it): UnicodeEncodeError, a ValueError
-    weight = LONG_ID_WEIGHT if value.isascii() else WIDE_ID_WEIGHT
-    decoded.add(rows=1, strings=size + (weight - 1) * max(0, size - SHORT_ID_BYTES))  # as held_id_bytes counts
+    decoded.add(rows=1, strings=held_id_size(value))  # a lone surrogate (JSON escapes it): UnicodeEncodeError
     return value
 
 
@@ -324,8 +326,9 @@ FOOTER_LIST_LIMIT = 20_000  # row groups, columns or key-values in one list of a
 
 # Row groups a Parquet body may have: each costs its pages' walk and a reader's set-up (~0.5 ms), so many tiny ones
 # make a small body expensive (issue 40's seventeenth review: 5,300 row groups in 994 KB, 2.5 s of CPU). Writers'
-# row groups are megabytes (pyarrow: 2²⁰ rows; Spark: 128 MB).
-FEW_ROW_GROUPS, ROW_GROUP_BYTES = 100, 16 << 10
+# row groups are megabytes (pyarrow: 2²⁰ rows; Spark: 128 MB), and a writer streaming batches of 1,024 rows makes
+# row groups of ~6 KB (a million labels: 977 in 5.8 MB).
+FEW_ROW_GROUPS, ROW_GROUP_BYTES = 100, 4 << 10
 
 
 def parquet_metadata(handle, max_footer: int = MAX_PARQUET_FOOTER) -> pq.FileMetaData:
@@ -653,21 +656,22 @@ class Memo:
 INTEGER_DIGITS = 20  # an int64 or uint64 written in decimal: at most 20 characters with its sign
 
 
-# An id's bytes past its first SHORT_ID_BYTES (UUIDs and hex digests fit) are counted LONG_ID_WEIGHT times, or
-# WIDE_ID_WEIGHT times outside ASCII: Python holds a string at up to four bytes a character, and the ids are copied
-# about three times on their way to the lookup (issue 40's eighteenth review: 22,000 ids of 4,000 bytes, counted at
-# 88 MB, took +426 MB when ASCII and +702 MB with one character outside the BMP). A short id's own cost is in
-# ID_ROW_BYTES.
-SHORT_ID_BYTES = 64
-LONG_ID_WEIGHT, WIDE_ID_WEIGHT = 6, 10
+# An id's bytes are counted ASCII_ID_WEIGHT times, or WIDE_ID_WEIGHT times outside ASCII: Python holds a string at
+# up to four bytes a character, and the ids are copied about three times on their way to the lookup (issue 40's
+# eighteenth review: 22,000 ids of 4,000 bytes, counted at 88 MB, took +426 MB when ASCII and +702 MB with one
+# character outside the BMP; the nineteenth: 5.5 bytes a character of 64-byte ids).
+ASCII_ID_WEIGHT, WIDE_ID_WEIGHT = 6, 10
 
 
 def held_id_bytes(strings: pa.Array) -> pa.Array:
-    """What each id of ``strings`` (string or binary) is counted as it is held (see :data:`SHORT_ID_BYTES`)."""
-    lengths = pc.binary_length(strings)
+    """What each id of ``strings`` (string or binary) is counted as it is held (see :data:`ASCII_ID_WEIGHT`)."""
     ascii = pa.types.is_string(strings.type) and bool(pc.all(pc.string_is_ascii(strings)).as_py() is not False)
-    beyond = pc.max_element_wise(pc.subtract(lengths, SHORT_ID_BYTES), 0)
-    return pc.add(lengths, pc.multiply(beyond, (LONG_ID_WEIGHT if ascii else WIDE_ID_WEIGHT) - 1))
+    return pc.multiply(pc.binary_length(strings), ASCII_ID_WEIGHT if ascii else WIDE_ID_WEIGHT)
+
+
+def held_id_size(value: str) -> int:
+    """:func:`held_id_bytes` of one id."""
+    return len(value.encode("utf-8")) * (ASCII_ID_WEIGHT if value.isascii() else WIDE_ID_WEIGHT)
 
 
 def _id_strings(column: pa.Array, decoded: Decoded) -> list[str]:
@@ -729,7 +733,8 @@ def _parsing(what: str):
         yield
     except LabelDPError:
         raise
-    except (pa.ArrowException, OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+    except (pa.ArrowException, OSError, ValueError, csv.Error) as err:  # UnicodeDecodeError is a ValueError
+        # (csv.Error: a field over the csv module's 131,072 characters, in a header or a wide prior's row)
         raise resource_error(err) or LabelDPError(f"cannot parse {what}: {library_message(err)}",
                                                   code=ErrorCode.MALFORMED_FILE) from None
 

@@ -49,6 +49,7 @@ from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example,
 from labels_party.uploads import (
     MAX_DECODED_BYTES,
     MAX_GROUP_NAME,
+    held_id_size,
     parse_groups,
     parse_priors,
     prior_body_decoded,
@@ -252,7 +253,8 @@ class ExamplePriorShape(_Defaults):
     """A release check's per-example prior release to come (an LP-MST stage whose priors the model has not given
     yet): refused as :class:`ExamplePriorRelease` would be on everything but its priors — a classes dataset, ε, the
     ids, and the bytes its body decodes to with one prior over each of the K classes per example (what
-    :func:`~labels_party.uploads.parse_priors` counts). Never charged or computed: only checked."""
+    :func:`~labels_party.uploads.parse_priors` counts of a CSV or NDJSON body; a Parquet body's columns count their
+    stored pages too). Never charged or computed: only checked."""
 
     request: schemas.PriorReleaseShape
     max_decoded_bytes: int = MAX_DECODED_BYTES
@@ -268,7 +270,7 @@ class ExamplePriorShape(_Defaults):
     def inputs(self, snapshot: Snapshot) -> tuple[list[str], None]:
         ids = self.request.example_ids
         prior_body_decoded(_needs_classes(snapshot, "per-example priors"), snapshot.num_examples,
-                           self.max_decoded_bytes).add(rows=len(ids), strings=sum(len(i.encode()) for i in ids))
+                           self.max_decoded_bytes).add(rows=len(ids), strings=sum(map(held_id_size, ids)))
         return ids, None
 
     def price(self, _ctx: ServiceContext, _snapshot: Snapshot, _num_examples: int, _inputs) -> PricedPlan:

@@ -492,20 +492,20 @@ def _classes_job(parties, dataset: str, k: int, **release) -> dict:
 
 def test_lp_mst_stages_are_checked_before_the_first_is_charged_and_wide_priors_travel_as_csv(parties):
     """The review of issue 41's fix: LP-MST's later stages are per-example prior releases whose bodies hold one
-    prior per class and example; over 10,000 classes the second stage of 1,500 rows decodes past the labels party's
-    192 MiB, so the job was charged its first stage and then refused. Now every stage's shape is checked when the
+    prior per class and example; over 20,000 classes the second stage of ~675 rows decodes past the labels party's
+    512 MiB, so the job was charged its first stage and then refused. Now every stage's shape is checked when the
     job is created (400, nothing spent), an auto job names LP-2ST or leaves it out on the same check, and priors
-    over more than 1,000 classes travel as CSV (a Parquet footer of ~190 bytes per column passes 512 KiB at
-    ~2,750): a fixed lp-mst job over 1,500 classes runs, each example charged once."""
+    travel as CSV (what the check counts; a Parquet footer of ~190 bytes per column passes 512 KiB at ~2,750
+    classes): a fixed lp-mst job over 1,500 classes runs, each example charged once."""
     trainer, truth = parties["trainer"], parties["labels"].to_numpy().astype(int)
-    wide = _second_dataset(parties, "ten-thousand", {"label_kind": "classes", "num_classes": 10_000}, truth)
-    fixed = {**_classes_job(parties, wide, 10_000), "release": {"mechanism": "rr", "epsilon": 1.0},
+    wide = _second_dataset(parties, "twenty-thousand", {"label_kind": "classes", "num_classes": 20_000}, truth)
+    fixed = {**_classes_job(parties, wide, 20_000), "release": {"mechanism": "rr", "epsilon": 1.0},
              "protocol": "lp-mst", "stages": 2}
     answer = trainer.post("/v1/jobs", json=fixed)
     assert answer.status_code == 400, answer.text
     assert "lp-mst" in answer.json()["error"]["message"] and "body_too_large" in answer.json()["error"]["message"]
-    wider = _second_dataset(parties, "thirty-thousand", {"label_kind": "classes", "num_classes": 30_000}, truth)
-    named = trainer.post("/v1/jobs", json=_classes_job(parties, wider, 30_000, candidates=["rr", "lp-2st"]))
+    wider = _second_dataset(parties, "sixty-thousand", {"label_kind": "classes", "num_classes": 60_000}, truth)
+    named = trainer.post("/v1/jobs", json=_classes_job(parties, wider, 60_000, candidates=["lp-2st"]))
     assert named.status_code == 400 and "'lp-2st'" in named.json()["error"]["message"], named.text
     assert _spent_on(parties, wide) == _spent_on(parties, wider) == 0.0 and trainer.get("/v1/jobs").json() == []
     csv = _second_dataset(parties, "fifteen-hundred", {"label_kind": "classes", "num_classes": 1500}, truth)

@@ -157,8 +157,9 @@ def test_what_a_body_decodes_to_is_counted_as_it_is_read(tmp_path):
         uploads.parse_priors(csv, "csv", 2, max_bytes=100_000)
     ids, priors = uploads.parse_priors(csv, "csv", 2, max_rows=5000)
     assert len(ids) == 5000 and priors.shape == (5000, 2)
-    # rows × (an id, 2 priors): 5,000 × (64 + 2 × 48) bytes, and the ids' characters
-    decoded = 5000 * (uploads.ID_ROW_BYTES + 2 * uploads.PRIOR_CELL_BYTES) + sum(len(f"e{i}") for i in range(5000))
+    # rows × (an id, 2 priors): 5,000 × (136 + 2 × 48) bytes, and the ids' characters as held (six times)
+    decoded = 5000 * (uploads.ID_ROW_BYTES + 2 * uploads.PRIOR_CELL_BYTES) + \
+        sum(uploads.ASCII_ID_WEIGHT * len(f"e{i}") for i in range(5000))
     uploads.parse_priors(csv, "csv", 2, max_bytes=decoded)
     with pytest.raises(LabelDPError):
         uploads.parse_priors(csv, "csv", 2, max_bytes=decoded - 1)
@@ -284,9 +285,9 @@ def test_a_large_uploads_footer_is_bounded_like_any_bodys(tmp_path):
 def test_long_ids_in_group_and_prior_bodies_are_counted_as_python_holds_them(tmp_path, fmt):
     """Issue 40's eighteenth review: ids were counted at their UTF-8 bytes, while Python holds a string of one
     character outside the BMP at four bytes a character and the lookup copies the ids about three times — 22,000
-    ids of 4,000 bytes (88 MB counted) took +702 MB. An id's bytes past the first 64 now count 6 times (ASCII) or
-    10 times: of a 20 MB allowance, 700 ids of 4,000 ASCII bytes fit and 900 do not; 450 non-ASCII ones fit and 600
-    do not; 20,000 ids of 40 bytes (UUIDs, digests) count as before."""
+    ids of 4,000 bytes (88 MB counted) took +702 MB. An id's bytes now count 6 times (ASCII) or 10 times, and a row
+    136 bytes besides: of a 20 MB allowance, 700 ids of 4,000 ASCII bytes fit and 900 do not; 450 non-ASCII ones fit
+    and 600 do not; 20,000 ids of 40 bytes (UUIDs, digests) fit."""
     def body(count: int, length: int, wide: bool) -> Path:
         ids = [(("\U0001F600" if wide else "x") + f"{i:08d}").ljust(length - (3 if wide else 0), "a")
                for i in range(count)]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from features_party.client import LabelsPartyClient, LabelsPartyError
 from tests.labels_party.api.helpers import audit_events, expect_error, labels_csv, new_dataset, state, upload
 
 
@@ -24,16 +26,18 @@ def test_each_release_gets_the_refusal_its_own_request_would_and_nothing_changes
     before, events = state(client, admin, dataset), len(audit_events(client, admin, dataset))
     files = _files(data_dir)
     ids = [f"e{i}" for i in range(100)]
-    answer = _checks(client, consumer, dataset, releases=[
+    first = _checks(client, consumer, dataset, releases=[
         {"mechanism": "opt-unbiased", "epsilon": 0.5, "example_ids": ids},
         {"mechanism": "rr-with-prior", "epsilon": 0.5, "example_ids": ids},  # classes only
         {"mechanism": "opt-unbiased", "epsilon": 0.001, "example_ids": ids},  # under the continuous solver's floor
         {"mechanism": "rr-on-bins", "epsilon": 1, "example_ids": ["e1", "nope"]},  # an unknown id
-        {"mechanism": "laplace", "epsilon": 1},  # every example
-    ], evaluations=[{"metric": "mean", "epsilon": 0.1, "example_ids": ids},
-                    {"metric": "mse", "epsilon": 0.1, "example_ids": ids, "predictions": [1.0]}])
-    assert answer.status_code == 200, answer.text
-    body = answer.json()
+    ])
+    second = _checks(client, consumer, dataset, releases=[{"mechanism": "laplace", "epsilon": 1}],  # every example
+                     evaluations=[{"metric": "mean", "epsilon": 0.1, "example_ids": ids},
+                                  {"metric": "mse", "epsilon": 0.1, "example_ids": ids, "predictions": [1.0]}])
+    assert first.status_code == 200 and second.status_code == 200, first.text + second.text
+    body = {"releases": first.json()["releases"] + second.json()["releases"],
+            "evaluations": second.json()["evaluations"]}
     codes = [(c["num_examples"], (c["error"] or {}).get("code")) for c in body["releases"]]
     assert codes == [(100, None), (None, "mechanism_domain_mismatch"), (None, "epsilon_out_of_range"),
                      (None, "unknown_example_ids"), (2000, None)]
@@ -65,7 +69,10 @@ def test_a_wide_class_domain_refuses_the_families_with_a_limit(client, admin, co
 def test_the_check_is_the_datasets_like_any_release(client, admin, consumer, stranger, dataset, dataset_small):
     expect_error(_checks(client, stranger, dataset, releases=[{"mechanism": "rr", "epsilon": 1}]), 404, "not_found")
     expect_error(_checks(client, consumer, dataset_small, releases=[]), 404, "not_found")  # not granted to it
-    expect_error(_checks(client, consumer, dataset, releases=[{"mechanism": "rr", "epsilon": 1}] * 17), 422,
+    expect_error(_checks(client, consumer, dataset, releases=[{"mechanism": "rr", "epsilon": 1}] * 5), 422,
+                 "invalid_request")
+    expect_error(_checks(client, consumer, dataset, releases=[{"mechanism": "rr", "epsilon": 1}] * 3,
+                         evaluations=[{"metric": "mean", "epsilon": 1, "example_ids": ["e1"]}] * 2), 422,
                  "invalid_request")
     expect_error(client.post(f"/v1/datasets/{dataset}/release-checks", json={"releases": []}), 401,
                  "unauthorized")
@@ -83,23 +90,35 @@ def test_epsilon_outside_the_deployment_range_refuses_the_check_as_its_schema_sa
 
 def test_a_prior_release_to_come_is_checked_on_its_shape(client, admin, consumer, dataset):
     """An LP-MST stage's per-example prior release, its priors not known yet: refused for what its request would be
-    without them — a dataset of numbers, an unknown id, a body decoding past the deployment's limit (rows × (64 +
-    48·K) bytes, the parse's count) — and no bigger body than that."""
+    without them — a dataset of numbers, an unknown id, a body decoding past the deployment's limit (what the parse
+    counts of a CSV body: a row's 136 bytes and 48 a class, its id's bytes six times) — and no bigger body than
+    that; its real request, as the trainer sends it, is refused or taken as the check said."""
+    from labels_party import uploads
+
     shape = {"epsilon": 1, "example_ids": ["e1", "e2"]}
     body = _checks(client, consumer, dataset, prior_releases=[shape]).json()
     assert body["prior_releases"][0]["error"]["code"] == "mechanism_domain_mismatch"
-    wide = new_dataset(client, admin, name="wide", label_kind="classes", num_classes=5000, epsilon_total=2)
-    assert upload(client, admin, wide, labels_csv({f"c{i}": i % 5000 for i in range(3000)})).status_code == 200
-    assert client.post(f"/v1/datasets/{wide}/grants", json={"org": "publisher", "epsilon": 2},
+    k = 20_000
+    wide = new_dataset(client, admin, name="wide", label_kind="classes", num_classes=k, epsilon_total=4)
+    assert upload(client, admin, wide, labels_csv({f"c{i}": i % k for i in range(3000)})).status_code == 200
+    assert client.post(f"/v1/datasets/{wide}/grants", json={"org": "publisher", "epsilon": 4},
                        headers=admin).status_code == 201
-    row = 64 + 48 * 5000  # bytes per row; 192 MiB by default
-    fits, too_many = (192 << 20) // (row + 6) - 1, (192 << 20) // row + 1
-    shapes = [{"epsilon": 1, "example_ids": [f"c{i}" for i in range(min(fits, 3000))]},
-              {"epsilon": 1, "example_ids": [f"c{i}" for i in range(9)] + ["ghost"]}]
-    checked = _checks(client, consumer, wide, prior_releases=shapes).json()["prior_releases"]
-    assert checked[0] == {"num_examples": min(fits, 3000), "error": None}
-    assert checked[1]["error"]["code"] == "unknown_example_ids"
-    assert too_many < 3000  # 3,000 examples over 5,000 classes decode to 720 MB: refused, before any body is sent
-    many = _checks(client, consumer, wide, prior_releases=[{"epsilon": 1, "example_ids": [
-        f"c{i}" for i in range(too_many)]}]).json()["prior_releases"][0]
-    assert many["error"]["code"] == "body_too_large" and "max_columnar_decoded_bytes" in many["error"]["message"]
+    ids = [f"c{i}" for i in range(3000)]
+    row = uploads.ID_ROW_BYTES + uploads.PRIOR_CELL_BYTES * k
+    held = [uploads.held_id_size(i) for i in ids]
+    fits = next(n for n in range(3000, 0, -1) if n * row + sum(held[:n]) <= uploads.MAX_DECODED_BYTES)
+    assert 0 < fits < 3000
+    checked = [_checks(client, consumer, wide, prior_releases=[{"epsilon": 1, "example_ids": part}]).json()[
+        "prior_releases"][0] for part in (ids[:fits], ids[:fits + 1], ids[:9] + ["ghost"])]
+    assert checked[0] == {"num_examples": fits, "error": None}
+    assert checked[1]["error"]["code"] == "body_too_large" and "max_columnar_decoded_bytes" in \
+        checked[1]["error"]["message"]
+    assert checked[2]["error"]["code"] == "unknown_example_ids"
+    with LabelsPartyClient(str(client.base_url), consumer["Authorization"].split()[1], retries=0,
+                           transport=client._transport) as trainer_client:
+        priors = np.full((fits + 1, k), 1.0)  # uniform: every class kept (k = K), so the release is informative
+        with pytest.raises(LabelsPartyError) as refused:  # the trainer's body of one row more: refused, as checked
+            trainer_client.request_prior_release(wide, ids[:fits + 1], priors, 1.0, idempotency_key="over")
+        assert refused.value.code == "body_too_large"
+        taken = trainer_client.request_prior_release(wide, ids[:200], priors[:200], 1.0, idempotency_key="under")
+        assert taken.num_examples == 200
