@@ -311,3 +311,28 @@ def test_long_ids_in_group_and_prior_bodies_are_counted_as_python_holds_them(tmp
         with pytest.raises(LabelDPError) as refused:
             uploads.parse_groups(path, fmt.split("-")[0], max_bytes=limit)
         assert refused.value.code == "body_too_large", (count, length, wide)
+
+
+def test_a_csv_field_past_the_csv_modules_limit_is_a_400_and_blank_lines_count_as_rows(tmp_path):
+    """Issue 40's nineteenth review: a header name or a wide prior's id of more than 131,072 characters raised the
+    csv module's own error, a 500 (nothing stored); and a prior body over more than 1,023 classes, read line by line,
+    took 31.8 s of CPU for 200 MiB of blank lines, then was released. Now a 400 ``malformed_file``, and each blank
+    line counts as a row (at most the dataset's examples)."""
+    header = tmp_path / "groups.csv"
+    header.write_text("example_id,group," + "x" * 140_000 + "\nu0,a,1\n")
+    wide_id = tmp_path / "wide.csv"
+    wide_id.write_text("example_id," + ",".join(f"p_{k}" for k in range(1500)) + "\n" + "u" * 140_000 +
+                       ",1" * 1500 + "\n")
+    for path, parse in ((header, lambda p: uploads.parse_groups(p, "csv")),
+                        (wide_id, lambda p: uploads.parse_priors(p, "csv", 1500))):
+        with pytest.raises(LabelDPError) as refused:
+            parse(path)
+        assert refused.value.code == "malformed_file" and "field larger than field limit" in str(refused.value)
+    blank = tmp_path / "blank.csv"
+    blank.write_text("example_id," + ",".join(f"p_{k}" for k in range(1500)) + "\nu0" + ",1" * 1500 + "\n" +
+                     "\n" * 2_000)
+    with pytest.raises(LabelDPError, match="rows; the dataset has 1,000 examples") as refused:
+        uploads.parse_priors(blank, "csv", 1500, max_rows=1000)
+    assert refused.value.code == "body_too_large"
+    ids, _priors = uploads.parse_priors(blank, "csv", 1500, max_rows=30_000)
+    assert ids == ["u0"]
