@@ -386,6 +386,8 @@ def _checked_auto(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient)
         plan = replace(plan, request=request, auto=replace(auto, arms=kept, validation=validation))
 
 
+# What a release check asks about: a label release, an evaluation, or a prior release to come (an LP-MST stage).
+Checked = shared_schemas.ReleaseRequest | shared_schemas.EvaluationRequest | shared_schemas.PriorReleaseShape
 # What a mechanism cannot take on a dataset, public: its label limit, its solver's ε floor, the size of what it would
 # publish, or of its request's body. A default candidate refused so is left out; any other refusal refuses the job.
 MECHANISM_REFUSALS = frozenset({ErrorCode.DOMAIN_TOO_LARGE, ErrorCode.EPSILON_OUT_OF_RANGE,
@@ -397,8 +399,7 @@ def _refusals(plan: JobPlan, auto: AutoPlan, ids: pd.Index, client: LabelsPartyC
     mechanism, lp-2st): the requests :func:`features_party.auto.request_auto_releases` makes, and LP-2ST's stages
     on its part as :func:`features_party.multistage.train_multistage` will ask for them. A refusal other than a
     :data:`MECHANISM_REFUSALS` raises (the job is refused, nothing spent)."""
-    checks: list[tuple[str, shared_schemas.ReleaseRequest | shared_schemas.EvaluationRequest |
-                       shared_schemas.PriorReleaseShape]] = []
+    checks: list[tuple[str, Checked]] = []
     if auto.mean_epsilon > 0:
         checks.append(("mean", shared_schemas.EvaluationRequest(metric="mean", epsilon=auto.mean_epsilon,
                                                                  example_ids=ids.tolist())))
@@ -418,18 +419,18 @@ def _refusals(plan: JobPlan, auto: AutoPlan, ids: pd.Index, client: LabelsPartyC
     return refused
 
 
-def _stage_checks(rows: pd.Index, stages: int, seed: int, epsilon: float) -> list:
+def _stage_checks(rows: pd.Index, stages: int, seed: int, epsilon: float) -> list[Checked]:
     """LP-MST's stage releases on ``rows`` (in the order it trains on them): RR on the first stage's, then the
     shape of each later stage's per-example prior release."""
     positions = parts.lp_mst_parts(len(rows), stages, seed)
-    out: list = [shared_schemas.ReleaseRequest(mechanism="rr", epsilon=epsilon,
+    out: list[Checked] = [shared_schemas.ReleaseRequest(mechanism="rr", epsilon=epsilon,
                                                example_ids=rows[positions[0]].tolist())] if len(positions[0]) else []
     out += [shared_schemas.PriorReleaseShape(epsilon=epsilon, example_ids=rows[stage].tolist())
             for stage in positions[1:] if len(stage)]
     return out
 
 
-def _check(plan: JobPlan, client: LabelsPartyClient, request) -> str | None:
+def _check(plan: JobPlan, client: LabelsPartyClient, request: Checked) -> str | None:
     """The code the labels party would refuse ``request`` with, if one of :data:`MECHANISM_REFUSALS` (else None
     when it would take it); any other refusal is raised as the trainer's own answer."""
     try:
