@@ -39,11 +39,11 @@ def create_release(dataset_id: str, body: schemas.ReleaseRequest, who: SeesDatas
 
 @router.post("/v1/datasets/{dataset_id}/release-checks", response_model=schemas.ReleaseChecked)
 def check_releases(dataset_id: str, body: schemas.ReleaseChecks, who: SeesDataset, ctx: Context):
-    """Check releases meant to be asked for together (label releases and evaluations as their routes take them, and
-    the shape of per-example prior releases to come):
-    each one's refusal — the code and message its request would get now, from public inputs — or the examples it
-    would cover. Nothing is drawn, charged or stored. A client asking for several releases (the trainer's auto
-    jobs) checks them all first, so none is refused after another was charged. Budgets are not checked."""
+    """Check releases meant to be asked for together — label releases and evaluations as their routes take them, and
+    the shape of per-example prior releases to come: each one's refusal (the code and message its request would get
+    now, from public inputs) or the examples it would cover. Nothing is drawn, charged or stored. A client asking
+    for several releases (the trainer's auto and lp-mst jobs) checks them all first, so none is refused after
+    another was charged. Budgets are not checked."""
     limit = ctx.settings.max_columnar_decoded_bytes
     checked = iter(transaction.check(ctx, who, [
         *map(kinds.LabelRelease, body.releases), *map(kinds.Evaluation, body.evaluations),
