@@ -300,8 +300,7 @@ class LabelsPartyClient:
             release = self.get_release(release.id)
         return release
 
-    def check_release(self, dataset_id: str, request: schemas.ReleaseRequest | schemas.EvaluationRequest |
-                      schemas.PriorReleaseShape) -> schemas.ReleaseCheck:
+    def check_release(self, dataset_id: str, request: schemas.CheckedRelease) -> schemas.ReleaseCheck:
         """The release's refusal, or the examples it would cover, as its request would get it now — nothing drawn
         or charged: what a client asking for several releases checks before the first. One per call, so that a
         check's body is no larger than its release's."""

@@ -359,15 +359,19 @@ def _checked_auto(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient)
     mechanism opt-unbiased is replaced by dbrr (unbiased, any domain); a default candidate is left out; a named
     candidate, or the mean, refuses the job (400, nothing spent), as does any other refusal (an unknown id). The
     request then names what was kept, so every attempt plans the same parts without asking again."""
-    release = plan.request.release
-    assert isinstance(release, schemas.AutoRelease)
+    release, auto = plan.request.release, plan.auto
+    assert isinstance(release, schemas.AutoRelease) and auto is not None
     named = release.candidates is not None
+    ids = plan.training_ids(frame).astype(str)
+    if auto.mean_epsilon > 0:  # every training row, whatever the parts: checked once
+        mean = shared_schemas.EvaluationRequest(metric="mean", epsilon=auto.mean_epsilon, example_ids=ids.tolist())
+        code = _check(plan, client, mean)
+        if code is not None:
+            raise _refused_part("the labels' central mean (the constant every candidate must beat)", code)
     while True:
         auto, release = plan.auto, plan.request.release
         assert auto is not None and isinstance(release, schemas.AutoRelease)
-        refused = _refusals(plan, auto, plan.training_ids(frame).astype(str), client)
-        if "mean" in refused:
-            raise _refused_part("the labels' central mean (the constant every candidate must beat)", refused["mean"])
+        refused = _refusals(plan, auto, ids, client)
         if not refused:
             return plan
         validation = auto.validation
@@ -386,8 +390,6 @@ def _checked_auto(plan: JobPlan, frame: pd.DataFrame, client: LabelsPartyClient)
         plan = replace(plan, request=request, auto=replace(auto, arms=kept, validation=validation))
 
 
-# What a release check asks about: a label release, an evaluation, or a prior release to come (an LP-MST stage).
-Checked = shared_schemas.ReleaseRequest | shared_schemas.EvaluationRequest | shared_schemas.PriorReleaseShape
 # What a mechanism cannot take on a dataset, public: its label limit, its solver's ε floor, the size of what it would
 # publish, or of its request's body. A default candidate refused so is left out; any other refusal refuses the job.
 MECHANISM_REFUSALS = frozenset({ErrorCode.DOMAIN_TOO_LARGE, ErrorCode.EPSILON_OUT_OF_RANGE,
@@ -395,17 +397,14 @@ MECHANISM_REFUSALS = frozenset({ErrorCode.DOMAIN_TOO_LARGE, ErrorCode.EPSILON_OU
 
 
 def _refusals(plan: JobPlan, auto: AutoPlan, ids: pd.Index, client: LabelsPartyClient) -> dict[str, str]:
-    """The labels party's refusal code of each of the auto job's releases it would refuse, by part ("mean", a
-    mechanism, lp-2st): the requests :func:`features_party.auto.request_auto_releases` makes, and LP-2ST's stages
-    on its part as :func:`features_party.multistage.train_multistage` will ask for them. A refusal other than a
-    :data:`MECHANISM_REFUSALS` raises (the job is refused, nothing spent)."""
-    checks: list[tuple[str, Checked]] = []
-    if auto.mean_epsilon > 0:
-        checks.append(("mean", shared_schemas.EvaluationRequest(metric="mean", epsilon=auto.mean_epsilon,
-                                                                 example_ids=ids.tolist())))
-    checks += [(mechanism, shared_schemas.ReleaseRequest(mechanism=mechanism, epsilon=auto.label_epsilon,
-                                                         example_ids=part_ids))
-               for _suffix, mechanism, part_ids in auto.releases(ids)]
+    """The labels party's refusal code of each of the auto job's part releases it would refuse, by part (a
+    mechanism, lp-2st): the releases :func:`features_party.auto.request_auto_releases` asks for after the mean, and
+    LP-2ST's stages on its part as :func:`features_party.multistage.train_multistage` will ask for them. A refusal
+    other than a :data:`MECHANISM_REFUSALS` raises (the job is refused, nothing spent)."""
+    checks: list[tuple[str, shared_schemas.CheckedRelease]] = [
+        (mechanism, shared_schemas.ReleaseRequest(mechanism=mechanism, epsilon=auto.label_epsilon,
+                                                  example_ids=part_ids))
+        for _suffix, mechanism, part_ids in auto.releases(ids)]
     if "lp-2st" in auto.arms:
         checks += [("lp-2st", stage) for stage in _stage_checks(ids[auto.parts(ids) == "lp-2st"], 2, auto.seed,
                                                                 auto.label_epsilon)]
@@ -419,18 +418,19 @@ def _refusals(plan: JobPlan, auto: AutoPlan, ids: pd.Index, client: LabelsPartyC
     return refused
 
 
-def _stage_checks(rows: pd.Index, stages: int, seed: int, epsilon: float) -> list[Checked]:
+def _stage_checks(rows: pd.Index, stages: int, seed: int, epsilon: float) -> list[shared_schemas.CheckedRelease]:
     """LP-MST's stage releases on ``rows`` (in the order it trains on them): RR on the first stage's, then the
     shape of each later stage's per-example prior release."""
-    positions = parts.lp_mst_parts(len(rows), stages, seed)
-    out: list[Checked] = [shared_schemas.ReleaseRequest(mechanism="rr", epsilon=epsilon,
-                                               example_ids=rows[positions[0]].tolist())] if len(positions[0]) else []
+    first, *later = parts.lp_mst_parts(len(rows), stages, seed)
+    out: list[shared_schemas.CheckedRelease] = []
+    if len(first):
+        out.append(shared_schemas.ReleaseRequest(mechanism="rr", epsilon=epsilon, example_ids=rows[first].tolist()))
     out += [shared_schemas.PriorReleaseShape(epsilon=epsilon, example_ids=rows[stage].tolist())
-            for stage in positions[1:] if len(stage)]
+            for stage in later if len(stage)]
     return out
 
 
-def _check(plan: JobPlan, client: LabelsPartyClient, request: Checked) -> str | None:
+def _check(plan: JobPlan, client: LabelsPartyClient, request: shared_schemas.CheckedRelease) -> str | None:
     """The code the labels party would refuse ``request`` with, if one of :data:`MECHANISM_REFUSALS` (else None
     when it would take it); any other refusal is raised as the trainer's own answer."""
     try:

@@ -684,17 +684,22 @@ def _id_strings(column: pa.Array, decoded: Decoded) -> list[str]:
     """The ids as Python strings, counted in ``decoded`` as they will be held (:func:`held_id_bytes`) before the
     Python strings are made: a dictionary column's rows name one entry each; ids of any other type (numbers,
     timestamps: an NDJSON body's) are counted as the text they become."""
-    if pa.types.is_dictionary(column.type):
-        held = decoded.lengths.get(column.dictionary, lambda d: held_id_bytes(_strings(d)))
+    if pa.types.is_dictionary(column.type):  # its entries made strings and counted once per dictionary
+        entries, held = decoded.lengths.get(column.dictionary, _entries_held)
         decoded.add(strings=int(pc.sum(held.take(column.indices)).as_py() or 0))
-        column = column.dictionary.take(column.indices)
-    elif pa.types.is_integer(column.type):
+        return entries.take(column.indices).to_pylist()
+    if pa.types.is_integer(column.type):
         decoded.add(strings=ASCII_ID_WEIGHT * INTEGER_DIGITS * len(column))
-    else:
-        strings = _strings(column)
-        decoded.add(strings=int(pc.sum(held_id_bytes(strings)).as_py() or 0))
-        return strings.to_pylist()
-    return _strings(column).to_pylist()
+        return _strings(column).to_pylist()
+    strings = _strings(column)
+    decoded.add(strings=int(pc.sum(held_id_bytes(strings)).as_py() or 0))
+    return strings.to_pylist()
+
+
+def _entries_held(dictionary: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """A dictionary's entries as strings, and what each is counted as held."""
+    entries = _strings(dictionary)
+    return entries, held_id_bytes(entries)
 
 
 class _Groups:

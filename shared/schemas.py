@@ -347,6 +347,10 @@ class ReleaseChecks(BaseModel):
                                                     fail_fast=True)
 
 
+# What one release check asks about: a label release, an evaluation, or a prior release to come.
+CheckedRelease: TypeAlias = ReleaseRequest | EvaluationRequest | PriorReleaseShape
+
+
 class ReleaseCheck(BaseModel):
     """One checked release: the examples it would cover, or the refusal (code and message) its request would get."""
 

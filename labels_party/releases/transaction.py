@@ -79,7 +79,7 @@ from labels_party.releases.source import SPARK_JOB
 from labels_party.solvers.deadline import Deadline
 from shared import schemas
 from shared.domains import domain_from_spec
-from shared.errors import ErrorCode, LabelDPError, ResourceExhausted, RetryLater, status_of
+from shared.errors import ErrorCode, LabelDPError, RetryLater, status_of
 from shared.service.keys import UNAUTHORIZED_MESSAGE
 from shared.service.leases import Lease
 
@@ -276,10 +276,6 @@ def _snapshot(ctx: ServiceContext, session: Session, dataset: db.Dataset, princi
     return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta)
 
 
-# Refusals that concern the whole check (the dataset, the caller, the service's load), not one of its releases.
-_WHOLE_CHECK = frozenset({ErrorCode.NOT_FOUND, ErrorCode.DATASET_NOT_READY, ErrorCode.NO_LABELS})
-
-
 def check(ctx: ServiceContext, admission: Admission, kinds: Sequence[ReleaseKind[Any]]) -> list[schemas.ReleaseCheck]:
     """Steps 2 and 3 of the module for each of ``kinds`` — what a client means to ask for together (an auto job's
     parts): each release's refusal, or how many examples it would cover, as its request would get it now. Nothing
@@ -306,8 +302,7 @@ def check(ctx: ServiceContext, admission: Admission, kinds: Sequence[ReleaseKind
                 finally:
                     labelstore.discard(ctx.store, covered.coverage)
             except LabelDPError as err:
-                if err.code in _WHOLE_CHECK or isinstance(err, (ResourceExhausted, RetryLater)) \
-                        or status_of(err.code) >= 500:
+                if isinstance(err, RetryLater) or status_of(err.code) >= 500:  # the service's, not the release's
                     raise
                 out.append(schemas.ReleaseCheck(error=schemas.ErrorDetail(code=err.code, message=str(err))))
                 continue
