@@ -34,6 +34,7 @@ from shared.errors import ErrorCode, LabelDPError
 from shared.randomness import secure_rng
 from shared.service.keyfiles import create_private_file, read_private_file
 from shared.service.leases import JobRunner, Lease
+from shared.service.memory import MemoryBudget
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
 
@@ -61,6 +62,8 @@ class ServiceContext:
     quotas: ReleaseQuotas = field(kw_only=True)  # this process's release slots and time buckets per organization
     sealer: Sealer = field(kw_only=True)  # seals jobs' secrets under the deployment's key (shared.service.sealing)
     jobs: JobRunner = field(kw_only=True)  # this process's job workers (labels_party.jobs); `serve` starts them
+    # What this process's prior and group bodies hold while decoded and released (labels_party.uploads.Decoded)
+    columnar_memory: MemoryBudget = field(kw_only=True)
 
     def close(self) -> None:
         """Let go of the data directory and the database (a context that is done: tests, commands)."""
@@ -99,7 +102,10 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
 
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
                          scratch=scratch, quotas=ReleaseQuotas(settings), sealer=secrets,
-                         jobs=jobs.make_runner(sessions, settings, store, run_job))
+                         jobs=jobs.make_runner(sessions, settings, store, run_job),
+                         columnar_memory=MemoryBudget(settings.columnar_decode_budget_bytes,
+                                                      settings.max_columnar_decoded_bytes,
+                                                      settings.json_decode_wait_seconds))
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and

@@ -58,6 +58,11 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     # their copies on the way to the lookup: uploads.ID_ROW_BYTES), 512 MiB is 2.3·10⁶ group assignments of 10-byte
     # ids, or 7.9·10⁵ examples' priors on 10 classes.
     max_columnar_decoded_bytes: int = Field(default=512 << 20, gt=0)
+    # ... and what all such bodies being decoded or released at once may hold: each takes its share as it is counted
+    # and keeps it until its release is done; a body whose share is not free within json_decode_wait_seconds is 503
+    # server_busy with Retry-After, nothing charged (issue 40: four honest group bodies at the limit at once took the
+    # server +2,428 MB). 1 GiB: two bodies at the limit, or many small ones.
+    columnar_decode_budget_bytes: int = Field(default=1 << 30, gt=0)
     max_json_bytes: int = Field(default=64 << 20, gt=0)  # release, evaluation and training requests
     # Per-request limits on what one release may create, both decided from public inputs before anything private is
     # computed or charged (labels_party/releases/kinds.py): 400 too_many_groups beyond the groups of a group release
@@ -126,4 +131,10 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     def _range_inside_what_mechanisms_certify(self) -> LabelsSettings:
         if not EPSILON_MIN <= self.epsilon_min < self.epsilon_max <= EPSILON_MAX:
             raise ValueError(f"need {EPSILON_MIN:g} <= epsilon_min < epsilon_max <= {EPSILON_MAX:g}")
+        return self
+
+    @model_validator(mode="after")
+    def _a_columnar_body_fits_the_budget(self) -> LabelsSettings:
+        if self.max_columnar_decoded_bytes > self.columnar_decode_budget_bytes:
+            raise ValueError("max_columnar_decoded_bytes must be at most columnar_decode_budget_bytes")
         return self

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from shared import parquet_pages
 from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
+from shared.service.memory import Reservation
 
 FORMATS = {
     "text/csv": "csv",
@@ -93,11 +94,13 @@ MAX_HEADER_BYTES = 2 << 20
 
 
 def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None = None,
-                 max_bytes: int = MAX_DECODED_BYTES) -> tuple[list[str], np.ndarray]:
+                 max_bytes: int = MAX_DECODED_BYTES,
+                 memory: Reservation | None = None) -> tuple[list[str], np.ndarray]:
     """Per-example priors: columns example_id and p_0..p_{K-1} (non-negative, finite, not all zero per row); at
-    most ``max_rows`` rows decoding to at most ``max_bytes`` (else 413 body_too_large)."""
+    most ``max_rows`` rows decoding to at most ``max_bytes`` (else 413 body_too_large), held in ``memory`` as
+    they are counted (the process's share for such bodies: 503 server_busy when it is not free)."""
     names = [f"p_{k}" for k in range(num_classes)]
-    decoded = prior_body_decoded(num_classes, max_rows, max_bytes)
+    decoded = prior_body_decoded(num_classes, max_rows, max_bytes, memory)
     ids: list[str] = []
     blocks: list[np.ndarray] = []
     with _parsing("the priors"):
@@ -119,20 +122,22 @@ def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None
     return ids, priors
 
 
-def prior_body_decoded(num_classes: int, max_rows: int | None, max_bytes: int) -> Decoded:
+def prior_body_decoded(num_classes: int, max_rows: int | None, max_bytes: int,
+                       memory: Reservation | None = None) -> Decoded:
     """What a per-example prior body over ``num_classes`` classes decodes to, counted as it is parsed (and as a
     release check counts a body to come: :class:`labels_party.releases.kinds.ExamplePriorShape`)."""
-    return Decoded("the priors", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + PRIOR_CELL_BYTES * num_classes)
+    return Decoded("the priors", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + PRIOR_CELL_BYTES * num_classes,
+                   memory=memory)
 
 
 MAX_GROUP_NAME = 200  # characters
 
 
-def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None,
-                 max_bytes: int = MAX_DECODED_BYTES) -> tuple[list[str], np.ndarray]:
+def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None, max_bytes: int = MAX_DECODED_BYTES,
+                 memory: Reservation | None = None) -> tuple[list[str], np.ndarray]:
     """Group assignments: columns example_id and group (any strings or integers); at most ``max_rows`` rows
-    decoding to at most ``max_bytes`` (else 413 body_too_large)."""
-    decoded = Decoded("the groups", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + GROUP_ROW_BYTES)
+    decoding to at most ``max_bytes`` (else 413 body_too_large), held in ``memory`` as in :func:`parse_priors`."""
+    decoded = Decoded("the groups", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + GROUP_ROW_BYTES, memory=memory)
     ids: list[str] = []
     groups = _Groups(decoded)
     with _parsing("the groups"):
@@ -149,7 +154,9 @@ def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None,
 @dataclass
 class Decoded:
     """What a body has decoded to so far: its rows (at most ``max_rows``) and bytes (at most ``limit``): the rows'
-    own cost (``row_bytes`` each) and the strings kept; refused (413 body_too_large) past either."""
+    own cost (``row_bytes`` each) and the strings kept; refused (413 body_too_large) past either. Each count (or a
+    Parquet body's prediction from its metadata) is held in ``memory``, the process's budget for such bodies, before
+    the rows are: what every body being decoded or released at once holds stays within it."""
 
     what: str
     max_rows: int | None
@@ -158,6 +165,7 @@ class Decoded:
     rows: int = 0
     strings: int = 0
     lengths: Memo = field(default_factory=lambda: Memo())  # the ids' dictionary's string lengths
+    memory: Reservation | None = None
 
     def add(self, rows: int = 0, strings: int = 0) -> None:
         self.rows, self.strings = self.rows + rows, self.strings + strings
@@ -171,6 +179,8 @@ class Decoded:
             raise LabelDPError(f"{self.what} decode to {total:,} bytes{how}, over this deployment's limit of "
                                f"{self.limit:,} (max_columnar_decoded_bytes): send fewer rows per request",
                                code=ErrorCode.BODY_TOO_LARGE)
+        if self.memory is not None:
+            self.memory.hold(total)
 
 
 def _batches(path: Path, fmt: str, columns: list[str], decoded: Decoded, *, numeric: Sequence[str],

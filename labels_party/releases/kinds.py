@@ -58,6 +58,7 @@ from labels_party.uploads import (
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 from shared.service.gate import SpooledBody
+from shared.service.memory import Reservation
 
 # A release naming its examples is sampled in memory: one of a column per class (subset, ALIBI: 8 bytes a cell)
 # holds at most this many cells (128 MB of ALIBI's integers; 65,536 examples at 256 classes).
@@ -309,8 +310,8 @@ class ExamplePriorRelease(_Defaults):
 
     epsilon: float
     priors: SpooledBody
+    memory: Reservation  # the request's share of the process's memory for such bodies (its limit: one body's)
     mechanism: str = "rr-with-prior"
-    max_decoded_bytes: int = MAX_DECODED_BYTES  # LabelsSettings.max_columnar_decoded_bytes
 
     def identity(self) -> dict:
         return {"mechanism": self.mechanism, "epsilon": self.epsilon, "per_example_priors": True,
@@ -319,7 +320,7 @@ class ExamplePriorRelease(_Defaults):
     def inputs(self, snapshot: Snapshot) -> tuple[list[str], InformativePriors]:
         num_classes = _needs_classes(snapshot, "per-example priors")
         ids, priors = parse_priors(self.priors.path, upload_format(self.priors.media_type), num_classes,
-                                   max_rows=snapshot.num_examples, max_bytes=self.max_decoded_bytes)
+                                   max_rows=snapshot.num_examples, max_bytes=self.memory.limit, memory=self.memory)
         covers, plan = plan_per_example(priors, self.epsilon).informative()
         if not covers.any():  # decided by the priors (public: from features), before the ids are even looked up
             raise LabelDPError("every example's prior puts k = 1: each label would be released as its prior's most "
@@ -362,7 +363,7 @@ class GroupRelease(_Defaults):
     epsilon: float
     prior_epsilon: float
     groups: SpooledBody
-    max_decoded_bytes: int = MAX_DECODED_BYTES  # LabelsSettings.max_columnar_decoded_bytes
+    memory: Reservation  # as ExamplePriorRelease's
 
     def epsilons(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "prior_epsilon": self.prior_epsilon}
@@ -379,7 +380,7 @@ class GroupRelease(_Defaults):
 
     def inputs(self, snapshot: Snapshot):
         return parse_groups(self.groups.path, upload_format(self.groups.media_type), max_rows=snapshot.num_examples,
-                            max_bytes=self.max_decoded_bytes)
+                            max_bytes=self.memory.limit, memory=self.memory)
 
     def price(self, ctx: ServiceContext, snapshot: Snapshot, _num_examples: int, groups) -> Prepared:
         """Also bounds the work and the document, which grow with the groups (public: they come from features):

@@ -4,6 +4,7 @@ that creates a release (201, or 200 when an earlier request with its key is repl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
@@ -17,6 +18,8 @@ from labels_party.releases.lifecycle import Outcome
 from labels_party.uploads import upload_format
 from shared import schemas
 from shared.service import dependencies, gate
+from shared.service.gate import SpooledBody
+from shared.service.memory import Reservation
 
 AnyKey = Annotated[Admission, Depends(access.ANY_KEY)]
 AdminKey = Annotated[Admission, Depends(access.ADMIN_KEY)]
@@ -40,9 +43,12 @@ def answer(outcome: Outcome) -> JSONResponse:
     return JSONResponse(outcome.release.model_dump(mode="json"), status_code=outcome.status, headers=headers)
 
 
-async def with_columnar_body(request: Request, ctx: ServiceContext, admission: Admission, run) -> JSONResponse:
-    """Spool a CSV/NDJSON/Parquet body (415 before a byte is read) and create a release from it."""
+async def with_columnar_body(request: Request, ctx: ServiceContext, admission: Admission,
+                             run: Callable[[SpooledBody, Reservation], Outcome]) -> JSONResponse:
+    """Spool a CSV/NDJSON/Parquet body (415 before a byte is read) and create a release from it, ``run(body,
+    memory)``: what the body decodes to is held in ``memory``, the request's share of the process's budget for such
+    bodies, until the release is done."""
     upload_format(request.headers.get("content-type"))
     directory, body = await gate.spool(request, admission.body_limit, ctx.scratch.spools)
-    with directory:
-        return answer(await run_in_threadpool(run, body))
+    with directory, ctx.columnar_memory.reservation() as memory:
+        return answer(await run_in_threadpool(run, body, memory))

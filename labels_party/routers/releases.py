@@ -67,9 +67,8 @@ async def create_prior_release(dataset_id: str, request: Request, who: SeesDatas
     example_id, p_0..p_{K-1}. The priors must come from features only (e.g. a model trained on earlier,
     already-private stages). Examples whose prior gives k = 1 are neither charged nor released (the description's
     ``uninformative_examples`` counts them)."""
-    return await with_columnar_body(request, ctx, who, lambda body: (
-        transaction.run(ctx, who, idempotency_key, kinds.ExamplePriorRelease(
-            epsilon, body, max_decoded_bytes=ctx.settings.max_columnar_decoded_bytes))))
+    return await with_columnar_body(request, ctx, who, lambda body, memory: (
+        transaction.run(ctx, who, idempotency_key, kinds.ExamplePriorRelease(epsilon, body, memory))))
 
 
 @router.post("/v1/datasets/{dataset_id}/group-releases", status_code=201, response_model=schemas.Release,
@@ -81,10 +80,9 @@ async def create_group_release(dataset_id: str, request: Request, who: SeesDatas
                                idempotency_key: IdempotencyKey):
     """One private prior and one randomizer per group; the body (Parquet, CSV or NDJSON) has example_id and
     group, computed from features only (e.g. k-means clusters)."""
-    return await with_columnar_body(request, ctx, who, lambda body: (
+    return await with_columnar_body(request, ctx, who, lambda body, memory: (
         transaction.run(ctx, who, idempotency_key,
-                        kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body,
-                                         max_decoded_bytes=ctx.settings.max_columnar_decoded_bytes))))
+                        kinds.GroupRelease(mechanism, epsilon, prior_epsilon, body, memory))))
 
 
 @router.post("/v1/datasets/{dataset_id}/central-trainings", status_code=201, response_model=schemas.Release,

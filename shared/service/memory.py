@@ -54,17 +54,59 @@ class MemoryBudget:
         if amount > self.per_request:
             raise LabelDPError(f"{what} takes {amount:,} bytes, over this server's {self.per_request:,} for one "
                                "request", code=too_large)
-        deadline = time.monotonic() + self.wait_seconds
-        while not self.try_take(amount):
-            if time.monotonic() >= deadline:
-                raise self._busy(amount)
-            time.sleep(self.POLL_SECONDS)
+        self.take_blocking(amount)
         try:
             yield
         finally:
             self.give(amount)
 
+    def take_blocking(self, amount: int) -> None:
+        """``amount`` more from a worker thread, waiting up to ``wait_seconds``; then 503 server_busy."""
+        deadline = time.monotonic() + self.wait_seconds
+        while not self.try_take(amount):
+            if time.monotonic() >= deadline:
+                raise self._busy(amount)
+            time.sleep(self.POLL_SECONDS)
+
+    @contextlib.contextmanager
+    def reservation(self) -> Iterator[Reservation]:
+        """A request's share of the budget, taken as its work counts what it holds (:meth:`Reservation.hold`) and
+        given back whole when the block ends."""
+        taken = Reservation(self)
+        try:
+            yield taken
+        finally:
+            self.give(taken.held)
+
     def _busy(self, amount: int) -> RetryLater:
         return RetryLater(f"the server is busy: {amount:,} bytes more of its {self.total:,}-byte budget for this "
                           "work are not free; retry", code=ErrorCode.SERVER_BUSY,
                           retry_after=math.ceil(self.wait_seconds))
+
+
+class Reservation:
+    """What one request holds of a :class:`MemoryBudget` (:meth:`MemoryBudget.reservation`): it grows as the
+    request's work counts more (a body decoded batch by batch, :class:`labels_party.uploads.Decoded`), from a worker
+    thread. Bytes are taken :data:`GRAIN` at a time: a count that grows by a few bytes a batch does not take the
+    lock each time."""
+
+    GRAIN = 16 << 20
+
+    def __init__(self, budget: MemoryBudget):
+        self.budget, self.held = budget, 0
+
+    @property
+    def limit(self) -> int:
+        """The most one request may hold: past it, the work's own refusal (413), never a wait."""
+        return self.budget.per_request
+
+    def hold(self, amount: int) -> None:
+        """Hold at least ``amount`` bytes (capped at :attr:`limit`, which the caller enforces): waits up to the
+        budget's ``wait_seconds`` for the rest to be free, else 503 ``server_busy`` with Retry-After (the request is
+        refused as a whole; what it held is given back when its reservation ends)."""
+        amount = min(amount, self.limit)
+        if amount <= self.held:
+            return
+        more = min(max(amount - self.held, self.GRAIN), self.limit - self.held)
+        self.budget.take_blocking(more)
+        self.held += more
