@@ -43,7 +43,7 @@ class MemoryBudget:
         """``amount`` more, waiting until ``deadline`` (monotonic); then 503 server_busy with Retry-After."""
         while not self.try_take(amount):
             if time.monotonic() >= deadline:
-                raise self._busy(amount)
+                raise self.busy(amount)
             await anyio.sleep(self.POLL_SECONDS)
 
     @contextlib.contextmanager
@@ -65,7 +65,7 @@ class MemoryBudget:
         deadline = time.monotonic() + self.wait_seconds
         while not self.try_take(amount):
             if time.monotonic() >= deadline:
-                raise self._busy(amount)
+                raise self.busy(amount)
             time.sleep(self.POLL_SECONDS)
 
     @contextlib.contextmanager
@@ -78,7 +78,7 @@ class MemoryBudget:
         finally:
             self.give(taken.held)
 
-    def _busy(self, amount: int) -> RetryLater:
+    def busy(self, amount: int) -> RetryLater:
         return RetryLater(f"the server is busy: {amount:,} bytes more of its {self.total:,}-byte budget for this "
                           "work are not free; retry", code=ErrorCode.SERVER_BUSY,
                           retry_after=math.ceil(self.wait_seconds))
@@ -88,7 +88,12 @@ class Reservation:
     """What one request holds of a :class:`MemoryBudget` (:meth:`MemoryBudget.reservation`): it grows as the
     request's work counts more (a body decoded batch by batch, :class:`labels_party.uploads.Decoded`), from a worker
     thread. Bytes are taken :data:`GRAIN` at a time: a count that grows by a few bytes a batch does not take the
-    lock each time."""
+    lock each time.
+
+    A request waits for the budget only while it holds none of it: requests that each held part and waited for the
+    rest would wait for one another (four honest bodies at the limit each took 256 MiB of 1 GiB, and all four were
+    503 after the wait). So a request's first share is taken with a wait — its work holds at once what it expects
+    to need (:meth:`labels_party.uploads.Decoded.expect`) — and any more only if free now, else 503 at once."""
 
     GRAIN = 16 << 20
 
@@ -101,12 +106,16 @@ class Reservation:
         return self.budget.per_request
 
     def hold(self, amount: int) -> None:
-        """Hold at least ``amount`` bytes (capped at :attr:`limit`, which the caller enforces): waits up to the
-        budget's ``wait_seconds`` for the rest to be free, else 503 ``server_busy`` with Retry-After (the request is
-        refused as a whole; what it held is given back when its reservation ends)."""
+        """Hold at least ``amount`` bytes (capped at :attr:`limit`, which the caller enforces): the first share
+        waits up to the budget's ``wait_seconds``, any later one is taken only if free now; else 503
+        ``server_busy`` with Retry-After (the request is refused as a whole; what it held is given back when its
+        reservation ends)."""
         amount = min(amount, self.limit)
         if amount <= self.held:
             return
         more = min(max(amount - self.held, self.GRAIN), self.limit - self.held)
-        self.budget.take_blocking(more)
+        if not self.held:
+            self.budget.take_blocking(more)
+        elif not self.budget.try_take(more):
+            raise self.budget.busy(more)
         self.held += more

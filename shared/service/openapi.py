@@ -30,8 +30,9 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                  503: "out of time or resources (release_failed: charged, then failed; release_file_damaged: a "
                       "release's stored labels file is missing or not the one recorded, never served; any other: "
                       "nothing charged; release_capacity_exhausted and server_busy: the service's shared capacity "
-                      "(connections, memory for decoding JSON, prior and group bodies), with Retry-After; resource_exhausted: out of "
-                      "memory or file descriptors; not_ready: GET /readyz, a readiness check failed)",
+                      "(connections, memory for decoding JSON, prior and group bodies), with Retry-After; "
+                      "resource_exhausted: out of memory or file descriptors; not_ready: GET /readyz, a readiness "
+                      "check failed)",
                  507: "insufficient_storage: the service's storage is full; nothing was changed or charged"}
 
 

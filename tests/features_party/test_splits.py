@@ -375,9 +375,10 @@ def test_a_split_naming_a_list_over_the_table_read_budget_is_refused_before_the_
     ctx = test_api.trainer_context(tmp_path, "http://127.0.0.1:9", start=False, table_read_budget_bytes=256 << 10)
     trainer = test_api.trainer_client(ctx, "publisher")
     headers = {"Content-Type": "text/csv"}
-    table = "example_id,x\n" + "".join(f"u{i},{i % 5}\n" for i in range(50))
+    table = "example_id,x\n" + "".join(f"u{i},{i % 5}\n" for i in range(1000))
     assert trainer.put("/v1/features/f", content=table, headers=headers).status_code == 200
-    held = "example_id\n" + "".join(f"h{i}\n" for i in range(5000))  # 5,000 × 192 bytes: over 256 KiB
+    # hashed within the budget (1,000 × 2.5 × ~74 bytes), but not beside the table's 1,000 × 96 bytes of its ids
+    held = "example_id\n" + "".join(f"h{i}\n" for i in range(1000))
     assert trainer.put("/v1/id-lists/held", content=held, headers=headers).status_code == 200
     answer = trainer.post("/v1/jobs", json={
         "features": "f", "api_key": "ldp_unused", "dataset_id": "d", "labels_party": "office", "numeric": ["x"],
@@ -385,4 +386,29 @@ def test_a_split_naming_a_list_over_the_table_read_budget_is_refused_before_the_
         "split": {"holdout_ids": "held"}})
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
     assert "id list" in answer.json()["error"]["message"] and trainer.get("/v1/jobs").json() == []
+    ctx.close()
+
+
+def test_an_id_list_is_hashed_within_the_table_read_budget(tmp_path):
+    """Issue 40's twentieth review: an id list at the 64 MiB limit took +293 MB while it was hashed, outside any
+    budget (concurrent uploads added up). Hashing holds 2.5 times what the stored list reads to from the process's
+    table-read budget: over the whole budget 413, not free in time 503; either way nothing is kept."""
+    ctx = test_api.trainer_context(tmp_path, "http://127.0.0.1:9", start=False, table_read_budget_bytes=256 << 10)
+    ctx.table_reads.wait_seconds = 0  # no wait for another request's read to end
+    trainer = test_api.trainer_client(ctx, "publisher")
+    headers = {"Content-Type": "text/csv"}
+    over = trainer.put("/v1/id-lists/big", content="example_id\n" + "".join(f"h{i}\n" for i in range(5000)),
+                       headers=headers)  # 5,000 × 2.5 × ~74 bytes: over 256 KiB
+    assert over.status_code == 413 and over.json()["error"]["code"] == "body_too_large", over.text
+    assert "hashing the id list" in over.json()["error"]["message"]
+    small = "example_id\n" + "".join(f"h{i}\n" for i in range(500))
+    assert ctx.table_reads.try_take(200 << 10)  # another request's read holds most of the budget
+    busy = trainer.put("/v1/id-lists/small", content=small, headers=headers)
+    assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy", busy.text
+    assert int(busy.headers["Retry-After"]) >= 1
+    assert trainer.get("/v1/id-lists").json() == []
+    assert list((tmp_path / "trainer" / "orgs").glob("*/id-lists/*.parquet")) == []
+    ctx.table_reads.give(200 << 10)
+    assert trainer.put("/v1/id-lists/small", content=small, headers=headers).json()["num_ids"] == 500
+    assert ctx.table_reads.used == 0
     ctx.close()
