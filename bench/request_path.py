@@ -49,7 +49,7 @@ def traced(modules: set[str], edges: set[tuple[str, str]]):
         yield
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 def trace(send: Callable[[], object]) -> dict:
