@@ -1,5 +1,5 @@
 """How long one central training (LabelDP-Pro) takes for its size, the unit of ``max_central_training_size``
-(labels_party/settings.py): steps × (padded batch + the denoiser's rows) × model parameters.
+(labels_party/runtime/settings.py): steps × (padded batch + the denoiser's rows) × model parameters.
 
     python -m bench.central_training_size DENOISER STEPS BATCH HIDDEN   # e.g. altconv 400 2000 64,64
 
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from labels_party import labeldp_pro
+from labels_party.core import labeldp_pro
 from shared import models
 
 

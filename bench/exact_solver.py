@@ -42,7 +42,7 @@ def exact_case(prior_kind: str, size: int, epsilon: float) -> dict:
     import numpy as np
     from realistic_priors import noisy_prior, psid_weeks_worked, table_histogram
 
-    from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+    from labels_party.core.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 
     if prior_kind == "psid-weeks":
         values, counts, source = psid_weeks_worked()
@@ -70,7 +70,7 @@ def mesh_case(mesh: int, epsilon: float) -> dict:
     sys.path.insert(0, os.path.dirname(__file__))
     from realistic_priors import psid_weeks_worked
 
-    from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+    from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 
     values, counts, source = psid_weeks_worked()
     prior = counts / counts.sum()

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+from labels_party.core.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 
 KINDS = ("dirichlet-1", "dirichlet-0.1", "uniform", "zeros", "spike")
 

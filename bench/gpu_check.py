@@ -2,7 +2,7 @@
 lent (the tool library's `device`), and here on CPU to show what it checks.
 
 * JAX lists the GPU (``jax.devices()``);
-* the trainer's MLP (``features_party.train.train``, hidden (64, 32), the benchmark table of
+* the trainer's MLP (``features_party.learn.train.train``, hidden (64, 32), the benchmark table of
   bench/train_throughput.py) compiles its epoch once — no backend compilation after the first epoch, counted by
   JAX's own monitoring events — and trains at ≥ 10⁷ examples/s on the GPU;
 * XGBoost trains with ``device="cuda"``;
@@ -51,7 +51,7 @@ def check_mlp(n: int, epochs: int, batch_size: int, device) -> dict:
     import jax
 
     from bench.train_throughput import VOCAB_SIZES, synthetic
-    from features_party.train import TrainConfig, train
+    from features_party.learn.train import TrainConfig, train
 
     compiles = _compiles()
     numeric, categorical, target = synthetic(n, 0)

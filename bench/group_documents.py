@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from service_e2e import labels_server
 
-from labels_party import db
-from labels_party.documents import BINARY_MEDIA_TYPE
+from labels_party.ledger.documents import BINARY_MEDIA_TYPE
+from labels_party.store import db
 
 
 def rss_mb(pid: int) -> float:

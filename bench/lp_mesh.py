@@ -15,7 +15,7 @@ from pathlib import Path
 
 from realistic_priors import psid_weeks_worked
 
-from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
 
 PAPER = {52: (2.38, 1288.21), 416: (17.1, 1275.22), 1664: (161.0, 1274.71)}
 

@@ -11,7 +11,7 @@ import time
 
 from realistic_priors import psid_weeks_worked
 
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from shared.domains import FiniteLabels
 
 ROWS = [

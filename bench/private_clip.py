@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from labels_party.quantiles import private_quantiles  # noqa: E402
+from labels_party.core.quantiles import private_quantiles  # noqa: E402
 from shared.domains import ContinuousInterval  # noqa: E402
 
 METHODS = (("support", "exponential"), ("log", "exponential"), ("log", "above-threshold"))

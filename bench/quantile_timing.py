@@ -1,6 +1,6 @@
 """How long a DP-quantile release's padded work takes — counting the labels' ranks and the exact exponential
-mechanism's draws (``labels_party.quantiles``, what runs inside ``at_least``) — on the labels that cost most, against
-the floor it is padded to (``draw_floor_seconds``). The floor must sit above every case here with room to spare:
+mechanism's draws (``labels_party.core.quantiles``, what runs inside ``at_least``) — on the labels that cost most,
+against the floor it is padded to (``draw_floor_seconds``). The floor must sit above every case here with room to spare:
 a computation that overruns it answers in a time that depends on the labels.
 
 Run: `.venv/bin/python bench/quantile_timing.py [--repeats 3] [--quick] [--json]`
@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from labels_party.quantiles import RankCounts, draw_floor_seconds, plan_quantiles, release_quantiles  # noqa: E402
+from labels_party.core.quantiles import RankCounts, draw_floor_seconds, plan_quantiles, release_quantiles  # noqa: E402
 from shared.domains import integer_range  # noqa: E402
 
 SHAPES = ("one-value", "two-ends", "spread-shuffled", "spread-sorted")

@@ -39,7 +39,7 @@ def table_histogram(kind: str, size: int) -> tuple[np.ndarray, np.ndarray, str]:
 
 def noisy_prior(counts: np.ndarray, prior_epsilon: float, seed: int) -> np.ndarray:
     """The prior the service would solve for: the labels party's ε₁-DP histogram (discrete Laplace, clipped at 0,
-    normalized — labels_party.prior), with a fixed seed."""
-    from labels_party.prior import estimate_prior
+    normalized — labels_party.core.prior), with a fixed seed."""
+    from labels_party.core.prior import estimate_prior
 
     return estimate_prior(counts, prior_epsilon, np.random.default_rng(seed)).weights

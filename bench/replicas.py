@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labeldp.local_services import free_port, serve_process  # noqa: E402
-from labels_party.auth import create_key  # noqa: E402
-from labels_party.context import make_context  # noqa: E402
+from labels_party.http.auth import create_key  # noqa: E402
+from labels_party.runtime.context import make_context  # noqa: E402
 from shared.service.sealing import write_key_file  # noqa: E402
 from tests.support.databases import fresh_database  # noqa: E402
 

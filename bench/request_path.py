@@ -73,9 +73,9 @@ def main() -> None:
     import numpy as np
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
     from shared.randomness import SeededSource
 
     with tempfile.TemporaryDirectory(prefix="labeldp-path-") as directory:

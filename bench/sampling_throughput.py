@@ -21,9 +21,9 @@ import time
 import numpy as np
 from realistic_priors import psid_weeks_worked
 
-from labels_party.pate import aggregate, calibrate_variance
-from labels_party.registry import build_mechanism
-from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+from labels_party.core.pate import aggregate, calibrate_variance
+from labels_party.core.registry import build_mechanism
+from labels_party.core.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
 from shared.domains import Classes, integer_range
 from shared.randomness import secure_rng
 

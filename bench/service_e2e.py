@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from labeldp.local_services import free_port, serve_process
-from labels_party.auth import create_key
-from labels_party.context import ServiceContext, make_context
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import ServiceContext, make_context
 
 
 def peak_rss_mb(pid: int) -> float:

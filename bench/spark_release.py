@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from realistic_priors import psid_weeks_worked
 
-from labels_party.registry import build
+from labels_party.core.registry import build
 from labels_party.spark.jobs import label_histogram, privatize
 from labels_party.spark.session import spark_session
 from shared.domains import integer_range

@@ -1,5 +1,5 @@
 """Trainer throughput: the paper-size MLP (hidden (64, 32), embedding dimension 4) on synthetic data with numeric and
-categorical features, trained by ``features_party.train.train`` at batch 1024, on whatever devices JAX sees (the
+categorical features, trained by ``features_party.learn.train.train`` at batch 1024, on whatever devices JAX sees (the
 same code on CPU and GPU).
 
 Run: `.venv/bin/python bench/train_throughput.py [--n 1000000] [--epochs 4] [--json]`
@@ -23,7 +23,7 @@ import time
 import jax
 import numpy as np
 
-from features_party.train import TrainConfig, device_summary, train
+from features_party.learn.train import TrainConfig, device_summary, train
 
 GOAL_EXAMPLES_PER_SECOND = 1.4e6
 VOCAB_SIZES = (8, 16, 32)

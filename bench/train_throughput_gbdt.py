@@ -1,8 +1,8 @@
-"""Training time per 10⁶ rows for each learner of the trainer: gradient-boosted trees (``features_party.gbdt``,
+"""Training time per 10⁶ rows for each learner of the trainer: gradient-boosted trees (``features_party.learn.gbdt``,
 XGBoost ``hist``, the job defaults: depth 6, learning rate 0.05, subsample 0.8, min_child_weight 10) and the
-paper-size MLP (``features_party.train``, hidden (64, 32), embeddings of dimension 4, batch 1024), on the synthetic
-table of bench/train_throughput.py (4 numeric and 3 categorical features, a nonlinear target with noise variance
-0.25), on whatever device each learner picks (the same choice: CUDA when JAX sees a GPU).
+paper-size MLP (``features_party.learn.train``, hidden (64, 32), embeddings of dimension 4, batch 1024), on the
+synthetic table of bench/train_throughput.py (4 numeric and 3 categorical features, a nonlinear target with noise
+variance 0.25), on whatever device each learner picks (the same choice: CUDA when JAX sees a GPU).
 
 Run: `.venv/bin/python bench/train_throughput_gbdt.py [--n 1000000] [--rounds 200] [--epochs 4] [--threads T]
 [--json]`
@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_throughput import NUM_NUMERIC, VOCAB_SIZES, synthetic  # noqa: E402
 
-from features_party import gbdt  # noqa: E402
-from features_party.train import TrainConfig, device_summary, train  # noqa: E402
+from features_party.learn import gbdt  # noqa: E402
+from features_party.learn.train import TrainConfig, device_summary, train  # noqa: E402
 from shared import models  # noqa: E402
 
 MILLION = 1e6

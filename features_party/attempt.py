@@ -22,11 +22,11 @@ import pyarrow.parquet as pq
 from features_party import db
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
-from features_party.gbdt import GbdtResult
-from features_party.gbdt_file import save_model as save_gbdt
-from features_party.output import Output
+from features_party.learn.gbdt import GbdtResult
+from features_party.learn.gbdt_file import save_model as save_gbdt
+from features_party.learn.output import Output
+from features_party.learn.train import TrainResult, save_model
 from features_party.reports import JobReport
-from features_party.train import TrainResult, save_model
 from shared import schemas
 from shared.errors import LabelDPError
 from shared.service.leases import Lease, LeaseTable

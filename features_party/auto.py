@@ -47,14 +47,14 @@ import pandas as pd
 from features_party.attempt import Attempt, finish, release_summary
 from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
-from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
+from features_party.learn.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
+from features_party.learn.output import Output
+from features_party.learn.targets import training_targets
+from features_party.learn.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from features_party.multistage import train_multistage
-from features_party.output import Output
 from features_party.parts import ESTIMATE, SELECTION, SOFT_ARMS
 from features_party.planning import Config, JobPlan, load_frame
 from features_party.reports import JobReport, privatized
-from features_party.targets import training_targets
-from features_party.train import Deadline, TrainConfig, TrainResult, check_deadline, train
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 from shared.mechanisms.randomized_response import RandomizedResponse

@@ -92,8 +92,8 @@ def serve_command(args) -> int:
     import logging
 
     from features_party.api import create_app
+    from features_party.learn.train import device_summary
     from features_party.process import make_context
-    from features_party.train import device_summary
     from shared.service.serving import configure_logging, log_storage, serve, serve_workers
 
     tls = tls_options(args)  # flags first: a usage error touches no database

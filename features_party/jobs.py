@@ -46,17 +46,20 @@ import xgboost as xgb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
-from features_party import db, shrinkage
+from features_party import db
 from features_party import schemas as trainer_schemas
 from features_party.attempt import Attempt, LeaseLost, finish, release_summary
 from features_party.auto import run_auto
 from features_party.client import LabelsPartyClient, LabelsPartyError, ReleaseFailed
 from features_party.context import TrainerContext
 from features_party.features import ID, Preprocessor
-from features_party.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
-from features_party.gbdt_file import is_model_file as is_gbdt_model
-from features_party.gbdt_file import load_model as load_gbdt
-from features_party.output import Output
+from features_party.learn import shrinkage
+from features_party.learn.gbdt import GbdtConfig, GbdtResult, threads_per_job, train_gbdt
+from features_party.learn.gbdt_file import is_model_file as is_gbdt_model
+from features_party.learn.gbdt_file import load_model as load_gbdt
+from features_party.learn.output import Output
+from features_party.learn.targets import training_targets
+from features_party.learn.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from features_party.parts import VALIDATION_FALLBACK
 from features_party.planning import (
     ESTIMATE_KEY,
@@ -68,8 +71,6 @@ from features_party.planning import (
     upstream_error,
 )
 from features_party.reports import JobReport, estimate, labels_by_id, privatized
-from features_party.targets import training_targets
-from features_party.train import Deadline, Stopped, TimeLimitExceeded, TrainResult, train
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 from shared.service.leases import JobRunner, Lease, LeaseTable
@@ -395,7 +396,7 @@ def _shrunk(report: JobReport, plan: JobPlan, client: LabelsPartyClient, release
             result: TrainResult | GbdtResult, numeric: np.ndarray, categorical: np.ndarray,
             targets: np.ndarray) -> Output:
     """The model shrunk toward the mean of its training labels when they are numeric and unbiased
-    (:mod:`features_party.shrinkage`); else as trained."""
+    (:mod:`features_party.learn.shrinkage`); else as trained."""
     if plan.num_classes is not None:
         return Output()
     try:
@@ -472,7 +473,7 @@ def run_multistage(attempt: Attempt, plan: JobPlan, client: LabelsPartyClient,
 
 def predictions_frame(model_path: str | Path, features: pd.DataFrame) -> pd.DataFrame:
     """Predictions of a saved model, the MLP's or the trees', on a features table (``labeldp predict``)."""
-    from features_party.model_file import load_model
+    from features_party.learn.model_file import load_model
 
     result: TrainResult | GbdtResult
     result, header = load_gbdt(model_path) if is_gbdt_model(model_path) else load_model(model_path)

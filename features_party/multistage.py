@@ -10,8 +10,8 @@ disjoint stages the whole run is ε-label-DP — the labels party's per-example 
 that. A stage where every example has k = 1 is refused before any charge and adds no labels. Stage t trains on
 all labels so far, starting from the stage t−1 model, and drops earlier-stage labels that fall outside the current
 model's top-k (k = the mean k of the stage's RRWithPrior answers), as the supplement describes. The MLP starts from
-the last stage's parameters; gradient-boosted trees (features_party/gbdt.py) go on boosting the last stage's model,
-each stage adding up to ``n_estimators`` rounds, and the softmax of their margins is the next stage's prior.
+the last stage's parameters; gradient-boosted trees (features_party/learn/gbdt.py) go on boosting the last stage's
+model, each stage adding up to ``n_estimators`` rounds, and the softmax of their margins is the next stage's prior.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import jax
 import numpy as np
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
-from features_party.gbdt import GbdtConfig, GbdtResult, train_gbdt
+from features_party.learn.gbdt import GbdtConfig, GbdtResult, train_gbdt
+from features_party.learn.train import Deadline, TrainConfig, TrainResult, train
 from features_party.parts import lp_mst_parts
-from features_party.train import Deadline, TrainConfig, TrainResult, train
 from shared import models
 
 
@@ -114,7 +114,7 @@ def train_multistage(client: LabelsPartyClient, dataset_id: str, example_ids: np
     the examples' labels.
     Each stage's release has the Idempotency-Key ``key_prefix`` + the run's parameters + the stage: a rerun with
     the same prefix (a resumed job) gets the same releases back instead of new draws and charges. Past
-    ``deadline`` (``time.monotonic()``, or a :class:`~features_party.train.Deadline`) a stage's training raises
+    ``deadline`` (``time.monotonic()``, or a :class:`~features_party.learn.train.Deadline`) a stage's training raises
     ``TimeLimitExceeded`` (or ``Stopped``): no later stage is released."""
     if stages < 1:
         raise ValueError("stages must be >= 1")

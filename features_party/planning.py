@@ -19,13 +19,14 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from features_party import db, gbdt, id_lists, losses, parts, schemas
+from features_party import db, id_lists, parts, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.features import Preprocessor, check_present, table_bytes
+from features_party.learn import gbdt, losses
+from features_party.learn.train import TrainConfig
 from features_party.parts import AutoPlan
 from features_party.settings import TrainerSettings
-from features_party.train import TrainConfig
 from shared import models
 from shared import schemas as shared_schemas
 from shared.errors import ErrorCode, LabelDPError
@@ -552,8 +553,8 @@ def _check_size(settings: TrainerSettings, request: schemas.JobRequest, learners
                 vocab_sizes: tuple[int, ...], rows: int, *, output_dim: int, fits: int) -> None:
     """Refuses a job over ``max_job_size``, its learners' sizes added (an auto job trains both): for the MLP
     parameters × epochs × fits (stages of lp-mst, an auto job's candidates) × rows, the parameters of the model the
-    job would build; for trees :func:`features_party.gbdt.work` (a tree unit's cost × rounds × trees per round × rows
-    × features × depth) × fits. An auto job counts each fit on every training row: an upper bound."""
+    job would build; for trees :func:`features_party.learn.gbdt.work` (a tree unit's cost × rounds × trees per round ×
+    rows × features × depth) × fits. An auto job counts each fit on every training row: an upper bound."""
     sizes = [_size(request, learner, vocab_sizes, rows, output_dim=output_dim, fits=fits) for learner in learners]
     total = sum(size for size, _ in sizes)
     if total > settings.max_job_size:
@@ -646,7 +647,7 @@ def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learn
                    output_dim: int, vocab_sizes: tuple[int, ...], *, fits: int) -> None:
     """Refuses a job whose predictions (every row of its features table × the model's outputs) are over
     ``max_prediction_cells``, or whose trees may take more than ``max_tree_bytes``
-    (:func:`features_party.gbdt.memory`: the model — every fit's, an auto job keeps its candidates —, XGBoost's
+    (:func:`features_party.learn.gbdt.memory`: the model — every fit's, an auto job keeps its candidates —, XGBoost's
     cached histograms and the training matrices): memory that neither learner's ``max_job_size`` counts — a job
     training on ten rows of a 100,000-class dataset is small by it."""
     cells = table_rows * output_dim

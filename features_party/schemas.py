@@ -20,7 +20,7 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 class GbdtOptions(BaseModel):
-    """Gradient-boosted trees (XGBoost: features_party/gbdt.py), each option with its range. The defaults lean to
+    """Gradient-boosted trees (XGBoost: features_party/learn/gbdt.py), each option with its range. The defaults lean to
     noisy labels: small steps (``learning_rate``), leaves backed by many examples (``min_child_weight``), row
     subsampling, and early stopping on the job's validation split of its *privatized* labels."""
 
@@ -42,7 +42,7 @@ class GbdtOptions(BaseModel):
 
 
 class TrainOptions(BaseModel):
-    """Training options (features_party/train.py:TrainConfig), each with its range. ``loss`` defaults to what the
+    """Training options (features_party/learn/train.py:TrainConfig), each with its range. ``loss`` defaults to what the
     labels are: cross-entropy for classes, the subset loss for subset releases, squared for regression.
     ``model`` picks the learner: the JAX MLP/GLM (``mlp``, the default: ``hidden``, ``embed_dim``,
     ``learning_rate``, ``l2``, ``batch_size``, ``epochs``, ``patience``, ``standardize_targets``) or gradient-boosted
@@ -220,7 +220,7 @@ class JobView(BaseModel):
         "a fixed-mechanism job on numeric labels of an unbiased mechanism: the weight w of its predictions "
         "c + w·(f − m) toward the mean c of its training labels (w = 1: as trained, 0: the constant), chosen on its "
         "validation rows, with each weight's estimated loss difference from the constant "
-        "(features_party/shrinkage.py)"))
+        "(features_party/learn/shrinkage.py)"))
     seconds: float
     device: str
     created_at: datetime

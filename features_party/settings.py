@@ -70,12 +70,12 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     # Bounds per job and per organization, each checked before anything is asked of the labels party. The size of
     # a job is parameters × epochs × rows (× stages for lp-mst): 10¹² is minutes on a CPU core at batch ≥ 64, up to
     # about an hour at batch 1 (bench/train_throughput.py measures the rate); trees count in the same unit
-    # (features_party.gbdt.work; bench/train_throughput_gbdt.py measures both).
+    # (features_party.learn.gbdt.work; bench/train_throughput_gbdt.py measures both).
     max_job_size: float = Field(default=1e12, gt=0)  # beyond: 400 job_too_large
     # What a job holds besides its work, which max_job_size does not count (beyond either: 400 job_too_large): its
     # predictions, one number per row of its features table (not only those it trains on) and model output (a
     # class's probability; trees also hold a gradient per training row and class), and a tree job's memory in bytes
-    # (features_party.gbdt.memory: its model — rounds × trees per round × nodes per tree, ~64 bytes a node and ~7
+    # (features_party.learn.gbdt.memory: its model — rounds × trees per round × nodes per tree, ~64 bytes a node and ~7
     # per categorical level a split lists — XGBoost's cached histograms and the training matrices).
     max_prediction_cells: float = Field(default=1e8, gt=0)
     max_tree_bytes: float = Field(default=2e9, gt=0)

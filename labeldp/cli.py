@@ -17,7 +17,7 @@ import textwrap
 from shared.errors import ErrorCode, LabelDPError
 
 # (the module that registers subcommands, the packages it needs, the top-level commands it registers)
-_COMMANDS = (("labels_party.cli", ("labels_party",), ("labels", "randomizer")),
+_COMMANDS = (("labels_party.runtime.cli", ("labels_party",), ("labels", "randomizer")),
              ("features_party.cli", ("features_party",), ("features", "predict", "quantiles")),
              ("labeldp.commands", ("labels_party", "features_party"), ("bench", "demo", "compose-demo")))
 

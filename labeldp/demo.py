@@ -39,8 +39,8 @@ import pandas as pd
 
 from features_party.client import LabelDPWarning, LabelsPartyClient
 from features_party.features import Preprocessor
-from features_party.gbdt import train_gbdt
-from features_party.train import TrainConfig, device_summary, train
+from features_party.learn.gbdt import train_gbdt
+from features_party.learn.train import TrainConfig, device_summary, train
 from features_party.trainer_client import TrainerClient
 from labeldp import demo_classification, demo_source, references, report
 from labeldp.benchmarks.parties import CONSUMER, LABELS_PARTY, Parties

@@ -50,7 +50,7 @@ def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...]):
 def settings_page() -> str:
     """Each service's settings: environment variable, type, default, and what the code's comments say of it."""
     from features_party.settings import TrainerSettings
-    from labels_party.settings import LabelsSettings
+    from labels_party.runtime.settings import LabelsSettings
 
     lines = [HEADER, "# Settings\n\n", "Each service reads its settings from environment variables (or a settings "
              "object passed in). A field's description is the comment beside it in the code.\n"]
@@ -108,9 +108,9 @@ def http_page() -> str:
     from features_party.api import create_app as create_trainer
     from features_party.process import make_context as make_trainer_context
     from features_party.settings import TrainerSettings
-    from labels_party.api import create_app as create_labels
-    from labels_party.context import make_context
-    from labels_party.settings import LabelsSettings
+    from labels_party.http.api import create_app as create_labels
+    from labels_party.runtime.context import make_context
+    from labels_party.runtime.settings import LabelsSettings
 
     lines = [HEADER, "# HTTP routes\n\n", "Each service's routes, from its OpenAPI (`GET /openapi.json`, and the "
              "pages at `/docs` and `/redoc` of a running service). Every route but the health checks and the "

@@ -49,9 +49,9 @@ def mean_sd(values: Iterable[float], digits: str = ".4g", sd_digits: str = ".2g"
 
 
 def job_trees(loss: str, seed: int = 0, validation_fraction: float = 0.2):
-    """The :class:`features_party.gbdt.GbdtConfig` of a trainer job with the default tree options (``train.gbdt``
+    """The :class:`features_party.learn.gbdt.GbdtConfig` of a trainer job with the default tree options (``train.gbdt``
     omitted), for training the trees in process on the true labels."""
-    from features_party.gbdt import GbdtConfig  # XGBoost and JAX: only where trees are trained
+    from features_party.learn.gbdt import GbdtConfig  # XGBoost and JAX: only where trees are trained
     from features_party.schemas import GbdtOptions
 
     return GbdtConfig.from_dict({**GbdtOptions().model_dump(), "loss": loss, "seed": seed,

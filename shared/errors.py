@@ -118,7 +118,7 @@ class ErrorCode(StrEnum):
     BODY_TOO_LARGE = ("body_too_large", 413)
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415)
     INVALID_REQUEST = ("invalid_request", 422)
-    # 429: this organization's own quota (labels_party.quotas), never another's use; Retry-After says when
+    # 429: this organization's own quota (labels_party.runtime.quotas), never another's use; Retry-After says when
     RELEASE_QUOTA_EXCEEDED = ("release_quota_exceeded", 429)
     TOO_MANY_JOBS = ("too_many_jobs", 429)  # an organization's queued + running trainer jobs at their limit
     # 5xx: the service, or one it depends on, could not do it now (nothing was charged, but for release_failed)
@@ -139,7 +139,7 @@ class ErrorCode(StrEnum):
     # a Spark cluster master without the deployment's shared authentication secret (labels_party/spark/session.py)
     SPARK_NOT_SECURED = ("spark_not_secured", 503)
     SEALED_SECRET_DAMAGED = ("sealed_secret_damaged", 503)
-    # the audit key in use is not the one that signs this data directory's accounts (labels_party/context.py): a
+    # the audit key in use is not the one that signs this data directory's accounts (labels_party/runtime/context.py): a
     # command run without LABELDP_AUDIT_KEY_FILE would have made a second key and signed with it
     AUDIT_KEY_MISMATCH = ("audit_key_mismatch", 503)
     # charged before it was computed, then could not be completed (no data-dependent reason: a resource failed)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from labeldp.local_services import serve_in_thread
-from labels_party.prior import estimate_prior
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.prior import estimate_prior
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 from tests.attacks import (
     bayes_guess,
@@ -135,9 +135,9 @@ def test_prior_histograms_leave_the_lsb_attack_a_guesser():
 def test_attacks_on_single_example_releases_over_http(tmp_path):
     """40 examples with labels 0..9, each released alone twice by a granted consumer: rr-on-bins at ε = 1 (its
     noisy prior at ε₁ = 0.5 is published) and laplace at ε = 1. Every published number is attacked."""
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():

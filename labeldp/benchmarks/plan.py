@@ -104,8 +104,9 @@ def column_warnings(prepared: Prepared) -> list[dict]:
 
 def _range_warnings(prepared: Prepared) -> list[dict]:
     """The declared range (or, with a private clip, the outer range) far wider than the labels' middle 90 %: the
-    labels service's own rule (:func:`labels_party.datasets.range_warning`), on the raw labels the bench holds."""
-    from labels_party.datasets import WIDE_RANGE
+    labels service's own rule (:func:`labels_party.releases.datasets.range_warning`), on the raw labels the bench
+    holds."""
+    from labels_party.releases.datasets import WIDE_RANGE
 
     clip = prepared.domain.get("clip")
     if prepared.classification or clip is None:

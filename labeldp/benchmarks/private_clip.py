@@ -1,5 +1,5 @@
 """``labeldp bench utility --clip auto:Q_LOW:Q_HIGH:EPS[:LOW:HIGH]``: the clip bounds chosen privately, by the
-labels service's DP quantiles (:mod:`labels_party.quantiles`), as a data owner would.
+labels service's DP quantiles (:mod:`labels_party.core.quantiles`), as a data owner would.
 
 The clip is a dataset's declared preprocessing, applied when its labels are uploaded, so it must be known before
 the dataset the releases come from exists. The flow is therefore two datasets of the same examples:
@@ -8,7 +8,7 @@ the dataset the releases come from exists. The flow is therefore two datasets of
    budget of exactly EPS; the owner uploads the raw labels and asks for the Q_LOW and Q_HIGH quantiles at EPS
    (split evenly between the two: basic composition), each by a sweep of a logarithmic grid of candidates that
    stops at the first whose noisy count reaches the noisy target rank (``candidates: "log"``, ``method:
-   "above-threshold"``, :mod:`labels_party.quantiles`): on heavy-tailed labels the exponential mechanism over the
+   "above-threshold"``, :mod:`labels_party.core.quantiles`): on heavy-tailed labels the exponential mechanism over the
    declared range's evenly spaced values put a 0.99 quantile of household wealth at 1310 against a true 224.6; the
    sweep lands within a factor of two. Every example is charged EPS there.
 2. **release** — ``<name>``, declared with clip [v_low, v_high] from those values; the owner uploads the same raw

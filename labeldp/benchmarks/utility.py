@@ -43,9 +43,9 @@ from tqdm.auto import tqdm
 
 from features_party.client import LabelDPWarning, LabelsPartyError
 from features_party.features import Preprocessor
-from features_party.gbdt import train_gbdt
+from features_party.learn.gbdt import train_gbdt
+from features_party.learn.train import TrainConfig, train
 from features_party.schemas import JobView
-from features_party.train import TrainConfig, train
 from labeldp import references, report
 from labeldp.benchmarks import classification, comparison, learners, private_clip
 from labeldp.benchmarks.choices import (
@@ -60,7 +60,7 @@ from labeldp.benchmarks.choices import (
 )
 from labeldp.benchmarks.parties import CONSUMER, Parties, two_parties
 from labeldp.benchmarks.private_clip import AutoClip, ChosenClip
-from labels_party.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
+from labels_party.core.registry import MAX_CONTINUOUS_LABELS, MAX_MESH_CELLS
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 
@@ -458,7 +458,7 @@ def preflight(prepared: Prepared, mechanisms: list[str], auto_candidates: Sequen
     mechanism cannot take (the service's own checks and messages, plus the bench's flag to use instead)."""
     from pydantic import ValidationError
 
-    from labels_party.registry import MechanismOptions, family
+    from labels_party.core.registry import MechanismOptions, family
     from shared.domains import lattice_of
 
     try:

@@ -2,7 +2,7 @@
 
 **Budgets and accounts.** A dataset has a per-example budget (ε_total in exact integer units of 10⁻⁹, and δ_total).
 It is divided into *accounts*, one per organization that may release: the owner's and one per grant, each with an
-allocation (ε units, δ) set by the owner (:mod:`labels_party.budgets`: allocations never sum beyond the dataset's
+allocation (ε units, δ) set by the owner (:mod:`labels_party.ledger.budgets`: allocations never sum beyond the dataset's
 budget). An account's admission depends on its own spending only, so a refusal — or its absence — tells an
 organization nothing about another's use; and every example's total over accounts stays within the dataset's
 (ε_total, δ_total) by basic composition.

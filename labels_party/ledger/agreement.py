@@ -6,7 +6,8 @@ without the anchor (:meth:`~labels_party.ledger.Ledger.check_anchor`) or the sig
 budget-relevant table is derived state, checked against the chain's replay (:func:`~.chain.replay`) wherever it
 matters:
 
-* **at every start** (:func:`check_tables`, from :mod:`labels_party.recovery`): every dataset's chain is read, its
+* **at every start** (:func:`check_tables`, from :mod:`labels_party.runtime.recovery`): every dataset's chain is read,
+its
   links checked up to the anchored head, and the tables compared with it — totals, grants, allocations, revoked
   keys, and every release row (one per charge and no other, its charge, the organization charged, and for releases
   charged since availability is chained, its state, file and mechanism document as its :class:`ReleaseFact` says).
@@ -30,9 +31,9 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from labels_party import db
 from labels_party.ledger.chain import Replayed
 from labels_party.ledger.records import SourceFact, secret_digest
+from labels_party.store import db
 from shared.errors import ErrorCode, LabelDPError
 
 

@@ -15,8 +15,6 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from labels_party import db
-from labels_party.labelstore import CoverageSet, read_coverage
 from labels_party.ledger import agreement, chain, key_certificates, revocations
 from labels_party.ledger.charges import RDP_CAP, Charge, rdp_curve, rdp_epsilon_units, rdp_orders
 from labels_party.ledger.records import (
@@ -35,7 +33,9 @@ from labels_party.ledger.records import (
 )
 from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
-from labels_party.storage import DataStore, MappedArray, write_npy
+from labels_party.store import db
+from labels_party.store.labelstore import CoverageSet, read_coverage
+from labels_party.store.storage import DataStore, MappedArray, write_npy
 from shared.errors import ErrorCode, LabelDPError
 from shared.service.keys import ApiKeyColumns, Principal
 

@@ -33,7 +33,6 @@ from pydantic import ValidationError
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from labels_party import db
 from labels_party.ledger.charges import charged_units
 from labels_party.ledger.records import (
     AllocationFact,
@@ -52,6 +51,7 @@ from labels_party.ledger.records import (
     read_fact,
     secret_digest,
 )
+from labels_party.store import db
 
 if TYPE_CHECKING:
     from labels_party.ledger.signing import HeadSigner

@@ -24,9 +24,9 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from labels_party import db
 from labels_party.ledger.records import canonical, secret_digest
 from labels_party.ledger.signing import key_id
+from labels_party.store import db
 
 # Signed bytes start with this: a key certificate's signature is never a head's (signing.CONTEXT), nor the reverse.
 CONTEXT = b"labeldp key certificate v1\n"

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from labels_party import db
 from labels_party.ledger.charges import charged_units
+from labels_party.store import db
 
 COMPOSITION = ("per example and organization: pure epsilon-DP events add (exact integer units); Gaussian events "
                "add their RDP curves, converted at the organization's delta; the two add by basic composition; "

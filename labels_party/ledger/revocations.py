@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from labels_party.storage import DataStore
+from labels_party.store.storage import DataStore
 
 DIRECTORY = "keys/revoked"
 

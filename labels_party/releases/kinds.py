@@ -29,11 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dp_accounting import dp_event
 
-from labels_party import pipeline, registry
-from labels_party.context import ServiceContext
-from labels_party.evaluation import EvaluationPlan, plan_evaluation, score
-from labels_party.pipeline import Plan, Prepared, privatize, privatize_by_group
-from labels_party.quantiles import (
+from labels_party.core import pipeline, registry
+from labels_party.core.evaluation import EvaluationPlan, plan_evaluation, score
+from labels_party.core.pipeline import Plan, Prepared, privatize, privatize_by_group
+from labels_party.core.quantiles import (
     QuantilePlan,
     RankCounts,
     at_least,
@@ -42,11 +41,12 @@ from labels_party.quantiles import (
     plan_quantiles,
     release_quantiles,
 )
-from labels_party.registry import MechanismOptions
+from labels_party.core.registry import MechanismOptions
+from labels_party.core.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
 from labels_party.releases.lifecycle import Computation, Draft, Snapshot
 from labels_party.releases.streamed import plan_version, write_example_ids
-from labels_party.solvers.rr_with_prior import PerExamplePlan, plan_per_example, sample_per_example
-from labels_party.uploads import (
+from labels_party.runtime.context import ServiceContext
+from labels_party.store.uploads import (
     MAX_DECODED_BYTES,
     MAX_GROUP_NAME,
     held_id_size,
@@ -75,7 +75,7 @@ GROUP_OVERHEAD = 64 + MAX_GROUP_NAME
 def check_document_size(ctx: ServiceContext, numbers: int, what: str, extra_bytes: int = 0) -> None:
     """Refuse, from public inputs only, a request whose mechanism document could exceed the deployment's
     ``max_document_bytes``: 8 bytes per number its mechanisms and priors may publish, plus the rest of the document
-    (an upper bound on what :func:`labels_party.documents.pack` stores)."""
+    (an upper bound on what :func:`labels_party.ledger.documents.pack` stores)."""
     predicted, limit = 8 * numbers + extra_bytes + DOCUMENT_OVERHEAD, ctx.settings.max_document_bytes
     if predicted > limit:
         raise LabelDPError(f"{what} may publish a mechanism document of {predicted:,} bytes; this deployment allows "
@@ -254,8 +254,8 @@ class ExamplePriorShape(_Defaults):
     """A release check's per-example prior release to come (an LP-MST stage whose priors the model has not given
     yet): refused as :class:`ExamplePriorRelease` would be on everything but its priors — a classes dataset, ε, the
     ids, and the bytes its body decodes to with one prior over each of the K classes per example (what
-    :func:`~labels_party.uploads.parse_priors` counts of a CSV or NDJSON body; a Parquet body's columns count their
-    stored pages too). Never charged or computed: only checked."""
+    :func:`~labels_party.store.uploads.parse_priors` counts of a CSV or NDJSON body; a Parquet body's columns count
+    their stored pages too). Never charged or computed: only checked."""
 
     request: schemas.PriorReleaseShape
     max_decoded_bytes: int = MAX_DECODED_BYTES
@@ -408,7 +408,7 @@ class GroupRelease(_Defaults):
 
 @dataclass(frozen=True)
 class Evaluation(_JsonBodyKind):
-    """Private evaluation (see :mod:`labels_party.evaluation`), accounted like a release of the scored
+    """Private evaluation (see :mod:`labels_party.core.evaluation`), accounted like a release of the scored
     examples."""
 
     request: schemas.EvaluationRequest
@@ -448,7 +448,7 @@ class Evaluation(_JsonBodyKind):
 
 @dataclass(frozen=True)
 class Quantiles(_JsonBodyKind):
-    """DP quantiles of the covered labels on the dataset's declared domain (:mod:`labels_party.quantiles`),
+    """DP quantiles of the covered labels on the dataset's declared domain (:mod:`labels_party.core.quantiles`),
     accounted like a release of those examples; the release's file lists them, as an evaluation's does."""
 
     request: schemas.QuantilesRequest
@@ -522,7 +522,7 @@ class CentralTraining(_JsonBodyKind):
 
     def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, _features) -> PricedPlan:
         # Imported here so that the labels service only loads JAX when central training is actually used.
-        from labels_party import labeldp_pro
+        from labels_party.core import labeldp_pro
         from shared import models
 
         request = self.request
@@ -546,7 +546,7 @@ class CentralTraining(_JsonBodyKind):
         return PricedPlan(labeldp_pro.dp_event(sigma, q, config.steps, config.denoiser), (config, sigma))
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, features, priced: PricedPlan, run: Computation) -> Draft:
-        from labels_party.labeldp_pro import train_labeldp_pro
+        from labels_party.core.labeldp_pro import train_labeldp_pro
 
         request, num_classes = self.request, snapshot.domain.support().size  # a classes domain (inputs)
         config, sigma = priced.plan
@@ -583,8 +583,8 @@ class GnMaxCertificate:
 
 @dataclass(frozen=True)
 class PateRelease(_JsonBodyKind):
-    """PATE here (:mod:`labels_party.pate`): teachers on the caller's features of the labelled examples, their noisy
-    votes released as one label per query row. Charged to every labelled example (each is in one teacher's part,
+    """PATE here (:mod:`labels_party.core.pate`): teachers on the caller's features of the labelled examples, their
+    noisy votes released as one label per query row. Charged to every labelled example (each is in one teacher's part,
     whose votes on every query it may change) its RDP curve, converted at the organization's δ."""
 
     request: schemas.PateRequest
@@ -616,7 +616,7 @@ class PateRelease(_JsonBodyKind):
                                           np.asarray(self.request.query_features, dtype=np.float32))
 
     def price(self, ctx: ServiceContext, snapshot: Snapshot, num_examples: int, inputs) -> PricedPlan:
-        from labels_party import pate  # JAX only where PATE is used
+        from labels_party.core import pate  # JAX only where PATE is used
 
         request = self.request
         config = pate.PateConfig(teachers=request.teachers, epsilon=request.epsilon,
@@ -637,7 +637,7 @@ class PateRelease(_JsonBodyKind):
         return PricedPlan(pate.dp_event(math.sqrt(variance), queries), (config, variance))
 
     def compute(self, snapshot: Snapshot, labels: np.ndarray, inputs, priced: PricedPlan, run: Computation) -> Draft:
-        from labels_party import pate
+        from labels_party.core import pate
 
         features, queries = inputs
         (config, variance), classes = priced.plan, snapshot.domain.support().size

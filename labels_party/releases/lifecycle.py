@@ -2,8 +2,8 @@
 
 A release is inserted ``running`` by the charge (:func:`labels_party.releases.transaction.charge`), and then becomes
 ``available`` (:func:`finish`: its mechanism document stored; a source dataset's release stays ``running`` until its
-Spark job — a durable job, :mod:`labels_party.jobs` — wrote the labels) or ``failed`` (:func:`fail`: charged, its
-file removed). An uploaded dataset's release is computed under a lease (:mod:`.liveness`): both record its
+Spark job — a durable job, :mod:`labels_party.runtime.jobs` — wrote the labels) or ``failed`` (:func:`fail`: charged,
+its file removed). An uploaded dataset's release is computed under a lease (:mod:`.liveness`): both record its
 outcome only while the request still holds it. Nothing here decides access or charges anything.
 """
 
@@ -22,14 +22,14 @@ from dp_accounting import dp_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from labels_party import db, documents, labelstore
-from labels_party.auth import Principal
-from labels_party.context import ServiceContext
-from labels_party.jobs import INTERRUPTED
-from labels_party.ledger import units_epsilon
+from labels_party.core.solvers.deadline import Deadline
+from labels_party.http.auth import Principal
+from labels_party.ledger import documents, units_epsilon
 from labels_party.releases import liveness
 from labels_party.releases.privatization import seal
-from labels_party.solvers.deadline import Deadline
+from labels_party.runtime.context import ServiceContext
+from labels_party.runtime.jobs import INTERRUPTED
+from labels_party.store import db, labelstore
 from shared import schemas
 from shared.domains import Domain
 from shared.errors import ErrorCode, LabelDPError
@@ -44,7 +44,7 @@ class Snapshot:
     dataset: db.Dataset
     domain: Domain
     version: int
-    file: str  # the label version (see labels_party.labelstore)
+    file: str  # the label version (see labels_party.store.labelstore)
     num_examples: int
     coverage: labelstore.CoverageSet  # the whole version's (a source dataset: all its rows)
     delta: float = 0.0  # the requesting organization's δ allocation on the dataset (events with δ > 0 need one)
@@ -206,7 +206,7 @@ class Outcome:
 
 def release_view(release: db.Release, execution: schemas.ReleaseExecution | None = None) -> schemas.Release:
     """The release as the API shows it; ``execution`` only for a key that sees it
-    (:func:`labels_party.access.sees_execution`)."""
+    (:func:`labels_party.http.access.sees_execution`)."""
     return schemas.Release(
         id=release.id, dataset_id=release.dataset_id, mechanism=release.mechanism, epsilon=release.epsilon,
         charged_epsilon=units_epsilon(release.charge_units), certified_epsilon=release.certified_epsilon,

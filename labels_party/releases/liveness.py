@@ -1,10 +1,10 @@
 """An uploaded dataset's release is computed inside its request (:data:`.transaction.IN_PROCESS`); its liveness is a
 lease, so that a replica fails it when the process computing it is gone — without waiting for a process to start
-alone on the data directory (:func:`labels_party.recovery.fail_interrupted`, the fallback).
+alone on the data directory (:func:`labels_party.runtime.recovery.fail_interrupted`, the fallback).
 
 * **Lease.** The transaction that charges the release and inserts it ``running`` also inserts its
-  ``compute_release`` job (:mod:`labels_party.jobs`), already claimed by this process: attempt 1, the process's job
-  runner as ``lease_owner``, expiring ``job_lease_seconds`` later (:func:`lease`).
+  ``compute_release`` job (:mod:`labels_party.runtime.jobs`), already claimed by this process: attempt 1, the process's
+  job runner as ``lease_owner``, expiring ``job_lease_seconds`` later (:func:`lease`).
 * **Renew.** From the commit until the request has recorded its outcome, the runner's heartbeat renews the lease
   with the jobs its workers hold (:func:`computing`) — from the commit, not from the adoption: the lease's expiry
   is set again as the charge commits and the heartbeat holds it until the request adopts it, since what runs in
@@ -37,8 +37,9 @@ from collections.abc import Iterator
 
 from sqlalchemy.orm import Session
 
-from labels_party import db, jobs
-from labels_party.jobs import INTERRUPTED, Claimed, Failure, JobContext
+from labels_party.runtime import jobs
+from labels_party.runtime.jobs import INTERRUPTED, Claimed, Failure, JobContext
+from labels_party.store import db
 from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import remove
 

@@ -1,6 +1,6 @@
 """The ``privatize_source`` job of a source release (:mod:`labels_party.releases.source` queues it; any replica's
-worker runs it, :mod:`labels_party.workers`): the sampler rebuilt from the release's stored mechanism document, the
-release's secret opened from its seal, the Spark job run over the registration's copy into this attempt's own
+worker runs it, :mod:`labels_party.runtime.workers`): the sampler rebuilt from the release's stored mechanism document,
+the release's secret opened from its seal, the Spark job run over the registration's copy into this attempt's own
 directory, and — only while the attempt still holds its lease — that directory made the release's files, their
 digest sealed and the release ``available``. Every attempt with the same secret writes the same bytes
 (:mod:`labels_party.spark.jobs`), so a takeover or a retry repeats the work, never a draw.
@@ -17,11 +17,12 @@ import uuid
 import numpy as np
 from sqlalchemy.orm import Session
 
-from labels_party import db, documents, jobs
-from labels_party.jobs import Claimed, Failure, JobContext
-from labels_party.ledger import Ledger
-from labels_party.pipeline import PLAN_FIELDS
-from labels_party.source_datasets import snapshot_uri
+from labels_party.core.pipeline import PLAN_FIELDS
+from labels_party.ledger import Ledger, documents
+from labels_party.releases.source_datasets import snapshot_uri
+from labels_party.runtime import jobs
+from labels_party.runtime.jobs import Claimed, Failure, JobContext
+from labels_party.store import db
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 

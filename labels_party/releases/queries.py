@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from labels_party import db, documents
-from labels_party.access import Admission, releases_possibly_seen, releases_seen, sees_execution, sees_release
-from labels_party.auth import Principal
-from labels_party.context import ServiceContext
-from labels_party.ledger import tampered
+from labels_party.http.access import Admission, releases_possibly_seen, releases_seen, sees_execution, sees_release
+from labels_party.http.auth import Principal
+from labels_party.ledger import documents, tampered
 from labels_party.releases.lifecycle import release_view
 from labels_party.releases.privatization import recorded_execution
+from labels_party.runtime.context import ServiceContext
+from labels_party.store import db
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 
@@ -80,8 +80,8 @@ def list_releases(ctx: ServiceContext, admission: Admission) -> list[schemas.Rel
 
 
 def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_hash: str) -> tuple[bytes, dict]:
-    """A mechanism document in its packed form and unpacked (:func:`labels_party.documents.unpack`, checked against
-    its address), to anyone who can see a release that references it (404 otherwise)."""
+    """A mechanism document in its packed form and unpacked (:func:`labels_party.ledger.documents.unpack`, checked
+    against its address), to anyone who can see a release that references it (404 otherwise)."""
     with ctx.sessions() as session, session.begin():
         query = select(db.Release).where(db.Release.mechanism_hash == mechanism_hash)
         seen = [release for release in session.scalars(releases_possibly_seen(principal, query))

@@ -1,5 +1,5 @@
 """Releases of source datasets: labels in a Parquet dataset, copied and counted when their owner registered them
-(:mod:`labels_party.source_datasets`), released by Spark jobs. The control plane is here; the data plane is
+(:mod:`labels_party.releases.source_datasets`), released by Spark jobs. The control plane is here; the data plane is
 :mod:`labels_party.spark`. The same release transaction as any other release (:mod:`.transaction`):
 
 1. **price** — from public inputs only: the mechanism, the domain, the ε split (refusals here cost nothing). A
@@ -9,8 +9,8 @@
    (coverage ``range:0:n``), the ledger record and the release ``running``, in one transaction;
 3. **plan** — after the commit: the noisy prior from the counts taken at registration, the solve (falling back
    deterministically if it cannot certify), the mechanism document, and — in the transaction that stores the
-   document — a ``privatize_source`` job (:mod:`labels_party.jobs`): a row whose spec is public JSON (the release,
-   the document's address, the support, the source's fingerprint, the partitioning) and whose only secret, the
+   document — a ``privatize_source`` job (:mod:`labels_party.runtime.jobs`): a row whose spec is public JSON (the
+   release, the document's address, the support, the source's fingerprint, the partitioning) and whose only secret, the
    release's 32 bytes (:func:`shared.randomness.new_release_secret`), is stored sealed under the deployment's key
    (:mod:`shared.service.sealing`, context ``release-secret:<release id>``) — never in plain text, on disk or in a
    log. The POST answers 202 with a Location;
@@ -39,15 +39,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from labels_party import db, jobs
-from labels_party.context import ServiceContext
-from labels_party.jobs import Failure
-from labels_party.pipeline import Prepared, plan
+from labels_party.core.pipeline import Prepared, plan
+from labels_party.core.solvers.deadline import Deadline
 from labels_party.releases.kinds import LabelRelease
 from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish, release_failed
 from labels_party.releases.privatization import secret_context
-from labels_party.solvers.deadline import Deadline
-from labels_party.source_datasets import stored_histogram
+from labels_party.releases.source_datasets import stored_histogram
+from labels_party.runtime import jobs
+from labels_party.runtime.context import ServiceContext
+from labels_party.runtime.jobs import Failure
+from labels_party.store import db
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 from shared.randomness import new_release_secret

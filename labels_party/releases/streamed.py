@@ -2,7 +2,7 @@
 
 1. **histogram** — each row group's labels are mapped to their row of the finite support and counted (exact
    integers); the mechanism is planned from the counts (noisy prior, solve, certificate) exactly as for a small
-   release (:func:`labels_party.pipeline.plan`);
+   release (:func:`labels_party.core.pipeline.plan`);
 2. **sample** — each row group is privatized with the plan's sampler and written as a row group of the release
    file (``example_id`` and the released value).
 
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from randomgen import AESCounter
 
-from labels_party.pipeline import Plan, Prepared, plan, support_rows
+from labels_party.core.pipeline import Plan, Prepared, plan, support_rows
 
 ROUNDING_KEY_BYTES = 16  # an AES-128 key for the rounding stream
 

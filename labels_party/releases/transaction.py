@@ -5,9 +5,9 @@
 1. **begin** — the Idempotency-Key: a key already used by this organization on this dataset returns that request's
    outcome (waiting while it is still computed; a source dataset's failed job runs again), never a new draw; a key
    used with another body is a 409 — before anything is computed for this request (access was decided before the
-   body was read: :mod:`labels_party.access`);
+   body was read: :mod:`labels_party.http.access`);
    Then the organization's **quota**: a release slot, waited for a bounded time, and a time bucket that is not
-   empty (:mod:`labels_party.quotas`) — else 429 (or 503 at the service's capacity) with ``Retry-After``,
+   empty (:mod:`labels_party.runtime.quotas`) — else 429 (or 503 at the service's capacity) with ``Retry-After``,
    nothing charged; its own load is public to it, so this refusal, too, comes before the charge;
 2. **cover** — the kind names the examples it covers (a list of ids, looked up in one pass over the label
    version, or the whole version, whose coverage set was stored at upload; a source dataset: all its rows, and
@@ -25,7 +25,7 @@
    a trained parameter) drawn;
 5. **complete** — the :class:`Completion`, the strategy of what follows the commit: in process
    (:data:`IN_PROCESS`: the kind computes a :class:`~.lifecycle.Draft` outside any transaction — it never
-   refuses: a solve that cannot certify falls back deterministically, see :mod:`labels_party.registry` — the file
+   refuses: a solve that cannot certify falls back deterministically, see :mod:`labels_party.core.registry` — the file
    is written and one transaction stores the public mechanism document and makes the release ``available``: 201),
    or by a Spark job (:data:`~.source.SPARK_JOB`: planned from the stored counts, the document stored, the job
    started: 202 and ``running`` until it wrote the labels). If anything fails after the charge — a crash, a full
@@ -54,11 +54,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from labels_party import budgets, db, labelstore
-from labels_party.access import Admission, admitted_dataset, is_owner
-from labels_party.auth import Principal
-from labels_party.context import ServiceContext, check_epsilon_range
-from labels_party.ledger import Actor, BudgetExceeded, RecordFields, canonical
+from labels_party.core.solvers.deadline import Deadline
+from labels_party.http.access import Admission, admitted_dataset, is_owner
+from labels_party.http.auth import Principal
+from labels_party.ledger import Actor, BudgetExceeded, RecordFields, budgets, canonical
 from labels_party.releases import liveness
 from labels_party.releases.lifecycle import (
     Completion,
@@ -76,7 +75,8 @@ from labels_party.releases.lifecycle import (
     write_file,
 )
 from labels_party.releases.source import SPARK_JOB
-from labels_party.solvers.deadline import Deadline
+from labels_party.runtime.context import ServiceContext, check_epsilon_range
+from labels_party.store import db, labelstore
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError, RetryLater, status_of
@@ -167,7 +167,8 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
         return begun
     snapshot, completion = begun
     # The organization's quota (its own load: public) is the last refusal that costs nothing: a slot is held, and
-    # the time it held the slot debited afterwards, from the lookup of the ids to the answer (labels_party.quotas).
+    # the time it held the slot debited afterwards, from the lookup of the ids to the answer
+    # (labels_party.runtime.quotas).
     with ctx.quotas.slot(principal.org_id):
         return _release(ctx, admission, snapshot, completion, kind, key, body_hash)
 

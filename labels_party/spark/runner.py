@@ -1,6 +1,6 @@
 """Where a labels service runs its Spark work: one session per process, started on first use. The jobs that use it
 — a source's registration, a source release's privatization — are durable rows run by the process's job workers
-(:mod:`labels_party.jobs`). PySpark is imported only when a source dataset is used."""
+(:mod:`labels_party.runtime.jobs`). PySpark is imported only when a source dataset is used."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 a pickled object and still draw exactly what the release described.
 
 :func:`sampler_from_description` takes a mechanism description — ``describe()`` of the mechanism, or a release's
-(:meth:`labels_party.pipeline.Plan.describe`, which adds the budget split and any fallback) — and returns the
+(:meth:`labels_party.core.pipeline.Plan.describe`, which adds the budget split and any fallback) — and returns the
 mechanism that draws one number per label, rebuilt exactly: the same integer probabilities, so the same draws from
 the same generator. Which class reads it follows from the fields only that class describes (its *shape*), not from
 a field added for the purpose: documents stored before this module existed rebuild too, and every document keeps
@@ -28,7 +28,7 @@ COUNTS, KEEP, LATTICE = "matrix_counts_over_2_53", "keep_count_over_2_53", "latt
 def sampler_from_description(description: dict) -> Sampler:
     """The mechanism a description states, rebuilt exactly (see the module). A finite randomizer on a continuous
     domain (``RoundedRandomizer``, whose description adds its ``rounding`` domain) rebuilds to its inner randomizer
-    on the grid — what :attr:`labels_party.pipeline.Plan.sampler` draws from, the labels having been rounded when
+    on the grid — what :attr:`labels_party.core.pipeline.Plan.sampler` draws from, the labels having been rounded when
     the histogram was taken.
 
     Refuses with ``mechanism_not_supported_on_spark`` what does not release one number per label (subset selection,

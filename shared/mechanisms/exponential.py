@@ -87,7 +87,7 @@ class ExactExponential:
 
     def _split(self, excess: np.ndarray, bound: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(⌊s·ΔD/t⌋, s·ΔD mod t) for every candidate, the same operations whatever the penalties (their running
-        time must not depend on them: :mod:`labels_party.quantiles`, "Timing"). s·ΔD can pass 2**63 even where the
+        time must not depend on them: :mod:`labels_party.core.quantiles`, "Timing"). s·ΔD can pass 2**63 even where the
         quotient (a count of Bernoulli(exp(-1)) successes) is small: int64 only when ``s·bound`` is below 2**63,
         else Python integers (about 0.2 µs per candidate)."""
         if bound is not None and self.s * max(int(bound), 1) < 1 << 63:

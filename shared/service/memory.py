@@ -86,14 +86,14 @@ class MemoryBudget:
 
 class Reservation:
     """What one request holds of a :class:`MemoryBudget` (:meth:`MemoryBudget.reservation`): it grows as the
-    request's work counts more (a body decoded batch by batch, :class:`labels_party.uploads.Decoded`), from a worker
-    thread. Bytes are taken :data:`GRAIN` at a time: a count that grows by a few bytes a batch does not take the
+    request's work counts more (a body decoded batch by batch, :class:`labels_party.store.uploads.Decoded`), from a
+    worker thread. Bytes are taken :data:`GRAIN` at a time: a count that grows by a few bytes a batch does not take the
     lock each time.
 
     A request waits for the budget only while it holds none of it: requests that each held part and waited for the
     rest would wait for one another (four honest bodies at the limit each took 256 MiB of 1 GiB, and all four were
     503 after the wait). So a request's first share is taken with a wait — its work holds at once what it expects
-    to need (:meth:`labels_party.uploads.Decoded.expect`) — and any more only if free now, else 503 at once."""
+    to need (:meth:`labels_party.store.uploads.Decoded.expect`) — and any more only if free now, else 503 at once."""
 
     GRAIN = 16 << 20
 

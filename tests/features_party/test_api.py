@@ -21,9 +21,9 @@ from features_party.parts import estimate_mask
 from features_party.settings import TrainerSettings
 from labeldp.cli import main as cli
 from labeldp.local_services import serve_in_thread
-from labels_party.api import create_app as create_labels
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app as create_labels
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 from shared.randomness import SeededSource, secure_rng
 from tests.support.paths import assert_path_free
 
@@ -295,7 +295,7 @@ def test_scaling_is_fitted_on_the_training_rows_only(parties):
     train_ids = frame["example_id"][: N // 2].tolist()
     job = _finish(trainer, trainer.post("/v1/jobs", json=_job(parties, example_ids=train_ids)).json()["id"])
     assert job["status"] == "succeeded", job["error"]
-    from features_party.model_file import load_model
+    from features_party.learn.model_file import load_model
 
     path = parties["tmp"] / "m.npz"
     path.write_bytes(trainer.get(f"/v1/jobs/{job['id']}/model").content)

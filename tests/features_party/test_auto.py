@@ -17,7 +17,7 @@ import pytest
 from features_party import auto as auto_module
 from features_party.client import LabelsPartyClient
 from features_party.jobs import predictions_frame
-from features_party.output import Output
+from features_party.learn.output import Output
 from features_party.parts import AutoPlan, mean_epsilon
 from shared.errors import LabelDPError
 from tests.features_party import test_api
@@ -212,9 +212,9 @@ def test_a_saved_model_carries_its_output_map_for_labeldp_predict(tmp_path, lear
     file `labeldp predict` reads back (the trees' file passes its checks) and applies the same way."""
     from features_party.auto import refit_config, strong
     from features_party.features import Preprocessor
-    from features_party.gbdt import GbdtConfig, train_gbdt
-    from features_party.gbdt_file import save_model as save_trees
-    from features_party.train import TrainConfig, save_model, train
+    from features_party.learn.gbdt import GbdtConfig, train_gbdt
+    from features_party.learn.gbdt_file import save_model as save_trees
+    from features_party.learn.train import TrainConfig, save_model, train
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"example_id": [f"r{i}" for i in range(300)], "x": rng.normal(size=300),

@@ -15,11 +15,11 @@ from sqlalchemy import select
 
 from features_party.client import BudgetExceeded, Conflict, LabelsPartyClient, NotFound, Unauthorized
 from labeldp.local_services import serve_in_thread
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.db import Organization
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store.db import Organization
 from shared.errors import LabelDPError
 from shared.estimates import unbiased_mse_estimate_from_document
 

@@ -1,4 +1,4 @@
-"""Gradient-boosted trees (``train.model: "gbdt"``, features_party/gbdt.py) with the real XGBoost against a real
+"""Gradient-boosted trees (``train.model: "gbdt"``, features_party/learn/gbdt.py) with the real XGBoost against a real
 labels-party server: they learn the signal from an opt-unbiased release and classes from an RR release, stop early
 on the job's *released* validation labels, are downloaded as XGBoost JSON that reproduces the predictions, refuse
 options that do not fit before anything is spent, and stop at the trainer's deadline."""
@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import xgboost as xgb
 
-from features_party import gbdt
 from features_party.client import LabelsPartyClient
 from features_party.features import Preprocessor
+from features_party.learn import gbdt
+from features_party.learn.train import TimeLimitExceeded, validation_split
 from features_party.parts import estimate_mask
-from features_party.train import TimeLimitExceeded, validation_split
 from labeldp.cli import main as cli
 from shared.splits import holdout_mask
 from tests.features_party import test_api
@@ -352,7 +352,7 @@ def test_trees_that_fail_to_predict_are_one_line(monkeypatch, tmp_path, capsys):
     numeric, categorical = rng.normal(size=(200, 1)), np.zeros((200, 0), np.int32)
     result = gbdt.train_gbdt(gbdt.GbdtConfig(n_estimators=3, early_stopping_rounds=5), numeric, categorical,
                              numeric[:, 0], threads=1)
-    from features_party.gbdt_file import save_model
+    from features_party.learn.gbdt_file import save_model
 
     save_model(tmp_path / "m.json", result, {"numeric": ["x"], "categorical": [], "means": [0.0], "stds": [1.0],
                                              "vocabularies": []})

@@ -1,7 +1,7 @@
-"""A tree model file is input (features_party/gbdt_file.py): ``labeldp predict`` checks it in Python before XGBoost
-reads it. A real job-shaped model (3 classes, a categorical column) round-trips; each of the review's hostile edits —
-which made XGBoost write outside its buffers, segfault, or allocate gigabytes — is one ``malformed_file`` line; and
-a control shows that XGBoost itself, handed the same bytes unchecked, dies of a signal."""
+"""A tree model file is input (features_party/learn/gbdt_file.py): ``labeldp predict`` checks it in Python before
+XGBoost reads it. A real job-shaped model (3 classes, a categorical column) round-trips; each of the review's hostile
+edits — which made XGBoost write outside its buffers, segfault, or allocate gigabytes — is one ``malformed_file`` line;
+and a control shows that XGBoost itself, handed the same bytes unchecked, dies of a signal."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from features_party import gbdt
-from features_party.gbdt_file import check_model, load_model, save_model
+from features_party.learn import gbdt
+from features_party.learn.gbdt_file import check_model, load_model, save_model
 from labeldp.cli import main as cli
 from shared.errors import LabelDPError
 

@@ -6,7 +6,7 @@ trees."""
 
 from __future__ import annotations
 
-from features_party import gbdt
+from features_party.learn import gbdt
 from tests.features_party import test_api
 from tests.features_party.test_api import N, _job, _upload, trainer_client, trainer_context
 

@@ -1,4 +1,4 @@
-"""Training losses of the features party (features_party/losses.py): gradients against central finite differences
+"""Training losses of the features party (features_party/learn/losses.py): gradients against central finite differences
 and closed forms, finiteness on the out-of-range labels unbiased randomizers emit, unbiasedness of the gradients
 under an unbiased randomizer (exact expectation over its outputs), the subset loss as an unbiased estimate of the
 cross-entropy, and the point predictions."""
@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from features_party import losses
-from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
-from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from features_party.learn import losses
+from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.core.solvers.rr_on_bins import solve_rr_on_bins
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 
 N, K = 7, 4

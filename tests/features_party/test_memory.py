@@ -16,9 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from labeldp.local_services import free_port, serve_in_thread, serve_process
-from labels_party.api import create_app as create_labels
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app as create_labels
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 
 MB = 1 << 20
 N = 100_000

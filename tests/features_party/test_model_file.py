@@ -1,4 +1,4 @@
-"""An MLP model file is input (features_party/model_file.py): ``labeldp predict`` reads it from wherever the user
+"""An MLP model file is input (features_party/learn/model_file.py): ``labeldp predict`` reads it from wherever the user
 keeps it. A real job-shaped file round-trips; each of the review's hostile files — a small file describing a huge
 network, weights of the wrong shape, a header of nested brackets, strings where numbers belong, a padded
 vocabulary, an extra member, a member larger decompressed than the whole file may be — is one ``malformed_file``
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from features_party.features import Preprocessor
-from features_party.model_file import load_model
-from features_party.train import TrainConfig, save_model, train
+from features_party.learn.model_file import load_model
+from features_party.learn.train import TrainConfig, save_model, train
 from labeldp.cli import main as cli
 from shared.errors import LabelDPError
 

@@ -8,8 +8,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from features_party import multistage
+from features_party.learn.train import TrainConfig, train, validation_split
 from features_party.multistage import train_multistage
-from features_party.train import TrainConfig, train, validation_split
 from labeldp.benchmarks.classification import run_classification_bench
 from labeldp.benchmarks.parties import CONSUMER, two_parties
 

@@ -24,9 +24,9 @@ LABELS = np.random.default_rng(3).integers(0, 101, size=600)
 def labels_party(tmp: Path, stack: contextlib.ExitStack) -> dict:
     """A labels party serving an owner's dataset (integers 0..100, 600 labels, ε_total 1): its URL, the owner's key
     and the dataset id."""
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp}/labels.db", tmp / "labels")
     with ctx.sessions() as session, session.begin():

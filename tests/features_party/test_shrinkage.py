@@ -1,6 +1,7 @@
-"""A fixed-mechanism job's shrinkage toward the mean of its unbiased training labels (features_party/shrinkage.py):
-a model that only fitted noise becomes the constant, a good one is kept; biased mechanisms' models are kept as
-trained; end to end, a job on labels the features do not predict is no worse than the mean."""
+"""A fixed-mechanism job's shrinkage toward the mean of its unbiased training labels
+(features_party/learn/shrinkage.py): a model that only fitted noise becomes the constant, a good one is kept; biased
+mechanisms' models are kept as trained; end to end, a job on labels the features do not predict is no worse than the
+mean."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features_party import shrinkage
-from labels_party import pipeline
+from features_party.learn import shrinkage
+from labels_party.core import pipeline
 from shared.domains import integer_range
 from shared.validation import PrivatizedLabels
 from tests.features_party import test_api

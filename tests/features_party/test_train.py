@@ -1,8 +1,8 @@
-"""The JAX trainer (features_party/train.py): fits that reach fixed error bounds on synthetic data (linear, MLP,
+"""The JAX trainer (features_party/learn/train.py): fits that reach fixed error bounds on synthetic data (linear, MLP,
 categorical embeddings, Poisson, classification, subset-selection labels), early stopping that keeps the best
 parameters, save/load round trips, the unbiasedness claim in practice (optimally-unbiased labels recover the true
 weights of a linear problem as n grows, RR-on-Bins labels do not), data-parallel training on 2 CPU devices, and the
-trainer's pure pieces (features_party/train_steps.py): an epoch's scan is the step applied by hand, and train() is
+trainer's pure pieces (features_party/learn/train_steps.py): an epoch's scan is the step applied by hand, and train() is
 the plain per-step loop it replaced."""
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import optax
 import pandas as pd
 import pytest
 
-from features_party import losses, train_steps
-from features_party import train as train_module
 from features_party.features import Preprocessor
-from features_party.model_file import load_model
-from features_party.train import TrainConfig, TrainResult, device_summary, save_model, train
-from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
-from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from features_party.learn import losses, train_steps
+from features_party.learn import train as train_module
+from features_party.learn.model_file import load_model
+from features_party.learn.train import TrainConfig, TrainResult, device_summary, save_model, train
+from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.core.solvers.rr_on_bins import solve_rr_on_bins
 from shared import models
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 
@@ -488,7 +488,7 @@ DATA_PARALLEL_SCRIPT = """
 import json
 import numpy as np
 import jax
-from features_party.train import TrainConfig, device_summary, train
+from features_party.learn.train import TrainConfig, device_summary, train
 
 placements = set()  # how many devices each array train() places is spread over
 _device_put = jax.device_put
@@ -667,7 +667,7 @@ import json, sys
 import numpy as np
 import jax, optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from features_party import losses, train_steps
+from features_party.learn import losses, train_steps
 from shared import models
 
 mesh = Mesh(np.array(jax.devices()), ("data",))

@@ -1,6 +1,6 @@
 """`labeldp bench utility --model`: the private jobs train the chosen learner, the non-private reference is that
-learner's (gradient-boosted trees trained in process with ``features_party.gbdt`` on the true labels), runs.csv and
-the summary name it, and with ``--model mlp,gbdt`` both learners train on the same release (one charge per cell).
+learner's (gradient-boosted trees trained in process with ``features_party.learn.gbdt`` on the true labels), runs.csv
+and the summary name it, and with ``--model mlp,gbdt`` both learners train on the same release (one charge per cell).
 
 Tiny runs through both services: 300 rows of the linear table of test_bench_table (the features explain nearly all
 of the label's variance), unclipped Laplace at ε = 4, one seed."""

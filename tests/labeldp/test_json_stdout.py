@@ -95,7 +95,7 @@ def test_highs_is_silent_from_its_construction():
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 
     assert "Running HiGHS" in stdout_of("import highspy; highspy.Highs()")
-    quiet = stdout_of("import highspy\nfrom labels_party.solvers.highs_lp import quiet_highs\n"
+    quiet = stdout_of("import highspy\nfrom labels_party.core.solvers.highs_lp import quiet_highs\n"
                       "h = quiet_highs()\nassert isinstance(h, highspy.Highs)\nprint(h.getOptionValue('output_flag'))")
     assert "HiGHS" not in quiet and "False" in quiet
 

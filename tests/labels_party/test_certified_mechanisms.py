@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 from shared.mechanisms import dyadic
 from shared.mechanisms.finite import FiniteRandomizer

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
-from labels_party import db, labelstore
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
 from labels_party.ledger import RDP_ORDERS, Actor, BudgetExceeded, Charge, Ledger, RecordFields, units_epsilon
-from labels_party.storage import DataStore
+from labels_party.runtime.context import make_context
+from labels_party.store import db, labelstore
+from labels_party.store.storage import DataStore
 from shared.errors import LabelDPError
 from shared.mechanisms import events
 
@@ -43,7 +43,7 @@ class _Books:
                                        generation=0, spent_max_units=0)
             session.add(account)
             session.flush()
-            dataset = session.get(db.Dataset, "d")  # opened on the chain, as labels_party/datasets.py does
+            dataset = session.get(db.Dataset, "d")  # opened on the chain, as labels_party/releases/datasets.py does
             self.ledger.dataset_budget(session, dataset)
             self.ledger.allocation(session, dataset, account)
             self.ledger.account_opened(session, dataset, 1)
@@ -179,7 +179,7 @@ def test_gaussian_events_compose_as_the_accountant_says(tmp_path):
 def test_the_issue_26_attack_is_charged_its_epsilon_at_the_accounts_delta(tmp_path):
     """One step at ε = 0.001 calibrated for δ = 0.0099 is ε ≈ 0.058 at δ = 10⁻⁵ (the issue's figure); charged at
     an account's δ of 10⁻⁵ it costs that, and 1000 of them cost what the accountant composes (≈ 2.39, not 1.0)."""
-    from labels_party import labeldp_pro
+    from labels_party.core import labeldp_pro
 
     sigma = labeldp_pro.calibrate_sigma(0.001, 0.0099, 1.0, 1, "noop")
     event = labeldp_pro.dp_event(sigma, 1.0, 1, "noop")

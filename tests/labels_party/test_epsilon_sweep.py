@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 from shared.errors import LabelDPError
 from shared.privacy import EPSILON_MAX, EPSILON_MIN, SATURATION_EPSILON

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from labels_party.context import make_context
+from labels_party.runtime.context import make_context
 from tests.labels_party.api.helpers import admin_client, created, download_rows, labels_csv
 
 

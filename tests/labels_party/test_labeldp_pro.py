@@ -14,7 +14,7 @@ import pytest
 from dp_accounting import rdp
 from sklearn.datasets import load_digits
 
-from labels_party.labeldp_pro import (
+from labels_party.core.labeldp_pro import (
     ProConfig,
     add_host_noise,
     calibrate_sigma,

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from labels_party import labelstore
-from labels_party.storage import DataStore
+from labels_party.store import labelstore
+from labels_party.store.storage import DataStore
 from shared.domains import domain_from_spec
 from shared.errors import LabelDPError
 

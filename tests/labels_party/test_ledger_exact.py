@@ -8,11 +8,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
 from labels_party.ledger import budget_units, charge_units, units_epsilon
+from labels_party.runtime.context import make_context
 from shared.mechanisms import events
 
 

@@ -1,4 +1,4 @@
-"""Schema migrations (labels_party/migrations, Alembic) on SQLite and PostgreSQL: a fresh database is built at the
+"""Schema migrations (labels_party/store/migrations, Alembic) on SQLite and PostgreSQL: a fresh database is built at the
 head revision; a database from before exact accounting is refused until upgraded, and the upgrade converts its
 float budgets to units (never resetting them), moves descriptions into mechanism documents, scopes idempotency keys
 per organization — and leaves the same schema a fresh database has."""
@@ -17,16 +17,16 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
-from labels_party import db, documents
-from labels_party.audit import verify_audit
-from labels_party.context import make_context
-from labels_party.ledger import canonical, chain_hash, entries
-from labels_party.migrations import MIGRATIONS
-from labels_party.storage import DataStore
+from labels_party.http.audit import verify_audit
+from labels_party.ledger import canonical, chain_hash, documents, entries
+from labels_party.runtime.context import make_context
+from labels_party.store import db
+from labels_party.store.migrations import MIGRATIONS
+from labels_party.store.storage import DataStore
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
-HEAD = "0019"  # the newest migration in labels_party/migrations/versions
+HEAD = "0019"  # the newest migration in labels_party/store/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -206,8 +206,8 @@ def test_old_label_versions_are_rewritten_once_into_the_one_layout(database_url,
     every known id's index (its budget)."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.labelstore import read_coverage
+    from labels_party.http.api import create_app
+    from labels_party.store.labelstore import read_coverage
     from tests.labels_party.api.helpers import download_rows
 
     data = tmp_path / "data"
@@ -345,7 +345,7 @@ def test_keys_flagged_revoked_before_revocations_were_recorded_stay_revoked(data
     organization holds no account), so the upgrade to key certificates (0019) certifies neither: both refused."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
+    from labels_party.http.api import create_app
     from shared.service.keys import hash_key
 
     engine = db.make_engine(database_url)
@@ -379,8 +379,8 @@ def test_pickled_source_jobs_are_retired_and_their_files_deleted(database_url, t
     directory the upgrade is refused and changes nothing; existing datasets become ready."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
     from labels_party.releases.kinds import LabelRelease
     from labels_party.releases.transaction import body_hash_of
     from shared import schemas
@@ -452,8 +452,8 @@ def _granted_dataset(database: str, data):
     owner's admin headers, the dataset)."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
     from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
 
     ctx = make_context(database, data)
@@ -474,9 +474,9 @@ def test_keys_made_before_their_account_opened_go_on_the_chain_once(tmp_path):
     verify-audit with the exported heads stays valid, and the key charges; run again, nothing more is appended."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
+    from labels_party.http.api import create_app
     from labels_party.ledger import signing
-    from labels_party.verification import verify
+    from labels_party.ledger.verification import verify
     from tests.labels_party.api.helpers import bearer
 
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
@@ -512,9 +512,9 @@ def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
     appends nothing."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
+    from labels_party.http.api import create_app
     from labels_party.ledger import signing
-    from labels_party.verification import verify
+    from labels_party.ledger.verification import verify
 
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
     ctx, admin, dataset = _granted_dataset(database, data)
@@ -557,7 +557,7 @@ def test_chained_keys_without_a_secret_digest_get_one_once(tmp_path):
 def _unchained_key(ctx, session, org: str, role: str) -> str:
     """A key as a version before 0016 left it — on no chain — certified as migration 0019's upgrade certifies the
     keys it finds."""
-    from labels_party.auth import KEYS
+    from labels_party.http.auth import KEYS
     from labels_party.ledger import key_certificates
 
     issued = KEYS.issue(session, org, role)  # no audit: nothing chained

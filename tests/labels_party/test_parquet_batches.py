@@ -1,4 +1,4 @@
-"""How Parquet bodies' strings are read (labels_party.uploads.parquet_batches): as dictionaries where a row could
+"""How Parquet bodies' strings are read (labels_party.store.uploads.parquet_batches): as dictionaries where a row could
 otherwise copy a dictionary entry, as strings where Arrow would otherwise build one dictionary of a whole row group
 (an honest upload of 2·10⁶ unique ids peaked at +334 MB in Arrow's dictionary builder — issue 40's tenth review)."""
 
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from labels_party import labelstore, uploads
+from labels_party.store import labelstore, uploads
 from shared import parquet_pages
 from shared.errors import LabelDPError
 
@@ -91,7 +91,7 @@ def test_an_entry_named_by_many_rows_is_copied_at_most_a_batch_bound_at_a_time()
 
 _READ = """
 import sys, pyarrow as pa
-from labels_party import labelstore
+from labels_party.store import labelstore
 with pa.OSFile(sys.argv[1]) as handle:
     rows = sum(batch.num_rows for batch in labelstore._upload_parquet(handle))
 print(rows, pa.default_memory_pool().max_memory())

@@ -158,7 +158,7 @@ def test_a_body_whose_writer_string_arrow_reads_as_old_is_refused_before_any_pag
     """The ninth review's bypass end to end: a page hidden in the 100 bytes Arrow reads past the chunk of a
     "parquet-mr 1.2.٩" file (a 32 MiB id in ~80 bytes of Brotli) — Arrow does read it; the service refuses the
     file first."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     hidden = data_page(plain_strings([b"a" * (32 << 20)]), 1, "brotli", level=5)
     assert len(hidden) <= 100
@@ -192,7 +192,7 @@ def _typed(ids: pa.Array, numbers: pa.Array) -> pa.BufferReader:
     (pa.array(["a", "b"]), pa.array(["1", "2"]), "label"),
 ])
 def test_columns_of_types_these_bodies_do_not_take_are_refused_from_the_schema(ids, numbers, refused):
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     handle = _typed(ids, numbers)
     metadata = uploads.parquet_metadata(handle)
@@ -208,7 +208,7 @@ def test_columns_of_types_these_bodies_do_not_take_are_refused_from_the_schema(i
 def test_metadata_text_that_is_not_utf8_is_a_400(where):
     """The tenth review: a writer string or a column name that is not UTF-8 failed in Arrow as a
     UnicodeDecodeError wherever it was first read — a 500 on label uploads."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     name = b"lab\xffel" if where == "name" else "label"
     data = parquet_file([Column("example_id", "byte_array", data_page(plain_strings([b"u1"]), 1), 1),
@@ -307,7 +307,7 @@ def test_a_field_id_wraps_to_sixteen_bits_as_arrows_does(far):
 def test_decimals_as_variable_length_bytes_are_refused():
     """The sixteenth review: a decimal label in BYTE_ARRAY was sized as strings but read whole, not in the bounded
     batches of strings (one 8 MB entry named by 80 rows in 633 bytes: +1,120 MB). Refused from the schema."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     ids = Column("example_id", "byte_array", data_page(plain_strings([b"a"]), 1), 1)
     label = Column("label", "byte_array", data_page(plain_strings([b"\x01"]), 1), 1, decimal=38)
@@ -320,7 +320,7 @@ def test_decimals_as_variable_length_bytes_are_refused():
 def test_a_number_dictionarys_entries_are_counted_with_their_pointers():
     """The sixteenth review: a dictionary of 3.2·10⁷ one-byte decimals in 1.3 KB was counted at twice its page and
     held about ten bytes an entry (+310 MB, stored). Each entry now counts a pointer and its value besides."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     entries = 100_000
     dictionary = dictionary_page(b"\x00" * (8 * entries), entries)
@@ -336,7 +336,7 @@ def test_a_footer_list_is_refused_past_its_limit_before_arrow_reserves_it():
     """The seventeenth review: Arrow's Thrift code reserves a list's declared length before reading an element, so
     40 bytes declaring 10⁶ row groups, each of 10⁶ chunks, took +832 MB before failing. A footer list is at most
     20,000 elements: refused at once."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     declared = bytes([0xF0 | STRUCT]) + varint(1_000_000)
     footer = bytes([(1 << 4) | I32]) + varint(2) + bytes([(3 << 4) | 9]) + declared + bytes([(1 << 4) | 9]) + \
@@ -364,7 +364,7 @@ def test_duplicate_names_and_delta_numbers_are_400s(table):
     """Two columns named example_id made Schema.field raise (a 500); DELTA_BYTE_ARRAY on a fixed-length column
     decoded its streams when the page opened (242 bytes, +1,911 MB) — both refused from what the footer and page
     headers say."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     buffer = io.BytesIO()
     options = {} if table.num_columns == 2 and table.column_names[0] == table.column_names[1] else {

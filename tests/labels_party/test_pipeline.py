@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from labels_party.pipeline import privatize_labels
-from labels_party.registry import MechanismOptions
+from labels_party.core.pipeline import privatize_labels
+from labels_party.core.registry import MechanismOptions
 from shared.domains import Classes, ContinuousInterval, integer_range
 from shared.errors import LabelDPError
 

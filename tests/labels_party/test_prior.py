@@ -1,4 +1,4 @@
-"""Private label prior (labels_party/prior.py, Algorithm 4 of the optimal-unbiased paper) and the ε₁/ε₂ budget
+"""Private label prior (labels_party/core/prior.py, Algorithm 4 of the optimal-unbiased paper) and the ε₁/ε₂ budget
 split (shared/privacy.py, App. C: ε₁ = √(k/n), capped at ε/2)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from labels_party.prior import HISTOGRAM_SENSITIVITY, estimate_prior
+from labels_party.core.prior import HISTOGRAM_SENSITIVITY, estimate_prior
 from shared.errors import LabelDPError
 from shared.privacy import COMPOSITION_MARGIN, split_budget
 

@@ -1,4 +1,4 @@
-"""The empirical privacy auditor (labels_party/privacy_audit.py, `labeldp randomizer audit`): its 95 % lower bound
+"""The empirical privacy auditor (labels_party/core/privacy_audit.py, `labeldp randomizer audit`): its 95 % lower bound
 never exceeds a correct mechanism's certified ε, comes close to it (it has power), and exposes a mechanism whose
 samples are less private than it claims."""
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from labels_party.privacy_audit import audit, candidate_labels
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.privacy_audit import audit, candidate_labels
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 from shared.mechanisms.randomized_response import randomized_response
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labels_party.audit import verify_audit
-from labels_party.evaluation import evaluate
-from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.core.evaluation import evaluate
+from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.http.audit import verify_audit
 from shared.domains import integer_range, lattice_of
 from shared.errors import LabelDPError
 from shared.estimates import unbiased_mse_estimate

@@ -1,4 +1,4 @@
-"""DP quantiles (labels_party.quantiles on shared.mechanisms.exponential): the exact exponential mechanism samples
+"""DP quantiles (labels_party.core.quantiles on shared.mechanisms.exponential): the exact exponential mechanism samples
 the stated probabilities, lands near the true quantile, and is charged what it certifies."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from labels_party.quantiles import (
+from labels_party.core.quantiles import (
     MIN_SECONDS,
     AboveThreshold,
     RankCounts,
@@ -203,7 +203,7 @@ def test_at_least_pads_a_quick_body_and_logs_an_overrun(caplog):
         pass
     assert time.monotonic() - started >= 0.2
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="labels_party.quantiles"), at_least(0.05):
+    with caplog.at_level(logging.WARNING, logger="labels_party.core.quantiles"), at_least(0.05):
         time.sleep(0.12)  # 2.4 floors: padded to the next doubling, 4 floors
     assert time.monotonic() - started >= 0.2
     assert "over their floor of 0.05 s: padded to 0.20 s" in caplog.text

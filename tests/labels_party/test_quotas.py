@@ -1,5 +1,5 @@
-"""ReleaseQuotas (labels_party/quotas.py) on its own, with real threads: per-organization slots and their bounded
-queue, the process's capacity, the CPU bucket and its refill, and that below capacity one organization's load
+"""ReleaseQuotas (labels_party/runtime/quotas.py) on its own, with real threads: per-organization slots and their
+bounded queue, the process's capacity, the CPU bucket and its refill, and that below capacity one organization's load
 changes nothing in another's answers. Runtime: about 2 s."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from labels_party.quotas import QuotaSettings, ReleaseQuotas
+from labels_party.runtime.quotas import QuotaSettings, ReleaseQuotas
 from shared.errors import RetryLater
 
 A, B, C = 1, 2, 3  # organization ids
@@ -128,7 +128,7 @@ def test_the_capacity_is_the_one_place_other_organizations_show():
 
 def test_time_in_a_slot_is_debited_after_each_release_and_refills_over_the_window():
     """The debit is the wall-clock time a release held its slot (what its requester sees as its response time),
-    not its CPU time (labels_party/quotas.py: a quantile's CPU time depends on the labels)."""
+    not its CPU time (labels_party/runtime/quotas.py: a quantile's CPU time depends on the labels)."""
     clock = _Clock()
     quotas = ReleaseQuotas(QuotaSettings(release_seconds=10, release_window_seconds=100), clock=clock)
     with quotas.slot(A):
@@ -172,7 +172,7 @@ def test_idle_organizations_are_forgotten():
 def test_a_renamed_quota_variable_is_refused_not_ignored(monkeypatch, capsys, old, new):
     """A deployment that tightened the quota under the old name would silently run at the default."""
     from labeldp.cli import main
-    from labels_party.settings import LabelsSettings
+    from labels_party.runtime.settings import LabelsSettings
 
     monkeypatch.setenv(old, "5")
     with pytest.raises(ValueError, match=f"{old} is now {new}"):

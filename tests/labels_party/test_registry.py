@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labels_party import registry
-from labels_party.registry import MechanismOptions
+from labels_party.core import registry
+from labels_party.core.registry import MechanismOptions
 from shared import schemas
 from shared.domains import Classes, ContinuousInterval, integer_range
 from shared.errors import LabelDPError

@@ -25,13 +25,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from labels_party import db, jobs, workers
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
 from labels_party.ledger import entries
 from labels_party.releases import transaction
-from labels_party.settings import LabelsSettings
+from labels_party.runtime import jobs, workers
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from shared.service.leases import Lease
 from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
 

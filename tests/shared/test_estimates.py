@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from labels_party import pipeline
-from labels_party.registry import MechanismOptions
+from labels_party.core import pipeline
+from labels_party.core.registry import MechanismOptions
 from shared.domains import ContinuousInterval, FiniteLabels, integer_range
 from shared.errors import LabelDPError
 from shared.estimates import unbiased_mse_estimate, unbiased_mse_estimate_from_document

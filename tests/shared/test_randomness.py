@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import shared.randomness as randomness
-from labels_party.evaluation import evaluate
-from labels_party.pipeline import prepare_groups, privatize_by_group, privatize_labels
-from labels_party.prior import estimate_prior
-from labels_party.registry import MechanismOptions, build_mechanism
-from labels_party.solvers.rr_with_prior import rr_with_prior_per_example
+from labels_party.core.evaluation import evaluate
+from labels_party.core.pipeline import prepare_groups, privatize_by_group, privatize_labels
+from labels_party.core.prior import estimate_prior
+from labels_party.core.registry import MechanismOptions, build_mechanism
+from labels_party.core.solvers.rr_with_prior import rr_with_prior_per_example
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, integer_range
 
 

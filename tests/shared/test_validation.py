@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labels_party import pipeline
+from labels_party.core import pipeline
 from shared.domains import Classes, integer_range
 from shared.errors import LabelDPError
 from shared.validation import PrivatizedLabels, compare, eligibility_z

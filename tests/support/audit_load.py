@@ -13,12 +13,11 @@ import httpx
 import numpy as np
 
 from labeldp.local_services import serve_in_thread
-from labels_party import verification
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.ledger import signing
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.ledger import signing, verification
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 
 NUM_LABELS = 500
 

@@ -12,9 +12,9 @@ with warnings.catch_warnings():  # starlette: "Using `httpx` with `starlette.tes
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 from tests.labels_party.api.helpers import NUM_LABELS, bearer, labels_csv, new_dataset, upload
 
 

@@ -122,9 +122,9 @@ def admin_client(tmp_path, org: str = "owner"):
     returns (context, client)."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():

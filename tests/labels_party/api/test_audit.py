@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import select, text
 
 from labeldp import cli
-from labels_party import audit as audit_log
-from labels_party import db
+from labels_party.http import audit as audit_log
+from labels_party.store import db
 from shared.mechanisms import events as events_
 from shared.service.keys import hash_key
 from tests.labels_party.api.helpers import FIGURES, NUM_LABELS, created, expect_error, release

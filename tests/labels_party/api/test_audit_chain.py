@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import select, text
 
 from labeldp import cli
-from labels_party import audit as audit_log
-from labels_party import db, verification
-from labels_party.auth import KEYS, create_key
-from labels_party.context import make_context
-from labels_party.ledger import canonical, chain_hash, signing, within_charge
-from labels_party.settings import LabelsSettings
+from labels_party.http import audit as audit_log
+from labels_party.http.auth import KEYS, create_key
+from labels_party.ledger import canonical, chain_hash, signing, verification, within_charge
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from shared.service.keys import KeyRef
 from tests.labels_party.api.helpers import created, expect_error, release
 
@@ -399,7 +399,7 @@ def test_a_deployment_without_a_configured_key_signs_with_one_it_made(tmp_path, 
     try:
         from fastapi.testclient import TestClient
 
-        from labels_party.api import create_app
+        from labels_party.http.api import create_app
         with plain.sessions() as s, s.begin():
             key = create_key(plain.ledger, s, "hospital", "admin")
         with TestClient(create_app(plain)) as client:

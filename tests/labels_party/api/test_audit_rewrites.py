@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import func, select, text
 
 from labeldp import cli
-from labels_party import db, documents
-from labels_party.auth import KEYS
-from labels_party.context import make_context
-from labels_party.ledger import LedgerTampered, entries
-from labels_party.settings import LabelsSettings
+from labels_party.http.auth import KEYS
+from labels_party.ledger import LedgerTampered, documents, entries
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from shared.service.keys import KeyRef
 from tests.labels_party.api import test_audit_chain as chain_tests
 from tests.labels_party.api.helpers import created, expect_error, release
@@ -158,7 +158,7 @@ def test_the_readme_key_workflow_without_a_configured_audit_key_leaves_verify_va
     valid."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
+    from labels_party.http.api import create_app
     from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
 
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
@@ -213,7 +213,7 @@ def test_a_key_row_written_outside_the_service_is_not_honoured(ctx, client, admi
     neither charges nor grants nor uploads, on a dataset made before it or after it (issue 40's review: the service
     put such a row on a new dataset's chain itself, and the grant of a new organization did the same), and changes
     nothing."""
-    from labels_party.auth import KEYS
+    from labels_party.http.auth import KEYS
     from tests.labels_party.api.helpers import bearer
 
     created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))

@@ -15,9 +15,9 @@ import json
 import pytest
 from sqlalchemy import select, text
 
-from labels_party import db
-from labels_party.auth import KEYS
+from labels_party.http.auth import KEYS
 from labels_party.ledger import entries
+from labels_party.store import db
 from shared.errors import LabelDPError
 from shared.service.keys import KeyRef, hash_key
 from tests.labels_party.api import test_audit_chain as chain_tests
@@ -51,7 +51,7 @@ def _tampered(response, *, code: str = "ledger_tampered", says: str = "") -> Non
 
 
 def test_a_narrowed_coverage_row_is_not_what_a_release_charges(ctx, client, consumer, dataset):
-    from labels_party import labelstore
+    from labels_party.store import labelstore
 
     one = labelstore.range_coverage(0, 1)
     seq = _spent(ctx, dataset)
@@ -176,7 +176,7 @@ def test_a_release_rows_displayed_columns_edited_are_refused_and_reported(ctx, c
     said = f"release {made['id']}'s mechanism, ε or example count differs from its record's"
     problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
     assert said in problems, problems
-    from labels_party.context import make_context
+    from labels_party.runtime.context import make_context
     with pytest.raises(LedgerTampered, match=said):
         make_context(settings=ctx.settings)  # a restart
 
@@ -272,7 +272,7 @@ def test_a_dataset_given_to_another_organization_is_refused_and_verify_names_it(
                                                                                    tmp_path, audit_key):
     """The owner is on the chain: a row naming the grantee as owner neither lets the grantee's admin key
     administer the dataset (grant, upload) nor read its owner's releases, and verify-audit reports it."""
-    from labels_party.auth import create_key
+    from labels_party.http.auth import create_key
     from tests.labels_party.api.helpers import bearer, labels_csv, new_dataset, upload
     with ctx.sessions() as s, s.begin():
         publisher_admin = bearer(create_key(ctx.ledger, s, "publisher", "admin"))
@@ -300,7 +300,7 @@ def test_a_revocation_reaches_the_certified_organization_and_an_expiry_cannot_be
     An expired key whose expires_at is cleared is refused too (its certificate states the expiry)."""
     from datetime import timedelta
 
-    from labels_party.auth import create_key
+    from labels_party.http.auth import create_key
     from tests.labels_party.api.helpers import bearer
     key = _key_id(ctx, consumer)
     _sql(ctx, "INSERT INTO organizations (name, created_at) VALUES ('evil', CURRENT_TIMESTAMP)")
@@ -341,8 +341,7 @@ def test_a_revoked_keys_row_and_certificate_put_back_are_still_refused(ctx, clie
     look-alike organization with no certificate — so that the revocation reached no chain — and after the
     revocation puts the row back: the revoked key charged and acted on datasets made after. The data directory's
     revocation names the key by every identity it had: refused everywhere, and verify-audit names it."""
-    from labels_party import verification
-    from labels_party.ledger import signing
+    from labels_party.ledger import signing, verification
     key = _key_id(ctx, consumer)
     saved = _row(ctx, key)
     if before_revoking != "nothing":
@@ -372,7 +371,7 @@ def test_a_key_marked_revoked_by_a_writer_is_still_revoked_by_the_operator(ctx, 
     """Issue 40's sixth review: a writer marked a leaked key revoked in its row just before the operator revoked it;
     revoke-key answered "already revoked" and wrote nothing, and with the row put back the key charged again. A
     row's "revoked" that neither the data directory nor the key's certificate confirms is revoked anew."""
-    from labels_party.auth import key_ring
+    from labels_party.http.auth import key_ring
     key = _key_id(ctx, consumer)
     saved = _row(ctx, key)
     _sql(ctx, "UPDATE api_keys SET revoked_at = '2026-01-01 00:00:00.000000', revoked_by = 'security-team' "
@@ -391,7 +390,7 @@ def test_a_certificate_copied_onto_a_key_being_revoked_revokes_only_that_key(ctx
     """Issue 40's sixth review: the owner's admin certificate copied onto the consumer key the operator revoked
     made the data directory's revocation name the admin key too — locked out for good. A certificate counts for a
     key only when it is that key's (its id)."""
-    from labels_party.auth import key_ring
+    from labels_party.http.auth import key_ring
     key, owner = _key_id(ctx, consumer), _key_id(ctx, admin)
     _sql(ctx, "UPDATE api_keys SET certificate = (SELECT certificate FROM api_keys WHERE id = :a) WHERE id = :k",
          a=owner, k=key)
@@ -409,7 +408,7 @@ def test_a_certificate_copied_onto_a_key_being_revoked_revokes_only_that_key(ctx
 def test_a_revocation_whose_certified_organization_was_renamed_still_revokes(ctx, client, consumer, dataset):
     """Issue 40's sixth review: the certificate's organization renamed away made revoke-key fail on an assertion,
     and the key kept working once the name was put back. It is revoked (on its row's organization's chains)."""
-    from labels_party.auth import key_ring
+    from labels_party.http.auth import key_ring
     key = _key_id(ctx, consumer)
     _sql(ctx, "UPDATE organizations SET name = 'publisher-x' WHERE name = 'publisher'")
     with ctx.sessions() as s, s.begin():
@@ -436,7 +435,7 @@ def test_a_mechanism_document_rewritten_is_not_served(ctx, client, consumer, dat
     _tampered(client.get(f"/v1/mechanisms/{first['mechanism_hash']}", headers=consumer),
               says="does not hash to its address")
     untouched = client.get(f"/v1/mechanisms/{second['mechanism_hash']}", headers=consumer)
-    from labels_party import documents
+    from labels_party.ledger import documents
     assert untouched.status_code == 200, untouched.text  # the other one, whose body is its own, is served
     assert documents.address(untouched.json()) == second["mechanism_hash"]
 
@@ -501,8 +500,7 @@ def test_a_mechanism_document_row_that_would_expand_or_cannot_be_read_is_refused
 def test_verify_with_the_heads_log_alone_finds_a_deleted_dataset(ctx, client, admin, dataset, tmp_path, audit_key):
     """A database and data-directory writer removes a dataset whole (rows, anchor): the heads log still holds the
     heads the service signed for it, and verify-audit with only the log (no pinned heads) says so."""
-    from labels_party import verification
-    from labels_party.ledger import signing
+    from labels_party.ledger import signing, verification
     tables = ("ledger", "budget_accounts", "grants", "label_versions", "releases")
     for table in tables:
         _sql(ctx, f"DELETE FROM {table} WHERE dataset_id = :d", d=dataset)
@@ -529,7 +527,7 @@ def test_a_key_row_edited_is_not_rotated_into_a_certified_key(ctx, client, admin
                                                                audit_key):
     """A consumer key edited into the owner's admin, then rotated by an honest operator: the rotation is refused
     (its successor would take the row's organization and role, certified), and verify-audit names the row."""
-    from labels_party.auth import key_ring
+    from labels_party.http.auth import key_ring
     from labels_party.ledger import LedgerTampered
     _sql(ctx, "UPDATE api_keys SET org_id = (SELECT id FROM organizations WHERE name = 'hospital'), role = 'admin' "
               "WHERE id = :k", k=_key_id(ctx, consumer))
@@ -553,9 +551,9 @@ def test_upgrade_db_certifies_the_keys_it_finds_once_per_data_directory(tmp_path
     from fastapi.testclient import TestClient
 
     from labeldp import cli
-    from labels_party.api import create_app
-    from labels_party.auth import KEYS, create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import KEYS, create_key
+    from labels_party.runtime.context import make_context
     from tests.labels_party.api.helpers import bearer
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
     first = make_context(database, data)
@@ -602,9 +600,9 @@ def _shop_with_a_publisher(tmp_path):
     granted to the publisher. Returns (database URL, data directory, the first context, owner, consumer, dataset)."""
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
     from tests.labels_party.api.helpers import bearer
     database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
     first = make_context(database, data)
@@ -627,8 +625,8 @@ def test_the_certifying_upgrade_leaves_out_rows_their_chains_contradict(tmp_path
     from fastapi.testclient import TestClient
 
     from labeldp import cli
-    from labels_party.api import create_app
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.runtime.context import make_context
     from tests.labels_party.api.helpers import bearer
     database, data, first, owner, consumer, _made = _shop_with_a_publisher(tmp_path)
     first.close()
@@ -664,8 +662,8 @@ def test_the_certifying_upgrade_leaves_out_a_revoked_key_whose_revocation_was_mo
     import shutil
 
     from labeldp import cli
-    from labels_party.auth import key_ring
-    from labels_party.context import make_context
+    from labels_party.http.auth import key_ring
+    from labels_party.runtime.context import make_context
     database, data, first, _owner, consumer, _made = _shop_with_a_publisher(tmp_path)
     prefix = consumer["Authorization"].split("_")[1]
     with first.sessions() as s, s.begin():
@@ -713,7 +711,7 @@ def test_a_revocation_certifies_no_edited_row(ctx, client, consumer, dataset):
     only a row that agreed with its certificate), and rotating the lifted one is refused."""
     from datetime import timedelta
 
-    from labels_party.auth import create_key, key_ring
+    from labels_party.http.auth import create_key, key_ring
     from labels_party.ledger import LedgerTampered, key_certificates
     from tests.labels_party.api.helpers import bearer
     with ctx.sessions() as s, s.begin():

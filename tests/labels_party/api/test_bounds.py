@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from labeldp.local_services import free_port, serve_process
-from labels_party import documents
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.ledger import documents
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 
 MB = 1 << 20
 
@@ -197,8 +197,8 @@ def test_documents_pack_and_summary():
 
 
 def test_solvers_honour_the_deadline_and_domains_beyond_them_are_refused():
-    from labels_party.registry import MechanismOptions, build_mechanism
-    from labels_party.solvers.deadline import Deadline, SolverTimeout
+    from labels_party.core.registry import MechanismOptions, build_mechanism
+    from labels_party.core.solvers.deadline import Deadline, SolverTimeout
     from shared.domains import integer_range
     from shared.errors import LabelDPError
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import RdpAccountant
 
-from labels_party.audit import verify_audit
+from labels_party.http.audit import verify_audit
 from labels_party.ledger import RDP_ORDERS
 from shared import models
 from shared.mechanisms import events
@@ -152,7 +152,7 @@ def test_a_new_delta_allocation_reprices_what_was_spent(setup):
     """The review of issue 26: after the owner lowered an organization's δ, its budget still showed the ε of its
     trainings at the old δ. Now the allocation reprices its classes: the figures are the accountant's at the new
     δ, and the dataset's sum follows."""
-    from labels_party.auth import create_key
+    from labels_party.http.auth import create_key
     from tests.labels_party.api.helpers import bearer
 
     ctx, client, datasets, ids, x, _ = setup
@@ -188,7 +188,7 @@ def test_the_unbounded_training_of_the_review_is_refused_before_the_charge(setup
     """The hostile review: a consumer with a δ allocation asked for 300 steps of a [512, 512] MLP at batch 2,000 on
     8 features; it ran for 13 minutes, unstoppable, beyond the CPU quota. Now the run's size, steps × (padded batch
     + the denoiser's rows) × parameters, is decided from public inputs and refused before anything is charged."""
-    from labels_party.auth import create_key
+    from labels_party.http.auth import create_key
     from tests.labels_party.api.helpers import bearer
 
     ctx, client, datasets, ids, x, _ = setup
@@ -222,9 +222,9 @@ def test_the_training_size_limit_is_exact():
     """At the limit a training is allowed, one unit above it refused (whole run and one step)."""
     from types import SimpleNamespace
 
-    from labels_party import labeldp_pro
+    from labels_party.core import labeldp_pro
     from labels_party.releases.kinds import check_training_size
-    from labels_party.settings import LabelsSettings
+    from labels_party.runtime.settings import LabelsSettings
     from shared import models
     from shared.errors import LabelDPError
 

@@ -45,7 +45,7 @@ def test_clipped_labels_are_the_bounds(ctx, client, admin):
     """What is stored after the clip: the bounds exactly (read back through the service's own storage)."""
     import json
 
-    from labels_party import db
+    from labels_party.store import db
 
     dataset_id = new_dataset(client, admin, name="counts", label_kind="integer", clip={"low": 1, "high": 52},
                              epsilon_total=1)

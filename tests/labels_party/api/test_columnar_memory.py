@@ -11,10 +11,10 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 from shared.errors import RetryLater
 from shared.service.memory import MemoryBudget, Reservation
 from tests.labels_party.api.helpers import bearer, expect_error, labels_csv, new_dataset, state, upload
@@ -78,7 +78,7 @@ def served(tmp_path):
 
 
 def test_a_text_body_holds_what_its_lines_and_bytes_may_decode_to_before_it_is_parsed(tmp_path):
-    from labels_party.uploads import GROUP_ROW_BYTES, ID_ROW_BYTES, TEXT_BYTE_HELD, parse_groups
+    from labels_party.store.uploads import GROUP_ROW_BYTES, ID_ROW_BYTES, TEXT_BYTE_HELD, parse_groups
 
     body = tmp_path / "groups.csv"
     body.write_text(_groups(100_000))

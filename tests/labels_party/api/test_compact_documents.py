@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from labels_party import db, documents
-from labels_party.audit import verify_audit
-from labels_party.settings import LabelsSettings
+from labels_party.http.audit import verify_audit
+from labels_party.ledger import documents
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from shared.mechanisms import dyadic
 from shared.mechanisms.randomized_response import rr_top_k
 from tests.labels_party.api.helpers import admin_client
@@ -144,9 +145,9 @@ def test_refused_requests_leave_the_data_directory_unchanged(tmp_path):
 def test_per_request_limits_refuse_before_the_charge(tmp_path):
     from fastapi.testclient import TestClient
 
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
                        settings=LabelsSettings(max_groups_per_release=100, max_document_bytes=512 << 10))

@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import select
 
 from labeldp.local_services import serve_in_thread
-from labels_party import db
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import authenticate, create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import authenticate, create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from tests.support.databases import POSTGRES_URL, fresh_database
 
 

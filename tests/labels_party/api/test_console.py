@@ -1,4 +1,4 @@
-"""The owner's console (labels_party/console) over HTTP: sign-in with an admin key only, a session cookie that is
+"""The owner's console (labels_party/http/console) over HTTP: sign-in with an admin key only, a session cookie that is
 HttpOnly, SameSite=Strict and not the key, the API's 404 for another organization's objects, the API's budget
 numbers on the pages, the audit verification (and a tampered ledger caught), CSRF refused, the security headers,
 no URL elsewhere, and HTML 4xx pages for bad input."""
@@ -19,9 +19,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from labels_party import db
-from labels_party.auth import create_key
-from labels_party.console import sessions
+from labels_party.http.auth import create_key
+from labels_party.http.console import sessions
+from labels_party.store import db
 from shared.service.keys import hash_key
 from tests.labels_party.api.helpers import (
     MISSING_DATASET,

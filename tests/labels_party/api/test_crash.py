@@ -11,16 +11,16 @@ import httpx
 import pytest
 
 from labeldp.local_services import free_port
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 
 # The labels-party server with a checkpoint hook that kills the process at the named point of the release
 # transaction (the hook is injected into the context; production code reads no test switch).
 _SERVER = """
 import os, sys, uvicorn
-from labels_party.api import create_app
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.runtime.context import make_context
 database_url, data_dir, port, crash_at = sys.argv[1:]
 def checkpoint(name):
     if name == crash_at:

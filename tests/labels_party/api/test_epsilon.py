@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 
 
 @pytest.fixture()

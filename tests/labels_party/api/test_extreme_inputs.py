@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from labeldp.cli import main
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 from shared.errors import ErrorCode
 from tests.labels_party.api.helpers import bearer
 

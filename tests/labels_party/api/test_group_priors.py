@@ -7,12 +7,12 @@ import pytest
 
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from labeldp.local_services import serve_in_thread
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.pipeline import prepare_groups, privatize_by_group
-from labels_party.settings import LabelsSettings
+from labels_party.core.pipeline import prepare_groups, privatize_by_group
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 from shared.domains import Classes, integer_range
 
 
@@ -138,7 +138,7 @@ def test_a_small_body_of_long_group_names_is_not_expanded(tmp_path):
     # test_hostile_bodies.py): the names are checked as they are read. VmHWM, not ru_maxrss: the latter keeps the
     # forking parent's peak across exec (pytest's, gigabytes late in a run)
     probe = ("import pathlib, re, sys\n"
-             "from labels_party.uploads import parse_groups\n"
+             "from labels_party.store.uploads import parse_groups\n"
              "from shared.errors import LabelDPError\n"
              "try:\n    parse_groups(pathlib.Path(sys.argv[1]), 'parquet', max_bytes=1 << 40)\n"
              "except LabelDPError as err:\n    print(err.code)\n"

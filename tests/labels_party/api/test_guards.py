@@ -17,8 +17,8 @@ from features_party.api import create_app as trainer_app
 from features_party.auth import create_key as trainer_key
 from features_party.process import make_context as trainer_context
 from features_party.settings import TrainerSettings
-from labels_party import access
-from labels_party.api import create_app
+from labels_party.http import access
+from labels_party.http.api import create_app
 from shared.service import gate
 from shared.service.app import service_app
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from labels_party import uploads
+from labels_party.store import uploads
 from shared.errors import LabelDPError
 from tests.labels_party.api.helpers import expect_error, labels_csv, new_dataset, state, upload
 from tests.support.parquet_craft import (
@@ -124,7 +124,7 @@ def test_a_bomb_is_refused_with_no_memory_to_speak_of(bombs, body):
         call = call.replace("max_rows=1000", "max_rows=1000, max_bytes=32 << 20")
     probe = textwrap.dedent(f"""
         import pathlib, re, sys
-        from labels_party import labelstore, uploads
+        from labels_party.store import labelstore, uploads
         from shared.domains import integer_range
         from shared.errors import LabelDPError
 
@@ -194,7 +194,7 @@ def test_a_deeply_nested_ndjson_line_is_a_400_not_a_crashed_process(tmp_path):
                      b"]" * 100_000 + b"}\n")
     probe = textwrap.dedent("""
         import os, pathlib, sys
-        from labels_party import labelstore, uploads
+        from labels_party.store import labelstore, uploads
         from shared.domains import integer_range
         from shared.errors import LabelDPError
 
@@ -263,7 +263,7 @@ def test_a_large_uploads_footer_is_bounded_like_any_bodys(tmp_path):
     """Issue 40's eleventh review: a label upload's footer could be 1 % of the body — 2.97 MB of minimal column
     chunks in 300 MB of zeros parsed to +676 MB. Every body's footer is at most MAX_PARQUET_FOOTER now: a 60 MB
     (sparse) body with a 590 KB footer is refused before the footer is parsed."""
-    from labels_party import labelstore
+    from labels_party.store import labelstore
     from tests.support.parquet_craft import varint
 
     count = 200_000  # minimal column chunks of 3 bytes each (Thrift compact)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-import labels_party.api as api
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+import labels_party.http.api as api
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 
 
 @pytest.fixture()

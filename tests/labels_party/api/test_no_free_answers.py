@@ -23,10 +23,10 @@ from collections import Counter
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 from shared.errors import LabelDPError
 from tests.labels_party.api.helpers import bearer, expect_error
 

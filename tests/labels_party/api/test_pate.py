@@ -13,8 +13,8 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from scipy import stats
 
-from labels_party import pate
-from labels_party.audit import verify_audit
+from labels_party.core import pate
+from labels_party.http.audit import verify_audit
 from shared.mechanisms.integer_noise import discrete_gaussian, discrete_gaussian_pmf
 from tests.labels_party.api.helpers import digits_datasets, download_rows
 

@@ -81,9 +81,9 @@ def test_the_peers_take_a_prior_per_group(tmp_path):
     each group's labels."""
     from features_party.client import LabelsPartyClient
     from labeldp.local_services import serve_in_thread
-    from labels_party.api import create_app
-    from labels_party.auth import create_key
-    from labels_party.context import make_context
+    from labels_party.http.api import create_app
+    from labels_party.http.auth import create_key
+    from labels_party.runtime.context import make_context
 
     ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
     with ctx.sessions() as session, session.begin():

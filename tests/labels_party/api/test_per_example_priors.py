@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from labels_party.solvers.rr_with_prior import best_top_k, rr_with_prior, rr_with_prior_per_example
+from labels_party.core.solvers.rr_with_prior import best_top_k, rr_with_prior, rr_with_prior_per_example
 from tests.labels_party.api.helpers import admin_client
 
 

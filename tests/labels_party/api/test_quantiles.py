@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 
 import labels_party.releases.kinds as kinds
-from labels_party import db
-from labels_party.audit import verify_audit
-from labels_party.quantiles import MIN_SECONDS, RankCounts, draw_floor_seconds
+from labels_party.core.quantiles import MIN_SECONDS, RankCounts, draw_floor_seconds
+from labels_party.http.audit import verify_audit
+from labels_party.store import db
 from tests.labels_party.api.helpers import (
     MISSING_DATASET,
     audit_events,

@@ -1,4 +1,4 @@
-"""Release quotas over HTTP (labels_party/quotas.py): an organization over its release-seconds gets 429
+"""Release quotas over HTTP (labels_party/runtime/quotas.py): an organization over its release-seconds gets 429
 ``release_quota_exceeded`` with ``Retry-After`` before anything is charged, its earlier release still replays,
 and another organization is not affected; 30 concurrent requests of one organization on a real server never
 compute more than its slots at once, and each refused one is charged nothing; the OpenAPI lists the quota and
@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import select
 
 from labeldp.local_services import serve_in_thread
-from labels_party import db
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import KEYS, create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import KEYS, create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRef
 from tests.labels_party.api.helpers import (
     created,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labels_party.datasets import WIDE_RANGE, range_warning
+from labels_party.releases.datasets import WIDE_RANGE, range_warning
 from shared.domains import ContinuousInterval, integer_range
 from tests.labels_party.api.helpers import admin_client
 

@@ -93,7 +93,7 @@ def test_a_prior_release_to_come_is_checked_on_its_shape(client, admin, consumer
     without them — a dataset of numbers, an unknown id, a body decoding past the deployment's limit (what the parse
     counts of a CSV body: a row's 136 bytes and 48 a class, its id's bytes six times) — and no bigger body than
     that; its real request, as the trainer sends it, is refused or taken as the check said."""
-    from labels_party import uploads
+    from labels_party.store import uploads
 
     shape = {"epsilon": 1, "example_ids": ["e1", "e2"]}
     body = _checks(client, consumer, dataset, prior_releases=[shape]).json()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from labeldp.cli import main as labels_cli
-from labels_party import pipeline, registry
+from labels_party.core import pipeline, registry
 from shared.domains import Classes, domain_from_spec
 from shared.errors import LabelDPError
 from shared.mechanisms.protocol import uninformative_reason

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party.api import create_app
+from labels_party.http.api import create_app
 from tests.labels_party.api.helpers import (
     NUM_LABELS,
     budget,

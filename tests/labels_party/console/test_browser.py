@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from labeldp.local_services import serve_in_thread
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
 from tests.support.browser import chromium
 
 

@@ -1,4 +1,4 @@
-"""Server-side SVG charts (labels_party/console/charts.py): bounded, escaped, no script or style attribute."""
+"""Server-side SVG charts (labels_party/http/console/charts.py): bounded, escaped, no script or style attribute."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from labels_party.console import charts
+from labels_party.http.console import charts
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -1,4 +1,4 @@
-"""A release's randomizer as a bounded matrix (labels_party/console/randomizer.py): block averages of the
+"""A release's randomizer as a bounded matrix (labels_party/http/console/randomizer.py): block averages of the
 mechanism's own probabilities, from its public description, without ever expanding randomized response."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from labels_party.console import randomizer
+from labels_party.http.console import randomizer
 from shared.mechanisms.finite import FiniteRandomizer
 from shared.mechanisms.randomized_response import randomized_response, rr_on_bins
 from shared.mechanisms.subset import SubsetSelectionRandomizer

@@ -8,13 +8,17 @@ import math
 import numpy as np
 import pytest
 
-from labels_party.solvers import staircase
-from labels_party.solvers.opt_unbiased_continuous import compress, refined_columns, solve_continuous_optimal_unbiased
-from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
-from labels_party.solvers.pricing import lower_bound as _lower_bound
-from labels_party.solvers.pricing import price as _price
-from labels_party.solvers.signature_cone import cone_phase, solve_signature_socp
-from labels_party.solvers.staircase import Problem
+from labels_party.core.solvers import staircase
+from labels_party.core.solvers.opt_unbiased_continuous import (
+    compress,
+    refined_columns,
+    solve_continuous_optimal_unbiased,
+)
+from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.core.solvers.pricing import lower_bound as _lower_bound
+from labels_party.core.solvers.pricing import price as _price
+from labels_party.core.solvers.signature_cone import cone_phase, solve_signature_socp
+from labels_party.core.solvers.staircase import Problem
 
 
 def price(y, prior, alpha, beta, e):
@@ -202,7 +206,7 @@ def test_the_working_set_grows_coarse_to_fine_into_a_tube():
 
 
 def staircase_deadline():
-    from labels_party.solvers.deadline import NO_DEADLINE
+    from labels_party.core.solvers.deadline import NO_DEADLINE
 
     return NO_DEADLINE
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from labels_party.solvers.opt_unbiased_mesh import certify_solution, feasible_output_set, solve_optimal_unbiased
+from labels_party.core.solvers.opt_unbiased_mesh import certify_solution, feasible_output_set, solve_optimal_unbiased
 from shared.errors import LabelDPError
 from shared.mechanisms.randomized_response import debiased_outputs, debiased_randomized_response
 from shared.privacy import SOLVER_MARGIN, design_epsilon

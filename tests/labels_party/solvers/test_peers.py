@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from labels_party import registry
-from labels_party.privacy_audit import audit
-from labels_party.solvers.block_rr import block_rr, block_rr_matrix
-from labels_party.solvers.rp_with_prior import best_interval, rp_matrix, rp_with_prior
+from labels_party.core import registry
+from labels_party.core.privacy_audit import audit
+from labels_party.core.solvers.block_rr import block_rr, block_rr_matrix
+from labels_party.core.solvers.rp_with_prior import best_interval, rp_matrix, rp_with_prior
 from shared.domains import domain_from_spec
 
 # The authors' imbalanced CIFAR-10 variant (CIFAR-10_1: training examples per class).

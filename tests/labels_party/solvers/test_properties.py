@@ -4,9 +4,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labels_party.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
-from labels_party.solvers.opt_unbiased_mesh import solve_optimal_unbiased
-from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from labels_party.core.solvers.opt_unbiased_continuous import solve_continuous_optimal_unbiased
+from labels_party.core.solvers.opt_unbiased_mesh import solve_optimal_unbiased
+from labels_party.core.solvers.rr_on_bins import solve_rr_on_bins
 from shared.mechanisms import dyadic
 from shared.mechanisms.randomized_response import randomized_response
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labels_party.solvers.rr_on_bins import solve_rr_on_bins
+from labels_party.core.solvers.rr_on_bins import solve_rr_on_bins
 from shared.mechanisms.randomized_response import randomized_response
 
 TABLE1_PRIOR = [0.35 + 0.25, 0.1 + 0.15, 0.05 + 0.1]  # marginal of Table 1 over Y = {0, 1, 2}

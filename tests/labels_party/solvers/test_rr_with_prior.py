@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from labels_party.solvers.rr_with_prior import best_top_k, rr_with_prior
+from labels_party.core.solvers.rr_with_prior import best_top_k, rr_with_prior
 from shared.mechanisms.randomized_response import randomized_response, rr_top_k
 
 

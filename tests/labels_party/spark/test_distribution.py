@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 from scipy import stats
 
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from labels_party.spark.jobs import label_histogram, privatize
 from shared.domains import integer_range
 from tests.labels_party.spark.samplers import MisalignedOutputs

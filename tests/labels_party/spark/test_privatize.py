@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labels_party.registry import MechanismOptions, build_mechanism
+from labels_party.core.registry import MechanismOptions, build_mechanism
 from labels_party.spark.jobs import label_histogram, privatize
 from shared.domains import Classes, integer_range
 from shared.errors import LabelDPError

@@ -24,15 +24,16 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party import db, documents, jobs, workers
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.ledger import entries
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
+from labels_party.ledger import documents, entries
 from labels_party.releases.privatization import secret_context
-from labels_party.settings import LabelsSettings
+from labels_party.runtime import jobs, workers
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 from labels_party.spark.jobs import privatize
+from labels_party.store import db
 from shared.mechanisms.documents import sampler_from_description
 from shared.service.leases import Lease
 from shared.service.sealing import write_key_file

@@ -15,15 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party import db, documents, jobs
-from labels_party.api import create_app
-from labels_party.audit import verify_audit
-from labels_party.auth import create_key
-from labels_party.context import make_context
+from labels_party.http.api import create_app
+from labels_party.http.audit import verify_audit
+from labels_party.http.auth import create_key
+from labels_party.ledger import documents
 from labels_party.ledger.records import entries
 from labels_party.releases.privatization import secret_context
-from labels_party.settings import LabelsSettings
+from labels_party.runtime import jobs
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 from labels_party.spark.jobs import privatize
+from labels_party.store import db
 from shared.mechanisms.documents import sampler_from_description
 from tests.labels_party.spark.sources import read_parts, register, write_source
 

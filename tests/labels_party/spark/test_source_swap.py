@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from labels_party import db
-from labels_party.api import create_app
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.api import create_app
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from labels_party.store import db
 from shared.errors import LabelDPError
 from tests.labels_party.spark.sources import read_all, register, write_source
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from labels_party.privacy_audit import audit
+from labels_party.core.privacy_audit import audit
 from shared.errors import CertificationError
 from shared.mechanisms.alibi import AlibiRandomizer
 

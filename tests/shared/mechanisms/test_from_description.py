@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labels_party import documents, registry
-from labels_party.ledger import canonical
-from labels_party.pipeline import privatize_labels
-from labels_party.registry import MechanismOptions
+from labels_party.core import registry
+from labels_party.core.pipeline import privatize_labels
+from labels_party.core.registry import MechanismOptions
+from labels_party.ledger import canonical, documents
 from shared.domains import Classes, ContinuousInterval, FiniteLabels, Lattice, integer_range
 from shared.errors import LabelDPError
 from shared.mechanisms import dyadic

@@ -12,8 +12,8 @@ SERVICES = {"labels": "/v1/datasets", "features": "/v1/jobs"}
 
 def service_app(kind: str, tmp_path: Path) -> FastAPI:
     if kind == "labels":
-        from labels_party.api import create_app
-        from labels_party.context import make_context
+        from labels_party.http.api import create_app
+        from labels_party.runtime.context import make_context
 
         return create_app(make_context(f"sqlite:///{tmp_path}/labels.db", tmp_path / "labels"))
     from features_party.api import create_app as create_trainer

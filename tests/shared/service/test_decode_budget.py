@@ -17,11 +17,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ValidationError
 
-import labels_party.api as api
+import labels_party.http.api as api
 from features_party import schemas as trainer_schemas
-from labels_party.auth import create_key
-from labels_party.context import make_context
-from labels_party.settings import LabelsSettings
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
 from shared import schemas
 from shared.service.gate import JsonCost, _first_invalid_string
 from shared.service.memory import MemoryBudget
@@ -214,9 +214,9 @@ def test_a_live_servers_memory_stays_within_the_limit(tmp_path):
     probe = textwrap.dedent(f"""
         import re, sys
         from fastapi.testclient import TestClient
-        import labels_party.api as api
-        from labels_party.auth import create_key
-        from labels_party.context import make_context
+        import labels_party.http.api as api
+        from labels_party.http.auth import create_key
+        from labels_party.runtime.context import make_context
 
         def kb(name):
             return int(re.search(name + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))

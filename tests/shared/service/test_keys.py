@@ -30,10 +30,10 @@ from features_party.process import make_context as make_trainer_context
 from features_party.settings import TrainerSettings
 from labeldp.cli import main
 from labeldp.local_services import free_port, serve_process
-from labels_party import db as labels_db
-from labels_party.api import create_app as create_labels
-from labels_party.auth import key_ring
-from labels_party.context import make_context
+from labels_party.http.api import create_app as create_labels
+from labels_party.http.auth import key_ring
+from labels_party.runtime.context import make_context
+from labels_party.store import db as labels_db
 from shared.errors import LabelDPError
 from shared.service.database import utcnow
 from shared.service.keys import UNAUTHORIZED_MESSAGE, KeyRef, expiry

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from features_party.process import make_context as trainer_context
 from features_party.settings import TrainerSettings
-from labels_party.context import make_context as labels_context
+from labels_party.runtime.context import make_context as labels_context
 from shared.service import gate
 from shared.service.scratch import Scratch
 
