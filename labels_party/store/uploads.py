@@ -447,16 +447,7 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
     :func:`check_column_types` allows."""
     parquet_pages.check_writer(metadata.created_by)
     check_column_types(metadata.schema.to_arrow_schema(), columns)
-    wanted, schema, leaves = set(columns), metadata.schema, []
-    for i in range(metadata.num_columns):
-        column = schema.column(i)
-        top = column.path.split(".")[0]
-        if top not in wanted and column.path not in wanted:
-            continue
-        if column.max_repetition_level > 0 or column.path not in wanted:
-            raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns",
-                               code=ErrorCode.MALFORMED_FILE)
-        leaves.append((i, column.path, column.physical_type, column.length or 0))
+    leaves = _flat_leaves(metadata, columns)
     total, size, text_chunks, stored = 0, handle.size(), {}, 0
     arrow = metadata.schema.to_arrow_schema()
     strings = set(text_columns(arrow, columns))
@@ -497,6 +488,21 @@ def parquet_decoded(metadata: pq.FileMetaData, columns: Sequence[str], handle) -
                           + (8 + width) * pages.dictionary_values)
     handle.seek(0)
     return DecodedSize(max(metadata.num_rows, *rows.values(), 0), total, text_chunks, min(stored, size))
+
+
+def _flat_leaves(metadata: pq.FileMetaData, columns: Sequence[str]) -> list[tuple[int, str, str, int]]:
+    """The leaf columns read of ``columns`` (position, name, physical type, fixed length); a nested one refused."""
+    wanted, schema, leaves = set(columns), metadata.schema, []
+    for i in range(metadata.num_columns):
+        column = schema.column(i)
+        top = column.path.split(".")[0]
+        if top not in wanted and column.path not in wanted:
+            continue
+        if column.max_repetition_level > 0 or column.path not in wanted:
+            raise LabelDPError(f"column {top!r} is nested; these bodies have flat columns",
+                               code=ErrorCode.MALFORMED_FILE)
+        leaves.append((i, column.path, column.physical_type, column.length or 0))
+    return leaves
 
 
 def parquet_batches(handle, metadata: pq.FileMetaData, size: DecodedSize, columns: Sequence[str],
