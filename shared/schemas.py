@@ -8,7 +8,10 @@ the audit has ``events`` and ``chain_valid``; errors are ``{"error": {"code", "m
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
@@ -17,18 +20,46 @@ from shared.domains import LABEL_VALUE_LIMIT, domain_spec
 
 LabelKind = Literal["finite", "integer", "continuous", "classes"]
 
-# The mechanisms a release may name, and which by label kind (both parties check a request against these).
-MechanismName = Literal["opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr", "rr-with-prior", "subset",
-                        "rp-with-prior", "block-rr", "alibi"]
-REGRESSION_MECHANISMS: tuple[MechanismName, ...] = ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr",
-                                                    "rp-with-prior")
-CLASSIFICATION_MECHANISMS: tuple[MechanismName, ...] = ("rr", "rr-with-prior", "subset", "block-rr", "alibi")
+
+
+@dataclass(frozen=True)
+class MechanismKinds:
+    """What a mechanism a release may name takes: regression labels (finite, integer, continuous), class labels,
+    and whether it builds on a noisy prior of the labels (so a group release, one prior per group, may use it)."""
+
+    regression: bool
+    classes: bool
+    prior: bool
+
+
+# Every mechanism a release may name, declared once: both parties check a request against this table, and the
+# labels party's registry (labels_party.core.registry) builds each of them, its label kinds and prior taken from here.
+MECHANISMS: Mapping[str, MechanismKinds] = MappingProxyType({
+    "opt-unbiased": MechanismKinds(regression=True, classes=False, prior=True),
+    "rr-on-bins": MechanismKinds(regression=True, classes=False, prior=True),
+    "laplace": MechanismKinds(regression=True, classes=False, prior=False),
+    "staircase": MechanismKinds(regression=True, classes=False, prior=False),
+    "dbrr": MechanismKinds(regression=True, classes=False, prior=False),
+    "rr": MechanismKinds(regression=True, classes=True, prior=False),
+    "rr-with-prior": MechanismKinds(regression=False, classes=True, prior=True),
+    "subset": MechanismKinds(regression=False, classes=True, prior=False),
+    "rp-with-prior": MechanismKinds(regression=True, classes=False, prior=True),
+    "block-rr": MechanismKinds(regression=False, classes=True, prior=True),
+    "alibi": MechanismKinds(regression=False, classes=True, prior=False),
+})
+if TYPE_CHECKING:  # the type checker sees names; pydantic and the OpenAPI see the table's names as an enum
+    MechanismName: TypeAlias = str
+    GroupMechanism: TypeAlias = str
+else:
+    MechanismName = Literal[tuple(MECHANISMS)]
+    # A group release estimates a prior per group and builds one prior-using randomizer per group.
+    GroupMechanism = Literal[tuple(name for name, kinds in MECHANISMS.items() if kinds.prior)]
+REGRESSION_MECHANISMS: tuple[str, ...] = tuple(name for name, kinds in MECHANISMS.items() if kinds.regression)
+CLASSIFICATION_MECHANISMS: tuple[str, ...] = tuple(name for name, kinds in MECHANISMS.items() if kinds.classes)
 # Privacy events recorded like releases that publish no labels: a noisy test loss, trained parameters, DP quantiles.
 LABELLESS_RELEASES = ("evaluation", "labeldp-pro", "quantiles")
 # Central releases that do publish class labels (of the rows the caller named): a student trains on them by id.
 CENTRAL_CLASS_RELEASES = ("pate-fm",)
-# A group release estimates a prior per group and builds one prior-using randomizer per group.
-GroupMechanism = Literal["opt-unbiased", "rr-on-bins", "rr-with-prior", "rp-with-prior", "block-rr"]
 # opt-unbiased's solvers: outputs anywhere in ℝ (cone programs, certified gap) or on a fixed mesh (one LP)
 Solver = Literal["continuous", "mesh"]
 

@@ -50,7 +50,7 @@ from shared.mechanisms.randomized_response import (
 from shared.mechanisms.rounded import RoundedRandomizer
 from shared.mechanisms.subset import SubsetSelectionRandomizer
 from shared.privacy import check_epsilon
-from shared.schemas import Solver
+from shared.schemas import MECHANISMS, Solver
 
 REGRESSION = frozenset({"finite", "continuous"})  # an integer range is a finite domain on an integer lattice
 CLASSES = frozenset({"classes"})
@@ -89,10 +89,8 @@ class Built:
 
 @dataclass(frozen=True)
 class MechanismFamily:
-    name: str
-    label_kinds: frozenset[str]
+    name: str  # a key of shared.schemas.MECHANISMS, which declares its label kinds and whether it needs a prior
     options: frozenset[str]  # which MechanismOptions apply
-    needs_prior: bool
     max_labels: int | None  # within the default 60 s solver limit on the reference machine; None: no solve
     beyond_limit: str  # what to use instead when a domain is larger
     builder: Callable[[Domain, FiniteLabels, float, np.ndarray | None, MechanismOptions], Built]
@@ -107,6 +105,15 @@ class MechanismFamily:
     # vector: RR's bins, RR-Top-k's candidates); a document's size is predicted from it before a release is charged.
     published: Callable[[int, MechanismOptions], int] = lambda labels, _options: 3 * labels
     column_per_class: bool = False  # releases one column per class (a set, a vector), not one label per example
+
+    @property
+    def label_kinds(self) -> frozenset[str]:
+        kinds = MECHANISMS[self.name]
+        return (REGRESSION if kinds.regression else frozenset()) | (CLASSES if kinds.classes else frozenset())
+
+    @property
+    def needs_prior(self) -> bool:
+        return MECHANISMS[self.name].prior
 
     def published_numbers(self, labels: int, options: MechanismOptions) -> int:
         """:attr:`published`, or its fallback's when that publishes more (a release may end with either)."""
@@ -211,36 +218,36 @@ def _opt_unbiased_floor(options: MechanismOptions) -> float:
 
 
 FAMILIES: Mapping[str, MechanismFamily] = MappingProxyType({family.name: family for family in (
-    MechanismFamily("opt-unbiased", REGRESSION, frozenset({"mesh", "solver"}), True, MAX_CONTINUOUS_LABELS,
+    MechanismFamily("opt-unbiased", frozenset({"mesh", "solver"}), MAX_CONTINUOUS_LABELS,
                     "rr-on-bins (up to 50,000 labels), " + _WIDE, _opt_unbiased, max_mesh_cells=MAX_MESH_CELLS,
                     fallback="dbrr", min_epsilon=_opt_unbiased_floor, published=_opt_unbiased_numbers),
-    MechanismFamily("rr-on-bins", REGRESSION, frozenset(), True, 50_000, _WIDE, _finite(
+    MechanismFamily("rr-on-bins", frozenset(), 50_000, _WIDE, _finite(
         lambda labels, e, prior, options: solve_rr_on_bins(labels.values, prior, e, deadline=options.deadline)),
                     fallback="dbrr"),
-    MechanismFamily("laplace", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.laplace),
+    MechanismFamily("laplace", frozenset({"clip"}), None, "", _additive(additive.laplace),
                     on_grid=False, published=_no_vectors),
-    MechanismFamily("staircase", REGRESSION, frozenset({"clip"}), False, None, "", _additive(additive.staircase),
+    MechanismFamily("staircase", frozenset({"clip"}), None, "", _additive(additive.staircase),
                     on_grid=False, published=_no_vectors),
-    MechanismFamily("dbrr", REGRESSION, frozenset(), False, None, "", _finite(
+    MechanismFamily("dbrr", frozenset(), None, "", _finite(
         lambda labels, e, _prior, _options: debiased_randomized_response(labels.values, e))),
-    MechanismFamily("rr", REGRESSION | CLASSES, frozenset(), False, None, "", _finite(
+    MechanismFamily("rr", frozenset(), None, "", _finite(
         lambda labels, e, _prior, _options: randomized_response(labels.values, e))),
-    MechanismFamily("rr-with-prior", CLASSES, frozenset(), True, 2000, "rr", _finite(
+    MechanismFamily("rr-with-prior", frozenset(), 2000, "rr", _finite(
         lambda _labels, e, prior, _options: rr_with_prior(prior, e)), fallback="rr"),
     # Published peers (issue 41): RPWithPrior (Liu & Huang, TMLR 2026) and BlockRR (Liu & Ding, 2026), on the
     # noisy prior like RR-on-Bins and RRWithPrior; their documents publish the whole matrix, hence the |Y| limits.
-    MechanismFamily("rp-with-prior", REGRESSION, frozenset(), True, MAX_CONTINUOUS_LABELS,
+    MechanismFamily("rp-with-prior", frozenset(), MAX_CONTINUOUS_LABELS,
                     "rr-on-bins (up to 50,000 labels), " + _WIDE, _finite(
                         lambda labels, e, prior, _options: rp_with_prior(labels.values, prior, e)),
                     fallback="dbrr", published=_matrix_numbers),
-    MechanismFamily("block-rr", CLASSES, frozenset(), True, 256, "rr-with-prior or rr", _finite(
+    MechanismFamily("block-rr", frozenset(), 256, "rr-with-prior or rr", _finite(
         lambda labels, e, prior, _options: block_rr(labels.values, prior, e)), fallback="rr",
                     published=_matrix_numbers),
     # ALIBI (Malek et al., NeurIPS 2021): one integer vector of K noisy coordinates per example, trained on its
     # posterior (the trainer's alibi loss); K columns per example, hence the limit.
-    MechanismFamily("alibi", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
+    MechanismFamily("alibi", frozenset(), 256, "rr", lambda _domain, labels, e, _p, _o:
                     Built(AlibiRandomizer.build(labels.size, e)), published=_no_vectors, column_per_class=True),
-    MechanismFamily("subset", CLASSES, frozenset(), False, 256, "rr", lambda _domain, labels, e, _p, _o:
+    MechanismFamily("subset", frozenset(), 256, "rr", lambda _domain, labels, e, _p, _o:
                     Built(SubsetSelectionRandomizer.build(labels.size, e)), published=_no_vectors,
                     column_per_class=True),
 )})

@@ -16,12 +16,20 @@ from shared.domains import Classes, ContinuousInterval, integer_range
 from shared.errors import LabelDPError
 
 
-def test_families_agree_with_the_wire_schema():
-    assert set(registry.FAMILIES) == set(schemas.MechanismName.__args__)
+def test_families_are_the_wire_schemas_mechanisms_with_their_declared_kinds():
+    """shared.schemas.MECHANISMS declares each mechanism once; the registry builds exactly those, and the wire's
+    enums (a release's mechanism, a group release's) and per-kind lists all come from that one table."""
+    assert set(registry.FAMILIES) == set(schemas.MECHANISMS)
+    assert list(schemas.MECHANISMS) == list(schemas.MechanismName.__args__)
+    assert schemas.REGRESSION_MECHANISMS == ("opt-unbiased", "rr-on-bins", "laplace", "staircase", "dbrr", "rr",
+                                             "rp-with-prior")
+    assert schemas.CLASSIFICATION_MECHANISMS == ("rr", "rr-with-prior", "subset", "block-rr", "alibi")
+    assert schemas.GroupMechanism.__args__ == ("opt-unbiased", "rr-on-bins", "rr-with-prior", "rp-with-prior",
+                                               "block-rr")
     for name, family in registry.FAMILIES.items():
-        assert (name in schemas.REGRESSION_MECHANISMS) == bool(family.label_kinds & registry.REGRESSION)
-        assert (name in schemas.CLASSIFICATION_MECHANISMS) == bool(family.label_kinds & registry.CLASSES)
-    assert {name for name, f in registry.FAMILIES.items() if f.needs_prior} == set(schemas.GroupMechanism.__args__)
+        assert (name in schemas.REGRESSION_MECHANISMS) == (family.label_kinds >= registry.REGRESSION)
+        assert (name in schemas.CLASSIFICATION_MECHANISMS) == ("classes" in family.label_kinds)
+        assert family.needs_prior == (name in schemas.GroupMechanism.__args__)
     with pytest.raises(TypeError):
         registry.FAMILIES["mine"] = registry.FAMILIES["rr"]  # read-only
 
