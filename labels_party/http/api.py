@@ -55,8 +55,8 @@ def _epsilon_range(spec: dict, settings) -> None:
     """This deployment's ε range on every ε a request carries (schemas and query parameters), and its δ ceiling on
     every δ a budget or grant carries, so generated clients and fuzzers know them."""
     low, high = settings.epsilon_min, settings.epsilon_max
-    for model in ("ReleaseRequest", "EvaluationRequest", "CentralTrainingRequest", "QuantilesRequest", "PateRequest"):
-        for name, prop in spec["components"]["schemas"][model]["properties"].items():
+    for model in _release_request_models(spec):  # what they take, never what they answer
+        for name, prop in spec["components"]["schemas"][model].get("properties", {}).items():
             if name in ("epsilon", "prior_epsilon"):
                 for option in prop.get("anyOf", [prop]):
                     if option.get("type") == "number":
@@ -73,6 +73,31 @@ def _epsilon_range(spec: dict, settings) -> None:
             for parameter in operation.get("parameters", []):
                 if parameter["name"] in ("epsilon", "prior_epsilon"):
                     parameter["schema"].update(minimum=low, maximum=high)
+
+
+RELEASE_ANSWERS = {"#/components/schemas/Release", "#/components/schemas/ReleaseChecked"}
+
+
+def _release_request_models(spec: dict) -> set[str]:
+    """The component schemas that the bodies of routes answering a release (or a release check) name, and those
+    their properties name: every request whose ε is a release's, and no other (a grant's ε is an allocation)."""
+    schemas, found = spec["components"]["schemas"], set()
+    pending = [content["schema"] for path in spec["paths"].values() for operation in path.values()
+               if RELEASE_ANSWERS & {answer.get("schema", {}).get("$ref") for response in operation["responses"]
+                                     .values() for answer in response.get("content", {}).values()}
+               for content in operation.get("requestBody", {}).get("content", {}).values() if "schema" in content]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            name = ref.rsplit("/", 1)[-1] if ref.startswith("#/components/schemas/") else None
+            if name is not None and name not in found:
+                found.add(name)
+                pending.append(schemas[name])
+            pending.extend(value for key, value in node.items() if key != "$ref")
+        elif isinstance(node, list):
+            pending.extend(node)
+    return found
 
 
 def _request_limits(spec: dict, settings) -> None:
