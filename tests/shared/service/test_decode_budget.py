@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -23,7 +25,8 @@ from labels_party.http.auth import create_key
 from labels_party.runtime.context import make_context
 from labels_party.runtime.settings import LabelsSettings
 from shared import schemas
-from shared.service.gate import JsonCost, _first_invalid_string
+from shared.errors import RetryLater
+from shared.service.gate import JsonCost, _first_invalid_string, read_json_body
 from shared.service.memory import MemoryBudget
 
 
@@ -241,3 +244,35 @@ def test_a_live_servers_memory_stays_within_the_limit(tmp_path):
     assert (status, code) == ("413", "body_too_large"), done.stdout + done.stderr
     # the body itself is 30 MB (the test client holds it too); decoding it would take gigabytes
     assert int(growth_mb) < 128, done.stdout
+
+
+def _receiver(chunks: list[bytes]):
+    messages = [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+                for i, chunk in enumerate(chunks)]
+
+    async def receive():
+        return messages.pop(0)
+    return receive
+
+
+def test_a_json_body_waits_only_while_it_holds_nothing():
+    """Bodies that each held part of the budget and waited for the rest waited for one another (issue 40's
+    columnar bodies: four at the limit, all 503). With its Content-Length a body takes at once, waiting, what its
+    bytes can cost at most, and gives back what they do not; without one, only its first chunk waits."""
+    import anyio
+
+    body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(2000)]}).encode()
+    cost = JsonCost()
+    cost.add(body)
+    budget = MemoryBudget(total=4 << 20, per_request=2 << 20, wait_seconds=5)
+    assert budget.try_take(3 << 20)  # other requests hold 3 of the 4 MiB; one gives its share back soon
+    threading.Timer(0.3, budget.give, (2 << 20,)).start()
+    read, held = anyio.run(read_json_body, _receiver([body[:1000], body[1000:]]), budget, len(body))
+    assert read == body and held == cost.total + cost.size and budget.used == (1 << 20) + held
+    budget.give(held)
+    # without a declared length the first chunk's share waits; the next, not free, is 503 at once
+    assert budget.try_take((3 << 20) - 20_000)
+    started = time.monotonic()
+    with pytest.raises(RetryLater):
+        anyio.run(read_json_body, _receiver([body[:100], body[100:]]), budget, None)
+    assert time.monotonic() - started < 2 and budget.used == (4 << 20) - 20_000  # its share given back
