@@ -574,10 +574,14 @@ def setup(deployment: Deployment) -> dict:
     admin = json.loads(deployment.cli("labels", "create-key", "--database-url", deployment.labels_url, "--data-dir",
                                       str(deployment.work / "data"), "--org", "owner", "--role", "admin",
                                       "--json"))["key"]
+    consumer = json.loads(deployment.cli("labels", "create-key", "--database-url", deployment.labels_url,
+                                         "--data-dir", str(deployment.work / "data"), "--org", "other", "--role",
+                                         "consumer", "--json"))["key"]
     trainer_key = json.loads(deployment.cli("features", "create-key", "--database-url", deployment.trainer_url,
                                             "--data-dir", str(deployment.work / "trainer"), "--org", "owner",
                                             "--role", "admin", "--json"))["key"]
-    state = {"admin": admin, "trainer": trainer_key, "classes_k": 10, "wide10k_k": 10_000, "wide100k_k": 100_000}
+    state = {"admin": admin, "consumer": consumer, "trainer": trainer_key, "classes_k": 10, "wide10k_k": 10_000,
+             "wide100k_k": 100_000}
     headers = {"Authorization": f"Bearer {admin}", "Content-Type": "application/json"}
     ids = [f"u{i}" for i in range(N)]
     with deployment.serve("labels", "setup-labels.log") as server:
@@ -596,6 +600,9 @@ def setup(deployment: Deployment) -> dict:
             done = request(server.port, "PUT", f"/v1/datasets/{state[name]}/labels", labels,
                            {"Authorization": f"Bearer {admin}", "Content-Type": "text/csv"}, timeout=600)
             assert done.status == 200, done.body
+        granted = request(server.port, "POST", f"/v1/datasets/{state['large']}/grants", json_body(
+            {"org": "other", "epsilon": 100}), headers)  # another organization's bodies beside the owner's
+        assert granted.status in (200, 201), granted.body
     with deployment.serve("labels", "setup-labels-2.log"), deployment.serve("trainer", "setup-trainer.log") as trainer:
         features = ("example_id,x0\n" + "\n".join(f"{i},{n % 7}" for n, i in enumerate(ids)) + "\n").encode()
         done = request(trainer.port, "PUT", "/v1/features/f", features,
@@ -648,9 +655,9 @@ def measure(deployment: Deployment, case: Case, state: dict) -> dict:
 
 def four_at_once(deployment: Deployment, state: dict, name: str, make: Callable[[dict], tuple], *,
                  warm: bytes = b'{"epsilon": 1, "example_ids": ["u0", "u1"], "features": [[0]]}',
-                 limit_mb: float = FOUR_LIMIT_MB, env: dict | None = None) -> dict:
+                 limit_mb: float = FOUR_LIMIT_MB, env: dict | None = None, keys: tuple[str, ...] = ()) -> dict:
     """Four copies of one body at once on one server (after one ``warm`` body of its route): its peak RSS growth,
-    within ``limit_mb``."""
+    within ``limit_mb``. ``keys``: the copies' keys in turn (by default the body's own)."""
     with deployment.serve("labels", f"four-{name}.log", env) as server:
         method, path, body, headers = make(state)
         request(server.port, method, path, warm, {**headers, "Idempotency-Key": "warm"})
@@ -661,7 +668,9 @@ def four_at_once(deployment: Deployment, state: dict, name: str, make: Callable[
         answers: list[Answer] = [Answer(None)] * 4
 
         def send(index: int) -> None:
-            answers[index] = request(server.port, method, path, body, {**headers, "Idempotency-Key": f"four{index}"},
+            key = {"Authorization": f"Bearer {state[keys[index % len(keys)]]}"} if keys else {}
+            answers[index] = request(server.port, method, path, body, {**headers, **key,
+                                                                        "Idempotency-Key": f"four{index}"},
                                      timeout=600)
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
@@ -723,11 +732,11 @@ def main() -> None:
                 together.append(four_at_once(deployment, state, name, make))
                 print(json.dumps(together[-1]), file=sys.stderr)
             if only is None or {"four", "four-groups-at-bound"} & only:
-                # one organization's four release slots (two by default), so that memory, not the quota, decides;
-                # honest bodies count within 1.25 times their count (docs/results/hostile-reviews.md, 19th review)
+                # two organizations, two bodies each (their two release slots); honest bodies count within 1.25
+                # times their count (docs/results/hostile-reviews.md, 19th review)
                 together.append(four_at_once(deployment, state, "four-groups-at-bound", _groups_at_bound,
                                              warm=b"example_id,group\nu1,a\n", limit_mb=1.3 * COLUMNAR_BUDGET_MB,
-                                             env={"LABELDP_RELEASE_SLOTS_PER_ORG": "4"}))
+                                             keys=("admin", "consumer")))
                 print(json.dumps(together[-1]), file=sys.stderr)
     checks = [value for r in results + together for value in r["checks"].values() if value is not None]
     document = {"bench": "hostile_bodies", "root": str(args.root.resolve()), "commit": commit, "dirty": dirty,

@@ -104,9 +104,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
                          scratch=scratch, quotas=ReleaseQuotas(settings), sealer=secrets,
                          jobs=jobs.make_runner(sessions, settings, store, run_job),
-                         columnar_memory=MemoryBudget(settings.columnar_decode_budget_bytes,
-                                                      settings.max_columnar_decoded_bytes,
-                                                      settings.json_decode_wait_seconds))
+                         columnar_memory=columnar_budget(settings))
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and
@@ -116,6 +114,13 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
         ctx.close()  # a refused start holds neither the database nor the data directory
         raise
     return ctx
+
+
+def columnar_budget(settings: LabelsSettings) -> MemoryBudget:
+    """The process's memory for prior and group bodies: one organization's requests hold at most half of it (or one
+    body's limit, if more), so that one organization's bodies cannot hold it all."""
+    total, one = settings.columnar_decode_budget_bytes, settings.max_columnar_decoded_bytes
+    return MemoryBudget(total, one, settings.json_decode_wait_seconds, per_owner=max(one, total // 2))
 
 
 def _chain_heads(engine: Engine) -> dict[str, tuple[int, str]]:

@@ -75,9 +75,6 @@ PRIOR_CELL_BYTES = 48
 # ... per group assignment: its code, the row's reference to its group's name, and the groups' arrays on the way to
 # the release (measured: 2.58·10⁶ rows took 1.12–1.25 times their count at 24 bytes).
 GROUP_ROW_BYTES = 64
-# ... and a text body's byte, as what it may decode to is expected (Decoded.expect): an id's byte is held 6 or 10
-# times (held_id_bytes), a group name's as held
-TEXT_BYTE_HELD = 10
 PARSE_CELLS = 1 << 20  # cells (rows × columns) per batch handed on
 BLOCK_BYTES = 1 << 22  # CSV and NDJSON are read in blocks of this size
 STREAM_BUFFER = 1 << 20  # Parquet is read through a buffer of this size (never a whole column chunk at once)
@@ -107,7 +104,6 @@ def parse_priors(path: Path, fmt: str, num_classes: int, *, max_rows: int | None
     decoded = prior_body_decoded(num_classes, max_rows, max_bytes, memory)
     ids: list[str] = []
     blocks: list[np.ndarray] = []
-    decoded.expect(path, fmt)
     with _parsing("the priors"):
         if fmt == "parquet":
             ids, priors = _parquet_priors(path, names, decoded)
@@ -145,7 +141,6 @@ def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None, max_bytes
     decoded = Decoded("the groups", max_rows, max_bytes, row_bytes=ID_ROW_BYTES + GROUP_ROW_BYTES, memory=memory)
     ids: list[str] = []
     groups = _Groups(decoded)
-    decoded.expect(path, fmt)
     with _parsing("the groups"):
         for batch in _batches(path, fmt, ["example_id", "group"], decoded, numeric=(), required=False):
             if batch.num_columns < 2:
@@ -161,8 +156,8 @@ def parse_groups(path: Path, fmt: str, *, max_rows: int | None = None, max_bytes
 class Decoded:
     """What a body has decoded to so far: its rows (at most ``max_rows``) and bytes (at most ``limit``): the rows'
     own cost (``row_bytes`` each) and the strings kept; refused (413 body_too_large) past either. Each count (or a
-    Parquet body's prediction from its metadata) is held in ``memory``, the process's budget for such bodies, before
-    the rows are: what every body being decoded or released at once holds stays within it."""
+    Parquet body's prediction from its metadata) is held in ``memory``, the request's share of the process's budget
+    for such bodies, before the rows are: what every body being decoded or released at once holds stays within it."""
 
     what: str
     max_rows: int | None
@@ -172,19 +167,6 @@ class Decoded:
     strings: int = 0
     lengths: Memo = field(default_factory=lambda: Memo())  # the ids' dictionary's string lengths
     memory: Reservation | None = None
-
-    def expect(self, path: Path, fmt: str) -> None:
-        """Hold at once, in ``memory``, what a CSV or NDJSON body may decode to — each line a row, and
-        :data:`TEXT_BYTE_HELD` for each of its bytes, at most the limit — so that the counts to come find it held
-        (a request waits for memory only while it holds none: :class:`shared.service.memory.Reservation`). A
-        Parquet body's first count is its metadata's prediction, before any page is read."""
-        if self.memory is None or fmt == "parquet":
-            return
-        size, lines = 0, 1
-        with open(path, "rb") as handle:
-            while block := handle.read(BLOCK_BYTES):
-                size, lines = size + len(block), lines + max(block.count(b"\n"), block.count(b"\r"))
-        self.memory.hold(lines * self.row_bytes + TEXT_BYTE_HELD * size)
 
     def add(self, rows: int = 0, strings: int = 0) -> None:
         self.rows, self.strings = self.rows + rows, self.strings + strings

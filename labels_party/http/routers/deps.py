@@ -19,7 +19,7 @@ from labels_party.store.uploads import upload_format
 from shared import schemas
 from shared.service import dependencies, gate
 from shared.service.gate import SpooledBody
-from shared.service.memory import Reservation
+from shared.service.memory import Reservation, release_freed_memory
 
 AnyKey = Annotated[Admission, Depends(access.ANY_KEY)]
 AdminKey = Annotated[Admission, Depends(access.ADMIN_KEY)]
@@ -47,8 +47,11 @@ async def with_columnar_body(request: Request, ctx: ServiceContext, admission: A
                              run: Callable[[SpooledBody, Reservation], Outcome]) -> JSONResponse:
     """Spool a CSV/NDJSON/Parquet body (415 before a byte is read) and create a release from it, ``run(body,
     memory)``: what the body decodes to is held in ``memory``, the request's share of the process's budget for such
-    bodies, until the release is done."""
+    bodies (its organization's at most half of it), until the release is done."""
     upload_format(request.headers.get("content-type"))
     directory, body = await gate.spool(request, admission.body_limit, ctx.scratch.spools)
-    with directory, ctx.columnar_memory.reservation() as memory:
-        return answer(await run_in_threadpool(run, body, memory))
+    with directory, ctx.columnar_memory.reservation(admission.principal.org_id) as memory:
+        try:
+            return answer(await run_in_threadpool(run, body, memory))
+        finally:  # its ids and priors are gone: what held them goes back to the system, whatever the outcome
+            await run_in_threadpool(release_freed_memory)
