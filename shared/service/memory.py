@@ -89,7 +89,7 @@ class MemoryBudget:
         deadline = time.monotonic() + self.wait_seconds
         while not self.try_take(amount, owner):
             if time.monotonic() >= deadline:
-                raise self.busy(amount)
+                raise self.busy(amount, owner)
             time.sleep(self.POLL_SECONDS)
 
     @contextlib.contextmanager
@@ -102,9 +102,11 @@ class MemoryBudget:
         finally:
             self.give(taken.held, owner)
 
-    def busy(self, amount: int) -> RetryLater:
+    def busy(self, amount: int, owner: Hashable = None) -> RetryLater:
+        share = (f" (one organization's requests hold at most {self.per_owner:,} of it at once)"
+                 if owner is not None and self.per_owner < self.total else "")
         return RetryLater(f"the server is busy: {amount:,} bytes more of its {self.total:,}-byte budget for this "
-                          "work are not free; retry", code=ErrorCode.SERVER_BUSY,
+                          f"work are not free{share}; retry", code=ErrorCode.SERVER_BUSY,
                           retry_after=math.ceil(self.wait_seconds))
 
 
@@ -140,7 +142,7 @@ class Reservation:
         more = min(max(amount - self.held, self.GRAIN), self.limit - self.held)
         if not self.budget.try_take(more, self.owner):
             if self.held and not self.budget.claim_waiter(self):
-                raise self.budget.busy(more)
+                raise self.budget.busy(more, self.owner)
             try:
                 self.budget.take_blocking(more, self.owner)
             finally:
