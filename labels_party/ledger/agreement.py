@@ -163,8 +163,9 @@ def source_problems(fact: SourceFact | None, dataset: db.Dataset) -> list[str]:
 
 
 def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
-    """Each label version the chain records is the row's (its file's hash: verify-audit reads the file); every
-    version after the first one chained is chained (earlier ones were uploaded before versions were)."""
+    """Each label version the chain records is the row's (its file's hash: verify-audit reads the file; where its ids
+    start, from the previous version's registry); every version after the first one chained is chained (earlier ones
+    were uploaded before versions were)."""
     problems = []
     rows = session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)).all()
     first = min(replayed.labels, default=None)
@@ -176,6 +177,10 @@ def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -
         elif (row.num_examples, row.registry_end, row.coverage_sha256) != (fact.num_examples, fact.registry_end,
                                                                            fact.coverage_sha256):
             problems.append(f"label version {row.version} differs from the chain's")
+        elif row.version - 1 in replayed.labels and row.registry_start != replayed.labels[row.version - 1].registry_end:
+            # the ids a version introduced start where the previous version's registry ended (the twenty-first
+            # review: an edited start made the next upload of the same ids count them as new)
+            problems.append(f"label version {row.version}'s new ids do not start where the chain's registry ended")
     if first is not None and dataset.label_version not in replayed.labels:
         problems.append(f"the dataset's current label version {dataset.label_version} is not in the chain")
     return problems

@@ -22,7 +22,7 @@ from labels_party.runtime.settings import LabelsSettings
 from labels_party.store import db
 from shared.service.keys import KeyRef
 from tests.labels_party.api import test_audit_chain as chain_tests
-from tests.labels_party.api.helpers import created, expect_error, release
+from tests.labels_party.api.helpers import created, expect_error, labels_csv, release, upload
 from tests.labels_party.api.test_audit_chain import _log, _problems, _sql, _verify
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
@@ -204,6 +204,19 @@ def test_a_rewritten_label_file_or_version_row_is_found(ctx, client, consumer, d
                                                                                             audit_key))
     _sql(ctx, "UPDATE label_versions SET num_examples = num_examples + 1 WHERE dataset_id = :d", d=dataset)
     with pytest.raises(LedgerTampered, match=f"label version {number} differs from the chain's"):
+        _restart(ctx)
+
+
+def test_where_a_versions_new_ids_start_is_checked_against_the_chain(ctx, client, admin, dataset, labels):
+    """The twenty-first review: an edited ``registry_start`` passed verify-audit (the next upload of the same ids
+    then counted them as new). A version's new ids start where the chain's previous version's registry ended."""
+    more = {f"new{i}": 7 for i in range(100)}
+    assert upload(client, admin, dataset, labels_csv({**labels, **more})).status_code == 200
+    with ctx.sessions() as s:
+        number = s.scalar(select(func.max(db.LabelVersion.version)).where(db.LabelVersion.dataset_id == dataset))
+    _sql(ctx, "UPDATE label_versions SET registry_start = registry_start + 50 WHERE dataset_id = :d AND version = :v",
+         d=dataset, v=number)
+    with pytest.raises(LedgerTampered, match=f"label version {number}'s new ids do not start where"):
         _restart(ctx)
 
 
