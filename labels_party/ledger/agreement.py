@@ -169,6 +169,11 @@ def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -
     problems = []
     rows = session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)).all()
     first = min(replayed.labels, default=None)
+    # where each chained version's new ids start: where the previous version's chained registry ended, or 0 for the
+    # dataset's first version (an earlier version uploaded before versions were chained: not known)
+    earliest = min((row.version for row in rows), default=None)
+    starts = {version: replayed.labels[version - 1].registry_end if version - 1 in replayed.labels else 0
+              for version in replayed.labels if version - 1 in replayed.labels or version == earliest}
     for row in rows:
         fact = replayed.labels.get(row.version)
         if fact is None:
@@ -177,7 +182,7 @@ def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -
         elif (row.num_examples, row.registry_end, row.coverage_sha256) != (fact.num_examples, fact.registry_end,
                                                                            fact.coverage_sha256):
             problems.append(f"label version {row.version} differs from the chain's")
-        elif row.version - 1 in replayed.labels and row.registry_start != replayed.labels[row.version - 1].registry_end:
+        elif row.registry_start != starts.get(row.version, row.registry_start):
             # the ids a version introduced start where the previous version's registry ended (the twenty-first
             # review: an edited start made the next upload of the same ids count them as new)
             problems.append(f"label version {row.version}'s new ids do not start where the chain's registry ended")

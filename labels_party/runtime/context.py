@@ -117,10 +117,11 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
 
 
 def columnar_budget(settings: LabelsSettings) -> MemoryBudget:
-    """The process's memory for prior and group bodies: one organization's requests hold at most half of it (or one
-    body's limit, if more), so that one organization's bodies cannot hold it all."""
+    """The process's memory for prior and group bodies: one organization's requests hold at most three quarters of
+    it (or one body's limit, if more), so that its bodies never hold it all: by default one body at the limit and one
+    of a quarter of the budget beside it, and a quarter left for other organizations."""
     total, one = settings.columnar_decode_budget_bytes, settings.max_columnar_decoded_bytes
-    return MemoryBudget(total, one, settings.json_decode_wait_seconds, per_owner=max(one, total // 2))
+    return MemoryBudget(total, one, settings.json_decode_wait_seconds, per_owner=max(one, total * 3 // 4))
 
 
 def _chain_heads(engine: Engine) -> dict[str, tuple[int, str]]:

@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,7 +105,7 @@ class GuardedRoute(APIRoute):
             if self.body_field is None:  # no JSON body (none, or a file the route streams itself)
                 return await handle(checked)
             budget: MemoryBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
-            body, held = await read_json_body(receive, budget, _declared_length(request.scope["headers"]))
+            body, held = await read_json_body(receive, budget)
             checked._body = body  # FastAPI's request.body() returns it: nothing is read twice
             try:
                 return await handle(checked)
@@ -232,12 +232,6 @@ class JsonCost:
         values = self.separators + self.containers + 1
         return VALUE_BYTES * values + CONTAINER_BYTES * self.containers + BODY_BYTE_BYTES * self.size
 
-    @staticmethod
-    def most(size: int) -> int:
-        """The most a body of ``size`` bytes can count, with what :func:`read_json_body` adds for the joined
-        copy: every byte an opening bracket (a value and a container each)."""
-        return (VALUE_BYTES + CONTAINER_BYTES + BODY_BYTE_BYTES + 1) * size + VALUE_BYTES
-
     def describe(self) -> str:
         return (f"about {self.total:,} bytes ({self.size:,} bytes of JSON, up to "
                 f"{self.separators + self.containers + 1:,} values, {self.containers:,} arrays or objects)")
@@ -246,23 +240,19 @@ class JsonCost:
 DEFAULT_BUDGET = MemoryBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
 
 
-async def read_json_body(receive, budget: MemoryBudget, declared: int | None = None) -> tuple[bytes, int]:
+async def read_json_body(receive, budget: MemoryBudget) -> tuple[bytes, int]:
     """The whole body and the share of ``budget`` taken for it (the caller gives it back): as each chunk arrives
     its cost is counted, refused past ``budget.per_request`` (413 body_too_large, before the rest is read) and
-    taken from the budget (503 server_busy when it is not free): nothing is parsed before it is paid for.
+    taken from the budget: nothing is parsed before it is paid for, and a slow body holds only what has come.
 
-    A request waits for the budget only while it holds none of it (requests that each held part and waited for the
-    rest would wait for one another): with a ``declared`` length (Content-Length) it first takes, waiting, what
-    that many bytes can cost at most (:func:`JsonCost.most`, at most the limit), and gives back what the read body
-    does not cost; without one, its first chunk's cost. Any more is taken only if free at once."""
+    A request waits for its share (up to ``wait_seconds``, then 503 server_busy) only while it holds none of the
+    budget, or as the budget's one waiter holding part (:meth:`MemoryBudget.claim_waiter`); any other that holds
+    part and needs more than is free is 503 at once — requests that each held part and waited for the rest would
+    wait for one another."""
     from starlette.requests import ClientDisconnect
 
-    cost, held, chunks = JsonCost(), 0, []
+    cost, held, chunks, me = JsonCost(), 0, [], object()
     try:
-        if declared:
-            expected = min(JsonCost.most(declared), budget.per_request)
-            await budget.take(expected, time.monotonic() + budget.wait_seconds)
-            held = expected
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -276,12 +266,14 @@ async def read_json_body(receive, budget: MemoryBudget, declared: int | None = N
                     raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
                                        f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter "
                                        "values", code=ErrorCode.BODY_TOO_LARGE)
-                if need > 0:
-                    if held:
-                        if not budget.try_take(need):
-                            raise budget.busy(need)
-                    else:
+                if need > 0 and not budget.try_take(need):
+                    if held and not budget.claim_waiter(me):
+                        raise budget.busy(need)
+                    try:
                         await budget.take(need, time.monotonic() + budget.wait_seconds)
+                    finally:
+                        budget.release_waiter(me)
+                if need > 0:
                     held += need
                 chunks.append(chunk)
             if not message.get("more_body", False):
@@ -290,17 +282,7 @@ async def read_json_body(receive, budget: MemoryBudget, declared: int | None = N
     except BaseException:
         budget.give(held)
         raise
-    spare = held - (cost.total + cost.size)  # what the declared length allowed and the body does not cost
-    if spare > 0:
-        budget.give(spare)
-        held -= spare
     return body, held
-
-
-def _declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
-    """The Content-Length a request declares (a body longer than it is cut off by the server), or None."""
-    declared = dict(headers).get(b"content-length")
-    return int(declared) if declared is not None and declared.isdigit() else None
 
 
 def declared_too_large(headers: Mapping[bytes, bytes], limit: int) -> bool:

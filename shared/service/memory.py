@@ -50,6 +50,11 @@ class MemoryBudget:
                 if left:
                     self.owners[owner] = left
 
+    def owner_full(self, amount: int, owner: Hashable) -> bool:
+        """Whether ``owner``'s own share (not the whole budget) leaves no room for ``amount`` more now."""
+        with self._lock:
+            return owner is not None and self.owners.get(owner, 0) + amount > self.per_owner
+
     def claim_waiter(self, reservation: object) -> bool:
         """Whether ``reservation`` may wait while it holds part of the budget: one at a time (it waits for requests
         that never wait holding anything, so no two wait for each other)."""
@@ -103,8 +108,9 @@ class MemoryBudget:
             self.give(taken.held, owner)
 
     def busy(self, amount: int, owner: Hashable = None) -> RetryLater:
-        share = (f" (one organization's requests hold at most {self.per_owner:,} of it at once)"
-                 if owner is not None and self.per_owner < self.total else "")
+        """503 server_busy for ``amount`` more; naming the owner's share when it is ``owner``'s that is full."""
+        share = (f" (this organization's requests hold their share, at most {self.per_owner:,} of it at once)"
+                 if owner is not None and self.owner_full(amount, owner) else "")
         return RetryLater(f"the server is busy: {amount:,} bytes more of its {self.total:,}-byte budget for this "
                           f"work are not free{share}; retry", code=ErrorCode.SERVER_BUSY,
                           retry_after=math.ceil(self.wait_seconds))
@@ -119,8 +125,8 @@ class Reservation:
 
     Requests that each held part of the budget and waited for the rest would wait for one another (with waits at
     every count, four honest bodies at the limit each took 256 MiB of 1 GiB, and all four were 503 after 10 s). So
-    a request waits only while it holds nothing, or as the budget's one waiter holding part; any other that needs
-    more than is free is 503 at once, and gives back what it held."""
+    a request waits only while it holds nothing, or as the budget's one waiter holding part and waiting for other
+    owners' memory; any other that needs more than is free is 503 at once, and gives back what it held."""
 
     GRAIN = 16 << 20
 
@@ -141,7 +147,10 @@ class Reservation:
             return
         more = min(max(amount - self.held, self.GRAIN), self.limit - self.held)
         if not self.budget.try_take(more, self.owner):
-            if self.held and not self.budget.claim_waiter(self):
+            # holding part, it may wait only as the one waiter, and only for others' memory: its organization's
+            # share is held by requests that may be waiting for it (the twenty-second review: a waiter on its own
+            # share kept the slot from another organization's body that would have got memory in time)
+            if self.held and (self.budget.owner_full(more, self.owner) or not self.budget.claim_waiter(self)):
                 raise self.budget.busy(more, self.owner)
             try:
                 self.budget.take_blocking(more, self.owner)

@@ -47,7 +47,7 @@ async def with_columnar_body(request: Request, ctx: ServiceContext, admission: A
                              run: Callable[[SpooledBody, Reservation], Outcome]) -> JSONResponse:
     """Spool a CSV/NDJSON/Parquet body (415 before a byte is read) and create a release from it, ``run(body,
     memory)``: what the body decodes to is held in ``memory``, the request's share of the process's budget for such
-    bodies (its organization's at most half of it), until the release is done."""
+    bodies (its organization's at most three quarters of it), until the release is done."""
     upload_format(request.headers.get("content-type"))
     directory, body = await gate.spool(request, admission.body_limit, ctx.scratch.spools)
     with directory, ctx.columnar_memory.reservation(admission.principal.org_id) as memory:

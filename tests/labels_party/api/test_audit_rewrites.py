@@ -220,6 +220,14 @@ def test_where_a_versions_new_ids_start_is_checked_against_the_chain(ctx, client
         _restart(ctx)
 
 
+def test_where_the_first_versions_ids_start_is_checked(ctx, client, admin, dataset):
+    """The twenty-second review: the check skipped the dataset's first version (no chained version before it),
+    whose new ids start at 0."""
+    _sql(ctx, "UPDATE label_versions SET registry_start = 100 WHERE dataset_id = :d", d=dataset)
+    with pytest.raises(LedgerTampered, match="label version 1's new ids do not start where"):
+        _restart(ctx)
+
+
 def test_a_key_row_written_outside_the_service_is_not_honoured(ctx, client, admin, consumer, dataset, tmp_path,
                                                                audit_key):
     """Keys made by the service carry the audit key's certificate; a row inserted into the keys table has none: it

@@ -255,24 +255,27 @@ def _receiver(chunks: list[bytes]):
     return receive
 
 
-def test_a_json_body_waits_only_while_it_holds_nothing():
-    """Bodies that each held part of the budget and waited for the rest waited for one another (issue 40's
-    columnar bodies: four at the limit, all 503). With its Content-Length a body takes at once, waiting, what its
-    bytes can cost at most, and gives back what they do not; without one, only its first chunk waits."""
+def test_a_json_body_waits_only_while_it_holds_nothing_or_as_the_one_waiter():
+    """Bodies that each held part of the budget and waited for the rest could wait for one another. A body takes its
+    share as its bytes arrive (a slow body holds only what has come: the twenty-second review's four slow
+    connections that reserved their whole declared length ahead locked every other organization out); it waits
+    while it holds nothing, or as the budget's one waiter holding part; any other is 503 at once."""
     import anyio
 
     body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(2000)]}).encode()
     cost = JsonCost()
     cost.add(body)
     budget = MemoryBudget(total=4 << 20, per_request=2 << 20, wait_seconds=5)
-    assert budget.try_take(3 << 20)  # other requests hold 3 of the 4 MiB; one gives its share back soon
-    threading.Timer(0.3, budget.give, (2 << 20,)).start()
-    read, held = anyio.run(read_json_body, _receiver([body[:1000], body[1000:]]), budget, len(body))
-    assert read == body and held == cost.total + cost.size and budget.used == (1 << 20) + held
+    # holding part (its first chunk), it waits as the one waiter until another request gives memory back
+    assert budget.try_take((4 << 20) - 20_000)
+    threading.Timer(0.3, budget.give, ((2 << 20),)).start()
+    read, held = anyio.run(read_json_body, _receiver([body[:100], body[100:]]), budget)
+    assert read == body and held == cost.total + cost.size and budget.used == (2 << 20) - 20_000 + held
     budget.give(held)
-    # without a declared length the first chunk's share waits; the next, not free, is 503 at once
-    assert budget.try_take((3 << 20) - 20_000)
+    budget.give((2 << 20) - 20_000)
+    # holding part while another request is the waiter: 503 at once, its share given back
+    assert budget.try_take((4 << 20) - 20_000) and budget.claim_waiter("another")
     started = time.monotonic()
     with pytest.raises(RetryLater):
-        anyio.run(read_json_body, _receiver([body[:100], body[100:]]), budget, None)
-    assert time.monotonic() - started < 2 and budget.used == (4 << 20) - 20_000  # its share given back
+        anyio.run(read_json_body, _receiver([body[:100], body[100:]]), budget)
+    assert time.monotonic() - started < 2 and budget.used == (4 << 20) - 20_000
