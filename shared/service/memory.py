@@ -29,7 +29,9 @@ class MemoryBudget:
         self.per_owner = total if per_owner is None else per_owner
         self.used = 0
         self.owners: dict[Hashable, int] = {}
-        self._waiter: object | None = None  # the one reservation that waits while it holds part of the budget
+        # the one request that waits while it holds part of the budget (slot None), and one per owner waiting for
+        # its own share (slot: the owner)
+        self._waiters: dict[Hashable, object] = {}
         self._lock = threading.Lock()
 
     def try_take(self, amount: int, owner: Hashable = None) -> bool:
@@ -55,18 +57,18 @@ class MemoryBudget:
         with self._lock:
             return owner is not None and self.owners.get(owner, 0) + amount > self.per_owner
 
-    def claim_waiter(self, reservation: object) -> bool:
-        """Whether ``reservation`` may wait while it holds part of the budget: one at a time (it waits for requests
-        that never wait holding anything, so no two wait for each other)."""
+    def claim_waiter(self, request: object, slot: Hashable = None) -> bool:
+        """Whether ``request`` may wait while it holds part of the budget: one at a time for the budget (``slot``
+        None) and one per owner for its own share (``slot``: the owner). A waiter waits for requests that never
+        wait holding anything, or for a waiter of another slot that gives up at once when it would wait for it
+        (:meth:`Reservation.hold`), so no two wait for each other."""
         with self._lock:
-            if self._waiter is None:
-                self._waiter = reservation
-            return self._waiter is reservation
+            return self._waiters.setdefault(slot, request) is request
 
-    def release_waiter(self, reservation: object) -> None:
+    def release_waiter(self, request: object, slot: Hashable = None) -> None:
         with self._lock:
-            if self._waiter is reservation:
-                self._waiter = None
+            if self._waiters.get(slot) is request:
+                del self._waiters[slot]
 
     async def take(self, amount: int, deadline: float) -> None:
         """``amount`` more, waiting until ``deadline`` (monotonic); then 503 server_busy with Retry-After."""
@@ -125,8 +127,9 @@ class Reservation:
 
     Requests that each held part of the budget and waited for the rest would wait for one another (with waits at
     every count, four honest bodies at the limit each took 256 MiB of 1 GiB, and all four were 503 after 10 s). So
-    a request waits only while it holds nothing, or as the budget's one waiter holding part and waiting for other
-    owners' memory; any other that needs more than is free is 503 at once, and gives back what it held."""
+    a request waits only while it holds nothing, or as the one waiter holding part for what holds it up (its
+    owner's share, or the whole budget); any other that needs more than is free is 503 at once, and gives back what
+    it held."""
 
     GRAIN = 16 << 20
 
@@ -147,16 +150,31 @@ class Reservation:
             return
         more = min(max(amount - self.held, self.GRAIN), self.limit - self.held)
         if not self.budget.try_take(more, self.owner):
-            # holding part, it may wait only as the one waiter, and only for others' memory: its organization's
-            # share is held by requests that may be waiting for it (the twenty-second review: a waiter on its own
-            # share kept the slot from another organization's body that would have got memory in time)
-            if self.held and (self.budget.owner_full(more, self.owner) or not self.budget.claim_waiter(self)):
-                raise self.budget.busy(more, self.owner)
-            try:
-                self.budget.take_blocking(more, self.owner)
-            finally:
-                self.budget.release_waiter(self)
+            self._wait_for(more)
         self.held += more
+
+    def _wait_for(self, more: int) -> None:
+        """Take ``more``, waiting up to the budget's ``wait_seconds``: while holding nothing freely; holding part,
+        only as the waiter of what holds it up — its owner's share (one waiter per owner: two requests of one
+        organization each holding part and waiting for the other were both 503), else the whole budget (one
+        waiter) — and 503 at once when that slot is another's (the twenty-second review: a waiter on its own share
+        kept the budget's slot from another organization's body that would have got memory in time)."""
+        budget, slots = self.budget, []
+        deadline = time.monotonic() + budget.wait_seconds
+        try:
+            while not budget.try_take(more, self.owner):
+                if self.held:
+                    slot = self.owner if budget.owner_full(more, self.owner) else None
+                    if slot not in slots:
+                        if not budget.claim_waiter(self, slot):
+                            raise budget.busy(more, self.owner)
+                        slots.append(slot)
+                if time.monotonic() >= deadline:
+                    raise budget.busy(more, self.owner)
+                time.sleep(budget.POLL_SECONDS)
+        finally:
+            for slot in slots:
+                budget.release_waiter(self, slot)
 
 
 def release_freed_memory() -> None:

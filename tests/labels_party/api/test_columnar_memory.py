@@ -77,21 +77,38 @@ def test_a_reservation_waits_for_memory_another_request_gives_back():
     assert budget.used == 0
 
 
-def test_a_request_held_up_by_its_own_owners_share_does_not_wait_holding_part():
-    """The twenty-second review: the one waiter slot went to a request waiting on its own organization's share
-    (which its own organization's requests hold), and another organization's growing body was 503 at once although
-    memory came free in time. A request holding part and held up by its own share is 503 at once; the slot stays
+def test_one_request_of_an_owner_waits_for_its_own_share_and_never_takes_the_budgets_slot():
+    """The twenty-second review: the one waiter slot went to a request waiting on its own organization's share, and
+    another organization's growing body was 503 at once although memory came free in time; then two requests of one
+    organization, each holding part of its share, were both 503. One request per owner may wait holding part for its
+    own share (another of that owner holding part is 503 at once, and gives its part back); the budget's slot stays
     free for a request waiting on others' memory."""
     budget = MemoryBudget(total=64 * MIB, per_request=32 * MIB, wait_seconds=30, per_owner=32 * MIB)
-    with budget.reservation("a") as first, budget.reservation("a") as second:
+    outcome: dict[str, object] = {}
+    with budget.reservation("a") as first:
         first.hold(16 * MIB)
-        second.hold(16 * MIB)
-        started = time.monotonic()
-        with pytest.raises(RetryLater, match="this organization's requests hold their share"):
-            second.hold(32 * MIB)
-        assert time.monotonic() - started < 5
-        assert budget.claim_waiter("another owner's request")  # the slot was not taken
-        budget.release_waiter("another owner's request")
+        with budget.reservation("a") as second:
+            second.hold(16 * MIB)  # the owner's share is full, each holding part
+
+            def grow_second() -> None:
+                try:
+                    second.hold(32 * MIB)
+                    outcome["second"] = second.held
+                except RetryLater as refused:
+                    outcome["second"] = refused
+            waiting = threading.Thread(target=grow_second)
+            waiting.start()
+            time.sleep(0.3)  # the second waits for its owner's share, holding 16 MiB
+            assert budget.claim_waiter("another owner's request")  # the budget's slot was not taken
+            budget.release_waiter("another owner's request")
+            started = time.monotonic()
+            with pytest.raises(RetryLater, match="this organization's requests hold their share"):
+                first.hold(32 * MIB)
+            assert time.monotonic() - started < 5  # at once: its owner's waiter is the second
+            first.budget.give(first.held, "a")  # the first's reservation ends (as its request is refused)
+            first.held = 0
+            waiting.join(10)
+            assert outcome["second"] == 32 * MIB
     assert budget.used == 0 and budget.owners == {}
 
 
