@@ -17,7 +17,6 @@ from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 from shared.service import docs, gate, health, limits, openapi
 from shared.service.errors import install_error_handlers
-from shared.service.memory import MemoryBudget
 
 _NOT_READY = ("not_ready: a check failed (its name in the message): database, the database did not answer in time; "
               "schema, the database is not at this version's migration head (upgrade-db); any other, the party's "
@@ -40,9 +39,7 @@ def service_app(title: str, ctx: Any, *, admit: gate.Admit, guard_type: type[gat
     app.state.ctx, app.state.admit, app.state.routers = ctx, admit, tuple(routers)
     settings = getattr(ctx, "settings", None)
     if isinstance(settings, limits.HttpSettings):  # what JSON bodies may decode to (the gate reads them)
-        app.state.decode_budget = MemoryBudget(settings.json_decode_budget_bytes,
-                                                    settings.max_json_decoded_bytes,
-                                                    settings.json_decode_wait_seconds)
+        app.state.decode_budget = limits.json_budget(settings)
     install_error_handlers(app, log, private_dirs)
 
     checks = dict(readiness)

@@ -279,3 +279,25 @@ def test_a_json_body_waits_only_while_it_holds_nothing_or_as_the_one_waiter():
     with pytest.raises(RetryLater):
         anyio.run(read_json_body, _receiver([body[:100], body[100:]]), budget)
     assert time.monotonic() - started < 2 and budget.used == (4 << 20) - 20_000
+
+
+def test_one_organizations_json_bodies_hold_at_most_its_share():
+    """The twenty-third review: four connections of one organization, each sending 677,900 bytes of brackets (192
+    MiB counted) and then a byte every 20 s, held the whole budget for 11 minutes while another organization's
+    requests were 503. An organization's bodies hold at most half the budget (``limits.json_budget``)."""
+    import anyio
+
+    from shared.service.limits import json_budget
+
+    budget = json_budget(LabelsSettings(max_json_decoded_bytes=1 << 20, json_decode_budget_bytes=4 << 20,
+                                        json_decode_wait_seconds=0.2))
+    assert (budget.total, budget.per_request, budget.per_owner) == (4 << 20, 1 << 20, 2 << 20)
+    assert budget.try_take(2 << 20, owner=1)  # the first organization's slow bodies hold their whole share
+    body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(100)]}).encode()
+    with pytest.raises(RetryLater):
+        anyio.run(read_json_body, _receiver([body]), budget, 1)
+    read, held = anyio.run(read_json_body, _receiver([body]), budget, 2)  # another organization's: room left
+    assert read == body and budget.owners == {1: 2 << 20, 2: held}
+    budget.give(held, 2)
+    budget.give(2 << 20, 1)
+    assert budget.used == 0 and budget.owners == {}
