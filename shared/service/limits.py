@@ -55,7 +55,8 @@ def describe(settings: HttpSettings) -> str:
             f"{settings.min_body_bytes_per_second} bytes/s on average (408 body_timeout); at most "
             f"{settings.max_connections} connections and requests in progress (503 server_busy, Retry-After). A JSON "
             f"body may decode to at most {settings.max_json_decoded_bytes:,} bytes, counted on its bytes before it "
-            f"is parsed (413 body_too_large); bodies being decoded share {settings.json_decode_budget_bytes:,} bytes "
+            f"is parsed (413 body_too_large); bodies being decoded share {settings.json_decode_budget_bytes:,} bytes, "
+            "one organization's at most half "
             f"(a body waits up to {settings.json_decode_wait_seconds:g} s for its share: 503 server_busy, "
             "Retry-After).")
 
