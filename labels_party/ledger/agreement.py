@@ -188,6 +188,10 @@ def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -
             problems.append(f"label version {row.version}'s new ids do not start where the chain's registry ended")
     if first is not None and dataset.label_version not in replayed.labels:
         problems.append(f"the dataset's current label version {dataset.label_version} is not in the chain")
+    current = replayed.labels.get(dataset.label_version)
+    if current is not None and dataset.source_snapshot is None and dataset.num_examples != current.num_examples:
+        # what releases count and the API shows (the twenty-third review: an edit passed verify-audit)
+        problems.append("the dataset's number of examples differs from its label version's on the chain")
     return problems
 
 

@@ -220,6 +220,14 @@ def test_where_a_versions_new_ids_start_is_checked_against_the_chain(ctx, client
         _restart(ctx)
 
 
+def test_a_datasets_number_of_examples_is_its_chained_versions(ctx, client, admin, dataset):
+    """The twenty-third review: ``datasets.num_examples`` (what the API shows and releases count) edited passed
+    verify-audit."""
+    _sql(ctx, "UPDATE datasets SET num_examples = 5 WHERE id = :d", d=dataset)
+    with pytest.raises(LedgerTampered, match="number of examples differs from its label version's on the chain"):
+        _restart(ctx)
+
+
 def test_where_the_first_versions_ids_start_is_checked(ctx, client, admin, dataset):
     """The twenty-second review: the check skipped the dataset's first version (no chained version before it),
     whose new ids start at 0."""
