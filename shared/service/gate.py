@@ -247,43 +247,40 @@ DEFAULT_BUDGET = MemoryBudget(total=768 << 20, per_request=192 << 20)  # HttpSet
 
 async def read_json_body(receive, budget: MemoryBudget, owner: Hashable = None) -> tuple[bytes, int]:
     """The whole body and the share of ``budget`` taken for it for ``owner`` (the request's organization; the caller
-    gives it back): as each chunk arrives its cost is counted, refused past ``budget.per_request`` (413
-    body_too_large, before the rest is read) and taken from the budget: nothing is parsed before it is paid for, a
-    slow body holds only what has come, and one organization's bodies hold at most ``budget.per_owner`` (the
-    twenty-third review: four connections of one organization, each sending 677,900 bytes of brackets and then a
-    byte every 20 s, held the whole budget for 11 minutes while another organization's requests were 503).
+    gives it back). As each chunk arrives its cost is counted and refused past ``budget.per_request`` (413
+    body_too_large, before the rest is read); once the body is complete, what it costs is taken from the budget —
+    waiting up to ``wait_seconds``, then 503 server_busy — before anything is parsed. One organization's bodies
+    hold at most ``budget.per_owner``.
 
-    A request waits for its share (up to ``wait_seconds``, then 503 server_busy) only while it holds none of the
-    budget, or, holding part, as the one waiter for what holds it up (:meth:`MemoryBudget.waited_take`); any other
-    is 503 at once — requests that each held part and waited for the rest would wait for one another."""
+    A body holds no share while it streams in (only its own bytes, which its sender has sent): bodies that held
+    their share as they came let slow senders hold the budget — four connections of one organization, then two
+    each of two organizations, each sending 677,900 bytes of brackets (192 MiB counted) and then a byte every 15 s,
+    held it all for minutes while every other organization's requests were 503 (the twenty-third and twenty-fourth
+    reviews). And a request that waits holds nothing, so no two wait for each other."""
     from starlette.requests import ClientDisconnect
 
-    cost, held, chunks, me = JsonCost(), 0, [], object()
+    cost, chunks = JsonCost(), []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        if chunk:
+            cost.add(chunk)
+            if cost.total + cost.size > budget.per_request:  # a joined copy of the chunks exists with them: counted
+                raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
+                                   f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter values",
+                                   code=ErrorCode.BODY_TOO_LARGE)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    need = cost.total + cost.size
+    await budget.take_as(object(), need, owner, holding=False)
     try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnect()
-            chunk = message.get("body", b"")
-            if chunk:
-                cost.add(chunk)
-                # a joined copy of the chunks exists with them for a moment: counted
-                need = cost.total + cost.size - held
-                if held + need > budget.per_request:
-                    raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
-                                       f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter "
-                                       "values", code=ErrorCode.BODY_TOO_LARGE)
-                if need > 0:
-                    await budget.take_as(me, need, owner, held > 0)
-                    held += need
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        return b"".join(chunks), need
     except BaseException:
-        budget.give(held, owner)
+        budget.give(need, owner)
         raise
-    return body, held
 
 
 def declared_too_large(headers: Mapping[bytes, bytes], limit: int) -> bool:
