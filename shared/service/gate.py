@@ -20,6 +20,7 @@ cover within its wait is 503 ``server_busy`` with Retry-After. The budget is hel
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import tempfile
@@ -110,7 +111,9 @@ class GuardedRoute(APIRoute):
             if self.body_field is None:  # no JSON body (none, or a file the route streams itself)
                 return await handle(checked)
             budget: MemoryBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
-            body, held = await read_json_body(receive, budget, admission.principal.org_id)
+            scratch = getattr(getattr(request.app.state, "ctx", None), "scratch", None)
+            body, held = await read_json_body(receive, budget, admission.principal.org_id,
+                                              scratch.spools if scratch is not None else None)
             checked._body = body  # FastAPI's request.body() returns it: nothing is read twice
             try:
                 return await handle(checked)
@@ -245,42 +248,47 @@ class JsonCost:
 DEFAULT_BUDGET = MemoryBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
 
 
-async def read_json_body(receive, budget: MemoryBudget, owner: Hashable = None) -> tuple[bytes, int]:
+async def read_json_body(receive, budget: MemoryBudget, owner: Hashable = None,
+                         spools: Path | None = None) -> tuple[bytes, int]:
     """The whole body and the share of ``budget`` taken for it for ``owner`` (the request's organization; the caller
     gives it back). As each chunk arrives its cost is counted and refused past ``budget.per_request`` (413
-    body_too_large, before the rest is read); once the body is complete, what it costs is taken from the budget —
-    waiting up to ``wait_seconds``, then 503 server_busy — before anything is parsed. One organization's bodies
-    hold at most ``budget.per_owner``.
+    body_too_large, before the rest is read) and the chunk is written to an unnamed file in ``spools`` (the
+    process's spool directory; in memory without one); once the body is complete, what it costs is taken from the
+    budget — waiting up to ``wait_seconds``, then 503 server_busy — and only then is it read back to be parsed. One
+    organization's bodies hold at most ``budget.per_owner``.
 
-    A body holds no share while it streams in (only its own bytes, which its sender has sent): bodies that held
-    their share as they came let slow senders hold the budget — four connections of one organization, then two
-    each of two organizations, each sending 677,900 bytes of brackets (192 MiB counted) and then a byte every 15 s,
-    held it all for minutes while every other organization's requests were 503 (the twenty-third and twenty-fourth
-    reviews). And a request that waits holds nothing, so no two wait for each other."""
+    A body holds neither a share nor its bytes in memory while it streams in: bodies that held their share as they
+    came let slow senders hold the budget (two organizations' four connections, each sending 677,900 bytes of
+    brackets, 192 MiB counted, then a byte every 15 s, held it for minutes while every other organization was 503:
+    the twenty-third and twenty-fourth reviews), and bodies that kept their bytes in memory let one organization's
+    240 slow connections of 22 MB each grow the trainer by 5.2 GB (the twenty-fifth). A request that waits holds
+    nothing, so no two wait for each other."""
     from starlette.requests import ClientDisconnect
 
-    cost, chunks = JsonCost(), []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        if chunk:
-            cost.add(chunk)
-            if cost.total + cost.size > budget.per_request:  # a joined copy of the chunks exists with them: counted
-                raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
-                                   f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter values",
-                                   code=ErrorCode.BODY_TOO_LARGE)
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    need = cost.total + cost.size
-    await budget.take_as(object(), need, owner, holding=False)
-    try:
-        return b"".join(chunks), need
-    except BaseException:
-        budget.give(need, owner)
-        raise
+    cost = JsonCost()
+    with tempfile.TemporaryFile(dir=spools) if spools is not None else io.BytesIO() as buffer:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            if chunk:
+                cost.add(chunk)
+                if cost.total + cost.size > budget.per_request:  # the body's bytes are read back whole: counted
+                    raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
+                                       f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter "
+                                       "values", code=ErrorCode.BODY_TOO_LARGE)
+                buffer.write(chunk)
+            if not message.get("more_body", False):
+                break
+        need = cost.total + cost.size
+        await budget.take_as(object(), need, owner, holding=False)
+        try:
+            buffer.seek(0)
+            return buffer.read(), need
+        except BaseException:
+            budget.give(need, owner)
+            raise
 
 
 def declared_too_large(headers: Mapping[bytes, bytes], limit: int) -> bool:
