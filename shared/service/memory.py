@@ -100,13 +100,6 @@ class MemoryBudget:
             for slot in slots:
                 self.release_waiter(request, slot)
 
-    async def take(self, amount: int, deadline: float) -> None:
-        """``amount`` more, waiting until ``deadline`` (monotonic); then 503 server_busy with Retry-After."""
-        while not self.try_take(amount):
-            if time.monotonic() >= deadline:
-                raise self.busy(amount)
-            await anyio.sleep(self.POLL_SECONDS)
-
     @contextlib.contextmanager
     def held(self, amount: int, what: str, too_large: ErrorCode) -> Iterator[None]:
         """``amount`` of the budget while the block runs, from a worker thread: ``too_large`` (the caller's code)
@@ -115,19 +108,15 @@ class MemoryBudget:
         if amount > self.per_request:
             raise LabelDPError(f"{what} takes {amount:,} bytes, over this server's {self.per_request:,} for one "
                                "request", code=too_large)
-        self.take_blocking(amount)
+        deadline = time.monotonic() + self.wait_seconds
+        while not self.try_take(amount):  # holding nothing of this budget, it may wait
+            if time.monotonic() >= deadline:
+                raise self.busy(amount)
+            time.sleep(self.POLL_SECONDS)
         try:
             yield
         finally:
             self.give(amount)
-
-    def take_blocking(self, amount: int, owner: Hashable = None) -> None:
-        """``amount`` more from a worker thread, waiting up to ``wait_seconds``; then 503 server_busy."""
-        deadline = time.monotonic() + self.wait_seconds
-        while not self.try_take(amount, owner):
-            if time.monotonic() >= deadline:
-                raise self.busy(amount, owner)
-            time.sleep(self.POLL_SECONDS)
 
     @contextlib.contextmanager
     def reservation(self, owner: Hashable = None) -> Iterator[Reservation]:
