@@ -6,11 +6,11 @@ without the anchor (:meth:`~labels_party.ledger.Ledger.check_anchor`) or the sig
 budget-relevant table is derived state, checked against the chain's replay (:func:`~.chain.replay`) wherever it
 matters:
 
-* **at every start** (:func:`check_tables`, from :mod:`labels_party.runtime.recovery`): every dataset's chain is read,
-its
-  links checked up to the anchored head, and the tables compared with it — totals, grants, allocations, revoked
-  keys, and every release row (one per charge and no other, its charge, the organization charged, and for releases
-  charged since availability is chained, its state, file and mechanism document as its :class:`ReleaseFact` says).
+* **at every start** (:func:`check_tables`, from :mod:`labels_party.runtime.recovery`): every dataset's chain is
+  read, its links checked up to the anchored head, and the tables compared with it — totals, grants, allocations,
+  revoked keys, and every release row (one per charge and no other, its charge, the organization charged, and for
+  releases charged since availability is chained, its state, file and mechanism document as its
+  :class:`ReleaseFact` says).
   One disagreement and the service does not start: one line (``ledger_tampered``) naming the first finding and how
   many more; ``verify-audit`` lists them all. Nothing is ever "rebuilt" from a table and signed.
 * **at every charge** (:func:`charge_problems`, from :meth:`Ledger.charge`, before anything private is drawn): the

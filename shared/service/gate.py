@@ -282,7 +282,7 @@ async def read_json_body(receive, budget: MemoryBudget, owner: Hashable = None,
             if not message.get("more_body", False):
                 break
         need = cost.total + cost.size
-        await budget.take_as(object(), need, owner, holding=False)
+        await budget.take(need, owner)
         try:
             buffer.seek(0)
             return buffer.read(), need

@@ -70,35 +70,14 @@ class MemoryBudget:
             if self._waiters.get(slot) is request:
                 del self._waiters[slot]
 
-    def waited_take(self, request: object, amount: int, owner: Hashable, holding: bool,
-                    slots: list[Hashable]) -> bool:
-        """One step of a wait for ``amount`` more (``request``'s, for ``owner``): True when it is taken; a request
-        that holds part (``holding``) may go on waiting only as the waiter of what holds it up — its owner's share
-        (one waiter per owner) or the whole budget (one waiter) — else 503 at once. ``slots``: those it holds (the
-        caller releases them when its wait ends, :meth:`release_waiter`)."""
-        if self.try_take(amount, owner):
-            return True
-        if holding:
-            slot = owner if self.owner_full(amount, owner) else None
-            if slot not in slots:
-                if not self.claim_waiter(request, slot):
-                    raise self.busy(amount, owner)
-                slots.append(slot)
-        return False
-
-    async def take_as(self, request: object, amount: int, owner: Hashable, holding: bool) -> None:
-        """``amount`` more for ``request`` from an event loop, waiting up to ``wait_seconds`` as
-        :meth:`waited_take` allows; then 503 server_busy."""
-        slots: list[Hashable] = []
+    async def take(self, amount: int, owner: Hashable = None) -> None:
+        """``amount`` more for ``owner`` from an event loop, by a request that holds nothing of the budget (so it
+        may wait: it holds up no one), up to ``wait_seconds``; then 503 server_busy."""
         deadline = time.monotonic() + self.wait_seconds
-        try:
-            while not self.waited_take(request, amount, owner, holding, slots):
-                if time.monotonic() >= deadline:
-                    raise self.busy(amount, owner)
-                await anyio.sleep(self.POLL_SECONDS)
-        finally:
-            for slot in slots:
-                self.release_waiter(request, slot)
+        while not self.try_take(amount, owner):
+            if time.monotonic() >= deadline:
+                raise self.busy(amount, owner)
+            await anyio.sleep(self.POLL_SECONDS)
 
     @contextlib.contextmanager
     def held(self, amount: int, what: str, too_large: ErrorCode) -> Iterator[None]:
@@ -182,7 +161,13 @@ class Reservation:
         slots: list[Hashable] = []
         deadline = time.monotonic() + budget.wait_seconds
         try:
-            while not budget.waited_take(self, more, self.owner, self.held > 0, slots):
+            while not budget.try_take(more, self.owner):
+                if self.held:
+                    slot = self.owner if budget.owner_full(more, self.owner) else None
+                    if slot not in slots:
+                        if not budget.claim_waiter(self, slot):
+                            raise budget.busy(more, self.owner)
+                        slots.append(slot)
                 if time.monotonic() >= deadline:
                     raise budget.busy(more, self.owner)
                 time.sleep(budget.POLL_SECONDS)
