@@ -17,9 +17,9 @@ from sqlalchemy.orm import sessionmaker
 
 from features_party import db, migrations
 from features_party.settings import TrainerSettings
+from shared.service.budgets import ByteBudget
 from shared.service.database import make_engine
 from shared.service.leases import JobRunner
-from shared.service.memory import MemoryBudget
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
 
@@ -35,11 +35,11 @@ class TrainerContext:
     # this process's job workers (not started: `serve` starts them), bound by features_party.process.make_context:
     # the jobs module works on this context, so the context cannot import it (no import circles)
     jobs: JobRunner = field(init=False, repr=False)
-    table_reads: MemoryBudget = field(init=False, repr=False)  # see TrainerSettings.table_read_budget_bytes
+    table_reads: ByteBudget = field(init=False, repr=False)  # see TrainerSettings.table_read_budget_bytes
 
     def __post_init__(self) -> None:
         budget = self.settings.table_read_budget_bytes
-        object.__setattr__(self, "table_reads", MemoryBudget(budget, budget))
+        object.__setattr__(self, "table_reads", ByteBudget(budget, budget))
 
     @property
     def data_dir(self) -> Path:
@@ -60,7 +60,8 @@ def build_context(settings: TrainerSettings | None = None, *, upgrade: bool = Fa
     settings = settings or TrainerSettings()
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     ctx = TrainerContext(settings, migrations.make_sessionmaker(make_engine(settings.database_url), upgrade=upgrade),
-                         sealer=sealer(settings), scratch=Scratch(settings.data_dir))
+                         sealer=sealer(settings), scratch=Scratch(settings.data_dir, settings.spool_budget_bytes,
+                                                                   settings.json_decode_wait_seconds))
     collect_leftovers(ctx)
     return ctx
 

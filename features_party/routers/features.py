@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from features_party import schemas, service
 from features_party.routers.deps import CSV_BODY, AnyKey, Context, UploadsFeatures, require_csv
-from shared.service import gate
+from shared.service import spool
 from shared.service.gate import GuardedRoute
 
 router = APIRouter(prefix="/v1/features", tags=["features"], route_class=GuardedRoute)
@@ -21,8 +21,7 @@ async def upload_features(name: TableName, request: Request, who: UploadsFeature
     """A features table: CSV with an ``example_id`` column and unique ids (replaces a table of that name;
     admin keys)."""
     require_csv(request, "features")
-    directory, body = await gate.spool(request, who.body_limit, ctx.scratch.spools)
-    with directory:
+    async with spool.spooled(request, who.body_limit, ctx.scratch) as body:
         return await run_in_threadpool(service.upload_features, ctx, who.principal, name, body.path)
 
 

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from features_party import id_lists, schemas
 from features_party.routers.deps import CSV_BODY, AnyKey, Context, UploadsIdList, require_csv
-from shared.service import gate
+from shared.service import spool
 from shared.service.gate import GuardedRoute
 
 router = APIRouter(prefix="/v1/id-lists", tags=["id lists"], route_class=GuardedRoute)
@@ -23,8 +23,7 @@ async def upload_id_list(name: ListName, request: Request, who: UploadsIdList, c
     name it as ``split: {"holdout_ids": name}`` to hold those rows out of training; a job pins the version it was
     created with (``sha256``), so replacing a list makes its jobs that run again fail with id_list_changed."""
     require_csv(request, "id lists")
-    directory, body = await gate.spool(request, who.body_limit, ctx.scratch.spools)
-    with directory:
+    async with spool.spooled(request, who.body_limit, ctx.scratch) as body:
         return await run_in_threadpool(id_lists.upload, ctx, who.principal, name, body.path)
 
 

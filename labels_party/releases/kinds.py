@@ -57,8 +57,8 @@ from labels_party.store.uploads import (
 )
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
-from shared.service.gate import SpooledBody
-from shared.service.memory import Reservation
+from shared.service.budgets import Reservation
+from shared.service.spool import SpooledBody
 
 # A release naming its examples is sampled in memory: one of a column per class (subset, ALIBI: 8 bytes a cell)
 # holds at most this many cells (128 MB of ALIBI's integers; 65,536 examples at 256 classes).

@@ -33,9 +33,9 @@ from labels_party.store import db, housekeeping, migrations
 from labels_party.store.storage import DataStore
 from shared.errors import ErrorCode, LabelDPError
 from shared.randomness import secure_rng
+from shared.service.budgets import ByteBudget
 from shared.service.keyfiles import create_private_file, read_private_file
 from shared.service.leases import JobRunner, Lease
-from shared.service.memory import MemoryBudget
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
 
@@ -64,7 +64,7 @@ class ServiceContext:
     sealer: Sealer = field(kw_only=True)  # seals jobs' secrets under the deployment's key (shared.service.sealing)
     jobs: JobRunner = field(kw_only=True)  # this process's job workers (labels_party.runtime.jobs); `serve` starts them
     # What this process's prior and group bodies hold while decoded and released (labels_party.store.uploads.Decoded)
-    columnar_memory: MemoryBudget = field(kw_only=True)
+    columnar_memory: ByteBudget = field(kw_only=True)
 
     def close(self) -> None:
         """Let go of the data directory and the database (a context that is done: tests, commands)."""
@@ -90,7 +90,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     sessions = migrations.make_sessionmaker(engine, data_dir=settings.data_dir)
     _mark_keys_certified(settings)
     ledger = Ledger(store, signer)
-    scratch = Scratch(settings.data_dir)
+    scratch = Scratch(settings.data_dir, settings.spool_budget_bytes, settings.json_decode_wait_seconds)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
                            spark_secret(settings))
     check_source_prefixes(settings)
@@ -116,12 +116,12 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     return ctx
 
 
-def columnar_budget(settings: LabelsSettings) -> MemoryBudget:
+def columnar_budget(settings: LabelsSettings) -> ByteBudget:
     """The process's memory for prior and group bodies: one organization's requests hold at most three quarters of
     it (or one body's limit, if more), so that its bodies never hold it all: by default one body at the limit and one
     of a quarter of the budget beside it, and a quarter left for other organizations."""
     total, one = settings.columnar_decode_budget_bytes, settings.max_columnar_decoded_bytes
-    return MemoryBudget(total, one, settings.json_decode_wait_seconds, per_owner=max(one, total * 3 // 4))
+    return ByteBudget(total, one, settings.json_decode_wait_seconds, per_owner=max(one, total * 3 // 4))
 
 
 def _chain_heads(engine: Engine) -> dict[str, tuple[int, str]]:

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from shared import parquet_pages
 from shared.errors import ErrorCode, LabelDPError, library_message, resource_error
-from shared.service.memory import Reservation
+from shared.service.budgets import Reservation
 
 FORMATS = {
     "text/csv": "csv",

@@ -12,21 +12,16 @@ refused when it is defined.
 A route whose body is JSON has it read here too, before FastAPI parses it, and bounded by what it **decodes to**
 (issue 40: a 60 MB body of ``[[0], [0], …]`` within the 64 MiB limit took the server from 683 MB to 4.2 GB): as the
 body streams in, :class:`JsonCost` counts what it can decode to (its bytes, values and containers — C-speed byte
-counts, no parsing), and the request takes that much of the process's :class:`MemoryBudget` before any of it is
+counts, no parsing), and the request takes that much of the process's :class:`ByteBudget` before any of it is
 parsed. A body whose cost is over the per-request limit is 413 ``body_too_large`` at once; one the budget cannot
 cover within its wait is 503 ``server_busy`` with Retry-After. The budget is held until the answer is sent.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import os
 import re
-import tempfile
 from collections.abc import Callable, Coroutine, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -36,10 +31,12 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from shared.errors import ErrorCode, LabelDPError
-from shared.service.memory import MemoryBudget
+from shared.service import spool
+from shared.service.budgets import ByteBudget
 
 if TYPE_CHECKING:
     from shared.service.keys import Principal
+    from shared.service.scratch import Scratch
 
 PUBLIC_PATHS = ("/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")
 
@@ -110,10 +107,9 @@ class GuardedRoute(APIRoute):
             checked = CheckedRequest(request.scope, receive)
             if self.body_field is None:  # no JSON body (none, or a file the route streams itself)
                 return await handle(checked)
-            budget: MemoryBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
+            budget: ByteBudget = getattr(request.app.state, "decode_budget", None) or DEFAULT_BUDGET
             scratch = getattr(getattr(request.app.state, "ctx", None), "scratch", None)
-            body, held = await read_json_body(receive, budget, admission.principal.org_id,
-                                              scratch.spools if scratch is not None else None)
+            body, held = await read_json_body(receive, budget, admission.principal.org_id, scratch)
             checked._body = body  # FastAPI's request.body() returns it: nothing is read twice
             try:
                 return await handle(checked)
@@ -245,47 +241,40 @@ class JsonCost:
                 f"{self.separators + self.containers + 1:,} values, {self.containers:,} arrays or objects)")
 
 
-DEFAULT_BUDGET = MemoryBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
+DEFAULT_BUDGET = ByteBudget(total=768 << 20, per_request=192 << 20)  # HttpSettings' defaults
 
 
-async def read_json_body(receive, budget: MemoryBudget, owner: Hashable = None,
-                         spools: Path | None = None) -> tuple[bytes, int]:
+async def read_json_body(receive, budget: ByteBudget, owner: Hashable = None,
+                         scratch: Scratch | None = None) -> tuple[bytes, int]:
     """The whole body and the share of ``budget`` taken for it for ``owner`` (the request's organization; the caller
     gives it back). As each chunk arrives its cost is counted and refused past ``budget.per_request`` (413
-    body_too_large, before the rest is read) and the chunk is written to an unnamed file in ``spools`` (the
-    process's spool directory; in memory without one); once the body is complete, what it costs is taken from the
-    budget — waiting up to ``wait_seconds``, then 503 server_busy — and only then is it read back to be parsed. One
-    organization's bodies hold at most ``budget.per_owner``.
+    body_too_large, before the rest is read) and the chunk is kept — in memory while the body is small, else in an
+    unnamed file in the process's spool directory (``scratch``; in memory without one), paid from its spool budget
+    (:mod:`shared.service.spool`); once the body is complete, what it costs is taken from the budget — waiting up to
+    ``wait_seconds``, then 503 server_busy — and only then is it read back to be parsed. One organization's bodies
+    hold at most ``budget.per_owner``.
 
-    A body holds neither a share nor its bytes in memory while it streams in: bodies that held their share as they
-    came let slow senders hold the budget (two organizations' four connections, each sending 677,900 bytes of
-    brackets, 192 MiB counted, then a byte every 15 s, held it for minutes while every other organization was 503:
-    the twenty-third and twenty-fourth reviews), and bodies that kept their bytes in memory let one organization's
-    240 slow connections of 22 MB each grow the trainer by 5.2 GB (the twenty-fifth). A request that waits holds
-    nothing, so no two wait for each other."""
-    from starlette.requests import ClientDisconnect
-
+    A body holds no memory share while it streams in: bodies that held their share as they came let slow senders
+    hold the budget (two organizations' four connections, each sending 677,900 bytes of brackets, 192 MiB counted,
+    then a byte every 15 s, held it for minutes while every other organization was 503: the twenty-third and
+    twenty-fourth reviews), and bodies that kept their bytes in memory let one organization's 240 slow connections
+    of 22 MB each grow the trainer by 5.2 GB (the twenty-fifth). A request that waits holds nothing of this budget,
+    so no two wait for each other."""
     cost = JsonCost()
-    with tempfile.TemporaryFile(dir=spools) if spools is not None else io.BytesIO() as buffer:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnect()
-            chunk = message.get("body", b"")
-            if chunk:
-                cost.add(chunk)
-                if cost.total + cost.size > budget.per_request:  # the body's bytes are read back whole: counted
-                    raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
-                                       f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter "
-                                       "values", code=ErrorCode.BODY_TOO_LARGE)
-                buffer.write(chunk)
-            if not message.get("more_body", False):
-                break
+
+    def count(chunk: bytes) -> None:
+        cost.add(chunk)
+        if cost.total + cost.size > budget.per_request:  # the body's bytes are read back whole: counted
+            raise LabelDPError(f"the JSON body decodes to {cost.describe()}, over this endpoint's limit of "
+                               f"{budget.per_request:,} (max_json_decoded_bytes): send fewer or shorter values",
+                               code=ErrorCode.BODY_TOO_LARGE)
+
+    with spool.JsonSpool(scratch, owner) as body:
+        await spool.receive_all(receive, body, count)
         need = cost.total + cost.size
         await budget.take(need, owner)
         try:
-            buffer.seek(0)
-            return buffer.read(), need
+            return body.read(), need
         except BaseException:
             budget.give(need, owner)
             raise
@@ -313,35 +302,3 @@ def limited(receive, limit: int, on_exceeded: Callable[[], None] = lambda: None)
         return message
 
     return limited_receive
-
-
-@dataclass(frozen=True)
-class SpooledBody:
-    """A request body streamed to a temporary file, hashed while it streamed."""
-
-    path: Path
-    media_type: str
-    sha256: str
-    size: int
-
-
-async def spool(request: Request, limit: int, directory: Path) -> tuple[tempfile.TemporaryDirectory, SpooledBody]:
-    """Stream the body to a file in a new subdirectory of ``directory`` (the process's spool directory under the
-    service's data directory: :class:`shared.service.scratch.Scratch`), hashing it on the way (bounded memory
-    whatever its size); the caller owns the subdirectory."""
-    media = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
-    spooled = tempfile.TemporaryDirectory(prefix="body-", dir=directory)  # mode 0700
-    path = Path(spooled.name) / "body"
-    digest, size = hashlib.sha256(), 0
-    try:
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise LabelDPError(f"request body over {limit} bytes", code=ErrorCode.BODY_TOO_LARGE)
-                digest.update(chunk)
-                handle.write(chunk)
-    except BaseException:
-        spooled.cleanup()
-        raise
-    return spooled, SpooledBody(path, media, digest.hexdigest(), size)

@@ -8,6 +8,12 @@ shared by every live process on the directory; a starting process that can hold 
 other process is writing there, and only then may it collect shared leftovers (temporary files, unreferenced
 outputs) — with another process live (a second server, an admin command) they may be its work in progress.
 Everything under ``tmp/`` is private to the service's user: directories 0700, files 0600.
+
+What request bodies hold in the spool directory is lent by the scratch's ``spool_budget``
+(:mod:`shared.service.spool`): by default half the disk's free space when the process starts, one organization's
+bodies at most half of that — the other half of the disk stays for the work of requests that are complete (label
+versions, releases, the database). Several processes on one data directory each take half of what is free when
+they start: give them ``spool_budget_bytes`` that add up to what the disk can spare.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from shared.service.budgets import ByteBudget
+
 # Temporaries of writes that rename them when done (``DataStore.write_with``'s files, the trainer's):
 # ``.{name}.{uuid hex}.tmp``, never referenced.
 TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
@@ -29,9 +37,11 @@ _SPOOL, _LIVE_LOCK = "spool", "live.lock"
 
 
 class Scratch:
-    """This process's claim on ``data_dir``: ``spools`` is its own spool directory (see the module docstring)."""
+    """This process's claim on ``data_dir``: ``spools`` is its own spool directory, ``spool_budget`` the bytes its
+    requests' bodies may hold there — ``spool_bytes``, or half the disk's free space — waiting up to
+    ``wait_seconds`` for their share (see the module docstring)."""
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, spool_bytes: int | None = None, wait_seconds: float = 10.0):
         self.root = Path(data_dir) / "tmp"
         _private_directory(self.root)
         self._live = os.open(self.root / _LIVE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -40,6 +50,7 @@ class Scratch:
         _private_directory(spools)
         remove_dead_spools(spools)
         self.spools, spool_lock = _claim(spools)
+        self.spool_budget = spool_budget(spool_bytes or shutil.disk_usage(spools).free // 2, wait_seconds)
         # Released when the context holding this is collected or the interpreter exits (not after a crash: that
         # is what the next start collects).
         self._release = weakref.finalize(self, _release, self.spools, spool_lock, self._live)
@@ -75,6 +86,14 @@ class Scratch:
 
     def close(self) -> None:
         self._release()
+
+
+def spool_budget(total: int, wait_seconds: float) -> ByteBudget:
+    """The bytes bodies being spooled may hold: one body, and one organization's bodies together, at most half
+    (the twenty-sixth review: with no bound, one organization's slow bodies filled the spool disk and held it while
+    every other organization's writes were 507), taken a MiB at a time."""
+    half = total // 2
+    return ByteBudget(total, half, wait_seconds, per_owner=half, grain=min(1 << 20, max(half, 1)))
 
 
 def remove_dead_spools(spools: Path) -> int:

@@ -149,7 +149,7 @@ def log_storage(logger: logging.Logger, database_url: str, data_dir: str | Path)
 
 def _limited(app: ASGIApp, limits: HttpSettings) -> ASGIApp:
     return BodyDeadline(app, idle_seconds=limits.body_timeout_seconds,
-                        min_bytes_per_second=limits.min_body_bytes_per_second)
+                        min_bytes_per_second=limits.min_body_bytes_per_second, max_seconds=limits.max_body_seconds)
 
 
 def serve(app: ASGIApp, limits: HttpSettings, *, host: str, port: int, **uvicorn_options: Any) -> None:

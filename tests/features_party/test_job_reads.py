@@ -13,7 +13,7 @@ import pytest
 
 from features_party.features import table_bytes
 from shared.errors import ErrorCode, RetryLater
-from shared.service.memory import MemoryBudget
+from shared.service.budgets import ByteBudget
 from tests.features_party.test_api import trainer_client, trainer_context
 
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a job that got as far as the labels party would say so
@@ -69,7 +69,7 @@ def test_a_table_read_over_the_budget_is_refused_before_it_is_read(tmp_path):
 
 
 def test_reads_at_once_share_the_budget_and_wait_their_turn():
-    budget = MemoryBudget(100, 100, wait_seconds=0.3)
+    budget = ByteBudget(100, 100, wait_seconds=0.3)
     entered, release = threading.Event(), threading.Event()
 
     def first():

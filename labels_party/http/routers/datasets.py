@@ -10,7 +10,7 @@ from labels_party.http.routers.deps import AdministersDataset, AdminKey, AnyKey,
 from labels_party.releases import datasets
 from labels_party.store.uploads import upload_format
 from shared import schemas
-from shared.service import gate, openapi
+from shared.service import openapi, spool
 from shared.service.gate import GuardedRoute
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=GuardedRoute)
@@ -46,8 +46,7 @@ def get_dataset(dataset_id: str, who: SeesDataset, ctx: Context):
 async def upload_labels(dataset_id: str, request: Request, who: UploadsLabels, ctx: Context):
     """A new label version: ``example_id,label`` as CSV, NDJSON or Parquet, streamed (admin keys)."""
     fmt = upload_format(request.headers.get("content-type"))
-    directory, body = await gate.spool(request, who.body_limit, ctx.scratch.spools)
-    with directory:
+    async with spool.spooled(request, who.body_limit, ctx.scratch) as body:
         return await run_in_threadpool(datasets.upload_labels, ctx, who, body.path, fmt)
 
 

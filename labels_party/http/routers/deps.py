@@ -17,9 +17,9 @@ from labels_party.releases.lifecycle import Outcome
 from labels_party.runtime.context import ServiceContext
 from labels_party.store.uploads import upload_format
 from shared import schemas
-from shared.service import dependencies, gate
-from shared.service.gate import SpooledBody
-from shared.service.memory import Reservation, release_freed_memory
+from shared.service import dependencies, spool
+from shared.service.budgets import Reservation, release_freed_memory
+from shared.service.spool import SpooledBody
 
 AnyKey = Annotated[Admission, Depends(access.ANY_KEY)]
 AdminKey = Annotated[Admission, Depends(access.ADMIN_KEY)]
@@ -49,9 +49,9 @@ async def with_columnar_body(request: Request, ctx: ServiceContext, admission: A
     memory)``: what the body decodes to is held in ``memory``, the request's share of the process's budget for such
     bodies (its organization's at most three quarters of it), until the release is done."""
     upload_format(request.headers.get("content-type"))
-    directory, body = await gate.spool(request, admission.body_limit, ctx.scratch.spools)
-    with directory, ctx.columnar_memory.reservation(admission.principal.org_id) as memory:
-        try:
-            return answer(await run_in_threadpool(run, body, memory))
-        finally:  # its ids and priors are gone: what held them goes back to the system, whatever the outcome
-            await run_in_threadpool(release_freed_memory)
+    async with spool.spooled(request, admission.body_limit, ctx.scratch) as body:
+        with ctx.columnar_memory.reservation(admission.principal.org_id) as memory:
+            try:
+                return answer(await run_in_threadpool(run, body, memory))
+            finally:  # its ids and priors are gone: what held them goes back to the system, whatever the outcome
+                await run_in_threadpool(release_freed_memory)

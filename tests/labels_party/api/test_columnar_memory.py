@@ -16,17 +16,17 @@ from labels_party.http.auth import create_key
 from labels_party.runtime.context import make_context
 from labels_party.runtime.settings import LabelsSettings
 from shared.errors import RetryLater
-from shared.service.memory import MemoryBudget, Reservation
+from shared.service.budgets import ByteBudget, Reservation
 from tests.labels_party.api.helpers import bearer, expect_error, labels_csv, new_dataset, state, upload
 
 MIB = 1 << 20
 
 
 def test_a_reservation_grows_by_grains_up_to_one_requests_limit_and_is_given_back():
-    budget = MemoryBudget(total=64 * MIB, per_request=48 * MIB, wait_seconds=30)
+    budget = ByteBudget(total=64 * MIB, per_request=48 * MIB, wait_seconds=30)
     with budget.reservation() as first:
         first.hold(1)
-        assert first.held == Reservation.GRAIN == 16 * MIB and budget.used == 16 * MIB
+        assert first.held == budget.grain == 16 * MIB and budget.used == 16 * MIB
         first.hold(16 * MIB)  # within what it holds: nothing more taken
         assert budget.used == 16 * MIB
         first.hold(20 * MIB)
@@ -40,7 +40,7 @@ def test_only_one_request_waits_while_holding_part_of_the_budget():
     """Requests that each held part and waited for the rest waited for one another (this bench's four honest group
     bodies at the limit: all four 503 after 10 s). One request at a time may wait holding part; another that holds
     part and needs more than is free is 503 at once (and gives back what it held), so the waiter gets it."""
-    budget = MemoryBudget(total=64 * MIB, per_request=48 * MIB, wait_seconds=30)
+    budget = ByteBudget(total=64 * MIB, per_request=48 * MIB, wait_seconds=30)
     outcome: dict[str, object] = {}
     with budget.reservation() as first:
         first.hold(32 * MIB)
@@ -68,7 +68,7 @@ def test_only_one_request_waits_while_holding_part_of_the_budget():
 
 
 def test_a_reservation_waits_for_memory_another_request_gives_back():
-    budget = MemoryBudget(total=32 * MIB, per_request=32 * MIB, wait_seconds=10)
+    budget = ByteBudget(total=32 * MIB, per_request=32 * MIB, wait_seconds=10)
     assert budget.try_take(32 * MIB)
     threading.Timer(0.2, budget.give, (32 * MIB,)).start()
     with budget.reservation() as waiting:
@@ -83,7 +83,7 @@ def test_one_request_of_an_owner_waits_for_its_own_share_and_never_takes_the_bud
     organization, each holding part of its share, were both 503. One request per owner may wait holding part for its
     own share (another of that owner holding part is 503 at once, and gives its part back); the budget's slot stays
     free for a request waiting on others' memory."""
-    budget = MemoryBudget(total=64 * MIB, per_request=32 * MIB, wait_seconds=30, per_owner=32 * MIB)
+    budget = ByteBudget(total=64 * MIB, per_request=32 * MIB, wait_seconds=30, per_owner=32 * MIB)
     outcome: dict[str, object] = {}
     with budget.reservation("a") as first:
         first.hold(16 * MIB)
@@ -115,7 +115,7 @@ def test_one_request_of_an_owner_waits_for_its_own_share_and_never_takes_the_bud
 def test_one_owners_requests_hold_at_most_its_share():
     """Issue 40's twenty-first review: one organization's two bodies held the whole budget and another's one-line
     bodies were 503. An owner's requests hold at most per_owner together; another owner's still find room."""
-    budget = MemoryBudget(total=64 * MIB, per_request=32 * MIB, wait_seconds=0, per_owner=32 * MIB)
+    budget = ByteBudget(total=64 * MIB, per_request=32 * MIB, wait_seconds=0, per_owner=32 * MIB)
     with budget.reservation("a") as first, budget.reservation("a") as second, budget.reservation("b") as other:
         first.hold(32 * MIB)
         with pytest.raises(RetryLater):

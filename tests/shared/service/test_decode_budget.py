@@ -25,8 +25,9 @@ from labels_party.runtime.context import make_context
 from labels_party.runtime.settings import LabelsSettings
 from shared import schemas
 from shared.errors import RetryLater
+from shared.service.budgets import ByteBudget
 from shared.service.gate import JsonCost, _first_invalid_string, read_json_body
-from shared.service.memory import MemoryBudget
+from shared.service.scratch import Scratch
 
 
 def _repeat(prefix: str, item: str, suffix: str, count: int) -> bytes:
@@ -172,7 +173,7 @@ def test_a_body_over_the_decoded_limit_is_refused_before_it_is_parsed(labels):
 def test_a_body_the_budget_cannot_cover_waits_then_is_503(labels):
     client, app, headers, dataset = labels(max_json_decoded_bytes=1 << 20, json_decode_budget_bytes=2 << 20,
                                            json_decode_wait_seconds=0.3)
-    budget: MemoryBudget = app.state.decode_budget
+    budget: ByteBudget = app.state.decode_budget
     assert (budget.total, budget.per_request) == (2 << 20, 1 << 20)
     assert budget.try_take((2 << 20) - 1000)  # other bodies hold all but 1,000 bytes
     body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(100)]}).encode()
@@ -263,7 +264,7 @@ def test_a_json_body_holds_no_share_while_it_streams_and_waits_for_it_when_compl
     body = json.dumps({"mechanism": "rr", "epsilon": 1.0, "example_ids": [f"u{i}" for i in range(2000)]}).encode()
     cost = JsonCost()
     cost.add(body)
-    budget = MemoryBudget(total=4 << 20, per_request=2 << 20, wait_seconds=5)
+    budget = ByteBudget(total=4 << 20, per_request=2 << 20, wait_seconds=5)
     assert budget.try_take((4 << 20) - 20_000)  # other requests hold all but 20,000 bytes; one ends soon
     seen: list[int] = []
     chunks = [body[:100], body[100:]]
@@ -311,7 +312,7 @@ def test_a_streaming_json_body_is_spooled_not_held_in_memory(tmp_path):
     import anyio
 
     chunks = [b'{"name": "'] + [b"a" * (1 << 20)] * 20 + [b'"}']
-    budget = MemoryBudget(total=1 << 30, per_request=512 << 20, wait_seconds=1)
+    budget = ByteBudget(total=1 << 30, per_request=512 << 20, wait_seconds=1)
     growth: list[int] = []
     pending = list(chunks)
 
@@ -320,11 +321,13 @@ def test_a_streaming_json_body_is_spooled_not_held_in_memory(tmp_path):
         chunk = pending.pop(0)
         return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
 
+    scratch = Scratch(tmp_path)
     tracemalloc.start()
     try:
-        read, held = anyio.run(read_json_body, receive, budget, None, tmp_path)
+        read, held = anyio.run(read_json_body, receive, budget, None, scratch)
     finally:
         tracemalloc.stop()
     assert read == b"".join(chunks) and budget.used == held
     assert max(growth) - growth[0] < 4 << 20  # 20 MiB came in; at most a chunk or two was ever held
-    assert list(tmp_path.iterdir()) == []  # the file had no name, and is gone
+    assert list(scratch.spools.iterdir()) == []  # the file had no name, and is gone
+    assert scratch.spool_budget.used == 0  # and its disk is given back

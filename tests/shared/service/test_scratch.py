@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from features_party.process import make_context as trainer_context
 from features_party.settings import TrainerSettings
 from labels_party.runtime.context import make_context as labels_context
-from shared.service import gate
+from shared.service import spool
 from shared.service.scratch import Scratch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
 _SPOOLING = textwrap.dedent("""
     import asyncio, sys
     from starlette.requests import Request
-    from shared.service import gate
+    from shared.service import spool
     from shared.service.scratch import Scratch
 
     scratch = Scratch(sys.argv[1])
@@ -49,7 +49,8 @@ _SPOOLING = textwrap.dedent("""
             await asyncio.sleep(3600)
 
         scope = {"type": "http", "method": "PUT", "path": "/", "headers": [(b"content-type", b"text/csv")]}
-        await gate.spool(Request(scope, receive), 1 << 20, scratch.spools)
+        async with spool.spooled(Request(scope, receive), 1 << 20, scratch):
+            pass
 
     asyncio.run(main())
 """)
@@ -81,8 +82,7 @@ def test_a_body_is_spooled_under_the_data_directory_privately(tmp_path):
 
     @app.put("/body")
     async def put(request: Request):
-        directory, body = await gate.spool(request, 1 << 20, scratch.spools)
-        with directory:
+        async with spool.spooled(request, 1 << 20, scratch) as body:
             seen.update(path=body.path, file=_mode(body.path), directories=[
                 _mode(p) for p in (body.path.parent, scratch.spools, scratch.spools.parent, tmp_path / "data/tmp")],
                 sha256=body.sha256, content=body.path.read_bytes())

@@ -1,4 +1,5 @@
-"""A process's memory for one kind of work done in requests, shared by every request that does it."""
+"""What a process lends to one kind of work done in requests — memory to decode bodies, disk to spool them —
+shared by every request that does it, with a share per organization."""
 
 from __future__ import annotations
 
@@ -6,25 +7,27 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import anyio
 
 from shared.errors import ErrorCode, LabelDPError, RetryLater
 
 
-class MemoryBudget:
-    """The memory a process lends to one kind of work in requests — decoding JSON bodies
-    (:class:`shared.service.gate.JsonCost`), reading a features table to plan a job: at most ``per_request``
-    bytes for one request, ``total`` for all of them at once; a request waits up to ``wait_seconds`` for its
-    share. Thread-safe and free of any event loop (requests poll): one budget serves every loop and thread."""
+class ByteBudget:
+    """The bytes a process lends to one kind of work in requests — memory to decode JSON bodies
+    (:class:`shared.service.gate.JsonCost`) or to read a features table to plan a job, disk to spool bodies
+    (:class:`shared.service.scratch.Scratch`): at most ``per_request`` bytes for one request, ``total`` for all of
+    them at once; a request waits up to ``wait_seconds`` for its share. A :class:`Reservation` grows ``grain`` bytes
+    at a time. Thread-safe and free of any event loop (requests poll): one budget serves every loop and thread."""
 
     POLL_SECONDS = 0.02
 
-    def __init__(self, total: int, per_request: int, wait_seconds: float = 10.0, per_owner: int | None = None):
+    def __init__(self, total: int, per_request: int, wait_seconds: float = 10.0, per_owner: int | None = None,
+                 grain: int = 16 << 20):
         if per_request > total:
-            raise ValueError(f"a request's decoding budget ({per_request:,}) exceeds the process's ({total:,})")
-        self.total, self.per_request, self.wait_seconds = total, per_request, wait_seconds
+            raise ValueError(f"a request's budget ({per_request:,}) exceeds the process's ({total:,})")
+        self.total, self.per_request, self.wait_seconds, self.grain = total, per_request, wait_seconds, grain
         # what the requests of one owner (an organization: Reservation.owner) may hold at once
         self.per_owner = total if per_owner is None else per_owner
         self.used = 0
@@ -117,11 +120,11 @@ class MemoryBudget:
 
 
 class Reservation:
-    """What one request holds of a :class:`MemoryBudget` (:meth:`MemoryBudget.reservation`), for its ``owner``
-    (an organization: together its requests hold at most the budget's ``per_owner``): it grows as the request's
-    work counts more (a body decoded batch by batch, :class:`labels_party.store.uploads.Decoded`), from a worker
-    thread. Bytes are taken :data:`GRAIN` at a time: a count that grows by a few bytes a batch does not take the
-    lock each time.
+    """What one request holds of a :class:`ByteBudget` (:meth:`ByteBudget.reservation`), for its ``owner`` (an
+    organization: together its requests hold at most the budget's ``per_owner``): it grows as the request's work
+    counts more — a body decoded batch by batch (:class:`labels_party.store.uploads.Decoded`, from a worker
+    thread: :meth:`hold`), a body spooled chunk by chunk (from the event loop: :meth:`hold_async`). Bytes are taken
+    the budget's ``grain`` at a time: a count that grows by a few bytes a batch does not take the lock each time.
 
     Requests that each held part of the budget and waited for the rest would wait for one another (with waits at
     every count, four honest bodies at the limit each took 256 MiB of 1 GiB, and all four were 503 after 10 s). So
@@ -129,48 +132,68 @@ class Reservation:
     owner's share, or the whole budget); any other that needs more than is free is 503 at once, and gives back what
     it held."""
 
-    GRAIN = 16 << 20
-
-    def __init__(self, budget: MemoryBudget, owner: Hashable = None):
+    def __init__(self, budget: ByteBudget, owner: Hashable = None):
         self.budget, self.owner, self.held = budget, owner, 0
 
     @property
     def limit(self) -> int:
-        """The most one request may hold: past it, the work's own refusal (413), never a wait."""
+        """The most one request may hold: past it, the work's own refusal (413, 507), never a wait."""
         return self.budget.per_request
 
     def hold(self, amount: int) -> None:
         """Hold at least ``amount`` bytes (capped at :attr:`limit`, which the caller enforces), waiting up to the
         budget's ``wait_seconds`` as the class says; else 503 ``server_busy`` with Retry-After (the request is
         refused as a whole; what it held is given back when its reservation ends)."""
-        amount = min(amount, self.limit)
-        if amount <= self.held:
-            return
-        more = min(max(amount - self.held, self.GRAIN), self.limit - self.held)
-        if not self.budget.try_take(more, self.owner):
-            self._wait_for(more)
+        more = self._more(amount)
+        if more and not self.budget.try_take(more, self.owner):
+            with self._waiting(more) as taken:
+                while not taken():
+                    time.sleep(self.budget.POLL_SECONDS)
         self.held += more
 
-    def _wait_for(self, more: int) -> None:
-        """Take ``more``, waiting up to the budget's ``wait_seconds``: while holding nothing freely; holding part,
-        only as the waiter of what holds it up — its owner's share (one waiter per owner: two requests of one
-        organization each holding part and waiting for the other were both 503), else the whole budget (one
-        waiter) — and 503 at once when that slot is another's (the twenty-second review: a waiter on its own share
-        kept the budget's slot from another organization's body that would have got memory in time)."""
+    async def hold_async(self, amount: int) -> None:
+        """:meth:`hold` from an event loop (it sleeps without blocking the loop)."""
+        more = self._more(amount)
+        if more and not self.budget.try_take(more, self.owner):
+            with self._waiting(more) as taken:
+                while not taken():
+                    await anyio.sleep(self.budget.POLL_SECONDS)
+        self.held += more
+
+    def _more(self, amount: int) -> int:
+        """How much more to take to hold ``amount`` (0: held already)."""
+        amount = min(amount, self.limit)
+        if amount <= self.held:
+            return 0
+        return min(max(amount - self.held, self.budget.grain), self.limit - self.held)
+
+    @contextlib.contextmanager
+    def _waiting(self, more: int) -> Iterator[Callable[[], bool]]:
+        """A try at taking ``more`` to poll until the budget's ``wait_seconds`` have passed: waiting while holding
+        nothing freely; holding part, only as the waiter of what holds it up — its owner's share (one waiter per
+        owner: two requests of one organization each holding part and waiting for the other were both 503), else
+        the whole budget (one waiter) — and 503 at once when that slot is another's (the twenty-second review: a
+        waiter on its own share kept the budget's slot from another organization's body that would have got memory
+        in time)."""
         budget = self.budget
         slots: list[Hashable] = []
         deadline = time.monotonic() + budget.wait_seconds
+
+        def taken() -> bool:
+            if budget.try_take(more, self.owner):
+                return True
+            if self.held:
+                slot = self.owner if budget.owner_full(more, self.owner) else None
+                if slot not in slots:
+                    if not budget.claim_waiter(self, slot):
+                        raise budget.busy(more, self.owner)
+                    slots.append(slot)
+            if time.monotonic() >= deadline:
+                raise budget.busy(more, self.owner)
+            return False
+
         try:
-            while not budget.try_take(more, self.owner):
-                if self.held:
-                    slot = self.owner if budget.owner_full(more, self.owner) else None
-                    if slot not in slots:
-                        if not budget.claim_waiter(self, slot):
-                            raise budget.busy(more, self.owner)
-                        slots.append(slot)
-                if time.monotonic() >= deadline:
-                    raise budget.busy(more, self.owner)
-                time.sleep(budget.POLL_SECONDS)
+            yield taken
         finally:
             for slot in slots:
                 budget.release_waiter(self, slot)
