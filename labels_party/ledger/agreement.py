@@ -126,17 +126,34 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
         db.Grant.dataset_id == dataset.id))}
     if grants != replayed.grants:
         problems.append("the grants differ from the chain's")
-    accounts = {names.get(a.org_id, "?"): (a.epsilon_units, a.delta) for a in session.scalars(
-        select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id))}
+    rows = session.scalars(select(db.BudgetAccount).where(db.BudgetAccount.dataset_id == dataset.id)).all()
+    accounts = {names.get(a.org_id, "?"): (a.epsilon_units, a.delta) for a in rows}
     for org in sorted(accounts.keys() | replayed.allocations.keys()):
         if accounts.get(org) != replayed.allocations.get(org):
             problems.append(f"{org}'s allocation differs from the chain's")
+    problems += account_problems(rows, replayed, names)
     problems += _registry_problems(replayed, dataset)
     problems += _key_problems(session, replayed)
     problems += _release_problems(session, dataset, replayed, names)
     problems += _label_problems(session, dataset, replayed)
     if replayed.source is not None or (dataset.source_uri is not None and dataset.source_snapshot is not None):
         problems += source_problems(replayed.source, dataset)  # (one registered before snapshots is never read)
+    return problems
+
+
+def account_problems(accounts, replayed: Replayed, names: Mapping[int, str]) -> list[str]:
+    """Where the accounts' own bookkeeping disagrees with the chain: a rebuild flag the chain holds no pending
+    migration for (a rebuild would sign what the tables say), a spent table not the one the account's generation
+    names (its next write would take an older generation's name)."""
+    problems = []
+    for account in accounts:
+        org = names.get(account.org_id, "?")
+        if account.needs_rebuild and not replayed.rebuild_pending:
+            problems.append(f"{org}'s account is marked for a rebuild, but its chain records budgets set since the "
+                            "migration to accounts")
+        if account.spent_file is not None and not account.spent_file.endswith(
+                f"/spent_{account.generation:08d}.npy"):
+            problems.append(f"{org}'s account generation {account.generation} does not name its spent table")
     return problems
 
 
@@ -226,10 +243,11 @@ def _release_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
         charged = replayed.charged_orgs.get(name)
         if charged is not None and names.get(release.requester_org_id) != charged:
             problems.append(f"release {name}'s requester differs from the organization its record charged")
-        shown = zip((release.mechanism, release.epsilon, release.num_examples), replayed.shown.get(name, ()),
-                    strict=False)
+        shown = zip((release.mechanism, release.epsilon, release.num_examples, release.label_version),
+                    replayed.shown.get(name, ()), strict=False)
         if any(said is not None and row != said for row, said in shown):  # what the release row displays
-            problems.append(f"release {name}'s mechanism, ε or example count differs from its record's")
+            problems.append(f"release {name}'s mechanism, ε, example count or label version differs from its "
+                            "record's")
         if name not in replayed.files_on_chain:
             continue  # charged before availability was chained: verify-audit checks its file against its row
         fact = replayed.available.get(name)

@@ -23,6 +23,7 @@ from labels_party.ledger import (
     Ledger,
     budget_units,
     entries,
+    replay,
     tampered,
     units_epsilon,
 )
@@ -115,9 +116,12 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
         if dataset is None:  # an account's foreign key names it
             continue
         chain = entries(session, dataset_id)
-        refused = _not_a_pending_migration(chain, dataset)
-        if refused:  # a flag a database writer set: rebuilding would sign what the tables now say
-            raise tampered(dataset_id, [refused])
+        replayed = replay(chain)
+        if not replayed.rebuild_pending:  # a flag a database writer set: rebuilding would sign what the tables say
+            raise tampered(dataset_id, ["its accounts are marked for a rebuild, but its chain records budgets set "
+                                        "since the migration to accounts"])
+        if replayed.totals != (dataset.epsilon_total_units, dataset.delta_total):
+            raise tampered(dataset_id, ["the dataset's totals differ from the chain's"])
         by_org: dict[int, list[dict]] = {}
         for record, org_id in zip(*records_by_org(session, chain), strict=True):
             by_org.setdefault(org_id, []).append(record)
@@ -152,25 +156,6 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
             old.unlink()
         rebuilt += 1
     return rebuilt
-
-
-def _not_a_pending_migration(chain: Sequence[Entry], dataset: db.Dataset) -> str | None:
-    """Why ``dataset``'s accounts may not be rebuilt (None: they may). Only the migration to accounts leaves them
-    to rebuild, and its chain then ends with the facts that migration appended (its totals, ``migrated``, then
-    grants and allocations) — the rebuild appends ``changed`` totals after them, so it happens once — and the
-    dataset's totals are the ones those facts recorded."""
-    migrated = [i for i, e in enumerate(chain) if not e.is_release and e.record.get("event") == "dataset_budget"]
-    if len(migrated) != 1 or chain[migrated[0]].record.get("change") != "migrated":
-        return "its accounts are marked for a rebuild, but its chain records budgets set since the migration"
-    # (an owner fact, appended by migration 0019 to every chain, changes no budget)
-    if any(e.is_release or e.record.get("event") not in ("grant", "allocation", "owner")
-           for e in chain[migrated[0] + 1:]):
-        return "its accounts are marked for a rebuild, but its chain moved on since the migration"
-    fact = chain[migrated[0]].record
-    if (fact.get("epsilon_total_units"), fact.get("delta_total")) != (dataset.epsilon_total_units,
-                                                                       dataset.delta_total):
-        return "the dataset's totals differ from the chain's"
-    return None
 
 
 def records_by_org(session: Session, chain: Sequence[Entry]) -> tuple[list[dict], list[int]]:

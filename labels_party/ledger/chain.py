@@ -255,12 +255,17 @@ class Replayed:
     revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
     charged_orgs: dict[str, str] = field(default_factory=dict)
-    # release id -> what its record says of it: (mechanism, ε requested, examples covered), each None if unsaid
-    shown: dict[str, tuple[str | None, float | None, int | None]] = field(default_factory=dict)
+    # release id -> what its record says of it: (mechanism, ε requested, examples covered, label version), each None
+    # if unsaid
+    shown: dict[str, tuple[str | None, float | None, int | None, int | None]] = field(default_factory=dict)
     files_on_chain: set[str] = field(default_factory=set)
     available: dict[str, ReleaseFact] = field(default_factory=dict)
     labels: dict[int, LabelsFact] = field(default_factory=dict)
     source: SourceFact | None = None
+    # whether the accounts may be rebuilt from the records (labels_party.ledger.budgets.rebuild_migrated): only
+    # right after the migration to accounts, whose chain ends with its one budget fact (``migrated``) and the
+    # grants, allocations and owner facts it appended — the rebuild appends ``changed`` totals, so it happens once
+    rebuild_pending: bool = False
     problems: list[str] = field(default_factory=list)
 
 
@@ -274,6 +279,7 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
         out.seq, out.head = entry.seq, entry.hash
         record = entry.record
         if is_release(record):
+            out.rebuild_pending = False
             _replay_release(out, entry.seq, record)
             continue
         try:
@@ -281,6 +287,8 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
         except ValidationError:
             out.problems.append(f"seq {entry.seq}: a record that is neither a release nor a known fact")
             continue
+        if not isinstance(fact, (GrantFact, AllocationFact, OwnerFact)):
+            out.rebuild_pending = isinstance(fact, BudgetFact) and fact.change == "migrated" and out.totals is None
         if isinstance(fact, BudgetFact):
             out.totals = (fact.epsilon_total_units, fact.delta_total)
         elif isinstance(fact, OwnerFact):
@@ -321,7 +329,8 @@ def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
         out.charged_orgs[release_id] = str(actor["org"])
     if record.get("file_on_chain"):
         out.files_on_chain.add(release_id)
-    out.shown[release_id] = (record.get("mechanism"), record.get("epsilon_requested"), record.get("examples_covered"))
+    out.shown[release_id] = (record.get("mechanism"), record.get("epsilon_requested"), record.get("examples_covered"),
+                             record.get("label_version"))
     if out.totals is not None and "epsilon_total_units" in record and \
             (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
         out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")

@@ -164,7 +164,8 @@ def test_a_spent_state_reset_or_pointed_elsewhere_is_refused(ctx, client, consum
     assert _spent(ctx, dataset) == seq
 
 
-@pytest.mark.parametrize("column", ["epsilon = 0.001", "num_examples = 3", "mechanism = 'laplace'"])
+@pytest.mark.parametrize("column", ["epsilon = 0.001", "num_examples = 3", "mechanism = 'laplace'",
+                                    "label_version = 2"])
 def test_a_release_rows_displayed_columns_edited_are_refused_and_reported(ctx, client, consumer, dataset, tmp_path,
                                                                           audit_key, column):
     """Issue 40: a release row's ε (what a consumer and the console display), example count or mechanism set to
@@ -173,11 +174,31 @@ def test_a_release_rows_displayed_columns_edited_are_refused_and_reported(ctx, c
     from labels_party.ledger.agreement import LedgerTampered
     made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
     _sql(ctx, f"UPDATE releases SET {column} WHERE id = :r", r=made["id"])
-    said = f"release {made['id']}'s mechanism, ε or example count differs from its record's"
+    said = f"release {made['id']}'s mechanism, ε, example count or label version differs from its record's"
     problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
     assert said in problems, problems
     from labels_party.runtime.context import make_context
     with pytest.raises(LedgerTampered, match=said):
+        make_context(settings=ctx.settings)  # a restart
+
+
+@pytest.mark.parametrize("edit, said", [
+    ("needs_rebuild = TRUE", "publisher's account is marked for a rebuild, but its chain records budgets set since"),
+    ("generation = 0", "publisher's account generation 0 does not name its spent table"),
+])
+def test_an_accounts_bookkeeping_edited_is_reported(ctx, client, consumer, dataset, tmp_path, audit_key, edit, said):
+    """The twenty-fifth review's last rewrites verify-audit passed: a rebuild flag (the service refused to start,
+    and verify said valid) and an account's generation set back (its next spent table would take an older one's
+    name). Both are findings now, for verify-audit and at a start."""
+    from labels_party.ledger.agreement import LedgerTampered
+    from labels_party.runtime.context import make_context
+
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    _sql(ctx, f"UPDATE budget_accounts SET {edit} WHERE dataset_id = :d AND org_id = (SELECT id FROM organizations "
+              "WHERE name = 'publisher')", d=dataset)
+    problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
+    assert any(p.startswith(said) for p in problems), problems
+    with pytest.raises(LedgerTampered, match="marked for a rebuild|does not name its spent table"):
         make_context(settings=ctx.settings)  # a restart
 
 
