@@ -212,16 +212,16 @@ class GbdtResult:
 def matrix(numeric: np.ndarray, categorical: np.ndarray, *, threads: int | None = None) -> xgb.DMatrix:
     """The preprocessed features as XGBoost takes them: numeric columns, then the categorical codes as native
     categorical features."""
-    data, feature_types = _columns(numeric, categorical)
+    data, feature_types = columns(numeric, categorical)
     return xgb.DMatrix(data, feature_types=feature_types, enable_categorical=True, nthread=threads or -1)
 
 
-def _columns(numeric: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, list[str]]:
+def columns(numeric: np.ndarray, categorical: np.ndarray) -> tuple[np.ndarray, list[str]]:
     data = np.column_stack([np.asarray(numeric, np.float32), np.asarray(categorical, np.float32)])
     return data, ["q"] * numeric.shape[1] + ["c"] * categorical.shape[1]
 
 
-def _outputs(loss: str, predictions: jax.Array) -> jax.Array:
+def model_outputs(loss: str, predictions: jax.Array) -> jax.Array:
     """What XGBoost hands a metric (values, margins under the Poisson objective of ours, class probabilities) as the
     model outputs losses.LOSSES takes (for classes, log-probabilities: their log-softmax is themselves)."""
     if loss == "cross_entropy":
@@ -235,7 +235,7 @@ def _poisson_gradient(margins: np.ndarray, data: xgb.DMatrix) -> tuple[np.ndarra
     return rate - data.get_label(), rate
 
 
-class _Rounds(xgb.callback.TrainingCallback):
+class Rounds(xgb.callback.TrainingCallback):
     """Checks the deadline before each round; records each round's losses in label units (and ``val_mse``)."""
 
     def __init__(self, config: GbdtConfig, deadline: float | Deadline | None, on_epoch: Callable | None):
@@ -259,6 +259,28 @@ class _Rounds(xgb.callback.TrainingCallback):
         return False  # early stopping's to decide (a stop before its first round would leave it no best round)
 
 
+def booster_params(config: GbdtConfig, num_classes: int | None, threads: int | None,
+                   base_score: float | None) -> tuple[dict, Callable | None, int | None]:
+    """XGBoost's parameters for ``config``, the custom objective (None: XGBoost's own) and the outputs per row of a
+    class model (None: one). ``base_score``: the Poisson loss's starting rate, the training labels' mean."""
+    params = {"objective": OBJECTIVES[config.loss], "device": device(), "tree_method": "hist",
+              "eta": config.learning_rate, "max_depth": config.max_depth, "min_child_weight": config.min_child_weight,
+              "subsample": config.subsample, "colsample_bytree": config.colsample, "lambda": config.reg_lambda,
+              "seed": config.seed, "disable_default_eval_metric": 1, "max_cached_hist_node": HISTOGRAM_NODES,
+              **({"nthread": threads} if threads else {})}
+    objective = None
+    outputs = losses.output_dim(config.loss, num_classes) if config.loss == "cross_entropy" else None
+    if outputs is not None:
+        params["num_class"] = outputs
+    if config.loss == "poisson":
+        # our gradient, under count:poisson's log link (kept for predictions); the rate starts at the mean label,
+        # given, since XGBoost's own estimate of it refuses labels below 0 (floored: a rate is positive)
+        objective = _poisson_gradient
+        params["base_score"] = max(base_score or 0.0, 1e-3)
+        params["max_delta_step"] = 0.7  # count:poisson's safeguard of the exponential's steps
+    return params, objective, outputs
+
+
 def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray, targets: np.ndarray, *,
                num_classes: int | None = None, on_epoch: Callable | None = None,
                deadline: float | Deadline | None = None, init_model: xgb.Booster | None = None,
@@ -275,30 +297,16 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
                                      validate_on)
     eval_rows = val if val.size else fit_rows
     targets = np.asarray(targets, np.float32)
-    data, feature_types = _columns(numeric, categorical)
+    data, feature_types = columns(numeric, categorical)
     fit = xgb.QuantileDMatrix(data[fit_rows], label=targets[fit_rows], feature_types=feature_types,
                               enable_categorical=True, nthread=threads or -1)
     validation = xgb.QuantileDMatrix(data[eval_rows], label=targets[eval_rows], feature_types=feature_types,
                                      enable_categorical=True, ref=fit, nthread=threads or -1)
-    params = {"objective": OBJECTIVES[config.loss], "device": device(), "tree_method": "hist",
-              "eta": config.learning_rate, "max_depth": config.max_depth, "min_child_weight": config.min_child_weight,
-              "subsample": config.subsample, "colsample_bytree": config.colsample, "lambda": config.reg_lambda,
-              "seed": config.seed, "disable_default_eval_metric": 1, "max_cached_hist_node": HISTOGRAM_NODES,
-              **({"nthread": threads} if threads else {})}
-    objective = None
-    outputs = losses.output_dim(config.loss, num_classes) if config.loss == "cross_entropy" else None
-    if outputs is not None:
-        params["num_class"] = outputs
-    if config.loss == "poisson":
-        # our gradient, under count:poisson's log link (kept for predictions); the rate starts at the mean label,
-        # given, since XGBoost's own estimate of it refuses labels below 0 (floored: a rate is positive)
-        objective = _poisson_gradient
-        params["base_score"] = max(float(np.mean(targets[fit_rows])), 1e-3)
-        params["max_delta_step"] = 0.7  # count:poisson's safeguard of the exponential's steps
-
+    base_score = float(np.mean(targets[fit_rows])) if config.loss == "poisson" else None
+    params, objective, outputs = booster_params(config, num_classes, threads, base_score)
     # compiled once per shape (the training and the validation rows), run on JAX's CPU device: on a GPU it would
     # take device memory from XGBoost's CUDA training for two numbers a round
-    loss_fn = jax.jit(lambda predictions, labels: losses.LOSSES[config.loss](_outputs(config.loss, predictions),
+    loss_fn = jax.jit(lambda predictions, labels: losses.LOSSES[config.loss](model_outputs(config.loss, predictions),
                                                                                labels))
     cpu = jax.devices("cpu")[0]
 
@@ -309,7 +317,7 @@ def train_gbdt(config: GbdtConfig, numeric: np.ndarray, categorical: np.ndarray,
         with jax.default_device(cpu):
             return "loss", float(loss_fn(predictions, labels))
 
-    rounds = _Rounds(config, deadline, on_epoch)
+    rounds = Rounds(config, deadline, on_epoch)
     stopping = xgb.callback.EarlyStopping(rounds=config.early_stopping_rounds, metric_name="loss",
                                           data_name="validation", maximize=False, save_best=True)
     booster = xgb.train(params, fit, num_boost_round=config.n_estimators, obj=objective, custom_metric=metric,

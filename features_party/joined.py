@@ -1,0 +1,198 @@
+"""A job's training rows, out of core (issue 43): its features — one Parquet file or a directory of them, larger
+than memory — joined by example id with its release's privatized labels (a Parquet file downloaded to disk) by
+DuckDB, which spills to the job's directory past its memory limit. The rows the job's split holds out are left out;
+each remaining row is kept for validation by a seeded hash of its id (the same rows whatever the table's order or
+the number of files), and both parts are written in a seeded random order as the row groups the learners stream
+(:mod:`features_party.learn.streamed`). The preprocessing — numeric columns' means and deviations, categorical
+vocabularies — and the squared loss's target scaling are fitted by DuckDB on the training rows alone, as
+:meth:`features_party.features.Preprocessor.fit` fits them in memory; predictions for every row of the features are
+streamed to a Parquet file a batch at a time (:func:`predict_table`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from features_party.features import ID, Preprocessor
+from features_party.learn.streamed import Rows, Scaling
+from shared.errors import ErrorCode, LabelDPError
+
+ROW_GROUP_ROWS = 1 << 18  # rows of a row group the learners read at once: 20 float features, 20 MiB as float32
+HASH_RANGE = 1_000_000  # a row is kept for validation when its id's seeded hash mod this is below fraction × it
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The training rows on disk, split, with the preprocessing and target scaling fitted on the training part."""
+
+    fit: Rows
+    validation: Rows
+    scaling: Scaling
+    matched: int  # released example ids with features (held-out ones included)
+
+
+@contextlib.contextmanager
+def connection(workdir: Path, memory_bytes: int, threads: int) -> Iterator[duckdb.DuckDBPyConnection]:
+    """An in-memory DuckDB that spills to ``workdir/spill`` past ``memory_bytes`` and reads no file it is not
+    named (no extension is installed or loaded on demand)."""
+    spill = workdir / "spill"
+    spill.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(config={"memory_limit": f"{max(memory_bytes >> 20, 64)}MB", "threads": max(threads, 1),
+                                 "temp_directory": str(spill), "autoinstall_known_extensions": False,
+                                 "autoload_known_extensions": False})
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def parquet_files(features: Path) -> list[str]:
+    """The Parquet files of a features table: the file itself, or every ``*.parquet`` under the directory."""
+    files = [str(features)] if features.is_file() else sorted(str(p) for p in features.rglob("*.parquet"))
+    if not files:
+        raise LabelDPError("the features table has no Parquet file", code=ErrorCode.MALFORMED_FILE)
+    return files
+
+
+def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str], categorical: Sequence[str],
+         seed: int, validation_fraction: float, held_out: Path | None = None, standardize_targets: bool = True,
+         max_levels: int = 1 << 16, memory_bytes: int = 1 << 30, threads: int = 1) -> Joined:
+    """Join, split, shuffle and write (``workdir/fit.parquet``, ``workdir/validation.parquet``), then fit the
+    preprocessing on the training part. ``held_out``: a Parquet file of example ids the job's split holds out."""
+    columns = list(dict.fromkeys((*numeric, *categorical)))
+    if ID in columns:
+        raise LabelDPError("example_id is the key, not a feature", code=ErrorCode.MALFORMED_FILE)
+    with connection(workdir, memory_bytes, threads) as con:
+        # (a view takes no parameters: the paths are this service's own, quoted as literals; the rest are numbers)
+        con.execute(f"CREATE VIEW features AS SELECT * FROM read_parquet({_files(parquet_files(features))})")
+        _check_columns(con, numeric, categorical)
+        con.execute("CREATE VIEW labels AS SELECT CAST(example_id AS VARCHAR) AS example_id, label "
+                    f"FROM read_parquet('{_literal(labels)}')")
+        held = (f"AND CAST(f.example_id AS VARCHAR) NOT IN (SELECT CAST(example_id AS VARCHAR) FROM "
+                f"read_parquet('{_literal(held_out)}'))" if held_out is not None else "")
+        selected = ", ".join(f'f."{c}"' for c in columns)
+        seed, kept = int(seed), round(validation_fraction * HASH_RANGE)
+        con.execute(f"""CREATE VIEW joined AS SELECT l.example_id, {selected}, l.label AS label,
+                        hash(CAST(f.example_id AS VARCHAR) || ':validation:{seed}') % {HASH_RANGE} < {kept}
+                            AS validating,
+                        hash(CAST(f.example_id AS VARCHAR) || ':order:{seed}') AS position
+                        FROM features f JOIN labels l ON CAST(f.example_id AS VARCHAR) = l.example_id
+                        WHERE true {held}""")
+        matched = _one(con, "SELECT count(*) FROM features f JOIN labels l "
+                            "ON CAST(f.example_id AS VARCHAR) = l.example_id")[0]
+        paths = {}
+        for part, validating in (("fit", False), ("validation", True)):
+            paths[part] = workdir / f"{part}.parquet"
+            quoted = ", ".join(f'"{c}"' for c in columns)
+            con.execute(f"COPY (SELECT example_id, {quoted}, label FROM joined WHERE validating = {validating} "
+                        f"ORDER BY position) TO '{_literal(paths[part])}' "
+                        f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+        preprocessor, scaling = _fitted(con, paths["fit"], numeric, categorical, max_levels, standardize_targets)
+    return Joined(Rows(paths["fit"], preprocessor), Rows(paths["validation"], preprocessor), scaling, int(matched))
+
+
+def _files(files: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{_literal(Path(f))}'" for f in files) + "]"
+
+
+def _literal(path: Path) -> str:
+    """A path as a SQL string literal's body (COPY takes no parameter for its target)."""
+    return str(path).replace("'", "''")
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection, numeric: Sequence[str], categorical: Sequence[str]) -> None:
+    types = dict(con.execute("SELECT column_name, column_type FROM (DESCRIBE features)").fetchall())
+    missing = [c for c in (*numeric, *categorical, ID) if c not in types]
+    if missing:
+        raise LabelDPError(f"feature columns missing: {missing}", code=ErrorCode.MALFORMED_FILE)
+    numbers = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+               "UBIGINT", "FLOAT", "DOUBLE", "BOOLEAN")
+    bad = [c for c in numeric if not (types[c] in numbers or types[c].startswith("DECIMAL"))]
+    if bad:
+        raise LabelDPError(f"numeric feature columns hold something other than numbers: {bad}",
+                           code=ErrorCode.MALFORMED_FILE)
+
+
+def _fitted(con: duckdb.DuckDBPyConnection, fit: Path, numeric: Sequence[str], categorical: Sequence[str],
+            max_levels: int, standardize_targets: bool) -> tuple[Preprocessor, Scaling]:
+    """The preprocessing and target scaling of the training rows (population deviations, as numpy's; a constant
+    column's deviation 1)."""
+    aggregates = [f'avg(CAST("{c}" AS DOUBLE)), stddev_pop(CAST("{c}" AS DOUBLE))' for c in numeric]
+    row = _one(con, f"SELECT count(*), avg(label), stddev_pop(label) {''.join(', ' + a for a in aggregates)} "
+                    f"FROM read_parquet('{_literal(fit)}')")
+    means = tuple(float(row[3 + 2 * i] or 0.0) for i in range(len(numeric)))
+    stds = tuple(_deviation(row[4 + 2 * i]) for i in range(len(numeric)))
+    vocabularies = []
+    for column in categorical:
+        levels = [v for (v,) in con.execute(
+            f'SELECT DISTINCT CAST("{column}" AS VARCHAR) AS v FROM read_parquet(?) WHERE v IS NOT NULL ORDER BY v '
+            f"LIMIT {max_levels + 1}", [str(fit)]).fetchall()]
+        if len(levels) > max_levels:
+            raise LabelDPError(f"categorical column {column!r} has more than {max_levels:,} levels in the training "
+                               "rows", code=ErrorCode.JOB_TOO_LARGE)
+        vocabularies.append(tuple(levels))
+    scaling = Scaling(float(row[1] or 0.0), _deviation(row[2])) if standardize_targets else Scaling()
+    return Preprocessor(tuple(numeric), tuple(categorical), means, stds, tuple(vocabularies)), scaling
+
+
+def _one(con: duckdb.DuckDBPyConnection, query: str) -> tuple:
+    row = con.execute(query).fetchone()
+    assert row is not None  # (an aggregate's one row)
+    return row
+
+
+def _deviation(value: float | None) -> float:
+    return float(value) if value is not None and math.isfinite(value) and value > 0 else 1.0
+
+
+PREDICT_ROWS = 1 << 16
+
+
+def predict_table(features: Path, preprocessor: Preprocessor, predict: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                  out: Path, *, held_out: Path | None = None, workdir: Path, memory_bytes: int = 1 << 28,
+                  threads: int = 1) -> int:
+    """Predictions for every row of the features (``predict(numeric, categorical)``: the job's output applied),
+    :data:`PREDICT_ROWS` at a time, to ``out`` (Parquet: ``example_id``, ``prediction`` — the class, with
+    ``p_class_k`` probabilities, for a class model — and ``holdout``, the rows the split held out). Returns the rows
+    written."""
+    columns = list(dict.fromkeys((*preprocessor.numeric, *preprocessor.categorical)))
+    quoted = ", ".join(f'f."{c}"' for c in columns)
+    held = (f", CAST(f.example_id AS VARCHAR) IN (SELECT CAST(example_id AS VARCHAR) FROM "
+            f"read_parquet('{_literal(held_out)}')) AS holdout" if held_out is not None else ", false AS holdout")
+    written = 0
+    with connection(workdir, memory_bytes, threads) as con, contextlib.ExitStack() as stack:
+        reader = con.sql(f"SELECT CAST(f.example_id AS VARCHAR) AS example_id, {quoted}{held} "
+                         f"FROM read_parquet({_files(parquet_files(features))}) f").to_arrow_reader(PREDICT_ROWS)
+        writer: pq.ParquetWriter | None = None
+        for batch in reader:
+            frame = batch.to_pandas()
+            numeric, categorical = preprocessor.transform(frame)
+            predicted = predict(numeric, categorical)
+            table = _predictions(frame[ID].to_numpy(), predicted, frame["holdout"].to_numpy(bool))
+            if writer is None:
+                writer = stack.enter_context(pq.ParquetWriter(out, table.schema))
+            writer.write_table(table)
+            written += table.num_rows
+    if writer is None:  # (a table the job trained on has rows)
+        raise LabelDPError("the features table has no rows", code=ErrorCode.MALFORMED_FILE)
+    return written
+
+
+def _predictions(ids: np.ndarray, predicted: np.ndarray, holdout: np.ndarray) -> pa.Table:
+    columns = {ID: pa.array(ids.astype(str))}
+    if predicted.ndim == 2:
+        columns["prediction"] = pa.array(predicted.argmax(axis=1))
+        columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
+    else:
+        columns["prediction"] = pa.array(predicted)
+    columns["holdout"] = pa.array(holdout)
+    return pa.table(columns)

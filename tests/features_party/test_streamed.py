@@ -1,0 +1,120 @@
+"""Training from disk (issue 43): DuckDB's join of a features table in several Parquet files with a release's labels
+splits rows by their ids (whatever the files), leaves held-out rows out, and fits the preprocessing on the training
+rows exactly as the in-memory Preprocessor does; the streamed MLP and XGBoost's external-memory trees learn what
+the in-memory learners learn on the same rows; predictions cover every row of the table, marked held out or not.
+About 40 s."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from features_party import joined
+from features_party.features import Preprocessor
+from features_party.learn.gbdt import GbdtConfig, train_gbdt
+from features_party.learn.streamed import fit_gbdt, fit_mlp
+from features_party.learn.train import TrainConfig, train
+
+N, NUMERIC = 40_000, [f"x{j}" for j in range(4)]
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """A features table in four files (a categorical column among them), labels for half its rows — y = 2·x0 + 1
+    for level "a" + N(0, 1) noise — and 500 held-out ids."""
+    root = tmp_path_factory.mktemp("streamed")
+    rng = np.random.default_rng(7)
+    ids = np.array([f"e{i}" for i in range(N)])
+    x = rng.normal(size=(N, len(NUMERIC))).astype(np.float32)
+    level = rng.choice(["a", "b", "c"], N)
+    y = 2 * x[:, 0] + (level == "a") + rng.normal(size=N)
+    frame = pd.DataFrame({"example_id": ids, **{c: x[:, j] for j, c in enumerate(NUMERIC)}, "c": level})
+    (root / "features").mkdir()
+    for k, part in enumerate(np.array_split(np.arange(N), 4)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[part], preserve_index=False),
+                       root / "features" / f"part-{k}.parquet")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), root / "one.parquet")
+    pq.write_table(pa.table({"example_id": ids[::2], "label": y[::2]}), root / "labels.parquet")
+    pq.write_table(pa.table({"example_id": ids[:1000]}), root / "held.parquet")
+    return root, frame.set_index("example_id"), pd.Series(y, index=ids)
+
+
+def _join(root, features, workdir, **options):
+    return joined.join(root / features, root / "labels.parquet", root / workdir, numeric=NUMERIC,
+                       categorical=["c"], seed=3, validation_fraction=0.2, held_out=root / "held.parquet", **options)
+
+
+def test_the_join_splits_by_id_leaves_held_out_rows_out_and_fits_as_in_memory(table):
+    root, frame, y = table
+    parts, whole = _join(root, "features", "w1"), _join(root, "one.parquet", "w2")
+    fit = pq.read_table(parts.fit.path).to_pandas()
+    validation = pq.read_table(parts.validation.path).to_pandas()
+    assert len(fit) + len(validation) == N // 2 - 500 and parts.matched == N // 2  # 500 labelled ids held out
+    assert 0.18 < len(validation) / (len(fit) + len(validation)) < 0.22
+    # the same rows, whatever the files: the split is a hash of each id; the order a seeded shuffle
+    assert pq.read_table(whole.fit.path).to_pandas().equals(fit)
+    labelled = y.iloc[::2].drop(y.index[:1000], errors="ignore")
+    assert sorted(fit["label"].tolist() + validation["label"].tolist()) == sorted(labelled.tolist())
+    assert not fit["label"].is_monotonic_increasing and parts.fit.groups == 1
+    # the preprocessing of the training rows, as the in-memory Preprocessor fits it on them
+    assert set(fit["example_id"]).isdisjoint(validation["example_id"])
+    assert set(fit["example_id"]) | set(validation["example_id"]) == set(labelled.index)
+    expected = Preprocessor.fit(frame.loc[fit["example_id"]], NUMERIC, ["c"])
+    assert np.allclose(parts.fit.preprocessor.means, expected.means, rtol=0, atol=1e-6)
+    assert np.allclose(parts.fit.preprocessor.stds, expected.stds, rtol=1e-6)
+    assert parts.fit.preprocessor.vocabularies == expected.vocabularies == (("a", "b", "c"),)
+    assert parts.scaling.shift == pytest.approx(fit["label"].mean()) and \
+        parts.scaling.scale == pytest.approx(fit["label"].std(ddof=0))
+
+
+def test_the_streamed_learners_learn_what_the_in_memory_ones_do(table):
+    """Noise variance 1: the squared loss (half the MSE) of the best model is about 0.5, a constant's about 2.7."""
+    root, _frame, _y = table
+    rows = _join(root, "features", "w3")
+    fit = pq.read_table(rows.fit.path).to_pandas()
+    constant = 0.5 * float(pq.read_table(rows.validation.path).to_pandas()["label"].var(ddof=0))
+    mlp = fit_mlp(TrainConfig(epochs=6, batch_size=256, patience=3), rows.fit, rows.validation, scaling=rows.scaling)
+    numeric, categorical = rows.fit.preprocessor.transform(fit)
+    in_memory = train(TrainConfig(epochs=6, batch_size=256, patience=3), numeric, categorical,
+                      fit["label"].to_numpy(), vocab_sizes=rows.fit.preprocessor.vocab_sizes)
+    best = min(h["val_loss"] for h in mlp.history)
+    assert constant > 2.0 and best < 0.56, (constant, best)
+    assert abs(best - min(h["val_loss"] for h in in_memory.history)) < 0.05
+    pages: list[int] = []  # the page files on disk, seen after each round
+    trees = fit_gbdt(GbdtConfig(n_estimators=60, learning_rate=0.2), rows.fit, rows.validation, root / "w3" / "xgb",
+                     on_epoch=lambda _: pages.append(len(list((root / "w3" / "xgb").rglob("*.page")))))
+    in_memory_trees = train_gbdt(GbdtConfig(n_estimators=60, learning_rate=0.2), numeric, categorical,
+                                 fit["label"].to_numpy())
+    best_trees = min(h["val_loss"] for h in trees.history)
+    assert best_trees < 0.6 and abs(best_trees - min(h["val_loss"] for h in in_memory_trees.history)) < 0.05
+    assert "external memory" in trees.device
+    assert min(pages) >= 2, pages  # its pages (the training rows' and the validation rows') were on disk
+
+
+def test_predictions_cover_every_row_and_mark_the_held_out_ones(table):
+    root, frame, _y = table
+    rows = _join(root, "features", "w4")
+    trees = fit_gbdt(GbdtConfig(n_estimators=5), rows.fit, rows.validation, root / "w4" / "xgb")
+    written = joined.predict_table(root / "features", rows.fit.preprocessor, trees.predict, root / "w4" / "p.parquet",
+                                   held_out=root / "held.parquet", workdir=root / "w4")
+    predictions = pq.read_table(root / "w4" / "p.parquet").to_pandas().set_index("example_id")
+    assert written == N and sorted(predictions.index) == sorted(frame.index)
+    assert predictions["holdout"].sum() == 1000 and predictions.loc["e999", "holdout"]
+    numeric, categorical = rows.fit.preprocessor.transform(frame.loc[["e5", "e30000"]])
+    assert np.allclose(predictions.loc[["e5", "e30000"], "prediction"], trees.predict(numeric, categorical))
+
+
+def test_a_missing_or_non_numeric_column_is_refused_before_anything_is_written(table, tmp_path):
+    root, _frame, _y = table
+    from shared.errors import LabelDPError
+
+    with pytest.raises(LabelDPError, match="feature columns missing"):
+        joined.join(root / "features", root / "labels.parquet", tmp_path, numeric=["nope"], categorical=[], seed=0,
+                    validation_fraction=0.2)
+    with pytest.raises(LabelDPError, match="other than numbers"):
+        joined.join(root / "features", root / "labels.parquet", tmp_path, numeric=["c"], categorical=[], seed=0,
+                    validation_fraction=0.2)
+    assert not (tmp_path / "fit.parquet").exists()
