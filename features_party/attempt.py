@@ -16,15 +16,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from features_party import db
 from features_party.context import TrainerContext
-from features_party.features import ID, Preprocessor
+from features_party.features import Preprocessor
 from features_party.learn.gbdt import GbdtResult
 from features_party.learn.gbdt_file import save_model as save_gbdt
-from features_party.learn.output import Output
+from features_party.learn.output import Output, predictions_table
 from features_party.learn.train import TrainResult, save_model
 from features_party.reports import JobReport
 from shared import schemas
@@ -109,15 +108,24 @@ class Attempt:
 
 
 def finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Preprocessor, features: pd.DataFrame,
-            held_out: pd.Index, extra: dict, report: JobReport, output: Output | None = None, **fields: Any) -> None:
-    """Save the model (the MLP's .npz, or the trees' XGBoost JSON) and the predictions for every row of the features
-    table (Parquet, streamed on request; a ``holdout`` column marks the rows the job's split held out) in this
-    attempt's directory, and record them with the job's outcome — its status, files, seconds and ``fields`` in one
-    update, so no reader sees a succeeded job without its seconds — if the attempt still holds the job; earlier
-    attempts' files go."""
-    workdir = attempt.workdir
-    workdir.mkdir(parents=True, exist_ok=True)
+           held_out: pd.Index, extra: dict, report: JobReport, output: Output | None = None, **fields: Any) -> None:
+    """Save the model (:func:`save_model_file`) and the predictions for every row of the features table (Parquet,
+    streamed on request; a ``holdout`` column marks the rows the job's split held out) in this attempt's directory,
+    and record them with the job's outcome (:func:`succeed`)."""
     output = output or Output()
+    model_file = save_model_file(attempt.workdir, result, preprocessor, extra, output)
+    numeric, categorical = preprocessor.transform(features)
+    predicted = output.apply(result.predict(numeric, categorical))
+    table = predictions_table(features.index.astype(str).to_numpy(), predicted,
+                              np.asarray(features.index.isin(held_out)))
+    pq.write_table(table, attempt.workdir / "predictions.parquet")
+    succeed(attempt, result, model_file, report, **fields)
+
+
+def save_model_file(workdir: Path, result: TrainResult | GbdtResult, preprocessor: Preprocessor, extra: dict,
+                    output: Output) -> Path:
+    """The model in ``workdir``: the MLP's .npz, or the trees' XGBoost JSON, with its preprocessing and output."""
+    workdir.mkdir(parents=True, exist_ok=True)
     extra = {**extra, "output": output.describe()}
     if isinstance(result, GbdtResult):
         model_file = workdir / "model.json"
@@ -125,21 +133,18 @@ def finish(attempt: Attempt, result: TrainResult | GbdtResult, preprocessor: Pre
     else:
         model_file = workdir / "model.npz"
         save_model(model_file, result, preprocessor.to_dict(), extra)
-    numeric, categorical = preprocessor.transform(features)
-    predicted = output.apply(result.predict(numeric, categorical))
-    columns = {ID: pa.array(features.index.astype(str).to_numpy())}
-    if predicted.ndim == 2:
-        columns["prediction"] = pa.array(predicted.argmax(axis=1))
-        columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
-    else:
-        columns["prediction"] = pa.array(predicted)
-    columns["holdout"] = pa.array(np.asarray(features.index.isin(held_out)))
-    pq.write_table(pa.table(columns), workdir / "predictions.parquet")
+    return model_file
+
+
+def succeed(attempt: Attempt, result: TrainResult | GbdtResult, model_file: Path, report: JobReport,
+            **fields: Any) -> None:
+    """Record the attempt's model and predictions (``predictions.parquet`` in its directory) with the job's
+    outcome — its status, files, seconds and ``fields`` in one update, so no reader sees a succeeded job without its
+    seconds — if the attempt still holds the job; earlier attempts' files go."""
+    workdir = attempt.workdir
     attempt.end("succeeded", model_file=str(model_file), device=result.device,
                 predictions_file=str(workdir / "predictions.parquet"), seconds=time.perf_counter() - attempt.started,
                 report_json=json.dumps(report.to_dict()), **fields)
     for other in workdir.parent.iterdir():  # attempts that never finished (their workers died or lost the lease)
         if other != workdir:
             shutil.rmtree(other, ignore_errors=True)
-
-

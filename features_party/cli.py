@@ -35,6 +35,13 @@ def register(commands) -> None:
     parsers.serve.set_defaults(handler=serve_command)
     handle_keys(parsers, _keys)
     parsers.upgrade_db.set_defaults(handler=upgrade_db_command)
+    imported = parsers.add("import-features", "import a features table from Parquet files (larger than memory: "
+                                              "jobs train on it from disk)")
+    imported.add_argument("--org", required=True, help="the organization that owns the table")
+    imported.add_argument("--name", required=True, help="the table's name (replaces a table of that name)")
+    imported.add_argument("path", help="a Parquet file, or a directory of them (walked; links are not followed)")
+    imported.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    imported.set_defaults(handler=import_features_command)
 
     predict = commands.add_parser("predict", help="predict with a saved model")
     predict.add_argument("--model", required=True, help="model .npz written by a training job")
@@ -130,6 +137,29 @@ def _keys(args):
     from shared.service.database import make_engine
 
     return KEYS, make_sessionmaker(make_engine(_settings(args).database_url))
+
+
+def import_features_command(args) -> int:
+    import json
+    import re
+    from pathlib import Path
+
+    from features_party import schemas
+    from features_party.feature_datasets import import_features
+    from features_party.process import make_context
+
+    if not re.fullmatch(schemas.NAME_PATTERN, args.name):
+        raise LabelDPError(f"--name takes letters, digits, '-' and '_', not {args.name!r}", code=ErrorCode.USAGE)
+    ctx = make_context(_settings(args))
+    try:
+        view = import_features(ctx, args.org, args.name, Path(args.path))
+    finally:
+        ctx.close()
+    if args.json:
+        print(json.dumps(view.model_dump(mode="json")))
+    else:
+        print(f"features table {view.name}: {view.num_examples:,} rows, {len(view.columns) - 1} feature columns")
+    return 0
 
 
 def upgrade_db_command(args) -> int:

@@ -13,6 +13,8 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 import httpx
@@ -488,8 +490,22 @@ class LabelsPartyClient:
 
     def download_labels(self, release_id: str) -> pa.Table:
         """The privatized labels as an Arrow table (example_id, label | in_class_k...), streamed as Parquet."""
+        buffer = io.BytesIO()
+        self._stream_labels(release_id, buffer)
+        return pq.read_table(io.BytesIO(buffer.getvalue()))
+
+    def download_labels_to(self, release_id: str, path: Path) -> Path:
+        """The privatized labels streamed to a Parquet file at ``path`` (memory: a chunk, whatever their number)."""
+        with open(path, "wb") as handle:
+            self._stream_labels(release_id, handle)
+        return path
+
+    def _stream_labels(self, release_id: str, sink: IO[bytes]) -> None:
+        """The release's Parquet labels written to ``sink`` (rewound and truncated for each retry)."""
         attempt = 0
         while True:
+            sink.seek(0)
+            sink.truncate()
             try:
                 with self._http.stream(
                     "GET",
@@ -499,10 +515,9 @@ class LabelsPartyClient:
                     if response.status_code >= 400:
                         response.read()
                         _raise_for(response)
-                    buffer = io.BytesIO()
                     for chunk in response.iter_bytes():
-                        buffer.write(chunk)
-                return pq.read_table(io.BytesIO(buffer.getvalue()))
+                        sink.write(chunk)
+                return
             except (httpx.TransportError, LabelsPartyError) as err:
                 if isinstance(err, LabelsPartyError) and err.status < 500 or attempt >= self.retries:
                     raise

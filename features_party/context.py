@@ -68,10 +68,13 @@ def build_context(settings: TrainerSettings | None = None, *, upgrade: bool = Fa
 
 def collect_leftovers(ctx: TrainerContext) -> int:
     """What a crashed process left: spooled bodies of dead processes (removed by :class:`Scratch` itself) and,
-    when no other process uses the data directory, its ``.tmp`` temporaries (features tables being written) and id
-    list files no row points at."""
+    when no other process uses the data directory, its ``.tmp`` temporaries (features tables being written), id
+    list files and imported tables no row points at."""
     with ctx.scratch.alone() as alone:
-        removed = ctx.scratch.remove_leftovers() + _unreferenced_id_lists(ctx) if alone else 0
+        from features_party.feature_datasets import unreferenced_tables
+
+        removed = (ctx.scratch.remove_leftovers() + _unreferenced_id_lists(ctx) + unreferenced_tables(ctx)
+                   if alone else 0)
     if removed:
         log.info("removed %d leftover file(s) of earlier processes from the data directory", removed)
     return removed

@@ -194,20 +194,27 @@ def _changed(name: str, *, stored: bool) -> LabelDPError:
 TABLE_ID_BYTES = 96  # holding out a list's ids: an Arrow copy of the table's ids and the mask, per table row
 
 
+def pinned_file(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, *, stored: bool) -> tuple[str, str]:
+    """The file and hash of the list a split names; refused when it is not the version the split pins (a stored
+    split always pins one: its job's creation did)."""
+    with ctx.sessions() as session, session.begin():
+        row = _find(session, org_id, split.holdout_ids)
+        if row is None:  # a stored split's list was deleted since
+            raise _changed(split.holdout_ids, stored=True) if stored else LabelDPError(
+                "no such id list for this key", code=ErrorCode.NOT_FOUND)
+        file, sha256 = row.file, row.sha256
+    if sha256 != split.sha256 and (stored or split.sha256 is not None):
+        raise _changed(split.holdout_ids, stored=stored)
+    return file, sha256
+
+
 def _pinned_mask(ctx: TrainerContext, org_id: int, split: schemas.HoldoutIds, index: pd.Index, *,
                  stored: bool) -> tuple[np.ndarray, str]:
-    """Which of ``index`` the list a split names holds, and the list's hash; refused when it is not the version the
-    split pins (a stored split always pins one: its job's creation did). Read within the process's table-read
-    budget (the twelfth review: a 158-byte job whose split named a list of 10⁶ ids took +592 MB outside it)."""
+    """Which of ``index`` the list a split names holds, and the list's hash (:func:`pinned_file`). Read within the
+    process's table-read budget (the twelfth review: a 158-byte job whose split named a list of 10⁶ ids took
+    +592 MB outside it)."""
     for _attempt in range(READ_ATTEMPTS):
-        with ctx.sessions() as session, session.begin():
-            row = _find(session, org_id, split.holdout_ids)
-            if row is None:  # a stored split's list was deleted since
-                raise _changed(split.holdout_ids, stored=True) if stored else LabelDPError(
-                    "no such id list for this key", code=ErrorCode.NOT_FOUND)
-            file, sha256 = row.file, row.sha256
-        if sha256 != split.sha256 and (stored or split.sha256 is not None):
-            raise _changed(split.holdout_ids, stored=stored)
+        file, sha256 = pinned_file(ctx, org_id, split, stored=stored)
         try:  # the list's own cost counted from its file (ids of any length), and a hash set's copy of its ids
             # (measured: 63 ids of 1 MB, counted 126 MB by table_bytes, took +258 to +284 MB)
             need = 5 * table_bytes(file, []) // 2 + TABLE_ID_BYTES * len(index)

@@ -46,7 +46,7 @@ import xgboost as xgb
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
-from features_party import db
+from features_party import db, streamed_jobs
 from features_party import schemas as trainer_schemas
 from features_party.attempt import Attempt, LeaseLost, finish, release_summary
 from features_party.auto import run_auto
@@ -249,7 +249,11 @@ def _execute(attempt: Attempt) -> None:
             release, report = plan.existing_release, JobReport()
             estimate = request_releases(plan, client, job_id, report)
             release = estimate.pop("", release)  # the job's own release, asked for again: the one first charged
-            if release is not None:
+            if plan.streamed:
+                assert release is not None  # (a streamed job is single: its release, or an existing one)
+                streamed_jobs.run(attempt, org_id, plan, client, release, report, deadline,
+                                  _progress(attempt, every_seconds=1.0))
+            elif release is not None:
                 attempt.update(release_json=json.dumps(release_summary(release)))
                 run_single(attempt, plan, client, release, estimate.get(ESTIMATE_KEY), report, deadline)
             else:

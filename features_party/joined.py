@@ -19,10 +19,10 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from features_party.features import ID, Preprocessor
+from features_party.learn.output import predictions_table
 from features_party.learn.streamed import Rows, Scaling
 from shared.errors import ErrorCode, LabelDPError
 
@@ -73,12 +73,12 @@ def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str],
         raise LabelDPError("example_id is the key, not a feature", code=ErrorCode.MALFORMED_FILE)
     with connection(workdir, memory_bytes, threads) as con:
         # (a view takes no parameters: the paths are this service's own, quoted as literals; the rest are numbers)
-        con.execute(f"CREATE VIEW features AS SELECT * FROM read_parquet({_files(parquet_files(features))})")
-        _check_columns(con, numeric, categorical)
+        con.execute(f"CREATE VIEW features AS SELECT * FROM read_parquet({files_literal(parquet_files(features))})")
+        check_columns(con, numeric, categorical)
         con.execute("CREATE VIEW labels AS SELECT CAST(example_id AS VARCHAR) AS example_id, label "
-                    f"FROM read_parquet('{_literal(labels)}')")
+                    f"FROM read_parquet('{literal(labels)}')")
         held = (f"AND CAST(f.example_id AS VARCHAR) NOT IN (SELECT CAST(example_id AS VARCHAR) FROM "
-                f"read_parquet('{_literal(held_out)}'))" if held_out is not None else "")
+                f"read_parquet('{literal(held_out)}'))" if held_out is not None else "")
         selected = ", ".join(f'f."{c}"' for c in columns)
         seed, kept = int(seed), round(validation_fraction * HASH_RANGE)
         con.execute(f"""CREATE VIEW joined AS SELECT l.example_id, {selected}, l.label AS label,
@@ -94,22 +94,24 @@ def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str],
             paths[part] = workdir / f"{part}.parquet"
             quoted = ", ".join(f'"{c}"' for c in columns)
             con.execute(f"COPY (SELECT example_id, {quoted}, label FROM joined WHERE validating = {validating} "
-                        f"ORDER BY position) TO '{_literal(paths[part])}' "
+                        f"ORDER BY position) TO '{literal(paths[part])}' "
                         f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
         preprocessor, scaling = _fitted(con, paths["fit"], numeric, categorical, max_levels, standardize_targets)
     return Joined(Rows(paths["fit"], preprocessor), Rows(paths["validation"], preprocessor), scaling, int(matched))
 
 
-def _files(files: Sequence[str]) -> str:
-    return "[" + ", ".join(f"'{_literal(Path(f))}'" for f in files) + "]"
+def files_literal(files: Sequence[str]) -> str:
+    """A list of paths as a SQL list of string literals (for read_parquet in a view, which takes no parameter)."""
+    return "[" + ", ".join(f"'{literal(Path(f))}'" for f in files) + "]"
 
 
-def _literal(path: Path) -> str:
-    """A path as a SQL string literal's body (COPY takes no parameter for its target)."""
+def literal(path: Path) -> str:
+    """A path as a SQL string literal's body (COPY takes no parameter for its target, a view none at all)."""
     return str(path).replace("'", "''")
 
 
-def _check_columns(con: duckdb.DuckDBPyConnection, numeric: Sequence[str], categorical: Sequence[str]) -> None:
+def check_columns(con: duckdb.DuckDBPyConnection, numeric: Sequence[str], categorical: Sequence[str]) -> None:
+    """The job's columns are in the view ``features``, the numeric ones numbers (from its schema: no row read)."""
     types = dict(con.execute("SELECT column_name, column_type FROM (DESCRIBE features)").fetchall())
     missing = [c for c in (*numeric, *categorical, ID) if c not in types]
     if missing:
@@ -128,7 +130,7 @@ def _fitted(con: duckdb.DuckDBPyConnection, fit: Path, numeric: Sequence[str], c
     column's deviation 1)."""
     aggregates = [f'avg(CAST("{c}" AS DOUBLE)), stddev_pop(CAST("{c}" AS DOUBLE))' for c in numeric]
     row = _one(con, f"SELECT count(*), avg(label), stddev_pop(label) {''.join(', ' + a for a in aggregates)} "
-                    f"FROM read_parquet('{_literal(fit)}')")
+                    f"FROM read_parquet('{literal(fit)}')")
     means = tuple(float(row[3 + 2 * i] or 0.0) for i in range(len(numeric)))
     stds = tuple(_deviation(row[4 + 2 * i]) for i in range(len(numeric)))
     vocabularies = []
@@ -167,17 +169,17 @@ def predict_table(features: Path, preprocessor: Preprocessor, predict: Callable[
     columns = list(dict.fromkeys((*preprocessor.numeric, *preprocessor.categorical)))
     quoted = ", ".join(f'f."{c}"' for c in columns)
     held = (f", CAST(f.example_id AS VARCHAR) IN (SELECT CAST(example_id AS VARCHAR) FROM "
-            f"read_parquet('{_literal(held_out)}')) AS holdout" if held_out is not None else ", false AS holdout")
+            f"read_parquet('{literal(held_out)}')) AS holdout" if held_out is not None else ", false AS holdout")
     written = 0
     with connection(workdir, memory_bytes, threads) as con, contextlib.ExitStack() as stack:
         reader = con.sql(f"SELECT CAST(f.example_id AS VARCHAR) AS example_id, {quoted}{held} "
-                         f"FROM read_parquet({_files(parquet_files(features))}) f").to_arrow_reader(PREDICT_ROWS)
+                         f"FROM read_parquet({files_literal(parquet_files(features))}) f").to_arrow_reader(PREDICT_ROWS)
         writer: pq.ParquetWriter | None = None
         for batch in reader:
             frame = batch.to_pandas()
             numeric, categorical = preprocessor.transform(frame)
             predicted = predict(numeric, categorical)
-            table = _predictions(frame[ID].to_numpy(), predicted, frame["holdout"].to_numpy(bool))
+            table = predictions_table(frame[ID].to_numpy(), predicted, frame["holdout"].to_numpy(bool))
             if writer is None:
                 writer = stack.enter_context(pq.ParquetWriter(out, table.schema))
             writer.write_table(table)
@@ -185,14 +187,3 @@ def predict_table(features: Path, preprocessor: Preprocessor, predict: Callable[
     if writer is None:  # (a table the job trained on has rows)
         raise LabelDPError("the features table has no rows", code=ErrorCode.MALFORMED_FILE)
     return written
-
-
-def _predictions(ids: np.ndarray, predicted: np.ndarray, holdout: np.ndarray) -> pa.Table:
-    columns = {ID: pa.array(ids.astype(str))}
-    if predicted.ndim == 2:
-        columns["prediction"] = pa.array(predicted.argmax(axis=1))
-        columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
-    else:
-        columns["prediction"] = pa.array(predicted)
-    columns["holdout"] = pa.array(holdout)
-    return pa.table(columns)

@@ -9,8 +9,10 @@ every attempt asks the labels party for the same release — or, the list replac
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -19,9 +21,10 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from features_party import db, id_lists, parts, schemas
+from features_party import db, id_lists, joined, parts, schemas
 from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
+from features_party.feature_datasets import is_dataset
 from features_party.features import Preprocessor, check_present, table_bytes
 from features_party.learn import gbdt, losses
 from features_party.learn.train import TrainConfig
@@ -101,6 +104,11 @@ class JobPlan:
         """The learner's options of a job with one learner (every fixed-mechanism job)."""
         (config,) = self.configs.values()
         return config
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the job trains from disk: its table was imported as Parquet files."""
+        return is_dataset(self.features_file)
 
     @property
     def loss(self) -> str:
@@ -187,7 +195,10 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
     learners = _learners(request.train, auto)
     ctx.settings.labels_party_url(request.labels_party)  # a party this trainer knows (else 400), before any read
     with ctx.sessions() as session, session.begin():
-        features_file = feature_row(session, org_id, request.features).file
+        table = feature_row(session, org_id, request.features)
+        features_file, table_rows = table.file, table.num_examples
+    if is_dataset(features_file):
+        return _plan_streamed(ctx, org_id, request, learners, features_file, table_rows, stored=stored)
     check_columns(features_file, request.numeric, request.categorical)
     columns = [*request.numeric, *request.categorical]
     with ctx.table_reads.held(table_bytes(features_file, columns), "reading the job's columns of its features table",
@@ -248,6 +259,100 @@ def _plan(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, auto: b
             _checked_stages(plan, frame, client)
     _check_training_rows(plan, frame, ctx.settings.min_train_examples)
     return plan
+
+
+def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, learners: tuple[str, ...],
+                   features_file: str, table_rows: int, *, stored: bool) -> JobPlan:
+    """:func:`plan_job` for a table imported as Parquet files, which trains from disk
+    (:mod:`features_party.streamed_jobs`): from the table's schema and DuckDB's count of its categorical levels,
+    never its rows in memory; sized on every row of the table."""
+    refused = _streamed_refusal(request)
+    if refused is not None:
+        raise _invalid(refused)
+    party, url = ctx.settings.labels_party_url(request.labels_party)
+    _check_model(request, learners, auto=False)
+    with tempfile.TemporaryDirectory(dir=ctx.scratch.spools) as work:
+        sizes = _streamed_levels(Path(features_file), request, ctx.settings.table_read_budget_bytes, Path(work))
+    if isinstance(request.split, schemas.HoldoutIds):  # 404 no such list, 409 not the version the split pins
+        _file, sha256 = id_lists.pinned_file(ctx, org_id, request.split, stored=stored)
+        request = request.model_copy(update={"split": request.split.model_copy(update={"sha256": sha256})})
+    _check_size(ctx.settings, request, learners, sizes, table_rows, output_dim=request.num_classes or 1, fits=1)
+    with labels_party_client(ctx, url, request.api_key) as client:
+        try:
+            dataset = client.get_dataset(request.dataset_id)
+            existing = client.get_release(request.release_id) if request.release_id else None
+        except (LabelsPartyError, httpx.HTTPError) as err:
+            raise upstream_error(err, party) from None
+    if existing is not None:
+        _check_existing(existing, request.dataset_id)
+    mechanism = existing.mechanism if existing is not None else request.release.mechanism  # type: ignore[union-attr]
+    loss, num_classes = _loss_for(request, mechanism, dataset)
+    if loss not in gbdt.OBJECTIVES:
+        raise _invalid(NOT_YET.format(what=f"{mechanism} releases (their {loss!r} loss)"))
+    output_dim = losses.output_dim(loss, num_classes)
+    _check_size(ctx.settings, request, learners, sizes, table_rows, output_dim=output_dim, fits=1)
+    for learner in learners:
+        _check_streamed_memory(ctx.settings, request, learner, sizes, table_rows, output_dim)
+    configs = {learner: _config(request.train, learner, loss) for learner in learners}
+    return JobPlan(request, party, url, features_file, configs, num_classes, existing)
+
+
+NOT_YET = "jobs on a features table imported as Parquet files (trained from disk) do not take {what} yet"
+# What a streamed tree job holds per training row besides its model and histograms: XGBoost keeps each row's label,
+# gradient, hessian and cached prediction in memory (float32 each) and its quantile sketch's weights; its pages are
+# on disk.
+TREE_ROW_BYTES = 24
+
+
+def _streamed_refusal(request: schemas.JobRequest) -> str | None:
+    """What a job trained from disk cannot do (:mod:`features_party.streamed_jobs`), as its 400's message."""
+    release = request.release
+    if isinstance(release, schemas.AutoRelease):
+        return NOT_YET.format(what="mechanism 'auto'") + ": give a fixed mechanism"
+    if request.protocol != "single":
+        return NOT_YET.format(what="protocol 'lp-mst'")
+    if release is not None and release.example_ids is not None:
+        return NOT_YET.format(what="release.example_ids") + ": hold rows out with split"
+    return None
+
+
+def _streamed_levels(features: Path, request: schemas.JobRequest, memory_bytes: int, work: Path) -> tuple[int, ...]:
+    """The job's columns checked against the table's schema, and each categorical column's distinct values in the
+    whole table plus one (the unseen level): an upper bound of what its training rows have, counted by DuckDB."""
+    files = joined.files_literal(joined.parquet_files(features))
+    with joined.connection(work, memory_bytes, 1) as con:
+        con.execute(f"CREATE VIEW features AS SELECT * FROM read_parquet({files})")
+        joined.check_columns(con, request.numeric, request.categorical)
+        if not request.categorical:
+            return ()
+        counts = ", ".join(f'count(DISTINCT "{c}")' for c in request.categorical)
+        row = con.execute(f"SELECT {counts} FROM features").fetchone()
+    assert row is not None  # (an aggregate's one row)
+    return tuple(int(count) + 1 for count in row)
+
+
+def _check_streamed_memory(settings: TrainerSettings, request: schemas.JobRequest, learner: str,
+                           vocab_sizes: tuple[int, ...], rows: int, output_dim: int) -> None:
+    """What a job trained from disk holds, against the in-memory limits: the MLP its parameters and activations and
+    two row groups (the one it trains on, the next being read); the trees their model, histograms and
+    :data:`TREE_ROW_BYTES` a row."""
+    if learner == "mlp":
+        options = request.train
+        spec = models.ModelSpec(len(request.numeric), vocab_sizes, options.embed_dim, tuple(options.hidden),
+                                output_dim)
+        memory = mlp_memory(spec, options.batch_size, 2 * joined.ROW_GROUP_ROWS)
+        total, limit, setting, what = memory.total, settings.max_mlp_bytes, "max_mlp_bytes", memory.describe()
+    else:
+        trees = request.train.gbdt or schemas.GbdtOptions()
+        held = gbdt.memory(trees.n_estimators, trees.max_depth, max(output_dim, 1), rows, len(request.numeric),
+                           vocab_sizes)
+        total, limit, setting = held.model + held.histograms + TREE_ROW_BYTES * rows, settings.max_tree_bytes, \
+            "max_tree_bytes"
+        what = (f"{total:.3g} bytes = model {held.model:.3g} + histograms {held.histograms:.3g} + "
+                f"{TREE_ROW_BYTES} bytes × {rows:,} rows")
+    if total > limit:
+        raise LabelDPError(f"the job may take {what}, over this trainer's limit of {limit:.3g} ({setting})",
+                           code=ErrorCode.JOB_TOO_LARGE)
 
 
 def _check_options(request: schemas.JobRequest, stored: bool) -> bool:

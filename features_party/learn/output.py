@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from shared.errors import ErrorCode, LabelDPError
 
@@ -87,3 +88,16 @@ class Output:
 
 def _malformed(what: str) -> LabelDPError:
     return LabelDPError(f"the model file is damaged: {what}", code=ErrorCode.MALFORMED_FILE)
+
+
+def predictions_table(ids: np.ndarray, predicted: np.ndarray, holdout: np.ndarray) -> pa.Table:
+    """A job's predictions file's rows: ``example_id``, ``prediction`` (for a class model: the class, with its
+    ``p_class_k`` probabilities) and ``holdout`` (the rows its split held out)."""
+    columns = {"example_id": pa.array(np.asarray(ids).astype(str))}
+    if predicted.ndim == 2:
+        columns["prediction"] = pa.array(predicted.argmax(axis=1))
+        columns.update({f"p_class_{k}": pa.array(predicted[:, k]) for k in range(predicted.shape[1])})
+    else:
+        columns["prediction"] = pa.array(predicted)
+    columns["holdout"] = pa.array(np.asarray(holdout, dtype=bool))
+    return pa.table(columns)

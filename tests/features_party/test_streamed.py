@@ -6,6 +6,8 @@ About 40 s."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -17,6 +19,7 @@ from features_party.features import Preprocessor
 from features_party.learn.gbdt import GbdtConfig, train_gbdt
 from features_party.learn.streamed import fit_gbdt, fit_mlp
 from features_party.learn.train import TrainConfig, train
+from tests.features_party.test_api import _finish, _spent
 
 N, NUMERIC = 40_000, [f"x{j}" for j in range(4)]
 
@@ -118,3 +121,66 @@ def test_a_missing_or_non_numeric_column_is_refused_before_anything_is_written(t
         joined.join(root / "features", root / "labels.parquet", tmp_path, numeric=["c"], categorical=[], seed=0,
                     validation_fraction=0.2)
     assert not (tmp_path / "fit.parquet").exists()
+
+
+# -- a job on an imported table, end to end against a real labels party --------------------------------------------
+
+def _import(parties, frame: pd.DataFrame, name: str = "big") -> None:
+    """The table as three Parquet files, imported by the operator's command."""
+    from labeldp.cli import main as cli
+
+    source = parties["tmp"] / f"{name}-source"
+    source.mkdir()
+    for k, part in enumerate(np.array_split(np.arange(len(frame)), 3)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[part], preserve_index=False), source / f"p{k}.parquet")
+    settings = parties["trainer_ctx"].settings
+    assert cli(["features", "import-features", "--database-url", settings.database_url, "--data-dir",
+                str(settings.data_dir), "--org", "publisher", "--name", name, str(source)]) == 0
+
+
+@pytest.mark.parametrize("model", ["gbdt", "mlp"])
+def test_a_job_on_an_imported_table_trains_from_disk_end_to_end(parties, model):
+    trainer, features = parties["trainer"], parties["features"]
+    _import(parties, features)
+    listed = trainer.get("/v1/features/big").json()
+    assert listed["num_examples"] == len(features) and listed["columns"] == list(features.columns)
+    train = ({"model": "gbdt", "gbdt": {"n_estimators": 80, "learning_rate": 0.2}} if model == "gbdt" else
+             {"hidden": [], "epochs": 40, "learning_rate": 0.01, "batch_size": 128, "patience": 40})
+    request = {"features": "big", "api_key": parties["consumer"], "dataset_id": parties["dataset"],
+               "release": {"mechanism": "opt-unbiased", "epsilon": 4.0}, "numeric": ["x0", "x1"],
+               "categorical": ["group"], "split": {"holdout_fraction": 0.2, "seed": 5}, "train": train}
+    before = _spent(parties)
+    created = trainer.post("/v1/jobs", json=request)
+    assert created.status_code == 202, created.text
+    job = _finish(trainer, created.json()["id"])
+    assert job["status"] == "succeeded", job["error"]
+    assert _spent(parties) == pytest.approx(before + 4.0)  # one release, charged once
+    assert any("trained from disk" in w for w in job["warnings"])
+    from shared.splits import holdout_mask
+
+    held = holdout_mask(features["example_id"], 0.2, 5)
+    predictions = pd.read_parquet(io.BytesIO(trainer.get(f"/v1/jobs/{job['id']}/predictions", headers={
+        "Accept": "application/vnd.apache.parquet"}).content)).set_index("example_id")
+    assert len(predictions) == len(features)
+    assert predictions["holdout"][features["example_id"]].to_numpy().tolist() == held.tolist()
+    # trained on the rows not held out: on the held-out rows, far better than the labels' mean
+    truth = parties["labels"][features["example_id"][held]]
+    error = np.mean((predictions["prediction"][truth.index] - truth) ** 2)
+    assert error < 0.25 * np.var(truth), (error, np.var(truth))
+    assert list((parties["tmp"] / "trainer").rglob("rows")) == []  # the joined rows and spill are gone
+
+
+def test_what_a_job_from_disk_does_not_do_yet_is_refused_before_anything_is_spent(parties):
+    trainer = parties["trainer"]
+    _import(parties, parties["features"])
+    base = {"features": "big", "api_key": parties["consumer"], "dataset_id": parties["dataset"],
+            "numeric": ["x0"], "categorical": []}
+    before = _spent(parties)
+    for release, says in (({"mechanism": "auto", "epsilon": 1.0}, "mechanism 'auto'"),
+                          ({"mechanism": "rr", "epsilon": 1.0, "example_ids": ["u1", "u2"]}, "release.example_ids")):
+        answer = trainer.post("/v1/jobs", json={**base, "release": release})
+        assert answer.status_code == 400 and says in answer.json()["error"]["message"], answer.text
+    missing = trainer.post("/v1/jobs", json={**base, "numeric": ["nope"], "release": {"mechanism": "rr",
+                                                                                     "epsilon": 1.0}})
+    assert missing.status_code == 400 and "feature columns missing" in missing.text
+    assert _spent(parties) == before
