@@ -120,7 +120,8 @@ def serve_command(args) -> int:
         return 0
     # Several processes: each worker makes its own context from the same settings and runs its own job workers.
     ctx.close()
-    return serve_workers(worker_app, settings, workers=args.workers, host=args.host, port=args.port, **tls)
+    return serve_workers(worker_app, settings, workers=args.workers, host=args.host, port=args.port,
+                         data_dir=settings.data_dir, **tls)
 
 
 def worker_app(settings):

@@ -22,6 +22,7 @@ from shared.service.database import make_engine
 from shared.service.leases import JobRunner
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
+from shared.service.storage_quota import check_room, org_quota, tree_bytes
 
 log = logging.getLogger("labeldp.features")
 
@@ -36,10 +37,17 @@ class TrainerContext:
     # the jobs module works on this context, so the context cannot import it (no import circles)
     jobs: JobRunner = field(init=False, repr=False)
     table_reads: ByteBudget = field(init=False, repr=False)  # see TrainerSettings.table_read_budget_bytes
+    storage_quota: int = field(init=False, repr=False)  # what one organization may store (its directory)
 
     def __post_init__(self) -> None:
         budget = self.settings.table_read_budget_bytes
         object.__setattr__(self, "table_reads", ByteBudget(budget, budget))
+        object.__setattr__(self, "storage_quota", org_quota(self.settings.max_stored_bytes_per_org, self.data_dir))
+
+    def check_storage(self, org_id: int, more: int, what: str) -> None:
+        """Refuse ``what`` (507 storage_quota_exceeded) when the organization's directory with ``more`` bytes would
+        be over its quota."""
+        check_room(tree_bytes(self.org_dir(org_id)), more, self.storage_quota, what)
 
     @property
     def data_dir(self) -> Path:

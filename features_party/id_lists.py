@@ -86,6 +86,7 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     ``max_id_list_ids`` ids (its lines counted before it is parsed: 413 body_too_large). Stored as a features table
     is (in chunks, its duplicates found out of core) and hashed from the stored file: the twelfth review's list of
     999,999 ids, read whole by pandas, stored and hashed as Python strings, took +335 MB."""
+    ctx.check_storage(principal.org_id, path.stat().st_size, "storing this id list")
     limits = CsvLimits.of(ctx.settings)
     records = limits.check(path, "id list", max_columns=1)  # a header of more names: 400 before it is parsed
     # lines less the header and the empty one a final line break leaves (\n, \r\n or \r: pandas reads all three)

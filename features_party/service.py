@@ -50,6 +50,7 @@ def _table_view(row: db.FeatureTable) -> schemas.FeatureTableView:
 
 
 def upload_features(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.FeatureTableView:
+    ctx.check_storage(principal.org_id, path.stat().st_size, "storing this features table")
     # 400 on a malformed file, before anything is stored; read and written in bounded memory (issue 40)
     stored = store_features(path, ctx.org_dir(principal.org_id) / "features", name, CsvLimits.of(ctx.settings))
     with ctx.sessions() as session, session.begin():
@@ -170,6 +171,9 @@ def _still_being_created(row: db.Job) -> bool:
             and row.lease_expires_at is not None and row.lease_expires_at > db.utcnow())
 
 
+PREDICTION_ROW_BYTES = 32  # a predictions file's row: its id, prediction and holdout flag, as Parquet keeps them
+
+
 def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest,
                idempotency_key: str | None = None) -> tuple[schemas.JobView, bool]:
     """The job and whether this request created it (False: the replay of an earlier request with its key)."""
@@ -182,6 +186,11 @@ def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRe
             if idempotency_key is not None and (replay := _replay(session, principal, idempotency_key, digest)):
                 return replay, False
             _take_slot(session, ctx, principal)
+            # its model and predictions will be stored: a prediction a row of its table (a replay was answered)
+            rows = session.scalar(select(db.FeatureTable.num_examples).where(
+                db.FeatureTable.org_id == principal.org_id, db.FeatureTable.name == request.features)) or 0
+            ctx.check_storage(principal.org_id, PREDICTION_ROW_BYTES * rows + 1,
+                              "a new job (its model and a prediction for each row of its features table)")
             # leased to this process while it plans and asks for the release (jobs.creating)
             session.add(db.Job(
                 id=job_id, org_id=principal.org_id, status="queued", labels_party=request.labels_party or "",

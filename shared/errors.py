@@ -158,10 +158,13 @@ class ErrorCode(StrEnum):
     # a source release whose job was written (pickled) by a version before jobs were rows: it cannot run again
     JOB_FORMAT_RETIRED = ("job_format_retired", 503)
     REGISTRATION_FAILED = ("registration_failed", 503)  # a source's copy or count failed for the service's reasons
-    INSUFFICIENT_STORAGE = ("insufficient_storage", 507)
+    INSUFFICIENT_STORAGE = ("insufficient_storage", 507)  # the service's disk is full; nothing changed
+    # what the organization stores (its label versions and releases; its features tables, id lists and job outputs)
+    # is at its quota (shared.service.storage_quota); nothing changed or charged
+    STORAGE_QUOTA_EXCEEDED = ("storage_quota_exceeded", 507)
     # the command line's compose demo (labeldp/compose_stack.py), answered by no route: Docker absent or refusing
     DOCKER_UNAVAILABLE = ("docker_unavailable", 503)
-    COMPOSE_FAILED = ("compose_failed", 503)  # the service's disk (or quota) is full; nothing changed
+    COMPOSE_FAILED = ("compose_failed", 503)
 
 
 def known_code(code: str, default: ErrorCode) -> ErrorCode:

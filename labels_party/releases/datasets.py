@@ -21,9 +21,11 @@ from labels_party.runtime import jobs
 from labels_party.runtime.context import ServiceContext
 from labels_party.spark import snapshot
 from labels_party.store import db, labelstore
+from labels_party.store.usage import stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError
+from shared.service.storage_quota import check_room
 
 
 def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Dataset:
@@ -228,9 +230,17 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
                                    code=ErrorCode.SOURCE_DATASET)
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
             parts = registry_parts(session, dataset)
+            used = stored_bytes(session, ctx.store, admission.principal.org_id)
+        check_room(used, path.stat().st_size, ctx.storage_quota, "storing this label version")
         ingested = labelstore.ingest(ctx.store, dataset.id, seen[0] + 1, path, fmt, domain_from_spec(spec),
                                      spec.get("clip"), parts, seen[1], ctx.settings.upload_memory_mb)
         digest = ctx.store.digest(ingested.file)  # hashed before the lock, chained with the version
+        try:  # what it stores, as written (a Parquet body may store more than it weighs)
+            check_room(used, digest[0], ctx.storage_quota, "storing this label version")
+        except LabelDPError:
+            ctx.store.remove(ingested.file)
+            labelstore.discard(ctx.store, ingested.coverage)
+            raise
         with ctx.sessions() as session, session.begin():
             dataset = admitted_dataset(session, admission, lock=True)
             ctx.ledger.check_actor(session, dataset, admission.principal)  # the key and owner as the chain says

@@ -77,11 +77,13 @@ from labels_party.releases.lifecycle import (
 from labels_party.releases.source import SPARK_JOB
 from labels_party.runtime.context import ServiceContext, check_epsilon_range
 from labels_party.store import db, labelstore
+from labels_party.store.usage import stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError, RetryLater, status_of
 from shared.service.keys import UNAUTHORIZED_MESSAGE
 from shared.service.leases import Lease
+from shared.service.storage_quota import check_room
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
@@ -166,6 +168,9 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
     if isinstance(begun, Outcome):
         return begun
     snapshot, completion = begun
+    with ctx.sessions() as session:  # its own stored releases and label versions (public to it): at its quota,
+        used = stored_bytes(session, ctx.store, principal.org_id)  # no new release is drawn or charged
+    check_room(used, 1, ctx.storage_quota, "a new release (its labels file)")
     # The organization's quota (its own load: public) is the last refusal that costs nothing: a slot is held, and
     # the time it held the slot debited afterwards, from the lookup of the ids to the answer
     # (labels_party.runtime.quotas).

@@ -275,7 +275,8 @@ def serve_command(args) -> int:
     # Several processes: this one has migrated and checked the database (its refusals are one line, above); each
     # worker makes its own context from the same settings and runs its own job workers.
     ctx.close()
-    return serve_workers(worker_app, ctx.settings, workers=args.workers, host=args.host, port=args.port, **tls)
+    return serve_workers(worker_app, ctx.settings, workers=args.workers, host=args.host, port=args.port,
+                         data_dir=ctx.settings.data_dir, **tls)
 
 
 def worker_app(settings):

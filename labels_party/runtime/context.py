@@ -38,6 +38,7 @@ from shared.service.keyfiles import create_private_file, read_private_file
 from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
+from shared.service.storage_quota import org_quota
 
 log = logging.getLogger("labeldp.labels")
 
@@ -65,6 +66,7 @@ class ServiceContext:
     jobs: JobRunner = field(kw_only=True)  # this process's job workers (labels_party.runtime.jobs); `serve` starts them
     # What this process's prior and group bodies hold while decoded and released (labels_party.store.uploads.Decoded)
     columnar_memory: ByteBudget = field(kw_only=True)
+    storage_quota: int = field(kw_only=True)  # what one organization may store (shared.service.storage_quota)
 
     def close(self) -> None:
         """Let go of the data directory and the database (a context that is done: tests, commands)."""
@@ -104,7 +106,8 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     ctx = ServiceContext(sessions, store, ledger, settings, checkpoint, random_source, spark_jobs=spark_jobs,
                          scratch=scratch, quotas=ReleaseQuotas(settings), sealer=secrets,
                          jobs=jobs.make_runner(sessions, settings, store, run_job),
-                         columnar_memory=columnar_budget(settings))
+                         columnar_memory=columnar_budget(settings),
+                         storage_quota=org_quota(settings.max_stored_bytes_per_org, Path(settings.data_dir)))
     try:
         recovery.recover(store, sessions, ledger, scratch)  # refuses a database behind the data directory
         # Collection must run after the check that the database was not rolled back (rows would be missing and

@@ -37,6 +37,10 @@ class HttpSettings(BaseSettings):
     # steadily it comes: holding the spool disk ends.
     spool_budget_bytes: int | None = Field(default=None, gt=0)
     max_body_seconds: float = Field(default=1800.0, gt=0, le=86400)
+    # What one organization may store on the service's disk (shared.service.storage_quota): unset, a quarter of the
+    # data disk's free space when the process starts. At it, requests that would store more are 507
+    # storage_quota_exceeded.
+    max_stored_bytes_per_org: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _a_body_fits_the_budget(self) -> HttpSettings:

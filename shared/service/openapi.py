@@ -33,7 +33,8 @@ _DESCRIPTIONS = {400: "refused: the code names the problem; nothing changed",
                       "(connections, memory for decoding JSON, prior and group bodies), with Retry-After; "
                       "resource_exhausted: out of memory or file descriptors; not_ready: GET /readyz, a readiness "
                       "check failed)",
-                 507: "insufficient_storage: the service's storage is full; nothing was changed or charged"}
+                 507: "insufficient_storage: the service's storage is full; storage_quota_exceeded: what the "
+                      "organization stores is at its quota; nothing was changed or charged"}
 
 
 def error_responses() -> dict:

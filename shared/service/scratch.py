@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ from shared.service.budgets import ByteBudget
 # ``.{name}.{uuid hex}.tmp``, never referenced.
 TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
 _SPOOL, _LIVE_LOCK = "spool", "live.lock"
+log = logging.getLogger("labeldp.service")
 
 
 class Scratch:
@@ -50,7 +52,10 @@ class Scratch:
         _private_directory(spools)
         remove_dead_spools(spools)
         self.spools, spool_lock = _claim(spools)
-        self.spool_budget = spool_budget(spool_bytes or shutil.disk_usage(spools).free // 2, wait_seconds)
+        total = spool_bytes or default_spool_bytes(spools)
+        self.spool_budget = spool_budget(total, wait_seconds)
+        log.info("spool budget %s bytes%s, one organization's bodies at most half", f"{total:,}",
+                 "" if spool_bytes else " (half the spool disk's free space: spool_budget_bytes unset)")
         # Released when the context holding this is collected or the interpreter exits (not after a crash: that
         # is what the next start collects).
         self._release = weakref.finalize(self, _release, self.spools, spool_lock, self._live)
@@ -88,12 +93,21 @@ class Scratch:
         self._release()
 
 
+def default_spool_bytes(directory: Path) -> int:
+    """Half the free space of the disk holding ``directory``: what a process lends its bodies by default."""
+    return shutil.disk_usage(directory).free // 2
+
+
 def spool_budget(total: int, wait_seconds: float) -> ByteBudget:
     """The bytes bodies being spooled may hold: one body, and one organization's bodies together, at most half
     (the twenty-sixth review: with no bound, one organization's slow bodies filled the spool disk and held it while
-    every other organization's writes were 507), taken a MiB at a time."""
+    every other organization's writes were 507), taken 64 KiB at a time (a MiB a body let 100 bodies of 70 KiB,
+    7 MiB on disk, fill an organization's 100 MiB share: the twenty-seventh)."""
     half = total // 2
-    return ByteBudget(total, half, wait_seconds, per_owner=half, grain=min(1 << 20, max(half, 1)))
+    return ByteBudget(total, half, wait_seconds, per_owner=half, grain=min(SPOOL_GRAIN, max(half, 1)))
+
+
+SPOOL_GRAIN = 64 << 10
 
 
 def remove_dead_spools(spools: Path) -> int:

@@ -50,6 +50,7 @@ from shared.errors import ErrorCode, LabelDPError
 from shared.service import logs
 from shared.service.errors import error_response
 from shared.service.limits import BodyDeadline, HttpSettings
+from shared.service.scratch import default_spool_bytes
 
 Settings = TypeVar("Settings", bound=HttpSettings)
 
@@ -164,11 +165,12 @@ WORKER_HEALTHCHECK_SECONDS = 120  # how long a worker process may take to answer
 
 
 def serve_workers(build: Callable[[Settings], ASGIApp], settings: Settings, *, workers: int, host: str, port: int,
-                  **uvicorn_options: Any) -> int:
+                  data_dir: Path | None = None, **uvicorn_options: Any) -> int:
     """Run ``workers`` processes of the party's application on one listening socket until the supervisor is
     stopped (SIGINT, SIGTERM); each calls ``build(settings)`` — a module-level function: it is pickled by name — to
-    make its own. A worker that dies is replaced; one that refuses to start (a :class:`LabelDPError`) stops them
-    all, and the exit status is then uvicorn's ``STARTUP_FAILURE`` (3), else 0.
+    make its own; ``data_dir``: the disk whose free space, unless ``spool_budget_bytes`` is set, the workers' spool
+    budgets share (each lends its part). A worker that dies is replaced; one that refuses to start (a
+    :class:`LabelDPError`) stops them all, and the exit status is then uvicorn's ``STARTUP_FAILURE`` (3), else 0.
 
     The supervisor pings each worker and kills one that does not answer within ``timeout_worker_healthcheck``;
     a worker answers only once it has imported the party's application, which on a loaded machine takes longer
@@ -176,12 +178,23 @@ def serve_workers(build: Callable[[Settings], ASGIApp], settings: Settings, *, w
     serving. Here a worker has :data:`WORKER_HEALTHCHECK_SECONDS`, and a dead one is seen dead at once
     (:class:`_Supervisor`)."""
     uvicorn_options.setdefault("timeout_worker_healthcheck", WORKER_HEALTHCHECK_SECONDS)
+    settings = spool_shares(settings, workers, data_dir)
     config = LimitedConfig(functools.partial(_worker, build, settings), settings, factory=True, workers=workers,
                            host=host, port=port, **uvicorn_options)
     logs.rate_limit(logs.service_handlers(), settings.log_repeat_seconds)
     supervisor = _Supervisor(config, sockets=[config.bind_socket()])  # what uvicorn.run does for workers > 1
     supervisor.run()
     return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
+
+
+def spool_shares(settings: Settings, workers: int, data_dir: Path | None) -> Settings:
+    """The workers' settings: unless ``spool_budget_bytes`` is set, each worker lends its bodies an equal part of
+    the half of ``data_dir``'s free disk one process would (each taking half, N workers lent N halves: the
+    twenty-seventh review, with 4 workers one organization's bodies could hold the whole disk again)."""
+    if settings.spool_budget_bytes is not None or data_dir is None:
+        return settings
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    return settings.model_copy(update={"spool_budget_bytes": max(1, default_spool_bytes(Path(data_dir)) // workers)})
 
 
 class _Supervisor(Multiprocess):

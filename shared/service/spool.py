@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import math
 import os
 import tempfile
 from collections.abc import AsyncIterator, Hashable
@@ -52,7 +53,7 @@ class SpoolFile:
     """Bytes written to the spool disk, each paid from ``disk`` (the request's reservation of the spool budget)
     before it is written; ``limit`` is the route's limit on the body (413 past it)."""
 
-    def __init__(self, handle: IO[bytes], disk: Reservation, limit: int):
+    def __init__(self, handle: IO[bytes], disk: Reservation, limit: float):
         self.handle, self.disk, self.limit, self.size = handle, disk, limit, 0
 
     async def write(self, chunk: bytes) -> None:
@@ -119,7 +120,8 @@ class JsonSpool:
         assert self.memory is not None
         disk = self._stack.enter_context(scratch.spool_budget.reservation(self.owner))
         handle = self._stack.enter_context(tempfile.TemporaryFile(dir=scratch.spools))
-        self.file = SpoolFile(handle, disk, limit=disk.limit)
+        # (the route's limit is counted where the body streams in: past the spool's share, 507, not a 413 naming it)
+        self.file = SpoolFile(handle, disk, limit=math.inf)
         await self.file.write(self.memory.getvalue())
         self.memory = None
 

@@ -90,7 +90,8 @@ def test_one_organization_holding_its_share_slows_only_itself(service):
 
             slow = asyncio.create_task(put("attacker", _chunks(4 * MIB - 100, hold, sent)))
             await sent.wait()  # the attacker's body holds its organization's whole share, and stalls
-            assert list(budget.owners.values()) == [4 * MIB]  # one organization's
+            (held,) = budget.owners.values()  # one organization's: all its share but its last chunk's 64 KiB
+            assert 4 * MIB - (64 << 10) <= held <= 4 * MIB
             again = await put("attacker", _chunks(MIB))
             victim = await put("victim", _chunks(3 * MIB))
             victim_small = await client.post("/v1/datasets", headers=_bearer(keys["victim"], "application/json"),
@@ -149,8 +150,36 @@ def test_large_json_bodies_take_the_spool_small_ones_do_not(service):
 
     small, large = asyncio.run(scenario())
     assert small.json()["error"]["code"] == large.json()["error"]["code"] == "no_labels"  # parsed, both
-    assert len(seen) == 1 and seen[0] == MIB and 20_000 * 11 > IN_MEMORY_BYTES  # the large body took a MiB
+    # the large body took its bytes (it came in one piece; a piece under 64 KiB takes 64 KiB), not a MiB: a MiB
+    # a body let 100 bodies of 70 KiB fill a 100 MiB share (the twenty-seventh review)
+    assert 20_000 * 11 > IN_MEMORY_BYTES and sum(seen) == len(large.request.content)
     assert budget.used == 0
+
+
+def test_a_json_body_over_half_the_spool_is_507_not_a_413(service):
+    """The twenty-seventh review: past half the spool, a JSON body was refused by the route-limit check with the
+    spool's half as its limit (413 'request body over 4194304 bytes')."""
+    app, budget, keys, datasets = service
+
+    async def scenario():
+        async with _client(app) as client:
+            return await client.post(f"/v1/datasets/{datasets['victim']}/releases", content=b'{"pad": "' + b"x" * (
+                5 * MIB) + b'"}', headers={**_bearer(keys["victim"], "application/json"), "Idempotency-Key": "k"})
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 507 and answer.json()["error"]["code"] == "insufficient_storage", answer.text
+    assert budget.used == 0
+
+
+def test_workers_share_the_spool_a_process_would_lend(tmp_path):
+    from shared.service.limits import HttpSettings
+    from shared.service.scratch import default_spool_bytes
+    from shared.service.serving import spool_shares
+
+    one = default_spool_bytes(tmp_path)
+    shared = spool_shares(HttpSettings(), 4, tmp_path).spool_budget_bytes
+    assert shared is not None and abs(shared - one // 4) < 16 * MIB
+    assert spool_shares(HttpSettings(spool_budget_bytes=MIB), 4, tmp_path).spool_budget_bytes == MIB  # as set
 
 
 def test_no_body_streams_longer_than_max_body_seconds():

@@ -1,0 +1,49 @@
+"""What one organization may keep on a service's disk: a quota on its stored data, so that no organization's
+uploads and outputs fill the disk every other organization writes to.
+
+Issue 40's twenty-seventh review: with the spool bounded, one organization's admin still filled a 400 MB disk in
+50 s with 91 label versions of its own dataset (each kept for good: releases name them), then held the last MiB
+with slow bodies — every other organization's creates and releases were 507. Each party counts what an
+organization stores (the labels party: its datasets' label versions and the releases it asked for; the trainer:
+its directory — features tables, id lists, models and predictions) and refuses, before anything is written or
+drawn, a request that would store more once it is at its quota: 507 ``storage_quota_exceeded`` (its own usage:
+nothing another organization does shows in it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from shared.errors import ErrorCode, LabelDPError
+
+
+def org_quota(configured: int | None, data_dir: Path) -> int:
+    """The bytes one organization may store: ``configured``, or a quarter of the data disk's free space now (the
+    process's start): with the spool's quarter, one organization reaches at most half of the disk."""
+    if configured is not None:
+        return configured
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(data_dir).free // 4
+
+
+def check_room(used: int, more: int, quota: int, what: str) -> None:
+    """Refuse ``what`` (507 ``storage_quota_exceeded``) when the organization, storing ``used`` bytes, would store
+    more than ``quota`` with ``more`` bytes besides."""
+    if used + more > quota:
+        raise LabelDPError(f"{what}: this organization stores {used:,} bytes, and {more:,} more would be over its "
+                           f"quota of {quota:,} bytes on this service (max_stored_bytes_per_org)",
+                           code=ErrorCode.STORAGE_QUOTA_EXCEEDED)
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of the files under ``path`` (none if it is missing); links are not followed."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:  # removed meanwhile
+                continue
+    return total

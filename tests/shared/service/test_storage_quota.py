@@ -1,0 +1,99 @@
+"""What one organization stores is bounded (issue 40, the twenty-seventh review: one admin filled a 400 MB disk in
+50 s with 91 label versions of its own dataset, then held the last MiB with slow bodies, and every other
+organization's writes were 507). At its quota an organization's label uploads and new releases (the labels party),
+features tables, id lists and jobs (the trainer) are 507 storage_quota_exceeded — before anything is stored, drawn
+or charged — while another organization's go on. ~15 s."""
+
+from __future__ import annotations
+
+import pandas as pd
+from fastapi.testclient import TestClient
+
+import labels_party.http.api as api
+from features_party.api import create_app as create_trainer
+from features_party.auth import create_key as create_trainer_key
+from features_party.process import make_context as trainer_context
+from features_party.settings import TrainerSettings
+from labels_party.http.auth import create_key
+from labels_party.runtime.context import make_context
+from labels_party.runtime.settings import LabelsSettings
+from shared.service.storage_quota import org_quota
+from tests.labels_party.api.helpers import bearer, created, expect_error, new_dataset, release, upload
+
+QUOTA = 300_000
+
+
+def _labels_csv(rows: int, offset: int = 0) -> str:
+    return "example_id,label\n" + "".join(f"user-{offset + i:08d},{i % 10}\n" for i in range(rows))
+
+
+def test_an_organization_at_its_quota_stores_and_releases_no_more_and_others_go_on(tmp_path):
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
+                       settings=LabelsSettings(max_stored_bytes_per_org=QUOTA))
+    with ctx.sessions() as session, session.begin():
+        keys = {name: create_key(ctx.ledger, session, name, "admin") for name in ("filler", "other")}
+    client = TestClient(api.create_app(ctx))
+    filler, other = bearer(keys["filler"]), bearer(keys["other"])
+    spec = {"name": "d", "label_kind": "integer", "min": 0, "max": 9, "epsilon_total": 100}
+    mine, theirs = new_dataset(client, filler, **spec), new_dataset(client, other, **spec)
+    versions = 0
+    for attempt in range(40):  # each version of 5,000 new ids stores ~50 KB (and a release of it more)
+        answer = upload(client, filler, mine, _labels_csv(5_000, attempt * 5_000))
+        if answer.status_code != 200:
+            break
+        versions += 1
+    error = expect_error(answer, 507, "storage_quota_exceeded")
+    assert "max_stored_bytes_per_org" in error["message"] and f"{QUOTA:,}" in error["message"]
+    assert 2 <= versions < 40
+    assert client.get(f"/v1/datasets/{mine}", headers=filler).json()["label_version"] == versions  # none stored
+    # its releases are stored too: once it is at its quota, a new one is refused before it is drawn or charged
+    for number in range(20):
+        spent = client.get(f"/v1/datasets/{mine}/budget", headers=filler).json()["epsilon_spent"]
+        answer = release(client, filler, mine, f"r{number}", mechanism="rr", epsilon=1.0)
+        if answer.status_code != 201:
+            break
+    expect_error(answer, 507, "storage_quota_exceeded")
+    assert 1 <= number < 20
+    assert client.get(f"/v1/datasets/{mine}/budget", headers=filler).json()["epsilon_spent"] == spent  # not charged
+    # another organization stores and releases as before
+    assert upload(client, other, theirs, _labels_csv(5_000)).status_code == 200
+    created(release(client, other, theirs, "r", mechanism="rr", epsilon=1.0))
+    ctx.close()
+
+
+def test_a_trainer_organization_at_its_quota_stores_no_table_list_or_job(tmp_path):
+    ctx = trainer_context(TrainerSettings(database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "t",
+                                          max_stored_bytes_per_org=QUOTA))
+    with ctx.sessions() as session, session.begin():
+        keys = {name: create_trainer_key(session, name, "admin") for name in ("filler", "other")}
+    client = TestClient(create_trainer(ctx), raise_server_exceptions=False)
+    table = pd.DataFrame({"example_id": [f"e{i:07d}" for i in range(5_000)], "x": range(5_000)}).to_csv(index=False)
+    stored = 0
+    for number in range(40):
+        answer = client.put(f"/v1/features/t{number}", content=table,
+                            headers={**bearer(keys["filler"]), "Content-Type": "text/csv"})
+        if answer.status_code != 200:
+            break
+        stored += 1
+    expect_error(answer, 507, "storage_quota_exceeded")
+    assert 2 <= stored < 40
+    assert len(client.get("/v1/features", headers=bearer(keys["filler"])).json()) == stored
+    ids = "example_id\n" + "".join(f"i{i:08d}\n" for i in range(10_000))  # more than the room left
+    listed = client.put("/v1/id-lists/l", content=ids,
+                        headers={**bearer(keys["filler"]), "Content-Type": "text/csv"})
+    expect_error(listed, 507, "storage_quota_exceeded")
+    job = client.post("/v1/jobs", headers=bearer(keys["filler"]), json={
+        "features": "t0", "dataset_id": "0" * 32, "api_key": "ldp_" + "a" * 8 + "_" + "b" * 43,
+        "release": {"mechanism": "rr", "epsilon": 1.0}, "numeric": ["x"]})
+    expect_error(job, 507, "storage_quota_exceeded")
+    assert client.get("/v1/jobs", headers=bearer(keys["filler"])).json() == []  # none kept
+    assert client.put("/v1/features/t", content=table, headers={**bearer(keys["other"]),
+                                                                "Content-Type": "text/csv"}).status_code == 200
+    ctx.close()
+
+
+def test_the_default_quota_is_a_quarter_of_the_free_disk(tmp_path):
+    import shutil
+
+    assert abs(org_quota(None, tmp_path) - shutil.disk_usage(tmp_path).free // 4) < 1 << 24
+    assert org_quota(12345, tmp_path) == 12345
