@@ -38,6 +38,7 @@ class Joined:
     validation: Rows
     scaling: Scaling
     matched: int  # released example ids with features (held-out ones included)
+    estimate: Rows | None = None  # the job's estimate rows, if it keeps some
 
 
 @contextlib.contextmanager
@@ -65,9 +66,12 @@ def parquet_files(features: Path) -> list[str]:
 
 def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str], categorical: Sequence[str],
          seed: int, validation_fraction: float, held_out: Path | None = None, standardize_targets: bool = True,
-         max_levels: int = 1 << 16, memory_bytes: int = 1 << 30, threads: int = 1) -> Joined:
-    """Join, split, shuffle and write (``workdir/fit.parquet``, ``workdir/validation.parquet``), then fit the
-    preprocessing on the training part. ``held_out``: a Parquet file of example ids the job's split holds out."""
+         estimate_fraction: float = 0.0, max_levels: int = 1 << 16, memory_bytes: int = 1 << 30,
+         threads: int = 1) -> Joined:
+    """Join, split, shuffle and write (``workdir/fit.parquet``, ``workdir/validation.parquet`` and, with an
+    ``estimate_fraction``, ``workdir/estimate.parquet``: the job's estimate rows by the rule of
+    :func:`features_party.parts.estimate_mask`, never trained or validated on), then fit the preprocessing on the
+    training part. ``held_out``: a Parquet file of example ids the job's split holds out."""
     columns = list(dict.fromkeys((*numeric, *categorical)))
     if ID in columns:
         raise LabelDPError("example_id is the key, not a feature", code=ErrorCode.MALFORMED_FILE)
@@ -81,23 +85,35 @@ def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str],
                 f"read_parquet('{literal(held_out)}'))" if held_out is not None else "")
         selected = ", ".join(f'f."{c}"' for c in columns)
         seed, kept = int(seed), round(validation_fraction * HASH_RANGE)
+        estimating = f"{uniform_sql('l.example_id', f'estimate:{seed}:')} < {float(estimate_fraction)!r}"
         con.execute(f"""CREATE VIEW joined AS SELECT l.example_id, {selected}, l.label AS label,
-                        hash(CAST(f.example_id AS VARCHAR) || ':validation:{seed}') % {HASH_RANGE} < {kept}
-                            AS validating,
+                        CASE WHEN {estimating} THEN 'estimate'
+                             WHEN hash(CAST(f.example_id AS VARCHAR) || ':validation:{seed}') % {HASH_RANGE} < {kept}
+                             THEN 'validation' ELSE 'fit' END AS part,
                         hash(CAST(f.example_id AS VARCHAR) || ':order:{seed}') AS position
                         FROM features f JOIN labels l ON CAST(f.example_id AS VARCHAR) = l.example_id
                         WHERE true {held}""")
         matched = _one(con, "SELECT count(*) FROM features f JOIN labels l "
                             "ON CAST(f.example_id AS VARCHAR) = l.example_id")[0]
         paths = {}
-        for part, validating in (("fit", False), ("validation", True)):
+        for part in ("fit", "validation", "estimate")[:3 if estimate_fraction > 0 else 2]:
             paths[part] = workdir / f"{part}.parquet"
             quoted = ", ".join(f'"{c}"' for c in columns)
-            con.execute(f"COPY (SELECT example_id, {quoted}, label FROM joined WHERE validating = {validating} "
+            con.execute(f"COPY (SELECT example_id, {quoted}, label FROM joined WHERE part = '{part}' "
                         f"ORDER BY position) TO '{literal(paths[part])}' "
                         f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
         preprocessor, scaling = _fitted(con, paths["fit"], numeric, categorical, max_levels, standardize_targets)
-    return Joined(Rows(paths["fit"], preprocessor), Rows(paths["validation"], preprocessor), scaling, int(matched))
+    estimate = Rows(paths["estimate"], preprocessor) if "estimate" in paths else None
+    return Joined(Rows(paths["fit"], preprocessor), Rows(paths["validation"], preprocessor), scaling, int(matched),
+                  estimate)
+
+
+def uniform_sql(expression: str, prefix: str) -> str:
+    """SQL for :func:`shared.splits` numbers of an id (``expression``, a string): the top 53 bits of
+    SHA-256(prefix + id) / 2^53 — ``"{seed}:"`` a holdout split's, ``"estimate:{seed}:"`` a job's estimate rows'."""
+    quoted = prefix.replace("'", "''")
+    return (f"(('0x' || substr(sha256('{quoted}' || {expression}), 1, 16))::UBIGINT >> 11)::DOUBLE "
+            "/ 9007199254740992.0")
 
 
 def files_literal(files: Sequence[str]) -> str:

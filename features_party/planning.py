@@ -294,7 +294,10 @@ def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest
     for learner in learners:
         _check_streamed_memory(ctx.settings, request, learner, sizes, table_rows, output_dim)
     configs = {learner: _config(request.train, learner, loss) for learner in learners}
-    return JobPlan(request, party, url, features_file, configs, num_classes, existing)
+    # estimate rows from the job's own release only (a release of their own would name them: not at this size)
+    estimate = _estimate_plan(request, existing, dataset, dataset.label_kind == "classes")
+    return JobPlan(request, party, url, features_file, configs, num_classes, existing,
+                   estimate=estimate if estimate is not None and estimate.mechanism is None else None)
 
 
 NOT_YET = "jobs on a features table imported as Parquet files (trained from disk) do not take {what} yet"

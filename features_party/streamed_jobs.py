@@ -11,10 +11,12 @@ directory holds the labels, the joined rows and the learners' spill while it run
 predictions once it is done.
 
 What it does not do yet (refused when the job is created, before anything is requested): ``auto`` releases,
-``lp-mst``, label-set and ALIBI releases (their targets are not one label a row), ``release.example_ids`` (the
-job trains on every labelled row that has features and is not held out), and a holdout estimate of the model's
-error (the report says so). A release of a dataset whose labels were uploaded covers the whole dataset: a request
-cannot name 10⁸ ids, so its rows without features are charged too (a job on an in-memory table names its ids).
+``lp-mst``, label-set and ALIBI releases (their targets are not one label a row) and ``release.example_ids``
+(the job trains on every labelled row that has features and is not held out). Its estimate of the model's error
+comes from estimate rows of its own release when that is unbiased (as an in-memory job's); a biased release's job
+has none (an in-memory job asks for a release of its estimate rows, naming them). A release of a dataset whose
+labels were uploaded covers the whole dataset: a request cannot name 10⁸ ids, so its rows without features are
+charged too (a job on an in-memory table names its ids).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import pyarrow.parquet as pq
 
 from features_party import id_lists, joined
 from features_party import schemas as trainer_schemas
@@ -35,11 +39,9 @@ from features_party.learn.gbdt import GbdtConfig, GbdtResult, threads_per_job
 from features_party.learn.output import Output
 from features_party.learn.train import Deadline, TrainResult
 from features_party.planning import JobPlan
-from features_party.reports import JobReport
+from features_party.reports import JobReport, estimate
 from shared import schemas as shared_schemas
 from shared.errors import ErrorCode, LabelDPError
-
-NO_ESTIMATE = "no private estimate of the model's error: jobs trained from disk keep no estimate rows yet"
 
 
 def held_out_file(ctx: TrainerContext, org_id: int, split: trainer_schemas.HoldoutIds |
@@ -52,17 +54,11 @@ def held_out_file(ctx: TrainerContext, org_id: int, split: trainer_schemas.Holdo
         return Path(id_lists.pinned_file(ctx, org_id, split, stored=True)[0])
     out = work / "held-out.parquet"
     files = joined.files_literal(joined.parquet_files(features))
-    rule = holdout_uniform("CAST(example_id AS VARCHAR)", split.seed)
+    rule = joined.uniform_sql("CAST(example_id AS VARCHAR)", f"{int(split.seed)}:")
     with joined.connection(work, ctx.settings.table_read_budget_bytes, 1) as con:
         con.execute(f"COPY (SELECT CAST(example_id AS VARCHAR) AS example_id FROM read_parquet({files}) "
                     f"WHERE {rule} < {float(split.holdout_fraction)!r}) TO '{joined.literal(out)}' (FORMAT parquet)")
     return out
-
-
-def holdout_uniform(expression: str, seed: int) -> str:
-    """SQL for :func:`shared.splits.holdout_uniforms` of an id: the top 53 bits of SHA-256("{seed}:{id}") / 2^53."""
-    return (f"(('0x' || substr(sha256('{int(seed)}:' || {expression}), 1, 16))::UBIGINT >> 11)::DOUBLE "
-            "/ 9007199254740992.0")
 
 
 def run(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient, release: shared_schemas.Release,
@@ -76,7 +72,8 @@ def run(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient,
         labels = client.download_labels_to(release.id, work / "labels.parquet")
         held = held_out_file(attempt.ctx, org_id, request.split, work, features)
         rows = _joined(plan, features, labels, held, work, settings)
-        attempt.update(release_json=json.dumps(release_summary(release)), num_train_examples=rows.fit.rows,
+        attempt.update(release_json=json.dumps(release_summary(release)),
+                       num_train_examples=rows.fit.rows + rows.validation.rows,
                        epochs=plan.config.n_estimators if isinstance(plan.config, GbdtConfig) else plan.config.epochs)
         result = _train(plan, rows, work, deadline, on_epoch, threads_per_job(settings.workers))
         output = Output()
@@ -86,10 +83,30 @@ def run(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient,
         joined.predict_table(features, rows.fit.preprocessor, lambda n, c: output.apply(result.predict(n, c)),
                              attempt.workdir / "predictions.parquet", held_out=held, workdir=work,
                              memory_bytes=settings.table_read_budget_bytes)
+        _estimate(report, plan, client, release, rows.estimate, lambda n, c: output.apply(result.predict(n, c)))
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the labels, the joined rows, DuckDB's and XGBoost's spill
-    report.warnings.append(NO_ESTIMATE)
     succeed(attempt, result, model_file, report, epoch=len(result.history), metrics_json=json.dumps(result.history))
+
+
+def _estimate(report: JobReport, plan: JobPlan, client: LabelsPartyClient, release: shared_schemas.Release,
+              rows: streamed.Rows | None, predict) -> None:
+    """The model's estimate on the job's estimate rows (their privatized labels from its own release, which must be
+    unbiased: :func:`features_party.reports.estimate`), or why it has none. Their predictions and labels are held
+    at once: 16 bytes a row, a tenth of the rows by default."""
+    if rows is None:
+        why = ("estimate_fraction is 0" if plan.request.estimate_fraction <= 0 else
+               "the job's release is not unbiased, and jobs trained from disk cannot name estimate rows for a "
+               "release of their own")
+        report.warnings.append(f"no estimate of the model's test loss: {why}")
+        return
+    if rows.rows < 2:
+        report.warnings.append(f"no estimate of the model's test loss: {rows.rows} estimate row(s)")
+        return
+    predictions = np.concatenate([predict(numeric, categorical) for numeric, categorical, _ in rows.chunks()])
+    # the labels as released (float64: the learners' float32 copies are not the mechanism's outputs)
+    labels = pq.read_table(rows.path, columns=[rows.target]).column(rows.target).to_numpy()
+    estimate(report, client, release, np.asarray(labels, dtype=np.float64), predictions, plan.loss, plan.num_classes)
 
 
 def _joined(plan: JobPlan, features: Path, labels: Path, held: Path | None, work: Path, settings) -> joined.Joined:
@@ -97,7 +114,8 @@ def _joined(plan: JobPlan, features: Path, labels: Path, held: Path | None, work
     try:
         rows = joined.join(features, labels, work, numeric=request.numeric, categorical=request.categorical,
                            seed=request.train.seed, validation_fraction=request.train.validation_fraction,
-                           held_out=held, max_levels=gbdt.MAX_CATEGORIES, memory_bytes=settings.table_read_budget_bytes,
+                           held_out=held, estimate_fraction=plan.estimate.fraction if plan.estimate else 0.0,
+                           max_levels=gbdt.MAX_CATEGORIES, memory_bytes=settings.table_read_budget_bytes,
                            threads=threads_per_job(settings.workers))
     except duckdb.Error as err:
         raise LabelDPError(f"the features table cannot be joined with the labels: {str(err).splitlines()[0]}",

@@ -19,6 +19,8 @@ from features_party.features import Preprocessor
 from features_party.learn.gbdt import GbdtConfig, train_gbdt
 from features_party.learn.streamed import fit_gbdt, fit_mlp
 from features_party.learn.train import TrainConfig, train
+from features_party.parts import estimate_mask
+from shared.splits import holdout_mask
 from tests.features_party.test_api import _finish, _spent
 
 N, NUMERIC = 40_000, [f"x{j}" for j in range(4)]
@@ -110,6 +112,18 @@ def test_predictions_cover_every_row_and_mark_the_held_out_ones(table):
     assert np.allclose(predictions.loc[["e5", "e30000"], "prediction"], trees.predict(numeric, categorical))
 
 
+def test_estimate_rows_are_the_in_memory_jobs_and_neither_trained_nor_validated_on(table):
+    root, _frame, y = table
+    rows = _join(root, "features", "w5", estimate_fraction=0.1)
+    assert rows.estimate is not None
+    parts = {name: set(pq.read_table(getattr(rows, name).path).column("example_id").to_pylist())
+             for name in ("fit", "validation", "estimate")}
+    labelled = y.index[::2].drop(y.index[:1000], errors="ignore")
+    assert parts["estimate"] == set(labelled[estimate_mask(labelled, 0.1, 3)])  # the seed of the job's training
+    assert parts["estimate"].isdisjoint(parts["fit"] | parts["validation"])
+    assert parts["fit"] | parts["validation"] | parts["estimate"] == set(labelled)
+
+
 def test_a_missing_or_non_numeric_column_is_refused_before_anything_is_written(table, tmp_path):
     root, _frame, _y = table
     from shared.errors import LabelDPError
@@ -155,10 +169,12 @@ def test_a_job_on_an_imported_table_trains_from_disk_end_to_end(parties, model):
     job = _finish(trainer, created.json()["id"])
     assert job["status"] == "succeeded", job["error"]
     assert _spent(parties) == pytest.approx(before + 4.0)  # one release, charged once
-    assert any("trained from disk" in w for w in job["warnings"])
-    from shared.splits import holdout_mask
-
     held = holdout_mask(features["example_id"], 0.2, 5)
+    # its estimate rows (of its own unbiased release, never trained on) compare it with the labels' mean
+    assert job["warnings"] == [] and job["estimate"]["better"] and job["estimate"]["mechanism"] == "opt-unbiased"
+    kept = estimate_mask(features["example_id"][~held], 0.1, 0)
+    assert job["estimate"]["num_examples"] == int(kept.sum())
+    assert job["num_train_examples"] == len(features) - int(held.sum()) - int(kept.sum())
     predictions = pd.read_parquet(io.BytesIO(trainer.get(f"/v1/jobs/{job['id']}/predictions", headers={
         "Accept": "application/vnd.apache.parquet"}).content)).set_index("example_id")
     assert len(predictions) == len(features)
