@@ -45,9 +45,12 @@ class TrainerContext:
         object.__setattr__(self, "storage_quota", org_quota(self.settings.max_stored_bytes_per_org, self.data_dir))
 
     def check_storage(self, org_id: int, more: int, what: str) -> None:
-        """Refuse ``what`` (507 storage_quota_exceeded) when the organization's directory with ``more`` bytes would
-        be over its quota."""
-        check_room(tree_bytes(self.org_dir(org_id)), more, self.storage_quota, what)
+        """Refuse ``what`` (507 storage_quota_exceeded) when what the organization stores — its directory (features
+        tables, id lists) and its jobs' models and predictions — with ``more`` bytes would be over its quota."""
+        with self.sessions() as session:
+            jobs = session.scalars(select(db.Job.id).where(db.Job.org_id == org_id)).all()
+        used = tree_bytes(self.org_dir(org_id)) + sum(tree_bytes(self.data_dir / "jobs" / job) for job in jobs)
+        check_room(used, more, self.storage_quota, what)
 
     @property
     def data_dir(self) -> Path:

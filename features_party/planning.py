@@ -93,6 +93,8 @@ class JobPlan:
     held_out: pd.Index = field(default_factory=lambda: pd.Index([], dtype=object))
     estimate: EstimatePlan | None = None
     auto: AutoPlan | None = None
+    # what its outputs store at most: a prediction a row of its features table, and its models (every fit's)
+    output_bytes: int = 0
 
     @property
     def columns(self) -> list[str]:
@@ -248,7 +250,8 @@ def _plan(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, auto: b
     request = _naming_ids(request, frame, held_out, dataset)
     classes = dataset.label_kind == "classes"
     plan = JobPlan(request, party, url, features_file, configs, num_classes, existing, held_out,
-                   _estimate_plan(request, existing, dataset, classes))
+                   _estimate_plan(request, existing, dataset, classes),
+                   output_bytes=_output_bytes(request, learners, vocab_sizes, len(frame), rows, output_dim, fits))
     if auto:
         plan = _auto_plan(plan, dataset, frame, ctx.settings.min_train_examples)
         if not stored:  # created: what the labels party would refuse, before the first part is charged
@@ -297,7 +300,8 @@ def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest
     # estimate rows from the job's own release only (a release of their own would name them: not at this size)
     estimate = _estimate_plan(request, existing, dataset, dataset.label_kind == "classes")
     return JobPlan(request, party, url, features_file, configs, num_classes, existing,
-                   estimate=estimate if estimate is not None and estimate.mechanism is None else None)
+                   estimate=estimate if estimate is not None and estimate.mechanism is None else None,
+                   output_bytes=_output_bytes(request, learners, sizes, table_rows, table_rows, output_dim, 1))
 
 
 NOT_YET = "jobs on a features table imported as Parquet files (trained from disk) do not take {what} yet"
@@ -749,6 +753,28 @@ def _check_mlp_memory(settings: TrainerSettings, request: schemas.JobRequest, le
                            f"trainer's limit of {settings.max_mlp_bytes:.3g} (max_mlp_bytes): use fewer or smaller "
                            "layers, a smaller embed_dim or batch, fewer categorical levels or rows",
                            code=ErrorCode.JOB_TOO_LARGE)
+
+
+PREDICTION_ROW_BYTES = 32  # a predictions file's row: its id, prediction and holdout flag, as Parquet keeps them
+MODEL_PARAMETER_BYTES = 4  # an MLP parameter in its .npz (float32)
+
+
+def _output_bytes(request: schemas.JobRequest, learners: tuple[str, ...], vocab_sizes: tuple[int, ...],
+                  table_rows: int, rows: int, output_dim: int, fits: int) -> int:
+    """What a job's outputs store at most (checked against its organization's storage quota when it is created):
+    a prediction for every row of its table (each class's probability for a class model), and its learners' models
+    — the MLP's parameters, the trees' most nodes (:func:`features_party.learn.gbdt.memory`)."""
+    total = PREDICTION_ROW_BYTES * table_rows * max(output_dim, 1)
+    for learner in learners:
+        if learner == "gbdt":
+            trees = request.train.gbdt or schemas.GbdtOptions()
+            total += gbdt.memory(trees.n_estimators * fits, trees.max_depth, max(output_dim, 1), rows,
+                                 len(request.numeric), vocab_sizes).model
+        else:
+            spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim,
+                                    tuple(request.train.hidden), output_dim)
+            total += MODEL_PARAMETER_BYTES * models.num_params(spec) * fits
+    return total
 
 
 def _check_outputs(settings: TrainerSettings, request: schemas.JobRequest, learner: str, table_rows: int, rows: int,

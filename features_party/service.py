@@ -171,9 +171,6 @@ def _still_being_created(row: db.Job) -> bool:
             and row.lease_expires_at is not None and row.lease_expires_at > db.utcnow())
 
 
-PREDICTION_ROW_BYTES = 32  # a predictions file's row: its id, prediction and holdout flag, as Parquet keeps them
-
-
 def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRequest,
                idempotency_key: str | None = None) -> tuple[schemas.JobView, bool]:
     """The job and whether this request created it (False: the replay of an earlier request with its key)."""
@@ -186,11 +183,6 @@ def create_job(ctx: TrainerContext, principal: Principal, request: schemas.JobRe
             if idempotency_key is not None and (replay := _replay(session, principal, idempotency_key, digest)):
                 return replay, False
             _take_slot(session, ctx, principal)
-            # its model and predictions will be stored: a prediction a row of its table (a replay was answered)
-            rows = session.scalar(select(db.FeatureTable.num_examples).where(
-                db.FeatureTable.org_id == principal.org_id, db.FeatureTable.name == request.features)) or 0
-            ctx.check_storage(principal.org_id, PREDICTION_ROW_BYTES * rows + 1,
-                              "a new job (its model and a prediction for each row of its features table)")
             # leased to this process while it plans and asks for the release (jobs.creating)
             session.add(db.Job(
                 id=job_id, org_id=principal.org_id, status="queued", labels_party=request.labels_party or "",
@@ -217,6 +209,9 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
     answer missing, interrupted to ask again). A refusal deletes it and is raised."""
     try:
         plan = plan_job(ctx, principal.org_id, request)
+        # its models and predictions will be stored: refused at its organization's quota, before anything is spent
+        ctx.check_storage(principal.org_id, plan.output_bytes, "a new job (its model and a prediction for each "
+                          "row of its features table)")
     except Exception:  # refused (a 4xx), or failed: nothing was asked of the labels party but reads
         _discard(ctx, job_id)
         raise

@@ -21,11 +21,11 @@ from labels_party.runtime import jobs
 from labels_party.runtime.context import ServiceContext
 from labels_party.spark import snapshot
 from labels_party.store import db, labelstore
-from labels_party.store.usage import stored_bytes
+from labels_party.store.usage import file_bytes, stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError
-from shared.service.storage_quota import check_room
+from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room
 
 
 def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Dataset:
@@ -231,22 +231,20 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
             parts = registry_parts(session, dataset)
             used = stored_bytes(session, ctx.store, admission.principal.org_id)
-        check_room(used, path.stat().st_size, ctx.storage_quota, "storing this label version")
+        check_room(used, path.stat().st_size, ctx.storage_quota, "storing this label version",
+                   KEPT_FOR_THE_AUDIT)  # early, on the body
         ingested = labelstore.ingest(ctx.store, dataset.id, seen[0] + 1, path, fmt, domain_from_spec(spec),
                                      spec.get("clip"), parts, seen[1], ctx.settings.upload_memory_mb)
         digest = ctx.store.digest(ingested.file)  # hashed before the lock, chained with the version
-        try:  # what it stores, as written (a Parquet body may store more than it weighs)
-            check_room(used, digest[0], ctx.storage_quota, "storing this label version")
-        except LabelDPError:
-            ctx.store.remove(ingested.file)
-            labelstore.discard(ctx.store, ingested.coverage)
-            raise
         with ctx.sessions() as session, session.begin():
             dataset = admitted_dataset(session, admission, lock=True)
             ctx.ledger.check_actor(session, dataset, admission.principal)  # the key and owner as the chain says
             if (dataset.label_version, dataset.registry_size) != seen:
                 ctx.store.remove(ingested.file)
+                labelstore.discard(ctx.store, ingested.coverage)
                 continue
+            _check_stored(ctx, session, admission.principal.org_id, ingested, digest[0])
+            labelstore.keep(ctx.store, ingested.coverage)  # committed below (a crash leaves an unreferenced file)
             version = seen[0] + 1
             row = db.LabelVersion(
                 dataset_id=dataset.id, version=version, file=ingested.file, num_examples=ingested.num_examples,
@@ -264,6 +262,24 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
                                         clipped_above=ingested.clipped_above,
                                         warnings=[warning] if warning else [])
     raise LabelDPError("other uploads to this dataset kept committing first; retry", code=ErrorCode.UPLOAD_CONFLICT)
+
+
+def _check_stored(ctx: ServiceContext, session: Session, org_id: int, ingested: labelstore.Ingested,
+                  version_bytes: int) -> None:
+    """The version as written (a Parquet body may store more than it weighs) and its coverage, against the
+    organization's quota as its committed data stands — read in the transaction that commits the version, which
+    SQLite's BEGIN IMMEDIATE and PostgreSQL's lock of the organization's row serialize: concurrent uploads to an
+    organization's datasets cannot each pass on what the others have not committed yet (the 28th review: eight at
+    once took 3.67 times the quota). Refused, the version's files go."""
+    session.get(db.Organization, org_id, with_for_update=True)
+    coverage = file_bytes(ctx.store, ingested.coverage.pending or ingested.coverage.file)
+    try:
+        check_room(stored_bytes(session, ctx.store, org_id), version_bytes + coverage, ctx.storage_quota,
+                   "storing this label version", KEPT_FOR_THE_AUDIT)
+    except LabelDPError:
+        ctx.store.remove(ingested.file)
+        labelstore.discard(ctx.store, ingested.coverage)
+        raise
 
 
 WIDE_RANGE = 10  # a declared range this many times the labels' middle 90 % is warned about

@@ -83,7 +83,7 @@ from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError, RetryLater, status_of
 from shared.service.keys import UNAUTHORIZED_MESSAGE
 from shared.service.leases import Lease
-from shared.service.storage_quota import check_room
+from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # how often a request waits for the outcome of another one with its key
@@ -168,13 +168,15 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
     if isinstance(begun, Outcome):
         return begun
     snapshot, completion = begun
-    with ctx.sessions() as session:  # its own stored releases and label versions (public to it): at its quota,
-        used = stored_bytes(session, ctx.store, principal.org_id)  # no new release is drawn or charged
-    check_room(used, 1, ctx.storage_quota, "a new release (its labels file)")
-    # The organization's quota (its own load: public) is the last refusal that costs nothing: a slot is held, and
-    # the time it held the slot debited afterwards, from the lookup of the ids to the answer
-    # (labels_party.runtime.quotas).
+    # The organization's quotas (its own load and storage: public to it) are the last refusals that cost nothing:
+    # a slot is held, and the time it held the slot debited afterwards, from the lookup of the ids to the answer
+    # (labels_party.runtime.quotas); in it, its stored releases and label versions are counted — at its storage
+    # quota no new release is drawn or charged (checked in the slot, so its concurrent releases pass it at most
+    # release_slots_per_org at a time: the twenty-eighth review's burst of five before the slot went 1.47 times over).
     with ctx.quotas.slot(principal.org_id):
+        with ctx.sessions() as session:
+            used = stored_bytes(session, ctx.store, principal.org_id)
+        check_room(used, 1, ctx.storage_quota, "a new release (its labels file)", KEPT_FOR_THE_AUDIT)
         return _release(ctx, admission, snapshot, completion, kind, key, body_hash)
 
 

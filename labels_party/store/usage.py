@@ -17,11 +17,11 @@ def stored_bytes(session: Session, store: DataStore, org_id: int) -> int:
     versions = session.execute(select(db.LabelVersion.file, db.LabelVersion.coverage_file).join(
         db.Dataset, db.Dataset.id == db.LabelVersion.dataset_id).where(db.Dataset.owner_org_id == org_id)).all()
     releases = session.scalars(select(db.Release.file).where(db.Release.requester_org_id == org_id))
-    files = [name for row in versions for name in row] + list(releases)
-    return sum(_size(store, name) for name in files)
+    files = {name for row in versions for name in row} | set(releases)  # a coverage file two versions share: once
+    return sum(file_bytes(store, name) for name in files)
 
 
-def _size(store: DataStore, relative: str) -> int:
+def file_bytes(store: DataStore, relative: str) -> int:
     """A file's bytes, or a directory's (a Spark job's output); none if it is missing (not written yet)."""
     path = store.path(relative)
     try:

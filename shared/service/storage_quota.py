@@ -28,12 +28,18 @@ def org_quota(configured: int | None, data_dir: Path) -> int:
     return shutil.disk_usage(data_dir).free // 4
 
 
-def check_room(used: int, more: int, quota: int, what: str) -> None:
-    """Refuse ``what`` (507 ``storage_quota_exceeded``) when the organization, storing ``used`` bytes, would store
-    more than ``quota`` with ``more`` bytes besides."""
+KEPT_FOR_THE_AUDIT = ("label versions and releases are kept for the audit: the service's operator can raise "
+                      "max_stored_bytes_per_org")
+DELETE_OR_RAISE = ("delete id lists this organization no longer needs, or ask the service's operator to raise "
+                   "max_stored_bytes_per_org")
+
+
+def check_room(used: int, more: int, quota: int, what: str, remedy: str = DELETE_OR_RAISE) -> None:
+    """Refuse ``what`` (507 ``storage_quota_exceeded``, saying what to do: ``remedy``) when the organization,
+    storing ``used`` bytes, would store more than ``quota`` with ``more`` bytes besides."""
     if used + more > quota:
         raise LabelDPError(f"{what}: this organization stores {used:,} bytes, and {more:,} more would be over its "
-                           f"quota of {quota:,} bytes on this service (max_stored_bytes_per_org)",
+                           f"quota of {quota:,} bytes on this service; {remedy}",
                            code=ErrorCode.STORAGE_QUOTA_EXCEEDED)
 
 

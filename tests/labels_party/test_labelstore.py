@@ -41,6 +41,8 @@ def test_a_re_upload_keeps_known_indices_and_numbers_new_ids(tmp_path):
     assert known == {f"e{i}": i for i in range(501, 1000)}  # known ids kept their indices
     new = {name: i for name, i in zip(names, index, strict=True) if int(name[1:]) >= 1000}
     assert new == {f"e{1500 - k}": 1000 + k for k in range(501)}  # new ids numbered in upload order
+    assert not store.path(second.coverage.file).exists()  # pending until its version commits (keep)
+    labelstore.keep(store, second.coverage)
     coverage = labelstore.read_coverage(store, second.coverage.file)
     assert coverage.slice(0, coverage.size).tolist() == index.tolist()
 

@@ -1,8 +1,8 @@
 """What one organization stores is bounded (issue 40, the twenty-seventh review: one admin filled a 400 MB disk in
 50 s with 91 label versions of its own dataset, then held the last MiB with slow bodies, and every other
 organization's writes were 507). At its quota an organization's label uploads and new releases (the labels party),
-features tables, id lists and jobs (the trainer) are 507 storage_quota_exceeded — before anything is stored, drawn
-or charged — while another organization's go on. ~15 s."""
+features tables and id lists (the trainer; its jobs: tests/features_party/test_storage.py) are 507
+storage_quota_exceeded — before anything is stored, drawn or charged — while another organization's go on. ~15 s."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def test_an_organization_at_its_quota_stores_and_releases_no_more_and_others_go_
     ctx.close()
 
 
-def test_a_trainer_organization_at_its_quota_stores_no_table_list_or_job(tmp_path):
+def test_a_trainer_organization_at_its_quota_stores_no_table_or_list(tmp_path):
+    """(Its jobs: tests/features_party/test_storage.py, against a labels party.)"""
     ctx = trainer_context(TrainerSettings(database_url=f"sqlite:///{tmp_path}/trainer.db", data_dir=tmp_path / "t",
                                           max_stored_bytes_per_org=QUOTA))
     with ctx.sessions() as session, session.begin():
@@ -82,11 +83,6 @@ def test_a_trainer_organization_at_its_quota_stores_no_table_list_or_job(tmp_pat
     listed = client.put("/v1/id-lists/l", content=ids,
                         headers={**bearer(keys["filler"]), "Content-Type": "text/csv"})
     expect_error(listed, 507, "storage_quota_exceeded")
-    job = client.post("/v1/jobs", headers=bearer(keys["filler"]), json={
-        "features": "t0", "dataset_id": "0" * 32, "api_key": "ldp_" + "a" * 8 + "_" + "b" * 43,
-        "release": {"mechanism": "rr", "epsilon": 1.0}, "numeric": ["x"]})
-    expect_error(job, 507, "storage_quota_exceeded")
-    assert client.get("/v1/jobs", headers=bearer(keys["filler"])).json() == []  # none kept
     assert client.put("/v1/features/t", content=table, headers={**bearer(keys["other"]),
                                                                 "Content-Type": "text/csv"}).status_code == 200
     ctx.close()
@@ -97,3 +93,30 @@ def test_the_default_quota_is_a_quarter_of_the_free_disk(tmp_path):
 
     assert abs(org_quota(None, tmp_path) - shutil.disk_usage(tmp_path).free // 4) < 1 << 24
     assert org_quota(12345, tmp_path) == 12345
+
+
+def test_a_version_refused_as_written_leaves_no_file_behind(tmp_path):
+    """The body (Parquet, 20,000 ids) is under the quota, the version it writes with its coverage (8 bytes a row)
+    is not: 507 after the ingest, and neither the version nor its coverage stays (the twenty-eighth review: an
+    upload that lost the commit race or was refused kept its coverage file, which no quota counted — one admin
+    filled 369 MiB in 156 s while under its quota)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = [f"user-{i:08d}" for i in range(20_000)]
+    body = io.BytesIO()
+    pq.write_table(pa.table({"example_id": ids, "label": [i % 10 for i in range(20_000)]}), body)
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
+                       settings=LabelsSettings(max_stored_bytes_per_org=len(body.getvalue()) + 20_000))
+    with ctx.sessions() as session, session.begin():
+        key = create_key(ctx.ledger, session, "filler", "admin")
+    client = TestClient(api.create_app(ctx))
+    dataset = new_dataset(client, bearer(key), name="d", label_kind="integer", min=0, max=9, epsilon_total=1)
+    answer = upload(client, bearer(key), dataset, body.getvalue(), "application/vnd.apache.parquet")
+    expect_error(answer, 507, "storage_quota_exceeded")
+    stored = [p for p in (tmp_path / "data" / "datasets").rglob("*") if p.is_file()]
+    pending = [p for p in (tmp_path / "data" / "tmp").glob("*.npy")]
+    assert stored == [] and pending == [], (stored, pending)
+    ctx.close()
