@@ -8,7 +8,10 @@ process's workers once its lease expires. Leftover files of dead processes are c
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +41,26 @@ class TrainerContext:
     jobs: JobRunner = field(init=False, repr=False)
     table_reads: ByteBudget = field(init=False, repr=False)  # see TrainerSettings.table_read_budget_bytes
     storage_quota: int = field(init=False, repr=False)  # what one organization may store (its directory)
+    _storing_lock: threading.Lock = field(init=False, repr=False)
+    _storing_locks: dict[int, threading.Lock] = field(init=False, repr=False)  # an organization's uploads, in turn
 
     def __post_init__(self) -> None:
         budget = self.settings.table_read_budget_bytes
         object.__setattr__(self, "table_reads", ByteBudget(budget, budget))
         object.__setattr__(self, "storage_quota", org_quota(self.settings.max_stored_bytes_per_org, self.data_dir))
+        object.__setattr__(self, "_storing_lock", threading.Lock())
+        object.__setattr__(self, "_storing_locks", {})
+
+    @contextlib.contextmanager
+    def storing(self, org_id: int, more: int, what: str) -> Iterator[None]:
+        """:meth:`check_storage`, and the block that stores, one at a time per organization in this process: an
+        organization's concurrent uploads each passed the check on what the others had not written yet (the
+        twenty-ninth review: eight features tables at once went 2.02 times over its quota)."""
+        with self._storing_lock:
+            lock = self._storing_locks.setdefault(org_id, threading.Lock())
+        with lock:
+            self.check_storage(org_id, more, what)
+            yield
 
     def check_storage(self, org_id: int, more: int, what: str) -> None:
         """Refuse ``what`` (507 storage_quota_exceeded) when what the organization stores — its directory (features

@@ -86,7 +86,6 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     ``max_id_list_ids`` ids (its lines counted before it is parsed: 413 body_too_large). Stored as a features table
     is (in chunks, its duplicates found out of core) and hashed from the stored file: the twelfth review's list of
     999,999 ids, read whole by pandas, stored and hashed as Python strings, took +335 MB."""
-    ctx.check_storage(principal.org_id, path.stat().st_size, "storing this id list")
     limits = CsvLimits.of(ctx.settings)
     records = limits.check(path, "id list", max_columns=1)  # a header of more names: 400 before it is parsed
     # lines less the header and the empty one a final line break leaves (\n, \r\n or \r: pandas reads all three)
@@ -99,7 +98,8 @@ def upload(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> 
     # stored within the process's table-read budget too (issue 40's twenty-first review: a 64 MiB list of long
     # ids, one character outside the BMP each, took +384 MiB while it was stored: 6 bytes a byte, as Python strings)
     need = STORE_BYTES_PER_BYTE * path.stat().st_size + STORE_BYTES_PER_ID * ids
-    with ctx.table_reads.held(need, "storing the id list", ErrorCode.BODY_TOO_LARGE):
+    with ctx.storing(principal.org_id, path.stat().st_size, "storing this id list"), \
+            ctx.table_reads.held(need, "storing the id list", ErrorCode.BODY_TOO_LARGE):
         stored = store_features(path, ctx.org_dir(principal.org_id) / "id-lists", f"{name}.{uuid.uuid4().hex}",
                                 limits, "id list", records=records)  # 400 on a malformed file, before anything is kept
     target = stored.file

@@ -251,7 +251,8 @@ def _plan(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, auto: b
     classes = dataset.label_kind == "classes"
     plan = JobPlan(request, party, url, features_file, configs, num_classes, existing, held_out,
                    _estimate_plan(request, existing, dataset, classes),
-                   output_bytes=_output_bytes(request, learners, vocab_sizes, len(frame), rows, output_dim, fits))
+                   output_bytes=_output_bytes(request, learners, vocab_sizes, len(frame), rows, output_dim, fits,
+                                              features_file))
     if auto:
         plan = _auto_plan(plan, dataset, frame, ctx.settings.min_train_examples)
         if not stored:  # created: what the labels party would refuse, before the first part is charged
@@ -301,7 +302,8 @@ def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest
     estimate = _estimate_plan(request, existing, dataset, dataset.label_kind == "classes")
     return JobPlan(request, party, url, features_file, configs, num_classes, existing,
                    estimate=estimate if estimate is not None and estimate.mechanism is None else None,
-                   output_bytes=_output_bytes(request, learners, sizes, table_rows, table_rows, output_dim, 1))
+                   output_bytes=_output_bytes(request, learners, sizes, table_rows, table_rows, output_dim, 1,
+                                              features_file))
 
 
 NOT_YET = "jobs on a features table imported as Parquet files (trained from disk) do not take {what} yet"
@@ -760,11 +762,13 @@ MODEL_PARAMETER_BYTES = 4  # an MLP parameter in its .npz (float32)
 
 
 def _output_bytes(request: schemas.JobRequest, learners: tuple[str, ...], vocab_sizes: tuple[int, ...],
-                  table_rows: int, rows: int, output_dim: int, fits: int) -> int:
+                  table_rows: int, rows: int, output_dim: int, fits: int, features_file: str) -> int:
     """What a job's outputs store at most (checked against its organization's storage quota when it is created):
-    a prediction for every row of its table (each class's probability for a class model), and its learners' models
-    — the MLP's parameters, the trees' most nodes (:func:`features_party.learn.gbdt.memory`)."""
-    total = PREDICTION_ROW_BYTES * table_rows * max(output_dim, 1)
+    a prediction for every row of its table (each class's probability for a class model) with the row's id (as
+    long as the table's: 400-character ids made a predictions file 12.6 times a count of 32 bytes a row, the
+    twenty-ninth review), and its learners' models — the MLP's parameters, the trees' most nodes
+    (:func:`features_party.learn.gbdt.memory`)."""
+    total = PREDICTION_ROW_BYTES * table_rows * max(output_dim, 1) + _id_bytes(features_file)
     for learner in learners:
         if learner == "gbdt":
             trees = request.train.gbdt or schemas.GbdtOptions()
@@ -774,6 +778,18 @@ def _output_bytes(request: schemas.JobRequest, learners: tuple[str, ...], vocab_
             spec = models.ModelSpec(len(request.numeric), vocab_sizes, request.train.embed_dim,
                                     tuple(request.train.hidden), output_dim)
             total += MODEL_PARAMETER_BYTES * models.num_params(spec) * fits
+    return total
+
+
+def _id_bytes(features_file: str) -> int:
+    """The bytes of a features table's ids, from its files' Parquet metadata (no row read)."""
+    total = 0
+    for file in joined.parquet_files(Path(features_file)):
+        metadata = pq.read_metadata(file)
+        column = metadata.schema.names.index("example_id") if "example_id" in metadata.schema.names else None
+        if column is not None:
+            total += sum(metadata.row_group(g).column(column).total_uncompressed_size
+                         for g in range(metadata.num_row_groups))
     return total
 
 

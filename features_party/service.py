@@ -50,9 +50,9 @@ def _table_view(row: db.FeatureTable) -> schemas.FeatureTableView:
 
 
 def upload_features(ctx: TrainerContext, principal: Principal, name: str, path: Path) -> schemas.FeatureTableView:
-    ctx.check_storage(principal.org_id, path.stat().st_size, "storing this features table")
     # 400 on a malformed file, before anything is stored; read and written in bounded memory (issue 40)
-    stored = store_features(path, ctx.org_dir(principal.org_id) / "features", name, CsvLimits.of(ctx.settings))
+    with ctx.storing(principal.org_id, path.stat().st_size, "storing this features table"):
+        stored = store_features(path, ctx.org_dir(principal.org_id) / "features", name, CsvLimits.of(ctx.settings))
     with ctx.sessions() as session, session.begin():
         row = session.scalar(select(db.FeatureTable).where(db.FeatureTable.org_id == principal.org_id,
                                                            db.FeatureTable.name == name))
@@ -294,7 +294,8 @@ def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: 
             raise _not_resumable(row)
         stored = json.loads(row.request_json)
     sealed = jobs.seal_api_key(ctx, job_id, api_key)  # 503 secret_key_missing while there is no secret key
-    plan_job(ctx, principal.org_id, schemas.JobRequest(**stored, api_key=api_key), stored=True)  # 4xx: stays so
+    plan = plan_job(ctx, principal.org_id, schemas.JobRequest(**stored, api_key=api_key), stored=True)  # 4xx: as is
+    ctx.check_storage(principal.org_id, plan.output_bytes, "resuming the job (its model and predictions)")
     with ctx.sessions() as session, session.begin():
         _lock_organization(session, principal)
         row = _job_row(session, principal, job_id, lock=True)

@@ -21,7 +21,7 @@ from labels_party.runtime import jobs
 from labels_party.runtime.context import ServiceContext
 from labels_party.spark import snapshot
 from labels_party.store import db, labelstore
-from labels_party.store.usage import file_bytes, stored_bytes
+from labels_party.store.usage import ROW_BYTES, file_bytes, stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError
@@ -93,6 +93,11 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                 view = dataset_view(session, principal, again)
             else:
                 _refuse_taken_name(session, principal, body.name)
+                # its row and domain (up to 100,000 listed values: the twenty-ninth review's 130 datasets took
+                # SQLite from 0.16 to 273 MB in 45 s), against its organization's quota
+                session.get(db.Organization, principal.org_id, with_for_update=True)
+                check_room(stored_bytes(session, ctx.store, principal.org_id), ROW_BYTES + len(json.dumps(spec)),
+                           ctx.storage_quota, "a new dataset (its row and domain)", KEPT_FOR_THE_AUDIT)
                 dataset = db.Dataset(id=db.new_id(), owner_org_id=principal.org_id, name=body.name,
                                      label_kind=body.label_kind, domain_json=json.dumps(spec),
                                      epsilon_total_units=total, epsilon_spent_units=0, delta_total=body.delta_total,

@@ -176,7 +176,7 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
     with ctx.quotas.slot(principal.org_id):
         with ctx.sessions() as session:
             used = stored_bytes(session, ctx.store, principal.org_id)
-        check_room(used, 1, ctx.storage_quota, "a new release (its labels file)", KEPT_FOR_THE_AUDIT)
+        check_room(used, 1, ctx.storage_quota, "a new release or evaluation (its files)", KEPT_FOR_THE_AUDIT)
         return _release(ctx, admission, snapshot, completion, kind, key, body_hash)
 
 

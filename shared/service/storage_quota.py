@@ -28,8 +28,8 @@ def org_quota(configured: int | None, data_dir: Path) -> int:
     return shutil.disk_usage(data_dir).free // 4
 
 
-KEPT_FOR_THE_AUDIT = ("label versions and releases are kept for the audit: the service's operator can raise "
-                      "max_stored_bytes_per_org")
+KEPT_FOR_THE_AUDIT = ("datasets, label versions and releases are kept for the audit: the service's operator can "
+                      "raise max_stored_bytes_per_org")
 DELETE_OR_RAISE = ("delete id lists this organization no longer needs, or ask the service's operator to raise "
                    "max_stored_bytes_per_org")
 
