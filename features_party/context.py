@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -100,9 +101,7 @@ def collect_leftovers(ctx: TrainerContext) -> int:
     when no other process uses the data directory, its ``.tmp`` temporaries (features tables being written), id
     list files and imported tables no row points at."""
     with ctx.scratch.alone() as alone:
-        from features_party.feature_datasets import unreferenced_tables
-
-        removed = (ctx.scratch.remove_leftovers() + _unreferenced_id_lists(ctx) + unreferenced_tables(ctx)
+        removed = (ctx.scratch.remove_leftovers() + _unreferenced_id_lists(ctx) + _unreferenced_tables(ctx)
                    if alone else 0)
     if removed:
         log.info("removed %d leftover file(s) of earlier processes from the data directory", removed)
@@ -117,4 +116,18 @@ def _unreferenced_id_lists(ctx: TrainerContext) -> int:
     stray = [f for f in ctx.data_dir.glob("orgs/*/id-lists/*.parquet") if f.resolve() not in kept]
     for file in stray:
         file.unlink(missing_ok=True)
+    return len(stray)
+
+
+DATASET_SUFFIX = ".dataset"  # an imported table's directory (features_party.feature_datasets): <name>.<uuid>.dataset
+
+
+def _unreferenced_tables(ctx: TrainerContext) -> int:
+    """Imported tables' directories no row names (an import that died before its row was written, or after,
+    before it removed the table it replaced)."""
+    with ctx.sessions() as session, session.begin():
+        kept = {Path(file).resolve() for file in session.scalars(select(db.FeatureTable.file))}
+    stray = [d for d in ctx.data_dir.glob(f"orgs/*/features/*{DATASET_SUFFIX}") if d.resolve() not in kept]
+    for directory in stray:
+        shutil.rmtree(directory, ignore_errors=True)
     return len(stray)

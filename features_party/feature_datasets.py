@@ -8,7 +8,7 @@ trainer's machine, never a request: no request names a path the service reads. T
 one schema, an ``example_id`` column, no id twice (its hash aggregate spills to disk: bounded memory whatever the
 table's size) — and the table's row names the directory, replacing an earlier table of that name (whose files go
 once the row is committed). A copy a crash left behind is collected at the next start
-(:func:`unreferenced_tables`).
+(:func:`features_party.context.collect_leftovers`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,14 @@ import stat
 import tempfile
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
 from features_party import db, joined, schemas
+from features_party.context import DATASET_SUFFIX as SUFFIX
+from features_party.context import TrainerContext
 from features_party.features import ID
 from shared.errors import ErrorCode, LabelDPError
-
-if TYPE_CHECKING:
-    from features_party.context import TrainerContext
-
-SUFFIX = ".dataset"  # a directory table's name ends with it: <name>.<uuid hex>.dataset
 
 
 def is_dataset(file: str | Path) -> bool:
@@ -132,14 +128,3 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def unreferenced_tables(ctx: TrainerContext) -> int:
-    """Imported tables' directories no row names (an import that died before its row was written, or after,
-    before it removed the table it replaced)."""
-    with ctx.sessions() as session, session.begin():
-        kept = {Path(file).resolve() for file in session.scalars(select(db.FeatureTable.file))}
-    stray = [d for d in ctx.data_dir.glob(f"orgs/*/features/*{SUFFIX}") if d.resolve() not in kept]
-    for directory in stray:
-        _remove(directory)
-    return len(stray)

@@ -245,19 +245,8 @@ def _execute(attempt: Attempt) -> None:
         with labels_party_client(ctx, plan.url, api_key) as client:
             if plan.auto is not None:
                 run_auto(attempt, plan, client, deadline)
-                return
-            release, report = plan.existing_release, JobReport()
-            estimate = request_releases(plan, client, job_id, report)
-            release = estimate.pop("", release)  # the job's own release, asked for again: the one first charged
-            if plan.streamed:
-                assert release is not None  # (a streamed job is single: its release, or an existing one)
-                streamed_jobs.run(attempt, org_id, plan, client, release, report, deadline,
-                                  _progress(attempt, every_seconds=1.0))
-            elif release is not None:
-                attempt.update(release_json=json.dumps(release_summary(release)))
-                run_single(attempt, plan, client, release, estimate.get(ESTIMATE_KEY), report, deadline)
             else:
-                run_multistage(attempt, plan, client, estimate.get(ESTIMATE_KEY), report, deadline)
+                _run_fixed(attempt, org_id, plan, client, deadline)
     except (LeaseLost, Stopped):
         raise LeaseLost(job_id) from None
     except TimeLimitExceeded:
@@ -282,6 +271,23 @@ def _execute(attempt: Attempt) -> None:
         log.exception("job %s failed", job_id)
         attempt.end("failed", error=f"{type(err).__name__} while training", seconds=took(),
                     error_code=ErrorCode.TRAINING_FAILED.value)
+
+
+def _run_fixed(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient, deadline: Deadline) -> None:
+    """A fixed-mechanism job once planned: its releases, then its training — from disk (a table imported as Parquet
+    files), on its one release, or by stages (lp-mst)."""
+    release, report = plan.existing_release, JobReport()
+    estimate = request_releases(plan, client, attempt.job_id, report)
+    release = estimate.pop("", release)  # the job's own release, asked for again: the one first charged
+    if plan.streamed:
+        assert release is not None  # (a streamed job is single: its release, or an existing one)
+        streamed_jobs.run(attempt, org_id, plan, client, release, report, deadline,
+                          _progress(attempt, every_seconds=1.0))
+    elif release is not None:
+        attempt.update(release_json=json.dumps(release_summary(release)))
+        run_single(attempt, plan, client, release, estimate.get(ESTIMATE_KEY), report, deadline)
+    else:
+        run_multistage(attempt, plan, client, estimate.get(ESTIMATE_KEY), report, deadline)
 
 
 def request_releases(plan: JobPlan, client: LabelsPartyClient, job_id: str,

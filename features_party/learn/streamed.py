@@ -142,6 +142,14 @@ def fit_mlp(config: TrainConfig, fit: Rows, validation: Rows, *, num_classes: in
         summed = sum(float(validate(params, on_device(chunk))) * len(chunk[2]) for chunk in validation.chunks())
         return summed / max(validation.rows, 1) * unit
 
+    best, history = _epochs(config, state, epoch, validation_loss, on_epoch, deadline)
+    return TrainResult(jax.device_get(best.params), spec, config, scaling.shift, scaling.scale, best.epoch, history,
+                       device_summary())
+
+
+def _epochs(config: TrainConfig, state: train_steps.TrainState, epoch: Callable, validation_loss: Callable,
+            on_epoch: Callable | None, deadline: float | Deadline | None) -> tuple[train_steps.Best, list[dict]]:
+    """Epochs until ``config.epochs`` or early stopping (the in-memory trainer's records and rule)."""
     best, history = train_steps.Best(np.inf, state.params, 0), []
     for number in range(1, config.epochs + 1):
         check_deadline(deadline)
@@ -157,8 +165,7 @@ def fit_mlp(config: TrainConfig, fit: Rows, validation: Rows, *, num_classes: in
         best, stop = train_steps.keep_best(best, val_loss, state.params, number, config.patience)
         if stop:
             break
-    return TrainResult(jax.device_get(best.params), spec, config, scaling.shift, scaling.scale, best.epoch, history,
-                       device_summary())
+    return best, history
 
 
 # -- the trees ------------------------------------------------------------------------------------------------------

@@ -44,6 +44,16 @@ _SERVERS = contextlib.ExitStack()  # labels parties the commands talk to, stoppe
 atexit.register(_SERVERS.close)
 
 
+def _imported(tmp: Path) -> list[str]:
+    """A table of Parquet files for ``features import-features``, its organization made first (a key)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _a_key("features", tmp)  # organization "o"
+    pq.write_table(pa.table({"example_id": ["a", "b"], "x": [1.0, 2.0]}), tmp / "table.parquet")
+    return ["--org", "o", "--name", "t", str(tmp / "table.parquet"), *_storage("features", tmp)]
+
+
 def _quantiles(tmp: Path) -> list[str]:
     party = labels_party(tmp, _SERVERS)
     return ["--url", party["url"], "--key", party["key"], "--dataset", party["dataset"], "--quantiles", "0.5",
@@ -67,6 +77,7 @@ ARGUMENTS: dict[tuple[str, ...], Callable[[Path], list[str]]] = {
     ("randomizer", "audit"): lambda tmp: ["--mechanism", "rr", "--epsilon", "1", "--labels", "0:2",
                                           "--samples", "100", "--seed", "0"],
     ("quantiles",): _quantiles,
+    ("features", "import-features"): _imported,
     ("bench", "utility"): lambda tmp: ["--dry-run", "--data", _table(tmp), "--label", "delay", "--seeds", "1",
                                        "--epsilons", "1", "--mechanisms", "laplace"],
 }
