@@ -77,7 +77,7 @@ from labels_party.releases.lifecycle import (
 from labels_party.releases.source import SPARK_JOB
 from labels_party.runtime.context import ServiceContext, check_epsilon_range
 from labels_party.store import db, labelstore
-from labels_party.store.usage import stored_bytes
+from labels_party.store.usage import release_bytes, stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError, RetryLater, status_of
@@ -176,17 +176,19 @@ def run(ctx: ServiceContext, admission: Admission, idempotency_key: str | None, 
     with ctx.quotas.slot(principal.org_id):
         with ctx.sessions() as session:
             used = stored_bytes(session, ctx.store, principal.org_id)
-        check_room(used, 1, ctx.storage_quota, "a new release or evaluation (its files)", KEPT_FOR_THE_AUDIT)
-        return _release(ctx, admission, snapshot, completion, kind, key, body_hash)
+        return _release(ctx, admission, snapshot, completion, kind, key, body_hash, used)
 
 
 def _release(ctx: ServiceContext, admission: Admission, snapshot: Snapshot, completion: Completion,
-             kind: ReleaseKind[Any], key: str, body_hash: str) -> Outcome:
-    """Cover, price, charge and complete a new release (steps 2–5 of the module)."""
+             kind: ReleaseKind[Any], key: str, body_hash: str, used: int) -> Outcome:
+    """Cover, price, charge and complete a new release (steps 2–5 of the module); ``used``: what its organization
+    stores, against which what the release will store is refused before it is charged."""
     covered = completion.cover(ctx, snapshot, kind)
     try:  # a refusal from here to the charge's commit leaves no coverage file behind
         priced = kind.price(ctx, snapshot, covered.coverage.size, covered.inputs)
         completion.check(snapshot, priced)
+        check_room(used, release_bytes(ctx, snapshot, covered.coverage.size, priced), ctx.storage_quota,
+                   "a new release or evaluation (its files)", KEPT_FOR_THE_AUDIT)
         charged = charge(ctx, admission.principal, snapshot, kind, priced, covered.coverage, key, body_hash,
                          suffix=completion.suffix, leased=completion.computed_in_request)
     finally:

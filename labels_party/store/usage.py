@@ -2,6 +2,8 @@
 
 * its datasets' label versions — each version's file and coverage, kept for good (releases name them), counted from
   the files themselves (a coverage two versions share: once) — and each dataset's row (its domain);
+* its datasets' chain facts (grants, allocations, budgets: the thirtieth review's 291 grants at the quota added
+  ~3 KB each) and sources' copies (each registration copies its source);
 * the releases and evaluations it asked for: each one's labels file (from the file), the coverage its record
   names (8 bytes an example: the twenty-ninth review's id-subset releases and evaluations kept 6.7 times their
   counted size in coverage files), its row and its mechanism document (each document once).
@@ -11,15 +13,15 @@ Budget-state files are not counted: they grow with the releases an owner's grant
 
 from __future__ import annotations
 
-import os
-
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from labels_party.store import db
 from labels_party.store.storage import DataStore
+from shared.service.storage_quota import tree_bytes
 
 ROW_BYTES = 4096  # a dataset's or a release's row, its indexes and its chain record (besides its texts)
+FACT_BYTES = 512  # a chain fact's row besides its record: hashes, index, its line in the heads log
 COVERAGE_BYTES = 8  # an example of a release's coverage (a sorted int64 registry index)
 
 
@@ -27,8 +29,14 @@ def stored_bytes(session: Session, store: DataStore, org_id: int) -> int:
     versions = session.execute(select(db.LabelVersion.file, db.LabelVersion.coverage_file).join(
         db.Dataset, db.Dataset.id == db.LabelVersion.dataset_id).where(db.Dataset.owner_org_id == org_id)).all()
     files = {name for row in versions for name in row}
+    owned = db.Dataset.owner_org_id == org_id
     datasets = session.execute(select(func.count(), func.coalesce(func.sum(func.length(db.Dataset.domain_json)), 0))
-                               .where(db.Dataset.owner_org_id == org_id)).one()
+                               .where(owned)).one()
+    files |= {s for s in session.scalars(select(db.Dataset.source_snapshot).where(owned)) if s}  # sources' copies
+    # its datasets' facts (grants, allocations, budgets, label versions: a release's record counts to its requester)
+    facts = session.execute(select(func.count(), func.coalesce(func.sum(func.length(db.LedgerEntry.record)), 0))
+                            .join(db.Dataset, db.Dataset.id == db.LedgerEntry.dataset_id)
+                            .where(owned, db.LedgerEntry.release_id.is_(None))).one()
     mine = db.Release.requester_org_id == org_id
     releases = session.execute(select(db.Release.file, db.Release.num_examples,
                                       func.length(db.Release.description_json),
@@ -36,16 +44,32 @@ def stored_bytes(session: Session, store: DataStore, org_id: int) -> int:
     documents = session.scalar(select(func.coalesce(func.sum(func.length(db.MechanismDocument.body)), 0)).where(
         db.MechanismDocument.hash.in_(select(db.Release.mechanism_hash).where(mine).distinct()))) or 0
     return (sum(file_bytes(store, name) for name in files) + ROW_BYTES * int(datasets[0]) + int(datasets[1])
+            + FACT_BYTES * int(facts[0]) + int(facts[1])
             + sum(file_bytes(store, file) + COVERAGE_BYTES * examples + ROW_BYTES + described + prior
                   for file, examples, described, prior in releases) + int(documents))
 
 
 def file_bytes(store: DataStore, relative: str) -> int:
-    """A file's bytes, or a directory's (a Spark job's output); none if it is missing (not written yet)."""
+    """A file's bytes, or a directory's (a Spark job's output, a source's copy); none if it is missing (not written
+    yet)."""
     path = store.path(relative)
     try:
-        if path.is_dir():
-            return sum(entry.stat(follow_symlinks=False).st_size for entry in os.scandir(path) if entry.is_file())
-        return path.stat().st_size
+        return tree_bytes(path) if path.is_dir() else path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+VALUE_BYTES = 8  # a released value (a label, a class's indicator or log-likelihood) as its Parquet column keeps it
+
+
+def release_bytes(ctx, snapshot, examples: int, priced) -> int:
+    """What a release of ``examples`` examples will store, from public inputs, before it is drawn (the thirtieth
+    review: a release admitted 1 byte under its organization's quota wrote 14.4 MB, 4.8 times a 3 MB quota — ALIBI
+    and label-set releases write a column per class): each example's id and label as its label version stores them
+    (the version's bytes a row), a value per output column (one per class when its mechanism publishes one), and
+    the coverage and row its record keeps."""
+    version_rows = max(int(snapshot.num_examples), 1)
+    per_row = file_bytes(ctx.store, snapshot.file) / version_rows
+    family = getattr(priced, "family", None)
+    columns = snapshot.domain.support().size if getattr(family, "column_per_class", False) else 1
+    return int(examples * (per_row + VALUE_BYTES * columns + COVERAGE_BYTES)) + ROW_BYTES
