@@ -187,7 +187,8 @@ def _release(ctx: ServiceContext, admission: Admission, snapshot: Snapshot, comp
     try:  # a refusal from here to the charge's commit leaves no coverage file behind
         priced = kind.price(ctx, snapshot, covered.coverage.size, covered.inputs)
         completion.check(snapshot, priced)
-        check_room(used, release_bytes(ctx, snapshot, covered.coverage.size, priced), ctx.storage_quota,
+        ids = getattr(getattr(kind, "request", None), "example_ids", None)
+        check_room(used, release_bytes(ctx, snapshot, covered.coverage.size, priced, ids), ctx.storage_quota,
                    "a new release or evaluation (its files)", KEPT_FOR_THE_AUDIT)
         charged = charge(ctx, admission.principal, snapshot, kind, priced, covered.coverage, key, body_hash,
                          suffix=completion.suffix, leased=completion.computed_in_request)

@@ -219,3 +219,35 @@ def test_a_release_is_refused_on_what_it_would_store_and_grants_count(tmp_path):
     grant = client.post(f"/v1/datasets/{dataset}/grants", json={"org": "someone", "epsilon": 1}, headers=admin)
     expect_error(grant, 507, "storage_quota_exceeded")
     ctx.close()
+
+
+def test_a_release_not_written_yet_counts_at_what_it_will_write(tmp_path):
+    """The thirty-first review: source releases answer 202 and leave their slot; queued, each counted as its row
+    until its Spark job wrote the whole source — 20 of them stored 4.67 times the quota. A release that is neither
+    written nor failed counts at its estimate (its examples × the version's bytes a row and a value each)."""
+    from labels_party.store.usage import stored_bytes
+
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        key = create_key(ctx.ledger, session, "owner", "admin")
+    client = TestClient(api.create_app(ctx))
+    admin = bearer(key)
+    dataset = new_dataset(client, admin, name="d", label_kind="integer", min=0, max=9, epsilon_total=10)
+    assert upload(client, admin, dataset, _labels_csv(20_000)).status_code == 200
+    made = created(release(client, admin, dataset, "r", mechanism="rr", epsilon=1.0))
+
+    def used() -> int:
+        with ctx.sessions() as session:
+            return stored_bytes(session, ctx.store, session.scalar(select(db.Organization.id)))
+
+    written = used()
+    with ctx.sessions() as session, session.begin():
+        row = session.get(db.Release, made["id"])
+        file, size = ctx.store.path(row.file), row.file_size
+        row.state = "running"  # as a queued source release is, its file not written yet
+    file.unlink()
+    assert used() >= written - size + 20_000 * 8  # counted at an estimate of at least a value per example
+    with ctx.sessions() as session, session.begin():
+        session.get(db.Release, made["id"]).state = "failed"  # a failed release writes nothing
+    assert used() < written - size + 20_000 * 8
+    ctx.close()
