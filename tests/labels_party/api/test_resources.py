@@ -76,8 +76,11 @@ def _filled(disk: Path, leave: int = 0):
 
 
 def _service(disk: Path, sources: Path | None = None):
+    # (the disk's own limits are under test: the organizations' storage quotas, a quarter of this small disk by
+    # default, are set out of the way — tests/shared/service/test_storage_quota.py tests them)
     settings = LabelsSettings(database_url=f"sqlite:///{disk}/db.sqlite", data_dir=disk / "data",
-                              spark_sources={"hospital": [f"{sources}/"]} if sources else {}, job_retry_seconds=0)
+                              spark_sources={"hospital": [f"{sources}/"]} if sources else {}, job_retry_seconds=0,
+                              max_stored_bytes_per_org=1 << 40)
     ctx = make_context(settings=settings)
     with ctx.sessions() as session, session.begin():
         admin = create_key(ctx.ledger, session, "hospital", "admin")
