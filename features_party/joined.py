@@ -2,9 +2,11 @@
 than memory — joined by example id with its release's privatized labels (a Parquet file downloaded to disk) by
 DuckDB, which spills to the job's directory past its memory limit. The rows the job's split holds out are left out;
 each remaining row is kept for validation by a seeded hash of its id (the same rows whatever the table's order or
-the number of files), and both parts are written in a seeded random order as the row groups the learners stream
-(:mod:`features_party.learn.streamed`). The preprocessing — numeric columns' means and deviations, categorical
-vocabularies — and the squared loss's target scaling are fitted by DuckDB on the training rows alone, as
+the number of files), and both parts are written as they join, as the row groups the learners stream
+(:mod:`features_party.learn.streamed`), which shuffle as they read: the MLP visits the row groups in a fresh random
+order each epoch and shuffles the rows of each (a sort of the whole join ran out of DuckDB's memory at 10⁷ rows).
+The preprocessing — numeric columns' means and deviations, categorical vocabularies — and the squared loss's target
+scaling are fitted by DuckDB on the training rows alone, as
 :meth:`features_party.features.Preprocessor.fit` fits them in memory; predictions for every row of the features are
 streamed to a Parquet file a batch at a time (:func:`predict_table`).
 """
@@ -47,9 +49,11 @@ def connection(workdir: Path, memory_bytes: int, threads: int) -> Iterator[duckd
     named (no extension is installed or loaded on demand)."""
     spill = workdir / "spill"
     spill.mkdir(parents=True, exist_ok=True)
+    # insertion order is not kept (every COPY that needs an order says ORDER BY): keeping it held whole row groups
+    # of a 10⁷-row join in memory, past the limit (out of memory at 488 MiB, the scale bench)
     con = duckdb.connect(config={"memory_limit": f"{max(memory_bytes >> 20, 64)}MB", "threads": max(threads, 1),
                                  "temp_directory": str(spill), "autoinstall_known_extensions": False,
-                                 "autoload_known_extensions": False})
+                                 "autoload_known_extensions": False, "preserve_insertion_order": False})
     try:
         yield con
     finally:
@@ -68,7 +72,7 @@ def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str],
          seed: int, validation_fraction: float, held_out: Path | None = None, standardize_targets: bool = True,
          estimate_fraction: float = 0.0, max_levels: int = 1 << 16, memory_bytes: int = 1 << 30,
          threads: int = 1) -> Joined:
-    """Join, split, shuffle and write (``workdir/fit.parquet``, ``workdir/validation.parquet`` and, with an
+    """Join, split and write (``workdir/fit.parquet``, ``workdir/validation.parquet`` and, with an
     ``estimate_fraction``, ``workdir/estimate.parquet``: the job's estimate rows by the rule of
     :func:`features_party.parts.estimate_mask`, never trained or validated on), then fit the preprocessing on the
     training part. ``held_out``: a Parquet file of example ids the job's split holds out."""
@@ -89,8 +93,7 @@ def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str],
         con.execute(f"""CREATE VIEW joined AS SELECT l.example_id, {selected}, l.label AS label,
                         CASE WHEN {estimating} THEN 'estimate'
                              WHEN hash(CAST(f.example_id AS VARCHAR) || ':validation:{seed}') % {HASH_RANGE} < {kept}
-                             THEN 'validation' ELSE 'fit' END AS part,
-                        hash(CAST(f.example_id AS VARCHAR) || ':order:{seed}') AS position
+                             THEN 'validation' ELSE 'fit' END AS part
                         FROM features f JOIN labels l ON CAST(f.example_id AS VARCHAR) = l.example_id
                         WHERE true {held}""")
         matched = _one(con, "SELECT count(*) FROM features f JOIN labels l "
@@ -99,9 +102,10 @@ def join(features: Path, labels: Path, workdir: Path, *, numeric: Sequence[str],
         for part in ("fit", "validation", "estimate")[:3 if estimate_fraction > 0 else 2]:
             paths[part] = workdir / f"{part}.parquet"
             quoted = ", ".join(f'"{c}"' for c in columns)
-            con.execute(f"COPY (SELECT example_id, {quoted}, label FROM joined WHERE part = '{part}' "
-                        f"ORDER BY position) TO '{literal(paths[part])}' "
-                        f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+            # no ORDER BY: a sort of the whole join's rows ran out of DuckDB's memory at 10⁷ rows (the scale bench;
+            # written as they join it took 46 s and stayed within it); the learners shuffle as they read
+            con.execute(f"COPY (SELECT example_id, {quoted}, label FROM joined WHERE part = '{part}') "
+                        f"TO '{literal(paths[part])}' (FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
         preprocessor, scaling = _fitted(con, paths["fit"], numeric, categorical, max_levels, standardize_targets)
     estimate = Rows(paths["estimate"], preprocessor) if "estimate" in paths else None
     return Joined(Rows(paths["fit"], preprocessor), Rows(paths["validation"], preprocessor), scaling, int(matched),
