@@ -115,8 +115,7 @@ def _joined(plan: JobPlan, features: Path, labels: Path, held: Path | None, work
         rows = joined.join(features, labels, work, numeric=request.numeric, categorical=request.categorical,
                            seed=request.train.seed, validation_fraction=request.train.validation_fraction,
                            held_out=held, estimate_fraction=plan.estimate.fraction if plan.estimate else 0.0,
-                           max_levels=gbdt.MAX_CATEGORIES, memory_bytes=settings.table_read_budget_bytes,
-                           threads=threads_per_job(settings.workers))
+                           max_levels=gbdt.MAX_CATEGORIES, memory_bytes=settings.table_read_budget_bytes)
     except duckdb.Error as err:
         raise LabelDPError(f"the features table cannot be joined with the labels: {str(err).splitlines()[0]}",
                            code=ErrorCode.MALFORMED_FILE) from None
