@@ -225,14 +225,8 @@ def _plan(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, auto: b
     _check_size(ctx.settings, request, learners, vocab_sizes, rows, output_dim=request.num_classes or 1, fits=fits)
     _check_mlp_memory(ctx.settings, request, learners, vocab_sizes, rows, output_dim=request.num_classes or 1,
                       fits=fits)
-    with labels_party_client(ctx, url, request.api_key) as client:
-        try:
-            dataset = client.get_dataset(request.dataset_id)
-            existing = client.get_release(request.release_id) if request.release_id else None
-        except (LabelsPartyError, httpx.HTTPError) as err:
-            raise upstream_error(err, party) from None
+    dataset, existing = _dataset_and_release(ctx, party, url, request)
     if existing is not None:
-        _check_existing(existing, request.dataset_id)
         mechanism, rows = existing.mechanism, min(rows, existing.num_examples)
     else:
         assert request.release is not None  # exactly one of release and release_id (checked above): no release_id
@@ -281,14 +275,7 @@ def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest
         _file, sha256 = id_lists.pinned_file(ctx, org_id, request.split, stored=stored)
         request = request.model_copy(update={"split": request.split.model_copy(update={"sha256": sha256})})
     _check_size(ctx.settings, request, learners, sizes, table_rows, output_dim=request.num_classes or 1, fits=1)
-    with labels_party_client(ctx, url, request.api_key) as client:
-        try:
-            dataset = client.get_dataset(request.dataset_id)
-            existing = client.get_release(request.release_id) if request.release_id else None
-        except (LabelsPartyError, httpx.HTTPError) as err:
-            raise upstream_error(err, party) from None
-    if existing is not None:
-        _check_existing(existing, request.dataset_id)
+    dataset, existing = _dataset_and_release(ctx, party, url, request)
     mechanism = existing.mechanism if existing is not None else request.release.mechanism  # type: ignore[union-attr]
     loss, num_classes = _loss_for(request, mechanism, dataset)
     if loss not in gbdt.OBJECTIVES:
@@ -362,6 +349,21 @@ def _check_streamed_memory(settings: TrainerSettings, request: schemas.JobReques
     if total > limit:
         raise LabelDPError(f"the job may take {what}, over this trainer's limit of {limit:.3g} ({setting})",
                            code=ErrorCode.JOB_TOO_LARGE)
+
+
+def _dataset_and_release(ctx: TrainerContext, party: str, url: str, request: schemas.JobRequest
+                         ) -> tuple[shared_schemas.Dataset, shared_schemas.Release | None]:
+    """The job's dataset and the existing release it names (checked: of that dataset, with labels), read from the
+    labels party."""
+    with labels_party_client(ctx, url, request.api_key) as client:
+        try:
+            dataset = client.get_dataset(request.dataset_id)
+            existing = client.get_release(request.release_id) if request.release_id else None
+        except (LabelsPartyError, httpx.HTTPError) as err:
+            raise upstream_error(err, party) from None
+    if existing is not None:
+        _check_existing(existing, request.dataset_id)
+    return dataset, existing
 
 
 def _check_options(request: schemas.JobRequest, stored: bool) -> bool:

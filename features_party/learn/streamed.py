@@ -38,6 +38,7 @@ from features_party.learn.train import (
     batch_shape,
     check_deadline,
     device_summary,
+    epoch_record,
     steps_per_call,
 )
 from shared import models
@@ -156,9 +157,7 @@ def _epochs(config: TrainConfig, state: train_steps.TrainState, epoch: Callable,
         started = time.perf_counter()
         state, train_loss = epoch(state)
         val_loss = validation_loss(state.params)
-        record = {"epoch": number, "train_loss": train_loss, "val_loss": val_loss,
-                  **({"val_mse": 2.0 * val_loss} if config.loss == "squared" else {}),
-                  "seconds": time.perf_counter() - started}
+        record = epoch_record(config, number, train_loss, val_loss, started)
         history.append(record)
         if on_epoch is not None:
             on_epoch(record)

@@ -233,9 +233,7 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
         calls = shuffled_batches()  # the host shuffles the next epoch while the device runs this one
         totals, val_loss = jax.device_get((totals, val_loss))
         train_loss, val_loss = float(np.sum(totals)) / steps * unit, float(val_loss) * unit
-        record = {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
-                  **({"val_mse": 2.0 * val_loss} if config.loss == "squared" else {}),
-                  "seconds": time.perf_counter() - started}
+        record = epoch_record(config, epoch, train_loss, val_loss, started)
         history.append(record)
         bar.set_postfix(val=f"{val_loss:.4g}")
         if on_epoch is not None:
@@ -244,6 +242,14 @@ def fit(config: TrainConfig, prepared: Prepared, *, on_epoch=None, progress: boo
         if stop:
             break
     return best, history
+
+
+def epoch_record(config: TrainConfig, epoch: int, train_loss: float, val_loss: float, started: float) -> dict:
+    """An epoch's metrics as a job reports them (label units; ``val_mse`` for the squared loss), ``started`` its
+    ``time.perf_counter()``."""
+    return {"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
+            **({"val_mse": 2.0 * val_loss} if config.loss == "squared" else {}),
+            "seconds": time.perf_counter() - started}
 
 
 def steps_per_call(num_params: int, batch_size: int) -> int:
