@@ -23,15 +23,17 @@ from labels_party.releases.source_datasets import snapshot_uri
 from labels_party.runtime import jobs
 from labels_party.runtime.jobs import Claimed, Failure, JobContext
 from labels_party.store import db
+from labels_party.store.usage import file_bytes, stored_bytes
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
+from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room
 
 log = logging.getLogger(__name__)
 
 # A job's failures that running it again cannot cure: the release fails at once, with this code and message (about
 # the deployment's key or the public document, nothing about the labels).
 FINAL = frozenset({"secret_key_missing", "sealed_secret_damaged", "invalid_mechanism_document",
-                   "mechanism_not_supported_on_spark", "job_format_retired"})
+                   "mechanism_not_supported_on_spark", "job_format_retired", "storage_quota_exceeded"})
 RETRIED = ("the release's Spark job failed; it is retried (the same charge and noise) a few times, then the release "
            "is failed: send the request again with its Idempotency-Key to run it again")
 
@@ -100,6 +102,7 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
             if release.state != "running":
                 ctx.jobs.table.finish(job, "failed")
                 return
+            _check_stored(ctx, _session, release, file_bytes(ctx.store, attempt))
             _put_in_place(ctx, attempt, release.file)
             seal(ctx.ledger, _session, release, sealed)
             release.error_json = None
@@ -145,6 +148,19 @@ def _sampler(document: dict, mechanism_hash: str):
         raise LabelDPError("the mechanism rebuilt from the release's document does not describe itself as the "
                            "document does", code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     return sampler
+
+
+def _check_stored(ctx: JobContext, session: Session, release: db.Release, written: int) -> None:
+    """The release's real output against its organization's quota, before it is kept: its estimate
+    (:func:`labels_party.store.usage.release_bytes`) is public arithmetic on what the registration counted, and the
+    files Spark writes are what the disk holds (the thirty-second review's releases wrote 24.7 times their estimate;
+    17 of them stored 23.56 times the quota). Over it, the release fails — charged, as every release whose labels
+    were drawn — and its files go. The organization's row is locked (after the dataset's and the release's, the
+    order of every writer): its label uploads' commits and its other releases' checks come one at a time."""
+    session.get(db.Organization, release.requester_org_id, with_for_update=True)
+    used = stored_bytes(session, ctx.store, release.requester_org_id, {release.file: written})
+    check_room(used - written, written, ctx.storage_quota, "keeping this release's files (its ε stays spent)",
+               KEPT_FOR_THE_AUDIT)
 
 
 def _put_in_place(ctx: JobContext, attempt: str, file: str) -> None:

@@ -64,6 +64,7 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
             dataset.source_snapshot, dataset.source_sha256, dataset.source_counts_file = \
                 taken.location, taken.sha256, counts
             dataset.num_examples = dataset.registry_size = histogram.num_examples
+            dataset.source_id_bytes = histogram.id_bytes
             dataset.state, dataset.error_json = "ready", None
             ctx.ledger.source_registered(_session, dataset, ctx.store.checked_digest(counts))  # what releases read
             job.result_json = json.dumps(ran)

@@ -86,6 +86,9 @@ class JobContext(Protocol):
     @property
     def jobs(self) -> JobRunner: ...
 
+    @property
+    def storage_quota(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Failure:

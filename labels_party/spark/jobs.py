@@ -62,6 +62,9 @@ class HistogramResult:
     support_values: np.ndarray  # float64, as given
     counts: np.ndarray  # int64, counts[i] = rows whose label equals support_values[i]
     num_examples: int
+    # Σ of the example ids' UTF-8 bytes, as a release writes them (strings): what its output holds whatever the
+    # source's compression (None: counts read back from a registration that did not measure them)
+    id_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray
         F.count(F.lit(1)).alias("rows"),
         F.count_if(F.col("example_id").isNull() | (F.col("example_id") == "")).alias("missing_ids"),
         F.count_if(F.col("label").isNull()).alias("missing_labels"),
+        F.sum(F.octet_length("example_id")).alias("id_bytes"),
     ).collect()  # at most |support| + 1 rows: the support values found, and everything else under null
     total = sum(row["rows"] for row in groups)
     if total == 0:
@@ -114,7 +118,7 @@ def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray
     counts = np.zeros(support.size, dtype=np.int64)
     for row in groups:
         counts[row_of[row["value"]]] = row["rows"]
-    return HistogramResult(support, counts, int(total))
+    return HistogramResult(support, counts, int(total), sum(int(row["id_bytes"] or 0) for row in groups))
 
 
 def privatize(spark: SparkSession, source: str, output: str, sampler, secret: bytes, *, support_values: np.ndarray,

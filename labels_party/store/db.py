@@ -76,6 +76,9 @@ class Dataset(Base):
     source_snapshot: Mapped[str | None] = mapped_column(String(300), nullable=True)
     source_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     source_counts_file: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    # Σ of its example ids' UTF-8 bytes as the registration counted them: what a release's output holds at least,
+    # whatever the copy's compression (labels_party.store.usage estimates releases on it)
+    source_id_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # ready, or (a source dataset) registering -> ready | failed: its copy and count are a job
     # (labels_party/runtime/jobs.py); a failed registration's {"code", "message"} (the refusal of its owner's source) in
     # error_json

@@ -14,6 +14,7 @@ Budget-state files are not counted: they grow with the releases an owner's grant
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -28,7 +29,9 @@ FACT_BYTES = 512  # a chain fact's row besides its record: hashes, index, its li
 COVERAGE_BYTES = 8  # an example of a release's coverage (a sorted int64 registry index)
 
 
-def stored_bytes(session: Session, store: DataStore, org_id: int) -> int:
+def stored_bytes(session: Session, store: DataStore, org_id: int, writing: Mapping[str, int] | None = None) -> int:
+    """The bytes an organization stores (the module's list); ``writing``: release files about to be put in place
+    (their location → their bytes), counted at those bytes instead of their estimate."""
     versions = session.execute(select(db.LabelVersion.file, db.LabelVersion.coverage_file).join(
         db.Dataset, db.Dataset.id == db.LabelVersion.dataset_id).where(db.Dataset.owner_org_id == org_id)).all()
     files = {name for row in versions for name in row}
@@ -44,10 +47,11 @@ def stored_bytes(session: Session, store: DataStore, org_id: int) -> int:
     documents = session.scalar(select(func.coalesce(func.sum(func.length(db.MechanismDocument.body)), 0)).where(
         db.MechanismDocument.hash.in_(select(db.Release.mechanism_hash).where(mine).distinct()))) or 0
     return (sum(file_bytes(store, name) for name in files) + ROW_BYTES * int(datasets[0]) + int(datasets[1])
-            + FACT_BYTES * int(facts[0]) + int(facts[1]) + _releases_bytes(session, store, mine) + int(documents))
+            + FACT_BYTES * int(facts[0]) + int(facts[1]) + _releases_bytes(session, store, mine, writing or {})
+            + int(documents))
 
 
-def _releases_bytes(session: Session, store: DataStore, mine) -> int:
+def _releases_bytes(session: Session, store: DataStore, mine, writing: Mapping[str, int]) -> int:
     """The releases' files — a release not written yet (a source release's Spark job, queued) at what it will
     write: the thirty-first review queued 20 source releases, each counted at its row until its job wrote the
     whole source, and stored 4.67 times its quota — their coverage, rows and summaries."""
@@ -57,7 +61,7 @@ def _releases_bytes(session: Session, store: DataStore, mine) -> int:
     per_row: dict[str, tuple[float, int]] = {}
     total = 0
     for file, examples, state, mechanism, dataset_id, described, prior in rows:
-        written = file_bytes(store, file)
+        written = writing[file] if file in writing else file_bytes(store, file)
         if not written and state not in ("failed", "available"):
             if dataset_id not in per_row:
                 per_row[dataset_id] = _dataset_rows(session, store, dataset_id)
@@ -68,16 +72,32 @@ def _releases_bytes(session: Session, store: DataStore, mine) -> int:
 
 
 def _dataset_rows(session: Session, store: DataStore, dataset_id: str) -> tuple[float, int]:
-    """A dataset's bytes a row as its current version (or its source's copy) stores them, and its classes."""
+    """A dataset's bytes a row in a release (:func:`bytes_a_row`) and its classes."""
     dataset = session.get(db.Dataset, dataset_id)
     if dataset is None:
         return 0.0, 1
     version = session.scalar(select(db.LabelVersion.file).where(db.LabelVersion.dataset_id == dataset_id,
                                                                 db.LabelVersion.version == dataset.label_version))
-    stored = version or dataset.source_snapshot
     domain = json.loads(dataset.domain_json)
     classes = int(domain.get("num_classes") or len(domain.get("values") or ()) or 1)
-    return (file_bytes(store, stored) / max(int(dataset.num_examples or 0), 1) if stored else 0.0), classes
+    return bytes_a_row(store, dataset, version, int(dataset.num_examples or 0)), classes
+
+
+ID_LENGTH_BYTES = 4  # a string's length before its bytes, as a Parquet page written plain stores it
+
+
+def bytes_a_row(store: DataStore, dataset: db.Dataset, version_file: str | None, rows: int) -> float:
+    """What one of ``rows`` rows takes in a release's file besides its values: a source dataset's ids as its
+    registration counted them (the thirty-second review: an owner's copy compressed 4,000-character ids to 95.5 bytes
+    a row, and each release wrote ~2,760 under Spark's own pages — 23.56 times the quota) — or, registered before
+    they were counted, its copy's bytes a row (its release's real output is checked before it is kept:
+    :mod:`labels_party.releases.privatization`); an uploaded dataset's label version's bytes a row (the service
+    wrote it, as it writes the release)."""
+    if dataset.source_uri is not None:
+        if dataset.source_id_bytes is not None:
+            return dataset.source_id_bytes / max(rows, 1) + ID_LENGTH_BYTES
+        version_file = dataset.source_snapshot
+    return file_bytes(store, version_file) / max(rows, 1) if version_file else 0.0
 
 
 def _column_per_class(mechanism: str) -> bool:
@@ -102,12 +122,11 @@ def release_bytes(ctx, snapshot, examples: int, priced, example_ids=None) -> int
     """What a release of ``examples`` examples will store, from public inputs, before it is drawn (the thirtieth
     review: a release admitted 1 byte under its organization's quota wrote 14.4 MB, 4.8 times a 3 MB quota — ALIBI
     and label-set releases write a column per class): each example's id and label as its label version stores them
-    (the version's bytes a row), a value per output column (one per class when its mechanism publishes one), and
+    (:func:`bytes_a_row`), a value per output column (one per class when its mechanism publishes one), and
     the coverage and row its record keeps. A release of ``example_ids`` writes them as the request gave them: their
     own bytes, not the version's (ids that share long prefixes compress in the version, not in a request that
     interleaves them: 10.35 times the version's estimate, the thirty-first review)."""
-    version_rows = max(int(snapshot.num_examples), 1)
-    per_row = file_bytes(ctx.store, snapshot.file) / version_rows
+    per_row = bytes_a_row(ctx.store, snapshot.dataset, snapshot.file, int(snapshot.num_examples))
     family = getattr(priced, "family", None)
     columns = snapshot.domain.support().size if getattr(family, "column_per_class", False) else 1
     if example_ids:  # their own bytes instead of the version's bytes a row (which count the ids once already: the

@@ -26,7 +26,7 @@ from labels_party.store.storage import DataStore
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
-HEAD = "0019"  # the newest migration in labels_party/store/migrations/versions
+HEAD = "0020"  # the newest migration in labels_party/store/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""

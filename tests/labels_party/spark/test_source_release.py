@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from labels_party.http.api import create_app
 from labels_party.http.audit import verify_audit
@@ -443,3 +444,78 @@ def test_migration_0018_chains_the_registration_of_a_source_dataset_registered_b
         assert verify_audit(upgraded)["valid"]
     finally:
         upgraded.close()
+
+
+def test_a_source_release_is_estimated_on_its_ids_and_kept_only_within_the_quota(spark, tmp_path):
+    """Issue 40's thirty-second review: an owner wrote its source as one zstd page of 4,000-character ids repeating
+    every 300 rows — 95.5 bytes a row in the copy, ~2,760 in each release's output under Spark's own pages — and 17
+    queued releases estimated on the copy stored 23.56 times the quota. The registration counts the ids' bytes, and a
+    release is estimated on them (so the second one here is refused before anything is drawn or charged); a release
+    whose real output would be over the quota anyway (a source registered before the ids were counted, estimated on
+    its copy) fails when its job is done — charged, its files gone."""
+    from labels_party.store.usage import stored_bytes
+
+    rows, period, length = 3_000, 300, 4_000
+    rng = np.random.default_rng(11)
+    stems = [rng.bytes((length - 8) // 2).hex() for _ in range(period)]
+    ids = [stems[i % period] + f"{i:08d}" for i in range(rows)]
+    (tmp_path / "sources" / "long").mkdir(parents=True)
+    pq.write_table(pa.table({"example_id": ids, "label": np.arange(rows) % 10}),
+                   tmp_path / "sources" / "long" / "part-00.parquet", compression="zstd", compression_level=9, use_dictionary=False,
+                   data_page_size=1 << 30, row_group_size=1 << 30)
+
+    def service(quota: int):
+        settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
+                                  spark_sources={"hospital": [f"{tmp_path}/sources/"]}, job_retry_seconds=0,
+                                  max_stored_bytes_per_org=quota)
+        return make_context(settings=settings)
+
+    ctx = service(10**9)
+    with ctx.sessions() as session, session.begin():
+        key = {"Authorization": f"Bearer {create_key(ctx.ledger, session, 'hospital', 'admin')}"}
+    client = TestClient(create_app(ctx), raise_server_exceptions=False)
+    dataset = register(ctx, client, key, _body(f"{tmp_path}/sources/long", epsilon_total=10))["id"]
+
+    def used() -> int:
+        with ctx.sessions() as session:
+            return stored_bytes(session, ctx.store, session.scalar(select(db.Organization.id)))
+
+    def rr(name: str):
+        return client.post(f"/v1/datasets/{dataset}/releases", headers={**key, "Idempotency-Key": name},
+                           json={"mechanism": "rr", "epsilon": 1})
+
+    with ctx.sessions() as session:
+        assert session.get(db.Dataset, dataset).source_id_bytes == rows * length  # counted by Spark, exactly
+    copy = used()
+    assert copy < rows * length / 10  # the owner's copy compresses its ids ~18-fold
+    first = rr("first")
+    assert first.status_code == 202, first.text
+    estimate = used() - copy
+    assert ctx.jobs.run_pending() == 1
+    written = sum(p.stat().st_size for p in ctx.store.path(f"releases/{first.json()['id']}").rglob("*"))
+    assert written > rows * length / 3  # Spark's pages hold no repeat: the ids are written again, hex-compressed
+    # the estimate: their bytes (hex compresses to half in the output), a length and a value each, coverage
+    assert written < estimate < 2.1 * written
+    ctx.close()
+
+    ctx = service(used() + written // 2)  # room for half of what a release writes
+    client = TestClient(create_app(ctx), raise_server_exceptions=False)
+    spent = client.get(f"/v1/datasets/{dataset}/budget", headers=key).json()["epsilon_spent"]
+    expect = rr("refused")
+    assert expect.status_code == 507 and expect.json()["error"]["code"] == "storage_quota_exceeded", expect.text
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=key).json()["epsilon_spent"] == spent  # free
+
+    with ctx.sessions() as session, session.begin():  # as a source registered before the ids were counted
+        session.get(db.Dataset, dataset).source_id_bytes = None
+    late = rr("late")
+    assert late.status_code == 202, late.text  # estimated on the copy's bytes a row: admitted
+    assert ctx.jobs.run_pending() == 1
+    failed = client.get(f"/v1/releases/{late.json()['id']}", headers=key).json()
+    assert failed["state"] == "failed" and failed["error"]["code"] == "storage_quota_exceeded", failed
+    assert "ε stays spent" in failed["error"]["message"]
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=key).json()["epsilon_spent"] == spent + 1  # charged
+    assert not ctx.store.path(f"releases/{late.json()['id']}").exists()
+    assert list(ctx.store.path(jobs.ATTEMPTS).iterdir()) == []
+    assert used() <= ctx.storage_quota
+    assert verify_audit(ctx)["valid"]
+    ctx.close()
