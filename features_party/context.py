@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from features_party import db, migrations
 from features_party.settings import TrainerSettings
@@ -29,6 +29,8 @@ from shared.service.sealing import Sealer, sealer
 from shared.service.storage_quota import check_room, org_quota, tree_bytes
 
 log = logging.getLogger("labeldp.features")
+
+ENDED = ("succeeded", "failed")  # a job that will write nothing more
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,33 @@ class TrainerContext:
             yield
 
     def check_storage(self, org_id: int, more: int, what: str) -> None:
-        """Refuse ``what`` (507 storage_quota_exceeded) when what the organization stores — its directory (features
-        tables, id lists) and its jobs' models and predictions — with ``more`` bytes would be over its quota."""
+        """Refuse ``what`` (507 storage_quota_exceeded) when what the organization stores (:meth:`_stored`) with
+        ``more`` bytes would be over its quota."""
         with self.sessions() as session:
-            jobs = session.scalars(select(db.Job.id).where(db.Job.org_id == org_id)).all()
-        used = tree_bytes(self.org_dir(org_id)) + sum(tree_bytes(self.data_dir / "jobs" / job) for job in jobs)
-        check_room(used, more, self.storage_quota, what)
+            check_room(self._stored(session, org_id), more, self.storage_quota, what)
+
+    def reserve_output(self, org_id: int, job_id: str, more: int, what: str) -> None:
+        """:meth:`check_storage` for a job's outputs, and ``more`` recorded as the job's estimate, in one
+        transaction that locks the organization's row: its jobs created or resumed at once, on any replica, are
+        checked one at a time, each on the others' estimates (the job's own is replaced)."""
+        with self.sessions() as session, session.begin():
+            session.get(db.Organization, org_id, with_for_update=True)
+            check_room(self._stored(session, org_id, job_id), more, self.storage_quota, what)
+            job = session.get(db.Job, job_id)
+            if job is not None:
+                job.output_bytes = more
+
+    def _stored(self, session: Session, org_id: int, instead_of: str | None = None) -> int:
+        """What the organization stores: its directory (features tables, id lists) and its jobs' directories
+        (models, predictions) — a job that has not ended at least at its plan's estimate (issue 40's
+        thirty-second review: jobs waiting to run counted nothing until they wrote, and ``max_jobs_per_org`` of
+        them passed one check), except the job ``instead_of``, whose estimate is being replaced."""
+        jobs = session.execute(select(db.Job.id, db.Job.status, db.Job.output_bytes)
+                               .where(db.Job.org_id == org_id)).all()
+        return tree_bytes(self.org_dir(org_id)) + sum(
+            max(tree_bytes(self.data_dir / "jobs" / job),
+                0 if status in ENDED or job == instead_of else int(estimate or 0))
+            for job, status, estimate in jobs)
 
     @property
     def data_dir(self) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Float, ForeignKey, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Float, ForeignKey, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from shared.service.database import NAMING_CONVENTION, UtcDateTime, new_id, utcnow  # noqa: F401 (new_id: API)
@@ -89,4 +89,7 @@ class Job(LeaseColumns, Base):
     request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     sealed_api_key: Mapped[bytes | None] = mapped_column(LargeBinary(), nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    # what its plan estimated it will store (model, predictions): counted for its organization's quota until it
+    # ends (features_party.context.TrainerContext.reserve_output), whatever it has written so far
+    output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 

@@ -210,8 +210,8 @@ def _start(ctx: TrainerContext, principal: Principal, request: schemas.JobReques
     try:
         plan = plan_job(ctx, principal.org_id, request)
         # its models and predictions will be stored: refused at its organization's quota, before anything is spent
-        ctx.check_storage(principal.org_id, plan.output_bytes, "a new job (its model and a prediction for each "
-                          "row of its features table)")
+        ctx.reserve_output(principal.org_id, job_id, plan.output_bytes, "a new job (its model and a prediction for "
+                           "each row of its features table)")
     except Exception:  # refused (a 4xx), or failed: nothing was asked of the labels party but reads
         _discard(ctx, job_id)
         raise
@@ -295,7 +295,7 @@ def resume_job(ctx: TrainerContext, principal: Principal, job_id: str, api_key: 
         stored = json.loads(row.request_json)
     sealed = jobs.seal_api_key(ctx, job_id, api_key)  # 503 secret_key_missing while there is no secret key
     plan = plan_job(ctx, principal.org_id, schemas.JobRequest(**stored, api_key=api_key), stored=True)  # 4xx: as is
-    ctx.check_storage(principal.org_id, plan.output_bytes, "resuming the job (its model and predictions)")
+    ctx.reserve_output(principal.org_id, job_id, plan.output_bytes, "resuming the job (its model and predictions)")
     with ctx.sessions() as session, session.begin():
         _lock_organization(session, principal)
         row = _job_row(session, principal, job_id, lock=True)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import sessionmaker
 from features_party.db import Base
 from shared.service.database import Migrations
 
-HEAD = "0006"  # the newest script in versions/ (tests/features_party/test_migrations.py checks it against Alembic)
+HEAD = "0007"  # the newest script in versions/ (tests/features_party/test_migrations.py checks it against Alembic)
 MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, None, HEAD, "labeldp features upgrade-db")
 
 

@@ -18,7 +18,7 @@ from features_party.migrations import MIGRATIONS, make_sessionmaker
 from shared.service.database import make_engine
 from tests.support.databases import fresh_database
 
-HEAD = "0006"  # the newest revision of features_party/migrations/versions
+HEAD = "0007"  # the newest revision of features_party/migrations/versions
 
 
 def _schema(url: str) -> dict:

@@ -461,8 +461,8 @@ def test_a_source_release_is_estimated_on_its_ids_and_kept_only_within_the_quota
     ids = [stems[i % period] + f"{i:08d}" for i in range(rows)]
     (tmp_path / "sources" / "long").mkdir(parents=True)
     pq.write_table(pa.table({"example_id": ids, "label": np.arange(rows) % 10}),
-                   tmp_path / "sources" / "long" / "part-00.parquet", compression="zstd", compression_level=9, use_dictionary=False,
-                   data_page_size=1 << 30, row_group_size=1 << 30)
+                   tmp_path / "sources" / "long" / "part-00.parquet", compression="zstd", compression_level=9,
+                   use_dictionary=False, data_page_size=1 << 30, row_group_size=1 << 30)  # one page: repeats found
 
     def service(quota: int):
         settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
