@@ -36,9 +36,9 @@ from realistic_priors import psid_weeks_worked
 
 from labels_party.core.registry import build
 from labels_party.spark.jobs import label_histogram, privatize
-from labels_party.spark.session import spark_session
 from shared.domains import integer_range
 from shared.randomness import new_release_secret, secure_rng
+from shared.spark.session import spark_session
 
 DOMAIN = integer_range(1, 52)
 

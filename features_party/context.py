@@ -27,6 +27,8 @@ from shared.service.leases import JobRunner
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
 from shared.service.storage_quota import check_room, org_quota, tree_bytes
+from shared.spark.runner import SparkJobs
+from shared.spark.security import spark_secret
 
 log = logging.getLogger("labeldp.features")
 
@@ -38,6 +40,8 @@ class TrainerContext:
     settings: TrainerSettings
     sessions: sessionmaker
     sealer: Sealer = field(kw_only=True)  # seals and opens jobs' labels-party API keys
+    # this process's session on the trainer's Spark cluster (settings.spark_master; None: jobs train in process)
+    spark_jobs: SparkJobs | None = field(default=None, kw_only=True)
     scratch: Scratch = field(kw_only=True)  # this process's spool directory under the data directory
     # this process's job workers (not started: `serve` starts them), bound by features_party.process.make_context:
     # the jobs module works on this context, so the context cannot import it (no import circles)
@@ -112,9 +116,13 @@ def build_context(settings: TrainerSettings | None = None, *, upgrade: bool = Fa
     """The context without its job workers (:func:`features_party.process.make_context` binds them)."""
     settings = settings or TrainerSettings()
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    spark = None if settings.spark_master is None else SparkJobs(
+        settings.spark_master, str(Path(settings.data_dir).resolve() / "spark"),
+        spark_secret(settings.spark_master, settings.spark_secret_file), app_name="labeldp-trainer")
     ctx = TrainerContext(settings, migrations.make_sessionmaker(make_engine(settings.database_url), upgrade=upgrade),
                          sealer=sealer(settings), scratch=Scratch(settings.data_dir, settings.spool_budget_bytes,
-                                                                   settings.json_decode_wait_seconds))
+                                                                   settings.json_decode_wait_seconds),
+                         spark_jobs=spark)
     collect_leftovers(ctx)
     return ctx
 

@@ -9,6 +9,7 @@ every attempt asks the labels party for the same release — or, the list replac
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from features_party.client import LabelsPartyClient, LabelsPartyError
 from features_party.context import TrainerContext
 from features_party.feature_datasets import is_dataset
 from features_party.features import Preprocessor, check_present, table_bytes
-from features_party.learn import gbdt, losses
+from features_party.learn import gbdt, losses, spark_trees
 from features_party.learn.train import TrainConfig
 from features_party.parts import AutoPlan
 from features_party.settings import TrainerSettings
@@ -201,6 +202,9 @@ def plan_job(ctx: TrainerContext, org_id: int, request: schemas.JobRequest, *, s
         features_file, table_rows = table.file, table.num_examples
     if is_dataset(features_file):
         return _plan_streamed(ctx, org_id, request, learners, features_file, table_rows, stored=stored)
+    if request.engine != "local":
+        raise _invalid("engine 'spark' trains on a features table imported as Parquet files (labeldp features "
+                       "import-features); this table was uploaded: use engine 'local'")
     check_columns(features_file, request.numeric, request.categorical)
     columns = [*request.numeric, *request.categorical]
     with ctx.table_reads.held(table_bytes(features_file, columns), "reading the job's columns of its features table",
@@ -284,6 +288,8 @@ def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest
     _check_size(ctx.settings, request, learners, sizes, table_rows, output_dim=output_dim, fits=1)
     for learner in learners:
         _check_streamed_memory(ctx.settings, request, learner, sizes, table_rows, output_dim)
+    if request.engine == "spark":
+        _check_spark(ctx.settings, request, learners, loss, table_rows)
     configs = {learner: _config(request.train, learner, loss) for learner in learners}
     # estimate rows from the job's own release only (a release of their own would name them: not at this size)
     estimate = _estimate_plan(request, existing, dataset, dataset.label_kind == "classes")
@@ -310,6 +316,28 @@ def _streamed_refusal(request: schemas.JobRequest) -> str | None:
     if release is not None and release.example_ids is not None:
         return NOT_YET.format(what="release.example_ids") + ": hold rows out with split"
     return None
+
+
+def _check_spark(settings: TrainerSettings, request: schemas.JobRequest, learners: tuple[str, ...], loss: str,
+                 rows: int) -> None:
+    """A job on the trainer's Spark cluster (:mod:`features_party.learn.spark_trees`): trees with a loss the
+    cluster's estimator takes, on a trainer that has a cluster, whose executors each hold at most
+    ``spark_worker_memory_bytes`` of its rows (a float32 a feature, and :data:`TREE_ROW_BYTES`, a row)."""
+    if settings.spark_master is None:
+        raise _invalid("this trainer has no Spark cluster (its spark_master setting): use engine 'local'")
+    if learners != ("gbdt",):
+        raise _invalid("engine 'spark' boosts trees (train.model 'gbdt'); the MLP trains in the trainer's process, "
+                       "on its GPU when it has one: use engine 'local'")
+    if loss not in spark_trees.LOSSES:
+        raise _invalid(f"engine 'spark' trains the squared and cross-entropy losses, not {loss!r} (its gradient is "
+                       "the trainer's own function): use engine 'local'")
+    per_worker = math.ceil(rows / settings.spark_workers) * (4 * (len(request.numeric) + len(request.categorical))
+                                                            + TREE_ROW_BYTES)
+    if per_worker > settings.spark_worker_memory_bytes:
+        limit = settings.spark_worker_memory_bytes
+        raise LabelDPError(f"each of the job's {settings.spark_workers} Spark workers may hold {per_worker:.3g} bytes "
+                           f"of its {rows:,} rows, over this trainer's limit of {limit:.3g} "
+                           "(spark_worker_memory_bytes)", code=ErrorCode.JOB_TOO_LARGE)
 
 
 def _streamed_levels(features: Path, request: schemas.JobRequest, memory_bytes: int, work: Path) -> tuple[int, ...]:

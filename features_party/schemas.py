@@ -151,6 +151,9 @@ class JobRequest(BaseModel):
     protocol: Literal["single", "lp-mst"] = "single"  # lp-mst: multi-stage RRWithPrior (classes only)
     stages: Annotated[int, Field(ge=1, le=5), schemas.INTEGRAL] = 2
     temperature: float = Field(default=1.0, gt=0, le=100)
+    engine: Literal["local", "spark"] = Field(default="local", description=(
+        "where the model trains: in the trainer's process (`local`), or — trees on a features table imported as "
+        "Parquet files — on the trainer's Spark cluster (`spark`: XGBoost's PySpark estimator on its executors)"))
     estimate_fraction: float = Field(default=0.1, ge=0, le=0.5, description=(
         "the share of the training rows the job keeps to estimate its model's test loss and the constant "
         "predictor's (never trained on; their labels released by an unbiased mechanism, the job's own when it is "

@@ -98,11 +98,12 @@ def stored_request(request: schemas.JobRequest) -> dict:
     the shape a request had before issue 39's fields, when it uses their defaults, so that its digest (a resent
     request's Idempotency-Key check) is the one it always had: a fixed job's learner stated (``mlp``, the default
     then and now), ``estimate_fraction`` only when not the default, an auto release's ``validation`` only when
-    set. Jobs stored before then hold
+    set, ``engine`` (issue 43) only when not ``local``. Jobs stored before then hold
     ``estimate_fraction: 0`` (migration 0006): they were planned without estimate rows, and replan so."""
     stored = request.model_dump(mode="json", exclude={"api_key"})
-    if stored["estimate_fraction"] == schemas.JobRequest.model_fields["estimate_fraction"].default:
-        del stored["estimate_fraction"]
+    for name in ("estimate_fraction", "engine"):
+        if stored[name] == schemas.JobRequest.model_fields[name].default:
+            del stored[name]
     if stored["train"]["model"] is None and not isinstance(request.release, schemas.AutoRelease):
         stored["train"]["model"] = "mlp"
     if isinstance(request.release, schemas.AutoRelease) and request.release.validation is None:

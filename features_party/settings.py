@@ -87,6 +87,15 @@ class TrainerSettings(HttpSettings, SecretKeySettings):
     max_job_seconds: float = Field(default=1800.0, gt=0)  # a running job past it stops: failed, job_time_limit
     max_jobs_per_org: int = Field(default=4, ge=1)  # queued + running; beyond: 429 too_many_jobs + Retry-After
     min_train_examples: int = Field(default=10, ge=1)  # fewer to train on: 400 too_few_examples, nothing requested
+    # A Spark cluster of the trainer's own (never the labels party's: its executors read true labels), where jobs
+    # with "engine": "spark" boost their trees (features_party.learn.spark_trees): its master URL ("local[N]" runs
+    # the executors in this process), the cluster's shared authentication secret (a file of mode 0600, which the
+    # master and workers read too; required with a master that is not local), the XGBoost workers a job runs on
+    # (executor tasks at once: at most the cluster's cores) and the memory each may hold of a job's rows.
+    spark_master: str | None = None
+    spark_secret_file: Path | None = None
+    spark_workers: int = Field(default=2, ge=1, le=1024)
+    spark_worker_memory_bytes: int = Field(default=1 << 30, gt=0)
 
     @field_validator("labels_parties")
     @classmethod

@@ -21,6 +21,7 @@ charged too (a job on an in-memory table names its ids).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -34,7 +35,7 @@ from features_party import schemas as trainer_schemas
 from features_party.attempt import Attempt, release_summary, save_model_file, succeed
 from features_party.client import LabelsPartyClient
 from features_party.context import TrainerContext
-from features_party.learn import gbdt, streamed
+from features_party.learn import gbdt, spark_trees, streamed
 from features_party.learn.gbdt import GbdtConfig, GbdtResult, threads_per_job
 from features_party.learn.output import Output
 from features_party.learn.train import Deadline, TrainResult
@@ -75,7 +76,7 @@ def run(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient,
         attempt.update(release_json=json.dumps(release_summary(release)),
                        num_train_examples=rows.fit.rows + rows.validation.rows,
                        epochs=plan.config.n_estimators if isinstance(plan.config, GbdtConfig) else plan.config.epochs)
-        result = _train(plan, rows, work, deadline, on_epoch, threads_per_job(settings.workers))
+        result = _train(attempt, plan, rows, work, deadline, on_epoch)
         output = Output()
         model_file = save_model_file(attempt.workdir, result, rows.fit.preprocessor,
                                      {"release_id": release.id, "mechanism": release.mechanism,
@@ -127,9 +128,16 @@ def _joined(plan: JobPlan, features: Path, labels: Path, held: Path | None, work
     return rows
 
 
-def _train(plan: JobPlan, rows: joined.Joined, work: Path, deadline: Deadline, on_epoch,
-           threads: int) -> TrainResult | GbdtResult:
-    config = plan.config
+def _train(attempt: Attempt, plan: JobPlan, rows: joined.Joined, work: Path, deadline: Deadline,
+           on_epoch) -> TrainResult | GbdtResult:
+    config, ctx = plan.config, attempt.ctx
+    threads = threads_per_job(ctx.settings.workers)
+    if plan.request.engine == "spark":  # planned only with a cluster, for trees of the losses it takes
+        assert ctx.spark_jobs is not None and isinstance(config, GbdtConfig)
+        result, _ran = spark_trees.fit(ctx.spark_jobs.session(), config, rows.fit, rows.validation,
+                                       workers=ctx.settings.spark_workers, job=f"job-{attempt.job_id}",
+                                       num_classes=plan.num_classes, on_epoch=on_epoch, deadline=deadline)
+        return dataclasses.replace(result, threads=threads)
     if isinstance(config, GbdtConfig):
         base = rows.scaling.shift if config.loss == "poisson" else None
         return streamed.fit_gbdt(config, rows.fit, rows.validation, work / "xgb", num_classes=plan.num_classes,

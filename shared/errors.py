@@ -136,7 +136,7 @@ class ErrorCode(StrEnum):
     # a job's sealed secret cannot be opened (shared.service.sealing): no secret key now, or not the one it was
     # sealed with; or the sealed value is damaged
     SECRET_KEY_MISSING = ("secret_key_missing", 503)
-    # a Spark cluster master without the deployment's shared authentication secret (labels_party/spark/session.py)
+    # a Spark cluster master without the deployment's shared authentication secret (shared/spark/session.py)
     SPARK_NOT_SECURED = ("spark_not_secured", 503)
     SEALED_SECRET_DAMAGED = ("sealed_secret_damaged", 503)
     # the audit key in use is not the one that signs this data directory's accounts (labels_party/runtime/context.py): a

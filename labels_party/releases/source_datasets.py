@@ -84,10 +84,10 @@ def classify(err: Exception) -> tuple[Failure, bool]:
 
 
 def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarray):
-    """The exact histogram of the copy and where Spark counted it (:func:`labels_party.spark.session.execution`);
+    """The exact histogram of the copy and where Spark counted it (:func:`shared.spark.session.execution`);
     its refusals name the admin's source, never the data directory."""
     from labels_party.spark.jobs import label_histogram  # PySpark only where source datasets are used
-    from labels_party.spark.session import execution
+    from shared.spark.session import execution
 
     path = str(ctx.store.path(location).resolve())
     uri = ctx.store.path(location).resolve().as_uri()

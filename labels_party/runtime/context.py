@@ -26,19 +26,19 @@ from labels_party.ledger.signing import load_or_create_key_file, public_hex
 from labels_party.runtime import jobs, recovery
 from labels_party.runtime.quotas import ReleaseQuotas
 from labels_party.runtime.settings import LabelsSettings
-from labels_party.spark.runner import SparkJobs
-from labels_party.spark.security import security_conf
 from labels_party.spark.snapshot import local_path
 from labels_party.store import db, housekeeping, migrations
 from labels_party.store.storage import DataStore
 from shared.errors import ErrorCode, LabelDPError
 from shared.randomness import secure_rng
 from shared.service.budgets import ByteBudget
-from shared.service.keyfiles import create_private_file, read_private_file
+from shared.service.keyfiles import create_private_file
 from shared.service.leases import JobRunner, Lease
 from shared.service.scratch import Scratch
 from shared.service.sealing import Sealer, sealer
 from shared.service.storage_quota import org_quota
+from shared.spark.runner import SparkJobs
+from shared.spark.security import spark_secret
 
 log = logging.getLogger("labeldp.labels")
 
@@ -94,7 +94,7 @@ def make_context(database_url: str | None = None, data_dir: str | Path | None = 
     ledger = Ledger(store, signer)
     scratch = Scratch(settings.data_dir, settings.spool_budget_bytes, settings.json_decode_wait_seconds)
     spark_jobs = SparkJobs(settings.spark_master, str(Path(settings.data_dir).resolve() / "tmp" / "spark"),
-                           spark_secret(settings))
+                           spark_secret(settings.spark_master, settings.spark_secret_file))
     check_source_prefixes(settings)
 
     def run_job(lease: Lease, lost: threading.Event) -> None:
@@ -320,21 +320,6 @@ def _signer_mismatch(settings: LabelsSettings, recorded: str | None, public: str
     return LabelDPError(f"this data directory's accounts are signed by {signer} and {found}: set "
                         "LABELDP_AUDIT_KEY_FILE to that key's file (nothing was changed)",
                         code=ErrorCode.AUDIT_KEY_MISMATCH)
-
-
-def spark_secret(settings: LabelsSettings) -> str | None:
-    """The Spark cluster's shared authentication secret from settings; a secret file that others may read, or a
-    cluster master without one, is refused at start rather than at a release's first job."""
-    secret = None
-    if settings.spark_secret_file is not None:
-        data = read_private_file(settings.spark_secret_file, what="the Spark secret file",
-                                 code=ErrorCode.SPARK_NOT_SECURED)
-        secret = data.decode().strip() if data is not None else None
-        if not secret:
-            raise LabelDPError("the Spark secret file (spark_secret_file) is missing or empty",
-                               code=ErrorCode.SPARK_NOT_SECURED)
-    security_conf(settings.spark_master, secret)  # the session's own rule
-    return secret
 
 
 def check_source_prefixes(settings: LabelsSettings) -> None:

@@ -41,13 +41,13 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from labels_party.ledger import Ledger
 from labels_party.runtime.settings import LabelsSettings
-from labels_party.spark.runner import SparkJobs
 from labels_party.store import db
 from labels_party.store.storage import DataStore
 from shared.errors import ErrorCode, resource_error
 from shared.service.leases import JobRunner, Lease, LeaseTable
 from shared.service.scratch import remove
 from shared.service.sealing import Sealer
+from shared.spark.runner import SparkJobs
 
 log = logging.getLogger("labeldp.jobs")
 

@@ -100,7 +100,7 @@ class LabelsSettings(HttpSettings, QuotaSettings, SecretKeySettings):
     spark_sources: dict[str, list[str]] = Field(default_factory=dict)
     # A cluster master's shared authentication secret (a file of mode 0600; the master and workers read the same
     # one): Spark's RPC between the driver and executors is authenticated and encrypted with it. Required with a
-    # master that is not local (labels_party/spark/session.py says why).
+    # master that is not local (shared/spark/session.py says why).
     spark_secret_file: Path | None = None
     # Durable jobs (labels_party/runtime/jobs.py: a source's registration, a source release's Spark job), run by every
     # `serve` process on the shared database under leases (shared/service/leases.py): a lease lasts

@@ -46,9 +46,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, NumericType, StringType
 
-from labels_party.spark.session import ARROW_BATCH_ROWS, execution
 from shared.errors import ErrorCode, LabelDPError, known_code
 from shared.randomness import derived_rng
+from shared.spark.session import ARROW_BATCH_ROWS, execution
 
 DEFAULT_MAX_PARTITION_BYTES = 128 << 20  # Spark's default split size, pinned so the partitioning is the source's
 DEFAULT_MIN_PARTITIONS = 64  # smaller splits (not below openCostInBytes) for sources under 64 x 128 MB
@@ -75,7 +75,7 @@ class PrivatizeResult:
     max_partition_bytes: int
     min_partitions: int
     batch_rows: int  # Arrow batch size the samplers saw
-    execution: dict[str, str | int]  # where the write ran (labels_party.spark.session.execution)
+    execution: dict[str, str | int]  # where the write ran (shared.spark.session.execution)
 
 
 def label_histogram(spark: SparkSession, source: str, support_values: np.ndarray) -> HistogramResult:

@@ -10,7 +10,7 @@ import shutil
 import pytest
 from pyspark import cloudpickle
 
-from labels_party.spark.session import spark_session
+from shared.spark.session import spark_session
 from tests.labels_party.spark import samplers
 
 

@@ -1,7 +1,7 @@
 """The attack an outside review ran on the labels service's Spark driver: with no credentials, it fetched the
 broadcast block holding a release's task closure — its secret — from the driver's block manager, which listened
 unauthenticated on the host's external address, and recovered every true label from the released ones. The
-service's sessions (labels_party/spark/session.py) authenticate and encrypt Spark's RPC and bind a local driver to
+service's sessions (shared/spark/session.py) authenticate and encrypt Spark's RPC and bind a local driver to
 loopback: the same fetch gets nothing. The fetch is first shown to work against an unsecured driver (a separate
 process: one SparkContext per process), so its failure here is the defense, not a broken attack.
 
@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-from labels_party.spark.security import security_conf
 from shared.errors import LabelDPError
+from shared.spark.security import security_conf
 from tests.support.spark_blocks import fetch_block
 
 SECRET = b"release-secret-0123456789abcdef!"  # 32 bytes, as a release's secret

@@ -1,4 +1,4 @@
-"""The SparkSession release jobs run in.
+"""The SparkSession a service's Spark jobs run in (the labels party's releases, the trainer's trees).
 
 The settings pinned here are the ones the jobs' results depend on or that keep a service's logs readable: Arrow
 transfer between the JVM and Python workers with a fixed batch size (the batches a task's sampler sees, hence which
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from labels_party.spark.security import security_conf
+from shared.spark.security import security_conf
 
 ARROW_BATCH_ROWS = 1 << 16  # labels per Arrow batch handed to a Python worker (the samplers' own chunk size)
 
