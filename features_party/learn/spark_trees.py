@@ -101,7 +101,7 @@ def _prepared(spark, fit_rows: Rows, validation_rows: Rows):
 
 
 def _estimator(config: GbdtConfig, rows: Rows, workers: int, num_classes: int | None):
-    from xgboost.spark import SparkXGBClassifier, SparkXGBRegressor
+    from xgboost.spark import SparkXGBRegressor
 
     numeric, categorical = len(rows.preprocessor.numeric), len(rows.preprocessor.categorical)
     common: dict[str, Any] = dict(
@@ -112,8 +112,9 @@ def _estimator(config: GbdtConfig, rows: Rows, workers: int, num_classes: int | 
         max_bin=gbdt.MAX_BIN, tree_method="hist", device="cpu", early_stopping_rounds=config.early_stopping_rounds,
         eval_metric=LOSSES[config.loss], feature_types=["q"] * numeric + ["c"] * categorical,
         max_cached_hist_node=gbdt.HISTOGRAM_NODES, force_repartition=True)
-    if config.loss == "cross_entropy":
-        return SparkXGBClassifier(**common, objective="multi:softprob", num_class=num_classes)
+    if config.loss == "cross_entropy":  # the regressor's estimator with the class objective: K outputs whatever
+        # classes the rows hold (the classifier's would infer K from them, and two classes as one logistic output)
+        return SparkXGBRegressor(**common, objective=gbdt.OBJECTIVES["cross_entropy"], num_class=num_classes)
     return SparkXGBRegressor(**common, objective=gbdt.OBJECTIVES["squared"])
 
 

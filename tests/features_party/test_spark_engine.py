@@ -125,3 +125,30 @@ def test_a_deadline_or_a_stop_cancels_the_jobs_work_on_the_cluster():
             spark.sparkContext.parallelize(range(2), 2).map(lambda x: time.sleep(60) or x).collect()
         assert time.monotonic() - started < 40
     assert spark.sparkContext.parallelize(range(4), 2).sum() == 6  # the session goes on
+
+
+def test_classes_train_on_the_cluster_with_an_output_for_every_class(tmp_path):
+    """The cross-entropy loss on the cluster: K outputs a row even when the rows hold fewer classes (here 3 of 4;
+    the estimator's classifier would infer 3, or one logistic output for two), as an in-process class model has."""
+    from features_party.features import Preprocessor
+    from features_party.learn import spark_trees
+    from features_party.learn.gbdt import GbdtConfig
+    from features_party.learn.streamed import Rows
+    from shared.spark.session import spark_session
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=3000)
+    y = (x > 0).astype(float) + (x > 1)
+    for name, rows in (("fit", slice(0, 2400)), ("validation", slice(2400, None))):
+        pq.write_table(pa.table({"example_id": [f"e{i}" for i in range(3000)][rows], "x": x[rows], "label": y[rows]}),
+                       tmp_path / f"{name}.parquet")
+    preprocessor = Preprocessor(("x",), (), (0.0,), (1.0,), ())
+    spark = spark_session("local[2,4]", "labeldp-tests", conf={"spark.ui.enabled": "false"})
+    result, ran = spark_trees.fit(spark, GbdtConfig(loss="cross_entropy", n_estimators=20),
+                                  Rows(tmp_path / "fit.parquet", preprocessor),
+                                  Rows(tmp_path / "validation.parquet", preprocessor), workers=2, job="classes",
+                                  num_classes=4)
+    probabilities = result.predict(np.array([[-1.0], [0.5], [2.0]], np.float32), np.zeros((3, 0), np.int32))
+    assert probabilities.shape == (3, 4) and probabilities.argmax(axis=1).tolist() == [0, 1, 2]
+    assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-5) and probabilities[:, 3].max() < 1e-3
+    assert result.history[-1]["val_loss"] < 0.35 and ran["application_id"].startswith("local-")
