@@ -8,6 +8,9 @@ FROM ${BASE_IMAGE}
 # EXTRAS: the pip extras installed; deploy/compose.gpu.yml sets "features,gpu" (JAX with CUDA 12 from PyPI's wheels:
 # that build needs a package index, unlike the rest of an air-gapped build).
 ARG EXTRAS=features
+# Spark's Java runtime, for the trainer's Spark jobs ("engine": "spark") and its cluster's daemons (the spark extra)
+RUN case ",$EXTRAS," in *,spark,*) apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+      --no-install-recommends openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/* ;; esac
 WORKDIR /app
 # Dependencies first, from pyproject.toml alone (empty packages and README stand in): a change to the code or the
 # README rebuilds only the last layers.

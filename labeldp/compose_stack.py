@@ -150,8 +150,9 @@ class Key:
 
 @dataclass(frozen=True)
 class Stack:
-    """The compose project as ``make compose-demo`` runs it: the spark profile, the replicas on the cluster's
-    master, and compose.demo.yml's loopback ports for the trainer and the Spark master's page."""
+    """The compose project as ``make compose-demo`` runs it: the spark profile, the replicas on the labels party's
+    cluster's master and the trainer on its own, and compose.demo.yml's loopback ports for the trainer and the
+    labels party's Spark master's page."""
 
     env: dict[str, str] = field(repr=False)
     project: str = PROJECT
@@ -166,6 +167,7 @@ class Stack:
                 timeout: float | None = None) -> subprocess.CompletedProcess:
         files = [part for name in self.files for part in ("-f", name)]
         env = {**self.env, "LABELDP_SPARK_MASTER": "spark://spark-master:7077",
+               "LABELDP_TRAINER_SPARK_MASTER": "spark://trainer-spark-master:7077",
                "LABELDP_GATEWAY_PORT": str(self.gateway_port), "LABELDP_TRAINER_PORT": str(self.trainer_port),
                "LABELDP_SPARK_UI_PORT": str(self.spark_ui_port)}
         return _run(["docker-compose", "-p", self.project, "--env-file", "deploy/images.env", "--profile", "spark",
@@ -244,6 +246,19 @@ class Stack:
               "labeldp/labels:latest", "sh", "-c", f'mkdir -p "{directory}" && cat > "{directory}/{name}"'],
              env=self.env, input=parquet)
         return f"{directory}/{name}"
+
+    def import_features(self, organization: str, name: str, parts: Sequence[bytes]) -> dict:
+        """Parquet files written into the trainer's container (its own /tmp, not a volume) and imported there by
+        the operator's command (``labeldp features import-features``) as the organization's table ``name``."""
+        directory = f"/tmp/import-{name}"
+        for index, part in enumerate(parts):
+            self.compose("exec", "-T", "features", "sh", "-c",
+                         f'mkdir -p "{directory}" && cat > "{directory}/part-{index}.parquet"', input=part)
+        try:
+            return json.loads(self.exec("features", "labeldp", "features", "import-features", "--org", organization,
+                                        "--name", name, directory, "--json"))
+        finally:
+            self.exec("features", "rm", "-rf", directory)
 
     def down(self, *, volumes: bool) -> None:
         self.compose("down", "--remove-orphans", *(["--volumes"] if volumes else []), check=False)

@@ -117,6 +117,6 @@ add_site_cas() {
 }
 add_site_cas
 
-echo "party images: docker-compose build (labels with Spark, features, gateway)"
+echo "party images: docker-compose build (labels and features, each with Spark; gateway)"
 step without_builder_notice docker-compose --env-file deploy/images.env --profile spark build -q
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^labeldp/' | sort

@@ -234,3 +234,80 @@ def test_a_source_dataset_is_released_on_the_spark_cluster(stack, keys):
     assert execution.application_id in result.master_applications and result.alive_workers == 2
     assert result.release.state == "available" and result.num_examples == 5_000
     assert result.release.charged_epsilon == pytest.approx(SOURCE_EPSILON)
+
+
+def test_a_trainer_job_boosts_its_trees_on_the_trainers_spark_cluster(stack, keys):
+    """Issue 43: a job with ``"engine": "spark"`` on a table imported as Parquet files boosts on the trainer's own
+    cluster (its master and two workers, apart from the labels party's): its driver reports the application and
+    two executors, and its model agrees with the same job trained in the trainer's process on the same release
+    (charged once) — predictions within a few percent of their spread of each other's."""
+    import io
+
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from labeldp.benchmarks.parties import CONSUMER
+
+    rng = np.random.default_rng(11)
+    rows = 6_000
+    x = rng.normal(size=(rows, 3))
+    truth = np.clip(np.rint(10 + 3 * x[:, 0] - 2 * x[:, 1] + rng.normal(size=rows)), 0, 20)
+    ids = [f"t{i}" for i in range(rows)]
+    with LabelsPartyClient(keys.labels_url, keys.owner_key, retries=8) as office:
+        dataset = office.create_dataset(name=f"cluster-{uuid.uuid4().hex[:6]}", label_kind="integer", min=0,
+                                        max=20, epsilon_total=4)
+        office.upload_labels(dataset.id, ids, truth)
+        office.grant(dataset.id, CONSUMER, 4)
+    frame = pd.DataFrame({"example_id": ids, **{f"x{j}": x[:, j] for j in range(3)}})
+    parts = []
+    for part in np.array_split(np.arange(rows), 3):
+        buffer = io.BytesIO()
+        pq.write_table(pa.Table.from_pandas(frame.iloc[part], preserve_index=False), buffer)
+        parts.append(buffer.getvalue())
+    table = f"impressions-{uuid.uuid4().hex[:6]}"
+    assert stack.import_features(CONSUMER, table, parts)["num_examples"] == rows
+
+    headers = {"Authorization": f"Bearer {keys.trainer_key}"}
+    request = {"features": table, "api_key": keys.consumer_key, "dataset_id": dataset.id,
+               "release": {"mechanism": "opt-unbiased", "epsilon": 3.0}, "numeric": ["x0", "x1", "x2"],
+               "engine": "spark", "train": {"model": "gbdt", "gbdt": {"n_estimators": 60, "learning_rate": 0.2}}}
+
+    def finished(job_id: str) -> dict:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            job = httpx.get(f"{keys.trainer_url}/v1/jobs/{job_id}", headers=headers, timeout=30).json()
+            if job["status"] in ("succeeded", "failed"):
+                return job
+            time.sleep(1)
+        raise AssertionError(f"job {job_id} did not finish")
+
+    def predictions(job_id: str) -> pd.Series:
+        body = httpx.get(f"{keys.trainer_url}/v1/jobs/{job_id}/predictions", timeout=60,
+                         headers={**headers, "Accept": "application/vnd.apache.parquet"}).content
+        return pd.read_parquet(io.BytesIO(body)).set_index("example_id")["prediction"]
+
+    started = time.monotonic()
+    created = httpx.post(f"{keys.trainer_url}/v1/jobs", json=request, headers=headers, timeout=120)
+    assert created.status_code == 202, created.text
+    on_cluster = finished(created.json()["id"])
+    assert on_cluster["status"] == "succeeded", on_cluster["error"]
+    print(f"the trainer's cluster job: {on_cluster['device']} in {time.monotonic() - started:.0f} s "
+          f"({on_cluster['seconds']:.0f} s in the job)", flush=True)
+    assert "on Spark (app-" in on_cluster["device"] and ": 2 executors, 2 workers" in on_cluster["device"]
+    local = httpx.post(f"{keys.trainer_url}/v1/jobs", headers=headers, timeout=120, json={
+        **{k: v for k, v in request.items() if k != "release"}, "release_id": on_cluster["release"]["id"],
+        "engine": "local"})
+    assert local.status_code == 202, local.text
+    in_process = finished(local.json()["id"])
+    assert in_process["status"] == "succeeded", in_process["error"]
+    with LabelsPartyClient(keys.labels_url, keys.owner_key, retries=8) as office:
+        assert office.budget(dataset.id).epsilon_spent == pytest.approx(3.0)  # one release, charged once
+
+    cluster, here = predictions(on_cluster["id"]), predictions(in_process["id"])
+    here = here[cluster.index]
+    agreement = float(np.mean((cluster - here) ** 2) / np.var(here))
+    errors = [float(np.mean((p[ids] - truth) ** 2)) for p in (cluster, here)]
+    print(f"agreement: mean squared difference {agreement:.3%} of the predictions' variance; MSE against the true "
+          f"labels {errors[0]:.3f} (cluster), {errors[1]:.3f} (in process), variance {np.var(truth):.3f}", flush=True)
+    assert agreement < 0.05 and max(errors) < 0.25 * np.var(truth), (agreement, errors)
