@@ -24,7 +24,7 @@ COPY shared ./shared
 COPY labeldp ./labeldp
 COPY features_party ./features_party
 RUN pip install --no-cache-dir --quiet --no-deps . && rm -rf build *.egg-info
-RUN useradd --uid 10002 --create-home labeldp && mkdir -p /data /keys && chown labeldp /data /keys
+RUN useradd --uid 10002 --create-home labeldp && mkdir -p /data /keys /spark-keys && chown labeldp /data /keys /spark-keys
 USER labeldp
 EXPOSE 8701
 CMD ["labeldp", "features", "serve", "--host", "0.0.0.0", "--port", "8701", "--upgrade-db"]
