@@ -60,7 +60,8 @@ def dataset_figures(dataset: db.Dataset) -> dict:
 
 def _source_bytes(source: str | None) -> int:
     """What a source's copy will take (its registration copies it: the thirtieth review registered one source four
-    times, 16 MB of copies against a 6 MB quota); the location is one the operator allowed the organization."""
+    times, 16 MB of copies against a 6 MB quota), as it is now — counted for its organization until the copy is
+    placed, which is checked again on what it took; the location is one the operator allowed the organization."""
     path = snapshot.local_path(source) if source is not None else None
     return tree_bytes(Path(path)) if path is not None else 0
 
@@ -103,15 +104,17 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                 # its row and domain (up to 100,000 listed values: the twenty-ninth review's 130 datasets took
                 # SQLite from 0.16 to 273 MB in 45 s), against its organization's quota
                 session.get(db.Organization, principal.org_id, with_for_update=True)
+                source_bytes = _source_bytes(body.source)
                 check_room(stored_bytes(session, ctx.store, principal.org_id),
-                           ROW_BYTES + len(json.dumps(spec)) + _source_bytes(body.source), ctx.storage_quota,
+                           ROW_BYTES + len(json.dumps(spec)) + source_bytes, ctx.storage_quota,
                            "a new dataset (its row, domain and the copy of its source)", KEPT_FOR_THE_AUDIT)
                 dataset = db.Dataset(id=db.new_id(), owner_org_id=principal.org_id, name=body.name,
                                      label_kind=body.label_kind, domain_json=json.dumps(spec),
                                      epsilon_total_units=total, epsilon_spent_units=0, delta_total=body.delta_total,
                                      allow_central_training=body.allow_central_training, source_uri=body.source,
                                      state="ready" if body.source is None else "registering",
-                                     num_examples=0, registry_size=0)
+                                     num_examples=0, registry_size=0,
+                                     source_bytes=source_bytes if body.source is not None else None)
                 session.add(dataset)
                 session.flush()
                 ctx.ledger.dataset_budget(session, dataset)
@@ -266,7 +269,8 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
                 dataset_id=dataset.id, version=version, file=ingested.file, num_examples=ingested.num_examples,
                 clipped_below=ingested.clipped_below, clipped_above=ingested.clipped_above,
                 registry_start=ingested.registry_start, registry_end=ingested.registry_end,
-                coverage_file=ingested.coverage.file, coverage_sha256=ingested.coverage.sha256)
+                coverage_file=ingested.coverage.file, coverage_sha256=ingested.coverage.sha256,
+                id_bytes=ingested.id_bytes)
             session.add(row)
             ctx.ledger.labels_uploaded(session, dataset, row, digest)
             dataset.label_version, dataset.num_examples = version, ingested.num_examples

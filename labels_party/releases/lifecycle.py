@@ -48,6 +48,7 @@ class Snapshot:
     num_examples: int
     coverage: labelstore.CoverageSet  # the whole version's (a source dataset: all its rows)
     delta: float = 0.0  # the requesting organization's δ allocation on the dataset (events with δ > 0 need one)
+    id_bytes: int = 0  # Σ of its ids' UTF-8 bytes (the version's, or the source's as registered): storage estimates
 
     def read(self, ctx: ServiceContext) -> Callable[[], Iterator[pa.RecordBatch]]:
         """The version's (example_id, label) row groups, re-readable."""

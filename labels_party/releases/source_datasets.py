@@ -29,12 +29,14 @@ from labels_party.runtime import jobs
 from labels_party.runtime.jobs import Claimed, Failure, JobContext
 from labels_party.spark import snapshot
 from labels_party.store import db
+from labels_party.store.usage import stored_bytes
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError, resource_error
+from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room, tree_bytes
 
 # The refusals of a source by its copy and count: the owner's own data, final (running again changes nothing).
 REFUSALS = frozenset({"source_not_allowed", "source_not_found", "malformed_file", "label_out_of_domain",
-                      "duplicate_example_id", "empty_labels", "invalid_domain"})
+                      "duplicate_example_id", "empty_labels", "invalid_domain", "storage_quota_exceeded"})
 
 
 def run_registration(ctx: JobContext, claimed: Claimed) -> None:
@@ -45,6 +47,7 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
         domain = domain_from_spec(json.loads(dataset.domain_json))
         # the source and the owner whose prefixes allow it as the chain recorded them when the admin asked
         owner = ctx.ledger.registration(session, dataset) if state == "registering" else None
+        room = ctx.storage_quota - _stored_besides(ctx, session, dataset)  # what its copy may take
     if owner is None or owner.source is None:  # nothing to do (cannot happen: a job per registration)
         with jobs.holding(ctx, claimed) as held:
             if held is not None:
@@ -52,13 +55,14 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
         return
     source = owner.source
     copied = snapshot.copy(source, ctx.settings.spark_sources.get(owner.org, []), ctx.store.root, dataset.id,
-                           ctx.checkpoint, into=ctx.store.path(jobs.ATTEMPTS))
+                           ctx.checkpoint, into=ctx.store.path(jobs.ATTEMPTS), room=room)
     try:
         histogram, ran = _count(ctx, copied.location, source, domain.support().values)
         with jobs.holding(ctx, claimed) as held:
             if held is None:  # taken over: the other attempt records its own copy
                 return
             _session, job, dataset = held
+            _check_stored(ctx, _session, dataset, tree_bytes(copied.temporary))
             counts = ctx.store.write_array(f"datasets/{dataset.id}/source_counts.npy", histogram.counts)
             taken = snapshot.place(ctx.store.root, copied)
             dataset.source_snapshot, dataset.source_sha256, dataset.source_counts_file = \
@@ -71,6 +75,21 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
             ctx.jobs.table.finish(job, "succeeded")
     finally:
         snapshot.discard(copied)  # gone already once placed
+
+
+def _stored_besides(ctx: JobContext, session: Session, dataset: db.Dataset) -> int:
+    """What the dataset's organization stores besides this registration's copy (counted at its request's size until
+    placed)."""
+    return stored_bytes(session, ctx.store, dataset.owner_org_id) - int(dataset.source_bytes or 0)
+
+
+def _check_stored(ctx: JobContext, session: Session, dataset: db.Dataset, copied: int) -> None:
+    """The copy as taken, against its organization's quota, before it is placed (the organization's row locked
+    after the dataset's, the order of every writer): its source may have grown since the request, and the
+    organization's other data with it (the 33rd review: one request's copy stored 3.08 times the quota)."""
+    session.get(db.Organization, dataset.owner_org_id, with_for_update=True)
+    check_room(_stored_besides(ctx, session, dataset), copied, ctx.storage_quota,
+               "keeping the copy of this dataset's source", KEPT_FOR_THE_AUDIT)
 
 
 def classify(err: Exception) -> tuple[Failure, bool]:
@@ -87,7 +106,7 @@ def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarr
     """The exact histogram of the copy and where Spark counted it (:func:`shared.spark.session.execution`);
     its refusals name the admin's source, never the data directory."""
     from labels_party.spark.jobs import label_histogram  # PySpark only where source datasets are used
-    from shared.spark.session import execution
+    from shared.spark.session import collect_scratch, execution
 
     path = str(ctx.store.path(location).resolve())
     uri = ctx.store.path(location).resolve().as_uri()
@@ -102,6 +121,8 @@ def _count(ctx: JobContext, location: str, source: str, support_values: np.ndarr
         raise resource_error(err) or LabelDPError(
             "Spark could not read the source's files as Parquet; nothing was registered",
             code=ErrorCode.MALFORMED_FILE) from None
+    finally:
+        collect_scratch(spark)  # its shuffle (every id, for count_distinct) is not kept for the next
     return histogram, execution(spark)
 
 

@@ -278,13 +278,14 @@ def _snapshot(ctx: ServiceContext, session: Session, dataset: db.Dataset, princi
     if dataset.source_uri is not None:  # its labels stay in the source's copy: every row, version 0
         rows = dataset.num_examples if dataset.source_snapshot is None else \
             ctx.ledger.source_read(session, dataset).num_examples  # as registered (the chain says)
-        return Snapshot(dataset, domain, 0, dataset.source_uri, rows, labelstore.range_coverage(0, rows), delta=delta)
+        return Snapshot(dataset, domain, 0, dataset.source_uri, rows, labelstore.range_coverage(0, rows), delta=delta,
+                        id_bytes=int(dataset.source_id_bytes or 0))
     version = session.scalar(select(db.LabelVersion).where(
         db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.version == dataset.label_version))
     if version is None:
         raise LabelDPError("the dataset has no labels yet", code=ErrorCode.NO_LABELS)
     file, coverage = ctx.ledger.labels_read(session, dataset, version)  # as the chain says, not the row
-    return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta)
+    return Snapshot(dataset, domain, version.version, file, coverage.size, coverage, delta, int(version.id_bytes))
 
 
 def check(ctx: ServiceContext, admission: Admission, kinds: Sequence[ReleaseKind[Any]]) -> list[schemas.ReleaseCheck]:

@@ -40,6 +40,32 @@ SNAPSHOTS = "sources"  # under the data directory: sources/<dataset id>/, the fi
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: opening a FIFO must not hang
 _CHUNK = 1 << 20
 _MAX_DEPTH = 32  # partition directories below the source (Spark's partitioned layouts use a few)
+MAX_ENTRIES = 100_000  # files and directories a source may hold (each an inode of the copy; Spark lists them all)
+BLOCK = 4096  # what a file or directory of the copy takes at least (shared.service.storage_quota.allocated)
+
+
+@dataclass
+class Room:
+    """What a copy may still take of its organization's quota (None: no bound) and the entries it has made: the
+    copy stops, and is removed, at either limit — not only once it is placed (issue 40's 33rd review: a source that
+    grew after its registration's request was copied whole, 3.08 times the quota from one request; 20,000 empty
+    directories took 82.4 MB and 20,003 inodes)."""
+
+    left: int | None = None
+    entries: int = 0
+
+    def take(self, nbytes: int, source: str, *, entry: bool = False) -> None:
+        if entry:
+            self.entries += 1
+            if self.entries > MAX_ENTRIES:
+                raise LabelDPError(f"the source {source!r} holds more than {MAX_ENTRIES:,} files and directories",
+                                   code=ErrorCode.MALFORMED_FILE)
+        if self.left is not None:
+            self.left -= nbytes
+            if self.left < 0:
+                raise LabelDPError(f"copying the source {source!r} would take its organization over its storage "
+                                   "quota on this service (its size grew since the request, or other data took the "
+                                   "room); nothing was registered", code=ErrorCode.STORAGE_QUOTA_EXCEEDED)
 
 
 @dataclass(frozen=True)
@@ -118,19 +144,21 @@ class Copy:
 
 
 def copy(source: str, prefixes: Sequence[str], data_dir: Path, dataset_id: str,
-         checkpoint: Callable[[str], None] = lambda _name: None, into: Path | None = None) -> Copy:
+         checkpoint: Callable[[str], None] = lambda _name: None, into: Path | None = None,
+         room: int | None = None) -> Copy:
     """Copy ``source`` (under one of ``prefixes``) into a fresh temporary directory (each call its own: a
     registration taken over copies again from scratch), or refuse and leave nothing behind. ``checkpoint`` is
     called with ``"source_listed"`` once a directory was listed (before its entries are opened) and
     ``"source_opened"`` once a file was opened and checked (before it is copied): tests change the source there.
-    ``into``: the directory the temporary goes in (on the data directory's file system; default ``sources/``)."""
+    ``into``: the directory the temporary goes in (on the data directory's file system; default ``sources/``).
+    ``room``: the bytes the copy may take (:class:`Room`); empty directories are not kept."""
     prefix, parts = locate(source, prefixes)
     parent = into if into is not None else Path(data_dir) / SNAPSHOTS
     parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = parent / f"{dataset_id}.{uuid.uuid4().hex}.copy"
     temporary.mkdir(mode=0o700)
     try:
-        files = _copy_source(prefix, parts, temporary, source, checkpoint)
+        files = _copy_source(prefix, parts, temporary, source, checkpoint, Room(room))
         if not files:
             raise LabelDPError("the source holds no files (names starting with _ or . are skipped, as Spark does)",
                                code=ErrorCode.EMPTY_LABELS)
@@ -166,7 +194,7 @@ def remove(data_dir: Path, location: str) -> None:
 
 
 def _copy_source(prefix: str, parts: list[str], target: Path, source: str,
-                 checkpoint: Callable[[str], None]) -> list[SnapshotFile]:
+                 checkpoint: Callable[[str], None], room: Room) -> list[SnapshotFile]:
     try:
         fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
@@ -182,17 +210,17 @@ def _copy_source(prefix: str, parts: list[str], target: Path, source: str,
                 raise _not_found()
         mode = os.fstat(fd).st_mode
         if stat.S_ISREG(mode):  # a single file (never the prefix, opened as a directory): copied under its name
-            return [_copy_file(fd, target / parts[-1], parts[-1], source, checkpoint)]
+            return [_copy_file(fd, target / parts[-1], parts[-1], source, checkpoint, room)]
         _refuse_unless_directory(mode, source, source)
         files: list[SnapshotFile] = []
-        _copy_directory(fd, target, "", source, checkpoint, files)
+        _copy_directory(fd, target, "", source, checkpoint, files, room)
         return files
     finally:
         os.close(fd)
 
 
 def _copy_directory(fd: int, target: Path, relative: str, source: str, checkpoint: Callable[[str], None],
-                    files: list[SnapshotFile]) -> None:
+                    files: list[SnapshotFile], room: Room) -> None:
     if relative.count("/") >= _MAX_DEPTH:  # one open descriptor and one stack frame per level
         raise LabelDPError(f"the source {source!r} nests directories deeper than {_MAX_DEPTH}",
                            code=ErrorCode.MALFORMED_FILE)
@@ -205,11 +233,16 @@ def _copy_directory(fd: int, target: Path, relative: str, source: str, checkpoin
         try:
             mode = os.fstat(child).st_mode
             if stat.S_ISREG(mode):
-                files.append(_copy_file(child, target / name, path, source, checkpoint))
+                files.append(_copy_file(child, target / name, path, source, checkpoint, room))
                 continue
             _refuse_unless_directory(mode, path, source)
+            room.take(BLOCK, source, entry=True)
             (target / name).mkdir(mode=0o700)
-            _copy_directory(child, target / name, f"{path}/", source, checkpoint, files)
+            held = len(files)
+            _copy_directory(child, target / name, f"{path}/", source, checkpoint, files, room)
+            if len(files) == held:  # no file under it: Spark reads nothing there, and the copy keeps nothing
+                (target / name).rmdir()
+                room.take(-BLOCK, source)
         finally:
             os.close(child)
 
@@ -241,15 +274,18 @@ def _refuse_unless_directory(mode: int, path: str, source: str) -> None:
                            code=ErrorCode.SOURCE_NOT_ALLOWED)
 
 
-def _copy_file(fd: int, target: Path, path: str, source: str, checkpoint: Callable[[str], None]) -> SnapshotFile:
+def _copy_file(fd: int, target: Path, path: str, source: str, checkpoint: Callable[[str], None],
+               room: Room) -> SnapshotFile:
     """Copy the opened file's bytes, hashing them; refuse if it changed meanwhile (size, modification or change
     time: the change time moves with any write or unlink, and no user can set it back)."""
     before = os.fstat(fd)
     checkpoint("source_opened")
     digest, size = hashlib.sha256(), 0
+    room.take(BLOCK, source, entry=True)
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         while chunk := os.read(fd, _CHUNK):
+            room.take(len(chunk), source)
             digest.update(chunk)
             size += len(chunk)
             view = memoryview(chunk)

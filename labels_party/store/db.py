@@ -79,6 +79,9 @@ class Dataset(Base):
     # Σ of its example ids' UTF-8 bytes as the registration counted them: what a release's output holds at least,
     # whatever the copy's compression (labels_party.store.usage estimates releases on it)
     source_id_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # what its registration may store, from its source's size at the request, until the copy is placed and counted
+    # itself (issue 40's 33rd review: queued registrations counted nothing, and ten stored 2.58 times the quota)
+    source_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # ready, or (a source dataset) registering -> ready | failed: its copy and count are a job
     # (labels_party/runtime/jobs.py); a failed registration's {"code", "message"} (the refusal of its owner's source) in
     # error_json
@@ -127,6 +130,9 @@ class LabelVersion(Base):
     # the version's sorted registry indices, content-addressed (what a release of the whole version covers)
     coverage_file: Mapped[str] = mapped_column(String(300))
     coverage_sha256: Mapped[str] = mapped_column(String(64))
+    # Σ of its example ids' UTF-8 bytes (labelstore.ingest): the label-independent base of a release's storage
+    # estimate (labels_party.store.usage)
+    id_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 

@@ -104,6 +104,7 @@ class Ingested:
     clipped_below: int
     clipped_above: int
     bulk: tuple[float, float] | None = None  # approximate 5th and 95th percentiles of the stored labels
+    id_bytes: int = 0  # Σ of its example ids' UTF-8 bytes: what a release of it writes of them, labels aside
 
 
 BULK_QUANTILES = (0.05, 0.95)  # the labels' bulk, set against the declared range (datasets.range_warning)
@@ -288,6 +289,15 @@ def _refuse_duplicates(connection, staged: Path) -> None:
         raise LabelDPError(f"duplicate example_id {duplicate[0]!r}", code=ErrorCode.DUPLICATE_EXAMPLE_ID)
 
 
+def id_bytes_of(connection, staged: Path) -> int:
+    """Σ of the ids' UTF-8 bytes (DuckDB's strlen counts bytes): a release's estimate of what it will store reads
+    this, never a file holding labels, whose compressed size is a function of them (issue 40's 33rd review: a
+    grantee read the owner's base rate, and often one label's change, from a free 507's figures)."""
+    row = connection.execute("SELECT coalesce(sum(strlen(example_id)), 0) FROM read_parquet($1)",
+                             [str(staged)]).fetchone()
+    return int(row[0]) if row is not None else 0
+
+
 def _copy(connection, query: str, target: Path) -> None:
     connection.execute(f"COPY ({query}) TO {_quoted(target)} (FORMAT parquet, COMPRESSION zstd, "
                        f"ROW_GROUP_SIZE {BATCH_ROWS}, ROW_GROUP_SIZE_BYTES '{ROW_GROUP_BYTES // 1024}KB')")
@@ -342,6 +352,7 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
         connection, spill = duckdb_connection(store, memory_mb)
         try:
             _refuse_duplicates(connection, staged)
+            id_bytes = id_bytes_of(connection, staged)
             bulk = None if domain.label_kind == "classes" else _bulk(connection, staged)
             if parts:  # an existing registry: join, number the new ids, sort by index
                 final = scratch / "version.parquet"
@@ -367,7 +378,7 @@ def ingest(store: DataStore, dataset_id: str, version: int, path: Path, fmt: str
     finally:
         _remove_tree(scratch)
     return Ingested(relative, coverage, rows, new, registry_size, registry_size + new, counts.below, counts.above,
-                    bulk)
+                    bulk, id_bytes)
 
 
 def _bulk(connection, staged: Path) -> tuple[float, float]:

@@ -44,12 +44,20 @@ def check_room(used: int, more: int, quota: int, what: str, remedy: str = DELETE
 
 
 def tree_bytes(path: Path) -> int:
-    """The bytes of the files under ``path`` (none if it is missing); links are not followed."""
+    """What the files and directories under ``path`` take of the disk (none if it is missing; links are not
+    followed): each at least what the disk allocates to it (:func:`allocated`)."""
     total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                total += allocated(os.lstat(os.path.join(root, name)))
             except FileNotFoundError:  # removed meanwhile
                 continue
     return total
+
+
+def allocated(stat: os.stat_result) -> int:
+    """A file's or directory's bytes on the disk: its size, or the blocks it holds when more (issue 40's 33rd
+    review: 20,000 empty directories took 82.4 MB and 20,003 inodes, counted as 14 KB; 800 one-row files 5.2 times
+    their sizes)."""
+    return max(stat.st_size, getattr(stat, "st_blocks", 0) * 512)

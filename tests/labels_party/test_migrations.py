@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, inspect, select, text
 
 from labels_party.http.audit import verify_audit
 from labels_party.ledger import canonical, chain_hash, documents, entries
@@ -26,7 +26,7 @@ from labels_party.store.storage import DataStore
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
-HEAD = "0020"  # the newest migration in labels_party/store/migrations/versions
+HEAD = "0021"  # the newest migration in labels_party/store/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -570,3 +570,21 @@ def test_the_head_the_service_states_is_the_one_alembic_reads():
     """A database at head is opened without Alembic (the migrations package states its head): the statement must
     be the scripts' own, or a service would take an old schema for a current one."""
     assert MIGRATIONS.head() == MIGRATIONS.scripts_head() == HEAD
+
+
+def test_migration_0021_records_the_ids_bytes_of_stored_versions(tmp_path):
+    """Estimates read no labels (issue 40's 33rd review): versions stored before 0021 get their ids' bytes from
+    their files' example_id column, so no estimate falls back to a file's size."""
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    ctx, _admin, dataset = _granted_dataset(database, data)
+    with ctx.sessions() as s, s.begin():
+        s.execute(text("UPDATE label_versions SET id_bytes = 0"))
+        s.execute(text("UPDATE alembic_version SET version_num = '0020'"))
+    ctx.close()
+    upgraded = make_context(database, data, upgrade=True)
+    try:
+        with upgraded.sessions() as s:
+            assert s.scalar(select(db.LabelVersion.id_bytes)) == sum(len(f"e{i}") for i in range(200))
+            assert MIGRATIONS.current(s.connection()) == HEAD
+    finally:
+        upgraded.close()

@@ -165,3 +165,28 @@ def test_a_file_swapped_or_written_while_it_is_copied_is_refused(tree):
         _take(a / "weeks", a, data, checkpoint=rewrite)
     assert rewrite.done and rewritten.value.code == "source_not_allowed"
     assert _left(data) == []
+
+
+def test_a_copy_keeps_no_empty_directory_and_stops_at_its_room_or_entries(tree, monkeypatch):
+    """Issue 40's 33rd review: 20,000 empty directories were copied (82.4 MB of the disk, 20,003 inodes, counted as
+    14 KB), and a source that grew after its request was copied whole. A copy keeps only directories with a file
+    Spark reads, takes at least a block for each file and directory it makes, and stops — leaving nothing — past
+    the bytes it may take or :data:`snapshot.MAX_ENTRIES` entries."""
+    from shared.service.storage_quota import tree_bytes
+
+    a, _, data = tree
+    for k in range(50):
+        (a / "weeks" / f"empty-{k}" / "deeper").mkdir(parents=True)
+    taken = _take(a / "weeks", a, data)
+    copy = data / "sources" / "d1"
+    assert sorted(os.listdir(copy)) == ["part-00.parquet", "year=2020"] and len(taken.files) == 2
+    assert tree_bytes(copy) >= 3 * 4096  # two files and a directory: at least a block each, not their 1,010 bytes
+    room = 2 * 4096 + 1000  # the first file and its block, a directory's block, not the second file's
+    with pytest.raises(LabelDPError) as refused:
+        snapshot.copy(str(a / "weeks"), [f"{a}/"], data, "d2", room=room)
+    assert refused.value.code == "storage_quota_exceeded" and _left(data) == ["d1"]
+    assert snapshot.copy(str(a / "weeks"), [f"{a}/"], data, "d3", room=room + 4096 + 10).files == taken.files
+    monkeypatch.setattr(snapshot, "MAX_ENTRIES", 40)
+    with pytest.raises(LabelDPError, match="more than 40 files and directories") as many:
+        snapshot.copy(str(a / "weeks"), [f"{a}/"], data, "d4")
+    assert many.value.code == "malformed_file"

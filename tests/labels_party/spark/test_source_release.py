@@ -519,3 +519,42 @@ def test_a_source_release_is_estimated_on_its_ids_and_kept_only_within_the_quota
     assert used() <= ctx.storage_quota
     assert verify_audit(ctx)["valid"]
     ctx.close()
+
+
+def test_a_registration_counts_while_queued_and_its_copy_is_bounded_by_the_quota(spark, tmp_path):
+    """Issue 40's 33rd review: a queued registration counted its row only (ten of them stored 2.58 times the
+    quota), and its job copied whatever the source held when it ran (one request's copy: 3.08 times the quota).
+    Queued, a registration counts at its source's size when asked for; its copy stops at the room its
+    organization has left, and the registration fails with storage_quota_exceeded, leaving no file."""
+    from labels_party.store.usage import stored_bytes
+
+    sources = tmp_path / "sources"
+    write_source(sources / "grows", [f"g{i}" for i in range(2_000)], np.arange(2_000) % 10, files=1)
+    source_size = sum(p.stat().st_size for p in (sources / "grows").iterdir())
+    settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
+                              spark_sources={"hospital": [f"{sources}/"]}, job_retry_seconds=0,
+                              max_stored_bytes_per_org=20 * source_size + 200_000)
+    ctx = make_context(settings=settings)
+    with ctx.sessions() as session, session.begin():
+        key = {"Authorization": f"Bearer {create_key(ctx.ledger, session, 'hospital', 'admin')}"}
+    client = TestClient(create_app(ctx), raise_server_exceptions=False)
+
+    def used() -> int:
+        with ctx.sessions() as session:
+            return stored_bytes(session, ctx.store, session.scalar(select(db.Organization.id)))
+
+    before = used()
+    created = _create(client, key, f"{sources}/grows")
+    assert created.status_code == 202, created.text
+    assert used() - before >= source_size  # queued: counted at the source's size
+    rng = np.random.default_rng(5)  # the owner grows its source past the quota before the job runs
+    for k in range(1, 30):
+        write_source(sources / "grows" / f"more-{k}", [f"g{k}-{i}" for i in range(2_000)],
+                     rng.integers(0, 10, 2_000), files=1)
+    assert ctx.jobs.run_pending() == 1
+    failed = client.get(f"/v1/datasets/{created.json()['id']}", headers=key).json()
+    assert failed["state"] == "failed" and failed["error"]["code"] == "storage_quota_exceeded", failed
+    assert not (ctx.store.root / "sources").exists() or not any((ctx.store.root / "sources").iterdir())
+    assert list(ctx.store.path(jobs.ATTEMPTS).iterdir()) == []
+    assert used() - before < 20_000  # failed: its row and domain only
+    ctx.close()

@@ -251,3 +251,45 @@ def test_a_release_not_written_yet_counts_at_what_it_will_write(tmp_path):
         session.get(db.Release, made["id"]).state = "failed"  # a failed release writes nothing
     assert used() < written - size + 20_000 * 8
     ctx.close()
+
+
+def test_a_releases_estimate_reads_no_labels(tmp_path):
+    """The thirty-third review: a grantee at its quota read, from its free 507's figures, the compressed size of the
+    owner's label version — the owner's base rate, and often one label's change between versions. The estimate is
+    now the ids' bytes and the values' room: two datasets with the same ids and different labels, and a version
+    with one label changed, are refused with the same figures."""
+    from labels_party.store.usage import stored_bytes
+
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data")
+    with ctx.sessions() as session, session.begin():
+        owner = bearer(create_key(ctx.ledger, session, "owner", "admin"))
+        grantee = bearer(create_key(ctx.ledger, session, "grantee", "consumer"))
+    client = TestClient(api.create_app(ctx))
+    ids = [f"user-{i:08d}" for i in range(5_000)]
+    labels = {"zeros": [0] * 5_000, "halves": [i % 2 for i in range(5_000)], "one": [0] * 5_000}
+    labels["one"][2_500] = 1
+    datasets = {}
+    for name, values in labels.items():
+        datasets[name] = new_dataset(client, owner, name=name, label_kind="integer", min=0, max=1, epsilon_total=5)
+        csv = "example_id,label\n" + "".join(f"{i},{v}\n" for i, v in zip(ids, values, strict=True))
+        assert upload(client, owner, datasets[name], csv).status_code == 200
+        assert client.post(f"/v1/datasets/{datasets[name]}/grants", json={"org": "grantee", "epsilon": 5},
+                           headers=owner).status_code == 201
+    version_sizes = set()
+    with ctx.sessions() as session:
+        version_sizes = {ctx.store.path(v.file).stat().st_size for v in session.scalars(select(db.LabelVersion))}
+        grantee_org = session.scalar(select(db.Organization.id).where(db.Organization.name == "grantee"))
+        used = stored_bytes(session, ctx.store, grantee_org)
+    assert len(version_sizes) == 3  # the files' sizes differ with their labels
+    ctx.close()
+    ctx = make_context(f"sqlite:///{tmp_path}/db.sqlite", tmp_path / "data",
+                       settings=LabelsSettings(max_stored_bytes_per_org=used + 1_000))
+    client = TestClient(api.create_app(ctx))
+    figures = set()
+    for name, dataset in datasets.items():
+        refused = release(client, grantee, dataset, f"r-{name}", mechanism="rr", epsilon=1.0)
+        message = expect_error(refused, 507, "storage_quota_exceeded")["message"]
+        figures.add(message.split(" more would be")[0].rsplit(" and ", 1)[1])
+    assert len(figures) == 1, figures  # 5,000 × (13 id bytes + 4 + 8 + 8) + 4,096 for each
+    assert figures == {f"{5_000 * (13 + 4 + 8 + 8) + 4_096:,}"}
+    ctx.close()
