@@ -74,7 +74,9 @@ def trainer(work: Path, labels_url: str):
            "LABELDP_TRAINER_LABELS_PARTIES": json.dumps({"office": labels_url}),
            "LABELDP_TRAINER_MAX_JOB_SIZE": "1e16", "LABELDP_TRAINER_MAX_TREE_BYTES": "8e9",
            "LABELDP_TRAINER_MAX_JOB_SECONDS": "36000", "LABELDP_TRAINER_UPSTREAM_TIMEOUT_SECONDS": "600",
-           "LABELDP_TRAINER_MAX_PREDICTION_CELLS": "1e10"}
+           "LABELDP_TRAINER_MAX_PREDICTION_CELLS": "1e10",
+           # the table (8 GB at 10⁸ rows × 20 float32) and two jobs' outputs: over the default quarter of the free disk
+           "LABELDP_TRAINER_MAX_STORED_BYTES_PER_ORG": str(1 << 40)}
     cli = [sys.executable, "-m", "labeldp", "features"]
     key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "admin"], env=env, check=True,
                          capture_output=True, text=True).stdout.strip()
@@ -141,7 +143,8 @@ def main() -> None:
         table_dir, labels_path, variance = write_table(work, args.rows, args.features)
         result["seconds"]["write_table"] = time.perf_counter() - started
         result["labels_variance"] = variance
-        with labels_server(work, f"sqlite:///{work}/labels.db") as (labels, owner, labels_ctx), \
+        with labels_server(work, f"sqlite:///{work}/labels.db", {"LABELDP_MAX_STORED_BYTES_PER_ORG": str(1 << 40)}) \
+            as (labels, owner, labels_ctx), \
                 trainer(work, str(owner.base_url).rstrip("/")) as (server, client, cli, env):
             labels_watch = MemoryWatch(labels.pid)
             dataset = owner.post("/v1/datasets", json={"name": "scale", "label_kind": "integer", "min": 0,
