@@ -157,8 +157,10 @@ def main() -> None:
                 consumer = create_key(labels_ctx.ledger, session, "publisher", "consumer")
             owner.post(f"/v1/datasets/{dataset}/grants", json={"org": "publisher", "epsilon": 10}).raise_for_status()
             started = time.perf_counter()
-            subprocess.run(cli + ["import-features", "--org", "publisher", "--name", "big", str(table_dir)],
-                           env=env, check=True, capture_output=True)
+            imported = subprocess.run(cli + ["import-features", "--org", "publisher", "--name", "big", str(table_dir)],
+                                      env=env, capture_output=True, text=True)
+            if imported.returncode != 0:
+                raise RuntimeError(f"import-features failed: {imported.stderr.strip()[-2000:]}")
             result["seconds"]["import_features"] = time.perf_counter() - started
             watch = MemoryWatch(server.pid)
             for learner in args.learners.split(","):
