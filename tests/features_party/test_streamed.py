@@ -201,3 +201,19 @@ def test_what_a_job_from_disk_does_not_do_yet_is_refused_before_anything_is_spen
                                                                                      "epsilon": 1.0}})
     assert missing.status_code == 400 and "feature columns missing" in missing.text
     assert _spent(parties) == before
+
+
+def test_an_imported_table_with_a_repeated_or_missing_id_is_refused_and_not_kept(parties):
+    """The import checks every id once: by their hashes first, then the ids whose hash repeats (grouping 10⁸ ids
+    themselves ran out of DuckDB's memory in the scale bench)."""
+    from labeldp.cli import main as cli
+
+    settings = parties["trainer_ctx"].settings
+    for name, ids in (("twice", ["a", "b", "c", "b"]), ("missing", ["a", None, "c", "d"])):
+        source = parties["tmp"] / f"{name}-source"
+        source.mkdir()
+        pq.write_table(pa.table({"example_id": ids, "x0": [1.0, 2.0, 3.0, 4.0]}), source / "p.parquet")
+        assert cli(["features", "import-features", "--database-url", settings.database_url, "--data-dir",
+                    str(settings.data_dir), "--org", "publisher", "--name", name, str(source)]) != 0
+        assert parties["trainer"].get(f"/v1/features/{name}").status_code == 404
+    assert not list((parties["tmp"] / "trainer").rglob("*.dataset"))
