@@ -25,7 +25,7 @@ from labels_party.store.usage import ROW_BYTES, file_bytes, stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError
-from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room, tree_bytes
+from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room
 
 
 def dataset_view(session: Session, principal: Principal, dataset: db.Dataset) -> schemas.Dataset:
@@ -58,14 +58,6 @@ def dataset_figures(dataset: db.Dataset) -> dict:
     return budget_figures(dataset.epsilon_total_units, dataset.epsilon_spent_units, dataset.delta_total)
 
 
-def _source_bytes(source: str | None) -> int:
-    """What a source's copy will take (its registration copies it: the thirtieth review registered one source four
-    times, 16 MB of copies against a 6 MB quota), as it is now — counted for its organization until the copy is
-    placed, which is checked again on what it took; the location is one the operator allowed the organization."""
-    path = snapshot.local_path(source) if source is not None else None
-    return tree_bytes(Path(path)) if path is not None else 0
-
-
 def _figures(account: db.BudgetAccount | None) -> dict:
     if account is None:  # an organization without an allocation
         return budget_figures(0, 0, 0.0)
@@ -84,9 +76,11 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
     ``registering`` with the job that copies and counts it, in one transaction (its route answers 202); sent again
     after its registration failed — the same name, source, domain and budget — its job is queued again."""
     spec = body.domain_spec()
+    source_bytes = 0
     if body.source is not None:
         check_source(ctx, principal, body)
         domain_from_spec(spec)  # what the count will use: refused now, not by the job
+        source_bytes = snapshot.expected_size(body.source)  # walked before any lock (bounded in entries)
     total = budget_units(body.epsilon_total)
     if total < budget_units(ctx.settings.epsilon_min):
         raise LabelDPError(f"epsilon_total must be at least the smallest release, {ctx.settings.epsilon_min:g}",
@@ -104,7 +98,6 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
                 # its row and domain (up to 100,000 listed values: the twenty-ninth review's 130 datasets took
                 # SQLite from 0.16 to 273 MB in 45 s), against its organization's quota
                 session.get(db.Organization, principal.org_id, with_for_update=True)
-                source_bytes = _source_bytes(body.source)
                 check_room(stored_bytes(session, ctx.store, principal.org_id),
                            ROW_BYTES + len(json.dumps(spec)) + source_bytes, ctx.storage_quota,
                            "a new dataset (its row, domain and the copy of its source)", KEPT_FOR_THE_AUDIT)

@@ -190,3 +190,22 @@ def test_a_copy_keeps_no_empty_directory_and_stops_at_its_room_or_entries(tree, 
     with pytest.raises(LabelDPError, match="more than 40 files and directories") as many:
         snapshot.copy(str(a / "weeks"), [f"{a}/"], data, "d4")
     assert many.value.code == "malformed_file"
+
+
+def test_a_sources_expected_size_is_what_its_copy_keeps_and_its_entries_are_bounded(tree, monkeypatch):
+    """Issue 40's 34th review: a dataset's creation walked its source whole (300,000 entries) under SQLite's write
+    lock, holding every organization's writes for 1.2 s a request, and counted empty directories and files at 0
+    bytes. The walk now comes before any lock, keeps what the copy keeps (no empty directory, no ``_``/``.``
+    name, a block at least an entry) and stops at :data:`snapshot.MAX_ENTRIES`."""
+    from shared.service.storage_quota import tree_bytes
+
+    a, _, data = tree
+    for k in range(30):
+        (a / "weeks" / f"empty-{k}").mkdir()
+    expected = snapshot.expected_size(str(a / "weeks"))
+    _take(a / "weeks", a, data)
+    kept = tree_bytes(data / "sources" / "d1")
+    assert kept <= expected <= kept + 3 * 4096, (kept, expected)
+    monkeypatch.setattr(snapshot, "MAX_ENTRIES", 20)
+    with pytest.raises(LabelDPError, match="more than 20 files and directories"):
+        snapshot.expected_size(str(a / "weeks"))
