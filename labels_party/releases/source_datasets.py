@@ -47,7 +47,7 @@ def run_registration(ctx: JobContext, claimed: Claimed) -> None:
         domain = domain_from_spec(json.loads(dataset.domain_json))
         # the source and the owner whose prefixes allow it as the chain recorded them when the admin asked
         owner = ctx.ledger.registration(session, dataset) if state == "registering" else None
-        room = ctx.storage_quota - _stored_besides(ctx, session, dataset)  # what its copy may take
+        room = _room(ctx, session, dataset)
     if owner is None or owner.source is None:  # nothing to do (cannot happen: a job per registration)
         with jobs.holding(ctx, claimed) as held:
             if held is not None:
@@ -81,6 +81,18 @@ def _stored_besides(ctx: JobContext, session: Session, dataset: db.Dataset) -> i
     """What the dataset's organization stores besides this registration's copy (counted at its request's size until
     placed)."""
     return stored_bytes(session, ctx.store, dataset.owner_org_id) - int(dataset.source_bytes or 0)
+
+
+SLACK_BYTES = 1 << 20  # what a copy may take beyond its request's count (a file's blocks, a directory's)
+
+
+def _room(ctx: JobContext, session: Session, dataset: db.Dataset) -> int:
+    """What the registration's copy may take: what its request counted (with a little slack), and never more than
+    its organization has left — a copy bounded by the room alone took all of it, each of four running at once (the
+    34th review: 2.06 times the quota in flight). A source that grew since its request fails to register; the
+    request sent again counts it anew."""
+    room = ctx.storage_quota - _stored_besides(ctx, session, dataset)
+    return room if dataset.source_bytes is None else min(room, int(dataset.source_bytes) + SLACK_BYTES)
 
 
 def _check_stored(ctx: JobContext, session: Session, dataset: db.Dataset, copied: int) -> None:

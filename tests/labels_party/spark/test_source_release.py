@@ -558,3 +558,32 @@ def test_a_registration_counts_while_queued_and_its_copy_is_bounded_by_the_quota
     assert list(ctx.store.path(jobs.ATTEMPTS).iterdir()) == []
     assert used() - before < 20_000  # failed: its row and domain only
     ctx.close()
+
+
+def test_a_copy_takes_no_more_than_its_request_counted_and_a_request_again_counts_anew(spark, tmp_path):
+    """Issue 40's 34th review: each running registration's copy could take all the room its organization had left
+    (four at once: 2.06 times the quota in flight). A copy takes at most what its request counted (and 1 MiB): a
+    source that grew since fails to register, whatever the quota; sent again, the request counts it as it is."""
+    sources = tmp_path / "sources"
+    write_source(sources / "grows", [f"g{i}" for i in range(2_000)], np.arange(2_000) % 10, files=1)
+    settings = LabelsSettings(database_url=f"sqlite:///{tmp_path}/db.sqlite", data_dir=tmp_path / "data",
+                              spark_sources={"hospital": [f"{sources}/"]}, job_retry_seconds=0,
+                              max_stored_bytes_per_org=10**9)
+    ctx = make_context(settings=settings)
+    with ctx.sessions() as session, session.begin():
+        key = {"Authorization": f"Bearer {create_key(ctx.ledger, session, 'hospital', 'admin')}"}
+    client = TestClient(create_app(ctx), raise_server_exceptions=False)
+    created = _create(client, key, f"{sources}/grows")
+    assert created.status_code == 202, created.text
+    rng = np.random.default_rng(9)  # 2 MB more after the request: random ids, incompressible
+    pq.write_table(pa.table({"example_id": [rng.bytes(32).hex() for _ in range(30_000)],
+                             "label": rng.integers(0, 10, 30_000)}), sources / "grows" / "part-99.parquet")
+    assert ctx.jobs.run_pending() == 1
+    failed = client.get(f"/v1/datasets/{created.json()['id']}", headers=key).json()
+    assert failed["state"] == "failed" and failed["error"]["code"] == "storage_quota_exceeded", failed
+    again = _create(client, key, f"{sources}/grows")  # the same request: re-queued, counted anew
+    assert again.status_code == 202 and again.json()["id"] == created.json()["id"], again.text
+    assert ctx.jobs.run_pending() == 1
+    ready = client.get(f"/v1/datasets/{created.json()['id']}", headers=key).json()
+    assert ready["state"] == "ready" and ready["num_examples"] == 32_000, ready
+    ctx.close()
