@@ -76,7 +76,10 @@ def trainer(work: Path, labels_url: str):
            "LABELDP_TRAINER_MAX_JOB_SECONDS": "36000", "LABELDP_TRAINER_UPSTREAM_TIMEOUT_SECONDS": "600",
            "LABELDP_TRAINER_MAX_PREDICTION_CELLS": "1e10",
            # the table (8 GB at 10⁸ rows × 20 float32) and two jobs' outputs: over the default quarter of the free disk
-           "LABELDP_TRAINER_MAX_STORED_BYTES_PER_ORG": str(1 << 40)}
+           "LABELDP_TRAINER_MAX_STORED_BYTES_PER_ORG": str(1 << 40),
+           # DuckDB's memory for the join: at 10⁸ rows its hash join could not allocate a block within the default
+           # 512 MiB (out of memory at 406.9 of 488.2 MiB); within the 4 GB goal with the trainer's own
+           "LABELDP_TRAINER_TABLE_READ_BUDGET_BYTES": str(3 << 30)}
     cli = [sys.executable, "-m", "labeldp", "features"]
     key = subprocess.run(cli + ["create-key", "--org", "publisher", "--role", "admin"], env=env, check=True,
                          capture_output=True, text=True).stdout.strip()
