@@ -5,8 +5,9 @@
 # deploy/images/build.sh --bases local (no registry).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
-# EXTRAS: the pip extras installed; deploy/compose.gpu.yml sets "features,gpu" (JAX with CUDA 12 from PyPI's wheels:
-# that build needs a package index, unlike the rest of an air-gapped build).
+# EXTRAS: the pip extras installed; docker-compose.yml sets "features,spark", deploy/compose.gpu.yml
+# "features,spark,gpu" (JAX with CUDA 12 from PyPI's wheels: that build needs a package index, unlike the rest of an
+# air-gapped build).
 ARG EXTRAS=features
 # Spark's Java runtime, for the trainer's Spark jobs ("engine": "spark") and its cluster's daemons (the spark extra)
 RUN case ",$EXTRAS," in *,spark,*) apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \

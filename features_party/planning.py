@@ -791,6 +791,11 @@ PREDICTION_ROW_BYTES = 32  # a predictions file's row: its id, prediction and ho
 MODEL_PARAMETER_BYTES = 4  # an MLP parameter in its .npz (float32)
 
 
+# The blocks of a job's directories and files besides their bytes (quotas count what the disk allocates: a job of
+# 1,500 rows took 65,536 bytes of blocks for 62,615 estimated)
+OUTPUT_FILES_BYTES = 32 * 4096
+
+
 def _output_bytes(request: schemas.JobRequest, learners: tuple[str, ...], vocab_sizes: tuple[int, ...],
                   table_rows: int, rows: int, output_dim: int, fits: int, features_file: str) -> int:
     """What a job's outputs store at most (checked against its organization's storage quota when it is created):
@@ -798,7 +803,7 @@ def _output_bytes(request: schemas.JobRequest, learners: tuple[str, ...], vocab_
     long as the table's: 400-character ids made a predictions file 12.6 times a count of 32 bytes a row, the
     twenty-ninth review), and its learners' models — the MLP's parameters, the trees' most nodes
     (:func:`features_party.learn.gbdt.memory`)."""
-    total = PREDICTION_ROW_BYTES * table_rows * max(output_dim, 1) + _id_bytes(features_file)
+    total = PREDICTION_ROW_BYTES * table_rows * max(output_dim, 1) + _id_bytes(features_file) + OUTPUT_FILES_BYTES
     for learner in learners:
         if learner == "gbdt":
             trees = request.train.gbdt or schemas.GbdtOptions()

@@ -57,7 +57,8 @@ def test_compose_config_validates(tmp_path):
 
 def test_the_gpu_override_builds_the_gpu_extra_and_reserves_one_gpu_for_the_trainer(tmp_path):
     """deploy/compose.gpu.yml (issue 43), merged by docker-compose itself: both trainer services build the image
-    with the "gpu" extra (JAX for CUDA 12, which pyproject.toml declares) under another tag, and the trainer reserves
+    with the "gpu" extra (JAX for CUDA 12, which pyproject.toml declares) besides Spark's under another tag, and the
+    trainer reserves
     one NVIDIA GPU; nothing else changes."""
     binary = _compose_checkout(tmp_path)
     merged = {}
@@ -68,8 +69,9 @@ def test_the_gpu_override_builds_the_gpu_extra_and_reserves_one_gpu_for_the_trai
         merged[len(files)] = yaml.safe_load(done.stdout)["services"]
     plain, gpu = merged[1], merged[2]
     for name in ("trainer-init", "features"):
-        assert gpu[name]["build"]["args"]["EXTRAS"] == "features,gpu" and gpu[name]["image"] == "labeldp/features:gpu"
-        assert "EXTRAS" not in plain[name]["build"]["args"]  # the Dockerfile's default: "features"
+        assert gpu[name]["build"]["args"]["EXTRAS"] == "features,spark,gpu"
+        assert gpu[name]["image"] == "labeldp/features:gpu"
+        assert plain[name]["build"]["args"]["EXTRAS"] == "features,spark"  # Spark for "engine": "spark" jobs
     assert gpu["features"]["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     def others(services: dict) -> dict:  # the other services, their volumes as sets (compose orders them freely)
@@ -82,8 +84,9 @@ def test_the_gpu_override_builds_the_gpu_extra_and_reserves_one_gpu_for_the_trai
     assert "jax[cuda12]" in (ROOT / "pyproject.toml").read_text()
 
 
-SERVICES = {"postgres", "labels-init", "labels-a", "labels-b", "gateway", "trainer-init", "features", "spark-master",
-            "spark-worker-1", "spark-worker-2"}
+SPARK = {"spark-master", "spark-worker-1", "spark-worker-2", "trainer-spark-master", "trainer-spark-worker-1",
+         "trainer-spark-worker-2"}  # the labels party's cluster and the trainer's own (profile spark)
+SERVICES = {"postgres", "labels-init", "labels-a", "labels-b", "gateway", "trainer-init", "features", *SPARK}
 REPLICAS = ("labels-a", "labels-b")
 
 
@@ -95,8 +98,7 @@ def test_the_services_their_health_checks_and_env_files():
     for name in ("labels-init", *REPLICAS, "trainer-init", "features"):
         assert (ROOT / (services[name]["env_file"] + ".example")).exists(), name
     assert "pgdata:/var/lib/postgresql/data" in services["postgres"]["volumes"]
-    assert {name for name, service in services.items() if "spark" in service.get("profiles", [])} == {
-        "spark-master", "spark-worker-1", "spark-worker-2"}
+    assert {name for name, service in services.items() if "spark" in service.get("profiles", [])} == SPARK
 
 
 def test_only_the_gateway_is_published_and_secrets_live_in_volumes():
