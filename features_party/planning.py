@@ -288,6 +288,7 @@ def _plan_streamed(ctx: TrainerContext, org_id: int, request: schemas.JobRequest
     _check_size(ctx.settings, request, learners, sizes, table_rows, output_dim=output_dim, fits=1)
     for learner in learners:
         _check_streamed_memory(ctx.settings, request, learner, sizes, table_rows, output_dim)
+    _check_join_memory(ctx.settings, existing.num_examples if existing is not None else dataset.num_examples)
     if request.engine == "spark":
         _check_spark(ctx.settings, request, learners, loss, table_rows)
     configs = {learner: _config(request.train, learner, loss) for learner in learners}
@@ -318,6 +319,21 @@ def _streamed_refusal(request: schemas.JobRequest) -> str | None:
     if release is not None and release.example_ids is not None:
         return NOT_YET.format(what="release.example_ids") + ": hold rows out with split"
     return None
+
+
+# DuckDB's memory a streamed job's join needs a released label: the 10⁸-row bench's join ran out of 488 MiB (after
+# the job's release was charged) and joined within 3 GiB; 10⁷ labels joined within 488 MiB.
+JOIN_LABEL_BYTES = 16
+
+
+def _check_join_memory(settings: TrainerSettings, labels: int) -> None:
+    """A job whose join would run out of DuckDB's memory (``table_read_budget_bytes``) refused before anything is
+    asked of the labels party (its release covers ``labels`` examples: the whole dataset, or the existing one's)."""
+    needed = JOIN_LABEL_BYTES * labels
+    if needed > settings.table_read_budget_bytes:
+        raise LabelDPError(f"joining the job's {labels:,} released labels with its table may take {needed:.3g} bytes "
+                           f"of memory, over this trainer's {settings.table_read_budget_bytes:.3g} "
+                           "(table_read_budget_bytes)", code=ErrorCode.JOB_TOO_LARGE)
 
 
 def _check_spark(settings: TrainerSettings, request: schemas.JobRequest, learners: tuple[str, ...], loss: str,

@@ -217,3 +217,24 @@ def test_an_imported_table_with_a_repeated_or_missing_id_is_refused_and_not_kept
                     str(settings.data_dir), "--org", "publisher", "--name", name, str(source)]) != 0
         assert parties["trainer"].get(f"/v1/features/{name}").status_code == 404
     assert not list((parties["tmp"] / "trainer").rglob("*.dataset"))
+
+
+def test_a_job_whose_join_would_run_out_of_memory_is_refused_before_its_charge(parties):
+    """The 10⁸-row bench: both jobs' joins ran out of DuckDB's 488 MiB after their release was charged. A job whose
+    released labels would need more than ``table_read_budget_bytes`` to join (16 bytes a label) is refused first."""
+    from tests.features_party.test_api import trainer_client, trainer_context
+
+    ctx = trainer_context(parties["tmp"] / "small", parties["labels_url"], table_read_budget_bytes=20_000)
+    try:
+        trainer = trainer_client(ctx, "publisher")
+        _import({**parties, "trainer_ctx": ctx}, parties["features"], name="small")
+        before = _spent(parties)
+        answer = trainer.post("/v1/jobs", json={
+            "features": "small", "api_key": parties["consumer"], "dataset_id": parties["dataset"],
+            "release": {"mechanism": "rr", "epsilon": 1.0}, "numeric": ["x0"], "categorical": [],
+            "train": {"model": "gbdt"}})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "job_too_large", answer.text
+        assert "1,500 released labels" in answer.json()["error"]["message"] and _spent(parties) == before
+    finally:
+        ctx.jobs.stop()
+        ctx.close()
