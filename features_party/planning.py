@@ -34,6 +34,7 @@ from features_party.settings import TrainerSettings
 from shared import models
 from shared import schemas as shared_schemas
 from shared.errors import ErrorCode, LabelDPError
+from shared.service.storage_quota import BLOCK
 
 
 def not_found(what: str) -> LabelDPError:
@@ -811,7 +812,7 @@ MODEL_PARAMETER_BYTES = 4  # an MLP parameter in its .npz (float32)
 
 # The blocks of a job's directories and files besides their bytes (quotas count what the disk allocates: a job of
 # 1,500 rows took 65,536 bytes of blocks for 62,615 estimated)
-OUTPUT_FILES_BYTES = 32 * 4096
+OUTPUT_FILES_BYTES = 32 * BLOCK
 
 
 def _output_bytes(request: schemas.JobRequest, learners: tuple[str, ...], vocab_sizes: tuple[int, ...],

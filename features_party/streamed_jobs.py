@@ -21,7 +21,6 @@ charged too (a job on an in-memory table names its ids).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -136,8 +135,9 @@ def _train(attempt: Attempt, plan: JobPlan, rows: joined.Joined, work: Path, dea
         assert ctx.spark_jobs is not None and isinstance(config, GbdtConfig)
         result, _ran = spark_trees.fit(ctx.spark_jobs.session(), config, rows.fit, rows.validation,
                                        workers=ctx.settings.spark_workers, job=f"job-{attempt.job_id}",
-                                       num_classes=plan.num_classes, on_epoch=on_epoch, deadline=deadline)
-        return dataclasses.replace(result, threads=threads)
+                                       num_classes=plan.num_classes, on_epoch=on_epoch, deadline=deadline,
+                                       threads=threads)
+        return result
     if isinstance(config, GbdtConfig):
         base = rows.scaling.shift if config.loss == "poisson" else None
         return streamed.fit_gbdt(config, rows.fit, rows.validation, work / "xgb", num_classes=plan.num_classes,

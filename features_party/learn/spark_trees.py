@@ -46,10 +46,11 @@ def feature_columns(rows: Rows) -> list[str]:
 
 def fit(spark, config: GbdtConfig, fit_rows: Rows, validation_rows: Rows, *, workers: int, job: str,
         num_classes: int | None = None, on_epoch: Callable | None = None,
-        deadline: float | Deadline | None = None) -> tuple[GbdtResult, dict]:
+        deadline: float | Deadline | None = None, threads: int | None = None) -> tuple[GbdtResult, dict]:
     """Boost on the cluster of ``spark`` (a session of :class:`shared.spark.runner.SparkJobs`) with ``workers``
-    executor tasks; ``job``: the Spark job group its work runs in (cancelled past the deadline or on a stop).
-    Returns the result and where it ran (:func:`shared.spark.session.execution`)."""
+    executor tasks; ``job``: the Spark job group its work runs in (cancelled past the deadline or on a stop);
+    ``threads``: the driver's CPU threads for the model's predictions. Returns the result and where it ran
+    (:func:`shared.spark.session.execution`)."""
     from shared.spark.session import execution
 
     if config.loss not in LOSSES:
@@ -71,7 +72,7 @@ def fit(spark, config: GbdtConfig, fit_rows: Rows, validation_rows: Rows, *, wor
     outputs = num_classes if config.loss == "cross_entropy" else None
     summary = (f"xgboost {xgb.__version__} on Spark ({ran['application_id']}: {ran['executors']} executors, "
                f"{workers} workers)")
-    return GbdtResult(booster, config, best + 1, history, summary, None, outputs), ran
+    return GbdtResult(booster, config, best + 1, history, summary, threads, outputs), ran
 
 
 def _prepared(spark, fit_rows: Rows, validation_rows: Rows):

@@ -92,11 +92,10 @@ def create_dataset(ctx: ServiceContext, principal: Principal, body: schemas.Data
         with ctx.sessions() as session, session.begin():
             again = _failed_registration(session, principal, body, spec, total)
             if again is not None:  # its copy counted anew, at the source as it is now (refused: nothing re-queued)
-                again.source_bytes = None
-                session.flush()
                 session.get(db.Organization, principal.org_id, with_for_update=True)
-                check_room(stored_bytes(session, ctx.store, principal.org_id), source_bytes, ctx.storage_quota,
-                           "registering the dataset's source again (its copy)", KEPT_FOR_THE_AUDIT)
+                besides = stored_bytes(session, ctx.store, principal.org_id) - int(again.source_bytes or 0)
+                check_room(besides, source_bytes, ctx.storage_quota, "registering the dataset's source again (its "
+                           "copy)", KEPT_FOR_THE_AUDIT)
                 again.source_bytes = source_bytes
                 view = dataset_view(session, principal, again)
             else:

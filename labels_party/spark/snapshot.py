@@ -35,13 +35,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shared.errors import ErrorCode, LabelDPError, resource_error
+from shared.service.storage_quota import BLOCK
 
 SNAPSHOTS = "sources"  # under the data directory: sources/<dataset id>/, the files as registered
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: opening a FIFO must not hang
 _CHUNK = 1 << 20
 _MAX_DEPTH = 32  # partition directories below the source (Spark's partitioned layouts use a few)
 MAX_ENTRIES = 100_000  # files and directories a source may hold (each an inode of the copy; Spark lists them all)
-BLOCK = 4096  # what a file or directory of the copy takes at least (shared.service.storage_quota.allocated)
 
 
 @dataclass
@@ -137,10 +137,10 @@ def expected_size(source: str) -> int:
             with os.scandir(directory) as listing:
                 for entry in listing:
                     room.take(0, source, entry=True)
-                    if entry.name.startswith(("_", ".")) or entry.is_symlink():
+                    if entry.name.startswith(("_", ".")):
                         continue
                     if entry.is_file(follow_symlinks=False):
-                        total += max(entry.stat(follow_symlinks=False).st_size, 0) + BLOCK
+                        total += entry.stat(follow_symlinks=False).st_size + BLOCK
                     elif entry.is_dir(follow_symlinks=False):
                         below = walk(entry.path, depth + 1)
                         total += below + BLOCK if below else 0

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from labels_party.core.registry import FAMILIES
 from labels_party.store import db
 from labels_party.store.storage import DataStore
-from shared.service.storage_quota import allocated, tree_bytes
+from shared.service.storage_quota import BLOCK, allocated, tree_bytes
 
 ROW_BYTES = 4096  # a dataset's or a release's row, its indexes and its chain record (besides its texts)
 FACT_BYTES = 512  # a chain fact's row besides its record: hashes, index, its line in the heads log
@@ -73,8 +73,7 @@ def _releases_bytes(session: Session, store: DataStore, mine, writing: Mapping[s
             if dataset_id not in per_row:
                 per_row[dataset_id] = _dataset_rows(session, store, dataset_id)
             row_bytes, classes, overhead = per_row[dataset_id]
-            written = int(examples * (row_bytes + VALUE_BYTES * (classes if _column_per_class(mechanism) else 1))) \
-                + overhead
+            written = file_estimate(examples, row_bytes, classes if _column_per_class(mechanism) else 1, overhead)
         total += written + COVERAGE_BYTES * examples + ROW_BYTES + described + prior
     return total
 
@@ -137,11 +136,17 @@ def release_bytes(ctx, snapshot, examples: int, priced, example_ids=None) -> int
         # thirty-second review's honest subset was refused on 21 MB and writes 0.75 MB)
         ids = sum(len(str(i).encode()) for i in example_ids)
         return int(examples * (VALUE_BYTES * (columns + 1) + COVERAGE_BYTES)) + ids + ROW_BYTES
-    return (int(examples * (per_row + VALUE_BYTES * columns + COVERAGE_BYTES)) + ROW_BYTES
-            + output_files_bytes(ctx.store, snapshot.dataset))
+    overhead = output_files_bytes(ctx.store, snapshot.dataset)
+    return file_estimate(examples, per_row, columns, overhead) + COVERAGE_BYTES * examples + ROW_BYTES
 
 
-OUTPUT_FILE_BYTES = 2 * 4096  # a Spark output part and its checksum file, a block each at least
+def file_estimate(examples: int, per_row: float, columns: int, overhead: int) -> int:
+    """A release's file before it is written: each example's id (``per_row``) and a value per output column, and
+    its files' blocks (``overhead``) — the estimate a release is admitted on and a queued one counts at."""
+    return int(examples * (per_row + VALUE_BYTES * columns)) + overhead
+
+
+OUTPUT_FILE_BYTES = 2 * BLOCK  # a Spark output part and its checksum file, a block each at least
 
 
 def output_files_bytes(store: DataStore, dataset: db.Dataset) -> int:
