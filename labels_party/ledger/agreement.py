@@ -32,7 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from labels_party.ledger.chain import Replayed
-from labels_party.ledger.records import SourceFact, secret_digest
+from labels_party.ledger.records import SourceFact, domain_digest, secret_digest, summary_digest
 from labels_party.store import db
 from shared.errors import ErrorCode, LabelDPError
 
@@ -96,14 +96,21 @@ def key_problems(replayed: Replayed, key_id: int, key: db.ApiKey | None, org: st
     return problems
 
 
-def owner_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
-    """Whether the dataset's row names the owner, the central-training switch and the source its chain made it
-    with (chains from before owners were chained name none: nothing to compare)."""
+def creation_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
+    """Whether the dataset's row holds the label kind and domain, and names the owner, the central-training switch
+    and the source its chain made it with (every chain states a domain since migration 0022; chains from before
+    owners were chained name none: nothing to compare)."""
+    problems = []
+    if replayed.domain is None:
+        problems.append("the chain records no label domain for the dataset")
+    elif (dataset.label_kind, domain_digest(dataset.domain_json)) != (replayed.domain.label_kind,
+                                                                      replayed.domain.domain_sha256):
+        problems.append("the dataset's label kind or domain differs from the chain's")
     if replayed.owner is None:
-        return []
+        return problems
     org = session.get(db.Organization, dataset.owner_org_id)
-    problems = [] if org is not None and org.name == replayed.owner.org else ["the dataset's owner differs from the "
-                                                                              "chain's"]
+    if org is None or org.name != replayed.owner.org:
+        problems.append("the dataset's owner differs from the chain's")
     if bool(dataset.allow_central_training) != replayed.owner.central_training:
         problems.append("the dataset's central-training switch differs from the chain's")
     if dataset.source_uri != replayed.owner.source:
@@ -114,7 +121,7 @@ def owner_problems(session: Session, dataset: db.Dataset, replayed: Replayed) ->
 def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
                    names: Mapping[int, str]) -> list[str]:
     """Where the tables disagree with what the chain's facts say now stands (empty: nowhere)."""
-    problems = owner_problems(session, dataset, replayed)
+    problems = creation_problems(session, dataset, replayed)
     if replayed.labels and max(replayed.labels) != dataset.label_version:
         problems.append(f"the dataset's label version {dataset.label_version} is not the chain's latest "
                         f"({max(replayed.labels)})")
@@ -176,6 +183,8 @@ def source_problems(fact: SourceFact | None, dataset: db.Dataset) -> list[str]:
             dataset.registry_size) != (fact.snapshot, fact.source_sha256, fact.counts_file, fact.num_examples,
                                        fact.num_examples):
         return ["the source's snapshot, counts or rows differ from its registration's on the chain"]
+    if fact.id_bytes is not None and dataset.source_id_bytes != fact.id_bytes:  # what its releases are estimated on
+        return ["the source's ids' bytes differ from its registration's on the chain"]
     return []
 
 
@@ -197,7 +206,8 @@ def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -
             if first is not None and row.version > first:
                 problems.append(f"label version {row.version} is not in the chain")
         elif (row.num_examples, row.registry_end, row.coverage_sha256) != (fact.num_examples, fact.registry_end,
-                                                                           fact.coverage_sha256):
+                                                                           fact.coverage_sha256) or \
+                fact.id_bytes not in (None, row.id_bytes):  # (its ids' bytes: what its releases are estimated on)
             problems.append(f"label version {row.version} differs from the chain's")
         elif row.registry_start != starts.get(row.version, row.registry_start):
             # the ids a version introduced start where the previous version's registry ended (the twenty-first
@@ -228,17 +238,30 @@ def _key_problems(session: Session, replayed: Replayed) -> list[str]:
 
 def _release_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
                       names: Mapping[int, str]) -> list[str]:
-    problems = []
     releases = {r.id: r for r in session.scalars(select(db.Release).where(db.Release.dataset_id == dataset.id))}
-    for missing in sorted(replayed.releases.keys() - releases.keys()):
-        problems.append(f"release {missing} is charged in the chain but missing")
-    for extra in sorted(releases.keys() - replayed.releases.keys()):
-        problems.append(f"release {extra} is not in the chain")
-    for name, units in sorted(replayed.releases.items()):
-        release = releases.get(name)
-        if release is None:
+    problems = [f"release {missing} is charged in the chain but missing"
+                for missing in sorted(replayed.releases.keys() - releases.keys())]
+    # a row still running whose chain made it available (which shown_problems leaves to this check of locked rows: a
+    # live reader may read the row before the commit that made it available, and the chain after)
+    problems += [f"release {name} is running but the chain says it is available"
+                 for name, release in sorted(releases.items()) if release.state == "running"
+                 and name in replayed.files_on_chain and name in replayed.available]
+    return problems + shown_problems(replayed, [releases[name] for name in sorted(releases)], names)
+
+
+def shown_problems(replayed: Replayed, releases, names: Mapping[int, str]) -> list[str]:
+    """Where ``releases`` (rows of the replayed dataset) disagree with their records and facts: each is charged on
+    the chain, for the organization its row names (``names``: organization id -> name), and shows the mechanism, ε,
+    example count, label version and summary the chain says; an available one's file and mechanism document are
+    its fact's, and one the chain made available is not shown failed. The rows are read before the chain (a
+    reader's statements may each see a later commit): so the chain holds whatever they show."""
+    problems = []
+    for release in releases:
+        name = release.id
+        if name not in replayed.releases:
+            problems.append(f"release {name} is not in the chain")
             continue
-        if release.charge_units != units:
+        if release.charge_units != replayed.releases[name]:
             problems.append(f"release {name}'s charge differs from its record's")
         charged = replayed.charged_orgs.get(name)
         if charged is not None and names.get(release.requester_org_id) != charged:
@@ -248,9 +271,14 @@ def _release_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
         if any(said is not None and row != said for row, said in shown):  # what the release row displays
             problems.append(f"release {name}'s mechanism, ε, example count or label version differs from its "
                             "record's")
+        if release.state == "available" and replayed.summaries.get(name) != summary_digest(
+                release.description_json, release.prior_json, release.prior_epsilon, release.randomizer_epsilon):
+            problems.append(f"release {name}'s shown summary differs from the chain's")
         if name not in replayed.files_on_chain:
             continue  # charged before availability was chained: verify-audit checks its file against its row
         fact = replayed.available.get(name)
+        if release.state == "running":
+            continue  # (see _release_problems)
         if (release.state == "available") != (fact is not None):
             problems.append(f"release {name} is {release.state} but the chain says "
                             f"{'it is available' if fact is not None else 'it never became available'}")

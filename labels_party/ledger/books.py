@@ -432,8 +432,9 @@ class Ledger:
         chain.budget(self, session, dataset, change)
 
     def dataset_owner(self, session: Session, dataset: db.Dataset) -> None:
-        """The organization that made the dataset owns it (at creation)."""
+        """The organization that made the dataset owns it, with its label kind and domain (at creation)."""
         chain.owner(self, session, dataset)
+        chain.domain(self, session, dataset)
 
     def grant_made(self, session: Session, dataset: db.Dataset, org: db.Organization) -> None:
         chain.grant(self, session, dataset, org, "created")
@@ -452,13 +453,25 @@ class Ledger:
 
     def check_actor(self, session: Session, dataset: db.Dataset, principal: Principal) -> None:
         """A key acts on the dataset (administers it, uploads to it, downloads from it) only as its chain knows it,
-        on a dataset whose owner is the chain's (:func:`agreement.key_problems`, :func:`agreement.owner_problems`;
+        on a dataset whose owner is the chain's (:func:`agreement.key_problems`, :func:`agreement.creation_problems`;
         :class:`agreement.LedgerTampered` else: a key or dataset row written or edited outside the service)."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
         problems = agreement.key_problems(replayed, principal.key_id, session.get(db.ApiKey, principal.key_id),
                                           principal.org_name, principal.role, datetime.now(timezone.utc))
-        problems += agreement.owner_problems(session, dataset, replayed)
+        problems += agreement.creation_problems(session, dataset, replayed)
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
+
+    def check_shown(self, session: Session, dataset: db.Dataset, releases: Sequence[db.Release]) -> None:
+        """``releases`` (of ``dataset``) are shown only as their chain says (:func:`agreement.shown_problems`:
+        :class:`agreement.LedgerTampered` else — a row's ε, summary or metric edited while the service runs)."""
+        if not releases:
+            return
+        self.check_anchor(session, dataset)
+        names = {org.id: org.name for org in session.scalars(select(db.Organization).where(
+            db.Organization.id.in_({release.requester_org_id for release in releases})))}
+        problems = agreement.shown_problems(self.facts(session, dataset), releases, names)
         if problems:
             raise agreement.tampered(dataset.id, problems)
 
@@ -470,7 +483,7 @@ class Ledger:
         uploaded before label versions were chained are read as their rows say."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
-        problems = agreement.owner_problems(session, dataset, replayed)
+        problems = agreement.creation_problems(session, dataset, replayed)
         if replayed.labels and max(replayed.labels) != dataset.label_version:  # a row set back to an older version
             problems.append(f"the dataset's label version {dataset.label_version} is not the chain's latest "
                             f"({max(replayed.labels)})")
@@ -488,7 +501,8 @@ class Ledger:
             found = None
         problems = [] if found == (fact.file_bytes, fact.file_sha256) else [
             f"label version {version.version}'s file is not the one its chain records"]
-        if (version.num_examples, version.coverage_sha256) != (fact.num_examples, fact.coverage_sha256):
+        if (version.num_examples, version.coverage_sha256) != (fact.num_examples, fact.coverage_sha256) or \
+                fact.id_bytes not in (None, version.id_bytes):  # (its ids' bytes: what the release is estimated on)
             problems.append(f"label version {version.version} differs from the chain's")
         if problems:
             raise agreement.tampered(dataset.id, problems)
@@ -502,7 +516,7 @@ class Ledger:
         replayed = self.facts(session, dataset)
         fact = replayed.owner
         problems = ["its chain records no owner and source"] if fact is None or fact.source is None else \
-            agreement.owner_problems(session, dataset, replayed)
+            agreement.creation_problems(session, dataset, replayed)
         if problems:
             raise agreement.tampered(dataset.id, problems)
         assert fact is not None
@@ -516,7 +530,7 @@ class Ledger:
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
         fact = replayed.source
-        problems = agreement.source_problems(fact, dataset) + agreement.owner_problems(session, dataset, replayed)
+        problems = agreement.source_problems(fact, dataset) + agreement.creation_problems(session, dataset, replayed)
         if not problems and fact is not None:
             try:
                 found = self.store.checked_digest(fact.counts_file)

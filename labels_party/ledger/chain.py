@@ -37,6 +37,7 @@ from labels_party.ledger.charges import charged_units
 from labels_party.ledger.records import (
     AllocationFact,
     BudgetFact,
+    DomainFact,
     Entry,
     GrantFact,
     KeyFact,
@@ -44,12 +45,15 @@ from labels_party.ledger.records import (
     OwnerFact,
     ReleaseFact,
     SourceFact,
+    SummaryFact,
     _Fact,
     canonical,
     chain_hash,
+    domain_digest,
     is_release,
     read_fact,
     secret_digest,
+    summary_digest,
 )
 from labels_party.store import db
 
@@ -114,6 +118,11 @@ def owner(ledger: LedgerAnchors, session: Session, dataset: db.Dataset) -> None:
                                                     source=dataset.source_uri))
 
 
+def domain(ledger: LedgerAnchors, session: Session, dataset: db.Dataset) -> None:
+    record_fact(ledger, session, dataset, DomainFact(label_kind=dataset.label_kind,
+                                                     domain_sha256=domain_digest(dataset.domain_json)))
+
+
 def budget(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, change: str) -> None:
     record_fact(ledger, session, dataset, BudgetFact(change=change, epsilon_total_units=dataset.epsilon_total_units,
                                                      delta_total=dataset.delta_total))
@@ -176,8 +185,15 @@ def release_available(ledger: LedgerAnchors, session: Session, dataset: db.Datas
     session.flush()
     filled = ReleaseFact(seq=dataset.ledger_seq + 1, dataset_id=dataset.id, created_at=db.utcnow().isoformat(),
                          release_id=release.id, file_bytes=release.file_size, file_sha256=release.file_sha256,
-                         mechanism_hash=release.mechanism_hash, certified_epsilon=release.certified_epsilon)
+                         mechanism_hash=release.mechanism_hash, certified_epsilon=release.certified_epsilon,
+                         summary_sha256=shown_summary(release))
     append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
+
+
+def shown_summary(release: db.Release) -> str:
+    """The digest of what ``release``'s row shows besides its record (:func:`.records.summary_digest`)."""
+    return summary_digest(release.description_json, release.prior_json, release.prior_epsilon,
+                          release.randomizer_epsilon)
 
 
 def labels(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, version: db.LabelVersion,
@@ -185,7 +201,7 @@ def labels(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, version
     """A label version uploaded (``file``: its bytes and SHA-256); the caller holds the dataset's row lock."""
     record_fact(ledger, session, dataset, LabelsFact(
         version=version.version, file_bytes=file[0], file_sha256=file[1], num_examples=version.num_examples,
-        registry_end=version.registry_end, coverage_sha256=version.coverage_sha256))
+        registry_end=version.registry_end, coverage_sha256=version.coverage_sha256, id_bytes=version.id_bytes))
 
 
 def source(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, counts: tuple[int, str]) -> None:
@@ -195,7 +211,8 @@ def source(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, counts:
     assert dataset.source_counts_file is not None
     record_fact(ledger, session, dataset, SourceFact(
         snapshot=dataset.source_snapshot, source_sha256=dataset.source_sha256, counts_file=dataset.source_counts_file,
-        counts_bytes=counts[0], counts_sha256=counts[1], num_examples=dataset.num_examples))
+        counts_bytes=counts[0], counts_sha256=counts[1], num_examples=dataset.num_examples,
+        id_bytes=dataset.source_id_bytes))
 
 
 def moving(session: Session, dataset_id: str) -> bool:
@@ -247,6 +264,7 @@ class Replayed:
     head: str = "0" * 64
     totals: tuple[int, float] | None = None
     owner: OwnerFact | None = None  # None: a chain from before owners were chained
+    domain: DomainFact | None = None  # None: only while the transaction that creates the dataset appends its facts
     grants: set[str] = field(default_factory=set)
     allocations: dict[str, tuple[int, float]] = field(default_factory=dict)
     keys: dict[int, tuple[str, str, str]] = field(default_factory=dict)
@@ -260,6 +278,7 @@ class Replayed:
     shown: dict[str, tuple[str | None, float | None, int | None, int | None]] = field(default_factory=dict)
     files_on_chain: set[str] = field(default_factory=set)
     available: dict[str, ReleaseFact] = field(default_factory=dict)
+    summaries: dict[str, str] = field(default_factory=dict)  # release id -> its shown summary's digest
     labels: dict[int, LabelsFact] = field(default_factory=dict)
     source: SourceFact | None = None
     # whether the accounts may be rebuilt from the records (labels_party.ledger.budgets.rebuild_migrated): only
@@ -287,7 +306,7 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
         except ValidationError:
             out.problems.append(f"seq {entry.seq}: a record that is neither a release nor a known fact")
             continue
-        if not isinstance(fact, (GrantFact, AllocationFact, OwnerFact)):
+        if not isinstance(fact, (GrantFact, AllocationFact, OwnerFact, DomainFact, SummaryFact)):
             out.rebuild_pending = isinstance(fact, BudgetFact) and fact.change == "migrated" and out.totals is None
         if isinstance(fact, BudgetFact):
             out.totals = (fact.epsilon_total_units, fact.delta_total)
@@ -295,6 +314,10 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             if out.owner is not None:
                 out.problems.append(f"seq {entry.seq}: a second owner")
             out.owner = fact
+        elif isinstance(fact, DomainFact):
+            if out.domain is not None:
+                out.problems.append(f"seq {entry.seq}: a second domain")
+            out.domain = fact
         elif isinstance(fact, GrantFact):
             (out.grants.discard if fact.change == "removed" else out.grants.add)(fact.org)
         elif isinstance(fact, AllocationFact):
@@ -304,6 +327,13 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
                 out.problems.append(f"seq {entry.seq}: release {fact.release_id} made available without a charge, "
                                     "or twice")
             out.available[fact.release_id] = fact
+            if fact.summary_sha256 is not None:
+                out.summaries[fact.release_id] = fact.summary_sha256
+        elif isinstance(fact, SummaryFact):
+            if fact.release_id not in out.releases or fact.release_id in out.summaries:
+                out.problems.append(f"seq {entry.seq}: release {fact.release_id}'s summary stated without a charge, "
+                                    "or twice")
+            out.summaries[fact.release_id] = fact.summary_sha256
         elif isinstance(fact, LabelsFact):
             out.labels[fact.version] = fact
         elif isinstance(fact, SourceFact):

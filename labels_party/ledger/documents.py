@@ -51,6 +51,15 @@ def summary(value: Any) -> Any:
     return value
 
 
+def shown(document: dict) -> tuple[str, str | None]:
+    """What a release's row shows of its mechanism document — the summaries of its description and noisy prior — as
+    the document reads once stored (canonical JSON: tuples are lists, so dropped), so that verify-audit finds the
+    row's summary in the document it stores."""
+    plain = json.loads(canonical(document))
+    prior = plain.get("noisy_prior")
+    return json.dumps(summary(plain["description"])), json.dumps(summary(prior)) if prior else None
+
+
 def address(document: dict) -> str:
     return hashlib.sha256(canonical(document).encode()).hexdigest()
 

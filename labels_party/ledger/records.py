@@ -190,6 +190,20 @@ class OwnerFact(_Fact):
     source: str | None
 
 
+class DomainFact(_Fact):
+    """The dataset's label kind and domain (the row's JSON, by its SHA-256: :func:`domain_digest`) — what every
+    release's support, range, clipping and noise scale and every upload's checks are computed from: at creation, and
+    once for datasets made before domains were chained (migration 0022), so that no row edit changes them."""
+
+    event: Literal["domain"] = "domain"
+    label_kind: str
+    domain_sha256: str
+
+
+def domain_digest(domain_json: str) -> str:
+    return hashlib.sha256(domain_json.encode()).hexdigest()
+
+
 class GrantFact(_Fact):
     """An organization's grant on the dataset."""
 
@@ -242,6 +256,28 @@ class ReleaseFact(_Fact):
     file_sha256: str
     mechanism_hash: str
     certified_epsilon: float | None
+    # what the release's row shows of it besides its record (:func:`summary_digest`; None in facts from before it
+    # was: migration 0022 states theirs in a SummaryFact)
+    summary_sha256: str | None = None
+
+
+def summary_digest(description_json: str, prior_json: str | None, prior_epsilon: float,
+                   randomizer_epsilon: float) -> str:
+    """A release row's shown summary — its description's and noisy prior's scalars (the mechanism document's, without
+    lists) and its ε split — as the row stores it: what a consumer reads of a release (ε, a metric's value and
+    interval) besides its record's figures."""
+    return hashlib.sha256(canonical({"description": description_json, "noisy_prior": prior_json,
+                                     "prior_epsilon": prior_epsilon,
+                                     "randomizer_epsilon": randomizer_epsilon}).encode()).hexdigest()
+
+
+class SummaryFact(_Fact):
+    """An available release's shown summary (:func:`summary_digest`), stated once by migration 0022 for releases made
+    available before their :class:`ReleaseFact` carried it."""
+
+    event: Literal["release_summary"] = "release_summary"
+    release_id: str
+    summary_sha256: str
 
 
 class LabelsFact(_Fact):
@@ -255,6 +291,7 @@ class LabelsFact(_Fact):
     num_examples: int
     registry_end: int
     coverage_sha256: str
+    id_bytes: int | None = None  # its ids' UTF-8 bytes, which releases' storage estimates read (None: before)
 
 
 class SourceFact(_Fact):
@@ -269,9 +306,11 @@ class SourceFact(_Fact):
     counts_bytes: int
     counts_sha256: str
     num_examples: int
+    id_bytes: int | None = None  # its ids' UTF-8 bytes, which releases' storage estimates read (None: before)
 
 
-AnyFact = BudgetFact | OwnerFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | LabelsFact | SourceFact
+AnyFact = BudgetFact | OwnerFact | DomainFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | SummaryFact | \
+    LabelsFact | SourceFact
 Fact = Annotated[AnyFact, Field(discriminator="event")]
 _FACT = TypeAdapter(Fact)
 

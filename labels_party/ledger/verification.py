@@ -441,15 +441,26 @@ def _record_problems(ledger: Ledger, session: Session, dataset: db.Dataset, entr
         return problems  # reported with the chain's releases
     if "mechanism_hash" in record and release.mechanism_hash != record["mechanism_hash"]:
         problems.append(f"seq {seq}: the release's mechanism document is not the one recorded")
+    stored = session.get(db.MechanismDocument, release.mechanism_hash) if release.mechanism_hash else None
     if release.state == "available":
-        stored = session.get(db.MechanismDocument, release.mechanism_hash) if release.mechanism_hash else None
         if stored is None:
             problems.append(f"seq {seq}: mechanism document of release {release.id} missing")
             return problems
         if charge.rdp is None and not within_charge(release.certified_epsilon or 0.0, charge.units):
             problems.append(f"seq {seq}: the release's mechanism certifies more than was charged")
         problems += [f"seq {seq}: {p}" for p in _document_problems(stored, charge, checked)]
+    summary = checked.check(stored).summary if stored is not None else ({}, None)  # (None: damaged, reported)
+    if summary is not None and _shown_summary(release) != summary:
+        # what a consumer reads of it (ε, a metric and its interval): its mechanism document's, without lists
+        problems.append(f"seq {seq}: the release's shown summary is not its mechanism document's")
     return problems
+
+
+def _shown_summary(release: db.Release) -> tuple[Any, Any]:
+    try:
+        return json.loads(release.description_json), json.loads(release.prior_json) if release.prior_json else None
+    except ValueError:
+        return None, None
 
 
 @dataclass
@@ -458,12 +469,23 @@ class _Documents:
     ``max_bytes``: the service's ``max_document_bytes``, which bounds what a stored document may expand to."""
 
     max_bytes: int
-    found: dict[str, tuple[str | None, float | None]] = field(default_factory=dict)
+    found: dict[str, _Checked] = field(default_factory=dict)
 
-    def check(self, stored: db.MechanismDocument) -> tuple[str | None, float | None]:
+    def check(self, stored: db.MechanismDocument) -> _Checked:
         if stored.hash not in self.found:
             self.found[stored.hash] = _document_check(stored, self.max_bytes)
         return self.found[stored.hash]
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A mechanism document's check: what is wrong with it (None: nothing), its mechanism's certified ε recomputed
+    (None: not a mechanism its description rebuilds), and the summary a release of it shows (its description's and
+    noisy prior's scalars: :func:`labels_party.ledger.documents.summary`; None if it cannot be read)."""
+
+    damage: str | None
+    certified: float | None = None
+    summary: tuple[Any, Any] | None = None
 
 
 def _document_problems(stored: db.MechanismDocument, charge: Charge, checked: _Documents) -> list[str]:
@@ -471,7 +493,8 @@ def _document_problems(stored: db.MechanismDocument, charge: Charge, checked: _D
     its description rebuilds exactly (:func:`shared.mechanisms.documents.sampler_from_description`) — the
     rebuilt mechanism's certified ε, computed again from the probabilities the document states, is within the
     charge (the document of any other kind is checked by its address; its ε is its record's ``dp_event``)."""
-    damage, certified = checked.check(stored)
+    found = checked.check(stored)
+    damage, certified = found.damage, found.certified
     if damage is not None:
         return [f"mechanism document {stored.hash[:12]}… {damage}"]
     if certified is not None and charge.rdp is None and not within_charge(certified, charge.units):
@@ -479,21 +502,22 @@ def _document_problems(stored: db.MechanismDocument, charge: Charge, checked: _D
     return []
 
 
-def _document_check(stored: db.MechanismDocument, max_bytes: int) -> tuple[str | None, float | None]:
-    """(what is wrong with the document, or None; its mechanism's certified ε recomputed, or None)."""
+def _document_check(stored: db.MechanismDocument, max_bytes: int) -> _Checked:
     try:
         document = documents.unpack(stored.body, max_bytes)
     except documents.Unreadable as error:
-        return str(error), None
+        return _Checked(str(error))
     if documents.address(document) != stored.hash:
-        return "does not hash to its address", None
+        return _Checked("does not hash to its address")
     description = document.get("description")
     if not isinstance(description, dict):
-        return "has no description", None
+        return _Checked("has no description")
+    prior = document.get("noisy_prior")
+    summary = (documents.summary(description), documents.summary(prior) if prior else None)
     try:
-        return None, float(sampler_from_description(description).certified_epsilon)
+        return _Checked(None, float(sampler_from_description(description).certified_epsilon), summary)
     except LabelDPError:
-        return None, None
+        return _Checked(None, None, summary)
 
 
 def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:

@@ -245,7 +245,9 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
             if dataset.source_uri is not None:
                 raise LabelDPError("this dataset's labels stay at their source; nothing is uploaded",
                                    code=ErrorCode.SOURCE_DATASET)
-            spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size)
+            # (the domain too: the one the upload checks against must be the one the chain holds at its commit)
+            spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size,
+                                                           dataset.domain_json)
             parts = registry_parts(session, dataset)
             used = stored_bytes(session, ctx.store, admission.principal.org_id)
         check_room(used, path.stat().st_size, ctx.storage_quota, "storing this label version",
@@ -256,7 +258,7 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
         with ctx.sessions() as session, session.begin():
             dataset = admitted_dataset(session, admission, lock=True)
             ctx.ledger.check_actor(session, dataset, admission.principal)  # the key and owner as the chain says
-            if (dataset.label_version, dataset.registry_size) != seen:
+            if (dataset.label_version, dataset.registry_size, dataset.domain_json) != seen:
                 ctx.store.remove(ingested.file)
                 labelstore.discard(ctx.store, ingested.coverage)
                 continue

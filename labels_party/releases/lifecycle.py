@@ -260,11 +260,10 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
         if not liveness.settle(ctx.jobs, session, release_id, "succeeded"):
             log.warning("release %s: its lease was lost; another process fails it", release_id)
             raise LabelDPError(f"release {release_id} was taken over by another process", code=ErrorCode.RELEASE_FAILED)
-        release.mechanism_hash = documents.store(session, {"description": draft.description,
-                                                           "noisy_prior": draft.noisy_prior})
+        document = {"description": draft.description, "noisy_prior": draft.noisy_prior}
+        release.mechanism_hash = documents.store(session, document)
         release.certified_epsilon = draft.privacy.certified_epsilon
-        release.description_json = json.dumps(documents.summary(draft.description))
-        release.prior_json = json.dumps(documents.summary(draft.noisy_prior)) if draft.noisy_prior else None
+        release.description_json, release.prior_json = documents.shown(document)
         if sealed is not None:
             seal(ctx.ledger, session, release, sealed)
         if also is not None:

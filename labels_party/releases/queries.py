@@ -17,11 +17,12 @@ from shared.errors import ErrorCode, LabelDPError
 
 
 def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> tuple[schemas.Release, str]:
-    """The release (with where its Spark job ran, for those who see that) and its file."""
+    """The release as its chain says (with where its Spark job ran, for those who see that) and its file."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
             raise LabelDPError("no such release for this key", code=ErrorCode.NOT_FOUND)
+        ctx.ledger.check_shown(session, session.get(db.Dataset, release.dataset_id), [release])
         execution = recorded_execution(session, release.id) if sees_execution(session, principal, release) else None
         return release_view(release, execution), release.file
 
@@ -76,7 +77,9 @@ def list_releases(ctx: ServiceContext, admission: Admission) -> list[schemas.Rel
     """The releases of the admitted dataset this key sees."""
     with ctx.sessions() as session, session.begin():
         query = select(db.Release).where(db.Release.dataset_id == admission.dataset_id).order_by(db.Release.created_at)
-        return [release_view(r) for r in session.scalars(releases_seen(admission, query))]
+        releases = session.scalars(releases_seen(admission, query)).all()
+        ctx.ledger.check_shown(session, session.get(db.Dataset, admission.dataset_id), releases)  # as chained
+        return [release_view(r) for r in releases]
 
 
 def get_mechanism_document(ctx: ServiceContext, principal: Principal, mechanism_hash: str) -> tuple[bytes, dict]:

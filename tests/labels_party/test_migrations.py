@@ -26,7 +26,7 @@ from labels_party.store.storage import DataStore
 from shared.errors import LabelDPError
 from shared.service.keys import hash_key
 
-HEAD = "0021"  # the newest migration in labels_party/store/migrations/versions
+HEAD = "0022"  # the newest migration in labels_party/store/migrations/versions
 
 def _schema(url: str) -> dict:
     """Columns (nullability, type family), unique column sets and foreign keys of every table."""
@@ -134,6 +134,7 @@ def test_an_old_database_is_refused_then_upgraded_without_losing_a_budget(databa
         events = [e.record.get("event", "label_release") for e in entries(session, "d1")]
     assert events == ["label_release", "dataset_budget", "allocation",  # migration 0010, once (the owner's account)
                       "owner",  # migration 0019
+                      "domain", "release_summary",  # migration 0022 (r1 is available: its summary as its row says)
                       "dataset_budget", "allocation", "allocation"]  # the accounts rebuilt at the first start
     fresh = tmp_path / "fresh.sqlite"
     make_context(f"sqlite:///{fresh}", tmp_path / "fresh-data")

@@ -12,7 +12,7 @@ from labels_party.store.db import Base
 from shared.service.database import Migrations
 
 BASELINE = "0001"  # the schema built before migrations existed
-HEAD = "0021"  # the newest script in versions/ (tests/labels_party/test_migrations.py checks it against Alembic)
+HEAD = "0022"  # the newest script in versions/ (tests/labels_party/test_migrations.py checks it against Alembic)
 MIGRATIONS = Migrations(Path(__file__).parent, Base.metadata, BASELINE, HEAD, "labeldp labels upgrade-db")
 
 

@@ -67,10 +67,10 @@ def test_heads_are_signed_and_exported_after_every_commit(ctx, client, admin, co
     assert stat.S_IMODE(os.stat(audit_key[0]).st_mode) == 0o600
     public = signing.parse_public_key(audit_key[1])
     heads = _log(tmp_path)
-    # creation (totals, owner, owner's allocation and key), the labels, the grant (the grantee's key, two
+    # creation (totals, owner, domain, owner's allocation and key), the labels, the grant (the grantee's key, two
     # allocations, the grant), two charges each followed by its release becoming available (its file and mechanism
     # document): a head per commit
-    assert [(h.dataset_id, h.seq) for h in heads] == [(dataset, s) for s in (4, 5, 9, 10, 11, 12, 13)]
+    assert [(h.dataset_id, h.seq) for h in heads] == [(dataset, s) for s in (5, 6, 10, 11, 12, 13, 14)]
     assert all(h.signed_by(public) for h in heads)
     with ctx.sessions() as s:
         row = s.get(db.Dataset, dataset)
@@ -213,9 +213,9 @@ TAMPERINGS = {
 }
 EXPECTED = {
     "total_times_100": "the dataset's totals differ from the chain's",
-    "delete_everything": "pinned head at seq 13: the chain no longer contains it",
-    "truncate_to_a_prefix": "pinned head at seq 13: the chain no longer contains it",
-    "rewrite_and_rechain": "pinned head at seq 13: the chain no longer contains it",
+    "delete_everything": "pinned head at seq 14: the chain no longer contains it",
+    "truncate_to_a_prefix": "pinned head at seq 14: the chain no longer contains it",
+    "rewrite_and_rechain": "pinned head at seq 14: the chain no longer contains it",
 }
 
 
@@ -224,8 +224,8 @@ def test_each_tampering_is_detected(ctx, client, consumer, dataset, tmp_path, au
                                     capsys, tampering):
     created(release(client, consumer, dataset, "a", mechanism="laplace", epsilon=0.5))
     created(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5))
-    pinned = _log(tmp_path)[-1]  # what an outsider pinned: seq 13
-    assert pinned.seq == 13
+    pinned = _log(tmp_path)[-1]  # what an outsider pinned: seq 14
+    assert pinned.seq == 14
     assert _verify(ctx, tmp_path, audit_key, [pinned])["valid"] is True
     TAMPERINGS[tampering](ctx, dataset)
     report = _verify(ctx, tmp_path, audit_key, [pinned])

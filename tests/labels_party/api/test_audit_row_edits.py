@@ -751,3 +751,72 @@ def test_a_revocation_certifies_no_edited_row(ctx, client, consumer, dataset):
         for prefix in (inserted.info.prefix, lifted_prefix):
             row = s.scalars(select(db.ApiKey).where(db.ApiKey.prefix == prefix)).one()
             assert not key_certificates.agrees(ctx.ledger.signer.public, row, "publisher")
+
+
+def _restart_refused(ctx, said: str) -> None:
+    from labels_party.ledger.agreement import LedgerTampered
+    from labels_party.runtime.context import make_context
+    with pytest.raises(LedgerTampered, match=said):
+        make_context(settings=ctx.settings)
+
+
+@pytest.mark.parametrize("edit", ["domain_json = replace(domain_json, '52', '2')", "label_kind = 'continuous'"])
+def test_a_datasets_domain_edited_is_refused_and_reported(ctx, client, admin, consumer, dataset, labels, tmp_path,
+                                                         audit_key, edit):
+    """Issue 40's thirty-fourth review: a dataset's domain rewritten (a 2-class dataset made 3 classes) passed
+    verify-audit, and every release and upload computed on the row's. The domain is on the chain (a ``domain``
+    fact): a release and an upload are refused with nothing charged or stored, verify-audit names it, and the
+    service does not start on it."""
+    from tests.labels_party.api.helpers import labels_csv, upload
+    seq = _spent(ctx, dataset)
+    _sql(ctx, f"UPDATE datasets SET {edit} WHERE id = :d", d=dataset)
+    said = "the dataset's label kind or domain differs from the chain's"
+    _tampered(release(client, consumer, dataset, "x", mechanism="rr", epsilon=0.5), says=said)
+    _tampered(upload(client, admin, dataset, labels_csv({k: 1 for k in labels})), says=said)
+    assert _spent(ctx, dataset) == seq
+    with ctx.sessions() as s:
+        assert s.get(db.Dataset, dataset).label_version == 1  # no version stored
+    problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
+    assert said in problems, problems
+    _restart_refused(ctx, said)
+
+
+@pytest.mark.parametrize("edit, against_document", [
+    ("description_json = '{\"mechanism\": \"rr\", \"epsilon\": 2.0}'", True),
+    ("prior_json = '{\"epsilon\": 0.1}'", True),
+    ("randomizer_epsilon = 2.0", False),
+])
+def test_a_releases_shown_summary_edited_is_refused_and_reported(ctx, client, consumer, dataset, tmp_path, audit_key,
+                                                                 edit, against_document):
+    """The review's second rewrite: what a release's row shows besides its record (its description's summary: ε, a
+    metric and its interval; its noisy prior's; its ε split) set to something else passed verify-audit and was
+    served. Its digest is on the release's ``release_available`` fact: a read of it, or of its dataset's releases,
+    is refused; verify-audit names it — and, for the summaries, that they are not its mechanism document's — and the
+    service does not start on it."""
+    made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    other = created(release(client, consumer, dataset, "b", mechanism="laplace", epsilon=0.5))
+    assert client.get(f"/v1/releases/{made['id']}", headers=consumer).json() == made  # as created
+    _sql(ctx, f"UPDATE releases SET {edit} WHERE id = :r", r=made["id"])
+    said = f"release {made['id']}'s shown summary differs from the chain's"
+    _tampered(client.get(f"/v1/releases/{made['id']}", headers=consumer), says=said)
+    _tampered(client.get(f"/v1/datasets/{dataset}/releases", headers=consumer), says=said)
+    assert client.get(f"/v1/releases/{other['id']}", headers=consumer).status_code == 200  # its own row agrees
+    problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
+    assert said in problems, problems
+    assert any(p.endswith("the release's shown summary is not its mechanism document's") for p in problems) is \
+        against_document, problems
+    _restart_refused(ctx, said)
+
+
+def test_a_label_versions_id_bytes_edited_is_refused_and_reported(ctx, client, consumer, dataset, tmp_path, audit_key):
+    """The review's LOW 6: a label version's ids' bytes (what its releases' storage estimates read: 1 would let an
+    organization's releases outgrow its quota) edited passed verify-audit. They are on the version's ``labels``
+    fact."""
+    seq = _spent(ctx, dataset)
+    _sql(ctx, "UPDATE label_versions SET id_bytes = 1 WHERE dataset_id = :d", d=dataset)
+    said = "label version 1 differs from the chain's"
+    _tampered(release(client, consumer, dataset, "x", mechanism="rr", epsilon=0.5), says="label version 1")
+    assert _spent(ctx, dataset) == seq
+    problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
+    assert said in problems, problems
+    _restart_refused(ctx, said)
