@@ -19,8 +19,11 @@ matters:
   when its organization's account opened) for the organization and role it authenticated as, its row holds the
   secret the chain names, and the chain has not revoked it — a key row or a table edited while the service runs
   is refused (503 ``ledger_tampered``), never honoured.
-* **at every download** (:mod:`labels_party.releases.queries`): a release charged since availability is chained is
-  served only as its fact says (file size and SHA-256).
+* **at every read of a release** (:mod:`labels_party.releases.queries`): a release is shown only as its record and
+  facts say (:func:`shown_problems`: its charge, organization, ε, counts and summary), and one charged since
+  availability is chained is downloaded only as its fact says (file size and SHA-256).
+* **wherever the labels are read** (a release, an upload, a registration): the dataset's label kind and domain, owner,
+  central-training switch and source are the ones its creation chained (:func:`creation_problems`).
 """
 
 from __future__ import annotations

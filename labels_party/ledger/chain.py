@@ -2,11 +2,13 @@
 and what follows every commit that moved a chain (its anchor confirmed, its head signed and exported).
 
 **What the chain covers.** Every fact an outsider needs to recompute a dataset's budgets: its totals (ε_total,
-δ_total) at creation and at every change, grants (made, removed), each organization's allocation whenever it is
-set, API keys of organizations holding an account (made, revoked), and every release's charge
-(:class:`~.records.LedgerRecord`). A new kind of fact is a model in :mod:`.records` and one call, from the module
-that owns the fact, to a named method of :class:`labels_party.ledger.Ledger` (``dataset_budget``, ``grant_made``,
-``allocation``, ``key_changed``, each over :func:`record_fact`) inside the transaction that changes it.
+δ_total) at creation and at every change, its owner and its label domain, grants (made, removed), each
+organization's allocation whenever it is set, API keys of organizations holding an account (made, revoked), label
+versions and source registrations, every release's charge (:class:`~.records.LedgerRecord`) and its availability
+(its file, mechanism document and what its row shows). A new kind of fact is a model in :mod:`.records` and one
+call, from the module that owns the fact, to a named method of :class:`labels_party.ledger.Ledger`
+(``dataset_budget``, ``grant_made``, ``allocation``, ``key_changed``, each over :func:`record_fact`)
+inside the transaction that changes it.
 
 **Why one chain per dataset.** The dataset is the unit of budget and of locking: each append happens under the
 dataset's row lock, which the release transaction already takes first — so appends never fork or lose a link, and
@@ -258,7 +260,8 @@ class Replayed:
     (organization, role, prefix)) and revoked (id -> (prefix, from when: ISO time, or None in facts before
     revocations carried it)), the releases charged (release id -> standalone units; -> the organization charged,
     for records that name it; those whose availability a :class:`ReleaseFact` must state), the releases made
-    available, the label versions uploaded, the source registered, and what in the chain itself is inconsistent."""
+    available and what their rows show, the label domain, the label versions uploaded, the source registered, and
+    what in the chain itself is inconsistent."""
 
     seq: int = 0
     head: str = "0" * 64
