@@ -43,7 +43,7 @@ def test_audit_events(ctx, client, admin, consumer, keys, dataset):
     assert audit["chain_valid"] is True
     assert [{key: b[key] for key in FIGURES} for b in audit["budgets"]] == [
         {"dataset_id": dataset, "epsilon_total": 3.0, "epsilon_spent": 1.5, "epsilon_remaining": 1.5}]
-    # The chain starts with the dataset's facts: its totals, its owner, the owner's account and keys at creation, its
+    # The chain starts with the dataset's facts: its totals, its owner and domain, the owner's account and keys at creation, its
     # labels, the grant (the publisher's keys, the owner's allocation moved to the publisher's, and the grant
     # itself); the charges follow.
     facts = audit["facts"]
@@ -51,23 +51,24 @@ def test_audit_events(ctx, client, admin, consumer, keys, dataset):
     assert [{k: f["record"][k] for k in shown if k in f["record"]} for f in facts] == [
         {"seq": 1, "event": "dataset_budget", "epsilon_total_units": 3_000_000_000, "change": "created"},
         {"seq": 2, "event": "owner", "org": "hospital", "source": None},
-        {"seq": 3, "event": "allocation", "org": "hospital", "epsilon_units": 3_000_000_000},
-        {"seq": 4, "event": "key", "org": "hospital", "change": "created"},  # the owner's admin key
-        {"seq": 5, "event": "labels"},
-        {"seq": 6, "event": "key", "org": "publisher", "change": "created"},  # its account opened: its key
-        {"seq": 7, "event": "allocation", "org": "hospital", "epsilon_units": 0},
-        {"seq": 8, "event": "allocation", "org": "publisher", "epsilon_units": 3_000_000_000},
-        {"seq": 9, "event": "grant", "org": "publisher", "change": "created"},
-        {"seq": 11, "event": "release_available"}, {"seq": 13, "event": "release_available"}]
+        {"seq": 3, "event": "domain"},
+        {"seq": 4, "event": "allocation", "org": "hospital", "epsilon_units": 3_000_000_000},
+        {"seq": 5, "event": "key", "org": "hospital", "change": "created"},  # the owner's admin key
+        {"seq": 6, "event": "labels"},
+        {"seq": 7, "event": "key", "org": "publisher", "change": "created"},  # its account opened: its key
+        {"seq": 8, "event": "allocation", "org": "hospital", "epsilon_units": 0},
+        {"seq": 9, "event": "allocation", "org": "publisher", "epsilon_units": 3_000_000_000},
+        {"seq": 10, "event": "grant", "org": "publisher", "change": "created"},
+        {"seq": 12, "event": "release_available"}, {"seq": 14, "event": "release_available"}]
     assert facts[0]["prev_hash"] == "0" * 64 and all(f["dataset_id"] == dataset for f in facts)
     # each release's availability: its file and mechanism document, as the release row has them
-    assert [f["record"]["release_id"] for f in facts[9:]] == [a["id"], b["id"]]
-    assert [f["record"]["mechanism_hash"] for f in facts[9:]] == [a["mechanism_hash"], b["mechanism_hash"]]
+    assert [f["record"]["release_id"] for f in facts[10:]] == [a["id"], b["id"]]
+    assert [f["record"]["mechanism_hash"] for f in facts[10:]] == [a["mechanism_hash"], b["mechanism_hash"]]
     events = audit["events"]
     with ctx.sessions() as session:
         consumer_key = session.scalars(select(db.ApiKey).where(db.ApiKey.key_hash == hash_key(keys["consumer"]))).one()
-    assert [e["seq"] for e in events] == [10, 12]
-    assert events[0]["prev_hash"] == facts[8]["hash"] and events[1]["prev_hash"] == facts[9]["hash"]
+    assert [e["seq"] for e in events] == [11, 13]
+    assert events[0]["prev_hash"] == facts[9]["hash"] and events[1]["prev_hash"] == facts[10]["hash"]
     for event, rel, covered in ((events[0], a, NUM_LABELS), (events[1], b, 2)):
         record = event["record"]
         assert RECORD_FIELDS <= set(record)
@@ -108,7 +109,7 @@ def test_verify_audit_detects_tampering(ctx, client, consumer, dataset):
     report = audit_log.verify_audit(ctx)
     assert report["valid"] is True
     assert [(d["dataset_id"], d["entries"], d["releases"], d["problems"]) for d in report["datasets"]] == [
-        (dataset, 11, 1, [])]  # nine facts, one release, its availability
+        (dataset, 12, 1, [])]  # ten facts, one release, its availability
     _tamper(ctx)
     report = audit_log.verify_audit(ctx)
     assert report["valid"] is False

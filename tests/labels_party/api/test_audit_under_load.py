@@ -15,8 +15,8 @@ def test_verify_audit_in_a_loop_during_releases_is_clean(database_url, tmp_path)
     assert result["errors"] == [] and result["problems"] == [], result
     assert result["verify_runs"] >= 2 and result["verify_runs_invalid"] == 0, result
     assert result["final_valid"] is True
-    # the facts (totals, owner, the owner's allocation and key, the labels, the grantee's key, two allocations, the
-    # grant), then per release its charge and its availability
-    assert result["final_entries"] == 9 + 2 * releases
+    # the facts (totals, owner, domain, the owner's allocation and key, the labels, the grantee's key, two allocations,
+    # the grant), then per release its charge and its availability
+    assert result["final_entries"] == 10 + 2 * releases
     # a head per commit that moved the chain: creation, upload, grant, and per release its charge and availability
     assert result["exported_heads"] == 3 + 2 * releases
