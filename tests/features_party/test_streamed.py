@@ -100,6 +100,31 @@ def test_the_streamed_learners_learn_what_the_in_memory_ones_do(table):
     assert min(pages) >= 2, pages  # its pages (the training rows' and the validation rows') were on disk
 
 
+def test_the_trees_training_loss_is_measured_on_the_first_row_groups(table, monkeypatch):
+    """A round's training loss on the whole table copied out its labels and predictions every round (800 MB at 10⁸
+    rows): it is measured on the first row groups up to TRAIN_METRIC_ROWS — a uniform sample of the training rows,
+    which the join wrote in a seeded random order — and on all of them when they are fewer."""
+    from features_party.learn import streamed
+    root, _frame, _y = table
+    monkeypatch.setattr(joined, "ROW_GROUP_ROWS", 1000)
+    monkeypatch.setattr(streamed, "TRAIN_METRIC_ROWS", 2500)
+    rows = _join(root, "features", "w6")
+    file = pq.ParquetFile(rows.fit.path)
+    assert rows.fit.groups >= 10
+    trees = fit_gbdt(GbdtConfig(n_estimators=4, learning_rate=0.3), rows.fit, rows.validation, root / "w6" / "xgb")
+    assert len(trees.history) == 4
+
+    def loss(frame) -> float:
+        numeric, categorical = rows.fit.preprocessor.transform(frame)
+        return 0.5 * float(np.mean((trees.predict(numeric, categorical) - frame["label"].to_numpy()) ** 2))
+
+    per_group = rows.fit.rows // rows.fit.groups
+    sample = pd.concat([file.read_row_group(g).to_pandas() for g in range(-(-2500 // per_group))])
+    assert 2500 <= len(sample) < rows.fit.rows / 3
+    assert trees.history[-1]["train_loss"] == pytest.approx(loss(sample), rel=1e-3)
+    assert trees.history[-1]["train_loss"] != pytest.approx(loss(file.read().to_pandas()), rel=1e-3)
+
+
 def test_predictions_cover_every_row_and_mark_the_held_out_ones(table):
     root, frame, _y = table
     rows = _join(root, "features", "w4")
