@@ -269,14 +269,19 @@ def shown_problems(replayed: Replayed, releases, names: Mapping[int, str]) -> li
         charged = replayed.charged_orgs.get(name)
         if charged is not None and names.get(release.requester_org_id) != charged:
             problems.append(f"release {name}'s requester differs from the organization its record charged")
-        shown = zip((release.mechanism, release.epsilon, release.num_examples, release.label_version),
-                    replayed.shown.get(name, ()), strict=False)
-        if any(said is not None and row != said for row, said in shown):  # what the release row displays
-            problems.append(f"release {name}'s mechanism, ε, example count or label version differs from its "
-                            "record's")
-        if release.state == "available" and replayed.summaries.get(name) != summary_digest(
-                release.description_json, release.prior_json, release.prior_epsilon, release.randomizer_epsilon):
+        said = replayed.shown.get(name, ())
+        shown = zip((release.mechanism, release.epsilon, release.num_examples, release.label_version,
+                     release.prior_epsilon), said, strict=False)
+        if any(recorded is not None and row != recorded for row, recorded in shown) or (
+                len(said) > 4 and said[4] is not None and said[1] is not None
+                and release.randomizer_epsilon != said[1] - said[4]):  # what the release row displays
+            problems.append(f"release {name}'s mechanism, ε, ε split, example count or label version differs from "
+                            "its record's")
+        summary = summary_digest(release.description_json, release.prior_json, release.prior_epsilon,
+                                 release.randomizer_epsilon)
+        if release.state == "available" and replayed.summaries.get(name) != summary:
             problems.append(f"release {name}'s shown summary differs from the chain's")
+        problems += _document_problems(replayed, release, summary)
         if name not in replayed.files_on_chain:
             continue  # charged before availability was chained: verify-audit checks its file against its row
         fact = replayed.available.get(name)
@@ -290,6 +295,26 @@ def shown_problems(replayed: Replayed, releases, names: Mapping[int, str]) -> li
                                                                   fact.mechanism_hash, fact.certified_epsilon):
             problems.append(f"release {name}'s file or mechanism document differs from the chain's")
     return problems
+
+
+def _document_problems(replayed: Replayed, release: db.Release, summary: str) -> list[str]:
+    """A release whose document the chain stated before it was computed (a source release's job) shows that
+    document, its certified ε and summary — or nothing yet, while running (a row read before the commit that stored
+    the document, the chain after); a running release the chain states no document for shows nothing."""
+    stated = replayed.documents.get(release.id)
+    blank = (release.mechanism_hash, release.certified_epsilon, release.description_json, release.prior_json) == (
+        None, None, "{}", None)
+    if stated is None:
+        return [] if release.state != "running" or blank else [
+            f"release {release.id} is running and shows a mechanism document the chain does not state"]
+    if release.state == "running" and blank:
+        return []
+    if (release.mechanism_hash, release.certified_epsilon, summary) != (stated.mechanism_hash,
+                                                                        stated.certified_epsilon,
+                                                                        stated.summary_sha256):
+        return [f"release {release.id}'s mechanism document, certified ε or summary differs from the one the chain "
+                "stated before it was computed"]
+    return []
 
 
 def check_tables(session: Session, ledger, datasets) -> None:

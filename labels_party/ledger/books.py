@@ -21,6 +21,7 @@ from labels_party.ledger.records import (
     AccountTerms,
     Charged,
     Coverage,
+    DocumentFact,
     LedgerRecord,
     OwnerFact,
     RecordFields,
@@ -444,8 +445,30 @@ class Ledger:
         chain.allocation(self, session, dataset, account)
 
     def release_available(self, session: Session, dataset: db.Dataset, release: db.Release) -> None:
-        """A release made available (its file and mechanism document set on its row); the dataset's row locked."""
+        """A release made available (its file and mechanism document set on its row); the dataset's row locked. A
+        release whose document the chain stated before it was computed becomes available only as stated
+        (:class:`agreement.LedgerTampered` else: its row edited while its job waited)."""
+        stated = self.facts(session, dataset).documents.get(release.id)
+        if stated is not None and (release.mechanism_hash, release.certified_epsilon, chain.shown_summary(release)) != (
+                stated.mechanism_hash, stated.certified_epsilon, stated.summary_sha256):
+            raise agreement.tampered(dataset.id, [f"release {release.id}'s mechanism document, certified ε or summary "
+                                                  "differs from the one the chain stated before it was computed"])
         chain.release_available(self, session, dataset, release)
+
+    def release_document(self, session: Session, dataset: db.Dataset, release: db.Release) -> None:
+        """A release's mechanism document stored before it is computed (a job's); the dataset's row locked."""
+        chain.release_document(self, session, dataset, release)
+
+    def document_of(self, session: Session, dataset: db.Dataset, release_id: str) -> tuple[DocumentFact, int]:
+        """What a job computing release ``release_id`` runs, as the chain stated it when the release was charged and
+        its document stored: the document fact and the release's charge (ε units on its own) —
+        :class:`agreement.LedgerTampered` if the chain states none (a row or job that names a release it did not)."""
+        self.check_anchor(session, dataset)
+        replayed = self.facts(session, dataset)
+        stated, units = replayed.documents.get(release_id), replayed.releases.get(release_id)
+        if stated is None or units is None:
+            raise agreement.tampered(dataset.id, [f"release {release_id}'s mechanism document is not on the chain"])
+        return stated, units
 
     def account_opened(self, session: Session, dataset: db.Dataset, org_id: int) -> None:
         """An organization's account opened on the dataset (the dataset's row locked): its keys go on the chain."""

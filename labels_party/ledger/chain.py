@@ -39,6 +39,7 @@ from labels_party.ledger.charges import charged_units
 from labels_party.ledger.records import (
     AllocationFact,
     BudgetFact,
+    DocumentFact,
     DomainFact,
     Entry,
     GrantFact,
@@ -192,6 +193,17 @@ def release_available(ledger: LedgerAnchors, session: Session, dataset: db.Datas
     append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
 
 
+def release_document(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, release: db.Release) -> None:
+    """``release``'s mechanism document stored (its row set) before it is computed: the caller holds the dataset's
+    row lock."""
+    assert release.mechanism_hash is not None
+    session.flush()
+    filled = DocumentFact(seq=dataset.ledger_seq + 1, dataset_id=dataset.id, created_at=db.utcnow().isoformat(),
+                          release_id=release.id, mechanism_hash=release.mechanism_hash,
+                          certified_epsilon=release.certified_epsilon, summary_sha256=shown_summary(release))
+    append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
+
+
 def shown_summary(release: db.Release) -> str:
     """The digest of what ``release``'s row shows besides its record (:func:`.records.summary_digest`)."""
     return summary_digest(release.description_json, release.prior_json, release.prior_epsilon,
@@ -276,9 +288,11 @@ class Replayed:
     revoked: dict[int, tuple[str, str | None]] = field(default_factory=dict)
     releases: dict[str, int] = field(default_factory=dict)
     charged_orgs: dict[str, str] = field(default_factory=dict)
-    # release id -> what its record says of it: (mechanism, ε requested, examples covered, label version), each None
-    # if unsaid
-    shown: dict[str, tuple[str | None, float | None, int | None, int | None]] = field(default_factory=dict)
+    # release id -> what its record says of it: (mechanism, ε requested, examples covered, label version, the prior's
+    # part of ε), each None if unsaid
+    shown: dict[str, tuple[str | None, float | None, int | None, int | None, float | None]] = field(
+        default_factory=dict)
+    documents: dict[str, DocumentFact] = field(default_factory=dict)  # release id -> its document stated early
     files_on_chain: set[str] = field(default_factory=set)
     available: dict[str, ReleaseFact] = field(default_factory=dict)
     summaries: dict[str, str] = field(default_factory=dict)  # release id -> its shown summary's digest
@@ -332,6 +346,12 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             out.available[fact.release_id] = fact
             if fact.summary_sha256 is not None:
                 out.summaries[fact.release_id] = fact.summary_sha256
+        elif isinstance(fact, DocumentFact):
+            if fact.release_id not in out.releases or fact.release_id in out.documents or \
+                    fact.release_id in out.available:
+                out.problems.append(f"seq {entry.seq}: release {fact.release_id}'s document stated without a charge, "
+                                    "twice, or after its availability")
+            out.documents[fact.release_id] = fact
         elif isinstance(fact, SummaryFact):
             if fact.release_id not in out.releases or fact.release_id in out.summaries:
                 out.problems.append(f"seq {entry.seq}: release {fact.release_id}'s summary stated without a charge, "
@@ -363,7 +383,7 @@ def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
     if record.get("file_on_chain"):
         out.files_on_chain.add(release_id)
     out.shown[release_id] = (record.get("mechanism"), record.get("epsilon_requested"), record.get("examples_covered"),
-                             record.get("label_version"))
+                             record.get("label_version"), record.get("prior_epsilon"))
     if out.totals is not None and "epsilon_total_units" in record and \
             (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
         out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")

@@ -155,6 +155,9 @@ class LedgerRecord(BaseModel):
     file_on_chain: bool = True
     # the account's spent state after this charge (records from before it lack the field)
     spent_state: SpentState | None = None
+    # the part of epsilon_requested that privatizes a prior (the rest randomizes the labels): what the release row
+    # shows (None in records from before it was recorded)
+    prior_epsilon: float | None = None
 
 
 class _Fact(BaseModel):
@@ -280,6 +283,19 @@ class SummaryFact(_Fact):
     summary_sha256: str
 
 
+class DocumentFact(_Fact):
+    """A release's mechanism document stored before the release is computed (a source release's Spark job runs
+    later): its content address, certified ε and what its row shows (:func:`summary_digest`). The job runs this
+    document only, and the release becomes available only as this fact says — so that no row or job edited while it
+    waits makes it run another mechanism (issue 40's thirty-fifth review: an ε=8 document run for an ε=1 charge)."""
+
+    event: Literal["release_document"] = "release_document"
+    release_id: str
+    mechanism_hash: str
+    certified_epsilon: float | None
+    summary_sha256: str
+
+
 class LabelsFact(_Fact):
     """A label version uploaded: its file (bytes, SHA-256), its examples and the registry after it, and its
     coverage set's hash — what releases of it read, so that a rewritten label file is found."""
@@ -309,8 +325,8 @@ class SourceFact(_Fact):
     id_bytes: int | None = None  # its ids' UTF-8 bytes, which releases' storage estimates read (None: before)
 
 
-AnyFact = BudgetFact | OwnerFact | DomainFact | GrantFact | AllocationFact | KeyFact | ReleaseFact | SummaryFact | \
-    LabelsFact | SourceFact
+AnyFact = BudgetFact | OwnerFact | DomainFact | GrantFact | AllocationFact | KeyFact | DocumentFact | ReleaseFact | \
+    SummaryFact | LabelsFact | SourceFact
 Fact = Annotated[AnyFact, Field(discriminator="event")]
 _FACT = TypeAdapter(Fact)
 
@@ -358,6 +374,7 @@ class RecordFields(BaseModel):
     mechanism: str
     request: dict[str, Any]
     label_version: int
+    prior_epsilon: float | None = None
 
 
 @dataclass(frozen=True)

@@ -252,8 +252,8 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
     queues in the same transaction). Refused if the request lost its lease: another replica fails the release."""
     with ctx.sessions() as session, session.begin():
         # the dataset's row first (every writer's lock order): an available release appends to its chain
-        session.get(db.Dataset, session.scalar(select(db.Release.dataset_id).where(db.Release.id == release_id)),
-                    with_for_update=True)
+        dataset = session.get(db.Dataset, session.scalar(select(db.Release.dataset_id).where(
+            db.Release.id == release_id)), with_for_update=True)
         release = session.get(db.Release, release_id, with_for_update=True)
         if release.state != "running":
             raise LabelDPError(f"release {release_id} is {release.state}", code=ErrorCode.RELEASE_FAILED)
@@ -266,6 +266,8 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
         release.description_json, release.prior_json = documents.shown(document)
         if sealed is not None:
             seal(ctx.ledger, session, release, sealed)
+        else:  # computed later (a job's): its document on the chain now, what the job runs and what it makes available
+            ctx.ledger.release_document(session, dataset, release)
         if also is not None:
             also(session, release)
         session.flush()

@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from labels_party.core.pipeline import PLAN_FIELDS
-from labels_party.ledger import Ledger, documents
+from labels_party.ledger import Ledger, documents, within_charge
 from labels_party.releases.source_datasets import snapshot_uri
 from labels_party.runtime import jobs
 from labels_party.runtime.jobs import Claimed, Failure, JobContext
@@ -66,18 +66,25 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
         state, expected, mechanism_hash = release.state, release.num_examples, release.mechanism_hash
         dataset = session.get(db.Dataset, release.dataset_id)
         source, source_sha256 = snapshot_uri(ctx, session, dataset), dataset.source_sha256
-        document = documents.unpack(documents.stored(session, spec["mechanism_hash"]),
+        # the document the chain stated when the release was charged and queued, never the row's or the job's alone
+        # (the thirty-fifth review pointed both at an ε=8 document for an ε=1 charge)
+        stated, charged_units = ctx.ledger.document_of(session, dataset, release_id) if state == "running" else \
+            (None, 0)
+        document = documents.unpack(documents.stored(session, stated.mechanism_hash),
                                      ctx.settings.max_document_bytes) \
-            if state == "running" and mechanism_hash == spec["mechanism_hash"] else None
+            if stated is not None and mechanism_hash == spec["mechanism_hash"] == stated.mechanism_hash else None
     if state != "running":  # nothing to do (cannot happen: a job is queued only with its release running)
         with jobs.holding(ctx, claimed) as held:
             if held is not None:
                 ctx.jobs.table.finish(held[1], "succeeded" if state == "available" else "failed")
         return
     if document is None:
-        raise LabelDPError("the job names another mechanism document than its release",
+        raise LabelDPError("the job names another mechanism document than its release's chain",
                            code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     sampler = _sampler(document, spec["mechanism_hash"])
+    if not within_charge(float(sampler.certified_epsilon), charged_units):  # before anything is drawn
+        raise LabelDPError("the release's mechanism certifies more than its charge",
+                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
     if claimed.sealed_secret is None:
         raise LabelDPError("this release's secret is gone; it cannot run again", code=ErrorCode.JOB_FORMAT_RETIRED)
     secret = ctx.sealer.open(claimed.sealed_secret, secret_context(release_id))

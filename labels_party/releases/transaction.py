@@ -229,6 +229,7 @@ def outcome(ctx: ServiceContext, release_id: str, waits: bool) -> schemas.Releas
     while True:
         with ctx.sessions() as session, session.begin():
             release = session.get(db.Release, release_id)
+            ctx.ledger.check_shown(session, session.get(db.Dataset, release.dataset_id), [release])  # as chained
             state, view = release.state, release_view(release)
         if state == "available" or not waits:
             return view
@@ -345,7 +346,7 @@ def charge(ctx: ServiceContext, principal: Principal, snapshot: Snapshot, kind: 
                         release_id=release_id, created_at=now.isoformat(),
                         actor=Actor(org=principal.org_name, role=principal.role, key_id=principal.key_id,
                                     key_prefix=principal.key_prefix), mechanism=kind.mechanism,
-                        request=kind.record(), label_version=snapshot.version))
+                        request=kind.record(), label_version=snapshot.version, prior_epsilon=priced.prior_epsilon))
             except BudgetExceeded as err:
                 raise err.told_to(is_owner(principal, snapshot.dataset)) from None
             superseded = charged.superseded

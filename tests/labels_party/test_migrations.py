@@ -589,3 +589,60 @@ def test_migration_0021_records_the_ids_bytes_of_stored_versions(tmp_path):
             assert MIGRATIONS.current(s.connection()) == HEAD
     finally:
         upgraded.close()
+
+
+def test_migration_0022_chains_domains_and_summaries_once(tmp_path, monkeypatch):
+    """A dataset and an available release as a version before 0022 chained them (no ``domain`` fact, no summary on
+    the release's fact): the upgrade appends a ``domain`` fact and a ``release_summary`` fact, signed by the
+    upgrading process (verify-audit with the exported heads is valid), once; from then on a domain or a summary
+    edited in its row is found at a start."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.http.api import create_app
+    from labels_party.ledger import Ledger, LedgerTampered, agreement, chain, signing
+    from labels_party.ledger.verification import verify
+    from tests.labels_party.api.helpers import bearer, created, release
+
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    with monkeypatch.context() as older:  # what a version before 0022 appended
+        older.setattr(Ledger, "dataset_owner", lambda self, session, dataset: chain.owner(self, session, dataset))
+        older.setattr(chain, "shown_summary", lambda release: None)
+        creation = agreement.creation_problems
+        older.setattr(agreement, "creation_problems", lambda *args: [
+            p for p in creation(*args) if p != "the chain records no label domain for the dataset"])
+        ctx, admin, dataset = _granted_dataset(database, data)
+        with ctx.sessions() as s, s.begin():
+            from labels_party.http.auth import create_key
+            consumer = bearer(create_key(ctx.ledger, s, "publisher", "consumer"))
+        with TestClient(create_app(ctx)) as client:
+            made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    with ctx.sessions() as s, s.begin():
+        seq = s.get(db.Dataset, dataset).ledger_seq
+        assert not [e for e in entries(s, dataset) if e.record.get("event") in ("domain", "release_summary")]
+        s.execute(text("UPDATE alembic_version SET version_num = '0021'"))
+    ctx.close()
+    with pytest.raises(LabelDPError, match="upgrade-db"):
+        make_context(database, data)
+    upgraded = make_context(database, data, upgrade=True)
+    try:
+        with upgraded.sessions() as s:
+            added = [e.record for e in entries(s, dataset) if e.seq > seq]
+            row = s.get(db.Dataset, dataset)
+            assert [r["event"] for r in added] == ["domain", "release_summary"] and row.ledger_seq == seq + 2
+            assert added[0]["domain_sha256"] == hashlib.sha256(row.domain_json.encode()).hexdigest()
+            assert added[1]["release_id"] == made["id"]
+        report = verify(upgraded.sessions, upgraded.ledger, public_key=upgraded.ledger.signer.public,
+                        heads_log=lambda: signing.read_log(data / "audit"))
+        assert report["valid"] is True, report
+        with upgraded.sessions() as s, s.begin():
+            s.execute(text("UPDATE alembic_version SET version_num = '0021'"))
+    finally:
+        upgraded.close()
+    make_context(database, data, upgrade=True).close()  # again: everything is chained, nothing appended
+    again = make_context(database, data)
+    with again.sessions() as s, s.begin():
+        assert s.get(db.Dataset, dataset).ledger_seq == seq + 2
+        s.execute(text("UPDATE releases SET description_json = '{}'"))
+    again.close()
+    with pytest.raises(LedgerTampered, match="shown summary differs from the chain's"):
+        make_context(database, data)

@@ -43,9 +43,9 @@ def test_audit_events(ctx, client, admin, consumer, keys, dataset):
     assert audit["chain_valid"] is True
     assert [{key: b[key] for key in FIGURES} for b in audit["budgets"]] == [
         {"dataset_id": dataset, "epsilon_total": 3.0, "epsilon_spent": 1.5, "epsilon_remaining": 1.5}]
-    # The chain starts with the dataset's facts: its totals, its owner and domain, the owner's account and keys at creation, its
-    # labels, the grant (the publisher's keys, the owner's allocation moved to the publisher's, and the grant
-    # itself); the charges follow.
+    # The chain starts with the dataset's facts: its totals, its owner and domain, the owner's account and keys at
+    # creation, its labels, the grant (the publisher's keys, the owner's allocation moved to the publisher's, and the
+    # grant itself); the charges follow.
     facts = audit["facts"]
     shown = ("seq", "event", "org", "epsilon_units", "epsilon_total_units", "change", "source")
     assert [{k: f["record"][k] for k in shown if k in f["record"]} for f in facts] == [

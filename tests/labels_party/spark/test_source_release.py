@@ -589,3 +589,44 @@ def test_a_copy_takes_no_more_than_its_request_counted_and_a_request_again_count
     ready = client.get(f"/v1/datasets/{created.json()['id']}", headers=key).json()
     assert ready["state"] == "ready" and ready["num_examples"] == 32_000, ready
     ctx.close()
+
+
+def test_a_queued_source_release_runs_only_the_document_its_chain_stated(service):
+    """Issue 40's thirty-fifth review: while a source release waited for its job, a database writer pointed its row
+    and its job's spec at the mechanism document of an ε=8 release, and the job ran it — labels at ε=8 for a charge of
+    ε=1 — and made it available as the row said. The document is on the chain when the release is queued: the read
+    of the edited row is refused, the job refuses to run another document (the release fails, charged, with no
+    labels), and a restart refuses the row."""
+    from sqlalchemy import text
+
+    from labels_party.ledger.agreement import LedgerTampered
+    ctx, client, as_, sources, _, checkpoint = service
+    checkpoint.times = 0
+    dataset = register(ctx, client, as_("owner"), _body(f"{sources}/weeks", epsilon_total=10))["id"]
+
+    def rr(name: str, epsilon: float):
+        return client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("owner"), "Idempotency-Key": name},
+                           json={"mechanism": "rr", "epsilon": epsilon})
+
+    strong = rr("strong", 8)
+    assert strong.status_code == 202 and ctx.jobs.run_pending() == 1
+    strong_hash = client.get(f"/v1/releases/{strong.json()['id']}", headers=as_("owner")).json()["mechanism_hash"]
+    weak = rr("weak", 1).json()
+    assert weak["state"] == "running" and weak["mechanism_hash"] != strong_hash
+    with ctx.sessions() as session, session.begin():
+        session.execute(text("UPDATE releases SET mechanism_hash = :s WHERE id = :w"), {"s": strong_hash,
+                                                                                        "w": weak["id"]})
+        session.execute(text("UPDATE jobs SET spec_json = replace(spec_json, :own, :s) WHERE subject_id = :w"),
+                        {"own": weak["mechanism_hash"], "s": strong_hash, "w": weak["id"]})
+    refused = client.get(f"/v1/releases/{weak['id']}", headers=as_("owner"))
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "ledger_tampered", refused.text
+    assert "differs from the one the chain stated before it was computed" in refused.json()["error"]["message"]
+    assert ctx.jobs.run_pending() == 1
+    with ctx.sessions() as session:
+        release = session.get(db.Release, weak["id"])
+        assert release.state == "failed" and json.loads(release.error_json)["code"] == "invalid_mechanism_document"
+    assert not ctx.store.path(f"releases/{weak['id']}").exists()  # nothing was drawn, nothing is served
+    assert client.get(f"/v1/datasets/{dataset}/budget", headers=as_("owner")).json()["epsilon_spent"] == 9  # charged
+    ctx.close()
+    with pytest.raises(LedgerTampered, match="differs from the one the chain stated before it was computed"):
+        make_context(settings=ctx.settings)

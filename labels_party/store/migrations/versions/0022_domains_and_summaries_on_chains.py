@@ -1,4 +1,5 @@
-"""Every dataset's label domain, and every available release's shown summary, are on its chain.
+"""Every dataset's label domain, every available release's shown summary and every queued release's document are on
+its chain.
 
 From this version a ``domain`` fact records a dataset's label kind and the SHA-256 of its domain's JSON (what every
 release's support, range, clipping and noise scale are computed from, and every upload checked against), and each
@@ -6,8 +7,10 @@ release's support, range, clipping and noise scale are computed from, and every 
 noisy prior's summaries, its ε split); a row that says otherwise is refused, at a start, at a release, an upload
 and a read (``labels_party/ledger/agreement.py``: issue 40's thirty-fourth review rewrote a 2-class dataset's domain
 to 3 classes, and a release's shown ε, and verify-audit said valid). This migration appends, once, a ``domain`` fact
-to every dataset's chain that has none, and a ``release_summary`` fact for every available release whose chain
-states no summary — both as the rows now say (the chain has no earlier record of them: taken on trust at the
+to every dataset's chain that has none, a ``release_summary`` fact for every available release whose chain
+states no summary, and a ``release_document`` fact for every release not available whose document is stored (a
+source release's, for its job: from this version a job runs only the document its chain states) — as the rows now
+say (the chain has no earlier record of them: taken on trust at the
 upgrade; verify-audit still compares every release's summary with its hash-addressed mechanism document) — and
 moves the dataset's anchor to the new head, as 0016-0019 do; the process that runs the upgrade signs and exports
 the transitions (:func:`labels_party.runtime.context.upgrade_database`).
@@ -48,14 +51,23 @@ def upgrade() -> None:
         facts = [] if any(r.get("event") == "domain" for r in records) else [
             {"event": "domain", "label_kind": dataset.label_kind,
              "domain_sha256": hashlib.sha256(dataset.domain_json.encode()).hexdigest()}]
-        stated = {r.get("release_id") for r in records if r.get("event") == "release_summary" or (
-            r.get("event") == "release_available" and r.get("summary_sha256") is not None)}
+        stated = {r.get("release_id") for r in records if r.get("event") in ("release_summary", "release_document")
+                  or (r.get("event") == "release_available" and r.get("summary_sha256") is not None)}
         for release in bind.execute(sa.text(
-                "SELECT id, description_json, prior_json, prior_epsilon, randomizer_epsilon FROM releases "
-                "WHERE dataset_id = :d AND state = 'available' ORDER BY created_at, id"), {"d": dataset.id}):
-            if release.id not in stated:
-                facts.append({"event": "release_summary", "release_id": release.id, "summary_sha256": _summary(
-                    release.description_json, release.prior_json, release.prior_epsilon, release.randomizer_epsilon)})
+                "SELECT id, state, mechanism_hash, certified_epsilon, description_json, prior_json, prior_epsilon, "
+                "randomizer_epsilon FROM releases WHERE dataset_id = :d AND (state = 'available' OR mechanism_hash "
+                "IS NOT NULL) ORDER BY created_at, id"), {"d": dataset.id}):
+            if release.id in stated:
+                continue
+            summary = _summary(release.description_json, release.prior_json, release.prior_epsilon,
+                               release.randomizer_epsilon)
+            if release.state == "available":
+                facts.append({"event": "release_summary", "release_id": release.id, "summary_sha256": summary})
+            else:  # a source release's document, stored for its job (which may run again): what the job runs
+                facts.append({"event": "release_document", "release_id": release.id,
+                              "mechanism_hash": release.mechanism_hash,
+                              "certified_epsilon": None if release.certified_epsilon is None
+                              else float(release.certified_epsilon), "summary_sha256": summary})
         if facts:
             _append(bind, dataset, facts, now)
 
