@@ -60,6 +60,7 @@ from labels_party.ledger import (
 )
 from labels_party.ledger.agreement import table_problems
 from labels_party.store import db, labelstore
+from shared.domains import ContinuousInterval, domain_from_spec
 from shared.errors import LabelDPError
 from shared.mechanisms import events
 from shared.mechanisms.documents import sampler_from_description
@@ -558,7 +559,27 @@ def _label_file_problems(session: Session, ledger: Ledger, dataset: db.Dataset, 
             counts = None
         if counts != (replayed.source.counts_bytes, replayed.source.counts_sha256):
             problems.append("the source's counts file is missing or not the one registered")
-    return problems
+    return problems + _domain_problems(session, ledger, dataset)
+
+
+def _domain_problems(session: Session, ledger: Ledger, dataset: db.Dataset) -> list[str]:
+    """The current label version's labels lie in the dataset's domain: a domain edited before migration 0022 chained
+    it as the row said (the thirty-fifth review shrank [0, 1000] to [0, 1]) would make its releases charge and then
+    fail on the labels outside it. (A source's counts are checked against the domain's support before any release.)"""
+    version = session.scalar(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id,
+                                                           db.LabelVersion.version == dataset.label_version))
+    if version is None or dataset.source_uri is not None:
+        return []
+    try:
+        domain = domain_from_spec(json.loads(dataset.domain_json))
+        for batch in labelstore.iter_version(ledger.store, version.file, columns=("label",)):
+            labels = batch.column("label").to_numpy()
+            domain.check(labels) if isinstance(domain, ContinuousInterval) else domain.index_of(labels)
+    except LabelDPError:  # (which labels is not said: a report names no label)
+        return [f"label version {version.version} holds labels outside the dataset's domain"]
+    except (*_STATE_ERRORS, KeyError, TypeError):  # a file missing or damaged is reported with the files
+        return []
+    return []
 
 
 def _open_states(session: Session, sessions: sessionmaker, ledger: Ledger, dataset: db.Dataset,

@@ -829,3 +829,15 @@ def test_a_release_set_back_to_running_shows_nothing_the_chain_does_not_state(ct
     said = f"release {made['id']} is running and shows a mechanism document the chain does not state"
     _tampered(client.get(f"/v1/releases/{made['id']}", headers=consumer), says=said)
     _tampered(client.get(f"/v1/datasets/{dataset}/releases", headers=consumer), says=said)
+
+
+def test_a_domain_that_excludes_the_stored_labels_is_reported_by_verify(ctx, client, dataset, tmp_path, audit_key):
+    """The thirty-fifth review's MEDIUM 3: migration 0022 chains a dataset's domain as its row says, so a domain
+    shrunk before the upgrade would be chained (and its releases would charge, then fail on the labels outside it).
+    verify-audit checks the current label version's labels against the domain."""
+    narrow = json.dumps({"kind": "integer", "min": 1, "max": 2})
+    _sql(ctx, "UPDATE datasets SET domain_json = :j WHERE id = :d", j=narrow, d=dataset)
+    problems = [p for d in chain_tests._verify(ctx, tmp_path, audit_key)["datasets"] for p in d["problems"]]
+    # found by the labels themselves, besides the chain's domain fact (which an upgrade on trust would not give)
+    assert "label version 1 holds labels outside the dataset's domain" in problems, problems
+    assert "the dataset's label kind or domain differs from the chain's" in problems, problems
