@@ -197,6 +197,8 @@ class Ledger:
         if (seq, previous) != (dataset.ledger_seq, dataset.ledger_head):
             raise agreement.tampered(dataset.id, ["the chain does not end at the dataset's head"])
         replayed = chain.replay(new, start=known)
+        if replayed.problems:  # a release charged or made available twice, a second owner…: nothing is honoured
+            raise agreement.tampered(dataset.id, replayed.problems)
         if not chain.moving(session, dataset.id):
             with self._replaying:
                 self._replayed[dataset.id] = replayed
@@ -448,26 +450,33 @@ class Ledger:
         """A release made available (its file and mechanism document set on its row); the dataset's row locked. A
         release whose document the chain stated before it was computed becomes available only as stated
         (:class:`agreement.LedgerTampered` else: its row edited while its job waited)."""
-        stated = self.facts(session, dataset).documents.get(release.id)
+        replayed = self.facts(session, dataset)
+        if release.id in replayed.available:  # (the thirty-sixth review re-drew an available release)
+            raise agreement.tampered(dataset.id, [f"release {release.id} is available on the chain already"])
+        stated = replayed.documents.get(release.id)
         if stated is not None and (release.mechanism_hash, release.certified_epsilon, chain.shown_summary(release)) != (
                 stated.mechanism_hash, stated.certified_epsilon, stated.summary_sha256):
             raise agreement.tampered(dataset.id, [f"release {release.id}'s mechanism document, certified ε or summary "
                                                   "differs from the one the chain stated before it was computed"])
         chain.release_available(self, session, dataset, release)
 
-    def release_document(self, session: Session, dataset: db.Dataset, release: db.Release) -> None:
-        """A release's mechanism document stored before it is computed (a job's); the dataset's row locked."""
-        chain.release_document(self, session, dataset, release)
+    def release_document(self, session: Session, dataset: db.Dataset, release: db.Release,
+                         splits: tuple[int, int]) -> None:
+        """A source release queued for its job: its document and the job's splits; the dataset's row locked."""
+        chain.release_document(self, session, dataset, release, splits)
 
     def document_of(self, session: Session, dataset: db.Dataset, release_id: str) -> tuple[DocumentFact, int]:
-        """What a job computing release ``release_id`` runs, as the chain stated it when the release was charged and
-        its document stored: the document fact and the release's charge (ε units on its own) —
-        :class:`agreement.LedgerTampered` if the chain states none (a row or job that names a release it did not)."""
+        """What a job computing release ``release_id`` runs, as the chain stated it when the release was queued: the
+        document fact (document, splits) and the release's charge (ε units on its own) —
+        :class:`agreement.LedgerTampered` if the chain states none (a row or job that names a release it did not),
+        or made the release available already."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
         stated, units = replayed.documents.get(release_id), replayed.releases.get(release_id)
         if stated is None or units is None:
             raise agreement.tampered(dataset.id, [f"release {release_id}'s mechanism document is not on the chain"])
+        if release_id in replayed.available:  # drawn once already: never again (a row set back to failed)
+            raise agreement.tampered(dataset.id, [f"release {release_id} is available on the chain already"])
         return stated, units
 
     def account_opened(self, session: Session, dataset: db.Dataset, org_id: int) -> None:

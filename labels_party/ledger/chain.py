@@ -193,14 +193,16 @@ def release_available(ledger: LedgerAnchors, session: Session, dataset: db.Datas
     append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
 
 
-def release_document(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, release: db.Release) -> None:
-    """``release``'s mechanism document stored (its row set) before it is computed: the caller holds the dataset's
-    row lock."""
+def release_document(ledger: LedgerAnchors, session: Session, dataset: db.Dataset, release: db.Release,
+                     splits: tuple[int, int]) -> None:
+    """``release`` queued for its job (its row holds its document; ``splits``: the job's max partition bytes and
+    min partitions): the caller holds the dataset's row lock."""
     assert release.mechanism_hash is not None
     session.flush()
     filled = DocumentFact(seq=dataset.ledger_seq + 1, dataset_id=dataset.id, created_at=db.utcnow().isoformat(),
                           release_id=release.id, mechanism_hash=release.mechanism_hash,
-                          certified_epsilon=release.certified_epsilon, summary_sha256=shown_summary(release))
+                          certified_epsilon=release.certified_epsilon, summary_sha256=shown_summary(release),
+                          max_partition_bytes=splits[0], min_partitions=splits[1])
     append(ledger, session, dataset, filled.model_dump(mode="json"), release.id)
 
 

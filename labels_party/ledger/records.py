@@ -284,16 +284,19 @@ class SummaryFact(_Fact):
 
 
 class DocumentFact(_Fact):
-    """A release's mechanism document stored before the release is computed (a source release's Spark job runs
-    later): its content address, certified ε and what its row shows (:func:`summary_digest`). The job runs this
-    document only, and the release becomes available only as this fact says — so that no row or job edited while it
-    waits makes it run another mechanism (issue 40's thirty-fifth review: an ε=8 document run for an ε=1 charge)."""
+    """A source release queued for its Spark job: its mechanism document (content address, certified ε, what its row
+    shows: :func:`summary_digest`) and the input splits its job pins (which decide each partition's noise stream).
+    The job runs exactly this, and the release becomes available only as this fact says — so that no row or job
+    edited while it waits makes it run another mechanism or draw again (issue 40's thirty-fifth review: an ε=8
+    document run for an ε=1 charge; the thirty-sixth: other splits re-drew an available release)."""
 
     event: Literal["release_document"] = "release_document"
     release_id: str
     mechanism_hash: str
     certified_epsilon: float | None
     summary_sha256: str
+    max_partition_bytes: int
+    min_partitions: int
 
 
 class LabelsFact(_Fact):

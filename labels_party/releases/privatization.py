@@ -14,17 +14,17 @@ import os
 import shutil
 import uuid
 
-import numpy as np
 from sqlalchemy.orm import Session
 
 from labels_party.core.pipeline import PLAN_FIELDS
-from labels_party.ledger import Ledger, documents, within_charge
+from labels_party.ledger import Ledger, documents, tampered, within_charge
 from labels_party.releases.source_datasets import snapshot_uri
 from labels_party.runtime import jobs
 from labels_party.runtime.jobs import Claimed, Failure, JobContext
 from labels_party.store import db
 from labels_party.store.usage import file_bytes, stored_bytes
 from shared import schemas
+from shared.domains import domain_from_spec
 from shared.errors import ErrorCode, LabelDPError
 from shared.service.storage_quota import KEPT_FOR_THE_AUDIT, check_room
 
@@ -70,6 +70,9 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
         # (the thirty-fifth review pointed both at an ε=8 document for an ε=1 charge)
         stated, charged_units = ctx.ledger.document_of(session, dataset, release_id) if state == "running" else \
             (None, 0)
+        support = domain_from_spec(json.loads(dataset.domain_json)).support().values  # (checked: snapshot_uri)
+        if state == "running" and release.file != f"releases/{release_id}":  # its files go there, nowhere else
+            raise tampered(dataset.id, [f"release {release_id}'s file is not its own"])
         document = documents.unpack(documents.stored(session, stated.mechanism_hash),
                                      ctx.settings.max_document_bytes) \
             if stated is not None and mechanism_hash == spec["mechanism_hash"] == stated.mechanism_hash else None
@@ -90,12 +93,16 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
     secret = ctx.sealer.open(claimed.sealed_secret, secret_context(release_id))
     if source_sha256 != spec["source_sha256"]:  # a job planned for other files (cannot happen: checked anyway)
         raise LabelDPError("the release was planned for other source files", code=ErrorCode.SOURCE_DATASET)
+    assert stated is not None  # (a running release's)
     attempt = f"{jobs.ATTEMPTS}/{release_id}.{uuid.uuid4().hex}"  # this attempt's own output
     ctx.store.path(jobs.ATTEMPTS).mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
+        # the support is the chained domain's and the splits the chain's: what decides a failure and each
+        # partition's noise stream is never a row's (the thirty-sixth review: a job's support made a release fail
+        # on one label, and its splits drew an available release again)
         result = privatize(ctx.spark_jobs.session(), source, ctx.store.path(attempt).resolve().as_uri(), sampler,
-                           secret, support_values=np.asarray(spec["support"], dtype=np.float64),
-                           max_partition_bytes=spec["max_partition_bytes"], min_partitions=spec["min_partitions"])
+                           secret, support_values=support, max_partition_bytes=stated.max_partition_bytes,
+                           min_partitions=stated.min_partitions)
         ctx.checkpoint("spark_job_written")  # tests fail a job here, after its files were written
         if result.rows_written != expected:
             raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged",

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from labels_party.core.pipeline import Prepared, plan
 from labels_party.core.solvers.deadline import Deadline
+from labels_party.ledger import tampered
 from labels_party.releases.kinds import LabelRelease
 from labels_party.releases.lifecycle import Covered, Outcome, Priced, ReleaseKind, Snapshot, finish, release_failed
 from labels_party.releases.privatization import secret_context
@@ -98,14 +99,16 @@ class SparkJob:
             raise
 
         def queue(session: Session, release: db.Release) -> None:
+            """The job, and on the chain what it runs: the document and the splits (the dataset's row is locked)."""
+            dataset = session.get(db.Dataset, release.dataset_id)
+            assert dataset is not None  # (a release's dataset is never deleted)
+            ctx.ledger.release_document(session, dataset, release, (DEFAULT_MAX_PARTITION_BYTES,
+                                                                    DEFAULT_MIN_PARTITIONS))
             jobs.queue(session, org_id=release.requester_org_id, kind=jobs.PRIVATIZE_SOURCE, subject_id=release_id,
                        sealed_secret=sealed, spec={
                            "release_id": release_id, "dataset_id": release.dataset_id,
                            "mechanism_hash": release.mechanism_hash,
-                           "support": [float(v) for v in histogram.support_values],
-                           "source_sha256": snapshot.dataset.source_sha256,
-                           "max_partition_bytes": DEFAULT_MAX_PARTITION_BYTES,
-                           "min_partitions": DEFAULT_MIN_PARTITIONS})
+                           "source_sha256": snapshot.dataset.source_sha256})
 
         view = finish(ctx, release_id, kind.draft(planned, {}), also=queue)  # running: its job makes it available
         ctx.jobs.wake()
@@ -120,6 +123,11 @@ class SparkJob:
         session.refresh(release, with_for_update=True)  # locked: a job finishing now cannot interleave
         if release.state != "failed":
             return False
+        dataset = session.get(db.Dataset, release.dataset_id)
+        assert dataset is not None  # (a release's dataset is never deleted)
+        if release.id in ctx.ledger.facts(session, dataset).available:
+            # drawn once and made available: a row set back to failed (and a secret put back) never draws again
+            raise tampered(release.dataset_id, [f"release {release.id} is failed but the chain says it is available"])
         job = jobs.job_of(session, jobs.PRIVATIZE_SOURCE, release.id, lock=True)
         if job is None or job.sealed_secret is None:
             return False

@@ -630,3 +630,58 @@ def test_a_queued_source_release_runs_only_the_document_its_chain_stated(service
     ctx.close()
     with pytest.raises(LedgerTampered, match="differs from the one the chain stated before it was computed"):
         make_context(settings=ctx.settings)
+
+
+def test_an_available_source_release_never_draws_again_and_its_job_writes_only_its_own_files(service, tmp_path):
+    """The thirty-sixth review: a database writer put back an available source release's sealed secret (read while
+    it was queued), set its row to failed and its job's splits to others; the consumer's request sent again re-ran the
+    job — a second draw, served, for one charge. And a job took its release's file from the row: pointed outside the
+    data directory, it deleted what was there. Now the chain's availability ends the release's draws (the request
+    sent again is 503 ``ledger_tampered``, nothing appended), the splits and support are the chain's, and a job
+    refuses a row that names any file but its own (the directory named stays)."""
+    from sqlalchemy import text
+
+    ctx, client, as_, sources, _, checkpoint = service
+    checkpoint.times = 0
+    dataset = register(ctx, client, as_("owner"), _body(f"{sources}/weeks", epsilon_total=10))["id"]
+
+    def rr(name: str):
+        return client.post(f"/v1/datasets/{dataset}/releases", headers={**as_("owner"), "Idempotency-Key": name},
+                           json={"mechanism": "rr", "epsilon": 1})
+
+    first = rr("first").json()
+    with ctx.sessions() as session:
+        job = jobs.job_of(session, jobs.PRIVATIZE_SOURCE, first["id"])
+        sealed, spec = job.sealed_secret, json.loads(job.spec_json)
+    assert set(spec) == {"release_id", "dataset_id", "mechanism_hash", "source_sha256"}  # the rest is the chain's
+    with ctx.sessions() as session, session.begin():  # splits and a support that are not the chain's: not read
+        session.execute(text("UPDATE jobs SET spec_json = :s WHERE subject_id = :r"), {
+            "s": json.dumps({**spec, "support": [0, 1], "max_partition_bytes": 1, "min_partitions": 9}),
+            "r": first["id"]})
+    assert ctx.jobs.run_pending() == 1
+    assert client.get(f"/v1/releases/{first['id']}", headers=as_("owner")).json()["state"] == "available"
+    with ctx.sessions() as session:
+        seq = session.get(db.Dataset, dataset).ledger_seq
+    with ctx.sessions() as session, session.begin():
+        session.execute(text("UPDATE releases SET state = 'failed' WHERE id = :r"), {"r": first["id"]})
+        session.execute(text("UPDATE jobs SET sealed_secret = :s, state = 'failed' WHERE subject_id = :r"),
+                        {"s": sealed, "r": first["id"]})
+    again = rr("first")
+    assert again.status_code == 503 and again.json()["error"]["code"] == "ledger_tampered", again.text
+    assert ctx.jobs.run_pending() == 0
+    with ctx.sessions() as session:
+        assert session.get(db.Dataset, dataset).ledger_seq == seq  # no second availability
+        session.execute(text("UPDATE releases SET state = 'available' WHERE id = :r"), {"r": first["id"]})
+        session.commit()
+
+    outside = tmp_path / "precious"
+    (outside / "keep").mkdir(parents=True)
+    second = rr("second").json()
+    with ctx.sessions() as session, session.begin():
+        session.execute(text("UPDATE releases SET file = :f WHERE id = :r"),
+                        {"f": f"releases/../../{outside.name}", "r": second["id"]})
+    assert ctx.jobs.run_pending() == 3  # refused (ledger_tampered) at each attempt, then failed
+    assert (outside / "keep").is_dir()  # not removed, nothing renamed into it
+    with ctx.sessions() as session:
+        assert session.get(db.Release, second["id"]).state == "failed"
+    assert not ctx.store.path(f"releases/{second['id']}").exists()

@@ -9,8 +9,8 @@ and a read (``labels_party/ledger/agreement.py``: issue 40's thirty-fourth revie
 to 3 classes, and a release's shown ε, and verify-audit said valid). This migration appends, once, a ``domain`` fact
 to every dataset's chain that has none, a ``release_summary`` fact for every available release whose chain
 states no summary, and a ``release_document`` fact for every release not available whose document is stored (a
-source release's, for its job: from this version a job runs only the document its chain states) — as the rows now
-say (the chain has no earlier record of them: taken on trust at the
+source release's, for its job: from this version a job runs only the document and splits its chain states) — as the
+rows now say (the chain has no earlier record of them: taken on trust at the
 upgrade; verify-audit still compares every release's summary with its hash-addressed mechanism document) — and
 moves the dataset's anchor to the new head, as 0016-0019 do; the process that runs the upgrade signs and exports
 the transitions (:func:`labels_party.runtime.context.upgrade_database`).
@@ -63,11 +63,12 @@ def upgrade() -> None:
                                release.randomizer_epsilon)
             if release.state == "available":
                 facts.append({"event": "release_summary", "release_id": release.id, "summary_sha256": summary})
-            else:  # a source release's document, stored for its job (which may run again): what the job runs
+            else:  # a source release's document and splits, for its job (which may run again): what the job runs
                 facts.append({"event": "release_document", "release_id": release.id,
                               "mechanism_hash": release.mechanism_hash,
                               "certified_epsilon": None if release.certified_epsilon is None
-                              else float(release.certified_epsilon), "summary_sha256": summary})
+                              else float(release.certified_epsilon), "summary_sha256": summary,
+                              **_splits(bind, release.id)})
         if facts:
             _append(bind, dataset, facts, now)
 
@@ -77,6 +78,15 @@ def _summary(description_json: str, prior_json: str | None, prior_epsilon: float
     return hashlib.sha256(_canonical({"description": description_json, "noisy_prior": prior_json,
                                       "prior_epsilon": float(prior_epsilon),
                                       "randomizer_epsilon": float(randomizer_epsilon)}).encode()).hexdigest()
+
+
+def _splits(bind, release_id: str) -> dict:
+    """The input splits the release's job was queued with (Spark's defaults, pinned then, for a job without them)."""
+    spec = bind.execute(sa.text("SELECT spec_json FROM jobs WHERE kind = 'privatize_source' AND subject_id = :r"),
+                        {"r": release_id}).scalar()
+    queued = json.loads(spec) if spec else {}
+    return {"max_partition_bytes": int(queued.get("max_partition_bytes", 128 << 20)),
+            "min_partitions": int(queued.get("min_partitions", 64))}
 
 
 def _canonical(record: dict) -> str:
