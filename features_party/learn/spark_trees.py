@@ -145,12 +145,14 @@ def _cancelled_past(spark, deadline: float | Deadline | None, job: str) -> Itera
 
     def watch() -> None:
         while not done.wait(0.5):
-            try:
-                check_deadline(deadline)
-            except (TimeLimitExceeded, Stopped) as stopped:
-                reason.append(stopped)
+            if not reason:
+                try:
+                    check_deadline(deadline)
+                except (TimeLimitExceeded, Stopped) as stopped:
+                    reason.append(stopped)
+            if reason:  # each tick until the block ends: a job submitted after a cancel is cancelled too (under
+                # load the first cancel came before the block's job started, which then ran its course)
                 context.cancelJobGroup(job)
-                return
 
     watcher = threading.Thread(target=watch, name=f"deadline-{job}", daemon=True)
     watcher.start()

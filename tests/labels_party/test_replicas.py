@@ -261,8 +261,10 @@ def test_two_replicas_share_budgets_and_take_over_a_killed_spark_job(tmp_path):
                     "SELECT record FROM ledger WHERE release_id = :r ORDER BY seq"), {"r": release_id}).scalars()]
                 job = connection.execute(text("SELECT state, attempts, sealed_secret FROM jobs WHERE subject_id = :r"),
                                          {"r": release_id}).first()
-            # charged once (by the first attempt), made available once (by the one that finished)
-            assert [r["event"] for r in records] == ["label_release", "release_available"], records
+            # charged once (by the first attempt), its document stated when queued, made available once (by the
+            # attempt that finished)
+            assert [r["event"] for r in records] == ["label_release", "release_document", "release_available"], \
+                records
             assert tuple(job) == ("succeeded", 2, None)
 
             # the killed replica starts again beside the live one: it collects nothing, answers the same
