@@ -275,12 +275,6 @@ def finish(ctx: ServiceContext, release_id: str, draft: Draft, *, sealed: tuple[
     return view
 
 
-def own_file(release_id: str, file: str) -> bool:
-    """Whether ``file`` is where release ``release_id``'s labels go (``releases/{id}`` and a suffix): a row naming any
-    other path was edited outside the service (the thirty-sixth review had a job delete a directory it named)."""
-    return file.removeprefix(f"releases/{release_id}") in ("", ".parquet")
-
-
 def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:
     """A charged release that could not be completed: failed, charged, no file. Only a release still running
     fails (one that became available keeps its labels), and only while the request holds its lease: one taken over
@@ -290,9 +284,7 @@ def fail(ctx: ServiceContext, release_id: str, file: str | None) -> None:
     try:
         with ctx.sessions() as session, session.begin():
             release = session.get(db.Release, release_id, with_for_update=True)
-            file = file or release.file
-            if not own_file(release_id, file):  # a row edited outside the service names no file to remove
-                file = None
+            file = file or release.own_file()
             if release.state != "available":
                 if liveness.settle(ctx.jobs, session, release_id, "failed") and release.state == "running":
                     release.state, release.error_json = "failed", INTERRUPTED.as_json()

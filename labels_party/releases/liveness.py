@@ -91,7 +91,7 @@ def run_abandoned(ctx: JobContext, claimed: Claimed) -> None:
                         claimed.subject_id)
         available = release is not None and release.state == "available"
         ctx.jobs.table.finish(job, "succeeded" if available else "failed")
-        file = release.file if release is not None and release.state == "failed" else None
+        file = release.own_file() if release is not None and release.state == "failed" else None
     if file is not None:
         remove(ctx.store.path(file))
 

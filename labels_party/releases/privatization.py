@@ -71,7 +71,7 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
         stated, charged_units = ctx.ledger.document_of(session, dataset, release_id) if state == "running" else \
             (None, 0)
         support = domain_from_spec(json.loads(dataset.domain_json)).support().values  # (checked: snapshot_uri)
-        if state == "running" and release.file != f"releases/{release_id}":  # its files go there, nowhere else
+        if state == "running" and release.own_file() != f"releases/{release_id}":  # its files go there only
             raise tampered(dataset.id, [f"release {release_id}'s file is not its own"])
         document = documents.unpack(documents.stored(session, stated.mechanism_hash),
                                      ctx.settings.max_document_bytes) \
@@ -116,6 +116,8 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
             if release.state != "running":
                 ctx.jobs.table.finish(job, "failed")
                 return
+            if release.own_file() != f"releases/{release_id}":  # (read again: a row edited while Spark ran)
+                raise tampered(release.dataset_id, [f"release {release_id}'s file is not its own"])
             _check_stored(ctx, _session, release, file_bytes(ctx.store, attempt))
             _put_in_place(ctx, attempt, release.file)
             seal(ctx.ledger, _session, release, sealed)

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from labels_party.http.access import Admission, releases_possibly_seen, releases_seen, sees_execution, sees_release
 from labels_party.http.auth import Principal
 from labels_party.ledger import documents, tampered
-from labels_party.releases.lifecycle import own_file, release_view
+from labels_party.releases.lifecycle import release_view
 from labels_party.releases.privatization import recorded_execution
 from labels_party.runtime.context import ServiceContext
 from labels_party.store import db
@@ -44,7 +44,7 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
         dataset = session.get(db.Dataset, release.dataset_id)
         ctx.ledger.check_actor(session, dataset, principal)  # the key as the chain made it, not revoked there
         chained = ctx.ledger.facts(session, dataset)
-        if release.id not in chained.releases or not own_file(release.id, file):
+        if release.id not in chained.releases or release.own_file() is None:
             # a row inserted, or moved from another dataset's chain, or naming another file: never served
             raise tampered(dataset.id, [f"release {release_id} is not charged on the dataset's chain, or its file is "
                                         "not its own"])

@@ -248,7 +248,8 @@ def _exhausted(store: DataStore, session: Session, job: db.Job) -> None:
     subject = _lock_subject(session, job.kind, job.subject_id)
     _fail_subject(job.kind, subject, failure)
     job.state = "failed"
-    if job.kind == COMPUTE_RELEASE and subject is not None and subject.state == "failed":
+    if job.kind == COMPUTE_RELEASE and subject is not None and subject.state == "failed" and \
+            subject.own_file() is not None:
         path = store.path(subject.file)
         # after the commit: a file removed from a release that then stayed running could be made available
         event.listen(session, "after_commit", lambda _session: remove(path), once=True)

@@ -105,7 +105,7 @@ def fail_interrupted(store: DataStore, sessions: sessionmaker) -> int:
         for release in rows:
             release.state, release.error_json = "failed", INTERRUPTED.as_json()
         _finish_request_jobs(session, [release.id for release in rows])
-        files = [release.file for release in rows]
+        files = [file for file in (release.own_file() for release in rows) if file is not None]
     for file in files:
         remove(store.path(file))  # a file, or a Spark job's directory
     return len(files)

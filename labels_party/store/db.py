@@ -189,6 +189,12 @@ class Release(Base):
     error_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
+    def own_file(self) -> str | None:
+        """Its labels' file (``releases/{id}`` and a suffix), or None if the row names any other path: a row edited
+        outside the service names nothing a job writes or removes (the thirty-sixth and thirty-seventh reviews had
+        one delete a directory outside the data directory)."""
+        return self.file if self.file.removeprefix(f"releases/{self.id}") in ("", ".parquet") else None
+
 
 class LedgerEntry(Base):
     """Append-only. ``record`` is canonical JSON describing the privacy event completely; ``hash`` chains it to

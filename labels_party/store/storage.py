@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Iterable
@@ -17,9 +18,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shared.errors import ErrorCode, LabelDPError
 from shared.parts import parquet_parts
 
 ROW_GROUP_CELLS = 1 << 21  # a written table's row groups: 1,048,576 rows of (example_id, label)
+
+class OutsideDataDirectory(LabelDPError, OSError):
+    """A stored name that is no file of the data directory (:meth:`DataStore.path`): a row edited outside the service
+    (503 ``ledger_tampered`` where a request meets it; an ``OSError``, a missing file, to every reader of files)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"{message}: the database was changed outside the service", code=ErrorCode.LEDGER_TAMPERED)
+
 
 class DataStore:
     def __init__(self, root: str | Path):
@@ -30,7 +40,22 @@ class DataStore:
         self._digesting = threading.Lock()
 
     def path(self, relative: str) -> Path:
-        return self.root / relative
+        """Where ``relative`` is under the data directory. Rows name files, and a database writer can edit rows: a
+        name that is absolute or steps out (``..``), or a file there that is neither a regular file nor a
+        directory (a link, a device, a FIFO: the thirty-seventh review's ``datasets/<id>/../../dev/zero`` kept a
+        release request and verify-audit hashing forever), is :class:`OutsideDataDirectory` — an ``OSError``, which
+        every reader treats as a missing file."""
+        parts = Path(relative).parts
+        if Path(relative).is_absolute() or ".." in parts:
+            raise OutsideDataDirectory(f"{relative!r} is not a file of the data directory")
+        target = self.root.joinpath(*parts)
+        try:
+            mode = os.lstat(target).st_mode
+        except FileNotFoundError:
+            return target  # (one about to be written)
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise OutsideDataDirectory(f"{relative!r} is not a regular file or directory of the data directory")
+        return target
 
     def write_with(self, relative: str, write) -> str:
         """``write(path)`` fills a temporary file that then becomes ``relative`` atomically."""

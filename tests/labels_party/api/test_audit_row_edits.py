@@ -841,3 +841,35 @@ def test_a_domain_that_excludes_the_stored_labels_is_reported_by_verify(ctx, cli
     # found by the labels themselves, besides the chain's domain fact (which an upgrade on trust would not give)
     assert "label version 1 holds labels outside the dataset's domain" in problems, problems
     assert "the dataset's label kind or domain differs from the chain's" in problems, problems
+
+
+@pytest.mark.parametrize("table, column, name", [
+    ("label_versions", "file", "datasets/{d}/../../../../../../../../../../dev/zero"),
+    ("label_versions", "file", "/dev/zero"),
+    ("releases", "file", "/"),
+    ("releases", "file", "releases/../../../../../../../../../../"),
+])
+def test_a_row_naming_a_path_outside_the_data_directory_is_refused_at_once(ctx, client, consumer, dataset, tmp_path,
+                                                                          audit_key, table, column, name):
+    """The thirty-seventh review: ``label_versions.file`` set to ``datasets/<id>/../../…/dev/zero`` passed the
+    check of its prefix, and every release request on the dataset — and verify-audit — hashed /dev/zero forever
+    (on SQLite, with the write lock held: the whole service stopped); ``releases.file = /`` made a release request
+    walk the whole file system to count the organization's storage. A stored name that is absolute, steps out of
+    the data directory, or names anything but a regular file or directory is refused at once (503
+    ``ledger_tampered``); verify-audit finishes and names it."""
+    import signal
+
+    made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    _sql(ctx, f"UPDATE {table} SET {column} = :n WHERE " + ("dataset_id = :d" if table == "label_versions"
+                                                             else "id = :r"), n=name.format(d=dataset), d=dataset,
+         r=made["id"])
+    seq = _spent(ctx, dataset)
+    signal.alarm(60)  # (a hang is the failure this test is about)
+    try:
+        refused = release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5)
+        report = chain_tests._verify(ctx, tmp_path, audit_key)
+    finally:
+        signal.alarm(0)
+    _tampered(refused)
+    assert _spent(ctx, dataset) == seq
+    assert report["valid"] is False
