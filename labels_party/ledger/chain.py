@@ -341,24 +341,8 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             (out.grants.discard if fact.change == "removed" else out.grants.add)(fact.org)
         elif isinstance(fact, AllocationFact):
             out.allocations[fact.org] = (fact.epsilon_units, fact.delta)
-        elif isinstance(fact, ReleaseFact):
-            if fact.release_id not in out.releases or fact.release_id in out.available:
-                out.problems.append(f"seq {entry.seq}: release {fact.release_id} made available without a charge, "
-                                    "or twice")
-            out.available[fact.release_id] = fact
-            if fact.summary_sha256 is not None:
-                out.summaries[fact.release_id] = fact.summary_sha256
-        elif isinstance(fact, DocumentFact):
-            if fact.release_id not in out.releases or fact.release_id in out.documents or \
-                    fact.release_id in out.available:
-                out.problems.append(f"seq {entry.seq}: release {fact.release_id}'s document stated without a charge, "
-                                    "twice, or after its availability")
-            out.documents[fact.release_id] = fact
-        elif isinstance(fact, SummaryFact):
-            if fact.release_id not in out.releases or fact.release_id in out.summaries:
-                out.problems.append(f"seq {entry.seq}: release {fact.release_id}'s summary stated without a charge, "
-                                    "or twice")
-            out.summaries[fact.release_id] = fact.summary_sha256
+        elif isinstance(fact, (ReleaseFact, DocumentFact, SummaryFact)):
+            _replay_release_fact(out, entry.seq, fact)
         elif isinstance(fact, LabelsFact):
             out.labels[fact.version] = fact
         elif isinstance(fact, SourceFact):
@@ -372,6 +356,26 @@ def replay(entries: Sequence[Entry], start: Replayed | None = None) -> Replayed:
             if fact.secret_digest is not None:
                 out.secrets[fact.key_id] = fact.secret_digest
     return out
+
+
+def _replay_release_fact(out: Replayed, seq: int, fact: ReleaseFact | DocumentFact | SummaryFact) -> None:
+    """A charged release's document stated (before its job), its availability, or its summary (migration 0022)."""
+    if isinstance(fact, ReleaseFact):
+        if fact.release_id not in out.releases or fact.release_id in out.available:
+            out.problems.append(f"seq {seq}: release {fact.release_id} made available without a charge, or twice")
+        out.available[fact.release_id] = fact
+        if fact.summary_sha256 is not None:
+            out.summaries[fact.release_id] = fact.summary_sha256
+    elif isinstance(fact, DocumentFact):
+        if fact.release_id not in out.releases or fact.release_id in out.documents or \
+                fact.release_id in out.available:
+            out.problems.append(f"seq {seq}: release {fact.release_id}'s document stated without a charge, twice, "
+                                "or after its availability")
+        out.documents[fact.release_id] = fact
+    else:
+        if fact.release_id not in out.releases or fact.release_id in out.summaries:
+            out.problems.append(f"seq {seq}: release {fact.release_id}'s summary stated without a charge, or twice")
+        out.summaries[fact.release_id] = fact.summary_sha256
 
 
 def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:

@@ -81,13 +81,7 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
             if held is not None:
                 ctx.jobs.table.finish(held[1], "succeeded" if state == "available" else "failed")
         return
-    if document is None:
-        raise LabelDPError("the job names another mechanism document than its release's chain",
-                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
-    sampler = _sampler(document, spec["mechanism_hash"])
-    if not within_charge(float(sampler.certified_epsilon), charged_units):  # before anything is drawn
-        raise LabelDPError("the release's mechanism certifies more than its charge",
-                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
+    sampler = _charged_sampler(document, spec["mechanism_hash"], charged_units)
     if claimed.sealed_secret is None:
         raise LabelDPError("this release's secret is gone; it cannot run again", code=ErrorCode.JOB_FORMAT_RETIRED)
     secret = ctx.sealer.open(claimed.sealed_secret, secret_context(release_id))
@@ -107,27 +101,47 @@ def run_privatization(ctx: JobContext, claimed: Claimed) -> None:
         if result.rows_written != expected:
             raise LabelDPError(f"{result.rows_written:,} rows released, {expected:,} charged",
                                code=ErrorCode.SOURCE_DATASET)
-        sealed = ctx.store.digest(attempt)  # a file it cannot read fails the attempt, not a hang
-        with jobs.holding(ctx, claimed) as held:
-            if held is None:  # taken over: the attempt holding the lease records its own (identical) files
-                log.warning("release %s: the job's lease was lost; this attempt's files are discarded", release_id)
-                return
-            _session, job, release = held
-            if release.state != "running":
-                ctx.jobs.table.finish(job, "failed")
-                return
-            if release.own_file() != f"releases/{release_id}":  # (read again: a row edited while Spark ran)
-                raise tampered(release.dataset_id, [f"release {release_id}'s file is not its own"])
-            _check_stored(ctx, _session, release, file_bytes(ctx.store, attempt))
-            _put_in_place(ctx, attempt, release.file)
-            seal(ctx.ledger, _session, release, sealed)
-            release.error_json = None
-            job.sealed_secret = None  # available: nothing is run again, the secret is not kept
-            job.result_json = json.dumps({**result.execution, "partitions": result.partitions,
-                                          "rows": result.rows_written})
-            ctx.jobs.table.finish(job, "succeeded")
+        _keep(ctx, claimed, attempt, result)
     finally:
         shutil.rmtree(ctx.store.path(attempt), ignore_errors=True)  # gone already once in place
+
+
+def _charged_sampler(document: dict | None, mechanism_hash: str, charged_units: int):
+    """The sampler of the document the chain stated (None: the row or job named another), refused before anything
+    is drawn if it certifies more than the release's charge."""
+    if document is None:
+        raise LabelDPError("the job names another mechanism document than its release's chain",
+                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
+    sampler = _sampler(document, mechanism_hash)
+    if not within_charge(float(sampler.certified_epsilon), charged_units):
+        raise LabelDPError("the release's mechanism certifies more than its charge",
+                           code=ErrorCode.INVALID_MECHANISM_DOCUMENT)
+    return sampler
+
+
+def _keep(ctx: JobContext, claimed: Claimed, attempt: str, result) -> None:
+    """The attempt's files made the release's, sealed and available — only while the job's lease is held, the
+    release still running and its row naming its own file (read again: a row edited while Spark ran)."""
+    release_id = claimed.subject_id
+    sealed = ctx.store.digest(attempt)  # a file it cannot read fails the attempt, not a hang
+    with jobs.holding(ctx, claimed) as held:
+        if held is None:  # taken over: the attempt holding the lease records its own (identical) files
+            log.warning("release %s: the job's lease was lost; this attempt's files are discarded", release_id)
+            return
+        session, job, release = held
+        if release.state != "running":
+            ctx.jobs.table.finish(job, "failed")
+            return
+        if release.own_file() != f"releases/{release_id}":
+            raise tampered(release.dataset_id, [f"release {release_id}'s file is not its own"])
+        _check_stored(ctx, session, release, file_bytes(ctx.store, attempt))
+        _put_in_place(ctx, attempt, release.file)
+        seal(ctx.ledger, session, release, sealed)
+        release.error_json = None
+        job.sealed_secret = None  # available: nothing is run again, the secret is not kept
+        job.result_json = json.dumps({**result.execution, "partitions": result.partitions,
+                                      "rows": result.rows_written})
+        ctx.jobs.table.finish(job, "succeeded")
 
 
 def recorded_execution(session: Session, release_id: str) -> schemas.ReleaseExecution | None:
