@@ -159,6 +159,9 @@ class Anchor:
         return (seq, head) in ((self.seq, self.head), (self.previous_seq, self.previous_head))
 
 
+ANCHOR_BYTES = 4096  # an anchor file is ~300 bytes of JSON: anything larger is not one
+
+
 @dataclass
 class Ledger:
     """Budgets, charges, records and anchors of every dataset in one :class:`DataStore`; ``signer``: the audit key
@@ -527,8 +530,8 @@ class Ledger:
                 raise agreement.tampered(dataset.id, [f"label version {version.version} is not in the chain"])
             return version.file, CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
         try:
-            found = self.store.checked_digest(version.file) if version.file.startswith(f"datasets/{dataset.id}/") \
-                else None
+            found = self.store.checked_digest(version.file, fact.file_bytes) \
+                if version.file.startswith(f"datasets/{dataset.id}/") else None
         except OSError:
             found = None
         problems = [] if found == (fact.file_bytes, fact.file_sha256) else [
@@ -540,6 +543,30 @@ class Ledger:
             raise agreement.tampered(dataset.id, problems)
         return version.file, CoverageSet(f"datasets/{dataset.id}/coverage/{fact.coverage_sha256}.npy",
                                          fact.coverage_sha256, fact.num_examples)
+
+    def check_registry(self, session: Session, dataset: db.Dataset, versions: Sequence[db.LabelVersion]) -> None:
+        """The label versions an upload reads the registry from (which ids are registered already, at which index)
+        are the files their uploads chained — the dataset's own, of the chained bytes — and the rows the chain's
+        (:class:`agreement.LedgerTampered` else: the thirty-eighth review pointed a version's row at another file,
+        and the same ids were registered again with fresh budgets; releases of them charged twice the total)."""
+        self.check_anchor(session, dataset)
+        replayed = self.facts(session, dataset)
+        problems = agreement.creation_problems(session, dataset, replayed)
+        for version in versions:
+            fact = replayed.labels.get(version.version)
+            if fact is None:
+                if replayed.labels:  # (versions uploaded before versions were chained are read as their rows say)
+                    problems.append(f"label version {version.version} is not in the chain")
+                continue
+            try:
+                found = self.store.checked_digest(version.file, fact.file_bytes) \
+                    if version.file.startswith(f"datasets/{dataset.id}/") else None
+            except OSError:
+                found = None
+            if found != (fact.file_bytes, fact.file_sha256) or version.registry_end != fact.registry_end:
+                problems.append(f"label version {version.version}'s file is not the one its chain records")
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
 
     def registration(self, session: Session, dataset: db.Dataset) -> OwnerFact:
         """What a source dataset's registration copies, and under whose prefixes: its chain's owner fact, which the
@@ -565,7 +592,7 @@ class Ledger:
         problems = agreement.source_problems(fact, dataset) + agreement.creation_problems(session, dataset, replayed)
         if not problems and fact is not None:
             try:
-                found = self.store.checked_digest(fact.counts_file)
+                found = self.store.checked_digest(fact.counts_file, fact.counts_bytes)
             except OSError:
                 found = None
             if found != (fact.counts_bytes, fact.counts_sha256):
@@ -649,7 +676,7 @@ class Ledger:
     # -- the anchor ---------------------------------------------------------------------------------------------
     def read_anchor(self, dataset_id: str) -> Anchor | None:
         try:
-            data = json.loads(self.store.path(f"anchors/{dataset_id}.json").read_text())
+            data = json.loads(self.store.read_small(f"anchors/{dataset_id}.json", ANCHOR_BYTES))
         except FileNotFoundError:
             return None
         return Anchor(int(data["seq"]), str(data["head"]), int(data["previous_seq"]), str(data["previous_head"]))

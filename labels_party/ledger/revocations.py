@@ -54,6 +54,9 @@ class Revocation:
                    datetime.fromisoformat(document["effective_at"]), str(document["revoked_by"]))
 
 
+REVOCATION_BYTES = 1 << 16  # a revocation file is under a kilobyte of JSON: anything far larger is not one
+
+
 @dataclass
 class RevocationList:
     """The data directory's revocations, as this process last read them."""
@@ -84,7 +87,8 @@ class RevocationList:
             new = [n for n in names if n not in self._read]
         # an unreadable or malformed file is the data directory's damage: raised, never skipped (skipping it
         # would honour the key it revokes)
-        parsed = {n: Revocation.parse(json.loads((directory / n).read_text())) for n in new}
+        parsed = {n: Revocation.parse(json.loads(self.store.read_small(f"{DIRECTORY}/{n}", REVOCATION_BYTES)))
+                  for n in new}
         with self._reading:
             self._read.update(parsed)
             return list(self._read.values())

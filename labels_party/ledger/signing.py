@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -174,8 +175,13 @@ class HeadSigner:
         if self.directory is None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(self.directory / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # not waiting on a FIFO or following a link put in its place (the thirty-eighth review's pipe held a charge's
+        # request until a reader came, and took its head): a log that is no regular file is refused
+        descriptor = os.open(self.directory / LOG_NAME,
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise OSError(f"the heads log {LOG_NAME} is not a regular file")
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             os.write(descriptor, (signed.line() + "\n").encode())
             os.fsync(descriptor)

@@ -528,7 +528,7 @@ def _file_problems(ledger: Ledger, release: db.Release) -> list[str]:
     if release.file_size is None or release.file_sha256 is None:
         return [f"release {release.id}: its file's size and hash were never recorded"]
     try:
-        found = ledger.store.digest(release.file)
+        found = ledger.store.checked_digest(release.file, release.file_size)  # (not read if of another size)
     except OSError:
         return [f"release {release.id}: its labels file is missing"]
     if found != (release.file_size, release.file_sha256):
@@ -546,7 +546,7 @@ def _label_file_problems(session: Session, ledger: Ledger, dataset: db.Dataset, 
         if fact is None:
             continue
         try:
-            found = ledger.store.digest(row.file)
+            found = ledger.store.checked_digest(row.file, fact.file_bytes)
         except OSError:
             problems.append(f"label version {row.version}: its file is missing")
             continue
@@ -554,7 +554,8 @@ def _label_file_problems(session: Session, ledger: Ledger, dataset: db.Dataset, 
             problems.append(f"label version {row.version}: its file is not the one uploaded")
     if replayed.source is not None:  # a source dataset's counts, which its releases plan from
         try:
-            counts: tuple[int, str] | None = ledger.store.digest(replayed.source.counts_file)
+            counts: tuple[int, str] | None = ledger.store.checked_digest(replayed.source.counts_file,
+                                                                         replayed.source.counts_bytes)
         except OSError:
             counts = None
         if counts != (replayed.source.counts_bytes, replayed.source.counts_sha256):

@@ -60,7 +60,7 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
                                             "became available"])
             size, sha256 = fact.file_bytes, fact.file_sha256
     try:
-        found = ctx.store.checked_digest(file)  # hashed once per version of the file, whatever is served of it
+        found = ctx.store.checked_digest(file, size)  # hashed once per version of the file, whatever is served
     except OSError:
         found = None
     if size is None or found != (size, sha256):

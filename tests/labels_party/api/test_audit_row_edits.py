@@ -873,3 +873,19 @@ def test_a_row_naming_a_path_outside_the_data_directory_is_refused_at_once(ctx, 
     _tampered(refused)
     assert _spent(ctx, dataset) == seq
     assert report["valid"] is False
+
+
+def test_a_version_row_pointed_at_another_file_registers_no_id_again(ctx, client, admin, dataset, dataset_small,
+                                                                     labels):
+    """The thirty-eighth review: a version's row pointed at another dataset's label file made the owner's next upload
+    of the same ids register them again, with fresh budgets (a second ε=1 release of one example on a total of 1,
+    and verify valid once the row was put back). An upload reads the registry only from the files the chain
+    records."""
+    from tests.labels_party.api.helpers import labels_csv, upload
+    with ctx.sessions() as s:
+        other = s.scalar(select(db.LabelVersion.file).where(db.LabelVersion.dataset_id == dataset_small))
+        registry = s.get(db.Dataset, dataset).registry_size
+    _sql(ctx, "UPDATE label_versions SET file = :f WHERE dataset_id = :d", f=other, d=dataset)
+    _tampered(upload(client, admin, dataset, labels_csv(labels)), says="file is not the one its chain records")
+    with ctx.sessions() as s:
+        assert s.get(db.Dataset, dataset).registry_size == registry
