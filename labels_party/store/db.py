@@ -193,7 +193,8 @@ class Release(Base):
         """Its labels' file (``releases/{id}`` and a suffix), or None if the row names any other path: a row edited
         outside the service names nothing a job writes or removes (the thirty-sixth and thirty-seventh reviews had
         one delete a directory outside the data directory)."""
-        return self.file if self.file.removeprefix(f"releases/{self.id}") in ("", ".parquet") else None
+        own = self.id.isalnum() and self.file.removeprefix(f"releases/{self.id}") in ("", ".parquet")
+        return self.file if own else None  # (an id of letters and digits: "." would name the whole directory)
 
 
 class LedgerEntry(Base):

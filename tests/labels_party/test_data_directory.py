@@ -62,3 +62,13 @@ def test_a_file_of_another_size_than_chained_is_not_hashed(store):
     assert store.checked_digest("datasets/d/labels.parquet", 1000) == (15 << 40, "")
     store.path("datasets/d/small.parquet").write_bytes(b"x" * 1000)
     assert store.checked_digest("datasets/d/small.parquet", 1000)[1] != ""
+
+
+def test_a_release_owns_only_its_own_file():
+    """The thirty-eighth review inserted a release of id "." naming "releases/.": its exhausted job removed every
+    release's labels."""
+    from labels_party.store import db
+    assert db.Release(id="ab12", file="releases/ab12").own_file() == "releases/ab12"
+    assert db.Release(id="ab12", file="releases/ab12.parquet").own_file() == "releases/ab12.parquet"
+    assert db.Release(id=".", file="releases/.").own_file() is None
+    assert db.Release(id="ab12", file="releases/ab12/../x").own_file() is None
