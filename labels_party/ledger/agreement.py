@@ -69,7 +69,7 @@ def state_problems(replayed: Replayed, dataset: db.Dataset, org: str, account: d
     """Why ``org``'s spent state must not be read (empty: it may): it is not the one its last charge left
     (``spent``: the digest of the state the account's row points at, None if it cannot be read), or the registry
     its classes span is not the chain's."""
-    problems = _registry_problems(replayed, dataset)  # every index a charge's classes cover
+    problems = registry_problems(replayed, dataset)  # every index a charge's classes cover
     recorded = replayed.spent_states.get(org)
     if recorded is not None and (account.classes_file, account.rdp_file, spent) != (
             recorded.get("classes_file"), recorded.get("rdp_file"), recorded.get("digest")):
@@ -142,7 +142,7 @@ def table_problems(session: Session, dataset: db.Dataset, replayed: Replayed,
         if accounts.get(org) != replayed.allocations.get(org):
             problems.append(f"{org}'s allocation differs from the chain's")
     problems += account_problems(rows, replayed, names)
-    problems += _registry_problems(replayed, dataset)
+    problems += registry_problems(replayed, dataset)
     problems += _key_problems(session, replayed)
     problems += _release_problems(session, dataset, replayed, names)
     problems += _label_problems(session, dataset, replayed)
@@ -167,7 +167,7 @@ def account_problems(accounts, replayed: Replayed, names: Mapping[int, str]) -> 
     return problems
 
 
-def _registry_problems(replayed: Replayed, dataset: db.Dataset) -> list[str]:
+def registry_problems(replayed: Replayed, dataset: db.Dataset) -> list[str]:
     """The registry is where the chain's last label version left it, or its source's registration."""
     registry_end = max((fact.registry_end for fact in replayed.labels.values()), default=None)
     if replayed.source is not None:

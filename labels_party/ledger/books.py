@@ -160,6 +160,7 @@ class Anchor:
 
 
 ANCHOR_BYTES = 4096  # an anchor file is ~300 bytes of JSON: anything larger is not one
+ARRAY_HEADER_BYTES = 4096  # an .npy header (numpy writes 128 bytes, up to a few KB for wide shapes)
 
 
 @dataclass
@@ -212,9 +213,13 @@ class Ledger:
         if account.spent_file is None or account.classes_file is None:  # written together: never charged
             empty = np.zeros(0, np.int64)
             return AccountState(np.zeros(0, np.int32), empty, empty, empty, None, registry_size)
-        table = self.store.read_array(account.spent_file)  # (units, size, spent) per class
+        # at most a class per example and the one of examples never charged: a file larger than the registry allows
+        # is refused unread (the thirty-eighth review's 1.5 GiB spent table took a request to 3.4 GB)
+        classes_at_most = registry_size + 2
+        table = self.store.read_array(account.spent_file, ARRAY_HEADER_BYTES + 24 * classes_at_most)
         classes = MappedArray(self.store.path(account.classes_file))
-        rdp = self.store.read_array(account.rdp_file) if account.rdp_file else None
+        rdp = self.store.read_array(account.rdp_file, ARRAY_HEADER_BYTES + 8 * len(rdp_orders()) * classes_at_most) \
+            if account.rdp_file else None
         return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), rdp,
                             registry_size, classes)
 
@@ -231,8 +236,9 @@ class Ledger:
 
     def _state_problems(self, replayed: chain.Replayed, dataset: db.Dataset, account: db.BudgetAccount,
                         org: str) -> tuple[AccountState | None, list[str]]:
-        try:
-            state: AccountState | None = self.state(account, dataset.registry_size)
+        try:  # read only on the chain's registry size (it bounds what the state's files may hold)
+            state: AccountState | None = None if agreement.registry_problems(replayed, dataset) else \
+                self.state(account, dataset.registry_size)
         except (OSError, ValueError, IndexError):  # a state file missing, not an array or not a table: not what any
             # charge left
             state = None

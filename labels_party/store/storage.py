@@ -117,8 +117,13 @@ class DataStore:
                 np.save(handle, array)
         return self.write_with(relative, write)
 
-    def read_array(self, relative: str) -> np.ndarray:
-        return np.load(self.path(relative))
+    def read_array(self, relative: str, max_bytes: int | None = None) -> np.ndarray:
+        """A stored array; with ``max_bytes`` (the most any honest one can hold), a larger file is refused
+        (``ValueError``) before it is read — a data-directory writer's large file is never loaded whole."""
+        path = self.path(relative)
+        if max_bytes is not None and path.stat().st_size > max_bytes:
+            raise ValueError(f"{relative!r} is larger than any array it can be")
+        return np.load(path)
 
     def digest(self, relative: str) -> tuple[int, str]:
         """(bytes, SHA-256) of a file, or of a directory's Parquet part files in order (a Spark job's output) —

@@ -889,3 +889,22 @@ def test_a_version_row_pointed_at_another_file_registers_no_id_again(ctx, client
     _tampered(upload(client, admin, dataset, labels_csv(labels)), says="file is not the one its chain records")
     with ctx.sessions() as s:
         assert s.get(db.Dataset, dataset).registry_size == registry
+
+
+def test_a_spent_table_replaced_by_a_large_file_is_refused_unread(ctx, client, consumer, dataset):
+    """The thirty-eighth review's G4: a spent table replaced in the data directory by a 1.5 GiB sparse file was
+    loaded whole (a request at 3.4 GB). A state file larger than the chain's registry allows is refused unread."""
+    import resource
+
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.5))
+    with ctx.sessions() as s:
+        spent = s.scalars(select(db.BudgetAccount.spent_file).where(db.BudgetAccount.dataset_id == dataset,
+                                                                   db.BudgetAccount.spent_file.is_not(None))).first()
+    import numpy as np
+    with open(ctx.store.path(spent), "wb") as handle:  # a table of 2^26 classes, sparse on disk
+        np.lib.format.write_array_header_1_0(handle, {"descr": "<i8", "fortran_order": False, "shape": (1 << 26, 3)})
+        handle.truncate(handle.tell() + (3 << 29))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _tampered(release(client, consumer, dataset, "b", mechanism="rr", epsilon=0.5),
+              says="spent state")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: not loaded
