@@ -141,7 +141,8 @@ def _cancelled_past(spark, deadline: float | Deadline | None, job: str) -> Itera
     block's failure is :class:`TimeLimitExceeded` (or :class:`Stopped`)."""
     context = spark.sparkContext
     context.setJobGroup(job, "a labeldp trainer job", interruptOnCancel=True)
-    done, reason = threading.Event(), []
+    done = threading.Event()
+    reason: list[TimeLimitExceeded | Stopped] = []
 
     def watch() -> None:
         while not done.wait(0.5):
