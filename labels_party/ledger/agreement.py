@@ -269,19 +269,16 @@ def shown_problems(replayed: Replayed, releases, names: Mapping[int, str]) -> li
         charged = replayed.charged_orgs.get(name)
         if charged is not None and names.get(release.requester_org_id) != charged:
             problems.append(f"release {name}'s requester differs from the organization its record charged")
-        said = replayed.shown.get(name, ())
         shown = zip((release.mechanism, release.epsilon, release.num_examples, release.label_version,
-                     release.prior_epsilon), said, strict=False)
-        if any(recorded is not None and row != recorded for row, recorded in shown) or (
-                len(said) > 4 and said[4] is not None and said[1] is not None
-                and release.randomizer_epsilon != said[1] - said[4]):  # what the release row displays
+                     release.prior_epsilon, release.randomizer_epsilon), replayed.shown.get(name, ()), strict=False)
+        if any(recorded is not None and row != recorded for row, recorded in shown):  # what the release row displays
             problems.append(f"release {name}'s mechanism, ε, ε split, example count or label version differs from "
                             "its record's")
         summary = summary_digest(release.description_json, release.prior_json, release.prior_epsilon,
                                  release.randomizer_epsilon)
         if release.state == "available" and replayed.summaries.get(name) != summary:
             problems.append(f"release {name}'s shown summary differs from the chain's")
-        problems += _document_problems(replayed, release, summary)
+        problems += document_problems(replayed, release, summary)
         if name not in replayed.files_on_chain:
             continue  # charged before availability was chained: verify-audit checks its file against its row
         fact = replayed.available.get(name)
@@ -297,7 +294,7 @@ def shown_problems(replayed: Replayed, releases, names: Mapping[int, str]) -> li
     return problems
 
 
-def _document_problems(replayed: Replayed, release: db.Release, summary: str) -> list[str]:
+def document_problems(replayed: Replayed, release: db.Release, summary: str) -> list[str]:
     """A release whose document the chain stated before it was computed (a source release's job) shows that
     document, its certified ε and summary — or nothing yet, while running (a row read before the commit that stored
     the document, the chain after); a running release the chain states no document for shows nothing."""

@@ -22,6 +22,7 @@ from labels_party.ledger.records import (
     Charged,
     Coverage,
     DocumentFact,
+    LabelsFact,
     LedgerRecord,
     OwnerFact,
     RecordFields,
@@ -462,11 +463,9 @@ class Ledger:
         replayed = self.facts(session, dataset)
         if release.id in replayed.available:  # (the thirty-sixth review re-drew an available release)
             raise agreement.tampered(dataset.id, [f"release {release.id} is available on the chain already"])
-        stated = replayed.documents.get(release.id)
-        if stated is not None and (release.mechanism_hash, release.certified_epsilon, chain.shown_summary(release)) != (
-                stated.mechanism_hash, stated.certified_epsilon, stated.summary_sha256):
-            raise agreement.tampered(dataset.id, [f"release {release.id}'s mechanism document, certified ε or summary "
-                                                  "differs from the one the chain stated before it was computed"])
+        problems = agreement.document_problems(replayed, release, chain.shown_summary(release))
+        if problems:
+            raise agreement.tampered(dataset.id, problems)
         chain.release_available(self, session, dataset, release)
 
     def release_document(self, session: Session, dataset: db.Dataset, release: db.Release,
@@ -535,12 +534,7 @@ class Ledger:
             if replayed.labels:
                 raise agreement.tampered(dataset.id, [f"label version {version.version} is not in the chain"])
             return version.file, CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
-        try:
-            found = self.store.checked_digest(version.file, fact.file_bytes) \
-                if version.file.startswith(f"datasets/{dataset.id}/") else None
-        except OSError:
-            found = None
-        problems = [] if found == (fact.file_bytes, fact.file_sha256) else [
+        problems = [] if self._chained_file(dataset, version, fact) else [
             f"label version {version.version}'s file is not the one its chain records"]
         if (version.num_examples, version.coverage_sha256) != (fact.num_examples, fact.coverage_sha256) or \
                 fact.id_bytes not in (None, version.id_bytes):  # (its ids' bytes: what the release is estimated on)
@@ -564,15 +558,20 @@ class Ledger:
                 if replayed.labels:  # (versions uploaded before versions were chained are read as their rows say)
                     problems.append(f"label version {version.version} is not in the chain")
                 continue
-            try:
-                found = self.store.checked_digest(version.file, fact.file_bytes) \
-                    if version.file.startswith(f"datasets/{dataset.id}/") else None
-            except OSError:
-                found = None
-            if found != (fact.file_bytes, fact.file_sha256) or version.registry_end != fact.registry_end:
+            if not self._chained_file(dataset, version, fact) or version.registry_end != fact.registry_end:
                 problems.append(f"label version {version.version}'s file is not the one its chain records")
         if problems:
             raise agreement.tampered(dataset.id, problems)
+
+    def _chained_file(self, dataset: db.Dataset, version: db.LabelVersion, fact: LabelsFact) -> bool:
+        """Whether ``version``'s file is the one its upload chained: the dataset's own, of the chained bytes (not
+        read at another size) and SHA-256."""
+        try:
+            found = self.store.checked_digest(version.file, fact.file_bytes) \
+                if version.file.startswith(f"datasets/{dataset.id}/") else None
+        except OSError:
+            found = None
+        return found == (fact.file_bytes, fact.file_sha256)
 
     def registration(self, session: Session, dataset: db.Dataset) -> OwnerFact:
         """What a source dataset's registration copies, and under whose prefixes: its chain's owner fact, which the

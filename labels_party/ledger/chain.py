@@ -291,8 +291,8 @@ class Replayed:
     releases: dict[str, int] = field(default_factory=dict)
     charged_orgs: dict[str, str] = field(default_factory=dict)
     # release id -> what its record says of it: (mechanism, ε requested, examples covered, label version, the prior's
-    # part of ε), each None if unsaid
-    shown: dict[str, tuple[str | None, float | None, int | None, int | None, float | None]] = field(
+    # part of ε and the randomizer's), each None if unsaid
+    shown: dict[str, tuple[str | None, float | None, int | None, int | None, float | None, float | None]] = field(
         default_factory=dict)
     documents: dict[str, DocumentFact] = field(default_factory=dict)  # release id -> its document stated early
     files_on_chain: set[str] = field(default_factory=set)
@@ -388,8 +388,10 @@ def _replay_release(out: Replayed, seq: int, record: dict[str, Any]) -> None:
         out.charged_orgs[release_id] = str(actor["org"])
     if record.get("file_on_chain"):
         out.files_on_chain.add(release_id)
-    out.shown[release_id] = (record.get("mechanism"), record.get("epsilon_requested"), record.get("examples_covered"),
-                             record.get("label_version"), record.get("prior_epsilon"))
+    requested, prior = record.get("epsilon_requested"), record.get("prior_epsilon")
+    out.shown[release_id] = (record.get("mechanism"), requested, record.get("examples_covered"),
+                             record.get("label_version"), prior,
+                             requested - prior if requested is not None and prior is not None else None)
     if out.totals is not None and "epsilon_total_units" in record and \
             (record["epsilon_total_units"], record.get("delta_total", 0.0)) != out.totals:
         out.problems.append(f"seq {seq}: the record's dataset totals are not the chain's")

@@ -23,6 +23,7 @@ from shared.parts import parquet_parts
 
 ROW_GROUP_CELLS = 1 << 21  # a written table's row groups: 1,048,576 rows of (example_id, label)
 
+
 class OutsideDataDirectory(LabelDPError, OSError):
     """A stored name that is no file of the data directory (:meth:`DataStore.path`): a row edited outside the service
     (503 ``ledger_tampered`` where a request meets it; an ``OSError``, a missing file, to every reader of files)."""
