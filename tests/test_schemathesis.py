@@ -38,6 +38,10 @@ pytestmark = pytest.mark.slow
 
 SECONDS = int(os.environ.get("LABELDP_SCHEMATHESIS_SECONDS", "120"))
 SEED = 20261122
+# How long one request may take before Schemathesis calls it a network error: a liveness bound, not a speed goal.
+# Its default of 10 s failed CI once (stop 53: one 400-bound evaluation request timed out on a shared machine whose
+# requests here take at most 0.35 s, 99th percentile 47 ms, idle or under four CPU hogs).
+REQUEST_TIMEOUT = 120
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 N = 200
 _VARIABLES = re.findall(r"\$\{(\w+)\}", CONFIG.read_text())
@@ -56,9 +60,10 @@ def _schemathesis(url: str, tmp_path: Path, values: dict[str, str]) -> subproces
     env = {**os.environ, **dict.fromkeys(_VARIABLES, "unused"), **values}
     command = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(CONFIG), "run",
                f"{url}/openapi.json", "--checks", "all", "--max-time", str(SECONDS), "--seed", str(SEED),
+               "--request-timeout", str(REQUEST_TIMEOUT),
                "--no-color", *os.environ.get("LABELDP_ST_EXTRA", "").split()]
     return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=SECONDS + 300)
+                          timeout=SECONDS + REQUEST_TIMEOUT + 300)
 
 
 def _assert_clean(done: subprocess.CompletedProcess, operations: int) -> int:
