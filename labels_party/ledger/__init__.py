@@ -49,6 +49,7 @@ from labels_party.ledger.books import (
     BudgetExceeded,
     Ledger,
     LedgerRollback,
+    recorded_coverage,
     rollback_message,
 )
 from labels_party.ledger.chain import Replayed, replay
@@ -99,7 +100,8 @@ __all__ = [
     "CHUNK", "RDP_ORDERS", "UNITS_PER_EPSILON", "UNNAMED", "Actor", "Anchor", "BudgetExceeded", "Charge", "Charged",
     "Entry", "Ledger", "LedgerRecord", "LedgerRollback", "RecordFields", "RecordSummary", "budget_figures",
     "budget_units", "canonical", "chain_hash", "chain_intact", "charge_units", "charged_units", "entries",
-    "is_gaussian", "legacy_units", "rdp_curve", "rdp_epsilon_units", "remaining_units", "rollback_message",
+    "is_gaussian", "legacy_units", "rdp_curve", "rdp_epsilon_units", "recorded_coverage", "remaining_units",
+    "rollback_message",
     "units_epsilon", "verify_chain", "within_charge",
 ]
 

@@ -36,7 +36,7 @@ from labels_party.ledger.records import (
 from labels_party.ledger.signing import HeadSigner
 from labels_party.ledger.units import remaining_units, units_epsilon, within_charge
 from labels_party.store import db
-from labels_party.store.labelstore import CoverageSet, read_coverage
+from labels_party.store.labelstore import CoverageSet, RangeCoverage, RegistryPart, read_coverage
 from labels_party.store.storage import DataStore, MappedArray, write_npy
 from shared.errors import ErrorCode, LabelDPError
 from shared.service.keys import ApiKeyColumns, Principal
@@ -63,6 +63,7 @@ class AccountState:
     rdp: np.ndarray | None  # int64 (classes, len(rdp_orders()))
     registry_size: int
     mapped: MappedArray | None = None
+    classes_sha256: str | None = None  # the class file's entries' SHA-256, as its chain records and it was checked
 
     def forget(self) -> None:
         """Drop the class file's pages read so far from the resident set (passes stay bounded in memory)."""
@@ -210,7 +211,10 @@ class Ledger:
         return replayed
 
     # -- reading ------------------------------------------------------------------------------------------------
-    def state(self, account: db.BudgetAccount, registry_size: int) -> AccountState:
+    def state(self, account: db.BudgetAccount, registry_size: int,
+              recorded: dict[str, Any] | None = None) -> AccountState:
+        """The account's state as its files hold it; ``recorded``: its last charge's :class:`~.records.SpentState`
+        — its class file is then read only if it holds the entries that charge recorded (``OSError`` else)."""
         if account.spent_file is None or account.classes_file is None:  # written together: never charged
             empty = np.zeros(0, np.int64)
             return AccountState(np.zeros(0, np.int32), empty, empty, empty, None, registry_size)
@@ -218,11 +222,20 @@ class Ledger:
         # is refused unread (the thirty-eighth review's 1.5 GiB spent table took a request to 3.4 GB)
         classes_at_most = registry_size + 2
         table = self.store.read_array(account.spent_file, ARRAY_HEADER_BYTES + 24 * classes_at_most)
-        classes = MappedArray(self.store.path(account.classes_file))
+        sha256 = (recorded or {}).get("classes_sha256")
+        if sha256 is not None:
+            entries = int(recorded["classes_entries"])  # type: ignore[index]
+            if entries > registry_size:
+                raise ValueError("the class file spans more examples than the registry holds")
+            classes = self.store.checked_array(account.classes_file, np.int32, entries, sha256)
+        elif self.store.path(account.classes_file).stat().st_size > ARRAY_HEADER_BYTES + 4 * registry_size:
+            raise ValueError(f"{account.classes_file!r} is larger than any class file can be")
+        else:
+            classes = MappedArray(self.store.path(account.classes_file))
         rdp = self.store.read_array(account.rdp_file, ARRAY_HEADER_BYTES + 8 * len(rdp_orders()) * classes_at_most) \
             if account.rdp_file else None
         return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), rdp,
-                            registry_size, classes)
+                            registry_size, classes, sha256)
 
     def checked_state(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount) -> AccountState:
         """The account's state as its chain's last charge left it (:class:`agreement.LedgerTampered` otherwise: a
@@ -239,7 +252,7 @@ class Ledger:
                         org: str) -> tuple[AccountState | None, list[str]]:
         try:  # read only on the chain's registry size (it bounds what the state's files may hold)
             state: AccountState | None = None if agreement.registry_problems(replayed, dataset) else \
-                self.state(account, dataset.registry_size)
+                self.state(account, dataset.registry_size, replayed.spent_states.get(org))
         except (OSError, ValueError, IndexError):  # a state file missing, not an array or not a table: not what any
             # charge left
             state = None
@@ -320,7 +333,8 @@ class Ledger:
         recorded_event = events.to_dict(event)
         _check_recomputable(recorded_event, cost)  # before anything is read or written
         state = self._agreed_state(session, dataset, account, fields)
-        covered = read_coverage(self.store, coverage.readable)  # a request's is still pending
+        # a request's is still pending; a version's is read only as its chain records it (the thirty-ninth review)
+        covered = read_coverage(self.store, coverage.readable, coverage.sha256, coverage.size)
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
         for chunk in _chunks(covered, state):
             touched += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
@@ -343,12 +357,16 @@ class Ledger:
         rows = np.column_stack([new_units[:, None], new_rdp])
         # Classes covered in part (or the fresh class) split; classes that end up equal merge: one class per
         # distinct (units, curve), so the number of classes never exceeds the number of distinct histories.
-        if account.classes_file is None or bool(np.any(hit & (touched < sizes))) or touched[-1] > 0:
-            values, new_sizes, new_spent, classes_file = self._split(
+        # (a class file whose entries no charge recorded, from before the thirty-ninth review, is written again)
+        if account.classes_file is None or state.classes_sha256 is None or bool(np.any(hit & (touched < sizes))) \
+                or touched[-1] > 0:
+            values, new_sizes, new_spent, classes_file, classes_sha256 = self._split(
                 directory, generation, dataset.registry_size, state, covered, touched, rows, spent_after)
+            classes_entries = dataset.registry_size
         else:  # every touched class is covered whole: only their values move
             values, new_sizes, new_spent = rows[:-1], sizes[:-1], spent_after[:-1]
-            classes_file = account.classes_file
+            classes_file, classes_sha256, classes_entries = account.classes_file, state.classes_sha256, \
+                state.classes.size
         spent_file = self._write_table(directory, generation, values[:, 0], new_sizes, new_spent)
         rdp_file = (self.store.write_array(f"{directory}/rdp_{generation:08d}.npy", values[:, 1:].copy())
                     if has_rdp else None)
@@ -357,7 +375,8 @@ class Ledger:
         account.generation = generation
         dataset.epsilon_spent_units = _spent_with(session, dataset, account)
         spent_state = SpentState(classes_file=classes_file, rdp_file=rdp_file,
-                                 digest=_digest(values[:, 0], new_sizes, values[:, 1:] if has_rdp else None))
+                                 digest=_digest(values[:, 0], new_sizes, values[:, 1:] if has_rdp else None),
+                                 classes_entries=classes_entries, classes_sha256=classes_sha256)
         record = self._append(session, dataset, account, coverage, cost, {
             **fields.model_dump(), "epsilon_requested": epsilon_requested, "dp_event": recorded_event,
             "spent_state": spent_state})
@@ -389,9 +408,9 @@ class Ledger:
 
     def _split(self, directory: str, generation: int, registry_size: int, state: AccountState, covered,
                touched: np.ndarray, rows: np.ndarray, spent_after: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
         """Rewrite the class file: one class per distinct row (so classes merge as well as split); the new classes'
-        rows, sizes and spent units."""
+        rows, sizes and spent units, the file and its entries' SHA-256."""
         units, sizes, rdp = state.with_fresh()
         old_rows = np.column_stack([units[:, None], rdp])
         candidates = np.vstack([old_rows[sizes - touched > 0], rows[touched > 0]])
@@ -416,11 +435,14 @@ class Ledger:
                 new_sizes[:] += np.bincount(new, minlength=values.shape[0])
                 covered.forget()
                 state.forget()
+                new = new.astype(np.int32)
+                digest.update(new.tobytes())
                 yield new
 
+        digest = hashlib.sha256()
         classes_file = self.store.write_with(f"{directory}/classes_{generation:08d}.npy",
                                              lambda path: write_npy(path, np.int32, registry_size, blocks()))
-        return values, new_sizes, new_spent, classes_file
+        return values, new_sizes, new_spent, classes_file, digest.hexdigest()
 
     def _append(self, session: Session, dataset: db.Dataset, account: db.BudgetAccount, coverage: CoverageSet,
                 charge: Charge, fields: dict[str, Any]) -> LedgerRecord:
@@ -544,24 +566,42 @@ class Ledger:
         return version.file, CoverageSet(f"datasets/{dataset.id}/coverage/{fact.coverage_sha256}.npy",
                                          fact.coverage_sha256, fact.num_examples)
 
-    def check_registry(self, session: Session, dataset: db.Dataset, versions: Sequence[db.LabelVersion]) -> None:
-        """The label versions an upload reads the registry from (which ids are registered already, at which index)
-        are the files their uploads chained — the dataset's own, of the chained bytes — and the rows the chain's
-        (:class:`agreement.LedgerTampered` else: the thirty-eighth review pointed a version's row at another file,
-        and the same ids were registered again with fresh budgets; releases of them charged twice the total)."""
+    def registry(self, session: Session, dataset: db.Dataset) -> list[RegistryPart]:
+        """Where the dataset's example ids live (which are registered already, at which index: what an upload
+        numbers its new ids against), as its chain records it: each label version that registered ids, from where
+        the one before ended to its own end, read from the file its upload chained — the dataset's own, of the
+        chained bytes — and no such version missing (:class:`agreement.LedgerTampered` else: the thirty-eighth
+        review pointed a version's row at another file, the thirty-ninth hid one from the registry by emptying its
+        range or deleting its row; each time the owner's next upload registered the same ids again with fresh
+        budgets, and releases of them charged twice the total). Versions uploaded before versions were chained are
+        read as their rows say."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
-        problems = agreement.creation_problems(session, dataset, replayed)
-        for version in versions:
-            fact = replayed.labels.get(version.version)
-            if fact is None:
-                if replayed.labels:  # (versions uploaded before versions were chained are read as their rows say)
-                    problems.append(f"label version {version.version} is not in the chain")
-                continue
-            if not self._chained_file(dataset, version, fact) or version.registry_end != fact.registry_end:
-                problems.append(f"label version {version.version}'s file is not the one its chain records")
+        problems = agreement.creation_problems(session, dataset, replayed) + \
+            agreement.registry_problems(replayed, dataset)
+        rows = {v.version: v for v in session.scalars(select(db.LabelVersion).where(
+            db.LabelVersion.dataset_id == dataset.id))}
+        if not replayed.labels:
+            parts = [RegistryPart(v.file, v.registry_start, v.registry_end) for _n, v in sorted(rows.items())
+                     if v.registry_end > v.registry_start]
+        else:
+            parts, start = [], 0
+            for number, fact in sorted(replayed.labels.items()):
+                version = rows.get(number)
+                if fact.registry_end <= start:
+                    continue  # (no new ids)
+                if version is None or (version.registry_start, version.registry_end) != (start, fact.registry_end) \
+                        or not self._chained_file(dataset, version, fact):
+                    problems.append(f"label version {number}'s file or registry range is not the one its chain "
+                                    "records")
+                else:
+                    parts.append(RegistryPart(version.file, start, fact.registry_end))
+                start = fact.registry_end
+        if not problems and sum(part.end - part.start for part in parts) != dataset.registry_size:
+            problems.append("the label versions do not register the dataset's registry")
         if problems:
             raise agreement.tampered(dataset.id, problems)
+        return parts
 
     def _chained_file(self, dataset: db.Dataset, version: db.LabelVersion, fact: LabelsFact) -> bool:
         """Whether ``version``'s file is the one its upload chained: the dataset's own, of the chained bytes (not
@@ -846,7 +886,7 @@ class _Recomputed:
 
     def blocks(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
         """(start, stop, pure units, signature as int64) per block."""
-        coverages = [read_coverage(self.store, record["coverage"]["file"]) for record, _, _ in self.charges]
+        coverages = [recorded_coverage(self.store, record, self.registry_size) for record, _, _ in self.charges]
         for start in range(0, self.registry_size, CHUNK):
             stop = min(self.registry_size, start + CHUNK)
             pure = np.zeros(stop - start, dtype=np.int64)
@@ -881,11 +921,19 @@ class _Recomputed:
         for record, charge, _tag_value in self.charges:
             if charge.rdp is None:
                 continue
-            coverage = read_coverage(self.store, record["coverage"]["file"])
+            coverage = recorded_coverage(self.store, record, self.registry_size)
             at = int(coverage.position([example])[0])
             if at < coverage.size and int(coverage.slice(at, at + 1)[0]) == example:
                 curve = np.minimum(curve + charge.rdp_array, RDP_CAP)
         return curve
+
+
+def recorded_coverage(store: DataStore, record: dict, registry_size: int) -> MappedArray | RangeCoverage:
+    """The coverage set a charge's record names, read only as it records it (a record from before records counted
+    its examples: at most ``registry_size`` of them)."""
+    covered = record.get("examples_covered")
+    return read_coverage(store, record["coverage"]["file"], record["coverage"]["sha256"],
+                         None if covered is None else int(covered), at_most=registry_size)
 
 
 def _tag(record: dict) -> int:

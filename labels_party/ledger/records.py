@@ -121,6 +121,10 @@ class SpentState(BaseModel):
     classes_file: str | None
     rdp_file: str | None
     digest: str
+    # the class file's entries and their SHA-256: which example is in which class (None: a charge from before the
+    # thirty-ninth review, whose class file emptied made every example fresh; the account's next charge records them)
+    classes_entries: int | None = None
+    classes_sha256: str | None = None
 
 
 class LedgerRecord(BaseModel):

@@ -10,8 +10,8 @@ of whose identities is on the list is refused from that time on, whatever its ro
 writer cannot remove a file of the data directory. A revocation whose transaction then fails still stands: the
 operator asked for it.
 
-Each check lists the directory (a revocation by another process or replica adds a file) and reads only files it has
-not read before.
+Each check lists the directory again only if it changed (a revocation by another process or replica adds a file),
+reads only files it has not read before, and finds a key's revocations by its identities.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from labels_party.store.storage import DataStore
+from labels_party.store.storage import DataStore, OutsideDataDirectory
 
 DIRECTORY = "keys/revoked"
 
@@ -49,20 +50,28 @@ class Revocation:
 
     @classmethod
     def parse(cls, document: dict[str, Any]) -> Revocation:
+        if datetime.fromisoformat(document["effective_at"]).tzinfo is None:
+            raise ValueError("a revocation's time is aware")
         return cls(frozenset(int(i) for i in document["key_ids"]), frozenset(map(str, document["prefixes"])),
                    frozenset(map(str, document["secret_digests"])),
                    datetime.fromisoformat(document["effective_at"]), str(document["revoked_by"]))
 
 
 REVOCATION_BYTES = 1 << 16  # a revocation file is under a kilobyte of JSON: anything far larger is not one
+# A deployment revokes a key at a time: more files than this is a data-directory writer's (the thirty-ninth
+# review's 50,000 copies made every request scan them all; 10⁶ would have held 1.3 GB)
+MAX_REVOCATIONS = 100_000
+SETTLED_SECONDS = 2.0  # a listing is reused only once the directory has not changed for this long (coarse clocks)
 
 
 @dataclass
 class RevocationList:
-    """The data directory's revocations, as this process last read them."""
+    """The data directory's revocations, as this process last read them, indexed by the identities they name."""
 
     store: DataStore
     _read: dict[str, Revocation] = field(default_factory=dict, repr=False)  # by file name: files are never removed
+    _naming: dict[tuple[str, object], list[Revocation]] = field(default_factory=dict, repr=False)
+    _listed: tuple | None = field(default=None, repr=False)  # the directory's status when last listed
     _reading: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, revocation: Revocation) -> None:
@@ -72,23 +81,49 @@ class RevocationList:
 
     def refuses(self, key_id: int, prefix: str, secret_digest: str, now: datetime) -> Revocation | None:
         """The revocation in force at ``now`` that names the key by any of its identities (None: none does)."""
-        for revocation in self._revocations():
-            if revocation.effective_at <= now and revocation.names(key_id, prefix, secret_digest):
-                return revocation
+        naming = self._index()
+        for identity in (("id", key_id), ("prefix", prefix), ("secret", secret_digest)):
+            for revocation in naming.get(identity, ()):
+                if revocation.effective_at <= now:
+                    return revocation
         return None
 
-    def _revocations(self) -> list[Revocation]:
+    def _index(self) -> dict[tuple[str, object], list[Revocation]]:
+        """The revocations by identity, the directory listed again only when it changed (a revocation by another
+        process or replica adds a file): a request costs a ``stat``, not a pass over every revocation."""
         directory = self.store.path(DIRECTORY)
         try:
-            names = [n for n in os.listdir(directory) if n.endswith(".json")]
+            found = os.stat(directory)
         except FileNotFoundError:
-            return []
+            return {}
+        listed = (found.st_ino, found.st_mtime_ns, found.st_ctime_ns)
+        with self._reading:
+            if listed == self._listed:
+                return self._naming
+        names = [n for n in os.listdir(directory) if n.endswith(".json")]
+        if len(names) > MAX_REVOCATIONS:
+            raise OutsideDataDirectory(f"{DIRECTORY!r} holds more than {MAX_REVOCATIONS:,} revocations")
         with self._reading:
             new = [n for n in names if n not in self._read]
-        # an unreadable or malformed file is the data directory's damage: raised, never skipped (skipping it
-        # would honour the key it revokes)
-        parsed = {n: Revocation.parse(json.loads(self.store.read_small(f"{DIRECTORY}/{n}", REVOCATION_BYTES)))
-                  for n in new}
+        parsed = {n: self._parse(n) for n in new}
         with self._reading:
-            self._read.update(parsed)
-            return list(self._read.values())
+            for name, revocation in parsed.items():
+                if name in self._read:
+                    continue
+                self._read[name] = revocation
+                for identity in [*(("id", i) for i in revocation.key_ids),
+                                 *(("prefix", p) for p in revocation.prefixes),
+                                 *(("secret", d) for d in revocation.secret_digests)]:
+                    self._naming.setdefault(identity, []).append(revocation)
+            if time.time() - found.st_mtime > SETTLED_SECONDS:  # (a file added within the clock's tick is seen)
+                self._listed = listed
+            return self._naming
+
+    def _parse(self, name: str) -> Revocation:
+        """One revocation file. An unreadable or malformed one is the data directory's damage: refused
+        (:class:`OutsideDataDirectory`: 503 ``ledger_tampered``), never skipped — skipping it would honour the key
+        it revokes."""
+        try:
+            return Revocation.parse(json.loads(self.store.read_small(f"{DIRECTORY}/{name}", REVOCATION_BYTES)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise OutsideDataDirectory(f"{DIRECTORY}/{name} is not a revocation") from None

@@ -248,7 +248,7 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
             # (the domain too: the one the upload checks against must be the one the chain holds at its commit)
             spec, seen = json.loads(dataset.domain_json), (dataset.label_version, dataset.registry_size,
                                                            dataset.domain_json)
-            parts = registry_parts(ctx, session, dataset)
+            parts = ctx.ledger.registry(session, dataset)
             used = stored_bytes(session, ctx.store, admission.principal.org_id)
         check_room(used, path.stat().st_size, ctx.storage_quota, "storing this label version",
                    KEPT_FOR_THE_AUDIT)  # early, on the body
@@ -323,9 +323,3 @@ def range_warning(domain, bulk: tuple[float, float] | None) -> str | None:
             "/v1/datasets/{id}/quantiles with candidates 'log' and method 'above-threshold') choose one privately")
 
 
-def registry_parts(ctx: ServiceContext, session: Session, dataset: db.Dataset) -> list[labelstore.RegistryPart]:
-    """Where the dataset's example ids live (see :mod:`labels_party.store.labelstore`), as the chain records them."""
-    versions = session.scalars(select(db.LabelVersion).where(
-        db.LabelVersion.dataset_id == dataset.id, db.LabelVersion.registry_end > db.LabelVersion.registry_start)).all()
-    ctx.ledger.check_registry(session, dataset, versions)
-    return [labelstore.RegistryPart(v.file, v.registry_start, v.registry_end) for v in versions]

@@ -44,7 +44,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from labels_party.store.storage import DataStore, MappedArray, write_npy
+from labels_party.store.storage import DataStore, MappedArray, OutsideDataDirectory, write_npy
 from labels_party.store.uploads import (
     EXTRA_KEYS,
     DepthLimited,
@@ -495,12 +495,21 @@ def range_coverage(start: int, stop: int) -> CoverageSet:
     return CoverageSet(f"{RANGE_PREFIX}{start}:{stop}", digest.hexdigest(), stop - start)
 
 
-def read_coverage(store: DataStore, coverage_file: str) -> MappedArray | RangeCoverage:
-    """Memory-mapped: a release of 10⁸ examples does not load its coverage."""
+def read_coverage(store: DataStore, coverage_file: str, sha256: str, entries: int | None, *,
+                  at_most: int = 0) -> MappedArray | RangeCoverage:
+    """The coverage set a chain records (its file, its indices' SHA-256 and count), memory-mapped — a release of
+    10⁸ examples does not load it — once its file is checked to be that set (:meth:`DataStore.checked_array`:
+    :class:`~labels_party.store.storage.OutsideDataDirectory` else, unread). ``entries`` None: a record from before
+    records counted them, whose file may announce at most ``at_most`` (the registry's size)."""
+    if entries is None:
+        entries = store.npy_entries(coverage_file, at_most)
     if coverage_file.startswith(RANGE_PREFIX):
         start, stop = coverage_file.removeprefix(RANGE_PREFIX).split(":")
-        return RangeCoverage(int(start), int(stop))
-    return MappedArray(store.path(coverage_file))
+        covered = RangeCoverage(int(start), int(stop))
+        if covered.size != entries:
+            raise OutsideDataDirectory(f"{coverage_file!r} is not the range its chain records")
+        return covered
+    return store.checked_array(coverage_file, np.int64, entries, sha256)
 
 
 # -- reading a version ------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def test_a_re_upload_keeps_known_indices_and_numbers_new_ids(tmp_path):
     assert new == {f"e{1500 - k}": 1000 + k for k in range(501)}  # new ids numbered in upload order
     assert not store.path(second.coverage.file).exists()  # pending until its version commits (keep)
     labelstore.keep(store, second.coverage)
-    coverage = labelstore.read_coverage(store, second.coverage.file)
+    coverage = labelstore.read_coverage(store, second.coverage.file, second.coverage.sha256, second.coverage.size)
     assert coverage.slice(0, coverage.size).tolist() == index.tolist()
 
 

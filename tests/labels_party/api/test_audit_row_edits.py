@@ -888,7 +888,7 @@ def test_a_version_row_pointed_at_another_file_registers_no_id_again(ctx, client
         other = s.scalar(select(db.LabelVersion.file).where(db.LabelVersion.dataset_id == dataset_small))
         registry = s.get(db.Dataset, dataset).registry_size
     _sql(ctx, "UPDATE label_versions SET file = :f WHERE dataset_id = :d", f=other, d=dataset)
-    _tampered(upload(client, admin, dataset, labels_csv(labels)), says="file is not the one its chain records")
+    _tampered(upload(client, admin, dataset, labels_csv(labels)), says="is not the one its chain records")
     with ctx.sessions() as s:
         assert s.get(db.Dataset, dataset).registry_size == registry
 
