@@ -102,7 +102,17 @@ def run_job(client: httpx.Client, request: dict, watch: MemoryWatch, phase: str)
         job = client.get(f"/v1/jobs/{job_id}").json()
         if job["status"] in ("succeeded", "failed"):
             return job, creation, time.perf_counter() - started
+        watch.phase = f"{phase}: {stage(job)}"
         time.sleep(1.0)
+
+
+def stage(job: dict) -> str:
+    """What a running job is doing, as far as its progress tells (a phase of the memory watch, polled each second):
+    the download and join before its first round, each round or epoch, then the predictions and the estimate."""
+    done, total = job["progress"]["epoch"], job["progress"]["epochs"]
+    if done == 0:
+        return "release, download and join"
+    return f"after round {done}" if done < total else "predictions and estimate"
 
 
 SAMPLE_ROWS = 1_000_000
