@@ -192,31 +192,24 @@ def source_problems(fact: SourceFact | None, dataset: db.Dataset) -> list[str]:
 
 
 def _label_problems(session: Session, dataset: db.Dataset, replayed: Replayed) -> list[str]:
-    """Each label version the chain records is the row's (its file's hash: verify-audit reads the file; where its ids
-    start, from the previous version's registry); every version after the first one chained is chained (earlier ones
-    were uploaded before versions were)."""
+    """Each label version is the one the chain records (its file's hash: verify-audit reads the file; where its ids
+    start: where the previous version's registry ended). Every version is chained (since migration 0022)."""
     problems = []
     rows = session.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset.id)).all()
-    first = min(replayed.labels, default=None)
-    # where each chained version's new ids start: where the previous version's chained registry ended, or 0 for the
-    # dataset's first version (an earlier version uploaded before versions were chained: not known)
-    earliest = min((row.version for row in rows), default=None)
-    starts = {version: replayed.labels[version - 1].registry_end if version - 1 in replayed.labels else 0
-              for version in replayed.labels if version - 1 in replayed.labels or version == earliest}
     for row in rows:
         fact = replayed.labels.get(row.version)
+        previous = replayed.labels.get(row.version - 1)
         if fact is None:
-            if first is not None and row.version > first:
-                problems.append(f"label version {row.version} is not in the chain")
+            problems.append(f"label version {row.version} is not in the chain")
         elif (row.num_examples, row.registry_end, row.coverage_sha256) != (fact.num_examples, fact.registry_end,
                                                                            fact.coverage_sha256) or \
                 fact.id_bytes not in (None, row.id_bytes):  # (its ids' bytes: what its releases are estimated on)
             problems.append(f"label version {row.version} differs from the chain's")
-        elif row.registry_start != starts.get(row.version, row.registry_start):
+        elif row.registry_start != (previous.registry_end if previous is not None else 0):
             # the ids a version introduced start where the previous version's registry ended (the twenty-first
             # review: an edited start made the next upload of the same ids count them as new)
             problems.append(f"label version {row.version}'s new ids do not start where the chain's registry ended")
-    if first is not None and dataset.label_version not in replayed.labels:
+    if dataset.label_version and dataset.label_version not in replayed.labels:
         problems.append(f"the dataset's current label version {dataset.label_version} is not in the chain")
     current = replayed.labels.get(dataset.label_version)
     if current is not None and dataset.source_snapshot is None and dataset.num_examples != current.num_examples:

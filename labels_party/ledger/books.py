@@ -541,8 +541,7 @@ class Ledger:
         """The file and coverage a release of label version ``version`` reads, as the chain's
         :class:`~.records.LabelsFact` says — the coverage at its content address, the file the row names only if it
         is the dataset's and its bytes are the ones chained — so that no row edit makes a release read another
-        dataset's labels or charge fewer examples than it reads (:class:`agreement.LedgerTampered` else). Versions
-        uploaded before label versions were chained are read as their rows say."""
+        dataset's labels or charge fewer examples than it reads (:class:`agreement.LedgerTampered` else)."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
         problems = agreement.creation_problems(session, dataset, replayed)
@@ -552,10 +551,8 @@ class Ledger:
         if problems:
             raise agreement.tampered(dataset.id, problems)
         fact = replayed.labels.get(version.version)
-        if fact is None:
-            if replayed.labels:
-                raise agreement.tampered(dataset.id, [f"label version {version.version} is not in the chain"])
-            return version.file, CoverageSet(version.coverage_file, version.coverage_sha256, version.num_examples)
+        if fact is None:  # (every version is chained since migration 0022)
+            raise agreement.tampered(dataset.id, [f"label version {version.version} is not in the chain"])
         problems = [] if self._chained_file(dataset, version, fact) else [
             f"label version {version.version}'s file is not the one its chain records"]
         if (version.num_examples, version.coverage_sha256) != (fact.num_examples, fact.coverage_sha256) or \
@@ -573,30 +570,24 @@ class Ledger:
         chained bytes — and no such version missing (:class:`agreement.LedgerTampered` else: the thirty-eighth
         review pointed a version's row at another file, the thirty-ninth hid one from the registry by emptying its
         range or deleting its row; each time the owner's next upload registered the same ids again with fresh
-        budgets, and releases of them charged twice the total). Versions uploaded before versions were chained are
-        read as their rows say."""
+        budgets, and releases of them charged twice the total)."""
         self.check_anchor(session, dataset)
         replayed = self.facts(session, dataset)
         problems = agreement.creation_problems(session, dataset, replayed) + \
             agreement.registry_problems(replayed, dataset)
         rows = {v.version: v for v in session.scalars(select(db.LabelVersion).where(
             db.LabelVersion.dataset_id == dataset.id))}
-        if not replayed.labels:
-            parts = [RegistryPart(v.file, v.registry_start, v.registry_end) for _n, v in sorted(rows.items())
-                     if v.registry_end > v.registry_start]
-        else:
-            parts, start = [], 0
-            for number, fact in sorted(replayed.labels.items()):
-                version = rows.get(number)
-                if fact.registry_end <= start:
-                    continue  # (no new ids)
-                if version is None or (version.registry_start, version.registry_end) != (start, fact.registry_end) \
-                        or not self._chained_file(dataset, version, fact):
-                    problems.append(f"label version {number}'s file or registry range is not the one its chain "
-                                    "records")
-                else:
-                    parts.append(RegistryPart(version.file, start, fact.registry_end))
-                start = fact.registry_end
+        parts, start = [], 0
+        for number, fact in sorted(replayed.labels.items()):  # (every version is chained since migration 0022)
+            version = rows.get(number)
+            if fact.registry_end <= start:
+                continue  # (no new ids)
+            if version is None or (version.registry_start, version.registry_end) != (start, fact.registry_end) \
+                    or not self._chained_file(dataset, version, fact):
+                problems.append(f"label version {number}'s file or registry range is not the one its chain records")
+            else:
+                parts.append(RegistryPart(version.file, start, fact.registry_end))
+            start = fact.registry_end
         if not problems and sum(part.end - part.start for part in parts) != dataset.registry_size:
             problems.append("the label versions do not register the dataset's registry")
         if problems:

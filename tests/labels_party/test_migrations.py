@@ -647,3 +647,48 @@ def test_migration_0022_chains_domains_and_summaries_once(tmp_path, monkeypatch)
     again.close()
     with pytest.raises(LedgerTampered, match="shown summary differs from the chain's"):
         make_context(database, data)
+
+
+def test_migration_0022_chains_label_versions_uploaded_before_versions_were(tmp_path, monkeypatch):
+    """Label versions uploaded before ``labels`` facts existed were read as their rows said (the thirty-ninth review
+    hid one from the registry, and the same ids were registered again with fresh budgets); and a dataset with one
+    took one more upload only. The upgrade appends a fact for each, once, from its row and file: the dataset then
+    takes uploads (each reads the registry from the chain), keeps every id's index, and verify-audit is valid."""
+    from fastapi.testclient import TestClient
+
+    from labels_party.http.api import create_app
+    from labels_party.ledger import chain, signing
+    from labels_party.ledger.verification import verify
+    from tests.labels_party.api.helpers import labels_csv, upload
+
+    database, data = f"sqlite:///{tmp_path}/labels.sqlite", tmp_path / "data"
+    with monkeypatch.context() as older:  # a version before label versions were chained
+        older.setattr(chain, "labels", lambda *args: None)
+        ctx, admin, dataset = _granted_dataset(database, data)
+    with ctx.sessions() as s, s.begin():
+        seq = s.get(db.Dataset, dataset).ledger_seq
+        version = s.scalars(select(db.LabelVersion).where(db.LabelVersion.dataset_id == dataset)).one()
+        assert not [e for e in entries(s, dataset) if e.record.get("event") == "labels"]
+        file = ctx.store.path(version.file).read_bytes()
+        s.execute(text("UPDATE alembic_version SET version_num = '0021'"))
+    ctx.close()
+    make_context(database, data, upgrade=True).close()
+    make_context(database, data, upgrade=True).close()  # again: nothing more
+    upgraded = make_context(database, data)
+    try:
+        with upgraded.sessions() as s:
+            added = [e.record for e in entries(s, dataset) if e.seq > seq]
+        assert [(r["event"], r["version"], r["registry_end"], r["num_examples"]) for r in added] == \
+            [("labels", 1, 200, 200)]
+        assert (added[0]["file_bytes"], added[0]["file_sha256"]) == (len(file), hashlib.sha256(file).hexdigest())
+        with TestClient(create_app(upgraded)) as client:
+            for more in (100, 300):
+                done = upload(client, admin, dataset, labels_csv({f"e{i}": 1 + i % 52 for i in range(more)}))
+                assert done.status_code == 200, done.text
+        with upgraded.sessions() as s:
+            assert s.get(db.Dataset, dataset).registry_size == 300  # e0…e199 kept their indices
+        report = verify(upgraded.sessions, upgraded.ledger, public_key=upgraded.ledger.signer.public,
+                        heads_log=lambda: signing.read_log(data / "audit"))
+        assert report["valid"] is True, report
+    finally:
+        upgraded.close()
