@@ -79,6 +79,7 @@ from labels_party.ledger.records import (
     entries,
     is_release,
     read_fact,
+    records_by_org,
     verify_chain,
 )
 from labels_party.ledger.signing import HeadSigner, SignedHead, load_key_file
@@ -100,8 +101,8 @@ __all__ = [
     "CHUNK", "RDP_ORDERS", "UNITS_PER_EPSILON", "UNNAMED", "Actor", "Anchor", "BudgetExceeded", "Charge", "Charged",
     "Entry", "Ledger", "LedgerRecord", "LedgerRollback", "RecordFields", "RecordSummary", "budget_figures",
     "budget_units", "canonical", "chain_hash", "chain_intact", "charge_units", "charged_units", "entries",
-    "is_gaussian", "legacy_units", "rdp_curve", "rdp_epsilon_units", "recorded_coverage", "remaining_units",
-    "rollback_message",
+    "is_gaussian", "legacy_units", "rdp_curve", "rdp_epsilon_units", "recorded_coverage", "records_by_org",
+    "remaining_units", "rollback_message",
     "units_epsilon", "verify_chain", "within_charge",
 ]
 

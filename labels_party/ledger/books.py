@@ -31,6 +31,7 @@ from labels_party.ledger.records import (
     canonical,
     chain_hash,
     entries,
+    records_by_org,
     secret_digest,
 )
 from labels_party.ledger.signing import HeadSigner
@@ -211,10 +212,12 @@ class Ledger:
         return replayed
 
     # -- reading ------------------------------------------------------------------------------------------------
-    def state(self, account: db.BudgetAccount, registry_size: int,
-              recorded: dict[str, Any] | None = None) -> AccountState:
+    def state(self, account: db.BudgetAccount, registry_size: int, recorded: dict[str, Any] | None = None, *,
+              private: bool = False) -> AccountState:
         """The account's state as its files hold it; ``recorded``: its last charge's :class:`~.records.SpentState`
-        — its class file is then read only if it holds the entries that charge recorded (``OSError`` else)."""
+        — its class file is then read only if it holds the entries that charge recorded (``OSError`` else);
+        ``private``: the class file read from a copy no writer can change (a charge's, :meth:`DataStore.
+        checked_array`)."""
         if account.spent_file is None or account.classes_file is None:  # written together: never charged
             empty = np.zeros(0, np.int64)
             return AccountState(np.zeros(0, np.int32), empty, empty, empty, None, registry_size)
@@ -222,16 +225,13 @@ class Ledger:
         # is refused unread (the thirty-eighth review's 1.5 GiB spent table took a request to 3.4 GB)
         classes_at_most = registry_size + 2
         table = self.store.read_array(account.spent_file, ARRAY_HEADER_BYTES + 24 * classes_at_most)
-        sha256 = (recorded or {}).get("classes_sha256")
-        if sha256 is not None:
-            entries = int(recorded["classes_entries"])  # type: ignore[index]
-            if entries > registry_size:
-                raise ValueError("the class file spans more examples than the registry holds")
-            classes = self.store.checked_array(account.classes_file, np.int32, entries, sha256)
-        elif self.store.path(account.classes_file).stat().st_size > ARRAY_HEADER_BYTES + 4 * registry_size:
-            raise ValueError(f"{account.classes_file!r} is larger than any class file can be")
-        else:
-            classes = MappedArray(self.store.path(account.classes_file))
+        recorded = recorded or {}
+        sha256 = recorded.get("classes_sha256")  # (None: a state from before its class file was hashed)
+        entries = int(recorded["classes_entries"]) if sha256 is not None else \
+            self.store.npy_entries(account.classes_file, registry_size)
+        if entries > registry_size:
+            raise ValueError("the class file spans more examples than the registry holds")
+        classes = self.store.checked_array(account.classes_file, np.int32, entries, sha256, private=private)
         rdp = self.store.read_array(account.rdp_file, ARRAY_HEADER_BYTES + 8 * len(rdp_orders()) * classes_at_most) \
             if account.rdp_file else None
         return AccountState(classes.array, table[:, 0].copy(), table[:, 1].copy(), table[:, 2].copy(), rdp,
@@ -249,10 +249,10 @@ class Ledger:
         return state
 
     def _state_problems(self, replayed: chain.Replayed, dataset: db.Dataset, account: db.BudgetAccount,
-                        org: str) -> tuple[AccountState | None, list[str]]:
+                        org: str, *, private: bool = False) -> tuple[AccountState | None, list[str]]:
         try:  # read only on the chain's registry size (it bounds what the state's files may hold)
             state: AccountState | None = None if agreement.registry_problems(replayed, dataset) else \
-                self.state(account, dataset.registry_size, replayed.spent_states.get(org))
+                self.state(account, dataset.registry_size, replayed.spent_states.get(org), private=private)
         except (OSError, ValueError, IndexError):  # a state file missing, not an array or not a table: not what any
             # charge left
             state = None
@@ -334,7 +334,7 @@ class Ledger:
         _check_recomputable(recorded_event, cost)  # before anything is read or written
         state = self._agreed_state(session, dataset, account, fields)
         # a request's is still pending; a version's is read only as its chain records it (the thirty-ninth review)
-        covered = read_coverage(self.store, coverage.readable, coverage.sha256, coverage.size)
+        covered = read_coverage(self.store, coverage.readable, coverage.sha256, coverage.size, private=True)
         touched = np.zeros(state.fresh + 1, dtype=np.int64)
         for chunk in _chunks(covered, state):
             touched += np.bincount(state.class_at(chunk), minlength=state.fresh + 1)
@@ -395,8 +395,14 @@ class Ledger:
         self.check_anchor(session, dataset)
         org = session.get(db.Organization, account.org_id)
         replayed = self.facts(session, dataset)
-        state, problems = self._state_problems(replayed, dataset, account, org.name if org else "?")
+        state, problems = self._state_problems(replayed, dataset, account, org.name if org else "?", private=True)
         problems += agreement.charge_problems(replayed, dataset, org.name if org else "?", account)
+        if state is not None and not problems and account.classes_file is not None and state.classes_sha256 is None:
+            # a class file from before its hash was recorded: what the records imply, example by example (the
+            # fortieth review emptied one, and the account's next charge found every example fresh)
+            records, orgs = records_by_org(session, entries(session, dataset.id))
+            problems += self.differences(dataset, account, [r for r, o in zip(records, orgs, strict=True)
+                                                             if o == account.org_id], state)
         if fields.actor.key_id is not None:
             problems += agreement.key_problems(replayed, fields.actor.key_id,
                                                session.get(db.ApiKey, fields.actor.key_id), fields.actor.org,

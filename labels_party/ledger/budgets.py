@@ -11,18 +11,16 @@ per-organization *accounts* (:class:`labels_party.store.db.BudgetAccount`), and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from labels_party.ledger import (
     Charge,
-    Entry,
     Ledger,
     budget_units,
     entries,
+    records_by_org,
     replay,
     tampered,
     units_epsilon,
@@ -156,18 +154,6 @@ def rebuild_migrated(ledger: Ledger, session: Session) -> int:
             old.unlink()
         rebuilt += 1
     return rebuilt
-
-
-def records_by_org(session: Session, chain: Sequence[Entry]) -> tuple[list[dict], list[int]]:
-    """The release records of ledger entries and the organization each charged: the one its record names (records
-    written before they named their actor have no other than their release's requester)."""
-    records = [e.record for e in chain if e.is_release]
-    ids = {name: org_id for org_id, name in session.execute(select(db.Organization.id, db.Organization.name))}
-    unnamed = [r["release_id"] for r in records if not (r.get("actor") or {}).get("org")]
-    requesters = dict(session.execute(select(db.Release.id, db.Release.requester_org_id).where(
-        db.Release.id.in_(unnamed))).all()) if unnamed else {}
-    return records, [ids.get(str(r["actor"]["org"]), -1) if (r.get("actor") or {}).get("org")
-                     else requesters[r["release_id"]] for r in records]
 
 
 def _gaussian(record: dict) -> bool:

@@ -65,6 +65,18 @@ def entries(session: Session, dataset_id: str, after: int = 0, through: int | No
     return [Entry(r.dataset_id, r.seq, r.record, r.prev_hash, r.hash) for r in rows]
 
 
+def records_by_org(session: Session, chain: Sequence[Entry]) -> tuple[list[dict], list[int]]:
+    """The release records of ledger entries and the organization each charged: the one its record names (records
+    written before they named their actor have no other than their release's requester)."""
+    records = [e.record for e in chain if e.is_release]
+    ids = {name: org_id for org_id, name in session.execute(select(db.Organization.id, db.Organization.name))}
+    unnamed = [r["release_id"] for r in records if not (r.get("actor") or {}).get("org")]
+    requesters = dict(session.execute(select(db.Release.id, db.Release.requester_org_id).where(
+        db.Release.id.in_(unnamed))).all()) if unnamed else {}
+    return records, [ids.get(str(r["actor"]["org"]), -1) if (r.get("actor") or {}).get("org")
+                     else requesters[r["release_id"]] for r in records]
+
+
 def chain_intact(chain: Sequence[Entry], head: str | None = None) -> bool:
     """Whether ``chain`` (one dataset's entries in order) is unbroken and ends at ``head``."""
     return verify_chain([(e.seq, e.record_json, e.prev_hash, e.hash) for e in chain], head)

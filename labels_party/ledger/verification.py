@@ -43,7 +43,6 @@ from labels_party.ledger import (
     Ledger,
     Replayed,
     SignedHead,
-    budgets,
     canonical,
     chain_intact,
     charged_units,
@@ -53,6 +52,7 @@ from labels_party.ledger import (
     key_certificates,
     rdp_curve,
     recorded_coverage,
+    records_by_org,
     replay,
     units_epsilon,
     within_charge,
@@ -219,7 +219,7 @@ def _check(session: Session, sessions: sessionmaker, ledger: Ledger, dataset_id:
     problems += table_problems(session, dataset, replayed, names)
     problems += _revoked_key_problems(chain)
     releases = {r.id: r for r in session.scalars(select(db.Release).where(db.Release.dataset_id == dataset.id))}
-    records, orgs = budgets.records_by_org(session, chain) if not (replayed.releases.keys() - releases.keys()) \
+    records, orgs = records_by_org(session, chain) if not (replayed.releases.keys() - releases.keys()) \
         else ([e.record for e in chain if e.is_release], None)
     for entry in (e for e in chain if e.is_release):
         problems += _record_problems(ledger, session, dataset, entry, checked)

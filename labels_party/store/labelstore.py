@@ -496,11 +496,12 @@ def range_coverage(start: int, stop: int) -> CoverageSet:
 
 
 def read_coverage(store: DataStore, coverage_file: str, sha256: str, entries: int | None, *,
-                  at_most: int = 0) -> MappedArray | RangeCoverage:
+                  at_most: int = 0, private: bool = False) -> MappedArray | RangeCoverage:
     """The coverage set a chain records (its file, its indices' SHA-256 and count), memory-mapped — a release of
     10⁸ examples does not load it — once its file is checked to be that set (:meth:`DataStore.checked_array`:
     :class:`~labels_party.store.storage.OutsideDataDirectory` else, unread). ``entries`` None: a record from before
-    records counted them, whose file may announce at most ``at_most`` (the registry's size)."""
+    records counted them, whose file may announce at most ``at_most`` (the registry's size). ``private``: read from
+    a copy no writer can change (what a charge reads)."""
     if entries is None:
         entries = store.npy_entries(coverage_file, at_most)
     if coverage_file.startswith(RANGE_PREFIX):
@@ -509,7 +510,7 @@ def read_coverage(store: DataStore, coverage_file: str, sha256: str, entries: in
         if covered.size != entries:
             raise OutsideDataDirectory(f"{coverage_file!r} is not the range its chain records")
         return covered
-    return store.checked_array(coverage_file, np.int64, entries, sha256)
+    return store.checked_array(coverage_file, np.int64, entries, sha256, private=private)
 
 
 # -- reading a version ------------------------------------------------------------------------------------------

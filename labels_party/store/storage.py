@@ -10,7 +10,9 @@ import io
 import mmap
 import os
 import stat
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -79,31 +81,47 @@ class DataStore:
             raise OutsideDataDirectory(f"{relative!r} is not a regular file of at most {limit} bytes")
         return b"".join(pieces)
 
-    def checked_array(self, relative: str, dtype, entries: int, sha256: str) -> MappedArray:
+    def checked_array(self, relative: str, dtype, entries: int, sha256: str | None, *,
+                      private: bool = False) -> MappedArray:
         """The 1-D ``.npy`` array a chain records by its entries' count and SHA-256 (a coverage set, an account's
         classes), mapped: a regular file, opened once without following a link or waiting on a FIFO, of exactly
         the header :func:`write_npy` writes and ``entries`` entries of ``dtype`` — anything else is refused unread
-        — whose entries hash to ``sha256``, read again only when the file changed (its size, inode, modification
-        or status-change time): :class:`OutsideDataDirectory` else. The thirty-ninth review narrowed a version's
-        coverage file to one index and each charge of a release of the version's 2,000 labels charged one
-        example; a sparse one of 2²⁸ entries took a charge to +4.1 GB."""
-        header = npy_header(dtype, entries)
+        — whose entries hash to ``sha256`` (:class:`OutsideDataDirectory` else; None: an array recorded before its
+        hash was, which the caller checks otherwise). The thirty-ninth review narrowed a
+        version's coverage file to one index and each charge of a release of the version's 2,000 labels charged one
+        example; a sparse one of 2²⁸ entries took a charge to +4.1 GB.
+
+        ``private``: what a charge reads — the entries copied, as they are hashed, into an unnamed file of this
+        process that no writer of the data directory can reach, and mapped from it (the fortieth review wrote the
+        file in place between its check and its read: three full releases on one allocation). Otherwise the file
+        itself is mapped, and hashed again only when it changed (its size, inode, modification or status-change
+        time, once they are older than :data:`SETTLED_SECONDS`: a rewrite within a coarse clock's tick keeps them)."""
+        header, itemsize = npy_header(dtype, entries), np.dtype(dtype).itemsize
         descriptor = os.open(self.path(relative), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         try:
             found = os.fstat(descriptor)
-            if not stat.S_ISREG(found.st_mode) or \
-                    found.st_size != len(header) + entries * np.dtype(dtype).itemsize:
+            if not stat.S_ISREG(found.st_mode) or found.st_size != len(header) + entries * itemsize or \
+                    os.pread(descriptor, len(header), 0) != header:
                 raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
+            if private:
+                self.path("tmp").mkdir(parents=True, exist_ok=True)
+                copy = tempfile.TemporaryFile(dir=self.path("tmp"))  # unnamed (O_TMPFILE): gone when unmapped
+                with copy:
+                    copied = _entries_sha256(descriptor, len(header), copy.fileno())
+                    if sha256 is not None and copied != sha256:
+                        raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
+                    return MappedArray.of_descriptor(copy.fileno(), np.dtype(dtype), 0, entries)
+            if sha256 is None:
+                return MappedArray.of_descriptor(descriptor, np.dtype(dtype), len(header), entries)
             signature = (found.st_size, found.st_ino, found.st_mtime_ns, found.st_ctime_ns)
             with self._digesting:
                 known = self._digests.get(f"array:{relative}")
-            if known is None or known[0] != signature:
-                if os.pread(descriptor, len(header), 0) != header or _entries_sha256(descriptor, len(header)) != sha256:
+            if known is None or known != (signature, (found.st_size, sha256)):
+                if _entries_sha256(descriptor, len(header)) != sha256:
                     raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
-                with self._digesting:
-                    self._digests[f"array:{relative}"] = (signature, (found.st_size, sha256))
-            elif known[1] != (found.st_size, sha256):
-                raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
+                if _settled(found):
+                    with self._digesting:
+                        self._digests[f"array:{relative}"] = (signature, (found.st_size, sha256))
             return MappedArray.of_descriptor(descriptor, np.dtype(dtype), len(header), entries)
         finally:
             os.close(descriptor)
@@ -203,8 +221,9 @@ class DataStore:
         if known is not None and known[0] == signature:
             return known[1]
         found = file_digest(self.path(relative))
-        with self._digesting:
-            self._digests[relative] = (signature, found)
+        if all(_settled(st) for _p, st in stats):
+            with self._digesting:
+                self._digests[relative] = (signature, found)
         return found
 
     def size(self, relative: str) -> int:
@@ -237,13 +256,25 @@ def npy_header(dtype, entries: int) -> bytes:
     return buffer.getvalue()
 
 
-def _entries_sha256(descriptor: int, offset: int) -> str:
-    """SHA-256 of a file's bytes from ``offset`` on, read in blocks (nothing of it stays resident)."""
+def _entries_sha256(descriptor: int, offset: int, copy: int | None = None) -> str:
+    """SHA-256 of a file's bytes from ``offset`` on, read in blocks (nothing of it stays resident); each block also
+    written to ``copy`` (a descriptor), if given."""
     digest = hashlib.sha256()
     while block := os.pread(descriptor, 1 << 20, offset):
         digest.update(block)
         offset += len(block)
+        if copy is not None:
+            view = memoryview(block)
+            while view:
+                view = view[os.write(copy, view):]
     return digest.hexdigest()
+
+
+SETTLED_SECONDS = 2.0  # a file's status is trusted to show a change only once it is older than a clock's tick
+
+
+def _settled(found: os.stat_result) -> bool:
+    return time.time() - max(found.st_mtime, found.st_ctime) > SETTLED_SECONDS
 
 
 def write_npy(path: Path, dtype, total: int, chunks: Iterable[np.ndarray]) -> None:

@@ -153,6 +153,56 @@ def _release_records(ctx, dataset: str) -> list[str]:
                                      .bindparams(d=dataset)) if '"event":"label_release"' in r]
 
 
+def test_a_coverage_file_written_in_place_after_its_check_changes_no_charge(ctx, client, admin, consumer, dataset,
+                                                                              monkeypatch):
+    """The fortieth review's H1: the file was checked, then mapped; written in place between the check and the
+    charge's read (the window lasts seconds at 10⁸ examples), three ε = 3 releases of a second version's 1,000 labels
+    were charged to the first version's examples. A charge reads a private copy made while the file is hashed."""
+    from labels_party.ledger import books
+    from labels_party.store.storage import npy_header
+
+    assert upload(client, admin, dataset, labels_csv({f"f{i}": 7 for i in range(1000)})).status_code == 200
+    checked, honest = books.read_coverage, {}
+
+    def written_after_the_check(store, name, *args, **kwargs):
+        covered = checked(store, name, *args, **kwargs)
+        if "coverage/" in name:  # the first version's examples written over the file, at once
+            honest[name] = store.path(name).read_bytes()
+            with open(store.path(name), "r+b") as handle:
+                handle.seek(len(npy_header(np.int64, covered.size)))
+                handle.write(np.arange(covered.size, dtype=np.int64).tobytes())
+        return covered
+
+    monkeypatch.setattr(books, "read_coverage", written_after_the_check)
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=3))
+    monkeypatch.setattr(books, "read_coverage", checked)
+    [(name, content)] = honest.items()
+    ctx.store.path(name).write_bytes(content)  # put back: the next release finds the second version charged
+    expect_error(release(client, consumer, dataset, "b", mechanism="rr", epsilon=3), 409, "budget_exceeded")
+
+
+def test_a_class_file_from_before_its_hash_was_recorded_is_checked_against_the_records(ctx, client, consumer,
+                                                                                       dataset, monkeypatch):
+    """The fortieth review's H2: an account whose last charge recorded no class-file hash read its class file
+    unchecked at its next charge; emptied, a second ε = 3 release was served. Such a file is compared with what
+    the chain's records imply, example by example, before the charge."""
+    from labels_party.ledger import books
+
+    legacy = books.SpentState
+    monkeypatch.setattr(books, "SpentState", lambda **fields: legacy(
+        **{k: v for k, v in fields.items() if not k.startswith("classes_") or k == "classes_file"}))
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=3))
+    monkeypatch.setattr(books, "SpentState", legacy)
+    with ctx.sessions() as s:
+        file = s.scalars(select(db.BudgetAccount.classes_file).where(
+            db.BudgetAccount.dataset_id == dataset, db.BudgetAccount.classes_file.is_not(None))).one()
+    np.save(ctx.store.path(file), np.zeros(0, np.int32))
+    seq = _seq(ctx, dataset)
+    _tampered(release(client, consumer, dataset, "b", mechanism="rr", epsilon=3),
+              says="per-example spent units differ from the records")
+    assert _seq(ctx, dataset) == seq
+
+
 @pytest.mark.parametrize("content", [b"{", b'{"key_ids": "abc"}', b'{"key_ids": [], "prefixes": [], '
                                      b'"secret_digests": [], "effective_at": "2026-01-01T00:00:00", '
                                      b'"revoked_by": "x"}'])
