@@ -51,8 +51,9 @@ class Snapshot:
     id_bytes: int = 0  # Σ of its ids' UTF-8 bytes (the version's, or the source's as registered): storage estimates
 
     def read(self, ctx: ServiceContext) -> Callable[[], Iterator[pa.RecordBatch]]:
-        """The version's (example_id, label) row groups, re-readable."""
-        return lambda: labelstore.iter_version(ctx.store, self.file, ("example_id", "label"))
+        """The version's (example_id, label) row groups, re-readable; each pass refused at its end unless its rows
+        were the examples the release was charged for (:func:`labelstore.iter_charged`)."""
+        return lambda: labelstore.iter_charged(ctx.store, self.file, self.coverage)
 
 
 class Priced(Protocol):

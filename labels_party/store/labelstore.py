@@ -517,9 +517,27 @@ def read_coverage(store: DataStore, coverage_file: str, sha256: str, entries: in
 
 def iter_version(store: DataStore, file: str,
                  columns: Sequence[str] = ("registry_index", "example_id", "label")) -> Iterator[pa.RecordBatch]:
-    """The version's rows in index order, one row group at a time."""
-    for batch in _parquet(store.path(file)).iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
-        yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})  # in the order asked
+    """The version's rows in index order, one row group at a time, from one descriptor
+    (:meth:`DataStore.open_regular`)."""
+    with store.open_regular(file) as handle:
+        for batch in _parquet(handle).iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
+            yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})  # in the order asked
+
+
+def iter_charged(store: DataStore, file: str, coverage: CoverageSet,
+                 columns: Sequence[str] = ("example_id", "label")) -> Iterator[pa.RecordBatch]:
+    """:func:`iter_version`, whose rows must be the examples ``coverage`` (what the release was charged) holds:
+    their registry indices, in order, hash to its SHA-256 — checked as they are read, and the pass refused at its
+    end (:class:`~labels_party.store.storage.OutsideDataDirectory`) otherwise. The forty-first review renamed
+    another version's label file over the charged one's after the charge, and its 2,000 examples, whose budget
+    was spent, were drawn again."""
+    digest, rows = hashlib.sha256(), 0
+    for batch in iter_version(store, file, ("registry_index", *columns)):
+        digest.update(np.ascontiguousarray(batch.column(0).to_numpy(), dtype=np.int64).tobytes())
+        rows += batch.num_rows
+        yield pa.RecordBatch.from_pydict({name: batch.column(name) for name in columns})
+    if (rows, digest.hexdigest()) != (coverage.size, coverage.sha256):
+        raise OutsideDataDirectory(f"{file!r} does not hold the examples its release was charged for")
 
 
 def lookup(store: DataStore, file: str, example_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

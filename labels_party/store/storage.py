@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -100,14 +101,14 @@ class DataStore:
         descriptor = os.open(self.path(relative), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         try:
             found = os.fstat(descriptor)
-            if not stat.S_ISREG(found.st_mode) or found.st_size != len(header) + entries * itemsize or \
+            length = entries * itemsize
+            if not stat.S_ISREG(found.st_mode) or found.st_size != len(header) + length or \
                     os.pread(descriptor, len(header), 0) != header:
                 raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
             if private:
-                self.path("tmp").mkdir(parents=True, exist_ok=True)
-                copy = tempfile.TemporaryFile(dir=self.path("tmp"))  # unnamed (O_TMPFILE): gone when unmapped
+                copy = self._scratch_file()
                 with copy:
-                    copied = _entries_sha256(descriptor, len(header), copy.fileno())
+                    copied = _entries_sha256(descriptor, len(header), length, copy.fileno())
                     if sha256 is not None and copied != sha256:
                         raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
                     return MappedArray.of_descriptor(copy.fileno(), np.dtype(dtype), 0, entries)
@@ -117,7 +118,7 @@ class DataStore:
             with self._digesting:
                 known = self._digests.get(f"array:{relative}")
             if known is None or known != (signature, (found.st_size, sha256)):
-                if _entries_sha256(descriptor, len(header)) != sha256:
+                if _entries_sha256(descriptor, len(header), length) != sha256:
                     raise OutsideDataDirectory(f"{relative!r} is not the array its chain records")
                 if _settled(found):
                     with self._digesting:
@@ -125,6 +126,15 @@ class DataStore:
             return MappedArray.of_descriptor(descriptor, np.dtype(dtype), len(header), entries)
         finally:
             os.close(descriptor)
+
+    def _scratch_file(self):
+        """An unnamed file under ``tmp/`` (O_TMPFILE: no name any writer can reach; gone once closed and
+        unmapped); a ``tmp`` that is not a directory of the data directory is :class:`OutsideDataDirectory`."""
+        try:
+            self.path("tmp").mkdir(parents=True, exist_ok=True)
+            return tempfile.TemporaryFile(dir=self.path("tmp"))
+        except (FileExistsError, NotADirectoryError):
+            raise OutsideDataDirectory("'tmp' is not a directory of the data directory") from None
 
     def npy_entries(self, relative: str, at_most: int) -> int:
         """The entries a 1-D ``.npy`` file's header announces (at most ``at_most``: :class:`OutsideDataDirectory`
@@ -191,12 +201,32 @@ class DataStore:
         return self.write_with(relative, write)
 
     def read_array(self, relative: str, max_bytes: int | None = None) -> np.ndarray:
-        """A stored array; with ``max_bytes`` (the most any honest one can hold), a larger file is refused
-        (``ValueError``) before it is read — a data-directory writer's large file is never loaded whole."""
-        path = self.path(relative)
-        if max_bytes is not None and path.stat().st_size > max_bytes:
-            raise ValueError(f"{relative!r} is larger than any array it can be")
-        return np.load(path)
+        """A stored array, read from one descriptor (:meth:`open_regular`); with ``max_bytes`` (the most any honest
+        one can hold), a larger file is refused (``ValueError``) before it is read — a data-directory writer's
+        large file is never loaded whole — and so is one whose header announces more than it holds (the
+        forty-first review's 192-byte table of 2⁴⁰ rows)."""
+        with self.open_regular(relative) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise ValueError(f"{relative!r} is larger than any array it can be")
+            version = np.lib.format.read_magic(handle)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _fortran, dtype = reader(handle)
+            if dtype.hasobject or handle.tell() + int(np.prod(shape)) * dtype.itemsize != size:
+                raise ValueError(f"{relative!r} is not the array its header announces")
+            handle.seek(0)
+            return np.load(handle, allow_pickle=False)
+
+    def open_regular(self, relative: str) -> BinaryIO:
+        """A regular file of the data directory, opened once without following a link or waiting on a FIFO
+        (:class:`OutsideDataDirectory` else): what is read is what was checked — the forty-first review renamed a
+        FIFO over a spent table between its check and ``np.load``'s open, and the charge, holding the database's
+        lock, hung the service."""
+        descriptor = os.open(self.path(relative), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            os.close(descriptor)
+            raise OutsideDataDirectory(f"{relative!r} is not a regular file")
+        return os.fdopen(descriptor, "rb")
 
     def digest(self, relative: str) -> tuple[int, str]:
         """(bytes, SHA-256) of a file, or of a directory's Parquet part files in order (a Spark job's output) —
@@ -220,7 +250,7 @@ class DataStore:
             known = self._digests.get(relative)
         if known is not None and known[0] == signature:
             return known[1]
-        found = file_digest(self.path(relative))
+        found = file_digest(self.path(relative), size)
         if all(_settled(st) for _p, st in stats):
             with self._digesting:
                 self._digests[relative] = (signature, found)
@@ -237,12 +267,18 @@ class DataStore:
             pass
 
 
-def file_digest(path: Path) -> tuple[int, str]:
-    """(bytes, SHA-256) of ``path`` — a directory: of its ``part-*.parquet`` files in name order — read in blocks."""
-    digest, size = hashlib.sha256(), 0
+def file_digest(path: Path, at_most: int | None = None) -> tuple[int, str]:
+    """(bytes, SHA-256) of ``path`` — a directory: of its ``part-*.parquet`` files in name order — read in blocks,
+    each part opened without following a link or waiting on a FIFO; with ``at_most``, reading stops one byte past
+    it (a file that grew since its size was checked is not read to its end: its size then differs)."""
+    digest, size, limit = hashlib.sha256(), 0, None if at_most is None else at_most + 1
     for file in parquet_parts(path):
-        with open(file, "rb") as handle:
-            while block := handle.read(1 << 20):
+        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise OutsideDataDirectory(f"{file.name!r} is not a regular file")
+            while (limit is None or size < limit) and \
+                    (block := handle.read(1 << 20 if limit is None else min(1 << 20, limit - size))):
                 digest.update(block)
                 size += len(block)
     return size, digest.hexdigest()
@@ -256,11 +292,12 @@ def npy_header(dtype, entries: int) -> bytes:
     return buffer.getvalue()
 
 
-def _entries_sha256(descriptor: int, offset: int, copy: int | None = None) -> str:
-    """SHA-256 of a file's bytes from ``offset`` on, read in blocks (nothing of it stays resident); each block also
-    written to ``copy`` (a descriptor), if given."""
-    digest = hashlib.sha256()
-    while block := os.pread(descriptor, 1 << 20, offset):
+def _entries_sha256(descriptor: int, offset: int, length: int, copy: int | None = None) -> str:
+    """SHA-256 of ``length`` bytes of a file from ``offset`` — no more, however the file grows meanwhile (the
+    forty-first review extended one by 1 GiB between its size check and its copy) — read in blocks (nothing of it
+    stays resident); each block also written to ``copy`` (a descriptor), if given."""
+    digest, end = hashlib.sha256(), offset + length
+    while offset < end and (block := os.pread(descriptor, min(1 << 20, end - offset), offset)):
         digest.update(block)
         offset += len(block)
         if copy is not None:

@@ -203,6 +203,34 @@ def test_a_class_file_from_before_its_hash_was_recorded_is_checked_against_the_r
     assert _seq(ctx, dataset) == seq
 
 
+def test_a_label_file_swapped_after_the_charge_draws_nothing(ctx, client, admin, consumer, dataset, monkeypatch):
+    """The forty-first review's H1: a release re-opened its version's file by name after the charge; another
+    version's file renamed over it there, its 2,000 examples — whose budget was spent — were drawn again (ε = 6 on a
+    total of 3) and verify said valid. A pass over the version must read the examples its charge covered."""
+    from labels_party.store import labelstore
+
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=3))
+    assert upload(client, admin, dataset, labels_csv({f"f{i}": 7 for i in range(2000)})).status_code == 200
+    with ctx.sessions() as s:
+        files = dict(s.execute(select(db.LabelVersion.version, db.LabelVersion.file).where(
+            db.LabelVersion.dataset_id == dataset)).all())
+    charged, spent = ctx.store.path(files[2]), ctx.store.path(files[1]).read_bytes()
+    honest, opened = charged.read_bytes(), labelstore.iter_version
+
+    def swapped_after_the_charge(store, file, *args):
+        charged.write_bytes(spent)  # the first version's rows where the second's were
+        return opened(store, file, *args)
+
+    monkeypatch.setattr(labelstore, "iter_version", swapped_after_the_charge)
+    refused = release(client, consumer, dataset, "b", mechanism="rr", epsilon=3)
+    monkeypatch.setattr(labelstore, "iter_version", opened)
+    charged.write_bytes(honest)
+    expect_error(refused, 503, "release_failed")  # charged, failed, nothing served (the log says why)
+    with ctx.sessions() as s:
+        assert sorted(s.scalars(select(db.Release.state).where(db.Release.dataset_id == dataset))) == \
+            ["available", "failed"]
+
+
 @pytest.mark.parametrize("content", [b"{", b'{"key_ids": "abc"}', b'{"key_ids": [], "prefixes": [], '
                                      b'"secret_digests": [], "effective_at": "2026-01-01T00:00:00", '
                                      b'"revoked_by": "x"}'])
