@@ -588,11 +588,15 @@ class Ledger:
             version = rows.get(number)
             if fact.registry_end <= start:
                 continue  # (no new ids)
+            try:  # its status before its bytes are checked: a change after the check shows when the upload commits
+                stamp = self.store.stamp(version.file) if version is not None else ()
+            except OSError:
+                stamp = ()
             if version is None or (version.registry_start, version.registry_end) != (start, fact.registry_end) \
-                    or not self._chained_file(dataset, version, fact):
+                    or not stamp or not self._chained_file(dataset, version, fact):
                 problems.append(f"label version {number}'s file or registry range is not the one its chain records")
             else:
-                parts.append(RegistryPart(version.file, start, fact.registry_end))
+                parts.append(RegistryPart(version.file, start, fact.registry_end, stamp))
             start = fact.registry_end
         if not problems and sum(part.end - part.start for part in parts) != dataset.registry_size:
             problems.append("the label versions do not register the dataset's registry")

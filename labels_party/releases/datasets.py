@@ -21,6 +21,7 @@ from labels_party.runtime import jobs
 from labels_party.runtime.context import ServiceContext
 from labels_party.spark import snapshot
 from labels_party.store import db, labelstore
+from labels_party.store.storage import OutsideDataDirectory
 from labels_party.store.usage import ROW_BYTES, file_bytes, stored_bytes
 from shared import schemas
 from shared.domains import domain_from_spec
@@ -262,6 +263,12 @@ def upload_labels(ctx: ServiceContext, admission: Admission, path: Path, fmt: st
                 ctx.store.remove(ingested.file)
                 labelstore.discard(ctx.store, ingested.coverage)
                 continue
+            if ctx.ledger.registry(session, dataset) != parts:  # a registry file changed while it was read (the
+                # forty-first review's renames: ids it held would be registered again, with fresh budgets)
+                ctx.store.remove(ingested.file)
+                labelstore.discard(ctx.store, ingested.coverage)
+                raise OutsideDataDirectory(f"dataset {dataset.id}: a label version's file changed while the upload "
+                                           "read it")
             _check_stored(ctx, session, admission.principal.org_id, ingested, digest[0])
             labelstore.keep(ctx.store, ingested.coverage)  # committed below (a crash leaves an unreferenced file)
             version = seen[0] + 1

@@ -68,11 +68,14 @@ DUCKDB_MB_PER_THREAD = 128  # DuckDB's documented minimum per thread
 
 @dataclass(frozen=True)
 class RegistryPart:
-    """Example ids a label version introduced: its rows with registry_index in [start, end)."""
+    """Example ids a label version introduced: its rows with registry_index in [start, end); ``stamp``: its file's
+    status when it was checked (:meth:`DataStore.stamp`), which must not have changed when what was read from it
+    commits."""
 
     file: str
     start: int
     end: int
+    stamp: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,12 @@ class DataStore:
                 self._digests[relative] = (signature, found)
         return found
 
+    def stamp(self, relative: str) -> tuple:
+        """A file's status (of each part: size, inode, modification and status-change time): a file renamed in
+        and back, or written in place, has another."""
+        return tuple((st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                     for st in (os.lstat(p) for p in parquet_parts(self.path(relative))))
+
     def size(self, relative: str) -> int:
         """Bytes of a file, or of a directory's Parquet part files — what :meth:`digest` reads, without reading it."""
         return sum(part.stat().st_size for part in parquet_parts(self.path(relative)))

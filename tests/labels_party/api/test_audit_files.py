@@ -60,6 +60,38 @@ def test_a_version_hidden_from_the_registry_registers_no_id_again(ctx, client, a
         assert (s.get(db.Dataset, dataset).registry_size, s.get(db.Dataset, dataset).ledger_seq) == (registry, seq)
 
 
+def test_a_registry_file_renamed_while_an_upload_reads_it_registers_no_id_again(ctx, client, admin, consumer,
+                                                                                  dataset, labels, monkeypatch):
+    """A registry file is checked, then read by DuckDB by its name: another file renamed over it for the read (and
+    the checked one renamed back) would have made the upload register its ids again. The files' status when they
+    were checked must be theirs when the upload commits."""
+    import os
+
+    from labels_party.store import labelstore
+
+    created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=3))
+    assert upload(client, admin, dataset, labels_csv({f"f{i}": 7 for i in range(1000)})).status_code == 200
+    with ctx.sessions() as s:
+        files = dict(s.execute(select(db.LabelVersion.version, db.LabelVersion.file).where(
+            db.LabelVersion.dataset_id == dataset)).all())
+        seq = s.get(db.Dataset, dataset).ledger_seq
+    first, other = ctx.store.path(files[1]), ctx.store.path(files[2])
+    ingest = labelstore.ingest
+
+    def read_from_a_renamed_file(*args, **kwargs):
+        kept = first.with_name("kept")
+        os.replace(first, kept)
+        first.write_bytes(other.read_bytes())  # the registry without the first version's ids, for the read
+        try:
+            return ingest(*args, **kwargs)
+        finally:
+            os.replace(kept, first)  # and the checked file back
+
+    monkeypatch.setattr(labelstore, "ingest", read_from_a_renamed_file)
+    _tampered(upload(client, admin, dataset, labels_csv(labels)), says="changed while the upload read it")
+    assert _seq(ctx, dataset) == seq
+
+
 def _version_coverage(ctx, dataset: str) -> str:
     with ctx.sessions() as s:
         return s.scalar(select(db.LabelVersion.coverage_file).where(db.LabelVersion.dataset_id == dataset))
