@@ -86,4 +86,5 @@ def predictions(job_id: JobId, request: Request, who: AnyKey, ctx: Context,
     (``holdout``: true for the rows the job's split held out of training, its test rows; false everywhere for a job
     without a split), in the media type ``Accept`` asks for."""
     path = service.job_file(ctx, who.principal, job_id, "predictions")
-    return tables.table_response(path, request.headers.get("accept"), offset, limit, f"{job_id}-predictions")
+    return tables.table_response(tables.PlainTable(path), request.headers.get("accept"), offset, limit,
+                                 f"{job_id}-predictions")

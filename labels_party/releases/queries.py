@@ -12,6 +12,7 @@ from labels_party.releases.lifecycle import release_view
 from labels_party.releases.privatization import recorded_execution
 from labels_party.runtime.context import ServiceContext
 from labels_party.store import db
+from labels_party.store.storage import OpenedFile
 from shared import schemas
 from shared.errors import ErrorCode, LabelDPError
 
@@ -27,12 +28,13 @@ def get_release(ctx: ServiceContext, principal: Principal, release_id: str) -> t
         return release_view(release, execution), release.file
 
 
-def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> str:
-    """The file of an available release this key sees, checked against the size and SHA-256 recorded when it
-    became available — on its dataset's chain (:class:`labels_party.ledger.ReleaseFact`; on its row for releases
-    charged before that fact existed): 503 ``release_file_damaged`` rather than a 200 cut short — for a download
-    and for a JSON page alike (the file's hash is computed once per version of the file: :meth:`DataStore.
-    checked_digest`)."""
+def opened_labels(ctx: ServiceContext, principal: Principal, release_id: str) -> OpenedFile:
+    """The file of an available release this key sees, opened and checked against the size and SHA-256 recorded
+    when it became available — on its dataset's chain (:class:`labels_party.ledger.ReleaseFact`; on its row for
+    releases charged before that fact existed): 503 ``release_file_damaged`` rather than a 200 cut short — for a
+    download and for a JSON page alike. What is served is read from the descriptors that were checked
+    (:meth:`DataStore.open_checked`: hashed once per version of the file), and a download stops at a part written
+    since."""
     with ctx.sessions() as session, session.begin():
         release = session.get(db.Release, release_id)
         if not sees_release(session, principal, release):
@@ -59,13 +61,12 @@ def labels_file(ctx: ServiceContext, principal: Principal, release_id: str) -> s
                 raise tampered(dataset.id, [f"release {release_id} is available but the chain says it never "
                                             "became available"])
             size, sha256 = fact.file_bytes, fact.file_sha256
-    try:
-        found = ctx.store.checked_digest(file, size)  # hashed once per version of the file, whatever is served
-    except OSError:
-        found = None
-    if size is None or found != (size, sha256):
+    if size is None or sha256 is None:
         raise damaged(release_id)
-    return file
+    try:
+        return ctx.store.open_checked(file, size, sha256)
+    except OSError:
+        raise damaged(release_id) from None
 
 
 def damaged(release_id: str) -> LabelDPError:

@@ -256,6 +256,35 @@ class DataStore:
                 self._digests[relative] = (signature, found)
         return found
 
+    def open_checked(self, relative: str, size: int, sha256: str) -> OpenedFile:
+        """A file — or a directory's part files (a Spark job's output), in order — opened once, each without
+        following a link or waiting on a FIFO, whose bytes are ``size`` and ``sha256`` (:class:`OutsideDataDirectory`
+        else), hashed from those very descriptors — again only when their status changed — so that what is then
+        read from them is what was checked: the forty-second review renamed the label version's file over a
+        release's between its check and the download's open, and 139 of 1,726 downloads served the true labels.
+        :meth:`OpenedFile.unchanged` tells a reader that goes on reading whether a part was written since."""
+        parts = [self.open_regular(str(p.relative_to(self.root))) for p in parquet_parts(self.path(relative))]
+        opened = OpenedFile(parts, [_status(part) for part in parts])
+        try:
+            if sum(stamp[0] for stamp in opened.stamps) != size:
+                raise OutsideDataDirectory(f"{relative!r} is not the file its chain records")
+            with self._digesting:
+                known = self._digests.get(f"opened:{relative}")
+            if known != (tuple(opened.stamps), (size, sha256)):
+                digest = hashlib.sha256()
+                for part, stamp in zip(parts, opened.stamps, strict=True):
+                    _entries_sha256(part.fileno(), 0, stamp[0], into=digest)
+                if digest.hexdigest() != sha256:
+                    raise OutsideDataDirectory(f"{relative!r} is not the file its chain records")
+                if all(_settled(os.fstat(part.fileno())) for part in parts):
+                    with self._digesting:
+                        self._digests[f"opened:{relative}"] = (tuple(opened.stamps), (size, sha256))
+            opened.unchanged()
+        except BaseException:
+            opened.close()
+            raise
+        return opened
+
     def stamp(self, relative: str) -> tuple:
         """A file's status (of each part: size, inode, modification and status-change time): a file renamed in
         and back, or written in place, has another."""
@@ -298,11 +327,11 @@ def npy_header(dtype, entries: int) -> bytes:
     return buffer.getvalue()
 
 
-def _entries_sha256(descriptor: int, offset: int, length: int, copy: int | None = None) -> str:
+def _entries_sha256(descriptor: int, offset: int, length: int, copy: int | None = None, into=None) -> str:
     """SHA-256 of ``length`` bytes of a file from ``offset`` — no more, however the file grows meanwhile (the
     forty-first review extended one by 1 GiB between its size check and its copy) — read in blocks (nothing of it
-    stays resident); each block also written to ``copy`` (a descriptor), if given."""
-    digest, end = hashlib.sha256(), offset + length
+    stays resident); each block also written to ``copy`` (a descriptor), if given; ``into``: a digest to go on."""
+    digest, end = into if into is not None else hashlib.sha256(), offset + length
     while offset < end and (block := os.pread(descriptor, min(1 << 20, end - offset), offset)):
         digest.update(block)
         offset += len(block)
@@ -311,6 +340,29 @@ def _entries_sha256(descriptor: int, offset: int, length: int, copy: int | None 
             while view:
                 view = view[os.write(copy, view):]
     return digest.hexdigest()
+
+
+class OpenedFile:
+    """Part files opened once and checked (:meth:`DataStore.open_checked`), with their status then."""
+
+    def __init__(self, parts: list[BinaryIO], stamps: list[tuple]):
+        self.parts, self.stamps = parts, stamps
+
+    def unchanged(self) -> None:
+        """Raise :class:`OutsideDataDirectory` if a part was written since it was checked (its size or
+        modification or status-change time moved: a reader calls this after each read, before it hands on what it
+        read)."""
+        if [_status(part) for part in self.parts] != self.stamps:
+            raise OutsideDataDirectory("a file changed while it was read")
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+def _status(handle: BinaryIO) -> tuple:
+    found = os.fstat(handle.fileno())
+    return found.st_size, found.st_ino, found.st_mtime_ns, found.st_ctime_ns
 
 
 SETTLED_SECONDS = 2.0  # a file's status is trusted to show a change only once it is older than a clock's tick

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -37,28 +40,81 @@ def negotiate(accept: str | None) -> str:
     raise LabelDPError(f"cannot produce {accept!r}; offered: {', '.join(MEDIA_TYPES)}", code=ErrorCode.NOT_ACCEPTABLE)
 
 
-def table_response(path: Path, accept: str | None, offset: int, limit: int, filename: str,
+class OpenedTable(Protocol):
+    """A table's part files, opened once (and checked, where the caller checks them): what is served is read from
+    these descriptors only; ``unchanged()`` raises if a part was written since it was opened or checked (called
+    after each read, before what was read is handed on); ``close()`` closes them."""
+
+    parts: list[BinaryIO]
+
+    def unchanged(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PlainTable:
+    """An :class:`OpenedTable` of a file or a directory's part files a party wrote itself (a job's predictions):
+    opened without following a link or waiting on a FIFO."""
+
+    def __init__(self, path: Path):
+        self.parts: list[BinaryIO] = []
+        try:
+            for part in parquet_parts(path):
+                descriptor = os.open(part, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                self.parts.append(os.fdopen(descriptor, "rb"))
+                if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                    raise OSError(f"{part.name} is not a regular file")
+        except BaseException:
+            self.close()
+            raise
+
+    def unchanged(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+def table_response(table: OpenedTable, accept: str | None, offset: int, limit: int, filename: str,
                    rows: Callable[[pa.RecordBatch], list[dict]] | None = None) -> Response:
-    """The table in the negotiated format; ``rows`` turns a batch into JSON/NDJSON rows (default: as is)."""
-    media = negotiate(accept)
-    rows = rows or (lambda batch: batch.to_pylist())
-    if media == "application/json":
-        return _json_page(path, offset, limit, rows)
-    stream = {"text/csv": _csv_stream, "application/x-ndjson": lambda p: _ndjson_stream(p, rows),
-              PARQUET: _parquet_stream}[media](path)
+    """The table in the negotiated format; ``rows`` turns a batch into JSON/NDJSON rows (default: as is). The table
+    is closed once it is answered (a stream: once it ends or is abandoned)."""
+    try:
+        media = negotiate(accept)
+        rows = rows or (lambda batch: batch.to_pylist())
+        if media == "application/json":
+            try:
+                return _json_page(table, offset, limit, rows)
+            finally:
+                table.close()
+    except BaseException:
+        table.close()
+        raise
+    stream = {"text/csv": _csv_stream, "application/x-ndjson": lambda t: _ndjson_stream(t, rows),
+              PARQUET: _parquet_stream}[media](table)
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
-    return StreamingResponse(stream, media_type=media, headers=disposition)
+    return StreamingResponse(_closing(stream, table), media_type=media, headers=disposition)
 
 
-def _batches(path: Path) -> Iterator[pa.RecordBatch]:
-    for file in parquet_parts(path):
-        parquet = pq.ParquetFile(file)
-        yield from parquet.iter_batches(batch_size=max(1, BATCH_CELLS // len(parquet.schema_arrow)))
+def _closing(stream: Iterator[bytes], table: OpenedTable) -> Iterator[bytes]:
+    try:
+        yield from stream
+    finally:
+        table.close()
 
 
-def _csv_stream(path: Path) -> Iterator[bytes]:
+def _batches(table: OpenedTable) -> Iterator[pa.RecordBatch]:
+    for part in table.parts:
+        parquet = pq.ParquetFile(part)
+        for batch in parquet.iter_batches(batch_size=max(1, BATCH_CELLS // len(parquet.schema_arrow))):
+            table.unchanged()
+            yield batch
+
+
+def _csv_stream(table: OpenedTable) -> Iterator[bytes]:
     first = True
-    for batch in _batches(path):
+    for batch in _batches(table):
         sink = pa.BufferOutputStream()
         pacsv.write_csv(pa.Table.from_batches([batch]), sink,
                         write_options=pacsv.WriteOptions(include_header=first, quoting_style="needed"))
@@ -66,18 +122,18 @@ def _csv_stream(path: Path) -> Iterator[bytes]:
         yield sink.getvalue().to_pybytes()
 
 
-def _ndjson_stream(path: Path, rows) -> Iterator[bytes]:
-    for batch in _batches(path):
+def _ndjson_stream(table: OpenedTable, rows) -> Iterator[bytes]:
+    for batch in _batches(table):
         yield ("\n".join(json.dumps(row) for row in rows(batch)) + "\n").encode()
 
 
-def _parquet_stream(path: Path) -> Iterator[bytes]:
-    if path.is_dir():  # part files: one Parquet stream re-encoded row group by row group
-        yield from _merged_parquet(parquet_parts(path))
+def _parquet_stream(table: OpenedTable) -> Iterator[bytes]:
+    if len(table.parts) != 1:  # part files: one Parquet stream re-encoded row group by row group
+        yield from _merged_parquet(table)
         return
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            yield chunk
+    while chunk := table.parts[0].read(1 << 20):
+        table.unchanged()
+        yield chunk
 
 
 class _Pipe(io.RawIOBase):
@@ -104,33 +160,35 @@ class _Pipe(io.RawIOBase):
         return data
 
 
-def _merged_parquet(files: list[Path]) -> Iterator[bytes]:
+def _merged_parquet(table: OpenedTable) -> Iterator[bytes]:
     pipe, writer = _Pipe(), None
-    for file in files:
-        parquet = pq.ParquetFile(file)
+    for part in table.parts:
+        parquet = pq.ParquetFile(part)
         for group in range(parquet.metadata.num_row_groups):
-            table = parquet.read_row_group(group)
-            writer = writer or pq.ParquetWriter(pipe, table.schema, compression="zstd")
-            writer.write_table(table)
+            read = parquet.read_row_group(group)
+            table.unchanged()
+            writer = writer or pq.ParquetWriter(pipe, read.schema, compression="zstd")
+            writer.write_table(read)
             yield pipe.drain()
     if writer is not None:
         writer.close()
         yield pipe.drain()
 
 
-def _json_page(path: Path, offset: int, limit: int, rows) -> JSONResponse:
+def _json_page(table: OpenedTable, offset: int, limit: int, rows) -> JSONResponse:
     """Rows offset..offset+limit-1 — fewer when they are wide (``PAGE_CELLS``): ``next_offset`` says where to go on."""
-    table, total = None, 0
-    for file in parquet_parts(path):  # the part files hold consecutive rows
-        parquet = pq.ParquetFile(file)
+    page, total = None, 0
+    for part in table.parts:  # the part files hold consecutive rows
+        parquet = pq.ParquetFile(part)
         limit = min(limit, max(1, PAGE_CELLS // len(parquet.schema_arrow)))
         count = parquet.metadata.num_rows
         if total + count > offset and total < offset + limit:
-            part = _rows_between(parquet, max(0, offset - total), offset + limit - total)
-            table = part if table is None else pa.concat_tables([table, part])
+            read = _rows_between(parquet, max(0, offset - total), offset + limit - total)
+            page = read if page is None else pa.concat_tables([page, read])
         total += count
-    table = table if table is not None else pa.table({})
-    items = rows(table.combine_chunks().to_batches()[0]) if table.num_rows else []
+    table.unchanged()
+    page = page if page is not None else pa.table({})
+    items = rows(page.combine_chunks().to_batches()[0]) if page.num_rows else []
     next_offset = offset + len(items) if offset + len(items) < total else None
     return JSONResponse({"items": items, "offset": offset, "total": total, "next_offset": next_offset})
 

@@ -143,9 +143,9 @@ def download(release_id: str, request: Request, who: AnyKey, ctx: Context,
     the one recorded when the release became available (size and SHA-256) is never served: 503
     ``release_file_damaged``."""
     accept = request.headers.get("accept")
-    file = queries.labels_file(ctx, who.principal, release_id)  # a 406 comes after the release's own checks
+    table = queries.opened_labels(ctx, who.principal, release_id)  # a 406 comes after the release's own checks
     try:  # a JSON page is read before it is answered: a file damaged inside is a 503 too, never a 500
-        return tables.table_response(ctx.store.path(file), accept, offset, limit, release_id, _rows)
+        return tables.table_response(table, accept, offset, limit, release_id, _rows)
     except (OSError, pa.ArrowException):
         raise queries.damaged(release_id) from None
 

@@ -263,6 +263,75 @@ def test_a_label_file_swapped_after_the_charge_draws_nothing(ctx, client, admin,
             ["available", "failed"]
 
 
+def _hooked_download(monkeypatch, move):
+    """The release's file checked, then ``move`` (a data-directory writer's, timed by the test) before anything is
+    read from it."""
+    from labels_party.releases import queries
+
+    opened = queries.opened_labels
+
+    def then_moved(*args, **kwargs):
+        table = opened(*args, **kwargs)
+        move()
+        return table
+
+    monkeypatch.setattr(queries, "opened_labels", then_moved)
+
+
+@pytest.mark.parametrize("swap", ["label file linked in", "link to /etc/hostname", "sparse GiB", "fifo"])
+def test_a_release_file_swapped_after_its_check_is_never_what_a_download_serves(ctx, client, consumer, dataset,
+                                                                               monkeypatch, swap):
+    """The forty-second review: a download checked the release's file, then opened it again by name — a rename of
+    the dataset's label file over it there served the true labels (139 of 1,726 downloads, no hook needed), a link
+    to /dev/zero an endless stream, a FIFO hung a worker. What is served is read from the descriptors checked."""
+    import os
+
+    made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.1))
+    honest = client.get(f"/v1/releases/{made['id']}/labels", headers=consumer).content
+    with ctx.sessions() as s:
+        target = ctx.store.path(s.get(db.Release, made["id"]).file)
+        version = ctx.store.path(s.scalars(select(db.LabelVersion.file).where(
+            db.LabelVersion.dataset_id == dataset)).one())
+    kept = target.with_name("kept")
+    os.link(target, kept)
+
+    def move():
+        moved = target.with_name(".moved")
+        if swap == "label file linked in":
+            os.link(version, moved)
+        elif swap == "link to /etc/hostname":
+            os.symlink("/etc/hostname", moved)
+        elif swap == "sparse GiB":
+            with open(moved, "wb") as handle:
+                handle.truncate(1 << 30)
+        else:
+            os.mkfifo(moved)
+        os.replace(moved, target)
+
+    _hooked_download(monkeypatch, move)
+    served = client.get(f"/v1/releases/{made['id']}/labels", headers=consumer)
+    # the checked file's bytes, or a stream stopped short (the rename moved the checked file's status: fail closed)
+    assert served.status_code == 200 and honest.startswith(served.content)
+
+
+def test_a_release_file_written_in_place_while_served_stops_the_download(ctx, client, consumer, dataset,
+                                                                         monkeypatch):
+    """Written in place after its check (the same descriptor), the rest of the file is not served: the stream
+    stops at the first read after the write."""
+    made = created(release(client, consumer, dataset, "a", mechanism="rr", epsilon=0.1))
+    with ctx.sessions() as s:
+        target = ctx.store.path(s.get(db.Release, made["id"]).file)
+
+    def write_in_place():
+        with open(target, "r+b") as handle:
+            handle.write(b"PAR1")  # (the same bytes: only the file's times move)
+
+    honest = client.get(f"/v1/releases/{made['id']}/labels", headers=consumer).content
+    _hooked_download(monkeypatch, write_in_place)
+    served = client.get(f"/v1/releases/{made['id']}/labels", headers=consumer)
+    assert len(served.content) < len(honest) and honest.startswith(served.content)
+
+
 @pytest.mark.parametrize("content", [b"{", b'{"key_ids": "abc"}', b'{"key_ids": [], "prefixes": [], '
                                      b'"secret_digests": [], "effective_at": "2026-01-01T00:00:00", '
                                      b'"revoked_by": "x"}'])
