@@ -355,18 +355,8 @@ class Ledger:
         directory = f"datasets/{dataset.id}/budget/{account.org_id}"
         old_files = [f for f in (account.spent_file, account.classes_file, account.rdp_file) if f]
         rows = np.column_stack([new_units[:, None], new_rdp])
-        # Classes covered in part (or the fresh class) split; classes that end up equal merge: one class per
-        # distinct (units, curve), so the number of classes never exceeds the number of distinct histories.
-        # (a class file whose entries no charge recorded, from before the thirty-ninth review, is written again)
-        if account.classes_file is None or state.classes_sha256 is None or bool(np.any(hit & (touched < sizes))) \
-                or touched[-1] > 0:
-            values, new_sizes, new_spent, classes_file, classes_sha256 = self._split(
-                directory, generation, dataset.registry_size, state, covered, touched, rows, spent_after)
-            classes_entries = dataset.registry_size
-        else:  # every touched class is covered whole: only their values move
-            values, new_sizes, new_spent = rows[:-1], sizes[:-1], spent_after[:-1]
-            classes_file, classes_sha256, classes_entries = account.classes_file, state.classes_sha256, \
-                state.classes.size
+        values, new_sizes, new_spent, (classes_file, classes_entries, classes_sha256) = self._classes_after(
+            directory, generation, dataset.registry_size, account, state, covered, touched, rows, spent_after)
         spent_file = self._write_table(directory, generation, values[:, 0], new_sizes, new_spent)
         rdp_file = (self.store.write_array(f"{directory}/rdp_{generation:08d}.npy", values[:, 1:].copy())
                     if has_rdp else None)
@@ -411,6 +401,24 @@ class Ledger:
             raise agreement.tampered(dataset.id, problems)
         assert state is not None
         return state
+
+    def _classes_after(self, directory: str, generation: int, registry_size: int, account: db.BudgetAccount,
+                       state: AccountState, covered, touched: np.ndarray, rows: np.ndarray, spent_after: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, int, str]]:
+        """The classes after a charge: their rows, sizes and spent units, and the class file (name, entries,
+        SHA-256). Classes covered in part (or the fresh class) split; classes that end up equal merge: one class per
+        distinct (units, curve), so the number of classes never exceeds the number of distinct histories. A class
+        file whose entries no charge recorded (from before the thirty-ninth review) is written again."""
+        _units, sizes, _rdp = state.with_fresh()
+        hit = touched > 0
+        if account.classes_file is None or state.classes_sha256 is None or bool(np.any(hit & (touched < sizes))) \
+                or touched[-1] > 0:
+            values, new_sizes, new_spent, file, sha256 = self._split(directory, generation, registry_size, state,
+                                                                     covered, touched, rows, spent_after)
+            return values, new_sizes, new_spent, (file, registry_size, sha256)
+        # every touched class is covered whole: only their values move
+        return rows[:-1], sizes[:-1], spent_after[:-1], (account.classes_file, state.classes.size,
+                                                         state.classes_sha256)
 
     def _split(self, directory: str, generation: int, registry_size: int, state: AccountState, covered,
                touched: np.ndarray, rows: np.ndarray, spent_after: np.ndarray
