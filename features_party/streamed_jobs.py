@@ -42,7 +42,6 @@ from features_party.planning import JobPlan
 from features_party.reports import JobReport, estimate
 from shared import schemas as shared_schemas
 from shared.errors import ErrorCode, LabelDPError
-from shared.service.budgets import release_freed_memory
 
 
 def held_out_file(ctx: TrainerContext, org_id: int, split: trainer_schemas.HoldoutIds |
@@ -73,12 +72,10 @@ def run(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient,
         labels = client.download_labels_to(release.id, work / "labels.parquet")
         held = held_out_file(attempt.ctx, org_id, request.split, work, features)
         rows = _joined(plan, features, labels, held, work, settings)
-        release_freed_memory()  # what the join freed, before training allocates (see _trimmed)
         attempt.update(release_json=json.dumps(release_summary(release)),
                        num_train_examples=rows.fit.rows + rows.validation.rows,
                        epochs=plan.config.n_estimators if isinstance(plan.config, GbdtConfig) else plan.config.epochs)
-        result = _train(attempt, plan, rows, work, deadline, _trimmed(on_epoch))
-        release_freed_memory()
+        result = _train(attempt, plan, rows, work, deadline, on_epoch)
         output = Output()
         model_file = save_model_file(attempt.workdir, result, rows.fit.preprocessor,
                                      {"release_id": release.id, "mechanism": release.mechanism,
@@ -90,18 +87,6 @@ def run(attempt: Attempt, org_id: int, plan: JobPlan, client: LabelsPartyClient,
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the labels, the joined rows, DuckDB's and XGBoost's spill
     succeed(attempt, result, model_file, report, epoch=len(result.history), metrics_json=json.dumps(result.history))
-
-
-def _trimmed(on_epoch):
-    """``on_epoch``, after giving the operating system back the heap pages the round or epoch freed: glibc keeps
-    them in per-thread arenas (the 10⁸-row bench's trainer held 1.87 GB in 46 arena heaps while boosting)."""
-
-    def after(record: dict) -> None:
-        release_freed_memory()
-        if on_epoch is not None:
-            on_epoch(record)
-
-    return after
 
 
 def _estimate(report: JobReport, plan: JobPlan, client: LabelsPartyClient, release: shared_schemas.Release,

@@ -341,7 +341,9 @@ def test_a_malformed_revocation_file_is_503_not_500(ctx, client, consumer, datas
     directory = ctx.store.path(revocations.DIRECTORY)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "x.json").write_bytes(content)
-    _tampered(client.get(f"/v1/datasets/{dataset}/budget", headers=consumer), says="is not a revocation")
+    refused = client.get(f"/v1/datasets/{dataset}/budget", headers=consumer)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "ledger_tampered", refused.text
+    assert "is not a revocation" in refused.json()["error"]["message"]
 
 
 def test_revocations_are_listed_again_only_when_the_directory_changes(ctx, client, consumer, dataset, monkeypatch):
